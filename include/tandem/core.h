@@ -1,0 +1,77 @@
+/* tandem — core services: logging, time, random numbers, arenas, the intra-op thread pool.
+ *
+ *   tdm_set_num_threads(0);              // 0 = all cores (or TANDEM_NUM_THREADS)
+ *   tdm_rng r; tdm_rng_seed(&r, 42);
+ *   float u = tdm_rng_uniform(&r);       // [0, 1)
+ *   tdm_arena *a; tdm_arena_create(&a, 1 << 20);
+ *   float *x = tdm_arena_alloc(a, 1000 * sizeof(float));
+ *   tdm_arena_reset(a);                  // everything from a is gone; memory is kept
+ */
+#ifndef TANDEM_CORE_H
+#define TANDEM_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tandem/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- logging --------------------------------------------------------------------------- */
+typedef enum { TDM_LOG_ERROR = 0, TDM_LOG_WARN, TDM_LOG_INFO, TDM_LOG_DEBUG } tdm_log_level;
+/* Messages at or below the level go to stderr. Default WARN, or TANDEM_LOG=error|warn|info|debug. */
+void tdm_log_set_level(tdm_log_level level);
+tdm_log_level tdm_log_get_level(void);
+void tdm_log(tdm_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- time ------------------------------------------------------------------------------ */
+/* Monotonic clock in seconds. Thread-safe. */
+double tdm_time_now(void);
+
+/* ---- random numbers ---------------------------------------------------------------------
+ * xoshiro256** seeded through splitmix64: fast, reproducible across platforms. A tdm_rng is a
+ * plain value; not thread-safe (give each thread its own). */
+typedef struct tdm_rng {
+  uint64_t s[4];
+} tdm_rng;
+void tdm_rng_seed(tdm_rng *r, uint64_t seed);
+uint64_t tdm_rng_next(tdm_rng *r);
+float tdm_rng_uniform(tdm_rng *r);            /* [0, 1) with 24 random bits */
+float tdm_rng_normal(tdm_rng *r);             /* N(0, 1), Box-Muller */
+/* Counter-based hash: the same (key, counter) always gives the same bits. Used where a random
+ * value must depend only on its position (dropout masks), not on how work is split. */
+uint64_t tdm_hash64(uint64_t key, uint64_t counter);
+
+/* ---- arenas ------------------------------------------------------------------------------
+ * A bump allocator. Allocations are 64-byte aligned and live until the next reset. Reset keeps
+ * one block as large as the peak use so far, so a loop that allocates the same each iteration
+ * calls malloc only in its first iterations. Not thread-safe. */
+typedef struct tdm_arena tdm_arena;
+tdm_status tdm_arena_create(tdm_arena **out, size_t initial_bytes);
+void tdm_arena_destroy(tdm_arena *a);
+/* NULL when out of memory (and the thread's error detail is set). */
+void *tdm_arena_alloc(tdm_arena *a, size_t bytes);
+void tdm_arena_reset(tdm_arena *a);
+size_t tdm_arena_used(const tdm_arena *a);
+size_t tdm_arena_peak(const tdm_arena *a);
+/* How many times this arena has called malloc: steady-state loops keep it constant. */
+uint64_t tdm_arena_mallocs(const tdm_arena *a);
+
+/* ---- intra-op threads ------------------------------------------------------------------
+ * One process-wide pool runs the element-wise kernels; OpenBLAS is given the same count.
+ * tdm_set_num_threads(0) picks TANDEM_NUM_THREADS if set, otherwise all online cores.
+ * Not thread-safe with respect to concurrent kernels: call it between steps. */
+tdm_status tdm_set_num_threads(int n);
+int tdm_get_num_threads(void);
+
+/* Runs fn(ctx, begin, end) over [0, n) split into at most num_threads contiguous ranges, each
+ * at least min_chunk long. Returns when all ranges are done. Must not be called from inside fn. */
+typedef void (*tdm_range_fn)(void *ctx, int64_t begin, int64_t end);
+void tdm_parallel_for(int64_t n, int64_t min_chunk, tdm_range_fn fn, void *ctx);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,51 @@
+/* tandem — data sets for training.
+ *
+ * A data set is an opaque handle behind one interface (size, sample shape, batch assembly) so the
+ * sampler and the trainer do not care where samples come from. Readers so far:
+ *   - IDX (MNIST / Fashion-MNIST): the four standard files, gzip'd or not, fully validated.
+ *
+ *   tdm_dataset *train;
+ *   if (tdm_dataset_open_idx(&train, "/usr/share/datasets/fashion-mnist", 1) != TDM_OK) ...
+ *   tdm_dataset_batch(train, indices, 64, x, y);   // x (64, 1, 28, 28) in [0, 1], y (64)
+ *
+ * Thread safety: batch assembly only reads, so threads may share a data set.
+ */
+#ifndef TANDEM_DATA_H
+#define TANDEM_DATA_H
+
+#include <stdint.h>
+
+#include "tandem/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One IDX file of unsigned bytes: dims (big-endian in the file) and data. */
+typedef struct tdm_idx {
+  int ndim;
+  int64_t dims[4];
+  uint8_t *data; /* owned; free with tdm_idx_free */
+  int64_t n;     /* product of dims */
+} tdm_idx;
+/* Reads path (plain or gzip'd). Checks the magic (0x0000 08 ndim), that the data length equals
+ * the product of the dims, and that nothing follows it. */
+tdm_status tdm_idx_read(const char *path, tdm_idx *out);
+void tdm_idx_free(tdm_idx *f);
+
+typedef struct tdm_dataset tdm_dataset;
+/* MNIST-layout IDX set in dir: {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]. */
+tdm_status tdm_dataset_open_idx(tdm_dataset **out, const char *dir, int train);
+void tdm_dataset_destroy(tdm_dataset *ds);
+int64_t tdm_dataset_len(const tdm_dataset *ds);
+int tdm_dataset_num_classes(const tdm_dataset *ds);
+/* Shape of one sample (e.g. 1, 28, 28); returns its number of axes. */
+int tdm_dataset_sample_shape(const tdm_dataset *ds, int64_t *shape);
+int64_t tdm_dataset_sample_numel(const tdm_dataset *ds);
+/* Writes samples idx[0..n) as floats into x (n x sample_numel) and their labels into y (n). */
+tdm_status tdm_dataset_batch(const tdm_dataset *ds, const int64_t *idx, int64_t n, float *x, int32_t *y);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

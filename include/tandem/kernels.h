@@ -1,0 +1,106 @@
+/* tandem — raw f32 kernels: the "low-level engine".
+ *
+ * Every kernel works on contiguous row-major float arrays the caller owns; none allocates, none
+ * checks shapes (the autograd ops in autograd.h do that and then call these). A forward kernel
+ * writes its output; a backward kernel ACCUMULATES (+=) into the gradients it is given, so
+ * gradients flowing from several uses add up. A NULL gradient pointer means "not needed".
+ * They run on the intra-op pool (core.h) where the work is large enough, and through OpenBLAS
+ * for matrix products. Thread-safe for distinct outputs.
+ *
+ * Hand-written training loop (see src/nn/mlp_lowlevel.c):
+ *   tdm_k_linear_fwd(h, x, w1, b1, B, 784, 512);   // h = x w1^T + b1
+ *   tdm_k_relu_fwd(h, h, B * 512);
+ *   ...
+ *   tdm_k_linear_bwd(dx, dw1, db1, dh, x, w1, B, 784, 512);
+ */
+#ifndef TANDEM_KERNELS_H
+#define TANDEM_KERNELS_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* C (M, N) = alpha * op(A) op(B) + beta * C, row-major, op = transpose when ta / tb. */
+void tdm_k_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+
+/* out (N, O) = x (N, I) @ w^T (w is (O, I), as nn.Linear) + b (O, or NULL). */
+void tdm_k_linear_fwd(float *out, const float *x, const float *w, const float *b, int64_t N, int64_t In, int64_t O);
+/* dx (N, I) += dout w; dw (O, I) += dout^T x; db (O) += column sums of dout. */
+void tdm_k_linear_bwd(float *dx, float *dw, float *db, const float *dout, const float *x, const float *w, int64_t N,
+                      int64_t In, int64_t O);
+
+/* Element-wise activations; out may equal x. Backward takes the forward input x. */
+void tdm_k_relu_fwd(float *out, const float *x, int64_t n);
+void tdm_k_relu_bwd(float *dx, const float *dout, const float *x, int64_t n);
+void tdm_k_gelu_fwd(float *out, const float *x, int64_t n); /* tanh approximation, as GPT-2 */
+void tdm_k_gelu_bwd(float *dx, const float *dout, const float *x, int64_t n);
+void tdm_k_tanh_fwd(float *out, const float *x, int64_t n);
+void tdm_k_tanh_bwd(float *dx, const float *dout, const float *y, int64_t n);    /* y = forward output */
+void tdm_k_sigmoid_fwd(float *out, const float *x, int64_t n);
+void tdm_k_sigmoid_bwd(float *dx, const float *dout, const float *y, int64_t n); /* y = forward output */
+
+/* Softmax / log-softmax along the middle axis of an (outer, n, inner) layout. */
+void tdm_k_softmax_fwd(float *y, const float *x, int64_t outer, int64_t n, int64_t inner);
+void tdm_k_softmax_bwd(float *dx, const float *dy, const float *y, int64_t outer, int64_t n, int64_t inner);
+void tdm_k_log_softmax_fwd(float *y, const float *x, int64_t outer, int64_t n, int64_t inner);
+void tdm_k_log_softmax_bwd(float *dx, const float *dy, const float *y, int64_t outer, int64_t n, int64_t inner);
+
+/* Mean cross-entropy of logits (N, C) against integer targets (N), skipping targets equal to
+ * ignore_index. Writes each row's log-sum-exp to lse (N) for the backward pass and the number
+ * of counted rows to *count. Returns the mean loss (0 when no row counts). A target outside
+ * [0, C) that is not ignore_index makes it return NAN and set *bad_row. */
+float tdm_k_cross_entropy_fwd(const float *logits, const void *targets, int targets_i64, int64_t N, int64_t C,
+                              int64_t ignore_index, float *lse, int64_t *count, int64_t *bad_row);
+/* dlogits += scale * (softmax(logits) - onehot(target)) per counted row; scale = dloss / count. */
+void tdm_k_cross_entropy_bwd(float *dlogits, const float *logits, const void *targets, int targets_i64, int64_t N,
+                             int64_t C, int64_t ignore_index, const float *lse, float scale);
+
+/* LayerNorm over the last axis of x (N, C), with weight and bias (C). Saves mean and rstd (N). */
+void tdm_k_layernorm_fwd(float *out, float *mean, float *rstd, const float *x, const float *w, const float *b,
+                         int64_t N, int64_t C, float eps);
+void tdm_k_layernorm_bwd(float *dx, float *dw, float *db, const float *dout, const float *x, const float *w,
+                         const float *mean, const float *rstd, int64_t N, int64_t C);
+
+/* out (N, C) = table[idx[i]] with idx i32 or i64 (N); backward scatter-adds into dtable. */
+void tdm_k_embedding_fwd(float *out, const float *table, const void *idx, int idx_i64, int64_t N, int64_t C);
+void tdm_k_embedding_bwd(float *dtable, const float *dout, const void *idx, int idx_i64, int64_t N, int64_t C);
+
+/* Inverted dropout whose mask depends only on (seed, base + i): element i is kept when
+ * tdm_hash64(seed, base + i) maps to a uniform >= p, then scaled by 1 / (1 - p). */
+void tdm_k_dropout_fwd(float *out, const float *x, int64_t n, float p, uint64_t seed, uint64_t base);
+void tdm_k_dropout_bwd(float *dx, const float *dout, int64_t n, float p, uint64_t seed, uint64_t base);
+
+/* Causal multi-head self-attention on packed qkv (B, T, 3C) -> out (B, T, C), NH heads.
+ * att (B, NH, T, T) receives the attention probabilities (zeros above the diagonal).
+ * Backward needs scratch of B * NH * T * T floats and accumulates into dqkv (B, T, 3C). */
+void tdm_k_attention_fwd(float *out, float *att, const float *qkv, int64_t B, int64_t T, int64_t C, int64_t NH);
+void tdm_k_attention_bwd(float *dqkv, float *scratch, const float *dout, const float *att, const float *qkv, int64_t B,
+                         int64_t T, int64_t C, int64_t NH);
+
+/* conv2d on x (N, Ci, H, W) with w (Co, Ci, KH, KW), b (Co) -> out (N, Co, OH, OW), where
+ * OH = (H + 2 pad - KH) / stride + 1. col is scratch of Ci*KH*KW * OH*OW floats. */
+typedef struct tdm_conv_shape {
+  int64_t N, Ci, H, W, Co, KH, KW, stride, pad, OH, OW;
+} tdm_conv_shape;
+void tdm_k_conv2d_fwd(float *out, const float *x, const float *w, const float *b, float *col, const tdm_conv_shape *s);
+void tdm_k_conv2d_bwd(float *dx, float *dw, float *db, const float *dout, const float *x, const float *w, float *col,
+                      const tdm_conv_shape *s);
+
+/* Pooling over (N, C, H, W) with a K x K window; pad counts as -inf for max and as zeros for avg
+ * (count_include_pad, as PyTorch's default). argmax (N, C, OH, OW) records the max's index. */
+void tdm_k_maxpool2d_fwd(float *out, int32_t *argmax, const float *x, int64_t N, int64_t C, int64_t H, int64_t W,
+                         int64_t K, int64_t stride, int64_t pad, int64_t OH, int64_t OW);
+void tdm_k_maxpool2d_bwd(float *dx, const float *dout, const int32_t *argmax, int64_t N, int64_t C, int64_t H,
+                         int64_t W, int64_t OH, int64_t OW);
+void tdm_k_avgpool2d_fwd(float *out, const float *x, int64_t N, int64_t C, int64_t H, int64_t W, int64_t K,
+                         int64_t stride, int64_t pad, int64_t OH, int64_t OW);
+void tdm_k_avgpool2d_bwd(float *dx, const float *dout, int64_t N, int64_t C, int64_t H, int64_t W, int64_t K,
+                         int64_t stride, int64_t pad, int64_t OH, int64_t OW);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

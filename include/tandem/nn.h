@@ -1,0 +1,143 @@
+/* tandem — parameters, modules and models.
+ *
+ * Parameters live in ONE contiguous f32 buffer with a tensor view per parameter, and their
+ * gradients in a second buffer laid out the same way (as llm.c), so data parallelism, ZeRO
+ * shards and checkpoints are spans of these buffers. Building is two-phase: modules declare
+ * their parameters, then tdm_params_finalize allocates both buffers and initialises every
+ * parameter from its own random stream (hash(seed, index)), so a model is bit-identical for a
+ * seed whatever else is declared after it.
+ *
+ *   tdm_model_config cfg = tdm_model_config_mlp();        // 784-512-256-10, dropout 0.3
+ *   tdm_model *m;
+ *   if (tdm_model_create(&m, &cfg, 42) != TDM_OK) ...;
+ *   tdm_tensor *logits = tdm_model_forward(m, tp, x);      // x (B, 784) -> (B, 10)
+ *   tdm_model_destroy(m);
+ *
+ * Names follow PyTorch's module naming so safetensors files move between tandem and PyTorch
+ * unchanged (docs/models.md lists them). Thread safety: a model is used by one thread at a time.
+ */
+#ifndef TANDEM_NN_H
+#define TANDEM_NN_H
+
+#include <stdint.h>
+
+#include "tandem/autograd.h"
+#include "tandem/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- parameters ------------------------------------------------------------------------------ */
+typedef enum { TDM_INIT_ZEROS, TDM_INIT_ONES, TDM_INIT_UNIFORM, TDM_INIT_NORMAL } tdm_init_kind;
+typedef struct tdm_init {
+  tdm_init_kind kind;
+  float a, b; /* uniform: [a, b); normal: mean a, std b */
+} tdm_init;
+
+typedef struct tdm_params tdm_params;
+tdm_status tdm_params_create(tdm_params **out);
+void tdm_params_destroy(tdm_params *p);
+/* Declares a parameter; *out is valid at once, its data after finalize. decay marks it for
+ * weight decay when the optimizer decays matrices only. name is copied. */
+tdm_status tdm_params_declare(tdm_params *p, const char *name, int ndim, const int64_t *shape, tdm_init init,
+                              int decay, tdm_tensor **out);
+tdm_status tdm_params_finalize(tdm_params *p, uint64_t seed);
+int tdm_params_count(const tdm_params *p);
+tdm_tensor *tdm_params_get(const tdm_params *p, int i);
+tdm_tensor *tdm_params_find(const tdm_params *p, const char *name);
+int64_t tdm_params_offset(const tdm_params *p, int i); /* element offset in the buffers */
+int tdm_params_decay(const tdm_params *p, int i);
+int64_t tdm_params_numel(const tdm_params *p);
+float *tdm_params_data(const tdm_params *p); /* numel floats */
+float *tdm_params_grad(const tdm_params *p); /* numel floats */
+void tdm_params_zero_grad(tdm_params *p);
+/* Writes every parameter (f32) and the given metadata (key/value string pairs) as safetensors,
+ * through a temporary file renamed into place, so path never holds a partial file. */
+tdm_status tdm_params_save(const tdm_params *p, const char *path, int n_meta, const char *const *meta_kv);
+/* Loads a safetensors file into the parameters. Every parameter must be present with its exact
+ * shape (f32, bf16 or f16 are converted); extra tensors are an error unless allow_extra. */
+tdm_status tdm_params_load(tdm_params *p, const char *path, int allow_extra);
+
+/* ---- modules: plain structs holding parameter views -------------------------------------- */
+typedef struct tdm_linear_mod {
+  tdm_tensor *weight, *bias; /* (out, in), (out) or NULL */
+} tdm_linear_mod;
+/* PyTorch's default init: U(-1/sqrt(in), 1/sqrt(in)) for weight and bias. */
+tdm_status tdm_linear_mod_init(tdm_linear_mod *m, tdm_params *p, const char *prefix, int64_t in, int64_t out,
+                               int bias);
+tdm_tensor *tdm_linear_mod_forward(tdm_tape *tp, const tdm_linear_mod *m, tdm_tensor *x);
+
+typedef struct tdm_conv2d_mod {
+  tdm_tensor *weight, *bias; /* (Co, Ci, K, K), (Co) */
+  int stride, pad;
+} tdm_conv2d_mod;
+tdm_status tdm_conv2d_mod_init(tdm_conv2d_mod *m, tdm_params *p, const char *prefix, int64_t ci, int64_t co, int k,
+                               int stride, int pad);
+tdm_tensor *tdm_conv2d_mod_forward(tdm_tape *tp, const tdm_conv2d_mod *m, tdm_tensor *x);
+
+typedef struct tdm_embedding_mod {
+  tdm_tensor *weight; /* (V, C) */
+} tdm_embedding_mod;
+tdm_status tdm_embedding_mod_init(tdm_embedding_mod *m, tdm_params *p, const char *prefix, int64_t v, int64_t c,
+                                  float std);
+
+typedef struct tdm_layernorm_mod {
+  tdm_tensor *weight, *bias;
+  float eps;
+} tdm_layernorm_mod;
+tdm_status tdm_layernorm_mod_init(tdm_layernorm_mod *m, tdm_params *p, const char *prefix, int64_t c);
+tdm_tensor *tdm_layernorm_mod_forward(tdm_tape *tp, const tdm_layernorm_mod *m, tdm_tensor *x);
+
+/* Pre-LN transformer block as GPT-2: x + attn(ln_1(x)), then x + mlp(ln_2(x)). */
+typedef struct tdm_block_mod {
+  tdm_layernorm_mod ln_1, ln_2;
+  tdm_linear_mod c_attn, attn_proj, c_fc, mlp_proj;
+  int n_head;
+  float dropout;
+} tdm_block_mod;
+tdm_status tdm_block_mod_init(tdm_block_mod *m, tdm_params *p, const char *prefix, int64_t c, int n_head,
+                              int n_layer, float dropout);
+tdm_tensor *tdm_block_mod_forward(tdm_tape *tp, const tdm_block_mod *m, tdm_tensor *x); /* (B, T, C) */
+
+/* ---- models -------------------------------------------------------------------------------- */
+typedef enum { TDM_MODEL_MLP, TDM_MODEL_CNN, TDM_MODEL_GPT, TDM_MODEL_KIND_COUNT } tdm_model_kind;
+
+typedef struct tdm_model_config {
+  tdm_model_kind kind;
+  float dropout;
+  /* MLP: in_features -> hidden[0] -> ... -> n_classes with ReLU and dropout between */
+  int64_t in_features, n_classes;
+  int n_hidden;
+  int64_t hidden[8];
+  /* CNN: (in_channels, height, width) images, conv(c1, 5x5) pool conv(c2, 5x5) pool linear */
+  int64_t in_channels, height, width, c1, c2;
+  /* GPT */
+  int64_t n_layer, n_head, n_embd, block_size, vocab_size;
+} tdm_model_config;
+
+tdm_model_config tdm_model_config_mlp(void); /* 784-512-256-10, dropout 0.3 */
+tdm_model_config tdm_model_config_cnn(void); /* 1x28x28, 16 and 32 channels, 10 classes */
+tdm_model_config tdm_model_config_gpt_mini(void); /* 4 layers, 4 heads, 256 wide, block 128, vocab 256 */
+const char *tdm_model_kind_name(tdm_model_kind k);
+
+typedef struct tdm_model tdm_model;
+tdm_status tdm_model_create(tdm_model **out, const tdm_model_config *cfg, uint64_t seed);
+void tdm_model_destroy(tdm_model *m);
+tdm_params *tdm_model_params(const tdm_model *m);
+const tdm_model_config *tdm_model_get_config(const tdm_model *m);
+/* MLP: x (B, in_features) f32; CNN: x (B, C, H, W) f32; GPT: token ids (B, T) i32/i64, T <=
+ * block_size. Returns logits (B, classes) or (B, T, vocab); NULL with the tape's error set. */
+tdm_tensor *tdm_model_forward(tdm_model *m, tdm_tape *tp, tdm_tensor *x);
+
+/* The MLP's forward and backward written against the kernels directly, with no tape (the
+ * "low-level engine"). x (B, in) f32, y (B) i32. Gradients are ACCUMULATED into the model's
+ * gradient buffer; scratch comes from arena. Dropout, when training, matches tdm_dropout under
+ * tdm_tape_set_dropout_key(dropout_seed, sample_base). Returns the mean cross-entropy in *loss. */
+tdm_status tdm_mlp_lowlevel_step(tdm_model *m, tdm_arena *arena, const float *x, const int32_t *y, int64_t B,
+                                 int training, uint64_t dropout_seed, int64_t sample_base, float *loss);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,17 @@
+/* tandem — a distributed deep-learning training framework in C. This header includes every
+ * public module; see each header for its purpose, ownership and thread-safety rules. */
+#ifndef TANDEM_H
+#define TANDEM_H
+
+#include "tandem/status.h"
+#include "tandem/core.h"
+#include "tandem/tensor.h"
+#include "tandem/kernels.h"
+#include "tandem/autograd.h"
+#include "tandem/nn.h"
+#include "tandem/optim.h"
+#include "tandem/safetensors.h"
+#include "tandem/data.h"
+#include "tandem/train.h"
+
+#endif

@@ -1,0 +1,306 @@
+/* matmul, linear, broadcasting arithmetic, scale and reductions. */
+#include <string.h>
+
+#include "autograd/tape_impl.h"
+#include "tandem/kernels.h"
+
+/* ---- matmul ------------------------------------------------------------------------------- */
+/* i: [0] ta, [1] tb, [2] M, [3] N, [4] K, [5] batches, [6] b shared (2-d) */
+static void matmul_bw(tdm_tape *tp, tdm_node *n) {
+  tdm_tensor *A = n->in[0], *B = n->in[1];
+  int ta = (int)n->i[0], tb = (int)n->i[1];
+  int64_t M = n->i[2], N = n->i[3], K = n->i[4], batches = n->i[5], shared = n->i[6];
+  int64_t lda = ta ? M : K, ldb = tb ? K : N;
+  float *dA = tdm__grad(tp, A), *dB = tdm__grad(tp, B);
+  const float *a = A->data, *b = B->data, *dC = n->out->grad->data;
+  for (int64_t i = 0; i < batches; i++) {
+    const float *ai = a + i * M * K, *bi = shared ? b : b + i * K * N, *dCi = dC + i * M * N;
+    if (dA) {
+      float *dAi = dA + i * M * K;
+      if (!ta) tdm_k_gemm(0, !tb, M, K, N, 1.0f, dCi, N, bi, ldb, 1.0f, dAi, K);
+      else tdm_k_gemm(tb, 1, K, M, N, 1.0f, bi, ldb, dCi, N, 1.0f, dAi, M);
+    }
+    if (dB) {
+      float *dBi = shared ? dB : dB + i * K * N;
+      if (!tb) tdm_k_gemm(!ta, 0, K, N, M, 1.0f, ai, lda, dCi, N, 1.0f, dBi, N);
+      else tdm_k_gemm(1, ta, N, K, M, 1.0f, dCi, N, ai, lda, 1.0f, dBi, K);
+    }
+  }
+}
+
+tdm_tensor *tdm_matmul(tdm_tape *tp, tdm_tensor *a, tdm_tensor *b, int ta, int tb) {
+  tdm_tensor *in[2] = {a, b};
+  if (!tdm__inputs_ok(tp, "matmul", 2, in)) return NULL;
+  if (!tdm__check_f32(tp, "matmul", "a", a) || !tdm__check_f32(tp, "matmul", "b", b)) return NULL;
+  if (a->ndim < 2 || b->ndim < 2)
+    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "matmul: a is %s and b is %s; expected at least 2-d", tdm__shp(a),
+                     tdm__shp(b));
+  int64_t M = a->shape[a->ndim - (ta ? 1 : 2)], Ka = a->shape[a->ndim - (ta ? 2 : 1)];
+  int64_t Kb = b->shape[b->ndim - (tb ? 1 : 2)], N = b->shape[b->ndim - (tb ? 2 : 1)];
+  if (Ka != Kb)
+    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "matmul: inner dimensions differ: a%s is %s, b%s is %s (%lld vs %lld)",
+                     ta ? "^T" : "", tdm__shp(a), tb ? "^T" : "", tdm__shp(b), (long long)Ka, (long long)Kb);
+  int shared = b->ndim == 2;
+  if (!shared) {
+    int ok = a->ndim == b->ndim;
+    for (int d = 0; ok && d < a->ndim - 2; d++) ok = a->shape[d] == b->shape[d];
+    if (!ok)
+      return tdm__fail(tp, TDM_ERR_INVALID_ARG, "matmul: batch axes differ: a is %s, b is %s", tdm__shp(a),
+                       tdm__shp(b));
+  }
+  int64_t batches = 1, shape[TDM_MAX_DIMS];
+  for (int d = 0; d < a->ndim - 2; d++) batches *= (shape[d] = a->shape[d]);
+  shape[a->ndim - 2] = M;
+  shape[a->ndim - 1] = N;
+  a = tdm__contig(tp, a);
+  b = tdm__contig(tp, b);
+  tdm_tensor *y = a && b ? tdm__out(tp, TDM_F32, in[0]->ndim, shape) : NULL;
+  if (!y) return NULL;
+  int64_t lda = ta ? M : Ka, ldb = tb ? Ka : N;
+  for (int64_t i = 0; i < batches; i++)
+    tdm_k_gemm(ta, tb, M, N, Ka, 1.0f, (float *)a->data + i * M * Ka, lda,
+               shared ? (float *)b->data : (float *)b->data + i * Ka * N, ldb, 0.0f, (float *)y->data + i * M * N, N);
+  tdm_tensor *ins[2] = {a, b};
+  tdm_node *n = tdm__record(tp, "matmul", matmul_bw, y, 2, ins);
+  if (n) {
+    int64_t v[7] = {ta, tb, M, N, Ka, batches, shared};
+    memcpy(n->i, v, sizeof v);
+  }
+  return y;
+}
+
+/* ---- linear ------------------------------------------------------------------------------- */
+static void linear_bw(tdm_tape *tp, tdm_node *n) {
+  tdm_tensor *x = n->in[0], *w = n->in[1], *b = n->n_in > 2 ? n->in[2] : NULL;
+  int64_t In = w->shape[1], O = w->shape[0], N = x->numel / In;
+  tdm_k_linear_bwd(tdm__grad(tp, x), tdm__grad(tp, w), b ? tdm__grad(tp, b) : NULL, n->out->grad->data, x->data,
+                   w->data, N, In, O);
+}
+
+tdm_tensor *tdm_linear(tdm_tape *tp, tdm_tensor *x, tdm_tensor *w, tdm_tensor *b) {
+  tdm_tensor *in[3] = {x, w, b};
+  if (!tdm__inputs_ok(tp, "linear", 2, in)) return NULL;
+  if (!tdm__check_f32(tp, "linear", "input", x) || !tdm__check_f32(tp, "linear", "weight", w)) return NULL;
+  if (w->ndim != 2 || x->ndim < 1 || x->shape[x->ndim - 1] != w->shape[1])
+    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "linear: input %s and weight %s; expected input (..., %lld) for a weight (out, in)",
+                     tdm__shp(x), tdm__shp(w), (long long)(w->ndim == 2 ? w->shape[1] : -1));
+  if (b && (b->ndim != 1 || b->shape[0] != w->shape[0] || b->dtype != TDM_F32))
+    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "linear: bias is %s %s; expected (%lld) f32", tdm__shp(b),
+                     tdm_dtype_name(b->dtype), (long long)w->shape[0]);
+  x = tdm__contig(tp, x);
+  w = tdm__contig(tp, w);
+  if (!x || !w) return NULL;
+  int64_t shape[TDM_MAX_DIMS];
+  memcpy(shape, x->shape, sizeof shape);
+  shape[x->ndim - 1] = w->shape[0];
+  tdm_tensor *y = tdm__out(tp, TDM_F32, x->ndim, shape);
+  if (!y) return NULL;
+  int64_t In = w->shape[1], O = w->shape[0];
+  tdm_k_linear_fwd(y->data, x->data, w->data, b ? b->data : NULL, x->numel / (In ? In : 1), In, O);
+  tdm_tensor *ins[3] = {x, w, b};
+  tdm__record(tp, "linear", linear_bw, y, b ? 3 : 2, ins);
+  return y;
+}
+
+/* ---- broadcasting arithmetic ------------------------------------------------------------ */
+enum { OP_ADD, OP_SUB, OP_MUL, OP_DIV };
+static const char *bin_names[] = {"add", "sub", "mul", "div"};
+
+/* Strides of x seen from an output of ndim axes: 0 along broadcast axes. */
+static void bcast_strides(const tdm_tensor *x, int ndim, const int64_t *oshape, int64_t *st) {
+  int off = ndim - x->ndim;
+  for (int d = 0; d < ndim; d++) {
+    int xd = d - off;
+    st[d] = (xd < 0 || x->shape[xd] == 1 || oshape[d] == 1) ? 0 : x->stride[xd];
+  }
+}
+
+#define ND_LOOP(ndim, shape, n, BODY, ...)                                    \
+  do {                                                                        \
+    int64_t idx_[TDM_MAX_DIMS] = {0}, oa = 0, ob = 0;                         \
+    for (int64_t i = 0; i < (n); i++) {                                       \
+      BODY;                                                                   \
+      for (int d = (ndim) - 1; d >= 0; d--) {                                 \
+        idx_[d]++;                                                            \
+        oa += sa[d];                                                          \
+        ob += sb[d];                                                          \
+        if (idx_[d] < (shape)[d]) break;                                      \
+        oa -= sa[d] * (shape)[d];                                             \
+        ob -= sb[d] * (shape)[d];                                             \
+        idx_[d] = 0;                                                          \
+      }                                                                       \
+    }                                                                         \
+  } while (0)
+
+static void binary_bw(tdm_tape *tp, tdm_node *n) {
+  tdm_tensor *A = n->in[0], *B = n->in[1], *y = n->out;
+  int op = (int)n->i[0];
+  int64_t sa[TDM_MAX_DIMS], sb[TDM_MAX_DIMS];
+  bcast_strides(A, y->ndim, y->shape, sa);
+  bcast_strides(B, y->ndim, y->shape, sb);
+  float *ga = tdm__grad(tp, A), *gb = tdm__grad(tp, B);
+  const float *a = A->data, *b = B->data, *g = y->grad->data;
+  switch (op) {
+  case OP_ADD:
+  case OP_SUB: {
+    float sgn = op == OP_ADD ? 1.0f : -1.0f;
+    ND_LOOP(y->ndim, y->shape, y->numel, {
+      if (ga) ga[oa] += g[i];
+      if (gb) gb[ob] += sgn * g[i];
+    });
+    break;
+  }
+  case OP_MUL:
+    ND_LOOP(y->ndim, y->shape, y->numel, {
+      if (ga) ga[oa] += g[i] * b[ob];
+      if (gb) gb[ob] += g[i] * a[oa];
+    });
+    break;
+  case OP_DIV:
+    ND_LOOP(y->ndim, y->shape, y->numel, {
+      if (ga) ga[oa] += g[i] / b[ob];
+      if (gb) gb[ob] -= g[i] * a[oa] / (b[ob] * b[ob]);
+    });
+    break;
+  }
+}
+
+static tdm_tensor *binary(tdm_tape *tp, int op, tdm_tensor *a, tdm_tensor *b) {
+  const char *name = bin_names[op];
+  tdm_tensor *in[2] = {a, b};
+  if (!tdm__inputs_ok(tp, name, 2, in)) return NULL;
+  if (!tdm__check_f32(tp, name, "a", a) || !tdm__check_f32(tp, name, "b", b)) return NULL;
+  int ndim = a->ndim > b->ndim ? a->ndim : b->ndim;
+  int64_t shape[TDM_MAX_DIMS];
+  for (int d = 0; d < ndim; d++) {
+    int da = d - (ndim - a->ndim), db = d - (ndim - b->ndim);
+    int64_t x = da >= 0 ? a->shape[da] : 1, z = db >= 0 ? b->shape[db] : 1;
+    if (x != z && x != 1 && z != 1)
+      return tdm__fail(tp, TDM_ERR_INVALID_ARG, "%s: shapes %s and %s do not broadcast (axis %d: %lld vs %lld)", name,
+                       tdm__shp(a), tdm__shp(b), d, (long long)x, (long long)z);
+    shape[d] = x == 1 ? z : x;
+  }
+  a = tdm__contig(tp, a);
+  b = tdm__contig(tp, b);
+  tdm_tensor *y = a && b ? tdm__out(tp, TDM_F32, ndim, shape) : NULL;
+  if (!y) return NULL;
+  float *o = y->data;
+  const float *pa = a->data, *pb = b->data;
+  if (tdm__shape_equal(a, b)) { /* the common case, vectorisable */
+    int64_t n = y->numel;
+    switch (op) {
+    case OP_ADD: for (int64_t i = 0; i < n; i++) o[i] = pa[i] + pb[i]; break;
+    case OP_SUB: for (int64_t i = 0; i < n; i++) o[i] = pa[i] - pb[i]; break;
+    case OP_MUL: for (int64_t i = 0; i < n; i++) o[i] = pa[i] * pb[i]; break;
+    case OP_DIV: for (int64_t i = 0; i < n; i++) o[i] = pa[i] / pb[i]; break;
+    }
+  } else {
+    int64_t sa[TDM_MAX_DIMS], sb[TDM_MAX_DIMS];
+    bcast_strides(a, ndim, shape, sa);
+    bcast_strides(b, ndim, shape, sb);
+    switch (op) {
+    case OP_ADD: ND_LOOP(ndim, shape, y->numel, o[i] = pa[oa] + pb[ob]); break;
+    case OP_SUB: ND_LOOP(ndim, shape, y->numel, o[i] = pa[oa] - pb[ob]); break;
+    case OP_MUL: ND_LOOP(ndim, shape, y->numel, o[i] = pa[oa] * pb[ob]); break;
+    case OP_DIV: ND_LOOP(ndim, shape, y->numel, o[i] = pa[oa] / pb[ob]); break;
+    }
+  }
+  tdm_tensor *ins[2] = {a, b};
+  tdm_node *n = tdm__record(tp, name, binary_bw, y, 2, ins);
+  if (n) n->i[0] = op;
+  return y;
+}
+
+tdm_tensor *tdm_add(tdm_tape *tp, tdm_tensor *a, tdm_tensor *b) { return binary(tp, OP_ADD, a, b); }
+tdm_tensor *tdm_sub(tdm_tape *tp, tdm_tensor *a, tdm_tensor *b) { return binary(tp, OP_SUB, a, b); }
+tdm_tensor *tdm_mul(tdm_tape *tp, tdm_tensor *a, tdm_tensor *b) { return binary(tp, OP_MUL, a, b); }
+tdm_tensor *tdm_div(tdm_tape *tp, tdm_tensor *a, tdm_tensor *b) { return binary(tp, OP_DIV, a, b); }
+
+static void scale_bw(tdm_tape *tp, tdm_node *n) {
+  float *gx = tdm__grad(tp, n->in[0]), s = n->f[0];
+  const float *g = n->out->grad->data;
+  if (gx)
+    for (int64_t i = 0; i < n->out->numel; i++) gx[i] += s * g[i];
+}
+
+tdm_tensor *tdm_scale(tdm_tape *tp, tdm_tensor *x, float s) {
+  if (!tdm__inputs_ok(tp, "scale", 1, &x) || !tdm__check_f32(tp, "scale", "input", x)) return NULL;
+  x = tdm__contig(tp, x);
+  tdm_tensor *y = x ? tdm__out(tp, TDM_F32, x->ndim, x->shape) : NULL;
+  if (!y) return NULL;
+  const float *px = x->data;
+  float *o = y->data;
+  for (int64_t i = 0; i < x->numel; i++) o[i] = s * px[i];
+  tdm_node *n = tdm__record(tp, "scale", scale_bw, y, 1, &x);
+  if (n) n->f[0] = s;
+  return y;
+}
+
+/* ---- sum / mean ----------------------------------------------------------------------------- */
+/* i: [0] mask of reduced axes; f[0]: factor (1 or 1/count) */
+static void reduce_strides(const tdm_tensor *x, int64_t mask, int64_t *st) {
+  int64_t s = 1; /* strides of the keepdim output, 0 along reduced axes */
+  for (int d = x->ndim - 1; d >= 0; d--) {
+    if (mask & (1 << d)) st[d] = 0;
+    else {
+      st[d] = s;
+      s *= x->shape[d];
+    }
+  }
+}
+
+static void reduce_bw(tdm_tape *tp, tdm_node *n) {
+  tdm_tensor *x = n->in[0];
+  float *gx = tdm__grad(tp, x), f = n->f[0];
+  if (!gx) return;
+  int64_t sa[TDM_MAX_DIMS], sb[TDM_MAX_DIMS] = {0};
+  reduce_strides(x, n->i[0], sa);
+  const float *g = n->out->grad->data;
+  ND_LOOP(x->ndim, x->shape, x->numel, gx[i] += f * g[oa]);
+}
+
+static tdm_tensor *reduce(tdm_tape *tp, const char *name, tdm_tensor *x, int naxes, const int *axes, int keepdim,
+                          int mean) {
+  if (!tdm__inputs_ok(tp, name, 1, &x) || !tdm__check_f32(tp, name, "input", x)) return NULL;
+  int64_t mask = 0;
+  if (naxes == 0) mask = (1 << x->ndim) - 1;
+  for (int k = 0; k < naxes; k++) {
+    int a = tdm__axis(tp, name, x, axes[k]);
+    if (a < 0) return NULL;
+    mask |= 1 << a;
+  }
+  int64_t shape[TDM_MAX_DIMS], count = 1;
+  int nd = 0;
+  for (int d = 0; d < x->ndim; d++) {
+    if (mask & (1 << d)) {
+      count *= x->shape[d];
+      if (keepdim) shape[nd++] = 1;
+    } else {
+      shape[nd++] = x->shape[d];
+    }
+  }
+  x = tdm__contig(tp, x);
+  tdm_tensor *y = x ? tdm__out(tp, TDM_F32, nd, shape) : NULL;
+  if (!y) return NULL;
+  float *o = y->data, f = mean ? (count ? 1.0f / (float)count : 0.0f) : 1.0f;
+  memset(o, 0, sizeof(float) * (size_t)y->numel);
+  int64_t sa[TDM_MAX_DIMS], sb[TDM_MAX_DIMS] = {0};
+  reduce_strides(x, mask, sa);
+  const float *px = x->data;
+  ND_LOOP(x->ndim, x->shape, x->numel, o[oa] += px[i]);
+  if (mean)
+    for (int64_t i = 0; i < y->numel; i++) o[i] *= f;
+  tdm_node *n = tdm__record(tp, name, reduce_bw, y, 1, &x);
+  if (n) {
+    n->i[0] = mask;
+    n->f[0] = f;
+  }
+  return y;
+}
+
+tdm_tensor *tdm_sum(tdm_tape *tp, tdm_tensor *x, int naxes, const int *axes, int keepdim) {
+  return reduce(tp, "sum", x, naxes, axes, keepdim, 0);
+}
+tdm_tensor *tdm_mean(tdm_tape *tp, tdm_tensor *x, int naxes, const int *axes, int keepdim) {
+  return reduce(tp, "mean", x, naxes, axes, keepdim, 1);
+}

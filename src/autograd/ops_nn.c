@@ -1,0 +1,389 @@
+/* Neural-network ops: activations, softmax family, losses, layernorm, embedding, dropout,
+ * attention, convolution and pooling. Each checks its input, calls its kernel, and records a
+ * node whose backward calls the matching backward kernel. */
+#include <math.h>
+#include <string.h>
+
+#include "autograd/tape_impl.h"
+#include "tandem/kernels.h"
+
+typedef void (*unary_fwd)(float *, const float *, int64_t);
+typedef void (*unary_bwd)(float *, const float *, const float *, int64_t);
+
+static const struct {
+  const char *name;
+  unary_fwd fwd;
+  unary_bwd bwd;
+  int bwd_uses_output; /* tanh and sigmoid differentiate from y, relu and gelu from x */
+} unary_ops[] = {
+    {"relu", tdm_k_relu_fwd, tdm_k_relu_bwd, 0},
+    {"gelu", tdm_k_gelu_fwd, tdm_k_gelu_bwd, 0},
+    {"tanh", tdm_k_tanh_fwd, tdm_k_tanh_bwd, 1},
+    {"sigmoid", tdm_k_sigmoid_fwd, tdm_k_sigmoid_bwd, 1},
+};
+
+static void unary_bw(tdm_tape *tp, tdm_node *n) {
+  float *gx = tdm__grad(tp, n->in[0]);
+  int k = (int)n->i[0];
+  if (gx)
+    unary_ops[k].bwd(gx, n->out->grad->data, unary_ops[k].bwd_uses_output ? n->out->data : n->in[0]->data,
+                     n->out->numel);
+}
+
+static tdm_tensor *unary(tdm_tape *tp, int k, tdm_tensor *x) {
+  const char *name = unary_ops[k].name;
+  if (!tdm__inputs_ok(tp, name, 1, &x) || !tdm__check_f32(tp, name, "input", x)) return NULL;
+  x = tdm__contig(tp, x);
+  tdm_tensor *y = x ? tdm__out(tp, TDM_F32, x->ndim, x->shape) : NULL;
+  if (!y) return NULL;
+  unary_ops[k].fwd(y->data, x->data, x->numel);
+  tdm_node *n = tdm__record(tp, name, unary_bw, y, 1, &x);
+  if (n) n->i[0] = k;
+  return y;
+}
+
+tdm_tensor *tdm_relu(tdm_tape *tp, tdm_tensor *x) { return unary(tp, 0, x); }
+tdm_tensor *tdm_gelu(tdm_tape *tp, tdm_tensor *x) { return unary(tp, 1, x); }
+tdm_tensor *tdm_tanh(tdm_tape *tp, tdm_tensor *x) { return unary(tp, 2, x); }
+tdm_tensor *tdm_sigmoid(tdm_tape *tp, tdm_tensor *x) { return unary(tp, 3, x); }
+
+/* ---- softmax / log-softmax -------------------------------------------------------------- */
+static void axis_split(const tdm_tensor *x, int a, int64_t *outer, int64_t *n, int64_t *inner) {
+  *outer = 1;
+  *inner = 1;
+  for (int d = 0; d < a; d++) *outer *= x->shape[d];
+  for (int d = a + 1; d < x->ndim; d++) *inner *= x->shape[d];
+  *n = x->shape[a];
+}
+
+static void softmax_bw(tdm_tape *tp, tdm_node *n) {
+  float *gx = tdm__grad(tp, n->in[0]);
+  if (!gx) return;
+  if (n->i[3]) tdm_k_log_softmax_bwd(gx, n->out->grad->data, n->out->data, n->i[0], n->i[1], n->i[2]);
+  else tdm_k_softmax_bwd(gx, n->out->grad->data, n->out->data, n->i[0], n->i[1], n->i[2]);
+}
+
+static tdm_tensor *softmax_any(tdm_tape *tp, tdm_tensor *x, int axis, int log) {
+  const char *name = log ? "log_softmax" : "softmax";
+  if (!tdm__inputs_ok(tp, name, 1, &x) || !tdm__check_f32(tp, name, "input", x)) return NULL;
+  int a = tdm__axis(tp, name, x, axis);
+  if (a < 0) return NULL;
+  x = tdm__contig(tp, x);
+  tdm_tensor *y = x ? tdm__out(tp, TDM_F32, x->ndim, x->shape) : NULL;
+  if (!y) return NULL;
+  int64_t outer, nn, inner;
+  axis_split(x, a, &outer, &nn, &inner);
+  if (log) tdm_k_log_softmax_fwd(y->data, x->data, outer, nn, inner);
+  else tdm_k_softmax_fwd(y->data, x->data, outer, nn, inner);
+  tdm_node *n = tdm__record(tp, name, softmax_bw, y, 1, &x);
+  if (n) {
+    n->i[0] = outer;
+    n->i[1] = nn;
+    n->i[2] = inner;
+    n->i[3] = log;
+  }
+  return y;
+}
+
+tdm_tensor *tdm_softmax(tdm_tape *tp, tdm_tensor *x, int axis) { return softmax_any(tp, x, axis, 0); }
+tdm_tensor *tdm_log_softmax(tdm_tape *tp, tdm_tensor *x, int axis) { return softmax_any(tp, x, axis, 1); }
+
+/* ---- cross-entropy ------------------------------------------------------------------------ */
+/* i: [0] N, [1] C, [2] ignore, [3] count; saved[0]: lse */
+static void ce_bw(tdm_tape *tp, tdm_node *n) {
+  float *gx = tdm__grad(tp, n->in[0]);
+  if (!gx || n->i[3] == 0) return;
+  float scale = ((float *)n->out->grad->data)[0] / (float)n->i[3];
+  tdm_tensor *t = n->in[1];
+  tdm_k_cross_entropy_bwd(gx, n->in[0]->data, t->data, t->dtype == TDM_I64, n->i[0], n->i[1], n->i[2], n->saved[0],
+                          scale);
+}
+
+tdm_tensor *tdm_cross_entropy(tdm_tape *tp, tdm_tensor *logits, tdm_tensor *targets, int64_t ignore_index) {
+  tdm_tensor *in[2] = {logits, targets};
+  if (!tdm__inputs_ok(tp, "cross_entropy", 2, in)) return NULL;
+  if (!tdm__check_f32(tp, "cross_entropy", "logits", logits)) return NULL;
+  if (targets->dtype != TDM_I32 && targets->dtype != TDM_I64)
+    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "cross_entropy: targets have dtype %s; expected i32 or i64",
+                     tdm_dtype_name(targets->dtype));
+  if (logits->ndim < 1)
+    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "cross_entropy: logits are 0-d; expected (..., classes)");
+  int64_t C = logits->shape[logits->ndim - 1], N = C ? logits->numel / C : 0;
+  int ok = targets->ndim == logits->ndim - 1;
+  for (int d = 0; ok && d < targets->ndim; d++) ok = targets->shape[d] == logits->shape[d];
+  if (!ok)
+    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "cross_entropy: logits %s and targets %s; expected targets of shape logits[:-1]",
+                     tdm__shp(logits), tdm__shp(targets));
+  logits = tdm__contig(tp, logits);
+  targets = tdm__contig(tp, targets);
+  float *lse = logits && targets ? tdm__scratch(tp, sizeof(float) * (size_t)(N ? N : 1)) : NULL;
+  tdm_tensor *y = lse ? tdm__out(tp, TDM_F32, 0, NULL) : NULL;
+  if (!y) return NULL;
+  int64_t count, bad;
+  float loss = tdm_k_cross_entropy_fwd(logits->data, targets->data, targets->dtype == TDM_I64, N, C, ignore_index, lse,
+                                       &count, &bad);
+  if (bad >= 0)
+    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "cross_entropy: target %lld at row %lld is outside [0, %lld) and is not the ignore index %lld",
+                     (long long)tdm_tensor_get(targets, bad), (long long)bad, (long long)C, (long long)ignore_index);
+  ((float *)y->data)[0] = loss;
+  tdm_tensor *ins[2] = {logits, targets};
+  tdm_node *n = tdm__record(tp, "cross_entropy", ce_bw, y, 2, ins);
+  if (n) {
+    n->i[0] = N;
+    n->i[1] = C;
+    n->i[2] = ignore_index;
+    n->i[3] = count;
+    n->saved[0] = lse;
+  }
+  return y;
+}
+
+/* ---- mse ------------------------------------------------------------------------------------ */
+static void mse_bw(tdm_tape *tp, tdm_node *n) {
+  tdm_tensor *A = n->in[0], *B = n->in[1];
+  float *ga = tdm__grad(tp, A), *gb = tdm__grad(tp, B);
+  const float *a = A->data, *b = B->data;
+  float f = 2.0f * ((float *)n->out->grad->data)[0] / (float)(A->numel ? A->numel : 1);
+  for (int64_t i = 0; i < A->numel; i++) {
+    float d = f * (a[i] - b[i]);
+    if (ga) ga[i] += d;
+    if (gb) gb[i] -= d;
+  }
+}
+
+tdm_tensor *tdm_mse(tdm_tape *tp, tdm_tensor *a, tdm_tensor *b) {
+  tdm_tensor *in[2] = {a, b};
+  if (!tdm__inputs_ok(tp, "mse", 2, in)) return NULL;
+  if (!tdm__check_f32(tp, "mse", "a", a) || !tdm__check_f32(tp, "mse", "b", b)) return NULL;
+  if (!tdm__shape_equal(a, b))
+    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "mse: shapes %s and %s differ; expected equal", tdm__shp(a), tdm__shp(b));
+  a = tdm__contig(tp, a);
+  b = tdm__contig(tp, b);
+  tdm_tensor *y = a && b ? tdm__out(tp, TDM_F32, 0, NULL) : NULL;
+  if (!y) return NULL;
+  double s = 0;
+  const float *pa = a->data, *pb = b->data;
+  for (int64_t i = 0; i < a->numel; i++) s += (double)(pa[i] - pb[i]) * (pa[i] - pb[i]);
+  ((float *)y->data)[0] = a->numel ? (float)(s / (double)a->numel) : 0.0f;
+  tdm_tensor *ins[2] = {a, b};
+  tdm__record(tp, "mse", mse_bw, y, 2, ins);
+  return y;
+}
+
+/* ---- layernorm ------------------------------------------------------------------------------ */
+static void layernorm_bw(tdm_tape *tp, tdm_node *n) {
+  tdm_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
+  int64_t C = x->shape[x->ndim - 1];
+  tdm_k_layernorm_bwd(tdm__grad(tp, x), tdm__grad(tp, w), tdm__grad(tp, b), n->out->grad->data, x->data, w->data,
+                      n->saved[0], n->saved[1], x->numel / C, C);
+}
+
+tdm_tensor *tdm_layernorm(tdm_tape *tp, tdm_tensor *x, tdm_tensor *w, tdm_tensor *b, float eps) {
+  tdm_tensor *in[3] = {x, w, b};
+  if (!tdm__inputs_ok(tp, "layernorm", 3, in)) return NULL;
+  for (int k = 0; k < 3; k++)
+    if (!tdm__check_f32(tp, "layernorm", k == 0 ? "input" : k == 1 ? "weight" : "bias", in[k])) return NULL;
+  int64_t C = x->ndim ? x->shape[x->ndim - 1] : 0;
+  if (x->ndim < 1 || C == 0 || w->ndim != 1 || b->ndim != 1 || w->shape[0] != C || b->shape[0] != C)
+    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "layernorm: input %s, weight %s, bias %s; expected (..., C), (C), (C) with C > 0",
+                     tdm__shp(x), tdm__shp(w), tdm__shp(b));
+  x = tdm__contig(tp, x);
+  int64_t N = x ? x->numel / C : 0;
+  tdm_tensor *y = x ? tdm__out(tp, TDM_F32, x->ndim, x->shape) : NULL;
+  float *stats = y ? tdm__scratch(tp, sizeof(float) * 2 * (size_t)(N ? N : 1)) : NULL;
+  if (!stats) return NULL;
+  tdm_k_layernorm_fwd(y->data, stats, stats + N, x->data, w->data, b->data, N, C, eps);
+  tdm_tensor *ins[3] = {x, w, b};
+  tdm_node *n = tdm__record(tp, "layernorm", layernorm_bw, y, 3, ins);
+  if (n) {
+    n->saved[0] = stats;
+    n->saved[1] = stats + N;
+  }
+  return y;
+}
+
+/* ---- embedding ----------------------------------------------------------------------------- */
+static void embedding_bw(tdm_tape *tp, tdm_node *n) {
+  tdm_tensor *table = n->in[0], *idx = n->in[1];
+  float *g = tdm__grad(tp, table);
+  if (g) tdm_k_embedding_bwd(g, n->out->grad->data, idx->data, idx->dtype == TDM_I64, idx->numel, table->shape[1]);
+}
+
+tdm_tensor *tdm_embedding(tdm_tape *tp, tdm_tensor *table, tdm_tensor *idx) {
+  tdm_tensor *in[2] = {table, idx};
+  if (!tdm__inputs_ok(tp, "embedding", 2, in) || !tdm__check_f32(tp, "embedding", "table", table)) return NULL;
+  if (table->ndim != 2)
+    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "embedding: table is %s; expected (vocab, dim)", tdm__shp(table));
+  if (idx->dtype != TDM_I32 && idx->dtype != TDM_I64)
+    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "embedding: indices have dtype %s; expected i32 or i64",
+                     tdm_dtype_name(idx->dtype));
+  if (idx->ndim + 1 > TDM_MAX_DIMS)
+    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "embedding: indices %s have too many axes", tdm__shp(idx));
+  table = tdm__contig(tp, table);
+  idx = tdm__contig(tp, idx);
+  if (!table || !idx) return NULL;
+  int64_t V = table->shape[0];
+  for (int64_t i = 0; i < idx->numel; i++) {
+    int64_t v = idx->dtype == TDM_I64 ? ((int64_t *)idx->data)[i] : ((int32_t *)idx->data)[i];
+    if (v < 0 || v >= V)
+      return tdm__fail(tp, TDM_ERR_INVALID_ARG, "embedding: index %lld at position %lld is outside [0, %lld)",
+                       (long long)v, (long long)i, (long long)V);
+  }
+  int64_t shape[TDM_MAX_DIMS];
+  memcpy(shape, idx->shape, sizeof(int64_t) * (size_t)idx->ndim);
+  shape[idx->ndim] = table->shape[1];
+  tdm_tensor *y = tdm__out(tp, TDM_F32, idx->ndim + 1, shape);
+  if (!y) return NULL;
+  tdm_k_embedding_fwd(y->data, table->data, idx->data, idx->dtype == TDM_I64, idx->numel, table->shape[1]);
+  tdm_tensor *ins[2] = {table, idx};
+  tdm__record(tp, "embedding", embedding_bw, y, 2, ins);
+  return y;
+}
+
+/* ---- dropout -------------------------------------------------------------------------------- */
+/* i: [0] seed, [1] base; f[0]: p */
+static void dropout_bw(tdm_tape *tp, tdm_node *n) {
+  float *gx = tdm__grad(tp, n->in[0]);
+  if (gx) tdm_k_dropout_bwd(gx, n->out->grad->data, n->out->numel, n->f[0], (uint64_t)n->i[0], (uint64_t)n->i[1]);
+}
+
+tdm_tensor *tdm_dropout(tdm_tape *tp, tdm_tensor *x, float p) {
+  if (!tdm__inputs_ok(tp, "dropout", 1, &x) || !tdm__check_f32(tp, "dropout", "input", x)) return NULL;
+  if (!(p >= 0.0f && p < 1.0f))
+    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "dropout: probability %g; expected 0 <= p < 1", (double)p);
+  if (!tp->training || p == 0.0f) return x;
+  x = tdm__contig(tp, x);
+  tdm_tensor *y = x ? tdm__out(tp, TDM_F32, x->ndim, x->shape) : NULL;
+  if (!y) return NULL;
+  int64_t per_sample = x->ndim && x->shape[0] ? x->numel / x->shape[0] : x->numel;
+  uint64_t seed = tdm_hash64(tp->dropout_seed, tp->dropout_calls++);
+  uint64_t base = (uint64_t)(tp->sample_base * per_sample);
+  tdm_k_dropout_fwd(y->data, x->data, x->numel, p, seed, base);
+  tdm_node *n = tdm__record(tp, "dropout", dropout_bw, y, 1, &x);
+  if (n) {
+    n->i[0] = (int64_t)seed;
+    n->i[1] = (int64_t)base;
+    n->f[0] = p;
+  }
+  return y;
+}
+
+/* ---- attention ------------------------------------------------------------------------------ */
+/* i: [0] B, [1] T, [2] C, [3] NH; saved[0]: att */
+static void attention_bw(tdm_tape *tp, tdm_node *n) {
+  float *g = tdm__grad(tp, n->in[0]);
+  if (!g) return;
+  int64_t B = n->i[0], T = n->i[1], C = n->i[2], NH = n->i[3];
+  float *scratch = tdm__scratch(tp, sizeof(float) * (size_t)(B * NH * T * T));
+  if (scratch) tdm_k_attention_bwd(g, scratch, n->out->grad->data, n->saved[0], n->in[0]->data, B, T, C, NH);
+}
+
+tdm_tensor *tdm_attention(tdm_tape *tp, tdm_tensor *qkv, int n_head) {
+  if (!tdm__inputs_ok(tp, "attention", 1, &qkv) || !tdm__check_f32(tp, "attention", "qkv", qkv)) return NULL;
+  if (qkv->ndim != 3 || qkv->shape[2] % 3 != 0)
+    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "attention: qkv is %s; expected (B, T, 3C)", tdm__shp(qkv));
+  int64_t B = qkv->shape[0], T = qkv->shape[1], C = qkv->shape[2] / 3;
+  if (n_head <= 0 || C % n_head != 0)
+    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "attention: %d heads do not divide the width %lld of qkv %s", n_head,
+                     (long long)C, tdm__shp(qkv));
+  qkv = tdm__contig(tp, qkv);
+  int64_t shape[3] = {B, T, C};
+  tdm_tensor *y = qkv ? tdm__out(tp, TDM_F32, 3, shape) : NULL;
+  float *att = y ? tdm__scratch(tp, sizeof(float) * (size_t)(B * n_head * T * T)) : NULL;
+  if (!att) return NULL;
+  tdm_k_attention_fwd(y->data, att, qkv->data, B, T, C, n_head);
+  tdm_node *n = tdm__record(tp, "attention", attention_bw, y, 1, &qkv);
+  if (n) {
+    int64_t v[4] = {B, T, C, n_head};
+    memcpy(n->i, v, sizeof v);
+    n->saved[0] = att;
+  }
+  return y;
+}
+
+/* ---- conv2d and pooling --------------------------------------------------------------------- */
+static void conv_bw(tdm_tape *tp, tdm_node *n) {
+  tdm_conv_shape *s = n->saved[0];
+  tdm_tensor *x = n->in[0], *w = n->in[1], *b = n->n_in > 2 ? n->in[2] : NULL;
+  float *col = tdm__scratch(tp, sizeof(float) * (size_t)(s->Ci * s->KH * s->KW * s->OH * s->OW));
+  if (col)
+    tdm_k_conv2d_bwd(tdm__grad(tp, x), tdm__grad(tp, w), b ? tdm__grad(tp, b) : NULL, n->out->grad->data, x->data,
+                     w->data, col, s);
+}
+
+tdm_tensor *tdm_conv2d(tdm_tape *tp, tdm_tensor *x, tdm_tensor *w, tdm_tensor *b, int stride, int pad) {
+  tdm_tensor *in[2] = {x, w};
+  if (!tdm__inputs_ok(tp, "conv2d", 2, in)) return NULL;
+  if (!tdm__check_f32(tp, "conv2d", "input", x) || !tdm__check_f32(tp, "conv2d", "weight", w)) return NULL;
+  if (x->ndim != 4 || w->ndim != 4 || x->shape[1] != w->shape[1])
+    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "conv2d: input %s and weight %s; expected (N, Ci, H, W) and (Co, Ci, KH, KW)",
+                     tdm__shp(x), tdm__shp(w));
+  if (b && (b->ndim != 1 || b->shape[0] != w->shape[0] || b->dtype != TDM_F32))
+    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "conv2d: bias %s; expected (%lld) f32", tdm__shp(b), (long long)w->shape[0]);
+  if (stride < 1 || pad < 0)
+    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "conv2d: stride %d, padding %d; expected stride >= 1, padding >= 0", stride, pad);
+  tdm_conv_shape s = {x->shape[0], x->shape[1], x->shape[2], x->shape[3], w->shape[0], w->shape[2], w->shape[3],
+                      stride, pad, 0, 0};
+  s.OH = (s.H + 2 * pad - s.KH) / stride + 1;
+  s.OW = (s.W + 2 * pad - s.KW) / stride + 1;
+  if (s.H + 2 * pad < s.KH || s.W + 2 * pad < s.KW)
+    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "conv2d: kernel %lldx%lld is larger than the padded input %s",
+                     (long long)s.KH, (long long)s.KW, tdm__shp(x));
+  x = tdm__contig(tp, x);
+  w = tdm__contig(tp, w);
+  int64_t shape[4] = {s.N, s.Co, s.OH, s.OW};
+  tdm_tensor *y = x && w ? tdm__out(tp, TDM_F32, 4, shape) : NULL;
+  tdm_conv_shape *ps = y ? tdm__scratch(tp, sizeof s) : NULL;
+  float *col = ps ? tdm__scratch(tp, sizeof(float) * (size_t)(s.Ci * s.KH * s.KW * s.OH * s.OW)) : NULL;
+  if (!col) return NULL;
+  *ps = s;
+  tdm_k_conv2d_fwd(y->data, x->data, w->data, b ? b->data : NULL, col, ps);
+  tdm_tensor *ins[3] = {x, w, b};
+  tdm_node *n = tdm__record(tp, "conv2d", conv_bw, y, b ? 3 : 2, ins);
+  if (n) n->saved[0] = ps;
+  return y;
+}
+
+/* i: [0..3] N C H W, [4] K, [5] stride, [6] pad, [7] max?; saved[0]: argmax */
+static void pool_bw(tdm_tape *tp, tdm_node *n) {
+  float *gx = tdm__grad(tp, n->in[0]);
+  if (!gx) return;
+  const int64_t *a = n->i;
+  int64_t OH = n->out->shape[2], OW = n->out->shape[3];
+  if (a[7]) tdm_k_maxpool2d_bwd(gx, n->out->grad->data, n->saved[0], a[0], a[1], a[2], a[3], OH, OW);
+  else tdm_k_avgpool2d_bwd(gx, n->out->grad->data, a[0], a[1], a[2], a[3], a[4], a[5], a[6], OH, OW);
+}
+
+static tdm_tensor *pool(tdm_tape *tp, tdm_tensor *x, int k, int stride, int pad, int is_max) {
+  const char *name = is_max ? "maxpool2d" : "avgpool2d";
+  if (!tdm__inputs_ok(tp, name, 1, &x) || !tdm__check_f32(tp, name, "input", x)) return NULL;
+  if (x->ndim != 4) return tdm__fail(tp, TDM_ERR_INVALID_ARG, "%s: input %s; expected (N, C, H, W)", name, tdm__shp(x));
+  if (k < 1 || stride < 1 || pad < 0 || 2 * pad > k)
+    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "%s: kernel %d, stride %d, padding %d; expected k, stride >= 1 and 0 <= padding <= k/2",
+                     name, k, stride, pad);
+  int64_t N = x->shape[0], C = x->shape[1], H = x->shape[2], W = x->shape[3];
+  if (H + 2 * pad < k || W + 2 * pad < k)
+    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "%s: window %d is larger than the padded input %s", name, k, tdm__shp(x));
+  int64_t OH = (H + 2 * pad - k) / stride + 1, OW = (W + 2 * pad - k) / stride + 1;
+  x = tdm__contig(tp, x);
+  int64_t shape[4] = {N, C, OH, OW};
+  tdm_tensor *y = x ? tdm__out(tp, TDM_F32, 4, shape) : NULL;
+  if (!y) return NULL;
+  int32_t *argmax = NULL;
+  if (is_max) {
+    if (!(argmax = tdm__scratch(tp, sizeof(int32_t) * (size_t)(y->numel ? y->numel : 1)))) return NULL;
+    tdm_k_maxpool2d_fwd(y->data, argmax, x->data, N, C, H, W, k, stride, pad, OH, OW);
+  } else {
+    tdm_k_avgpool2d_fwd(y->data, x->data, N, C, H, W, k, stride, pad, OH, OW);
+  }
+  tdm_node *n = tdm__record(tp, name, pool_bw, y, 1, &x);
+  if (n) {
+    int64_t v[8] = {N, C, H, W, k, stride, pad, is_max};
+    memcpy(n->i, v, sizeof v);
+    n->saved[0] = argmax;
+  }
+  return y;
+}
+
+tdm_tensor *tdm_maxpool2d(tdm_tape *tp, tdm_tensor *x, int k, int stride, int pad) { return pool(tp, x, k, stride, pad, 1); }
+tdm_tensor *tdm_avgpool2d(tdm_tape *tp, tdm_tensor *x, int k, int stride, int pad) { return pool(tp, x, k, stride, pad, 0); }

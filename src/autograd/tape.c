@@ -1,0 +1,292 @@
+/* The tape: node recording, gradient buffers, backward and the per-leaf hooks. */
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "autograd/tape_impl.h"
+
+static atomic_uint_fast64_t epoch_counter = 1; /* unique per reset across every tape */
+
+tdm_status tdm_tape_create(tdm_tape **out, size_t arena_bytes) {
+  if (!out) return tdm__set_error(TDM_ERR_INVALID_ARG, "tape_create: out is NULL");
+  tdm_tape *tp = tdm__calloc(1, sizeof *tp);
+  if (!tp) return tdm__set_error(TDM_ERR_NO_MEMORY, "tape_create: out of memory");
+  tdm_status st = tdm_arena_create(&tp->arena, arena_bytes ? arena_bytes : (1u << 20));
+  if (st != TDM_OK) {
+    tdm__free(tp);
+    return st;
+  }
+  tp->grad_enabled = 1;
+  tp->epoch = atomic_fetch_add(&epoch_counter, 1);
+  *out = tp;
+  return TDM_OK;
+}
+
+void tdm_tape_destroy(tdm_tape *tp) {
+  if (!tp) return;
+  tdm_arena_destroy(tp->arena);
+  tdm__free(tp->nodes);
+  tdm__free(tp->leaves);
+  tdm__free(tp);
+}
+
+void tdm_tape_reset(tdm_tape *tp) {
+  /* Leaves that live on the heap keep no pointer into the arena past this point. */
+  for (int i = 0; i < tp->n_leaves; i++) {
+    tdm_tensor *t = tp->leaves[i].t;
+    if (t->grad && !(t->flags & (TDM_TF_PARAM | TDM_TF_HEAP))) t->grad = NULL;
+  }
+  tdm_arena_reset(tp->arena);
+  tp->n_nodes = 0;
+  tp->n_leaves = 0;
+  tp->status = TDM_OK;
+  tp->error[0] = 0;
+  tp->dropout_calls = 0;
+  tp->epoch = atomic_fetch_add(&epoch_counter, 1);
+}
+
+tdm_status tdm_tape_status(const tdm_tape *tp) { return tp->status; }
+const char *tdm_tape_error(const tdm_tape *tp) { return tp->error; }
+void tdm_tape_set_grad_enabled(tdm_tape *tp, int enabled) { tp->grad_enabled = enabled != 0; }
+int tdm_tape_grad_enabled(const tdm_tape *tp) { return tp->grad_enabled; }
+void tdm_tape_set_training(tdm_tape *tp, int training) { tp->training = training != 0; }
+void tdm_tape_set_dropout_key(tdm_tape *tp, uint64_t seed, int64_t sample_base) {
+  tp->dropout_seed = seed;
+  tp->sample_base = sample_base;
+}
+tdm_arena *tdm_tape_arena(tdm_tape *tp) { return tp->arena; }
+int tdm_tape_num_nodes(const tdm_tape *tp) { return tp->n_nodes; }
+
+tdm_tensor *tdm__fail(tdm_tape *tp, tdm_status st, const char *fmt, ...) {
+  if (tp->status == TDM_OK) { /* keep the first error: later ones are its consequences */
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(tp->error, sizeof tp->error, fmt, ap);
+    va_end(ap);
+    tp->status = st;
+    tdm__set_error(st, "%s", tp->error);
+  }
+  return NULL;
+}
+
+const char *tdm__shp(const tdm_tensor *t) {
+  static _Thread_local char bufs[4][96];
+  static _Thread_local int k;
+  char *b = bufs[k++ & 3];
+  return tdm_shape_str(t->ndim, t->shape, b, 96);
+}
+
+int tdm__inputs_ok(tdm_tape *tp, const char *op, int n, tdm_tensor *const *ins) {
+  if (tp->status != TDM_OK) return 0;
+  for (int i = 0; i < n; i++)
+    if (!ins[i]) {
+      tdm__fail(tp, TDM_ERR_INVALID_ARG, "%s: input %d is NULL", op, i);
+      return 0;
+    }
+  return 1;
+}
+
+int tdm__check_f32(tdm_tape *tp, const char *op, const char *what, const tdm_tensor *t) {
+  if (t->dtype == TDM_F32) return 1;
+  tdm__fail(tp, TDM_ERR_INVALID_ARG, "%s: %s %s has dtype %s; expected f32 (use tdm_cast)", op, what, tdm__shp(t),
+            tdm_dtype_name(t->dtype));
+  return 0;
+}
+
+int tdm__axis(tdm_tape *tp, const char *op, const tdm_tensor *x, int axis) {
+  int a = axis < 0 ? axis + x->ndim : axis;
+  if (a < 0 || a >= x->ndim) {
+    tdm__fail(tp, TDM_ERR_INVALID_ARG, "%s: axis %d is out of range for a %d-d tensor %s", op, axis, x->ndim,
+              tdm__shp(x));
+    return -1;
+  }
+  return a;
+}
+
+void *tdm__scratch(tdm_tape *tp, size_t bytes) {
+  void *p = tdm_arena_alloc(tp->arena, bytes);
+  if (!p) tdm__fail(tp, TDM_ERR_NO_MEMORY, "tape: out of memory allocating %zu bytes", bytes);
+  return p;
+}
+
+tdm_tensor *tdm__out(tdm_tape *tp, tdm_dtype dt, int ndim, const int64_t *shape) {
+  if (ndim < 0 || ndim > TDM_MAX_DIMS)
+    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "tensor: %d dimensions; expected 0..%d", ndim, TDM_MAX_DIMS);
+  for (int i = 0; i < ndim; i++)
+    if (shape[i] < 0)
+      return tdm__fail(tp, TDM_ERR_INVALID_ARG, "tensor: dimension %d is %lld; expected >= 0", i,
+                       (long long)shape[i]);
+  tdm_tensor *t = tdm__scratch(tp, sizeof *t);
+  if (!t) return NULL;
+  tdm__tensor_init(t, dt, ndim, shape);
+  t->data = tdm__scratch(tp, (size_t)t->numel * tdm_dtype_size(dt));
+  return t->data ? t : NULL;
+}
+
+tdm_tensor *tdm_new(tdm_tape *tp, tdm_dtype dt, int ndim, const int64_t *shape) {
+  if (tp->status != TDM_OK) return NULL;
+  if ((unsigned)dt >= TDM_DTYPE_COUNT) return tdm__fail(tp, TDM_ERR_INVALID_ARG, "tensor: dtype %d is unknown", dt);
+  return tdm__out(tp, dt, ndim, shape);
+}
+
+tdm_tensor *tdm_zeros(tdm_tape *tp, tdm_dtype dt, int ndim, const int64_t *shape) {
+  tdm_tensor *t = tdm_new(tp, dt, ndim, shape);
+  if (t) memset(t->data, 0, (size_t)t->numel * tdm_dtype_size(dt));
+  return t;
+}
+
+tdm_tensor *tdm_from_data(tdm_tape *tp, tdm_dtype dt, int ndim, const int64_t *shape, const void *data) {
+  tdm_tensor *t = tdm_new(tp, dt, ndim, shape);
+  if (t && data) memcpy(t->data, data, (size_t)t->numel * tdm_dtype_size(dt));
+  return t;
+}
+
+void tdm_tensor_set_requires_grad(tdm_tensor *t, int on) {
+  if (on) t->flags |= TDM_TF_REQUIRES_GRAD;
+  else t->flags &= ~(uint32_t)TDM_TF_REQUIRES_GRAD;
+}
+
+int tdm_tensor_requires_grad(const tdm_tensor *t) { return tdm__requires_grad(t); }
+
+void tdm_tensor_set_grad_hook(tdm_tensor *leaf, tdm_grad_hook_fn fn, void *ctx) {
+  leaf->hook = fn;
+  leaf->hook_ctx = ctx;
+}
+
+/* Heap leaves get a heap gradient that outlives tape resets. */
+static tdm_status heap_grad(tdm_tensor *t) {
+  tdm_tensor *g;
+  TDM__TRY(tdm_tensor_create(&g, TDM_F32, t->ndim, t->shape));
+  t->grad = g;
+  return TDM_OK;
+}
+
+tdm_status tdm_tensor_zero_grad(tdm_tensor *t) {
+  if (!t->grad) {
+    if (!(t->flags & TDM_TF_HEAP))
+      return tdm__set_error(TDM_ERR_INVALID_USAGE, "zero_grad: tensor %s has no gradient yet", tdm_tensor_name(t));
+    return heap_grad(t); /* created zeroed */
+  }
+  memset(t->grad->data, 0, (size_t)t->grad->numel * sizeof(float));
+  return TDM_OK;
+}
+
+float *tdm__grad(tdm_tape *tp, tdm_tensor *t) {
+  if (!tdm__requires_grad(t)) return NULL;
+  if (!t->grad) {
+    if ((t->flags & TDM_TF_HEAP) && !t->node) {
+      if (heap_grad(t) != TDM_OK) {
+        tdm__fail(tp, TDM_ERR_NO_MEMORY, "backward: cannot allocate the gradient of %s", tdm__shp(t));
+        return NULL;
+      }
+    } else {
+      tdm_tensor *g = tdm__out(tp, TDM_F32, t->ndim, t->shape);
+      if (!g) return NULL;
+      memset(g->data, 0, (size_t)g->numel * sizeof(float));
+      t->grad = g;
+    }
+  }
+  return t->grad->data;
+}
+
+static int grow(void **arr, int *cap, size_t elem) {
+  int nc = *cap ? *cap * 2 : 64;
+  void *p = tdm__malloc((size_t)nc * elem);
+  if (!p) return 0;
+  if (*arr) memcpy(p, *arr, (size_t)*cap * elem);
+  tdm__free(*arr);
+  *arr = p;
+  *cap = nc;
+  return 1;
+}
+
+tdm_node *tdm__record(tdm_tape *tp, const char *op, tdm__backward_fn bw, tdm_tensor *out, int n,
+                      tdm_tensor *const *ins) {
+  if (!tp->grad_enabled || !out) return NULL;
+  int any = 0;
+  for (int i = 0; i < n; i++) any |= tdm__requires_grad(ins[i]);
+  if (!any) return NULL;
+  if (tp->n_nodes == tp->cap_nodes && !grow((void **)&tp->nodes, &tp->cap_nodes, sizeof(tdm_node *))) {
+    tdm__fail(tp, TDM_ERR_NO_MEMORY, "%s: out of memory recording the tape", op);
+    return NULL;
+  }
+  tdm_node *nd = tdm__scratch(tp, sizeof *nd);
+  if (!nd) return NULL;
+  memset(nd, 0, sizeof *nd);
+  nd->op = op;
+  nd->backward = bw;
+  nd->out = out;
+  nd->n_in = n;
+  nd->in = nd->in_small;
+  if (n > TDM_NODE_MAX_IN) {
+    nd->in = tdm__scratch(tp, (size_t)n * sizeof(tdm_tensor *));
+    if (!nd->in) return NULL;
+  }
+  int32_t index = tp->n_nodes;
+  for (int i = 0; i < n; i++) {
+    tdm_tensor *t = ins[i];
+    nd->in[i] = t;
+    if (tdm__requires_grad(t) && !t->node && t->tape_epoch != tp->epoch) { /* a leaf's first use */
+      if (tp->n_leaves == tp->cap_leaves && !grow((void **)&tp->leaves, &tp->cap_leaves, sizeof(tdm__leaf_use))) {
+        tdm__fail(tp, TDM_ERR_NO_MEMORY, "%s: out of memory recording the tape", op);
+        return NULL;
+      }
+      t->tape_epoch = tp->epoch;
+      tp->leaves[tp->n_leaves++] = (tdm__leaf_use){t, index};
+    }
+  }
+  tp->nodes[tp->n_nodes++] = nd;
+  out->node = nd;
+  out->flags |= TDM_TF_REQUIRES_GRAD;
+  return nd;
+}
+
+static tdm_status run_backward(tdm_tape *tp) {
+  int k = tp->n_leaves - 1;
+  for (int i = tp->n_nodes - 1; i >= 0; i--) {
+    tdm_node *nd = tp->nodes[i];
+    if (nd->out->grad) nd->backward(tp, nd);
+    if (tp->status != TDM_OK) return tp->status;
+    for (; k >= 0 && tp->leaves[k].first_use >= i; k--) {
+      tdm_tensor *t = tp->leaves[k].t;
+      if (t->hook) t->hook(t->hook_ctx, t);
+    }
+  }
+  for (; k >= 0; k--) {
+    tdm_tensor *t = tp->leaves[k].t;
+    if (t->hook) t->hook(t->hook_ctx, t);
+  }
+  return TDM_OK;
+}
+
+tdm_status tdm_backward_with(tdm_tape *tp, tdm_tensor *out, const tdm_tensor *gout) {
+  if (tp->status != TDM_OK) return tdm__set_error(tp->status, "%s", tp->error);
+  if (!out) return tdm__set_error(TDM_ERR_INVALID_ARG, "backward: output is NULL");
+  if (!tdm__requires_grad(out))
+    return tdm__set_error(TDM_ERR_INVALID_USAGE,
+                          "backward: the output %s does not require grad (no parameter reached it, or grad is off)",
+                          tdm__shp(out));
+  if (gout && (!tdm__shape_equal(out, gout) || gout->dtype != TDM_F32))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "backward: gradient %s %s does not match output %s f32",
+                          tdm__shp(gout), tdm_dtype_name(gout->dtype), tdm__shp(out));
+  float *g = tdm__grad(tp, out);
+  if (!g) return tdm__set_error(tp->status, "%s", tp->error);
+  if (gout) {
+    tdm_tensor *gv = out->grad;
+    tdm_status st = tdm_tensor_copy(gv, gout);
+    if (st != TDM_OK) return st;
+  } else {
+    for (int64_t i = 0; i < out->numel; i++) g[i] = 1.0f;
+  }
+  tdm_status st = run_backward(tp);
+  if (st != TDM_OK) return tdm__set_error(st, "%s", tp->error);
+  return TDM_OK;
+}
+
+tdm_status tdm_backward(tdm_tape *tp, tdm_tensor *loss) {
+  if (loss && loss->numel != 1)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "backward: loss has shape %s; expected one element (or use backward_with)",
+                          tdm__shp(loss));
+  return tdm_backward_with(tp, loss, NULL);
+}

@@ -1,0 +1,97 @@
+#include <string.h>
+
+#include "core/internal.h"
+
+typedef struct block {
+  struct block *next;
+  size_t size, used;
+  unsigned char *data;
+} block;
+
+struct tdm_arena {
+  block *head; /* current block; older blocks follow */
+  size_t used_total, peak, initial;
+  uint64_t mallocs;
+};
+
+static block *block_new(tdm_arena *a, size_t size) {
+  block *b = tdm__malloc(sizeof *b);
+  if (!b) return NULL;
+  b->data = tdm__aligned_alloc(size);
+  if (!b->data) {
+    tdm__free(b);
+    return NULL;
+  }
+  b->size = size;
+  b->used = 0;
+  b->next = NULL;
+  a->mallocs++;
+  return b;
+}
+
+tdm_status tdm_arena_create(tdm_arena **out, size_t initial_bytes) {
+  if (!out) return tdm__set_error(TDM_ERR_INVALID_ARG, "arena_create: out is NULL");
+  tdm_arena *a = tdm__calloc(1, sizeof *a);
+  if (!a) return tdm__set_error(TDM_ERR_NO_MEMORY, "arena_create: out of memory");
+  a->initial = initial_bytes < 4096 ? 4096 : initial_bytes;
+  a->head = block_new(a, a->initial);
+  if (!a->head) {
+    tdm__free(a);
+    return tdm__set_error(TDM_ERR_NO_MEMORY, "arena_create: cannot allocate %zu bytes", initial_bytes);
+  }
+  *out = a;
+  return TDM_OK;
+}
+
+void tdm_arena_destroy(tdm_arena *a) {
+  if (!a) return;
+  for (block *b = a->head, *n; b; b = n) {
+    n = b->next;
+    tdm__free(b->data);
+    tdm__free(b);
+  }
+  tdm__free(a);
+}
+
+void *tdm_arena_alloc(tdm_arena *a, size_t bytes) {
+  size_t need = (bytes + 63) & ~(size_t)63;
+  if (need == 0) need = 64;
+  block *b = a->head;
+  if (b->used + need > b->size) {
+    size_t size = b->size * 2;
+    if (size < need) size = need;
+    block *nb = block_new(a, size);
+    if (!nb) {
+      tdm__set_error(TDM_ERR_NO_MEMORY, "arena: cannot allocate %zu bytes", size);
+      return NULL;
+    }
+    nb->next = b;
+    a->head = b = nb;
+  }
+  void *p = b->data + b->used;
+  b->used += need;
+  a->used_total += need;
+  if (a->used_total > a->peak) a->peak = a->used_total;
+  return p;
+}
+
+void tdm_arena_reset(tdm_arena *a) {
+  if (a->head->next) {
+    /* Several blocks: replace them with one that holds the peak, so the next round fits. */
+    for (block *b = a->head, *n; b; b = n) {
+      n = b->next;
+      tdm__free(b->data);
+      tdm__free(b);
+    }
+    size_t size = a->peak > a->initial ? a->peak : a->initial;
+    a->head = block_new(a, size);
+    if (!a->head) a->head = block_new(a, a->initial); /* TDM_ASSERT below if even that fails */
+    TDM_ASSERT(a->head != NULL);
+  }
+  a->head->used = 0;
+  a->used_total = 0;
+}
+
+size_t tdm_arena_used(const tdm_arena *a) { return a->used_total; }
+size_t tdm_arena_peak(const tdm_arena *a) { return a->peak; }
+uint64_t tdm_arena_mallocs(const tdm_arena *a) { return a->mallocs; }

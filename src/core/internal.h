@@ -1,0 +1,31 @@
+/* Internal helpers shared by the library's files: error setting, invariants, counted malloc. */
+#ifndef TANDEM_CORE_INTERNAL_H
+#define TANDEM_CORE_INTERNAL_H
+
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "tandem/core.h"
+#include "tandem/status.h"
+
+/* Sets the calling thread's error detail and returns st, so: return tdm__set_error(...). */
+tdm_status tdm__set_error(tdm_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+_Noreturn void tdm__assert_fail(const char *expr, const char *file, int line);
+/* Always on: for invariants of our own code, never for checking the caller's input. */
+#define TDM_ASSERT(x) ((x) ? (void)0 : tdm__assert_fail(#x, __FILE__, __LINE__))
+
+/* Allocation through these is counted, so tests can prove a steady-state step allocates nothing. */
+void *tdm__malloc(size_t n);
+void *tdm__calloc(size_t n, size_t size);
+void *tdm__aligned_alloc(size_t n); /* 64-byte aligned, free with tdm__free */
+void tdm__free(void *p);
+uint64_t tdm__malloc_count(void);
+
+#define TDM__TRY(expr)                   \
+  do {                                   \
+    tdm_status tdm__st = (expr);         \
+    if (tdm__st != TDM_OK) return tdm__st; \
+  } while (0)
+
+#endif

@@ -1,0 +1,43 @@
+#include "tandem/status.h"
+
+#include <assert.h>
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "core/internal.h"
+
+static const struct {
+  tdm_status st;
+  const char *text;
+} status_names[] = {
+#define TDM__STATUS_NAME(name, value, text) {name, text},
+    TDM_STATUS_LIST(TDM__STATUS_NAME)
+#undef TDM__STATUS_NAME
+};
+static_assert(sizeof(status_names) / sizeof(status_names[0]) == TDM_STATUS_COUNT,
+              "TDM_STATUS_COUNT must match TDM_STATUS_LIST");
+
+static _Thread_local char err_buf[1024];
+
+const char *tdm_status_str(tdm_status st) {
+  for (int i = 0; i < TDM_STATUS_COUNT; i++)
+    if (status_names[i].st == st) return status_names[i].text;
+  return "unknown status";
+}
+
+const char *tdm_last_error(void) { return err_buf; }
+
+void tdm_clear_error(void) { err_buf[0] = 0; }
+
+tdm_status tdm__set_error(tdm_status st, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err_buf, sizeof err_buf, fmt, ap);
+  va_end(ap);
+  return st;
+}
+
+void tdm__assert_fail(const char *expr, const char *file, int line) {
+  fprintf(stderr, "tandem: internal invariant failed: %s at %s:%d\n", expr, file, line);
+  abort();
+}

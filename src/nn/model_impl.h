@@ -1,0 +1,27 @@
+/* The model struct, shared by models.c and the low-level MLP. */
+#ifndef TANDEM_MODEL_IMPL_H
+#define TANDEM_MODEL_IMPL_H
+
+#include "tandem/nn.h"
+
+#define TDM_MLP_MAX_LAYERS 9
+
+struct tdm_model {
+  tdm_model_config cfg;
+  tdm_params *params;
+  /* MLP */
+  int n_linear;
+  tdm_linear_mod linear[TDM_MLP_MAX_LAYERS];
+  /* CNN */
+  tdm_conv2d_mod conv1, conv2;
+  tdm_linear_mod fc;
+  /* GPT */
+  tdm_embedding_mod wte, wpe;
+  tdm_block_mod *blocks;
+  tdm_layernorm_mod ln_f;
+};
+
+tdm_status tdm__linear_mod_init_with(tdm_linear_mod *m, tdm_params *p, const char *prefix, int64_t in, int64_t out,
+                                     int bias, tdm_init winit, tdm_init binit);
+
+#endif

@@ -1,0 +1,186 @@
+/* Softmax, log-softmax, cross-entropy and layer normalisation. All subtract the row maximum
+ * before exponentiating, so large logits never overflow. */
+#include <math.h>
+
+#include "tandem/core.h"
+#include "tandem/kernels.h"
+
+/* ---- softmax over the middle axis of (outer, n, inner) ---------------------------------- */
+void tdm_k_softmax_fwd(float *y, const float *x, int64_t outer, int64_t n, int64_t inner) {
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t in = 0; in < inner; in++) {
+      const float *xr = x + o * n * inner + in;
+      float *yr = y + o * n * inner + in;
+      float mx = -INFINITY;
+      for (int64_t j = 0; j < n; j++) mx = fmaxf(mx, xr[j * inner]);
+      float s = 0.0f;
+      for (int64_t j = 0; j < n; j++) s += (yr[j * inner] = expf(xr[j * inner] - mx));
+      float inv = 1.0f / s;
+      for (int64_t j = 0; j < n; j++) yr[j * inner] *= inv;
+    }
+}
+
+void tdm_k_softmax_bwd(float *dx, const float *dy, const float *y, int64_t outer, int64_t n, int64_t inner) {
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t in = 0; in < inner; in++) {
+      int64_t base = o * n * inner + in;
+      float dot = 0.0f;
+      for (int64_t j = 0; j < n; j++) dot += dy[base + j * inner] * y[base + j * inner];
+      for (int64_t j = 0; j < n; j++) dx[base + j * inner] += y[base + j * inner] * (dy[base + j * inner] - dot);
+    }
+}
+
+void tdm_k_log_softmax_fwd(float *y, const float *x, int64_t outer, int64_t n, int64_t inner) {
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t in = 0; in < inner; in++) {
+      int64_t base = o * n * inner + in;
+      float mx = -INFINITY;
+      for (int64_t j = 0; j < n; j++) mx = fmaxf(mx, x[base + j * inner]);
+      float s = 0.0f;
+      for (int64_t j = 0; j < n; j++) s += expf(x[base + j * inner] - mx);
+      float lse = mx + logf(s);
+      for (int64_t j = 0; j < n; j++) y[base + j * inner] = x[base + j * inner] - lse;
+    }
+}
+
+void tdm_k_log_softmax_bwd(float *dx, const float *dy, const float *y, int64_t outer, int64_t n, int64_t inner) {
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t in = 0; in < inner; in++) {
+      int64_t base = o * n * inner + in;
+      float s = 0.0f;
+      for (int64_t j = 0; j < n; j++) s += dy[base + j * inner];
+      for (int64_t j = 0; j < n; j++) dx[base + j * inner] += dy[base + j * inner] - expf(y[base + j * inner]) * s;
+    }
+}
+
+/* ---- cross-entropy ------------------------------------------------------------------------ */
+static inline int64_t target_at(const void *t, int i64, int64_t i) {
+  return i64 ? ((const int64_t *)t)[i] : (int64_t)((const int32_t *)t)[i];
+}
+
+typedef struct {
+  const float *logits;
+  float *lse;
+  int64_t C;
+} lse_ctx;
+
+static void lse_range(void *vc, int64_t r0, int64_t r1) {
+  lse_ctx *c = vc;
+  for (int64_t r = r0; r < r1; r++) {
+    const float *x = c->logits + r * c->C;
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < c->C; j++) mx = fmaxf(mx, x[j]);
+    float s = 0.0f;
+    for (int64_t j = 0; j < c->C; j++) s += expf(x[j] - mx);
+    c->lse[r] = mx + logf(s);
+  }
+}
+
+float tdm_k_cross_entropy_fwd(const float *logits, const void *targets, int targets_i64, int64_t N, int64_t C,
+                              int64_t ignore_index, float *lse, int64_t *count, int64_t *bad_row) {
+  lse_ctx c = {logits, lse, C};
+  tdm_parallel_for(N, C > 0 ? 1 + 65536 / C : 1, lse_range, &c);
+  double sum = 0.0;
+  int64_t cnt = 0;
+  *bad_row = -1;
+  for (int64_t r = 0; r < N; r++) {
+    int64_t t = target_at(targets, targets_i64, r);
+    if (t == ignore_index) continue;
+    if (t < 0 || t >= C) {
+      *bad_row = r;
+      *count = cnt;
+      return NAN;
+    }
+    sum += (double)(lse[r] - logits[r * C + t]);
+    cnt++;
+  }
+  *count = cnt;
+  return cnt ? (float)(sum / (double)cnt) : 0.0f;
+}
+
+typedef struct {
+  float *dlogits;
+  const float *logits, *lse;
+  const void *targets;
+  int i64;
+  int64_t C, ignore;
+  float scale;
+} ce_bwd_ctx;
+
+static void ce_bwd_range(void *vc, int64_t r0, int64_t r1) {
+  ce_bwd_ctx *c = vc;
+  for (int64_t r = r0; r < r1; r++) {
+    int64_t t = target_at(c->targets, c->i64, r);
+    if (t == c->ignore) continue;
+    const float *x = c->logits + r * c->C;
+    float *d = c->dlogits + r * c->C;
+    float l = c->lse[r];
+    for (int64_t j = 0; j < c->C; j++) d[j] += c->scale * expf(x[j] - l);
+    d[t] -= c->scale;
+  }
+}
+
+void tdm_k_cross_entropy_bwd(float *dlogits, const float *logits, const void *targets, int targets_i64, int64_t N,
+                             int64_t C, int64_t ignore_index, const float *lse, float scale) {
+  ce_bwd_ctx c = {dlogits, logits, lse, targets, targets_i64, C, ignore_index, scale};
+  tdm_parallel_for(N, C > 0 ? 1 + 65536 / C : 1, ce_bwd_range, &c);
+}
+
+/* ---- layernorm ------------------------------------------------------------------------------ */
+typedef struct {
+  float *out, *mean, *rstd;
+  const float *x, *w, *b;
+  int64_t C;
+  float eps;
+} ln_ctx;
+
+static void ln_fwd_range(void *vc, int64_t r0, int64_t r1) {
+  ln_ctx *c = vc;
+  int64_t C = c->C;
+  for (int64_t r = r0; r < r1; r++) {
+    const float *x = c->x + r * C;
+    float *o = c->out + r * C;
+    float m = 0.0f;
+    for (int64_t i = 0; i < C; i++) m += x[i];
+    m /= (float)C;
+    float v = 0.0f;
+    for (int64_t i = 0; i < C; i++) {
+      float d = x[i] - m;
+      v += d * d;
+    }
+    v /= (float)C;
+    float s = 1.0f / sqrtf(v + c->eps);
+    for (int64_t i = 0; i < C; i++) o[i] = (x[i] - m) * s * c->w[i] + c->b[i];
+    c->mean[r] = m;
+    c->rstd[r] = s;
+  }
+}
+
+void tdm_k_layernorm_fwd(float *out, float *mean, float *rstd, const float *x, const float *w, const float *b,
+                         int64_t N, int64_t C, float eps) {
+  ln_ctx c = {out, mean, rstd, x, w, b, C, eps};
+  tdm_parallel_for(N, C > 0 ? 1 + 16384 / C : 1, ln_fwd_range, &c);
+}
+
+void tdm_k_layernorm_bwd(float *dx, float *dw, float *db, const float *dout, const float *x, const float *w,
+                         const float *mean, const float *rstd, int64_t N, int64_t C) {
+  for (int64_t r = 0; r < N; r++) {
+    const float *xr = x + r * C, *d = dout + r * C;
+    float m = mean[r], s = rstd[r];
+    float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+    for (int64_t i = 0; i < C; i++) {
+      float norm = (xr[i] - m) * s;
+      float dn = w[i] * d[i];
+      dnorm_mean += dn;
+      dnorm_norm_mean += dn * norm;
+    }
+    dnorm_mean /= (float)C;
+    dnorm_norm_mean /= (float)C;
+    for (int64_t i = 0; i < C; i++) {
+      float norm = (xr[i] - m) * s;
+      if (db) db[i] += d[i];
+      if (dw) dw[i] += norm * d[i];
+      if (dx) dx[r * C + i] += (w[i] * d[i] - dnorm_mean - norm * dnorm_norm_mean) * s;
+    }
+  }
+}

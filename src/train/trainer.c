@@ -1,0 +1,276 @@
+/* The classifier training loop: shuffle, step, evaluate, record. One tape, reset every step,
+ * so the steady state allocates nothing. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/internal.h"
+#include "tandem/autograd.h"
+#include "tandem/data.h"
+#include "tandem/nn.h"
+#include "tandem/optim.h"
+#include "tandem/tensor.h"
+#include "tandem/train.h"
+
+tdm_train_config tdm_train_config_default(void) {
+  tdm_train_config c = {0};
+  c.model = "mlp";
+  c.data = "fashion-mnist";
+  c.data_dir = "/usr/share/datasets/fashion-mnist";
+  c.epochs = 1;
+  c.batch_size = 64;
+  c.lr = 1e-3;
+  c.optimizer = "adam";
+  c.weight_decay = -1;
+  c.dropout = 0.3;
+  c.seed = 42;
+  c.eval_batch = 1000;
+  return c;
+}
+
+typedef struct {
+  FILE *f;
+  int tty;
+  double last;
+} progress;
+
+static void fmt_eta(char *b, size_t n, double s) {
+  if (!(s >= 0) || s > 1e7) snprintf(b, n, "--");
+  else if (s >= 3600) snprintf(b, n, "%dh%02dm", (int)(s / 3600), (int)fmod(s / 60, 60));
+  else snprintf(b, n, "%dm%02ds", (int)(s / 60), (int)fmod(s, 60));
+}
+
+/* Evaluates on the whole set with gradients and dropout off. */
+static tdm_status evaluate(tdm_model *m, tdm_tape *tp, const tdm_dataset *ds, int64_t eb, int64_t *idx_buf,
+                           double *loss_out, double *acc_out) {
+  int64_t n = tdm_dataset_len(ds), per = tdm_dataset_sample_numel(ds), correct = 0;
+  double loss_sum = 0;
+  const tdm_model_config *mc = tdm_model_get_config(m);
+  tdm_tape_set_grad_enabled(tp, 0);
+  tdm_tape_set_training(tp, 0);
+  for (int64_t b = 0; b < n; b += eb) {
+    int64_t B = n - b < eb ? n - b : eb;
+    tdm_tape_reset(tp);
+    for (int64_t i = 0; i < B; i++) idx_buf[i] = b + i;
+    int64_t xs[4] = {B, per, 0, 0}, ys[1] = {B};
+    int nd = 2;
+    if (mc->kind == TDM_MODEL_CNN) {
+      xs[1] = mc->in_channels;
+      xs[2] = mc->height;
+      xs[3] = mc->width;
+      nd = 4;
+    }
+    tdm_tensor *x = tdm_new(tp, TDM_F32, nd, xs), *y = tdm_new(tp, TDM_I32, 1, ys);
+    if (!x || !y) return tdm__set_error(tdm_tape_status(tp), "%s", tdm_tape_error(tp));
+    TDM__TRY(tdm_dataset_batch(ds, idx_buf, B, tdm_tensor_data(x), tdm_tensor_data(y)));
+    tdm_tensor *logits = tdm_model_forward(m, tp, x);
+    tdm_tensor *loss = tdm_cross_entropy(tp, logits, y, -100);
+    if (!loss) return tdm__set_error(tdm_tape_status(tp), "evaluation: %s", tdm_tape_error(tp));
+    loss_sum += (double)((float *)tdm_tensor_data(loss))[0] * (double)B;
+    const float *lg = tdm_tensor_data(logits);
+    const int32_t *yy = tdm_tensor_data(y);
+    int64_t C = tdm_tensor_dim(logits, -1);
+    for (int64_t i = 0; i < B; i++) {
+      int64_t best = 0;
+      for (int64_t c = 1; c < C; c++)
+        if (lg[i * C + c] > lg[i * C + best]) best = c;
+      correct += best == yy[i];
+    }
+  }
+  tdm_tape_set_grad_enabled(tp, 1);
+  *loss_out = loss_sum / (double)n;
+  *acc_out = (double)correct / (double)n;
+  return TDM_OK;
+}
+
+static tdm_status parse_kinds(const tdm_train_config *c, tdm_model_kind *mk, tdm_optim_kind *ok) {
+  if (!c->model || (strcmp(c->model, "mlp") && strcmp(c->model, "cnn")))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: model '%s'; expected mlp or cnn", c->model ? c->model : "(null)");
+  *mk = !strcmp(c->model, "mlp") ? TDM_MODEL_MLP : TDM_MODEL_CNN;
+  if (!c->optimizer) return tdm__set_error(TDM_ERR_INVALID_ARG, "train: no optimizer");
+  if (!strcmp(c->optimizer, "sgd")) *ok = TDM_OPT_SGD;
+  else if (!strcmp(c->optimizer, "adam")) *ok = TDM_OPT_ADAM;
+  else if (!strcmp(c->optimizer, "adamw")) *ok = TDM_OPT_ADAMW;
+  else return tdm__set_error(TDM_ERR_INVALID_ARG, "train: optimizer '%s'; expected sgd, adam or adamw", c->optimizer);
+  if (!c->data || (strcmp(c->data, "fashion-mnist") && strcmp(c->data, "mnist")))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: data set '%s'; expected fashion-mnist or mnist",
+                          c->data ? c->data : "(null)");
+  if (c->batch_size < 1 || c->eval_batch < 1 || (c->steps <= 0 && c->epochs < 1))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: batch size %lld, epochs %lld, steps %lld; expected batch >= 1 and epochs or steps >= 1",
+                          (long long)c->batch_size, (long long)c->epochs, (long long)c->steps);
+  if (!(c->lr >= 0) || !(c->dropout >= 0 && c->dropout < 1))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: lr %g, dropout %g; expected lr >= 0 and 0 <= dropout < 1", c->lr,
+                          c->dropout);
+  return TDM_OK;
+}
+
+typedef struct {
+  tdm_dataset *train, *test;
+  tdm_model *model;
+  tdm_optim *opt;
+  tdm_tape *tape;
+  int64_t *order, *idx;
+  FILE *metrics;
+} run_state;
+
+static void run_free(run_state *s) {
+  tdm_dataset_destroy(s->train);
+  tdm_dataset_destroy(s->test);
+  tdm_model_destroy(s->model);
+  tdm_optim_destroy(s->opt);
+  tdm_tape_destroy(s->tape);
+  tdm__free(s->order);
+  tdm__free(s->idx);
+  if (s->metrics) fclose(s->metrics);
+}
+
+static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_state *s) {
+  tdm_model_kind mk = TDM_MODEL_MLP;
+  tdm_optim_kind ok = TDM_OPT_ADAM;
+  TDM__TRY(parse_kinds(c, &mk, &ok));
+  TDM__TRY(tdm_set_num_threads(c->threads));
+  TDM__TRY(tdm_dataset_open_idx(&s->train, c->data_dir, 1));
+  TDM__TRY(tdm_dataset_open_idx(&s->test, c->data_dir, 0));
+  int64_t shape[4];
+  tdm_dataset_sample_shape(s->train, shape);
+  tdm_model_config mc = mk == TDM_MODEL_MLP ? tdm_model_config_mlp() : tdm_model_config_cnn();
+  mc.dropout = (float)c->dropout;
+  mc.n_classes = tdm_dataset_num_classes(s->train);
+  if (mk == TDM_MODEL_MLP) {
+    mc.in_features = tdm_dataset_sample_numel(s->train);
+  } else {
+    mc.in_channels = shape[0];
+    mc.height = shape[1];
+    mc.width = shape[2];
+  }
+  TDM__TRY(tdm_model_create(&s->model, &mc, c->seed));
+  tdm_params *params = tdm_model_params(s->model);
+  if (c->init_weights) TDM__TRY(tdm_params_load(params, c->init_weights, 0));
+  tdm_optim_config oc = tdm_optim_config_default(ok);
+  oc.lr = (float)c->lr;
+  if (c->weight_decay >= 0) oc.weight_decay = (float)c->weight_decay;
+  oc.momentum = (float)c->momentum;
+  TDM__TRY(tdm_optim_create(&s->opt, &oc, params));
+  TDM__TRY(tdm_tape_create(&s->tape, 16u << 20));
+  int64_t N = tdm_dataset_len(s->train), B = c->batch_size, per = tdm_dataset_sample_numel(s->train);
+  int64_t steps_per_epoch = (N + B - 1) / B; /* the last, partial batch is kept, as DataLoader does */
+  int64_t total = c->steps > 0 ? c->steps : c->epochs * steps_per_epoch;
+  int64_t eb = c->eval_batch > B ? c->eval_batch : B;
+  s->order = tdm__malloc(sizeof(int64_t) * (size_t)N);
+  s->idx = tdm__malloc(sizeof(int64_t) * (size_t)eb);
+  if (!s->order || !s->idx) return tdm__set_error(TDM_ERR_NO_MEMORY, "train: out of memory");
+  if (c->metrics && !(s->metrics = fopen(c->metrics, "w")))
+    return tdm__set_error(TDM_ERR_IO, "train: cannot write metrics to %s", c->metrics);
+
+  progress pr = {c->progress, c->progress ? isatty(fileno(c->progress)) : 0, 0};
+  if (pr.f)
+    fprintf(pr.f, "tandem train: %s on %s (%lld train / %lld test samples), %lld parameters, %s lr %g, batch %lld, %d thread%s\n",
+            c->model, c->data, (long long)N, (long long)tdm_dataset_len(s->test), (long long)tdm_params_numel(params),
+            c->optimizer, c->lr, (long long)B, tdm_get_num_threads(), tdm_get_num_threads() == 1 ? "" : "s");
+  double train_time = 0, t_start = tdm_time_now();
+  int64_t step = 0, samples = 0;
+  float loss_v = NAN;
+  int64_t epoch = 0;
+  while (step < total) {
+    /* per-epoch shuffle from (seed, epoch): the same order whatever happened before */
+    tdm_rng r;
+    tdm_rng_seed(&r, tdm_hash64(c->seed ^ 0x5348554646ull, (uint64_t)epoch));
+    for (int64_t i = 0; i < N; i++) s->order[i] = i;
+    for (int64_t i = N - 1; i > 0; i--) {
+      int64_t j = (int64_t)(tdm_rng_next(&r) % (uint64_t)(i + 1)), t = s->order[i];
+      s->order[i] = s->order[j];
+      s->order[j] = t;
+    }
+    for (int64_t b = 0; b < N && step < total; b += B, step++) {
+      int64_t Bn = N - b < B ? N - b : B;
+      double t0 = tdm_time_now();
+      tdm_tape *tp = s->tape;
+      tdm_tape_reset(tp);
+      tdm_tape_set_training(tp, 1);
+      tdm_tape_set_dropout_key(tp, tdm_hash64(c->seed, (uint64_t)step), b);
+      int64_t xs[4] = {Bn, per, 0, 0}, ys[1] = {Bn};
+      int nd = 2;
+      if (mk == TDM_MODEL_CNN) {
+        xs[1] = mc.in_channels;
+        xs[2] = mc.height;
+        xs[3] = mc.width;
+        nd = 4;
+      }
+      tdm_tensor *x = tdm_new(tp, TDM_F32, nd, xs), *y = tdm_new(tp, TDM_I32, 1, ys);
+      if (!x || !y) return tdm__set_error(tdm_tape_status(tp), "%s", tdm_tape_error(tp));
+      TDM__TRY(tdm_dataset_batch(s->train, s->order + b, Bn, tdm_tensor_data(x), tdm_tensor_data(y)));
+      tdm_tensor *loss = tdm_cross_entropy(tp, tdm_model_forward(s->model, tp, x), y, -100);
+      if (!loss) return tdm__set_error(tdm_tape_status(tp), "step %lld: %s", (long long)step, tdm_tape_error(tp));
+      double t1 = tdm_time_now();
+      tdm_params_zero_grad(params);
+      TDM__TRY(tdm_backward(tp, loss));
+      double t2 = tdm_time_now();
+      TDM__TRY(tdm_optim_step(s->opt, (float)c->lr));
+      double t3 = tdm_time_now();
+      loss_v = ((float *)tdm_tensor_data(loss))[0];
+      if (!isfinite(loss_v))
+        return tdm__set_error(TDM_ERR_INVALID_ARG, "step %lld: the loss is %g; lower --lr (now %g)", (long long)step,
+                              (double)loss_v, c->lr);
+      double dt = t3 - t0;
+      train_time += dt;
+      samples += Bn;
+      if (s->metrics)
+        fprintf(s->metrics,
+                "{\"step\":%lld,\"epoch\":%lld,\"loss\":%.6f,\"samples_per_sec\":%.1f,\"step_time_ms\":%.4f,"
+                "\"time_forward_ms\":%.4f,\"time_backward_ms\":%.4f,\"time_optimizer_ms\":%.4f,\"lr\":%g}\n",
+                (long long)step, (long long)epoch, (double)loss_v, (double)Bn / dt, dt * 1e3, (t1 - t0) * 1e3,
+                (t2 - t1) * 1e3, (t3 - t2) * 1e3, c->lr);
+      double now = tdm_time_now();
+      int last = step + 1 == total;
+      int due = pr.tty ? (now - pr.last > 0.2) : ((step + 1) % (total / 10 > 0 ? total / 10 : 1) == 0);
+      if (pr.f && (due || last)) {
+        char eta[32];
+        double sps = (double)samples / train_time;
+        fmt_eta(eta, sizeof eta, (double)(total - step - 1) * (double)B / sps);
+        fprintf(pr.f, "%sepoch %lld step %lld/%lld  loss %.4f  %.0f samples/s  ETA %s%s", pr.tty ? "\r" : "",
+                (long long)epoch + 1, (long long)step + 1, (long long)total, (double)loss_v, sps, eta,
+                pr.tty ? "   " : "\n");
+        fflush(pr.f);
+        pr.last = now;
+      }
+    }
+    int epoch_done = step % steps_per_epoch == 0 || step >= total;
+    if (epoch_done) {
+      double tl = 0, ta = 0;
+      TDM__TRY(evaluate(s->model, s->tape, s->test, eb, s->idx, &tl, &ta));
+      res->test_loss = tl;
+      res->test_accuracy = ta;
+      if (pr.f) {
+        fprintf(pr.f, "%sepoch %lld: test loss %.4f, test accuracy %.2f%%\n", pr.tty ? "\n" : "", (long long)epoch + 1,
+                tl, 100 * ta);
+        fflush(pr.f);
+      }
+      if (s->metrics) {
+        fprintf(s->metrics, "{\"epoch\":%lld,\"step\":%lld,\"test_loss\":%.6f,\"test_accuracy\":%.6f}\n",
+                (long long)epoch + 1, (long long)step, tl, ta);
+        fflush(s->metrics);
+      }
+    }
+    epoch++;
+  }
+  if (c->save_weights) {
+    const char *meta[] = {"format", "pt", "tandem.model", c->model};
+    TDM__TRY(tdm_params_save(params, c->save_weights, 2, meta));
+  }
+  res->steps = step;
+  res->final_loss = loss_v;
+  res->train_seconds = train_time;
+  res->samples_per_sec = train_time > 0 ? (double)samples / train_time : 0;
+  (void)t_start;
+  return TDM_OK;
+}
+
+tdm_status tdm_train_run(const tdm_train_config *c, tdm_train_result *res) {
+  if (!c || !res) return tdm__set_error(TDM_ERR_INVALID_ARG, "train: NULL argument");
+  memset(res, 0, sizeof *res);
+  run_state s = {0};
+  tdm_status st = run(c, res, &s);
+  run_free(&s);
+  return st;
+}

@@ -1,0 +1,29 @@
+/* The tandem command: one binary, one subcommand per job. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: tandem <command> [options]\n\n"
+          "commands:\n"
+          "  train     train a model (tandem train --help)\n"
+          "  help      show this text\n");
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
+  }
+  const char *cmd = argv[1];
+  if (!strcmp(cmd, "train")) return tool_train(argc - 2, argv + 2);
+  if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
+    usage(stdout);
+    return 0;
+  }
+  fprintf(stderr, "tandem: unknown command '%s'\n", cmd);
+  usage(stderr);
+  return 2;
+}

@@ -1,0 +1,62 @@
+/* tandem train: options in, tdm_train_run, a summary out. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "tandem/tandem.h"
+
+int tool_train(int argc, char **argv) {
+  tdm_train_config c = tdm_train_config_default();
+  int64_t epochs, steps, batch, seed, threads, eval_batch;
+  double lr, dropout, wd, momentum;
+  cli_opt opts[] = {
+      {"model", CLI_CHOICE, &c.model, "mlp", "model to train", "mlp|cnn", 0, 0, 0},
+      {"data", CLI_CHOICE, &c.data, "fashion-mnist", "data set", "fashion-mnist|mnist", 0, 0, 0},
+      {"data-dir", CLI_STRING, &c.data_dir, "/usr/share/datasets/fashion-mnist",
+       "directory of the IDX files (gzip'd or not)", NULL, 0, 0, 0},
+      {"epochs", CLI_INT, &epochs, "1", "passes over the training set", NULL, 1, 1e6, 0},
+      {"steps", CLI_INT, &steps, "0", "train exactly this many steps instead (0: use --epochs)", NULL, 0, 1e12, 0},
+      {"batch-size", CLI_INT, &batch, "64", "samples per step", NULL, 1, 1e7, 0},
+      {"lr", CLI_FLOAT, &lr, "0.001", "learning rate", NULL, 0, 1e3, 0},
+      {"optimizer", CLI_CHOICE, &c.optimizer, "adam", "optimizer", "sgd|adam|adamw", 0, 0, 0},
+      {"weight-decay", CLI_FLOAT, &wd, "-1", "weight decay (-1: the optimizer's default, 0.01 for adamw, else 0)",
+       NULL, -1, 10, 0},
+      {"momentum", CLI_FLOAT, &momentum, "0", "SGD momentum", NULL, 0, 1, 0},
+      {"dropout", CLI_FLOAT, &dropout, "0.3", "dropout probability between layers", NULL, 0, 0.999, 0},
+      {"seed", CLI_INT, &seed, "42", "seed for initialisation, shuffling and dropout", NULL, 0, 9.2e18, 0},
+      {"threads", CLI_INT, &threads, "0", "intra-op threads (0: all cores, or TANDEM_NUM_THREADS)", NULL, 0, 256, 0},
+      {"eval-batch-size", CLI_INT, &eval_batch, "1000", "samples per evaluation batch", NULL, 1, 1e7, 0},
+      {"init-weights", CLI_STRING, &c.init_weights, NULL, "start from these weights (.safetensors)", NULL, 0, 0, 0},
+      {"save-weights", CLI_STRING, &c.save_weights, NULL, "write the final weights here (.safetensors)", NULL, 0, 0, 0},
+      {"metrics", CLI_STRING, &c.metrics, NULL, "write JSON-lines metrics here", NULL, 0, 0, 0},
+  };
+  int n = (int)(sizeof opts / sizeof opts[0]);
+  int r = cli_parse("train", "[options]", opts, n, argc, argv);
+  if (r == 1) return 0;
+  if (r) return 2;
+  if (opts[3].seen && opts[4].seen && steps > 0) {
+    fprintf(stderr, "tandem train: give --epochs or --steps, not both\n");
+    return 2;
+  }
+  c.epochs = epochs;
+  c.steps = steps;
+  c.batch_size = batch;
+  c.lr = lr;
+  c.dropout = dropout;
+  c.weight_decay = wd;
+  c.momentum = momentum;
+  c.seed = (uint64_t)seed;
+  c.threads = (int)threads;
+  c.eval_batch = eval_batch;
+  c.progress = stderr;
+  tdm_train_result res;
+  tdm_status st = tdm_train_run(&c, &res);
+  if (st != TDM_OK) {
+    fprintf(stderr, "tandem train: %s: %s\n", tdm_status_str(st), tdm_last_error());
+    return 1;
+  }
+  printf("test accuracy: %.4f  test loss: %.4f  throughput: %.0f samples/s  (%lld steps, %.1f s training)\n",
+         res.test_accuracy, res.test_loss, res.samples_per_sec, (long long)res.steps, res.train_seconds);
+  if (c.save_weights) printf("weights written to %s\n", c.save_weights);
+  return 0;
+}
