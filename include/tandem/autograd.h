@@ -140,6 +140,20 @@ tdm_tensor *tdm_concat(tdm_tape *tp, int n, tdm_tensor *const *xs, int axis);
 /* Splits x along axis into n views of the given sizes (which must add up to the axis). */
 tdm_status tdm_split(tdm_tape *tp, tdm_tensor *x, int axis, int n, const int64_t *sizes, tdm_tensor **outs);
 
+/* ---- gradient checking --------------------------------------------------------------------
+ * Compares backward's gradients with central finite differences. fn builds the output from the
+ * inputs on the tape it is given (called many times; it must be deterministic). Every input
+ * that requires grad is checked element by element: d sum(out * R) / dx for a fixed random R.
+ * Passes when |analytic - numeric| <= atol + rtol * |numeric| everywhere; otherwise returns
+ * TDM_ERR_MISMATCH naming the input, element and both values. *max_err gets the worst ratio of
+ * difference to tolerance (<= 1 passes). */
+typedef tdm_tensor *(*tdm_gradcheck_fn)(tdm_tape *tp, tdm_tensor *const *inputs, void *ctx);
+typedef struct tdm_gradcheck_opts {
+  double eps, atol, rtol;
+} tdm_gradcheck_opts;
+tdm_status tdm_gradcheck(tdm_gradcheck_fn fn, void *ctx, int n, tdm_tensor *const *inputs,
+                         const tdm_gradcheck_opts *opts, double *max_err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -178,6 +178,7 @@ tdm_status tdm_tensor_wrap(tdm_tensor **out, tdm_dtype dt, int ndim, const int64
 
 void tdm_tensor_destroy(tdm_tensor *t) {
   if (!t || !(t->flags & TDM_TF_HEAP)) return; /* arena tensors die with their arena */
+  if (t->grad && (t->grad->flags & TDM_TF_HEAP)) tdm_tensor_destroy(t->grad); /* a heap leaf's own gradient */
   if (t->flags & TDM_TF_OWNS_DATA) tdm__free(t->data);
   tdm__free(t);
 }

@@ -1,0 +1,196 @@
+#!/usr/bin/python3
+"""Writes the golden fixtures the C tests compare against, using PyTorch (Debian's python3-torch).
+
+    /usr/bin/python3 tests/golden/make_fixtures.py
+
+Each fixture is a safetensors file (written here by hand, no extra package needed):
+  ops.safetensors        for every op case C: C.in0, C.in1, ... (inputs), C.gout (upstream
+                         gradient), C.out (output), C.grad0, ... (input gradients)
+  mlp_adamw.safetensors  a small MLP: initial weights, a batch, the loss and every gradient
+                         of step 1, the losses of 3 AdamW steps and the weights after them
+  gpt_block.safetensors  one pre-LN GPT-2 block: weights, input, upstream gradient, output
+                         and every gradient
+The C tests need only the committed files, not PyTorch.
+"""
+import json
+import math
+import os
+import struct
+import sys
+
+import torch
+import torch.nn.functional as F
+
+torch.manual_seed(1234)
+torch.set_default_dtype(torch.float32)
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
+
+DT = {torch.float32: "F32", torch.int64: "I64", torch.int32: "I32"}
+
+
+def save(path, tensors):
+    header, blobs, off = {}, [], 0
+    for name, t in tensors.items():
+        t = t.detach().contiguous().cpu()
+        b = t.numpy().tobytes()
+        header[name] = {"dtype": DT[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+    print(f"wrote {path}: {len(tensors)} tensors, {os.path.getsize(path)} bytes")
+
+
+def rnd(*shape, scale=1.0):
+    return (torch.randn(*shape) * scale).requires_grad_(True)
+
+
+def attention_ref(qkv, n_head):
+    B, T, C3 = qkv.shape
+    C = C3 // 3
+    q, k, v = qkv.split(C, dim=2)
+    hs = C // n_head
+    q = q.view(B, T, n_head, hs).transpose(1, 2)
+    k = k.view(B, T, n_head, hs).transpose(1, 2)
+    v = v.view(B, T, n_head, hs).transpose(1, 2)
+    att = (q @ k.transpose(-2, -1)) / math.sqrt(hs)
+    mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+    return (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+
+
+def op_fixtures():
+    out = {}
+
+    def case(name, fn, *inputs):
+        y = fn(*inputs)
+        gout = torch.randn_like(y) if y.dim() > 0 else torch.tensor(1.0)
+        y.backward(gout)
+        for i, x in enumerate(inputs):
+            out[f"{name}.in{i}"] = x
+            if x.dtype == torch.float32:
+                out[f"{name}.grad{i}"] = x.grad if x.grad is not None else torch.zeros_like(x)
+        out[f"{name}.gout"] = gout.reshape(y.shape)
+        out[f"{name}.out"] = y
+
+    case("matmul", lambda a, b: a @ b, rnd(5, 7), rnd(7, 3))
+    case("matmul_tn", lambda a, b: a.t() @ b, rnd(7, 5), rnd(7, 3))
+    case("matmul_nt", lambda a, b: a @ b.t(), rnd(5, 7), rnd(3, 7))
+    case("matmul_tt", lambda a, b: a.t() @ b.t(), rnd(7, 5), rnd(3, 7))
+    case("bmm", lambda a, b: a @ b, rnd(2, 3, 4, 5), rnd(2, 3, 5, 6))
+    case("bmm_shared", lambda a, b: a @ b, rnd(3, 4, 5), rnd(5, 2))
+    case("linear", lambda x, w, b: F.linear(x, w, b), rnd(2, 3, 6), rnd(4, 6), rnd(4))
+    case("add_bcast", lambda a, b: a + b, rnd(3, 4, 5), rnd(4, 1))
+    case("sub_bcast", lambda a, b: a - b, rnd(3, 1, 5), rnd(2, 1))
+    case("mul_bcast", lambda a, b: a * b, rnd(2, 3, 4), rnd(3, 1))
+    case("div", lambda a, b: a / b, rnd(3, 4), (torch.rand(3, 4) + 0.5).requires_grad_(True))
+    case("scale", lambda a: a * 0.37, rnd(4, 3))
+    case("sum_axes", lambda a: a.sum(dim=(0, 2)), rnd(3, 4, 5))
+    case("mean_keep", lambda a: a.mean(dim=1, keepdim=True), rnd(3, 4, 5))
+    case("sum_all", lambda a: a.sum(), rnd(3, 4))
+    case("relu", F.relu, rnd(4, 6))
+    case("gelu", lambda x: F.gelu(x, approximate="tanh"), rnd(4, 6, scale=2))
+    case("tanh", torch.tanh, rnd(4, 6))
+    case("sigmoid", torch.sigmoid, rnd(4, 6, scale=3))
+    case("softmax", lambda x: F.softmax(x, dim=1), rnd(2, 5, 3, scale=3))
+    case("log_softmax", lambda x: F.log_softmax(x, dim=-1), rnd(4, 7, scale=3))
+    tgt = torch.tensor([3, 0, -100, 6, 2, 6])
+    case("cross_entropy", lambda x, t: F.cross_entropy(x, t, ignore_index=-100), rnd(6, 7, scale=2), tgt)
+    case("cross_entropy_big", lambda x, t: F.cross_entropy(x, t), (torch.randn(3, 5) * 30).requires_grad_(True),
+         torch.tensor([1, 4, 0]))
+    case("mse", F.mse_loss, rnd(3, 4), rnd(3, 4))
+    case("layernorm", lambda x, w, b: F.layer_norm(x, (8,), w, b, 1e-5), rnd(2, 3, 8, scale=2),
+         (1 + 0.1 * torch.randn(8)).requires_grad_(True), rnd(8))
+    case("embedding", F.embedding, torch.tensor([[1, 4, 4], [0, 2, 1]]), rnd(5, 3))
+    case("attention", lambda q: attention_ref(q, 2), rnd(2, 5, 12))
+    case("conv2d", lambda x, w, b: F.conv2d(x, w, b, stride=2, padding=1), rnd(2, 3, 7, 6), rnd(4, 3, 3, 3),
+         rnd(4))
+    case("conv2d_k5", lambda x, w, b: F.conv2d(x, w, b, padding=2), rnd(1, 2, 6, 6), rnd(3, 2, 5, 5), rnd(3))
+    case("maxpool2d", lambda x: F.max_pool2d(x, 2, 2), rnd(2, 3, 6, 7))
+    case("avgpool2d", lambda x: F.avg_pool2d(x, 3, 2, 1), rnd(2, 2, 7, 6))
+    case("concat", lambda a, b: torch.cat([a, b], dim=1), rnd(2, 3, 4), rnd(2, 2, 4))
+    case("transpose", lambda a: a.transpose(0, 2).contiguous() * 1.0, rnd(2, 3, 4))
+    case("slice", lambda a: a[:, 1:3] * 1.0, rnd(3, 5))
+    case("reshape", lambda a: a.reshape(6, 4) * 1.0, rnd(2, 3, 4))
+    return out
+
+
+def mlp_fixture():
+    torch.manual_seed(7)
+    layers = torch.nn.Sequential(torch.nn.Linear(32, 24), torch.nn.ReLU(), torch.nn.Dropout(0.0),
+                                 torch.nn.Linear(24, 16), torch.nn.ReLU(), torch.nn.Dropout(0.0),
+                                 torch.nn.Linear(16, 10))
+    model = torch.nn.Module()
+    model.layers = layers
+    out = {}
+    for n, p in model.named_parameters():
+        out["init." + n] = p.detach().clone()
+    x = torch.rand(8, 32)
+    y = torch.randint(0, 10, (8,))
+    out["x"], out["y"] = x, y
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.05)
+    losses = []
+    for step in range(3):
+        opt.zero_grad()
+        loss = F.cross_entropy(layers(x), y)
+        loss.backward()
+        if step == 0:
+            for n, p in model.named_parameters():
+                out["grad." + n] = p.grad.detach().clone()
+        losses.append(loss.item())
+        opt.step()
+    out["losses"] = torch.tensor(losses)
+    for n, p in model.named_parameters():
+        out["final." + n] = p.detach().clone()
+    return out
+
+
+def gpt_block_fixture():
+    torch.manual_seed(11)
+    C, NH, B, T = 32, 4, 2, 8
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln_1 = torch.nn.LayerNorm(C)
+            self.attn = torch.nn.Module()
+            self.attn.c_attn = torch.nn.Linear(C, 3 * C)
+            self.attn.c_proj = torch.nn.Linear(C, C)
+            self.ln_2 = torch.nn.LayerNorm(C)
+            self.mlp = torch.nn.Module()
+            self.mlp.c_fc = torch.nn.Linear(C, 4 * C)
+            self.mlp.c_proj = torch.nn.Linear(4 * C, C)
+
+        def forward(self, x):
+            x = x + self.attn.c_proj(attention_ref(self.attn.c_attn(self.ln_1(x)), NH))
+            return x + self.mlp.c_proj(F.gelu(self.mlp.c_fc(self.ln_2(x)), approximate="tanh"))
+
+    blk = Block()
+    with torch.no_grad():  # non-trivial LayerNorm parameters
+        for ln in (blk.ln_1, blk.ln_2):
+            ln.weight.add_(0.1 * torch.randn(C))
+            ln.bias.add_(0.1 * torch.randn(C))
+    out = {}
+    for n, p in blk.named_parameters():
+        out["transformer.h.0." + n] = p.detach().clone()
+    x = torch.randn(B, T, C, requires_grad=True)
+    y = blk(x)
+    gout = torch.randn_like(y)
+    y.backward(gout)
+    out["x"], out["gout"], out["out"], out["grad.x"] = x.detach(), gout, y.detach(), x.grad
+    for n, p in blk.named_parameters():
+        out["grad.transformer.h.0." + n] = p.grad
+    return out
+
+
+if __name__ == "__main__":
+    os.makedirs(OUT, exist_ok=True)
+    save(os.path.join(OUT, "ops.safetensors"), op_fixtures())
+    save(os.path.join(OUT, "mlp_adamw.safetensors"), mlp_fixture())
+    save(os.path.join(OUT, "gpt_block.safetensors"), gpt_block_fixture())
+    sys.exit(0)

@@ -1,0 +1,102 @@
+/* A minimal test harness: CHECK records a failure with file:line and goes on; each test
+ * function is one case; main prints "N passed, N failed" and exits non-zero on any failure. */
+#ifndef TDM_TEST_H
+#define TDM_TEST_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tandem/tandem.h"
+#include "core/internal.h" /* tdm__malloc_count for the allocation tests */
+
+static int tdm_test_failures_;
+
+#define CHECK(cond)                                                        \
+  do {                                                                     \
+    if (!(cond)) {                                                         \
+      fprintf(stderr, "  FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);    \
+      tdm_test_failures_++;                                                \
+    }                                                                      \
+  } while (0)
+
+#define CHECK_MSG(cond, ...)                                               \
+  do {                                                                     \
+    if (!(cond)) {                                                         \
+      fprintf(stderr, "  FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);    \
+      fprintf(stderr, __VA_ARGS__);                                        \
+      fprintf(stderr, "\n");                                               \
+      tdm_test_failures_++;                                                \
+    }                                                                      \
+  } while (0)
+
+#define CHECK_OK(expr)                                                                     \
+  do {                                                                                     \
+    tdm_status st_ = (expr);                                                               \
+    if (st_ != TDM_OK) {                                                                   \
+      fprintf(stderr, "  FAIL %s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #expr,           \
+              tdm_status_str(st_), tdm_last_error());                                      \
+      tdm_test_failures_++;                                                                \
+    }                                                                                      \
+  } while (0)
+
+#define CHECK_NEAR(a, b, tol)                                                              \
+  do {                                                                                     \
+    double a_ = (a), b_ = (b);                                                             \
+    if (!(fabs(a_ - b_) <= (tol))) {                                                       \
+      fprintf(stderr, "  FAIL %s:%d: %s = %.9g, %s = %.9g (tolerance %g)\n", __FILE__,     \
+              __LINE__, #a, a_, #b, b_, (double)(tol));                                    \
+      tdm_test_failures_++;                                                                \
+    }                                                                                      \
+  } while (0)
+
+/* The error detail contains the given text. */
+#define CHECK_ERR_HAS(text)                                                                 \
+  CHECK_MSG(strstr(tdm_last_error(), (text)) != NULL, "error '%s' lacks '%s'", tdm_last_error(), (text))
+
+typedef struct {
+  const char *name;
+  void (*fn)(void);
+} tdm_test_case;
+
+static inline int tdm_test_main(const tdm_test_case *cases, int n) {
+  int passed = 0, failed = 0;
+  for (int i = 0; i < n; i++) {
+    int before = tdm_test_failures_;
+    cases[i].fn();
+    if (tdm_test_failures_ == before) {
+      passed++;
+      printf("ok   %s\n", cases[i].name);
+    } else {
+      failed++;
+      printf("FAIL %s\n", cases[i].name);
+    }
+    fflush(stdout);
+  }
+  printf("%d passed, %d failed\n", passed, failed);
+  return failed ? 1 : 0;
+}
+
+#define TDM_TEST_MAIN(...)                                             \
+  int main(void) {                                                     \
+    static const tdm_test_case cases_[] = {__VA_ARGS__};               \
+    return tdm_test_main(cases_, (int)(sizeof cases_ / sizeof cases_[0])); \
+  }
+#define T(fn) {#fn, fn}
+
+/* max |a - b| / (atol + rtol |b|) over n floats: <= 1 means within tolerance. */
+static inline double tdm_test_rel_err(const float *a, const float *b, int64_t n, double atol, double rtol,
+                                      double *max_abs) {
+  double worst = 0, mabs = 0;
+  for (int64_t i = 0; i < n; i++) {
+    double d = fabs((double)a[i] - (double)b[i]);
+    double r = d / (atol + rtol * fabs((double)b[i]));
+    if (!(r <= worst)) worst = r; /* NaN makes it fail */
+    if (d > mabs) mabs = d;
+  }
+  if (max_abs) *max_abs = mabs;
+  return worst;
+}
+
+#endif

@@ -1,0 +1,309 @@
+/* Autograd: finite-difference gradient checks for every op, hooks, no-grad, detach, sticky
+ * errors that name the op and shapes, and the no-malloc steady state. */
+#include "tdm_test.h"
+
+enum { NORMAL, POSITIVE, AWAY_FROM_ZERO, DISTINCT, INDEX };
+
+typedef struct {
+  int ndim;
+  int64_t shape[4];
+  int kind;
+  int64_t index_max; /* INDEX: values in [0, index_max), with -100 for one entry if < 0 */
+} spec;
+
+static tdm_tensor *make(const spec *s, tdm_rng *r) {
+  tdm_tensor *t;
+  if (tdm_tensor_create(&t, s->kind == INDEX ? TDM_I64 : TDM_F32, s->ndim, s->shape) != TDM_OK) return NULL;
+  int64_t n = tdm_tensor_numel(t);
+  if (s->kind == INDEX) {
+    int64_t *d = tdm_tensor_data(t);
+    for (int64_t i = 0; i < n; i++) d[i] = (int64_t)(tdm_rng_next(r) % (uint64_t)llabs(s->index_max));
+    if (s->index_max < 0 && n > 1) d[1] = -100; /* an ignored row */
+    return t;
+  }
+  float *d = tdm_tensor_data(t);
+  for (int64_t i = 0; i < n; i++) {
+    float v = tdm_rng_normal(r);
+    switch (s->kind) {
+    case POSITIVE: v = 0.5f + fabsf(v); break;
+    case AWAY_FROM_ZERO: v = (v >= 0 ? 0.2f : -0.2f) + v; break;
+    case DISTINCT: v = (float)((i * 7919) % n) * 0.1f - 0.05f * (float)n; break; /* spaced > 2 eps apart */
+    default: break;
+    }
+    d[i] = v;
+  }
+  tdm_tensor_set_requires_grad(t, 1);
+  return t;
+}
+
+typedef tdm_tensor *(*fn_t)(tdm_tape *, tdm_tensor *const *, void *);
+
+static tdm_tensor *g_matmul(tdm_tape *tp, tdm_tensor *const *x, void *c) { (void)c; return tdm_matmul(tp, x[0], x[1], 0, 1); }
+static tdm_tensor *g_matmul_t(tdm_tape *tp, tdm_tensor *const *x, void *c) { (void)c; return tdm_matmul(tp, x[0], x[1], 1, 0); }
+static tdm_tensor *g_bmm(tdm_tape *tp, tdm_tensor *const *x, void *c) { (void)c; return tdm_matmul(tp, x[0], x[1], 0, 0); }
+static tdm_tensor *g_linear(tdm_tape *tp, tdm_tensor *const *x, void *c) { (void)c; return tdm_linear(tp, x[0], x[1], x[2]); }
+static tdm_tensor *g_add(tdm_tape *tp, tdm_tensor *const *x, void *c) { (void)c; return tdm_add(tp, x[0], x[1]); }
+static tdm_tensor *g_sub(tdm_tape *tp, tdm_tensor *const *x, void *c) { (void)c; return tdm_sub(tp, x[0], x[1]); }
+static tdm_tensor *g_mul(tdm_tape *tp, tdm_tensor *const *x, void *c) { (void)c; return tdm_mul(tp, x[0], x[1]); }
+static tdm_tensor *g_div(tdm_tape *tp, tdm_tensor *const *x, void *c) { (void)c; return tdm_div(tp, x[0], x[1]); }
+static tdm_tensor *g_scale(tdm_tape *tp, tdm_tensor *const *x, void *c) { (void)c; return tdm_scale(tp, x[0], -1.5f); }
+static tdm_tensor *g_sum(tdm_tape *tp, tdm_tensor *const *x, void *c) {
+  (void)c;
+  int ax[1] = {1};
+  return tdm_sum(tp, x[0], 1, ax, 0);
+}
+static tdm_tensor *g_mean(tdm_tape *tp, tdm_tensor *const *x, void *c) {
+  (void)c;
+  int ax[2] = {0, -1};
+  return tdm_mean(tp, x[0], 2, ax, 1);
+}
+static tdm_tensor *g_relu(tdm_tape *tp, tdm_tensor *const *x, void *c) { (void)c; return tdm_relu(tp, x[0]); }
+static tdm_tensor *g_gelu(tdm_tape *tp, tdm_tensor *const *x, void *c) { (void)c; return tdm_gelu(tp, x[0]); }
+static tdm_tensor *g_tanh(tdm_tape *tp, tdm_tensor *const *x, void *c) { (void)c; return tdm_tanh(tp, x[0]); }
+static tdm_tensor *g_sigmoid(tdm_tape *tp, tdm_tensor *const *x, void *c) { (void)c; return tdm_sigmoid(tp, x[0]); }
+static tdm_tensor *g_softmax(tdm_tape *tp, tdm_tensor *const *x, void *c) { (void)c; return tdm_softmax(tp, x[0], 1); }
+static tdm_tensor *g_log_softmax(tdm_tape *tp, tdm_tensor *const *x, void *c) { (void)c; return tdm_log_softmax(tp, x[0], -1); }
+static tdm_tensor *g_ce(tdm_tape *tp, tdm_tensor *const *x, void *c) { (void)c; return tdm_cross_entropy(tp, x[0], x[1], -100); }
+static tdm_tensor *g_mse(tdm_tape *tp, tdm_tensor *const *x, void *c) { (void)c; return tdm_mse(tp, x[0], x[1]); }
+static tdm_tensor *g_layernorm(tdm_tape *tp, tdm_tensor *const *x, void *c) { (void)c; return tdm_layernorm(tp, x[0], x[1], x[2], 1e-5f); }
+static tdm_tensor *g_embedding(tdm_tape *tp, tdm_tensor *const *x, void *c) { (void)c; return tdm_embedding(tp, x[0], x[1]); }
+static tdm_tensor *g_dropout(tdm_tape *tp, tdm_tensor *const *x, void *c) {
+  (void)c;
+  tdm_tape_set_training(tp, 1);
+  tdm_tape_set_dropout_key(tp, 5, 3);
+  return tdm_dropout(tp, x[0], 0.4f);
+}
+static tdm_tensor *g_attention(tdm_tape *tp, tdm_tensor *const *x, void *c) { (void)c; return tdm_attention(tp, x[0], 2); }
+static tdm_tensor *g_conv(tdm_tape *tp, tdm_tensor *const *x, void *c) { (void)c; return tdm_conv2d(tp, x[0], x[1], x[2], 2, 1); }
+static tdm_tensor *g_maxpool(tdm_tape *tp, tdm_tensor *const *x, void *c) { (void)c; return tdm_maxpool2d(tp, x[0], 3, 2, 1); }
+static tdm_tensor *g_avgpool(tdm_tape *tp, tdm_tensor *const *x, void *c) { (void)c; return tdm_avgpool2d(tp, x[0], 2, 2, 0); }
+static tdm_tensor *g_concat(tdm_tape *tp, tdm_tensor *const *x, void *c) { (void)c; return tdm_concat(tp, 2, x, 0); }
+static tdm_tensor *g_split(tdm_tape *tp, tdm_tensor *const *x, void *c) {
+  (void)c;
+  tdm_tensor *parts[2];
+  int64_t sizes[2] = {1, 3};
+  if (tdm_split(tp, x[0], 1, 2, sizes, parts) != TDM_OK) return NULL;
+  return tdm_mul(tp, tdm_sum(tp, parts[0], 0, NULL, 0), parts[1]); /* both parts reach the output */
+}
+static tdm_tensor *g_views(tdm_tape *tp, tdm_tensor *const *x, void *c) {
+  (void)c;
+  int perm[3] = {2, 0, 1};
+  int64_t shape[2] = {4, -1};
+  tdm_tensor *v = tdm_permute(tp, x[0], perm);        /* (4, 2, 3), strided */
+  v = tdm_slice(tp, v, 2, 1, 2);                      /* (4, 2, 2), strided */
+  v = tdm_reshape(tp, v, 2, shape);                   /* copies, then (4, 4) */
+  return tdm_mul(tp, v, tdm_transpose(tp, v, 0, 1));  /* a strided operand again */
+}
+static tdm_tensor *g_cast(tdm_tape *tp, tdm_tensor *const *x, void *c) {
+  (void)c; /* f32 -> f64 -> f32 keeps the values exact, so differences are clean */
+  return tdm_scale(tp, tdm_cast(tp, tdm_cast(tp, x[0], TDM_F64), TDM_F32), 2.0f);
+}
+
+static const struct {
+  const char *name;
+  fn_t fn;
+  int n;
+  spec in[3];
+  double atol, rtol;
+} cases[] = {
+    {"matmul_nt", g_matmul, 2, {{2, {3, 4}, NORMAL, 0}, {2, {5, 4}, NORMAL, 0}}, 2e-3, 1e-2},
+    {"matmul_tn", g_matmul_t, 2, {{2, {4, 3}, NORMAL, 0}, {2, {4, 5}, NORMAL, 0}}, 2e-3, 1e-2},
+    {"bmm", g_bmm, 2, {{3, {2, 3, 4}, NORMAL, 0}, {3, {2, 4, 2}, NORMAL, 0}}, 2e-3, 1e-2},
+    {"linear", g_linear, 3, {{3, {2, 2, 5}, NORMAL, 0}, {2, {3, 5}, NORMAL, 0}, {1, {3}, NORMAL, 0}}, 2e-3, 1e-2},
+    {"add", g_add, 2, {{3, {2, 3, 4}, NORMAL, 0}, {2, {3, 1}, NORMAL, 0}}, 2e-3, 1e-2},
+    {"sub", g_sub, 2, {{2, {3, 1}, NORMAL, 0}, {3, {2, 1, 4}, NORMAL, 0}}, 2e-3, 1e-2},
+    {"mul", g_mul, 2, {{2, {3, 4}, NORMAL, 0}, {1, {4}, NORMAL, 0}}, 2e-3, 1e-2},
+    {"div", g_div, 2, {{2, {3, 4}, NORMAL, 0}, {2, {1, 4}, POSITIVE, 0}}, 2e-3, 1e-2},
+    {"scale", g_scale, 1, {{2, {3, 4}, NORMAL, 0}}, 2e-3, 1e-2},
+    {"sum", g_sum, 1, {{3, {2, 3, 4}, NORMAL, 0}}, 2e-3, 1e-2},
+    {"mean", g_mean, 1, {{3, {2, 3, 4}, NORMAL, 0}}, 2e-3, 1e-2},
+    {"relu", g_relu, 1, {{2, {4, 5}, AWAY_FROM_ZERO, 0}}, 2e-3, 1e-2},
+    {"gelu", g_gelu, 1, {{2, {4, 5}, NORMAL, 0}}, 2e-3, 1e-2},
+    {"tanh", g_tanh, 1, {{2, {4, 5}, NORMAL, 0}}, 2e-3, 1e-2},
+    {"sigmoid", g_sigmoid, 1, {{2, {4, 5}, NORMAL, 0}}, 2e-3, 1e-2},
+    {"softmax", g_softmax, 1, {{3, {2, 4, 3}, NORMAL, 0}}, 2e-3, 1e-2},
+    {"log_softmax", g_log_softmax, 1, {{2, {3, 6}, NORMAL, 0}}, 2e-3, 1e-2},
+    {"cross_entropy", g_ce, 2, {{2, {5, 4}, NORMAL, 0}, {1, {5}, INDEX, -4}}, 2e-3, 1e-2},
+    {"mse", g_mse, 2, {{2, {3, 4}, NORMAL, 0}, {2, {3, 4}, NORMAL, 0}}, 2e-3, 1e-2},
+    {"layernorm", g_layernorm, 3, {{2, {3, 6}, NORMAL, 0}, {1, {6}, NORMAL, 0}, {1, {6}, NORMAL, 0}}, 5e-3, 2e-2},
+    {"embedding", g_embedding, 2, {{2, {5, 3}, NORMAL, 0}, {2, {2, 3}, INDEX, 5}}, 2e-3, 1e-2},
+    {"dropout", g_dropout, 1, {{2, {6, 5}, NORMAL, 0}}, 2e-3, 1e-2},
+    {"attention", g_attention, 1, {{3, {2, 4, 12}, NORMAL, 0}}, 2e-3, 1e-2},
+    {"conv2d", g_conv, 3, {{4, {2, 2, 5, 4}, NORMAL, 0}, {4, {3, 2, 3, 3}, NORMAL, 0}, {1, {3}, NORMAL, 0}}, 5e-3, 1e-2},
+    {"maxpool2d", g_maxpool, 1, {{4, {1, 2, 5, 5}, DISTINCT, 0}}, 2e-3, 1e-2},
+    {"avgpool2d", g_avgpool, 1, {{4, {2, 1, 4, 5}, NORMAL, 0}}, 2e-3, 1e-2},
+    {"concat", g_concat, 2, {{2, {2, 3}, NORMAL, 0}, {2, {1, 3}, NORMAL, 0}}, 2e-3, 1e-2},
+    {"split", g_split, 1, {{2, {3, 4}, NORMAL, 0}}, 2e-3, 1e-2},
+    {"views", g_views, 1, {{3, {2, 3, 4}, NORMAL, 0}}, 2e-3, 1e-2},
+    {"cast", g_cast, 1, {{2, {3, 4}, NORMAL, 0}}, 2e-3, 1e-2},
+};
+
+static void test_gradcheck_every_op(void) {
+  tdm_rng r;
+  tdm_rng_seed(&r, 2024);
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    tdm_tensor *in[3] = {0};
+    for (int k = 0; k < cases[c].n; k++) in[k] = make(&cases[c].in[k], &r);
+    tdm_gradcheck_opts o = {1e-2, cases[c].atol, cases[c].rtol};
+    double err = -1;
+    tdm_status st = tdm_gradcheck(cases[c].fn, NULL, cases[c].n, in, &o, &err);
+    printf("  %-14s worst |diff| / tolerance %.3f\n", cases[c].name, err);
+    CHECK_MSG(st == TDM_OK, "%s: %s", cases[c].name, tdm_last_error());
+    for (int k = 0; k < cases[c].n; k++) tdm_tensor_destroy(in[k]);
+  }
+}
+
+/* A wrong gradient must be caught: multiply the analytic one by 1.01 through a custom check. */
+static tdm_tensor *g_wrong(tdm_tape *tp, tdm_tensor *const *x, void *c) {
+  (void)c; /* forward x^2 through mul, but backward sees x * x via detach on one side: half the gradient */
+  return tdm_mul(tp, x[0], tdm_detach(tp, x[0]));
+}
+
+static void test_gradcheck_catches_errors(void) {
+  spec s = {2, {2, 3}, POSITIVE, 0};
+  tdm_rng r;
+  tdm_rng_seed(&r, 1);
+  tdm_tensor *x = make(&s, &r);
+  tdm_gradcheck_opts o = {1e-2, 1e-3, 1e-2};
+  double err;
+  CHECK(tdm_gradcheck(g_wrong, NULL, 1, &x, &o, &err) == TDM_ERR_MISMATCH);
+  CHECK_ERR_HAS("finite differences");
+  tdm_tensor_destroy(x);
+}
+
+typedef struct {
+  int fired;
+  int order[8];
+  float grad_at_fire[8];
+  tdm_tensor *params[8];
+} hook_log;
+
+static void on_ready(void *ctx, tdm_tensor *leaf) {
+  hook_log *h = ctx;
+  int k = 0;
+  while (h->params[k] != leaf) k++;
+  h->order[h->fired++] = k;
+  h->grad_at_fire[k] = ((float *)tdm_tensor_data(tdm_tensor_grad(leaf)))[0];
+}
+
+static void test_hooks_fire_when_final(void) {
+  /* y = w2 * relu(w1 * x) + w0 * x, w0 used first and also last, so w0 is final only at the end */
+  tdm_model_config mc = tdm_model_config_mlp();
+  mc.in_features = 4;
+  mc.hidden[0] = 3;
+  mc.hidden[1] = 3;
+  mc.n_classes = 2;
+  mc.dropout = 0;
+  tdm_model *m;
+  CHECK_OK(tdm_model_create(&m, &mc, 3));
+  tdm_params *p = tdm_model_params(m);
+  hook_log h = {0};
+  for (int i = 0; i < tdm_params_count(p); i++) {
+    h.params[i] = tdm_params_get(p, i);
+    tdm_tensor_set_grad_hook(h.params[i], on_ready, &h);
+  }
+  tdm_tape *tp;
+  CHECK_OK(tdm_tape_create(&tp, 0));
+  int64_t xs[2] = {2, 4}, ys[1] = {2};
+  float xd[8] = {1, 2, 3, 4, -1, 0.5f, 2, 1};
+  int32_t yd[2] = {1, 0};
+  tdm_tensor *loss = tdm_cross_entropy(tp, tdm_model_forward(m, tp, tdm_from_data(tp, TDM_F32, 2, xs, xd)),
+                                       tdm_from_data(tp, TDM_I32, 1, ys, yd), -100);
+  CHECK_OK(tdm_backward(tp, loss));
+  CHECK(h.fired == tdm_params_count(p));
+  /* reverse layer order: the last linear's weight and bias are ready first */
+  CHECK(h.order[0] == 4 || h.order[0] == 5);
+  CHECK(h.order[h.fired - 1] == 0 || h.order[h.fired - 1] == 1);
+  for (int i = 0; i < tdm_params_count(p); i++) /* the gradient seen by the hook is the final one */
+    CHECK(h.grad_at_fire[i] == ((float *)tdm_tensor_data(tdm_tensor_grad(h.params[i])))[0]);
+  tdm_tape_destroy(tp);
+  tdm_model_destroy(m);
+}
+
+static void test_no_grad_and_detach(void) {
+  tdm_tape *tp;
+  CHECK_OK(tdm_tape_create(&tp, 0));
+  int64_t s[1] = {3};
+  tdm_tensor *w;
+  CHECK_OK(tdm_tensor_create(&w, TDM_F32, 1, s));
+  tdm_tensor_fill(w, 2.0);
+  tdm_tensor_set_requires_grad(w, 1);
+  tdm_tape_set_grad_enabled(tp, 0);
+  tdm_tensor *y = tdm_mul(tp, w, w);
+  CHECK(y && !tdm_tensor_requires_grad(y));
+  CHECK(tdm_tape_num_nodes(tp) == 0);
+  CHECK(tdm_backward(tp, tdm_sum(tp, y, 0, NULL, 0)) == TDM_ERR_INVALID_USAGE);
+  tdm_tape_set_grad_enabled(tp, 1);
+  tdm_tape_reset(tp);
+  y = tdm_sum(tp, tdm_mul(tp, w, tdm_detach(tp, w)), 0, NULL, 0); /* d/dw = detached w = 2 */
+  CHECK_OK(tdm_backward(tp, y));
+  CHECK(tdm_tensor_get(tdm_tensor_grad(w), 0) == 2.0);
+  CHECK_OK(tdm_tensor_zero_grad(w));
+  CHECK(tdm_tensor_get(tdm_tensor_grad(w), 2) == 0.0);
+  tdm_tensor_destroy(w);
+  tdm_tape_destroy(tp);
+}
+
+static void test_errors_are_sticky_and_named(void) {
+  tdm_tape *tp;
+  CHECK_OK(tdm_tape_create(&tp, 0));
+  int64_t a[2] = {2, 3}, b[2] = {4, 5};
+  tdm_tensor *x = tdm_zeros(tp, TDM_F32, 2, a), *y = tdm_zeros(tp, TDM_F32, 2, b);
+  tdm_tensor *z = tdm_relu(tp, tdm_matmul(tp, x, y, 0, 0));
+  CHECK(z == NULL);
+  CHECK(tdm_tape_status(tp) == TDM_ERR_INVALID_ARG);
+  CHECK(strstr(tdm_tape_error(tp), "matmul") && strstr(tdm_tape_error(tp), "(2, 3)") &&
+        strstr(tdm_tape_error(tp), "(4, 5)"));
+  tdm_tape_reset(tp);
+  CHECK(tdm_tape_status(tp) == TDM_OK);
+  x = tdm_zeros(tp, TDM_F32, 2, a);
+  CHECK(tdm_softmax(tp, x, 2) == NULL && strstr(tdm_tape_error(tp), "axis 2"));
+  tdm_tape_reset(tp);
+  tdm_tensor *bad = tdm_zeros(tp, TDM_BF16, 2, a);
+  CHECK(tdm_relu(tp, bad) == NULL && strstr(tdm_tape_error(tp), "bf16"));
+  tdm_tape_reset(tp);
+  int64_t is[1] = {2};
+  int32_t idx[2] = {0, 7};
+  tdm_tensor *e = tdm_embedding(tp, tdm_zeros(tp, TDM_F32, 2, a), tdm_from_data(tp, TDM_I32, 1, is, idx));
+  CHECK(e == NULL && strstr(tdm_tape_error(tp), "index 7"));
+  tdm_tape_reset(tp);
+  int32_t tg[2] = {1, 3};
+  CHECK(tdm_cross_entropy(tp, tdm_zeros(tp, TDM_F32, 2, a), tdm_from_data(tp, TDM_I32, 1, is, tg), -100) == NULL);
+  CHECK(strstr(tdm_tape_error(tp), "target 3"));
+  tdm_tape_reset(tp);
+  int64_t big[2] = {5, 4};
+  CHECK(tdm_reshape(tp, tdm_zeros(tp, TDM_F32, 2, a), 2, big) == NULL && strstr(tdm_tape_error(tp), "reshape"));
+  tdm_tape_destroy(tp);
+}
+
+static void test_steady_state_allocates_nothing(void) {
+  tdm_model_config mc = tdm_model_config_mlp(); /* the real MLP, dropout on */
+  tdm_model *m;
+  CHECK_OK(tdm_model_create(&m, &mc, 1));
+  tdm_optim_config oc = tdm_optim_config_default(TDM_OPT_ADAM);
+  tdm_optim *opt;
+  CHECK_OK(tdm_optim_create(&opt, &oc, tdm_model_params(m)));
+  tdm_tape *tp;
+  CHECK_OK(tdm_tape_create(&tp, 1 << 16)); /* small on purpose: it must grow, then settle */
+  uint64_t before = 0;
+  for (int step = 0; step < 6; step++) {
+    if (step == 3) before = tdm__malloc_count();
+    tdm_tape_reset(tp);
+    tdm_tape_set_training(tp, 1);
+    tdm_tape_set_dropout_key(tp, (uint64_t)step, 0);
+    int64_t xs[2] = {32, 784}, ys[1] = {32};
+    tdm_tensor *x = tdm_zeros(tp, TDM_F32, 2, xs), *y = tdm_zeros(tp, TDM_I32, 1, ys);
+    tdm_tensor *loss = tdm_cross_entropy(tp, tdm_model_forward(m, tp, x), y, -100);
+    tdm_params_zero_grad(tdm_model_params(m));
+    CHECK_OK(tdm_backward(tp, loss));
+    CHECK_OK(tdm_optim_step(opt, 1e-3f));
+  }
+  CHECK_MSG(tdm__malloc_count() == before, "%llu allocations in 3 steady-state steps",
+            (unsigned long long)(tdm__malloc_count() - before));
+  tdm_tape_destroy(tp);
+  tdm_optim_destroy(opt);
+  tdm_model_destroy(m);
+}
+
+TDM_TEST_MAIN(T(test_gradcheck_every_op), T(test_gradcheck_catches_errors), T(test_hooks_fire_when_final),
+              T(test_no_grad_and_detach), T(test_errors_are_sticky_and_named), T(test_steady_state_allocates_nothing))
