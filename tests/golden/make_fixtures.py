@@ -10,6 +10,8 @@ Each fixture is a safetensors file (written here by hand, no extra package neede
                          of step 1, the losses of 3 AdamW steps and the weights after them
   gpt_block.safetensors  one pre-LN GPT-2 block: weights, input, upstream gradient, output
                          and every gradient
+  gpt_tiny.safetensors   a 2-layer GPT in nanoGPT's names (lm_head tied): weights, tokens,
+                         targets, logits, loss and every parameter gradient
 The C tests need only the committed files, not PyTorch.
 """
 import json
@@ -188,9 +190,61 @@ def gpt_block_fixture():
     return out
 
 
+class GPT(torch.nn.Module):
+    """nanoGPT's layout (names and shapes), without dropout, with lm_head tied to wte."""
+
+    def __init__(self, L, NH, C, block, V):
+        super().__init__()
+        self.NH = NH
+        self.transformer = torch.nn.Module()
+        self.transformer.wte = torch.nn.Embedding(V, C)
+        self.transformer.wpe = torch.nn.Embedding(block, C)
+        self.transformer.h = torch.nn.ModuleList()
+        for _ in range(L):
+            b = torch.nn.Module()
+            b.ln_1 = torch.nn.LayerNorm(C)
+            b.attn = torch.nn.Module()
+            b.attn.c_attn = torch.nn.Linear(C, 3 * C)
+            b.attn.c_proj = torch.nn.Linear(C, C)
+            b.ln_2 = torch.nn.LayerNorm(C)
+            b.mlp = torch.nn.Module()
+            b.mlp.c_fc = torch.nn.Linear(C, 4 * C)
+            b.mlp.c_proj = torch.nn.Linear(4 * C, C)
+            self.transformer.h.append(b)
+        self.transformer.ln_f = torch.nn.LayerNorm(C)
+
+    def forward(self, idx):
+        T = idx.shape[1]
+        x = self.transformer.wte(idx) + self.transformer.wpe(torch.arange(T))
+        for b in self.transformer.h:
+            x = x + b.attn.c_proj(attention_ref(b.attn.c_attn(b.ln_1(x)), self.NH))
+            x = x + b.mlp.c_proj(F.gelu(b.mlp.c_fc(b.ln_2(x)), approximate="tanh"))
+        return self.transformer.ln_f(x) @ self.transformer.wte.weight.t()
+
+
+def gpt_tiny_fixture():
+    torch.manual_seed(13)
+    L, NH, C, block, V, B, T = 2, 2, 16, 8, 32, 2, 8
+    m = GPT(L, NH, C, block, V)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randn_like(p) * 0.2 + (1.0 if p.dim() == 1 and p.shape[0] == C else 0.0))
+    out = {n: p.detach().clone() for n, p in m.named_parameters()}
+    idx = torch.randint(0, V, (B, T))
+    tgt = torch.randint(0, V, (B, T))
+    logits = m(idx)
+    loss = F.cross_entropy(logits.view(-1, V), tgt.view(-1))
+    loss.backward()
+    out["idx"], out["targets"], out["logits"], out["loss"] = idx, tgt, logits.detach(), loss.detach().reshape(1)
+    for n, p in m.named_parameters():
+        out["grad." + n] = p.grad
+    return out
+
+
 if __name__ == "__main__":
     os.makedirs(OUT, exist_ok=True)
     save(os.path.join(OUT, "ops.safetensors"), op_fixtures())
     save(os.path.join(OUT, "mlp_adamw.safetensors"), mlp_fixture())
     save(os.path.join(OUT, "gpt_block.safetensors"), gpt_block_fixture())
+    save(os.path.join(OUT, "gpt_tiny.safetensors"), gpt_tiny_fixture())
     sys.exit(0)

@@ -230,4 +230,35 @@ static void test_gpt_block(void) {
   tdm_safetensors_destroy(f);
 }
 
-TDM_TEST_MAIN(T(test_ops), T(test_mlp_adamw), T(test_gpt_block))
+static void test_gpt_tiny(void) {
+  tdm_safetensors *f = NULL;
+  CHECK_OK(tdm_safetensors_load(&f, FIX "gpt_tiny.safetensors"));
+  if (!f) return;
+  tdm_model_config mc = tdm_model_config_gpt_mini();
+  mc.n_layer = 2;
+  mc.n_head = 2;
+  mc.n_embd = 16;
+  mc.block_size = 8;
+  mc.vocab_size = 32;
+  tdm_model *m;
+  CHECK_OK(tdm_model_create(&m, &mc, 1));
+  tdm_params *p = tdm_model_params(m);
+  copy_params(p, f, "");
+  tdm_tape *tp;
+  CHECK_OK(tdm_tape_create(&tp, 0));
+  const tdm_st_tensor *is = tdm_safetensors_find(f, "idx"), *ts = tdm_safetensors_find(f, "targets");
+  tdm_tensor *logits = tdm_model_forward(m, tp, tdm_from_data(tp, TDM_I64, 2, is->shape, is->data));
+  tdm_tensor *loss = tdm_cross_entropy(tp, logits, tdm_from_data(tp, TDM_I64, 2, ts->shape, ts->data), -100);
+  CHECK_MSG(loss != NULL, "%s", tdm_tape_error(tp));
+  if (loss) {
+    CHECK(compare("logits", logits, tdm_safetensors_find(f, "logits")));
+    CHECK(compare("loss", loss, tdm_safetensors_find(f, "loss")));
+    CHECK_OK(tdm_backward(tp, loss));
+    compare_params(p, f, "grad.", 1);
+  }
+  tdm_tape_destroy(tp);
+  tdm_model_destroy(m);
+  tdm_safetensors_destroy(f);
+}
+
+TDM_TEST_MAIN(T(test_ops), T(test_mlp_adamw), T(test_gpt_block), T(test_gpt_tiny))

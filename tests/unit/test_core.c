@@ -1,0 +1,93 @@
+/* core: status strings, arenas, random numbers, the thread pool, the JSON reader. */
+#include "core/json.h"
+#include "tdm_test.h"
+
+static void test_status_strings(void) {
+  CHECK(!strcmp(tdm_status_str(TDM_OK), "ok"));
+  CHECK(!strcmp(tdm_status_str(TDM_ERR_TIMEOUT), "timed out"));
+  CHECK(!strcmp(tdm_status_str((tdm_status)-999), "unknown status"));
+}
+
+static void test_arena(void) {
+  tdm_arena *a;
+  CHECK_OK(tdm_arena_create(&a, 4096));
+  char *p = tdm_arena_alloc(a, 10), *q = tdm_arena_alloc(a, 100);
+  CHECK(((uintptr_t)p % 64) == 0 && ((uintptr_t)q % 64) == 0 && q >= p + 10);
+  for (int round = 0; round < 4; round++) {
+    tdm_arena_reset(a);
+    for (int i = 0; i < 50; i++) { /* 50 x 1000 bytes: more than the first block */
+      char *b = tdm_arena_alloc(a, 1000);
+      CHECK(b != NULL);
+      memset(b, i, 1000);
+    }
+  }
+  uint64_t m = tdm_arena_mallocs(a);
+  tdm_arena_reset(a);
+  for (int i = 0; i < 50; i++) tdm_arena_alloc(a, 1000);
+  CHECK(tdm_arena_mallocs(a) == m); /* after growing once, a round of the same size allocates nothing */
+  CHECK(tdm_arena_peak(a) >= 50 * 1000);
+  tdm_arena_destroy(a);
+}
+
+static void test_rng(void) {
+  tdm_rng a, b;
+  tdm_rng_seed(&a, 7);
+  tdm_rng_seed(&b, 7);
+  for (int i = 0; i < 100; i++) CHECK(tdm_rng_next(&a) == tdm_rng_next(&b));
+  double s = 0, s2 = 0, u = 0;
+  for (int i = 0; i < 100000; i++) {
+    float x = tdm_rng_normal(&a), v = tdm_rng_uniform(&a);
+    s += x;
+    s2 += x * x;
+    u += v;
+    CHECK(v >= 0.0f && v < 1.0f);
+  }
+  CHECK_NEAR(s / 1e5, 0.0, 0.02);   /* 4 standard errors */
+  CHECK_NEAR(s2 / 1e5, 1.0, 0.02);
+  CHECK_NEAR(u / 1e5, 0.5, 0.004);
+  CHECK(tdm_hash64(1, 2) == tdm_hash64(1, 2) && tdm_hash64(1, 2) != tdm_hash64(1, 3));
+}
+
+static int64_t counts[100000];
+static void mark(void *ctx, int64_t b, int64_t e) {
+  (void)ctx;
+  for (int64_t i = b; i < e; i++) counts[i]++;
+}
+
+static void test_parallel_for_covers_once(void) {
+  for (int threads = 1; threads <= 4; threads++) {
+    CHECK_OK(tdm_set_num_threads(threads));
+    CHECK(tdm_get_num_threads() == threads);
+    for (int64_t n = 0; n <= 100000; n = n ? n * 7 : 1) {
+      memset(counts, 0, sizeof counts);
+      tdm_parallel_for(n, 100, mark, NULL);
+      int64_t bad = 0;
+      for (int64_t i = 0; i < 100000; i++) bad += counts[i] != (i < n);
+      CHECK_MSG(bad == 0, "threads %d n %lld: %lld indices wrong", threads, (long long)n, (long long)bad);
+    }
+  }
+  CHECK(tdm_set_num_threads(-1) == TDM_ERR_INVALID_ARG);
+  CHECK_OK(tdm_set_num_threads(1));
+}
+
+static void test_json(void) {
+  const char *s = "{\"a\": [1, -2, 3.5e2], \"b\": {\"c\": \"x\\\"y\"}, \"t\": true, \"n\": null}";
+  tdm_json *j = NULL;
+  CHECK_OK(tdm__json_parse(s, strlen(s), &j));
+  const tdm_json *a = tdm__json_get(j, "a");
+  CHECK(a && a->type == TDM_JSON_ARR && a->n == 3 && a->items[1].inum == -2 && a->items[2].num == 350.0);
+  const tdm_json *c = tdm__json_get(tdm__json_get(j, "b"), "c");
+  CHECK(c && !strcmp(c->str, "x\"y"));
+  tdm__json_free(j);
+  const char *bad[] = {"{", "{\"a\" 1}", "[1,]x", "{\"a\": tru}", "\"abc", ""};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    j = NULL;
+    CHECK(tdm__json_parse(bad[i], strlen(bad[i]), &j) == TDM_ERR_FORMAT && j == NULL);
+  }
+  char deep[200];
+  memset(deep, '[', sizeof deep);
+  CHECK(tdm__json_parse(deep, sizeof deep, &j) == TDM_ERR_FORMAT);
+  CHECK_ERR_HAS("nesting");
+}
+
+TDM_TEST_MAIN(T(test_status_strings), T(test_arena), T(test_rng), T(test_parallel_for_covers_once), T(test_json))

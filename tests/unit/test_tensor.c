@@ -1,0 +1,103 @@
+/* Tensors: dtype conversions (round to nearest even), views and copies, argument checks. */
+#include "tdm_test.h"
+
+static float f_of(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static void test_bf16(void) {
+  CHECK(tdm_f32_to_bf16(1.0f) == 0x3f80);
+  CHECK(tdm_f32_to_bf16(-2.0f) == 0xc000);
+  CHECK(tdm_f32_to_bf16(f_of(0x3f808000)) == 0x3f80); /* tie, even stays */
+  CHECK(tdm_f32_to_bf16(f_of(0x3f818000)) == 0x3f82); /* tie, odd rounds up */
+  CHECK(tdm_f32_to_bf16(f_of(0x3f808001)) == 0x3f81); /* above the tie */
+  CHECK(tdm_f32_to_bf16(f_of(0x7f7fffff)) == 0x7f80); /* max float rounds to inf */
+  uint16_t nan = tdm_f32_to_bf16(NAN);
+  CHECK((nan & 0x7f80) == 0x7f80 && (nan & 0x7f));
+  for (int i = 0; i < 65536; i++) { /* every bf16 survives the round trip */
+    float f = tdm_bf16_to_f32((uint16_t)i);
+    if (!isnan(f)) CHECK(tdm_f32_to_bf16(f) == i);
+  }
+}
+
+static void test_f16(void) {
+  CHECK(tdm_f32_to_f16(1.0f) == 0x3c00);
+  CHECK(tdm_f32_to_f16(65504.0f) == 0x7bff);
+  CHECK(tdm_f32_to_f16(65519.0f) == 0x7bff);
+  CHECK(tdm_f32_to_f16(65520.0f) == 0x7c00); /* rounds to infinity */
+  CHECK(tdm_f32_to_f16(-INFINITY) == 0xfc00);
+  CHECK(tdm_f32_to_f16(5.9604645e-8f) == 0x0001); /* smallest subnormal */
+  CHECK(tdm_f32_to_f16(2.9802322e-8f) == 0x0000); /* half of it: tie to even (0) */
+  CHECK(tdm_f32_to_f16(4.4703484e-8f) == 0x0001); /* 0.75 of it rounds up */
+  CHECK(tdm_f32_to_f16(1.0f + 1.0f / 2048) == 0x3c00); /* tie between 1 and 1+2^-10: even */
+  CHECK(tdm_f32_to_f16(1.0f + 3.0f / 2048) == 0x3c02); /* tie, odd rounds up */
+  CHECK((tdm_f32_to_f16(NAN) & 0x7c00) == 0x7c00 && (tdm_f32_to_f16(NAN) & 0x3ff));
+  for (int i = 0; i < 65536; i++) {
+    float f = tdm_f16_to_f32((uint16_t)i);
+    if (!isnan(f)) CHECK(tdm_f32_to_f16(f) == i);
+  }
+  CHECK(tdm_f16_to_f32(0x3555) == 0.333251953125f);
+}
+
+static void test_convert_and_copy(void) {
+  int64_t s[2] = {2, 3};
+  tdm_tensor *a, *b;
+  CHECK_OK(tdm_tensor_create(&a, TDM_F32, 2, s));
+  CHECK_OK(tdm_tensor_create(&b, TDM_BF16, 2, s));
+  float *d = tdm_tensor_data(a);
+  for (int i = 0; i < 6; i++) d[i] = (float)i * 0.5f - 1.0f;
+  CHECK_OK(tdm_tensor_copy(b, a));
+  for (int i = 0; i < 6; i++) CHECK(tdm_tensor_get(b, i) == d[i]); /* exactly representable */
+  int32_t ints[6];
+  CHECK_OK(tdm_convert(ints, TDM_I32, d, TDM_F32, 6));
+  CHECK(ints[5] == 1 && ints[0] == -1);
+  CHECK(tdm_convert(ints, (tdm_dtype)42, d, TDM_F32, 6) == TDM_ERR_INVALID_ARG);
+  int64_t s2[2] = {3, 2};
+  tdm_tensor *c;
+  CHECK_OK(tdm_tensor_create(&c, TDM_F32, 2, s2));
+  CHECK(tdm_tensor_copy(c, a) == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("(3, 2)");
+  tdm_tensor_destroy(a);
+  tdm_tensor_destroy(b);
+  tdm_tensor_destroy(c);
+}
+
+static void test_views(void) {
+  tdm_tape *tp;
+  CHECK_OK(tdm_tape_create(&tp, 0));
+  int64_t s[3] = {2, 3, 4};
+  float data[24];
+  for (int i = 0; i < 24; i++) data[i] = (float)i;
+  tdm_tensor *x = tdm_from_data(tp, TDM_F32, 3, s, data);
+  int perm[3] = {2, 0, 1};
+  tdm_tensor *p = tdm_permute(tp, x, perm); /* p[k][i][j] = x[i][j][k] */
+  CHECK(tdm_tensor_dim(p, 0) == 4 && tdm_tensor_dim(p, 1) == 2 && tdm_tensor_dim(p, 2) == 3);
+  CHECK(!tdm_tensor_is_contiguous(p) && tdm_tensor_data(p) == tdm_tensor_data(x)); /* shares data */
+  CHECK(tdm_tensor_get(p, 1 * 6 + 1 * 3 + 2) == 1 * 12 + 2 * 4 + 1);
+  tdm_tensor *sl = tdm_slice(tp, x, 2, 1, 2); /* x[:, :, 1:3] */
+  CHECK(tdm_tensor_numel(sl) == 12 && tdm_tensor_get(sl, 0) == 1 && tdm_tensor_get(sl, 3) == 6);
+  tdm_tensor *c = tdm_contiguous(tp, sl);
+  CHECK(tdm_tensor_is_contiguous(c) && ((float *)tdm_tensor_data(c))[11] == 22);
+  int64_t r[2] = {-1, 6};
+  tdm_tensor *rs = tdm_reshape(tp, x, 2, r);
+  CHECK(rs && tdm_tensor_dim(rs, 0) == 4 && tdm_tensor_data(rs) == tdm_tensor_data(x));
+  tdm_tensor *t = tdm_transpose(tp, x, 0, -1);
+  CHECK(t && tdm_tensor_dim(t, 0) == 4 && tdm_tensor_dim(t, 2) == 2);
+  CHECK(tdm_slice(tp, x, 1, 2, 2) == NULL && strstr(tdm_tape_error(tp), "outside axis 1"));
+  tdm_tape_destroy(tp);
+}
+
+static void test_create_rejects_bad_shapes(void) {
+  tdm_tensor *t = NULL;
+  int64_t neg[2] = {2, -1};
+  CHECK(tdm_tensor_create(&t, TDM_F32, 2, neg) == TDM_ERR_INVALID_ARG && t == NULL);
+  CHECK_ERR_HAS("dimension 1 is -1");
+  int64_t ok[1] = {1};
+  CHECK(tdm_tensor_create(&t, TDM_F32, 9, ok) == TDM_ERR_INVALID_ARG);
+  CHECK(tdm_tensor_create(&t, (tdm_dtype)99, 1, ok) == TDM_ERR_INVALID_ARG);
+  CHECK(tdm_dtype_size(TDM_BF16) == 2 && !strcmp(tdm_dtype_name(TDM_I64), "i64"));
+}
+
+TDM_TEST_MAIN(T(test_bf16), T(test_f16), T(test_convert_and_copy), T(test_views), T(test_create_rejects_bad_shapes))
