@@ -15,6 +15,7 @@ static struct {
   int n_threads;  /* including the caller */
   int n_workers;  /* n_threads - 1 */
   uint64_t generation;
+  uint64_t born;  /* the generation when the current workers were created */
   int pending;    /* ranges not yet finished in this generation */
   int stop;
   /* the current job */
@@ -22,7 +23,7 @@ static struct {
   void *ctx;
   int64_t n, n_ranges;
 } pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
-          NULL, 1, 0, 0, 0, 0, NULL, NULL, 0, 0};
+          NULL, 1, 0, 0, 0, 0, 0, NULL, NULL, 0, 0};
 
 static void range_of(int64_t i, int64_t *b, int64_t *e) {
   *b = pool.n * i / pool.n_ranges;
@@ -31,8 +32,10 @@ static void range_of(int64_t i, int64_t *b, int64_t *e) {
 
 static void *worker_main(void *arg) {
   int64_t id = (int64_t)(intptr_t)arg; /* 1..n_workers */
-  uint64_t seen = 0;
   pthread_mutex_lock(&pool.mu);
+  /* Jobs dispatched before this worker existed are not its own; jobs dispatched after it was
+   * created but before it got here are. */
+  uint64_t seen = pool.born;
   for (;;) {
     while (!pool.stop && pool.generation == seen) pthread_cond_wait(&pool.wake, &pool.mu);
     if (pool.stop) break;
@@ -76,6 +79,7 @@ tdm_status tdm_set_num_threads(int n) {
   pool_stop();
   pool.n_threads = 1;
   if (n > 1) {
+    pool.born = pool.generation;
     pool.workers = tdm__calloc((size_t)n - 1, sizeof(pthread_t));
     if (!pool.workers) return tdm__set_error(TDM_ERR_NO_MEMORY, "set_num_threads: out of memory");
     for (int i = 0; i < n - 1; i++) {
