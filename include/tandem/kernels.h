@@ -68,8 +68,8 @@ void tdm_k_layernorm_bwd(float *dx, float *dw, float *db, const float *dout, con
 void tdm_k_embedding_fwd(float *out, const float *table, const void *idx, int idx_i64, int64_t N, int64_t C);
 void tdm_k_embedding_bwd(float *dtable, const float *dout, const void *idx, int idx_i64, int64_t N, int64_t C);
 
-/* Inverted dropout whose mask depends only on (seed, base + i): element i is kept when
- * tdm_hash64(seed, base + i) maps to a uniform >= p, then scaled by 1 / (1 - p). */
+/* Inverted dropout whose mask depends only on (seed, base + i): element i is kept when a
+ * counter hash of (seed, base + i) maps to a uniform >= p, then scaled by 1 / (1 - p). */
 void tdm_k_dropout_fwd(float *out, const float *x, int64_t n, float p, uint64_t seed, uint64_t base);
 void tdm_k_dropout_bwd(float *dx, const float *dout, int64_t n, float p, uint64_t seed, uint64_t base);
 
