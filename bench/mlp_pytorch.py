@@ -39,6 +39,9 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--loader", choices=["tensor", "dataloader"], default="tensor",
+                    help="tensor: gather batches from preloaded tensors (the training loop alone); "
+                         "dataloader: TensorDataset + DataLoader(shuffle=True), as most scripts do")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
@@ -55,15 +58,30 @@ def main():
     total = a.steps if a.steps > 0 else a.epochs * per_epoch
     step, train_time, samples, measured = 0, 0.0, 0, 0
     result = {}
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xtr, ytr), batch_size=B, shuffle=True)
+
+    def batches():
+        if a.loader == "dataloader":
+            it = iter(loader)
+            while True:
+                t0 = time.perf_counter()  # fetching the batch counts, as in tandem
+                try:
+                    x, y = next(it)
+                except StopIteration:
+                    return
+                yield t0, x, y
+        else:
+            perm = torch.randperm(N)
+            for b in range(0, N, B):
+                t0 = time.perf_counter()
+                i = perm[b:b + B]
+                yield t0, xtr[i], ytr[i]
+
     while step < total:
-        perm = torch.randperm(N)
         layers.train()
-        for b in range(0, N, B):
+        for t0, x, y in batches():
             if step >= total:
                 break
-            t0 = time.perf_counter()
-            i = perm[b:b + B]
-            x, y = xtr[i], ytr[i]
             opt.zero_grad(set_to_none=True)
             loss = F.cross_entropy(layers(x), y)
             loss.backward()
@@ -81,6 +99,7 @@ def main():
     result["samples_per_sec"] = samples / train_time
     result["batch"] = B
     result["threads"] = a.threads
+    result["loader"] = a.loader
     print(json.dumps(result))
 
 

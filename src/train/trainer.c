@@ -132,8 +132,11 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   TDM__TRY(tdm_set_num_threads(c->threads));
   TDM__TRY(tdm_dataset_open_idx(&s->train, c->data_dir, 1));
   TDM__TRY(tdm_dataset_open_idx(&s->test, c->data_dir, 0));
-  int64_t shape[4];
-  tdm_dataset_sample_shape(s->train, shape);
+  int64_t shape[4], tshape[4];
+  int nd = tdm_dataset_sample_shape(s->train, shape), tnd = tdm_dataset_sample_shape(s->test, tshape);
+  if (nd != tnd || memcmp(shape, tshape, sizeof(int64_t) * (size_t)nd) != 0)
+    return tdm__set_error(TDM_ERR_MISMATCH, "%s: training samples are %lldx%lld but test samples are %lldx%lld",
+                          c->data_dir, (long long)shape[1], (long long)shape[2], (long long)tshape[1], (long long)tshape[2]);
   tdm_model_config mc = mk == TDM_MODEL_MLP ? tdm_model_config_mlp() : tdm_model_config_cnn();
   mc.dropout = (float)c->dropout;
   mc.n_classes = tdm_dataset_num_classes(s->train);

@@ -75,6 +75,17 @@ static void test_one_epoch_matches_pytorch(void) {
   CHECK(r.test_accuracy >= 0.834);
 }
 
+static void test_cnn_learns(void) {
+  tdm_train_config c = base();
+  c.model = "cnn";
+  c.steps = 60;
+  c.eval_batch = 500;
+  tdm_train_result r;
+  CHECK_OK(tdm_train_run(&c, &r));
+  printf("  cnn, 60 steps: last loss %.4f, test accuracy %.4f\n", r.final_loss, r.test_accuracy);
+  CHECK(r.test_accuracy > 0.55);
+}
+
 static void test_bad_configuration(void) {
   tdm_train_config c = base();
   tdm_train_result r;
@@ -92,5 +103,5 @@ static void test_bad_configuration(void) {
   CHECK_ERR_HAS("layers.0.weight");
 }
 
-TDM_TEST_MAIN(T(test_short_run_learns), T(test_same_seed_is_bit_identical), T(test_one_epoch_matches_pytorch),
+TDM_TEST_MAIN(T(test_short_run_learns), T(test_same_seed_is_bit_identical), T(test_one_epoch_matches_pytorch), T(test_cnn_learns),
               T(test_bad_configuration))

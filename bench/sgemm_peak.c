@@ -1,0 +1,36 @@
+/* Single-threaded OpenBLAS sgemm throughput at the MLP's GEMM shapes and at 1024^3, so the
+ * MLP benchmark can state the fraction of the GEMM peak that training reaches.
+ * usage: sgemm_peak   -> prints {"sgemm_gflops": best of the shapes} */
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "tandem/core.h"
+
+void openblas_set_num_threads(int num_threads);
+
+int main(void) {
+  openblas_set_num_threads(1);
+  int shapes[][3] = {{256, 512, 784}, {512, 784, 256}, {1024, 1024, 1024}};
+  double best = 0;
+  for (int s = 0; s < 3; s++) {
+    int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+    float *a = calloc((size_t)M * K, 4), *b = calloc((size_t)K * N, 4), *c = calloc((size_t)M * N, 4);
+    for (int i = 0; i < M * K; i++) a[i] = (float)(i % 7) * 0.1f;
+    for (int i = 0; i < K * N; i++) b[i] = (float)(i % 5) * 0.1f;
+    double t_best = 1e9;
+    for (int rep = 0; rep < 7; rep++) {
+      double t0 = tdm_time_now();
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.0f, a, K, b, N, 0.0f, c, N);
+      double t = tdm_time_now() - t0;
+      if (t < t_best) t_best = t;
+    }
+    double gf = 2.0 * M * N * K / t_best / 1e9;
+    if (gf > best) best = gf;
+    free(a);
+    free(b);
+    free(c);
+  }
+  printf("{\"sgemm_gflops\": %.1f}\n", best);
+  return 0;
+}
