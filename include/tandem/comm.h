@@ -1,0 +1,159 @@
+/* tandem — communicators and collectives.
+ *
+ * A communicator is a group of ranks that exchange typed buffers. Collectives are built from
+ * point-to-point messages by algorithms (src/comm/algo) that know nothing of transports; a
+ * transport (thread, shm, tcp) moves bytes between two ranks and knows nothing of algorithms.
+ *
+ *   tdm_comm_t c;
+ *   if (tdm_comm_create_from_env(&c) != TDM_OK) { fprintf(stderr, "%s\n", tdm_last_error()); ... }
+ *   tdm_comm_allreduce(c, buf, buf, n, TDM_F32, TDM_SUM, TDM_ALGO_AUTO);   // in place
+ *   tdm_comm_destroy(c);
+ *
+ * Never hang: every blocking call gives up after the communicator's timeout (default 300 s,
+ * TANDEM_TIMEOUT=seconds, or the config). A peer that dies or closes its connection makes every
+ * pending and later call fail within seconds with TDM_ERR_REMOTE naming that rank and the call.
+ * Every collective carries (sequence number, kind, dtype, op, count, root) in its messages and
+ * the ranks check that they agree: a mismatch is TDM_ERR_MISMATCH on the ranks involved, naming
+ * both calls. After any such error the communicator is failed: every later call returns the
+ * same error until it is destroyed. tdm_comm_last_error gives the detail.
+ *
+ * Thread safety: a communicator is used by one thread at a time (the data-parallel engine runs
+ * collectives from its own communication thread). Buffers: send and receive buffers may be the
+ * same (in place) where stated; otherwise they must not overlap.
+ */
+#ifndef TANDEM_COMM_H
+#define TANDEM_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tandem/status.h"
+#include "tandem/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct tdm_comm *tdm_comm_t;
+
+typedef enum { TDM_SUM = 0, TDM_AVG, TDM_PROD, TDM_MIN, TDM_MAX, TDM_REDOP_COUNT } tdm_redop;
+const char *tdm_redop_name(tdm_redop op);
+
+typedef enum {
+  TDM_TRANSPORT_AUTO = 0, /* thread for in-process groups, tcp across processes */
+  TDM_TRANSPORT_THREAD,
+  TDM_TRANSPORT_SHM,
+  TDM_TRANSPORT_TCP,
+  TDM_TRANSPORT_MPI,
+  TDM_TRANSPORT_COUNT
+} tdm_transport_kind;
+const char *tdm_transport_name(tdm_transport_kind k);
+
+/* Algorithms. AUTO picks by size and world size (docs/algorithms.md); TANDEM_ALGO overrides AUTO
+ * with a name ("ring", "rd", "rhd", "tree", ...). An algorithm that does not apply to a
+ * collective is TDM_ERR_NOT_SUPPORTED. */
+typedef enum {
+  TDM_ALGO_AUTO = 0,
+  TDM_ALGO_RING,     /* all-reduce, reduce-scatter, all-gather */
+  TDM_ALGO_RD,       /* recursive doubling: all-reduce, all-gather */
+  TDM_ALGO_RHD,      /* recursive halving-doubling (Rabenseifner): all-reduce, reduce-scatter */
+  TDM_ALGO_TREE,     /* binary tree reduce + broadcast: all-reduce; binomial tree: broadcast, reduce */
+  TDM_ALGO_CHAIN,    /* pipelined chain: broadcast */
+  TDM_ALGO_DIRECT,   /* linear: gather, scatter, all-to-all pairwise */
+  TDM_ALGO_SHM,      /* single-node shared memory, reduce from peers' buffers (shm transport) */
+  TDM_ALGO_COUNT
+} tdm_algo;
+const char *tdm_algo_name(tdm_algo a);
+/* Parses a name ("ring", "rhd", ...); TDM_ERR_INVALID_ARG listing the names if unknown. */
+tdm_status tdm_algo_parse(const char *name, tdm_algo *out);
+
+typedef struct tdm_comm_config {
+  int rank, size;
+  tdm_transport_kind transport;
+  double timeout_s;        /* every blocking wait; 0: TANDEM_TIMEOUT or 300 */
+  /* tcp / shm rendezvous: rank 0 hosts a key-value store at master_addr:master_port */
+  const char *master_addr; /* default 127.0.0.1 */
+  int master_port;         /* default 29500 */
+  const char *job_token;   /* every connection must present it; default TANDEM_JOB_TOKEN or "" */
+  const char *store_dir;   /* instead of the TCP store: a directory shared by all ranks */
+  const char *ifname;      /* tcp: interface to bind (TANDEM_SOCKET_IFNAME); NULL: automatic */
+  void *thread_group;      /* thread transport: from tdm_comm_thread_group_create */
+} tdm_comm_config;
+
+/* Reads RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (torchrun), OMPI_COMM_WORLD_RANK/SIZE (Open MPI),
+ * PMI_RANK/PMI_SIZE, SLURM_PROCID/SLURM_NTASKS, plus TANDEM_TRANSPORT, TANDEM_TIMEOUT,
+ * TANDEM_JOB_TOKEN, TANDEM_STORE_DIR, TANDEM_SOCKET_IFNAME. Without any of them: rank 0 of 1. */
+tdm_status tdm_comm_config_from_env(tdm_comm_config *cfg);
+tdm_status tdm_comm_create(tdm_comm_t *out, const tdm_comm_config *cfg);
+tdm_status tdm_comm_create_from_env(tdm_comm_t *out);
+/* Closes connections and frees everything. Safe on a failed communicator. */
+void tdm_comm_destroy(tdm_comm_t c);
+/* Marks the communicator failed and wakes every blocked call on it (from any thread); peers see
+ * the connection close. The handle must still be destroyed. */
+void tdm_comm_abort(tdm_comm_t c);
+
+int tdm_comm_rank(tdm_comm_t c);
+int tdm_comm_size(tdm_comm_t c);
+tdm_transport_kind tdm_comm_transport(tdm_comm_t c);
+/* TDM_OK, or the error that failed the communicator. */
+tdm_status tdm_comm_status(tdm_comm_t c);
+const char *tdm_comm_last_error(tdm_comm_t c);
+void tdm_comm_set_timeout(tdm_comm_t c, double seconds);
+
+/* The thread transport: n ranks as threads of this process share a group. Create it once,
+ * then each thread creates its communicator with cfg.thread_group = group. */
+tdm_status tdm_comm_thread_group_create(void **group, int size);
+void tdm_comm_thread_group_destroy(void *group);
+
+/* Sub-communicators (MPI_Comm_split): ranks with the same color form a group, ordered by key
+ * then old rank. Collective over c. color < 0: this rank joins none (*out = NULL). */
+tdm_status tdm_comm_split(tdm_comm_t c, int color, int key, tdm_comm_t *out);
+
+/* ---- point to point ------------------------------------------------------------------------
+ * Messages between two ranks arrive in the order sent; a receive names its tag and size, and a
+ * message with another tag or size is TDM_ERR_MISMATCH. */
+tdm_status tdm_comm_send(tdm_comm_t c, int peer, int tag, const void *buf, size_t nbytes);
+tdm_status tdm_comm_recv(tdm_comm_t c, int peer, int tag, void *buf, size_t nbytes);
+
+/* ---- collectives (blocking) ------------------------------------------------------------------
+ * count is in elements. sendbuf == recvbuf works in place for allreduce, reduce, broadcast. */
+tdm_status tdm_comm_allreduce(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt,
+                              tdm_redop op, tdm_algo algo);
+tdm_status tdm_comm_broadcast(tdm_comm_t c, void *buf, size_t count, tdm_dtype dt, int root, tdm_algo algo);
+/* recvbuf matters on root only. */
+tdm_status tdm_comm_reduce(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt,
+                           tdm_redop op, int root, tdm_algo algo);
+/* sendbuf holds size x recvcount elements; rank r receives the reduction of block r. */
+tdm_status tdm_comm_reduce_scatter(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t recvcount, tdm_dtype dt,
+                                   tdm_redop op, tdm_algo algo);
+/* recvbuf holds size x sendcount elements: block r from rank r. In place when sendbuf ==
+ * recvbuf + rank * sendcount. */
+tdm_status tdm_comm_allgather(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t sendcount, tdm_dtype dt,
+                              tdm_algo algo);
+tdm_status tdm_comm_gather(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t sendcount, tdm_dtype dt, int root);
+tdm_status tdm_comm_scatter(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t recvcount, tdm_dtype dt, int root);
+/* Block j of sendbuf (count elements) goes to rank j; block i of recvbuf comes from rank i. */
+tdm_status tdm_comm_alltoall(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt);
+tdm_status tdm_comm_barrier(tdm_comm_t c);
+
+/* ---- non-blocking ------------------------------------------------------------------------------
+ * The call is queued to the communicator's progress thread and runs in order with the other
+ * queued calls; buffers must stay valid until wait. tdm_work_test returns 1 when done. */
+typedef struct tdm_work *tdm_work_t;
+tdm_status tdm_comm_iallreduce(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt,
+                               tdm_redop op, tdm_algo algo, tdm_work_t *work);
+tdm_status tdm_comm_ibroadcast(tdm_comm_t c, void *buf, size_t count, tdm_dtype dt, int root, tdm_algo algo,
+                               tdm_work_t *work);
+tdm_status tdm_comm_isend(tdm_comm_t c, int peer, int tag, const void *buf, size_t nbytes, tdm_work_t *work);
+tdm_status tdm_comm_irecv(tdm_comm_t c, int peer, int tag, void *buf, size_t nbytes, tdm_work_t *work);
+int tdm_work_test(tdm_work_t w);
+/* Waits (within the communicator's timeout), returns the call's status, frees the handle. */
+tdm_status tdm_work_wait(tdm_work_t w);
+
+/* Reduces n elements: dst[i] = dst[i] op src[i] (avg accumulates as sum). Thread-safe. */
+tdm_status tdm_reduce_local(void *dst, const void *src, size_t n, tdm_dtype dt, tdm_redop op);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
