@@ -11,7 +11,7 @@
 #include "tandem/tandem.h"
 #include "core/internal.h" /* tdm__malloc_count for the allocation tests */
 
-static int tdm_test_failures_;
+static _Atomic int tdm_test_failures_; /* CHECK may run on several threads */
 
 #define CHECK(cond)                                                        \
   do {                                                                     \

@@ -13,5 +13,6 @@
 #include "tandem/safetensors.h"
 #include "tandem/data.h"
 #include "tandem/train.h"
+#include "tandem/comm.h"
 
 #endif

@@ -1,0 +1,161 @@
+/* All-reduce algorithms. Each works in place on buf and leaves every rank with bit-identical
+ * results (IEEE addition and multiplication are commutative, and each partial sum is formed in
+ * the same order on every rank that forms it). Steps and bytes: docs/algorithms.md. */
+#include <string.h>
+
+#include "comm/comm_impl.h"
+
+#define CHUNK_BYTES ((size_t)4 << 20) /* bounds the scratch a step needs */
+
+/* Splits count elements into p blocks whose sizes differ by at most one. */
+static void blocks(size_t count, int p, size_t *cnt, size_t *off) {
+  size_t base = count / (size_t)p, extra = count % (size_t)p, at = 0;
+  for (int i = 0; i < p; i++) {
+    cnt[i] = base + ((size_t)i < extra);
+    off[i] = at;
+    at += cnt[i];
+  }
+}
+
+/* Sends sn elements to `to` while receiving rn elements from `from` and reducing them into
+ * dst, in chunks so the scratch stays small. to / from = -1: no send / no receive. Zero-length
+ * transfers still happen: every message a peer sends must be received in the same collective. */
+static tdm_status sendrecv_reduce(struct tdm_comm *c, int to, const char *sbuf, size_t sn, int from, char *dst,
+                                  size_t rn, tdm_dtype dt, tdm_redop op) {
+  size_t es = tdm_dtype_size(dt), per = CHUNK_BYTES / es;
+  char *tmp = tdm__comm_scratch(c, (rn < per ? rn : per) * es + 64);
+  if (!tmp) return tdm__comm_fail(c, TDM_ERR_NO_MEMORY, "out of memory for collective scratch");
+  size_t si = 0, ri = 0;
+  int first = 1;
+  while (first || (to >= 0 && si < sn) || (from >= 0 && ri < rn)) {
+    size_t sk = sn - si < per ? sn - si : per, rk = rn - ri < per ? rn - ri : per;
+    tdm__xfer x[2];
+    int k = 0;
+    memset(x, 0, sizeof x);
+    if (to >= 0 && (si < sn || first))
+      x[k++] = (tdm__xfer){.peer = to, .is_send = 1, .buf = (void *)(sbuf + si * es), .nbytes = sk * es};
+    if (from >= 0 && (ri < rn || first)) x[k++] = (tdm__xfer){.peer = from, .is_send = 0, .buf = tmp, .nbytes = rk * es};
+    if (k) TDM__TRY(tdm__exchange(c, x, k));
+    if (from >= 0 && rk) tdm_reduce_local(dst + ri * es, tmp, rk, dt, op);
+    si += sk;
+    ri += rk;
+    first = 0;
+  }
+  return TDM_OK;
+}
+
+tdm_status tdm__allreduce_ring(struct tdm_comm *c, void *buf, size_t count, tdm_dtype dt, tdm_redop op) {
+  int P = c->size, r = c->rank, next = (r + 1) % P, prev = (r + P - 1) % P;
+  if (P == 1) return TDM_OK;
+  size_t es = tdm_dtype_size(dt), cnt[P], off[P];
+  blocks(count, P, cnt, off);
+  char *b = buf;
+  /* reduce-scatter: after P-1 steps rank r holds the full reduction of block r+1 */
+  for (int s = 0; s < P - 1; s++) {
+    int si = (r - s + P) % P, ri = (r - s - 1 + P) % P;
+    TDM__TRY(sendrecv_reduce(c, next, b + off[si] * es, cnt[si], prev, b + off[ri] * es, cnt[ri], dt, op));
+  }
+  /* all-gather: pass the reduced blocks around */
+  for (int s = 0; s < P - 1; s++) {
+    int si = (r + 1 - s + P) % P, ri = (r - s + P) % P;
+    TDM__TRY(tdm__sendrecv(c, next, b + off[si] * es, cnt[si] * es, prev, b + off[ri] * es, cnt[ri] * es));
+  }
+  return TDM_OK;
+}
+
+/* Non-powers of two fold: the first 2*rem ranks pair up, the even one hands its data to the odd
+ * one and sits out; the p2 = P - rem survivors run the power-of-two algorithm on "new" ranks. */
+typedef struct {
+  int p2, rem, newrank; /* newrank -1: sitting out */
+} fold;
+
+static fold make_fold(int P, int r) {
+  fold f;
+  f.p2 = 1;
+  while (f.p2 * 2 <= P) f.p2 *= 2;
+  f.rem = P - f.p2;
+  if (r < 2 * f.rem) f.newrank = (r % 2) ? r / 2 : -1;
+  else f.newrank = r - f.rem;
+  return f;
+}
+static int old_rank(const fold *f, int nr) { return nr < f->rem ? 2 * nr + 1 : nr + f->rem; }
+
+static tdm_status fold_in(struct tdm_comm *c, const fold *f, void *buf, size_t count, tdm_dtype dt, tdm_redop op) {
+  int r = c->rank;
+  if (r >= 2 * f->rem) return TDM_OK;
+  if (f->newrank < 0) return tdm__send(c, r + 1, buf, count * tdm_dtype_size(dt));
+  return sendrecv_reduce(c, -1, NULL, 0, r - 1, buf, count, dt, op);
+}
+
+static tdm_status fold_out(struct tdm_comm *c, const fold *f, void *buf, size_t nbytes) {
+  int r = c->rank;
+  if (r >= 2 * f->rem) return TDM_OK;
+  if (f->newrank < 0) return tdm__recv(c, r + 1, buf, nbytes);
+  return tdm__send(c, r - 1, buf, nbytes);
+}
+
+tdm_status tdm__allreduce_rd(struct tdm_comm *c, void *buf, size_t count, tdm_dtype dt, tdm_redop op) {
+  if (c->size == 1) return TDM_OK;
+  fold f = make_fold(c->size, c->rank);
+  TDM__TRY(fold_in(c, &f, buf, count, dt, op));
+  if (f.newrank >= 0)
+    for (int mask = 1; mask < f.p2; mask <<= 1) {
+      int partner = old_rank(&f, f.newrank ^ mask);
+      TDM__TRY(sendrecv_reduce(c, partner, buf, count, partner, buf, count, dt, op));
+    }
+  return fold_out(c, &f, buf, count * tdm_dtype_size(dt));
+}
+
+tdm_status tdm__allreduce_rhd(struct tdm_comm *c, void *buf, size_t count, tdm_dtype dt, tdm_redop op) {
+  if (c->size == 1) return TDM_OK;
+  fold f = make_fold(c->size, c->rank);
+  size_t es = tdm_dtype_size(dt);
+  TDM__TRY(fold_in(c, &f, buf, count, dt, op));
+  if (f.newrank >= 0) {
+    int p2 = f.p2, me = f.newrank;
+    size_t cnt[p2], off[p2];
+    blocks(count, p2, cnt, off);
+    char *b = buf;
+    /* reduce-scatter by recursive halving: keep the half my bit selects, send the other */
+    int lo = 0, hi = p2;
+    for (int mask = p2 / 2; mask >= 1; mask /= 2) {
+      int partner = old_rank(&f, me ^ mask), mid = lo + (hi - lo) / 2;
+      int klo = (me & mask) ? mid : lo, khi = (me & mask) ? hi : mid;
+      int slo = (me & mask) ? lo : mid, shi = (me & mask) ? mid : hi;
+      size_t sn = off[shi - 1] + cnt[shi - 1] - off[slo], kn = off[khi - 1] + cnt[khi - 1] - off[klo];
+      TDM__TRY(sendrecv_reduce(c, partner, b + off[slo] * es, sn, partner, b + off[klo] * es, kn, dt, op));
+      lo = klo;
+      hi = khi;
+    }
+    /* all-gather by recursive doubling: the owned range doubles each step */
+    for (int mask = 1; mask < p2; mask <<= 1) {
+      int partner = old_rank(&f, me ^ mask);
+      int base = me & ~(2 * mask - 1); /* the merged range: 2*mask blocks from base */
+      int mine = base + ((me & mask) ? mask : 0), plo = base + ((me & mask) ? 0 : mask);
+      size_t mn = off[mine + mask - 1] + cnt[mine + mask - 1] - off[mine];
+      size_t pn = off[plo + mask - 1] + cnt[plo + mask - 1] - off[plo];
+      TDM__TRY(tdm__sendrecv(c, partner, b + off[mine] * es, mn * es, partner, b + off[plo] * es, pn * es));
+    }
+  }
+  return fold_out(c, &f, buf, count * es);
+}
+
+/* Binary tree rooted at rank 0: reduce up, then broadcast down the same tree. */
+tdm_status tdm__allreduce_tree(struct tdm_comm *c, void *buf, size_t count, tdm_dtype dt, tdm_redop op) {
+  int P = c->size, r = c->rank;
+  if (P == 1) return TDM_OK;
+  size_t nbytes = count * tdm_dtype_size(dt);
+  for (int k = 1; k <= 2; k++) {
+    int child = 2 * r + k;
+    if (child < P) TDM__TRY(sendrecv_reduce(c, -1, NULL, 0, child, buf, count, dt, op));
+  }
+  if (r > 0) {
+    TDM__TRY(tdm__send(c, (r - 1) / 2, buf, nbytes));
+    TDM__TRY(tdm__recv(c, (r - 1) / 2, buf, nbytes));
+  }
+  for (int k = 1; k <= 2; k++) {
+    int child = 2 * r + k;
+    if (child < P) TDM__TRY(tdm__send(c, child, buf, nbytes));
+  }
+  return TDM_OK;
+}

@@ -1,0 +1,687 @@
+/* The communicator: configuration, validation, sequence numbers and header checks, failure
+ * handling, algorithm selection, and the public collective calls. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/comm_impl.h"
+
+static const char *transport_names[] = {"auto", "thread", "shm", "tcp", "mpi"};
+_Static_assert(sizeof transport_names / sizeof transport_names[0] == TDM_TRANSPORT_COUNT, "one name per transport");
+static const char *algo_names[] = {"auto", "ring", "rd", "rhd", "tree", "chain", "direct", "shm"};
+_Static_assert(sizeof algo_names / sizeof algo_names[0] == TDM_ALGO_COUNT, "one name per algorithm");
+static const char *coll_names[] = {"send/recv", "all-reduce", "broadcast", "reduce", "reduce-scatter", "all-gather",
+                                   "gather", "scatter", "all-to-all", "barrier", "split", "abort"};
+_Static_assert(sizeof coll_names / sizeof coll_names[0] == TDM_COLL_KIND_COUNT, "one name per collective");
+
+const char *tdm_transport_name(tdm_transport_kind k) {
+  return (unsigned)k < TDM_TRANSPORT_COUNT ? transport_names[k] : "?";
+}
+const char *tdm_algo_name(tdm_algo a) { return (unsigned)a < TDM_ALGO_COUNT ? algo_names[a] : "?"; }
+const char *tdm__coll_name(int k) { return (unsigned)k < TDM_COLL_KIND_COUNT ? coll_names[k] : "?"; }
+
+tdm_status tdm_algo_parse(const char *name, tdm_algo *out) {
+  for (int i = 0; i < TDM_ALGO_COUNT; i++)
+    if (name && !strcmp(name, algo_names[i])) {
+      *out = (tdm_algo)i;
+      return TDM_OK;
+    }
+  return tdm__set_error(TDM_ERR_INVALID_ARG, "algorithm '%s'; expected one of auto ring rd rhd tree chain direct shm",
+                        name ? name : "(null)");
+}
+
+/* ---- configuration ------------------------------------------------------------------------ */
+static int env_int(const char *const *names, int *out) {
+  for (; *names; names++) {
+    const char *v = getenv(*names);
+    if (v && *v) {
+      char *end;
+      long x = strtol(v, &end, 10);
+      if (*end || x < 0 || x > 1 << 20) return -1;
+      *out = (int)x;
+      return 1;
+    }
+  }
+  return 0;
+}
+
+tdm_status tdm_comm_config_from_env(tdm_comm_config *cfg) {
+  memset(cfg, 0, sizeof *cfg);
+  static const char *rank_vars[] = {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", NULL};
+  static const char *size_vars[] = {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", NULL};
+  int hr = env_int(rank_vars, &cfg->rank), hs = env_int(size_vars, &cfg->size);
+  if (hr < 0 || hs < 0)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "environment: RANK/WORLD_SIZE (or the MPI/Slurm equivalents) are not integers");
+  if (!hs) cfg->size = 1;
+  if (!hr) cfg->rank = 0;
+  if (cfg->rank >= cfg->size)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "environment: rank %d is not below the world size %d", cfg->rank,
+                          cfg->size);
+  cfg->master_addr = getenv("MASTER_ADDR");
+  const char *port = getenv("MASTER_PORT");
+  if (port) {
+    char *end;
+    long p = strtol(port, &end, 10);
+    if (*end || p < 1 || p > 65535)
+      return tdm__set_error(TDM_ERR_INVALID_ARG, "environment: MASTER_PORT '%s' is not a port number (1..65535)", port);
+    cfg->master_port = (int)p;
+  }
+  cfg->job_token = getenv("TANDEM_JOB_TOKEN");
+  cfg->store_dir = getenv("TANDEM_STORE_DIR");
+  cfg->ifname = getenv("TANDEM_SOCKET_IFNAME");
+  const char *t = getenv("TANDEM_TIMEOUT");
+  if (t) {
+    char *end;
+    cfg->timeout_s = strtod(t, &end);
+    if (*end || !(cfg->timeout_s > 0))
+      return tdm__set_error(TDM_ERR_INVALID_ARG, "environment: TANDEM_TIMEOUT '%s' is not a positive number of seconds", t);
+  }
+  const char *tr = getenv("TANDEM_TRANSPORT");
+  cfg->transport = TDM_TRANSPORT_AUTO;
+  if (tr) {
+    int found = 0;
+    for (int i = 0; i < TDM_TRANSPORT_COUNT; i++)
+      if (!strcmp(tr, transport_names[i])) {
+        cfg->transport = (tdm_transport_kind)i;
+        found = 1;
+      }
+    if (!found)
+      return tdm__set_error(TDM_ERR_INVALID_ARG, "environment: TANDEM_TRANSPORT '%s'; expected auto, thread, shm, tcp or mpi", tr);
+  }
+  return TDM_OK;
+}
+
+/* ---- failure ------------------------------------------------------------------------------ */
+tdm_status tdm__comm_fail(struct tdm_comm *c, tdm_status st, const char *fmt, ...) {
+  if (!atomic_exchange(&c->failed, 1)) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->error, sizeof c->error, fmt, ap);
+    va_end(ap);
+    c->fail_status = st;
+  }
+  return tdm__set_error(c->fail_status, "%s", c->error);
+}
+
+tdm_status tdm_comm_status(tdm_comm_t c) { return atomic_load(&c->failed) ? c->fail_status : TDM_OK; }
+const char *tdm_comm_last_error(tdm_comm_t c) { return c->error; }
+int tdm_comm_rank(tdm_comm_t c) { return c->rank; }
+int tdm_comm_size(tdm_comm_t c) { return c->size; }
+tdm_transport_kind tdm_comm_transport(tdm_comm_t c) { return c->kind; }
+void tdm_comm_set_timeout(tdm_comm_t c, double s) {
+  if (s > 0) c->timeout_s = s;
+}
+
+const char *tdm__call_str(const tdm__call *k, char *buf, size_t n) {
+  if (k->kind == TDM_COLL_P2P) snprintf(buf, n, "send/recv (tag %llu, %llu bytes)", (unsigned long long)k->seq, (unsigned long long)k->count);
+  else if (k->kind == TDM_COLL_BARRIER) snprintf(buf, n, "barrier #%llu", (unsigned long long)k->seq);
+  else if (k->kind == TDM_COLL_BROADCAST || k->kind == TDM_COLL_GATHER || k->kind == TDM_COLL_SCATTER)
+    snprintf(buf, n, "%s #%llu (%llu x %s, root %d)", tdm__coll_name((int)k->kind), (unsigned long long)k->seq,
+             (unsigned long long)k->count, tdm_dtype_name((tdm_dtype)k->dtype), k->root);
+  else if (k->kind == TDM_COLL_REDUCE)
+    snprintf(buf, n, "reduce #%llu (%llu x %s, %s, root %d)", (unsigned long long)k->seq, (unsigned long long)k->count,
+             tdm_dtype_name((tdm_dtype)k->dtype), tdm_redop_name((tdm_redop)k->op), k->root);
+  else
+    snprintf(buf, n, "%s #%llu (%llu x %s%s%s)", tdm__coll_name((int)k->kind), (unsigned long long)k->seq,
+             (unsigned long long)k->count, tdm_dtype_name((tdm_dtype)k->dtype),
+             k->kind == TDM_COLL_ALLREDUCE || k->kind == TDM_COLL_REDUCE_SCATTER ? ", " : "",
+             k->kind == TDM_COLL_ALLREDUCE || k->kind == TDM_COLL_REDUCE_SCATTER ? tdm_redop_name((tdm_redop)k->op) : "");
+  return buf;
+}
+
+static tdm__call call_of(const tdm__hdr *h) {
+  tdm__call k = {h->kind, h->dtype, h->op, h->root, h->count, h->seq};
+  return k;
+}
+
+tdm_status tdm__check_header(struct tdm_comm *c, int peer, const tdm__hdr *want, const tdm__hdr *got) {
+  char a[160], b[160];
+  if (got->magic != TDM_MSG_MAGIC)
+    return tdm__comm_fail(c, TDM_ERR_REMOTE, "rank %d sent a corrupt message (bad magic 0x%08x) during %s", peer,
+                          got->magic, tdm__call_str(&c->cur, a, sizeof a));
+  tdm__call w = call_of(want), g = call_of(got);
+  if (got->comm_id != want->comm_id)
+    return tdm__comm_fail(c, TDM_ERR_MISMATCH,
+                          "rank %d is in %s on another communicator (id %u) while rank %d is in %s on this one (id %u)",
+                          peer, tdm__call_str(&g, a, sizeof a), got->comm_id, c->rank, tdm__call_str(&w, b, sizeof b),
+                          want->comm_id);
+  if (got->kind != want->kind || got->seq != want->seq || got->dtype != want->dtype || got->op != want->op ||
+      got->root != want->root || got->count != want->count)
+    return tdm__comm_fail(c, TDM_ERR_MISMATCH, "collective mismatch: rank %d called %s but rank %d called %s", c->rank,
+                          tdm__call_str(&w, b, sizeof b), peer, tdm__call_str(&g, a, sizeof a));
+  if (got->nbytes != want->nbytes)
+    return tdm__comm_fail(c, TDM_ERR_MISMATCH,
+                          "rank %d sent %llu bytes where rank %d expected %llu in %s (do all ranks pass the same algorithm?)",
+                          peer, (unsigned long long)got->nbytes, c->rank, (unsigned long long)want->nbytes,
+                          tdm__call_str(&w, b, sizeof b));
+  return TDM_OK;
+}
+
+/* ---- point to point for algorithms -------------------------------------------------------- */
+void *tdm__comm_scratch(struct tdm_comm *c, size_t n) {
+  if (n <= c->scratch_bytes) return c->scratch;
+  void *p = tdm__aligned_alloc(n);
+  if (!p) return NULL;
+  tdm__free(c->scratch);
+  c->scratch = p;
+  c->scratch_bytes = n;
+  return p;
+}
+
+tdm_status tdm__exchange(struct tdm_comm *c, tdm__xfer *x, int n) {
+  if (atomic_load(&c->failed)) return tdm__set_error(c->fail_status, "%s", c->error);
+  for (int i = 0; i < n; i++) {
+    tdm__hdr h = {TDM_MSG_MAGIC, c->cur.kind, c->cur.seq, c->cur.dtype, c->cur.op, c->cur.root, c->comm_id,
+                  c->cur.count, x[i].nbytes};
+    x[i].hdr = h;
+    x[i].done = 0;
+    x[i].complete = 0;
+    if (c->map) x[i].peer = c->map[x[i].peer];
+  }
+  tdm_status st = c->tr->ops->run(c->tr, x, n, tdm_time_now() + c->timeout_s);
+  if (st != TDM_OK) {
+    /* c->error names the cause; tell the peers and close, so none of them waits for us */
+    if (!atomic_load(&c->failed)) tdm__comm_fail(c, st, "%s", tdm_last_error());
+    c->tr->ops->abort(c->tr, c->error);
+    return tdm__set_error(c->fail_status, "%s", c->error);
+  }
+  return TDM_OK;
+}
+
+tdm_status tdm__send(struct tdm_comm *c, int peer, const void *buf, size_t nbytes) {
+  tdm__xfer x = {.peer = peer, .is_send = 1, .buf = (void *)buf, .nbytes = nbytes};
+  return tdm__exchange(c, &x, 1);
+}
+
+tdm_status tdm__recv(struct tdm_comm *c, int peer, void *buf, size_t nbytes) {
+  tdm__xfer x = {.peer = peer, .is_send = 0, .buf = buf, .nbytes = nbytes};
+  return tdm__exchange(c, &x, 1);
+}
+
+tdm_status tdm__sendrecv(struct tdm_comm *c, int to, const void *sbuf, size_t sn, int from, void *rbuf, size_t rn) {
+  tdm__xfer x[2] = {{.peer = to, .is_send = 1, .buf = (void *)sbuf, .nbytes = sn},
+                    {.peer = from, .is_send = 0, .buf = rbuf, .nbytes = rn}};
+  return tdm__exchange(c, x, 2);
+}
+
+/* ---- create / destroy ---------------------------------------------------------------------- */
+static void *progress_main(void *arg);
+
+tdm_status tdm_comm_create(tdm_comm_t *out, const tdm_comm_config *cfg) {
+  if (!out || !cfg) return tdm__set_error(TDM_ERR_INVALID_ARG, "comm_create: NULL argument");
+  *out = NULL;
+  if (cfg->size < 1 || cfg->rank < 0 || cfg->rank >= cfg->size)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "comm_create: rank %d of world size %d; expected 0 <= rank < size",
+                          cfg->rank, cfg->size);
+  struct tdm_comm *c = tdm__calloc(1, sizeof *c);
+  if (!c) return tdm__set_error(TDM_ERR_NO_MEMORY, "comm_create: out of memory");
+  c->rank = cfg->rank;
+  c->size = cfg->size;
+  c->timeout_s = cfg->timeout_s > 0 ? cfg->timeout_s : 300.0;
+  if (cfg->timeout_s <= 0 && getenv("TANDEM_TIMEOUT")) {
+    double t = atof(getenv("TANDEM_TIMEOUT"));
+    if (t > 0) c->timeout_s = t;
+  }
+  c->comm_id = 1;
+  c->owns_transport = 1;
+  pthread_mutex_init(&c->q_mu, NULL);
+  pthread_cond_init(&c->q_cv, NULL);
+  tdm_transport_kind k = cfg->transport;
+  if (k == TDM_TRANSPORT_AUTO) k = cfg->thread_group ? TDM_TRANSPORT_THREAD : TDM_TRANSPORT_TCP;
+  c->kind = k;
+  tdm_status st;
+  switch (k) {
+  case TDM_TRANSPORT_THREAD:
+    st = cfg->thread_group ? tdm__thread_transport_create(&c->tr, c, cfg->thread_group)
+                           : tdm__set_error(TDM_ERR_INVALID_ARG, "comm_create: the thread transport needs cfg.thread_group");
+    break;
+  case TDM_TRANSPORT_TCP:
+    st = tdm__tcp_transport_create(&c->tr, c, cfg);
+    break;
+  default:
+    st = tdm__set_error(TDM_ERR_NOT_SUPPORTED, "comm_create: the %s transport is not built yet; use thread or tcp",
+                        tdm_transport_name(k));
+  }
+  if (st != TDM_OK) {
+    pthread_mutex_destroy(&c->q_mu);
+    pthread_cond_destroy(&c->q_cv);
+    tdm__free(c);
+    return st;
+  }
+  *out = c;
+  return TDM_OK;
+}
+
+tdm_status tdm_comm_create_from_env(tdm_comm_t *out) {
+  tdm_comm_config cfg;
+  TDM__TRY(tdm_comm_config_from_env(&cfg));
+  return tdm_comm_create(out, &cfg);
+}
+
+void tdm_comm_abort(tdm_comm_t c) {
+  if (!c) return;
+  tdm__comm_fail(c, TDM_ERR_REMOTE, "rank %d: the communicator was aborted", c->rank);
+  if (c->tr && c->owns_transport) c->tr->ops->abort(c->tr, c->error);
+}
+
+void tdm_comm_destroy(tdm_comm_t c) {
+  if (!c) return;
+  if (c->q_started) {
+    pthread_mutex_lock(&c->q_mu);
+    c->q_stop = 1;
+    pthread_cond_broadcast(&c->q_cv);
+    pthread_mutex_unlock(&c->q_mu);
+    pthread_join(c->q_thread, NULL);
+  }
+  if (c->tr && c->owns_transport) c->tr->ops->destroy(c->tr);
+  pthread_mutex_destroy(&c->q_mu);
+  pthread_cond_destroy(&c->q_cv);
+  tdm__free(c->map_owned);
+  tdm__free(c->scratch);
+  tdm__free(c);
+}
+
+/* ---- argument checks and dispatch ---------------------------------------------------------- */
+static tdm_status begin(struct tdm_comm *c, tdm__coll_kind kind, size_t count, tdm_dtype dt, tdm_redop op, int root) {
+  if (!c) return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: communicator is NULL", tdm__coll_name(kind));
+  if (atomic_load(&c->failed)) return tdm__set_error(c->fail_status, "%s", c->error);
+  if ((unsigned)dt >= TDM_DTYPE_COUNT)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: dtype %d is unknown", tdm__coll_name(kind), (int)dt);
+  if ((unsigned)op >= TDM_REDOP_COUNT)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: reduction op %d is unknown", tdm__coll_name(kind), (int)op);
+  if (root < 0 || root >= c->size)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: root %d is not a rank of this communicator (size %d)",
+                          tdm__coll_name(kind), root, c->size);
+  if (count > ((size_t)1 << 40))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: count %zu is implausibly large", tdm__coll_name(kind), count);
+  c->cur = (tdm__call){kind, (uint32_t)dt, (uint32_t)op, root, count, ++c->seq};
+  return TDM_OK;
+}
+
+static tdm_status null_buf(struct tdm_comm *c, const char *what) {
+  return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: %s is NULL with a non-zero count", tdm__coll_name((int)c->cur.kind), what);
+}
+
+static tdm_algo pick(tdm_algo a) {
+  if (a != TDM_ALGO_AUTO) return a;
+  const char *e = getenv("TANDEM_ALGO");
+  tdm_algo x = TDM_ALGO_AUTO;
+  if (e && tdm_algo_parse(e, &x) == TDM_OK) return x;
+  return TDM_ALGO_AUTO;
+}
+
+static int pow2(int p) { return (p & (p - 1)) == 0; }
+
+static tdm_status wait_queue_idle(struct tdm_comm *c);
+
+tdm_status tdm_comm_allreduce(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt,
+                              tdm_redop op, tdm_algo algo) {
+  TDM__TRY(wait_queue_idle(c));
+  TDM__TRY(begin(c, TDM_COLL_ALLREDUCE, count, dt, op, 0));
+  if (count && (!sendbuf || !recvbuf)) return null_buf(c, "a buffer");
+  size_t nbytes = count * tdm_dtype_size(dt);
+  if (sendbuf != recvbuf && count) memcpy(recvbuf, sendbuf, nbytes);
+  algo = pick(algo);
+  if (algo == TDM_ALGO_AUTO) /* latency-bound: fewest steps; bandwidth-bound: ring */
+    algo = nbytes <= 4096 ? TDM_ALGO_RD : (nbytes <= (256u << 10) ? TDM_ALGO_RHD : TDM_ALGO_RING);
+  tdm_status st;
+  switch (algo) {
+  case TDM_ALGO_RING: st = tdm__allreduce_ring(c, recvbuf, count, dt, op); break;
+  case TDM_ALGO_RD: st = tdm__allreduce_rd(c, recvbuf, count, dt, op); break;
+  case TDM_ALGO_RHD: st = tdm__allreduce_rhd(c, recvbuf, count, dt, op); break;
+  case TDM_ALGO_TREE: st = tdm__allreduce_tree(c, recvbuf, count, dt, op); break;
+  default:
+    return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "all-reduce: algorithm '%s' does not apply; use ring, rd, rhd or tree",
+                          tdm_algo_name(algo));
+  }
+  if (st == TDM_OK && op == TDM_AVG) tdm__scale_avg(recvbuf, count, dt, c->size);
+  return st;
+}
+
+tdm_status tdm_comm_broadcast(tdm_comm_t c, void *buf, size_t count, tdm_dtype dt, int root, tdm_algo algo) {
+  TDM__TRY(wait_queue_idle(c));
+  TDM__TRY(begin(c, TDM_COLL_BROADCAST, count, dt, TDM_SUM, root));
+  if (count && !buf) return null_buf(c, "buf");
+  size_t nbytes = count * tdm_dtype_size(dt);
+  algo = pick(algo);
+  if (algo == TDM_ALGO_AUTO) algo = (nbytes >= (4u << 20) && c->size > 2) ? TDM_ALGO_CHAIN : TDM_ALGO_TREE;
+  if (c->size == 1) return TDM_OK;
+  if (algo == TDM_ALGO_TREE) return tdm__bcast_binomial(c, buf, nbytes, root);
+  if (algo == TDM_ALGO_CHAIN) return tdm__bcast_chain(c, buf, nbytes, root);
+  return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "broadcast: algorithm '%s' does not apply; use tree or chain",
+                        tdm_algo_name(algo));
+}
+
+tdm_status tdm_comm_reduce(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt, tdm_redop op,
+                           int root, tdm_algo algo) {
+  TDM__TRY(wait_queue_idle(c));
+  TDM__TRY(begin(c, TDM_COLL_REDUCE, count, dt, op, root));
+  if (count && (!sendbuf || (c->rank == root && !recvbuf))) return null_buf(c, "a buffer");
+  algo = pick(algo);
+  if (algo != TDM_ALGO_AUTO && algo != TDM_ALGO_TREE)
+    return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "reduce: algorithm '%s' does not apply; use tree", tdm_algo_name(algo));
+  size_t nbytes = count * tdm_dtype_size(dt);
+  /* the root works in recvbuf; the others in a private copy of their input */
+  void *work = recvbuf;
+  if (c->rank != root) {
+    work = tdm__aligned_alloc(nbytes + 64); /* the scratch serves the algorithm itself */
+    if (!work) return tdm__comm_fail(c, TDM_ERR_NO_MEMORY, "reduce: out of memory");
+  }
+  if (count && work != sendbuf) memcpy(work, sendbuf, nbytes);
+  tdm_status st = tdm__reduce_binomial(c, work, count, dt, op, root);
+  if (c->rank != root) tdm__free(work);
+  if (st == TDM_OK && op == TDM_AVG && c->rank == root) tdm__scale_avg(recvbuf, count, dt, c->size);
+  return st;
+}
+
+tdm_status tdm_comm_reduce_scatter(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t recvcount, tdm_dtype dt,
+                                   tdm_redop op, tdm_algo algo) {
+  TDM__TRY(wait_queue_idle(c));
+  TDM__TRY(begin(c, TDM_COLL_REDUCE_SCATTER, recvcount, dt, op, 0));
+  if (recvcount && (!sendbuf || !recvbuf)) return null_buf(c, "a buffer");
+  size_t es = tdm_dtype_size(dt), total = recvcount * (size_t)c->size * es;
+  char *work = tdm__aligned_alloc(total + 64); /* the algorithm uses the scratch itself */
+  if (!work) return tdm__comm_fail(c, TDM_ERR_NO_MEMORY, "reduce-scatter: out of memory");
+  if (total) memcpy(work, sendbuf, total);
+  algo = pick(algo);
+  if (algo == TDM_ALGO_AUTO) algo = pow2(c->size) && total <= (1u << 20) ? TDM_ALGO_RHD : TDM_ALGO_RING;
+  tdm_status st;
+  if (c->size == 1) st = TDM_OK;
+  else if (algo == TDM_ALGO_RING) {
+    size_t counts[c->size];
+    for (int i = 0; i < c->size; i++) counts[i] = recvcount;
+    st = tdm__reduce_scatter_ring(c, work, counts, dt, op);
+  } else if (algo == TDM_ALGO_RHD) {
+    st = tdm__reduce_scatter_rhd(c, work, recvcount, dt, op);
+  } else {
+    st = tdm__set_error(TDM_ERR_NOT_SUPPORTED, "reduce-scatter: algorithm '%s' does not apply; use ring or rhd",
+                        tdm_algo_name(algo));
+  }
+  if (st == TDM_OK) {
+    memcpy(recvbuf, work + (size_t)c->rank * recvcount * es, recvcount * es);
+    if (op == TDM_AVG) tdm__scale_avg(recvbuf, recvcount, dt, c->size);
+  }
+  tdm__free(work);
+  return st;
+}
+
+tdm_status tdm_comm_allgather(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t sendcount, tdm_dtype dt,
+                              tdm_algo algo) {
+  TDM__TRY(wait_queue_idle(c));
+  TDM__TRY(begin(c, TDM_COLL_ALLGATHER, sendcount, dt, TDM_SUM, 0));
+  if (sendcount && (!sendbuf || !recvbuf)) return null_buf(c, "a buffer");
+  size_t block = sendcount * tdm_dtype_size(dt);
+  char *mine = (char *)recvbuf + (size_t)c->rank * block;
+  if (block && mine != sendbuf) memcpy(mine, sendbuf, block);
+  algo = pick(algo);
+  if (algo == TDM_ALGO_AUTO) algo = pow2(c->size) && block * (size_t)c->size <= (1u << 20) ? TDM_ALGO_RD : TDM_ALGO_RING;
+  if (c->size == 1) return TDM_OK;
+  if (algo == TDM_ALGO_RD) return tdm__allgather_rd(c, recvbuf, block);
+  if (algo == TDM_ALGO_RING) {
+    size_t bytes[c->size];
+    for (int i = 0; i < c->size; i++) bytes[i] = block;
+    return tdm__allgather_ring(c, recvbuf, bytes);
+  }
+  return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "all-gather: algorithm '%s' does not apply; use ring or rd",
+                        tdm_algo_name(algo));
+}
+
+tdm_status tdm_comm_gather(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t sendcount, tdm_dtype dt, int root) {
+  TDM__TRY(wait_queue_idle(c));
+  TDM__TRY(begin(c, TDM_COLL_GATHER, sendcount, dt, TDM_SUM, root));
+  if (sendcount && (!sendbuf || (c->rank == root && !recvbuf))) return null_buf(c, "a buffer");
+  size_t block = sendcount * tdm_dtype_size(dt);
+  if (c->rank != root) return tdm__send(c, root, sendbuf, block);
+  char *out = recvbuf;
+  if (block && out + (size_t)root * block != sendbuf) memcpy(out + (size_t)root * block, sendbuf, block);
+  tdm__xfer x[c->size];
+  int n = 0;
+  for (int i = 0; i < c->size; i++)
+    if (i != root) x[n++] = (tdm__xfer){.peer = i, .is_send = 0, .buf = out + (size_t)i * block, .nbytes = block};
+  return n ? tdm__exchange(c, x, n) : TDM_OK;
+}
+
+tdm_status tdm_comm_scatter(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t recvcount, tdm_dtype dt, int root) {
+  TDM__TRY(wait_queue_idle(c));
+  TDM__TRY(begin(c, TDM_COLL_SCATTER, recvcount, dt, TDM_SUM, root));
+  if (recvcount && (!recvbuf || (c->rank == root && !sendbuf))) return null_buf(c, "a buffer");
+  size_t block = recvcount * tdm_dtype_size(dt);
+  if (c->rank != root) return tdm__recv(c, root, recvbuf, block);
+  const char *in = sendbuf;
+  if (block && in + (size_t)root * block != recvbuf) memcpy(recvbuf, in + (size_t)root * block, block);
+  tdm__xfer x[c->size];
+  int n = 0;
+  for (int i = 0; i < c->size; i++)
+    if (i != root) x[n++] = (tdm__xfer){.peer = i, .is_send = 1, .buf = (void *)(in + (size_t)i * block), .nbytes = block};
+  return n ? tdm__exchange(c, x, n) : TDM_OK;
+}
+
+tdm_status tdm_comm_alltoall(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt) {
+  TDM__TRY(wait_queue_idle(c));
+  TDM__TRY(begin(c, TDM_COLL_ALLTOALL, count, dt, TDM_SUM, 0));
+  if (count && (!sendbuf || !recvbuf)) return null_buf(c, "a buffer");
+  if (count && sendbuf == recvbuf)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "all-to-all: sendbuf and recvbuf must differ");
+  size_t block = count * tdm_dtype_size(dt);
+  const char *in = sendbuf;
+  char *out = recvbuf;
+  if (block) memcpy(out + (size_t)c->rank * block, in + (size_t)c->rank * block, block);
+  /* every pair at once: the transport progresses all 2(P-1) transfers together */
+  tdm__xfer x[2 * c->size];
+  int n = 0;
+  for (int k = 1; k < c->size; k++) {
+    int to = (c->rank + k) % c->size, from = (c->rank - k + c->size) % c->size;
+    x[n++] = (tdm__xfer){.peer = to, .is_send = 1, .buf = (void *)(in + (size_t)to * block), .nbytes = block};
+    x[n++] = (tdm__xfer){.peer = from, .is_send = 0, .buf = out + (size_t)from * block, .nbytes = block};
+  }
+  return n ? tdm__exchange(c, x, n) : TDM_OK;
+}
+
+tdm_status tdm_comm_barrier(tdm_comm_t c) {
+  TDM__TRY(wait_queue_idle(c));
+  TDM__TRY(begin(c, TDM_COLL_BARRIER, 0, TDM_U8, TDM_SUM, 0));
+  /* dissemination: after ceil(log2 P) rounds everyone has heard from everyone */
+  for (int k = 1; k < c->size; k <<= 1)
+    TDM__TRY(tdm__sendrecv(c, (c->rank + k) % c->size, NULL, 0, (c->rank - k + c->size) % c->size, NULL, 0));
+  return TDM_OK;
+}
+
+/* ---- point to point -------------------------------------------------------------------------- */
+static tdm_status p2p(struct tdm_comm *c, int peer, int tag, void *buf, size_t nbytes, int is_send) {
+  if (!c) return tdm__set_error(TDM_ERR_INVALID_ARG, "send/recv: communicator is NULL");
+  if (atomic_load(&c->failed)) return tdm__set_error(c->fail_status, "%s", c->error);
+  if (peer < 0 || peer >= c->size || peer == c->rank)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: peer %d is not another rank of this communicator (size %d, rank %d)",
+                          is_send ? "send" : "recv", peer, c->size, c->rank);
+  if (tag < 0) return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: tag %d < 0", is_send ? "send" : "recv", tag);
+  if (nbytes && !buf) return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: buffer is NULL", is_send ? "send" : "recv");
+  c->cur = (tdm__call){TDM_COLL_P2P, 0, 0, 0, nbytes, (uint64_t)tag};
+  tdm__xfer x = {.peer = peer, .is_send = is_send, .buf = buf, .nbytes = nbytes};
+  return tdm__exchange(c, &x, 1);
+}
+
+tdm_status tdm_comm_send(tdm_comm_t c, int peer, int tag, const void *buf, size_t nbytes) {
+  TDM__TRY(wait_queue_idle(c));
+  return p2p(c, peer, tag, (void *)buf, nbytes, 1);
+}
+tdm_status tdm_comm_recv(tdm_comm_t c, int peer, int tag, void *buf, size_t nbytes) {
+  TDM__TRY(wait_queue_idle(c));
+  return p2p(c, peer, tag, buf, nbytes, 0);
+}
+
+/* ---- split ---------------------------------------------------------------------------------- */
+tdm_status tdm_comm_split(tdm_comm_t c, int color, int key, tdm_comm_t *out) {
+  if (!out) return tdm__set_error(TDM_ERR_INVALID_ARG, "split: out is NULL");
+  *out = NULL;
+  int32_t mine[2] = {color, key}, *all = tdm__malloc(sizeof(int32_t) * 2 * (size_t)c->size);
+  if (!all) return tdm__set_error(TDM_ERR_NO_MEMORY, "split: out of memory");
+  tdm_status st = tdm_comm_allgather(c, mine, all, 2, TDM_I32, TDM_ALGO_RING);
+  if (st != TDM_OK || color < 0) {
+    tdm__free(all);
+    return st;
+  }
+  int n = 0, me = 0, *members = tdm__malloc(sizeof(int) * (size_t)c->size);
+  if (!members) {
+    tdm__free(all);
+    return tdm__set_error(TDM_ERR_NO_MEMORY, "split: out of memory");
+  }
+  for (int i = 0; i < c->size; i++)
+    if (all[2 * i] == color) members[n++] = i;
+  for (int i = 1; i < n; i++) /* order by (key, old rank): insertion sort, groups are small */
+    for (int j = i; j > 0 && (all[2 * members[j - 1] + 1] > all[2 * members[j] + 1]); j--) {
+      int t = members[j];
+      members[j] = members[j - 1];
+      members[j - 1] = t;
+    }
+  for (int i = 0; i < n; i++)
+    if (members[i] == c->rank) me = i;
+  tdm__free(all);
+  struct tdm_comm *s = tdm__calloc(1, sizeof *s);
+  if (!s) {
+    tdm__free(members);
+    return tdm__set_error(TDM_ERR_NO_MEMORY, "split: out of memory");
+  }
+  /* the child speaks through the parent's transport, with its own id in every header */
+  for (int i = 0; i < n; i++) members[i] = c->map ? c->map[members[i]] : members[i];
+  s->rank = me;
+  s->size = n;
+  s->kind = c->kind;
+  s->tr = c->tr;
+  s->owns_transport = 0;
+  s->map = s->map_owned = members;
+  s->comm_id = (uint32_t)tdm_hash64(c->comm_id * 1000003ull + c->seq, (uint64_t)(uint32_t)color) | 2u;
+  s->timeout_s = c->timeout_s;
+  pthread_mutex_init(&s->q_mu, NULL);
+  pthread_cond_init(&s->q_cv, NULL);
+  *out = s;
+  return TDM_OK;
+}
+
+/* ---- non-blocking work ---------------------------------------------------------------------- */
+typedef enum { W_ALLREDUCE, W_BROADCAST, W_SEND, W_RECV } work_kind;
+
+struct tdm_work {
+  struct tdm_work *next;
+  struct tdm_comm *c;
+  work_kind kind;
+  const void *sbuf;
+  void *rbuf;
+  size_t count;
+  tdm_dtype dt;
+  tdm_redop op;
+  tdm_algo algo;
+  int peer_or_root, tag;
+  tdm_status st;
+  char error[512];
+  int done;
+};
+
+static tdm_status run_work(struct tdm_work *w) {
+  struct tdm_comm *c = w->c;
+  switch (w->kind) {
+  case W_ALLREDUCE: return tdm_comm_allreduce(c, w->sbuf, w->rbuf, w->count, w->dt, w->op, w->algo);
+  case W_BROADCAST: return tdm_comm_broadcast(c, w->rbuf, w->count, w->dt, w->peer_or_root, w->algo);
+  case W_SEND: return p2p(c, w->peer_or_root, w->tag, (void *)w->sbuf, w->count, 1);
+  case W_RECV: return p2p(c, w->peer_or_root, w->tag, w->rbuf, w->count, 0);
+  }
+  return TDM_ERR_INTERNAL;
+}
+
+static _Thread_local int on_progress_thread;
+
+static void *progress_main(void *arg) {
+  struct tdm_comm *c = arg;
+  on_progress_thread = 1;
+  pthread_mutex_lock(&c->q_mu);
+  for (;;) {
+    while (!c->q_head && !c->q_stop) pthread_cond_wait(&c->q_cv, &c->q_mu);
+    if (!c->q_head) break;
+    struct tdm_work *w = c->q_head;
+    c->q_head = w->next;
+    if (!c->q_head) c->q_tail = NULL;
+    c->q_busy = 1;
+    pthread_mutex_unlock(&c->q_mu);
+    tdm_status st = run_work(w);
+    pthread_mutex_lock(&c->q_mu);
+    w->st = st;
+    if (st != TDM_OK) snprintf(w->error, sizeof w->error, "%s", tdm_last_error());
+    w->done = 1;
+    c->q_busy = 0;
+    pthread_cond_broadcast(&c->q_cv);
+  }
+  pthread_mutex_unlock(&c->q_mu);
+  return NULL;
+}
+
+/* Blocking calls keep their place in line behind queued non-blocking ones. */
+static tdm_status wait_queue_idle(struct tdm_comm *c) {
+  if (!c || !c->q_started || on_progress_thread) return TDM_OK;
+  pthread_mutex_lock(&c->q_mu);
+  while (c->q_head || c->q_busy) pthread_cond_wait(&c->q_cv, &c->q_mu);
+  pthread_mutex_unlock(&c->q_mu);
+  return TDM_OK;
+}
+
+static tdm_status enqueue(struct tdm_comm *c, struct tdm_work *tmpl, tdm_work_t *out) {
+  if (!c || !out) return tdm__set_error(TDM_ERR_INVALID_ARG, "non-blocking call: NULL argument");
+  struct tdm_work *w = tdm__malloc(sizeof *w);
+  if (!w) return tdm__set_error(TDM_ERR_NO_MEMORY, "non-blocking call: out of memory");
+  *w = *tmpl;
+  w->c = c;
+  w->next = NULL;
+  w->done = 0;
+  pthread_mutex_lock(&c->q_mu);
+  if (!c->q_started) {
+    if (pthread_create(&c->q_thread, NULL, progress_main, c) != 0) {
+      pthread_mutex_unlock(&c->q_mu);
+      tdm__free(w);
+      return tdm__set_error(TDM_ERR_SYSTEM, "non-blocking call: cannot start the progress thread");
+    }
+    c->q_started = 1;
+  }
+  if (c->q_tail) c->q_tail->next = w;
+  else c->q_head = w;
+  c->q_tail = w;
+  pthread_cond_broadcast(&c->q_cv);
+  pthread_mutex_unlock(&c->q_mu);
+  *out = w;
+  return TDM_OK;
+}
+
+tdm_status tdm_comm_iallreduce(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt,
+                               tdm_redop op, tdm_algo algo, tdm_work_t *work) {
+  struct tdm_work t = {.kind = W_ALLREDUCE, .sbuf = sendbuf, .rbuf = recvbuf, .count = count, .dt = dt, .op = op, .algo = algo};
+  return enqueue(c, &t, work);
+}
+tdm_status tdm_comm_ibroadcast(tdm_comm_t c, void *buf, size_t count, tdm_dtype dt, int root, tdm_algo algo,
+                               tdm_work_t *work) {
+  struct tdm_work t = {.kind = W_BROADCAST, .rbuf = buf, .count = count, .dt = dt, .algo = algo, .peer_or_root = root};
+  return enqueue(c, &t, work);
+}
+tdm_status tdm_comm_isend(tdm_comm_t c, int peer, int tag, const void *buf, size_t nbytes, tdm_work_t *work) {
+  struct tdm_work t = {.kind = W_SEND, .sbuf = buf, .count = nbytes, .peer_or_root = peer, .tag = tag};
+  return enqueue(c, &t, work);
+}
+tdm_status tdm_comm_irecv(tdm_comm_t c, int peer, int tag, void *buf, size_t nbytes, tdm_work_t *work) {
+  struct tdm_work t = {.kind = W_RECV, .rbuf = buf, .count = nbytes, .peer_or_root = peer, .tag = tag};
+  return enqueue(c, &t, work);
+}
+
+int tdm_work_test(tdm_work_t w) {
+  pthread_mutex_lock(&w->c->q_mu);
+  int d = w->done;
+  pthread_mutex_unlock(&w->c->q_mu);
+  return d;
+}
+
+tdm_status tdm_work_wait(tdm_work_t w) {
+  struct tdm_comm *c = w->c;
+  pthread_mutex_lock(&c->q_mu);
+  while (!w->done) pthread_cond_wait(&c->q_cv, &c->q_mu); /* the call itself is bounded by the timeout */
+  pthread_mutex_unlock(&c->q_mu);
+  tdm_status st = w->st;
+  if (st != TDM_OK) tdm__set_error(st, "%s", w->error);
+  tdm__free(w);
+  return st;
+}

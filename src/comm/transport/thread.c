@@ -1,0 +1,173 @@
+/* The thread transport: ranks are threads of one process. A send copies the message into the
+ * receiver's queue for that sender and never blocks, so no exchange can deadlock; a receive
+ * waits on the group's condition variable until its message is at the head of the queue.
+ * One mutex guards the group: this transport is for tests and simulation, not for speed. */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "comm/comm_impl.h"
+
+typedef struct msg {
+  struct msg *next;
+  tdm__hdr hdr;
+  char data[];
+} msg;
+
+typedef struct {
+  msg *head, *tail;
+} queue;
+
+typedef struct tdm__thread_group {
+  int size;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  queue *q; /* q[from * size + to] */
+  int failed;
+  tdm_status fail_status;
+  char reason[512];
+} group;
+
+typedef struct {
+  tdm__transport base;
+  group *g;
+} thread_tr;
+
+tdm_status tdm_comm_thread_group_create(void **out, int size) {
+  if (!out || size < 1 || size > 4096)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "thread_group_create: size %d; expected 1..4096", size);
+  group *g = tdm__calloc(1, sizeof *g);
+  if (!g) return tdm__set_error(TDM_ERR_NO_MEMORY, "thread_group_create: out of memory");
+  g->q = tdm__calloc((size_t)size * (size_t)size, sizeof(queue));
+  if (!g->q) {
+    tdm__free(g);
+    return tdm__set_error(TDM_ERR_NO_MEMORY, "thread_group_create: out of memory");
+  }
+  g->size = size;
+  pthread_mutex_init(&g->mu, NULL);
+  pthread_condattr_t a;
+  pthread_condattr_init(&a);
+  pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+  pthread_cond_init(&g->cv, &a);
+  pthread_condattr_destroy(&a);
+  *out = g;
+  return TDM_OK;
+}
+
+void tdm_comm_thread_group_destroy(void *vg) {
+  group *g = vg;
+  if (!g) return;
+  for (int i = 0; i < g->size * g->size; i++)
+    for (msg *m = g->q[i].head, *n; m; m = n) {
+      n = m->next;
+      tdm__free(m);
+    }
+  pthread_mutex_destroy(&g->mu);
+  pthread_cond_destroy(&g->cv);
+  tdm__free(g->q);
+  tdm__free(g);
+}
+
+static tdm_status post(group *g, int from, int to, const tdm__hdr *h, const void *buf) {
+  msg *m = tdm__malloc(sizeof *m + h->nbytes);
+  if (!m) return tdm__set_error(TDM_ERR_NO_MEMORY, "thread transport: out of memory for a %llu-byte message",
+                                (unsigned long long)h->nbytes);
+  m->next = NULL;
+  m->hdr = *h;
+  if (h->nbytes) memcpy(m->data, buf, h->nbytes);
+  queue *q = &g->q[from * g->size + to];
+  if (q->tail) q->tail->next = m;
+  else q->head = m;
+  q->tail = m;
+  return TDM_OK;
+}
+
+static tdm_status run(tdm__transport *t, tdm__xfer *x, int n, double deadline) {
+  thread_tr *tt = (thread_tr *)t;
+  group *g = tt->g;
+  struct tdm_comm *c = t->comm;
+  int me = t->rank;
+  tdm_status st = TDM_OK;
+  pthread_mutex_lock(&g->mu);
+  if (g->failed) {
+    st = tdm__set_error(g->fail_status, "%s", g->reason);
+    goto out;
+  }
+  for (int i = 0; i < n && st == TDM_OK; i++)
+    if (x[i].is_send) {
+      st = post(g, me, x[i].peer, &x[i].hdr, x[i].buf);
+      x[i].complete = 1;
+    }
+  if (st == TDM_OK) pthread_cond_broadcast(&g->cv);
+  for (int i = 0; i < n && st == TDM_OK; i++) {
+    if (x[i].is_send) continue;
+    queue *q = &g->q[x[i].peer * g->size + me];
+    while (!q->head && !g->failed) {
+      double left = deadline - tdm_time_now();
+      if (left <= 0) {
+        char b[160];
+        st = tdm__set_error(TDM_ERR_TIMEOUT, "rank %d: %s timed out after %.0f s waiting for rank %d", c->rank,
+                            tdm__call_str(&c->cur, b, sizeof b), c->timeout_s, x[i].peer);
+        goto out;
+      }
+      struct timespec ts;
+      clock_gettime(CLOCK_MONOTONIC, &ts);
+      double wake = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec + (left < 0.5 ? left : 0.5);
+      ts.tv_sec = (time_t)wake;
+      ts.tv_nsec = (long)((wake - (double)ts.tv_sec) * 1e9);
+      pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+    }
+    if (!q->head) { /* failed while we waited */
+      st = tdm__set_error(g->fail_status, "%s", g->reason);
+      goto out;
+    }
+    msg *m = q->head;
+    if (m->hdr.kind == TDM_COLL_ABORT) { /* leave it: everyone waiting on that rank must see it */
+      st = tdm__set_error(TDM_ERR_REMOTE, "%s", m->data);
+      goto out;
+    }
+    q->head = m->next;
+    if (!q->head) q->tail = NULL;
+    st = tdm__check_header(c, x[i].peer, &x[i].hdr, &m->hdr);
+    if (st == TDM_OK && m->hdr.nbytes) memcpy(x[i].buf, m->data, m->hdr.nbytes);
+    x[i].complete = st == TDM_OK;
+    tdm__free(m);
+  }
+out:
+  pthread_mutex_unlock(&g->mu);
+  return st;
+}
+
+static void thread_abort(tdm__transport *t, const char *reason) {
+  group *g = ((thread_tr *)t)->g;
+  pthread_mutex_lock(&g->mu);
+  if (!g->failed) {
+    /* the whole group fails: a thread job has no way to go on without one of its ranks */
+    g->failed = 1;
+    g->fail_status = t->comm->fail_status ? t->comm->fail_status : TDM_ERR_REMOTE;
+    snprintf(g->reason, sizeof g->reason, "rank %d failed: %s", t->rank, reason);
+  }
+  pthread_cond_broadcast(&g->cv);
+  pthread_mutex_unlock(&g->mu);
+}
+
+static void thread_destroy(tdm__transport *t) { tdm__free(t); }
+
+static const tdm__transport_ops thread_ops = {"thread", run, thread_abort, thread_destroy};
+
+tdm_status tdm__thread_transport_create(tdm__transport **out, struct tdm_comm *c, void *vg) {
+  group *g = vg;
+  if (g->size != c->size)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "comm_create: the thread group has %d ranks but the config says %d",
+                          g->size, c->size);
+  thread_tr *t = tdm__calloc(1, sizeof *t);
+  if (!t) return tdm__set_error(TDM_ERR_NO_MEMORY, "comm_create: out of memory");
+  t->base.ops = &thread_ops;
+  t->base.comm = c;
+  t->base.rank = c->rank;
+  t->base.size = c->size;
+  t->g = g;
+  *out = &t->base;
+  return TDM_OK;
+}

@@ -1,0 +1,403 @@
+/* Collectives on the thread transport against closed forms: element j of rank r holds a value
+ * made from j and r, so every expected result is a formula, not a second implementation.
+ * World sizes 1, 2, 3, 4, 5, 7, 8; every collective x algorithm x dtype x op; counts 0, 1, odd,
+ * large. Then barrier semantics, send/recv, non-blocking calls, split, mismatches and timeouts. */
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "tdm_test.h"
+
+static const tdm_dtype DTYPES[] = {TDM_F32, TDM_F64, TDM_BF16, TDM_F16, TDM_I32, TDM_I64, TDM_U8};
+#define N_DT 7
+
+/* Inputs, exact in every dtype for P <= 8. */
+static double input(tdm_redop op, int r, size_t j) {
+  switch (op) {
+  case TDM_PROD: return 1 + (double)((j + (size_t)r) % 2);  /* products of 1s and 2s: at most 2^4 */
+  case TDM_MIN:
+  case TDM_MAX: return (double)((j * 3 + (size_t)r * 5) % 11);
+  default: return (double)(j % 7) + r + 1;                  /* sums at most 84 */
+  }
+}
+
+static double expect(tdm_redop op, int P, size_t j, tdm_dtype dt) {
+  double acc = op == TDM_PROD ? 1 : (op == TDM_MIN ? 1e9 : (op == TDM_MAX ? -1e9 : 0));
+  for (int r = 0; r < P; r++) {
+    double v = input(op, r, j);
+    if (op == TDM_PROD) acc *= v;
+    else if (op == TDM_MIN) acc = v < acc ? v : acc;
+    else if (op == TDM_MAX) acc = v > acc ? v : acc;
+    else acc += v;
+  }
+  if (op == TDM_AVG) {
+    if (dt == TDM_I32 || dt == TDM_I64 || dt == TDM_U8) return (double)((int64_t)acc / P);
+    double q = acc / P; /* the division happens in the dtype's precision */
+    float f = (float)q;
+    if (dt == TDM_BF16) return tdm_bf16_to_f32(tdm_f32_to_bf16(f));
+    if (dt == TDM_F16) return tdm_f16_to_f32(tdm_f32_to_f16(f));
+    if (dt == TDM_F32) return f;
+    return q;
+  }
+  return acc;
+}
+
+static void *alloc_fill(tdm_dtype dt, size_t n, tdm_redop op, int r) {
+  size_t es = tdm_dtype_size(dt);
+  double *d = malloc(sizeof(double) * (n ? n : 1));
+  void *b = malloc(es * (n ? n : 1) + 16);
+  for (size_t j = 0; j < n; j++) d[j] = input(op, r, j);
+  tdm_convert(b, dt, d, TDM_F64, (int64_t)n);
+  free(d);
+  return b;
+}
+
+static double get(const void *b, tdm_dtype dt, size_t j) {
+  double v;
+  tdm_convert(&v, TDM_F64, (const char *)b + j * tdm_dtype_size(dt), dt, 1);
+  return v;
+}
+
+typedef struct {
+  int P, r;
+  tdm_comm_t c;
+} ctx_t;
+
+/* Counts wrong elements; reports the first. */
+static int64_t wrong_vs(const char *what, const void *b, tdm_dtype dt, size_t n, double (*f)(size_t, void *), void *fc) {
+  int64_t bad = 0;
+  for (size_t j = 0; j < n; j++) {
+    double want = f(j, fc), got = get(b, dt, j);
+    if (got != want) {
+      if (!bad) fprintf(stderr, "  %s: element %zu is %g, expected %g\n", what, j, got, want);
+      bad++;
+    }
+  }
+  return bad;
+}
+
+typedef struct {
+  tdm_redop op;
+  int P;
+  tdm_dtype dt;
+  size_t offset; /* element offset (reduce-scatter block) */
+} red_ctx;
+static double red_expect(size_t j, void *v) {
+  red_ctx *k = v;
+  return expect(k->op, k->P, j + k->offset, k->dt);
+}
+
+static const size_t COUNTS[] = {0, 1, 7, 1003};
+
+static void run_allreduce(ctx_t *x) {
+  tdm_algo algos[] = {TDM_ALGO_RING, TDM_ALGO_RD, TDM_ALGO_RHD, TDM_ALGO_TREE, TDM_ALGO_AUTO};
+  for (int a = 0; a < 5; a++)
+    for (int d = 0; d < N_DT; d++)
+      for (int op = 0; op < TDM_REDOP_COUNT; op++)
+        for (int ci = 0; ci < 4; ci++) {
+          size_t n = COUNTS[ci];
+          tdm_dtype dt = DTYPES[d];
+          void *in = alloc_fill(dt, n, (tdm_redop)op, x->r), *out = malloc(tdm_dtype_size(dt) * (n ? n : 1));
+          int inplace = (ci + a) % 2;
+          tdm_status st = tdm_comm_allreduce(x->c, in, inplace ? in : out, n, dt, (tdm_redop)op, algos[a]);
+          CHECK_MSG(st == TDM_OK, "P=%d all-reduce %s %s %s n=%zu: %s", x->P, tdm_algo_name(algos[a]),
+                    tdm_dtype_name(dt), tdm_redop_name((tdm_redop)op), n, tdm_last_error());
+          red_ctx k = {(tdm_redop)op, x->P, dt, 0};
+          char what[96];
+          snprintf(what, sizeof what, "P=%d r=%d all-reduce %s %s %s n=%zu", x->P, x->r, tdm_algo_name(algos[a]),
+                   tdm_dtype_name(dt), tdm_redop_name((tdm_redop)op), n);
+          CHECK(wrong_vs(what, inplace ? in : out, dt, n, red_expect, &k) == 0);
+          free(in);
+          free(out);
+        }
+  /* a large one, bigger than the chunk size */
+  size_t n = (5u << 20) / 4 + 3;
+  float *v = malloc(n * 4);
+  for (size_t j = 0; j < n; j++) v[j] = (float)(j % 7) + (float)x->r + 1;
+  CHECK_OK(tdm_comm_allreduce(x->c, v, v, n, TDM_F32, TDM_SUM, TDM_ALGO_RING));
+  int64_t bad = 0;
+  for (size_t j = 0; j < n; j++) bad += v[j] != (float)(x->P * ((j % 7) + 1) + x->P * (x->P - 1) / 2);
+  CHECK(bad == 0);
+  free(v);
+}
+
+typedef struct {
+  int root;
+} bc_ctx;
+static double bc_expect(size_t j, void *v) { return (double)((j * 7 + (size_t)((bc_ctx *)v)->root) % 200); }
+
+static void run_broadcast_reduce(ctx_t *x) {
+  size_t counts[] = {0, 1, 1003, 300001};
+  tdm_algo algos[] = {TDM_ALGO_TREE, TDM_ALGO_CHAIN, TDM_ALGO_AUTO};
+  for (int a = 0; a < 3; a++)
+    for (int root = 0; root < x->P; root += (x->P > 2 ? x->P - 1 : 1))
+      for (int ci = 0; ci < 4; ci++)
+        for (int d = 0; d < N_DT; d += 3) { /* f32, f16, u8 */
+          tdm_dtype dt = DTYPES[d];
+          size_t n = counts[ci], es = tdm_dtype_size(dt);
+          char *b = calloc(n + 1, es);
+          bc_ctx k = {root};
+          if (x->r == root) {
+            double *src = malloc(sizeof(double) * (n + 1));
+            for (size_t j = 0; j < n; j++) src[j] = bc_expect(j, &k);
+            tdm_convert(b, dt, src, TDM_F64, (int64_t)n);
+            free(src);
+          }
+          CHECK_OK(tdm_comm_broadcast(x->c, b, n, dt, root, algos[a]));
+          CHECK(wrong_vs("broadcast", b, dt, n, bc_expect, &k) == 0);
+          free(b);
+        }
+  for (int root = 0; root < x->P; root += (x->P > 1 ? x->P / 2 + 1 : 1))
+    for (int op = 0; op < TDM_REDOP_COUNT; op++)
+      for (int d = 0; d < N_DT; d++)
+        for (int ci = 0; ci < 4; ci++) {
+          tdm_dtype dt = DTYPES[d];
+          size_t n = COUNTS[ci];
+          void *in = alloc_fill(dt, n, (tdm_redop)op, x->r), *out = calloc(n + 1, tdm_dtype_size(dt));
+          CHECK_OK(tdm_comm_reduce(x->c, in, out, n, dt, (tdm_redop)op, root, TDM_ALGO_AUTO));
+          red_ctx k = {(tdm_redop)op, x->P, dt, 0};
+          if (x->r == root) CHECK(wrong_vs("reduce", out, dt, n, red_expect, &k) == 0);
+          free(in);
+          free(out);
+        }
+}
+
+static void run_scatter_gather(ctx_t *x) {
+  int P = x->P, r = x->r;
+  int pow2 = (P & (P - 1)) == 0;
+  size_t blocks[] = {0, 1, 5, 1000};
+  tdm_algo rs_algos[] = {TDM_ALGO_RING, TDM_ALGO_RHD, TDM_ALGO_AUTO};
+  for (int a = 0; a < 3; a++)
+    for (int op = 0; op < TDM_REDOP_COUNT; op++)
+      for (int d = 0; d < N_DT; d++)
+        for (int bi = 0; bi < 4; bi++) {
+          tdm_dtype dt = DTYPES[d];
+          size_t n = blocks[bi];
+          void *in = alloc_fill(dt, n * (size_t)P, (tdm_redop)op, r), *out = calloc(n + 1, tdm_dtype_size(dt));
+          tdm_status st = tdm_comm_reduce_scatter(x->c, in, out, n, dt, (tdm_redop)op, rs_algos[a]);
+          if (rs_algos[a] == TDM_ALGO_RHD && !pow2 && P > 1) {
+            CHECK(st == TDM_ERR_NOT_SUPPORTED); /* refused on every rank, before any message */
+          } else {
+            CHECK_MSG(st == TDM_OK, "reduce-scatter: %s", tdm_last_error());
+            red_ctx k = {(tdm_redop)op, P, dt, (size_t)r * n};
+            CHECK(wrong_vs("reduce-scatter", out, dt, n, red_expect, &k) == 0);
+          }
+          free(in);
+          free(out);
+        }
+  tdm_algo ag_algos[] = {TDM_ALGO_RING, TDM_ALGO_RD, TDM_ALGO_AUTO};
+  for (int a = 0; a < 3; a++)
+    for (int bi = 0; bi < 4; bi++)
+      for (int inplace = 0; inplace < 2; inplace++) {
+        size_t n = blocks[bi];
+        int32_t *out = calloc(n * (size_t)P + 1, 4), *in = malloc(4 * (n + 1));
+        for (size_t j = 0; j < n; j++) in[j] = (int32_t)(r * 100000 + (int)j);
+        if (inplace) memcpy(out + (size_t)r * n, in, 4 * n);
+        tdm_status st = tdm_comm_allgather(x->c, inplace ? out + (size_t)r * n : in, out, n, TDM_I32, ag_algos[a]);
+        if (ag_algos[a] == TDM_ALGO_RD && !pow2 && P > 1) {
+          CHECK(st == TDM_ERR_NOT_SUPPORTED);
+        } else {
+          CHECK_MSG(st == TDM_OK, "all-gather: %s", tdm_last_error());
+          int64_t bad = 0;
+          for (int i = 0; i < P; i++)
+            for (size_t j = 0; j < n; j++) bad += out[(size_t)i * n + j] != i * 100000 + (int)j;
+          CHECK(bad == 0);
+        }
+        free(in);
+        free(out);
+      }
+  for (int root = 0; root < P; root += (P > 2 ? P - 1 : 1))
+    for (int bi = 0; bi < 4; bi++) {
+      size_t n = blocks[bi];
+      int64_t *all = calloc(n * (size_t)P + 1, 8), *mine = calloc(n + 1, 8);
+      for (size_t j = 0; j < n; j++) mine[j] = r * 1000 + (int64_t)j;
+      CHECK_OK(tdm_comm_gather(x->c, mine, all, n, TDM_I64, root));
+      if (r == root)
+        for (int i = 0; i < P; i++)
+          for (size_t j = 0; j < n; j++) CHECK(all[(size_t)i * n + j] == i * 1000 + (int64_t)j);
+      if (r == root)
+        for (size_t k = 0; k < n * (size_t)P; k++) all[k] = -(int64_t)k;
+      memset(mine, 0, 8 * (n + 1));
+      CHECK_OK(tdm_comm_scatter(x->c, all, mine, n, TDM_I64, root));
+      for (size_t j = 0; j < n; j++) CHECK(mine[j] == -(int64_t)((size_t)r * n + j));
+      free(all);
+      free(mine);
+    }
+  for (int bi = 0; bi < 3; bi++) {
+    size_t n = blocks[bi];
+    uint8_t *in = malloc(n * (size_t)P + 1), *out = calloc(n * (size_t)P + 1, 1);
+    for (int to = 0; to < P; to++)
+      for (size_t j = 0; j < n; j++) in[(size_t)to * n + j] = (uint8_t)(r * 16 + to + (int)j);
+    CHECK_OK(tdm_comm_alltoall(x->c, in, out, n, TDM_U8));
+    for (int from = 0; from < P; from++)
+      for (size_t j = 0; j < n; j++) CHECK(out[(size_t)from * n + j] == (uint8_t)(from * 16 + r + (int)j));
+    free(in);
+    free(out);
+  }
+}
+
+static atomic_int arrived;
+
+static void run_barrier_p2p_nonblocking(ctx_t *x) {
+  int P = x->P, r = x->r;
+  for (int round = 1; round <= 5; round++) {
+    atomic_fetch_add(&arrived, 1);
+    CHECK_OK(tdm_comm_barrier(x->c));
+    CHECK(atomic_load(&arrived) >= round * P); /* nobody leaves before everybody came */
+    CHECK_OK(tdm_comm_barrier(x->c));           /* and nobody starts the next round early */
+  }
+  if (P > 1) { /* a ring of messages with tags */
+    int32_t out[3] = {r, r * 2, r * 3}, in[3] = {0};
+    int next = (r + 1) % P, prev = (r + P - 1) % P;
+    if (r % 2 == 0) {
+      CHECK_OK(tdm_comm_send(x->c, next, 7, out, sizeof out));
+      CHECK_OK(tdm_comm_recv(x->c, prev, 7, in, sizeof in));
+    } else {
+      CHECK_OK(tdm_comm_recv(x->c, prev, 7, in, sizeof in));
+      CHECK_OK(tdm_comm_send(x->c, next, 7, out, sizeof out));
+    }
+    CHECK(in[0] == prev && in[2] == prev * 3);
+  }
+  enum { K = 4, N = 2001 };
+  float *bufs[K];
+  tdm_work_t w[K];
+  for (int k = 0; k < K; k++) {
+    bufs[k] = malloc(N * sizeof(float));
+    for (int j = 0; j < N; j++) bufs[k][j] = (float)(k + r);
+    CHECK_OK(tdm_comm_iallreduce(x->c, bufs[k], bufs[k], N, TDM_F32, TDM_SUM, TDM_ALGO_AUTO, &w[k]));
+  }
+  for (int k = K - 1; k >= 0; k--) CHECK_OK(tdm_work_wait(w[k]));
+  for (int k = 0; k < K; k++) {
+    CHECK(bufs[k][N - 1] == (float)(k * P + P * (P - 1) / 2));
+    free(bufs[k]);
+  }
+  /* a blocking call after non-blocking ones keeps its place in line */
+  int64_t v = r;
+  CHECK_OK(tdm_comm_allreduce(x->c, &v, &v, 1, TDM_I64, TDM_MAX, TDM_ALGO_AUTO));
+  CHECK(v == P - 1);
+  /* split into even and odd ranks, ordered by descending key */
+  tdm_comm_t sub;
+  CHECK_OK(tdm_comm_split(x->c, r % 2, -r, &sub));
+  if (sub) {
+    int n_color = (P + (r % 2 ? 0 : 1)) / 2;
+    CHECK(tdm_comm_size(sub) == n_color);
+    int32_t s = r;
+    CHECK_OK(tdm_comm_allreduce(sub, &s, &s, 1, TDM_I32, TDM_SUM, TDM_ALGO_AUTO));
+    int want = 0;
+    for (int i = r % 2; i < P; i += 2) want += i;
+    CHECK(s == want);
+    int32_t top = r; /* rank 0 of the child has the largest old rank (key = -rank) */
+    CHECK_OK(tdm_comm_broadcast(sub, &top, 1, TDM_I32, 0, TDM_ALGO_AUTO));
+    int biggest = r % 2;
+    for (int i = r % 2; i < P; i += 2) biggest = i;
+    CHECK(top == biggest);
+    tdm_comm_destroy(sub);
+  }
+  CHECK_OK(tdm_comm_barrier(x->c));
+  /* bad arguments fail here, without a message and without failing the communicator */
+  CHECK(tdm_comm_broadcast(x->c, &v, 1, TDM_I64, P, TDM_ALGO_AUTO) == TDM_ERR_INVALID_ARG);
+  CHECK(tdm_comm_allreduce(x->c, &v, &v, 1, TDM_I64, (tdm_redop)9, TDM_ALGO_AUTO) == TDM_ERR_INVALID_ARG);
+  CHECK(tdm_comm_allreduce(x->c, &v, &v, 1, TDM_I64, TDM_SUM, TDM_ALGO_CHAIN) == TDM_ERR_NOT_SUPPORTED);
+  CHECK(tdm_comm_status(x->c) == TDM_OK);
+}
+
+typedef void (*body_fn)(ctx_t *);
+typedef struct {
+  ctx_t x;
+  void *group;
+  body_fn body;
+  double timeout;
+} thread_arg;
+
+static void *thread_main(void *v) {
+  thread_arg *a = v;
+  tdm_comm_config cfg = {0};
+  cfg.rank = a->x.r;
+  cfg.size = a->x.P;
+  cfg.transport = TDM_TRANSPORT_THREAD;
+  cfg.thread_group = a->group;
+  cfg.timeout_s = a->timeout;
+  CHECK_OK(tdm_comm_create(&a->x.c, &cfg));
+  if (a->x.c) {
+    a->body(&a->x);
+    tdm_comm_destroy(a->x.c);
+  }
+  return NULL;
+}
+
+static void run_world(int P, body_fn body, double timeout) {
+  void *g;
+  CHECK_OK(tdm_comm_thread_group_create(&g, P));
+  pthread_t th[16];
+  thread_arg args[16];
+  atomic_store(&arrived, 0);
+  for (int r = 0; r < P; r++) {
+    args[r] = (thread_arg){{P, r, NULL}, g, body, timeout};
+    pthread_create(&th[r], NULL, thread_main, &args[r]);
+  }
+  for (int r = 0; r < P; r++) pthread_join(th[r], NULL);
+  tdm_comm_thread_group_destroy(g);
+}
+
+static const int WORLDS[] = {1, 2, 3, 4, 5, 7, 8};
+
+static void test_allreduce_matrix(void) {
+  for (int i = 0; i < 7; i++) run_world(WORLDS[i], run_allreduce, 60);
+}
+static void test_broadcast_reduce_matrix(void) {
+  for (int i = 0; i < 7; i++) run_world(WORLDS[i], run_broadcast_reduce, 60);
+}
+static void test_scatter_gather_matrix(void) {
+  for (int i = 0; i < 7; i++) run_world(WORLDS[i], run_scatter_gather, 60);
+}
+static void test_barrier_p2p_nonblocking_split(void) {
+  for (int i = 0; i < 7; i++) run_world(WORLDS[i], run_barrier_p2p_nonblocking, 60);
+}
+
+static void mismatch_body(ctx_t *x) {
+  float v[1000] = {0};
+  tdm_status st;
+  if (x->r == 0) st = tdm_comm_allreduce(x->c, v, v, 1000, TDM_F32, TDM_SUM, TDM_ALGO_RING);
+  else st = tdm_comm_broadcast(x->c, v, 1000, TDM_F32, 0, TDM_ALGO_TREE);
+  CHECK(st == TDM_ERR_MISMATCH || st == TDM_ERR_REMOTE);
+  /* both ranks learn both calls */
+  CHECK_MSG(strstr(tdm_last_error(), "all-reduce #1") && strstr(tdm_last_error(), "broadcast #1"), "rank %d: %s", x->r,
+            tdm_last_error());
+  /* and the communicator stays failed */
+  CHECK(tdm_comm_barrier(x->c) == st);
+}
+
+static void count_mismatch_body(ctx_t *x) {
+  float v[1000] = {0};
+  tdm_status st = tdm_comm_allreduce(x->c, v, v, x->r ? 999 : 1000, TDM_F32, TDM_SUM, TDM_ALGO_RING);
+  CHECK(st == TDM_ERR_MISMATCH || st == TDM_ERR_REMOTE);
+  CHECK_MSG(strstr(tdm_last_error(), "1000 x f32") && strstr(tdm_last_error(), "999 x f32"), "%s", tdm_last_error());
+}
+
+static void timeout_body(ctx_t *x) {
+  if (x->r != 0) return; /* rank 1 never joins */
+  double t0 = tdm_time_now();
+  float v = 1;
+  CHECK(tdm_comm_allreduce(x->c, &v, &v, 1, TDM_F32, TDM_SUM, TDM_ALGO_AUTO) == TDM_ERR_TIMEOUT);
+  CHECK_ERR_HAS("waiting for rank 1");
+  CHECK(tdm_time_now() - t0 < 5);
+}
+
+static void test_mismatch_and_timeout(void) {
+  run_world(2, mismatch_body, 10);
+  run_world(2, count_mismatch_body, 10);
+  run_world(2, timeout_body, 0.3);
+}
+
+static void test_reduce_local_and_names(void) {
+  uint16_t a[2] = {tdm_f32_to_bf16(1.5f), tdm_f32_to_bf16(-2.0f)}, b[2] = {tdm_f32_to_bf16(2.0f), tdm_f32_to_bf16(3.0f)};
+  CHECK_OK(tdm_reduce_local(a, b, 2, TDM_BF16, TDM_PROD));
+  CHECK(tdm_bf16_to_f32(a[0]) == 3.0f && tdm_bf16_to_f32(a[1]) == -6.0f);
+  tdm_algo al;
+  CHECK_OK(tdm_algo_parse("rhd", &al));
+  CHECK(al == TDM_ALGO_RHD);
+  CHECK(tdm_algo_parse("fastest", &al) == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("ring rd rhd");
+}
+
+TDM_TEST_MAIN(T(test_reduce_local_and_names), T(test_allreduce_matrix), T(test_broadcast_reduce_matrix),
+              T(test_scatter_gather_matrix), T(test_barrier_p2p_nonblocking_split), T(test_mismatch_and_timeout))
