@@ -3,6 +3,7 @@
 #include <assert.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "core/internal.h"
 
@@ -30,10 +31,13 @@ const char *tdm_last_error(void) { return err_buf; }
 void tdm_clear_error(void) { err_buf[0] = 0; }
 
 tdm_status tdm__set_error(tdm_status st, const char *fmt, ...) {
+  /* format aside first: callers may pass tdm_last_error() itself as an argument */
+  char tmp[sizeof err_buf];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(err_buf, sizeof err_buf, fmt, ap);
+  vsnprintf(tmp, sizeof tmp, fmt, ap);
   va_end(ap);
+  memcpy(err_buf, tmp, sizeof err_buf);
   return st;
 }
 

@@ -109,14 +109,17 @@ static void run_allreduce(ctx_t *x) {
           free(in);
           free(out);
         }
-  /* a large one, bigger than the chunk size */
+  /* large ones, bigger than the 4 MiB chunk, through every algorithm */
   size_t n = (5u << 20) / 4 + 3;
   float *v = malloc(n * 4);
-  for (size_t j = 0; j < n; j++) v[j] = (float)(j % 7) + (float)x->r + 1;
-  CHECK_OK(tdm_comm_allreduce(x->c, v, v, n, TDM_F32, TDM_SUM, TDM_ALGO_RING));
-  int64_t bad = 0;
-  for (size_t j = 0; j < n; j++) bad += v[j] != (float)(x->P * ((j % 7) + 1) + x->P * (x->P - 1) / 2);
-  CHECK(bad == 0);
+  for (int a = 0; a < 4; a++) {
+    for (size_t j = 0; j < n; j++) v[j] = (float)(j % 7) + (float)x->r + 1;
+    CHECK_MSG(tdm_comm_allreduce(x->c, v, v, n, TDM_F32, TDM_SUM, algos[a]) == TDM_OK, "large %s: %s",
+              tdm_algo_name(algos[a]), tdm_last_error());
+    int64_t bad = 0;
+    for (size_t j = 0; j < n; j++) bad += v[j] != (float)(x->P * ((j % 7) + 1) + x->P * (x->P - 1) / 2);
+    CHECK(bad == 0);
+  }
   free(v);
 }
 

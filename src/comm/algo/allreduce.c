@@ -44,6 +44,11 @@ static tdm_status sendrecv_reduce(struct tdm_comm *c, int to, const char *sbuf, 
   return TDM_OK;
 }
 
+/* The sending half of sendrecv_reduce: the same chunks, so the receiver's sizes match. */
+static tdm_status send_chunked(struct tdm_comm *c, int to, const char *buf, size_t n, tdm_dtype dt) {
+  return sendrecv_reduce(c, to, buf, n, -1, NULL, 0, dt, TDM_SUM);
+}
+
 tdm_status tdm__allreduce_ring(struct tdm_comm *c, void *buf, size_t count, tdm_dtype dt, tdm_redop op) {
   int P = c->size, r = c->rank, next = (r + 1) % P, prev = (r + P - 1) % P;
   if (P == 1) return TDM_OK;
@@ -83,7 +88,7 @@ static int old_rank(const fold *f, int nr) { return nr < f->rem ? 2 * nr + 1 : n
 static tdm_status fold_in(struct tdm_comm *c, const fold *f, void *buf, size_t count, tdm_dtype dt, tdm_redop op) {
   int r = c->rank;
   if (r >= 2 * f->rem) return TDM_OK;
-  if (f->newrank < 0) return tdm__send(c, r + 1, buf, count * tdm_dtype_size(dt));
+  if (f->newrank < 0) return send_chunked(c, r + 1, buf, count, dt);
   return sendrecv_reduce(c, -1, NULL, 0, r - 1, buf, count, dt, op);
 }
 
@@ -150,7 +155,7 @@ tdm_status tdm__allreduce_tree(struct tdm_comm *c, void *buf, size_t count, tdm_
     if (child < P) TDM__TRY(sendrecv_reduce(c, -1, NULL, 0, child, buf, count, dt, op));
   }
   if (r > 0) {
-    TDM__TRY(tdm__send(c, (r - 1) / 2, buf, nbytes));
+    TDM__TRY(send_chunked(c, (r - 1) / 2, buf, count, dt));
     TDM__TRY(tdm__recv(c, (r - 1) / 2, buf, nbytes));
   }
   for (int k = 1; k <= 2; k++) {

@@ -1,6 +1,279 @@
-/* placeholder replaced in the next step */
+/* The TCP transport: a full mesh of connections, one per pair of ranks, set up through the
+ * store. Every connection opens with the job token; a connection without it is logged and
+ * closed, and the job goes on. run() drives all transfers with non-blocking sockets and poll,
+ * so a ring's send and receive progress together; a peer that dies shows up as EOF or a reset
+ * on its connection and fails the call at once, naming the rank. */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
 #include "comm/comm_impl.h"
+#include "comm/net.h"
+
+#define MESH_MAGIC 0x54444d54u /* "TMDT" */
+
+typedef struct {
+  tdm__transport base;
+  int *fd;        /* fd[peer], -1 for self or closed */
+  int *send_mid;  /* a send to this peer stopped mid-message: no ABORT may follow on that stream */
+  tdm__store *store;
+  int closed;
+} tcp_tr;
+
+static tdm_status peer_gone(tcp_tr *t, int peer, const char *how) {
+  struct tdm_comm *c = t->base.comm;
+  char b[160];
+  return tdm__set_error(TDM_ERR_REMOTE, "rank %d %s during %s (rank %d)", peer, how, tdm__call_str(&c->cur, b, sizeof b),
+                        c->rank);
+}
+
+/* After an ABORT header: read the reason (short, bounded wait). */
+static tdm_status remote_abort(tcp_tr *t, int peer, const tdm__hdr *h) {
+  char reason[600] = {0};
+  size_t n = h->nbytes < sizeof reason - 1 ? h->nbytes : sizeof reason - 1;
+  tdm__net_recv_all(t->fd[peer], reason, n, tdm_time_now() + 1.0, "abort reason");
+  tdm_status st = h->op ? (tdm_status)(-(int)h->op) : TDM_ERR_REMOTE;
+  if (st != TDM_ERR_MISMATCH && st != TDM_ERR_TIMEOUT) st = TDM_ERR_REMOTE;
+  return tdm__set_error(st, "rank %d failed: %s", peer, reason);
+}
+
+/* One step of transfer x: returns 1 if it moved bytes or finished, 0 if it would block, or sets
+ * *st and returns -1. */
+static int step(tcp_tr *t, tdm__xfer *x, tdm_status *st) {
+  int fd = t->fd[x->peer];
+  size_t total = sizeof(tdm__hdr) + x->nbytes;
+  if (x->is_send) {
+    struct iovec iov[2];
+    int n = 0;
+    if (x->done < sizeof(tdm__hdr)) iov[n++] = (struct iovec){(char *)&x->hdr + x->done, sizeof(tdm__hdr) - x->done};
+    size_t pd = x->done > sizeof(tdm__hdr) ? x->done - sizeof(tdm__hdr) : 0;
+    if (x->nbytes > pd) iov[n++] = (struct iovec){(char *)x->buf + pd, x->nbytes - pd};
+    struct msghdr m = {0};
+    m.msg_iov = iov;
+    m.msg_iovlen = (size_t)n;
+    ssize_t k = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (k < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
+      *st = peer_gone(t, x->peer, errno == EPIPE || errno == ECONNRESET ? "closed its connection" : strerror(errno));
+      return -1;
+    }
+    x->done += (size_t)k;
+    t->send_mid[x->peer] = x->done < total;
+    if (x->done == total) x->complete = 1;
+    return 1;
+  }
+  if (x->done < sizeof(tdm__hdr)) {
+    ssize_t k = recv(fd, (char *)&x->got + x->done, sizeof(tdm__hdr) - x->done, MSG_DONTWAIT);
+    if (k == 0) {
+      *st = peer_gone(t, x->peer, "closed its connection");
+      return -1;
+    }
+    if (k < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
+      *st = peer_gone(t, x->peer, "reset its connection");
+      return -1;
+    }
+    x->done += (size_t)k;
+    if (x->done < sizeof(tdm__hdr)) return 1;
+    if (x->got.magic == TDM_MSG_MAGIC && x->got.kind == TDM_COLL_ABORT) {
+      *st = remote_abort(t, x->peer, &x->got);
+      return -1;
+    }
+    if ((*st = tdm__check_header(t->base.comm, x->peer, &x->hdr, &x->got)) != TDM_OK) return -1;
+    if (x->nbytes == 0) x->complete = 1;
+    return 1;
+  }
+  size_t pd = x->done - sizeof(tdm__hdr);
+  ssize_t k = recv(fd, (char *)x->buf + pd, x->nbytes - pd, MSG_DONTWAIT);
+  if (k == 0) {
+    *st = peer_gone(t, x->peer, "closed its connection");
+    return -1;
+  }
+  if (k < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
+    *st = peer_gone(t, x->peer, "reset its connection");
+    return -1;
+  }
+  x->done += (size_t)k;
+  if (x->done == total) x->complete = 1;
+  return 1;
+}
+
+static tdm_status run(tdm__transport *tr, tdm__xfer *x, int n, double deadline) {
+  tcp_tr *t = (tcp_tr *)tr;
+  struct tdm_comm *c = tr->comm;
+  if (t->closed) return tdm__set_error(TDM_ERR_REMOTE, "rank %d: the connections are closed", c->rank);
+  struct pollfd pf[2 * n + 1];
+  int idx[2 * n + 1];
+  for (;;) {
+    /* progress every transfer that is first in line for its (peer, direction) */
+    int pending = 0, moved = 0, np = 0;
+    for (int i = 0; i < n; i++) {
+      if (x[i].complete) continue;
+      int first = 1;
+      for (int j = 0; j < i && first; j++)
+        if (!x[j].complete && x[j].peer == x[i].peer && x[j].is_send == x[i].is_send) first = 0;
+      pending++;
+      if (!first) continue;
+      tdm_status st = TDM_OK;
+      int r;
+      while ((r = step(t, &x[i], &st)) == 1 && !x[i].complete) moved = 1;
+      if (r < 0) return st;
+      if (x[i].complete) {
+        moved = 1;
+        continue;
+      }
+      pf[np] = (struct pollfd){t->fd[x[i].peer], x[i].is_send ? POLLOUT : POLLIN, 0};
+      idx[np++] = i;
+    }
+    if (!pending) return TDM_OK;
+    if (moved) continue;
+    double left = deadline - tdm_time_now();
+    if (left <= 0) {
+      char b[160];
+      int who = np ? x[idx[0]].peer : -1;
+      return tdm__set_error(TDM_ERR_TIMEOUT, "rank %d: %s timed out after %.0f s waiting for rank %d", c->rank,
+                            tdm__call_str(&c->cur, b, sizeof b), c->timeout_s, who);
+    }
+    int ms = left > 1.0 ? 1000 : (int)(left * 1000) + 1;
+    if (poll(pf, (nfds_t)np, ms) < 0 && errno != EINTR)
+      return tdm__set_error(TDM_ERR_SYSTEM, "rank %d: poll: %s", c->rank, strerror(errno));
+    for (int k = 0; k < np; k++) /* a hang-up on a send: the peer is gone */
+      if ((pf[k].revents & (POLLERR | POLLHUP)) && x[idx[k]].is_send)
+        return peer_gone(t, x[idx[k]].peer, "closed its connection");
+  }
+}
+
+static void tcp_abort(tdm__transport *tr, const char *reason) {
+  tcp_tr *t = (tcp_tr *)tr;
+  if (t->closed) return;
+  size_t rl = strlen(reason);
+  tdm__hdr h = {TDM_MSG_MAGIC, TDM_COLL_ABORT, 0, 0, (uint32_t)(-(int)tr->comm->fail_status), 0, tr->comm->comm_id, 0, rl};
+  for (int p = 0; p < tr->size; p++) {
+    if (t->fd[p] < 0) continue;
+    if (!t->send_mid[p]) { /* tell why, if the stream is at a message boundary */
+      double dl = tdm_time_now() + 0.2;
+      if (tdm__net_send_all(t->fd[p], &h, sizeof h, dl, "abort") == TDM_OK)
+        tdm__net_send_all(t->fd[p], reason, rl, dl, "abort");
+    }
+    shutdown(t->fd[p], SHUT_WR); /* the peer reads our reason, then EOF; unread data stays with us */
+  }
+  t->closed = 1;
+}
+
+static void tcp_destroy(tdm__transport *tr) {
+  tcp_tr *t = (tcp_tr *)tr;
+  for (int p = 0; p < tr->size; p++)
+    if (t->fd[p] >= 0) close(t->fd[p]);
+  tdm__store_close(t->store);
+  tdm__free(t->fd);
+  tdm__free(t->send_mid);
+  tdm__free(t);
+}
+
+static const tdm__transport_ops tcp_ops = {"tcp", run, tcp_abort, tcp_destroy};
+
 tdm_status tdm__tcp_transport_create(tdm__transport **out, struct tdm_comm *c, const tdm_comm_config *cfg) {
-  (void)out; (void)c; (void)cfg;
-  return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "tcp transport: not built yet");
+  int P = c->size, me = c->rank;
+  tcp_tr *t = tdm__calloc(1, sizeof *t);
+  if (!t) return tdm__set_error(TDM_ERR_NO_MEMORY, "tcp: out of memory");
+  t->base.ops = &tcp_ops;
+  t->base.comm = c;
+  t->base.rank = me;
+  t->base.size = P;
+  t->fd = tdm__malloc(sizeof(int) * (size_t)P);
+  t->send_mid = tdm__calloc((size_t)P, sizeof(int));
+  int lfd = -1;
+  tdm_status st = t->fd && t->send_mid ? TDM_OK : tdm__set_error(TDM_ERR_NO_MEMORY, "tcp: out of memory");
+  for (int p = 0; t->fd && p < P; p++) t->fd[p] = -1;
+  double deadline = tdm_time_now() + c->timeout_s;
+  if (st == TDM_OK && P > 1) st = tdm__store_open(&t->store, cfg, c->timeout_s);
+  char addr[64], ifn[64], key[64], val[96];
+  int port = 0;
+  if (st == TDM_OK && P > 1) st = tdm__net_pick_addr(cfg->ifname, cfg->master_addr, addr, sizeof addr, ifn, sizeof ifn);
+  if (st == TDM_OK && P > 1) st = tdm__net_listen(addr, 0, &lfd, &port);
+  if (st == TDM_OK && P > 1) {
+    tdm_log(TDM_LOG_INFO, "tcp: rank %d listens on %s (%s) port %d", me, addr, ifn, port);
+    snprintf(key, sizeof key, "tcp/%d", me);
+    snprintf(val, sizeof val, "%s:%d", addr, port);
+    st = tdm__store_set(t->store, key, val, strlen(val));
+  }
+  /* everyone's address first, so rank 0 can finish (and stop serving) once all are linked */
+  char (*peers)[96] = tdm__calloc((size_t)P, 96);
+  for (int p = 0; st == TDM_OK && p < me; p++) {
+    void *v;
+    size_t n;
+    snprintf(key, sizeof key, "tcp/%d", p);
+    st = tdm__store_get(t->store, key, &v, &n, deadline - tdm_time_now());
+    if (st == TDM_OK) {
+      snprintf(peers[p], 96, "%.*s", (int)n, (char *)v);
+      tdm__free(v);
+    }
+  }
+  /* connect to every lower rank; accept every higher one */
+  for (int p = 0; st == TDM_OK && p < me; p++) {
+    char *colon = strrchr(peers[p], ':');
+    if (!colon) {
+      st = tdm__set_error(TDM_ERR_REMOTE, "tcp: rank %d published a bad address '%s'", p, peers[p]);
+      break;
+    }
+    *colon = 0;
+    int fd;
+    st = tdm__net_connect(peers[p], atoi(colon + 1), deadline, &fd);
+    if (st != TDM_OK) break;
+    int32_t their = -1;
+    st = tdm__net_send_hello(fd, MESH_MAGIC, cfg->job_token, me, deadline);
+    if (st == TDM_OK) st = tdm__net_recv_hello(fd, MESH_MAGIC, cfg->job_token, &their, deadline);
+    if (st == TDM_OK && their != p) st = tdm__set_error(TDM_ERR_MISMATCH, "tcp: expected rank %d, reached rank %d", p, their);
+    if (st != TDM_OK) {
+      close(fd);
+      st = tdm__set_error(st, "rank %d cannot link to rank %d at %s:%s: %s", me, p, peers[p], colon + 1, tdm_last_error());
+      break;
+    }
+    t->fd[p] = fd;
+  }
+  int missing = P - 1 - me;
+  while (st == TDM_OK && missing > 0) {
+    char who[64];
+    int fd = tdm__net_accept(lfd, deadline, who, sizeof who);
+    if (fd < 0) {
+      st = tdm__set_error(TDM_ERR_TIMEOUT, "rank %d: %d higher rank(s) did not connect within %.0f s", me, missing,
+                          c->timeout_s);
+      break;
+    }
+    int32_t r = -1;
+    /* a stranger gets a short deadline: it must not hold up the job */
+    tdm_status hs = tdm__net_recv_hello(fd, MESH_MAGIC, cfg->job_token, &r, tdm_time_now() + 2.0);
+    if (hs == TDM_OK && (r <= me || r >= P || t->fd[r] >= 0))
+      hs = tdm__set_error(TDM_ERR_MISMATCH, "claims rank %d, which is not expected here", r);
+    if (hs != TDM_OK) {
+      tdm_log(TDM_LOG_WARN, "tcp: rank %d refused a connection from %s: %s", me, who, tdm_last_error());
+      close(fd);
+      continue;
+    }
+    if (tdm__net_send_hello(fd, MESH_MAGIC, cfg->job_token, me, deadline) != TDM_OK) {
+      close(fd);
+      continue;
+    }
+    t->fd[r] = fd;
+    missing--;
+  }
+  tdm__free(peers);
+  if (lfd >= 0) close(lfd); /* the mesh is complete: no one else may join */
+  if (st != TDM_OK) {
+    tdm_status e = tdm__set_error(st, "%s", tdm_last_error());
+    tcp_destroy(&t->base);
+    return e;
+  }
+  for (int p = 0; p < P; p++)
+    if (t->fd[p] >= 0) {
+      tdm__net_tune(t->fd[p]);
+      tdm__net_nonblock(t->fd[p]);
+    }
+  *out = &t->base;
+  return TDM_OK;
 }

@@ -1,0 +1,392 @@
+/* Rendezvous key-value stores: set, get (waits until the key exists), add.
+ *
+ * TCP store: rank 0 runs a server thread on master_addr:master_port; every rank (rank 0 too)
+ * is a client. A client must open with the job token; others are logged and dropped. The
+ * server is one poll loop over non-blocking sockets with a parse buffer per client, so a
+ * client that sends half a request, or nothing, delays nobody.
+ * File store: one file per key in a shared directory, written under a temporary name and
+ * renamed, read by polling. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "comm/comm_impl.h"
+#include "comm/net.h"
+
+#define STORE_MAGIC 0x53444d54u /* "TMDS" */
+#define MAX_KEY 4096
+#define MAX_VAL ((uint64_t)64 << 20)
+#define MAX_CLIENTS 1024
+
+typedef struct {
+  char *key;
+  void *val;
+  uint64_t n;
+} kv;
+
+typedef struct {
+  int fd;
+  int authed;
+  char peer[64];
+  unsigned char *buf;
+  size_t len, cap;
+  char *waiting; /* a GET for a key that does not exist yet */
+} client;
+
+typedef struct {
+  int lfd, wake[2];
+  const char *token;
+  pthread_t th;
+  kv *kvs;
+  int n_kv, cap_kv;
+  client cl[MAX_CLIENTS];
+  int n_cl;
+} server;
+
+struct tdm__store {
+  int fd;             /* client connection (TCP) */
+  char *dir;          /* file store */
+  server *srv;        /* rank 0's server */
+  double timeout_s;
+};
+
+/* ---- server ------------------------------------------------------------------------------ */
+static kv *find(server *s, const char *k) {
+  for (int i = 0; i < s->n_kv; i++)
+    if (!strcmp(s->kvs[i].key, k)) return &s->kvs[i];
+  return NULL;
+}
+
+static void drop(server *s, int i, const char *why) {
+  if (why) tdm_log(TDM_LOG_WARN, "store: dropped the connection from %s: %s", s->cl[i].peer, why);
+  close(s->cl[i].fd);
+  tdm__free(s->cl[i].buf);
+  tdm__free(s->cl[i].waiting);
+  s->cl[i] = s->cl[--s->n_cl];
+}
+
+static int reply_get(client *c, const kv *e) {
+  uint64_t n = e->n;
+  double dl = tdm_time_now() + 5;
+  return tdm__net_send_all(c->fd, &n, 8, dl, "store") == TDM_OK && tdm__net_send_all(c->fd, e->val, n, dl, "store") == TDM_OK;
+}
+
+/* Parses what client i has sent; returns 0 if it must be dropped. */
+static int serve(server *s, int i) {
+  client *c = &s->cl[i];
+  for (;;) {
+    if (!c->authed) {
+      if (c->len < 16) return 1;
+      uint32_t magic, version, tl;
+      memcpy(&magic, c->buf, 4);
+      memcpy(&version, c->buf + 4, 4);
+      memcpy(&tl, c->buf + 8, 4);
+      if (magic != STORE_MAGIC || version != TDM_NET_VERSION || tl > 1024) {
+        drop(s, i, "not a tandem store client");
+        return 0;
+      }
+      if (c->len < 16 + tl) return 1;
+      size_t want = s->token ? strlen(s->token) : 0;
+      unsigned diff = tl != want;
+      for (size_t k = 0; k < tl && k < want; k++) diff |= (unsigned)(c->buf[16 + k] ^ (unsigned char)s->token[k]);
+      if (diff) {
+        drop(s, i, "wrong job token (set TANDEM_JOB_TOKEN as the launcher does)");
+        return 0;
+      }
+      uint32_t ok = 1;
+      if (tdm__net_send_all(c->fd, &ok, 4, tdm_time_now() + 5, "store") != TDM_OK) {
+        drop(s, i, NULL);
+        return 0;
+      }
+      c->authed = 1;
+      memmove(c->buf, c->buf + 16 + tl, c->len - 16 - tl);
+      c->len -= 16 + tl;
+      continue;
+    }
+    if (c->len < 13) return 1;
+    uint8_t cmd = c->buf[0];
+    uint32_t kl;
+    uint64_t vl;
+    memcpy(&kl, c->buf + 1, 4);
+    memcpy(&vl, c->buf + 5, 8);
+    if (kl == 0 || kl > MAX_KEY || vl > MAX_VAL || (cmd != 'S' && cmd != 'G' && cmd != 'A')) {
+      drop(s, i, "malformed request");
+      return 0;
+    }
+    if (c->len < 13 + kl + vl) return 1;
+    char *key = tdm__malloc(kl + 1);
+    if (!key) return 0;
+    memcpy(key, c->buf + 13, kl);
+    key[kl] = 0;
+    const unsigned char *val = c->buf + 13 + kl;
+    kv *e = find(s, key);
+    int ok = 1;
+    if (cmd == 'S' || cmd == 'A') {
+      if (!e) {
+        if (s->n_kv == s->cap_kv) {
+          int nc = s->cap_kv ? 2 * s->cap_kv : 64;
+          kv *nk = tdm__malloc(sizeof(kv) * (size_t)nc);
+          if (!nk) return 0;
+          if (s->kvs) memcpy(nk, s->kvs, sizeof(kv) * (size_t)s->n_kv);
+          tdm__free(s->kvs);
+          s->kvs = nk;
+          s->cap_kv = nc;
+        }
+        e = &s->kvs[s->n_kv++];
+        e->key = key;
+        e->val = NULL;
+        e->n = 0;
+        key = NULL;
+      }
+      if (cmd == 'S') {
+        void *v = tdm__malloc(vl ? vl : 1);
+        memcpy(v, val, vl);
+        tdm__free(e->val);
+        e->val = v;
+        e->n = vl;
+        uint8_t ack = 1;
+        ok = tdm__net_send_all(c->fd, &ack, 1, tdm_time_now() + 5, "store") == TDM_OK;
+      } else {
+        int64_t cur = 0, d = 0;
+        if (e->n == 8) memcpy(&cur, e->val, 8);
+        if (vl == 8) memcpy(&d, val, 8);
+        cur += d;
+        if (e->n != 8) {
+          tdm__free(e->val);
+          e->val = tdm__malloc(8);
+          e->n = 8;
+        }
+        memcpy(e->val, &cur, 8);
+        ok = tdm__net_send_all(c->fd, &cur, 8, tdm_time_now() + 5, "store") == TDM_OK;
+      }
+      /* a new value may complete waiting GETs */
+      for (int j = 0; j < s->n_cl; j++)
+        if (s->cl[j].waiting && !strcmp(s->cl[j].waiting, e->key)) {
+          reply_get(&s->cl[j], e);
+          tdm__free(s->cl[j].waiting);
+          s->cl[j].waiting = NULL;
+        }
+    } else if (e) {
+      ok = reply_get(c, e);
+    } else {
+      tdm__free(c->waiting);
+      c->waiting = key;
+      key = NULL;
+    }
+    tdm__free(key);
+    size_t used = 13 + kl + vl;
+    memmove(c->buf, c->buf + used, c->len - used);
+    c->len -= used;
+    if (!ok) {
+      drop(s, i, NULL);
+      return 0;
+    }
+  }
+}
+
+static void *server_main(void *arg) {
+  server *s = arg;
+  struct pollfd pf[MAX_CLIENTS + 2];
+  for (;;) {
+    int n = 0;
+    pf[n++] = (struct pollfd){s->wake[0], POLLIN, 0};
+    pf[n++] = (struct pollfd){s->lfd, POLLIN, 0};
+    for (int i = 0; i < s->n_cl; i++) pf[n++] = (struct pollfd){s->cl[i].fd, POLLIN, 0};
+    if (poll(pf, (nfds_t)n, 1000) < 0 && errno != EINTR) break;
+    if (pf[0].revents) break;
+    for (int i = s->n_cl - 1; i >= 0; i--) {
+      if (!(pf[2 + i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      client *c = &s->cl[i];
+      if (c->cap - c->len < 65536) {
+        size_t nc = c->cap ? 2 * c->cap : 65536;
+        if (nc > MAX_VAL + MAX_KEY + 4096) {
+          drop(s, i, "request too large");
+          continue;
+        }
+        unsigned char *nb = tdm__malloc(nc);
+        if (!nb) continue;
+        if (c->buf) memcpy(nb, c->buf, c->len);
+        tdm__free(c->buf);
+        c->buf = nb;
+        c->cap = nc;
+      }
+      ssize_t k = recv(c->fd, c->buf + c->len, c->cap - c->len, MSG_DONTWAIT);
+      if (k <= 0) {
+        if (k < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+        drop(s, i, NULL);
+        continue;
+      }
+      c->len += (size_t)k;
+      serve(s, i);
+    }
+    if (pf[1].revents & POLLIN) {
+      char peer[64];
+      int fd = tdm__net_accept(s->lfd, tdm_time_now() + 0.01, peer, sizeof peer);
+      if (fd >= 0) {
+        if (s->n_cl == MAX_CLIENTS) {
+          tdm_log(TDM_LOG_WARN, "store: refused %s: too many connections", peer);
+          close(fd);
+        } else {
+          s->cl[s->n_cl] = (client){fd, 0, "", NULL, 0, 0, NULL};
+          snprintf(s->cl[s->n_cl].peer, sizeof s->cl[s->n_cl].peer, "%s", peer);
+          s->n_cl++;
+        }
+      }
+    }
+  }
+  return NULL;
+}
+
+static void server_stop(server *s) {
+  if (!s) return;
+  if (write(s->wake[1], "x", 1) < 0) { /* the thread also polls with a timeout */
+  }
+  pthread_join(s->th, NULL);
+  while (s->n_cl) drop(s, 0, NULL);
+  for (int i = 0; i < s->n_kv; i++) {
+    tdm__free(s->kvs[i].key);
+    tdm__free(s->kvs[i].val);
+  }
+  tdm__free(s->kvs);
+  close(s->lfd);
+  close(s->wake[0]);
+  close(s->wake[1]);
+  tdm__free(s);
+}
+
+/* ---- client ---------------------------------------------------------------------------- */
+static tdm_status request(tdm__store *st, uint8_t cmd, const char *key, const void *val, uint64_t vl, double deadline) {
+  uint32_t kl = (uint32_t)strlen(key);
+  unsigned char h[13];
+  h[0] = cmd;
+  memcpy(h + 1, &kl, 4);
+  memcpy(h + 5, &vl, 8);
+  TDM__TRY(tdm__net_send_all(st->fd, h, 13, deadline, "store"));
+  TDM__TRY(tdm__net_send_all(st->fd, key, kl, deadline, "store"));
+  return vl ? tdm__net_send_all(st->fd, val, vl, deadline, "store") : TDM_OK;
+}
+
+static void key_path(const tdm__store *s, const char *key, char *out, size_t n) {
+  char k[512];
+  size_t j = 0;
+  for (size_t i = 0; key[i] && j < sizeof k - 1; i++) k[j++] = (key[i] == '/' ? '_' : key[i]);
+  k[j] = 0;
+  snprintf(out, n, "%s/%s", s->dir, k);
+}
+
+tdm_status tdm__store_open(tdm__store **out, const tdm_comm_config *cfg, double timeout_s) {
+  tdm__store *s = tdm__calloc(1, sizeof *s);
+  if (!s) return tdm__set_error(TDM_ERR_NO_MEMORY, "store: out of memory");
+  s->fd = -1;
+  s->timeout_s = timeout_s;
+  if (cfg->store_dir) {
+    s->dir = tdm__malloc(strlen(cfg->store_dir) + 1);
+    strcpy(s->dir, cfg->store_dir);
+    mkdir(s->dir, 0700);
+    *out = s;
+    return TDM_OK;
+  }
+  const char *addr = cfg->master_addr ? cfg->master_addr : "127.0.0.1";
+  int port = cfg->master_port ? cfg->master_port : 29500;
+  double deadline = tdm_time_now() + timeout_s;
+  tdm_status st = TDM_OK;
+  if (cfg->rank == 0) {
+    server *srv = tdm__calloc(1, sizeof *srv);
+    int got_port;
+    st = srv ? tdm__net_listen(NULL, port, &srv->lfd, &got_port) : TDM_ERR_NO_MEMORY;
+    if (st != TDM_OK) {
+      tdm__free(srv);
+      tdm__free(s);
+      return tdm__set_error(st, "rank 0 cannot host the store on port %d: %s (is another job using MASTER_PORT?)", port,
+                            tdm_last_error());
+    }
+    srv->token = cfg->job_token;
+    if (pipe(srv->wake) != 0 || pthread_create(&srv->th, NULL, server_main, srv) != 0) {
+      close(srv->lfd);
+      tdm__free(srv);
+      tdm__free(s);
+      return tdm__set_error(TDM_ERR_SYSTEM, "store: cannot start the server thread");
+    }
+    s->srv = srv;
+  }
+  st = tdm__net_connect(addr, port, deadline, &s->fd);
+  if (st == TDM_OK) st = tdm__net_send_hello(s->fd, STORE_MAGIC, cfg->job_token, cfg->rank, deadline);
+  uint32_t ok = 0;
+  if (st == TDM_OK) st = tdm__net_recv_all(s->fd, &ok, 4, deadline, "store handshake");
+  if (st != TDM_OK) {
+    tdm_status e = tdm__set_error(st, "rank %d cannot reach the store at %s:%d: %s", cfg->rank, addr, port,
+                                  st == TDM_ERR_REMOTE ? "refused (wrong TANDEM_JOB_TOKEN?)" : tdm_last_error());
+    tdm__store_close(s);
+    return e;
+  }
+  *out = s;
+  return TDM_OK;
+}
+
+tdm_status tdm__store_set(tdm__store *s, const char *key, const void *val, size_t n) {
+  if (s->dir) {
+    char p[4096], t[4200];
+    key_path(s, key, p, sizeof p);
+    snprintf(t, sizeof t, "%s.tmp.%d", p, (int)getpid());
+    FILE *f = fopen(t, "wb");
+    if (!f || fwrite(val, 1, n, f) != n || fclose(f) != 0 || rename(t, p) != 0)
+      return tdm__set_error(TDM_ERR_IO, "file store: cannot write %s: %s", p, strerror(errno));
+    return TDM_OK;
+  }
+  double dl = tdm_time_now() + s->timeout_s;
+  TDM__TRY(request(s, 'S', key, val, n, dl));
+  uint8_t ack;
+  return tdm__net_recv_all(s->fd, &ack, 1, dl, "store set");
+}
+
+tdm_status tdm__store_get(tdm__store *s, const char *key, void **val, size_t *n, double timeout_s) {
+  double dl = tdm_time_now() + timeout_s;
+  if (s->dir) {
+    char p[4096];
+    key_path(s, key, p, sizeof p);
+    for (;;) {
+      FILE *f = fopen(p, "rb");
+      if (f) {
+        fseek(f, 0, SEEK_END);
+        long len = ftell(f);
+        fseek(f, 0, SEEK_SET);
+        *val = tdm__malloc((size_t)len + 1);
+        *n = fread(*val, 1, (size_t)len, f);
+        fclose(f);
+        return TDM_OK;
+      }
+      if (tdm_time_now() > dl)
+        return tdm__set_error(TDM_ERR_TIMEOUT, "file store: %s did not appear within %.0f s", p, timeout_s);
+      usleep(5000);
+    }
+  }
+  TDM__TRY(request(s, 'G', key, NULL, 0, dl));
+  uint64_t len;
+  tdm_status st = tdm__net_recv_all(s->fd, &len, 8, dl, "store get");
+  if (st == TDM_ERR_TIMEOUT) return tdm__set_error(st, "store: key '%s' did not appear within %.0f s", key, timeout_s);
+  TDM__TRY(st);
+  if (len > MAX_VAL) return tdm__set_error(TDM_ERR_REMOTE, "store: implausible value length %llu", (unsigned long long)len);
+  *val = tdm__malloc(len + 1);
+  *n = len;
+  return tdm__net_recv_all(s->fd, *val, len, dl, "store get");
+}
+
+tdm_status tdm__store_add(tdm__store *s, const char *key, int64_t delta, int64_t *result) {
+  if (s->dir) return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "file store: add is not supported");
+  double dl = tdm_time_now() + s->timeout_s;
+  TDM__TRY(request(s, 'A', key, &delta, 8, dl));
+  return tdm__net_recv_all(s->fd, result, 8, dl, "store add");
+}
+
+void tdm__store_close(tdm__store *s) {
+  if (!s) return;
+  if (s->fd >= 0) close(s->fd);
+  server_stop(s->srv);
+  tdm__free(s->dir);
+  tdm__free(s);
+}
