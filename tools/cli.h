@@ -25,5 +25,7 @@ int cli_parse(const char *cmd, const char *usage, cli_opt *opts, int n, int argc
 void cli_help(FILE *f, const char *cmd, const char *usage, const cli_opt *opts, int n);
 
 int tool_train(int argc, char **argv);
+int tool_run(int argc, char **argv);
+int tool_bench(int argc, char **argv);
 
 #endif

@@ -9,6 +9,8 @@ static void usage(FILE *f) {
           "usage: tandem <command> [options]\n\n"
           "commands:\n"
           "  train     train a model (tandem train --help)\n"
+          "  run       start N ranks of a program on this node (tandem run --help)\n"
+          "  bench     benchmark collectives, nccl-tests style (tandem bench --help)\n"
           "  help      show this text\n");
 }
 
@@ -19,6 +21,8 @@ int main(int argc, char **argv) {
   }
   const char *cmd = argv[1];
   if (!strcmp(cmd, "train")) return tool_train(argc - 2, argv + 2);
+  if (!strcmp(cmd, "run")) return tool_run(argc - 2, argv + 2);
+  if (!strcmp(cmd, "bench")) return tool_bench(argc - 2, argv + 2);
   if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
     usage(stdout);
     return 0;

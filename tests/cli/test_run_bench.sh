@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# tandem run (environment, prefixed output, first-failure summary, signals) and tandem bench
+# (every collective over real processes, #wrong, JSON). usage: test_run_bench.sh path/to/tandem
+set -u
+TANDEM=${1:?usage: test_run_bench.sh path/to/tandem}
+TMP=$(mktemp -d /tmp/tandem-test-run-XXXXXX)
+trap 'rm -rf "$TMP"' EXIT
+passed=0 failed=0
+check() {
+  local name=$1; shift
+  if "$@"; then passed=$((passed + 1)); echo "ok   $name"; else failed=$((failed + 1)); echo "FAIL $name"; fi
+}
+
+env_and_prefix() {
+  "$TANDEM" run -n 3 -- sh -c 'echo "r=$RANK w=$WORLD_SIZE l=$LOCAL_RANK lw=$LOCAL_WORLD_SIZE m=$MASTER_ADDR:$MASTER_PORT t=${#TANDEM_JOB_TOKEN}"' \
+    >"$TMP/out" 2>&1 || { cat "$TMP/out"; return 1; }
+  for r in 0 1 2; do
+    grep -q "^\[rank $r\] r=$r w=3 l=$r lw=3 m=127.0.0.1:[0-9]* t=32$" "$TMP/out" || { echo "  rank $r line:"; cat "$TMP/out"; return 1; }
+  done
+}
+check "tandem run sets the torchrun environment and prefixes lines" env_and_prefix
+
+first_failure() {
+  local t0=$SECONDS
+  "$TANDEM" run -n 3 -- sh -c 'if [ "$RANK" = 1 ]; then echo "about to fail"; exit 7; fi; sleep 30' >"$TMP/out" 2>"$TMP/err"
+  local rc=$?
+  [[ $rc -eq 7 ]] || { echo "  exit $rc, expected 7"; cat "$TMP/err"; return 1; }
+  (( SECONDS - t0 < 15 )) || { echo "  took $((SECONDS - t0)) s: the others were not stopped"; return 1; }
+  grep -q "rank 1 failed first: exit code 7" "$TMP/err" && grep -q "about to fail" "$TMP/err" && grep -q "stopped" "$TMP/err"
+}
+check "a failing rank stops the others and is named with its last lines" first_failure
+
+killed() {
+  "$TANDEM" run -n 2 -- sh -c 'if [ "$RANK" = 1 ]; then kill -9 $$; fi; sleep 30' >"$TMP/out" 2>"$TMP/err"
+  local rc=$?
+  [[ $rc -eq 137 ]] && grep -q "rank 1 failed first: killed by signal 9" "$TMP/err" || { echo "  exit $rc"; cat "$TMP/err"; return 1; }
+}
+check "a rank killed by a signal is reported" killed
+check "run without a program" bash -c "\"$TANDEM\" run -n 2 2>&1 | grep -q 'no program given'"
+
+bench_all() {
+  for op in allreduce broadcast reduce reducescatter allgather alltoall sendrecv; do
+    "$TANDEM" run -n 3 -- tandem bench $op -b 8 -e 256K -f 16 -n 3 -w 1 -J "$TMP/$op.json" >"$TMP/$op.out" 2>&1 ||
+      { echo "  $op failed:"; tail -5 "$TMP/$op.out"; return 1; }
+    grep -q "#       size         count      type   redop    root     time   algbw   busbw #wrong" "$TMP/$op.out" || return 1
+    grep -q "Out of bounds values : 0 OK" "$TMP/$op.out" || { echo "  $op: wrong values"; cat "$TMP/$op.out"; return 1; }
+    [[ $(grep -c '"busbw"' "$TMP/$op.json") -ge 4 ]] || { echo "  $op: JSON rows missing"; return 1; }
+  done
+  "$TANDEM" run -n 2 -- tandem bench allreduce -d bfloat16 -o max -b 1K -e 1M -f 32 -a ring >"$TMP/bf.out" 2>&1 &&
+    grep -q "bfloat16     max" "$TMP/bf.out" && grep -q "0 OK" "$TMP/bf.out"
+}
+check "tandem bench: every collective on 3 ranks, values checked, JSON written" bench_all
+check "tandem bench: bad option" bash -c "\"$TANDEM\" bench allreduce -d complex 2>&1 | grep -q 'not one of float'"
+
+echo "$passed passed, $failed failed"
+[[ $failed -eq 0 ]]

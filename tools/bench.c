@@ -1,0 +1,377 @@
+/* tandem bench: collective benchmarks that print nccl-tests' table. Run it under tandem run:
+ *   tandem run -n 2 -- tandem bench allreduce -b 8 -e 128M -f 2
+ * time is the mean over -n iterations, the slowest rank's; algbw = size / time (GB = 1e9 B);
+ * busbw = algbw x the collective's factor (nccl-tests' PERFORMANCE.md): 2(n-1)/n all-reduce,
+ * (n-1)/n all-gather, reduce-scatter and all-to-all, 1 broadcast, reduce and sendrecv. */
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "tandem/tandem.h"
+
+typedef enum { B_ALLREDUCE, B_BROADCAST, B_REDUCE, B_REDUCESCATTER, B_ALLGATHER, B_ALLTOALL, B_SENDRECV } bench_op;
+static const char *op_names[] = {"allreduce", "broadcast", "reduce", "reducescatter", "allgather", "alltoall", "sendrecv"};
+
+static const struct {
+  const char *name;
+  tdm_dtype dt;
+} types[] = {{"float", TDM_F32}, {"double", TDM_F64}, {"half", TDM_F16}, {"bfloat16", TDM_BF16},
+             {"int32", TDM_I32}, {"int64", TDM_I64}, {"uint8", TDM_U8}};
+
+static int parse_size(const char *s, int64_t *out) {
+  char *end;
+  double v = strtod(s, &end);
+  if (end == s || v < 0) return -1;
+  int64_t m = 1;
+  switch (toupper((unsigned char)*end)) {
+  case 'K': m = 1LL << 10; end++; break;
+  case 'M': m = 1LL << 20; end++; break;
+  case 'G': m = 1LL << 30; end++; break;
+  default: break;
+  }
+  if (*end == 'B' || *end == 'b') end++;
+  if (*end) return -1;
+  *out = (int64_t)(v * (double)m);
+  return 0;
+}
+
+static double input(tdm_redop op, int r, size_t j) {
+  switch (op) {
+  case TDM_PROD: return 1 + (double)((j + (size_t)r) % 2 && r < 6);
+  case TDM_MIN:
+  case TDM_MAX: return (double)((j * 3 + (size_t)r * 5) % 11);
+  default: return (double)(j % 7) + (r % 16) + 1;
+  }
+}
+
+static double reduced(tdm_redop op, int P, size_t j, tdm_dtype dt) {
+  double acc = op == TDM_PROD ? 1 : op == TDM_MIN ? 1e300 : op == TDM_MAX ? -1e300 : 0;
+  for (int r = 0; r < P; r++) {
+    double v = input(op, r, j);
+    acc = op == TDM_PROD ? acc * v : op == TDM_MIN ? (v < acc ? v : acc) : op == TDM_MAX ? (v > acc ? v : acc) : acc + v;
+  }
+  if (op == TDM_AVG) {
+    if (dt == TDM_I32 || dt == TDM_I64 || dt == TDM_U8) return (double)((int64_t)acc / P);
+    float q = (float)(acc / P);
+    if (dt == TDM_BF16) return tdm_bf16_to_f32(tdm_f32_to_bf16(q));
+    if (dt == TDM_F16) return tdm_f16_to_f32(tdm_f32_to_f16(q));
+    return dt == TDM_F64 ? acc / P : q;
+  }
+  return acc;
+}
+
+static void fill(void *b, tdm_dtype dt, size_t n, double (*f)(size_t, const void *), const void *ctx) {
+  size_t es = tdm_dtype_size(dt);
+  for (size_t j = 0; j < n; j++) {
+    double v = f(j, ctx);
+    tdm_convert((char *)b + j * es, dt, &v, TDM_F64, 1);
+  }
+}
+
+static int64_t count_wrong(const void *b, tdm_dtype dt, size_t n, double (*f)(size_t, const void *), const void *ctx) {
+  size_t es = tdm_dtype_size(dt);
+  int64_t bad = 0;
+  for (size_t j = 0; j < n; j++) {
+    double v;
+    tdm_convert(&v, TDM_F64, (const char *)b + j * es, dt, 1);
+    bad += v != f(j, ctx);
+  }
+  return bad;
+}
+
+typedef struct {
+  bench_op op;
+  tdm_redop redop;
+  tdm_dtype dt;
+  int P, rank, root;
+  size_t per; /* elements per rank block */
+} bctx;
+
+static double f_input(size_t j, const void *v) {
+  const bctx *b = v;
+  return input(b->redop, b->rank, j);
+}
+static double f_allreduce(size_t j, const void *v) {
+  const bctx *b = v;
+  return reduced(b->redop, b->P, j, b->dt);
+}
+static double f_rs(size_t j, const void *v) {
+  const bctx *b = v;
+  return reduced(b->redop, b->P, j + (size_t)b->rank * b->per, b->dt);
+}
+static double f_block(size_t j, const void *v) { /* all-gather: block i holds rank i's j */
+  const bctx *b = v;
+  return (double)((j % b->per) % 100) + (double)(j / b->per % 100);
+}
+static double f_own(size_t j, const void *v) {
+  const bctx *b = v;
+  return (double)((j % 100) + (size_t)b->rank % 100);
+}
+static double f_root(size_t j, const void *v) {
+  const bctx *b = v;
+  return (double)((j * 7 + (size_t)b->root) % 100);
+}
+static double f_a2a_in(size_t j, const void *v) { /* block to rank t: from (me, t) */
+  const bctx *b = v;
+  return (double)((size_t)b->rank * 10 + (j / b->per) % 10);
+}
+static double f_a2a_out(size_t j, const void *v) { /* block from rank s: (s, me) */
+  const bctx *b = v;
+  return (double)((j / b->per) * 10 + (size_t)b->rank % 10);
+}
+
+/* One run of the collective. */
+static tdm_status run_once(tdm_comm_t c, const bctx *b, void *sbuf, void *rbuf, size_t count, int inplace,
+                           tdm_algo algo) {
+  size_t es = tdm_dtype_size(b->dt);
+  switch (b->op) {
+  case B_ALLREDUCE: return tdm_comm_allreduce(c, sbuf, inplace ? sbuf : rbuf, count, b->dt, b->redop, algo);
+  case B_BROADCAST:
+    if (!inplace && b->rank == b->root) memcpy(rbuf, sbuf, count * es);
+    return tdm_comm_broadcast(c, inplace ? sbuf : rbuf, count, b->dt, b->root, algo);
+  case B_REDUCE: return tdm_comm_reduce(c, sbuf, inplace ? sbuf : rbuf, count, b->dt, b->redop, b->root, algo);
+  case B_REDUCESCATTER:
+    return tdm_comm_reduce_scatter(c, sbuf, inplace ? (char *)sbuf + (size_t)b->rank * b->per * es : rbuf, b->per,
+                                   b->dt, b->redop, algo);
+  case B_ALLGATHER:
+    return tdm_comm_allgather(c, inplace ? (char *)rbuf + (size_t)b->rank * b->per * es : sbuf, rbuf, b->per, b->dt, algo);
+  case B_ALLTOALL: return tdm_comm_alltoall(c, sbuf, rbuf, b->per, b->dt);
+  case B_SENDRECV: {
+    if (b->P == 1) {
+      memcpy(rbuf, sbuf, count * es);
+      return TDM_OK;
+    }
+    tdm_work_t w;
+    tdm_status st = tdm_comm_isend(c, (b->rank + 1) % b->P, 0, sbuf, count * es, &w);
+    if (st != TDM_OK) return st;
+    st = tdm_comm_recv(c, (b->rank - 1 + b->P) % b->P, 0, rbuf, count * es);
+    tdm_status s2 = tdm_work_wait(w);
+    return st != TDM_OK ? st : s2;
+  }
+  }
+  return TDM_ERR_INTERNAL;
+}
+
+/* Fills inputs, runs once, returns the wrong elements on this rank. */
+static int64_t check(tdm_comm_t c, bctx *b, void *sbuf, void *rbuf, size_t count, int inplace, tdm_algo algo,
+                     tdm_status *st) {
+  size_t es = tdm_dtype_size(b->dt), total = b->per * (size_t)b->P;
+  switch (b->op) {
+  case B_ALLREDUCE:
+  case B_REDUCE: fill(sbuf, b->dt, count, f_input, b); break;
+  case B_BROADCAST: fill(inplace ? sbuf : rbuf, b->dt, count, b->rank == b->root ? f_root : f_input, b);
+    if (b->rank == b->root) fill(sbuf, b->dt, count, f_root, b);
+    break;
+  case B_REDUCESCATTER: fill(sbuf, b->dt, total, f_input, b); break;
+  case B_ALLGATHER: fill(inplace ? (char *)rbuf + (size_t)b->rank * b->per * es : sbuf, b->dt, b->per, f_own, b); break;
+  case B_ALLTOALL: fill(sbuf, b->dt, total, f_a2a_in, b); break;
+  case B_SENDRECV: fill(sbuf, b->dt, count, f_own, b); break;
+  }
+  *st = run_once(c, b, sbuf, rbuf, count, inplace, algo);
+  if (*st != TDM_OK) return 0;
+  void *out = inplace ? sbuf : rbuf;
+  bctx peer = *b;
+  switch (b->op) {
+  case B_ALLREDUCE: return count_wrong(out, b->dt, count, f_allreduce, b);
+  case B_REDUCE: return b->rank == b->root ? count_wrong(out, b->dt, count, f_allreduce, b) : 0;
+  case B_BROADCAST: return count_wrong(out, b->dt, count, f_root, b);
+  case B_REDUCESCATTER:
+    return count_wrong(inplace ? (char *)sbuf + (size_t)b->rank * b->per * es : rbuf, b->dt, b->per, f_rs, b);
+  case B_ALLGATHER: return count_wrong(rbuf, b->dt, total, f_block, b);
+  case B_ALLTOALL: return count_wrong(rbuf, b->dt, total, f_a2a_out, b);
+  case B_SENDRECV:
+    peer.rank = (b->rank - 1 + b->P) % b->P;
+    return count_wrong(rbuf, b->dt, count, f_own, &peer);
+  }
+  return 0;
+}
+
+int tool_bench(int argc, char **argv) {
+  if (argc < 1 || argv[0][0] == '-') {
+    if (argc >= 1 && (!strcmp(argv[0], "--help") || !strcmp(argv[0], "-h"))) {
+      printf("usage: tandem bench allreduce|broadcast|reduce|reducescatter|allgather|alltoall|sendrecv [options]\n"
+             "  -b SIZE   smallest size in bytes (K, M, G suffixes) [8]\n"
+             "  -e SIZE   largest size [32M]\n"
+             "  -f N      size factor between rows [2]\n"
+             "  -n N      timed iterations [20]\n"
+             "  -w N      warm-up iterations [5]\n"
+             "  -c 0|1    check results (#wrong) [1]\n"
+             "  -d TYPE   float|double|half|bfloat16|int32|int64|uint8 [float]\n"
+             "  -o OP     sum|prod|min|max|avg [sum]\n"
+             "  -r ROOT   root of broadcast and reduce [0]\n"
+             "  -a ALGO   auto|ring|rd|rhd|tree|chain [auto]\n"
+             "  --transport thread|tcp   (default: TANDEM_TRANSPORT or tcp)\n"
+             "  -J FILE   also write the rows as JSON\n"
+             "Run under the launcher: tandem run -n 2 -- tandem bench allreduce -b 8 -e 64M\n");
+      return 0;
+    }
+    fprintf(stderr, "tandem bench: name a collective first (tandem bench --help)\n");
+    return 2;
+  }
+  int op = -1;
+  for (int i = 0; i < 7; i++)
+    if (!strcmp(argv[0], op_names[i])) op = i;
+  if (op < 0) {
+    fprintf(stderr, "tandem bench: unknown collective '%s'; expected allreduce, broadcast, reduce, reducescatter, allgather, alltoall or sendrecv\n", argv[0]);
+    return 2;
+  }
+  int64_t minb = 8, maxb = 32 << 20, factor = 2, iters = 20, warmup = 5, checkv = 1, root = 0;
+  const char *dtype = "float", *redop = "sum", *algo_s = "auto", *json = NULL, *transport = NULL;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!v) {
+      fprintf(stderr, "tandem bench: %s needs a value\n", a);
+      return 2;
+    }
+    char *end = NULL;
+    if (!strcmp(a, "-b") || !strcmp(a, "-e")) {
+      if (parse_size(v, !strcmp(a, "-b") ? &minb : &maxb)) {
+        fprintf(stderr, "tandem bench: %s: '%s' is not a size (like 8, 64K, 256M)\n", a, v);
+        return 2;
+      }
+    } else if (!strcmp(a, "-f") || !strcmp(a, "-n") || !strcmp(a, "-w") || !strcmp(a, "-c") || !strcmp(a, "-r")) {
+      int64_t x = strtoll(v, &end, 10);
+      if (*end || x < 0 || (!strcmp(a, "-f") && x < 2)) {
+        fprintf(stderr, "tandem bench: %s: '%s' is not a valid number%s\n", a, v, !strcmp(a, "-f") ? " (>= 2)" : "");
+        return 2;
+      }
+      *(!strcmp(a, "-f") ? &factor : !strcmp(a, "-n") ? &iters : !strcmp(a, "-w") ? &warmup : !strcmp(a, "-c") ? &checkv : &root) = x;
+    } else if (!strcmp(a, "-d")) dtype = v;
+    else if (!strcmp(a, "-o")) redop = v;
+    else if (!strcmp(a, "-a")) algo_s = v;
+    else if (!strcmp(a, "-J")) json = v;
+    else if (!strcmp(a, "--transport")) transport = v;
+    else {
+      fprintf(stderr, "tandem bench: unknown option '%s' (tandem bench --help)\n", a);
+      return 2;
+    }
+    i++;
+  }
+  tdm_dtype dt = TDM_DTYPE_COUNT;
+  const char *dt_name = dtype;
+  for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+    if (!strcmp(dtype, types[i].name)) dt = types[i].dt;
+  if (dt == TDM_DTYPE_COUNT) {
+    fprintf(stderr, "tandem bench: -d: '%s' is not one of float double half bfloat16 int32 int64 uint8\n", dtype);
+    return 2;
+  }
+  tdm_redop rop = TDM_REDOP_COUNT;
+  for (int i = 0; i < TDM_REDOP_COUNT; i++)
+    if (!strcmp(redop, tdm_redop_name((tdm_redop)i))) rop = (tdm_redop)i;
+  if (rop == TDM_REDOP_COUNT) {
+    fprintf(stderr, "tandem bench: -o: '%s' is not one of sum prod min max avg\n", redop);
+    return 2;
+  }
+  tdm_algo algo;
+  if (tdm_algo_parse(algo_s, &algo) != TDM_OK) {
+    fprintf(stderr, "tandem bench: -a: %s\n", tdm_last_error());
+    return 2;
+  }
+  if (minb > maxb || iters < 1) {
+    fprintf(stderr, "tandem bench: -b %lld is larger than -e %lld, or -n < 1\n", (long long)minb, (long long)maxb);
+    return 2;
+  }
+  if (transport) setenv("TANDEM_TRANSPORT", transport, 1);
+  tdm_comm_t c;
+  if (tdm_comm_create_from_env(&c) != TDM_OK) {
+    fprintf(stderr, "tandem bench: %s\n", tdm_last_error());
+    return 1;
+  }
+  int P = tdm_comm_size(c), me = tdm_comm_rank(c);
+  if (root >= P) {
+    fprintf(stderr, "tandem bench: -r %lld is not a rank (world size %d)\n", (long long)root, P);
+    tdm_comm_destroy(c);
+    return 2;
+  }
+  size_t es = tdm_dtype_size(dt);
+  int multi = op == B_REDUCESCATTER || op == B_ALLGATHER || op == B_ALLTOALL;
+  double factor_bw = op == B_ALLREDUCE ? 2.0 * (P - 1) / P : multi ? (double)(P - 1) / P : 1.0;
+  size_t maxcount = (size_t)maxb / es + (size_t)P;
+  void *sbuf = malloc(maxcount * es + 64), *rbuf = malloc(maxcount * es + 64);
+  FILE *jf = json && me == 0 ? fopen(json, "w") : NULL;
+  if (!sbuf || !rbuf) {
+    fprintf(stderr, "tandem bench: cannot allocate 2 x %zu bytes\n", maxcount * es);
+    return 1;
+  }
+  if (me == 0) {
+    printf("# tandem bench %s  ranks %d  transport %s  minBytes %lld maxBytes %lld step: %lld(factor) warmup iters: %lld "
+           "iters: %lld validation: %lld\n#\n",
+           op_names[op], P, tdm_transport_name(tdm_comm_transport(c)), (long long)minb, (long long)maxb, (long long)factor,
+           (long long)warmup, (long long)iters, (long long)checkv);
+    printf("#                                                              out-of-place                       in-place          \n");
+    printf("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong\n");
+    printf("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)       \n");
+    if (jf) fprintf(jf, "[\n");
+  }
+  int64_t total_wrong = 0;
+  double bw_sum = 0;
+  int rows = 0, failed = 0;
+  for (int64_t size = minb; size <= maxb && !failed; size = size * factor > size ? size * factor : size + 1) {
+    size_t count = (size_t)size / es;
+    if (multi) count = count / (size_t)P * (size_t)P; /* whole blocks, as nccl-tests */
+    bctx b = {(bench_op)op, rop, dt, P, me, (int)root, multi ? count / (size_t)P : count};
+    double t[2] = {0, 0};
+    int64_t wrong[2] = {0, 0};
+    int have_inplace = op != B_ALLTOALL && op != B_SENDRECV;
+    for (int ip = 0; ip < 1 + have_inplace && !failed; ip++) {
+      tdm_status st = TDM_OK;
+      memset(sbuf, 0, maxcount * es);
+      memset(rbuf, 0, maxcount * es);
+      for (int64_t i = 0; i < warmup && st == TDM_OK; i++) st = run_once(c, &b, sbuf, rbuf, count, ip, algo);
+      if (st == TDM_OK) st = tdm_comm_barrier(c);
+      double t0 = tdm_time_now();
+      for (int64_t i = 0; i < iters && st == TDM_OK; i++) st = run_once(c, &b, sbuf, rbuf, count, ip, algo);
+      double dt_us = (tdm_time_now() - t0) / (double)iters * 1e6;
+      if (st == TDM_OK) st = tdm_comm_allreduce(c, &dt_us, &t[ip], 1, TDM_F64, TDM_MAX, TDM_ALGO_AUTO);
+      if (st == TDM_OK && checkv) {
+        int64_t w = check(c, &b, sbuf, rbuf, count, ip, algo, &st);
+        if (st == TDM_OK) st = tdm_comm_allreduce(c, &w, &wrong[ip], 1, TDM_I64, TDM_SUM, TDM_ALGO_AUTO);
+      }
+      if (st != TDM_OK) {
+        fprintf(stderr, "tandem bench: rank %d: %s at %lld bytes: %s\n", me, op_names[op], (long long)size,
+                tdm_last_error());
+        failed = 1;
+      }
+    }
+    if (failed) break;
+    if (me == 0) {
+      double bytes = (double)count * (double)es;
+      double alg[2] = {bytes / (t[0] * 1e3), have_inplace ? bytes / (t[1] * 1e3) : 0};
+      const char *rn = (op == B_ALLREDUCE || op == B_REDUCE || op == B_REDUCESCATTER) ? tdm_redop_name(rop) : "none";
+      int rt = (op == B_BROADCAST || op == B_REDUCE) ? (int)root : -1;
+      printf("%12zu  %12zu  %8s  %6s  %6d  %7.2f  %6.2f  %6.2f  %5lld", count * es, count, dt_name, rn, rt, t[0], alg[0],
+             alg[0] * factor_bw, (long long)(checkv ? wrong[0] : 0));
+      if (have_inplace)
+        printf("  %7.2f  %6.2f  %6.2f  %5lld\n", t[1], alg[1], alg[1] * factor_bw, (long long)(checkv ? wrong[1] : 0));
+      else
+        printf("  %7s  %6s  %6s  %5s\n", "N/A", "N/A", "N/A", "N/A");
+      fflush(stdout);
+      if (jf)
+        fprintf(jf,
+                "%s  {\"op\":\"%s\",\"size\":%zu,\"count\":%zu,\"type\":\"%s\",\"redop\":\"%s\",\"root\":%d,\"ranks\":%d,"
+                "\"transport\":\"%s\",\"time_us\":%.3f,\"algbw\":%.4f,\"busbw\":%.4f,\"wrong\":%lld,"
+                "\"time_us_inplace\":%.3f,\"algbw_inplace\":%.4f,\"busbw_inplace\":%.4f,\"wrong_inplace\":%lld}",
+                rows ? ",\n" : "", op_names[op], count * es, count, dt_name, rn, rt, P,
+                tdm_transport_name(tdm_comm_transport(c)), t[0], alg[0], alg[0] * factor_bw, (long long)wrong[0], t[1],
+                alg[1], alg[1] * factor_bw, (long long)wrong[1]);
+    }
+    total_wrong += wrong[0] + wrong[1];
+    bw_sum += (double)count * (double)es / (t[0] * 1e3) * factor_bw;
+    rows++;
+  }
+  if (me == 0) {
+    printf("# Out of bounds values : %lld %s\n", (long long)total_wrong, total_wrong ? "FAILED" : "OK");
+    printf("# Avg bus bandwidth    : %g \n#\n", rows ? bw_sum / rows : 0.0);
+    if (jf) {
+      fprintf(jf, "\n]\n");
+      fclose(jf);
+    }
+  }
+  free(sbuf);
+  free(rbuf);
+  tdm_comm_destroy(c);
+  return failed ? 1 : total_wrong ? 3 : 0;
+}
