@@ -239,8 +239,11 @@ tdm_status tdm_comm_create(tdm_comm_t *out, const tdm_comm_config *cfg) {
   case TDM_TRANSPORT_TCP:
     st = tdm__tcp_transport_create(&c->tr, c, cfg);
     break;
+  case TDM_TRANSPORT_SHM:
+    st = tdm__shm_transport_create(&c->tr, c, cfg);
+    break;
   default:
-    st = tdm__set_error(TDM_ERR_NOT_SUPPORTED, "comm_create: the %s transport is not built yet; use thread or tcp",
+    st = tdm__set_error(TDM_ERR_NOT_SUPPORTED, "comm_create: the %s transport is not built yet; use thread, shm or tcp",
                         tdm_transport_name(k));
   }
   if (st != TDM_OK) {
@@ -296,6 +299,7 @@ static tdm_status begin(struct tdm_comm *c, tdm__coll_kind kind, size_t count, t
   if (count > ((size_t)1 << 40))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: count %zu is implausibly large", tdm__coll_name(kind), count);
   c->cur = (tdm__call){kind, (uint32_t)dt, (uint32_t)op, root, count, ++c->seq};
+  if (c->tr->ops->announce && !c->map) c->tr->ops->announce(c->tr, &c->cur);
   return TDM_OK;
 }
 
@@ -321,11 +325,20 @@ tdm_status tdm_comm_allreduce(tdm_comm_t c, const void *sendbuf, void *recvbuf, 
   TDM__TRY(begin(c, TDM_COLL_ALLREDUCE, count, dt, op, 0));
   if (count && (!sendbuf || !recvbuf)) return null_buf(c, "a buffer");
   size_t nbytes = count * tdm_dtype_size(dt);
-  if (sendbuf != recvbuf && count) memcpy(recvbuf, sendbuf, nbytes);
   algo = pick(algo);
-  if (algo == TDM_ALGO_AUTO) /* latency-bound: fewest steps; bandwidth-bound: ring */
-    algo = nbytes <= 4096 ? TDM_ALGO_RD : (nbytes <= (256u << 10) ? TDM_ALGO_RHD : TDM_ALGO_RING);
+  if (algo == TDM_ALGO_AUTO) {
+    if (c->kind == TDM_TRANSPORT_SHM && !c->map) algo = TDM_ALGO_SHM; /* reduce straight from shared memory */
+    else /* latency-bound: fewest steps; bandwidth-bound: ring */
+      algo = nbytes <= 4096 ? TDM_ALGO_RD : (nbytes <= (256u << 10) ? TDM_ALGO_RHD : TDM_ALGO_RING);
+  }
   tdm_status st;
+  if (algo == TDM_ALGO_SHM) { /* reads sendbuf and writes recvbuf itself: no extra copy */
+    st = c->size == 1 ? TDM_OK : tdm__allreduce_shm(c, sendbuf, recvbuf, count, dt, op);
+    if (c->size == 1 && sendbuf != recvbuf && count) memcpy(recvbuf, sendbuf, nbytes);
+    if (st == TDM_OK && op == TDM_AVG) tdm__scale_avg(recvbuf, count, dt, c->size);
+    return st;
+  }
+  if (sendbuf != recvbuf && count) memcpy(recvbuf, sendbuf, nbytes);
   switch (algo) {
   case TDM_ALGO_RING: st = tdm__allreduce_ring(c, recvbuf, count, dt, op); break;
   case TDM_ALGO_RD: st = tdm__allreduce_rd(c, recvbuf, count, dt, op); break;

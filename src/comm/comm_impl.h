@@ -56,6 +56,13 @@ typedef struct tdm__xfer {
   int complete;
 } tdm__xfer;
 
+typedef struct tdm__call {
+  uint32_t kind, dtype, op;
+  int32_t root;
+  uint64_t count;
+  uint64_t seq;
+} tdm__call;
+
 typedef struct tdm__transport tdm__transport;
 typedef struct tdm__transport_ops {
   const char *name;
@@ -67,6 +74,9 @@ typedef struct tdm__transport_ops {
   /* Best effort: tell every peer why we stop (an ABORT message), then close everything. */
   void (*abort)(tdm__transport *t, const char *reason);
   void (*destroy)(tdm__transport *t);
+  /* Optional: told at the start of every collective (transports whose algorithms exchange no
+   * headers use it to detect mismatches). */
+  void (*announce)(tdm__transport *t, const struct tdm__call *call);
 } tdm__transport_ops;
 
 struct tdm__transport {
@@ -75,12 +85,7 @@ struct tdm__transport {
   int rank, size;
 };
 
-typedef struct tdm__call {
-  uint32_t kind, dtype, op;
-  int32_t root;
-  uint64_t count;
-  uint64_t seq;
-} tdm__call;
+
 
 struct tdm_comm {
   int rank, size;
@@ -128,6 +133,11 @@ void tdm__scale_avg(void *buf, size_t n, tdm_dtype dt, int d);
 /* Transports. */
 tdm_status tdm__thread_transport_create(tdm__transport **out, struct tdm_comm *c, void *group);
 tdm_status tdm__tcp_transport_create(tdm__transport **out, struct tdm_comm *c, const tdm_comm_config *cfg);
+tdm_status tdm__shm_transport_create(tdm__transport **out, struct tdm_comm *c, const tdm_comm_config *cfg);
+/* The shared-memory all-reduce: reads sendbuf, writes recvbuf (they may be equal). Needs the
+ * communicator's transport to be shm and the communicator to span all its ranks. */
+tdm_status tdm__allreduce_shm(struct tdm_comm *c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt,
+                              tdm_redop op);
 
 /* The key-value store used for rendezvous. */
 typedef struct tdm__store tdm__store;

@@ -175,7 +175,7 @@ static void tcp_destroy(tdm__transport *tr) {
   tdm__free(t);
 }
 
-static const tdm__transport_ops tcp_ops = {"tcp", run, tcp_abort, tcp_destroy};
+static const tdm__transport_ops tcp_ops = {"tcp", run, tcp_abort, tcp_destroy, NULL};
 
 tdm_status tdm__tcp_transport_create(tdm__transport **out, struct tdm_comm *c, const tdm_comm_config *cfg) {
   int P = c->size, me = c->rank;

@@ -154,7 +154,7 @@ static void thread_abort(tdm__transport *t, const char *reason) {
 
 static void thread_destroy(tdm__transport *t) { tdm__free(t); }
 
-static const tdm__transport_ops thread_ops = {"thread", run, thread_abort, thread_destroy};
+static const tdm__transport_ops thread_ops = {"thread", run, thread_abort, thread_destroy, NULL};
 
 tdm_status tdm__thread_transport_create(tdm__transport **out, struct tdm_comm *c, void *vg) {
   group *g = vg;
