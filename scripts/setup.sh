@@ -3,7 +3,7 @@
 # Run as root (CI and the dev machines are root); otherwise sudo is used if present.
 set -euo pipefail
 
-PKGS=(build-essential cmake pkg-config libopenblas-dev zlib1g-dev dataset-fashion-mnist)
+PKGS=(build-essential cmake pkg-config libopenblas-dev zlib1g-dev dataset-fashion-mnist openmpi-bin libopenmpi-dev)
 # Golden fixtures are committed; python3-torch is needed only to regenerate them and for bench/.
 if [[ "${TANDEM_SETUP_BENCH:-0}" == "1" ]]; then PKGS+=(python3-torch); fi
 

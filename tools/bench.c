@@ -144,12 +144,7 @@ static tdm_status run_once(tdm_comm_t c, const bctx *b, void *sbuf, void *rbuf, 
       memcpy(rbuf, sbuf, count * es);
       return TDM_OK;
     }
-    tdm_work_t w;
-    tdm_status st = tdm_comm_isend(c, (b->rank + 1) % b->P, 0, sbuf, count * es, &w);
-    if (st != TDM_OK) return st;
-    st = tdm_comm_recv(c, (b->rank - 1 + b->P) % b->P, 0, rbuf, count * es);
-    tdm_status s2 = tdm_work_wait(w);
-    return st != TDM_OK ? st : s2;
+    return tdm_comm_sendrecv(c, (b->rank + 1) % b->P, sbuf, count * es, (b->rank - 1 + b->P) % b->P, rbuf, count * es, 0);
   }
   }
   return TDM_ERR_INTERNAL;

@@ -114,6 +114,10 @@ tdm_status tdm_comm_split(tdm_comm_t c, int color, int key, tdm_comm_t *out);
  * message with another tag or size is TDM_ERR_MISMATCH. */
 tdm_status tdm_comm_send(tdm_comm_t c, int peer, int tag, const void *buf, size_t nbytes);
 tdm_status tdm_comm_recv(tdm_comm_t c, int peer, int tag, void *buf, size_t nbytes);
+/* Sends to `to` and receives from `from` at the same time (as MPI_Sendrecv): the way to swap
+ * data with peers; a send followed by a receive on both sides may wait on each other. */
+tdm_status tdm_comm_sendrecv(tdm_comm_t c, int to, const void *sendbuf, size_t sendbytes, int from, void *recvbuf,
+                             size_t recvbytes, int tag);
 
 /* ---- collectives (blocking) ------------------------------------------------------------------
  * count is in elements. sendbuf == recvbuf works in place for allreduce, reduce, broadcast. */
@@ -138,7 +142,11 @@ tdm_status tdm_comm_barrier(tdm_comm_t c);
 
 /* ---- non-blocking ------------------------------------------------------------------------------
  * The call is queued to the communicator's progress thread and runs in order with the other
- * queued calls; buffers must stay valid until wait. tdm_work_test returns 1 when done. */
+ * queued calls; buffers must stay valid until wait. tdm_work_test returns 1 when done.
+ * A blocking call waits until the queue is empty, so calls keep the order they were made in.
+ * Consequence: an isend whose message is larger than the transport buffers (or any message under
+ * MPI) completes only once the peer receives it, so "isend to B, then blocking recv from B" on
+ * both A and B waits until the timeout. Use tdm_comm_sendrecv for such swaps. */
 typedef struct tdm_work *tdm_work_t;
 tdm_status tdm_comm_iallreduce(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt,
                                tdm_redop op, tdm_algo algo, tdm_work_t *work);

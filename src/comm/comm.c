@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <time.h>
 
 #include "comm/comm_impl.h"
 
@@ -169,8 +171,59 @@ void *tdm__comm_scratch(struct tdm_comm *c, size_t n) {
   return p;
 }
 
+tdm_status tdm__parse_net_emulate(const char *spec, double *lat, double *bw) {
+  *lat = 0;
+  *bw = 0;
+  char buf[128];
+  snprintf(buf, sizeof buf, "%s", spec);
+  for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+    char *end;
+    double v = strtod(tok, &end);
+    if (end == tok || !(v >= 0)) goto bad;
+    static const struct {
+      const char *unit;
+      double lat, bw;
+    } u[] = {{"ns", 1e-9, 0}, {"us", 1e-6, 0}, {"ms", 1e-3, 0}, {"s", 1, 0},
+             {"kbps", 0, 1e3 / 8}, {"mbps", 0, 1e6 / 8}, {"gbps", 0, 1e9 / 8},
+             {"KB/s", 0, 1e3}, {"MB/s", 0, 1e6}, {"GB/s", 0, 1e9}};
+    int found = 0;
+    for (size_t i = 0; i < sizeof u / sizeof u[0] && !found; i++)
+      if (!strcasecmp(end, u[i].unit) && !(u[i].unit[1] == 'B' && strcmp(end, u[i].unit))) {
+        if (u[i].lat) *lat = v * u[i].lat;
+        else *bw = v * u[i].bw;
+        found = 1;
+      }
+    if (!found) goto bad;
+  }
+  return TDM_OK;
+bad:
+  return tdm__set_error(TDM_ERR_INVALID_ARG,
+                        "TANDEM_NET_EMULATE='%s'; expected latency and/or bandwidth such as 100us,1gbps or 2ms,500MB/s", spec);
+}
+
+/* Emulated network: each send first waits for its link (serialised per peer at the emulated
+ * bandwidth), then for the latency. The wait happens before the real transfer, so the receiver
+ * sees the data no earlier than a real link of that speed would deliver it. */
+static void emulate(struct tdm_comm *c, const tdm__xfer *x, int n) {
+  double now = tdm_time_now(), until = now;
+  for (int i = 0; i < n; i++) {
+    if (!x[i].is_send) continue;
+    double *free_at = &c->emu_link_free[x[i].peer];
+    double start = *free_at > now ? *free_at : now;
+    double wire = c->emu_bytes_per_s > 0 ? (double)(x[i].nbytes + sizeof(tdm__hdr)) / c->emu_bytes_per_s : 0;
+    *free_at = start + wire;
+    if (start + wire + c->emu_latency_s > until) until = start + wire + c->emu_latency_s;
+  }
+  double left = until - now;
+  if (left > 0) {
+    struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
+    nanosleep(&ts, NULL);
+  }
+}
+
 tdm_status tdm__exchange(struct tdm_comm *c, tdm__xfer *x, int n) {
   if (atomic_load(&c->failed)) return tdm__set_error(c->fail_status, "%s", c->error);
+  if (c->emu_link_free) emulate(c, x, n);
   for (int i = 0; i < n; i++) {
     tdm__hdr h = {TDM_MSG_MAGIC, c->cur.kind, c->cur.seq, c->cur.dtype, c->cur.op, c->cur.root, c->comm_id,
                   c->cur.count, x[i].nbytes};
@@ -225,6 +278,16 @@ tdm_status tdm_comm_create(tdm_comm_t *out, const tdm_comm_config *cfg) {
   }
   c->comm_id = 1;
   c->owns_transport = 1;
+  const char *emu = getenv("TANDEM_NET_EMULATE");
+  if (emu && *emu) {
+    if (tdm__parse_net_emulate(emu, &c->emu_latency_s, &c->emu_bytes_per_s) != TDM_OK) {
+      tdm__free(c);
+      return TDM_ERR_INVALID_ARG;
+    }
+    c->emu_link_free = tdm__calloc((size_t)cfg->size, sizeof(double));
+    tdm_log(TDM_LOG_INFO, "network emulation: %.0f us latency, %.3g MB/s per link", c->emu_latency_s * 1e6,
+            c->emu_bytes_per_s / 1e6);
+  }
   pthread_mutex_init(&c->q_mu, NULL);
   pthread_cond_init(&c->q_cv, NULL);
   tdm_transport_kind k = cfg->transport;
@@ -242,6 +305,9 @@ tdm_status tdm_comm_create(tdm_comm_t *out, const tdm_comm_config *cfg) {
   case TDM_TRANSPORT_SHM:
     st = tdm__shm_transport_create(&c->tr, c, cfg);
     break;
+  case TDM_TRANSPORT_MPI:
+    st = tdm__mpi_transport_create(&c->tr, c);
+    break;
   default:
     st = tdm__set_error(TDM_ERR_NOT_SUPPORTED, "comm_create: the %s transport is not built yet; use thread, shm or tcp",
                         tdm_transport_name(k));
@@ -249,6 +315,7 @@ tdm_status tdm_comm_create(tdm_comm_t *out, const tdm_comm_config *cfg) {
   if (st != TDM_OK) {
     pthread_mutex_destroy(&c->q_mu);
     pthread_cond_destroy(&c->q_cv);
+    tdm__free(c->emu_link_free);
     tdm__free(c);
     return st;
   }
@@ -282,6 +349,7 @@ void tdm_comm_destroy(tdm_comm_t c) {
   pthread_cond_destroy(&c->q_cv);
   tdm__free(c->map_owned);
   tdm__free(c->scratch);
+  tdm__free(c->emu_link_free);
   tdm__free(c);
 }
 
@@ -523,6 +591,43 @@ tdm_status tdm_comm_recv(tdm_comm_t c, int peer, int tag, void *buf, size_t nbyt
   return p2p(c, peer, tag, buf, nbytes, 0);
 }
 
+tdm_status tdm_comm_sendrecv(tdm_comm_t c, int to, const void *sendbuf, size_t sendbytes, int from, void *recvbuf,
+                             size_t recvbytes, int tag) {
+  TDM__TRY(wait_queue_idle(c));
+  if (!c) return tdm__set_error(TDM_ERR_INVALID_ARG, "sendrecv: communicator is NULL");
+  if (atomic_load(&c->failed)) return tdm__set_error(c->fail_status, "%s", c->error);
+  if (to < 0 || to >= c->size || to == c->rank || from < 0 || from >= c->size || from == c->rank || tag < 0)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "sendrecv: to %d, from %d, tag %d; expected other ranks of %d and tag >= 0", to,
+                          from, tag, c->size);
+  if ((sendbytes && !sendbuf) || (recvbytes && !recvbuf)) return tdm__set_error(TDM_ERR_INVALID_ARG, "sendrecv: NULL buffer");
+  /* both directions carry the call of their sender: the send's size is what the peer expects */
+  tdm__xfer x[2] = {{.peer = to, .is_send = 1, .buf = (void *)sendbuf, .nbytes = sendbytes},
+                    {.peer = from, .is_send = 0, .buf = recvbuf, .nbytes = recvbytes}};
+  for (int i = 0; i < 2; i++) {
+    c->cur = (tdm__call){TDM_COLL_P2P, 0, 0, 0, x[i].nbytes, (uint64_t)tag};
+    tdm__hdr h = {TDM_MSG_MAGIC, TDM_COLL_P2P, (uint64_t)tag, 0, 0, 0, c->comm_id, x[i].nbytes, x[i].nbytes};
+    x[i].hdr = h;
+  }
+  tdm__xfer *px = x;
+  int n = 2;
+  /* tdm__exchange fills headers from c->cur, which holds one size; run the two halves with
+   * their own sizes through the transport directly */
+  if (atomic_load(&c->failed)) return tdm__set_error(c->fail_status, "%s", c->error);
+  if (c->emu_link_free) emulate(c, px, n);
+  for (int i = 0; i < n; i++) {
+    x[i].done = 0;
+    x[i].complete = 0;
+    if (c->map) x[i].peer = c->map[x[i].peer];
+  }
+  tdm_status st = c->tr->ops->run(c->tr, px, n, tdm_time_now() + c->timeout_s);
+  if (st != TDM_OK) {
+    if (!atomic_load(&c->failed)) tdm__comm_fail(c, st, "%s", tdm_last_error());
+    c->tr->ops->abort(c->tr, c->error);
+    return tdm__set_error(c->fail_status, "%s", c->error);
+  }
+  return TDM_OK;
+}
+
 /* ---- split ---------------------------------------------------------------------------------- */
 tdm_status tdm_comm_split(tdm_comm_t c, int color, int key, tdm_comm_t *out) {
   if (!out) return tdm__set_error(TDM_ERR_INVALID_ARG, "split: out is NULL");
@@ -565,6 +670,11 @@ tdm_status tdm_comm_split(tdm_comm_t c, int color, int key, tdm_comm_t *out) {
   s->map = s->map_owned = members;
   s->comm_id = (uint32_t)tdm_hash64(c->comm_id * 1000003ull + c->seq, (uint64_t)(uint32_t)color) | 2u;
   s->timeout_s = c->timeout_s;
+  if (c->emu_link_free) { /* the child's links are its parent's, emulated alike */
+    s->emu_latency_s = c->emu_latency_s;
+    s->emu_bytes_per_s = c->emu_bytes_per_s;
+    s->emu_link_free = tdm__calloc((size_t)n, sizeof(double));
+  }
   pthread_mutex_init(&s->q_mu, NULL);
   pthread_cond_init(&s->q_cv, NULL);
   *out = s;

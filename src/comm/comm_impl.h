@@ -101,6 +101,8 @@ struct tdm_comm {
   _Atomic int failed;
   tdm_status fail_status;
   char error[512];
+  double emu_latency_s, emu_bytes_per_s; /* TANDEM_NET_EMULATE; 0: off */
+  double *emu_link_free;                  /* per peer: when the emulated link is free again */
   void *scratch; /* reused between calls: no allocation in steady state */
   size_t scratch_bytes;
   struct tdm__store *store;
@@ -127,12 +129,17 @@ tdm_status tdm__sendrecv(struct tdm_comm *c, int to, const void *sbuf, size_t sn
 /* Scratch of at least n bytes owned by the communicator. */
 void *tdm__comm_scratch(struct tdm_comm *c, size_t n);
 
+/* Parses "100us,1gbps" (latency and/or bandwidth; units ns us ms s, and kbps mbps gbps for
+ * bits or KB/s MB/s GB/s for bytes). */
+tdm_status tdm__parse_net_emulate(const char *spec, double *latency_s, double *bytes_per_s);
+
 /* avg's final division of n elements by d. */
 void tdm__scale_avg(void *buf, size_t n, tdm_dtype dt, int d);
 
 /* Transports. */
 tdm_status tdm__thread_transport_create(tdm__transport **out, struct tdm_comm *c, void *group);
 tdm_status tdm__tcp_transport_create(tdm__transport **out, struct tdm_comm *c, const tdm_comm_config *cfg);
+tdm_status tdm__mpi_transport_create(tdm__transport **out, struct tdm_comm *c);
 tdm_status tdm__shm_transport_create(tdm__transport **out, struct tdm_comm *c, const tdm_comm_config *cfg);
 /* The shared-memory all-reduce: reads sendbuf, writes recvbuf (they may be equal). Needs the
  * communicator's transport to be shm and the communicator to span all its ranks. */

@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "comm/comm_impl.h" /* tdm__parse_net_emulate */
 #include "tdm_test.h"
 
 static const tdm_dtype DTYPES[] = {TDM_F32, TDM_F64, TDM_BF16, TDM_F16, TDM_I32, TDM_I64, TDM_U8};
@@ -391,6 +392,40 @@ static void test_mismatch_and_timeout(void) {
   run_world(2, timeout_body, 0.3);
 }
 
+static double emu_elapsed[2];
+static void emulated_body(ctx_t *x) {
+  double t0 = tdm_time_now();
+  for (int i = 0; i < 10; i++) CHECK_OK(tdm_comm_barrier(x->c));
+  double t1 = tdm_time_now();
+  static char big[100000];
+  if (x->r == 0) CHECK_OK(tdm_comm_send(x->c, 1, 0, big, sizeof big));
+  else CHECK_OK(tdm_comm_recv(x->c, 0, 0, big, sizeof big));
+  if (x->r == 0) { /* the sender's clock: it must have waited out the emulated link */
+    emu_elapsed[0] = t1 - t0;
+    emu_elapsed[1] = tdm_time_now() - t1;
+  }
+  int64_t v = x->r + 1;
+  CHECK_OK(tdm_comm_allreduce(x->c, &v, &v, 1, TDM_I64, TDM_SUM, TDM_ALGO_AUTO));
+  CHECK(v == 3);
+}
+
+static void test_network_emulation(void) {
+  setenv("TANDEM_NET_EMULATE", "5ms,8mbps", 1); /* 1 MB/s */
+  run_world(2, emulated_body, 30);
+  unsetenv("TANDEM_NET_EMULATE");
+  printf("  10 barriers: %.1f ms (>= 50), 100 kB: %.1f ms (>= 105)\n", emu_elapsed[0] * 1e3, emu_elapsed[1] * 1e3);
+  CHECK(emu_elapsed[0] >= 0.050);
+  CHECK(emu_elapsed[1] >= 0.105);
+  double lat, bw;
+  CHECK_OK(tdm__parse_net_emulate("100us,1gbps", &lat, &bw));
+  CHECK_NEAR(lat, 1e-4, 1e-12);
+  CHECK_NEAR(bw, 1.25e8, 1);
+  CHECK_OK(tdm__parse_net_emulate("2.5GB/s", &lat, &bw));
+  CHECK(lat == 0 && bw == 2.5e9);
+  CHECK(tdm__parse_net_emulate("fast", &lat, &bw) == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("TANDEM_NET_EMULATE='fast'");
+}
+
 static void test_reduce_local_and_names(void) {
   uint16_t a[2] = {tdm_f32_to_bf16(1.5f), tdm_f32_to_bf16(-2.0f)}, b[2] = {tdm_f32_to_bf16(2.0f), tdm_f32_to_bf16(3.0f)};
   CHECK_OK(tdm_reduce_local(a, b, 2, TDM_BF16, TDM_PROD));
@@ -403,4 +438,5 @@ static void test_reduce_local_and_names(void) {
 }
 
 TDM_TEST_MAIN(T(test_reduce_local_and_names), T(test_allreduce_matrix), T(test_broadcast_reduce_matrix),
-              T(test_scatter_gather_matrix), T(test_barrier_p2p_nonblocking_split), T(test_mismatch_and_timeout))
+              T(test_scatter_gather_matrix), T(test_barrier_p2p_nonblocking_split), T(test_mismatch_and_timeout),
+              T(test_network_emulation))
