@@ -5,7 +5,7 @@
 
 #include "comm/comm_impl.h"
 
-#define CHUNK_BYTES ((size_t)4 << 20) /* bounds the scratch a step needs */
+#define CHUNK_BYTES ((size_t)1 << 20) /* bounds the scratch a step needs */
 
 /* Splits count elements into p blocks whose sizes differ by at most one. */
 static void blocks(size_t count, int p, size_t *cnt, size_t *off) {
