@@ -152,6 +152,19 @@ tdm_status tdm_comm_iallreduce(tdm_comm_t c, const void *sendbuf, void *recvbuf,
                                tdm_redop op, tdm_algo algo, tdm_work_t *work);
 tdm_status tdm_comm_ibroadcast(tdm_comm_t c, void *buf, size_t count, tdm_dtype dt, int root, tdm_algo algo,
                                tdm_work_t *work);
+tdm_status tdm_comm_ireduce(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt, tdm_redop op,
+                            int root, tdm_algo algo, tdm_work_t *work);
+tdm_status tdm_comm_ireduce_scatter(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t recvcount, tdm_dtype dt,
+                                    tdm_redop op, tdm_algo algo, tdm_work_t *work);
+tdm_status tdm_comm_iallgather(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t sendcount, tdm_dtype dt,
+                               tdm_algo algo, tdm_work_t *work);
+tdm_status tdm_comm_igather(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t sendcount, tdm_dtype dt, int root,
+                            tdm_work_t *work);
+tdm_status tdm_comm_iscatter(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t recvcount, tdm_dtype dt, int root,
+                             tdm_work_t *work);
+tdm_status tdm_comm_ialltoall(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt,
+                              tdm_work_t *work);
+tdm_status tdm_comm_ibarrier(tdm_comm_t c, tdm_work_t *work);
 tdm_status tdm_comm_isend(tdm_comm_t c, int peer, int tag, const void *buf, size_t nbytes, tdm_work_t *work);
 tdm_status tdm_comm_irecv(tdm_comm_t c, int peer, int tag, void *buf, size_t nbytes, tdm_work_t *work);
 int tdm_work_test(tdm_work_t w);

@@ -682,7 +682,19 @@ tdm_status tdm_comm_split(tdm_comm_t c, int color, int key, tdm_comm_t *out) {
 }
 
 /* ---- non-blocking work ---------------------------------------------------------------------- */
-typedef enum { W_ALLREDUCE, W_BROADCAST, W_SEND, W_RECV } work_kind;
+typedef enum {
+  W_ALLREDUCE,
+  W_BROADCAST,
+  W_REDUCE,
+  W_REDUCE_SCATTER,
+  W_ALLGATHER,
+  W_GATHER,
+  W_SCATTER,
+  W_ALLTOALL,
+  W_BARRIER,
+  W_SEND,
+  W_RECV
+} work_kind;
 
 struct tdm_work {
   struct tdm_work *next;
@@ -705,6 +717,13 @@ static tdm_status run_work(struct tdm_work *w) {
   switch (w->kind) {
   case W_ALLREDUCE: return tdm_comm_allreduce(c, w->sbuf, w->rbuf, w->count, w->dt, w->op, w->algo);
   case W_BROADCAST: return tdm_comm_broadcast(c, w->rbuf, w->count, w->dt, w->peer_or_root, w->algo);
+  case W_REDUCE: return tdm_comm_reduce(c, w->sbuf, w->rbuf, w->count, w->dt, w->op, w->peer_or_root, w->algo);
+  case W_REDUCE_SCATTER: return tdm_comm_reduce_scatter(c, w->sbuf, w->rbuf, w->count, w->dt, w->op, w->algo);
+  case W_ALLGATHER: return tdm_comm_allgather(c, w->sbuf, w->rbuf, w->count, w->dt, w->algo);
+  case W_GATHER: return tdm_comm_gather(c, w->sbuf, w->rbuf, w->count, w->dt, w->peer_or_root);
+  case W_SCATTER: return tdm_comm_scatter(c, w->sbuf, w->rbuf, w->count, w->dt, w->peer_or_root);
+  case W_ALLTOALL: return tdm_comm_alltoall(c, w->sbuf, w->rbuf, w->count, w->dt);
+  case W_BARRIER: return tdm_comm_barrier(c);
   case W_SEND: return p2p(c, w->peer_or_root, w->tag, (void *)w->sbuf, w->count, 1);
   case W_RECV: return p2p(c, w->peer_or_root, w->tag, w->rbuf, w->count, 0);
   }
@@ -780,6 +799,41 @@ tdm_status tdm_comm_iallreduce(tdm_comm_t c, const void *sendbuf, void *recvbuf,
 tdm_status tdm_comm_ibroadcast(tdm_comm_t c, void *buf, size_t count, tdm_dtype dt, int root, tdm_algo algo,
                                tdm_work_t *work) {
   struct tdm_work t = {.kind = W_BROADCAST, .rbuf = buf, .count = count, .dt = dt, .algo = algo, .peer_or_root = root};
+  return enqueue(c, &t, work);
+}
+tdm_status tdm_comm_ireduce(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt, tdm_redop op,
+                            int root, tdm_algo algo, tdm_work_t *work) {
+  struct tdm_work t = {.kind = W_REDUCE, .sbuf = sendbuf, .rbuf = recvbuf, .count = count, .dt = dt, .op = op, .algo = algo,
+                       .peer_or_root = root};
+  return enqueue(c, &t, work);
+}
+tdm_status tdm_comm_ireduce_scatter(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t recvcount, tdm_dtype dt,
+                                    tdm_redop op, tdm_algo algo, tdm_work_t *work) {
+  struct tdm_work t = {.kind = W_REDUCE_SCATTER, .sbuf = sendbuf, .rbuf = recvbuf, .count = recvcount, .dt = dt, .op = op, .algo = algo};
+  return enqueue(c, &t, work);
+}
+tdm_status tdm_comm_iallgather(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t sendcount, tdm_dtype dt,
+                               tdm_algo algo, tdm_work_t *work) {
+  struct tdm_work t = {.kind = W_ALLGATHER, .sbuf = sendbuf, .rbuf = recvbuf, .count = sendcount, .dt = dt, .algo = algo};
+  return enqueue(c, &t, work);
+}
+tdm_status tdm_comm_igather(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t sendcount, tdm_dtype dt, int root,
+                            tdm_work_t *work) {
+  struct tdm_work t = {.kind = W_GATHER, .sbuf = sendbuf, .rbuf = recvbuf, .count = sendcount, .dt = dt, .peer_or_root = root};
+  return enqueue(c, &t, work);
+}
+tdm_status tdm_comm_iscatter(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t recvcount, tdm_dtype dt, int root,
+                             tdm_work_t *work) {
+  struct tdm_work t = {.kind = W_SCATTER, .sbuf = sendbuf, .rbuf = recvbuf, .count = recvcount, .dt = dt, .peer_or_root = root};
+  return enqueue(c, &t, work);
+}
+tdm_status tdm_comm_ialltoall(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt,
+                              tdm_work_t *work) {
+  struct tdm_work t = {.kind = W_ALLTOALL, .sbuf = sendbuf, .rbuf = recvbuf, .count = count, .dt = dt};
+  return enqueue(c, &t, work);
+}
+tdm_status tdm_comm_ibarrier(tdm_comm_t c, tdm_work_t *work) {
+  struct tdm_work t = {.kind = W_BARRIER};
   return enqueue(c, &t, work);
 }
 tdm_status tdm_comm_isend(tdm_comm_t c, int peer, int tag, const void *buf, size_t nbytes, tdm_work_t *work) {

@@ -274,6 +274,26 @@ static void run_barrier_p2p_nonblocking(ctx_t *x) {
     CHECK(bufs[k][N - 1] == (float)(k * P + P * (P - 1) / 2));
     free(bufs[k]);
   }
+  /* every other collective has a non-blocking form too */
+  {
+    int64_t rs_in[16], rs_out[2] = {0}, ag_out[16] = {0}, a2a_in[8], a2a_out[8] = {0}, g_out[8] = {0}, red = 0, one = 1;
+    for (int i = 0; i < 2 * P; i++) rs_in[i] = r + i;
+    for (int i = 0; i < P; i++) a2a_in[i] = r * 10 + i;
+    tdm_work_t ws[7];
+    CHECK_OK(tdm_comm_ireduce_scatter(x->c, rs_in, rs_out, 2, TDM_I64, TDM_SUM, TDM_ALGO_RING, &ws[0]));
+    CHECK_OK(tdm_comm_iallgather(x->c, &one, ag_out, 1, TDM_I64, TDM_ALGO_RING, &ws[1]));
+    CHECK_OK(tdm_comm_ialltoall(x->c, a2a_in, a2a_out, 1, TDM_I64, &ws[2]));
+    CHECK_OK(tdm_comm_igather(x->c, &one, g_out, 1, TDM_I64, 0, &ws[3]));
+    CHECK_OK(tdm_comm_ireduce(x->c, &one, &red, 1, TDM_I64, TDM_SUM, 0, TDM_ALGO_AUTO, &ws[4]));
+    CHECK_OK(tdm_comm_ibarrier(x->c, &ws[5]));
+    int64_t sc = -1, sc_in[8];
+    for (int i = 0; i < P; i++) sc_in[i] = 100 + i;
+    CHECK_OK(tdm_comm_iscatter(x->c, sc_in, &sc, 1, TDM_I64, P - 1, &ws[6]));
+    for (int k = 0; k < 7; k++) CHECK_OK(tdm_work_wait(ws[k]));
+    CHECK(rs_out[0] == (int64_t)P * (P - 1) / 2 + P * (2 * r) && rs_out[1] == rs_out[0] + P);
+    CHECK(ag_out[P - 1] == 1 && a2a_out[P - 1] == (P - 1) * 10 + r && sc == 100 + r);
+    if (r == 0) CHECK(red == P && g_out[P - 1] == 1);
+  }
   /* a blocking call after non-blocking ones keeps its place in line */
   int64_t v = r;
   CHECK_OK(tdm_comm_allreduce(x->c, &v, &v, 1, TDM_I64, TDM_MAX, TDM_ALGO_AUTO));
