@@ -22,7 +22,7 @@ build-san: setup
 	@cmake --build $(BUILD_SAN) -j $(JOBS)
 
 run: build
-	./$(BUILD)/tandem train --model mlp --data fashion-mnist --epochs 1 $(RUN_ARGS)
+	./$(BUILD)/tandem run -n 2 -- tandem train --model mlp --data fashion-mnist --epochs 1 $(RUN_ARGS)
 
 test: build build-san
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)

@@ -27,5 +27,6 @@ void cli_help(FILE *f, const char *cmd, const char *usage, const cli_opt *opts, 
 int tool_train(int argc, char **argv);
 int tool_run(int argc, char **argv);
 int tool_bench(int argc, char **argv);
+int tool_weights_diff(int argc, char **argv);
 
 #endif

@@ -7,7 +7,7 @@
 
 int tool_train(int argc, char **argv) {
   tdm_train_config c = tdm_train_config_default();
-  int64_t epochs, steps, batch, seed, threads, eval_batch;
+  int64_t epochs, steps, batch, seed, threads, eval_batch, accum;
   double lr, dropout, wd, momentum;
   cli_opt opts[] = {
       {"model", CLI_CHOICE, &c.model, "mlp", "model to train", "mlp|cnn", 0, 0, 0},
@@ -16,7 +16,9 @@ int tool_train(int argc, char **argv) {
        "directory of the IDX files (gzip'd or not)", NULL, 0, 0, 0},
       {"epochs", CLI_INT, &epochs, "1", "passes over the training set", NULL, 1, 1e6, 0},
       {"steps", CLI_INT, &steps, "0", "train exactly this many steps instead (0: use --epochs)", NULL, 0, 1e12, 0},
-      {"batch-size", CLI_INT, &batch, "64", "samples per step", NULL, 1, 1e7, 0},
+      {"batch-size", CLI_INT, &batch, "64", "samples per step and rank", NULL, 1, 1e7, 0},
+      {"accum", CLI_INT, &accum, "1", "micro-batches per optimizer step (gradient accumulation)", NULL, 1, 1 << 20, 0},
+      {"compress", CLI_CHOICE, &c.compress, "none", "gradient dtype on the wire between ranks", "none|bf16|fp16", 0, 0, 0},
       {"lr", CLI_FLOAT, &lr, "0.001", "learning rate", NULL, 0, 1e3, 0},
       {"optimizer", CLI_CHOICE, &c.optimizer, "adam", "optimizer", "sgd|adam|adamw", 0, 0, 0},
       {"weight-decay", CLI_FLOAT, &wd, "-1", "weight decay (-1: the optimizer's default, 0.01 for adamw, else 0)",
@@ -34,7 +36,7 @@ int tool_train(int argc, char **argv) {
   int r = cli_parse("train", "[options]", opts, n, argc, argv);
   if (r == 1) return 0;
   if (r) return 2;
-  if (opts[3].seen && opts[4].seen && steps > 0) {
+  if (opts[3].seen && opts[4].seen && steps > 0) { /* --epochs and --steps */
     fprintf(stderr, "tandem train: give --epochs or --steps, not both\n");
     return 2;
   }
@@ -48,13 +50,15 @@ int tool_train(int argc, char **argv) {
   c.seed = (uint64_t)seed;
   c.threads = (int)threads;
   c.eval_batch = eval_batch;
+  c.accum = accum;
   c.progress = stderr;
   tdm_train_result res;
   tdm_status st = tdm_train_run(&c, &res);
   if (st != TDM_OK) {
-    fprintf(stderr, "tandem train: %s: %s\n", tdm_status_str(st), tdm_last_error());
+    fprintf(stderr, "tandem train: %s%s: %s\n", tdm_status_str(st), res.world_size > 1 ? " (this rank)" : "", tdm_last_error());
     return 1;
   }
+  if (res.rank != 0) return 0; /* rank 0 reports for everyone */
   printf("test accuracy: %.4f  test loss: %.4f  throughput: %.0f samples/s  (%lld steps, %.1f s training)\n",
          res.test_accuracy, res.test_loss, res.samples_per_sec, (long long)res.steps, res.train_seconds);
   if (c.save_weights) printf("weights written to %s\n", c.save_weights);

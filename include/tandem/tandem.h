@@ -14,5 +14,6 @@
 #include "tandem/data.h"
 #include "tandem/train.h"
 #include "tandem/comm.h"
+#include "tandem/dp.h"
 
 #endif

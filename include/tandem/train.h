@@ -9,9 +9,17 @@
  *   tdm_train_result r;
  *   if (tdm_train_run(&c, &r) == TDM_OK) printf("%.4f\n", r.test_accuracy);
  *
+ * Data parallel: when the environment names several ranks (RANK/WORLD_SIZE as set by tandem run,
+ * or MPI's or Slurm's variables) every rank runs this same call; batch_size is per rank, each
+ * optimizer step consumes world_size x accum x batch_size samples, sliced from one shuffled order
+ * so that N ranks see exactly what one process with an N-times batch sees (with several ranks or
+ * accumulation, the incomplete last global batch of an epoch is dropped). Gradients are averaged
+ * with tdm_dp; the reported loss is the global mean; rank 0 prints, writes metrics and weights.
+ *
  * Metrics (JSON lines, one object per line): per step {"step", "epoch", "loss",
  * "samples_per_sec", "step_time_ms", "time_forward_ms", "time_backward_ms",
- * "time_optimizer_ms", "lr"}; per evaluation {"epoch", "step", "test_loss", "test_accuracy"}.
+ * "time_comm_wait_ms", "time_optimizer_ms", "lr", "rank", "world_size"}; per evaluation
+ * {"epoch", "step", "test_loss", "test_accuracy"}.
  * Not thread-safe (it sets the intra-op thread count).
  */
 #ifndef TANDEM_TRAIN_H
@@ -42,15 +50,18 @@ typedef struct tdm_train_config {
   int threads;           /* 0: all cores */
   const char *init_weights, *save_weights, *metrics; /* NULL for none */
   int64_t eval_batch;
-  FILE *progress;        /* live progress and evaluation lines; NULL for silence */
+  int64_t accum;         /* micro-batches per optimizer step (gradient accumulation); 0 or 1: none */
+  const char *compress;  /* gradients on the wire: "none" (f32), "bf16", "fp16" */
+  FILE *progress;        /* live progress and evaluation lines (rank 0 only); NULL for silence */
 } tdm_train_config;
 
 typedef struct tdm_train_result {
   int64_t steps;
   double final_loss;      /* loss of the last step */
   double test_loss, test_accuracy;
-  double samples_per_sec; /* training samples / training wall time (evaluation excluded) */
+  double samples_per_sec; /* training samples of all ranks / training wall time (evaluation excluded) */
   double train_seconds;
+  int world_size, rank;
 } tdm_train_result;
 
 /* Defaults of `tandem train`: mlp on fashion-mnist, 1 epoch, batch 64, Adam lr 1e-3, dropout

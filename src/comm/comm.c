@@ -291,7 +291,11 @@ tdm_status tdm_comm_create(tdm_comm_t *out, const tdm_comm_config *cfg) {
   pthread_mutex_init(&c->q_mu, NULL);
   pthread_cond_init(&c->q_cv, NULL);
   tdm_transport_kind k = cfg->transport;
-  if (k == TDM_TRANSPORT_AUTO) k = cfg->thread_group ? TDM_TRANSPORT_THREAD : TDM_TRANSPORT_TCP;
+  if (k == TDM_TRANSPORT_AUTO) { /* threads if given a group; shm when every rank is on this node; else tcp */
+    const char *lws = getenv("LOCAL_WORLD_SIZE") ? getenv("LOCAL_WORLD_SIZE") : getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    k = cfg->thread_group ? TDM_TRANSPORT_THREAD
+                          : (cfg->size > 1 && lws && atoi(lws) == cfg->size ? TDM_TRANSPORT_SHM : TDM_TRANSPORT_TCP);
+  }
   c->kind = k;
   tdm_status st;
   switch (k) {

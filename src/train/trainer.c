@@ -7,6 +7,8 @@
 
 #include "core/internal.h"
 #include "tandem/autograd.h"
+#include "tandem/comm.h"
+#include "tandem/dp.h"
 #include "tandem/data.h"
 #include "tandem/nn.h"
 #include "tandem/optim.h"
@@ -26,6 +28,8 @@ tdm_train_config tdm_train_config_default(void) {
   c.dropout = 0.3;
   c.seed = 42;
   c.eval_batch = 1000;
+  c.accum = 1;
+  c.compress = "none";
   return c;
 }
 
@@ -43,8 +47,10 @@ static void fmt_eta(char *b, size_t n, double s) {
 
 /* Evaluates on the whole set with gradients and dropout off. */
 static tdm_status evaluate(tdm_model *m, tdm_tape *tp, const tdm_dataset *ds, int64_t eb, int64_t *idx_buf,
-                           double *loss_out, double *acc_out) {
-  int64_t n = tdm_dataset_len(ds), per = tdm_dataset_sample_numel(ds), correct = 0;
+                           tdm_comm_t comm, double *loss_out, double *acc_out) {
+  int W = comm ? tdm_comm_size(comm) : 1, R = comm ? tdm_comm_rank(comm) : 0;
+  int64_t total = tdm_dataset_len(ds), per = tdm_dataset_sample_numel(ds), correct = 0;
+  int64_t first = total * R / W, n = total * (R + 1) / W - first; /* this rank's shard */
   double loss_sum = 0;
   const tdm_model_config *mc = tdm_model_get_config(m);
   tdm_tape_set_grad_enabled(tp, 0);
@@ -52,7 +58,7 @@ static tdm_status evaluate(tdm_model *m, tdm_tape *tp, const tdm_dataset *ds, in
   for (int64_t b = 0; b < n; b += eb) {
     int64_t B = n - b < eb ? n - b : eb;
     tdm_tape_reset(tp);
-    for (int64_t i = 0; i < B; i++) idx_buf[i] = b + i;
+    for (int64_t i = 0; i < B; i++) idx_buf[i] = first + b + i;
     int64_t xs[4] = {B, per, 0, 0}, ys[1] = {B};
     int nd = 2;
     if (mc->kind == TDM_MODEL_CNN) {
@@ -79,8 +85,10 @@ static tdm_status evaluate(tdm_model *m, tdm_tape *tp, const tdm_dataset *ds, in
     }
   }
   tdm_tape_set_grad_enabled(tp, 1);
-  *loss_out = loss_sum / (double)n;
-  *acc_out = (double)correct / (double)n;
+  double sums[2] = {loss_sum, (double)correct};
+  if (comm) TDM__TRY(tdm_comm_allreduce(comm, sums, sums, 2, TDM_F64, TDM_SUM, TDM_ALGO_AUTO));
+  *loss_out = sums[0] / (double)total;
+  *acc_out = sums[1] / (double)total;
   return TDM_OK;
 }
 
@@ -96,6 +104,10 @@ static tdm_status parse_kinds(const tdm_train_config *c, tdm_model_kind *mk, tdm
   if (!c->data || (strcmp(c->data, "fashion-mnist") && strcmp(c->data, "mnist")))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "train: data set '%s'; expected fashion-mnist or mnist",
                           c->data ? c->data : "(null)");
+  if (c->compress && strcmp(c->compress, "none") && strcmp(c->compress, "bf16") && strcmp(c->compress, "fp16"))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: compression '%s'; expected none, bf16 or fp16", c->compress);
+  if (c->accum < 0 || c->accum > 1 << 20)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: accumulation %lld; expected 1..2^20", (long long)c->accum);
   if (c->batch_size < 1 || c->eval_batch < 1 || (c->steps <= 0 && c->epochs < 1))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "train: batch size %lld, epochs %lld, steps %lld; expected batch >= 1 and epochs or steps >= 1",
                           (long long)c->batch_size, (long long)c->epochs, (long long)c->steps);
@@ -106,6 +118,8 @@ static tdm_status parse_kinds(const tdm_train_config *c, tdm_model_kind *mk, tdm
 }
 
 typedef struct {
+  tdm_comm_t comm;
+  tdm_dp *dp;
   tdm_dataset *train, *test;
   tdm_model *model;
   tdm_optim *opt;
@@ -115,6 +129,8 @@ typedef struct {
 } run_state;
 
 static void run_free(run_state *s) {
+  tdm_dp_destroy(s->dp);
+  tdm_comm_destroy(s->comm);
   tdm_dataset_destroy(s->train);
   tdm_dataset_destroy(s->test);
   tdm_model_destroy(s->model);
@@ -130,6 +146,12 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   tdm_optim_kind ok = TDM_OPT_ADAM;
   TDM__TRY(parse_kinds(c, &mk, &ok));
   TDM__TRY(tdm_set_num_threads(c->threads));
+  tdm_comm_config cc;
+  TDM__TRY(tdm_comm_config_from_env(&cc));
+  int W = cc.size, R = cc.rank;
+  if (W > 1) TDM__TRY(tdm_comm_create(&s->comm, &cc));
+  res->world_size = W;
+  res->rank = R;
   TDM__TRY(tdm_dataset_open_idx(&s->train, c->data_dir, 1));
   TDM__TRY(tdm_dataset_open_idx(&s->test, c->data_dir, 0));
   int64_t shape[4], tshape[4];
@@ -156,8 +178,20 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   oc.momentum = (float)c->momentum;
   TDM__TRY(tdm_optim_create(&s->opt, &oc, params));
   TDM__TRY(tdm_tape_create(&s->tape, 16u << 20));
+  if (s->comm) {
+    tdm_dp_config dc = {0, 0, !c->compress || !strcmp(c->compress, "none") ? TDM_F32 : !strcmp(c->compress, "bf16") ? TDM_BF16 : TDM_F16};
+    TDM__TRY(tdm_dp_create(&s->dp, s->comm, params, &dc));
+  }
+  int64_t K = c->accum > 1 ? c->accum : 1;
   int64_t N = tdm_dataset_len(s->train), B = c->batch_size, per = tdm_dataset_sample_numel(s->train);
-  int64_t steps_per_epoch = (N + B - 1) / B; /* the last, partial batch is kept, as DataLoader does */
+  int64_t G = B * W * K; /* samples per optimizer step, all ranks */
+  /* one process: the last, partial batch is kept, as DataLoader does; otherwise every rank
+   * must run the same steps, so the incomplete global batch is dropped */
+  int partial_ok = W == 1 && K == 1;
+  int64_t steps_per_epoch = partial_ok ? (N + B - 1) / B : N / G;
+  if (steps_per_epoch < 1)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: %lld training samples do not fill one global batch of %lld (%d ranks x accum %lld x batch %lld)",
+                          (long long)N, (long long)G, W, (long long)K, (long long)B);
   int64_t total = c->steps > 0 ? c->steps : c->epochs * steps_per_epoch;
   int64_t eb = c->eval_batch > B ? c->eval_batch : B;
   s->order = tdm__malloc(sizeof(int64_t) * (size_t)N);
@@ -166,11 +200,18 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   if (c->metrics && !(s->metrics = fopen(c->metrics, "w")))
     return tdm__set_error(TDM_ERR_IO, "train: cannot write metrics to %s", c->metrics);
 
-  progress pr = {c->progress, c->progress ? isatty(fileno(c->progress)) : 0, 0};
+  FILE *pf = R == 0 ? c->progress : NULL;
+  progress pr = {pf, pf ? isatty(fileno(pf)) : 0, 0};
   if (pr.f)
-    fprintf(pr.f, "tandem train: %s on %s (%lld train / %lld test samples), %lld parameters, %s lr %g, batch %lld, %d thread%s\n",
+    fprintf(pr.f, "tandem train: %s on %s (%lld train / %lld test samples), %lld parameters, %s lr %g, batch %lld x %d rank%s%s, %d thread%s per rank%s%s\n",
             c->model, c->data, (long long)N, (long long)tdm_dataset_len(s->test), (long long)tdm_params_numel(params),
-            c->optimizer, c->lr, (long long)B, tdm_get_num_threads(), tdm_get_num_threads() == 1 ? "" : "s");
+            c->optimizer, c->lr, (long long)B, W, W == 1 ? "" : "s", K > 1 ? " x accum" : "", tdm_get_num_threads(),
+            tdm_get_num_threads() == 1 ? "" : "s", s->comm ? ", transport " : "",
+            s->comm ? tdm_transport_name(tdm_comm_transport(s->comm)) : "");
+  if (s->metrics && R != 0) {
+    fclose(s->metrics);
+    s->metrics = NULL;
+  }
   double train_time = 0, t_start = tdm_time_now();
   int64_t step = 0, samples = 0;
   float loss_v = NAN;
@@ -185,52 +226,83 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
       s->order[i] = s->order[j];
       s->order[j] = t;
     }
-    for (int64_t b = 0; b < N && step < total; b += B, step++) {
-      int64_t Bn = N - b < B ? N - b : B;
-      double t0 = tdm_time_now();
-      tdm_tape *tp = s->tape;
-      tdm_tape_reset(tp);
-      tdm_tape_set_training(tp, 1);
-      tdm_tape_set_dropout_key(tp, tdm_hash64(c->seed, (uint64_t)step), b);
-      int64_t xs[4] = {Bn, per, 0, 0}, ys[1] = {Bn};
-      int nd = 2;
-      if (mk == TDM_MODEL_CNN) {
-        xs[1] = mc.in_channels;
-        xs[2] = mc.height;
-        xs[3] = mc.width;
-        nd = 4;
-      }
-      tdm_tensor *x = tdm_new(tp, TDM_F32, nd, xs), *y = tdm_new(tp, TDM_I32, 1, ys);
-      if (!x || !y) return tdm__set_error(tdm_tape_status(tp), "%s", tdm_tape_error(tp));
-      TDM__TRY(tdm_dataset_batch(s->train, s->order + b, Bn, tdm_tensor_data(x), tdm_tensor_data(y)));
-      tdm_tensor *loss = tdm_cross_entropy(tp, tdm_model_forward(s->model, tp, x), y, -100);
-      if (!loss) return tdm__set_error(tdm_tape_status(tp), "step %lld: %s", (long long)step, tdm_tape_error(tp));
-      double t1 = tdm_time_now();
+    for (int64_t si = 0; si < steps_per_epoch && step < total; si++, step++) {
+      double t0 = tdm_time_now(), t_fwd = 0, t_bwd = 0, t_wait = 0;
+      int64_t step_samples = 0;
+      double loss_sum = 0;
       tdm_params_zero_grad(params);
-      TDM__TRY(tdm_backward(tp, loss));
+      for (int64_t m = 0; m < K; m++) {
+        /* this rank's slice of the global batch: the samples one process would see at the
+         * same place in an N-times batch */
+        int64_t b = si * (partial_ok ? B : G) + m * B * W + (int64_t)R * B;
+        int64_t Bn = partial_ok && N - b < B ? N - b : B;
+        double ta = tdm_time_now();
+        tdm_tape *tp = s->tape;
+        tdm_tape_reset(tp);
+        tdm_tape_set_training(tp, 1);
+        tdm_tape_set_dropout_key(tp, tdm_hash64(c->seed, (uint64_t)step), b);
+        int64_t xs[4] = {Bn, per, 0, 0}, ys[1] = {Bn};
+        int nd = 2;
+        if (mk == TDM_MODEL_CNN) {
+          xs[1] = mc.in_channels;
+          xs[2] = mc.height;
+          xs[3] = mc.width;
+          nd = 4;
+        }
+        tdm_tensor *x = tdm_new(tp, TDM_F32, nd, xs), *y = tdm_new(tp, TDM_I32, 1, ys);
+        if (!x || !y) return tdm__set_error(tdm_tape_status(tp), "%s", tdm_tape_error(tp));
+        TDM__TRY(tdm_dataset_batch(s->train, s->order + b, Bn, tdm_tensor_data(x), tdm_tensor_data(y)));
+        tdm_tensor *loss = tdm_cross_entropy(tp, tdm_model_forward(s->model, tp, x), y, -100);
+        if (!loss) return tdm__set_error(tdm_tape_status(tp), "step %lld: %s", (long long)step, tdm_tape_error(tp));
+        double tb = tdm_time_now();
+        if (s->dp) tdm_dp_set_sync(s->dp, m == K - 1);
+        if (K > 1) { /* mean over the K micro-batches: seed backward with 1/K */
+          int64_t one[1] = {1};
+          tdm_tensor *g = tdm_new(tp, TDM_F32, 0, one);
+          if (!g) return tdm__set_error(tdm_tape_status(tp), "%s", tdm_tape_error(tp));
+          *(float *)tdm_tensor_data(g) = 1.0f / (float)K;
+          TDM__TRY(tdm_backward_with(tp, loss, g));
+        } else {
+          TDM__TRY(tdm_backward(tp, loss));
+        }
+        if (s->dp) {
+          double w;
+          TDM__TRY(tdm_dp_finish(s->dp, &w));
+          t_wait += w;
+        }
+        double tc = tdm_time_now();
+        t_fwd += tb - ta;
+        t_bwd += tc - tb;
+        loss_sum += ((float *)tdm_tensor_data(loss))[0];
+        step_samples += Bn;
+      }
       double t2 = tdm_time_now();
       TDM__TRY(tdm_optim_step(s->opt, (float)c->lr));
       double t3 = tdm_time_now();
-      loss_v = ((float *)tdm_tensor_data(loss))[0];
+      double lv = loss_sum / (double)K;
+      if (s->comm) TDM__TRY(tdm_comm_allreduce(s->comm, &lv, &lv, 1, TDM_F64, TDM_AVG, TDM_ALGO_AUTO));
+      loss_v = (float)lv;
       if (!isfinite(loss_v))
         return tdm__set_error(TDM_ERR_INVALID_ARG, "step %lld: the loss is %g; lower --lr (now %g)", (long long)step,
                               (double)loss_v, c->lr);
       double dt = t3 - t0;
       train_time += dt;
-      samples += Bn;
+      step_samples *= W;
+      samples += step_samples;
       if (s->metrics)
         fprintf(s->metrics,
                 "{\"step\":%lld,\"epoch\":%lld,\"loss\":%.6f,\"samples_per_sec\":%.1f,\"step_time_ms\":%.4f,"
-                "\"time_forward_ms\":%.4f,\"time_backward_ms\":%.4f,\"time_optimizer_ms\":%.4f,\"lr\":%g}\n",
-                (long long)step, (long long)epoch, (double)loss_v, (double)Bn / dt, dt * 1e3, (t1 - t0) * 1e3,
-                (t2 - t1) * 1e3, (t3 - t2) * 1e3, c->lr);
+                "\"time_forward_ms\":%.4f,\"time_backward_ms\":%.4f,\"time_comm_wait_ms\":%.4f,\"time_optimizer_ms\":%.4f,"
+                "\"lr\":%g,\"rank\":%d,\"world_size\":%d}\n",
+                (long long)step, (long long)epoch, (double)loss_v, (double)step_samples / dt, dt * 1e3, t_fwd * 1e3,
+                (t_bwd * 1e3 - t_wait), t_wait, (t3 - t2) * 1e3, c->lr, R, W);
       double now = tdm_time_now();
       int last = step + 1 == total;
       int due = pr.tty ? (now - pr.last > 0.2) : ((step + 1) % (total / 10 > 0 ? total / 10 : 1) == 0);
       if (pr.f && (due || last)) {
         char eta[32];
         double sps = (double)samples / train_time;
-        fmt_eta(eta, sizeof eta, (double)(total - step - 1) * (double)B / sps);
+        fmt_eta(eta, sizeof eta, (double)(total - step - 1) * (double)G / sps);
         fprintf(pr.f, "%sepoch %lld step %lld/%lld  loss %.4f  %.0f samples/s  ETA %s%s", pr.tty ? "\r" : "",
                 (long long)epoch + 1, (long long)step + 1, (long long)total, (double)loss_v, sps, eta,
                 pr.tty ? "   " : "\n");
@@ -241,7 +313,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
     int epoch_done = step % steps_per_epoch == 0 || step >= total;
     if (epoch_done) {
       double tl = 0, ta = 0;
-      TDM__TRY(evaluate(s->model, s->tape, s->test, eb, s->idx, &tl, &ta));
+      TDM__TRY(evaluate(s->model, s->tape, s->test, eb, s->idx, s->comm, &tl, &ta));
       res->test_loss = tl;
       res->test_accuracy = ta;
       if (pr.f) {
@@ -257,7 +329,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
     }
     epoch++;
   }
-  if (c->save_weights) {
+  if (c->save_weights && R == 0) {
     const char *meta[] = {"format", "pt", "tandem.model", c->model};
     TDM__TRY(tdm_params_save(params, c->save_weights, 2, meta));
   }

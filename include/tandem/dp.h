@@ -1,0 +1,55 @@
+/* tandem — data parallelism (DDP).
+ *
+ * Every rank holds the whole model; gradients are averaged across ranks after backward. At
+ * creation the ranks prove they built the same model (names and shapes) and rank 0's parameters
+ * are broadcast. Gradients are grouped into buckets — contiguous spans of the one gradient
+ * buffer, in reverse parameter order, the first one small (1 MiB) so communication starts early,
+ * the rest up to 25 MiB. The autograd hook of each parameter marks it ready; when a bucket's last
+ * parameter is ready its all-reduce starts on the communicator's progress thread while backward
+ * goes on. Buckets start in index order on every rank, so the collectives line up.
+ *
+ *   tdm_dp *dp;
+ *   tdm_dp_create(&dp, comm, params, NULL);          // defaults
+ *   ... forward, tdm_backward (hooks launch buckets) ...
+ *   tdm_dp_finish(dp, &wait_ms);                      // before the optimizer step
+ *
+ * With gradient accumulation call tdm_dp_set_sync(dp, 0) for the first K-1 micro-batches: hooks
+ * then only note readiness, and nothing is sent until the K-th. Not thread-safe: one training
+ * thread per engine (the communication happens on the communicator's own thread).
+ */
+#ifndef TANDEM_DP_H
+#define TANDEM_DP_H
+
+#include <stddef.h>
+
+#include "tandem/comm.h"
+#include "tandem/nn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct tdm_dp_config {
+  size_t bucket_bytes;       /* 0: 25 MiB */
+  size_t first_bucket_bytes; /* 0: 1 MiB */
+  tdm_dtype wire_dtype;      /* TDM_F32, or TDM_BF16 / TDM_F16 to compress gradients on the wire */
+} tdm_dp_config;
+
+typedef struct tdm_dp tdm_dp;
+/* Collective over comm. Checks that every rank has the same parameter names and shapes
+ * (TDM_ERR_MISMATCH naming the first rank and parameter that differ), then broadcasts rank 0's
+ * parameter values. params must outlive the engine; hooks are installed on every parameter. */
+tdm_status tdm_dp_create(tdm_dp **out, tdm_comm_t comm, tdm_params *params, const tdm_dp_config *cfg);
+void tdm_dp_destroy(tdm_dp *dp);
+/* sync = 0: this backward only accumulates (no communication); 1 (default): average. */
+void tdm_dp_set_sync(tdm_dp *dp, int sync);
+/* Starts what backward did not (parameters it never reached), waits for every bucket, and
+ * leaves the averaged gradients in the gradient buffer. *wait_ms (optional) gets the time spent
+ * waiting here: communication that backward did not hide. */
+tdm_status tdm_dp_finish(tdm_dp *dp, double *wait_ms);
+int tdm_dp_num_buckets(const tdm_dp *dp);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,199 @@
+/* Data parallelism: model check, parameter broadcast, gradient buckets launched from hooks. */
+#include "tandem/dp.h"
+
+#include <string.h>
+
+#include "core/internal.h"
+#include "tensor/tensor_impl.h"
+
+typedef struct {
+  int64_t lo, hi;    /* element span of the gradient buffer */
+  int n_params, pending;
+  tdm_work_t work;
+  int launched;
+  void *wire;        /* compressed copy when the wire dtype is not f32 */
+} bucket;
+
+struct tdm_dp {
+  tdm_comm_t comm;
+  tdm_params *params;
+  tdm_dp_config cfg;
+  bucket *b;
+  int nb, next_launch; /* buckets start strictly in index order */
+  int *bucket_of;      /* parameter index -> bucket */
+  int sync;
+  tdm_status hook_status;
+};
+
+static tdm_status launch(tdm_dp *dp, bucket *b) {
+  float *g = tdm_params_grad(dp->params) + b->lo;
+  size_t n = (size_t)(b->hi - b->lo);
+  b->launched = 1;
+  if (dp->cfg.wire_dtype != TDM_F32) { /* compress, reduce in the wire dtype, expand in finish */
+    tdm_convert(b->wire, dp->cfg.wire_dtype, g, TDM_F32, (int64_t)n);
+    return tdm_comm_iallreduce(dp->comm, b->wire, b->wire, n, dp->cfg.wire_dtype, TDM_AVG, TDM_ALGO_AUTO, &b->work);
+  }
+  return tdm_comm_iallreduce(dp->comm, g, g, n, TDM_F32, TDM_AVG, TDM_ALGO_AUTO, &b->work);
+}
+
+static void launch_ready(tdm_dp *dp) {
+  while (dp->next_launch < dp->nb && dp->b[dp->next_launch].pending == 0) {
+    tdm_status st = launch(dp, &dp->b[dp->next_launch++]);
+    if (st != TDM_OK && dp->hook_status == TDM_OK) dp->hook_status = st;
+  }
+}
+
+static void on_grad_ready(void *ctx, tdm_tensor *p) {
+  tdm_dp *dp = ctx;
+  int idx = -1;
+  for (int i = 0; i < tdm_params_count(dp->params); i++)
+    if (tdm_params_get(dp->params, i) == p) idx = i;
+  if (idx < 0) return;
+  bucket *b = &dp->b[dp->bucket_of[idx]];
+  if (b->pending > 0) b->pending--;
+  if (dp->sync) launch_ready(dp);
+}
+
+static uint64_t structure_hash(const tdm_params *p, int upto) {
+  uint64_t h = 0x7a6e6d;
+  for (int i = 0; i < upto; i++) {
+    tdm_tensor *t = tdm_params_get(p, i);
+    for (const char *s = tdm_tensor_name(t); *s; s++) h = tdm_hash64(h, (uint64_t)(unsigned char)*s);
+    for (int d = 0; d < tdm_tensor_ndim(t); d++) h = tdm_hash64(h, (uint64_t)tdm_tensor_dim(t, d));
+  }
+  return h;
+}
+
+/* Every rank's model must be the same: compare hashes of growing prefixes to name the first
+ * parameter that differs. */
+static tdm_status check_same_model(tdm_comm_t c, const tdm_params *p) {
+  int P = tdm_comm_size(c), n = tdm_params_count(p);
+  uint64_t mine[2] = {structure_hash(p, n), (uint64_t)n}, *all = tdm__malloc(sizeof(uint64_t) * 2 * (size_t)P);
+  if (!all) return tdm__set_error(TDM_ERR_NO_MEMORY, "dp: out of memory");
+  tdm_status st = tdm_comm_allgather(c, mine, all, 2, TDM_I64, TDM_ALGO_AUTO);
+  int bad = -1;
+  for (int r = 0; st == TDM_OK && r < P && bad < 0; r++)
+    if (all[2 * r] != all[0]) bad = r;
+  if (st == TDM_OK && bad >= 0) {
+    /* find the first differing parameter: bisect on prefixes, collectively */
+    int lo = 0, hi = n;
+    for (int r = 0; r < P; r++) /* the same bound on every rank: the loop is collective */
+      if ((int)all[2 * r + 1] < hi || r == 0) hi = r == 0 ? (int)all[1] : ((int)all[2 * r + 1] < hi ? (int)all[2 * r + 1] : hi);
+    for (int k = 1; k <= hi && st == TDM_OK; k++) {
+      uint64_t h = structure_hash(p, k), *hs = all;
+      st = tdm_comm_allgather(c, &h, hs, 1, TDM_I64, TDM_ALGO_AUTO);
+      if (st == TDM_OK && hs[bad] != hs[0]) {
+        lo = k - 1;
+        break;
+      }
+      lo = k;
+    }
+    if (st == TDM_OK) {
+      tdm_tensor *t = tdm_params_get(p, lo < n ? lo : n - 1);
+      char s[96];
+      st = tdm__set_error(TDM_ERR_MISMATCH,
+                          "data parallel: rank %d built a different model than rank 0: they differ at parameter %d "
+                          "(here '%s' %s; %d parameters here) — give every rank the same model options",
+                          bad, lo, t ? tdm_tensor_name(t) : "?", t ? tdm_shape_str(tdm_tensor_ndim(t), tdm_tensor_shape(t), s, sizeof s) : "",
+                          n);
+    }
+  }
+  tdm__free(all);
+  return st;
+}
+
+tdm_status tdm_dp_create(tdm_dp **out, tdm_comm_t comm, tdm_params *params, const tdm_dp_config *cfg) {
+  if (!out || !comm || !params) return tdm__set_error(TDM_ERR_INVALID_ARG, "dp_create: NULL argument");
+  tdm_dp_config c = cfg ? *cfg : (tdm_dp_config){0, 0, TDM_F32};
+  if (!c.bucket_bytes) c.bucket_bytes = 25u << 20;
+  if (!c.first_bucket_bytes) c.first_bucket_bytes = 1u << 20;
+  if (c.wire_dtype != TDM_F32 && c.wire_dtype != TDM_BF16 && c.wire_dtype != TDM_F16)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "dp_create: wire dtype %s; expected f32, bf16 or f16",
+                          tdm_dtype_name(c.wire_dtype));
+  TDM__TRY(check_same_model(comm, params));
+  TDM__TRY(tdm_comm_broadcast(comm, tdm_params_data(params), (size_t)tdm_params_numel(params), TDM_F32, 0, TDM_ALGO_AUTO));
+  tdm_dp *dp = tdm__calloc(1, sizeof *dp);
+  int n = tdm_params_count(params);
+  if (!dp || !(dp->b = tdm__calloc((size_t)(n ? n : 1), sizeof(bucket))) ||
+      !(dp->bucket_of = tdm__calloc((size_t)(n ? n : 1), sizeof(int)))) {
+    if (dp) {
+      tdm__free(dp->b);
+      tdm__free(dp);
+    }
+    return tdm__set_error(TDM_ERR_NO_MEMORY, "dp_create: out of memory");
+  }
+  dp->comm = comm;
+  dp->params = params;
+  dp->cfg = c;
+  dp->sync = 1;
+  /* reverse parameter order: the last layers' gradients are ready first */
+  int64_t total = tdm_params_numel(params);
+  for (int i = n - 1; i >= 0;) {
+    bucket *b = &dp->b[dp->nb];
+    size_t limit = dp->nb == 0 ? c.first_bucket_bytes : c.bucket_bytes;
+    b->hi = i + 1 < n ? tdm_params_offset(params, i + 1) : total;
+    int j = i;
+    while (j >= 0) {
+      dp->bucket_of[j] = dp->nb;
+      b->n_params++;
+      int64_t lo = tdm_params_offset(params, j);
+      j--;
+      if ((size_t)(b->hi - lo) * 4 >= limit) break;
+    }
+    b->lo = tdm_params_offset(params, j + 1);
+    if (c.wire_dtype != TDM_F32 && !(b->wire = tdm__malloc((size_t)(b->hi - b->lo) * 2 + 64))) {
+      tdm_dp_destroy(dp);
+      return tdm__set_error(TDM_ERR_NO_MEMORY, "dp_create: out of memory");
+    }
+    dp->nb++;
+    i = j;
+  }
+  for (int k = 0; k < dp->nb; k++) dp->b[k].pending = dp->b[k].n_params;
+  for (int i = 0; i < n; i++) tdm_tensor_set_grad_hook(tdm_params_get(params, i), on_grad_ready, dp);
+  *out = dp;
+  return TDM_OK;
+}
+
+void tdm_dp_destroy(tdm_dp *dp) {
+  if (!dp) return;
+  for (int i = 0; i < tdm_params_count(dp->params); i++) tdm_tensor_set_grad_hook(tdm_params_get(dp->params, i), NULL, NULL);
+  for (int k = 0; k < dp->nb; k++) {
+    if (dp->b[k].launched && dp->b[k].work) tdm_work_wait(dp->b[k].work);
+    tdm__free(dp->b[k].wire);
+  }
+  tdm__free(dp->b);
+  tdm__free(dp->bucket_of);
+  tdm__free(dp);
+}
+
+void tdm_dp_set_sync(tdm_dp *dp, int sync) { dp->sync = sync != 0; }
+int tdm_dp_num_buckets(const tdm_dp *dp) { return dp->nb; }
+
+tdm_status tdm_dp_finish(tdm_dp *dp, double *wait_ms) {
+  double t0 = tdm_time_now();
+  tdm_status st = dp->hook_status;
+  if (!dp->sync) { /* accumulation step: nothing was sent; re-arm for the next backward */
+    for (int k = 0; k < dp->nb; k++) dp->b[k].pending = dp->b[k].n_params;
+    if (wait_ms) *wait_ms = 0;
+    return TDM_OK;
+  }
+  /* buckets whose parameters backward never reached (or all of them after no_sync steps) */
+  for (int k = 0; k < dp->nb; k++) dp->b[k].pending = 0;
+  launch_ready(dp);
+  for (int k = 0; k < dp->nb; k++) {
+    bucket *b = &dp->b[k];
+    if (b->launched) {
+      tdm_status s = tdm_work_wait(b->work);
+      if (st == TDM_OK) st = s;
+      if (s == TDM_OK && dp->cfg.wire_dtype != TDM_F32)
+        tdm_convert(tdm_params_grad(dp->params) + b->lo, TDM_F32, b->wire, dp->cfg.wire_dtype, b->hi - b->lo);
+    }
+    b->launched = 0;
+    b->work = NULL;
+    b->pending = b->n_params;
+  }
+  dp->next_launch = 0;
+  dp->hook_status = TDM_OK;
+  if (wait_ms) *wait_ms = (tdm_time_now() - t0) * 1e3;
+  return st;
+}

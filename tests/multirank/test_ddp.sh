@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Data-parallel training is proven equivalent: N ranks == one process with an N-times batch,
+# K-step accumulation == one K-times batch (SGD with momentum and dropout 0.3, parameters within
+# 1e-5 relative), the same seed twice == bit-identical, under tandem run (shm, tcp) and mpirun.
+# usage: test_ddp.sh path/to/tandem
+set -u
+T=${1:?usage: test_ddp.sh path/to/tandem}
+TMP=$(mktemp -d /tmp/tandem-test-ddp-XXXXXX)
+trap 'rm -rf "$TMP"' EXIT
+passed=0 failed=0
+check() {
+  local name=$1; shift
+  if "$@"; then passed=$((passed + 1)); echo "ok   $name"; else failed=$((failed + 1)); echo "FAIL $name"; fi
+}
+A=(train --steps 20 --threads 1 --optimizer sgd --lr 0.05 --momentum 0.9 --dropout 0.3 --seed 7)
+"$T" "${A[@]}" --batch-size 96 --save-weights "$TMP/one.st" --metrics "$TMP/one.m" >/dev/null 2>&1 ||
+  { echo "FAIL the one-process reference did not run"; exit 1; }
+
+same() { "$T" weights-diff "$1" "$2" --rtol "$3" --quiet | tail -1; "$T" weights-diff "$1" "$2" --rtol "$3" --quiet >/dev/null; }
+
+three_shm() {
+  TANDEM_TRANSPORT=shm "$T" run -n 3 -- tandem "${A[@]}" --batch-size 32 --save-weights "$TMP/shm3.st" --metrics "$TMP/shm3.m" >/dev/null 2>&1 &&
+    same "$TMP/one.st" "$TMP/shm3.st" 1e-5 &&
+    [[ "$(grep -o '"loss":[0-9.]*' "$TMP/one.m" | tail -1)" == "$(grep -o '"loss":[0-9.]*' "$TMP/shm3.m" | tail -1)" ]] &&
+    grep -q '"world_size":3' "$TMP/shm3.m" && grep -q '"time_comm_wait_ms"' "$TMP/shm3.m"
+}
+check "3 ranks (shm) x 32 == 1 process x 96: parameters and losses" three_shm
+three_tcp() {
+  TANDEM_TRANSPORT=tcp "$T" run -n 3 -- tandem "${A[@]}" --batch-size 32 --save-weights "$TMP/tcp3.st" >/dev/null 2>&1 &&
+    same "$TMP/one.st" "$TMP/tcp3.st" 1e-5
+}
+check "3 ranks (tcp) x 32 == 1 process x 96" three_tcp
+two_ranks() {
+  "$T" run -n 2 -- tandem "${A[@]}" --batch-size 48 --save-weights "$TMP/two.st" >/dev/null 2>&1 && same "$TMP/one.st" "$TMP/two.st" 1e-5
+}
+check "2 ranks x 48 == 1 process x 96" two_ranks
+accum() {
+  "$T" "${A[@]}" --batch-size 32 --accum 3 --save-weights "$TMP/acc.st" >/dev/null 2>&1 && same "$TMP/one.st" "$TMP/acc.st" 1e-5 &&
+    "$T" run -n 3 -- tandem "${A[@]}" --batch-size 16 --accum 2 --save-weights "$TMP/acc3.st" >/dev/null 2>&1 &&
+    same "$TMP/one.st" "$TMP/acc3.st" 1e-5
+}
+check "accumulation: 1 x 32 x 3 steps, and 3 ranks x 16 x 2 steps == 1 x 96" accum
+bitwise() {
+  "$T" run -n 2 -- tandem "${A[@]}" --batch-size 48 --save-weights "$TMP/again.st" >/dev/null 2>&1 && cmp -s "$TMP/two.st" "$TMP/again.st"
+}
+check "the same seed twice on 2 ranks: bit-identical weights" bitwise
+under_mpirun() {
+  command -v mpirun >/dev/null || return 0
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
+    timeout 120 mpirun -np 2 "$T" "${A[@]}" --batch-size 48 --save-weights "$TMP/mpi.st" >"$TMP/mpi.out" 2>&1 ||
+    { tail -5 "$TMP/mpi.out"; return 1; }
+  same "$TMP/one.st" "$TMP/mpi.st" 1e-5
+}
+check "under Open MPI's mpirun (2 ranks) == 1 process" under_mpirun
+different_models() {
+  "$T" run -n 2 -- sh -c "if [ \"\$RANK\" = 1 ]; then exec \"$T\" train --steps 1 --model cnn; else exec \"$T\" train --steps 1; fi" \
+    >"$TMP/out" 2>&1
+  local rc=$?
+  [[ $rc -ne 0 ]] && grep -q "built a different model than rank 0" "$TMP/out" || { echo "  exit $rc"; tail -5 "$TMP/out"; return 1; }
+}
+check "ranks with different models: a clear error, no hang" different_models
+compressed() {
+  "$T" run -n 2 -- tandem "${A[@]}" --batch-size 48 --compress bf16 --save-weights "$TMP/bf16.st" >/dev/null 2>&1 &&
+    ! "$T" weights-diff "$TMP/one.st" "$TMP/bf16.st" --rtol 1e-5 --quiet >/dev/null && same "$TMP/one.st" "$TMP/bf16.st" 2e-2
+}
+check "bf16 gradients on the wire: close to, not equal to, f32" compressed
+echo "$passed passed, $failed failed"
+[[ $failed -eq 0 ]]
