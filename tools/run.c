@@ -110,7 +110,7 @@ int tool_run(int argc, char **argv) {
       dash = i;
       break;
     }
-  int64_t n = 0, port = 0, nnodes = 1, node_rank = 0;
+  int64_t n = 0, port = 0, nnodes = 1, node_rank = 0, max_restarts = 0;
   const char *log_dir = NULL, *master = NULL;
   cli_opt opts[] = {
       {"nproc", CLI_INT, &n, "1", "ranks to start on this node (also -n)", NULL, 1, MAX_RANKS, 0},
@@ -119,6 +119,7 @@ int tool_run(int argc, char **argv) {
       {"master-addr", CLI_STRING, &master, "127.0.0.1", "address of the node that hosts rank 0", NULL, 0, 0, 0},
       {"master-port", CLI_INT, &port, "0", "rendezvous port (0: a free port; set it for several nodes)", NULL, 0, 65535, 0},
       {"log-dir", CLI_STRING, &log_dir, NULL, "also write each rank's output to DIR/rank-N.log", NULL, 0, 0, 0},
+      {"max-restarts", CLI_INT, &max_restarts, "0", "restart the whole group this many times after a failure (the program resumes from its checkpoint)", NULL, 0, 1000, 0},
   };
   int nopt = (int)(sizeof opts / sizeof opts[0]);
   int n_ours = dash >= 0 ? dash : argc;
@@ -164,6 +165,9 @@ int tool_run(int argc, char **argv) {
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
   signal(SIGPIPE, SIG_IGN);
+  int first_fail = -1;
+  for (int64_t attempt = 0;; attempt++) {
+  memset(ranks, 0, sizeof ranks);
   for (int i = 0; i < N; i++) {
     int p[2];
     if (pipe2(p, O_CLOEXEC) != 0) {
@@ -195,6 +199,8 @@ int tool_run(int argc, char **argv) {
       snprintf(v, sizeof v, "%lld", (long long)port);
       setenv("MASTER_PORT", v, 1);
       setenv("TANDEM_JOB_TOKEN", token, 1);
+      snprintf(v, sizeof v, "%lld", (long long)attempt);
+      setenv("TANDEM_RESTART_COUNT", v, 1);
       snprintf(v, sizeof v, "%ld", threads);
       setenv("TANDEM_NUM_THREADS", v, 0); /* cores divided among local ranks, unless set */
       setenv("OPENBLAS_NUM_THREADS", v, 0);
@@ -208,7 +214,8 @@ int tool_run(int argc, char **argv) {
     ranks[i].fd = p[0];
     fcntl(p[0], F_SETFL, O_NONBLOCK);
   }
-  int first_fail = -1, alive = N, stopping = 0;
+  first_fail = -1;
+  int alive = N, stopping = 0;
   double stop_at = 0;
   while (alive > 0) {
     struct pollfd pf[MAX_RANKS];
@@ -248,6 +255,13 @@ int tool_run(int argc, char **argv) {
   for (int i = 0; i < N; i++) {
     close(ranks[i].fd);
     if (ranks[i].log) fclose(ranks[i].log);
+  }
+  if (first_fail < 0 || got_signal || attempt >= max_restarts) break;
+  rank_t *f = &ranks[first_fail];
+  fprintf(stderr, "\ntandem run: rank %lld failed (%s %d); restarting all %d ranks (restart %lld of %lld)\n\n",
+          (long long)(node_rank * n + first_fail), f->sig ? "signal" : "exit code", f->sig ? f->sig : f->code, N,
+          (long long)attempt + 1, (long long)max_restarts);
+  if (nnodes == 1) port = free_port(); /* the old port may linger in TIME_WAIT */
   }
   if (got_signal && first_fail < 0) {
     fprintf(stderr, "tandem run: stopped by signal %d\n", (int)got_signal);

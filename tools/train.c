@@ -2,12 +2,31 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <stdlib.h>
+#include <unistd.h>
+
 #include "cli.h"
 #include "tandem/tandem.h"
 
+/* TANDEM_FAULT=RANK:STEP makes that rank die (exit 3) after that step, on the first attempt only
+ * (TANDEM_RESTART_COUNT unset or 0): how the restart tests cause a failure. */
+static int fault_hook(void *ctx, int64_t steps_done) {
+  (void)ctx;
+  const char *f = getenv("TANDEM_FAULT"), *rc = getenv("TANDEM_RESTART_COUNT"), *rank = getenv("RANK");
+  int fr, fs;
+  if (!f || sscanf(f, "%d:%d", &fr, &fs) != 2 || (rc && atoi(rc) > 0)) return 0;
+  if ((rank ? atoi(rank) : 0) == fr && steps_done == fs) {
+    fprintf(stderr, "tandem train: TANDEM_FAULT: rank %d stops after step %d\n", fr, fs);
+    fflush(stderr);
+    _exit(3);
+  }
+  return 0;
+}
+
 int tool_train(int argc, char **argv) {
   tdm_train_config c = tdm_train_config_default();
-  int64_t epochs, steps, batch, seed, threads, eval_batch, accum;
+  int64_t epochs, steps, batch, seed, threads, eval_batch, accum, ckpt_every;
+  int resume;
   double lr, dropout, wd, momentum;
   cli_opt opts[] = {
       {"model", CLI_CHOICE, &c.model, "mlp", "model to train", "mlp|cnn", 0, 0, 0},
@@ -31,6 +50,9 @@ int tool_train(int argc, char **argv) {
       {"init-weights", CLI_STRING, &c.init_weights, NULL, "start from these weights (.safetensors)", NULL, 0, 0, 0},
       {"save-weights", CLI_STRING, &c.save_weights, NULL, "write the final weights here (.safetensors)", NULL, 0, 0, 0},
       {"metrics", CLI_STRING, &c.metrics, NULL, "write JSON-lines metrics here", NULL, 0, 0, 0},
+      {"checkpoint-dir", CLI_STRING, &c.checkpoint_dir, NULL, "write checkpoints here (model, optimizer, step)", NULL, 0, 0, 0},
+      {"checkpoint-every", CLI_INT, &ckpt_every, "0", "steps between checkpoints (0: only at the end)", NULL, 0, 1e12, 0},
+      {"resume", CLI_FLAG, &resume, NULL, "continue from the newest valid checkpoint in --checkpoint-dir, if any", NULL, 0, 0, 0},
   };
   int n = (int)(sizeof opts / sizeof opts[0]);
   int r = cli_parse("train", "[options]", opts, n, argc, argv);
@@ -51,6 +73,13 @@ int tool_train(int argc, char **argv) {
   c.threads = (int)threads;
   c.eval_batch = eval_batch;
   c.accum = accum;
+  c.checkpoint_every = ckpt_every;
+  c.resume = resume;
+  c.on_step = fault_hook;
+  if (resume && !c.checkpoint_dir) {
+    fprintf(stderr, "tandem train: --resume needs --checkpoint-dir\n");
+    return 2;
+  }
   c.progress = stderr;
   tdm_train_result res;
   tdm_status st = tdm_train_run(&c, &res);

@@ -15,5 +15,6 @@
 #include "tandem/train.h"
 #include "tandem/comm.h"
 #include "tandem/dp.h"
+#include "tandem/checkpoint.h"
 
 #endif

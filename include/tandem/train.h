@@ -52,6 +52,13 @@ typedef struct tdm_train_config {
   int64_t eval_batch;
   int64_t accum;         /* micro-batches per optimizer step (gradient accumulation); 0 or 1: none */
   const char *compress;  /* gradients on the wire: "none" (f32), "bf16", "fp16" */
+  const char *checkpoint_dir; /* NULL: no checkpoints */
+  int64_t checkpoint_every;   /* steps between checkpoints (0: only at the end) */
+  int resume;                 /* continue from the newest valid checkpoint in checkpoint_dir, if any */
+  /* Called after every optimizer step with the number of steps done; a non-zero return stops
+   * training with TDM_ERR_INVALID_USAGE (the CLI uses it to inject faults in tests). */
+  int (*on_step)(void *ctx, int64_t steps_done);
+  void *on_step_ctx;
   FILE *progress;        /* live progress and evaluation lines (rank 0 only); NULL for silence */
 } tdm_train_config;
 
@@ -62,6 +69,7 @@ typedef struct tdm_train_result {
   double samples_per_sec; /* training samples of all ranks / training wall time (evaluation excluded) */
   double train_seconds;
   int world_size, rank;
+  int64_t resumed_from; /* the checkpoint's step, or -1 */
 } tdm_train_result;
 
 /* Defaults of `tandem train`: mlp on fashion-mnist, 1 epoch, batch 64, Adam lr 1e-3, dropout

@@ -9,6 +9,7 @@
 #include "tandem/autograd.h"
 #include "tandem/comm.h"
 #include "tandem/dp.h"
+#include "tandem/checkpoint.h"
 #include "tandem/data.h"
 #include "tandem/nn.h"
 #include "tandem/optim.h"
@@ -215,7 +216,24 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   double train_time = 0, t_start = tdm_time_now();
   int64_t step = 0, samples = 0;
   float loss_v = NAN;
-  int64_t epoch = 0;
+  res->resumed_from = -1;
+  if (c->resume && c->checkpoint_dir) {
+    tdm_ckpt_info ci;
+    char warn[1024];
+    tdm_status ls = tdm_ckpt_load_latest(c->checkpoint_dir, params, s->opt, W, &ci, warn, sizeof warn);
+    if (warn[0] && pr.f) fprintf(pr.f, "tandem train: skipped corrupt checkpoints: %s\n", warn);
+    if (ls == TDM_OK) {
+      step = ci.step;
+      res->resumed_from = step;
+      if (pr.f) fprintf(pr.f, "tandem train: resumed from step %lld of %s\n", (long long)step, c->checkpoint_dir);
+    } else if (ls == TDM_ERR_IO) {
+      if (pr.f) fprintf(pr.f, "tandem train: no checkpoint in %s yet: starting from step 0\n", c->checkpoint_dir);
+    } else {
+      return ls;
+    }
+  }
+  if (step >= total && pr.f) fprintf(pr.f, "tandem train: the checkpoint is at step %lld; nothing left to do\n", (long long)step);
+  int64_t epoch = step / steps_per_epoch;
   while (step < total) {
     /* per-epoch shuffle from (seed, epoch): the same order whatever happened before */
     tdm_rng r;
@@ -226,7 +244,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
       s->order[i] = s->order[j];
       s->order[j] = t;
     }
-    for (int64_t si = 0; si < steps_per_epoch && step < total; si++, step++) {
+    for (int64_t si = step % steps_per_epoch; si < steps_per_epoch && step < total; si++, step++) {
       double t0 = tdm_time_now(), t_fwd = 0, t_bwd = 0, t_wait = 0;
       int64_t step_samples = 0;
       double loss_sum = 0;
@@ -296,6 +314,12 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
                 "\"lr\":%g,\"rank\":%d,\"world_size\":%d}\n",
                 (long long)step, (long long)epoch, (double)loss_v, (double)step_samples / dt, dt * 1e3, t_fwd * 1e3,
                 (t_bwd * 1e3 - t_wait), t_wait, (t3 - t2) * 1e3, c->lr, R, W);
+      if (c->checkpoint_dir && R == 0 && ((c->checkpoint_every > 0 && (step + 1) % c->checkpoint_every == 0) || step + 1 == total)) {
+        tdm_ckpt_info ci = {step + 1, W, c->seed};
+        TDM__TRY(tdm_ckpt_save(c->checkpoint_dir, params, s->opt, &ci, 2));
+      }
+      if (c->on_step && c->on_step(c->on_step_ctx, step + 1))
+        return tdm__set_error(TDM_ERR_INVALID_USAGE, "training stopped by the step callback after step %lld", (long long)step + 1);
       double now = tdm_time_now();
       int last = step + 1 == total;
       int due = pr.tty ? (now - pr.last > 0.2) : ((step + 1) % (total / 10 > 0 ? total / 10 : 1) == 0);
