@@ -2,7 +2,8 @@
  *
  * A data set is an opaque handle behind one interface (size, sample shape, batch assembly) so the
  * sampler and the trainer do not care where samples come from. Readers so far:
- *   - IDX (MNIST / Fashion-MNIST): the four standard files, gzip'd or not, fully validated.
+ *   - IDX (MNIST / Fashion-MNIST): the four standard files, gzip'd or not, fully validated;
+ *   - synthetic: a generator (a Gaussian sample and a teacher's label per index).
  *
  *   tdm_dataset *train;
  *   if (tdm_dataset_open_idx(&train, "/usr/share/datasets/fashion-mnist", 1) != TDM_OK) ...
@@ -36,6 +37,11 @@ void tdm_idx_free(tdm_idx *f);
 typedef struct tdm_dataset tdm_dataset;
 /* MNIST-layout IDX set in dir: {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]. */
 tdm_status tdm_dataset_open_idx(tdm_dataset **out, const char *dir, int train);
+/* Synthetic classification: n samples of the given shape, labels from a random linear teacher
+ * fixed by seed; sample i depends only on (seed, first_index + i), so a test split is the same
+ * task drawn from other indices. */
+tdm_status tdm_dataset_open_synthetic(tdm_dataset **out, int64_t n, int ndim, const int64_t *shape, int classes,
+                                      uint64_t seed, uint64_t first_index);
 void tdm_dataset_destroy(tdm_dataset *ds);
 int64_t tdm_dataset_len(const tdm_dataset *ds);
 int tdm_dataset_num_classes(const tdm_dataset *ds);

@@ -33,6 +33,7 @@ typedef struct tdm_dp_config {
   size_t bucket_bytes;       /* 0: 25 MiB */
   size_t first_bucket_bytes; /* 0: 1 MiB */
   tdm_dtype wire_dtype;      /* TDM_F32, or TDM_BF16 / TDM_F16 to compress gradients on the wire */
+  int no_overlap;            /* 1: start all buckets after backward (to measure what overlap hides) */
 } tdm_dp_config;
 
 typedef struct tdm_dp tdm_dp;

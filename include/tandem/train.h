@@ -52,6 +52,7 @@ typedef struct tdm_train_config {
   int64_t eval_batch;
   int64_t accum;         /* micro-batches per optimizer step (gradient accumulation); 0 or 1: none */
   const char *compress;  /* gradients on the wire: "none" (f32), "bf16", "fp16" */
+  int no_overlap;        /* 1: all-reduce only after backward (measures what overlap hides) */
   const char *checkpoint_dir; /* NULL: no checkpoints */
   int64_t checkpoint_every;   /* steps between checkpoints (0: only at the end) */
   int resume;                 /* continue from the newest valid checkpoint in checkpoint_dir, if any */

@@ -51,7 +51,7 @@ static void on_grad_ready(void *ctx, tdm_tensor *p) {
   if (idx < 0) return;
   bucket *b = &dp->b[dp->bucket_of[idx]];
   if (b->pending > 0) b->pending--;
-  if (dp->sync) launch_ready(dp);
+  if (dp->sync && !dp->cfg.no_overlap) launch_ready(dp);
 }
 
 static uint64_t structure_hash(const tdm_params *p, int upto) {
@@ -104,7 +104,7 @@ static tdm_status check_same_model(tdm_comm_t c, const tdm_params *p) {
 
 tdm_status tdm_dp_create(tdm_dp **out, tdm_comm_t comm, tdm_params *params, const tdm_dp_config *cfg) {
   if (!out || !comm || !params) return tdm__set_error(TDM_ERR_INVALID_ARG, "dp_create: NULL argument");
-  tdm_dp_config c = cfg ? *cfg : (tdm_dp_config){0, 0, TDM_F32};
+  tdm_dp_config c = cfg ? *cfg : (tdm_dp_config){0, 0, TDM_F32, 0};
   if (!c.bucket_bytes) c.bucket_bytes = 25u << 20;
   if (!c.first_bucket_bytes) c.first_bucket_bytes = 1u << 20;
   if (c.wire_dtype != TDM_F32 && c.wire_dtype != TDM_BF16 && c.wire_dtype != TDM_F16)
@@ -133,12 +133,12 @@ tdm_status tdm_dp_create(tdm_dp **out, tdm_comm_t comm, tdm_params *params, cons
     size_t limit = dp->nb == 0 ? c.first_bucket_bytes : c.bucket_bytes;
     b->hi = i + 1 < n ? tdm_params_offset(params, i + 1) : total;
     int j = i;
-    while (j >= 0) {
+    while (j >= 0) { /* add parameters while they fit; a bucket holds at least one */
+      int64_t lo = tdm_params_offset(params, j);
+      if (b->n_params > 0 && (size_t)(b->hi - lo) * 4 > limit) break;
       dp->bucket_of[j] = dp->nb;
       b->n_params++;
-      int64_t lo = tdm_params_offset(params, j);
       j--;
-      if ((size_t)(b->hi - lo) * 4 >= limit) break;
     }
     b->lo = tdm_params_offset(params, j + 1);
     if (c.wire_dtype != TDM_F32 && !(b->wire = tdm__malloc((size_t)(b->hi - b->lo) * 2 + 64))) {

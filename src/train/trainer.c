@@ -102,8 +102,8 @@ static tdm_status parse_kinds(const tdm_train_config *c, tdm_model_kind *mk, tdm
   else if (!strcmp(c->optimizer, "adam")) *ok = TDM_OPT_ADAM;
   else if (!strcmp(c->optimizer, "adamw")) *ok = TDM_OPT_ADAMW;
   else return tdm__set_error(TDM_ERR_INVALID_ARG, "train: optimizer '%s'; expected sgd, adam or adamw", c->optimizer);
-  if (!c->data || (strcmp(c->data, "fashion-mnist") && strcmp(c->data, "mnist")))
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: data set '%s'; expected fashion-mnist or mnist",
+  if (!c->data || (strcmp(c->data, "fashion-mnist") && strcmp(c->data, "mnist") && strcmp(c->data, "synthetic")))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: data set '%s'; expected fashion-mnist, mnist or synthetic",
                           c->data ? c->data : "(null)");
   if (c->compress && strcmp(c->compress, "none") && strcmp(c->compress, "bf16") && strcmp(c->compress, "fp16"))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "train: compression '%s'; expected none, bf16 or fp16", c->compress);
@@ -153,8 +153,14 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   if (W > 1) TDM__TRY(tdm_comm_create(&s->comm, &cc));
   res->world_size = W;
   res->rank = R;
-  TDM__TRY(tdm_dataset_open_idx(&s->train, c->data_dir, 1));
-  TDM__TRY(tdm_dataset_open_idx(&s->test, c->data_dir, 0));
+  if (!strcmp(c->data, "synthetic")) { /* Fashion-MNIST's shape and sizes, generated */
+    int64_t shp[3] = {1, 28, 28};
+    TDM__TRY(tdm_dataset_open_synthetic(&s->train, 60000, 3, shp, 10, 0x5eed, 0));
+    TDM__TRY(tdm_dataset_open_synthetic(&s->test, 10000, 3, shp, 10, 0x5eed, 1ull << 40));
+  } else {
+    TDM__TRY(tdm_dataset_open_idx(&s->train, c->data_dir, 1));
+    TDM__TRY(tdm_dataset_open_idx(&s->test, c->data_dir, 0));
+  }
   int64_t shape[4], tshape[4];
   int nd = tdm_dataset_sample_shape(s->train, shape), tnd = tdm_dataset_sample_shape(s->test, tshape);
   if (nd != tnd || memcmp(shape, tshape, sizeof(int64_t) * (size_t)nd) != 0)
@@ -180,7 +186,8 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   TDM__TRY(tdm_optim_create(&s->opt, &oc, params));
   TDM__TRY(tdm_tape_create(&s->tape, 16u << 20));
   if (s->comm) {
-    tdm_dp_config dc = {0, 0, !c->compress || !strcmp(c->compress, "none") ? TDM_F32 : !strcmp(c->compress, "bf16") ? TDM_BF16 : TDM_F16};
+    tdm_dp_config dc = {0, 0, !c->compress || !strcmp(c->compress, "none") ? TDM_F32 : !strcmp(c->compress, "bf16") ? TDM_BF16 : TDM_F16,
+                        c->no_overlap};
     TDM__TRY(tdm_dp_create(&s->dp, s->comm, params, &dc));
   }
   int64_t K = c->accum > 1 ? c->accum : 1;

@@ -64,5 +64,10 @@ compressed() {
     ! "$T" weights-diff "$TMP/one.st" "$TMP/bf16.st" --rtol 1e-5 --quiet >/dev/null && same "$TMP/one.st" "$TMP/bf16.st" 2e-2
 }
 check "bf16 gradients on the wire: close to, not equal to, f32" compressed
+synthetic() {
+  "$T" run -n 2 -- tandem train --data synthetic --steps 150 --threads 1 >"$TMP/syn.out" 2>&1 &&
+    awk '/test accuracy: / { exit !($4 > 0.5) }' <(sed 's/^\[rank 0\] //' "$TMP/syn.out")
+}
+check "--data synthetic learns on 2 ranks (accuracy > 0.5; chance 0.1)" synthetic
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

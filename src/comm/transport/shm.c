@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "comm/comm_impl.h"
@@ -93,14 +94,21 @@ typedef struct {
 /* Called when a wait makes no progress: backs off, and every ~5 ms checks the deadline, the
  * abort flag and the peer's life. Returns TDM_OK to keep waiting. */
 static tdm_status idle(shm_tr *t, waiter *w, int peer, double deadline) {
+  /* spin while the peer is probably about to arrive (the latency case), then yield, then sleep
+   * in short naps: on a machine with as many ranks as cores a spinning waiter steals the core
+   * that another thread (backward, on a data-parallel rank) needs */
   if (++w->spins < 4000) {
 #if defined(__x86_64__)
     __builtin_ia32_pause();
 #endif
     return TDM_OK;
   }
-  sched_yield();
-  if ((w->spins & 63) != 0) return TDM_OK;
+  if (w->spins < 4100) sched_yield();
+  else {
+    struct timespec ts = {0, 20000};
+    nanosleep(&ts, NULL);
+  }
+  if (w->spins < 4100 && (w->spins & 63) != 0) return TDM_OK;
   double now = tdm_time_now();
   if (now < w->next_check) return TDM_OK;
   w->next_check = now + 0.005;
