@@ -3,7 +3,8 @@
  * A data set is an opaque handle behind one interface (size, sample shape, batch assembly) so the
  * sampler and the trainer do not care where samples come from. Readers so far:
  *   - IDX (MNIST / Fashion-MNIST): the four standard files, gzip'd or not, fully validated;
- *   - synthetic: a generator (a Gaussian sample and a teacher's label per index).
+ *   - synthetic: a generator (a Gaussian sample and a teacher's label per index);
+ *   - text as bytes (tiny Shakespeare) and llm.c's uint16 token files, as windows of T tokens.
  *
  *   tdm_dataset *train;
  *   if (tdm_dataset_open_idx(&train, "/usr/share/datasets/fashion-mnist", 1) != TDM_OK) ...
@@ -42,6 +43,13 @@ tdm_status tdm_dataset_open_idx(tdm_dataset **out, const char *dir, int train);
  * task drawn from other indices. */
 tdm_status tdm_dataset_open_synthetic(tdm_dataset **out, int64_t n, int ndim, const int64_t *shape, int classes,
                                       uint64_t seed, uint64_t first_index);
+/* Language-model data: a text file as bytes (vocabulary 256), or llm.c's uint16 token file
+ * (1024-byte header: magic 20240520, version 1, token count; every token below vocab). Sample i is
+ * the window of T tokens starting at i*T; its targets are the same window shifted by one. */
+tdm_status tdm_dataset_open_text(tdm_dataset **out, const char *path, int64_t T);
+tdm_status tdm_dataset_open_tokens_u16(tdm_dataset **out, const char *path, int64_t T, int vocab);
+/* Token windows x (n, T) and targets y (n, T) of a token data set. */
+tdm_status tdm_dataset_tokens(const tdm_dataset *ds, const int64_t *idx, int64_t n, int32_t *x, int32_t *y);
 void tdm_dataset_destroy(tdm_dataset *ds);
 int64_t tdm_dataset_len(const tdm_dataset *ds);
 int tdm_dataset_num_classes(const tdm_dataset *ds);

@@ -198,12 +198,65 @@ static void test_idx_files(void) {
   CHECK_ERR_HAS("dataset-fashion-mnist");
 }
 
+static void test_text_and_token_files(void) {
+  write_file(path("t.txt"), "hello, world", 12);
+  tdm_dataset *ds = NULL;
+  CHECK_OK(tdm_dataset_open_text(&ds, path("t.txt"), 4)); /* 11 targets: 2 whole windows */
+  if (ds) {
+    CHECK(tdm_dataset_len(ds) == 2 && tdm_dataset_num_classes(ds) == 256);
+    int64_t idx[1] = {1};
+    int32_t x[4], y[4];
+    CHECK_OK(tdm_dataset_tokens(ds, idx, 1, x, y));
+    CHECK(x[0] == 'o' && x[3] == 'w' && y[0] == ',' && y[3] == 'o');
+    int64_t bad[1] = {2};
+    CHECK(tdm_dataset_tokens(ds, bad, 1, x, y) == TDM_ERR_INVALID_ARG);
+    tdm_dataset_destroy(ds);
+  }
+  CHECK(tdm_dataset_open_text(&ds, path("t.txt"), 12) == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("do not fill one window");
+  /* llm.c layout: header + uint16 tokens */
+  unsigned char buf[1024 + 20];
+  int32_t hdr[256] = {20240520, 1, 10};
+  memcpy(buf, hdr, sizeof hdr);
+  for (int i = 0; i < 10; i++) {
+    uint16_t v = (uint16_t)(i * 3);
+    memcpy(buf + 1024 + 2 * i, &v, 2);
+  }
+  write_file(path("tok.bin"), buf, sizeof buf);
+  CHECK_OK(tdm_dataset_open_tokens_u16(&ds, path("tok.bin"), 3, 50));
+  if (ds) {
+    int64_t idx[1] = {2};
+    int32_t x[3], y[3];
+    CHECK_OK(tdm_dataset_tokens(ds, idx, 1, x, y));
+    CHECK(x[0] == 18 && y[2] == 27);
+    tdm_dataset_destroy(ds);
+  }
+  CHECK(tdm_dataset_open_tokens_u16(&ds, path("tok.bin"), 3, 20) == TDM_ERR_FORMAT); /* token 21 >= 20 */
+  CHECK_ERR_HAS("vocabulary size 20");
+  hdr[0] = 7;
+  memcpy(buf, hdr, sizeof hdr);
+  write_file(path("bad.bin"), buf, sizeof buf);
+  CHECK(tdm_dataset_open_tokens_u16(&ds, path("bad.bin"), 3, 50) == TDM_ERR_FORMAT);
+  CHECK_ERR_HAS("magic 7");
+  hdr[0] = 20240520;
+  memcpy(buf, hdr, sizeof hdr);
+  write_file(path("odd.bin"), buf, sizeof buf - 1);
+  CHECK(tdm_dataset_open_tokens_u16(&ds, path("odd.bin"), 3, 50) == TDM_ERR_FORMAT);
+  CHECK_ERR_HAS("odd");
+  CHECK_OK(tdm_dataset_open_text(&ds, "data/tinyshakespeare.txt", 128)); /* the shipped corpus */
+  if (ds) {
+    CHECK(tdm_dataset_len(ds) == (1115394 - 1) / 128);
+    tdm_dataset_destroy(ds);
+  }
+}
+
 int main(void) {
   snprintf(dir, sizeof dir, "/tmp/tandem-test-io-XXXXXX");
   if (!mkdtemp(dir)) return 1;
   static const tdm_test_case cases[] = {T(test_safetensors_round_trip), T(test_safetensors_rejects_bad_files),
-                                        T(test_params_load_checks_names_and_shapes), T(test_idx_files)};
-  int rc = tdm_test_main(cases, 4);
+                                        T(test_params_load_checks_names_and_shapes), T(test_idx_files),
+                                        T(test_text_and_token_files)};
+  int rc = tdm_test_main(cases, 5);
   char cmd[128];
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);

@@ -17,6 +17,8 @@ struct tdm_dataset {
   int sample_ndim;
   int64_t sample_shape[4];
   int64_t sample_numel;
+  /* token data sets only: windows and their next-token targets */
+  tdm_status (*tokens)(const tdm_dataset *ds, const int64_t *idx, int64_t n, int32_t *x, int32_t *y);
   void *impl;
 };
 
