@@ -16,5 +16,6 @@
 #include "tandem/comm.h"
 #include "tandem/dp.h"
 #include "tandem/checkpoint.h"
+#include "tandem/sampler.h"
 
 #endif

@@ -13,7 +13,8 @@
  * or MPI's or Slurm's variables) every rank runs this same call; batch_size is per rank, each
  * optimizer step consumes world_size x accum x batch_size samples, sliced from one shuffled order
  * so that N ranks see exactly what one process with an N-times batch sees (with several ranks or
- * accumulation, the incomplete last global batch of an epoch is dropped). Gradients are averaged
+ * accumulation, the incomplete last global batch of an epoch is padded by wrapping around, as
+ * PyTorch's DistributedSampler; see tandem/sampler.h). Gradients are averaged
  * with tdm_dp; the reported loss is the global mean; rank 0 prints, writes metrics and weights.
  *
  * Metrics (JSON lines, one object per line): per step {"step", "epoch", "loss",
@@ -53,6 +54,8 @@ typedef struct tdm_train_config {
   int64_t accum;         /* micro-batches per optimizer step (gradient accumulation); 0 or 1: none */
   const char *compress;  /* gradients on the wire: "none" (f32), "bf16", "fp16" */
   int no_overlap;        /* 1: all-reduce only after backward (measures what overlap hides) */
+  const char *last_batch; /* "auto" (partial for one process, pad otherwise), "partial", "pad", "drop" */
+  int prefetch;          /* 1: a thread assembles the next batch while this one computes */
   const char *checkpoint_dir; /* NULL: no checkpoints */
   int64_t checkpoint_every;   /* steps between checkpoints (0: only at the end) */
   int resume;                 /* continue from the newest valid checkpoint in checkpoint_dir, if any */

@@ -28,8 +28,8 @@ void tdm__net_nonblock(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBL
 void tdm__net_tune(int fd) {
   int one = 1, buf = 4 << 20;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
-  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+  if (buf) setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+  if (buf) setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
 }
 
 static tdm_status resolve(const char *addr, int port, struct sockaddr_in *sa) {

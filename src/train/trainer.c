@@ -10,6 +10,7 @@
 #include "tandem/comm.h"
 #include "tandem/dp.h"
 #include "tandem/checkpoint.h"
+#include "tandem/sampler.h"
 #include "tandem/data.h"
 #include "tandem/nn.h"
 #include "tandem/optim.h"
@@ -31,6 +32,8 @@ tdm_train_config tdm_train_config_default(void) {
   c.eval_batch = 1000;
   c.accum = 1;
   c.compress = "none";
+  c.last_batch = "auto";
+  c.prefetch = 1;
   return c;
 }
 
@@ -121,15 +124,17 @@ static tdm_status parse_kinds(const tdm_train_config *c, tdm_model_kind *mk, tdm
 typedef struct {
   tdm_comm_t comm;
   tdm_dp *dp;
+  tdm_sampler *sampler;
   tdm_dataset *train, *test;
   tdm_model *model;
   tdm_optim *opt;
   tdm_tape *tape;
-  int64_t *order, *idx;
+  int64_t *idx;
   FILE *metrics;
 } run_state;
 
 static void run_free(run_state *s) {
+  tdm_sampler_destroy(s->sampler);
   tdm_dp_destroy(s->dp);
   tdm_comm_destroy(s->comm);
   tdm_dataset_destroy(s->train);
@@ -137,7 +142,6 @@ static void run_free(run_state *s) {
   tdm_model_destroy(s->model);
   tdm_optim_destroy(s->opt);
   tdm_tape_destroy(s->tape);
-  tdm__free(s->order);
   tdm__free(s->idx);
   if (s->metrics) fclose(s->metrics);
 }
@@ -193,18 +197,19 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   int64_t K = c->accum > 1 ? c->accum : 1;
   int64_t N = tdm_dataset_len(s->train), B = c->batch_size, per = tdm_dataset_sample_numel(s->train);
   int64_t G = B * W * K; /* samples per optimizer step, all ranks */
-  /* one process: the last, partial batch is kept, as DataLoader does; otherwise every rank
-   * must run the same steps, so the incomplete global batch is dropped */
-  int partial_ok = W == 1 && K == 1;
-  int64_t steps_per_epoch = partial_ok ? (N + B - 1) / B : N / G;
-  if (steps_per_epoch < 1)
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: %lld training samples do not fill one global batch of %lld (%d ranks x accum %lld x batch %lld)",
-                          (long long)N, (long long)G, W, (long long)K, (long long)B);
+  tdm_last_batch last = TDM_LAST_PARTIAL; /* one process: keep the smaller last batch, as DataLoader */
+  if (c->last_batch && !strcmp(c->last_batch, "drop")) last = TDM_LAST_DROP;
+  else if ((c->last_batch && !strcmp(c->last_batch, "pad")) || W > 1 || K > 1) last = TDM_LAST_PAD;
+  if (c->last_batch && !strcmp(c->last_batch, "partial") && (W > 1 || K > 1))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --last-batch partial needs one rank and no accumulation (%d ranks, accum %lld)",
+                          W, (long long)K);
+  tdm_sampler_config sc = {B, K, W, R, c->seed, last, c->prefetch};
+  TDM__TRY(tdm_sampler_create(&s->sampler, s->train, &sc));
+  int64_t steps_per_epoch = tdm_sampler_steps_per_epoch(s->sampler);
   int64_t total = c->steps > 0 ? c->steps : c->epochs * steps_per_epoch;
   int64_t eb = c->eval_batch > B ? c->eval_batch : B;
-  s->order = tdm__malloc(sizeof(int64_t) * (size_t)N);
   s->idx = tdm__malloc(sizeof(int64_t) * (size_t)eb);
-  if (!s->order || !s->idx) return tdm__set_error(TDM_ERR_NO_MEMORY, "train: out of memory");
+  if (!s->idx) return tdm__set_error(TDM_ERR_NO_MEMORY, "train: out of memory");
   if (c->metrics && !(s->metrics = fopen(c->metrics, "w")))
     return tdm__set_error(TDM_ERR_IO, "train: cannot write metrics to %s", c->metrics);
 
@@ -242,25 +247,18 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   if (step >= total && pr.f) fprintf(pr.f, "tandem train: the checkpoint is at step %lld; nothing left to do\n", (long long)step);
   int64_t epoch = step / steps_per_epoch;
   while (step < total) {
-    /* per-epoch shuffle from (seed, epoch): the same order whatever happened before */
-    tdm_rng r;
-    tdm_rng_seed(&r, tdm_hash64(c->seed ^ 0x5348554646ull, (uint64_t)epoch));
-    for (int64_t i = 0; i < N; i++) s->order[i] = i;
-    for (int64_t i = N - 1; i > 0; i--) {
-      int64_t j = (int64_t)(tdm_rng_next(&r) % (uint64_t)(i + 1)), t = s->order[i];
-      s->order[i] = s->order[j];
-      s->order[j] = t;
-    }
+    TDM__TRY(tdm_sampler_seek(s->sampler, step));
     for (int64_t si = step % steps_per_epoch; si < steps_per_epoch && step < total; si++, step++) {
       double t0 = tdm_time_now(), t_fwd = 0, t_bwd = 0, t_wait = 0;
       int64_t step_samples = 0;
-      double loss_sum = 0;
+      double loss_sum = 0, correct = 0;
       tdm_params_zero_grad(params);
       for (int64_t m = 0; m < K; m++) {
-        /* this rank's slice of the global batch: the samples one process would see at the
-         * same place in an N-times batch */
-        int64_t b = si * (partial_ok ? B : G) + m * B * W + (int64_t)R * B;
-        int64_t Bn = partial_ok && N - b < B ? N - b : B;
+        /* this rank's slice of the global batch (see tandem/sampler.h) */
+        const float *bx;
+        const int32_t *by;
+        int64_t Bn, b;
+        TDM__TRY(tdm_sampler_next(s->sampler, &bx, &by, &Bn, &b));
         double ta = tdm_time_now();
         tdm_tape *tp = s->tape;
         tdm_tape_reset(tp);
@@ -274,11 +272,21 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
           xs[3] = mc.width;
           nd = 4;
         }
-        tdm_tensor *x = tdm_new(tp, TDM_F32, nd, xs), *y = tdm_new(tp, TDM_I32, 1, ys);
+        tdm_tensor *x = tdm_from_data(tp, TDM_F32, nd, xs, bx), *y = tdm_from_data(tp, TDM_I32, 1, ys, by);
         if (!x || !y) return tdm__set_error(tdm_tape_status(tp), "%s", tdm_tape_error(tp));
-        TDM__TRY(tdm_dataset_batch(s->train, s->order + b, Bn, tdm_tensor_data(x), tdm_tensor_data(y)));
-        tdm_tensor *loss = tdm_cross_entropy(tp, tdm_model_forward(s->model, tp, x), y, -100);
+        tdm_tensor *logits = tdm_model_forward(s->model, tp, x);
+        tdm_tensor *loss = tdm_cross_entropy(tp, logits, y, -100);
         if (!loss) return tdm__set_error(tdm_tape_status(tp), "step %lld: %s", (long long)step, tdm_tape_error(tp));
+        { /* training accuracy of this batch, for the progress line */
+          const float *lg = tdm_tensor_data(logits);
+          int64_t C = tdm_tensor_dim(logits, -1);
+          for (int64_t i = 0; i < Bn; i++) {
+            int64_t best = 0;
+            for (int64_t k = 1; k < C; k++)
+              if (lg[i * C + k] > lg[i * C + best]) best = k;
+            correct += best == by[i];
+          }
+        }
         double tb = tdm_time_now();
         if (s->dp) tdm_dp_set_sync(s->dp, m == K - 1);
         if (K > 1) { /* mean over the K micro-batches: seed backward with 1/K */
@@ -303,10 +311,16 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
       }
       double t2 = tdm_time_now();
       TDM__TRY(tdm_optim_step(s->opt, (float)c->lr));
+      double t2b = tdm_time_now();
+      /* the global mean loss and the batch accuracy: part of the step, so part of its time */
+      double lv[3] = {loss_sum / (double)K, correct, (double)step_samples};
+      if (s->comm) {
+        lv[0] /= W;
+        TDM__TRY(tdm_comm_allreduce(s->comm, lv, lv, 3, TDM_F64, TDM_SUM, TDM_ALGO_AUTO));
+      }
       double t3 = tdm_time_now();
-      double lv = loss_sum / (double)K;
-      if (s->comm) TDM__TRY(tdm_comm_allreduce(s->comm, &lv, &lv, 1, TDM_F64, TDM_AVG, TDM_ALGO_AUTO));
-      loss_v = (float)lv;
+      loss_v = (float)lv[0];
+      double train_acc = lv[2] > 0 ? lv[1] / lv[2] : 0;
       if (!isfinite(loss_v))
         return tdm__set_error(TDM_ERR_INVALID_ARG, "step %lld: the loss is %g; lower --lr (now %g)", (long long)step,
                               (double)loss_v, c->lr);
@@ -318,9 +332,9 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
         fprintf(s->metrics,
                 "{\"step\":%lld,\"epoch\":%lld,\"loss\":%.6f,\"samples_per_sec\":%.1f,\"step_time_ms\":%.4f,"
                 "\"time_forward_ms\":%.4f,\"time_backward_ms\":%.4f,\"time_comm_wait_ms\":%.4f,\"time_optimizer_ms\":%.4f,"
-                "\"lr\":%g,\"rank\":%d,\"world_size\":%d}\n",
+                "\"lr\":%g,\"rank\":%d,\"world_size\":%d,\"train_accuracy\":%.4f}\n",
                 (long long)step, (long long)epoch, (double)loss_v, (double)step_samples / dt, dt * 1e3, t_fwd * 1e3,
-                (t_bwd * 1e3 - t_wait), t_wait, (t3 - t2) * 1e3, c->lr, R, W);
+                (t_bwd * 1e3 - t_wait), t_wait + (t3 - t2b) * 1e3, (t2b - t2) * 1e3, c->lr, R, W, train_acc);
       if (c->checkpoint_dir && R == 0 && ((c->checkpoint_every > 0 && (step + 1) % c->checkpoint_every == 0) || step + 1 == total)) {
         tdm_ckpt_info ci = {step + 1, W, c->seed};
         TDM__TRY(tdm_ckpt_save(c->checkpoint_dir, params, s->opt, &ci, 2));
@@ -334,8 +348,8 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
         char eta[32];
         double sps = (double)samples / train_time;
         fmt_eta(eta, sizeof eta, (double)(total - step - 1) * (double)G / sps);
-        fprintf(pr.f, "%sepoch %lld step %lld/%lld  loss %.4f  %.0f samples/s  ETA %s%s", pr.tty ? "\r" : "",
-                (long long)epoch + 1, (long long)step + 1, (long long)total, (double)loss_v, sps, eta,
+        fprintf(pr.f, "%sepoch %lld step %lld/%lld  loss %.4f  acc %.3f  %.0f samples/s  ETA %s%s", pr.tty ? "\r" : "",
+                (long long)epoch + 1, (long long)step + 1, (long long)total, (double)loss_v, train_acc, sps, eta,
                 pr.tty ? "   " : "\n");
         fflush(pr.f);
         pr.last = now;

@@ -1,0 +1,58 @@
+/* tandem — the distributed sampler and its prefetch thread.
+ *
+ * Every epoch is one permutation of the data set, a function of (seed, epoch). Optimizer step s
+ * consumes a global batch of world x accum x batch samples; micro-batch m of rank r is the slice
+ * [s*G + m*batch*world + r*batch, + batch) of that order, so N ranks see exactly what one process
+ * with an N-times batch sees. The last, incomplete global batch of an epoch is:
+ *   TDM_LAST_PARTIAL  kept smaller (one process only, as PyTorch's DataLoader),
+ *   TDM_LAST_PAD      filled by wrapping around to the start of the order (as DistributedSampler),
+ *   TDM_LAST_DROP     dropped.
+ * With prefetch on, a thread assembles the next micro-batch while the current one computes.
+ *
+ *   tdm_sampler *s;
+ *   tdm_sampler_create(&s, ds, &cfg);
+ *   for (...) { const float *x; const int32_t *y; int64_t n, first;
+ *               tdm_sampler_next(s, &x, &y, &n, &first); ... }
+ *
+ * Not thread-safe: one consumer.
+ */
+#ifndef TANDEM_SAMPLER_H
+#define TANDEM_SAMPLER_H
+
+#include <stdint.h>
+
+#include "tandem/data.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { TDM_LAST_PARTIAL, TDM_LAST_PAD, TDM_LAST_DROP } tdm_last_batch;
+
+typedef struct tdm_sampler_config {
+  int64_t batch;     /* per rank and micro-batch */
+  int64_t accum;     /* micro-batches per step (>= 1) */
+  int world, rank;
+  uint64_t seed;
+  tdm_last_batch last;
+  int prefetch;      /* 1: assemble the next micro-batch on a background thread */
+} tdm_sampler_config;
+
+typedef struct tdm_sampler tdm_sampler;
+/* The data set must outlive the sampler. Fails (naming the sizes) if one global batch does not
+ * fit the data set, or TDM_LAST_PARTIAL is asked for with several ranks or accumulation. */
+tdm_status tdm_sampler_create(tdm_sampler **out, const tdm_dataset *ds, const tdm_sampler_config *cfg);
+void tdm_sampler_destroy(tdm_sampler *s);
+int64_t tdm_sampler_steps_per_epoch(const tdm_sampler *s);
+/* Positions the sampler at the start of global step `step` (0-based, counted over epochs). */
+tdm_status tdm_sampler_seek(tdm_sampler *s, int64_t step);
+/* The next micro-batch of this rank: x (n x sample_numel) and y (n), valid until the next call;
+ * *first is the position of its first sample in the epoch's order (dropout keys use it). */
+tdm_status tdm_sampler_next(tdm_sampler *s, const float **x, const int32_t **y, int64_t *n, int64_t *first);
+/* The epoch of the micro-batch tdm_sampler_next returns next. */
+int64_t tdm_sampler_epoch(const tdm_sampler *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
