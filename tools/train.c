@@ -26,7 +26,8 @@ static int fault_hook(void *ctx, int64_t steps_done) {
 int tool_train(int argc, char **argv) {
   tdm_train_config c = tdm_train_config_default();
   int64_t epochs, steps, batch, seed, threads, eval_batch, accum, ckpt_every;
-  int resume, no_overlap, no_prefetch;
+  int resume, no_overlap;
+  const char *prefetch;
   double lr, dropout, wd, momentum;
   cli_opt opts[] = {
       {"model", CLI_CHOICE, &c.model, "mlp", "model to train", "mlp|cnn", 0, 0, 0},
@@ -53,7 +54,7 @@ int tool_train(int argc, char **argv) {
       {"checkpoint-dir", CLI_STRING, &c.checkpoint_dir, NULL, "write checkpoints here (model, optimizer, step)", NULL, 0, 0, 0},
       {"checkpoint-every", CLI_INT, &ckpt_every, "0", "steps between checkpoints (0: only at the end)", NULL, 0, 1e12, 0},
       {"last-batch", CLI_CHOICE, &c.last_batch, "auto", "the incomplete last batch of an epoch (auto: partial for one process, pad for several)", "auto|partial|pad|drop", 0, 0, 0},
-      {"no-prefetch", CLI_FLAG, &no_prefetch, NULL, "assemble batches on the training thread", NULL, 0, 0, 0},
+      {"prefetch", CLI_CHOICE, &prefetch, "auto", "assemble the next batch on a thread (auto: if a core is spare)", "auto|on|off", 0, 0, 0},
       {"no-overlap", CLI_FLAG, &no_overlap, NULL, "all-reduce gradients only after backward (to measure the overlap)", NULL, 0, 0, 0},
       {"resume", CLI_FLAG, &resume, NULL, "continue from the newest valid checkpoint in --checkpoint-dir, if any", NULL, 0, 0, 0},
   };
@@ -79,7 +80,7 @@ int tool_train(int argc, char **argv) {
   c.checkpoint_every = ckpt_every;
   c.resume = resume;
   c.no_overlap = no_overlap;
-  c.prefetch = !no_prefetch;
+  c.prefetch = !strcmp(prefetch, "on") ? 1 : !strcmp(prefetch, "off") ? 0 : -1;
   c.on_step = fault_hook;
   if (resume && !c.checkpoint_dir) {
     fprintf(stderr, "tandem train: --resume needs --checkpoint-dir\n");

@@ -55,7 +55,8 @@ typedef struct tdm_train_config {
   const char *compress;  /* gradients on the wire: "none" (f32), "bf16", "fp16" */
   int no_overlap;        /* 1: all-reduce only after backward (measures what overlap hides) */
   const char *last_batch; /* "auto" (partial for one process, pad otherwise), "partial", "pad", "drop" */
-  int prefetch;          /* 1: a thread assembles the next batch while this one computes */
+  int prefetch;          /* 1: a thread assembles the next batch while this one computes; 0: no;
+                            -1 (default): only if a core is left over after the ranks' threads */
   const char *checkpoint_dir; /* NULL: no checkpoints */
   int64_t checkpoint_every;   /* steps between checkpoints (0: only at the end) */
   int resume;                 /* continue from the newest valid checkpoint in checkpoint_dir, if any */

@@ -1,6 +1,7 @@
 /* The classifier training loop: shuffle, step, evaluate, record. One tape, reset every step,
  * so the steady state allocates nothing. */
 #include <math.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -33,7 +34,7 @@ tdm_train_config tdm_train_config_default(void) {
   c.accum = 1;
   c.compress = "none";
   c.last_batch = "auto";
-  c.prefetch = 1;
+  c.prefetch = -1;
   return c;
 }
 
@@ -125,6 +126,7 @@ typedef struct {
   tdm_comm_t comm;
   tdm_dp *dp;
   tdm_sampler *sampler;
+  double last_loss;
   tdm_dataset *train, *test;
   tdm_model *model;
   tdm_optim *opt;
@@ -144,6 +146,54 @@ static void run_free(run_state *s) {
   tdm_tape_destroy(s->tape);
   tdm__free(s->idx);
   if (s->metrics) fclose(s->metrics);
+}
+
+/* One step's numbers, kept until its all-reduced loss and accuracy arrive. */
+typedef struct {
+  int pending;
+  int64_t step, epoch;
+  double stats[3]; /* loss / world, correct, samples of this rank: summed over ranks */
+  tdm_work_t work;
+  double dt, t_fwd, t_bwd, t_wait, t_opt, samples;
+  int64_t total, G;
+  int64_t samples_so_far;
+  double train_time;
+} step_record;
+
+static tdm_status flush_record(run_state *s, step_record *r, progress *pr, const tdm_train_config *c) {
+  if (!r->pending) return TDM_OK;
+  r->pending = 0;
+  if (r->work) {
+    double t0 = tdm_time_now();
+    TDM__TRY(tdm_work_wait(r->work));
+    r->work = NULL;
+    r->t_wait += tdm_time_now() - t0;
+  }
+  double loss = r->stats[0], acc = r->stats[2] > 0 ? r->stats[1] / r->stats[2] : 0;
+  s->last_loss = loss;
+  int R = s->comm ? tdm_comm_rank(s->comm) : 0, W = s->comm ? tdm_comm_size(s->comm) : 1;
+  if (s->metrics)
+    fprintf(s->metrics,
+            "{\"step\":%lld,\"epoch\":%lld,\"loss\":%.6f,\"samples_per_sec\":%.1f,\"step_time_ms\":%.4f,"
+            "\"time_forward_ms\":%.4f,\"time_backward_ms\":%.4f,\"time_comm_wait_ms\":%.4f,\"time_optimizer_ms\":%.4f,"
+            "\"lr\":%g,\"rank\":%d,\"world_size\":%d,\"train_accuracy\":%.4f}\n",
+            (long long)r->step, (long long)r->epoch, loss, r->samples / r->dt, r->dt * 1e3, r->t_fwd * 1e3, r->t_bwd * 1e3,
+            r->t_wait * 1e3, r->t_opt * 1e3, c->lr, R, W, acc);
+  double now = tdm_time_now();
+  int last = r->step + 1 == r->total;
+  int due = pr->tty ? (now - pr->last > 0.2) : ((r->step + 1) % (r->total / 10 > 0 ? r->total / 10 : 1) == 0);
+  if (pr->f && (due || last)) {
+    char eta[32];
+    double sps = (double)r->samples_so_far / r->train_time;
+    fmt_eta(eta, sizeof eta, (double)(r->total - r->step - 1) * (double)r->G / sps);
+    fprintf(pr->f, "%sepoch %lld step %lld/%lld  loss %.4f  acc %.3f  %.0f samples/s  ETA %s%s", pr->tty ? "\r" : "",
+            (long long)r->epoch + 1, (long long)r->step + 1, (long long)r->total, loss, acc, sps, eta, pr->tty ? "   " : "\n");
+    fflush(pr->f);
+    pr->last = now;
+  }
+  if (!isfinite(loss)) return tdm__set_error(TDM_ERR_INVALID_ARG, "step %lld: the loss is %g; lower --lr (now %g)",
+                                             (long long)r->step, loss, c->lr);
+  return TDM_OK;
 }
 
 static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_state *s) {
@@ -203,7 +253,13 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   if (c->last_batch && !strcmp(c->last_batch, "partial") && (W > 1 || K > 1))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --last-batch partial needs one rank and no accumulation (%d ranks, accum %lld)",
                           W, (long long)K);
-  tdm_sampler_config sc = {B, K, W, R, c->seed, last, c->prefetch};
+  int prefetch = c->prefetch;
+  if (prefetch < 0) { /* auto: only when a core is left over after every rank's compute threads */
+    const char *lws = getenv("LOCAL_WORLD_SIZE");
+    long cores = sysconf(_SC_NPROCESSORS_ONLN), local = lws && atoi(lws) > 0 ? atoi(lws) : W;
+    prefetch = cores > (long)tdm_get_num_threads() * local;
+  }
+  tdm_sampler_config sc = {B, K, W, R, c->seed, last, prefetch};
   TDM__TRY(tdm_sampler_create(&s->sampler, s->train, &sc));
   int64_t steps_per_epoch = tdm_sampler_steps_per_epoch(s->sampler);
   int64_t total = c->steps > 0 ? c->steps : c->epochs * steps_per_epoch;
@@ -246,6 +302,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   }
   if (step >= total && pr.f) fprintf(pr.f, "tandem train: the checkpoint is at step %lld; nothing left to do\n", (long long)step);
   int64_t epoch = step / steps_per_epoch;
+  step_record rec = {0};
   while (step < total) {
     TDM__TRY(tdm_sampler_seek(s->sampler, step));
     for (int64_t si = step % steps_per_epoch; si < steps_per_epoch && step < total; si++, step++) {
@@ -311,51 +368,32 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
       }
       double t2 = tdm_time_now();
       TDM__TRY(tdm_optim_step(s->opt, (float)c->lr));
-      double t2b = tdm_time_now();
-      /* the global mean loss and the batch accuracy: part of the step, so part of its time */
-      double lv[3] = {loss_sum / (double)K, correct, (double)step_samples};
-      if (s->comm) {
-        lv[0] /= W;
-        TDM__TRY(tdm_comm_allreduce(s->comm, lv, lv, 3, TDM_F64, TDM_SUM, TDM_ALGO_AUTO));
-      }
       double t3 = tdm_time_now();
-      loss_v = (float)lv[0];
-      double train_acc = lv[2] > 0 ? lv[1] / lv[2] : 0;
-      if (!isfinite(loss_v))
-        return tdm__set_error(TDM_ERR_INVALID_ARG, "step %lld: the loss is %g; lower --lr (now %g)", (long long)step,
-                              (double)loss_v, c->lr);
+      double local_loss = loss_sum / (double)K;
+      if (!isfinite(local_loss))
+        return tdm__set_error(TDM_ERR_INVALID_ARG, "step %lld: the loss is %g on rank %d; lower --lr (now %g)",
+                              (long long)step, local_loss, R, c->lr);
+      /* the global loss and accuracy travel without blocking: started now, collected (and the
+       * step's record written) during the next step, so they add no synchronisation point */
+      TDM__TRY(flush_record(s, &rec, &pr, c));
+      rec = (step_record){.pending = 1, .step = step, .epoch = epoch, .stats = {local_loss / W, correct, (double)step_samples},
+                          .dt = t3 - t0, .t_fwd = t_fwd, .t_bwd = t_bwd - t_wait * 1e-3, .t_wait = t_wait * 1e-3,
+                          .t_opt = t3 - t2, .samples = (double)step_samples * W, .total = total, .G = G};
+      if (s->comm) TDM__TRY(tdm_comm_iallreduce(s->comm, rec.stats, rec.stats, 3, TDM_F64, TDM_SUM, TDM_ALGO_AUTO, &rec.work));
       double dt = t3 - t0;
       train_time += dt;
-      step_samples *= W;
-      samples += step_samples;
-      if (s->metrics)
-        fprintf(s->metrics,
-                "{\"step\":%lld,\"epoch\":%lld,\"loss\":%.6f,\"samples_per_sec\":%.1f,\"step_time_ms\":%.4f,"
-                "\"time_forward_ms\":%.4f,\"time_backward_ms\":%.4f,\"time_comm_wait_ms\":%.4f,\"time_optimizer_ms\":%.4f,"
-                "\"lr\":%g,\"rank\":%d,\"world_size\":%d,\"train_accuracy\":%.4f}\n",
-                (long long)step, (long long)epoch, (double)loss_v, (double)step_samples / dt, dt * 1e3, t_fwd * 1e3,
-                (t_bwd * 1e3 - t_wait), t_wait + (t3 - t2b) * 1e3, (t2b - t2) * 1e3, c->lr, R, W, train_acc);
+      samples += (int64_t)rec.samples;
+      rec.samples_so_far = samples;
+      rec.train_time = train_time;
       if (c->checkpoint_dir && R == 0 && ((c->checkpoint_every > 0 && (step + 1) % c->checkpoint_every == 0) || step + 1 == total)) {
         tdm_ckpt_info ci = {step + 1, W, c->seed};
         TDM__TRY(tdm_ckpt_save(c->checkpoint_dir, params, s->opt, &ci, 2));
       }
       if (c->on_step && c->on_step(c->on_step_ctx, step + 1))
         return tdm__set_error(TDM_ERR_INVALID_USAGE, "training stopped by the step callback after step %lld", (long long)step + 1);
-      double now = tdm_time_now();
-      int last = step + 1 == total;
-      int due = pr.tty ? (now - pr.last > 0.2) : ((step + 1) % (total / 10 > 0 ? total / 10 : 1) == 0);
-      if (pr.f && (due || last)) {
-        char eta[32];
-        double sps = (double)samples / train_time;
-        fmt_eta(eta, sizeof eta, (double)(total - step - 1) * (double)G / sps);
-        fprintf(pr.f, "%sepoch %lld step %lld/%lld  loss %.4f  acc %.3f  %.0f samples/s  ETA %s%s", pr.tty ? "\r" : "",
-                (long long)epoch + 1, (long long)step + 1, (long long)total, (double)loss_v, train_acc, sps, eta,
-                pr.tty ? "   " : "\n");
-        fflush(pr.f);
-        pr.last = now;
-      }
     }
     int epoch_done = step % steps_per_epoch == 0 || step >= total;
+    TDM__TRY(flush_record(s, &rec, &pr, c));
     if (epoch_done) {
       double tl = 0, ta = 0;
       TDM__TRY(evaluate(s->model, s->tape, s->test, eb, s->idx, s->comm, &tl, &ta));
@@ -378,6 +416,8 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
     const char *meta[] = {"format", "pt", "tandem.model", c->model};
     TDM__TRY(tdm_params_save(params, c->save_weights, 2, meta));
   }
+  TDM__TRY(flush_record(s, &rec, &pr, c));
+  loss_v = (float)s->last_loss;
   res->steps = step;
   res->final_loss = loss_v;
   res->train_seconds = train_time;
