@@ -221,13 +221,12 @@ static void emulate(struct tdm_comm *c, const tdm__xfer *x, int n) {
   }
 }
 
-tdm_status tdm__exchange(struct tdm_comm *c, tdm__xfer *x, int n) {
+/* Runs transfers whose headers are set: emulation, rank mapping, the transport, and on failure
+ * the abort that tells every peer why. */
+static tdm_status run_xfers(struct tdm_comm *c, tdm__xfer *x, int n) {
   if (atomic_load(&c->failed)) return tdm__set_error(c->fail_status, "%s", c->error);
   if (c->emu_link_free) emulate(c, x, n);
   for (int i = 0; i < n; i++) {
-    tdm__hdr h = {TDM_MSG_MAGIC, c->cur.kind, c->cur.seq, c->cur.dtype, c->cur.op, c->cur.root, c->comm_id,
-                  c->cur.count, x[i].nbytes};
-    x[i].hdr = h;
     x[i].done = 0;
     x[i].complete = 0;
     if (c->map) x[i].peer = c->map[x[i].peer];
@@ -240,6 +239,15 @@ tdm_status tdm__exchange(struct tdm_comm *c, tdm__xfer *x, int n) {
     return tdm__set_error(c->fail_status, "%s", c->error);
   }
   return TDM_OK;
+}
+
+tdm_status tdm__exchange(struct tdm_comm *c, tdm__xfer *x, int n) {
+  for (int i = 0; i < n; i++) {
+    tdm__hdr h = {TDM_MSG_MAGIC, c->cur.kind, c->cur.seq, c->cur.dtype, c->cur.op, c->cur.root, c->comm_id,
+                  c->cur.count, x[i].nbytes};
+    x[i].hdr = h;
+  }
+  return run_xfers(c, x, n);
 }
 
 tdm_status tdm__send(struct tdm_comm *c, int peer, const void *buf, size_t nbytes) {
@@ -604,32 +612,15 @@ tdm_status tdm_comm_sendrecv(tdm_comm_t c, int to, const void *sendbuf, size_t s
     return tdm__set_error(TDM_ERR_INVALID_ARG, "sendrecv: to %d, from %d, tag %d; expected other ranks of %d and tag >= 0", to,
                           from, tag, c->size);
   if ((sendbytes && !sendbuf) || (recvbytes && !recvbuf)) return tdm__set_error(TDM_ERR_INVALID_ARG, "sendrecv: NULL buffer");
-  /* both directions carry the call of their sender: the send's size is what the peer expects */
+  /* each direction carries its sender's size: the send's header is what the peer expects */
   tdm__xfer x[2] = {{.peer = to, .is_send = 1, .buf = (void *)sendbuf, .nbytes = sendbytes},
                     {.peer = from, .is_send = 0, .buf = recvbuf, .nbytes = recvbytes}};
   for (int i = 0; i < 2; i++) {
-    c->cur = (tdm__call){TDM_COLL_P2P, 0, 0, 0, x[i].nbytes, (uint64_t)tag};
     tdm__hdr h = {TDM_MSG_MAGIC, TDM_COLL_P2P, (uint64_t)tag, 0, 0, 0, c->comm_id, x[i].nbytes, x[i].nbytes};
     x[i].hdr = h;
   }
-  tdm__xfer *px = x;
-  int n = 2;
-  /* tdm__exchange fills headers from c->cur, which holds one size; run the two halves with
-   * their own sizes through the transport directly */
-  if (atomic_load(&c->failed)) return tdm__set_error(c->fail_status, "%s", c->error);
-  if (c->emu_link_free) emulate(c, px, n);
-  for (int i = 0; i < n; i++) {
-    x[i].done = 0;
-    x[i].complete = 0;
-    if (c->map) x[i].peer = c->map[x[i].peer];
-  }
-  tdm_status st = c->tr->ops->run(c->tr, px, n, tdm_time_now() + c->timeout_s);
-  if (st != TDM_OK) {
-    if (!atomic_load(&c->failed)) tdm__comm_fail(c, st, "%s", tdm_last_error());
-    c->tr->ops->abort(c->tr, c->error);
-    return tdm__set_error(c->fail_status, "%s", c->error);
-  }
-  return TDM_OK;
+  c->cur = (tdm__call){TDM_COLL_P2P, 0, 0, 0, sendbytes, (uint64_t)tag};
+  return run_xfers(c, x, 2);
 }
 
 /* ---- split ---------------------------------------------------------------------------------- */

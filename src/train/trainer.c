@@ -51,6 +51,16 @@ static void fmt_eta(char *b, size_t n, double s) {
 }
 
 /* Evaluates on the whole set with gradients and dropout off. */
+/* The input tensor's shape for n samples: (n, features) for the MLP, (n, C, H, W) for the CNN. */
+static int input_shape(const tdm_model_config *mc, int64_t n, int64_t per, int64_t *xs) {
+  if (mc->kind == TDM_MODEL_CNN) {
+    xs[0] = n, xs[1] = mc->in_channels, xs[2] = mc->height, xs[3] = mc->width;
+    return 4;
+  }
+  xs[0] = n, xs[1] = per;
+  return 2;
+}
+
 static tdm_status evaluate(tdm_model *m, tdm_tape *tp, const tdm_dataset *ds, int64_t eb, int64_t *idx_buf,
                            tdm_comm_t comm, double *loss_out, double *acc_out) {
   int W = comm ? tdm_comm_size(comm) : 1, R = comm ? tdm_comm_rank(comm) : 0;
@@ -64,14 +74,8 @@ static tdm_status evaluate(tdm_model *m, tdm_tape *tp, const tdm_dataset *ds, in
     int64_t B = n - b < eb ? n - b : eb;
     tdm_tape_reset(tp);
     for (int64_t i = 0; i < B; i++) idx_buf[i] = first + b + i;
-    int64_t xs[4] = {B, per, 0, 0}, ys[1] = {B};
-    int nd = 2;
-    if (mc->kind == TDM_MODEL_CNN) {
-      xs[1] = mc->in_channels;
-      xs[2] = mc->height;
-      xs[3] = mc->width;
-      nd = 4;
-    }
+    int64_t xs[4], ys[1] = {B};
+    int nd = input_shape(mc, B, per, xs);
     tdm_tensor *x = tdm_new(tp, TDM_F32, nd, xs), *y = tdm_new(tp, TDM_I32, 1, ys);
     if (!x || !y) return tdm__set_error(tdm_tape_status(tp), "%s", tdm_tape_error(tp));
     TDM__TRY(tdm_dataset_batch(ds, idx_buf, B, tdm_tensor_data(x), tdm_tensor_data(y)));
@@ -321,14 +325,8 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
         tdm_tape_reset(tp);
         tdm_tape_set_training(tp, 1);
         tdm_tape_set_dropout_key(tp, tdm_hash64(c->seed, (uint64_t)step), b);
-        int64_t xs[4] = {Bn, per, 0, 0}, ys[1] = {Bn};
-        int nd = 2;
-        if (mk == TDM_MODEL_CNN) {
-          xs[1] = mc.in_channels;
-          xs[2] = mc.height;
-          xs[3] = mc.width;
-          nd = 4;
-        }
+        int64_t xs[4], ys[1] = {Bn};
+        int nd = input_shape(&mc, Bn, per, xs);
         tdm_tensor *x = tdm_from_data(tp, TDM_F32, nd, xs, bx), *y = tdm_from_data(tp, TDM_I32, 1, ys, by);
         if (!x || !y) return tdm__set_error(tdm_tape_status(tp), "%s", tdm_tape_error(tp));
         tdm_tensor *logits = tdm_model_forward(s->model, tp, x);
