@@ -7,6 +7,7 @@
 
 /* ---- softmax over the middle axis of (outer, n, inner) ---------------------------------- */
 void tdm_k_softmax_fwd(float *y, const float *x, int64_t outer, int64_t n, int64_t inner) {
+  if (n <= 0) return; /* an empty axis has nothing to normalise */
   for (int64_t o = 0; o < outer; o++)
     for (int64_t in = 0; in < inner; in++) {
       const float *xr = x + o * n * inner + in;
@@ -31,6 +32,7 @@ void tdm_k_softmax_bwd(float *dx, const float *dy, const float *y, int64_t outer
 }
 
 void tdm_k_log_softmax_fwd(float *y, const float *x, int64_t outer, int64_t n, int64_t inner) {
+  if (n <= 0) return; /* an empty axis has nothing to normalise */
   for (int64_t o = 0; o < outer; o++)
     for (int64_t in = 0; in < inner; in++) {
       int64_t base = o * n * inner + in;
@@ -66,6 +68,7 @@ typedef struct {
 
 static void lse_range(void *vc, int64_t r0, int64_t r1) {
   lse_ctx *c = vc;
+  if (c->C <= 0) return; /* no classes: no rows either (N = 0) */
   for (int64_t r = r0; r < r1; r++) {
     const float *x = c->logits + r * c->C;
     float mx = -INFINITY;

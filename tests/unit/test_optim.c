@@ -26,7 +26,7 @@ static void test_sgd_momentum_nesterov(void) {
     c.nesterov = nesterov;
     tdm_optim *o;
     CHECK_OK(tdm_optim_create(&o, &c, p));
-    double w[3], buf[3];
+    double w[3], buf[3] = {0, 0, 0};
     for (int i = 0; i < 3; i++) w[i] = w0[i];
     for (int step = 0; step < 3; step++) {
       CHECK_OK(tdm_optim_step(o, c.lr));
