@@ -121,3 +121,9 @@ int cli_parse(const char *cmd, const char *usage, cli_opt *opts, int n, int argc
   }
   return 0;
 }
+
+int cli_seen(const cli_opt *opts, int n, const char *name) {
+  for (int i = 0; i < n; i++)
+    if (!strcmp(opts[i].name, name)) return opts[i].seen;
+  return 0;
+}

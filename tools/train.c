@@ -25,13 +25,23 @@ static int fault_hook(void *ctx, int64_t steps_done) {
 
 int tool_train(int argc, char **argv) {
   tdm_train_config c = tdm_train_config_default();
-  int64_t epochs, steps, batch, seed, threads, eval_batch, accum, ckpt_every;
+  int64_t epochs, steps, batch, seed, threads, eval_batch, accum, ckpt_every, layers, heads, width, block, vocab, seq_len,
+      warmup, val_every, val_batches;
+  double clip, max_time;
   int resume, no_overlap;
   const char *prefetch;
   double lr, dropout, wd, momentum;
   cli_opt opts[] = {
-      {"model", CLI_CHOICE, &c.model, "mlp", "model to train", "mlp|cnn", 0, 0, 0},
-      {"data", CLI_CHOICE, &c.data, "fashion-mnist", "data set (synthetic: generated, Fashion-MNIST's shape)", "fashion-mnist|mnist|synthetic", 0, 0, 0},
+      {"model", CLI_CHOICE, &c.model, "mlp", "model to train", "mlp|cnn|gpt", 0, 0, 0},
+      {"data", CLI_CHOICE, &c.data, "fashion-mnist", "data set (synthetic: generated, Fashion-MNIST's shape; tinyshakespeare for gpt, the default there)", "fashion-mnist|mnist|synthetic|tinyshakespeare", 0, 0, 0},
+      {"data-path", CLI_STRING, &c.data_path, "data/tinyshakespeare.txt", "gpt: the text file (bytes are the tokens)", NULL, 0, 0, 0},
+      {"config", CLI_CHOICE, &c.gpt_config, "mini", "gpt: the architecture (mini: 4 layers, 4 heads, 256 wide, block 128, vocab 256)", "mini|gpt2-124M", 0, 0, 0},
+      {"layers", CLI_INT, &layers, "0", "gpt: transformer blocks (0: from --config)", NULL, 0, 1000, 0},
+      {"heads", CLI_INT, &heads, "0", "gpt: attention heads (0: from --config)", NULL, 0, 1000, 0},
+      {"width", CLI_INT, &width, "0", "gpt: embedding width (0: from --config)", NULL, 0, 1e6, 0},
+      {"block", CLI_INT, &block, "0", "gpt: context length (0: from --config)", NULL, 0, 1e6, 0},
+      {"vocab", CLI_INT, &vocab, "0", "gpt: vocabulary size (0: from --config)", NULL, 0, 1e7, 0},
+      {"seq-len", CLI_INT, &seq_len, "0", "gpt: training sequence length (0: the block size)", NULL, 0, 1e6, 0},
       {"data-dir", CLI_STRING, &c.data_dir, "/usr/share/datasets/fashion-mnist",
        "directory of the IDX files (gzip'd or not)", NULL, 0, 0, 0},
       {"epochs", CLI_INT, &epochs, "1", "passes over the training set", NULL, 1, 1e6, 0},
@@ -44,6 +54,12 @@ int tool_train(int argc, char **argv) {
       {"weight-decay", CLI_FLOAT, &wd, "-1", "weight decay (-1: the optimizer's default, 0.01 for adamw, else 0)",
        NULL, -1, 10, 0},
       {"momentum", CLI_FLOAT, &momentum, "0", "SGD momentum", NULL, 0, 1, 0},
+      {"schedule", CLI_CHOICE, &c.lr_schedule, "constant", "learning-rate schedule (gpt default: cosine to lr/10)", "constant|cosine", 0, 0, 0},
+      {"warmup", CLI_INT, &warmup, "0", "linear warm-up steps (gpt default: a tenth of the steps, at most 100)", NULL, 0, 1e9, 0},
+      {"clip", CLI_FLOAT, &clip, "0", "clip the global gradient norm to this (0: off; gpt default 1)", NULL, 0, 1e6, 0},
+      {"max-time", CLI_FLOAT, &max_time, "0", "stop cleanly after this many seconds of training (0: no limit)", NULL, 0, 1e9, 0},
+      {"val-every", CLI_INT, &val_every, "0", "gpt: validation loss every this many steps (0: at the end; gpt default 100)", NULL, 0, 1e9, 0},
+      {"val-batches", CLI_INT, &val_batches, "20", "gpt: batches per validation", NULL, 1, 1e6, 0},
       {"dropout", CLI_FLOAT, &dropout, "0.3", "dropout probability between layers", NULL, 0, 0.999, 0},
       {"seed", CLI_INT, &seed, "42", "seed for initialisation, shuffling and dropout", NULL, 0, 9.2e18, 0},
       {"threads", CLI_INT, &threads, "0", "intra-op threads (0: all cores, or TANDEM_NUM_THREADS)", NULL, 0, 256, 0},
@@ -66,6 +82,30 @@ int tool_train(int argc, char **argv) {
     fprintf(stderr, "tandem train: give --epochs or --steps, not both\n");
     return 2;
   }
+  int gpt = !strcmp(c.model, "gpt");
+#define SEEN(name) cli_seen(opts, n, name)
+  if (gpt) { /* nanoGPT-like defaults for what the user left unset */
+    if (!SEEN("data")) c.data = "tinyshakespeare";
+    if (!SEEN("optimizer")) c.optimizer = "adamw";
+    if (!SEEN("schedule")) c.lr_schedule = "cosine";
+    if (!SEEN("clip")) clip = 1.0;
+    if (!SEEN("weight-decay")) wd = 0.1;
+    if (!SEEN("batch-size")) batch = 16;
+    if (!SEEN("dropout")) dropout = 0.1;
+    if (!SEEN("val-every")) val_every = 100;
+    c.decay_matrices_only = 1;
+  }
+  if (!SEEN("warmup") && gpt) {
+    int64_t planned = steps > 0 ? steps : 500;
+    warmup = planned / 10 < 100 ? planned / 10 : 100;
+  }
+#undef SEEN
+  c.n_layer = layers, c.n_head = heads, c.n_embd = width, c.block_size = block, c.vocab_size = vocab, c.seq_len = seq_len;
+  c.warmup_steps = warmup;
+  c.clip = clip;
+  c.max_time = max_time;
+  c.val_every = val_every;
+  c.val_batches = val_batches;
   c.epochs = epochs;
   c.steps = steps;
   c.batch_size = batch;
@@ -94,8 +134,13 @@ int tool_train(int argc, char **argv) {
     return 1;
   }
   if (res.rank != 0) return 0; /* rank 0 reports for everyone */
-  printf("test accuracy: %.4f  test loss: %.4f  throughput: %.0f samples/s  (%lld steps, %.1f s training)\n",
-         res.test_accuracy, res.test_loss, res.samples_per_sec, (long long)res.steps, res.train_seconds);
+  if (!strcmp(c.model, "gpt"))
+    printf("val loss: %.4f nats per byte  next-byte accuracy: %.4f  throughput: %.0f tokens/s  (%lld steps, %.1f s training)\n",
+           res.test_loss, res.test_accuracy, res.samples_per_sec * (double)(seq_len > 0 ? seq_len : (block > 0 ? block : 128)),
+           (long long)res.steps, res.train_seconds);
+  else
+    printf("test accuracy: %.4f  test loss: %.4f  throughput: %.0f samples/s  (%lld steps, %.1f s training)\n",
+           res.test_accuracy, res.test_loss, res.samples_per_sec, (long long)res.steps, res.train_seconds);
   if (c.save_weights) printf("weights written to %s\n", c.save_weights);
   return 0;
 }

@@ -47,6 +47,9 @@ tdm_status tdm_dataset_open_synthetic(tdm_dataset **out, int64_t n, int ndim, co
  * (1024-byte header: magic 20240520, version 1, token count; every token below vocab). Sample i is
  * the window of T tokens starting at i*T; its targets are the same window shifted by one. */
 tdm_status tdm_dataset_open_text(tdm_dataset **out, const char *path, int64_t T);
+/* The part [from, to) of the file (fractions of its length): a train / validation split. */
+tdm_status tdm_dataset_open_text_part(tdm_dataset **out, const char *path, int64_t T, double from, double to);
+int tdm_dataset_is_tokens(const tdm_dataset *ds);
 tdm_status tdm_dataset_open_tokens_u16(tdm_dataset **out, const char *path, int64_t T, int vocab);
 /* Token windows x (n, T) and targets y (n, T) of a token data set. */
 tdm_status tdm_dataset_tokens(const tdm_dataset *ds, const int64_t *idx, int64_t n, int32_t *x, int32_t *y);

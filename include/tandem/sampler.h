@@ -46,7 +46,8 @@ void tdm_sampler_destroy(tdm_sampler *s);
 int64_t tdm_sampler_steps_per_epoch(const tdm_sampler *s);
 /* Positions the sampler at the start of global step `step` (0-based, counted over epochs). */
 tdm_status tdm_sampler_seek(tdm_sampler *s, int64_t step);
-/* The next micro-batch of this rank: x (n x sample_numel) and y (n), valid until the next call;
+/* The next micro-batch of this rank: x (n x sample_numel) and y (n), valid until the next call
+ * (token data sets: x holds int32 tokens, n x T, and y their targets, n x T);
  * *first is the position of its first sample in the epoch's order (dropout keys use it). */
 tdm_status tdm_sampler_next(tdm_sampler *s, const float **x, const int32_t **y, int64_t *n, int64_t *first);
 /* The epoch of the micro-batch tdm_sampler_next returns next. */

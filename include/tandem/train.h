@@ -36,9 +36,22 @@ extern "C" {
 #endif
 
 typedef struct tdm_train_config {
-  const char *model;     /* "mlp" | "cnn" */
-  const char *data;      /* "fashion-mnist" (any MNIST-layout IDX directory) */
+  const char *model;     /* "mlp" | "cnn" | "gpt" */
+  const char *data;      /* "fashion-mnist" | "mnist" | "synthetic" | "tinyshakespeare" (gpt) */
   const char *data_dir;
+  const char *data_path; /* gpt: the text file (default data/tinyshakespeare.txt) */
+  /* gpt: the architecture (0: from gpt_config, "mini" or "gpt2-124M") and the sequence length */
+  const char *gpt_config;
+  int64_t n_layer, n_head, n_embd, block_size, vocab_size, seq_len;
+  /* schedule and regularisation: warm-up steps, "constant" | "cosine" (to lr / 10 at the end),
+   * clipping of the global gradient norm (0: off), weight decay on matrices only */
+  int64_t warmup_steps;
+  const char *lr_schedule;
+  double clip;
+  int decay_matrices_only;
+  double max_time;       /* > 0: stop cleanly after this many seconds of training */
+  int64_t val_every;     /* gpt: validation loss every this many steps (0: only at the end) */
+  int64_t val_batches;   /* gpt: validation batches per evaluation */
   int64_t epochs;        /* used when steps == 0 */
   int64_t steps;         /* > 0: train exactly this many steps */
   int64_t batch_size;
@@ -70,7 +83,7 @@ typedef struct tdm_train_config {
 typedef struct tdm_train_result {
   int64_t steps;
   double final_loss;      /* loss of the last step */
-  double test_loss, test_accuracy;
+  double test_loss, test_accuracy; /* gpt: validation loss and next-token accuracy */
   double samples_per_sec; /* training samples of all ranks / training wall time (evaluation excluded) */
   double train_seconds;
   int world_size, rank;

@@ -28,6 +28,7 @@ struct tdm_sampler {
   pthread_t th;
   pthread_mutex_t mu;
   pthread_cond_t cv;
+  int tokens; /* token windows: x holds int32 tokens, y one target per token */
   int stop, started, busy;
   int64_t want; /* the micro-batch the thread prepares next */
 };
@@ -54,7 +55,8 @@ static void assemble(tdm_sampler *s, slot *sl, int64_t pos) {
   int64_t n = B;
   if (s->cfg.last == TDM_LAST_PARTIAL && s->N - first < B) n = s->N - first;
   for (int64_t i = 0; i < n; i++) s->idx[i] = s->order[(first + i) % s->N]; /* pad wraps around */
-  sl->st = tdm_dataset_batch(s->ds, s->idx, n, sl->x, sl->y);
+  sl->st = s->tokens ? tdm_dataset_tokens(s->ds, s->idx, n, (int32_t *)sl->x, sl->y)
+                     : tdm_dataset_batch(s->ds, s->idx, n, sl->x, sl->y);
   if (sl->st != TDM_OK) snprintf(sl->err, sizeof sl->err, "%s", tdm_last_error());
   sl->n = n;
   sl->first = first;
@@ -110,11 +112,12 @@ tdm_status tdm_sampler_create(tdm_sampler **out, const tdm_dataset *ds, const td
                           (long long)cfg->accum, (long long)cfg->batch);
   }
   int64_t per = tdm_dataset_sample_numel(ds);
+  s->tokens = tdm_dataset_is_tokens(ds);
   s->order = tdm__malloc(sizeof(int64_t) * (size_t)s->N);
   s->idx = tdm__malloc(sizeof(int64_t) * (size_t)cfg->batch);
   for (int k = 0; k < 2; k++) {
     s->slots[k].x = tdm__aligned_alloc(sizeof(float) * (size_t)(cfg->batch * per));
-    s->slots[k].y = tdm__malloc(sizeof(int32_t) * (size_t)cfg->batch);
+    s->slots[k].y = tdm__malloc(sizeof(int32_t) * (size_t)(cfg->batch * (s->tokens ? per : 1)));
   }
   s->order_epoch = -1;
   pthread_mutex_init(&s->mu, NULL);

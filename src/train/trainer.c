@@ -35,6 +35,9 @@ tdm_train_config tdm_train_config_default(void) {
   c.compress = "none";
   c.last_batch = "auto";
   c.prefetch = -1;
+  c.gpt_config = "mini";
+  c.lr_schedule = "constant";
+  c.val_batches = 20;
   return c;
 }
 
@@ -53,6 +56,10 @@ static void fmt_eta(char *b, size_t n, double s) {
 /* Evaluates on the whole set with gradients and dropout off. */
 /* The input tensor's shape for n samples: (n, features) for the MLP, (n, C, H, W) for the CNN. */
 static int input_shape(const tdm_model_config *mc, int64_t n, int64_t per, int64_t *xs) {
+  if (mc->kind == TDM_MODEL_GPT) { /* token windows (n, T) */
+    xs[0] = n, xs[1] = per;
+    return 2;
+  }
   if (mc->kind == TDM_MODEL_CNN) {
     xs[0] = n, xs[1] = mc->in_channels, xs[2] = mc->height, xs[3] = mc->width;
     return 4;
@@ -62,9 +69,11 @@ static int input_shape(const tdm_model_config *mc, int64_t n, int64_t per, int64
 }
 
 static tdm_status evaluate(tdm_model *m, tdm_tape *tp, const tdm_dataset *ds, int64_t eb, int64_t *idx_buf,
-                           tdm_comm_t comm, double *loss_out, double *acc_out) {
+                           tdm_comm_t comm, int64_t max_samples, double *loss_out, double *acc_out) {
   int W = comm ? tdm_comm_size(comm) : 1, R = comm ? tdm_comm_rank(comm) : 0;
-  int64_t total = tdm_dataset_len(ds), per = tdm_dataset_sample_numel(ds), correct = 0;
+  int64_t total = tdm_dataset_len(ds), per = tdm_dataset_sample_numel(ds), correct = 0, rows_total = 0;
+  if (max_samples > 0 && max_samples < total) total = max_samples;
+  int tokens = tdm_dataset_is_tokens(ds);
   int64_t first = total * R / W, n = total * (R + 1) / W - first; /* this rank's shard */
   double loss_sum = 0;
   const tdm_model_config *mc = tdm_model_get_config(m);
@@ -74,19 +83,21 @@ static tdm_status evaluate(tdm_model *m, tdm_tape *tp, const tdm_dataset *ds, in
     int64_t B = n - b < eb ? n - b : eb;
     tdm_tape_reset(tp);
     for (int64_t i = 0; i < B; i++) idx_buf[i] = first + b + i;
-    int64_t xs[4], ys[1] = {B};
+    int64_t xs[4], ys[2] = {B, per};
     int nd = input_shape(mc, B, per, xs);
-    tdm_tensor *x = tdm_new(tp, TDM_F32, nd, xs), *y = tdm_new(tp, TDM_I32, 1, ys);
+    tdm_tensor *x = tdm_new(tp, tokens ? TDM_I32 : TDM_F32, nd, xs), *y = tdm_new(tp, TDM_I32, tokens ? 2 : 1, ys);
     if (!x || !y) return tdm__set_error(tdm_tape_status(tp), "%s", tdm_tape_error(tp));
-    TDM__TRY(tdm_dataset_batch(ds, idx_buf, B, tdm_tensor_data(x), tdm_tensor_data(y)));
+    if (tokens) TDM__TRY(tdm_dataset_tokens(ds, idx_buf, B, tdm_tensor_data(x), tdm_tensor_data(y)));
+    else TDM__TRY(tdm_dataset_batch(ds, idx_buf, B, tdm_tensor_data(x), tdm_tensor_data(y)));
     tdm_tensor *logits = tdm_model_forward(m, tp, x);
     tdm_tensor *loss = tdm_cross_entropy(tp, logits, y, -100);
     if (!loss) return tdm__set_error(tdm_tape_status(tp), "evaluation: %s", tdm_tape_error(tp));
-    loss_sum += (double)((float *)tdm_tensor_data(loss))[0] * (double)B;
     const float *lg = tdm_tensor_data(logits);
     const int32_t *yy = tdm_tensor_data(y);
-    int64_t C = tdm_tensor_dim(logits, -1);
-    for (int64_t i = 0; i < B; i++) {
+    int64_t C = tdm_tensor_dim(logits, -1), rows = tdm_tensor_numel(logits) / C;
+    loss_sum += (double)((float *)tdm_tensor_data(loss))[0] * (double)rows;
+    rows_total += rows;
+    for (int64_t i = 0; i < rows; i++) {
       int64_t best = 0;
       for (int64_t c = 1; c < C; c++)
         if (lg[i * C + c] > lg[i * C + best]) best = c;
@@ -94,24 +105,29 @@ static tdm_status evaluate(tdm_model *m, tdm_tape *tp, const tdm_dataset *ds, in
     }
   }
   tdm_tape_set_grad_enabled(tp, 1);
-  double sums[2] = {loss_sum, (double)correct};
-  if (comm) TDM__TRY(tdm_comm_allreduce(comm, sums, sums, 2, TDM_F64, TDM_SUM, TDM_ALGO_AUTO));
-  *loss_out = sums[0] / (double)total;
-  *acc_out = sums[1] / (double)total;
+  double sums[3] = {loss_sum, (double)correct, (double)rows_total};
+  if (comm) TDM__TRY(tdm_comm_allreduce(comm, sums, sums, 3, TDM_F64, TDM_SUM, TDM_ALGO_AUTO));
+  *loss_out = sums[2] > 0 ? sums[0] / sums[2] : 0;
+  *acc_out = sums[2] > 0 ? sums[1] / sums[2] : 0;
   return TDM_OK;
 }
 
 static tdm_status parse_kinds(const tdm_train_config *c, tdm_model_kind *mk, tdm_optim_kind *ok) {
-  if (!c->model || (strcmp(c->model, "mlp") && strcmp(c->model, "cnn")))
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: model '%s'; expected mlp or cnn", c->model ? c->model : "(null)");
-  *mk = !strcmp(c->model, "mlp") ? TDM_MODEL_MLP : TDM_MODEL_CNN;
+  if (!c->model || (strcmp(c->model, "mlp") && strcmp(c->model, "cnn") && strcmp(c->model, "gpt")))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: model '%s'; expected mlp, cnn or gpt", c->model ? c->model : "(null)");
+  *mk = !strcmp(c->model, "mlp") ? TDM_MODEL_MLP : !strcmp(c->model, "cnn") ? TDM_MODEL_CNN : TDM_MODEL_GPT;
+  int text = c->data && !strcmp(c->data, "tinyshakespeare");
+  if ((*mk == TDM_MODEL_GPT) != text)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: model %s with data %s; the gpt model trains on tinyshakespeare, the others on image data",
+                          c->model, c->data ? c->data : "(null)");
   if (!c->optimizer) return tdm__set_error(TDM_ERR_INVALID_ARG, "train: no optimizer");
   if (!strcmp(c->optimizer, "sgd")) *ok = TDM_OPT_SGD;
   else if (!strcmp(c->optimizer, "adam")) *ok = TDM_OPT_ADAM;
   else if (!strcmp(c->optimizer, "adamw")) *ok = TDM_OPT_ADAMW;
   else return tdm__set_error(TDM_ERR_INVALID_ARG, "train: optimizer '%s'; expected sgd, adam or adamw", c->optimizer);
-  if (!c->data || (strcmp(c->data, "fashion-mnist") && strcmp(c->data, "mnist") && strcmp(c->data, "synthetic")))
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: data set '%s'; expected fashion-mnist, mnist or synthetic",
+  if (!c->data || (strcmp(c->data, "fashion-mnist") && strcmp(c->data, "mnist") && strcmp(c->data, "synthetic") &&
+                   strcmp(c->data, "tinyshakespeare")))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: data set '%s'; expected fashion-mnist, mnist, synthetic or tinyshakespeare",
                           c->data ? c->data : "(null)");
   if (c->compress && strcmp(c->compress, "none") && strcmp(c->compress, "bf16") && strcmp(c->compress, "fp16"))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "train: compression '%s'; expected none, bf16 or fp16", c->compress);
@@ -131,6 +147,8 @@ typedef struct {
   tdm_dp *dp;
   tdm_sampler *sampler;
   double last_loss;
+  int stop;                 /* --max-time reached on some rank: every rank stops after this step */
+  int64_t tokens_per_sample; /* gpt: T */
   tdm_dataset *train, *test;
   tdm_model *model;
   tdm_optim *opt;
@@ -156,12 +174,12 @@ static void run_free(run_state *s) {
 typedef struct {
   int pending;
   int64_t step, epoch;
-  double stats[3]; /* loss / world, correct, samples of this rank: summed over ranks */
+  double stats[4]; /* loss / world, correct, rows of this rank, "time is up": summed over ranks */
   tdm_work_t work;
   double dt, t_fwd, t_bwd, t_wait, t_opt, samples;
   int64_t total, G;
   int64_t samples_so_far;
-  double train_time;
+  double train_time, lr;
 } step_record;
 
 static tdm_status flush_record(run_state *s, step_record *r, progress *pr, const tdm_train_config *c) {
@@ -175,14 +193,17 @@ static tdm_status flush_record(run_state *s, step_record *r, progress *pr, const
   }
   double loss = r->stats[0], acc = r->stats[2] > 0 ? r->stats[1] / r->stats[2] : 0;
   s->last_loss = loss;
+  if (r->stats[3] > 0) s->stop = 1;
+  char tok[64] = "";
+  if (s->tokens_per_sample) snprintf(tok, sizeof tok, ",\"tokens_per_sec\":%.1f", r->samples * (double)s->tokens_per_sample / r->dt);
   int R = s->comm ? tdm_comm_rank(s->comm) : 0, W = s->comm ? tdm_comm_size(s->comm) : 1;
   if (s->metrics)
     fprintf(s->metrics,
             "{\"step\":%lld,\"epoch\":%lld,\"loss\":%.6f,\"samples_per_sec\":%.1f,\"step_time_ms\":%.4f,"
             "\"time_forward_ms\":%.4f,\"time_backward_ms\":%.4f,\"time_comm_wait_ms\":%.4f,\"time_optimizer_ms\":%.4f,"
-            "\"lr\":%g,\"rank\":%d,\"world_size\":%d,\"train_accuracy\":%.4f}\n",
+            "\"lr\":%g,\"rank\":%d,\"world_size\":%d,\"train_accuracy\":%.4f%s}\n",
             (long long)r->step, (long long)r->epoch, loss, r->samples / r->dt, r->dt * 1e3, r->t_fwd * 1e3, r->t_bwd * 1e3,
-            r->t_wait * 1e3, r->t_opt * 1e3, c->lr, R, W, acc);
+            r->t_wait * 1e3, r->t_opt * 1e3, r->lr, R, W, acc, tok);
   double now = tdm_time_now();
   int last = r->step + 1 == r->total;
   int due = pr->tty ? (now - pr->last > 0.2) : ((r->step + 1) % (r->total / 10 > 0 ? r->total / 10 : 1) == 0);
@@ -211,7 +232,32 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   if (W > 1) TDM__TRY(tdm_comm_create(&s->comm, &cc));
   res->world_size = W;
   res->rank = R;
-  if (!strcmp(c->data, "synthetic")) { /* Fashion-MNIST's shape and sizes, generated */
+  tdm_model_config mc = mk == TDM_MODEL_MLP ? tdm_model_config_mlp() : mk == TDM_MODEL_CNN ? tdm_model_config_cnn() : tdm_model_config_gpt_mini();
+  if (mk == TDM_MODEL_GPT) {
+    if (c->gpt_config && !strcmp(c->gpt_config, "gpt2-124M")) {
+      mc.n_layer = 12, mc.n_head = 12, mc.n_embd = 768, mc.block_size = 1024, mc.vocab_size = 50257;
+    } else if (c->gpt_config && strcmp(c->gpt_config, "mini")) {
+      return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --config '%s'; expected mini or gpt2-124M", c->gpt_config);
+    }
+    if (c->n_layer > 0) mc.n_layer = c->n_layer;
+    if (c->n_head > 0) mc.n_head = c->n_head;
+    if (c->n_embd > 0) mc.n_embd = c->n_embd;
+    if (c->block_size > 0) mc.block_size = c->block_size;
+    if (c->vocab_size > 0) mc.vocab_size = c->vocab_size;
+    mc.dropout = (float)c->dropout;
+    if (mc.vocab_size < 256)
+      return tdm__set_error(TDM_ERR_INVALID_ARG, "train: vocabulary %lld is smaller than the 256 byte tokens of the text",
+                            (long long)mc.vocab_size);
+  }
+  int64_t T = c->seq_len > 0 ? c->seq_len : mc.block_size;
+  if (mk == TDM_MODEL_GPT && (T < 1 || T > mc.block_size))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --seq-len %lld; expected 1..block size %lld", (long long)T,
+                          (long long)mc.block_size);
+  if (mk == TDM_MODEL_GPT) { /* the first 90% of the text trains, the rest validates */
+    const char *path = c->data_path ? c->data_path : "data/tinyshakespeare.txt";
+    TDM__TRY(tdm_dataset_open_text_part(&s->train, path, T, 0.0, 0.9));
+    TDM__TRY(tdm_dataset_open_text_part(&s->test, path, T, 0.9, 1.0));
+  } else if (!strcmp(c->data, "synthetic")) { /* Fashion-MNIST's shape and sizes, generated */
     int64_t shp[3] = {1, 28, 28};
     TDM__TRY(tdm_dataset_open_synthetic(&s->train, 60000, 3, shp, 10, 0x5eed, 0));
     TDM__TRY(tdm_dataset_open_synthetic(&s->test, 10000, 3, shp, 10, 0x5eed, 1ull << 40));
@@ -221,15 +267,14 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   }
   int64_t shape[4], tshape[4];
   int nd = tdm_dataset_sample_shape(s->train, shape), tnd = tdm_dataset_sample_shape(s->test, tshape);
-  if (nd != tnd || memcmp(shape, tshape, sizeof(int64_t) * (size_t)nd) != 0)
+  if (mk != TDM_MODEL_GPT && (nd != tnd || memcmp(shape, tshape, sizeof(int64_t) * (size_t)nd) != 0))
     return tdm__set_error(TDM_ERR_MISMATCH, "%s: training samples are %lldx%lld but test samples are %lldx%lld",
                           c->data_dir, (long long)shape[1], (long long)shape[2], (long long)tshape[1], (long long)tshape[2]);
-  tdm_model_config mc = mk == TDM_MODEL_MLP ? tdm_model_config_mlp() : tdm_model_config_cnn();
-  mc.dropout = (float)c->dropout;
+  if (mk != TDM_MODEL_GPT) mc.dropout = (float)c->dropout;
   mc.n_classes = tdm_dataset_num_classes(s->train);
   if (mk == TDM_MODEL_MLP) {
     mc.in_features = tdm_dataset_sample_numel(s->train);
-  } else {
+  } else if (mk == TDM_MODEL_CNN) {
     mc.in_channels = shape[0];
     mc.height = shape[1];
     mc.width = shape[2];
@@ -241,6 +286,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   oc.lr = (float)c->lr;
   if (c->weight_decay >= 0) oc.weight_decay = (float)c->weight_decay;
   oc.momentum = (float)c->momentum;
+  oc.decay_matrices_only = c->decay_matrices_only;
   TDM__TRY(tdm_optim_create(&s->opt, &oc, params));
   TDM__TRY(tdm_tape_create(&s->tape, 16u << 20));
   if (s->comm) {
@@ -268,6 +314,9 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   int64_t steps_per_epoch = tdm_sampler_steps_per_epoch(s->sampler);
   int64_t total = c->steps > 0 ? c->steps : c->epochs * steps_per_epoch;
   int64_t eb = c->eval_batch > B ? c->eval_batch : B;
+  s->tokens_per_sample = mk == TDM_MODEL_GPT ? T : 0;
+  tdm_lr_schedule sched = {c->lr_schedule && !strcmp(c->lr_schedule, "cosine") ? TDM_LR_COSINE : TDM_LR_CONSTANT,
+                           (float)c->lr, c->warmup_steps, total, (float)c->lr / 10, 0, 0};
   s->idx = tdm__malloc(sizeof(int64_t) * (size_t)eb);
   if (!s->idx) return tdm__set_error(TDM_ERR_NO_MEMORY, "train: out of memory");
   if (c->metrics && !(s->metrics = fopen(c->metrics, "w")))
@@ -325,17 +374,19 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
         tdm_tape_reset(tp);
         tdm_tape_set_training(tp, 1);
         tdm_tape_set_dropout_key(tp, tdm_hash64(c->seed, (uint64_t)step), b);
-        int64_t xs[4], ys[1] = {Bn};
+        int64_t xs[4], ys[2] = {Bn, per};
         int nd = input_shape(&mc, Bn, per, xs);
-        tdm_tensor *x = tdm_from_data(tp, TDM_F32, nd, xs, bx), *y = tdm_from_data(tp, TDM_I32, 1, ys, by);
+        int tokens = mk == TDM_MODEL_GPT;
+        tdm_tensor *x = tdm_from_data(tp, tokens ? TDM_I32 : TDM_F32, nd, xs, bx),
+                   *y = tdm_from_data(tp, TDM_I32, tokens ? 2 : 1, ys, by);
         if (!x || !y) return tdm__set_error(tdm_tape_status(tp), "%s", tdm_tape_error(tp));
         tdm_tensor *logits = tdm_model_forward(s->model, tp, x);
         tdm_tensor *loss = tdm_cross_entropy(tp, logits, y, -100);
         if (!loss) return tdm__set_error(tdm_tape_status(tp), "step %lld: %s", (long long)step, tdm_tape_error(tp));
         { /* training accuracy of this batch, for the progress line */
           const float *lg = tdm_tensor_data(logits);
-          int64_t C = tdm_tensor_dim(logits, -1);
-          for (int64_t i = 0; i < Bn; i++) {
+          int64_t C = tdm_tensor_dim(logits, -1), rows = tdm_tensor_numel(logits) / C;
+          for (int64_t i = 0; i < rows; i++) {
             int64_t best = 0;
             for (int64_t k = 1; k < C; k++)
               if (lg[i * C + k] > lg[i * C + best]) best = k;
@@ -365,7 +416,9 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
         step_samples += Bn;
       }
       double t2 = tdm_time_now();
-      TDM__TRY(tdm_optim_step(s->opt, (float)c->lr));
+      if (c->clip > 0) TDM__TRY(tdm_clip_grad_norm(params, (float)c->clip, NULL)); /* the same on every rank */
+      float lr = tdm_lr_at(&sched, step);
+      TDM__TRY(tdm_optim_step(s->opt, lr));
       double t3 = tdm_time_now();
       double local_loss = loss_sum / (double)K;
       if (!isfinite(local_loss))
@@ -374,10 +427,14 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
       /* the global loss and accuracy travel without blocking: started now, collected (and the
        * step's record written) during the next step, so they add no synchronisation point */
       TDM__TRY(flush_record(s, &rec, &pr, c));
-      rec = (step_record){.pending = 1, .step = step, .epoch = epoch, .stats = {local_loss / W, correct, (double)step_samples},
+      double rows = mk == TDM_MODEL_GPT ? (double)(step_samples * T) : (double)step_samples;
+      int time_up = c->max_time > 0 && train_time + (t3 - t0) >= c->max_time;
+      rec = (step_record){.pending = 1, .step = step, .epoch = epoch, .lr = lr, .stats = {local_loss / W, correct, rows, time_up},
                           .dt = t3 - t0, .t_fwd = t_fwd, .t_bwd = t_bwd - t_wait * 1e-3, .t_wait = t_wait * 1e-3,
                           .t_opt = t3 - t2, .samples = (double)step_samples * W, .total = total, .G = G};
-      if (s->comm) TDM__TRY(tdm_comm_iallreduce(s->comm, rec.stats, rec.stats, 3, TDM_F64, TDM_SUM, TDM_ALGO_AUTO, &rec.work));
+      if (s->comm) TDM__TRY(tdm_comm_iallreduce(s->comm, rec.stats, rec.stats, 4, TDM_F64, TDM_SUM, TDM_ALGO_AUTO, &rec.work));
+      if (!s->comm && time_up) s->stop = 1;
+      if (s->stop) total = step + 1; /* a rank's time ran out (seen one step late, by all alike) */
       double dt = t3 - t0;
       train_time += dt;
       samples += (int64_t)rec.samples;
@@ -387,6 +444,13 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
         tdm_ckpt_info ci = {step + 1, W, c->seed};
         TDM__TRY(tdm_ckpt_save(c->checkpoint_dir, params, s->opt, &ci, 2));
       }
+      if (mk == TDM_MODEL_GPT && c->val_every > 0 && (step + 1) % c->val_every == 0 && step + 1 < total) {
+        double vl, va;
+        TDM__TRY(flush_record(s, &rec, &pr, c));
+        TDM__TRY(evaluate(s->model, s->tape, s->test, B, s->idx, s->comm, c->val_batches * B * W, &vl, &va));
+        if (pr.f) fprintf(pr.f, "%sstep %lld: val loss %.4f\n", pr.tty ? "\n" : "", (long long)step + 1, vl);
+        if (s->metrics) fprintf(s->metrics, "{\"step\":%lld,\"val_loss\":%.6f,\"val_accuracy\":%.6f}\n", (long long)step + 1, vl, va);
+      }
       if (c->on_step && c->on_step(c->on_step_ctx, step + 1))
         return tdm__set_error(TDM_ERR_INVALID_USAGE, "training stopped by the step callback after step %lld", (long long)step + 1);
     }
@@ -394,15 +458,22 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
     TDM__TRY(flush_record(s, &rec, &pr, c));
     if (epoch_done) {
       double tl = 0, ta = 0;
-      TDM__TRY(evaluate(s->model, s->tape, s->test, eb, s->idx, s->comm, &tl, &ta));
+      TDM__TRY(evaluate(s->model, s->tape, s->test, mk == TDM_MODEL_GPT ? B : eb, s->idx, s->comm,
+                        mk == TDM_MODEL_GPT ? c->val_batches * B * W : 0, &tl, &ta));
       res->test_loss = tl;
       res->test_accuracy = ta;
-      if (pr.f) {
+      if (pr.f && mk == TDM_MODEL_GPT) {
+        fprintf(pr.f, "%sstep %lld: val loss %.4f (%.3f nats per byte), next-byte accuracy %.2f%%\n", pr.tty ? "\n" : "",
+                (long long)step, tl, tl, 100 * ta);
+      } else if (pr.f) {
         fprintf(pr.f, "%sepoch %lld: test loss %.4f, test accuracy %.2f%%\n", pr.tty ? "\n" : "", (long long)epoch + 1,
                 tl, 100 * ta);
         fflush(pr.f);
       }
-      if (s->metrics) {
+      if (s->metrics && mk == TDM_MODEL_GPT) {
+        fprintf(s->metrics, "{\"step\":%lld,\"val_loss\":%.6f,\"val_accuracy\":%.6f}\n", (long long)step, tl, ta);
+        fflush(s->metrics);
+      } else if (s->metrics) {
         fprintf(s->metrics, "{\"epoch\":%lld,\"step\":%lld,\"test_loss\":%.6f,\"test_accuracy\":%.6f}\n",
                 (long long)epoch + 1, (long long)step, tl, ta);
         fflush(s->metrics);
@@ -411,8 +482,15 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
     epoch++;
   }
   if (c->save_weights && R == 0) {
-    const char *meta[] = {"format", "pt", "tandem.model", c->model};
-    TDM__TRY(tdm_params_save(params, c->save_weights, 2, meta));
+    char L[24], H[24], E[24], BS[24], V[24];
+    snprintf(L, sizeof L, "%lld", (long long)mc.n_layer);
+    snprintf(H, sizeof H, "%lld", (long long)mc.n_head);
+    snprintf(E, sizeof E, "%lld", (long long)mc.n_embd);
+    snprintf(BS, sizeof BS, "%lld", (long long)mc.block_size);
+    snprintf(V, sizeof V, "%lld", (long long)mc.vocab_size);
+    const char *meta[] = {"format", "pt", "tandem.model", c->model, "n_layer", L, "n_head", H, "n_embd", E,
+                          "block_size", BS, "vocab_size", V};
+    TDM__TRY(tdm_params_save(params, c->save_weights, mk == TDM_MODEL_GPT ? 7 : 2, meta));
   }
   TDM__TRY(flush_record(s, &rec, &pr, c));
   loss_v = (float)s->last_loss;

@@ -69,5 +69,29 @@ synthetic() {
     awk '/test accuracy: / { exit !($4 > 0.5) }' <(sed 's/^\[rank 0\] //' "$TMP/syn.out")
 }
 check "--data synthetic learns on 2 ranks (accuracy > 0.5; chance 0.1)" synthetic
+G=(train --model gpt --layers 2 --heads 2 --width 64 --block 32 --steps 8 --threads 1 --optimizer sgd --lr 0.1
+   --momentum 0.9 --schedule constant --warmup 0 --dropout 0.1 --val-every 0 --val-batches 2)
+gpt_equal() {
+  "$T" "${G[@]}" --batch-size 12 --save-weights "$TMP/g1.st" >/dev/null 2>&1 &&
+    "$T" run -n 3 -- tandem "${G[@]}" --batch-size 4 --save-weights "$TMP/g3.st" >/dev/null 2>&1 &&
+    same "$TMP/g1.st" "$TMP/g3.st" 1e-5 &&
+    "$T" "${G[@]}" --batch-size 6 --accum 2 --save-weights "$TMP/ga.st" >/dev/null 2>&1 && same "$TMP/g1.st" "$TMP/ga.st" 1e-5 &&
+    head -c 400 "$TMP/g1.st" | grep -aq '"n_layer":"2","n_head":"2","n_embd":"64","block_size":"32","vocab_size":"256"'
+}
+check "gpt on tiny Shakespeare: 3 ranks x 4 and accumulation 6 x 2 == 1 x 12 (dropout on); config in the weights" gpt_equal
+max_time() {
+  local t0=$SECONDS
+  "$T" run -n 2 -- tandem train --model gpt --layers 1 --heads 2 --width 32 --block 32 --steps 100000 --max-time 2 \
+    --val-batches 2 --threads 1 --save-weights "$TMP/mt.st" >"$TMP/mt.out" 2>&1 || { tail -3 "$TMP/mt.out"; return 1; }
+  (( SECONDS - t0 < 30 )) && grep -q "val loss: " "$TMP/mt.out" && [[ -s "$TMP/mt.st" ]]
+}
+check "--max-time ends a 2-rank gpt run cleanly: final validation and weights" max_time
+gpt_bad() {
+  "$T" train --model gpt --heads 3 --steps 1 2>&1 | grep -q "3 heads do not divide the width 256" &&
+    "$T" train --model gpt --seq-len 500 --steps 1 2>&1 | grep -q "seq-len 500; expected 1..block size 128" &&
+    "$T" train --model gpt --vocab 100 --steps 1 2>&1 | grep -q "vocabulary 100 is smaller than the 256 byte tokens" &&
+    "$T" train --model gpt --data fashion-mnist --steps 1 2>&1 | grep -q "the gpt model trains on tinyshakespeare"
+}
+check "gpt: heads not dividing the width, seq-len beyond the block, a small vocabulary, wrong data: clear errors" gpt_bad
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

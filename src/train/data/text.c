@@ -85,10 +85,19 @@ static tdm_status read_all(const char *path, unsigned char **buf, int64_t *len) 
 }
 
 tdm_status tdm_dataset_open_text(tdm_dataset **out, const char *path, int64_t T) {
-  if (!out || !path || T < 1) return tdm__set_error(TDM_ERR_INVALID_ARG, "open_text: NULL argument or window %lld < 1", (long long)T);
+  return tdm_dataset_open_text_part(out, path, T, 0.0, 1.0);
+}
+
+tdm_status tdm_dataset_open_text_part(tdm_dataset **out, const char *path, int64_t T, double from, double to) {
+  if (!out || !path || T < 1 || !(from >= 0 && from < to && to <= 1))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "open_text: NULL argument, window %lld < 1 or part [%g, %g) outside [0, 1]",
+                          (long long)T, from, to);
   unsigned char *b;
   int64_t n;
   TDM__TRY(read_all(path, &b, &n));
+  int64_t lo = (int64_t)(from * (double)n), hi = (int64_t)(to * (double)n);
+  memmove(b, b + lo, (size_t)(hi - lo));
+  n = hi - lo;
   int32_t *tok = tdm__malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
   if (!tok) {
     tdm__free(b);
@@ -135,6 +144,8 @@ tdm_status tdm_dataset_open_tokens_u16(tdm_dataset **out, const char *path, int6
   }
   return finish(out, tok, count, T, vocab, path);
 }
+
+int tdm_dataset_is_tokens(const tdm_dataset *ds) { return ds->tokens != NULL; }
 
 tdm_status tdm_dataset_tokens(const tdm_dataset *ds, const int64_t *idx, int64_t n, int32_t *x, int32_t *y) {
   if (!ds->tokens)
