@@ -78,7 +78,7 @@ int tool_train(int argc, char **argv) {
   int r = cli_parse("train", "[options]", opts, n, argc, argv);
   if (r == 1) return 0;
   if (r) return 2;
-  if (opts[3].seen && opts[4].seen && steps > 0) { /* --epochs and --steps */
+  if (cli_seen(opts, n, "epochs") && cli_seen(opts, n, "steps") && steps > 0) {
     fprintf(stderr, "tandem train: give --epochs or --steps, not both\n");
     return 2;
   }
