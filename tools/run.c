@@ -38,16 +38,24 @@ typedef struct {
 static volatile sig_atomic_t got_signal;
 static void on_signal(int s) { got_signal = s; }
 
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
+/* The store's listening socket, opened here and inherited by rank 0 (TANDEM_STORE_FD): no other
+ * job can take the port between choosing it and using it. port 0: any free one. Returns the fd. */
+static int store_socket(int64_t *port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+  if (fd < 0) return -1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   struct sockaddr_in sa = {0};
   sa.sin_family = AF_INET;
   sa.sin_addr.s_addr = htonl(INADDR_ANY);
-  if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0) return 29500;
+  sa.sin_port = htons((uint16_t)*port);
+  if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 128) != 0) {
+    close(fd);
+    return -1;
+  }
   socklen_t len = sizeof sa;
   getsockname(fd, (struct sockaddr *)&sa, &len);
-  close(fd);
-  return ntohs(sa.sin_port);
+  *port = ntohs(sa.sin_port);
+  return fd;
 }
 
 static void make_token(char *out, size_t n) {
@@ -144,7 +152,14 @@ int tool_run(int argc, char **argv) {
     fprintf(stderr, "tandem run: with --nnodes > 1, give every node the same --master-port\n");
     return 2;
   }
-  if (!port) port = free_port();
+  int store_fd = -1;
+  if (node_rank == 0) { /* this node hosts rank 0 and so the store */
+    store_fd = store_socket(&port);
+    if (store_fd < 0) {
+      fprintf(stderr, "tandem run: cannot listen on port %lld for the rendezvous store: %s\n", (long long)port, strerror(errno));
+      return 1;
+    }
+  }
   char **prog = argv + dash + 1;
   if (!strcmp(prog[0], "tandem")) prog[0] = (char *)self_exe(); /* the same binary, wherever it lives */
   if (log_dir && mkdir(log_dir, 0755) != 0 && errno != EEXIST) {
@@ -199,6 +214,13 @@ int tool_run(int argc, char **argv) {
       snprintf(v, sizeof v, "%lld", (long long)port);
       setenv("MASTER_PORT", v, 1);
       setenv("TANDEM_JOB_TOKEN", token, 1);
+      if (store_fd >= 0 && i == 0) { /* rank 0 serves the store on the socket we opened */
+        snprintf(v, sizeof v, "%d", store_fd);
+        setenv("TANDEM_STORE_FD", v, 1);
+      } else if (store_fd >= 0) {
+        close(store_fd);
+        unsetenv("TANDEM_STORE_FD");
+      }
       snprintf(v, sizeof v, "%lld", (long long)attempt);
       setenv("TANDEM_RESTART_COUNT", v, 1);
       snprintf(v, sizeof v, "%ld", threads);
@@ -261,8 +283,8 @@ int tool_run(int argc, char **argv) {
   fprintf(stderr, "\ntandem run: rank %lld failed (%s %d); restarting all %d ranks (restart %lld of %lld)\n\n",
           (long long)(node_rank * n + first_fail), f->sig ? "signal" : "exit code", f->sig ? f->sig : f->code, N,
           (long long)attempt + 1, (long long)max_restarts);
-  if (nnodes == 1) port = free_port(); /* the old port may linger in TIME_WAIT */
   }
+  if (store_fd >= 0) close(store_fd);
   if (got_signal && first_fail < 0) {
     fprintf(stderr, "tandem run: stopped by signal %d\n", (int)got_signal);
     return 128 + got_signal;

@@ -176,7 +176,8 @@ tdm_status tdm__parse_net_emulate(const char *spec, double *lat, double *bw) {
   *bw = 0;
   char buf[128];
   snprintf(buf, sizeof buf, "%s", spec);
-  for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+  char *save = NULL; /* strtok_r: ranks of the thread transport parse this concurrently */
+  for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
     char *end;
     double v = strtod(tok, &end);
     if (end == tok || !(v >= 0)) goto bad;

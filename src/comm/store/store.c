@@ -11,6 +11,9 @@
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdlib.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -297,8 +300,19 @@ tdm_status tdm__store_open(tdm__store **out, const tdm_comm_config *cfg, double 
   tdm_status st = TDM_OK;
   if (cfg->rank == 0) {
     server *srv = tdm__calloc(1, sizeof *srv);
-    int got_port;
-    st = srv ? tdm__net_listen(NULL, port, &srv->lfd, &got_port) : TDM_ERR_NO_MEMORY;
+    int got_port = -1;
+    const char *inherited = getenv("TANDEM_STORE_FD"); /* tandem run opened it for us */
+    if (srv && inherited) {
+      srv->lfd = dup(atoi(inherited)); /* our own copy: a second communicator may want it too */
+      struct sockaddr_in sa;
+      socklen_t len = sizeof sa;
+      if (srv->lfd >= 0 && getsockname(srv->lfd, (struct sockaddr *)&sa, &len) == 0) got_port = ntohs(sa.sin_port);
+      if (got_port != port) { /* not the socket for this port: listen ourselves */
+        if (srv->lfd >= 0) close(srv->lfd);
+        inherited = NULL;
+      }
+    }
+    st = !srv ? TDM_ERR_NO_MEMORY : inherited ? TDM_OK : tdm__net_listen(NULL, port, &srv->lfd, &got_port);
     if (st != TDM_OK) {
       tdm__free(srv);
       tdm__free(s);
