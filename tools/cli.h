@@ -30,5 +30,6 @@ int tool_train(int argc, char **argv);
 int tool_run(int argc, char **argv);
 int tool_bench(int argc, char **argv);
 int tool_weights_diff(int argc, char **argv);
+int tool_generate(int argc, char **argv);
 
 #endif

@@ -11,6 +11,7 @@ static void usage(FILE *f) {
           "  train     train a model (tandem train --help)\n"
           "  run       start N ranks of a program on this node (tandem run --help)\n"
           "  bench     benchmark collectives, nccl-tests style (tandem bench --help)\n"
+          "  generate  sample text from GPT weights (tandem generate --help)\n"
           "  weights-diff A B [--rtol R]   compare two safetensors weight files\n"
           "  help      show this text\n");
 }
@@ -25,6 +26,7 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "run")) return tool_run(argc - 2, argv + 2);
   if (!strcmp(cmd, "bench")) return tool_bench(argc - 2, argv + 2);
   if (!strcmp(cmd, "weights-diff")) return tool_weights_diff(argc - 2, argv + 2);
+  if (!strcmp(cmd, "generate")) return tool_generate(argc - 2, argv + 2);
   if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
     usage(stdout);
     return 0;

@@ -137,6 +137,23 @@ tdm_tensor *tdm_model_forward(tdm_model *m, tdm_tape *tp, tdm_tensor *x);
 tdm_status tdm_mlp_lowlevel_step(tdm_model *m, tdm_arena *arena, const float *x, const int32_t *y, int64_t B,
                                  int training, uint64_t dropout_seed, int64_t sample_base, float *loss);
 
+/* ---- generation (GPT) ------------------------------------------------------------------------
+ * A key/value cache for incremental decoding: tdm_kv_cache_step feeds one token at the next
+ * position and returns the logits (vocab) for the token after it; the keys and values of every
+ * earlier position are reused, so each step costs O(context), not O(context^2). The cache holds
+ * 2 x layers x block x width floats. One thread per cache. */
+typedef struct tdm_kv_cache tdm_kv_cache;
+tdm_status tdm_kv_cache_create(tdm_kv_cache **out, tdm_model *m);
+void tdm_kv_cache_destroy(tdm_kv_cache *c);
+void tdm_kv_cache_reset(tdm_kv_cache *c);
+int64_t tdm_kv_cache_len(const tdm_kv_cache *c);
+/* logits stay valid until the next step. Fails when the context is full or the token is out of
+ * the vocabulary. */
+tdm_status tdm_kv_cache_step(tdm_kv_cache *c, int32_t token, const float **logits);
+/* Greedy when top_k == 1 or temperature <= 0; else softmax(logits / temperature) over the top_k
+ * largest (all when top_k <= 0), drawn with rng. */
+int32_t tdm_sample_token(const float *logits, int64_t V, float temperature, int top_k, tdm_rng *rng);
+
 #ifdef __cplusplus
 }
 #endif

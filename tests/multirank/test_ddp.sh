@@ -86,6 +86,18 @@ max_time() {
   (( SECONDS - t0 < 30 )) && grep -q "val loss: " "$TMP/mt.out" && [[ -s "$TMP/mt.st" ]]
 }
 check "--max-time ends a 2-rank gpt run cleanly: final validation and weights" max_time
+generate() {
+  local a b g1 g2
+  a=$("$T" generate --weights "$TMP/g1.st" --prompt "ROMEO:" --tokens 30 --seed 5) &&
+    b=$("$T" generate --weights "$TMP/g1.st" --prompt "ROMEO:" --tokens 30 --seed 5) &&
+    g1=$("$T" generate --weights "$TMP/g1.st" --prompt "ROMEO:" --tokens 30 --top-k 1 --seed 1) &&
+    g2=$("$T" generate --weights "$TMP/g1.st" --prompt "ROMEO:" --tokens 30 --top-k 1 --seed 2) || return 1
+  [[ "$a" == "$b" && "$g1" == "$g2" && "${a:0:6}" == "ROMEO:" && ${#a} -ge 36 ]] || { echo "  '$a' '$b' '$g1' '$g2'"; return 1; }
+  "$T" generate --weights "$TMP/g1.st" --prompt "$(printf 'x%.0s' $(seq 1 40))" 2>&1 | grep -q "block size is 32" &&
+    "$T" generate --weights "$TMP/g1.st" --layers 3 2>&1 | grep -q "n_layer = 2, the command line 3" &&
+    "$T" generate --weights "$TMP/one.st" 2>&1 | grep -q "has no 'n_layer' in its metadata"
+}
+check "tandem generate: same seed same text, greedy independent of the seed, clear errors" generate
 gpt_bad() {
   "$T" train --model gpt --heads 3 --steps 1 2>&1 | grep -q "3 heads do not divide the width 256" &&
     "$T" train --model gpt --seq-len 500 --steps 1 2>&1 | grep -q "seq-len 500; expected 1..block size 128" &&

@@ -202,5 +202,52 @@ static void test_model_forward_shapes_and_errors(void) {
   tdm_tape_destroy(tp);
 }
 
-TDM_TEST_MAIN(T(test_lowlevel_mlp_equals_autograd), T(test_names_and_shapes), T(test_initialisation),
+static void test_kv_cache_equals_full_forward(void) {
+  tdm_model_config mc = tdm_model_config_gpt_mini();
+  mc.n_layer = 2, mc.n_head = 4, mc.n_embd = 32, mc.block_size = 16;
+  tdm_model *m;
+  CHECK_OK(tdm_model_create(&m, &mc, 5));
+  int32_t toks[12];
+  for (int i = 0; i < 12; i++) toks[i] = (int32_t)((i * 71 + 13) % 256);
+  tdm_tape *tp;
+  CHECK_OK(tdm_tape_create(&tp, 0));
+  tdm_tape_set_grad_enabled(tp, 0);
+  int64_t shape[2] = {1, 12};
+  tdm_tensor *full = tdm_model_forward(m, tp, tdm_from_data(tp, TDM_I32, 2, shape, toks));
+  CHECK(full != NULL);
+  tdm_kv_cache *kv;
+  CHECK_OK(tdm_kv_cache_create(&kv, m));
+  double worst = 0;
+  for (int t = 0; full && t < 12; t++) {
+    const float *lg;
+    CHECK_OK(tdm_kv_cache_step(kv, toks[t], &lg));
+    const float *ref = (const float *)tdm_tensor_data(full) + (size_t)t * 256;
+    for (int v = 0; v < 256; v++) worst = fmax(worst, fabs((double)lg[v] - ref[v]));
+    CHECK(tdm_sample_token(lg, 256, 1.0f, 1, NULL) == tdm_sample_token(ref, 256, 1.0f, 1, NULL)); /* greedy agrees */
+  }
+  printf("  kv cache vs full forward: max |logit diff| %.3g over 12 positions\n", worst);
+  CHECK(worst < 1e-4);
+  CHECK(tdm_kv_cache_len(kv) == 12);
+  const float *lg;
+  for (int t = 12; t < 16; t++) CHECK_OK(tdm_kv_cache_step(kv, 1, &lg));
+  CHECK(tdm_kv_cache_step(kv, 1, &lg) == TDM_ERR_INVALID_ARG); /* the block is full */
+  CHECK_ERR_HAS("context is full");
+  tdm_kv_cache_reset(kv);
+  CHECK(tdm_kv_cache_step(kv, 300, &lg) == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("token 300");
+  /* sampling: top_k 1 is greedy; a low temperature with top-k 2 never leaves the top two */
+  float l[5] = {0.1f, 3.0f, 2.9f, -1.0f, 0.0f};
+  tdm_rng r;
+  tdm_rng_seed(&r, 1);
+  CHECK(tdm_sample_token(l, 5, 0.8f, 1, &r) == 1);
+  for (int i = 0; i < 200; i++) {
+    int32_t k = tdm_sample_token(l, 5, 1.0f, 2, &r);
+    CHECK(k == 1 || k == 2);
+  }
+  tdm_kv_cache_destroy(kv);
+  tdm_tape_destroy(tp);
+  tdm_model_destroy(m);
+}
+
+TDM_TEST_MAIN(T(test_kv_cache_equals_full_forward), T(test_lowlevel_mlp_equals_autograd), T(test_names_and_shapes), T(test_initialisation),
               T(test_dropout_is_keyed_by_sample), T(test_model_forward_shapes_and_errors))

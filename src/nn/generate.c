@@ -1,0 +1,140 @@
+/* Text generation for the GPT model with a key/value cache: each new token runs through the
+ * blocks as one position, attending to the cached keys and values of every earlier position, so
+ * the cost per token grows linearly with the context, not with its square. Written against the
+ * kernels (no tape): inference needs no gradients. */
+#include <math.h>
+#include <string.h>
+
+#include "core/internal.h"
+#include "nn/model_impl.h"
+#include "tandem/kernels.h"
+#include "tensor/tensor_impl.h"
+
+struct tdm_kv_cache {
+  tdm_model *m;
+  int64_t L, C, NH, block, pos;
+  float *k, *v;          /* (L, block, C) each */
+  float *x, *h, *qkv, *att_out, *fc, *att, *logits, *stats;
+};
+
+tdm_status tdm_kv_cache_create(tdm_kv_cache **out, tdm_model *m) {
+  if (!out || !m || m->cfg.kind != TDM_MODEL_GPT)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "kv_cache: needs a gpt model");
+  tdm_kv_cache *c = tdm__calloc(1, sizeof *c);
+  if (!c) return tdm__set_error(TDM_ERR_NO_MEMORY, "kv_cache: out of memory");
+  c->m = m;
+  c->L = m->cfg.n_layer;
+  c->C = m->cfg.n_embd;
+  c->NH = m->cfg.n_head;
+  c->block = m->cfg.block_size;
+  size_t kv = (size_t)(c->L * c->block * c->C);
+  c->k = tdm__malloc(sizeof(float) * kv);
+  c->v = tdm__malloc(sizeof(float) * kv);
+  c->x = tdm__malloc(sizeof(float) * (size_t)c->C);
+  c->h = tdm__malloc(sizeof(float) * (size_t)c->C);
+  c->qkv = tdm__malloc(sizeof(float) * (size_t)(3 * c->C));
+  c->att_out = tdm__malloc(sizeof(float) * (size_t)c->C);
+  c->fc = tdm__malloc(sizeof(float) * (size_t)(8 * c->C));
+  c->att = tdm__malloc(sizeof(float) * (size_t)c->block);
+  c->logits = tdm__malloc(sizeof(float) * (size_t)m->cfg.vocab_size);
+  c->stats = tdm__malloc(sizeof(float) * 2);
+  if (!c->k || !c->v || !c->x || !c->h || !c->qkv || !c->att_out || !c->fc || !c->att || !c->logits || !c->stats) {
+    tdm_kv_cache_destroy(c);
+    return tdm__set_error(TDM_ERR_NO_MEMORY, "kv_cache: cannot hold %zu floats of keys and values", 2 * kv);
+  }
+  *out = c;
+  return TDM_OK;
+}
+
+void tdm_kv_cache_destroy(tdm_kv_cache *c) {
+  if (!c) return;
+  void *p[] = {c->k, c->v, c->x, c->h, c->qkv, c->att_out, c->fc, c->att, c->logits, c->stats};
+  for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) tdm__free(p[i]);
+  tdm__free(c);
+}
+
+void tdm_kv_cache_reset(tdm_kv_cache *c) { c->pos = 0; }
+int64_t tdm_kv_cache_len(const tdm_kv_cache *c) { return c->pos; }
+
+static float *W(tdm_tensor *t) { return t ? (float *)t->data : NULL; }
+
+tdm_status tdm_kv_cache_step(tdm_kv_cache *c, int32_t token, const float **logits) {
+  tdm_model *m = c->m;
+  int64_t C = c->C, NH = c->NH, hs = C / NH, pos = c->pos, V = m->cfg.vocab_size;
+  if (pos >= c->block)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "generate: the context is full (block size %lld); it holds %lld tokens",
+                          (long long)c->block, (long long)pos);
+  if (token < 0 || token >= V)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "generate: token %d is outside the vocabulary [0, %lld)", token, (long long)V);
+  const float *wte = W(m->wte.weight), *wpe = W(m->wpe.weight);
+  for (int64_t i = 0; i < C; i++) c->x[i] = wte[(int64_t)token * C + i] + wpe[pos * C + i];
+  float scale = 1.0f / sqrtf((float)hs);
+  for (int64_t l = 0; l < c->L; l++) {
+    tdm_block_mod *b = &m->blocks[l];
+    tdm_k_layernorm_fwd(c->h, c->stats, c->stats + 1, c->x, W(b->ln_1.weight), W(b->ln_1.bias), 1, C, b->ln_1.eps);
+    tdm_k_linear_fwd(c->qkv, c->h, W(b->c_attn.weight), W(b->c_attn.bias), 1, C, 3 * C);
+    float *K = c->k + (l * c->block) * C, *Vv = c->v + (l * c->block) * C;
+    memcpy(K + pos * C, c->qkv + C, sizeof(float) * (size_t)C);
+    memcpy(Vv + pos * C, c->qkv + 2 * C, sizeof(float) * (size_t)C);
+    for (int64_t hd = 0; hd < NH; hd++) { /* one query against every cached key, stable softmax */
+      const float *q = c->qkv + hd * hs;
+      float mx = -INFINITY, sum = 0;
+      for (int64_t t = 0; t <= pos; t++) {
+        const float *kt = K + t * C + hd * hs;
+        float s = 0;
+        for (int64_t d = 0; d < hs; d++) s += q[d] * kt[d];
+        c->att[t] = s * scale;
+        if (c->att[t] > mx) mx = c->att[t];
+      }
+      for (int64_t t = 0; t <= pos; t++) sum += (c->att[t] = expf(c->att[t] - mx));
+      float *o = c->att_out + hd * hs;
+      for (int64_t d = 0; d < hs; d++) o[d] = 0;
+      for (int64_t t = 0; t <= pos; t++) {
+        float p = c->att[t] / sum;
+        const float *vt = Vv + t * C + hd * hs;
+        for (int64_t d = 0; d < hs; d++) o[d] += p * vt[d];
+      }
+    }
+    tdm_k_linear_fwd(c->h, c->att_out, W(b->attn_proj.weight), W(b->attn_proj.bias), 1, C, C);
+    for (int64_t i = 0; i < C; i++) c->x[i] += c->h[i];
+    tdm_k_layernorm_fwd(c->h, c->stats, c->stats + 1, c->x, W(b->ln_2.weight), W(b->ln_2.bias), 1, C, b->ln_2.eps);
+    tdm_k_linear_fwd(c->fc, c->h, W(b->c_fc.weight), W(b->c_fc.bias), 1, C, 4 * C);
+    tdm_k_gelu_fwd(c->fc, c->fc, 4 * C);
+    tdm_k_linear_fwd(c->h, c->fc, W(b->mlp_proj.weight), W(b->mlp_proj.bias), 1, 4 * C, C);
+    for (int64_t i = 0; i < C; i++) c->x[i] += c->h[i];
+  }
+  tdm_k_layernorm_fwd(c->h, c->stats, c->stats + 1, c->x, W(m->ln_f.weight), W(m->ln_f.bias), 1, C, m->ln_f.eps);
+  tdm_k_linear_fwd(c->logits, c->h, wte, NULL, 1, C, V); /* lm_head tied to wte */
+  c->pos++;
+  *logits = c->logits;
+  return TDM_OK;
+}
+
+int32_t tdm_sample_token(const float *logits, int64_t V, float temperature, int top_k, tdm_rng *rng) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < V; i++)
+    if (logits[i] > logits[best]) best = i;
+  if (top_k == 1 || temperature <= 0) return (int32_t)best; /* greedy */
+  /* keep the top_k largest logits (all when top_k <= 0), softmax at the temperature, draw */
+  float kth = -INFINITY;
+  if (top_k > 0 && top_k < V) { /* the k-th largest value: k passes of a running threshold */
+    float hi = INFINITY;
+    for (int k = 0; k < top_k; k++) {
+      float m = -INFINITY;
+      for (int64_t i = 0; i < V; i++)
+        if (logits[i] < hi && logits[i] > m) m = logits[i];
+      hi = m;
+    }
+    kth = hi;
+  }
+  double sum = 0;
+  for (int64_t i = 0; i < V; i++)
+    if (logits[i] >= kth) sum += exp((double)(logits[i] - logits[best]) / temperature);
+  double u = (double)tdm_rng_uniform(rng) * sum, acc = 0;
+  for (int64_t i = 0; i < V; i++)
+    if (logits[i] >= kth) {
+      acc += exp((double)(logits[i] - logits[best]) / temperature);
+      if (acc >= u) return (int32_t)i;
+    }
+  return (int32_t)best;
+}
