@@ -237,7 +237,22 @@ def gpt_tiny_fixture():
     loss.backward()
     out["idx"], out["targets"], out["logits"], out["loss"] = idx, tgt, logits.detach(), loss.detach().reshape(1)
     for n, p in m.named_parameters():
-        out["grad." + n] = p.grad
+        out["grad." + n] = p.grad.clone()
+    # three AdamW steps as nanoGPT configures them: decay 0.1 on matrices only, betas (0.9, 0.95)
+    decay = [p for p in m.parameters() if p.dim() >= 2]
+    no_decay = [p for p in m.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=3e-3, betas=(0.9, 0.95))
+    losses = []
+    for _ in range(3):
+        opt.zero_grad()
+        l = F.cross_entropy(m(idx).view(-1, V), tgt.view(-1))
+        l.backward()
+        losses.append(l.item())
+        opt.step()
+    out["adamw.losses"] = torch.tensor(losses)
+    for n, p in m.named_parameters():
+        out["adamw.final." + n] = p.detach().clone()
     return out
 
 
