@@ -13,7 +13,7 @@ static int64_t meta_int(const tdm_safetensors *f, const char *key) {
 }
 
 int tool_generate(int argc, char **argv) {
-  const char *weights, *prompt;
+  const char *weights, *prompt, *logits_out;
   int64_t tokens, top_k, seed, layers, heads, width, block, vocab;
   double temperature;
   cli_opt opts[] = {
@@ -23,6 +23,7 @@ int tool_generate(int argc, char **argv) {
       {"temperature", CLI_FLOAT, &temperature, "0.8", "softmax temperature (0: greedy)", NULL, 0, 100, 0},
       {"top-k", CLI_INT, &top_k, "40", "sample among the k most likely tokens (1: greedy, 0: all)", NULL, 0, 1e7, 0},
       {"seed", CLI_INT, &seed, "1337", "random seed", NULL, 0, 9.2e18, 0},
+      {"logits-out", CLI_STRING, &logits_out, NULL, "also write the prompt's logits, (positions, vocab), as safetensors", NULL, 0, 0, 0},
       {"layers", CLI_INT, &layers, "0", "must agree with the file when given", NULL, 0, 1000, 0},
       {"heads", CLI_INT, &heads, "0", "must agree with the file when given", NULL, 0, 1000, 0},
       {"width", CLI_INT, &width, "0", "must agree with the file when given", NULL, 0, 1e6, 0},
@@ -88,8 +89,17 @@ int tool_generate(int argc, char **argv) {
   int64_t len = (int64_t)plen;
   const float *logits = NULL;
   fwrite(prompt, 1, plen, stdout);
-  for (int64_t i = 0; i < len; i++)
+  float *all = logits_out ? malloc(sizeof(float) * (size_t)(len ? len : 1) * (size_t)mc.vocab_size) : NULL;
+  for (int64_t i = 0; i < len; i++) {
     if (tdm_kv_cache_step(kv, seq[i], &logits) != TDM_OK) break;
+    if (all) memcpy(all + i * mc.vocab_size, logits, sizeof(float) * (size_t)mc.vocab_size);
+  }
+  if (all) { /* for checking against another implementation (bench/gpt_export_check.py) */
+    tdm_st_tensor t = {"logits", TDM_F32, 2, {len, mc.vocab_size}, all, len * mc.vocab_size * 4};
+    if (tdm_safetensors_save(logits_out, 1, &t, 0, NULL) != TDM_OK)
+      fprintf(stderr, "tandem generate: %s\n", tdm_last_error());
+    free(all);
+  }
   int rc = 0;
   for (int64_t g = 0; g < tokens; g++) {
     int32_t t = tdm_sample_token(logits, mc.vocab_size, (float)temperature, (int)top_k, &rng);
