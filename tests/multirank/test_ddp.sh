@@ -93,7 +93,9 @@ generate() {
     g1=$("$T" generate --weights "$TMP/g1.st" --prompt "ROMEO:" --tokens 30 --top-k 1 --seed 1) &&
     g2=$("$T" generate --weights "$TMP/g1.st" --prompt "ROMEO:" --tokens 30 --top-k 1 --seed 2) || return 1
   [[ "$a" == "$b" && "$g1" == "$g2" && "${a:0:6}" == "ROMEO:" && ${#a} -ge 36 ]] || { echo "  '$a' '$b' '$g1' '$g2'"; return 1; }
-  "$T" generate --weights "$TMP/g1.st" --prompt "$(printf 'x%.0s' $(seq 1 40))" 2>&1 | grep -q "block size is 32" &&
+  "$T" generate --weights "$TMP/g1.st" --prompt "ROMEO:" --tokens 0 --logits-out "$TMP/lg.st" >/dev/null &&
+    head -c 200 "$TMP/lg.st" | grep -aq '"logits":{"dtype":"F32","shape":\[6,256\]' &&
+    "$T" generate --weights "$TMP/g1.st" --prompt "$(printf 'x%.0s' $(seq 1 40))" 2>&1 | grep -q "block size is 32" &&
     "$T" generate --weights "$TMP/g1.st" --layers 3 2>&1 | grep -q "n_layer = 2, the command line 3" &&
     "$T" generate --weights "$TMP/one.st" 2>&1 | grep -q "has no 'n_layer' in its metadata"
 }
