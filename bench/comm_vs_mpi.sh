@@ -24,24 +24,5 @@ for r in $(seq 1 "$REPS"); do
   mpirun -np 2 --oversubscribe "$TMP/mpi_allreduce" "${ARGS[@]}" 2>/dev/null | grep -v '#' | awk '{print $1, $6, $8}' >"$TMP/mpi.$r"
   echo "rep $r/$REPS done" >&2
 done
-/usr/bin/python3 - "$TMP" "$REPS" "$TR" <<'PYEOF'
-import statistics as st, sys
-tmp, reps, tr = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-def load(name):
-    rows = {}
-    for r in range(1, reps + 1):
-        for line in open(f"{tmp}/{name}.{r}"):
-            f = line.split()
-            if len(f) == 3:
-                rows.setdefault(int(f[0]), []).append((float(f[1]), float(f[2])))
-    return {k: (st.median(t for t, _ in v), st.median(b for _, b in v)) for k, v in rows.items()}
-t, m = load("tandem"), load("mpi")
-print(f"\nall-reduce, 2 ranks, float sum: tandem ({tr}) vs Open MPI, medians of {reps} runs (out-of-place)")
-print(f"{'size (B)':>12} {'tandem us':>10} {'MPI us':>10} {'tandem busbw':>13} {'MPI busbw':>10} {'ratio':>7}")
-for k in sorted(set(t) & set(m)):
-    ratio = t[k][1] / m[k][1] if m[k][1] > 0 else float('nan')
-    if k < 4096:
-        ratio = m[k][0] / t[k][0]  # latency-bound: compare times
-    print(f"{k:>12} {t[k][0]:>10.2f} {m[k][0]:>10.2f} {t[k][1]:>13.2f} {m[k][1]:>10.2f} {ratio:>6.2f}x")
-print("(ratio: busbw tandem / MPI; below 4 KiB, time MPI / tandem. GB = 1e9 bytes)")
-PYEOF
+/usr/bin/python3 bench/compare_medians.py "$TMP" "$REPS" tandem mpi \
+  "all-reduce, 2 ranks, float sum, out-of-place: tandem ($TR) vs Open MPI"

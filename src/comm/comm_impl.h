@@ -63,6 +63,13 @@ typedef struct tdm__call {
   uint64_t seq;
 } tdm__call;
 
+/* Whether x[i] may move now: transfers to one peer in one direction run in array order. */
+static inline int tdm__xfer_turn(const tdm__xfer *x, int i) {
+  for (int j = 0; j < i; j++)
+    if (!x[j].complete && x[j].peer == x[i].peer && x[j].is_send == x[i].is_send) return 0;
+  return 1;
+}
+
 typedef struct tdm__transport tdm__transport;
 typedef struct tdm__transport_ops {
   const char *name;

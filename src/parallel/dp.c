@@ -20,7 +20,6 @@ struct tdm_dp {
   tdm_dp_config cfg;
   bucket *b;
   int nb, next_launch; /* buckets start strictly in index order */
-  int *bucket_of;      /* parameter index -> bucket */
   int sync;
   tdm_status hook_status;
 };
@@ -45,11 +44,12 @@ static void launch_ready(tdm_dp *dp) {
 
 static void on_grad_ready(void *ctx, tdm_tensor *p) {
   tdm_dp *dp = ctx;
-  int idx = -1;
-  for (int i = 0; i < tdm_params_count(dp->params); i++)
-    if (tdm_params_get(dp->params, i) == p) idx = i;
-  if (idx < 0) return;
-  bucket *b = &dp->b[dp->bucket_of[idx]];
+  /* buckets are spans of the one buffer: the parameter's offset names its bucket */
+  int64_t off = (float *)tdm_tensor_data(p) - tdm_params_data(dp->params);
+  int k = 0;
+  while (k < dp->nb && !(dp->b[k].lo <= off && off < dp->b[k].hi)) k++;
+  if (k == dp->nb) return;
+  bucket *b = &dp->b[k];
   if (b->pending > 0) b->pending--;
   if (dp->sync && !dp->cfg.no_overlap) launch_ready(dp);
 }
@@ -114,8 +114,7 @@ tdm_status tdm_dp_create(tdm_dp **out, tdm_comm_t comm, tdm_params *params, cons
   TDM__TRY(tdm_comm_broadcast(comm, tdm_params_data(params), (size_t)tdm_params_numel(params), TDM_F32, 0, TDM_ALGO_AUTO));
   tdm_dp *dp = tdm__calloc(1, sizeof *dp);
   int n = tdm_params_count(params);
-  if (!dp || !(dp->b = tdm__calloc((size_t)(n ? n : 1), sizeof(bucket))) ||
-      !(dp->bucket_of = tdm__calloc((size_t)(n ? n : 1), sizeof(int)))) {
+  if (!dp || !(dp->b = tdm__calloc((size_t)(n ? n : 1), sizeof(bucket)))) {
     if (dp) {
       tdm__free(dp->b);
       tdm__free(dp);
@@ -136,7 +135,6 @@ tdm_status tdm_dp_create(tdm_dp **out, tdm_comm_t comm, tdm_params *params, cons
     while (j >= 0) { /* add parameters while they fit; a bucket holds at least one */
       int64_t lo = tdm_params_offset(params, j);
       if (b->n_params > 0 && (size_t)(b->hi - lo) * 4 > limit) break;
-      dp->bucket_of[j] = dp->nb;
       b->n_params++;
       j--;
     }
@@ -162,7 +160,6 @@ void tdm_dp_destroy(tdm_dp *dp) {
     tdm__free(dp->b[k].wire);
   }
   tdm__free(dp->b);
-  tdm__free(dp->bucket_of);
   tdm__free(dp);
 }
 

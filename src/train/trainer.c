@@ -334,7 +334,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
     fclose(s->metrics);
     s->metrics = NULL;
   }
-  double train_time = 0, t_start = tdm_time_now();
+  double train_time = 0;
   int64_t step = 0, samples = 0;
   float loss_v = NAN;
   res->resumed_from = -1;
@@ -498,7 +498,6 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   res->final_loss = loss_v;
   res->train_seconds = train_time;
   res->samples_per_sec = train_time > 0 ? (double)samples / train_time : 0;
-  (void)t_start;
   return TDM_OK;
 }
 

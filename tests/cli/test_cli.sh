@@ -3,14 +3,7 @@
 # usage: test_cli.sh path/to/tandem
 set -u
 TANDEM=${1:?usage: test_cli.sh path/to/tandem}
-TMP=$(mktemp -d /tmp/tandem-test-cli-XXXXXX)
-trap 'rm -rf "$TMP"' EXIT
-passed=0 failed=0
-
-check() { # name, command...: the command must succeed
-  local name=$1; shift
-  if "$@"; then passed=$((passed + 1)); echo "ok   $name"; else failed=$((failed + 1)); echo "FAIL $name"; fi
-}
+. "$(dirname "$0")/../harness.sh"
 
 # run CMD, expect exit code $1 and stderr containing $2
 expect_fail() {
@@ -58,5 +51,4 @@ metrics_and_weights() {
 }
 check "metrics JSON lines and safetensors weights" metrics_and_weights
 
-echo "$passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+finish

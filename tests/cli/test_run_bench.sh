@@ -3,14 +3,7 @@
 # (every collective over real processes, #wrong, JSON). usage: test_run_bench.sh path/to/tandem
 set -u
 TANDEM=${1:?usage: test_run_bench.sh path/to/tandem}
-TMP=$(mktemp -d /tmp/tandem-test-run-XXXXXX)
-trap 'rm -rf "$TMP"' EXIT
-passed=0 failed=0
-check() {
-  local name=$1; shift
-  if "$@"; then passed=$((passed + 1)); echo "ok   $name"; else failed=$((failed + 1)); echo "FAIL $name"; fi
-}
-
+. "$(dirname "$0")/../harness.sh"
 env_and_prefix() {
   "$TANDEM" run -n 3 -- sh -c 'echo "r=$RANK w=$WORLD_SIZE l=$LOCAL_RANK lw=$LOCAL_WORLD_SIZE m=$MASTER_ADDR:$MASTER_PORT t=${#TANDEM_JOB_TOKEN}"' \
     >"$TMP/out" 2>&1 || { cat "$TMP/out"; return 1; }
@@ -52,5 +45,4 @@ bench_all() {
 check "tandem bench: every collective on 3 ranks, values checked, JSON written" bench_all
 check "tandem bench: bad option" bash -c "\"$TANDEM\" bench allreduce -d complex 2>&1 | grep -q 'not one of float'"
 
-echo "$passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+finish

@@ -5,13 +5,7 @@
 # usage: test_ckpt.sh path/to/tandem
 set -u
 T=${1:?usage: test_ckpt.sh path/to/tandem}
-TMP=$(mktemp -d /tmp/tandem-test-ckpt-XXXXXX)
-trap 'rm -rf "$TMP"' EXIT
-passed=0 failed=0
-check() {
-  local name=$1; shift
-  if "$@"; then passed=$((passed + 1)); echo "ok   $name"; else failed=$((failed + 1)); echo "FAIL $name"; fi
-}
+. "$(dirname "$0")/../harness.sh"
 A=(train --steps 12 --threads 1 --seed 5 --batch-size 32)
 
 one_process() {
@@ -48,5 +42,4 @@ world_size() {
 }
 check "resuming with another number of ranks is refused" world_size
 check "--resume needs --checkpoint-dir" bash -c "\"$T\" train --resume 2>&1 | grep -q 'needs --checkpoint-dir'"
-echo "$passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+finish

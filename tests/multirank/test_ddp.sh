@@ -5,13 +5,7 @@
 # usage: test_ddp.sh path/to/tandem
 set -u
 T=${1:?usage: test_ddp.sh path/to/tandem}
-TMP=$(mktemp -d /tmp/tandem-test-ddp-XXXXXX)
-trap 'rm -rf "$TMP"' EXIT
-passed=0 failed=0
-check() {
-  local name=$1; shift
-  if "$@"; then passed=$((passed + 1)); echo "ok   $name"; else failed=$((failed + 1)); echo "FAIL $name"; fi
-}
+. "$(dirname "$0")/../harness.sh"
 A=(train --steps 20 --threads 1 --optimizer sgd --lr 0.05 --momentum 0.9 --dropout 0.3 --seed 7)
 "$T" "${A[@]}" --batch-size 96 --save-weights "$TMP/one.st" --metrics "$TMP/one.m" >/dev/null 2>&1 ||
   { echo "FAIL the one-process reference did not run"; exit 1; }
@@ -45,7 +39,7 @@ bitwise() {
 }
 check "the same seed twice on 2 ranks: bit-identical weights" bitwise
 under_mpirun() {
-  command -v mpirun >/dev/null || return 0
+  command -v mpirun >/dev/null || { echo "  mpirun missing: scripts/setup.sh installs openmpi-bin"; return 1; }
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
     timeout 120 mpirun -np 2 "$T" "${A[@]}" --batch-size 48 --save-weights "$TMP/mpi.st" >"$TMP/mpi.out" 2>&1 ||
     { tail -5 "$TMP/mpi.out"; return 1; }
@@ -107,5 +101,4 @@ gpt_bad() {
     "$T" train --model gpt --data fashion-mnist --steps 1 2>&1 | grep -q "the gpt model trains on tinyshakespeare"
 }
 check "gpt: heads not dividing the width, seq-len beyond the block, a small vocabulary, wrong data: clear errors" gpt_bad
-echo "$passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+finish

@@ -114,11 +114,8 @@ static tdm_status run(tdm__transport *tr, tdm__xfer *x, int n, double deadline) 
     int pending = 0, moved = 0, np = 0;
     for (int i = 0; i < n; i++) {
       if (x[i].complete) continue;
-      int first = 1;
-      for (int j = 0; j < i && first; j++)
-        if (!x[j].complete && x[j].peer == x[i].peer && x[j].is_send == x[i].is_send) first = 0;
       pending++;
-      if (!first) continue;
+      if (!tdm__xfer_turn(x, i)) continue;
       tdm_status st = TDM_OK;
       int r;
       while ((r = step(t, &x[i], &st)) == 1 && !x[i].complete) moved = 1;
