@@ -185,9 +185,11 @@ static int64_t check(tdm_comm_t c, bctx *b, void *sbuf, void *rbuf, size_t count
 }
 
 int tool_bench(int argc, char **argv) {
+  if (argc >= 1 && !strcmp(argv[0], "gpt")) return tool_bench_gpt(argc - 1, argv + 1);
   if (argc < 1 || argv[0][0] == '-') {
     if (argc >= 1 && (!strcmp(argv[0], "--help") || !strcmp(argv[0], "-h"))) {
       printf("usage: tandem bench allreduce|broadcast|reduce|reducescatter|allgather|alltoall|sendrecv [options]\n"
+             "       tandem bench gpt [options]   (a GPT training step; tandem bench gpt --help)\n"
              "  -b SIZE   smallest size in bytes (K, M, G suffixes) [8]\n"
              "  -e SIZE   largest size [32M]\n"
              "  -f N      size factor between rows [2]\n"

@@ -29,6 +29,7 @@ int cli_seen(const cli_opt *opts, int n, const char *name);
 int tool_train(int argc, char **argv);
 int tool_run(int argc, char **argv);
 int tool_bench(int argc, char **argv);
+int tool_bench_gpt(int argc, char **argv);
 int tool_weights_diff(int argc, char **argv);
 int tool_generate(int argc, char **argv);
 

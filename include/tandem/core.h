@@ -59,6 +59,10 @@ size_t tdm_arena_peak(const tdm_arena *a);
 /* How many times this arena has called malloc: steady-state loops keep it constant. */
 uint64_t tdm_arena_mallocs(const tdm_arena *a);
 
+/* Heap allocations the library has made so far (all threads): a steady-state training step
+ * leaves it unchanged, which benchmarks and tests check. */
+uint64_t tdm_alloc_count(void);
+
 /* ---- intra-op threads ------------------------------------------------------------------
  * One process-wide pool runs the element-wise kernels; OpenBLAS is given the same count.
  * tdm_set_num_threads(0) picks TANDEM_NUM_THREADS if set, otherwise all online cores.

@@ -140,6 +140,11 @@ static void binary_bw(tdm_tape *tp, tdm_node *n) {
   bcast_strides(B, y->ndim, y->shape, sb);
   float *ga = tdm__grad(tp, A), *gb = tdm__grad(tp, B);
   const float *a = A->data, *b = B->data, *g = y->grad->data;
+  if ((op == OP_ADD || op == OP_SUB) && tdm__shape_equal(A, B)) { /* residual adds: no index arithmetic */
+    if (ga) tdm_k_axpy(ga, 1.0f, g, y->numel);
+    if (gb) tdm_k_axpy(gb, op == OP_ADD ? 1.0f : -1.0f, g, y->numel);
+    return;
+  }
   switch (op) {
   case OP_ADD:
   case OP_SUB: {
@@ -189,7 +194,7 @@ static tdm_tensor *binary(tdm_tape *tp, int op, tdm_tensor *a, tdm_tensor *b) {
   if (tdm__shape_equal(a, b)) { /* the common case, vectorisable */
     int64_t n = y->numel;
     switch (op) {
-    case OP_ADD: for (int64_t i = 0; i < n; i++) o[i] = pa[i] + pb[i]; break;
+    case OP_ADD: tdm_k_add(o, pa, pb, n); break;
     case OP_SUB: for (int64_t i = 0; i < n; i++) o[i] = pa[i] - pb[i]; break;
     case OP_MUL: for (int64_t i = 0; i < n; i++) o[i] = pa[i] * pb[i]; break;
     case OP_DIV: for (int64_t i = 0; i < n; i++) o[i] = pa[i] / pb[i]; break;

@@ -25,3 +25,5 @@ void *tdm__aligned_alloc(size_t n) {
 void tdm__free(void *p) { free(p); }
 
 uint64_t tdm__malloc_count(void) { return atomic_load(&n_mallocs); }
+
+uint64_t tdm_alloc_count(void) { return tdm__malloc_count(); }

@@ -50,6 +50,16 @@ tdm_model_config tdm_model_config_gpt_mini(void) {
   return c;
 }
 
+tdm_model_config tdm_model_config_gpt2_124m(void) {
+  tdm_model_config c = tdm_model_config_gpt_mini();
+  c.n_layer = 12;
+  c.n_head = 12;
+  c.n_embd = 768;
+  c.block_size = 1024;
+  c.vocab_size = 50257;
+  return c;
+}
+
 static tdm_status check_config(const tdm_model_config *c) {
   if (!(c->dropout >= 0.0f && c->dropout < 1.0f))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "model: dropout %g; expected 0 <= p < 1", (double)c->dropout);

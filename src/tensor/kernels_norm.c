@@ -4,6 +4,7 @@
 
 #include "tandem/core.h"
 #include "tandem/kernels.h"
+#include "tensor/fastmath.h"
 
 /* ---- softmax over the middle axis of (outer, n, inner) ---------------------------------- */
 void tdm_k_softmax_fwd(float *y, const float *x, int64_t outer, int64_t n, int64_t inner) {
@@ -142,16 +143,14 @@ static void ln_fwd_range(void *vc, int64_t r0, int64_t r1) {
   int64_t C = c->C;
   for (int64_t r = r0; r < r1; r++) {
     const float *x = c->x + r * C;
-    float *o = c->out + r * C;
-    float m = 0.0f;
-    for (int64_t i = 0; i < C; i++) m += x[i];
-    m /= (float)C;
-    float v = 0.0f;
+    float *restrict o = c->out + r * C;
+    float m = tdm__sum8(x, C) / (float)C;
+    float acc[8] = {0};
     for (int64_t i = 0; i < C; i++) {
       float d = x[i] - m;
-      v += d * d;
+      acc[i & 7] += d * d;
     }
-    v /= (float)C;
+    float v = (((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))) / (float)C;
     float s = 1.0f / sqrtf(v + c->eps);
     for (int64_t i = 0; i < C; i++) o[i] = (x[i] - m) * s * c->w[i] + c->b[i];
     c->mean[r] = m;
@@ -165,25 +164,51 @@ void tdm_k_layernorm_fwd(float *out, float *mean, float *rstd, const float *x, c
   tdm_parallel_for(N, C > 0 ? 1 + 16384 / C : 1, ln_fwd_range, &c);
 }
 
+typedef struct {
+  float *dx, *dw, *db;
+  const float *dout, *x, *w, *mean, *rstd;
+  int64_t N, C;
+} ln_bwd_ctx;
+
+/* dx, row by row */
+static void ln_bwd_rows(void *vc, int64_t r0, int64_t r1) {
+  ln_bwd_ctx *c = vc;
+  int64_t C = c->C;
+  const float *w = c->w;
+  for (int64_t r = r0; r < r1; r++) {
+    const float *xr = c->x + r * C, *d = c->dout + r * C;
+    float *restrict dx = c->dx + r * C;
+    float m = c->mean[r], s = c->rstd[r];
+    float a1[8] = {0}, a2[8] = {0};
+    for (int64_t i = 0; i < C; i++) {
+      float dn = w[i] * d[i];
+      a1[i & 7] += dn;
+      a2[i & 7] += dn * (xr[i] - m) * s;
+    }
+    float dmean = (((a1[0] + a1[4]) + (a1[1] + a1[5])) + ((a1[2] + a1[6]) + (a1[3] + a1[7]))) / (float)C;
+    float dnm = (((a2[0] + a2[4]) + (a2[1] + a2[5])) + ((a2[2] + a2[6]) + (a2[3] + a2[7]))) / (float)C;
+    for (int64_t i = 0; i < C; i++) dx[i] += (w[i] * d[i] - dmean - (xr[i] - m) * s * dnm) * s;
+  }
+}
+
+/* dw and db, column block by column block: each column sums its rows in order, so the result
+ * does not depend on the thread count */
+static void ln_bwd_cols(void *vc, int64_t c0, int64_t c1) {
+  ln_bwd_ctx *c = vc;
+  int64_t C = c->C;
+  for (int64_t r = 0; r < c->N; r++) {
+    const float *xr = c->x + r * C, *d = c->dout + r * C;
+    float m = c->mean[r], s = c->rstd[r];
+    if (c->db)
+      for (int64_t i = c0; i < c1; i++) c->db[i] += d[i];
+    if (c->dw)
+      for (int64_t i = c0; i < c1; i++) c->dw[i] += (xr[i] - m) * s * d[i];
+  }
+}
+
 void tdm_k_layernorm_bwd(float *dx, float *dw, float *db, const float *dout, const float *x, const float *w,
                          const float *mean, const float *rstd, int64_t N, int64_t C) {
-  for (int64_t r = 0; r < N; r++) {
-    const float *xr = x + r * C, *d = dout + r * C;
-    float m = mean[r], s = rstd[r];
-    float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
-    for (int64_t i = 0; i < C; i++) {
-      float norm = (xr[i] - m) * s;
-      float dn = w[i] * d[i];
-      dnorm_mean += dn;
-      dnorm_norm_mean += dn * norm;
-    }
-    dnorm_mean /= (float)C;
-    dnorm_norm_mean /= (float)C;
-    for (int64_t i = 0; i < C; i++) {
-      float norm = (xr[i] - m) * s;
-      if (db) db[i] += d[i];
-      if (dw) dw[i] += norm * d[i];
-      if (dx) dx[r * C + i] += (w[i] * d[i] - dnorm_mean - norm * dnorm_norm_mean) * s;
-    }
-  }
+  ln_bwd_ctx c = {dx, dw, db, dout, x, w, mean, rstd, N, C};
+  if (dx) tdm_parallel_for(N, C > 0 ? 1 + 16384 / C : 1, ln_bwd_rows, &c);
+  if (dw || db) tdm_parallel_for(C, 64, ln_bwd_cols, &c);
 }

@@ -235,7 +235,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   tdm_model_config mc = mk == TDM_MODEL_MLP ? tdm_model_config_mlp() : mk == TDM_MODEL_CNN ? tdm_model_config_cnn() : tdm_model_config_gpt_mini();
   if (mk == TDM_MODEL_GPT) {
     if (c->gpt_config && !strcmp(c->gpt_config, "gpt2-124M")) {
-      mc.n_layer = 12, mc.n_head = 12, mc.n_embd = 768, mc.block_size = 1024, mc.vocab_size = 50257;
+      mc = tdm_model_config_gpt2_124m();
     } else if (c->gpt_config && strcmp(c->gpt_config, "mini")) {
       return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --config '%s'; expected mini or gpt2-124M", c->gpt_config);
     }

@@ -1,0 +1,70 @@
+/* Inline math that the compiler vectorises (libm's expf and tanhf are scalar calls), and
+ * reductions in eight lanes, which it vectorises without -ffast-math because the summation order
+ * is written out (and so the same on every run and every thread count). */
+#ifndef TANDEM_TENSOR_FASTMATH_H
+#define TANDEM_TENSOR_FASTMATH_H
+
+#include <stdint.h>
+#include <string.h>
+
+/* exp(x) for x <= 0 (softmax, after subtracting the row maximum): range reduction to
+ * [-ln2/2, ln2/2] and a degree-6 polynomial; relative error about 2e-7. Inputs below -87 give 0. */
+static inline float tdm__exp_neg(float x) {
+  float y = x < -87.0f ? -87.0f : x;
+  float n = __builtin_rintf(y * 1.44269504088896341f);
+  float r = y - n * 0.693145751953125f - n * 1.428606765330187e-06f; /* ln 2 in two parts */
+  float p = 1.0f + r * (1.0f + r * (0.5f + r * (0.16666667f + r * (0.041666668f + r * (0.008333334f + r * 0.0013888889f)))));
+  int32_t bits = ((int32_t)n + 127) << 23;
+  float s;
+  memcpy(&s, &bits, sizeof s);
+  return x < -87.0f ? 0.0f : p * s;
+}
+
+/* tanh(u) = (e - 1) / (e + 1), e = exp(2u), |u| clamped at 9 where tanh is 1 in f32. Absolute
+ * error about 1e-7. */
+static inline float tdm__tanh(float u) {
+  float x = u > 9.0f ? 9.0f : (u < -9.0f ? -9.0f : u);
+  float y = 2.0f * x;
+  float n = __builtin_rintf(y * 1.44269504088896341f);
+  float r = y - n * 0.693145751953125f - n * 1.428606765330187e-06f;
+  float p = 1.0f + r * (1.0f + r * (0.5f + r * (0.16666667f + r * (0.041666668f + r * (0.008333334f + r * 0.0013888889f)))));
+  int32_t bits = ((int32_t)n + 127) << 23;
+  float s;
+  memcpy(&s, &bits, sizeof s);
+  float e = p * s;
+  return (e - 1.0f) / (e + 1.0f);
+}
+
+/* Sum of x[0..n) in eight interleaved lanes. */
+static inline float tdm__sum8(const float *x, int64_t n) {
+  float acc[8] = {0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; k++) acc[k] += x[i + k];
+  for (; i < n; i++) acc[i & 7] += x[i];
+  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+static inline float tdm__max8(const float *x, int64_t n) {
+  float acc[8];
+  for (int k = 0; k < 8; k++) acc[k] = -__builtin_inff();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; k++) acc[k] = x[i + k] > acc[k] ? x[i + k] : acc[k];
+  for (; i < n; i++) acc[i & 7] = x[i] > acc[i & 7] ? x[i] : acc[i & 7];
+  float m = acc[0];
+  for (int k = 1; k < 8; k++) m = acc[k] > m ? acc[k] : m;
+  return m;
+}
+
+/* Sum of a[i] * b[i] in eight lanes. */
+static inline float tdm__dot8(const float *a, const float *b, int64_t n) {
+  float acc[8] = {0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; k++) acc[k] += a[i + k] * b[i + k];
+  for (; i < n; i++) acc[i & 7] += a[i] * b[i];
+  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+#endif
