@@ -1,5 +1,6 @@
-/* tandem generate: sample text from a GPT weights file (its architecture is read from the
- * safetensors metadata) with a key/value cache. Bytes are tokens. */
+/* tandem generate: sample text from a GPT weights file or the newest valid checkpoint of a
+ * training run (the architecture is read from the safetensors metadata) with a key/value cache.
+ * Bytes are tokens. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,11 +14,12 @@ static int64_t meta_int(const tdm_safetensors *f, const char *key) {
 }
 
 int tool_generate(int argc, char **argv) {
-  const char *weights, *prompt, *logits_out;
+  const char *weights, *ckpt_dir, *prompt, *logits_out;
   int64_t tokens, top_k, seed, layers, heads, width, block, vocab;
   double temperature;
   cli_opt opts[] = {
       {"weights", CLI_STRING, &weights, NULL, "GPT weights (.safetensors written by tandem train --model gpt)", NULL, 0, 0, 0},
+      {"checkpoint", CLI_STRING, &ckpt_dir, NULL, "or: the newest valid checkpoint in this --checkpoint-dir of tandem train", NULL, 0, 0, 0},
       {"prompt", CLI_STRING, &prompt, "\\n", "text to continue", NULL, 0, 0, 0},
       {"tokens", CLI_INT, &tokens, "200", "how many tokens (bytes) to generate", NULL, 0, 1e7, 0},
       {"temperature", CLI_FLOAT, &temperature, "0.8", "softmax temperature (0: greedy)", NULL, 0, 100, 0},
@@ -31,12 +33,23 @@ int tool_generate(int argc, char **argv) {
       {"vocab", CLI_INT, &vocab, "0", "must agree with the file when given", NULL, 0, 1e7, 0},
   };
   int n = (int)(sizeof opts / sizeof opts[0]);
-  int r = cli_parse("generate", "--weights FILE [options]", opts, n, argc, argv);
+  int r = cli_parse("generate", "--weights FILE | --checkpoint DIR [options]", opts, n, argc, argv);
   if (r == 1) return 0;
   if (r) return 2;
-  if (!weights) {
-    fprintf(stderr, "tandem generate: --weights is required\n");
+  if (!weights == !ckpt_dir) {
+    fprintf(stderr, "tandem generate: give either --weights FILE or --checkpoint DIR (%s)\n", weights ? "both given" : "neither given");
     return 2;
+  }
+  char ckpt_path[4096];
+  if (ckpt_dir) {
+    char warn[2048];
+    tdm_status st = tdm_ckpt_latest(ckpt_dir, ckpt_path, sizeof ckpt_path, warn, sizeof warn);
+    if (warn[0]) fprintf(stderr, "tandem generate: skipped corrupt checkpoints: %s\n", warn);
+    if (st != TDM_OK) {
+      fprintf(stderr, "tandem generate: %s\n", tdm_last_error());
+      return 1;
+    }
+    weights = ckpt_path;
   }
   if (!strcmp(prompt, "\\n")) prompt = "\n";
   tdm_safetensors *f;
@@ -53,7 +66,7 @@ int tool_generate(int argc, char **argv) {
   for (int i = 0; i < 5; i++) {
     int64_t v = meta_int(f, fields[i].key);
     if (v < 0) {
-      fprintf(stderr, "tandem generate: %s has no '%s' in its metadata: was it written by tandem train --model gpt?\n",
+      fprintf(stderr, "tandem generate: %s has no '%s' in its metadata: was it written by tandem train --model gpt (this version)?\n",
               weights, fields[i].key);
       tdm_safetensors_destroy(f);
       return 1;
@@ -76,7 +89,10 @@ int tool_generate(int argc, char **argv) {
   }
   tdm_model *m;
   tdm_kv_cache *kv;
-  if (tdm_model_create(&m, &mc, 0) != TDM_OK || tdm_params_load(tdm_model_params(m), weights, 0) != TDM_OK ||
+  tdm_ckpt_info ci;
+  if (tdm_model_create(&m, &mc, 0) != TDM_OK ||
+      (ckpt_dir ? tdm_ckpt_load_file(weights, tdm_model_params(m), NULL, 0, &ci)
+                : tdm_params_load(tdm_model_params(m), weights, 0)) != TDM_OK ||
       tdm_kv_cache_create(&kv, m) != TDM_OK) {
     fprintf(stderr, "tandem generate: %s\n", tdm_last_error());
     return 1;

@@ -27,6 +27,10 @@ typedef struct tdm_ckpt_info {
   int64_t step;       /* optimizer steps completed */
   int world_size;
   uint64_t seed;
+  /* saving only: extra metadata pairs, meta_kv[2i] = key, [2i+1] = value (the trainer stores the
+   * model's architecture, so that tandem generate --checkpoint can rebuild it) */
+  int n_meta;
+  const char *const *meta_kv;
 } tdm_ckpt_info;
 
 /* Writes DIR/ckpt-<info->step>.safetensors (creating DIR) and keeps the newest `keep`. */
@@ -36,6 +40,12 @@ tdm_status tdm_ckpt_save(const char *dir, const tdm_params *p, const tdm_optim *
  * note if newer checkpoints were skipped as corrupt (empty otherwise). */
 tdm_status tdm_ckpt_load_latest(const char *dir, tdm_params *p, tdm_optim *o, int world_size, tdm_ckpt_info *info,
                                 char *warning, size_t warning_n);
+
+/* The newest checkpoint of DIR that verifies (checksum), written to path; corrupt newer ones are
+ * noted in *warning. TDM_ERR_IO when DIR holds none, TDM_ERR_FORMAT when none verifies. */
+tdm_status tdm_ckpt_latest(const char *dir, char *path, size_t path_n, char *warning, size_t warning_n);
+/* Loads one checkpoint file into p, and into o unless o is NULL; world_size <= 0 accepts any. */
+tdm_status tdm_ckpt_load_file(const char *path, tdm_params *p, tdm_optim *o, int world_size, tdm_ckpt_info *info);
 
 #ifdef __cplusplus
 }

@@ -33,6 +33,7 @@ void tdm_k_linear_bwd(float *dx, float *dw, float *db, const float *dout, const 
                       int64_t In, int64_t O);
 
 /* Element-wise activations; out may equal x. Backward takes the forward input x. */
+void tdm_k_zero(float *x, int64_t n);                                    /* x = 0 */
 void tdm_k_add(float *out, const float *x, const float *y, int64_t n);   /* out = x + y */
 void tdm_k_axpy(float *out, float alpha, const float *x, int64_t n);     /* out += alpha x */
 void tdm_k_relu_fwd(float *out, const float *x, int64_t n);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "autograd/tape_impl.h"
+#include "tandem/kernels.h"
 
 static atomic_uint_fast64_t epoch_counter = 1; /* unique per reset across every tape */
 
@@ -183,7 +184,7 @@ float *tdm__grad(tdm_tape *tp, tdm_tensor *t) {
     } else {
       tdm_tensor *g = tdm__out(tp, TDM_F32, t->ndim, t->shape);
       if (!g) return NULL;
-      memset(g->data, 0, (size_t)g->numel * sizeof(float));
+      tdm_k_zero(g->data, g->numel);
       t->grad = g;
     }
   }

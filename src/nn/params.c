@@ -4,6 +4,7 @@
 
 #include "core/internal.h"
 #include "tandem/core.h"
+#include "tandem/kernels.h"
 #include "tandem/nn.h"
 #include "tensor/tensor_impl.h"
 
@@ -131,5 +132,5 @@ tdm_tensor *tdm_params_find(const tdm_params *p, const char *name) {
 }
 
 void tdm_params_zero_grad(tdm_params *p) {
-  if (p->grad) memset(p->grad, 0, sizeof(float) * (size_t)p->numel);
+  if (p->grad) tdm_k_zero(p->grad, p->numel);
 }

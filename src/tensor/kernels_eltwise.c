@@ -1,5 +1,6 @@
 /* Element-wise activations, split over the intra-op pool when large. */
 #include <math.h>
+#include <string.h>
 
 #include "tandem/core.h"
 #include "tandem/kernels.h"
@@ -31,6 +32,10 @@ typedef struct {
     setup;                                                                   \
     tdm_parallel_for(n, MIN_CHUNK, name##_range, &c);                       \
   }
+
+static void zero_range(void *ctx, int64_t b, int64_t e) { memset((float *)ctx + b, 0, sizeof(float) * (size_t)(e - b)); }
+
+void tdm_k_zero(float *x, int64_t n) { tdm_parallel_for(n, 1 << 17, zero_range, x); }
 
 /* Element-wise arithmetic of same-shaped tensors (the residual stream's adds and their grads) */
 EW_KERNEL(tdm_k_add, (float *out, const float *x, const float *y, int64_t n), (c.out = out, c.a = x, c.b = y),

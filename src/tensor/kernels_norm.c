@@ -72,10 +72,12 @@ static void lse_range(void *vc, int64_t r0, int64_t r1) {
   if (c->C <= 0) return; /* no classes: no rows either (N = 0) */
   for (int64_t r = r0; r < r1; r++) {
     const float *x = c->logits + r * c->C;
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < c->C; j++) mx = fmaxf(mx, x[j]);
-    float s = 0.0f;
-    for (int64_t j = 0; j < c->C; j++) s += expf(x[j] - mx);
+    float mx = tdm__max8(x, c->C), acc[8] = {0};
+    int64_t j = 0;
+    for (; j + 8 <= c->C; j += 8)
+      for (int k = 0; k < 8; k++) acc[k] += tdm__exp_neg(x[j + k] - mx);
+    for (; j < c->C; j++) acc[j & 7] += tdm__exp_neg(x[j] - mx);
+    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
     c->lse[r] = mx + logf(s);
   }
 }
@@ -119,7 +121,7 @@ static void ce_bwd_range(void *vc, int64_t r0, int64_t r1) {
     const float *x = c->logits + r * c->C;
     float *d = c->dlogits + r * c->C;
     float l = c->lse[r];
-    for (int64_t j = 0; j < c->C; j++) d[j] += c->scale * expf(x[j] - l);
+    for (int64_t j = 0; j < c->C; j++) d[j] += c->scale * tdm__exp_neg(x[j] - l); /* x <= lse */
     d[t] -= c->scale;
   }
 }

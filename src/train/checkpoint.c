@@ -105,11 +105,18 @@ tdm_status tdm_ckpt_save(const char *dir, const tdm_params *p, const tdm_optim *
   snprintf(ostep, sizeof ostep, "%lld", (long long)tdm_optim_steps(o));
   snprintf(ws, sizeof ws, "%d", info->world_size);
   snprintf(seed, sizeof seed, "%llu", (unsigned long long)info->seed);
-  const char *meta[] = {"format", "pt", "tandem.kind", "checkpoint", "tandem.step", step, "tandem.optim_steps", ostep,
-                        "tandem.world_size", ws, "tandem.seed", seed, "tandem.crc32", crc};
+  enum { BASE_META = 7, MAX_EXTRA = 16 };
+  const char *meta[2 * (BASE_META + MAX_EXTRA)] = {"format", "pt", "tandem.kind", "checkpoint", "tandem.step", step,
+                                                   "tandem.optim_steps", ostep, "tandem.world_size", ws, "tandem.seed",
+                                                   seed, "tandem.crc32", crc};
+  int n_meta = BASE_META;
+  for (int i = 0; i < info->n_meta && i < MAX_EXTRA; i++, n_meta++) {
+    meta[2 * n_meta] = info->meta_kv[2 * i];
+    meta[2 * n_meta + 1] = info->meta_kv[2 * i + 1];
+  }
   char path[4096];
   path_of(dir, info->step, path, sizeof path);
-  tdm_status st = tdm_safetensors_save(path, k, ts, 7, meta);
+  tdm_status st = tdm_safetensors_save(path, k, ts, n_meta, meta);
   for (int i = 0; i < n; i++) tdm__free(names[i]);
   tdm__free(names);
   tdm__free(ts);
@@ -127,14 +134,14 @@ tdm_status tdm_ckpt_save(const char *dir, const tdm_params *p, const tdm_optim *
   return TDM_OK;
 }
 
-static tdm_status load_one(const char *path, tdm_params *p, tdm_optim *o, int world_size, tdm_ckpt_info *info) {
+tdm_status tdm_ckpt_load_file(const char *path, tdm_params *p, tdm_optim *o, int world_size, tdm_ckpt_info *info) {
   tdm_safetensors *f;
   TDM__TRY(open_verified(path, &f));
   tdm_status st = TDM_OK;
   const char *ws = tdm_safetensors_meta(f, "tandem.world_size"), *step = tdm_safetensors_meta(f, "tandem.step"),
              *ostep = tdm_safetensors_meta(f, "tandem.optim_steps"), *seed = tdm_safetensors_meta(f, "tandem.seed");
   if (!ws || !step || !ostep) st = tdm__set_error(TDM_ERR_FORMAT, "%s: not a tandem checkpoint (metadata missing)", path);
-  else if (atoi(ws) != world_size)
+  else if (world_size > 0 && atoi(ws) != world_size)
     st = tdm__set_error(TDM_ERR_MISMATCH,
                         "%s was written by %s ranks; this run has %d. Resume with the same number of ranks (or start afresh in another --checkpoint-dir)",
                         path, ws, world_size);
@@ -149,9 +156,9 @@ static tdm_status load_one(const char *path, tdm_params *p, tdm_optim *o, int wo
                           path, t->name);
   }
   int64_t n_state = 0;
-  float *state = tdm_optim_state(o, &n_state);
+  float *state = o ? tdm_optim_state(o, &n_state) : NULL;
   const tdm_st_tensor *os = tdm_safetensors_find(f, "optim.state");
-  if (st == TDM_OK && (os ? os->nbytes : 0) != n_state * 4)
+  if (st == TDM_OK && o && (os ? os->nbytes : 0) != n_state * 4)
     st = tdm__set_error(TDM_ERR_MISMATCH, "%s: optimizer state of %lld floats; this optimizer has %lld: is it the same optimizer?",
                         path, (long long)(os ? os->nbytes / 4 : 0), (long long)n_state);
   if (st == TDM_OK) {
@@ -161,8 +168,10 @@ static tdm_status load_one(const char *path, tdm_params *p, tdm_optim *o, int wo
       snprintf(name, sizeof name, "model.%s", t->name);
       memcpy(t->data, tdm_safetensors_find(f, name)->data, (size_t)t->numel * 4);
     }
-    if (n_state) memcpy(state, os->data, (size_t)n_state * 4);
-    tdm_optim_set_steps(o, atoll(ostep));
+    if (o) {
+      if (n_state) memcpy(state, os->data, (size_t)n_state * 4);
+      tdm_optim_set_steps(o, atoll(ostep));
+    }
     info->step = atoll(step);
     info->world_size = atoi(ws);
     info->seed = seed ? strtoull(seed, NULL, 10) : 0;
@@ -180,10 +189,30 @@ tdm_status tdm_ckpt_load_latest(const char *dir, tdm_params *p, tdm_optim *o, in
   for (int i = 0; i < m; i++) {
     char path[4096];
     path_of(dir, steps[i], path, sizeof path);
-    tdm_status st = load_one(path, p, o, world_size, info);
+    tdm_status st = tdm_ckpt_load_file(path, p, o, world_size, info);
     if (st == TDM_OK) return TDM_OK;
     if (st != TDM_ERR_FORMAT) return st; /* a good file that does not fit: say so, do not skip */
     if (warning && warning_n) { /* corrupt: note it and fall back to the previous one */
+      size_t used = strlen(warning);
+      snprintf(warning + used, warning_n - used, "%s%s", used ? "; " : "", tdm_last_error());
+    }
+  }
+  return tdm__set_error(TDM_ERR_FORMAT, "no valid checkpoint in %s: %s", dir, warning ? warning : "all corrupt");
+}
+
+tdm_status tdm_ckpt_latest(const char *dir, char *path, size_t path_n, char *warning, size_t warning_n) {
+  if (warning && warning_n) warning[0] = 0;
+  int64_t steps[1024];
+  int m = list_steps(dir, steps, 1024);
+  if (m == 0) return tdm__set_error(TDM_ERR_IO, "no checkpoint in %s", dir);
+  for (int i = 0; i < m; i++) {
+    path_of(dir, steps[i], path, path_n);
+    tdm_safetensors *f;
+    if (open_verified(path, &f) == TDM_OK) {
+      tdm_safetensors_destroy(f);
+      return TDM_OK;
+    }
+    if (warning && warning_n) {
       size_t used = strlen(warning);
       snprintf(warning + used, warning_n - used, "%s%s", used ? "; " : "", tdm_last_error());
     }

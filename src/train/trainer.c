@@ -334,6 +334,17 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
     fclose(s->metrics);
     s->metrics = NULL;
   }
+  /* the architecture, in the metadata of weights files and checkpoints (GPT: what generate needs) */
+  char L[24], H[24], E[24], BS[24], V[24];
+  snprintf(L, sizeof L, "%lld", (long long)mc.n_layer);
+  snprintf(H, sizeof H, "%lld", (long long)mc.n_head);
+  snprintf(E, sizeof E, "%lld", (long long)mc.n_embd);
+  snprintf(BS, sizeof BS, "%lld", (long long)mc.block_size);
+  snprintf(V, sizeof V, "%lld", (long long)mc.vocab_size);
+  const char *meta_all[] = {"format", "pt", "tandem.model", c->model, "n_layer", L, "n_head", H, "n_embd", E,
+                            "block_size", BS, "vocab_size", V};
+  const char *const *arch_meta = meta_all + 2; /* without "format" */
+  int n_arch_meta = mk == TDM_MODEL_GPT ? 6 : 1;
   double train_time = 0;
   int64_t step = 0, samples = 0;
   float loss_v = NAN;
@@ -441,7 +452,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
       rec.samples_so_far = samples;
       rec.train_time = train_time;
       if (c->checkpoint_dir && R == 0 && ((c->checkpoint_every > 0 && (step + 1) % c->checkpoint_every == 0) || step + 1 == total)) {
-        tdm_ckpt_info ci = {step + 1, W, c->seed};
+        tdm_ckpt_info ci = {step + 1, W, c->seed, n_arch_meta, arch_meta};
         TDM__TRY(tdm_ckpt_save(c->checkpoint_dir, params, s->opt, &ci, 2));
       }
       if (mk == TDM_MODEL_GPT && c->val_every > 0 && (step + 1) % c->val_every == 0 && step + 1 < total) {
@@ -481,17 +492,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
     }
     epoch++;
   }
-  if (c->save_weights && R == 0) {
-    char L[24], H[24], E[24], BS[24], V[24];
-    snprintf(L, sizeof L, "%lld", (long long)mc.n_layer);
-    snprintf(H, sizeof H, "%lld", (long long)mc.n_head);
-    snprintf(E, sizeof E, "%lld", (long long)mc.n_embd);
-    snprintf(BS, sizeof BS, "%lld", (long long)mc.block_size);
-    snprintf(V, sizeof V, "%lld", (long long)mc.vocab_size);
-    const char *meta[] = {"format", "pt", "tandem.model", c->model, "n_layer", L, "n_head", H, "n_embd", E,
-                          "block_size", BS, "vocab_size", V};
-    TDM__TRY(tdm_params_save(params, c->save_weights, mk == TDM_MODEL_GPT ? 7 : 2, meta));
-  }
+  if (c->save_weights && R == 0) TDM__TRY(tdm_params_save(params, c->save_weights, n_arch_meta + 1, meta_all));
   TDM__TRY(flush_record(s, &rec, &pr, c));
   loss_v = (float)s->last_loss;
   res->steps = step;

@@ -66,7 +66,7 @@ check "--data synthetic learns on 2 ranks (accuracy > 0.5; chance 0.1)" syntheti
 G=(train --model gpt --layers 2 --heads 2 --width 64 --block 32 --steps 8 --threads 1 --optimizer sgd --lr 0.1
    --momentum 0.9 --schedule constant --warmup 0 --dropout 0.1 --val-every 0 --val-batches 2)
 gpt_equal() {
-  "$T" "${G[@]}" --batch-size 12 --save-weights "$TMP/g1.st" >/dev/null 2>&1 &&
+  "$T" "${G[@]}" --batch-size 12 --save-weights "$TMP/g1.st" --checkpoint-dir "$TMP/gck" >/dev/null 2>&1 &&
     "$T" run -n 3 -- tandem "${G[@]}" --batch-size 4 --save-weights "$TMP/g3.st" >/dev/null 2>&1 &&
     same "$TMP/g1.st" "$TMP/g3.st" 1e-5 &&
     "$T" "${G[@]}" --batch-size 6 --accum 2 --save-weights "$TMP/ga.st" >/dev/null 2>&1 && same "$TMP/g1.st" "$TMP/ga.st" 1e-5 &&
@@ -83,7 +83,7 @@ check "--max-time ends a 2-rank gpt run cleanly: final validation and weights" m
 generate() {
   local a b g1 g2
   a=$("$T" generate --weights "$TMP/g1.st" --prompt "ROMEO:" --tokens 30 --seed 5) &&
-    b=$("$T" generate --weights "$TMP/g1.st" --prompt "ROMEO:" --tokens 30 --seed 5) &&
+    b=$("$T" generate --checkpoint "$TMP/gck" --prompt "ROMEO:" --tokens 30 --seed 5) &&
     g1=$("$T" generate --weights "$TMP/g1.st" --prompt "ROMEO:" --tokens 30 --top-k 1 --seed 1) &&
     g2=$("$T" generate --weights "$TMP/g1.st" --prompt "ROMEO:" --tokens 30 --top-k 1 --seed 2) || return 1
   [[ "$a" == "$b" && "$g1" == "$g2" && "${a:0:6}" == "ROMEO:" && ${#a} -ge 36 ]] || { echo "  '$a' '$b' '$g1' '$g2'"; return 1; }
@@ -91,9 +91,11 @@ generate() {
     head -c 200 "$TMP/lg.st" | grep -aq '"logits":{"dtype":"F32","shape":\[6,256\]' &&
     "$T" generate --weights "$TMP/g1.st" --prompt "$(printf 'x%.0s' $(seq 1 40))" 2>&1 | grep -q "block size is 32" &&
     "$T" generate --weights "$TMP/g1.st" --layers 3 2>&1 | grep -q "n_layer = 2, the command line 3" &&
-    "$T" generate --weights "$TMP/one.st" 2>&1 | grep -q "has no 'n_layer' in its metadata"
+    "$T" generate --weights "$TMP/one.st" 2>&1 | grep -q "has no 'n_layer' in its metadata" &&
+    "$T" generate --weights "$TMP/g1.st" --checkpoint "$TMP/gck" 2>&1 | grep -q "either --weights FILE or --checkpoint DIR" &&
+    "$T" generate --checkpoint "$TMP/nothing" 2>&1 | grep -q "no checkpoint in $TMP/nothing"
 }
-check "tandem generate: same seed same text, greedy independent of the seed, clear errors" generate
+check "tandem generate: same seed same text (weights file == its run's checkpoint), greedy independent of the seed, clear errors" generate
 gpt_bad() {
   "$T" train --model gpt --heads 3 --steps 1 2>&1 | grep -q "3 heads do not divide the width 256" &&
     "$T" train --model gpt --seq-len 500 --steps 1 2>&1 | grep -q "seq-len 500; expected 1..block size 128" &&

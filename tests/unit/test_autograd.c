@@ -276,33 +276,45 @@ static void test_errors_are_sticky_and_named(void) {
   tdm_tape_destroy(tp);
 }
 
-static void test_steady_state_allocates_nothing(void) {
-  tdm_model_config mc = tdm_model_config_mlp(); /* the real MLP, dropout on */
+/* Steps after the third must not touch the heap: the tape's arena has grown to the step's size
+ * and the optimizer, clipping and the intra-op pool allocate nothing per step. */
+static void steady_state(const tdm_model_config *mc, tdm_optim_kind ok, int64_t B, int64_t T) {
   tdm_model *m;
-  CHECK_OK(tdm_model_create(&m, &mc, 1));
-  tdm_optim_config oc = tdm_optim_config_default(TDM_OPT_ADAM);
+  CHECK_OK(tdm_model_create(&m, mc, 1));
+  tdm_optim_config oc = tdm_optim_config_default(ok);
+  oc.decay_matrices_only = 1;
   tdm_optim *opt;
   CHECK_OK(tdm_optim_create(&opt, &oc, tdm_model_params(m)));
   tdm_tape *tp;
   CHECK_OK(tdm_tape_create(&tp, 1 << 16)); /* small on purpose: it must grow, then settle */
+  int gpt = mc->kind == TDM_MODEL_GPT;
   uint64_t before = 0;
   for (int step = 0; step < 6; step++) {
     if (step == 3) before = tdm__malloc_count();
     tdm_tape_reset(tp);
     tdm_tape_set_training(tp, 1);
     tdm_tape_set_dropout_key(tp, (uint64_t)step, 0);
-    int64_t xs[2] = {32, 784}, ys[1] = {32};
-    tdm_tensor *x = tdm_zeros(tp, TDM_F32, 2, xs), *y = tdm_zeros(tp, TDM_I32, 1, ys);
+    int64_t xs[2] = {B, gpt ? T : mc->in_features}, ys[2] = {B, T};
+    tdm_tensor *x = tdm_zeros(tp, gpt ? TDM_I32 : TDM_F32, 2, xs), *y = tdm_zeros(tp, TDM_I32, gpt ? 2 : 1, ys);
     tdm_tensor *loss = tdm_cross_entropy(tp, tdm_model_forward(m, tp, x), y, -100);
     tdm_params_zero_grad(tdm_model_params(m));
     CHECK_OK(tdm_backward(tp, loss));
+    CHECK_OK(tdm_clip_grad_norm(tdm_model_params(m), 1.0f, NULL));
     CHECK_OK(tdm_optim_step(opt, 1e-3f));
   }
-  CHECK_MSG(tdm__malloc_count() == before, "%llu allocations in 3 steady-state steps",
+  CHECK_MSG(tdm__malloc_count() == before, "%s: %llu allocations in 3 steady-state steps", tdm_model_kind_name(mc->kind),
             (unsigned long long)(tdm__malloc_count() - before));
   tdm_tape_destroy(tp);
   tdm_optim_destroy(opt);
   tdm_model_destroy(m);
+}
+
+static void test_steady_state_allocates_nothing(void) {
+  tdm_model_config mlp = tdm_model_config_mlp(); /* the real MLP, dropout on */
+  steady_state(&mlp, TDM_OPT_ADAM, 32, 1);
+  tdm_model_config gpt = tdm_model_config_gpt_mini(); /* a small GPT, dropout on, AdamW and clipping */
+  gpt.n_layer = 2, gpt.n_embd = 64, gpt.n_head = 2, gpt.block_size = 32, gpt.dropout = 0.1f;
+  steady_state(&gpt, TDM_OPT_ADAMW, 4, 32);
 }
 
 TDM_TEST_MAIN(T(test_gradcheck_every_op), T(test_gradcheck_catches_errors), T(test_hooks_fire_when_final),
