@@ -146,11 +146,46 @@ tdm_status tdm_optim_step(tdm_optim *o, float lr) {
   return TDM_OK;
 }
 
+typedef struct {
+  const float *g;
+  int64_t n, chunk;
+  double *part;
+} sumsq_ctx;
+
+/* Sum of squares of fixed-size chunks, each in eight double lanes: the chunking depends only on
+ * n, so the norm is the same for every thread count. */
+static void sumsq_range(void *vc, int64_t c0, int64_t c1) {
+  sumsq_ctx *c = vc;
+  for (int64_t ch = c0; ch < c1; ch++) {
+    int64_t b = ch * c->chunk, e = b + c->chunk < c->n ? b + c->chunk : c->n;
+    double acc[8] = {0};
+    int64_t i = b;
+    for (; i + 8 <= e; i += 8)
+      for (int k = 0; k < 8; k++) acc[k] += (double)c->g[i + k] * c->g[i + k];
+    for (; i < e; i++) acc[0] += (double)c->g[i] * c->g[i];
+    c->part[ch] = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+  }
+}
+
+typedef struct {
+  float *g, coef;
+} scale_ctx;
+
+static void scale_range(void *vc, int64_t b, int64_t e) {
+  scale_ctx *c = vc;
+  for (int64_t i = b; i < e; i++) c->g[i] *= c->coef;
+}
+
 tdm_status tdm_clip_grad_norm(tdm_params *p, float max_norm, float *norm_out) {
-  const float *g = tdm_params_grad(p);
+  enum { MAX_CHUNKS = 1024 };
+  double part[MAX_CHUNKS];
   int64_t n = tdm_params_numel(p);
+  int64_t chunk = n / MAX_CHUNKS + 1 > 16384 ? n / MAX_CHUNKS + 1 : 16384;
+  sumsq_ctx sc = {tdm_params_grad(p), n, chunk, part};
+  int64_t n_chunks = (n + chunk - 1) / chunk;
+  tdm_parallel_for(n_chunks, 1, sumsq_range, &sc);
   double s = 0.0;
-  for (int64_t i = 0; i < n; i++) s += (double)g[i] * g[i];
+  for (int64_t ch = 0; ch < n_chunks; ch++) s += part[ch];
   float norm = (float)sqrt(s);
   if (norm_out) *norm_out = norm;
   if (!isfinite(norm))
@@ -159,8 +194,8 @@ tdm_status tdm_clip_grad_norm(tdm_params *p, float max_norm, float *norm_out) {
   if (max_norm > 0.0f) {
     float coef = max_norm / (norm + 1e-6f);
     if (coef < 1.0f) {
-      float *gw = tdm_params_grad(p);
-      for (int64_t i = 0; i < n; i++) gw[i] *= coef;
+      scale_ctx c = {tdm_params_grad(p), coef};
+      tdm_parallel_for(n, 65536, scale_range, &c);
     }
   }
   return TDM_OK;

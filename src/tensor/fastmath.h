@@ -1,4 +1,4 @@
-/* Inline math that the compiler vectorises (libm's expf and tanhf are scalar calls), and
+/* Inline math that the compiler vectorises (libm's expf is a scalar call), and
  * reductions in eight lanes, which it vectorises without -ffast-math because the summation order
  * is written out (and so the same on every run and every thread count). */
 #ifndef TANDEM_TENSOR_FASTMATH_H
@@ -20,19 +20,16 @@ static inline float tdm__exp_neg(float x) {
   return x < -87.0f ? 0.0f : p * s;
 }
 
-/* tanh(u) = (e - 1) / (e + 1), e = exp(2u), |u| clamped at 9 where tanh is 1 in f32. Absolute
- * error about 1e-7. */
-static inline float tdm__tanh(float u) {
-  float x = u > 9.0f ? 9.0f : (u < -9.0f ? -9.0f : u);
-  float y = 2.0f * x;
-  float n = __builtin_rintf(y * 1.44269504088896341f);
-  float r = y - n * 0.693145751953125f - n * 1.428606765330187e-06f;
+/* 1 / (1 + exp(-y)), the logistic function, with the argument clamped to |y| <= 80. */
+static inline float tdm__sigmoid(float y) {
+  float x = y > 80.0f ? -80.0f : (y < -80.0f ? 80.0f : -y);
+  float n = __builtin_rintf(x * 1.44269504088896341f);
+  float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
   float p = 1.0f + r * (1.0f + r * (0.5f + r * (0.16666667f + r * (0.041666668f + r * (0.008333334f + r * 0.0013888889f)))));
   int32_t bits = ((int32_t)n + 127) << 23;
   float s;
   memcpy(&s, &bits, sizeof s);
-  float e = p * s;
-  return (e - 1.0f) / (e + 1.0f);
+  return 1.0f / (1.0f + p * s);
 }
 
 /* Sum of x[0..n) in eight interleaved lanes. */

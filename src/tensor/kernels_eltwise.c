@@ -49,18 +49,18 @@ EW_KERNEL(tdm_k_relu_fwd, (float *out, const float *x, int64_t n), (c.out = out,
 EW_KERNEL(tdm_k_relu_bwd, (float *dx, const float *dout, const float *x, int64_t n),
           (c.out = dx, c.a = dout, c.b = x), out[i] += b[i] > 0.0f ? a[i] : 0.0f)
 
+/* GELU with the tanh approximation, as 0.5 (1 + tanh(u)) = sigmoid(2u): one exp and one division */
 #define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
 EW_KERNEL(tdm_k_gelu_fwd, (float *out, const float *x, int64_t n), (c.out = out, c.a = x, c.b = 0), {
   float v = a[i];
-  out[i] = 0.5f * v * (1.0f + tdm__tanh(GELU_K * (v + 0.044715f * v * v * v)));
+  out[i] = v * tdm__sigmoid(2.0f * GELU_K * (v + 0.044715f * v * v * v));
 })
 EW_KERNEL(tdm_k_gelu_bwd, (float *dx, const float *dout, const float *x, int64_t n),
           (c.out = dx, c.a = dout, c.b = x), {
             float v = b[i];
-            float u = GELU_K * (v + 0.044715f * v * v * v);
-            float t = tdm__tanh(u);
+            float sg = tdm__sigmoid(2.0f * GELU_K * (v + 0.044715f * v * v * v));
             float du = GELU_K * (1.0f + 3.0f * 0.044715f * v * v);
-            out[i] += a[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+            out[i] += a[i] * (sg + 2.0f * v * sg * (1.0f - sg) * du);
           })
 EW_KERNEL(tdm_k_tanh_fwd, (float *out, const float *x, int64_t n), (c.out = out, c.a = x, c.b = 0),
           out[i] = tanhf(a[i]))

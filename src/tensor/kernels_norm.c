@@ -148,10 +148,10 @@ static void ln_fwd_range(void *vc, int64_t r0, int64_t r1) {
     float *restrict o = c->out + r * C;
     float m = tdm__sum8(x, C) / (float)C;
     float acc[8] = {0};
-    for (int64_t i = 0; i < C; i++) {
-      float d = x[i] - m;
-      acc[i & 7] += d * d;
-    }
+    int64_t i = 0;
+    for (; i + 8 <= C; i += 8)
+      for (int k = 0; k < 8; k++) acc[k] += (x[i + k] - m) * (x[i + k] - m);
+    for (; i < C; i++) acc[i & 7] += (x[i] - m) * (x[i] - m);
     float v = (((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))) / (float)C;
     float s = 1.0f / sqrtf(v + c->eps);
     for (int64_t i = 0; i < C; i++) o[i] = (x[i] - m) * s * c->w[i] + c->b[i];
@@ -182,14 +182,21 @@ static void ln_bwd_rows(void *vc, int64_t r0, int64_t r1) {
     float *restrict dx = c->dx + r * C;
     float m = c->mean[r], s = c->rstd[r];
     float a1[8] = {0}, a2[8] = {0};
-    for (int64_t i = 0; i < C; i++) {
+    int64_t i = 0;
+    for (; i + 8 <= C; i += 8)
+      for (int k = 0; k < 8; k++) {
+        float dn = w[i + k] * d[i + k];
+        a1[k] += dn;
+        a2[k] += dn * (xr[i + k] - m) * s;
+      }
+    for (; i < C; i++) {
       float dn = w[i] * d[i];
       a1[i & 7] += dn;
       a2[i & 7] += dn * (xr[i] - m) * s;
     }
     float dmean = (((a1[0] + a1[4]) + (a1[1] + a1[5])) + ((a1[2] + a1[6]) + (a1[3] + a1[7]))) / (float)C;
     float dnm = (((a2[0] + a2[4]) + (a2[1] + a2[5])) + ((a2[2] + a2[6]) + (a2[3] + a2[7]))) / (float)C;
-    for (int64_t i = 0; i < C; i++) dx[i] += (w[i] * d[i] - dmean - (xr[i] - m) * s * dnm) * s;
+    for (i = 0; i < C; i++) dx[i] += (w[i] * d[i] - dmean - (xr[i] - m) * s * dnm) * s;
   }
 }
 
