@@ -36,10 +36,12 @@ void tdm_k_linear_bwd(float *dx, float *dw, float *db, const float *dout, const 
 void tdm_k_zero(float *x, int64_t n);                                    /* x = 0 */
 void tdm_k_add(float *out, const float *x, const float *y, int64_t n);   /* out = x + y */
 void tdm_k_axpy(float *out, float alpha, const float *x, int64_t n);     /* out += alpha x */
+void tdm_k_scale(float *out, float alpha, const float *x, int64_t n);    /* out = alpha x */
 void tdm_k_relu_fwd(float *out, const float *x, int64_t n);
 void tdm_k_relu_bwd(float *dx, const float *dout, const float *x, int64_t n);
 void tdm_k_gelu_fwd(float *out, const float *x, int64_t n); /* tanh approximation, as GPT-2 */
 void tdm_k_gelu_bwd(float *dx, const float *dout, const float *x, int64_t n);
+void tdm_k_gelu_bwd_set(float *dx, const float *dout, const float *x, int64_t n); /* dx = ..., not += */
 void tdm_k_tanh_fwd(float *out, const float *x, int64_t n);
 void tdm_k_tanh_bwd(float *dx, const float *dout, const float *y, int64_t n);    /* y = forward output */
 void tdm_k_sigmoid_fwd(float *out, const float *x, int64_t n);
@@ -78,10 +80,11 @@ void tdm_k_dropout_bwd(float *dx, const float *dout, int64_t n, float p, uint64_
 
 /* Causal multi-head self-attention on packed qkv (B, T, 3C) -> out (B, T, C), NH heads.
  * att (B, NH, T, T) receives the attention probabilities (zeros above the diagonal).
- * Backward needs scratch of B * NH * T * T floats and accumulates into dqkv (B, T, 3C). */
+ * Backward needs scratch of B * NH * T * T floats and accumulates into dqkv (B, T, 3C), or
+ * overwrites it when accumulate is 0. */
 void tdm_k_attention_fwd(float *out, float *att, const float *qkv, int64_t B, int64_t T, int64_t C, int64_t NH);
 void tdm_k_attention_bwd(float *dqkv, float *scratch, const float *dout, const float *att, const float *qkv, int64_t B,
-                         int64_t T, int64_t C, int64_t NH);
+                         int64_t T, int64_t C, int64_t NH, int accumulate);
 
 /* conv2d on x (N, Ci, H, W) with w (Co, Ci, KH, KW), b (Co) -> out (N, Co, OH, OW), where
  * OH = (H + 2 pad - KH) / stride + 1. col is scratch of Ci*KH*KW * OH*OW floats. */

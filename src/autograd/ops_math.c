@@ -73,8 +73,11 @@ tdm_tensor *tdm_matmul(tdm_tape *tp, tdm_tensor *a, tdm_tensor *b, int ta, int t
 static void linear_bw(tdm_tape *tp, tdm_node *n) {
   tdm_tensor *x = n->in[0], *w = n->in[1], *b = n->n_in > 2 ? n->in[2] : NULL;
   int64_t In = w->shape[1], O = w->shape[0], N = x->numel / In;
-  tdm_k_linear_bwd(tdm__grad(tp, x), tdm__grad(tp, w), b ? tdm__grad(tp, b) : NULL, n->out->grad->data, x->data,
-                   w->data, N, In, O);
+  int fresh;
+  float *dx = tdm__grad_for_write(tp, x, &fresh);
+  const float *dout = n->out->grad->data;
+  if (dx) tdm_k_gemm(0, 0, N, In, O, 1.0f, dout, O, w->data, In, fresh ? 0.0f : 1.0f, dx, In);
+  tdm_k_linear_bwd(NULL, tdm__grad(tp, w), b ? tdm__grad(tp, b) : NULL, dout, x->data, w->data, N, In, O);
 }
 
 tdm_tensor *tdm_linear(tdm_tape *tp, tdm_tensor *x, tdm_tensor *w, tdm_tensor *b) {
@@ -138,13 +141,18 @@ static void binary_bw(tdm_tape *tp, tdm_node *n) {
   int64_t sa[TDM_MAX_DIMS], sb[TDM_MAX_DIMS];
   bcast_strides(A, y->ndim, y->shape, sa);
   bcast_strides(B, y->ndim, y->shape, sb);
-  float *ga = tdm__grad(tp, A), *gb = tdm__grad(tp, B);
   const float *a = A->data, *b = B->data, *g = y->grad->data;
-  if ((op == OP_ADD || op == OP_SUB) && tdm__shape_equal(A, B)) { /* residual adds: no index arithmetic */
-    if (ga) tdm_k_axpy(ga, 1.0f, g, y->numel);
-    if (gb) tdm_k_axpy(gb, op == OP_ADD ? 1.0f : -1.0f, g, y->numel);
+  float *ga, *gb;
+  if ((op == OP_ADD || op == OP_SUB) && tdm__shape_equal(A, B) && A != B) { /* residual adds */
+    int fa, fb;
+    ga = tdm__grad_for_write(tp, A, &fa);
+    gb = tdm__grad_for_write(tp, B, &fb);
+    float sb = op == OP_ADD ? 1.0f : -1.0f;
+    if (ga) fa ? tdm_k_scale(ga, 1.0f, g, y->numel) : tdm_k_axpy(ga, 1.0f, g, y->numel);
+    if (gb) fb ? tdm_k_scale(gb, sb, g, y->numel) : tdm_k_axpy(gb, sb, g, y->numel);
     return;
   }
+  ga = tdm__grad(tp, A), gb = tdm__grad(tp, B);
   switch (op) {
   case OP_ADD:
   case OP_SUB: {

@@ -23,8 +23,13 @@ static const struct {
 };
 
 static void unary_bw(tdm_tape *tp, tdm_node *n) {
+  int k = (int)n->i[0], fresh = 0;
+  if (unary_ops[k].bwd == tdm_k_gelu_bwd) { /* the MLP's wide activation: write its gradient once */
+    float *gx = tdm__grad_for_write(tp, n->in[0], &fresh);
+    if (gx) (fresh ? tdm_k_gelu_bwd_set : tdm_k_gelu_bwd)(gx, n->out->grad->data, n->in[0]->data, n->out->numel);
+    return;
+  }
   float *gx = tdm__grad(tp, n->in[0]);
-  int k = (int)n->i[0];
   if (gx)
     unary_ops[k].bwd(gx, n->out->grad->data, unary_ops[k].bwd_uses_output ? n->out->data : n->in[0]->data,
                      n->out->numel);
@@ -271,11 +276,13 @@ tdm_tensor *tdm_dropout(tdm_tape *tp, tdm_tensor *x, float p) {
 /* ---- attention ------------------------------------------------------------------------------ */
 /* i: [0] B, [1] T, [2] C, [3] NH; saved[0]: att */
 static void attention_bw(tdm_tape *tp, tdm_node *n) {
-  float *g = tdm__grad(tp, n->in[0]);
+  int fresh;
+  float *g = tdm__grad_for_write(tp, n->in[0], &fresh);
   if (!g) return;
   int64_t B = n->i[0], T = n->i[1], C = n->i[2], NH = n->i[3];
   float *scratch = tdm__scratch(tp, sizeof(float) * (size_t)(B * NH * T * T));
-  if (scratch) tdm_k_attention_bwd(g, scratch, n->out->grad->data, n->saved[0], n->in[0]->data, B, T, C, NH);
+  if (scratch) tdm_k_attention_bwd(g, scratch, n->out->grad->data, n->saved[0], n->in[0]->data, B, T, C, NH, !fresh);
+  else if (fresh) tdm_k_zero(g, n->in[0]->numel); /* the tape has failed; leave no garbage behind */
 }
 
 tdm_tensor *tdm_attention(tdm_tape *tp, tdm_tensor *qkv, int n_head) {

@@ -173,6 +173,19 @@ tdm_status tdm_tensor_zero_grad(tdm_tensor *t) {
   return TDM_OK;
 }
 
+float *tdm__grad_for_write(tdm_tape *tp, tdm_tensor *t, int *fresh) {
+  *fresh = 0;
+  if (!tdm__requires_grad(t)) return NULL;
+  if (!t->grad && !((t->flags & TDM_TF_HEAP) && !t->node)) { /* a tape activation's first gradient */
+    tdm_tensor *g = tdm__out(tp, TDM_F32, t->ndim, t->shape);
+    if (!g) return NULL;
+    t->grad = g;
+    *fresh = 1;
+    return g->data;
+  }
+  return tdm__grad(tp, t);
+}
+
 float *tdm__grad(tdm_tape *tp, tdm_tensor *t) {
   if (!tdm__requires_grad(t)) return NULL;
   if (!t->grad) {

@@ -58,6 +58,10 @@ tdm_node *tdm__record(tdm_tape *tp, const char *op, tdm__backward_fn bw, tdm_ten
                       tdm_tensor *const *ins);
 /* Gradient buffer of t (allocated zeroed on first use); NULL when t does not require grad. */
 float *tdm__grad(tdm_tape *tp, tdm_tensor *t);
+/* As tdm__grad, but when t is a tape activation without a gradient yet, the buffer is returned
+ * uninitialised with *fresh = 1, and the caller must write every element (not accumulate): this
+ * spares zeroing, then reading, every activation gradient that has a single producer. */
+float *tdm__grad_for_write(tdm_tape *tp, tdm_tensor *t, int *fresh);
 /* x itself if contiguous, else a recorded contiguous copy. */
 tdm_tensor *tdm__contig(tdm_tape *tp, tdm_tensor *x);
 /* Normalises a possibly negative axis; -1 if out of range (and records the error). */

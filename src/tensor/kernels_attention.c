@@ -61,15 +61,16 @@ void tdm_k_attention_fwd(float *out, float *att, const float *qkv, int64_t B, in
 }
 
 void tdm_k_attention_bwd(float *dqkv, float *scratch, const float *dout, const float *att, const float *qkv, int64_t B,
-                         int64_t T, int64_t C, int64_t NH) {
+                         int64_t T, int64_t C, int64_t NH, int accumulate) {
   int64_t hs = C / NH, C3 = 3 * C;
+  float beta = accumulate ? 1.0f : 0.0f; /* every element of dqkv belongs to exactly one GEMM below */
   float scale = 1.0f / sqrtf((float)hs);
   for (int64_t bh = 0; bh < B * NH; bh++) {
     int64_t b = bh / NH, h = bh % NH;
     const float *v = qkv + b * T * C3 + h * hs + 2 * C, *dO = dout + b * T * C + h * hs;
     float *dv = dqkv + b * T * C3 + h * hs + 2 * C;
     tdm_k_gemm(0, 1, T, T, hs, 1.0f, dO, C, v, C3, 0.0f, scratch + bh * T * T, T); /* dP = dO V^T */
-    tdm_k_gemm(1, 0, T, hs, T, 1.0f, att + bh * T * T, T, dO, C, 1.0f, dv, C3);     /* dV += P^T dO */
+    tdm_k_gemm(1, 0, T, hs, T, 1.0f, att + bh * T * T, T, dO, C, beta, dv, C3);     /* dV += P^T dO */
   }
   rows_ctx rc = {(float *)att, scratch, T};
   tdm_parallel_for(B * NH * T, 1 + 8192 / T, dsoftmax_rows, &rc);
@@ -77,7 +78,7 @@ void tdm_k_attention_bwd(float *dqkv, float *scratch, const float *dout, const f
     int64_t b = bh / NH, h = bh % NH;
     const float *q = qkv + b * T * C3 + h * hs, *k = q + C, *dS = scratch + bh * T * T;
     float *dq = dqkv + b * T * C3 + h * hs, *dk = dq + C;
-    tdm_k_gemm(0, 0, T, hs, T, scale, dS, T, k, C3, 1.0f, dq, C3); /* dQ += dS K */
-    tdm_k_gemm(1, 0, T, hs, T, scale, dS, T, q, C3, 1.0f, dk, C3); /* dK += dS^T Q */
+    tdm_k_gemm(0, 0, T, hs, T, scale, dS, T, k, C3, beta, dq, C3); /* dQ += dS K */
+    tdm_k_gemm(1, 0, T, hs, T, scale, dS, T, q, C3, beta, dk, C3); /* dK += dS^T Q */
   }
 }

@@ -40,6 +40,8 @@ void tdm_k_zero(float *x, int64_t n) { tdm_parallel_for(n, 1 << 17, zero_range, 
 /* Element-wise arithmetic of same-shaped tensors (the residual stream's adds and their grads) */
 EW_KERNEL(tdm_k_add, (float *out, const float *x, const float *y, int64_t n), (c.out = out, c.a = x, c.b = y),
           out[i] = a[i] + b[i])
+EW_KERNEL(tdm_k_scale, (float *out, float alpha, const float *x, int64_t n), (c.out = out, c.a = x, c.s = alpha),
+          out[i] = s * a[i])
 EW_KERNEL(tdm_k_axpy, (float *out, float alpha, const float *x, int64_t n), (c.out = out, c.a = x, c.s = alpha),
           out[i] += s * a[i])
 
@@ -61,6 +63,13 @@ EW_KERNEL(tdm_k_gelu_bwd, (float *dx, const float *dout, const float *x, int64_t
             float sg = tdm__sigmoid(2.0f * GELU_K * (v + 0.044715f * v * v * v));
             float du = GELU_K * (1.0f + 3.0f * 0.044715f * v * v);
             out[i] += a[i] * (sg + 2.0f * v * sg * (1.0f - sg) * du);
+          })
+EW_KERNEL(tdm_k_gelu_bwd_set, (float *dx, const float *dout, const float *x, int64_t n),
+          (c.out = dx, c.a = dout, c.b = x), {
+            float v = b[i];
+            float sg = tdm__sigmoid(2.0f * GELU_K * (v + 0.044715f * v * v * v));
+            float du = GELU_K * (1.0f + 3.0f * 0.044715f * v * v);
+            out[i] = a[i] * (sg + 2.0f * v * sg * (1.0f - sg) * du);
           })
 EW_KERNEL(tdm_k_tanh_fwd, (float *out, const float *x, int64_t n), (c.out = out, c.a = x, c.b = 0),
           out[i] = tanhf(a[i]))
