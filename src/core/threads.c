@@ -1,5 +1,10 @@
 /* The intra-op pool: persistent workers woken per parallel_for. The caller runs range 0 itself,
- * so a pool of n threads has n-1 workers. Small loops (n < 2 * min_chunk) never wake anyone. */
+ * so a pool of n threads has n-1 workers. Small loops (n < 2 * min_chunk) never wake anyone, and
+ * a parallel_for inside a range runs serially on its thread.
+ *
+ * OpenBLAS is kept at one thread: tdm_k_gemm splits large products over this pool instead. Two
+ * pools on the same cores fight (OpenBLAS's idle threads spin in sched_yield while ours work),
+ * and one pool lets small GEMMs (attention heads) run side by side. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -25,6 +30,8 @@ static struct {
 } pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
           NULL, 1, 0, 0, 0, 0, 0, NULL, NULL, 0, 0};
 
+static _Thread_local int in_range; /* this thread is running a range of a parallel_for */
+
 static void range_of(int64_t i, int64_t *b, int64_t *e) {
   *b = pool.n * i / pool.n_ranges;
   *e = pool.n * (i + 1) / pool.n_ranges;
@@ -44,7 +51,9 @@ static void *worker_main(void *arg) {
     pthread_mutex_unlock(&pool.mu);
     int64_t b, e;
     range_of(id, &b, &e);
+    in_range = 1;
     pool.fn(pool.ctx, b, e);
+    in_range = 0;
     pthread_mutex_lock(&pool.mu);
     if (--pool.pending == 0) pthread_cond_signal(&pool.done);
   }
@@ -74,7 +83,7 @@ tdm_status tdm_set_num_threads(int n) {
     if (n <= 0) n = 1;
   }
   if (n > 256) return tdm__set_error(TDM_ERR_INVALID_ARG, "set_num_threads: %d threads; expected <= 256", n);
-  openblas_set_num_threads(n);
+  openblas_set_num_threads(1);
   if (n == pool.n_threads && pool.n_workers == n - 1) return TDM_OK;
   pool_stop();
   pool.n_threads = 1;
@@ -102,7 +111,7 @@ void tdm_parallel_for(int64_t n, int64_t min_chunk, tdm_range_fn fn, void *ctx) 
   if (min_chunk < 1) min_chunk = 1;
   int64_t ranges = n / min_chunk;
   if (ranges > pool.n_threads) ranges = pool.n_threads;
-  if (ranges <= 1) {
+  if (ranges <= 1 || in_range) {
     fn(ctx, 0, n);
     return;
   }
@@ -117,7 +126,9 @@ void tdm_parallel_for(int64_t n, int64_t min_chunk, tdm_range_fn fn, void *ctx) 
   pthread_mutex_unlock(&pool.mu);
   int64_t b, e;
   range_of(0, &b, &e);
+  in_range = 1;
   fn(ctx, b, e);
+  in_range = 0;
   pthread_mutex_lock(&pool.mu);
   while (pool.pending > 0) pthread_cond_wait(&pool.done, &pool.mu);
   pthread_mutex_unlock(&pool.mu);

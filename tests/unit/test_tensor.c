@@ -1,4 +1,8 @@
 /* Tensors: dtype conversions (round to nearest even), views and copies, argument checks. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "tdm_test.h"
 
 static float f_of(uint32_t u) {
@@ -100,4 +104,57 @@ static void test_create_rejects_bad_shapes(void) {
   CHECK(tdm_dtype_size(TDM_BF16) == 2 && !strcmp(tdm_dtype_name(TDM_I64), "i64"));
 }
 
-TDM_TEST_MAIN(T(test_bf16), T(test_f16), T(test_convert_and_copy), T(test_views), T(test_create_rejects_bad_shapes))
+/* tdm_k_gemm splits large products over the pool: every layout matches a double-precision
+ * reference on 1 and on 3 threads, and repeats bit for bit on the same thread count (OpenBLAS
+ * picks its small-matrix kernel by size, so the bits may differ between thread counts);
+ * attention (heads side by side, GEMMs nested in the pool's ranges) agrees across thread counts. */
+static void test_gemm_split_is_exact(void) {
+  int64_t shapes[2][3] = {{300, 200, 50}, {70, 520, 40}}; /* split along M, along N */
+  for (int s = 0; s < 2; s++)
+    for (int ta = 0; ta < 2; ta++)
+      for (int tb = 0; tb < 2; tb++) {
+        int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        float *A = malloc(sizeof(float) * (size_t)(M * K)), *B = malloc(sizeof(float) * (size_t)(K * N));
+        float *C1 = malloc(sizeof(float) * (size_t)(M * N)), *C3 = malloc(sizeof(float) * (size_t)(M * N));
+        tdm_rng r;
+        tdm_rng_seed(&r, 7);
+        for (int64_t i = 0; i < M * K; i++) A[i] = tdm_rng_normal(&r);
+        for (int64_t i = 0; i < K * N; i++) B[i] = tdm_rng_normal(&r);
+        for (int64_t i = 0; i < M * N; i++) C1[i] = C3[i] = 0.5f;
+        int64_t lda = ta ? M : K, ldb = tb ? K : N;
+        CHECK_OK(tdm_set_num_threads(1));
+        tdm_k_gemm(ta, tb, M, N, K, 0.5f, A, lda, B, ldb, 1.0f, C1, N);
+        CHECK_OK(tdm_set_num_threads(3));
+        tdm_k_gemm(ta, tb, M, N, K, 0.5f, A, lda, B, ldb, 1.0f, C3, N);
+        double worst = 0;
+        for (int64_t i = 0; i < M; i++)
+          for (int64_t j = 0; j < N; j++) {
+            double ref = 0.5;
+            for (int64_t k = 0; k < K; k++)
+              ref += 0.5 * (double)(ta ? A[k * lda + i] : A[i * lda + k]) * (double)(tb ? B[j * ldb + k] : B[k * ldb + j]);
+            double d = fmax(fabs(ref - C1[i * N + j]), fabs(ref - C3[i * N + j]));
+            if (d > worst) worst = d;
+          }
+        CHECK_MSG(worst < 1e-4, "gemm %d%d %lldx%lldx%lld: max error %g against the reference", ta, tb, (long long)M,
+                  (long long)N, (long long)K, worst);
+        for (int64_t i = 0; i < M * N; i++) C1[i] = 0.5f;
+        tdm_k_gemm(ta, tb, M, N, K, 0.5f, A, lda, B, ldb, 1.0f, C1, N);
+        CHECK_MSG(memcmp(C1, C3, sizeof(float) * (size_t)(M * N)) == 0, "gemm %d%d: two runs on 3 threads differ", ta, tb);
+        free(A), free(B), free(C1), free(C3);
+      }
+  int64_t Bt = 2, T = 40, C = 48, NH = 3;
+  float *qkv = malloc(sizeof(float) * (size_t)(Bt * T * 3 * C)), *o1 = malloc(sizeof(float) * (size_t)(Bt * T * C)),
+        *o2 = malloc(sizeof(float) * (size_t)(Bt * T * C)), *att = malloc(sizeof(float) * (size_t)(Bt * NH * T * T));
+  tdm_rng r;
+  tdm_rng_seed(&r, 9);
+  for (int64_t i = 0; i < Bt * T * 3 * C; i++) qkv[i] = tdm_rng_normal(&r);
+  CHECK_OK(tdm_set_num_threads(1));
+  tdm_k_attention_fwd(o1, att, qkv, Bt, T, C, NH);
+  CHECK_OK(tdm_set_num_threads(2));
+  tdm_k_attention_fwd(o2, att, qkv, Bt, T, C, NH);
+  CHECK(memcmp(o1, o2, sizeof(float) * (size_t)(Bt * T * C)) == 0);
+  CHECK_OK(tdm_set_num_threads(1));
+  free(qkv), free(o1), free(o2), free(att);
+}
+
+TDM_TEST_MAIN(T(test_gemm_split_is_exact), T(test_bf16), T(test_f16), T(test_convert_and_copy), T(test_views), T(test_create_rejects_bad_shapes))
