@@ -29,7 +29,7 @@ arch() { # name -> tandem and PyTorch arguments
 steps() { # name batch -> timed steps, warm-up steps
   case $1:$2 in
   mini:4) echo "20 3" ;;
-  124M:*) echo "3 1" ;;
+  124M:*) echo "3 2" ;;
   *) echo "6 2" ;;
   esac
 }

@@ -225,8 +225,8 @@ int tool_run(int argc, char **argv) {
       setenv("TANDEM_RESTART_COUNT", v, 1);
       snprintf(v, sizeof v, "%ld", threads);
       setenv("TANDEM_NUM_THREADS", v, 0); /* cores divided among local ranks, unless set */
-      setenv("OPENBLAS_NUM_THREADS", v, 0);
       setenv("OMP_NUM_THREADS", v, 0);
+      setenv("OPENBLAS_NUM_THREADS", "1", 0); /* tandem's own pool splits GEMMs (src/core/threads.c) */
       execvp(prog[0], prog);
       fprintf(stderr, "tandem run: cannot start %s: %s\n", prog[0], strerror(errno));
       _exit(127);

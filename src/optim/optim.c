@@ -1,5 +1,6 @@
 /* SGD, Adam and AdamW over the contiguous parameter buffer, following torch.optim's update
- * rules step for step, parameter span by parameter span (weight decay can differ per span). */
+ * rules step for step, in one parallel pass whose ranges walk the parameter spans (weight decay
+ * can differ per span). */
 #include <math.h>
 #include <string.h>
 
@@ -17,6 +18,10 @@ struct tdm_optim {
   float *state;
   int64_t n_state;
   int64_t steps;
+  /* runs of consecutive parameters with the same weight decay: [lo[s], lo[s + 1]) */
+  int n_spans;
+  int64_t *span_lo;
+  unsigned char *span_decay;
 };
 
 tdm_optim_config tdm_optim_config_default(tdm_optim_kind kind) {
@@ -58,12 +63,29 @@ tdm_status tdm_optim_create(tdm_optim **out, const tdm_optim_config *cfg, tdm_pa
     }
     memset(o->state, 0, sizeof(float) * (size_t)o->n_state);
   }
+  int np = tdm_params_count(params);
+  o->span_lo = tdm__calloc((size_t)np + 1, sizeof *o->span_lo);
+  o->span_decay = tdm__calloc((size_t)np + 1, 1);
+  if (!o->span_lo || !o->span_decay) {
+    tdm_optim_destroy(o);
+    return tdm__set_error(TDM_ERR_NO_MEMORY, "optim_create: out of memory");
+  }
+  for (int i = 0; i < np; i++) {
+    int decay = !cfg->decay_matrices_only || tdm_params_decay(params, i);
+    if (o->n_spans == 0 || o->span_decay[o->n_spans - 1] != decay) {
+      o->span_lo[o->n_spans] = tdm_params_offset(params, i);
+      o->span_decay[o->n_spans++] = (unsigned char)decay;
+    }
+  }
+  o->span_lo[o->n_spans] = n;
   *out = o;
   return TDM_OK;
 }
 
 void tdm_optim_destroy(tdm_optim *o) {
   if (!o) return;
+  tdm__free(o->span_lo);
+  tdm__free(o->span_decay);
   tdm__free(o->state);
   tdm__free(o);
 }
@@ -112,6 +134,18 @@ static void sgd_range(void *vc, int64_t i0, int64_t i1) {
   }
 }
 
+static void step_range(void *vc, int64_t i0, int64_t i1) {
+  span_ctx c = *(const span_ctx *)vc;
+  const tdm_optim *o = c.o;
+  for (int s = 0; s < o->n_spans; s++) {
+    int64_t b = o->span_lo[s] > i0 ? o->span_lo[s] : i0, e = o->span_lo[s + 1] < i1 ? o->span_lo[s + 1] : i1;
+    if (b >= e) continue;
+    c.wd = o->span_decay[s] ? o->cfg.weight_decay : 0.0f;
+    if (o->cfg.kind == TDM_OPT_SGD) sgd_range(&c, b, e);
+    else adam_range(&c, b, e);
+  }
+}
+
 tdm_status tdm_optim_step(tdm_optim *o, float lr) {
   if (!(lr >= 0.0f)) return tdm__set_error(TDM_ERR_INVALID_ARG, "optim_step: learning rate %g; expected >= 0", (double)lr);
   o->steps++;
@@ -123,26 +157,11 @@ tdm_status tdm_optim_step(tdm_optim *o, float lr) {
     c.bc1 = 1.0f - powf(o->cfg.beta1, (float)o->steps);
     c.bc2_sqrt = sqrtf(1.0f - powf(o->cfg.beta2, (float)o->steps));
   }
-  /* Consecutive parameters with the same decay form one span, so the common case is one pass. */
-  int n = tdm_params_count(p);
-  for (int i = 0; i < n;) {
-    int decay = !o->cfg.decay_matrices_only || tdm_params_decay(p, i);
-    int j = i + 1;
-    while (j < n && (!o->cfg.decay_matrices_only || tdm_params_decay(p, j)) == decay) j++;
-    int64_t b = tdm_params_offset(p, i), e = j < n ? tdm_params_offset(p, j) : N;
-    c.w = w + b;
-    c.g = g + b;
-    c.wd = decay ? o->cfg.weight_decay : 0.0f;
-    if (o->cfg.kind == TDM_OPT_SGD) {
-      c.s1 = o->state ? o->state + b : NULL;
-      tdm_parallel_for(e - b, 65536, sgd_range, &c);
-    } else {
-      c.s1 = o->state + b;
-      c.s2 = o->state + N + b;
-      tdm_parallel_for(e - b, 65536, adam_range, &c);
-    }
-    i = j;
-  }
+  /* One pass over the whole buffer on the pool; each range walks the decay spans it covers. */
+  c.w = w, c.g = g;
+  c.s1 = o->state;
+  c.s2 = o->state && o->cfg.kind != TDM_OPT_SGD ? o->state + N : NULL;
+  tdm_parallel_for(N, 65536, step_range, &c);
   return TDM_OK;
 }
 
