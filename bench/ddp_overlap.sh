@@ -4,7 +4,7 @@
 # all-reduce pass after backward (--no-overlap, "off"). Medians of the per-step metrics after a
 # warm-up of 10 steps, REPS alternating runs.
 #
-#   bench/ddp_overlap.sh [MODEL=gpt|mlp] [STEPS=40] [REPS=3]
+#   bench/ddp_overlap.sh [MODEL=gpt|mlp] [STEPS=40] [REPS=3] [BUCKET_MB=2]
 #
 # hidden = 1 - (comm wait with overlap) / (comm wait without): the share of the all-reduce time
 # that ran behind backward. gpt is the mini config (13 MB of gradients spread evenly over four
@@ -14,6 +14,7 @@ cd "$(dirname "$0")/.."
 MODEL=${1:-gpt}
 STEPS=${2:-40}
 REPS=${3:-3}
+BUCKET=${4:-2}
 make build >/dev/null
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
@@ -29,7 +30,7 @@ for r in $(seq 1 "$REPS"); do
       extra=()
       [[ $ov == off ]] && extra=(--no-overlap)
       TANDEM_TRANSPORT=tcp TANDEM_NET_EMULATE=$net ./build/tandem run -n 2 -- tandem train "${ARGS[@]}" \
-        --steps "$STEPS" --threads 1 --metrics "$TMP/m.jsonl" "${extra[@]}" >/dev/null 2>&1
+        --steps "$STEPS" --threads 1 --bucket-mb "$BUCKET" --metrics "$TMP/m.jsonl" "${extra[@]}" >/dev/null 2>&1
       /usr/bin/python3 - "$TMP/m.jsonl" >>"$TMP/$net.$ov" <<'PYEOF'
 import json, statistics, sys
 r = [json.loads(l) for l in open(sys.argv[1]) if '"step_time_ms"' in l][10:]
@@ -40,11 +41,11 @@ PYEOF
   done
   echo "rep $r/$REPS done" >&2
 done
-/usr/bin/python3 - "$TMP" "$MODEL" "${NETS[@]}" <<'PYEOF'
+BUCKET=$BUCKET /usr/bin/python3 - "$TMP" "$MODEL" "${NETS[@]}" <<'PYEOF'
 import os, statistics, sys
 d, model, nets = sys.argv[1], sys.argv[2], sys.argv[3:]
 med = lambda f, k: statistics.median(float(l.split()[k]) for l in open(os.path.join(d, f)))
-print("\n%s, 2 ranks over TCP, 1 thread each (ms, medians)" % model)
+print("\n%s, 2 ranks over TCP, 1 thread each, %s MiB buckets (ms, medians)" % (model, os.environ.get("BUCKET")))
 print("%-14s %-8s %9s %10s %9s %8s" % ("network", "overlap", "step", "comm wait", "backward", "hidden"))
 for n in nets:
     off = med(n + ".off", 1)

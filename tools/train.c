@@ -27,7 +27,7 @@ int tool_train(int argc, char **argv) {
   tdm_train_config c = tdm_train_config_default();
   int64_t epochs, steps, batch, seed, threads, eval_batch, accum, ckpt_every, layers, heads, width, block, vocab, seq_len,
       warmup, val_every, val_batches;
-  double clip, max_time;
+  double clip, max_time, bucket_mb;
   int resume, no_overlap;
   const char *prefetch;
   double lr, dropout, wd, momentum;
@@ -71,6 +71,7 @@ int tool_train(int argc, char **argv) {
       {"checkpoint-every", CLI_INT, &ckpt_every, "0", "steps between checkpoints (0: only at the end)", NULL, 0, 1e12, 0},
       {"last-batch", CLI_CHOICE, &c.last_batch, "auto", "the incomplete last batch of an epoch (auto: partial for one process, pad for several)", "auto|partial|pad|drop", 0, 0, 0},
       {"prefetch", CLI_CHOICE, &prefetch, "auto", "assemble the next batch on a thread (auto: if a core is spare)", "auto|on|off", 0, 0, 0},
+      {"bucket-mb", CLI_FLOAT, &bucket_mb, "25", "size of a gradient bucket in MiB (the first is at most 1 MiB), as DDP's bucket_cap_mb", NULL, 0.001, 4096, 0},
       {"no-overlap", CLI_FLAG, &no_overlap, NULL, "all-reduce gradients only after backward (to measure the overlap)", NULL, 0, 0, 0},
       {"resume", CLI_FLAG, &resume, NULL, "continue from the newest valid checkpoint in --checkpoint-dir, if any", NULL, 0, 0, 0},
   };
@@ -120,6 +121,7 @@ int tool_train(int argc, char **argv) {
   c.checkpoint_every = ckpt_every;
   c.resume = resume;
   c.no_overlap = no_overlap;
+  c.bucket_bytes = (size_t)(bucket_mb * 1048576.0);
   c.prefetch = !strcmp(prefetch, "on") ? 1 : !strcmp(prefetch, "off") ? 0 : -1;
   c.on_step = fault_hook;
   if (resume && !c.checkpoint_dir) {

@@ -67,6 +67,7 @@ typedef struct tdm_train_config {
   int64_t accum;         /* micro-batches per optimizer step (gradient accumulation); 0 or 1: none */
   const char *compress;  /* gradients on the wire: "none" (f32), "bf16", "fp16" */
   int no_overlap;        /* 1: all-reduce only after backward (measures what overlap hides) */
+  size_t bucket_bytes;   /* gradient bucket size (0: 25 MiB; the first bucket is at most 1 MiB) */
   const char *last_batch; /* "auto" (partial for one process, pad otherwise), "partial", "pad", "drop" */
   int prefetch;          /* 1: a thread assembles the next batch while this one computes; 0: no;
                             -1 (default): only if a core is left over after the ranks' threads */

@@ -107,6 +107,7 @@ tdm_status tdm_dp_create(tdm_dp **out, tdm_comm_t comm, tdm_params *params, cons
   tdm_dp_config c = cfg ? *cfg : (tdm_dp_config){0, 0, TDM_F32, 0};
   if (!c.bucket_bytes) c.bucket_bytes = 25u << 20;
   if (!c.first_bucket_bytes) c.first_bucket_bytes = 1u << 20;
+  if (c.first_bucket_bytes > c.bucket_bytes) c.first_bucket_bytes = c.bucket_bytes;
   if (c.wire_dtype != TDM_F32 && c.wire_dtype != TDM_BF16 && c.wire_dtype != TDM_F16)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "dp_create: wire dtype %s; expected f32, bf16 or f16",
                           tdm_dtype_name(c.wire_dtype));

@@ -290,7 +290,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   TDM__TRY(tdm_optim_create(&s->opt, &oc, params));
   TDM__TRY(tdm_tape_create(&s->tape, 16u << 20));
   if (s->comm) {
-    tdm_dp_config dc = {0, 0, !c->compress || !strcmp(c->compress, "none") ? TDM_F32 : !strcmp(c->compress, "bf16") ? TDM_BF16 : TDM_F16,
+    tdm_dp_config dc = {c->bucket_bytes, 0, !c->compress || !strcmp(c->compress, "none") ? TDM_F32 : !strcmp(c->compress, "bf16") ? TDM_BF16 : TDM_F16,
                         c->no_overlap};
     TDM__TRY(tdm_dp_create(&s->dp, s->comm, params, &dc));
   }

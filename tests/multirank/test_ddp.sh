@@ -67,12 +67,12 @@ G=(train --model gpt --layers 2 --heads 2 --width 64 --block 32 --steps 8 --thre
    --momentum 0.9 --schedule constant --warmup 0 --dropout 0.1 --val-every 0 --val-batches 2)
 gpt_equal() {
   "$T" "${G[@]}" --batch-size 12 --save-weights "$TMP/g1.st" --checkpoint-dir "$TMP/gck" >/dev/null 2>&1 &&
-    "$T" run -n 3 -- tandem "${G[@]}" --batch-size 4 --save-weights "$TMP/g3.st" >/dev/null 2>&1 &&
+    "$T" run -n 3 -- tandem "${G[@]}" --batch-size 4 --bucket-mb 0.02 --save-weights "$TMP/g3.st" >/dev/null 2>&1 &&
     same "$TMP/g1.st" "$TMP/g3.st" 1e-5 &&
     "$T" "${G[@]}" --batch-size 6 --accum 2 --save-weights "$TMP/ga.st" >/dev/null 2>&1 && same "$TMP/g1.st" "$TMP/ga.st" 1e-5 &&
     head -c 400 "$TMP/g1.st" | grep -aq '"n_layer":"2","n_head":"2","n_embd":"64","block_size":"32","vocab_size":"256"'
 }
-check "gpt on tiny Shakespeare: 3 ranks x 4 and accumulation 6 x 2 == 1 x 12 (dropout on); config in the weights" gpt_equal
+check "gpt on tiny Shakespeare: 3 ranks x 4 (20 KiB buckets) and accumulation 6 x 2 == 1 x 12 (dropout on); config in the weights" gpt_equal
 max_time() {
   local t0=$SECONDS
   "$T" run -n 2 -- tandem train --model gpt --layers 1 --heads 2 --width 32 --block 32 --steps 100000 --max-time 2 \
