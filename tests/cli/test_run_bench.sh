@@ -43,6 +43,14 @@ bench_all() {
     grep -q "bfloat16     max" "$TMP/bf.out" && grep -q "0 OK" "$TMP/bf.out"
 }
 check "tandem bench: every collective on 3 ranks, values checked, JSON written" bench_all
+bench_gpt() { # runs, reports a step with no steady-state allocation, rejects a sequence beyond the block
+  "$TANDEM" bench gpt --layers 1 --heads 2 --width 32 --block 16 --vocab 64 --batch-size 2 --seq-len 16 --steps 2 \
+    --warmup 2 --threads 2 --json >"$TMP/g.json" 2>&1 || { cat "$TMP/g.json"; return 1; }
+  grep -q '"params":15328,' "$TMP/g.json" && grep -q '"allocs_per_step":0.000,' "$TMP/g.json" &&
+    grep -Eq '"ms":[0-9]+\.[0-9]+,' "$TMP/g.json" && ! grep -q '"ms":0.000,' "$TMP/g.json" || { cat "$TMP/g.json"; return 1; }
+  "$TANDEM" bench gpt --seq-len 500 2>&1 | grep -q "seq-len 500 exceeds the block size 128"
+}
+check "tandem bench gpt: a timed step, parameter count, no steady-state allocation, clear errors" bench_gpt
 check "tandem bench: bad option" bash -c "\"$TANDEM\" bench allreduce -d complex 2>&1 | grep -q 'not one of float'"
 
 finish
