@@ -51,6 +51,10 @@ int tdm_params_decay(const tdm_params *p, int i);
 int64_t tdm_params_numel(const tdm_params *p);
 float *tdm_params_data(const tdm_params *p); /* numel floats */
 float *tdm_params_grad(const tdm_params *p); /* numel floats */
+/* Moves the gradients (values included) into buf, numel floats that the caller owns and keeps
+ * alive until the next call (data parallelism puts them in shared memory); buf NULL moves them
+ * back into a buffer of p's own. Not while a backward pass runs. */
+tdm_status tdm_params_set_grad_buffer(tdm_params *p, float *buf);
 void tdm_params_zero_grad(tdm_params *p);
 /* Writes every parameter (f32) and the given metadata (key/value string pairs) as safetensors,
  * through a temporary file renamed into place, so path never holds a partial file. */

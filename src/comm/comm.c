@@ -688,6 +688,7 @@ typedef enum {
   W_SCATTER,
   W_ALLTOALL,
   W_BARRIER,
+  W_CALL,
   W_SEND,
   W_RECV
 } work_kind;
@@ -703,6 +704,8 @@ struct tdm_work {
   tdm_redop op;
   tdm_algo algo;
   int peer_or_root, tag;
+  tdm_status (*fn)(void *ctx); /* W_CALL */
+  void *ctx;
   tdm_status st;
   char error[512];
   int done;
@@ -720,6 +723,7 @@ static tdm_status run_work(struct tdm_work *w) {
   case W_SCATTER: return tdm_comm_scatter(c, w->sbuf, w->rbuf, w->count, w->dt, w->peer_or_root);
   case W_ALLTOALL: return tdm_comm_alltoall(c, w->sbuf, w->rbuf, w->count, w->dt);
   case W_BARRIER: return tdm_comm_barrier(c);
+  case W_CALL: return w->fn(w->ctx);
   case W_SEND: return p2p(c, w->peer_or_root, w->tag, (void *)w->sbuf, w->count, 1);
   case W_RECV: return p2p(c, w->peer_or_root, w->tag, w->rbuf, w->count, 0);
   }
@@ -826,6 +830,10 @@ tdm_status tdm_comm_iscatter(tdm_comm_t c, const void *sendbuf, void *recvbuf, s
 tdm_status tdm_comm_ialltoall(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt,
                               tdm_work_t *work) {
   struct tdm_work t = {.kind = W_ALLTOALL, .sbuf = sendbuf, .rbuf = recvbuf, .count = count, .dt = dt};
+  return enqueue(c, &t, work);
+}
+tdm_status tdm__comm_icall(struct tdm_comm *c, tdm_status (*fn)(void *ctx), void *ctx, tdm_work_t *work) {
+  struct tdm_work t = {.kind = W_CALL, .fn = fn, .ctx = ctx};
   return enqueue(c, &t, work);
 }
 tdm_status tdm_comm_ibarrier(tdm_comm_t c, tdm_work_t *work) {

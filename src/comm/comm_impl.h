@@ -153,6 +153,20 @@ tdm_status tdm__shm_transport_create(tdm__transport **out, struct tdm_comm *c, c
 tdm_status tdm__allreduce_shm(struct tdm_comm *c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt,
                               tdm_redop op);
 
+/* A shared region (transport/shm.c): one f32 area per rank in one segment that every rank maps,
+ * for a zero-copy all-reduce of data that lives there (data-parallel gradients on one node).
+ * Create is collective over c (shm transport, whole communicator) and fails the same way on all
+ * ranks. region_allreduce sums elements [lo, hi) of every area in rank order (average: then
+ * divides by P) and writes the result into every area; collective, in the same order on all ranks;
+ * every wait has c's timeout and notices a dead peer. */
+typedef struct tdm__shm_region tdm__shm_region;
+tdm_status tdm__shm_region_create(struct tdm_comm *c, size_t floats_per_rank, tdm__shm_region **out);
+void tdm__shm_region_destroy(tdm__shm_region *r);
+float *tdm__shm_region_mine(tdm__shm_region *r);
+tdm_status tdm__shm_region_allreduce(tdm__shm_region *r, size_t lo, size_t hi, int average);
+/* Runs fn(ctx) on c's progress thread, in line with the non-blocking collectives. */
+tdm_status tdm__comm_icall(struct tdm_comm *c, tdm_status (*fn)(void *ctx), void *ctx, tdm_work_t *work);
+
 /* The key-value store used for rendezvous. */
 typedef struct tdm__store tdm__store;
 tdm_status tdm__store_open(tdm__store **out, const tdm_comm_config *cfg, double timeout_s);

@@ -21,6 +21,7 @@ struct tdm_params {
   int n, cap;
   int64_t numel;
   float *data, *grad;
+  int grad_external; /* grad is the caller's (tdm_params_set_grad_buffer) */
   int finalized;
 };
 
@@ -38,7 +39,7 @@ void tdm_params_destroy(tdm_params *p) {
   }
   tdm__free(p->e);
   tdm__free(p->data);
-  tdm__free(p->grad);
+  if (!p->grad_external) tdm__free(p->grad);
   tdm__free(p);
 }
 
@@ -124,6 +125,20 @@ int tdm_params_decay(const tdm_params *p, int i) { return p->e[i]->decay; }
 int64_t tdm_params_numel(const tdm_params *p) { return p->numel; }
 float *tdm_params_data(const tdm_params *p) { return p->data; }
 float *tdm_params_grad(const tdm_params *p) { return p->grad; }
+
+tdm_status tdm_params_set_grad_buffer(tdm_params *p, float *buf) {
+  if (!p || !p->finalized) return tdm__set_error(TDM_ERR_INVALID_USAGE, "params_set_grad_buffer: parameters not finalized");
+  if (buf && buf == p->grad) return TDM_OK;
+  float *nb = buf;
+  if (!nb && !(nb = tdm__aligned_alloc(sizeof(float) * (size_t)(p->numel ? p->numel : 1))))
+    return tdm__set_error(TDM_ERR_NO_MEMORY, "params_set_grad_buffer: out of memory");
+  if (nb != p->grad) memcpy(nb, p->grad, sizeof(float) * (size_t)p->numel);
+  if (!p->grad_external) tdm__free(p->grad);
+  p->grad = nb;
+  p->grad_external = buf != NULL;
+  for (int i = 0; i < p->n; i++) p->e[i]->g.data = p->grad + p->e[i]->offset;
+  return TDM_OK;
+}
 
 tdm_tensor *tdm_params_find(const tdm_params *p, const char *name) {
   for (int i = 0; i < p->n; i++)

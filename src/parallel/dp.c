@@ -1,8 +1,10 @@
 /* Data parallelism: model check, parameter broadcast, gradient buckets launched from hooks. */
 #include "tandem/dp.h"
 
+#include <stdlib.h>
 #include <string.h>
 
+#include "comm/comm_impl.h"
 #include "core/internal.h"
 #include "tensor/tensor_impl.h"
 
@@ -12,6 +14,7 @@ typedef struct {
   tdm_work_t work;
   int launched;
   void *wire;        /* compressed copy when the wire dtype is not f32 */
+  tdm__shm_region *region;
 } bucket;
 
 struct tdm_dp {
@@ -22,12 +25,20 @@ struct tdm_dp {
   int nb, next_launch; /* buckets start strictly in index order */
   int sync;
   tdm_status hook_status;
+  /* shm transport: the gradients live in a shared region and are averaged in place there */
+  tdm__shm_region *region;
 };
+
+static tdm_status region_bucket(void *ctx) {
+  bucket *b = ctx;
+  return tdm__shm_region_allreduce(b->region, (size_t)b->lo, (size_t)b->hi, 1);
+}
 
 static tdm_status launch(tdm_dp *dp, bucket *b) {
   float *g = tdm_params_grad(dp->params) + b->lo;
   size_t n = (size_t)(b->hi - b->lo);
   b->launched = 1;
+  if (dp->region) return tdm__comm_icall(dp->comm, region_bucket, b, &b->work);
   if (dp->cfg.wire_dtype != TDM_F32) { /* compress, reduce in the wire dtype, expand in finish */
     tdm_convert(b->wire, dp->cfg.wire_dtype, g, TDM_F32, (int64_t)n);
     return tdm_comm_iallreduce(dp->comm, b->wire, b->wire, n, dp->cfg.wire_dtype, TDM_AVG, TDM_ALGO_AUTO, &b->work);
@@ -148,6 +159,22 @@ tdm_status tdm_dp_create(tdm_dp **out, tdm_comm_t comm, tdm_params *params, cons
     i = j;
   }
   for (int k = 0; k < dp->nb; k++) dp->b[k].pending = dp->b[k].n_params;
+  /* One node over shared memory, f32 on the wire: keep the gradients in a shared region, so a
+   * bucket is averaged in place with no copy in or out (TANDEM_DP_ZERO_COPY=0 turns it off, for
+   * comparison; it must be the same on all ranks). */
+  const char *zc = getenv("TANDEM_DP_ZERO_COPY");
+  if (c.wire_dtype == TDM_F32 && tdm_comm_transport(comm) == TDM_TRANSPORT_SHM && tdm_comm_size(comm) > 1 &&
+      !(zc && !strcmp(zc, "0"))) {
+    tdm_status rs = tdm__shm_region_create(comm, (size_t)total, &dp->region);
+    if (rs == TDM_OK) rs = tdm_params_set_grad_buffer(params, tdm__shm_region_mine(dp->region));
+    if (rs != TDM_OK) { /* the same outcome on every rank: fall back to the all-reduce */
+      tdm_log(TDM_LOG_WARN, "dp: gradients stay private (%s); averaging them by copying", tdm_last_error());
+      tdm__shm_region_destroy(dp->region);
+      dp->region = NULL;
+    }
+    for (int k = 0; k < dp->nb; k++) dp->b[k].region = dp->region;
+    if (dp->region) tdm_log(TDM_LOG_INFO, "dp: gradients in a shared region, averaged in place (zero-copy)");
+  }
   for (int i = 0; i < n; i++) tdm_tensor_set_grad_hook(tdm_params_get(params, i), on_grad_ready, dp);
   *out = dp;
   return TDM_OK;
@@ -159,6 +186,10 @@ void tdm_dp_destroy(tdm_dp *dp) {
   for (int k = 0; k < dp->nb; k++) {
     if (dp->b[k].launched && dp->b[k].work) tdm_work_wait(dp->b[k].work);
     tdm__free(dp->b[k].wire);
+  }
+  if (dp->region) { /* the gradients move back into the parameters' own buffer */
+    tdm_params_set_grad_buffer(dp->params, NULL);
+    tdm__shm_region_destroy(dp->region);
   }
   tdm__free(dp->b);
   tdm__free(dp);

@@ -19,6 +19,28 @@ three_shm() {
     grep -q '"world_size":3' "$TMP/shm3.m" && grep -q '"time_comm_wait_ms"' "$TMP/shm3.m"
 }
 check "3 ranks (shm) x 32 == 1 process x 96: parameters and losses" three_shm
+zero_copy() { # gradients averaged in place in shared memory == averaged by the copying all-reduce, bit for bit
+  TANDEM_LOG=info TANDEM_TRANSPORT=shm "$T" run -n 3 -- tandem "${A[@]}" --batch-size 32 --save-weights "$TMP/zc1.st" \
+    >"$TMP/zc1.out" 2>&1 && grep -q "averaged in place (zero-copy)" "$TMP/zc1.out" &&
+    TANDEM_DP_ZERO_COPY=0 TANDEM_LOG=info TANDEM_TRANSPORT=shm "$T" run -n 3 -- tandem "${A[@]}" --batch-size 32 \
+      --save-weights "$TMP/zc0.st" >"$TMP/zc0.out" 2>&1 && ! grep -q "zero-copy" "$TMP/zc0.out" &&
+    cmp -s "$TMP/zc1.st" "$TMP/zc0.st"
+}
+check "zero-copy gradient averaging (shm) == the copying all-reduce, bit for bit" zero_copy
+peer_dies() { # without the launcher to stop it, the survivor must notice the dead rank in the averaging
+  local port=$((20000 + $$ % 20000)) p0 p1 t0 rc
+  export MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 TANDEM_TRANSPORT=shm TANDEM_TIMEOUT=60
+  RANK=0 LOCAL_RANK=0 "$T" train --steps 100000 --threads 1 --eval-batch-size 100 >"$TMP/pd0" 2>&1 & p0=$!
+  RANK=1 LOCAL_RANK=1 "$T" train --steps 100000 --threads 1 --eval-batch-size 100 >"$TMP/pd1" 2>&1 & p1=$!
+  unset MASTER_ADDR MASTER_PORT WORLD_SIZE LOCAL_WORLD_SIZE TANDEM_TRANSPORT TANDEM_TIMEOUT
+  sleep 2
+  kill -9 $p1 2>/dev/null
+  t0=$SECONDS
+  wait $p0; rc=$?
+  wait $p1 2>/dev/null
+  (( rc != 0 && SECONDS - t0 < 20 )) && grep -q "rank 1 (pid [0-9]*) died" "$TMP/pd0" || { echo "  exit $rc:"; tail -2 "$TMP/pd0"; return 1; }
+}
+check "a rank killed during training: the other fails naming it, no hang" peer_dies
 three_tcp() {
   TANDEM_TRANSPORT=tcp "$T" run -n 3 -- tandem "${A[@]}" --batch-size 32 --save-weights "$TMP/tcp3.st" >/dev/null 2>&1 &&
     same "$TMP/one.st" "$TMP/tcp3.st" 1e-5
