@@ -8,6 +8,16 @@
  * parameter is ready its all-reduce starts on the communicator's progress thread while backward
  * goes on. Buckets start in index order on every rank, so the collectives line up.
  *
+ * Zero-copy on one node: over the shm transport with f32 gradients, the engine moves the
+ * gradient buffer into a shared-memory region that every rank maps (tdm_params_set_grad_buffer;
+ * tdm_params_grad returns the new address from then on, and the old one again after
+ * tdm_dp_destroy). A bucket is then averaged in place: each rank sums its share of it across
+ * all ranks' buffers, in rank order, and writes the result into all of them, bit-identical to the
+ * copying all-reduce and with about a third of its memory traffic. When no core is spare (ranks
+ * x threads >= cores), the buckets are averaged in tdm_dp_finish on the calling thread instead of
+ * the communication thread, which could only take turns with backward. TANDEM_DP_ZERO_COPY=0
+ * turns the region off (the same on every rank).
+ *
  *   tdm_dp *dp;
  *   tdm_dp_create(&dp, comm, params, NULL);          // defaults
  *   ... forward, tdm_backward (hooks launch buckets) ...
@@ -39,8 +49,10 @@ typedef struct tdm_dp_config {
 typedef struct tdm_dp tdm_dp;
 /* Collective over comm. Checks that every rank has the same parameter names and shapes
  * (TDM_ERR_MISMATCH naming the first rank and parameter that differ), then broadcasts rank 0's
- * parameter values. params must outlive the engine; hooks are installed on every parameter. */
+ * parameter values. params must outlive the engine; hooks are installed on every parameter, and
+ * on one node the gradient buffer may move (see above): fetch tdm_params_grad after this call. */
 tdm_status tdm_dp_create(tdm_dp **out, tdm_comm_t comm, tdm_params *params, const tdm_dp_config *cfg);
+/* Waits for anything in flight and moves the gradients back into params' own buffer. */
 void tdm_dp_destroy(tdm_dp *dp);
 /* sync = 0: this backward only accumulates (no communication); 1 (default): average. */
 void tdm_dp_set_sync(tdm_dp *dp, int sync);
