@@ -33,11 +33,10 @@ void tdm_tape_destroy(tdm_tape *tp) {
 }
 
 void tdm_tape_reset(tdm_tape *tp) {
-  /* Leaves that live on the heap keep no pointer into the arena past this point. */
-  for (int i = 0; i < tp->n_leaves; i++) {
-    tdm_tensor *t = tp->leaves[i].t;
-    if (t->grad && !(t->flags & (TDM_TF_PARAM | TDM_TF_HEAP))) t->grad = NULL;
-  }
+  /* Arena leaves keep no pointer to an old gradient. Heap leaves are not touched: the caller may
+   * have destroyed them since the step, and their gradients live on the heap anyway. */
+  for (int i = 0; i < tp->n_leaves; i++)
+    if (tp->leaves[i].in_arena) tp->leaves[i].t->grad = NULL;
   tdm_arena_reset(tp->arena);
   tp->n_nodes = 0;
   tp->n_leaves = 0;
@@ -247,7 +246,7 @@ tdm_node *tdm__record(tdm_tape *tp, const char *op, tdm__backward_fn bw, tdm_ten
         return NULL;
       }
       t->tape_epoch = tp->epoch;
-      tp->leaves[tp->n_leaves++] = (tdm__leaf_use){t, index};
+      tp->leaves[tp->n_leaves++] = (tdm__leaf_use){t, index, !(t->flags & (TDM_TF_PARAM | TDM_TF_HEAP))};
     }
   }
   tp->nodes[tp->n_nodes++] = nd;

@@ -26,6 +26,7 @@ struct tdm_node {
 typedef struct {
   tdm_tensor *t;
   int32_t first_use;
+  int32_t in_arena; /* t lives in the tape's arena (so it is still valid at reset) */
 } tdm__leaf_use;
 
 struct tdm_tape {

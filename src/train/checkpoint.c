@@ -68,10 +68,11 @@ static tdm_status open_verified(const char *path, tdm_safetensors **out) {
   char got[16];
   snprintf(got, sizeof got, "%08x", crc_of(ts, n));
   tdm__free(ts);
-  if (!want || strcmp(want, got)) {
+  if (!want || strcmp(want, got)) { /* want lives in f: the message first, then the file goes */
+    tdm_status st = tdm__set_error(TDM_ERR_FORMAT, "%s: checksum mismatch (stored %s, computed %s): the file is corrupt",
+                                   path, want ? want : "none", got);
     tdm_safetensors_destroy(f);
-    return tdm__set_error(TDM_ERR_FORMAT, "%s: checksum mismatch (stored %s, computed %s): the file is corrupt", path,
-                          want ? want : "none", got);
+    return st;
   }
   *out = f;
   return TDM_OK;
