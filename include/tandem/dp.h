@@ -15,8 +15,8 @@
  * all ranks' buffers, in rank order, and writes the result into all of them, bit-identical to the
  * copying all-reduce and with about a third of its memory traffic. When no core is spare (ranks
  * x threads >= cores), the buckets are averaged in tdm_dp_finish on the calling thread instead of
- * the communication thread, which could only take turns with backward. TANDEM_DP_ZERO_COPY=0
- * turns the region off (the same on every rank).
+ * the communication thread, which could only take turns with backward (TANDEM_DP_INLINE=1 or 0
+ * forces one way). TANDEM_DP_ZERO_COPY=0 turns the region off (the same on every rank).
  *
  *   tdm_dp *dp;
  *   tdm_dp_create(&dp, comm, params, NULL);          // defaults

@@ -183,9 +183,9 @@ tdm_status tdm_dp_create(tdm_dp **out, tdm_comm_t comm, tdm_params *params, cons
       dp->region = NULL;
     }
     for (int k = 0; k < dp->nb; k++) dp->b[k].region = dp->region;
-    const char *lws = getenv("LOCAL_WORLD_SIZE");
+    const char *lws = getenv("LOCAL_WORLD_SIZE"), *inl = getenv("TANDEM_DP_INLINE");
     long cores = sysconf(_SC_NPROCESSORS_ONLN), local = lws && atoi(lws) > 0 ? atoi(lws) : tdm_comm_size(comm);
-    dp->spare_core = cores > (long)tdm_get_num_threads() * local;
+    dp->spare_core = inl && *inl ? !strcmp(inl, "0") : cores > (long)tdm_get_num_threads() * local;
     if (dp->region) tdm_log(TDM_LOG_INFO, "dp: gradients in a shared region, averaged in place (zero-copy)");
   }
   for (int i = 0; i < n; i++) tdm_tensor_set_grad_hook(tdm_params_get(params, i), on_grad_ready, dp);
@@ -234,7 +234,7 @@ tdm_status tdm_dp_finish(tdm_dp *dp, double *wait_ms) {
     b->work = NULL;
     b->pending = b->n_params;
   }
-  for (int k = n_async(dp); dp->region && k < dp->nb; k++) { /* in order, after the asynchronous ones */
+  for (int k = n_async(dp); dp->region && st == TDM_OK && k < dp->nb; k++) { /* in order, after the others */
     bucket *b = &dp->b[k];
     tdm_status s = tdm__shm_region_allreduce(dp->region, (size_t)b->lo, (size_t)b->hi, 1);
     if (st == TDM_OK) st = s;

@@ -24,9 +24,11 @@ zero_copy() { # gradients averaged in place in shared memory == averaged by the 
     >"$TMP/zc1.out" 2>&1 && grep -q "averaged in place (zero-copy)" "$TMP/zc1.out" &&
     TANDEM_DP_ZERO_COPY=0 TANDEM_LOG=info TANDEM_TRANSPORT=shm "$T" run -n 3 -- tandem "${A[@]}" --batch-size 32 \
       --save-weights "$TMP/zc0.st" >"$TMP/zc0.out" 2>&1 && ! grep -q "zero-copy" "$TMP/zc0.out" &&
-    cmp -s "$TMP/zc1.st" "$TMP/zc0.st"
+    cmp -s "$TMP/zc1.st" "$TMP/zc0.st" &&
+    TANDEM_DP_INLINE=0 TANDEM_TRANSPORT=shm "$T" run -n 3 -- tandem "${A[@]}" --batch-size 32 --bucket-mb 0.1 \
+      --save-weights "$TMP/zca.st" >/dev/null 2>&1 && cmp -s "$TMP/zc1.st" "$TMP/zca.st"
 }
-check "zero-copy gradient averaging (shm) == the copying all-reduce, bit for bit" zero_copy
+check "zero-copy gradient averaging (shm; on the training thread, and on the communication thread with many buckets) == the copying all-reduce, bit for bit" zero_copy
 peer_dies() { # without the launcher to stop it, the survivor must notice the dead rank in the averaging
   local port=$((20000 + $$ % 20000)) p0 p1 t0 rc
   export MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 TANDEM_TRANSPORT=shm TANDEM_TIMEOUT=60
