@@ -157,4 +157,77 @@ static void test_gemm_split_is_exact(void) {
   free(qkv), free(o1), free(o2), free(att);
 }
 
-TDM_TEST_MAIN(T(test_gemm_split_is_exact), T(test_bf16), T(test_f16), T(test_convert_and_copy), T(test_views), T(test_create_rejects_bad_shapes))
+/* Attention products are blocked along the causal mask (64 rows): at T = 150 (three blocks, the
+ * last partial) forward and backward match a plain double-precision implementation. */
+static void test_attention_blocks_match_reference(void) {
+  enum { B = 2, T = 150, C = 32, NH = 2, HS = C / NH };
+  float *qkv = malloc(sizeof(float) * B * T * 3 * C), *out = malloc(sizeof(float) * B * T * C),
+        *att = malloc(sizeof(float) * B * NH * T * T), *scratch = malloc(sizeof(float) * B * NH * T * T),
+        *dout = malloc(sizeof(float) * B * T * C), *dqkv = malloc(sizeof(float) * B * T * 3 * C);
+  double *P = malloc(sizeof(double) * T * T), *dP = malloc(sizeof(double) * T * T);
+  double *rq = calloc((size_t)B * T * 3 * C, sizeof(double));
+  tdm_rng r;
+  tdm_rng_seed(&r, 5);
+  for (int i = 0; i < B * T * 3 * C; i++) qkv[i] = tdm_rng_normal(&r), dqkv[i] = 0.25f;
+  for (int i = 0; i < B * T * C; i++) dout[i] = tdm_rng_normal(&r);
+  CHECK_OK(tdm_set_num_threads(2));
+  tdm_k_attention_fwd(out, att, qkv, B, T, C, NH);
+  tdm_k_attention_bwd(dqkv, scratch, dout, att, qkv, B, T, C, NH, 1);
+  CHECK_OK(tdm_set_num_threads(1));
+  double worst_o = 0, worst_g = 0, scale = 1.0 / sqrt((double)HS);
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < NH; h++) {
+#define Q(i, d) (double)qkv[((b * T) + (i)) * 3 * C + h * HS + (d)]
+#define K(i, d) (double)qkv[((b * T) + (i)) * 3 * C + C + h * HS + (d)]
+#define V(i, d) (double)qkv[((b * T) + (i)) * 3 * C + 2 * C + h * HS + (d)]
+#define DO(i, d) (double)dout[((b * T) + (i)) * C + h * HS + (d)]
+#define G(i, part, d) rq[((b * T) + (i)) * 3 * C + (part) * C + h * HS + (d)]
+      for (int i = 0; i < T; i++) {
+        double mx = -1e300, sum = 0;
+        for (int j = 0; j <= i; j++) {
+          double sc = 0;
+          for (int d = 0; d < HS; d++) sc += Q(i, d) * K(j, d);
+          P[i * T + j] = sc * scale;
+          if (P[i * T + j] > mx) mx = P[i * T + j];
+        }
+        for (int j = 0; j <= i; j++) sum += (P[i * T + j] = exp(P[i * T + j] - mx));
+        for (int j = 0; j < T; j++) P[i * T + j] = j <= i ? P[i * T + j] / sum : 0;
+        for (int d = 0; d < HS; d++) {
+          double o = 0;
+          for (int j = 0; j <= i; j++) o += P[i * T + j] * V(j, d);
+          double e = fabs(o - out[((b * T) + i) * C + h * HS + d]);
+          if (e > worst_o) worst_o = e;
+        }
+      }
+      for (int i = 0; i < T; i++) { /* dP = dO V^T, dS = P (dP - rowdot) */
+        double dot = 0;
+        for (int j = 0; j <= i; j++) {
+          double v = 0;
+          for (int d = 0; d < HS; d++) v += DO(i, d) * V(j, d);
+          dP[i * T + j] = v;
+          dot += v * P[i * T + j];
+        }
+        for (int j = 0; j <= i; j++) dP[i * T + j] = P[i * T + j] * (dP[i * T + j] - dot);
+      }
+      for (int i = 0; i < T; i++)
+        for (int d = 0; d < HS; d++) {
+          double dq = 0.25, dk = 0.25, dv = 0.25;
+          for (int j = 0; j <= i; j++) dq += scale * dP[i * T + j] * K(j, d);
+          for (int j = i; j < T; j++) dk += scale * dP[j * T + i] * Q(j, d), dv += P[j * T + i] * DO(j, d);
+          G(i, 0, d) = dq, G(i, 1, d) = dk, G(i, 2, d) = dv;
+        }
+#undef Q
+#undef K
+#undef V
+#undef DO
+#undef G
+    }
+  for (int i = 0; i < B * T * 3 * C; i++) {
+    double e = fabs(rq[i] - dqkv[i]);
+    if (e > worst_g) worst_g = e;
+  }
+  CHECK_MSG(worst_o < 1e-5 && worst_g < 1e-4, "attention T=%d: worst |diff| output %g, gradient %g", T, worst_o, worst_g);
+  free(qkv), free(out), free(att), free(scratch), free(dout), free(dqkv), free(P), free(dP), free(rq);
+}
+
+TDM_TEST_MAIN(T(test_attention_blocks_match_reference), T(test_gemm_split_is_exact), T(test_bf16), T(test_f16), T(test_convert_and_copy), T(test_views), T(test_create_rejects_bad_shapes))
