@@ -1,4 +1,5 @@
-/* The shared-memory transport for ranks on one node, and the all-reduce built on it.
+/* The shared-memory transport for ranks on one node, the all-reduce built on it, and shared
+ * regions for data parallelism's zero-copy gradient averaging (at the end).
  *
  * One segment per communicator, created by rank 0 under a fresh name that it publishes through
  * the store, and unlinked as soon as everyone has mapped it (so a crash leaves nothing in
@@ -561,7 +562,7 @@ tdm_status tdm__shm_region_allreduce(tdm__shm_region *r, size_t lo, size_t hi, i
   /* my share of [lo, hi), in blocks that stay in L1 */
   size_t n = hi - lo, base = n / (size_t)P, extra = n % (size_t)P;
   size_t s0 = lo + (size_t)me * base + ((size_t)me < extra ? (size_t)me : extra), len = base + ((size_t)me < extra);
-  float inv = (float)P;
+  float ranks = (float)P;
   enum { BLK = 2048 };
   float acc[BLK];
   for (size_t b = s0; b < s0 + len; b += BLK) {
@@ -573,7 +574,7 @@ tdm_status tdm__shm_region_allreduce(tdm__shm_region *r, size_t lo, size_t hi, i
       for (size_t i = 0; i < m; i++) acc[i] += aq[i];
     }
     if (average)
-      for (size_t i = 0; i < m; i++) acc[i] /= inv;
+      for (size_t i = 0; i < m; i++) acc[i] /= ranks; /* as tdm__scale_avg: sum, then divide */
     for (int q = 0; q < P; q++) memcpy(area(r, q) + b, acc, m * sizeof(float));
   }
   atomic_store_explicit(&r->done[me].v, k, memory_order_release);
