@@ -62,6 +62,21 @@ bitwise() {
   "$T" run -n 2 -- tandem "${A[@]}" --batch-size 48 --save-weights "$TMP/again.st" >/dev/null 2>&1 && cmp -s "$TMP/two.st" "$TMP/again.st"
 }
 check "the same seed twice on 2 ranks: bit-identical weights" bitwise
+small_shm() { # a /dev/shm too small for the gradients: a warning and the copying all-reduce, same result;
+              # too small for the transport: a clear error, no bus error
+  unshare -m bash -c "mount -t tmpfs -o size=10m tmpfs /dev/shm && TANDEM_TRANSPORT=shm \"$T\" run -n 2 -- tandem ${A[*]} \
+      --batch-size 48 --save-weights $TMP/small.st" >"$TMP/small.out" 2>&1 &&
+    grep -q "gradients stay private (shared region: some rank could not reserve" "$TMP/small.out" &&
+    cmp -s "$TMP/small.st" "$TMP/two.st" &&
+    ! unshare -m bash -c "mount -t tmpfs -o size=4m tmpfs /dev/shm && TANDEM_TRANSPORT=shm \"$T\" run -n 2 -- tandem ${A[*]} \
+      --batch-size 48" >"$TMP/tiny.out" 2>&1 && grep -q "cannot reserve [0-9]* bytes in /dev/shm" "$TMP/tiny.out" &&
+    ! grep -q "Bus error" "$TMP/tiny.out" || { tail -n 3 "$TMP/small.out" "$TMP/tiny.out"; return 1; }
+}
+if unshare -m bash -c "mount -t tmpfs -o size=1m tmpfs /dev/shm" 2>/dev/null; then
+  check "a small /dev/shm: zero-copy falls back with a warning (same weights); smaller still: a clear error" small_shm
+else
+  echo "skip a small /dev/shm (needs mount namespaces: unshare -m)"
+fi
 under_mpirun() {
   command -v mpirun >/dev/null || { echo "  mpirun missing: scripts/setup.sh installs openmpi-bin"; return 1; }
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \

@@ -381,8 +381,13 @@ tdm_status tdm__shm_transport_create(tdm__transport **out, struct tdm_comm *c, c
   if (st == TDM_OK && me == 0) {
     snprintf(name, sizeof name, "/tandem-%d-%llx", (int)getpid(), (unsigned long long)tdm_hash64((uint64_t)getpid(), (uint64_t)(tdm_time_now() * 1e9)));
     fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    int fa = 0;
     if (fd < 0 || ftruncate(fd, (off_t)t->total) != 0)
       st = tdm__set_error(TDM_ERR_SYSTEM, "shm: cannot create %s (%zu bytes): %s", name, t->total, strerror(errno));
+    else if ((fa = posix_fallocate(fd, 0, (off_t)t->total)) != 0) /* fail now, not SIGBUS on first touch */
+      st = tdm__set_error(TDM_ERR_SYSTEM,
+                          "shm: cannot reserve %zu bytes in /dev/shm: %s (a container's /dev/shm may be too small: "
+                          "docker run --shm-size; or use TANDEM_TRANSPORT=tcp)", t->total, strerror(fa));
     if (st == TDM_OK) st = tdm__store_set(t->store, "shm/name", name, strlen(name));
   } else if (st == TDM_OK) {
     void *v;
@@ -519,7 +524,9 @@ tdm_status tdm__shm_region_create(struct tdm_comm *c, size_t floats_per_rank, td
     snprintf(name, sizeof name, "/tandem-r-%d-%llx", (int)getpid(),
              (unsigned long long)tdm_hash64((uint64_t)getpid(), (uint64_t)(tdm_time_now() * 1e9)));
     fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0 || ftruncate(fd, (off_t)r->total) != 0) ok = 0;
+    /* reserve the pages now: a tmpfs too small for them (a container's 64 MB /dev/shm) then fails
+     * here, and every rank falls back to the copying all-reduce, instead of SIGBUS on first touch */
+    if (fd < 0 || ftruncate(fd, (off_t)r->total) != 0 || posix_fallocate(fd, 0, (off_t)r->total) != 0) ok = 0;
   }
   /* every rank learns the name, maps it, and all agree before anyone relies on it */
   tdm_status st = tdm_comm_broadcast(c, name, sizeof name, TDM_U8, 0, TDM_ALGO_AUTO);
@@ -533,7 +540,8 @@ tdm_status tdm__shm_region_create(struct tdm_comm *c, size_t floats_per_rank, td
   if (st == TDM_OK) st = tdm_comm_allreduce(c, &mapped, &all, 1, TDM_I32, TDM_MIN, TDM_ALGO_AUTO);
   if (me == 0 && name[0]) shm_unlink(name); /* mapped by all (or given up): nothing left behind */
   if (st == TDM_OK && !all)
-    st = tdm__set_error(TDM_ERR_SYSTEM, "shared region: some rank could not map %zu bytes of shared memory", r->total);
+    st = tdm__set_error(TDM_ERR_SYSTEM, "shared region: some rank could not reserve %zu bytes in /dev/shm (too small?)",
+                        r->total);
   if (st != TDM_OK) {
     tdm__shm_region_destroy(r);
     return st;
