@@ -389,11 +389,20 @@ tdm_status tdm__shm_transport_create(tdm__transport **out, struct tdm_comm *c, c
                           "shm: cannot reserve %zu bytes in /dev/shm: %s (a container's /dev/shm may be too small: "
                           "docker run --shm-size; or use TANDEM_TRANSPORT=tcp)", t->total, strerror(fa));
     if (st == TDM_OK) st = tdm__store_set(t->store, "shm/name", name, strlen(name));
+    else { /* tell the others why, so every rank reports the cause rather than a closed store */
+      char why[600];
+      snprintf(why, sizeof why, "!%s", tdm_last_error());
+      tdm__store_set(t->store, "shm/name", why, strlen(why));
+      tdm__set_error(st, "%s", why + 1);
+    }
   } else if (st == TDM_OK) {
     void *v;
     size_t n;
     st = tdm__store_get(t->store, "shm/name", &v, &n, c->timeout_s);
-    if (st == TDM_OK) {
+    if (st == TDM_OK && n > 0 && ((char *)v)[0] == '!') {
+      st = tdm__set_error(TDM_ERR_REMOTE, "rank 0 could not set up shared memory: %.*s", (int)n - 1, (char *)v + 1);
+      tdm__free(v);
+    } else if (st == TDM_OK) {
       snprintf(name, sizeof name, "%.*s", (int)n, (char *)v);
       tdm__free(v);
       fd = shm_open(name, O_RDWR, 0600);
