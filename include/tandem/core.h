@@ -69,6 +69,10 @@ uint64_t tdm_alloc_count(void);
  * Not thread-safe with respect to concurrent kernels: call it between steps. */
 tdm_status tdm_set_num_threads(int n);
 int tdm_get_num_threads(void);
+/* 1 if a core is left over after every rank on this node runs tdm_get_num_threads() threads:
+ * LOCAL_WORLD_SIZE ranks when set, else ranks (what helper threads, prefetch and communication,
+ * need to run beside compute rather than take turns with it). */
+int tdm_spare_core(int ranks);
 
 /* Runs fn(ctx, begin, end) over [0, n) split into at most num_threads contiguous ranges, each
  * at least min_chunk long. Returns when all ranges are done. Must not be called from inside fn. */

@@ -13,7 +13,7 @@
  * tdm_params_grad returns the new address from then on, and the old one again after
  * tdm_dp_destroy). A bucket is then averaged in place: each rank sums its share of it across
  * all ranks' buffers, in rank order, and writes the result into all of them, bit-identical to the
- * copying all-reduce and with about a third of its memory traffic. When no core is spare (ranks
+ * copying all-reduce and with about a third of its memory traffic (counting loads and stores). When no core is spare (ranks
  * x threads >= cores), the buckets are averaged in tdm_dp_finish on the calling thread instead of
  * the communication thread, which could only take turns with backward (TANDEM_DP_INLINE=1 or 0
  * forces one way). TANDEM_DP_ZERO_COPY=0 turns the region off (the same on every rank).

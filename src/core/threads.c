@@ -106,6 +106,12 @@ tdm_status tdm_set_num_threads(int n) {
 
 int tdm_get_num_threads(void) { return pool.n_threads; }
 
+int tdm_spare_core(int ranks) {
+  const char *lws = getenv("LOCAL_WORLD_SIZE");
+  long cores = sysconf(_SC_NPROCESSORS_ONLN), local = lws && atoi(lws) > 0 ? atoi(lws) : (ranks > 0 ? ranks : 1);
+  return cores > (long)pool.n_threads * local;
+}
+
 void tdm_parallel_for(int64_t n, int64_t min_chunk, tdm_range_fn fn, void *ctx) {
   if (n <= 0) return;
   if (min_chunk < 1) min_chunk = 1;

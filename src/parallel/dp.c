@@ -3,7 +3,6 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "comm/comm_impl.h"
 #include "core/internal.h"
@@ -183,9 +182,8 @@ tdm_status tdm_dp_create(tdm_dp **out, tdm_comm_t comm, tdm_params *params, cons
       dp->region = NULL;
     }
     for (int k = 0; k < dp->nb; k++) dp->b[k].region = dp->region;
-    const char *lws = getenv("LOCAL_WORLD_SIZE"), *inl = getenv("TANDEM_DP_INLINE");
-    long cores = sysconf(_SC_NPROCESSORS_ONLN), local = lws && atoi(lws) > 0 ? atoi(lws) : tdm_comm_size(comm);
-    dp->spare_core = inl && *inl ? !strcmp(inl, "0") : cores > (long)tdm_get_num_threads() * local;
+    const char *inl = getenv("TANDEM_DP_INLINE");
+    dp->spare_core = inl && *inl ? !strcmp(inl, "0") : tdm_spare_core(tdm_comm_size(comm));
     if (dp->region) tdm_log(TDM_LOG_INFO, "dp: gradients in a shared region, averaged in place (zero-copy)");
   }
   for (int i = 0; i < n; i++) tdm_tensor_set_grad_hook(tdm_params_get(params, i), on_grad_ready, dp);

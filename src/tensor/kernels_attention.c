@@ -16,6 +16,7 @@
 #include "tensor/fastmath.h"
 
 enum { ROWS = 64 };
+static int64_t block_end(int64_t b0, int64_t T) { return b0 + ROWS < T ? b0 + ROWS : T; }
 
 typedef struct {
   float *out, *att, *dqkv, *scratch;
@@ -33,7 +34,7 @@ static void fwd_heads(void *vc, int64_t bh0, int64_t bh1) {
     const float *q = c->qkv + b * T * C3 + h * hs, *k = q + C, *v = q + 2 * C;
     float *P = c->att + bh * T * T;
     for (int64_t r0 = 0; r0 < T; r0 += ROWS) {
-      int64_t r1 = r0 + ROWS < T ? r0 + ROWS : T;
+      int64_t r1 = block_end(r0, T);
       tdm_k_gemm(0, 1, r1 - r0, r1, hs, scale, q + r0 * C3, C3, k, C3, 0.0f, P + r0 * T, T);
     }
     for (int64_t i = 0; i < T; i++) { /* row i attends to 0..i */
@@ -46,7 +47,7 @@ static void fwd_heads(void *vc, int64_t bh0, int64_t bh1) {
     }
     float *o = c->out + b * T * C + h * hs;
     for (int64_t r0 = 0; r0 < T; r0 += ROWS) {
-      int64_t r1 = r0 + ROWS < T ? r0 + ROWS : T;
+      int64_t r1 = block_end(r0, T);
       tdm_k_gemm(0, 0, r1 - r0, hs, r1, 1.0f, P + r0 * T, T, v, C3, 0.0f, o + r0 * C, C);
     }
   }
@@ -62,11 +63,11 @@ static void bwd_heads(void *vc, int64_t bh0, int64_t bh1) {
     const float *P = c->att + bh * T * T, *dO = c->dout + b * T * C + h * hs;
     float *dq = c->dqkv + b * T * C3 + h * hs, *dk = dq + C, *dv = dq + 2 * C, *dP = c->scratch + bh * T * T;
     for (int64_t r0 = 0; r0 < T; r0 += ROWS) { /* dP = dO V^T, lower blocks */
-      int64_t r1 = r0 + ROWS < T ? r0 + ROWS : T;
+      int64_t r1 = block_end(r0, T);
       tdm_k_gemm(0, 1, r1 - r0, r1, hs, 1.0f, dO + r0 * C, C, v, C3, 0.0f, dP + r0 * T, T);
     }
     for (int64_t c0 = 0; c0 < T; c0 += ROWS) { /* dV += P^T dO: keys [c0, c1) from queries [c0, T) */
-      int64_t c1 = c0 + ROWS < T ? c0 + ROWS : T;
+      int64_t c1 = block_end(c0, T);
       tdm_k_gemm(1, 0, c1 - c0, hs, T - c0, 1.0f, P + c0 * T + c0, T, dO + c0 * C, C, beta, dv + c0 * C3, C3);
     }
     for (int64_t i = 0; i < T; i++) {                             /* dS = P * (dP - rowdot(P, dP)) */
@@ -77,11 +78,11 @@ static void bwd_heads(void *vc, int64_t bh0, int64_t bh1) {
       memset(d + i + 1, 0, sizeof(float) * (size_t)(T - i - 1));
     }
     for (int64_t r0 = 0; r0 < T; r0 += ROWS) { /* dQ += dS K */
-      int64_t r1 = r0 + ROWS < T ? r0 + ROWS : T;
+      int64_t r1 = block_end(r0, T);
       tdm_k_gemm(0, 0, r1 - r0, hs, r1, scale, dP + r0 * T, T, k, C3, beta, dq + r0 * C3, C3);
     }
     for (int64_t c0 = 0; c0 < T; c0 += ROWS) { /* dK += dS^T Q */
-      int64_t c1 = c0 + ROWS < T ? c0 + ROWS : T;
+      int64_t c1 = block_end(c0, T);
       tdm_k_gemm(1, 0, c1 - c0, hs, T - c0, scale, dP + c0 * T + c0, T, q + c0 * C3, C3, beta, dk + c0 * C3, C3);
     }
   }

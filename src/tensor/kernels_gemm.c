@@ -7,7 +7,7 @@
 
 typedef struct {
   int ta, tb;
-  int64_t M, N, K, lda, ldb, ldc, split_m, block;
+  int64_t M, N, K, lda, ldb, ldc, split_m, block, len; /* len: M or N, whichever is split */
   float alpha, beta;
   const float *A, *B;
   float *C;
@@ -16,7 +16,7 @@ typedef struct {
 /* Blocks [b0, b1) of rows (split_m) or columns of C, each one single-threaded OpenBLAS call. */
 static void gemm_blocks(void *vc, int64_t b0, int64_t b1) {
   gemm_ctx *g = vc;
-  int64_t lo = b0 * g->block, hi = b1 * g->block < (g->split_m ? g->M : g->N) ? b1 * g->block : (g->split_m ? g->M : g->N);
+  int64_t lo = b0 * g->block, hi = b1 * g->block < g->len ? b1 * g->block : g->len;
   if (hi <= lo) return;
   const float *A = g->A, *B = g->B;
   float *C = g->C;
@@ -51,7 +51,7 @@ void tdm_k_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, co
     int split_m = M >= N;
     int64_t len = split_m ? M : N, block = ((len + nt - 1) / nt + 15) / 16 * 16;
     if (len >= 128) {
-      gemm_ctx g = {ta, tb, M, N, K, lda, ldb, ldc, split_m, block, alpha, beta, A, B, C};
+      gemm_ctx g = {ta, tb, M, N, K, lda, ldb, ldc, split_m, block, len, alpha, beta, A, B, C};
       tdm_parallel_for((len + block - 1) / block, 1, gemm_blocks, &g);
       return;
     }

@@ -304,11 +304,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
     return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --last-batch partial needs one rank and no accumulation (%d ranks, accum %lld)",
                           W, (long long)K);
   int prefetch = c->prefetch;
-  if (prefetch < 0) { /* auto: only when a core is left over after every rank's compute threads */
-    const char *lws = getenv("LOCAL_WORLD_SIZE");
-    long cores = sysconf(_SC_NPROCESSORS_ONLN), local = lws && atoi(lws) > 0 ? atoi(lws) : W;
-    prefetch = cores > (long)tdm_get_num_threads() * local;
-  }
+  if (prefetch < 0) prefetch = tdm_spare_core(W); /* auto: only beside compute, never instead of it */
   tdm_sampler_config sc = {B, K, W, R, c->seed, last, prefetch};
   TDM__TRY(tdm_sampler_create(&s->sampler, s->train, &sc));
   int64_t steps_per_epoch = tdm_sampler_steps_per_epoch(s->sampler);

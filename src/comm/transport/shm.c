@@ -94,8 +94,9 @@ typedef struct {
 } waiter;
 
 /* Called when a wait makes no progress: backs off, and every ~5 ms checks the deadline, the
- * abort flag and the peer's life. Returns TDM_OK to keep waiting. */
-static tdm_status idle(shm_tr *t, waiter *w, int peer, double deadline) {
+ * abort flag and the peer's life. Returns TDM_OK to keep waiting. what names the wait in errors;
+ * NULL: the current collective call, which is then also checked against the peers' calls. */
+static tdm_status idle_for(shm_tr *t, waiter *w, int peer, double deadline, const char *what) {
   /* spin while the peer is probably about to arrive (the latency case), then yield, then sleep
    * in short naps: on a machine with as many ranks as cores a spinning waiter steals the core
    * that another thread (backward, on a data-parallel rank) needs */
@@ -126,7 +127,7 @@ static tdm_status idle(shm_tr *t, waiter *w, int peer, double deadline) {
     return tdm__set_error(st, "%s", t->hdr->reason);
   }
   /* a peer in another collective with the same sequence number: fail now, naming both */
-  for (int q = 0; q < t->base.size && c->cur.kind != TDM_COLL_P2P && !c->map; q++) {
+  for (int q = 0; !what && q < t->base.size && c->cur.kind != TDM_COLL_P2P && !c->map; q++) {
     rank_ctl *pc = &t->ctl[q];
     uint64_t s1 = atomic_load_explicit(&pc->call_seq, memory_order_acquire);
     if (q == c->rank || s1 != c->cur.seq) continue;
@@ -136,17 +137,19 @@ static tdm_status idle(shm_tr *t, waiter *w, int peer, double deadline) {
     tdm_status st = tdm__check_header(c, q, &want, &got);
     if (st != TDM_OK) return st;
   }
+  if (!what) what = tdm__call_str(&c->cur, b, sizeof b);
   if (peer >= 0) {
     int32_t pid = atomic_load(&t->ctl[peer].pid);
     if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH)
-      return tdm__set_error(TDM_ERR_REMOTE, "rank %d (pid %d) died during %s (rank %d)", peer, pid,
-                            tdm__call_str(&c->cur, b, sizeof b), c->rank);
+      return tdm__set_error(TDM_ERR_REMOTE, "rank %d (pid %d) died during %s (rank %d)", peer, pid, what, c->rank);
   }
   if (now > deadline)
-    return tdm__set_error(TDM_ERR_TIMEOUT, "rank %d: %s timed out after %.0f s waiting for rank %d", c->rank,
-                          tdm__call_str(&c->cur, b, sizeof b), c->timeout_s, peer);
+    return tdm__set_error(TDM_ERR_TIMEOUT, "rank %d: %s timed out after %.0f s waiting for rank %d", c->rank, what,
+                          c->timeout_s, peer);
   return TDM_OK;
 }
+
+static tdm_status idle(shm_tr *t, waiter *w, int peer, double deadline) { return idle_for(t, w, peer, deadline, NULL); }
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -465,7 +468,7 @@ tdm_status tdm__shm_transport_create(tdm__transport **out, struct tdm_comm *c, c
  * no copy in or out: each rank sums its share of the bucket across all areas (in rank order, as
  * every other all-reduce here) and writes the result into all of them. Per rank that reads and
  * writes the bucket once, where the slot all-reduce above copies it in, reduces and copies it out
- * (about 2.5x the memory traffic). */
+ * (about 8 bytes of loads and stores per byte against 3, by count). */
 struct tdm__shm_region {
   shm_tr *t;
   unsigned char *base;
@@ -478,40 +481,12 @@ static float *area(tdm__shm_region *r, int q) {
   return (float *)(r->base + 2 * sizeof(counter) * (size_t)r->t->base.size + (size_t)q * r->area_bytes);
 }
 
-/* Waits until every rank's counter reaches want; the same checks as idle(): deadline, abort flag,
- * a dead peer. Not tied to a collective call, so no mismatch check. */
+/* Waits until every rank's counter reaches want, with idle()'s back-off and checks. */
 static tdm_status region_wait(tdm__shm_region *r, counter *ctr, uint64_t want, double deadline) {
-  shm_tr *t = r->t;
-  for (int q = 0; q < t->base.size; q++) {
-    unsigned spins = 0;
-    double next_check = 0;
-    while (atomic_load_explicit(&ctr[q].v, memory_order_acquire) < want) {
-      if (++spins < 4000) {
-#if defined(__x86_64__)
-        __builtin_ia32_pause();
-#endif
-        continue;
-      }
-      static _Thread_local int slack_set;
-      if (!slack_set) { /* as in idle(): 20 us naps, not 70 */
-        prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
-        slack_set = 1;
-      }
-      struct timespec ts = {0, 20000};
-      nanosleep(&ts, NULL);
-      double now = tdm_time_now();
-      if (now < next_check) continue;
-      next_check = now + 0.005;
-      if (atomic_load_explicit(&t->hdr->aborted, memory_order_acquire))
-        return tdm__set_error(t->hdr->abort_status ? (tdm_status)t->hdr->abort_status : TDM_ERR_REMOTE, "%s", t->hdr->reason);
-      int32_t pid = atomic_load(&t->ctl[q].pid);
-      if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH)
-        return tdm__set_error(TDM_ERR_REMOTE, "rank %d (pid %d) died during a gradient all-reduce (rank %d)", q, pid,
-                              t->base.rank);
-      if (now > deadline)
-        return tdm__set_error(TDM_ERR_TIMEOUT, "rank %d: gradient all-reduce timed out after %.0f s waiting for rank %d",
-                              t->base.rank, t->base.comm->timeout_s, q);
-    }
+  for (int q = 0; q < r->t->base.size; q++) {
+    waiter w = {0, 0};
+    while (atomic_load_explicit(&ctr[q].v, memory_order_acquire) < want)
+      TDM__TRY(idle_for(r->t, &w, q, deadline, "a gradient all-reduce"));
   }
   return TDM_OK;
 }

@@ -41,6 +41,19 @@ static tdm_status remote_abort(tcp_tr *t, int peer, const tdm__hdr *h) {
   return tdm__set_error(st, "rank %d failed: %s", peer, reason);
 }
 
+/* Receives what is there of n bytes into dst for transfer x and counts them in x->done: 1 if
+ * bytes came, 0 if it would block, or sets *st (the peer closed or reset) and returns -1. */
+static int recv_some(tcp_tr *t, tdm__xfer *x, void *dst, size_t n, tdm_status *st) {
+  ssize_t k = recv(t->fd[x->peer], dst, n, MSG_DONTWAIT);
+  if (k > 0) {
+    x->done += (size_t)k;
+    return 1;
+  }
+  if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+  *st = peer_gone(t, x->peer, k == 0 ? "closed its connection" : "reset its connection");
+  return -1;
+}
+
 /* One step of transfer x: returns 1 if it moved bytes or finished, 0 if it would block, or sets
  * *st and returns -1. */
 static int step(tcp_tr *t, tdm__xfer *x, tdm_status *st) {
@@ -67,17 +80,8 @@ static int step(tcp_tr *t, tdm__xfer *x, tdm_status *st) {
     return 1;
   }
   if (x->done < sizeof(tdm__hdr)) {
-    ssize_t k = recv(fd, (char *)&x->got + x->done, sizeof(tdm__hdr) - x->done, MSG_DONTWAIT);
-    if (k == 0) {
-      *st = peer_gone(t, x->peer, "closed its connection");
-      return -1;
-    }
-    if (k < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
-      *st = peer_gone(t, x->peer, "reset its connection");
-      return -1;
-    }
-    x->done += (size_t)k;
+    int r = recv_some(t, x, (char *)&x->got + x->done, sizeof(tdm__hdr) - x->done, st);
+    if (r <= 0) return r;
     if (x->done < sizeof(tdm__hdr)) return 1;
     if (x->got.magic == TDM_MSG_MAGIC && x->got.kind == TDM_COLL_ABORT) {
       *st = remote_abort(t, x->peer, &x->got);
@@ -88,17 +92,8 @@ static int step(tcp_tr *t, tdm__xfer *x, tdm_status *st) {
     return 1;
   }
   size_t pd = x->done - sizeof(tdm__hdr);
-  ssize_t k = recv(fd, (char *)x->buf + pd, x->nbytes - pd, MSG_DONTWAIT);
-  if (k == 0) {
-    *st = peer_gone(t, x->peer, "closed its connection");
-    return -1;
-  }
-  if (k < 0) {
-    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
-    *st = peer_gone(t, x->peer, "reset its connection");
-    return -1;
-  }
-  x->done += (size_t)k;
+  int r = recv_some(t, x, (char *)x->buf + pd, x->nbytes - pd, st);
+  if (r <= 0) return r;
   if (x->done == total) x->complete = 1;
   return 1;
 }
