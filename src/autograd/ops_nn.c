@@ -14,25 +14,22 @@ static const struct {
   const char *name;
   unary_fwd fwd;
   unary_bwd bwd;
+  unary_bwd bwd_set; /* writes dx instead of adding to it (NULL: zero, then bwd) */
   int bwd_uses_output; /* tanh and sigmoid differentiate from y, relu and gelu from x */
 } unary_ops[] = {
-    {"relu", tdm_k_relu_fwd, tdm_k_relu_bwd, 0},
-    {"gelu", tdm_k_gelu_fwd, tdm_k_gelu_bwd, 0},
-    {"tanh", tdm_k_tanh_fwd, tdm_k_tanh_bwd, 1},
-    {"sigmoid", tdm_k_sigmoid_fwd, tdm_k_sigmoid_bwd, 1},
+    {"relu", tdm_k_relu_fwd, tdm_k_relu_bwd, NULL, 0},
+    {"gelu", tdm_k_gelu_fwd, tdm_k_gelu_bwd, tdm_k_gelu_bwd_set, 0}, /* the MLP's wide activation */
+    {"tanh", tdm_k_tanh_fwd, tdm_k_tanh_bwd, NULL, 1},
+    {"sigmoid", tdm_k_sigmoid_fwd, tdm_k_sigmoid_bwd, NULL, 1},
 };
 
 static void unary_bw(tdm_tape *tp, tdm_node *n) {
   int k = (int)n->i[0], fresh = 0;
-  if (unary_ops[k].bwd == tdm_k_gelu_bwd) { /* the MLP's wide activation: write its gradient once */
-    float *gx = tdm__grad_for_write(tp, n->in[0], &fresh);
-    if (gx) (fresh ? tdm_k_gelu_bwd_set : tdm_k_gelu_bwd)(gx, n->out->grad->data, n->in[0]->data, n->out->numel);
-    return;
-  }
-  float *gx = tdm__grad(tp, n->in[0]);
+  float *gx = unary_ops[k].bwd_set ? tdm__grad_for_write(tp, n->in[0], &fresh) : tdm__grad(tp, n->in[0]);
   if (gx)
-    unary_ops[k].bwd(gx, n->out->grad->data, unary_ops[k].bwd_uses_output ? n->out->data : n->in[0]->data,
-                     n->out->numel);
+    (fresh ? unary_ops[k].bwd_set : unary_ops[k].bwd)(gx, n->out->grad->data,
+                                                      unary_ops[k].bwd_uses_output ? n->out->data : n->in[0]->data,
+                                                      n->out->numel);
 }
 
 static tdm_tensor *unary(tdm_tape *tp, int k, tdm_tensor *x) {

@@ -57,20 +57,15 @@ EW_KERNEL(tdm_k_gelu_fwd, (float *out, const float *x, int64_t n), (c.out = out,
   float v = a[i];
   out[i] = v * tdm__sigmoid(2.0f * GELU_K * (v + 0.044715f * v * v * v));
 })
+static inline float gelu_grad(float v) { /* d gelu(v) / dv */
+  float sg = tdm__sigmoid(2.0f * GELU_K * (v + 0.044715f * v * v * v));
+  float du = GELU_K * (1.0f + 3.0f * 0.044715f * v * v);
+  return sg + 2.0f * v * sg * (1.0f - sg) * du;
+}
 EW_KERNEL(tdm_k_gelu_bwd, (float *dx, const float *dout, const float *x, int64_t n),
-          (c.out = dx, c.a = dout, c.b = x), {
-            float v = b[i];
-            float sg = tdm__sigmoid(2.0f * GELU_K * (v + 0.044715f * v * v * v));
-            float du = GELU_K * (1.0f + 3.0f * 0.044715f * v * v);
-            out[i] += a[i] * (sg + 2.0f * v * sg * (1.0f - sg) * du);
-          })
+          (c.out = dx, c.a = dout, c.b = x), out[i] += a[i] * gelu_grad(b[i]))
 EW_KERNEL(tdm_k_gelu_bwd_set, (float *dx, const float *dout, const float *x, int64_t n),
-          (c.out = dx, c.a = dout, c.b = x), {
-            float v = b[i];
-            float sg = tdm__sigmoid(2.0f * GELU_K * (v + 0.044715f * v * v * v));
-            float du = GELU_K * (1.0f + 3.0f * 0.044715f * v * v);
-            out[i] = a[i] * (sg + 2.0f * v * sg * (1.0f - sg) * du);
-          })
+          (c.out = dx, c.a = dout, c.b = x), out[i] = a[i] * gelu_grad(b[i]))
 EW_KERNEL(tdm_k_tanh_fwd, (float *out, const float *x, int64_t n), (c.out = out, c.a = x, c.b = 0),
           out[i] = tanhf(a[i]))
 EW_KERNEL(tdm_k_tanh_bwd, (float *dx, const float *dout, const float *y, int64_t n),

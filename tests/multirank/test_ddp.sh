@@ -35,7 +35,11 @@ peer_dies() { # without the launcher to stop it, the survivor must notice the de
   RANK=0 LOCAL_RANK=0 "$T" train --steps 100000 --threads 1 --eval-batch-size 100 >"$TMP/pd0" 2>&1 & p0=$!
   RANK=1 LOCAL_RANK=1 "$T" train --steps 100000 --threads 1 --eval-batch-size 100 >"$TMP/pd1" 2>&1 & p1=$!
   unset MASTER_ADDR MASTER_PORT WORLD_SIZE LOCAL_WORLD_SIZE TANDEM_TRANSPORT TANDEM_TIMEOUT
-  sleep 2
+  for _ in $(seq 1 300); do # until both ranks are set up and training (at most 30 s), then a little more
+    grep -q "^tandem train: " "$TMP/pd0" && break
+    sleep 0.1
+  done
+  sleep 0.5
   kill -9 $p1 2>/dev/null
   t0=$SECONDS
   wait $p0; rc=$?
