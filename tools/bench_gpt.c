@@ -80,12 +80,12 @@ int tool_bench_gpt(int argc, char **argv) {
   int n = (int)(sizeof opts / sizeof opts[0]);
   int pr = cli_parse("bench gpt", "tandem bench gpt [options]", opts, n, argc, argv);
   if (pr) return pr == 1 ? 0 : 2;
-  tdm_model_config mc = !strcmp(config, "gpt2-124M") ? tdm_model_config_gpt2_124m() : tdm_model_config_gpt_mini();
-  if (layers) mc.n_layer = layers;
-  if (heads) mc.n_head = heads;
-  if (width) mc.n_embd = width;
-  if (block) mc.block_size = block;
-  if (vocab) mc.vocab_size = vocab;
+  tdm_model_config mc;
+  int64_t given[5] = {layers, heads, width, block, vocab};
+  if (tdm_model_config_gpt(config, given, &mc) != TDM_OK) { /* the option table admits only the two names */
+    fprintf(stderr, "tandem bench gpt: %s\n", tdm_last_error());
+    return 2;
+  }
   if (T > mc.block_size) {
     fprintf(stderr, "tandem bench gpt: --seq-len %lld exceeds the block size %lld\n", (long long)T, (long long)mc.block_size);
     return 2;

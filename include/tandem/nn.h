@@ -124,6 +124,9 @@ tdm_model_config tdm_model_config_mlp(void); /* 784-512-256-10, dropout 0.3 */
 tdm_model_config tdm_model_config_cnn(void); /* 1x28x28, 16 and 32 channels, 10 classes */
 tdm_model_config tdm_model_config_gpt_mini(void); /* 4 layers, 4 heads, 256 wide, block 128, vocab 256 */
 tdm_model_config tdm_model_config_gpt2_124m(void); /* GPT-2 small: 12 layers, 12 heads, 768 wide, block 1024, vocab 50257 */
+/* A GPT config by name ("mini" or "gpt2-124M"; NULL: mini) with the fields given > 0 overriding
+ * it (the order: layers, heads, width, block, vocab). TDM_ERR_INVALID_ARG for another name. */
+tdm_status tdm_model_config_gpt(const char *name, const int64_t override[5], tdm_model_config *out);
 const char *tdm_model_kind_name(tdm_model_kind k);
 
 typedef struct tdm_model tdm_model;

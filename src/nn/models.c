@@ -60,6 +60,17 @@ tdm_model_config tdm_model_config_gpt2_124m(void) {
   return c;
 }
 
+tdm_status tdm_model_config_gpt(const char *name, const int64_t override[5], tdm_model_config *out) {
+  if (name && strcmp(name, "mini") && strcmp(name, "gpt2-124M"))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "gpt: config '%s'; expected mini or gpt2-124M", name);
+  tdm_model_config c = name && !strcmp(name, "gpt2-124M") ? tdm_model_config_gpt2_124m() : tdm_model_config_gpt_mini();
+  int64_t *field[5] = {&c.n_layer, &c.n_head, &c.n_embd, &c.block_size, &c.vocab_size};
+  for (int i = 0; override && i < 5; i++)
+    if (override[i] > 0) *field[i] = override[i];
+  *out = c;
+  return TDM_OK;
+}
+
 static tdm_status check_config(const tdm_model_config *c) {
   if (!(c->dropout >= 0.0f && c->dropout < 1.0f))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "model: dropout %g; expected 0 <= p < 1", (double)c->dropout);

@@ -234,16 +234,9 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   res->rank = R;
   tdm_model_config mc = mk == TDM_MODEL_MLP ? tdm_model_config_mlp() : mk == TDM_MODEL_CNN ? tdm_model_config_cnn() : tdm_model_config_gpt_mini();
   if (mk == TDM_MODEL_GPT) {
-    if (c->gpt_config && !strcmp(c->gpt_config, "gpt2-124M")) {
-      mc = tdm_model_config_gpt2_124m();
-    } else if (c->gpt_config && strcmp(c->gpt_config, "mini")) {
+    int64_t given[5] = {c->n_layer, c->n_head, c->n_embd, c->block_size, c->vocab_size};
+    if (tdm_model_config_gpt(c->gpt_config, given, &mc) != TDM_OK)
       return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --config '%s'; expected mini or gpt2-124M", c->gpt_config);
-    }
-    if (c->n_layer > 0) mc.n_layer = c->n_layer;
-    if (c->n_head > 0) mc.n_head = c->n_head;
-    if (c->n_embd > 0) mc.n_embd = c->n_embd;
-    if (c->block_size > 0) mc.block_size = c->block_size;
-    if (c->vocab_size > 0) mc.vocab_size = c->vocab_size;
     mc.dropout = (float)c->dropout;
     if (mc.vocab_size < 256)
       return tdm__set_error(TDM_ERR_INVALID_ARG, "train: vocabulary %lld is smaller than the 256 byte tokens of the text",
