@@ -63,6 +63,30 @@ uint64_t tdm_arena_mallocs(const tdm_arena *a);
  * leaves it unchanged, which benchmarks and tests check. */
 uint64_t tdm_alloc_count(void);
 
+/* ---- memory by category -------------------------------------------------------------------
+ * Every allocation the library makes is counted under one category, so the memory planner
+ * (tandem plan) can be checked against what a run really holds. Activations count the bytes in
+ * use in the tapes' arenas (not the arena blocks' slack); parameters and gradients that live in
+ * reserved address space (ZeRO stage 3) count the pages they hold. Thread-safe. */
+typedef enum {
+  TDM_MEM_PARAMS = 0,  /* model parameters (fp32 master copy and gathered units) */
+  TDM_MEM_GRADS,       /* parameter gradients */
+  TDM_MEM_OPTIM,       /* optimizer state (momentum, Adam moments) */
+  TDM_MEM_ACTIVATIONS, /* forward activations and their gradients (the tape) */
+  TDM_MEM_COMM,        /* communication buffers (buckets, scratch, transport rings) */
+  TDM_MEM_DATA,        /* data sets and batches */
+  TDM_MEM_WORKSPACE,   /* everything else */
+  TDM_MEM_COUNT
+} tdm_mem_category;
+const char *tdm_mem_category_name(tdm_mem_category c);
+typedef struct tdm_mem_stats {
+  int64_t current[TDM_MEM_COUNT], peak[TDM_MEM_COUNT]; /* bytes */
+  int64_t current_total, peak_total;                   /* peak_total: the peak of the sum */
+} tdm_mem_stats;
+void tdm_mem_stats_get(tdm_mem_stats *out);
+/* Starts a new measurement: every peak becomes the current value. */
+void tdm_mem_peak_reset(void);
+
 /* ---- intra-op threads ------------------------------------------------------------------
  * One process-wide pool runs the element-wise kernels; OpenBLAS is given the same count.
  * tdm_set_num_threads(0) picks TANDEM_NUM_THREADS if set, otherwise all online cores.

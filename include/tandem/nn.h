@@ -43,6 +43,19 @@ void tdm_params_destroy(tdm_params *p);
 tdm_status tdm_params_declare(tdm_params *p, const char *name, int ndim, const int64_t *shape, tdm_init init,
                               int decay, tdm_tensor **out);
 tdm_status tdm_params_finalize(tdm_params *p, uint64_t seed);
+/* Finalizes without memory: the data and gradient buffers are address space reserved for the
+ * whole model that holds pages only where written (ZeRO stage 3 gathers a unit into it before
+ * use and gives it back with tdm_params_release), and nothing is initialised: a rank fills its
+ * shard with tdm_params_init_range. Pointers to parameters stay valid throughout. */
+tdm_status tdm_params_finalize_reserved(tdm_params *p, uint64_t seed);
+int tdm_params_is_reserved(const tdm_params *p);
+/* Writes into dst the hi - lo initial values tdm_params_finalize gives elements [lo, hi) (each
+ * parameter's values come from its own stream, so any range can be made alone). */
+tdm_status tdm_params_init_range(const tdm_params *p, int64_t lo, int64_t hi, float *dst);
+/* Reserved storage only: gives back the pages that lie wholly inside elements [lo, hi) of the
+ * data (which = 0) or gradient (which = 1) buffer and zeroes the rest of the range; the range
+ * reads as zeros afterwards. Not while another thread writes inside [lo, hi). */
+tdm_status tdm_params_release(tdm_params *p, int which, int64_t lo, int64_t hi);
 int tdm_params_count(const tdm_params *p);
 tdm_tensor *tdm_params_get(const tdm_params *p, int i);
 tdm_tensor *tdm_params_find(const tdm_params *p, const char *name);
@@ -131,6 +144,9 @@ const char *tdm_model_kind_name(tdm_model_kind k);
 
 typedef struct tdm_model tdm_model;
 tdm_status tdm_model_create(tdm_model **out, const tdm_model_config *cfg, uint64_t seed);
+/* As tdm_model_create; reserved = 1 finalizes the parameters with tdm_params_finalize_reserved
+ * (no memory, not initialised: ZeRO stage 3). */
+tdm_status tdm_model_create_with(tdm_model **out, const tdm_model_config *cfg, uint64_t seed, int reserved);
 void tdm_model_destroy(tdm_model *m);
 tdm_params *tdm_model_params(const tdm_model *m);
 const tdm_model_config *tdm_model_get_config(const tdm_model *m);

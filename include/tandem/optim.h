@@ -44,18 +44,50 @@ const char *tdm_optim_kind_name(tdm_optim_kind kind);
 typedef struct tdm_optim tdm_optim;
 /* The optimizer keeps a pointer to params, which must outlive it. */
 tdm_status tdm_optim_create(tdm_optim **out, const tdm_optim_config *cfg, tdm_params *params);
+/* An optimizer that owns only some elements of the parameters: the given spans [lo, hi) of the
+ * buffer (ascending, disjoint), as a rank under ZeRO owns its shard. Its state is sized for them,
+ * laid out span after span (Adam: all first moments, then all second moments). Weight decay still
+ * follows each element's parameter. */
+typedef struct tdm_optim_span {
+  int64_t lo, hi;
+} tdm_optim_span;
+tdm_status tdm_optim_create_spans(tdm_optim **out, const tdm_optim_config *cfg, tdm_params *params, int n_spans,
+                                  const tdm_optim_span *spans);
+/* Where span i's values and gradients live (hi - lo floats each; the caller keeps them alive):
+ * by default, NULL, the parameters' own buffers at the span's offset. */
+tdm_status tdm_optim_set_span_buffers(tdm_optim *o, int i, float *w, const float *g);
+/* Elements this optimizer updates (the sum of its spans). */
+int64_t tdm_optim_owned(const tdm_optim *o);
 void tdm_optim_destroy(tdm_optim *o);
 /* One update with this learning rate (schedules pass theirs; cfg.lr is the default). */
 tdm_status tdm_optim_step(tdm_optim *o, float lr);
 int64_t tdm_optim_steps(const tdm_optim *o);
-/* The state buffer (for checkpoints): n_state_floats = 0 (plain SGD), numel (momentum) or
- * 2 x numel (Adam: m then v). set_steps restores the step count used for bias correction. */
+/* The state buffer (for checkpoints): n_state_floats = 0 (plain SGD), owned (momentum) or
+ * 2 x owned (Adam: m then v). set_steps restores the step count used for bias correction. */
 float *tdm_optim_state(const tdm_optim *o, int64_t *n_floats);
 void tdm_optim_set_steps(tdm_optim *o, int64_t steps);
 
 /* Scales all gradients so that their global L2 norm is at most max_norm (as PyTorch's
- * clip_grad_norm_); *norm_out receives the norm before clipping. max_norm <= 0 only measures. */
+ * clip_grad_norm_); *norm_out receives the norm before clipping. max_norm <= 0 only measures.
+ * TDM_ERR_INVALID_ARG when the norm is not finite (a NaN or Inf gradient). */
 tdm_status tdm_clip_grad_norm(tdm_params *p, float max_norm, float *norm_out);
+
+/* The norm's parts, for gradients spread over ranks. The buffer is cut into segments (at every
+ * parameter start and every multiple of a length chosen from the parameter count alone); each
+ * segment's sum of squares is formed in double in one fixed order and the sums are added in
+ * segment order, so the norm has the same bits whatever the layout, as long as a shard is made of
+ * whole segments. tdm_grad_sumsq_segments writes the sums of the segments of [lo, hi) (which must
+ * start and end on segment boundaries, see tdm_params_segments) into sums[first segment ...], g
+ * holding the gradients of [lo, hi). */
+tdm_status tdm_params_segments(const tdm_params *p, const int64_t **cuts, int64_t *n_segments);
+tdm_status tdm_grad_sumsq_segments(const tdm_params *p, int64_t lo, int64_t hi, const float *g, double *sums);
+/* The sum of n segment sums, in index order. */
+double tdm_grad_sumsq_combine(const double *sums, int64_t n);
+/* PyTorch's clipping coefficient: max_norm / (norm + 1e-6) when below 1, else 1 (and 1 when
+ * max_norm <= 0). */
+float tdm_clip_coef(float norm, float max_norm);
+/* g[i] *= coef for n elements, on the pool (nothing when coef is 1). */
+void tdm_grad_scale(float *g, int64_t n, float coef);
 
 typedef enum { TDM_LR_CONSTANT, TDM_LR_STEP, TDM_LR_COSINE, TDM_LR_KIND_COUNT } tdm_lr_kind;
 typedef struct tdm_lr_schedule {

@@ -13,7 +13,7 @@ tdm_status tdm_tape_create(tdm_tape **out, size_t arena_bytes) {
   if (!out) return tdm__set_error(TDM_ERR_INVALID_ARG, "tape_create: out is NULL");
   tdm_tape *tp = tdm__calloc(1, sizeof *tp);
   if (!tp) return tdm__set_error(TDM_ERR_NO_MEMORY, "tape_create: out of memory");
-  tdm_status st = tdm_arena_create(&tp->arena, arena_bytes ? arena_bytes : (1u << 20));
+  tdm_status st = tdm__arena_create_cat(&tp->arena, arena_bytes ? arena_bytes : (1u << 20), TDM_MEM_ACTIVATIONS);
   if (st != TDM_OK) {
     tdm__free(tp);
     return st;

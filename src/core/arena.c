@@ -12,12 +12,14 @@ struct tdm_arena {
   block *head; /* current block; older blocks follow */
   size_t used_total, peak, initial;
   uint64_t mallocs;
+  int usage_cat; /* TDM_MEM_COUNT: blocks are counted as allocated; else bytes in use, under it */
 };
 
 static block *block_new(tdm_arena *a, size_t size) {
   block *b = tdm__malloc(sizeof *b);
   if (!b) return NULL;
-  b->data = tdm__aligned_alloc(size);
+  /* an arena that reports its bytes in use does not count its blocks as well */
+  b->data = a->usage_cat < TDM_MEM_COUNT ? tdm__aligned_alloc_cat(size, TDM_MEM_COUNT) : tdm__aligned_alloc(size);
   if (!b->data) {
     tdm__free(b);
     return NULL;
@@ -30,10 +32,15 @@ static block *block_new(tdm_arena *a, size_t size) {
 }
 
 tdm_status tdm_arena_create(tdm_arena **out, size_t initial_bytes) {
+  return tdm__arena_create_cat(out, initial_bytes, TDM_MEM_COUNT);
+}
+
+tdm_status tdm__arena_create_cat(tdm_arena **out, size_t initial_bytes, tdm_mem_category usage_cat) {
   if (!out) return tdm__set_error(TDM_ERR_INVALID_ARG, "arena_create: out is NULL");
   tdm_arena *a = tdm__calloc(1, sizeof *a);
   if (!a) return tdm__set_error(TDM_ERR_NO_MEMORY, "arena_create: out of memory");
   a->initial = initial_bytes < 4096 ? 4096 : initial_bytes;
+  a->usage_cat = (int)usage_cat;
   a->head = block_new(a, a->initial);
   if (!a->head) {
     tdm__free(a);
@@ -45,6 +52,7 @@ tdm_status tdm_arena_create(tdm_arena **out, size_t initial_bytes) {
 
 void tdm_arena_destroy(tdm_arena *a) {
   if (!a) return;
+  tdm__mem_account((tdm_mem_category)a->usage_cat, -(int64_t)a->used_total);
   for (block *b = a->head, *n; b; b = n) {
     n = b->next;
     tdm__free(b->data);
@@ -71,6 +79,7 @@ void *tdm_arena_alloc(tdm_arena *a, size_t bytes) {
   void *p = b->data + b->used;
   b->used += need;
   a->used_total += need;
+  tdm__mem_account((tdm_mem_category)a->usage_cat, (int64_t)need);
   if (a->used_total > a->peak) a->peak = a->used_total;
   return p;
 }
@@ -89,6 +98,7 @@ void tdm_arena_reset(tdm_arena *a) {
     TDM_ASSERT(a->head != NULL);
   }
   a->head->used = 0;
+  tdm__mem_account((tdm_mem_category)a->usage_cat, -(int64_t)a->used_total);
   a->used_total = 0;
 }
 

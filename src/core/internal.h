@@ -20,6 +20,17 @@ void *tdm__malloc(size_t n);
 void *tdm__calloc(size_t n, size_t size);
 void *tdm__aligned_alloc(size_t n); /* 64-byte aligned, free with tdm__free */
 void tdm__free(void *p);
+/* The same, counted under category c instead of the calling thread's current one. */
+void *tdm__malloc_cat(size_t n, tdm_mem_category c);
+void *tdm__aligned_alloc_cat(size_t n, tdm_mem_category c);
+/* Sets the calling thread's category for tdm__malloc / calloc / aligned_alloc (default:
+ * workspace) and returns the previous one, to restore it: a scope. */
+tdm_mem_category tdm__mem_scope(tdm_mem_category c);
+/* Counts memory not allocated through these (mapped pages, arena bytes in use). */
+void tdm__mem_account(tdm_mem_category c, int64_t delta);
+/* An arena that counts its bytes in use under usage_cat (the tape: activations) and its blocks
+ * not at all; TDM_MEM_COUNT: the blocks are counted as allocated, as tdm_arena_create does. */
+tdm_status tdm__arena_create_cat(tdm_arena **out, size_t initial_bytes, tdm_mem_category usage_cat);
 uint64_t tdm__malloc_count(void);
 
 #define TDM__TRY(expr)                   \

@@ -145,6 +145,10 @@ static tdm_status build(tdm_model *m) {
 }
 
 tdm_status tdm_model_create(tdm_model **out, const tdm_model_config *cfg, uint64_t seed) {
+  return tdm_model_create_with(out, cfg, seed, 0);
+}
+
+tdm_status tdm_model_create_with(tdm_model **out, const tdm_model_config *cfg, uint64_t seed, int reserved) {
   if (!out || !cfg) return tdm__set_error(TDM_ERR_INVALID_ARG, "model_create: NULL argument");
   TDM__TRY(check_config(cfg));
   tdm_model *m = tdm__calloc(1, sizeof *m);
@@ -152,7 +156,7 @@ tdm_status tdm_model_create(tdm_model **out, const tdm_model_config *cfg, uint64
   m->cfg = *cfg;
   tdm_status st = tdm_params_create(&m->params);
   if (st == TDM_OK) st = build(m);
-  if (st == TDM_OK) st = tdm_params_finalize(m->params, seed);
+  if (st == TDM_OK) st = reserved ? tdm_params_finalize_reserved(m->params, seed) : tdm_params_finalize(m->params, seed);
   if (st != TDM_OK) {
     tdm_model_destroy(m);
     return st;

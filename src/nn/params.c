@@ -1,6 +1,8 @@
 /* The parameter store: one data buffer, one gradient buffer, a view per parameter. */
 #include <math.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "core/internal.h"
 #include "tandem/core.h"
@@ -23,6 +25,12 @@ struct tdm_params {
   float *data, *grad;
   int grad_external; /* grad is the caller's (tdm_params_set_grad_buffer) */
   int finalized;
+  int reserved;      /* data and grad are reserved address space (mmap), not heap buffers */
+  size_t map_bytes;
+  uint64_t seed;
+  /* the gradient-norm segments (src/optim/optim.c), built at first use */
+  int64_t *seg_lo, n_seg;
+  double *seg_sums;
 };
 
 tdm_status tdm_params_create(tdm_params **out) {
@@ -38,8 +46,15 @@ void tdm_params_destroy(tdm_params *p) {
     tdm__free(p->e[i]);
   }
   tdm__free(p->e);
-  tdm__free(p->data);
-  if (!p->grad_external) tdm__free(p->grad);
+  tdm__free(p->seg_lo);
+  tdm__free(p->seg_sums);
+  if (p->reserved) {
+    munmap(p->data, p->map_bytes);
+    if (!p->grad_external) munmap(p->grad, p->map_bytes);
+  } else {
+    tdm__free(p->data);
+    if (!p->grad_external) tdm__free(p->grad);
+  }
   tdm__free(p);
 }
 
@@ -89,34 +104,147 @@ tdm_status tdm_params_declare(tdm_params *p, const char *name, int ndim, const i
   return TDM_OK;
 }
 
+/* Fills dst[k] with the initial value of parameter i's element `from + k`, k < n: the element
+ * stream of a parameter is hash(seed, i), so any range can be produced alone (ZeRO stage 3 ranks
+ * initialise only their shard, to the same values). */
+static void init_values(const entry *e, uint64_t seed, int i, int64_t from, int64_t n, float *dst) {
+  tdm_rng r;
+  tdm_rng_seed(&r, tdm_hash64(seed, (uint64_t)i));
+  int draws = e->init.kind == TDM_INIT_NORMAL ? 2 : e->init.kind == TDM_INIT_UNIFORM ? 1 : 0;
+  for (int64_t k = 0; k < from * draws; k++) tdm_rng_next(&r); /* skip: the same draws, unused */
+  for (int64_t k = 0; k < n; k++) {
+    switch (e->init.kind) {
+    case TDM_INIT_ZEROS: dst[k] = 0.0f; break;
+    case TDM_INIT_ONES: dst[k] = 1.0f; break;
+    case TDM_INIT_UNIFORM: dst[k] = e->init.a + (e->init.b - e->init.a) * tdm_rng_uniform(&r); break;
+    case TDM_INIT_NORMAL: dst[k] = e->init.a + e->init.b * tdm_rng_normal(&r); break;
+    }
+  }
+}
+
+static void bind_views(tdm_params *p) {
+  for (int i = 0; i < p->n; i++) {
+    entry *e = p->e[i];
+    e->t.data = p->data + e->offset;
+    e->g.data = p->grad + e->offset;
+    e->t.grad = &e->g;
+  }
+}
+
 tdm_status tdm_params_finalize(tdm_params *p, uint64_t seed) {
   if (p->finalized) return tdm__set_error(TDM_ERR_INVALID_USAGE, "params_finalize: called twice");
   size_t bytes = sizeof(float) * (size_t)(p->numel ? p->numel : 1);
-  p->data = tdm__aligned_alloc(bytes);
-  p->grad = tdm__aligned_alloc(bytes);
+  p->data = tdm__aligned_alloc_cat(bytes, TDM_MEM_PARAMS);
+  p->grad = tdm__aligned_alloc_cat(bytes, TDM_MEM_GRADS);
   if (!p->data || !p->grad)
     return tdm__set_error(TDM_ERR_NO_MEMORY, "params_finalize: cannot allocate 2 x %zu bytes", bytes);
   memset(p->grad, 0, bytes);
-  for (int i = 0; i < p->n; i++) {
-    entry *e = p->e[i];
-    float *d = p->data + e->offset;
-    e->t.data = d;
-    e->g.data = p->grad + e->offset;
-    e->t.grad = &e->g;
-    tdm_rng r;
-    tdm_rng_seed(&r, tdm_hash64(seed, (uint64_t)i));
-    for (int64_t k = 0; k < e->t.numel; k++) {
-      switch (e->init.kind) {
-      case TDM_INIT_ZEROS: d[k] = 0.0f; break;
-      case TDM_INIT_ONES: d[k] = 1.0f; break;
-      case TDM_INIT_UNIFORM: d[k] = e->init.a + (e->init.b - e->init.a) * tdm_rng_uniform(&r); break;
-      case TDM_INIT_NORMAL: d[k] = e->init.a + e->init.b * tdm_rng_normal(&r); break;
-      }
-    }
-  }
+  p->seed = seed;
+  bind_views(p);
+  for (int i = 0; i < p->n; i++) init_values(p->e[i], seed, i, 0, p->e[i]->t.numel, p->data + p->e[i]->offset);
   p->finalized = 1;
   return TDM_OK;
 }
+
+tdm_status tdm_params_finalize_reserved(tdm_params *p, uint64_t seed) {
+  if (p->finalized) return tdm__set_error(TDM_ERR_INVALID_USAGE, "params_finalize: called twice");
+  size_t page = (size_t)sysconf(_SC_PAGESIZE), bytes = sizeof(float) * (size_t)(p->numel ? p->numel : 1);
+  bytes = (bytes + page - 1) / page * page;
+  /* address space only: pages come into being when written and go with tdm_params_release */
+  void *d = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  void *g = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (d == MAP_FAILED || g == MAP_FAILED) {
+    if (d != MAP_FAILED) munmap(d, bytes);
+    if (g != MAP_FAILED) munmap(g, bytes);
+    return tdm__set_error(TDM_ERR_NO_MEMORY, "params_finalize: cannot reserve 2 x %zu bytes of address space", bytes);
+  }
+  p->data = d;
+  p->grad = g;
+  p->map_bytes = bytes;
+  p->reserved = 1;
+  p->seed = seed;
+  bind_views(p);
+  p->finalized = 1;
+  return TDM_OK;
+}
+
+int tdm_params_is_reserved(const tdm_params *p) { return p->reserved; }
+
+tdm_status tdm_params_init_range(const tdm_params *p, int64_t lo, int64_t hi, float *dst) {
+  if (!p->finalized || lo < 0 || hi < lo || hi > p->numel)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "params_init_range: [%lld, %lld) of %lld elements%s", (long long)lo,
+                          (long long)hi, (long long)p->numel, p->finalized ? "" : " (not finalized)");
+  for (int i = 0; i < p->n; i++) {
+    const entry *e = p->e[i];
+    int64_t b = e->offset > lo ? e->offset : lo, end = e->offset + e->t.numel < hi ? e->offset + e->t.numel : hi;
+    if (b < end) init_values(e, p->seed, i, b - e->offset, end - b, dst + (b - lo));
+  }
+  return TDM_OK;
+}
+
+tdm_status tdm_params_release(tdm_params *p, int which, int64_t lo, int64_t hi) {
+  if (!p->reserved || lo < 0 || hi < lo || hi > p->numel || (which != 0 && which != 1))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "params_release: buffer %d, [%lld, %lld) of %lld%s", which,
+                          (long long)lo, (long long)hi, (long long)p->numel, p->reserved ? "" : " (storage is not reserved)");
+  float *buf = which ? p->grad : p->data;
+  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)(buf + lo), b = (uintptr_t)(buf + hi);
+  uintptr_t pa = (a + page - 1) / page * page, pb = b / page * page;
+  if (pa >= pb) { /* no whole page inside: zero the bytes instead */
+    memset((void *)a, 0, b - a);
+    return TDM_OK;
+  }
+  memset((void *)a, 0, pa - a); /* the partial pages at the ends are shared with neighbours */
+  memset((void *)pb, 0, b - pb);
+  if (madvise((void *)pa, pb - pa, MADV_DONTNEED) != 0) memset((void *)pa, 0, pb - pa);
+  return TDM_OK;
+}
+
+/* ---- segments of the gradient norm ------------------------------------------------------ */
+static int64_t segment_len(int64_t numel) {
+  int64_t L = 256; /* at most ~4096 segments plus one cut per parameter, whatever the size */
+  while (L < 65536 && numel > 4096 * L) L *= 2;
+  return L;
+}
+
+tdm_status tdm__params_segments(const tdm_params *cp, const int64_t **lo, int64_t *n) {
+  tdm_params *p = (tdm_params *)cp; /* the table is a cache */
+  if (!p->seg_lo) {
+    int64_t L = segment_len(p->numel), cap = p->numel / L + p->n + 2, k = 0;
+    int64_t *t = tdm__malloc(sizeof(int64_t) * (size_t)cap);
+    double *sums = tdm__malloc(sizeof(double) * (size_t)cap);
+    if (!t || !sums) {
+      tdm__free(t);
+      tdm__free(sums);
+      return tdm__set_error(TDM_ERR_NO_MEMORY, "params: out of memory for the gradient-norm segments");
+    }
+    for (int i = 0; i < p->n; i++) { /* cuts at every parameter start and every multiple of L */
+      int64_t b = p->e[i]->offset, e = b + p->e[i]->t.numel;
+      for (int64_t x = b; x < e; x = (x / L + 1) * L) t[k++] = x;
+    }
+    t[k] = p->numel;
+    p->seg_lo = t;
+    p->seg_sums = sums;
+    p->n_seg = k;
+  }
+  *lo = p->seg_lo;
+  *n = p->n_seg;
+  return TDM_OK;
+}
+
+int64_t tdm__params_segment_at(const tdm_params *p, int64_t off) {
+  const int64_t *t;
+  int64_t n;
+  if (tdm__params_segments(p, &t, &n) != TDM_OK) return -1;
+  int64_t a = 0, b = n; /* t[0..n] ascending: find off */
+  while (a < b) {
+    int64_t m = (a + b) / 2;
+    if (t[m] < off) a = m + 1;
+    else b = m;
+  }
+  return a <= n && t[a] == off ? a : -1;
+}
+
+double *tdm__params_segment_sums(const tdm_params *p) { return p->seg_sums; }
 
 int tdm_params_count(const tdm_params *p) { return p->n; }
 tdm_tensor *tdm_params_get(const tdm_params *p, int i) { return (i >= 0 && i < p->n) ? &p->e[i]->t : NULL; }
@@ -129,8 +257,9 @@ float *tdm_params_grad(const tdm_params *p) { return p->grad; }
 tdm_status tdm_params_set_grad_buffer(tdm_params *p, float *buf) {
   if (!p || !p->finalized) return tdm__set_error(TDM_ERR_INVALID_USAGE, "params_set_grad_buffer: parameters not finalized");
   if (buf && buf == p->grad) return TDM_OK;
+  if (p->reserved) return tdm__set_error(TDM_ERR_INVALID_USAGE, "params_set_grad_buffer: the storage is reserved (ZeRO stage 3)");
   float *nb = buf;
-  if (!nb && !(nb = tdm__aligned_alloc(sizeof(float) * (size_t)(p->numel ? p->numel : 1))))
+  if (!nb && !(nb = tdm__aligned_alloc_cat(sizeof(float) * (size_t)(p->numel ? p->numel : 1), TDM_MEM_GRADS)))
     return tdm__set_error(TDM_ERR_NO_MEMORY, "params_set_grad_buffer: out of memory");
   if (nb != p->grad) memcpy(nb, p->grad, sizeof(float) * (size_t)p->numel);
   if (!p->grad_external) tdm__free(p->grad);
@@ -147,5 +276,6 @@ tdm_tensor *tdm_params_find(const tdm_params *p, const char *name) {
 }
 
 void tdm_params_zero_grad(tdm_params *p) {
-  if (p->grad) tdm_k_zero(p->grad, p->numel);
+  if (p->grad && p->reserved) tdm_params_release(p, 1, 0, p->numel);
+  else if (p->grad) tdm_k_zero(p->grad, p->numel);
 }

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/internal.h"
+#include "nn/params_impl.h"
 #include "tandem/optim.h"
 
 static const char *kind_names[] = {"sgd", "adam", "adamw"};
@@ -12,16 +13,30 @@ _Static_assert(sizeof kind_names / sizeof kind_names[0] == TDM_OPT_KIND_COUNT, "
 
 const char *tdm_optim_kind_name(tdm_optim_kind k) { return (unsigned)k < TDM_OPT_KIND_COUNT ? kind_names[k] : "?"; }
 
+/* A run: consecutive elements of one owned span with one weight decay. Runs are laid end to end
+ * in the optimizer's own index space [0, n_owned), which is also how its state is laid out. */
+typedef struct {
+  int64_t lo, hi;  /* global element offsets in the parameter buffer */
+  int64_t at;      /* offset in the owned index space (and in each state buffer) */
+  int span;        /* which owned span */
+  unsigned char decay;
+} run;
+
+typedef struct {
+  int64_t lo, hi;
+  float *w;        /* NULL: the parameters' own buffer at lo */
+  const float *g;  /* NULL: the parameters' gradient buffer at lo (looked up at each step: it can move) */
+} span;
+
 struct tdm_optim {
   tdm_optim_config cfg;
   tdm_params *p;
   float *state;
-  int64_t n_state;
+  int64_t n_state, n_owned;
   int64_t steps;
-  /* runs of consecutive parameters with the same weight decay: [lo[s], lo[s + 1]) */
-  int n_spans;
-  int64_t *span_lo;
-  unsigned char *span_decay;
+  int n_owned_spans, n_runs;
+  span *spans;
+  run *runs;
 };
 
 tdm_optim_config tdm_optim_config_default(tdm_optim_kind kind) {
@@ -36,7 +51,16 @@ tdm_optim_config tdm_optim_config_default(tdm_optim_kind kind) {
 }
 
 tdm_status tdm_optim_create(tdm_optim **out, const tdm_optim_config *cfg, tdm_params *params) {
-  if (!out || !cfg || !params) return tdm__set_error(TDM_ERR_INVALID_ARG, "optim_create: NULL argument");
+  if (!params) return tdm__set_error(TDM_ERR_INVALID_ARG, "optim_create: NULL argument");
+  tdm_optim_span all = {0, tdm_params_numel(params)};
+  return tdm_optim_create_spans(out, cfg, params, 1, &all);
+}
+
+tdm_status tdm_optim_create_spans(tdm_optim **out, const tdm_optim_config *cfg, tdm_params *params, int n_spans,
+                                  const tdm_optim_span *spans) {
+  if (!out || !cfg || !params || (n_spans > 0 && !spans) || n_spans < 0)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "optim_create: NULL argument or %d spans", n_spans);
+  *out = NULL;
   if ((unsigned)cfg->kind >= TDM_OPT_KIND_COUNT)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "optim_create: unknown optimizer %d", (int)cfg->kind);
   if (!(cfg->lr >= 0.0f) || !(cfg->weight_decay >= 0.0f) || !(cfg->momentum >= 0.0f) || !(cfg->beta1 >= 0.0f) ||
@@ -49,43 +73,71 @@ tdm_status tdm_optim_create(tdm_optim **out, const tdm_optim_config *cfg, tdm_pa
   if (cfg->nesterov && (cfg->momentum <= 0.0f || cfg->dampening != 0.0f))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "optim_create: nesterov needs momentum > 0 and dampening 0 (got %g, %g)",
                           (double)cfg->momentum, (double)cfg->dampening);
+  int64_t numel = tdm_params_numel(params), owned = 0;
+  for (int i = 0; i < n_spans; i++) {
+    if (spans[i].lo < 0 || spans[i].hi < spans[i].lo || spans[i].hi > numel || (i > 0 && spans[i].lo < spans[i - 1].hi))
+      return tdm__set_error(TDM_ERR_INVALID_ARG,
+                            "optim_create: span %d is [%lld, %lld); expected ascending, disjoint spans within [0, %lld)", i,
+                            (long long)spans[i].lo, (long long)spans[i].hi, (long long)numel);
+    owned += spans[i].hi - spans[i].lo;
+  }
   tdm_optim *o = tdm__calloc(1, sizeof *o);
   if (!o) return tdm__set_error(TDM_ERR_NO_MEMORY, "optim_create: out of memory");
   o->cfg = *cfg;
   o->p = params;
-  int64_t n = tdm_params_numel(params);
-  o->n_state = cfg->kind == TDM_OPT_SGD ? (cfg->momentum > 0.0f ? n : 0) : 2 * n;
+  o->n_owned = owned;
+  o->n_owned_spans = n_spans;
+  int np = tdm_params_count(params);
+  o->spans = tdm__calloc((size_t)(n_spans ? n_spans : 1), sizeof *o->spans);
+  o->runs = tdm__calloc((size_t)(n_spans + np + 1), sizeof *o->runs); /* each parameter start splits at most once */
+  if (!o->spans || !o->runs) {
+    tdm_optim_destroy(o);
+    return tdm__set_error(TDM_ERR_NO_MEMORY, "optim_create: out of memory");
+  }
+  int64_t at = 0;
+  for (int i = 0, k = 0; i < n_spans; i++) {
+    o->spans[i] = (span){spans[i].lo, spans[i].hi, NULL, NULL};
+    /* cut the span where weight decay changes: at parameter starts */
+    for (int64_t lo = spans[i].lo; lo < spans[i].hi;) {
+      while (k + 1 < np && tdm_params_offset(params, k + 1) <= lo) k++;
+      while (k > 0 && tdm_params_offset(params, k) > lo) k--;
+      int64_t end = k + 1 < np ? tdm_params_offset(params, k + 1) : numel;
+      if (end > spans[i].hi) end = spans[i].hi;
+      unsigned char decay = (unsigned char)(!cfg->decay_matrices_only || tdm_params_decay(params, k));
+      run *prev = o->n_runs ? &o->runs[o->n_runs - 1] : NULL;
+      if (prev && prev->span == i && prev->decay == decay && prev->hi == lo) prev->hi = end;
+      else o->runs[o->n_runs++] = (run){lo, end, at, i, decay};
+      at += end - lo;
+      lo = end;
+    }
+  }
+  o->n_state = cfg->kind == TDM_OPT_SGD ? (cfg->momentum > 0.0f ? owned : 0) : 2 * owned;
   if (o->n_state) {
-    o->state = tdm__aligned_alloc(sizeof(float) * (size_t)o->n_state);
+    o->state = tdm__aligned_alloc_cat(sizeof(float) * (size_t)o->n_state, TDM_MEM_OPTIM);
     if (!o->state) {
-      tdm__free(o);
+      tdm_optim_destroy(o);
       return tdm__set_error(TDM_ERR_NO_MEMORY, "optim_create: cannot allocate %lld state floats", (long long)o->n_state);
     }
     memset(o->state, 0, sizeof(float) * (size_t)o->n_state);
   }
-  int np = tdm_params_count(params);
-  o->span_lo = tdm__calloc((size_t)np + 1, sizeof *o->span_lo);
-  o->span_decay = tdm__calloc((size_t)np + 1, 1);
-  if (!o->span_lo || !o->span_decay) {
-    tdm_optim_destroy(o);
-    return tdm__set_error(TDM_ERR_NO_MEMORY, "optim_create: out of memory");
-  }
-  for (int i = 0; i < np; i++) {
-    int decay = !cfg->decay_matrices_only || tdm_params_decay(params, i);
-    if (o->n_spans == 0 || o->span_decay[o->n_spans - 1] != decay) {
-      o->span_lo[o->n_spans] = tdm_params_offset(params, i);
-      o->span_decay[o->n_spans++] = (unsigned char)decay;
-    }
-  }
-  o->span_lo[o->n_spans] = n;
   *out = o;
   return TDM_OK;
 }
 
+tdm_status tdm_optim_set_span_buffers(tdm_optim *o, int i, float *w, const float *g) {
+  if (!o || i < 0 || i >= o->n_owned_spans)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "optim_set_span_buffers: span %d of %d", i, o ? o->n_owned_spans : 0);
+  o->spans[i].w = w;
+  o->spans[i].g = g;
+  return TDM_OK;
+}
+
+int64_t tdm_optim_owned(const tdm_optim *o) { return o->n_owned; }
+
 void tdm_optim_destroy(tdm_optim *o) {
   if (!o) return;
-  tdm__free(o->span_lo);
-  tdm__free(o->span_decay);
+  tdm__free(o->spans);
+  tdm__free(o->runs);
   tdm__free(o->state);
   tdm__free(o);
 }
@@ -99,15 +151,18 @@ void tdm_optim_set_steps(tdm_optim *o, int64_t steps) { o->steps = steps; }
 
 typedef struct {
   const tdm_optim *o;
-  float *w, *g, *s1, *s2;
+  float *w, *s1, *s2;
+  const float *g;
   float lr, wd, bc1, bc2_sqrt;
   int first;
 } span_ctx;
 
-static void adam_range(void *vc, int64_t i0, int64_t i1) {
-  span_ctx *c = vc;
+/* The kernels index w and g from the run's start and the state from the run's owned offset;
+ * the pointers passed are already shifted so that one index i serves all four. */
+static void adam_range(const span_ctx *c, int64_t i0, int64_t i1) {
   const tdm_optim_config *k = &c->o->cfg;
-  float *restrict w = c->w, *restrict g = c->g, *restrict m = c->s1, *restrict v = c->s2;
+  float *restrict w = c->w, *restrict m = c->s1, *restrict v = c->s2;
+  const float *restrict g = c->g;
   float b1 = k->beta1, b2 = k->beta2, eps = k->eps, step = c->lr / c->bc1, inv_bc2s = 1.0f / c->bc2_sqrt;
   float l2 = k->kind == TDM_OPT_ADAM ? c->wd : 0.0f;
   float shrink = k->kind == TDM_OPT_ADAMW ? 1.0f - c->lr * c->wd : 1.0f;
@@ -121,10 +176,10 @@ static void adam_range(void *vc, int64_t i0, int64_t i1) {
   }
 }
 
-static void sgd_range(void *vc, int64_t i0, int64_t i1) {
-  span_ctx *c = vc;
+static void sgd_range(const span_ctx *c, int64_t i0, int64_t i1) {
   const tdm_optim_config *k = &c->o->cfg;
-  float *restrict w = c->w, *restrict g = c->g, *restrict buf = c->s1;
+  float *restrict w = c->w, *restrict buf = c->s1;
+  const float *restrict g = c->g;
   float mom = k->momentum, damp = 1.0f - k->dampening, wd = c->wd, lr = c->lr;
   for (int64_t i = i0; i < i1; i++) {
     float d = g[i] + wd * w[i];
@@ -136,13 +191,22 @@ static void sgd_range(void *vc, int64_t i0, int64_t i1) {
   }
 }
 
+/* [i0, i1) of the owned index space: walks the runs it covers. */
 static void step_range(void *vc, int64_t i0, int64_t i1) {
-  span_ctx c = *(const span_ctx *)vc;
-  const tdm_optim *o = c.o;
-  for (int s = 0; s < o->n_spans; s++) {
-    int64_t b = o->span_lo[s] > i0 ? o->span_lo[s] : i0, e = o->span_lo[s + 1] < i1 ? o->span_lo[s + 1] : i1;
+  const span_ctx *base = vc;
+  const tdm_optim *o = base->o;
+  float *pw = tdm_params_data(o->p), *pg = tdm_params_grad(o->p);
+  for (int r = 0; r < o->n_runs; r++) {
+    const run *u = &o->runs[r];
+    int64_t n = u->hi - u->lo, b = i0 > u->at ? i0 - u->at : 0, e = i1 - u->at < n ? i1 - u->at : n;
     if (b >= e) continue;
-    c.wd = o->span_decay[s] ? o->cfg.weight_decay : 0.0f;
+    const span *sp = &o->spans[u->span];
+    span_ctx c = *base;
+    c.wd = u->decay ? o->cfg.weight_decay : 0.0f;
+    c.w = (sp->w ? sp->w + (u->lo - sp->lo) : pw + u->lo);
+    c.g = (sp->g ? sp->g + (u->lo - sp->lo) : pg + u->lo);
+    c.s1 = o->state ? o->state + u->at : NULL;
+    c.s2 = o->state && o->cfg.kind != TDM_OPT_SGD ? o->state + o->n_owned + u->at : NULL;
     if (o->cfg.kind == TDM_OPT_SGD) sgd_range(&c, b, e);
     else adam_range(&c, b, e);
   }
@@ -151,41 +215,66 @@ static void step_range(void *vc, int64_t i0, int64_t i1) {
 tdm_status tdm_optim_step(tdm_optim *o, float lr) {
   if (!(lr >= 0.0f)) return tdm__set_error(TDM_ERR_INVALID_ARG, "optim_step: learning rate %g; expected >= 0", (double)lr);
   o->steps++;
-  tdm_params *p = o->p;
-  int64_t N = tdm_params_numel(p);
-  float *w = tdm_params_data(p), *g = tdm_params_grad(p);
-  span_ctx c = {o, 0, 0, 0, 0, lr, 0, 1, 1, o->steps == 1};
+  span_ctx c = {o, NULL, NULL, NULL, NULL, lr, 0, 1, 1, o->steps == 1};
   if (o->cfg.kind != TDM_OPT_SGD) {
     c.bc1 = 1.0f - powf(o->cfg.beta1, (float)o->steps);
     c.bc2_sqrt = sqrtf(1.0f - powf(o->cfg.beta2, (float)o->steps));
   }
-  /* One pass over the whole buffer on the pool; each range walks the decay spans it covers. */
-  c.w = w, c.g = g;
-  c.s1 = o->state;
-  c.s2 = o->state && o->cfg.kind != TDM_OPT_SGD ? o->state + N : NULL;
-  tdm_parallel_for(N, 65536, step_range, &c);
+  /* one pass over the owned elements on the pool; each range walks the runs it covers */
+  tdm_parallel_for(o->n_owned, 65536, step_range, &c);
   return TDM_OK;
 }
 
+/* ---- the gradient norm, the same bits for every layout ----------------------------------------
+ * The buffer is cut into segments at every parameter start and every multiple of a length that
+ * depends on the parameter count alone; a segment's sum of squares is formed in double, in eight
+ * lanes, in one fixed order; the segments' sums are added in index order. Whether one process
+ * holds all gradients or each rank a shard made of whole segments, every term is computed the
+ * same way and added in the same order, so the norm and hence clipping agree bit for bit. */
 typedef struct {
-  const float *g;
-  int64_t n, chunk;
-  double *part;
+  const float *g; /* the gradients of [seg_lo[s0], ...) */
+  const int64_t *seg_lo;
+  int64_t s0;
+  double *out;
 } sumsq_ctx;
 
-/* Sum of squares of fixed-size chunks, each in eight double lanes: the chunking depends only on
- * n, so the norm is the same for every thread count. */
-static void sumsq_range(void *vc, int64_t c0, int64_t c1) {
+static void sumsq_range(void *vc, int64_t a, int64_t b) {
   sumsq_ctx *c = vc;
-  for (int64_t ch = c0; ch < c1; ch++) {
-    int64_t b = ch * c->chunk, e = b + c->chunk < c->n ? b + c->chunk : c->n;
+  for (int64_t s = c->s0 + a; s < c->s0 + b; s++) {
+    int64_t lo = c->seg_lo[s] - c->seg_lo[c->s0], hi = c->seg_lo[s + 1] - c->seg_lo[c->s0];
     double acc[8] = {0};
-    int64_t i = b;
-    for (; i + 8 <= e; i += 8)
+    int64_t i = lo;
+    for (; i + 8 <= hi; i += 8)
       for (int k = 0; k < 8; k++) acc[k] += (double)c->g[i + k] * c->g[i + k];
-    for (; i < e; i++) acc[0] += (double)c->g[i] * c->g[i];
-    c->part[ch] = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; i < hi; i++) acc[0] += (double)c->g[i] * c->g[i];
+    c->out[s] = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
   }
+}
+
+tdm_status tdm_grad_sumsq_segments(const tdm_params *p, int64_t lo, int64_t hi, const float *g, double *sums) {
+  const int64_t *seg;
+  int64_t n;
+  TDM__TRY(tdm__params_segments(p, &seg, &n));
+  int64_t s0 = tdm__params_segment_at(p, lo), s1 = tdm__params_segment_at(p, hi);
+  if (s0 < 0 || s1 < 0 || s1 < s0)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "grad_sumsq: [%lld, %lld) does not start and end on segment boundaries",
+                          (long long)lo, (long long)hi);
+  sumsq_ctx c = {g, seg, s0, sums};
+  tdm_parallel_for(s1 - s0, 1, sumsq_range, &c);
+  (void)n;
+  return TDM_OK;
+}
+
+double tdm_grad_sumsq_combine(const double *sums, int64_t n) {
+  double s = 0.0;
+  for (int64_t i = 0; i < n; i++) s += sums[i];
+  return s;
+}
+
+float tdm_clip_coef(float norm, float max_norm) {
+  if (!(max_norm > 0.0f)) return 1.0f;
+  float coef = max_norm / (norm + 1e-6f);
+  return coef < 1.0f ? coef : 1.0f;
 }
 
 typedef struct {
@@ -197,27 +286,27 @@ static void scale_range(void *vc, int64_t b, int64_t e) {
   for (int64_t i = b; i < e; i++) c->g[i] *= c->coef;
 }
 
+void tdm_grad_scale(float *g, int64_t n, float coef) {
+  if (coef == 1.0f) return;
+  scale_ctx c = {g, coef};
+  tdm_parallel_for(n, 65536, scale_range, &c);
+}
+
 tdm_status tdm_clip_grad_norm(tdm_params *p, float max_norm, float *norm_out) {
-  enum { MAX_CHUNKS = 1024 };
-  double part[MAX_CHUNKS];
-  int64_t n = tdm_params_numel(p);
-  int64_t chunk = n / MAX_CHUNKS + 1 > 16384 ? n / MAX_CHUNKS + 1 : 16384;
-  sumsq_ctx sc = {tdm_params_grad(p), n, chunk, part};
-  int64_t n_chunks = (n + chunk - 1) / chunk;
-  tdm_parallel_for(n_chunks, 1, sumsq_range, &sc);
-  double s = 0.0;
-  for (int64_t ch = 0; ch < n_chunks; ch++) s += part[ch];
-  float norm = (float)sqrt(s);
+  const int64_t *seg;
+  int64_t n;
+  TDM__TRY(tdm__params_segments(p, &seg, &n));
+  double *sums = tdm__params_segment_sums(p);
+  TDM__TRY(tdm_grad_sumsq_segments(p, 0, tdm_params_numel(p), tdm_params_grad(p), sums));
+  float norm = (float)sqrt(tdm_grad_sumsq_combine(sums, n));
   if (norm_out) *norm_out = norm;
   if (!isfinite(norm))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "clip_grad_norm: the gradient norm is %g (a NaN or Inf gradient)",
                           (double)norm);
-  if (max_norm > 0.0f) {
-    float coef = max_norm / (norm + 1e-6f);
-    if (coef < 1.0f) {
-      scale_ctx c = {tdm_params_grad(p), coef};
-      tdm_parallel_for(n, 65536, scale_range, &c);
-    }
-  }
+  tdm_grad_scale(tdm_params_grad(p), tdm_params_numel(p), tdm_clip_coef(norm, max_norm));
   return TDM_OK;
+}
+
+tdm_status tdm_params_segments(const tdm_params *p, const int64_t **cuts, int64_t *n) {
+  return tdm__params_segments(p, cuts, n);
 }

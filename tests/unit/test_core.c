@@ -29,6 +29,46 @@ static void test_arena(void) {
   tdm_arena_destroy(a);
 }
 
+/* Every allocation is counted under its category, exactly, and frees give it back; a tape's
+ * activations count the arena bytes in use, not its blocks. */
+static void test_memory_categories(void) {
+  tdm_mem_stats a, b;
+  tdm_mem_stats_get(&a);
+  void *p = tdm__malloc_cat(1000, TDM_MEM_OPTIM), *q = tdm__aligned_alloc_cat(4096, TDM_MEM_COMM);
+  tdm_mem_category old = tdm__mem_scope(TDM_MEM_DATA);
+  void *r = tdm__calloc(10, 30);
+  tdm__mem_scope(old);
+  tdm_mem_stats_get(&b);
+  CHECK(b.current[TDM_MEM_OPTIM] - a.current[TDM_MEM_OPTIM] == 1000);
+  CHECK(b.current[TDM_MEM_COMM] - a.current[TDM_MEM_COMM] == 4096);
+  CHECK(b.current[TDM_MEM_DATA] - a.current[TDM_MEM_DATA] == 300);
+  CHECK(b.current_total - a.current_total == 5396);
+  CHECK(((uintptr_t)q % 64) == 0 && r && ((char *)r)[299] == 0);
+  tdm__free(p), tdm__free(q), tdm__free(r);
+  tdm_mem_stats_get(&b);
+  CHECK(b.current_total == a.current_total && b.peak[TDM_MEM_COMM] >= a.current[TDM_MEM_COMM] + 4096);
+  tdm_mem_peak_reset();
+  tdm_mem_stats_get(&b);
+  CHECK(b.peak_total == b.current_total);
+  /* a tape: activations follow the bytes in use and go back to zero at reset */
+  tdm_tape *tp;
+  CHECK_OK(tdm_tape_create(&tp, 1 << 16));
+  tdm_mem_stats_get(&a);
+  int64_t shape[2] = {100, 1000};
+  CHECK(tdm_zeros(tp, TDM_F32, 2, shape) != NULL); /* 400 KB: more than the first block */
+  tdm_mem_stats_get(&b);
+  int64_t act = b.current[TDM_MEM_ACTIVATIONS] - a.current[TDM_MEM_ACTIVATIONS];
+  CHECK_MSG(act >= 400000 && act < 401000, "%lld activation bytes", (long long)act);
+  CHECK(b.current[TDM_MEM_WORKSPACE] - a.current[TDM_MEM_WORKSPACE] < 1000); /* not the new block */
+  tdm_tape_reset(tp);
+  tdm_mem_stats_get(&b);
+  CHECK(b.current[TDM_MEM_ACTIVATIONS] == a.current[TDM_MEM_ACTIVATIONS]);
+  tdm_tape_destroy(tp);
+  tdm_mem_stats_get(&b);
+  CHECK(b.current[TDM_MEM_ACTIVATIONS] == 0);
+  CHECK(!strcmp(tdm_mem_category_name(TDM_MEM_OPTIM), "optimizer"));
+}
+
 static void test_rng(void) {
   tdm_rng a, b;
   tdm_rng_seed(&a, 7);
@@ -90,4 +130,4 @@ static void test_json(void) {
   CHECK_ERR_HAS("nesting");
 }
 
-TDM_TEST_MAIN(T(test_status_strings), T(test_arena), T(test_rng), T(test_parallel_for_covers_once), T(test_json))
+TDM_TEST_MAIN(T(test_status_strings), T(test_arena), T(test_memory_categories), T(test_rng), T(test_parallel_for_covers_once), T(test_json))

@@ -104,6 +104,118 @@ static void test_clip_grad_norm(void) {
   tdm_params_destroy(p);
 }
 
+/* A model-sized buffer with several parameters of mixed decay, random values and gradients. */
+static tdm_params *make_big(int64_t *numel) {
+  tdm_params *p;
+  tdm_tensor *t;
+  static const int64_t sizes[5] = {1000, 37, 5000, 1, 2300};
+  tdm_params_create(&p);
+  for (int i = 0; i < 5; i++) {
+    char name[16];
+    snprintf(name, sizeof name, "p%d", i);
+    tdm_params_declare(p, name, 1, &sizes[i], (tdm_init){TDM_INIT_NORMAL, 0, 1}, i % 2 == 0, &t);
+  }
+  tdm_params_finalize(p, 7);
+  *numel = tdm_params_numel(p);
+  tdm_rng r;
+  tdm_rng_seed(&r, 99);
+  for (int64_t i = 0; i < *numel; i++) tdm_params_grad(p)[i] = tdm_rng_normal(&r) * 0.1f;
+  return p;
+}
+
+/* An optimizer over spans, with the spans' values and gradients held elsewhere (as a ZeRO shard
+ * is), updates exactly what the whole-buffer optimizer updates there: bit for bit. */
+static void test_optimizer_spans(void) {
+  for (int kind = 0; kind < TDM_OPT_KIND_COUNT; kind++) {
+    int64_t n;
+    tdm_params *full = make_big(&n), *part = make_big(&n);
+    tdm_optim_config c = tdm_optim_config_default((tdm_optim_kind)kind);
+    c.weight_decay = 0.05f, c.decay_matrices_only = 1, c.momentum = kind == TDM_OPT_SGD ? 0.9f : 0.0f;
+    /* spans that cut parameters in the middle and across decay changes */
+    tdm_optim_span sp[3] = {{10, 1020}, {1030, 1040}, {6000, n}};
+    float *w[3], *g[3];
+    tdm_optim *of, *op;
+    CHECK_OK(tdm_optim_create(&of, &c, full));
+    CHECK_OK(tdm_optim_create_spans(&op, &c, part, 3, sp));
+    int64_t owned = 0;
+    for (int i = 0; i < 3; i++) {
+      int64_t len = sp[i].hi - sp[i].lo;
+      owned += len;
+      w[i] = malloc(sizeof(float) * (size_t)len);
+      g[i] = malloc(sizeof(float) * (size_t)len);
+      memcpy(w[i], tdm_params_data(part) + sp[i].lo, sizeof(float) * (size_t)len);
+      memcpy(g[i], tdm_params_grad(part) + sp[i].lo, sizeof(float) * (size_t)len);
+      CHECK_OK(tdm_optim_set_span_buffers(op, i, w[i], g[i]));
+    }
+    CHECK(tdm_optim_owned(op) == owned);
+    int64_t ns;
+    tdm_optim_state(op, &ns);
+    CHECK(ns == (kind == TDM_OPT_SGD ? owned : 2 * owned));
+    for (int s = 0; s < 3; s++) {
+      CHECK_OK(tdm_optim_step(of, 0.01f));
+      CHECK_OK(tdm_optim_step(op, 0.01f));
+    }
+    int same = 1;
+    for (int i = 0; i < 3; i++)
+      same &= !memcmp(w[i], tdm_params_data(full) + sp[i].lo, sizeof(float) * (size_t)(sp[i].hi - sp[i].lo));
+    CHECK_MSG(same, "%s over spans differs from the whole-buffer update", tdm_optim_kind_name((tdm_optim_kind)kind));
+    /* the parameters' own buffer is not touched: the spans' values live elsewhere */
+    tdm_params *fresh = make_big(&n);
+    CHECK(!memcmp(tdm_params_data(part), tdm_params_data(fresh), sizeof(float) * (size_t)n));
+    tdm_params_destroy(fresh);
+    for (int i = 0; i < 3; i++) free(w[i]), free(g[i]);
+    tdm_optim_destroy(of);
+    tdm_optim_destroy(op);
+    tdm_params_destroy(full);
+    tdm_params_destroy(part);
+  }
+  int64_t n;
+  tdm_params *p = make_big(&n);
+  tdm_optim *o = NULL;
+  tdm_optim_config c = tdm_optim_config_default(TDM_OPT_ADAM);
+  tdm_optim_span bad[2] = {{100, 200}, {150, 300}};
+  CHECK(tdm_optim_create_spans(&o, &c, p, 2, bad) == TDM_ERR_INVALID_ARG && o == NULL);
+  CHECK_ERR_HAS("span 1 is [150, 300)");
+  tdm_params_destroy(p);
+}
+
+/* The norm from a shard's segment sums, combined across "ranks" by adding zeros, is the norm of
+ * the whole buffer bit for bit, for any split on segment boundaries. */
+static void test_norm_same_for_every_layout(void) {
+  int64_t n, nseg;
+  tdm_params *p = make_big(&n);
+  const int64_t *cut;
+  CHECK_OK(tdm_params_segments(p, &cut, &nseg));
+  CHECK(cut[0] == 0 && cut[nseg] == n && nseg > 5);
+  float whole;
+  CHECK_OK(tdm_clip_grad_norm(p, 0, &whole));
+  double ref = 0;
+  for (int64_t i = 0; i < n; i++) ref += (double)tdm_params_grad(p)[i] * tdm_params_grad(p)[i];
+  CHECK_NEAR(whole, sqrt(ref), 1e-5 * sqrt(ref));
+  double *sums = calloc((size_t)nseg, sizeof(double)), *part = calloc((size_t)nseg, sizeof(double));
+  for (int ranks = 2; ranks <= 5; ranks++) {
+    memset(sums, 0, sizeof(double) * (size_t)nseg);
+    for (int r = 0; r < ranks; r++) { /* rank r holds segments [nseg r / ranks, nseg (r+1) / ranks) */
+      int64_t s0 = nseg * r / ranks, s1 = nseg * (r + 1) / ranks;
+      memset(part, 0, sizeof(double) * (size_t)nseg);
+      float *copy = malloc(sizeof(float) * (size_t)(cut[s1] - cut[s0] + 1));
+      memcpy(copy, tdm_params_grad(p) + cut[s0], sizeof(float) * (size_t)(cut[s1] - cut[s0]));
+      CHECK_OK(tdm_grad_sumsq_segments(p, cut[s0], cut[s1], copy, part));
+      for (int64_t s = 0; s < nseg; s++) sums[s] += part[s]; /* one non-zero term per segment: exact */
+      free(copy);
+    }
+    float norm = (float)sqrt(tdm_grad_sumsq_combine(sums, nseg));
+    CHECK_MSG(norm == whole, "%d ranks: %.9g vs %.9g", ranks, (double)norm, (double)whole);
+  }
+  CHECK(tdm_grad_sumsq_segments(p, 1, cut[1], tdm_params_grad(p), sums) == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("segment boundaries");
+  CHECK(tdm_clip_coef(5.0f, 10.0f) == 1.0f && tdm_clip_coef(5.0f, 0.0f) == 1.0f);
+  CHECK_NEAR(tdm_clip_coef(5.0f, 1.0f), 0.2, 1e-6);
+  free(sums);
+  free(part);
+  tdm_params_destroy(p);
+}
+
 static void test_schedules(void) {
   tdm_lr_schedule s = {TDM_LR_COSINE, 1.0f, 10, 110, 0.1f, 0, 0};
   CHECK_NEAR(tdm_lr_at(&s, 0), 0.1, 1e-7);  /* warm-up: (step + 1) / warmup */
@@ -120,4 +232,4 @@ static void test_schedules(void) {
 }
 
 TDM_TEST_MAIN(T(test_sgd_momentum_nesterov), T(test_adam_and_adamw), T(test_bad_config), T(test_clip_grad_norm),
-              T(test_schedules))
+              T(test_optimizer_spans), T(test_norm_same_for_every_layout), T(test_schedules))
