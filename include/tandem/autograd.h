@@ -76,6 +76,14 @@ tdm_status tdm_backward_with(tdm_tape *tp, tdm_tensor *out, const tdm_tensor *go
  * the end of backward. fn runs on the thread that called backward. NULL fn removes the hook. */
 typedef void (*tdm_grad_hook_fn)(void *ctx, tdm_tensor *leaf);
 void tdm_tensor_set_grad_hook(tdm_tensor *leaf, tdm_grad_hook_fn fn, void *ctx);
+/* A fetch hook on a parameter runs before anything reads its values: at the start of every op
+ * given the parameter or a view of it, and in backward before each node that has one of those
+ * as an input runs. ZeRO stage 3 gathers the parameter's unit there (the parameter's memory is
+ * given back between uses; its address never changes, so views stay valid). backward = 1 when
+ * called from backward. A non-OK status fails the op (or backward) with the error detail set.
+ * NULL fn removes the hook. */
+typedef tdm_status (*tdm_fetch_hook_fn)(void *ctx, tdm_tensor *param, int backward);
+void tdm_tensor_set_fetch_hook(tdm_tensor *param, tdm_fetch_hook_fn fn, void *ctx);
 
 /* ---- ops -----------------------------------------------------------------------------------
  * Shapes in comments; "..." is any number of leading axes. All return NULL on error. */

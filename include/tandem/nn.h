@@ -43,12 +43,15 @@ void tdm_params_destroy(tdm_params *p);
 tdm_status tdm_params_declare(tdm_params *p, const char *name, int ndim, const int64_t *shape, tdm_init init,
                               int decay, tdm_tensor **out);
 tdm_status tdm_params_finalize(tdm_params *p, uint64_t seed);
-/* Finalizes without memory: the data and gradient buffers are address space reserved for the
- * whole model that holds pages only where written (ZeRO stage 3 gathers a unit into it before
- * use and gives it back with tdm_params_release), and nothing is initialised: a rank fills its
- * shard with tdm_params_init_range. Pointers to parameters stay valid throughout. */
-tdm_status tdm_params_finalize_reserved(tdm_params *p, uint64_t seed);
-int tdm_params_is_reserved(const tdm_params *p);
+/* Finalizes without memory for the buffers chosen: TDM_RESERVE_GRAD makes the gradient buffer
+ * address space reserved for the whole model that holds pages only where written (ZeRO stages 2
+ * and 3 reduce a bucket's gradients into their shard, then give the pages back with
+ * tdm_params_release); TDM_RESERVE_DATA does the same to the parameters, which are then not
+ * initialised (stage 3: a rank fills its shard with tdm_params_init_range and gathers a unit into
+ * the buffer before use). Pointers to parameters stay valid throughout. */
+enum { TDM_RESERVE_DATA = 1, TDM_RESERVE_GRAD = 2 };
+tdm_status tdm_params_finalize_reserved(tdm_params *p, uint64_t seed, int which);
+int tdm_params_is_reserved(const tdm_params *p); /* the TDM_RESERVE_* bits */
 /* Writes into dst the hi - lo initial values tdm_params_finalize gives elements [lo, hi) (each
  * parameter's values come from its own stream, so any range can be made alone). */
 tdm_status tdm_params_init_range(const tdm_params *p, int64_t lo, int64_t hi, float *dst);
@@ -144,8 +147,8 @@ const char *tdm_model_kind_name(tdm_model_kind k);
 
 typedef struct tdm_model tdm_model;
 tdm_status tdm_model_create(tdm_model **out, const tdm_model_config *cfg, uint64_t seed);
-/* As tdm_model_create; reserved = 1 finalizes the parameters with tdm_params_finalize_reserved
- * (no memory, not initialised: ZeRO stage 3). */
+/* As tdm_model_create; reserved (TDM_RESERVE_* bits, 0: none) finalizes the parameters with
+ * tdm_params_finalize_reserved (ZeRO stages 2 and 3). */
 tdm_status tdm_model_create_with(tdm_model **out, const tdm_model_config *cfg, uint64_t seed, int reserved);
 void tdm_model_destroy(tdm_model *m);
 tdm_params *tdm_model_params(const tdm_model *m);

@@ -17,5 +17,6 @@
 #include "tandem/dp.h"
 #include "tandem/checkpoint.h"
 #include "tandem/sampler.h"
+#include "tandem/engine.h"
 
 #endif

@@ -37,6 +37,8 @@ static tdm_tensor *view_of(tdm_tape *tp, tdm_tensor *x) {
   v->node = NULL;
   v->flags = 0;
   v->hook = NULL;
+  v->fetch = NULL;
+  v->alias = x->alias ? x->alias : ((x->flags & TDM_TF_PARAM) ? x : NULL); /* ZeRO stage 3: fetch the parameter */
   v->tape_epoch = 0;
   v->name = NULL;
   return v;

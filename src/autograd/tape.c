@@ -77,6 +77,20 @@ const char *tdm__shp(const tdm_tensor *t) {
   return tdm_shape_str(t->ndim, t->shape, b, 96);
 }
 
+/* Runs the fetch hooks of the parameters among ins (ZeRO stage 3 gathers them here). */
+static tdm_status fetch_inputs(tdm_tape *tp, const char *op, int n, tdm_tensor *const *ins, int backward) {
+  for (int i = 0; i < n; i++) {
+    tdm_tensor *p = tdm__fetchable(ins[i]);
+    if (!p) continue;
+    tdm_status st = p->fetch(p->fetch_ctx, p, backward);
+    if (st != TDM_OK) {
+      tdm__fail(tp, st, "%s: fetching parameter '%s': %s", op, p->name ? p->name : "?", tdm_last_error());
+      return st;
+    }
+  }
+  return TDM_OK;
+}
+
 int tdm__inputs_ok(tdm_tape *tp, const char *op, int n, tdm_tensor *const *ins) {
   if (tp->status != TDM_OK) return 0;
   for (int i = 0; i < n; i++)
@@ -84,7 +98,7 @@ int tdm__inputs_ok(tdm_tape *tp, const char *op, int n, tdm_tensor *const *ins) 
       tdm__fail(tp, TDM_ERR_INVALID_ARG, "%s: input %d is NULL", op, i);
       return 0;
     }
-  return 1;
+  return fetch_inputs(tp, op, n, ins, 0) == TDM_OK;
 }
 
 int tdm__check_f32(tdm_tape *tp, const char *op, const char *what, const tdm_tensor *t) {
@@ -152,6 +166,11 @@ int tdm_tensor_requires_grad(const tdm_tensor *t) { return tdm__requires_grad(t)
 void tdm_tensor_set_grad_hook(tdm_tensor *leaf, tdm_grad_hook_fn fn, void *ctx) {
   leaf->hook = fn;
   leaf->hook_ctx = ctx;
+}
+
+void tdm_tensor_set_fetch_hook(tdm_tensor *param, tdm_fetch_hook_fn fn, void *ctx) {
+  param->fetch = fn;
+  param->fetch_ctx = ctx;
 }
 
 /* Heap leaves get a heap gradient that outlives tape resets. */
@@ -259,7 +278,7 @@ static tdm_status run_backward(tdm_tape *tp) {
   int k = tp->n_leaves - 1;
   for (int i = tp->n_nodes - 1; i >= 0; i--) {
     tdm_node *nd = tp->nodes[i];
-    if (nd->out->grad) nd->backward(tp, nd);
+    if (nd->out->grad && fetch_inputs(tp, nd->op, nd->n_in, nd->in, 1) == TDM_OK) nd->backward(tp, nd);
     if (tp->status != TDM_OK) return tp->status;
     for (; k >= 0 && tp->leaves[k].first_use >= i; k--) {
       tdm_tensor *t = tp->leaves[k].t;

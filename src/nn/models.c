@@ -156,7 +156,7 @@ tdm_status tdm_model_create_with(tdm_model **out, const tdm_model_config *cfg, u
   m->cfg = *cfg;
   tdm_status st = tdm_params_create(&m->params);
   if (st == TDM_OK) st = build(m);
-  if (st == TDM_OK) st = reserved ? tdm_params_finalize_reserved(m->params, seed) : tdm_params_finalize(m->params, seed);
+  if (st == TDM_OK) st = reserved ? tdm_params_finalize_reserved(m->params, seed, reserved) : tdm_params_finalize(m->params, seed);
   if (st != TDM_OK) {
     tdm_model_destroy(m);
     return st;

@@ -8,6 +8,7 @@
 #include "tandem/core.h"
 #include "tandem/kernels.h"
 #include "tandem/nn.h"
+#include "nn/params_impl.h"
 #include "tensor/tensor_impl.h"
 
 typedef struct {
@@ -48,12 +49,15 @@ void tdm_params_destroy(tdm_params *p) {
   tdm__free(p->e);
   tdm__free(p->seg_lo);
   tdm__free(p->seg_sums);
-  if (p->reserved) {
-    munmap(p->data, p->map_bytes);
-    if (!p->grad_external) munmap(p->grad, p->map_bytes);
+  if (p->reserved & TDM_RESERVE_DATA) {
+    if (p->data) munmap(p->data, p->map_bytes);
   } else {
     tdm__free(p->data);
-    if (!p->grad_external) tdm__free(p->grad);
+  }
+  if (p->reserved & TDM_RESERVE_GRAD) {
+    if (p->grad) munmap(p->grad, p->map_bytes);
+  } else if (!p->grad_external) {
+    tdm__free(p->grad);
   }
   tdm__free(p);
 }
@@ -146,23 +150,28 @@ tdm_status tdm_params_finalize(tdm_params *p, uint64_t seed) {
   return TDM_OK;
 }
 
-tdm_status tdm_params_finalize_reserved(tdm_params *p, uint64_t seed) {
+static float *reserve(size_t bytes) {
+  /* address space only: pages come into being when written and go with tdm_params_release */
+  void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  return m == MAP_FAILED ? NULL : m;
+}
+
+tdm_status tdm_params_finalize_reserved(tdm_params *p, uint64_t seed, int which) {
   if (p->finalized) return tdm__set_error(TDM_ERR_INVALID_USAGE, "params_finalize: called twice");
+  if (!(which & TDM_RESERVE_GRAD) || (which & ~(TDM_RESERVE_DATA | TDM_RESERVE_GRAD)))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "params_finalize_reserved: which = %d; expected TDM_RESERVE_GRAD, with or "
+                          "without TDM_RESERVE_DATA", which);
   size_t page = (size_t)sysconf(_SC_PAGESIZE), bytes = sizeof(float) * (size_t)(p->numel ? p->numel : 1);
   bytes = (bytes + page - 1) / page * page;
-  /* address space only: pages come into being when written and go with tdm_params_release */
-  void *d = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  void *g = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (d == MAP_FAILED || g == MAP_FAILED) {
-    if (d != MAP_FAILED) munmap(d, bytes);
-    if (g != MAP_FAILED) munmap(g, bytes);
-    return tdm__set_error(TDM_ERR_NO_MEMORY, "params_finalize: cannot reserve 2 x %zu bytes of address space", bytes);
-  }
-  p->data = d;
-  p->grad = g;
   p->map_bytes = bytes;
-  p->reserved = 1;
+  p->reserved = which;
   p->seed = seed;
+  p->grad = reserve(bytes);
+  if (which & TDM_RESERVE_DATA) p->data = reserve(bytes);
+  else if ((p->data = tdm__aligned_alloc_cat(bytes, TDM_MEM_PARAMS)))
+    for (int i = 0; i < p->n; i++) init_values(p->e[i], seed, i, 0, p->e[i]->t.numel, p->data + p->e[i]->offset);
+  if (!p->grad || !p->data)
+    return tdm__set_error(TDM_ERR_NO_MEMORY, "params_finalize: cannot reserve 2 x %zu bytes", bytes);
   bind_views(p);
   p->finalized = 1;
   return TDM_OK;
@@ -183,9 +192,11 @@ tdm_status tdm_params_init_range(const tdm_params *p, int64_t lo, int64_t hi, fl
 }
 
 tdm_status tdm_params_release(tdm_params *p, int which, int64_t lo, int64_t hi) {
-  if (!p->reserved || lo < 0 || hi < lo || hi > p->numel || (which != 0 && which != 1))
+  int mask = which ? TDM_RESERVE_GRAD : TDM_RESERVE_DATA;
+  if (!(p->reserved & mask) || lo < 0 || hi < lo || hi > p->numel || (which != 0 && which != 1))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "params_release: buffer %d, [%lld, %lld) of %lld%s", which,
-                          (long long)lo, (long long)hi, (long long)p->numel, p->reserved ? "" : " (storage is not reserved)");
+                          (long long)lo, (long long)hi, (long long)p->numel,
+                          p->reserved & mask ? "" : " (that buffer is not reserved)");
   float *buf = which ? p->grad : p->data;
   uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)(buf + lo), b = (uintptr_t)(buf + hi);
   uintptr_t pa = (a + page - 1) / page * page, pb = b / page * page;
@@ -246,6 +257,19 @@ int64_t tdm__params_segment_at(const tdm_params *p, int64_t off) {
 
 double *tdm__params_segment_sums(const tdm_params *p) { return p->seg_sums; }
 
+int tdm__params_index_of(const tdm_params *p, const tdm_tensor *t) {
+  if (!p->finalized || !t->data) return -1;
+  int64_t off = (const float *)t->data - p->data;
+  int a = 0, b = p->n - 1;
+  while (a <= b) { /* offsets ascend with the index */
+    int m = (a + b) / 2;
+    if (p->e[m]->offset < off) a = m + 1;
+    else if (p->e[m]->offset > off) b = m - 1;
+    else return &p->e[m]->t == t ? m : -1;
+  }
+  return -1;
+}
+
 int tdm_params_count(const tdm_params *p) { return p->n; }
 tdm_tensor *tdm_params_get(const tdm_params *p, int i) { return (i >= 0 && i < p->n) ? &p->e[i]->t : NULL; }
 int64_t tdm_params_offset(const tdm_params *p, int i) { return p->e[i]->offset; }
@@ -276,6 +300,6 @@ tdm_tensor *tdm_params_find(const tdm_params *p, const char *name) {
 }
 
 void tdm_params_zero_grad(tdm_params *p) {
-  if (p->grad && p->reserved) tdm_params_release(p, 1, 0, p->numel);
+  if (p->grad && (p->reserved & TDM_RESERVE_GRAD)) tdm_params_release(p, 1, 0, p->numel);
   else if (p->grad) tdm_k_zero(p->grad, p->numel);
 }

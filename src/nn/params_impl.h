@@ -13,4 +13,7 @@ int64_t tdm__params_segment_at(const tdm_params *p, int64_t off);
 /* Scratch for one double per segment, owned by p (valid after tdm__params_segments). */
 double *tdm__params_segment_sums(const tdm_params *p);
 
+/* The index of parameter t (one of p's), -1 if it is not one. O(log n). */
+int tdm__params_index_of(const tdm_params *p, const tdm_tensor *t);
+
 #endif

@@ -2,6 +2,7 @@
 #ifndef TANDEM_TENSOR_IMPL_H
 #define TANDEM_TENSOR_IMPL_H
 
+#include "tandem/autograd.h"
 #include "tandem/tensor.h"
 
 struct tdm_node;
@@ -30,11 +31,20 @@ struct tdm_tensor {
   int32_t first_use;      /* leaves: index of the first node that read this in that epoch */
   tdm__grad_hook hook;    /* leaves: fires when the gradient is final in backward */
   void *hook_ctx;
+  tdm_fetch_hook_fn fetch; /* parameters: runs before their values are read (ZeRO stage 3) */
+  void *fetch_ctx;
+  struct tdm_tensor *alias; /* views: the parameter whose memory this one shares, if any */
   const char *name;
 };
 
 static inline int tdm__requires_grad(const tdm_tensor *t) {
   return t && (t->flags & TDM_TF_REQUIRES_GRAD);
+}
+
+/* The parameter whose memory t is or shares, when it has a fetch hook; else NULL. */
+static inline tdm_tensor *tdm__fetchable(tdm_tensor *t) {
+  tdm_tensor *p = t->alias ? t->alias : t;
+  return p->fetch ? p : NULL;
 }
 
 /* Fills shape/stride/numel for a contiguous layout. */

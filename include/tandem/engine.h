@@ -1,0 +1,139 @@
+/* tandem — parallelism engines: the one seam between the training loop and every strategy.
+ *
+ * The loop (src/train/trainer.c) knows epochs, evaluation, metrics, checkpoint cadence and stop
+ * conditions; how a step is spread over processes is an engine's business. An engine owns the
+ * model, the optimizer and the gradient exchange of one strategy, and runs a training step as
+ * llm.c does, in four named calls: zero_grad, forward, backward, update (tdm_engine_step).
+ *
+ *   tdm_grid *g;    tdm_grid_create(&g, world, 0, 1, 1);          // data axis = every rank
+ *   tdm_engine_config ec = tdm_engine_config_default();
+ *   ec.kind = TDM_ENGINE_ZERO; ec.zero.stage = 3;
+ *   tdm_engine *e;  tdm_engine_create(&e, &model_cfg, seed, &optim_cfg, g, &ec);
+ *   for (...) tdm_engine_step(e, next_batch, ctx, dropout_seed, lr, &stats);
+ *   tdm_engine_destroy(e); tdm_grid_destroy(g);
+ *
+ * Engines (one file each under src/parallel/, one row in the table of src/parallel/engine.c):
+ *   dp    every rank holds everything; gradient buckets are averaged while backward runs
+ *   zero  ZeRO stages 1-3: optimizer state, then gradients, then parameters sharded over the
+ *         data axis; at stage 3 parameters are gathered unit by unit just before use
+ * Every engine gives the same result as every other at the same world size, bit for bit: the
+ * gradients of all of them are reduced in the same order (rank order, whatever the transport),
+ * and the gradient norm is formed from segment sums in a fixed order (tdm_grad_sumsq_segments).
+ *
+ * Thread safety: an engine is driven by one thread; it may run communication on the
+ * communicator's own thread.
+ */
+#ifndef TANDEM_ENGINE_H
+#define TANDEM_ENGINE_H
+
+#include <stdint.h>
+
+#include "tandem/comm.h"
+#include "tandem/nn.h"
+#include "tandem/optim.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- the process grid ------------------------------------------------------------------------
+ * world = data x tensor x pipeline ranks; rank = (pipeline * data + data_index) * tensor +
+ * tensor_index, so tensor-parallel peers are neighbours (on one node, as they talk most). Each
+ * axis has its own communicator: the ranks that differ only in that coordinate. An axis that spans
+ * the whole world is the world communicator itself. world NULL: one process, every axis of size 1. */
+typedef enum { TDM_AXIS_DATA = 0, TDM_AXIS_TENSOR, TDM_AXIS_PIPELINE, TDM_AXIS_COUNT } tdm_grid_axis;
+const char *tdm_grid_axis_name(tdm_grid_axis a);
+typedef struct tdm_grid tdm_grid;
+/* data 0: whatever is left of the world after tensor x pipeline. Collective over world (it splits).
+ * TDM_ERR_INVALID_ARG when the sizes do not multiply to the world size, naming them. */
+tdm_status tdm_grid_create(tdm_grid **out, tdm_comm_t world, int data, int tensor, int pipeline);
+/* The grid does not own world; it owns the sub-communicators it split. */
+void tdm_grid_destroy(tdm_grid *g);
+tdm_comm_t tdm_grid_world(const tdm_grid *g);         /* NULL for one process */
+tdm_comm_t tdm_grid_comm(const tdm_grid *g, tdm_grid_axis a); /* NULL when the axis has size 1 */
+int tdm_grid_size(const tdm_grid *g, tdm_grid_axis a);
+int tdm_grid_index(const tdm_grid *g, tdm_grid_axis a);
+
+/* ---- engines ---------------------------------------------------------------------------------- */
+typedef enum { TDM_ENGINE_DP = 0, TDM_ENGINE_ZERO, TDM_ENGINE_KIND_COUNT } tdm_engine_kind;
+const char *tdm_engine_kind_name(tdm_engine_kind k);
+
+/* Data parallelism (stage 0). */
+typedef struct tdm_engine_dp_config {
+  size_t bucket_bytes;       /* 0: 25 MiB */
+  size_t first_bucket_bytes; /* 0: 1 MiB */
+  tdm_dtype wire_dtype;      /* TDM_F32, or TDM_BF16 / TDM_F16 to compress gradients on the wire */
+  int no_overlap;            /* 1: average only after backward (to measure what overlap hides) */
+} tdm_engine_dp_config;
+
+/* ZeRO stages 1-3. */
+typedef struct tdm_engine_zero_config {
+  int stage;             /* 1: optimizer state sharded; 2: and gradients; 3: and parameters */
+  size_t bucket_bytes;   /* stages 1-2: gradient buckets (0: 25 MiB; the first at most 1 MiB) */
+  int unit_modules;      /* stage 3: modules per gather unit (a module: a transformer block, a
+                            layer; 0: 1) */
+  int prefetch;          /* stage 3: gather the next unit while this one computes (default 1) */
+} tdm_engine_zero_config;
+
+typedef struct tdm_engine_config {
+  tdm_engine_kind kind;
+  int64_t accum;          /* micro-batches per optimizer step (0 or 1: none) */
+  float clip;             /* clip the global gradient norm to this (0: only measure it) */
+  int allow_nonfinite;    /* 0: a non-finite loss or gradient norm fails the step */
+  tdm_engine_dp_config dp;
+  tdm_engine_zero_config zero;
+} tdm_engine_config;
+tdm_engine_config tdm_engine_config_default(void);
+
+/* A micro-batch: the engine asks for them one by one. Fill *x and *y as tensors of tp (the
+ * model's input and the targets, as tdm_model_forward and tdm_cross_entropy take them) and
+ * *sample_base with the global index of the first sample (dropout masks are keyed by it). */
+typedef tdm_status (*tdm_batch_fn)(void *ctx, tdm_tape *tp, int64_t micro, tdm_tensor **x, tdm_tensor **y,
+                                   int64_t *sample_base);
+
+typedef struct tdm_step_stats {
+  double loss;        /* this rank's mean loss over its micro-batches */
+  double correct;     /* this rank's correct predictions (argmax of the logits = target) */
+  double rows;        /* this rank's predictions (samples, or tokens for a language model) */
+  int64_t samples;    /* this rank's samples */
+  double grad_norm;   /* the global gradient norm before clipping (the same on every rank) */
+  double t_forward, t_backward, t_comm_wait, t_update; /* seconds */
+} tdm_step_stats;
+
+typedef struct tdm_engine tdm_engine;
+/* Builds the model (at stage 3 each rank holds and initialises only its shard, with the values
+ * the whole model would have), the optimizer for what this rank updates, and the strategy's
+ * state. Collective over the grid's world: ranks check they built the same model. The engine
+ * keeps grid, which must outlive it. */
+tdm_status tdm_engine_create(tdm_engine **out, const tdm_model_config *model, uint64_t seed,
+                             const tdm_optim_config *optim, tdm_grid *grid, const tdm_engine_config *cfg);
+void tdm_engine_destroy(tdm_engine *e);
+
+/* One optimizer step: zero_grad; for each micro-batch, forward (model, then cross-entropy) and
+ * backward (seeded with 1/accum); gradients exchanged as the strategy does; the global norm;
+ * clipping; update. dropout_seed keys this step's dropout masks. Collective over the world. */
+tdm_status tdm_engine_step(tdm_engine *e, tdm_batch_fn next, void *ctx, uint64_t dropout_seed, float lr,
+                           tdm_step_stats *stats);
+
+tdm_model *tdm_engine_model(const tdm_engine *e);
+tdm_tape *tdm_engine_tape(const tdm_engine *e);   /* the engine's tape (evaluation may use it) */
+tdm_optim *tdm_engine_optim(const tdm_engine *e);
+const tdm_grid *tdm_engine_grid(const tdm_engine *e);
+/* Where this rank's optimizer state lies in the parameter buffer: the spans it updates. */
+int tdm_engine_shard(const tdm_engine *e, const tdm_optim_span **spans);
+const char *tdm_engine_describe(const tdm_engine *e); /* "zero stage 3, 4 ranks, 7 units" */
+
+/* After the engine is created: every parameter takes the values of this safetensors file (each
+ * rank reads only what it holds). */
+tdm_status tdm_engine_load_weights(tdm_engine *e, const char *path);
+/* Writes the model's parameters as one safetensors file from rank 0. At stage 3 the file is
+ * written unit by unit, each gathered once: no rank ever holds the whole model. Collective. */
+tdm_status tdm_engine_save_weights(tdm_engine *e, const char *path, int n_meta, const char *const *meta_kv);
+/* Copies elements [lo, hi) of the current parameters into dst on every rank (gathering at stage
+ * 3): for tests and tools. Collective. */
+tdm_status tdm_engine_read_params(tdm_engine *e, int64_t lo, int64_t hi, float *dst);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,308 @@
+/* The engine seam: the table of strategies, the process grid, and the training step every
+ * engine runs (zero_grad, forward, backward, update), with the parts all engines share. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "parallel/engine_impl.h"
+#include "tensor/tensor_impl.h"
+
+/* ---- the table: one row per strategy --------------------------------------------------------- */
+static const tdm__engine_ops *const engines[] = {&tdm__engine_dp_ops, &tdm__engine_zero_ops};
+_Static_assert(sizeof engines / sizeof engines[0] == TDM_ENGINE_KIND_COUNT, "one row per engine");
+
+const char *tdm_engine_kind_name(tdm_engine_kind k) {
+  return (unsigned)k < TDM_ENGINE_KIND_COUNT ? engines[k]->name : "?";
+}
+
+tdm_engine_config tdm_engine_config_default(void) {
+  tdm_engine_config c;
+  memset(&c, 0, sizeof c);
+  c.kind = TDM_ENGINE_DP;
+  c.accum = 1;
+  c.dp.wire_dtype = TDM_F32;
+  c.zero.stage = 1;
+  c.zero.unit_modules = 1;
+  c.zero.prefetch = 1;
+  return c;
+}
+
+/* ---- the process grid ------------------------------------------------------------------------- */
+static const char *axis_names[] = {"data", "tensor", "pipeline"};
+_Static_assert(sizeof axis_names / sizeof axis_names[0] == TDM_AXIS_COUNT, "one name per axis");
+const char *tdm_grid_axis_name(tdm_grid_axis a) { return (unsigned)a < TDM_AXIS_COUNT ? axis_names[a] : "?"; }
+
+struct tdm_grid {
+  tdm_comm_t world;
+  tdm_comm_t axis[TDM_AXIS_COUNT];
+  int owned[TDM_AXIS_COUNT];
+  int size[TDM_AXIS_COUNT], index[TDM_AXIS_COUNT];
+};
+
+tdm_status tdm_grid_create(tdm_grid **out, tdm_comm_t world, int data, int tensor, int pipeline) {
+  if (!out) return tdm__set_error(TDM_ERR_INVALID_ARG, "grid_create: out is NULL");
+  *out = NULL;
+  int W = world ? tdm_comm_size(world) : 1, R = world ? tdm_comm_rank(world) : 0;
+  if (tensor < 1 || pipeline < 1 || data < 0 || (data == 0 && W % (tensor * pipeline) != 0) ||
+      (data > 0 && data * tensor * pipeline != W))
+    return tdm__set_error(TDM_ERR_INVALID_ARG,
+                          "process grid: data %d x tensor %d x pipeline %d does not make the world size %d; expected "
+                          "sizes >= 1 whose product is %d (data 0: what is left)",
+                          data, tensor, pipeline, W, W);
+  if (data == 0) data = W / (tensor * pipeline);
+  tdm_grid *g = tdm__calloc(1, sizeof *g);
+  if (!g) return tdm__set_error(TDM_ERR_NO_MEMORY, "grid_create: out of memory");
+  g->world = world;
+  g->size[TDM_AXIS_DATA] = data, g->size[TDM_AXIS_TENSOR] = tensor, g->size[TDM_AXIS_PIPELINE] = pipeline;
+  /* rank = (p * data + d) * tensor + t: tensor peers are neighbours */
+  g->index[TDM_AXIS_TENSOR] = R % tensor;
+  g->index[TDM_AXIS_DATA] = (R / tensor) % data;
+  g->index[TDM_AXIS_PIPELINE] = R / (tensor * data);
+  for (int a = 0; a < TDM_AXIS_COUNT; a++) {
+    if (g->size[a] == 1 || !world) continue;
+    if (g->size[a] == W) { /* the whole world: no split (keeps whole-communicator fast paths) */
+      g->axis[a] = world;
+      continue;
+    }
+    /* the ranks that differ only in coordinate a share a colour: the other two coordinates */
+    int color = 0;
+    for (int b = 0, mul = 1; b < TDM_AXIS_COUNT; b++)
+      if (b != a) color += g->index[b] * mul, mul *= g->size[b];
+    tdm_status st = tdm_comm_split(world, color, g->index[a], &g->axis[a]);
+    if (st != TDM_OK) {
+      tdm_grid_destroy(g);
+      return st;
+    }
+    g->owned[a] = 1;
+  }
+  *out = g;
+  return TDM_OK;
+}
+
+void tdm_grid_destroy(tdm_grid *g) {
+  if (!g) return;
+  for (int a = 0; a < TDM_AXIS_COUNT; a++)
+    if (g->owned[a]) tdm_comm_destroy(g->axis[a]);
+  tdm__free(g);
+}
+
+tdm_comm_t tdm_grid_world(const tdm_grid *g) { return g->world; }
+tdm_comm_t tdm_grid_comm(const tdm_grid *g, tdm_grid_axis a) { return (unsigned)a < TDM_AXIS_COUNT ? g->axis[a] : NULL; }
+int tdm_grid_size(const tdm_grid *g, tdm_grid_axis a) { return (unsigned)a < TDM_AXIS_COUNT ? g->size[a] : 0; }
+int tdm_grid_index(const tdm_grid *g, tdm_grid_axis a) { return (unsigned)a < TDM_AXIS_COUNT ? g->index[a] : 0; }
+
+/* ---- create / destroy ------------------------------------------------------------------------- */
+tdm_status tdm_engine_create(tdm_engine **out, const tdm_model_config *mc, uint64_t seed, const tdm_optim_config *oc,
+                             tdm_grid *grid, const tdm_engine_config *cfg) {
+  if (!out || !mc || !oc || !grid || !cfg) return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_create: NULL argument");
+  *out = NULL;
+  if ((unsigned)cfg->kind >= TDM_ENGINE_KIND_COUNT)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_create: engine %d; expected 0..%d", (int)cfg->kind,
+                          TDM_ENGINE_KIND_COUNT - 1);
+  if (cfg->accum < 0 || cfg->accum > (1 << 20) || !(cfg->clip >= 0))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_create: accumulation %lld, clip %g; expected 1..2^20 and >= 0",
+                          (long long)cfg->accum, (double)cfg->clip);
+  if (tdm_grid_size(grid, TDM_AXIS_TENSOR) != 1 || tdm_grid_size(grid, TDM_AXIS_PIPELINE) != 1)
+    return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "engine_create: the %s engine runs on a data axis only (tensor %d, pipeline %d)",
+                          engines[cfg->kind]->name, tdm_grid_size(grid, TDM_AXIS_TENSOR),
+                          tdm_grid_size(grid, TDM_AXIS_PIPELINE));
+  tdm_engine *e = tdm__calloc(1, sizeof *e);
+  if (!e) return tdm__set_error(TDM_ERR_NO_MEMORY, "engine_create: out of memory");
+  e->ops = engines[cfg->kind];
+  e->cfg = *cfg;
+  if (e->cfg.accum < 1) e->cfg.accum = 1;
+  e->ocfg = *oc;
+  e->grid = grid;
+  e->comm = tdm_grid_comm(grid, TDM_AXIS_DATA);
+  e->size = tdm_grid_size(grid, TDM_AXIS_DATA);
+  e->rank = tdm_grid_index(grid, TDM_AXIS_DATA);
+  tdm_status st = tdm_tape_create(&e->tape, 1u << 20);
+  if (st == TDM_OK) st = e->ops->create(e, mc, seed);
+  if (st == TDM_OK && !e->seg_sums) {
+    const int64_t *cut;
+    st = tdm_params_segments(e->params, &cut, &e->n_seg);
+    if (st == TDM_OK && !(e->seg_sums = tdm__malloc(sizeof(double) * (size_t)(e->n_seg + 1))))
+      st = tdm__set_error(TDM_ERR_NO_MEMORY, "engine_create: out of memory");
+  }
+  if (st != TDM_OK) {
+    tdm_status keep = tdm__set_error(st, "%s", tdm_last_error());
+    tdm_engine_destroy(e);
+    return keep;
+  }
+  *out = e;
+  return TDM_OK;
+}
+
+void tdm_engine_destroy(tdm_engine *e) {
+  if (!e) return;
+  if (e->ops && e->ops->destroy) e->ops->destroy(e);
+  tdm_optim_destroy(e->opt);
+  tdm_model_destroy(e->model);
+  tdm_tape_destroy(e->tape);
+  tdm__free(e->spans);
+  tdm__free(e->seg_sums);
+  tdm__free(e);
+}
+
+tdm_model *tdm_engine_model(const tdm_engine *e) { return e->model; }
+tdm_tape *tdm_engine_tape(const tdm_engine *e) { return e->tape; }
+tdm_optim *tdm_engine_optim(const tdm_engine *e) { return e->opt; }
+const tdm_grid *tdm_engine_grid(const tdm_engine *e) { return e->grid; }
+const char *tdm_engine_describe(const tdm_engine *e) { return e->desc; }
+int tdm_engine_shard(const tdm_engine *e, const tdm_optim_span **spans) {
+  if (spans) *spans = e->spans;
+  return e->n_spans;
+}
+
+/* ---- the step: zero_grad, forward, backward, update ------------------------------------------ */
+/* forward: the model, then the mean cross-entropy; logits for the accuracy. */
+static tdm_tensor *forward(tdm_engine *e, tdm_tensor *x, tdm_tensor *y, tdm_tensor **logits) {
+  *logits = tdm_model_forward(e->model, e->tape, x);
+  return tdm_cross_entropy(e->tape, *logits, y, -100);
+}
+
+/* backward, seeded with 1/accum so that the step's gradient is the mean over its micro-batches. */
+static tdm_status backward(tdm_engine *e, tdm_tensor *loss) {
+  if (e->cfg.accum == 1) return tdm_backward(e->tape, loss);
+  int64_t one[1] = {1};
+  tdm_tensor *g = tdm_new(e->tape, TDM_F32, 0, one);
+  if (!g) return tdm__set_error(tdm_tape_status(e->tape), "%s", tdm_tape_error(e->tape));
+  *(float *)tdm_tensor_data(g) = 1.0f / (float)e->cfg.accum;
+  return tdm_backward_with(e->tape, loss, g);
+}
+
+/* update: the global norm, the non-finite check, clipping and the optimizer. */
+static tdm_status update(tdm_engine *e, float lr, tdm_step_stats *st) {
+  double sumsq;
+  TDM__TRY(e->ops->grad_sumsq(e, &sumsq));
+  float norm = (float)sqrt(sumsq);
+  st->grad_norm = norm;
+  if (!isfinite(norm) && !e->cfg.allow_nonfinite)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "the gradient norm is %g (a NaN or Inf gradient)", (double)norm);
+  return e->ops->update(e, lr, isfinite(norm) ? tdm_clip_coef(norm, e->cfg.clip) : 1.0f);
+}
+
+static void count_correct(tdm_tensor *logits, tdm_tensor *y, tdm_step_stats *st) {
+  const float *lg = tdm_tensor_data(logits);
+  const int32_t *yy = tdm_tensor_data(y);
+  int64_t C = tdm_tensor_dim(logits, -1), rows = tdm_tensor_numel(logits) / C;
+  for (int64_t i = 0; i < rows; i++) {
+    int64_t best = 0;
+    for (int64_t c = 1; c < C; c++)
+      if (lg[i * C + c] > lg[i * C + best]) best = c;
+    st->correct += best == yy[i];
+  }
+  st->rows += (double)rows;
+}
+
+tdm_status tdm_engine_step(tdm_engine *e, tdm_batch_fn next, void *ctx, uint64_t dropout_seed, float lr,
+                           tdm_step_stats *st) {
+  if (!e || !next || !st) return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_step: NULL argument");
+  memset(st, 0, sizeof *st);
+  tdm_tape *tp = e->tape;
+  double loss_sum = 0;
+  e->ops->zero_grad(e);
+  for (int64_t m = 0; m < e->cfg.accum; m++) {
+    int last = m == e->cfg.accum - 1;
+    double t0 = tdm_time_now();
+    tdm_tape_reset(tp);
+    tdm_tape_set_training(tp, 1);
+    tdm_tensor *x = NULL, *y = NULL, *logits;
+    int64_t base = 0;
+    TDM__TRY(next(ctx, tp, m, &x, &y, &base));
+    if (!x || !y) return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_step: the batch source gave no tensors");
+    tdm_tape_set_dropout_key(tp, dropout_seed, base);
+    tdm_tensor *loss = forward(e, x, y, &logits);
+    if (!loss) return tdm__set_error(tdm_tape_status(tp), "forward: %s", tdm_tape_error(tp));
+    float lv = *(const float *)tdm_tensor_data(loss);
+    if (!isfinite(lv) && !e->cfg.allow_nonfinite)
+      return tdm__set_error(TDM_ERR_INVALID_ARG, "the loss is %g (micro-batch %lld)", (double)lv, (long long)m);
+    loss_sum += lv;
+    count_correct(logits, y, st);
+    st->samples += tdm_tensor_dim(x, 0);
+    double t1 = tdm_time_now();
+    e->ops->begin_backward(e, last);
+    TDM__TRY(backward(e, loss));
+    double wait = 0;
+    TDM__TRY(e->ops->end_backward(e, last, &wait));
+    double t2 = tdm_time_now();
+    st->t_forward += t1 - t0;
+    st->t_backward += t2 - t1 - wait;
+    st->t_comm_wait += wait;
+  }
+  st->loss = loss_sum / (double)e->cfg.accum;
+  double t3 = tdm_time_now();
+  TDM__TRY(update(e, lr, st));
+  st->t_update = tdm_time_now() - t3;
+  return TDM_OK;
+}
+
+/* ---- weights and parameters ------------------------------------------------------------------- */
+tdm_status tdm_engine_read_params(tdm_engine *e, int64_t lo, int64_t hi, float *dst) {
+  if (!e || lo < 0 || hi < lo || hi > tdm_params_numel(e->params) || (hi > lo && !dst))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_read_params: [%lld, %lld) of %lld", (long long)lo, (long long)hi,
+                          e ? (long long)tdm_params_numel(e->params) : 0LL);
+  return e->ops->read_params(e, lo, hi, dst);
+}
+
+/* ---- shared by the engines ---------------------------------------------------------------------- */
+tdm_status tdm__engine_sumsq_full(tdm_engine *e, const float *grad, double *sumsq) {
+  TDM__TRY(tdm_grad_sumsq_segments(e->params, 0, tdm_params_numel(e->params), grad, e->seg_sums));
+  *sumsq = tdm_grad_sumsq_combine(e->seg_sums, e->n_seg);
+  return TDM_OK;
+}
+
+tdm_status tdm__engine_sumsq_sharded(tdm_engine *e, int n_spans, const tdm_optim_span *spans, float *const *grads,
+                                     double *sumsq) {
+  memset(e->seg_sums, 0, sizeof(double) * (size_t)e->n_seg);
+  for (int i = 0; i < n_spans; i++)
+    if (spans[i].hi > spans[i].lo) TDM__TRY(tdm_grad_sumsq_segments(e->params, spans[i].lo, spans[i].hi, grads[i], e->seg_sums));
+  /* each segment has one non-zero term: the sum is exact whatever order the all-reduce adds in */
+  if (e->comm)
+    TDM__TRY(tdm_comm_allreduce(e->comm, e->seg_sums, e->seg_sums, (size_t)e->n_seg, TDM_F64, TDM_SUM, TDM_ALGO_AUTO));
+  *sumsq = tdm_grad_sumsq_combine(e->seg_sums, e->n_seg);
+  return TDM_OK;
+}
+
+static uint64_t structure_hash(const tdm_params *p, int upto) {
+  uint64_t h = 0x7a6e6d;
+  for (int i = 0; i < upto; i++) {
+    tdm_tensor *t = tdm_params_get(p, i);
+    for (const char *s = tdm_tensor_name(t); *s; s++) h = tdm_hash64(h, (uint64_t)(unsigned char)*s);
+    for (int d = 0; d < tdm_tensor_ndim(t); d++) h = tdm_hash64(h, (uint64_t)tdm_tensor_dim(t, d));
+  }
+  return h;
+}
+
+tdm_status tdm__engine_check_same_model(tdm_engine *e) {
+  if (!e->comm) return TDM_OK;
+  const tdm_params *p = e->params;
+  int P = e->size, n = tdm_params_count(p);
+  uint64_t mine[2] = {structure_hash(p, n), (uint64_t)n}, *all = tdm__malloc(sizeof(uint64_t) * 2 * (size_t)P);
+  if (!all) return tdm__set_error(TDM_ERR_NO_MEMORY, "engine: out of memory");
+  tdm_status st = tdm_comm_allgather(e->comm, mine, all, 2, TDM_I64, TDM_ALGO_AUTO);
+  int bad = -1, upto = n;
+  for (int r = 0; st == TDM_OK && r < P; r++) {
+    if (bad < 0 && all[2 * r] != all[0]) bad = r;
+    if ((int)all[2 * r + 1] < upto) upto = (int)all[2 * r + 1]; /* the same bound everywhere: the search is collective */
+  }
+  if (st == TDM_OK && bad >= 0) {
+    int k = 0; /* the first parameter whose prefix hash differs between rank 0 and rank bad */
+    for (; k < upto && st == TDM_OK; k++) {
+      uint64_t h = structure_hash(p, k + 1);
+      st = tdm_comm_allgather(e->comm, &h, all, 1, TDM_I64, TDM_ALGO_AUTO);
+      if (st == TDM_OK && all[bad] != all[0]) break;
+    }
+    if (st == TDM_OK) {
+      tdm_tensor *t = tdm_params_get(p, k < n ? k : n - 1);
+      char s[96];
+      st = tdm__set_error(TDM_ERR_MISMATCH,
+                          "rank %d built a different model than rank 0: they differ at parameter %d (here '%s' %s; %d "
+                          "parameters here) — give every rank the same model options",
+                          bad, k, t ? tdm_tensor_name(t) : "?",
+                          t ? tdm_shape_str(tdm_tensor_ndim(t), tdm_tensor_shape(t), s, sizeof s) : "", n);
+    }
+  }
+  tdm__free(all);
+  return st;
+}

@@ -1,0 +1,64 @@
+/* The data-parallel engine (stage 0): every rank holds the whole model, its gradients and the
+ * optimizer state; tdm_dp averages gradient buckets while backward runs (include/tandem/dp.h). */
+#include <stdio.h>
+#include <string.h>
+
+#include "parallel/engine_impl.h"
+#include "tandem/dp.h"
+
+static tdm_status dp_create(tdm_engine *e, const tdm_model_config *mc, uint64_t seed) {
+  TDM__TRY(tdm_model_create(&e->model, mc, seed));
+  e->params = tdm_model_params(e->model);
+  TDM__TRY(tdm_optim_create(&e->opt, &e->ocfg, e->params));
+  e->spans = tdm__malloc(sizeof *e->spans);
+  if (!e->spans) return tdm__set_error(TDM_ERR_NO_MEMORY, "dp engine: out of memory");
+  e->spans[0] = (tdm_optim_span){0, tdm_params_numel(e->params)};
+  e->n_spans = 1;
+  tdm_dp *dp = NULL;
+  if (e->comm && e->size > 1) {
+    const tdm_engine_dp_config *c = &e->cfg.dp;
+    tdm_dp_config dc = {c->bucket_bytes, c->first_bucket_bytes, c->wire_dtype ? c->wire_dtype : TDM_F32, c->no_overlap};
+    TDM__TRY(tdm_dp_create(&dp, e->comm, e->params, &dc));
+  }
+  e->impl = dp;
+  snprintf(e->desc, sizeof e->desc, "data parallel, %d rank%s%s", e->size, e->size == 1 ? "" : "s",
+           dp ? "" : " (no communication)");
+  return TDM_OK;
+}
+
+static void dp_destroy(tdm_engine *e) { tdm_dp_destroy(e->impl); }
+
+static void dp_zero_grad(tdm_engine *e) { tdm_params_zero_grad(e->params); }
+
+static void dp_begin_backward(tdm_engine *e, int last) {
+  if (e->impl) tdm_dp_set_sync(e->impl, last);
+}
+
+static tdm_status dp_end_backward(tdm_engine *e, int last, double *wait_s) {
+  if (!e->impl) return TDM_OK;
+  double ms = 0;
+  tdm_status st = tdm_dp_finish(e->impl, &ms); /* only re-arms the hooks when !last */
+  if (last) *wait_s += ms * 1e-3;
+  return st;
+}
+
+static tdm_status dp_grad_sumsq(tdm_engine *e, double *sumsq) {
+  return tdm__engine_sumsq_full(e, tdm_params_grad(e->params), sumsq);
+}
+
+static tdm_status dp_update(tdm_engine *e, float lr, float coef) {
+  tdm_grad_scale(tdm_params_grad(e->params), tdm_params_numel(e->params), coef);
+  return tdm_optim_step(e->opt, lr);
+}
+
+static tdm_status dp_read_params(tdm_engine *e, int64_t lo, int64_t hi, float *dst) {
+  if (hi > lo) memcpy(dst, tdm_params_data(e->params) + lo, sizeof(float) * (size_t)(hi - lo));
+  return TDM_OK;
+}
+
+static tdm_status dp_stream_params(tdm_engine *e, tdm_status (*write)(void *, const float *, int64_t), void *ctx) {
+  return e->rank == 0 ? write(ctx, tdm_params_data(e->params), tdm_params_numel(e->params)) : TDM_OK;
+}
+
+const tdm__engine_ops tdm__engine_dp_ops = {"dp",          dp_create,     dp_destroy, dp_zero_grad,   dp_begin_backward,
+                                            dp_end_backward, dp_grad_sumsq, dp_update,  dp_read_params, dp_stream_params};

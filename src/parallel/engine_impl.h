@@ -1,0 +1,67 @@
+/* What an engine implements, and the state every engine shares (src/parallel/engine.c runs the
+ * step; each strategy fills one tdm__engine_ops in its own file and one row of the table). */
+#ifndef TANDEM_ENGINE_IMPL_H
+#define TANDEM_ENGINE_IMPL_H
+
+#include "core/internal.h"
+#include "tandem/autograd.h"
+#include "tandem/engine.h"
+
+struct tdm_engine {
+  const struct tdm__engine_ops *ops;
+  tdm_engine_config cfg;
+  tdm_optim_config ocfg;
+  tdm_grid *grid;
+  tdm_comm_t comm;  /* the data axis; NULL for one rank */
+  int rank, size;   /* on the data axis */
+  tdm_model *model;
+  tdm_params *params;
+  tdm_optim *opt;
+  tdm_tape *tape;
+  int n_spans;      /* what this rank's optimizer updates */
+  tdm_optim_span *spans;
+  double *seg_sums; /* one per gradient-norm segment (tdm_params_segments) */
+  int64_t n_seg;
+  void *impl;       /* the strategy's own state */
+  char desc[160];
+};
+
+typedef struct tdm__engine_ops {
+  const char *name;
+  /* Builds e->model, e->params, e->opt (and e->spans) and the strategy's state. */
+  tdm_status (*create)(tdm_engine *e, const tdm_model_config *mc, uint64_t seed);
+  void (*destroy)(tdm_engine *e);
+  /* Gradients to zero before the first micro-batch. */
+  void (*zero_grad)(tdm_engine *e);
+  /* Before micro-batch backward; last: the step's last micro-batch (the one that reduces). */
+  void (*begin_backward)(tdm_engine *e, int last);
+  /* After it; for the last, returns once every gradient this rank needs is reduced and adds the
+   * time spent waiting to *wait_s. */
+  tdm_status (*end_backward)(tdm_engine *e, int last, double *wait_s);
+  /* The sum of squares of the reduced gradient, the same bits on every rank (see optim.h). */
+  tdm_status (*grad_sumsq)(tdm_engine *e, double *sumsq);
+  /* Scales the reduced gradients by coef (clipping), steps the optimizer, and leaves the
+   * parameters ready for the next forward. */
+  tdm_status (*update)(tdm_engine *e, float lr, float coef);
+  /* Elements [lo, hi) of the current parameters into dst, on every rank (collective). */
+  tdm_status (*read_params)(tdm_engine *e, int64_t lo, int64_t hi, float *dst);
+  /* Streams the parameters to rank 0 in order: write(ctx, data, n) on rank 0 (collective). */
+  tdm_status (*stream_params)(tdm_engine *e, tdm_status (*write)(void *ctx, const float *data, int64_t n), void *ctx);
+} tdm__engine_ops;
+
+extern const tdm__engine_ops tdm__engine_dp_ops;
+extern const tdm__engine_ops tdm__engine_zero_ops;
+
+/* Shared by the engines: builds e->seg_sums, and the sum of squares of the segments of a whole
+ * gradient buffer that every rank holds (no communication). */
+tdm_status tdm__engine_sumsq_full(tdm_engine *e, const float *grad, double *sumsq);
+/* The sum of squares when each rank holds some whole segments: sums of the spans' segments,
+ * zeros elsewhere, summed over the data axis (one term per segment: exact), then combined in
+ * segment order. grads[i] holds span i. */
+tdm_status tdm__engine_sumsq_sharded(tdm_engine *e, int n_spans, const tdm_optim_span *spans, float *const *grads,
+                                     double *sumsq);
+/* Checks that every rank of the data axis built the same model (names and shapes), naming the
+ * first rank and parameter that differ. */
+tdm_status tdm__engine_check_same_model(tdm_engine *e);
+
+#endif

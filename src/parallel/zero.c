@@ -1,0 +1,531 @@
+/* The ZeRO engine: stages 1-3 of sharding over the data axis (Rajbhandari et al. 2020), as
+ * DeepSpeed and PyTorch's FSDP do it, built on the same buckets and hooks as data parallelism.
+ *
+ * The parameter buffer is cut into groups: gradient buckets at stages 1-2 (spans of whole
+ * parameters, in reverse order, as DDP's), gather units at stage 3 (one or more modules: a
+ * transformer block, a layer). Each group is split into one piece per rank, on gradient-norm
+ * segment boundaries; rank r owns piece r of every group, and its optimizer updates exactly
+ * those pieces (tdm_optim_create_spans).
+ *   stage 1  gradients complete on every rank during backward; when a bucket is ready it is
+ *            reduce-scattered (each rank gets its piece, summed in rank order, averaged) into
+ *            the piece's place in the gradient buffer; after the update every bucket's
+ *            parameters are all-gathered.
+ *   stage 2  the same, but the gradient buffer is reserved address space: a bucket's gradients
+ *            are reduce-scattered into a compact shard and their pages given back.
+ *   stage 3  parameters too: each rank keeps its pieces in a compact shard; a fetch hook on every
+ *            parameter gathers its unit into the (reserved) parameter buffer just before an op
+ *            reads it, in forward and again in backward, prefetching the next unit on the
+ *            communication thread, and gives back least recently used units beyond two.
+ * Reductions sum in rank order, as data parallelism's, so every stage gives stage 0's bits.
+ * With gradient accumulation the gradients of the first micro-batches stay whole (as FSDP's
+ * no_sync) and only the last micro-batch's backward reduces: the bits stay the same. */
+#include <stdio.h>
+#include <string.h>
+
+#include "comm/comm_impl.h"
+#include "nn/params_impl.h"
+#include "parallel/engine_impl.h"
+#include "tensor/tensor_impl.h"
+
+#define MAX_RESIDENT 2 /* stage 3: gathered units kept (the current one and the one before) */
+
+typedef struct zero_state zero_state;
+
+typedef struct {
+  int64_t lo, hi;        /* the group's span of the parameter buffer */
+  int64_t *cut;          /* [P + 1]: piece r is [cut[r], cut[r + 1]) */
+  int first, n_params;   /* its parameters: first .. first + n_params - 1 */
+  int pending;           /* gradients not yet final in this backward */
+  float *shard_g;        /* stages 2-3: my piece of the reduced gradient */
+  float *shard_w;        /* stage 3: my piece of the parameters */
+  tdm_work_t reduce;     /* the reduce-scatter in flight */
+  tdm_work_t gather;     /* stage 3: the gather in flight */
+  int resident;          /* stage 3: gathered into the parameter buffer */
+  int grads_counted;     /* its gradient span is counted as held */
+  uint64_t last_use;
+  zero_state *z;
+} group;
+
+struct zero_state {
+  int stage;
+  group *g;
+  int ng;
+  int *group_of;         /* parameter index -> group */
+  int next_launch;       /* groups reduce strictly in index order on every rank */
+  int sync;              /* this backward reduces */
+  tdm_status hook_status;
+  uint64_t clock;
+  int in_backward;
+  float **span_g;        /* per optimizer span: where its gradients are (for the norm) */
+  float *shard_w, *shard_g;
+  tdm_engine *e;
+};
+
+/* ---- collectives over a group's pieces ---------------------------------------------------------- */
+static size_t piece_counts(const zero_state *z, const group *g, size_t *counts) {
+  for (int r = 0; r < z->e->size; r++) counts[r] = (size_t)(g->cut[r + 1] - g->cut[r]);
+  return (size_t)(g->hi - g->lo);
+}
+
+/* Reduce-scatter and all-gather of unequal pieces, summing in rank order.
+ * PLACEHOLDER until the communicator has them: built from an all-gather of whole spans. */
+static tdm_status rs_v(tdm_comm_t c, const float *span, float *out, const size_t *counts) {
+  int P = c ? tdm_comm_size(c) : 1, r = c ? tdm_comm_rank(c) : 0;
+  size_t n = 0, off = 0;
+  for (int q = 0; q < P; q++) n += counts[q];
+  for (int q = 0; q < r; q++) off += counts[q];
+  if (P == 1) {
+    memmove(out, span, sizeof(float) * counts[0]);
+    return TDM_OK;
+  }
+  float *all = tdm__malloc_cat(sizeof(float) * n * (size_t)P + 64, TDM_MEM_COMM);
+  if (!all) return tdm__set_error(TDM_ERR_NO_MEMORY, "zero: out of memory");
+  tdm_status st = tdm_comm_allgather(c, span, all, n, TDM_F32, TDM_ALGO_AUTO);
+  if (st == TDM_OK)
+    for (size_t i = 0; i < counts[r]; i++) {
+      float acc = all[off + i];
+      for (int q = 1; q < P; q++) acc += all[(size_t)q * n + off + i];
+      out[i] = acc / (float)P;
+    }
+  tdm__free(all);
+  return st;
+}
+
+static tdm_status ag_v(tdm_comm_t c, const float *mine, float *span, const size_t *counts) {
+  int P = c ? tdm_comm_size(c) : 1, r = c ? tdm_comm_rank(c) : 0;
+  size_t maxc = 0, off = 0;
+  for (int q = 0; q < P; q++) maxc = counts[q] > maxc ? counts[q] : maxc;
+  for (int q = 0; q < r; q++) off += counts[q];
+  if (P == 1) {
+    memmove(span, mine, sizeof(float) * counts[0]);
+    return TDM_OK;
+  }
+  float *all = tdm__malloc_cat(sizeof(float) * (maxc * (size_t)(P + 1)) + 64, TDM_MEM_COMM), *pad = all + maxc * (size_t)P;
+  if (!all) return tdm__set_error(TDM_ERR_NO_MEMORY, "zero: out of memory");
+  memcpy(pad, mine, sizeof(float) * counts[r]);
+  tdm_status st = tdm_comm_allgather(c, pad, all, maxc, TDM_F32, TDM_ALGO_AUTO);
+  for (int q = 0, at = 0; st == TDM_OK && q < P; at += (int)counts[q], q++)
+    memcpy(span + at, all + (size_t)q * maxc, sizeof(float) * counts[q]);
+  (void)off;
+  tdm__free(all);
+  return st;
+}
+
+/* Reduces span [lo, hi) of the gradient buffer over the data axis: my piece, summed in rank
+ * order and averaged, into out. */
+static tdm_status reduce_group(zero_state *z, group *g, float *out) {
+  tdm_engine *e = z->e;
+  size_t counts[e->size];
+  piece_counts(z, g, counts);
+  return rs_v(e->comm, tdm_params_grad(e->params) + g->lo, out, counts);
+}
+
+/* Every rank's piece of the parameters, from mine (src), into the buffer's span. */
+static tdm_status gather_group(zero_state *z, group *g, const float *src) {
+  tdm_engine *e = z->e;
+  size_t counts[e->size];
+  piece_counts(z, g, counts);
+  return ag_v(e->comm, src, tdm_params_data(e->params) + g->lo, counts);
+}
+
+/* ---- memory accounting of the reserved buffers ------------------------------------------------ */
+static void count_grads(group *g, int on) {
+  if (g->grads_counted == on || !(g->z->stage >= 2)) return;
+  g->grads_counted = on;
+  tdm__mem_account(TDM_MEM_GRADS, (on ? 1 : -1) * (int64_t)sizeof(float) * (g->hi - g->lo));
+}
+
+static void release_grads(group *g) {
+  tdm_params_release(g->z->e->params, 1, g->lo, g->hi);
+  count_grads(g, 0);
+}
+
+/* ---- reduce-scatter as backward goes ------------------------------------------------------------ */
+static float *my_grad_piece(zero_state *z, group *g) {
+  int r = z->e->rank;
+  return z->stage == 1 ? tdm_params_grad(z->e->params) + g->cut[r] : g->shard_g;
+}
+
+static tdm_status reduce_task(void *ctx) {
+  group *g = ctx;
+  zero_state *z = g->z;
+  TDM__TRY(reduce_group(z, g, my_grad_piece(z, g)));
+  if (z->stage >= 2) release_grads(g); /* final: nothing writes them any more */
+  return TDM_OK;
+}
+
+static void launch_ready(zero_state *z) {
+  while (z->next_launch < z->ng && z->g[z->next_launch].pending == 0) {
+    group *g = &z->g[z->next_launch++];
+    tdm_status st = z->e->comm ? tdm__comm_icall(z->e->comm, reduce_task, g, &g->reduce) : reduce_task(g);
+    if (st != TDM_OK && z->hook_status == TDM_OK) z->hook_status = st;
+    /* the next group's gradients are being written from now on */
+    if (z->next_launch < z->ng) count_grads(&z->g[z->next_launch], 1);
+  }
+}
+
+static void on_grad_ready(void *ctx, tdm_tensor *p) {
+  zero_state *z = ctx;
+  int i = tdm__params_index_of(z->e->params, p);
+  if (i < 0) return;
+  group *g = &z->g[z->group_of[i]];
+  if (g->pending > 0) g->pending--;
+  if (z->sync) launch_ready(z);
+}
+
+/* ---- stage 3: gather units just before use --------------------------------------------------- */
+static tdm_status gather_task(void *ctx) {
+  group *g = ctx;
+  return gather_group(g->z, g, g->shard_w);
+}
+
+static void release_unit(zero_state *z, group *g) {
+  if (!g->resident) return;
+  tdm_params_release(z->e->params, 0, g->lo, g->hi);
+  tdm__mem_account(TDM_MEM_PARAMS, -(int64_t)sizeof(float) * (g->hi - g->lo));
+  g->resident = 0;
+}
+
+static tdm_status start_gather(zero_state *z, group *g) {
+  if (g->resident || g->gather) return TDM_OK;
+  tdm__mem_account(TDM_MEM_PARAMS, (int64_t)sizeof(float) * (g->hi - g->lo));
+  if (z->e->comm) return tdm__comm_icall(z->e->comm, gather_task, g, &g->gather);
+  g->resident = 1; /* one rank: a copy, done at once */
+  return gather_task(g);
+}
+
+static tdm_status finish_gather(group *g) {
+  if (g->gather) {
+    tdm_work_t w = g->gather;
+    g->gather = NULL;
+    TDM__TRY(tdm_work_wait(w));
+  }
+  g->resident = 1;
+  return TDM_OK;
+}
+
+static tdm_status fetch(void *ctx, tdm_tensor *p, int backward) {
+  zero_state *z = ctx;
+  int i = tdm__params_index_of(z->e->params, p);
+  if (i < 0) return tdm__set_error(TDM_ERR_INTERNAL, "zero: '%s' is not a parameter of this engine", tdm_tensor_name(p));
+  int u = z->group_of[i];
+  group *g = &z->g[u];
+  g->last_use = ++z->clock;
+  if (g->resident) return TDM_OK;
+  if (!g->gather) TDM__TRY(start_gather(z, g)); /* not prefetched: gather now */
+  TDM__TRY(finish_gather(g));
+  if (backward) count_grads(g, 1);
+  /* keep the most recently used units, give back the rest */
+  for (;;) {
+    int n = 0, lru = -1;
+    for (int k = 0; k < z->ng; k++)
+      if (z->g[k].resident) {
+        n++;
+        if (k != u && (lru < 0 || z->g[k].last_use < z->g[lru].last_use)) lru = k;
+      }
+    if (n <= MAX_RESIDENT || lru < 0) break;
+    release_unit(z, &z->g[lru]);
+  }
+  /* the unit that comes next: groups are in reverse parameter order, so forward walks down the
+   * indices and backward up */
+  int next = backward ? u + 1 : u - 1;
+  if (z->e->cfg.zero.prefetch && next >= 0 && next < z->ng) TDM__TRY(start_gather(z, &z->g[next]));
+  return TDM_OK;
+}
+
+/* Gives back every gathered unit (the parameters changed, or a pass is over). */
+static tdm_status drop_units(zero_state *z) {
+  tdm_status st = TDM_OK;
+  for (int k = 0; k < z->ng; k++) {
+    group *g = &z->g[k];
+    if (g->gather) {
+      tdm_status s = finish_gather(g);
+      if (st == TDM_OK) st = s;
+    }
+    release_unit(z, g);
+  }
+  return st;
+}
+
+/* ---- layout ------------------------------------------------------------------------------------ */
+/* The module a parameter belongs to: its name up to its first all-digit component
+ * ("transformer.h.3.attn.c_attn.weight" -> "transformer.h.3"), else all but its last. */
+static size_t module_key_len(const char *name) {
+  const char *s = name, *last_dot = NULL;
+  while (*s) {
+    const char *end = strchr(s, '.');
+    size_t len = end ? (size_t)(end - s) : strlen(s);
+    int digits = len > 0;
+    for (size_t k = 0; k < len; k++) digits &= s[k] >= '0' && s[k] <= '9';
+    if (digits) return (size_t)(s + len - name);
+    if (!end) break;
+    last_dot = end;
+    s = end + 1;
+  }
+  return last_dot ? (size_t)(last_dot - name) : strlen(name);
+}
+
+/* Groups in reverse parameter order: stage 3 one unit per unit_modules modules; stages 1-2
+ * buckets of at most bucket_bytes (the first at most 1 MiB), as data parallelism's. */
+static tdm_status make_groups(zero_state *z) {
+  tdm_engine *e = z->e;
+  tdm_params *p = e->params;
+  int n = tdm_params_count(p);
+  int64_t total = tdm_params_numel(p);
+  z->g = tdm__calloc((size_t)(n ? n : 1), sizeof(group));
+  z->group_of = tdm__calloc((size_t)(n ? n : 1), sizeof(int));
+  if (!z->g || !z->group_of) return tdm__set_error(TDM_ERR_NO_MEMORY, "zero: out of memory");
+  size_t bucket = e->cfg.zero.bucket_bytes ? e->cfg.zero.bucket_bytes : (25u << 20), first = 1u << 20;
+  if (first > bucket) first = bucket;
+  int per_unit = e->cfg.zero.unit_modules > 0 ? e->cfg.zero.unit_modules : 1;
+  for (int i = n - 1; i >= 0;) {
+    group *g = &z->g[z->ng];
+    g->hi = i + 1 < n ? tdm_params_offset(p, i + 1) : total;
+    int j = i, modules = 1;
+    const char *key = tdm_tensor_name(tdm_params_get(p, i));
+    size_t klen = module_key_len(key);
+    while (j >= 0) {
+      if (j < i) {
+        if (z->stage == 3) {
+          const char *nm = tdm_tensor_name(tdm_params_get(p, j));
+          size_t l = module_key_len(nm);
+          if (l != klen || strncmp(nm, key, l) != 0) { /* a new module */
+            if (modules == per_unit) break;
+            modules++, key = nm, klen = l;
+          }
+        } else if ((size_t)(g->hi - tdm_params_offset(p, j)) * 4 > (z->ng == 0 ? first : bucket)) {
+          break;
+        }
+      }
+      z->group_of[j] = z->ng;
+      g->n_params++;
+      j--;
+    }
+    g->first = j + 1;
+    g->lo = tdm_params_offset(p, j + 1);
+    g->z = z;
+    z->ng++;
+    i = j;
+  }
+  /* pieces: even shares, moved to the nearest gradient-norm segment boundary */
+  const int64_t *seg;
+  int64_t nseg;
+  TDM__TRY(tdm_params_segments(p, &seg, &nseg));
+  int P = e->size;
+  for (int k = 0; k < z->ng; k++) {
+    group *g = &z->g[k];
+    if (!(g->cut = tdm__malloc(sizeof(int64_t) * (size_t)(P + 1)))) return tdm__set_error(TDM_ERR_NO_MEMORY, "zero: out of memory");
+    g->cut[0] = g->lo;
+    g->cut[P] = g->hi;
+    for (int r = 1; r < P; r++) {
+      int64_t ideal = g->lo + (g->hi - g->lo) * r / P, a = 0, b = nseg;
+      while (a < b) { /* the first cut >= ideal */
+        int64_t m = (a + b) / 2;
+        if (seg[m] < ideal) a = m + 1;
+        else b = m;
+      }
+      int64_t c = seg[a];
+      if (a > 0 && ideal - seg[a - 1] < seg[a] - ideal) c = seg[a - 1];
+      if (c < g->cut[r - 1]) c = g->cut[r - 1];
+      if (c > g->hi) c = g->hi;
+      g->cut[r] = c;
+    }
+  }
+  return TDM_OK;
+}
+
+/* My pieces as optimizer spans, ascending, with the compact shards laid out in that order. */
+static tdm_status make_shard(zero_state *z) {
+  tdm_engine *e = z->e;
+  int r = e->rank;
+  e->spans = tdm__calloc((size_t)z->ng, sizeof *e->spans);
+  z->span_g = tdm__calloc((size_t)z->ng, sizeof(float *));
+  if (!e->spans || !z->span_g) return tdm__set_error(TDM_ERR_NO_MEMORY, "zero: out of memory");
+  int64_t owned = 0;
+  for (int k = z->ng - 1; k >= 0; k--) /* groups are in reverse order: ascending spans */
+    owned += z->g[k].cut[r + 1] - z->g[k].cut[r];
+  if (z->stage >= 2 && !(z->shard_g = tdm__aligned_alloc_cat(sizeof(float) * (size_t)(owned + 1), TDM_MEM_GRADS)))
+    return tdm__set_error(TDM_ERR_NO_MEMORY, "zero: cannot allocate the gradient shard (%lld floats)", (long long)owned);
+  if (z->stage == 3 && !(z->shard_w = tdm__aligned_alloc_cat(sizeof(float) * (size_t)(owned + 1), TDM_MEM_PARAMS)))
+    return tdm__set_error(TDM_ERR_NO_MEMORY, "zero: cannot allocate the parameter shard (%lld floats)", (long long)owned);
+  int64_t at = 0;
+  for (int k = z->ng - 1; k >= 0; k--) {
+    group *g = &z->g[k];
+    int64_t lo = g->cut[r], hi = g->cut[r + 1];
+    if (z->shard_g) g->shard_g = z->shard_g + at;
+    if (z->shard_w) g->shard_w = z->shard_w + at;
+    if (hi > lo) {
+      z->span_g[e->n_spans] = z->stage == 1 ? tdm_params_grad(e->params) + lo : g->shard_g;
+      e->spans[e->n_spans++] = (tdm_optim_span){lo, hi};
+    }
+    at += hi - lo;
+  }
+  TDM__TRY(tdm_optim_create_spans(&e->opt, &e->ocfg, e->params, e->n_spans, e->spans));
+  for (int k = z->ng - 1, s = 0; k >= 0; k--) {
+    group *g = &z->g[k];
+    if (g->cut[r + 1] == g->cut[r]) continue;
+    TDM__TRY(tdm_optim_set_span_buffers(e->opt, s++, g->shard_w, z->stage >= 2 ? g->shard_g : NULL));
+  }
+  return TDM_OK;
+}
+
+/* ---- the engine --------------------------------------------------------------------------------- */
+static tdm_status zero_create(tdm_engine *e, const tdm_model_config *mc, uint64_t seed) {
+  int stage = e->cfg.zero.stage;
+  if (stage < 1 || stage > 3)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "zero: stage %d; expected 1, 2 or 3 (0 is the dp engine)", stage);
+  zero_state *z = tdm__calloc(1, sizeof *z);
+  if (!z) return tdm__set_error(TDM_ERR_NO_MEMORY, "zero: out of memory");
+  e->impl = z;
+  z->e = e;
+  z->stage = stage;
+  z->sync = 1;
+  int reserved = stage == 3 ? TDM_RESERVE_DATA | TDM_RESERVE_GRAD : stage == 2 ? TDM_RESERVE_GRAD : 0;
+  TDM__TRY(tdm_model_create_with(&e->model, mc, seed, reserved));
+  e->params = tdm_model_params(e->model);
+  TDM__TRY(tdm__engine_check_same_model(e));
+  TDM__TRY(make_groups(z));
+  TDM__TRY(make_shard(z));
+  int r = e->rank, n = tdm_params_count(e->params);
+  if (stage == 3) { /* each rank makes only its pieces, with the values the whole model would have */
+    for (int k = 0; k < z->ng; k++) {
+      group *g = &z->g[k];
+      TDM__TRY(tdm_params_init_range(e->params, g->cut[r], g->cut[r + 1], g->shard_w));
+    }
+    for (int i = 0; i < n; i++) tdm_tensor_set_fetch_hook(tdm_params_get(e->params, i), fetch, z);
+  } else if (e->comm) { /* every rank starts from rank 0's parameters, as data parallelism */
+    TDM__TRY(tdm_comm_broadcast(e->comm, tdm_params_data(e->params), (size_t)tdm_params_numel(e->params), TDM_F32, 0,
+                                TDM_ALGO_AUTO));
+  }
+  for (int i = 0; i < n; i++) tdm_tensor_set_grad_hook(tdm_params_get(e->params, i), on_grad_ready, z);
+  for (int k = 0; k < z->ng; k++) z->g[k].pending = z->g[k].n_params;
+  snprintf(e->desc, sizeof e->desc, "zero stage %d, %d rank%s, %d %s", stage, e->size, e->size == 1 ? "" : "s", z->ng,
+           stage == 3 ? (z->ng == 1 ? "unit" : "units") : (z->ng == 1 ? "bucket" : "buckets"));
+  return TDM_OK;
+}
+
+static void zero_destroy(tdm_engine *e) {
+  zero_state *z = e->impl;
+  if (!z) return;
+  for (int k = 0; k < z->ng; k++) {
+    group *g = &z->g[k];
+    if (g->reduce) tdm_work_wait(g->reduce);
+    if (g->gather) tdm_work_wait(g->gather);
+    if (g->resident) tdm__mem_account(TDM_MEM_PARAMS, -(int64_t)sizeof(float) * (g->hi - g->lo));
+    count_grads(g, 0);
+    tdm__free(g->cut);
+  }
+  if (e->params) {
+    for (int i = 0; i < tdm_params_count(e->params); i++) {
+      tdm_tensor_set_grad_hook(tdm_params_get(e->params, i), NULL, NULL);
+      tdm_tensor_set_fetch_hook(tdm_params_get(e->params, i), NULL, NULL);
+    }
+  }
+  tdm__free(z->g);
+  tdm__free(z->group_of);
+  tdm__free(z->span_g);
+  tdm__free(z->shard_g);
+  tdm__free(z->shard_w);
+  tdm__free(z);
+}
+
+static void zero_zero_grad(tdm_engine *e) {
+  zero_state *z = e->impl;
+  if (z->stage == 1) tdm_params_zero_grad(e->params);
+  else { /* reserved: released after every reduce; this also clears what an interrupted step left */
+    tdm_params_zero_grad(e->params);
+    for (int k = 0; k < z->ng; k++) count_grads(&z->g[k], 0);
+  }
+}
+
+static void zero_begin_backward(tdm_engine *e, int last) {
+  zero_state *z = e->impl;
+  z->sync = last;
+  z->in_backward = 1;
+  /* gradients being written: the first group's when this backward reduces, else all of them
+   * (they stay whole until the last micro-batch) */
+  for (int k = 0; k < z->ng; k++)
+    if (!last || k == z->next_launch) count_grads(&z->g[k], 1);
+}
+
+static tdm_status zero_end_backward(tdm_engine *e, int last, double *wait_s) {
+  zero_state *z = e->impl;
+  double t0 = tdm_time_now();
+  z->in_backward = 0;
+  tdm_status st = z->hook_status;
+  if (last) { /* groups backward never reached; then wait for every reduce-scatter */
+    for (int k = 0; k < z->ng; k++) z->g[k].pending = 0;
+    launch_ready(z);
+    for (int k = 0; k < z->ng; k++) {
+      group *g = &z->g[k];
+      if (g->reduce) {
+        tdm_status s = tdm_work_wait(g->reduce);
+        if (st == TDM_OK) st = s;
+        g->reduce = NULL;
+      }
+    }
+    z->next_launch = 0;
+    *wait_s += tdm_time_now() - t0;
+  }
+  for (int k = 0; k < z->ng; k++) z->g[k].pending = z->g[k].n_params;
+  z->hook_status = TDM_OK;
+  if (z->stage == 3 && st == TDM_OK) st = drop_units(z); /* forward starts from the shard again */
+  return st;
+}
+
+static tdm_status zero_grad_sumsq(tdm_engine *e, double *sumsq) {
+  zero_state *z = e->impl;
+  return tdm__engine_sumsq_sharded(e, e->n_spans, e->spans, z->span_g, sumsq);
+}
+
+static tdm_status zero_update(tdm_engine *e, float lr, float coef) {
+  zero_state *z = e->impl;
+  for (int s = 0; s < e->n_spans; s++) tdm_grad_scale(z->span_g[s], e->spans[s].hi - e->spans[s].lo, coef);
+  TDM__TRY(tdm_optim_step(e->opt, lr));
+  if (z->stage == 3) return drop_units(z); /* gathered afresh before the next use */
+  int r = e->rank;
+  for (int k = 0; k < z->ng; k++) { /* every rank's updated pieces, into every rank's buffer */
+    group *g = &z->g[k];
+    TDM__TRY(gather_group(z, g, tdm_params_data(e->params) + g->cut[r]));
+  }
+  return TDM_OK;
+}
+
+static tdm_status zero_read_params(tdm_engine *e, int64_t lo, int64_t hi, float *dst) {
+  zero_state *z = e->impl;
+  if (z->stage < 3) {
+    if (hi > lo) memcpy(dst, tdm_params_data(e->params) + lo, sizeof(float) * (size_t)(hi - lo));
+    return TDM_OK;
+  }
+  for (int k = z->ng - 1; k >= 0; k--) { /* gather the units that overlap, one at a time */
+    group *g = &z->g[k];
+    int64_t b = g->lo > lo ? g->lo : lo, x = g->hi < hi ? g->hi : hi;
+    if (b >= x) continue;
+    int was = g->resident;
+    TDM__TRY(start_gather(z, g));
+    TDM__TRY(finish_gather(g));
+    memcpy(dst + (b - lo), tdm_params_data(e->params) + b, sizeof(float) * (size_t)(x - b));
+    if (!was) release_unit(z, g);
+  }
+  return TDM_OK;
+}
+
+static tdm_status zero_stream_params(tdm_engine *e, tdm_status (*write)(void *, const float *, int64_t), void *ctx) {
+  zero_state *z = e->impl;
+  if (z->stage < 3) return e->rank == 0 ? write(ctx, tdm_params_data(e->params), tdm_params_numel(e->params)) : TDM_OK;
+  for (int k = z->ng - 1; k >= 0; k--) { /* in parameter order, one unit at a time */
+    group *g = &z->g[k];
+    int was = g->resident;
+    TDM__TRY(start_gather(z, g));
+    TDM__TRY(finish_gather(g));
+    tdm_status st = e->rank == 0 ? write(ctx, tdm_params_data(e->params) + g->lo, g->hi - g->lo) : TDM_OK;
+    if (!was) release_unit(z, g);
+    TDM__TRY(st);
+  }
+  return TDM_OK;
+}
+
+const tdm__engine_ops tdm__engine_zero_ops = {"zero",          zero_create,     zero_destroy,
+                                              zero_zero_grad,  zero_begin_backward, zero_end_backward,
+                                              zero_grad_sumsq, zero_update,     zero_read_params,
+                                              zero_stream_params};
