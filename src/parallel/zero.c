@@ -25,6 +25,7 @@
 #include "comm/comm_impl.h"
 #include "nn/params_impl.h"
 #include "parallel/engine_impl.h"
+#include "parallel/layout.h"
 #include "tensor/tensor_impl.h"
 
 #define MAX_RESIDENT 2 /* stage 3: gathered units kept (the current one and the one before) */
@@ -32,9 +33,9 @@
 typedef struct zero_state zero_state;
 
 typedef struct {
-  int64_t lo, hi;        /* the group's span of the parameter buffer */
-  int64_t *cut;          /* [P + 1]: piece r is [cut[r], cut[r + 1]) */
-  int first, n_params;   /* its parameters: first .. first + n_params - 1 */
+  int64_t lo, hi;        /* the group's span (from the layout) */
+  const int64_t *cut;    /* [P + 1]: piece r is [cut[r], cut[r + 1]) */
+  int n_params;
   int pending;           /* gradients not yet final in this backward */
   float *shard_g;        /* stages 2-3: my piece of the reduced gradient */
   float *shard_w;        /* stage 3: my piece of the parameters */
@@ -48,9 +49,10 @@ typedef struct {
 
 struct zero_state {
   int stage;
-  group *g;
+  tdm__layout L;
+  group *g;              /* [L.ng], state beside the layout's groups */
   int ng;
-  int *group_of;         /* parameter index -> group */
+  const int *group_of;   /* parameter index -> group */
   int next_launch;       /* groups reduce strictly in index order on every rank */
   int sync;              /* this backward reduces */
   tdm_status hook_status;
@@ -247,93 +249,6 @@ static tdm_status drop_units(zero_state *z) {
   return st;
 }
 
-/* ---- layout ------------------------------------------------------------------------------------ */
-/* The module a parameter belongs to: its name up to its first all-digit component
- * ("transformer.h.3.attn.c_attn.weight" -> "transformer.h.3"), else all but its last. */
-static size_t module_key_len(const char *name) {
-  const char *s = name, *last_dot = NULL;
-  while (*s) {
-    const char *end = strchr(s, '.');
-    size_t len = end ? (size_t)(end - s) : strlen(s);
-    int digits = len > 0;
-    for (size_t k = 0; k < len; k++) digits &= s[k] >= '0' && s[k] <= '9';
-    if (digits) return (size_t)(s + len - name);
-    if (!end) break;
-    last_dot = end;
-    s = end + 1;
-  }
-  return last_dot ? (size_t)(last_dot - name) : strlen(name);
-}
-
-/* Groups in reverse parameter order: stage 3 one unit per unit_modules modules; stages 1-2
- * buckets of at most bucket_bytes (the first at most 1 MiB), as data parallelism's. */
-static tdm_status make_groups(zero_state *z) {
-  tdm_engine *e = z->e;
-  tdm_params *p = e->params;
-  int n = tdm_params_count(p);
-  int64_t total = tdm_params_numel(p);
-  z->g = tdm__calloc((size_t)(n ? n : 1), sizeof(group));
-  z->group_of = tdm__calloc((size_t)(n ? n : 1), sizeof(int));
-  if (!z->g || !z->group_of) return tdm__set_error(TDM_ERR_NO_MEMORY, "zero: out of memory");
-  size_t bucket = e->cfg.zero.bucket_bytes ? e->cfg.zero.bucket_bytes : (25u << 20), first = 1u << 20;
-  if (first > bucket) first = bucket;
-  int per_unit = e->cfg.zero.unit_modules > 0 ? e->cfg.zero.unit_modules : 1;
-  for (int i = n - 1; i >= 0;) {
-    group *g = &z->g[z->ng];
-    g->hi = i + 1 < n ? tdm_params_offset(p, i + 1) : total;
-    int j = i, modules = 1;
-    const char *key = tdm_tensor_name(tdm_params_get(p, i));
-    size_t klen = module_key_len(key);
-    while (j >= 0) {
-      if (j < i) {
-        if (z->stage == 3) {
-          const char *nm = tdm_tensor_name(tdm_params_get(p, j));
-          size_t l = module_key_len(nm);
-          if (l != klen || strncmp(nm, key, l) != 0) { /* a new module */
-            if (modules == per_unit) break;
-            modules++, key = nm, klen = l;
-          }
-        } else if ((size_t)(g->hi - tdm_params_offset(p, j)) * 4 > (z->ng == 0 ? first : bucket)) {
-          break;
-        }
-      }
-      z->group_of[j] = z->ng;
-      g->n_params++;
-      j--;
-    }
-    g->first = j + 1;
-    g->lo = tdm_params_offset(p, j + 1);
-    g->z = z;
-    z->ng++;
-    i = j;
-  }
-  /* pieces: even shares, moved to the nearest gradient-norm segment boundary */
-  const int64_t *seg;
-  int64_t nseg;
-  TDM__TRY(tdm_params_segments(p, &seg, &nseg));
-  int P = e->size;
-  for (int k = 0; k < z->ng; k++) {
-    group *g = &z->g[k];
-    if (!(g->cut = tdm__malloc(sizeof(int64_t) * (size_t)(P + 1)))) return tdm__set_error(TDM_ERR_NO_MEMORY, "zero: out of memory");
-    g->cut[0] = g->lo;
-    g->cut[P] = g->hi;
-    for (int r = 1; r < P; r++) {
-      int64_t ideal = g->lo + (g->hi - g->lo) * r / P, a = 0, b = nseg;
-      while (a < b) { /* the first cut >= ideal */
-        int64_t m = (a + b) / 2;
-        if (seg[m] < ideal) a = m + 1;
-        else b = m;
-      }
-      int64_t c = seg[a];
-      if (a > 0 && ideal - seg[a - 1] < seg[a] - ideal) c = seg[a - 1];
-      if (c < g->cut[r - 1]) c = g->cut[r - 1];
-      if (c > g->hi) c = g->hi;
-      g->cut[r] = c;
-    }
-  }
-  return TDM_OK;
-}
-
 /* My pieces as optimizer spans, ascending, with the compact shards laid out in that order. */
 static tdm_status make_shard(zero_state *z) {
   tdm_engine *e = z->e;
@@ -341,9 +256,7 @@ static tdm_status make_shard(zero_state *z) {
   e->spans = tdm__calloc((size_t)z->ng, sizeof *e->spans);
   z->span_g = tdm__calloc((size_t)z->ng, sizeof(float *));
   if (!e->spans || !z->span_g) return tdm__set_error(TDM_ERR_NO_MEMORY, "zero: out of memory");
-  int64_t owned = 0;
-  for (int k = z->ng - 1; k >= 0; k--) /* groups are in reverse order: ascending spans */
-    owned += z->g[k].cut[r + 1] - z->g[k].cut[r];
+  int64_t owned = tdm__layout_owned(&z->L, r);
   if (z->stage >= 2 && !(z->shard_g = tdm__aligned_alloc_cat(sizeof(float) * (size_t)(owned + 1), TDM_MEM_GRADS)))
     return tdm__set_error(TDM_ERR_NO_MEMORY, "zero: cannot allocate the gradient shard (%lld floats)", (long long)owned);
   if (z->stage == 3 && !(z->shard_w = tdm__aligned_alloc_cat(sizeof(float) * (size_t)(owned + 1), TDM_MEM_PARAMS)))
@@ -384,7 +297,12 @@ static tdm_status zero_create(tdm_engine *e, const tdm_model_config *mc, uint64_
   TDM__TRY(tdm_model_create_with(&e->model, mc, seed, reserved));
   e->params = tdm_model_params(e->model);
   TDM__TRY(tdm__engine_check_same_model(e));
-  TDM__TRY(make_groups(z));
+  TDM__TRY(tdm__layout_make(&z->L, e->params, stage == 3, e->cfg.zero.bucket_bytes, e->cfg.zero.unit_modules, e->size));
+  z->ng = z->L.ng;
+  z->group_of = z->L.group_of;
+  if (!(z->g = tdm__calloc((size_t)z->ng, sizeof(group)))) return tdm__set_error(TDM_ERR_NO_MEMORY, "zero: out of memory");
+  for (int k = 0; k < z->ng; k++)
+    z->g[k] = (group){.lo = z->L.g[k].lo, .hi = z->L.g[k].hi, .cut = z->L.g[k].cut, .n_params = z->L.g[k].n_params, .z = z};
   TDM__TRY(make_shard(z));
   int r = e->rank, n = tdm_params_count(e->params);
   if (stage == 3) { /* each rank makes only its pieces, with the values the whole model would have */
@@ -413,7 +331,6 @@ static void zero_destroy(tdm_engine *e) {
     if (g->gather) tdm_work_wait(g->gather);
     if (g->resident) tdm__mem_account(TDM_MEM_PARAMS, -(int64_t)sizeof(float) * (g->hi - g->lo));
     count_grads(g, 0);
-    tdm__free(g->cut);
   }
   if (e->params) {
     for (int i = 0; i < tdm_params_count(e->params); i++) {
@@ -422,7 +339,7 @@ static void zero_destroy(tdm_engine *e) {
     }
   }
   tdm__free(z->g);
-  tdm__free(z->group_of);
+  tdm__layout_free(&z->L);
   tdm__free(z->span_g);
   tdm__free(z->shard_g);
   tdm__free(z->shard_w);

@@ -1,0 +1,32 @@
+/* How the sharding engines cut the parameter buffer: groups (gradient buckets, or stage 3's gather
+ * units) and, within each group, one piece per rank. Shared by the ZeRO engine and the memory
+ * planner, so that what is planned is what runs. */
+#ifndef TANDEM_LAYOUT_H
+#define TANDEM_LAYOUT_H
+
+#include "tandem/nn.h"
+
+typedef struct {
+  int64_t lo, hi;      /* the group's span of the parameter buffer */
+  int first, n_params; /* its parameters: first .. first + n_params - 1 */
+  int64_t *cut;        /* [P + 1]: rank r's piece is [cut[r], cut[r + 1]) */
+} tdm__group;
+
+typedef struct {
+  tdm__group *g; /* in reverse parameter order: the order backward makes gradients final */
+  int ng, P;
+  int *group_of; /* parameter index -> group */
+} tdm__layout;
+
+/* by_module = 0: buckets of at most bucket_bytes (0: 25 MiB), the first at most 1 MiB, as data
+ * parallelism's; 1: units of unit_modules modules (a module: the parameters whose names agree up to
+ * their first all-digit component, such as "transformer.h.3", else up to their last one). Pieces
+ * are even shares moved to the nearest gradient-norm segment boundary (tdm_params_segments), so a
+ * shard is made of whole segments. */
+tdm_status tdm__layout_make(tdm__layout *L, const tdm_params *p, int by_module, size_t bucket_bytes, int unit_modules,
+                            int P);
+void tdm__layout_free(tdm__layout *L);
+/* Elements rank r owns (the sum of its pieces). */
+int64_t tdm__layout_owned(const tdm__layout *L, int r);
+
+#endif
