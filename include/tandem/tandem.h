@@ -18,5 +18,6 @@
 #include "tandem/checkpoint.h"
 #include "tandem/sampler.h"
 #include "tandem/engine.h"
+#include "tandem/plan.h"
 
 #endif

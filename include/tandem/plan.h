@@ -1,0 +1,70 @@
+/* tandem — the memory planner: what a training run will hold, per rank and per category, before
+ * it starts.
+ *
+ * The plan is worked out from the model's shapes and the strategy, with the same code that cuts
+ * the parameters into buckets and shards at run time (src/parallel/layout.c), and the same rules
+ * of allocation as the tape's ops; a test runs the real thing and checks every category against
+ * the memory the library counted (tandem/core.h, tdm_mem_stats). Closed forms for fp32 with Adam,
+ * Ψ parameters, N ranks: 16Ψ per rank at stage 0, 8Ψ + 8Ψ/N at stage 1, 4Ψ + 12Ψ/N at stage 2,
+ * 16Ψ/N at stage 3, plus activations and buffers.
+ *
+ *   tdm_plan_config pc = tdm_plan_config_default();  pc.model = ...; pc.world = 4; ...
+ *   tdm_plan p;  tdm_plan_compute(&pc, &p);  tdm_plan_print(stdout, &p, limit);
+ */
+#ifndef TANDEM_PLAN_H
+#define TANDEM_PLAN_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "tandem/comm.h"
+#include "tandem/core.h"
+#include "tandem/engine.h"
+#include "tandem/nn.h"
+#include "tandem/optim.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct tdm_plan_config {
+  tdm_model_config model;
+  tdm_optim_config optim;
+  tdm_engine_config engine;
+  int world;                    /* ranks on the data axis */
+  int64_t batch;                /* samples per rank and micro-batch */
+  int64_t seq_len;              /* gpt: tokens per sample (0: the block size) */
+  int64_t eval_batch;           /* samples per evaluation batch (0: no evaluation) */
+  int64_t data_bytes;           /* the data sets as held in memory (tdm_dataset_bytes) */
+  int prefetch;                 /* batches are assembled ahead on a thread (two batch buffers) */
+  tdm_transport_kind transport; /* for the communication buffers */
+} tdm_plan_config;
+tdm_plan_config tdm_plan_config_default(void);
+
+typedef struct tdm_plan {
+  int64_t bytes[TDM_MEM_COUNT]; /* per rank, at the peak of a step or an evaluation */
+  int64_t total;
+  int64_t n_params;             /* Ψ */
+  int64_t owned;                /* the most elements any rank's optimizer updates */
+  int n_groups;                 /* gradient buckets, or stage 3's gather units */
+  int64_t max_group;            /* elements of the largest */
+  int64_t act_train, act_eval;  /* tape bytes of a training micro-batch, of an evaluation batch */
+  double comm_per_step;         /* bytes each rank sends per optimizer step */
+  int stage;                    /* 0: data parallel; 1-3: ZeRO */
+  int world;
+} tdm_plan;
+
+tdm_status tdm_plan_compute(const tdm_plan_config *c, tdm_plan *out);
+/* A table: per category, bytes and what they are. limit > 0 adds whether the total fits. */
+void tdm_plan_print(FILE *f, const tdm_plan *p, int64_t limit);
+/* TDM_ERR_NO_MEMORY when the total exceeds limit (> 0), saying by how much and naming the largest
+ * category; TDM_OK otherwise. */
+tdm_status tdm_plan_check(const tdm_plan *p, int64_t limit);
+/* Parses "24G", "512MiB", "1.5GB", "1000000" (bytes; K/M/G/T are powers of 1024 as are KiB/MiB/...,
+ * KB/MB/GB/TB powers of 1000). */
+tdm_status tdm_parse_bytes(const char *s, int64_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

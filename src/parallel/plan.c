@@ -1,0 +1,274 @@
+/* The memory planner (include/tandem/plan.h). Parameters, gradients and optimizer state follow
+ * from the layout the engines use; activations from walking the model's ops with the tape's rules
+ * of allocation (every arena block is rounded up to 64 bytes: a tensor is its struct and its data,
+ * a recorded op adds a node, backward adds a gradient per activation that needs one). */
+#include "tandem/plan.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd/tape_impl.h"
+#include "core/internal.h"
+#include "parallel/layout.h"
+#include "tandem/kernels.h"
+
+tdm_plan_config tdm_plan_config_default(void) {
+  tdm_plan_config c;
+  memset(&c, 0, sizeof c);
+  c.model = tdm_model_config_mlp();
+  c.optim = tdm_optim_config_default(TDM_OPT_ADAM);
+  c.engine = tdm_engine_config_default();
+  c.world = 1;
+  c.batch = 64;
+  c.transport = TDM_TRANSPORT_AUTO;
+  return c;
+}
+
+/* ---- activations: the tape's allocations, op by op ---------------------------------------------- */
+typedef struct {
+  int64_t fwd, bwd; /* bytes forward, bytes backward adds */
+  int train;        /* recording: nodes and gradients; dropout active */
+} tape_bytes;
+
+static int64_t al(int64_t b) {
+  b = (b + 63) / 64 * 64;
+  return b ? b : 64;
+}
+#define TENSOR al((int64_t)sizeof(tdm_tensor))
+#define NODE al((int64_t)sizeof(tdm_node))
+
+/* A tensor of `bytes` made in forward; when recording it gets a node, and in backward a gradient. */
+static void op_out(tape_bytes *a, int64_t bytes) {
+  a->fwd += TENSOR + al(bytes);
+  if (a->train) a->fwd += NODE, a->bwd += TENSOR + al(bytes);
+}
+/* A view: only its struct; recorded and given a gradient like an op's output. */
+static void op_view(tape_bytes *a, int64_t bytes) {
+  a->fwd += TENSOR;
+  if (a->train) a->fwd += NODE, a->bwd += TENSOR + al(bytes);
+}
+static void op_saved(tape_bytes *a, int64_t bytes) { a->fwd += al(bytes); }      /* kept for backward */
+static void bwd_scratch(tape_bytes *a, int64_t bytes) { if (a->train) a->bwd += al(bytes); }
+static void input(tape_bytes *a, int64_t bytes) { a->fwd += TENSOR + al(bytes); } /* the batch */
+
+static void linear(tape_bytes *a, int64_t N, int64_t out) { op_out(a, 4 * N * out); }
+static void dropout(tape_bytes *a, float p, int64_t n) {
+  if (a->train && p > 0) op_out(a, 4 * n);
+}
+static void layernorm(tape_bytes *a, int64_t N, int64_t C) {
+  op_out(a, 4 * N * C);
+  op_saved(a, 8 * N);
+}
+static void cross_entropy(tape_bytes *a, int64_t N) {
+  op_saved(a, 4 * N); /* log-sum-exp per row */
+  op_out(a, 4);       /* the loss; backward seeds its gradient */
+}
+
+static void model_tape(const tdm_model_config *m, int64_t B, int64_t T, int64_t accum, tape_bytes *a) {
+  switch (m->kind) {
+  case TDM_MODEL_MLP: {
+    input(a, 4 * B * m->in_features);
+    input(a, 4 * B);
+    for (int i = 0; i <= m->n_hidden; i++) {
+      int64_t out = i < m->n_hidden ? m->hidden[i] : m->n_classes;
+      linear(a, B, out);
+      if (i < m->n_hidden) {
+        op_out(a, 4 * B * out); /* relu */
+        dropout(a, m->dropout, B * out);
+      }
+    }
+    cross_entropy(a, B);
+    break;
+  }
+  case TDM_MODEL_CNN: {
+    input(a, 4 * B * m->in_channels * m->height * m->width);
+    input(a, 4 * B);
+    int64_t H = m->height, W = m->width, ci = m->in_channels;
+    int64_t ch[2] = {m->c1, m->c2};
+    for (int k = 0; k < 2; k++) { /* conv 5x5 pad 2, relu, maxpool 2 */
+      op_out(a, 4 * B * ch[k] * H * W);
+      op_saved(a, (int64_t)sizeof(tdm_conv_shape));
+      op_saved(a, 4 * ci * 25 * H * W); /* one image's columns */
+      bwd_scratch(a, 4 * ci * 25 * H * W);
+      op_out(a, 4 * B * ch[k] * H * W); /* relu */
+      H /= 2, W /= 2;
+      op_out(a, 4 * B * ch[k] * H * W); /* maxpool */
+      op_saved(a, 4 * B * ch[k] * H * W); /* argmax */
+      ci = ch[k];
+    }
+    op_view(a, 4 * B * ci * H * W); /* flatten */
+    dropout(a, m->dropout, B * ci * H * W);
+    linear(a, B, m->n_classes);
+    cross_entropy(a, B);
+    break;
+  }
+  case TDM_MODEL_GPT: {
+    int64_t N = B * T, C = m->n_embd, NH = m->n_head;
+    input(a, 4 * N);
+    input(a, 4 * N);
+    op_out(a, 4 * N * C);  /* token embedding */
+    op_view(a, 4 * T * C); /* position embedding rows */
+    op_out(a, 4 * N * C);  /* their sum */
+    dropout(a, m->dropout, N * C);
+    for (int64_t l = 0; l < m->n_layer; l++) {
+      layernorm(a, N, C);
+      linear(a, N, 3 * C);
+      op_out(a, 4 * N * C); /* attention */
+      op_saved(a, 4 * B * NH * T * T);
+      bwd_scratch(a, 4 * B * NH * T * T);
+      linear(a, N, C);
+      dropout(a, m->dropout, N * C);
+      op_out(a, 4 * N * C); /* residual */
+      layernorm(a, N, C);
+      linear(a, N, 4 * C);
+      op_out(a, 4 * N * 4 * C); /* gelu */
+      linear(a, N, C);
+      dropout(a, m->dropout, N * C);
+      op_out(a, 4 * N * C); /* residual */
+    }
+    layernorm(a, N, C);
+    linear(a, N, m->vocab_size);
+    cross_entropy(a, N);
+    break;
+  }
+  default:
+    break;
+  }
+  if (a->train && accum > 1) a->fwd += TENSOR + al(4); /* backward's seed 1/accum */
+}
+
+static int64_t tape_total(const tdm_model_config *m, int64_t B, int64_t T, int64_t accum, int train) {
+  tape_bytes a = {0, 0, train};
+  model_tape(m, B, T, accum, &a);
+  return a.fwd + a.bwd;
+}
+
+/* ---- the plan ---------------------------------------------------------------------------------- */
+tdm_status tdm_plan_compute(const tdm_plan_config *c, tdm_plan *out) {
+  if (!c || !out) return tdm__set_error(TDM_ERR_INVALID_ARG, "plan: NULL argument");
+  memset(out, 0, sizeof *out);
+  int P = c->world > 0 ? c->world : 1;
+  int stage = c->engine.kind == TDM_ENGINE_ZERO ? c->engine.zero.stage : 0;
+  if (stage < 0 || stage > 3) return tdm__set_error(TDM_ERR_INVALID_ARG, "plan: ZeRO stage %d; expected 0..3", stage);
+  if (c->batch < 1) return tdm__set_error(TDM_ERR_INVALID_ARG, "plan: batch %lld; expected >= 1", (long long)c->batch);
+  /* the model's parameters, in address space only: names, shapes and offsets without memory */
+  tdm_model *m;
+  TDM__TRY(tdm_model_create_with(&m, &c->model, 0, TDM_RESERVE_DATA | TDM_RESERVE_GRAD));
+  tdm_params *params = tdm_model_params(m);
+  int64_t n = tdm_params_numel(params), owned = n;
+  tdm__layout L = {0};
+  tdm_status st = TDM_OK;
+  if (stage > 0) {
+    st = tdm__layout_make(&L, params, stage == 3, c->engine.zero.bucket_bytes, c->engine.zero.unit_modules, P);
+    owned = 0;
+    for (int r = 0; st == TDM_OK && r < P; r++) {
+      int64_t o = tdm__layout_owned(&L, r);
+      if (o > owned) owned = o;
+    }
+    for (int k = 0; st == TDM_OK && k < L.ng; k++)
+      if (L.g[k].hi - L.g[k].lo > out->max_group) out->max_group = L.g[k].hi - L.g[k].lo;
+    out->n_groups = L.ng;
+  }
+  tdm__layout_free(&L);
+  tdm_model_destroy(m);
+  TDM__TRY(st);
+  int64_t accum = c->engine.accum > 1 ? c->engine.accum : 1, G = out->max_group;
+  out->n_params = n;
+  out->owned = owned;
+  out->stage = stage;
+  out->world = P;
+  int64_t *b = out->bytes;
+  /* parameters: whole below stage 3; then the shard and the units gathered at once (the one in
+   * use, the one before it, the next one arriving) */
+  b[TDM_MEM_PARAMS] = 4 * (stage < 3 ? n : owned + 3 * G);
+  /* gradients: whole at stages 0-1; at 2-3 the shard plus the group being written and the one
+   * being reduced, or everything while micro-batches accumulate */
+  b[TDM_MEM_GRADS] = 4 * (stage < 2 ? n : owned + (accum > 1 ? n : 2 * G));
+  int adam = c->optim.kind != TDM_OPT_SGD;
+  b[TDM_MEM_OPTIM] = 4 * owned * (adam ? 2 : c->optim.momentum > 0 ? 1 : 0);
+  int64_t T = c->model.kind == TDM_MODEL_GPT ? (c->seq_len > 0 ? c->seq_len : c->model.block_size) : 1;
+  out->act_train = tape_total(&c->model, c->batch, T, accum, 1);
+  out->act_eval = c->eval_batch > 0 ? tape_total(&c->model, c->eval_batch, T, 1, 0) : 0;
+  b[TDM_MEM_ACTIVATIONS] = out->act_train > out->act_eval ? out->act_train : out->act_eval;
+  b[TDM_MEM_DATA] = c->data_bytes;
+  b[TDM_MEM_COMM] = 0;
+  b[TDM_MEM_WORKSPACE] = 0;
+  /* traffic: stages 0-2 reduce-scatter and all-gather Ψ (2Ψ(N-1)/N), stage 3 gathers twice */
+  out->comm_per_step = 4.0 * (double)n * (double)(P - 1) / P * (stage == 3 ? 3 : 2);
+  for (int k = 0; k < TDM_MEM_COUNT; k++) out->total += b[k];
+  return TDM_OK;
+}
+
+static void human(char *buf, size_t n, double bytes) {
+  const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int k = 0;
+  while (fabs(bytes) >= 1024 && k < 4) bytes /= 1024, k++;
+  snprintf(buf, n, k ? "%.2f %s" : "%.0f %s", bytes, u[k]);
+}
+
+void tdm_plan_print(FILE *f, const tdm_plan *p, int64_t limit) {
+  static const char *what[TDM_MEM_COUNT] = {
+      "parameters (fp32)", "gradients", "optimizer state", "activations (tape, peak of a step or an evaluation)",
+      "communication buffers", "data sets and batches", "workspace"};
+  char h[32];
+  fprintf(f, "memory plan per rank: %s, %d rank%s, %lld parameters", p->stage ? "ZeRO" : "data parallel", p->world,
+          p->world == 1 ? "" : "s", (long long)p->n_params);
+  if (p->stage) fprintf(f, ", stage %d (%d %s, this rank updates at most %lld)", p->stage, p->n_groups,
+                        p->stage == 3 ? "units" : "buckets", (long long)p->owned);
+  fprintf(f, "\n");
+  for (int k = 0; k < TDM_MEM_COUNT; k++) {
+    human(h, sizeof h, (double)p->bytes[k]);
+    fprintf(f, "  %-14s %12s  %s\n", tdm_mem_category_name((tdm_mem_category)k), h, what[k]);
+  }
+  human(h, sizeof h, (double)p->total);
+  fprintf(f, "  %-14s %12s\n", "total", h);
+  if (limit > 0) {
+    char l[32];
+    human(l, sizeof l, (double)limit);
+    fprintf(f, "  %s the memory limit of %s\n", p->total <= limit ? "fits" : "EXCEEDS", l);
+  }
+}
+
+tdm_status tdm_plan_check(const tdm_plan *p, int64_t limit) {
+  if (limit <= 0 || p->total <= limit) return TDM_OK;
+  int big = 0;
+  for (int k = 1; k < TDM_MEM_COUNT; k++)
+    if (p->bytes[k] > p->bytes[big]) big = k;
+  char t[32], l[32], o[32], g[32];
+  human(t, sizeof t, (double)p->total);
+  human(l, sizeof l, (double)limit);
+  human(o, sizeof o, (double)(p->total - limit));
+  human(g, sizeof g, (double)p->bytes[big]);
+  return tdm__set_error(TDM_ERR_NO_MEMORY,
+                        "the plan needs %s per rank, %s more than --memory-limit %s; the largest part is %s (%s)%s", t, o,
+                        l, tdm_mem_category_name((tdm_mem_category)big), g,
+                        p->stage < 3 ? ": a higher --zero stage or more ranks shard it" : "");
+}
+
+tdm_status tdm_parse_bytes(const char *s, int64_t *out) {
+  if (!s || !out) return tdm__set_error(TDM_ERR_INVALID_ARG, "bytes: NULL argument");
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (end == s || errno || !(v >= 0) || !isfinite(v))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "'%s' is not a size; expected a number with an optional unit such as 512M, 24GiB or 1.5GB", s);
+  while (*end == ' ') end++;
+  static const struct {
+    const char *u;
+    double mul;
+  } units[] = {{"", 1},         {"B", 1},          {"K", 1024.0},      {"KiB", 1024.0},   {"KB", 1e3},
+               {"M", 1048576.0}, {"MiB", 1048576.0}, {"MB", 1e6},       {"G", 1073741824.0}, {"GiB", 1073741824.0},
+               {"GB", 1e9},      {"T", 1099511627776.0}, {"TiB", 1099511627776.0}, {"TB", 1e12}};
+  for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+    if (!strcmp(end, units[i].u)) {
+      double x = v * units[i].mul;
+      if (x > 9.2e18)
+        return tdm__set_error(TDM_ERR_INVALID_ARG, "size '%s' is too large", s);
+      *out = (int64_t)x;
+      return TDM_OK;
+    }
+  return tdm__set_error(TDM_ERR_INVALID_ARG, "size '%s': unknown unit '%s'; expected B, K, M, G, T, KiB..TiB or KB..TB", s, end);
+}
