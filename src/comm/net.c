@@ -12,6 +12,7 @@
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -251,12 +252,20 @@ tdm_status tdm__net_dial(const char *addr, int port, uint32_t magic, const char 
   int busy = 0;
   uint32_t held = 0;
   for (;;) {
-    int fd;
-    TDM__TRY(tdm__net_connect(addr, port, deadline, &fd));
+    int fd = -1, closed = 0;
     uint32_t w = 0;
-    int closed = 0;
-    tdm_status st = tdm__net_send_hello(fd, magic, token, rank, deadline);
-    if (st == TDM_OK) st = recv_all(fd, &w, 4, deadline, "handshake", &closed);
+    tdm_status st = tdm__net_connect(addr, port, deadline, &fd);
+    int connected = st == TDM_OK;
+    if (st == TDM_OK) st = tdm__net_send_hello(fd, magic, token, rank, deadline);
+    if (st == TDM_OK) {
+      st = recv_all(fd, &w, 4, deadline, "handshake", &closed);
+    } else if (connected && st == TDM_ERR_REMOTE) { /* dropped before our hello went out: busy? */
+      tdm_status sent = st;
+      char why[256];
+      snprintf(why, sizeof why, "%s", tdm_last_error());
+      if (recv_all(fd, &w, 4, tdm_time_now() + 0.1, "handshake", &closed) == TDM_OK && w == TDM_NET_BUSY_MAGIC) st = TDM_OK;
+      else st = tdm__set_error(sent, "%s", why);
+    }
     if (st == TDM_OK && w != TDM_NET_BUSY_MAGIC) {
       *fd_out = fd;
       *first = w;
@@ -265,17 +274,18 @@ tdm_status tdm__net_dial(const char *addr, int port, uint32_t magic, const char 
     if (st == TDM_OK) { /* dropped before our hello was read: try again while there is time */
       busy++;
       if (tdm__net_recv_all(fd, &held, 4, deadline, "handshake") != TDM_OK) held = 0;
-      close(fd);
-      if (tdm_time_now() + 0.05 < deadline) {
-        usleep(50000);
-        continue;
-      }
+    }
+    if (fd >= 0) close(fd);
+    if (st == TDM_OK && tdm_time_now() + 0.05 < deadline) {
+      usleep(50000);
+      continue;
+    }
+    if (busy) /* whatever the last attempt met at the deadline, being dropped is what happened */
       return tdm__set_error(TDM_ERR_REMOTE,
                             "it dropped our connection before the handshake completed (%d time%s): it is overloaded "
                             "by %u unauthenticated connections (strangers, not ranks of this job)",
                             busy, busy == 1 ? "" : "s", held);
-    }
-    close(fd);
+    if (!connected) return st;
     if (st == TDM_ERR_TIMEOUT)
       return tdm__set_error(st, "it accepted our connection but did not answer our handshake in time");
     if (closed)
@@ -289,8 +299,7 @@ tdm_status tdm__net_dial(const char *addr, int port, uint32_t magic, const char 
 #define STR_(x) #x
 #define STR(x) STR_(x)
 #define GATE_REASONS 8
-#define GATE_ACCEPT_BATCH 32 /* per serve: far below TDM_NET_MAX_PENDING, so a hello that has
-                                arrived is always read before newer strangers can push it out */
+#define GATE_ACCEPT_BATCH 32 /* per serve, so that the pending are read between batches */
 
 typedef struct {
   int fd;
@@ -308,7 +317,8 @@ struct tdm__net_gate {
   tdm__net_admit_fn admit;
   void *ctx;
   pending p[TDM_NET_MAX_PENDING];
-  int n, n_polled;
+  int n, n_polled, max_pending;
+  double round_start; /* of the current serve: connections accepted since have not been read yet */
   double accept_paused_until; /* out of file descriptors: do not spin on the listener */
   /* refusals since the last report */
   char reason[GATE_REASONS][96];
@@ -330,6 +340,11 @@ tdm_status tdm__net_gate_create(tdm__net_gate **out, int lfd, uint32_t magic, co
   g->admit = admit;
   g->ctx = ctx;
   g->last_report = -1e300; /* the first refusal is reported at once */
+  /* strangers may hold an eighth of our descriptors at most: the rest stay for ranks, files and
+     a second listener in the same process (rank 0 has the store's and the mesh's) */
+  struct rlimit rl;
+  rlim_t eighth = getrlimit(RLIMIT_NOFILE, &rl) == 0 ? rl.rlim_cur / 8 : TDM_NET_MAX_PENDING;
+  g->max_pending = eighth < 4 ? 4 : eighth < TDM_NET_MAX_PENDING ? (int)eighth : TDM_NET_MAX_PENDING;
   tdm__net_nonblock(lfd);
   *out = g;
   return TDM_OK;
@@ -422,28 +437,39 @@ static void read_hello(tdm__net_gate *g, int i) {
   g->p[i] = g->p[--g->n]; /* the fd is the caller's now */
 }
 
+/* The oldest pending connection if it was there before this round (so it was read, and its hello
+ * is not complete), else -1: only those may be pushed out, as a rank's hello may wait in the others. */
+static int oldest_read(const tdm__net_gate *g) {
+  int old = -1;
+  for (int i = 0; i < g->n; i++)
+    if (g->p[i].since < g->round_start && (old < 0 || g->p[i].since < g->p[old].since)) old = i;
+  return old;
+}
+
 static void accept_some(tdm__net_gate *g) {
   for (int k = 0; k < GATE_ACCEPT_BATCH; k++) {
+    if (g->n >= g->max_pending) { /* make room: the oldest stranger goes */
+      int old = oldest_read(g);
+      if (old < 0) return; /* all came in this round: read them first, accept the rest next round */
+      refuse(g, old, "pushed out by newer connections (too many without a handshake)", 1);
+    }
     struct sockaddr_in sa;
     socklen_t len = sizeof sa;
     int fd = accept4(g->lfd, (struct sockaddr *)&sa, &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
-      if (!g->n) { /* every descriptor is in real use: listen again a little later */
-        g->accept_paused_until = tdm_time_now() + 0.1;
-        count(g, "?", "not accepted: out of file descriptors");
-        return;
+      /* hold one fewer from now on: the descriptor we could not get stays for the ranks and
+         for rank 0's other listener, which strangers here must not starve */
+      if (g->n > 1) g->max_pending = g->n - 1;
+      int old = oldest_read(g);
+      if (old >= 0) {
+        refuse(g, old, "pushed out for want of file descriptors", 1);
+        continue;
       }
-      fd = -2;
-    } else if (fd < 0) {
-      return; /* nothing waiting (EAGAIN), or it went away before we took it */
+      g->accept_paused_until = tdm_time_now() + 0.1; /* rather than spin on the listener */
+      count(g, "?", "not accepted: out of file descriptors");
+      return;
     }
-    if (fd == -2 || g->n == TDM_NET_MAX_PENDING) { /* make room: the oldest stranger goes */
-      int old = 0;
-      for (int i = 1; i < g->n; i++)
-        if (g->p[i].since < g->p[old].since) old = i;
-      refuse(g, old, "pushed out by newer connections (more than " STR(TDM_NET_MAX_PENDING) " without a handshake)", 1);
-      if (fd == -2) continue;
-    }
+    if (fd < 0) return; /* nothing waiting (EAGAIN), or it went away before we took it */
     pending *c = &g->p[g->n++];
     c->fd = fd;
     c->since = tdm_time_now();
@@ -463,16 +489,17 @@ int tdm__net_gate_fill(tdm__net_gate *g, struct pollfd *pf) {
 }
 
 int tdm__net_gate_wait_ms(const tdm__net_gate *g, int max_ms) {
-  double next = g->total ? g->last_report + TDM_NET_REPORT_S : 1e300;
+  double now = tdm_time_now(), next = g->total ? g->last_report + TDM_NET_REPORT_S : 1e300;
   for (int i = 0; i < g->n; i++)
     if (g->p[i].since + TDM_NET_HELLO_S < next) next = g->p[i].since + TDM_NET_HELLO_S;
-  if (g->accept_paused_until > 0 && g->accept_paused_until < next) next = g->accept_paused_until;
-  double left_ms = (next - tdm_time_now()) * 1000;
+  if (g->accept_paused_until > now && g->accept_paused_until < next) next = g->accept_paused_until;
+  double left_ms = (next - now) * 1000;
   if (left_ms <= 0) return 0;
   return left_ms >= max_ms ? max_ms : (int)left_ms + 1;
 }
 
 void tdm__net_gate_serve(tdm__net_gate *g, const struct pollfd *pf) {
+  g->round_start = tdm_time_now();
   /* downwards: refuse() moves the last entry, already served, into the freed place */
   for (int i = g->n_polled - 1; i >= 0; i--)
     if (pf[1 + i].revents) read_hello(g, i);

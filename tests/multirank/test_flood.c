@@ -27,14 +27,27 @@ static tdm_comm_config config(int rank, int size, int port, double timeout) {
   return cfg;
 }
 
+/* How a rank runs: its descriptor limit (0: ours), how many of them it holds busy from the start,
+ * and how long it lingers (with its store open) after its all-reduces. */
+typedef struct {
+  int nofile, hog;
+  double linger_s;
+} rank_opts;
+
 /* Forks a rank that makes a few checked all-reduces; its stderr goes to log (NULL: ours). It
  * closes the descriptors it inherits: the test's idle connections are not its own. */
-static pid_t start_rank(int rank, int size, int port, const char *log) {
+static pid_t start_rank_opts(int rank, int size, int port, const char *log, rank_opts o) {
   pid_t pid = fork();
   if (pid) return pid;
   struct rlimit rl;
   getrlimit(RLIMIT_NOFILE, &rl);
   for (int fd = 3; fd < (int)rl.rlim_cur; fd++) close(fd);
+  if (o.nofile > 0) {
+    rl.rlim_cur = (rlim_t)o.nofile;
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }
+  for (int i = 0; i < o.hog; i++)
+    if (dup(0) < 0) break;
   if (log) {
     int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(fd, 2);
@@ -56,8 +69,26 @@ static pid_t start_rank(int rank, int size, int port, const char *log) {
       rc = 2;
     }
   }
+  if (o.linger_s > 0) usleep((useconds_t)(o.linger_s * 1e6));
   tdm_comm_destroy(c);
   _exit(rc);
+}
+static pid_t start_rank(int rank, int size, int port, const char *log) {
+  return start_rank_opts(rank, size, port, log, (rank_opts){0, 0, 0});
+}
+
+/* CPU clock ticks a process has used (user + system). */
+static long cpu_ticks(pid_t pid) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+  if (f) fclose(f);
+  buf[n] = 0;
+  char *p = strrchr(buf, ')');
+  long ut = 0, st = 0;
+  if (p) sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %ld %ld", &ut, &st);
+  return ut + st;
 }
 
 /* ---- idle connections, reopened whenever the listener drops them ------------------------------ */
@@ -200,17 +231,18 @@ static void wait_listening(int port) {
   }
 }
 
-static void test_store_flood(void) {
-  int want = 1100, lim = fd_limit(want + 200), n = lim - 200 < want ? lim - 200 : want;
+/* want idle connections to the store of a 2-rank job whose rank 0 runs as o says. */
+static void store_flood(int want, rank_opts o) {
+  int lim = fd_limit(want + 200), n = lim - 200 < want ? lim - 200 : want;
   if (n < want) printf("  the descriptor limit (%d) allows %d idle connections, not %d\n", lim, n, want);
-  CHECK_MSG(n > 1024, "only %d idle connections: not above the old limit of 1024 clients", n);
+  CHECK_MSG(n > 1024 || o.nofile, "only %d idle connections: not above the old limit of 1024 clients", n);
   int port = procs_free_port();
   char log[] = "/tmp/tdm-flood-store-XXXXXX";
   close(mkstemp(log));
   pid_t pids[2];
   int codes[2] = {-1, -1};
   double t0 = tdm_time_now();
-  pids[0] = start_rank(0, 2, port, log);
+  pids[0] = start_rank_opts(0, 2, port, log, o);
   wait_listening(port);
   char addr[9];
   int nl;
@@ -221,20 +253,45 @@ static void test_store_flood(void) {
   hold(h, port, n); /* the store sees them first */
   hold_on(h, 1, 300);
   pids[1] = start_rank(1, 2, port, NULL);
+  long idle_ticks = -1;
+  if (o.linger_s > 0) { /* once rank 1 is done the strangers go; rank 0's store, idle, must sleep */
+    while (procs_reap(2, pids, codes) > 0 && codes[1] < 0 && tdm_time_now() - t0 < 40) hold_on(h, 1, 20);
+    release(h);
+    usleep(300000);
+    long before = cpu_ticks(pids[0]);
+    usleep(1000000);
+    idle_ticks = cpu_ticks(pids[0]) - before;
+  }
   double t = hold_until_done(h, 1, 2, pids, codes, 40);
   release(h);
   long dropped = 0;
   int lines = warning_lines(log, "store:", &dropped);
+  if (o.nofile) printf("  rank 0 may open %d descriptors and holds %d of them\n", o.nofile, o.hog);
   printf("  2 ranks done in %.2f s with %d idle connections held to the store (%ld reopened after it dropped them); "
          "%d warning line(s) in %.1f s counting %ld dropped connections\n", t, n, h->reopened, lines, tdm_time_now() - t0,
          dropped);
   CHECK_MSG(codes[0] == 0 && codes[1] == 0, "exit codes %d %d", codes[0], codes[1]);
   CHECK_MSG(lines >= 1 && lines <= 2 + (int)((tdm_time_now() - t0) / TDM_NET_REPORT_S), "%d warning lines", lines);
   CHECK_MSG(dropped >= n - TDM_NET_MAX_PENDING, "the warnings count %ld dropped connections of %d", dropped, n);
+  if (o.nofile) {
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "grep -q 'out of file descriptors\\|for want of file descriptors' %s", log);
+    CHECK_MSG(system(cmd) == 0, "the store never ran out of descriptors: the case proves nothing");
+  }
+  if (idle_ticks >= 0) {
+    printf("  rank 0 used %ld clock ticks of CPU in 1 s once the strangers were gone\n", idle_ticks);
+    CHECK(idle_ticks < 10);
+  }
   if (codes[0] || codes[1] || lines > 2 + (int)((tdm_time_now() - t0) / TDM_NET_REPORT_S)) show(log);
   free(h);
   unlink(log);
 }
+
+static void test_store_flood(void) { store_flood(1100, (rank_opts){0, 0, 0}); }
+
+/* Rank 0 short of descriptors: accept fails (EMFILE); the oldest stranger makes room or the
+ * listener rests, the ranks still get in, and once the strangers are gone the store sleeps. */
+static void test_store_flood_out_of_descriptors(void) { store_flood(300, (rank_opts){48, 36, 1.8}); }
 
 static int mesh_port(tdm__store *st, int r, double timeout) {
   char key[32];
@@ -386,5 +443,5 @@ static void test_unanswered_connect_ends_at_the_deadline(void) {
   close(lfd);
 }
 
-TDM_TEST_MAIN(T(test_store_flood), T(test_mesh_flood), T(test_rank_says_why_the_store_dropped_it),
+TDM_TEST_MAIN(T(test_store_flood), T(test_store_flood_out_of_descriptors), T(test_mesh_flood), T(test_rank_says_why_the_store_dropped_it),
               T(test_unanswered_connect_ends_at_the_deadline))
