@@ -177,7 +177,8 @@ static void signal_ranks(rank_t *ranks, int n, int sig, int group) {
 static _Noreturn void start_rank(char **prog, int out_fd, int store_fd, pid_t launcher, const char *const *env) {
   setpgid(0, 0);
   /* die with the launcher; if it died before this line, we are already orphaned */
-  if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != launcher) raise(SIGKILL);
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != launcher) raise(SIGKILL);
   dup2(out_fd, 1);
   dup2(out_fd, 2);
   for (int i = 0; env[i]; i += 2) setenv(env[i], env[i + 1], 1);
