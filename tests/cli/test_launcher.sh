@@ -42,17 +42,22 @@ wait_none_marked() { # until no marked process runs ($1 s at most); else show an
 }
 
 # ---- ranks die with their launcher ----
-dies_with_launcher() { # $1: marked processes of the running job; the rest: the rank's command
-  local want=$1; shift
+dies_with_launcher() { # $1: marked processes of the running job, $2: a line its ranks print; then the command
+  local want=$1 ready=$2; shift 2
   "${MARKED[@]}" "$TANDEM" run -n 2 -- "$@" >"$TMP/out" 2>&1 &
-  local launcher=$!
+  local launcher=$! t=0
   wait_marked "$want" || { cat "$TMP/out"; kill_marked; return 1; }
+  until grep -q -- "$ready" "$TMP/out"; do
+    sleep 0.1
+    (( ++t < 100 )) || { echo "  no '$ready' in its output:"; cat "$TMP/out"; kill_marked; return 1; }
+  done
   kill -9 "$launcher"; wait "$launcher" 2>/dev/null
   wait_none_marked 5
 }
-check "kill -9 of tandem run: the ranks it started die with it" dies_with_launcher 3 sleep 60
-check "kill -9 of tandem run: tandem ranks under a shell that forks die too" dies_with_launcher 5 \
-  sh -c "\"$TANDEM\" bench allreduce -b 8 -e 8 -n 100000000 -w 0; echo after"
+check "kill -9 of tandem run: the ranks it started die with it" dies_with_launcher 3 started \
+  sh -c 'echo started; exec sleep 60'
+check "kill -9 of tandem run: tandem ranks under a shell that forks die too" dies_with_launcher 5 started \
+  sh -c "echo started; \"$TANDEM\" bench allreduce -b 8 -e 8 -n 100000000 -w 0; echo after"
 
 watchdog() { # the launcher's pid given without tandem run: gone, reused, and alive
   local start
