@@ -1,7 +1,11 @@
 # Sourced by the shell tests: a temporary directory removed on exit, `check NAME CMD...` that runs
 # a case and records ok/FAIL, and `finish`, which prints "N passed, N failed" and sets the status.
+# `on_exit CMD` adds a command to run on exit (before the directory is removed), e.g. to kill
+# processes a failed case left behind.
 TMP=$(mktemp -d /tmp/tandem-test-XXXXXX)
-trap 'rm -rf "$TMP"' EXIT
+_exit_cmds='rm -rf "$TMP"'
+trap 'eval "$_exit_cmds"' EXIT
+on_exit() { _exit_cmds="$1; $_exit_cmds"; }
 passed=0 failed=0
 check() {
   local name=$1; shift

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "watch.h"
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -17,6 +18,7 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+  watch_launcher(); /* a rank of a tandem run that died stops too */
   if (argc < 2) {
     usage(stderr);
     return 2;

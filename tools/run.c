@@ -1,6 +1,7 @@
 /* tandem run: starts N ranks of a program on this node with the torchrun environment, prefixes
- * their output with the rank, forwards SIGINT/SIGTERM, and when a rank fails stops the others
- * and says which rank failed first, how, and what it printed last. */
+ * their output with the rank, forwards SIGINT/SIGTERM/SIGHUP, and when a rank fails stops the
+ * others and says which rank failed first, how, and what it printed last. Ranks die with it:
+ * each gets a parent-death signal, and every tandem process below it watches it (watch.h). */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -8,9 +9,11 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -18,49 +21,53 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "comm/net.h"
 #include "tandem/core.h"
+#include "watch.h"
 
 #define MAX_RANKS 256
 #define TAIL_LINES 8
 
 typedef struct {
   pid_t pid;
-  int fd;            /* read end of the rank's stdout+stderr */
+  int fd;            /* read end of the rank's stdout+stderr; -1 once it is closed */
   char partial[4096];
   size_t plen;
   char tail[TAIL_LINES][512];
   int ntail;
   int done, code, sig;
-  double end_time;
-  FILE *log;
+  FILE *log;         /* open for the whole run, restarts included */
+  char log_path[4096];
+  int log_failed;
 } rank_t;
 
 static volatile sig_atomic_t got_signal;
 static void on_signal(int s) { got_signal = s; }
 
 /* The store's listening socket, opened here and inherited by rank 0 (TANDEM_STORE_FD): no other
- * job can take the port between choosing it and using it. port 0: any free one. Returns the fd. */
-static int store_socket(int64_t *port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-  if (fd < 0) return -1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  struct sockaddr_in sa = {0};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_ANY);
-  sa.sin_port = htons((uint16_t)*port);
-  if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 128) != 0) {
-    close(fd);
+ * job can take the port between choosing it and using it. It listens on the master address
+ * only (loopback stays loopback). port 0: any free one. Returns the fd (close-on-exec). */
+static int store_socket(const char *master, int64_t nnodes, int64_t *port) {
+  int fd = -1, got = 0;
+  if (tdm__net_listen(master, (int)*port, &fd, &got) != TDM_OK) {
+    fprintf(stderr, "tandem run: cannot listen for the rendezvous store: %s (is --master-addr an address of this "
+                    "node, and --master-port free?)\n", tdm_last_error());
     return -1;
   }
+  *port = got;
+  struct sockaddr_in sa;
   socklen_t len = sizeof sa;
-  getsockname(fd, (struct sockaddr *)&sa, &len);
-  *port = ntohs(sa.sin_port);
+  char ip[INET_ADDRSTRLEN] = "";
+  if (getsockname(fd, (struct sockaddr *)&sa, &len) == 0) inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof ip);
+  if (nnodes > 1 && !strncmp(ip, "127.", 4) && strncmp(master, "127.", 4) && strcmp(master, "localhost"))
+    fprintf(stderr, "tandem run: warning: --master-addr %s is %s on this node, a loopback address: ranks on other nodes "
+                    "cannot reach the store; give an address of a network interface\n", master, ip);
   return fd;
 }
 
 static void make_token(char *out, size_t n) {
   unsigned char b[16];
-  int fd = open("/dev/urandom", O_RDONLY);
+  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
   if (fd < 0 || read(fd, b, sizeof b) != (ssize_t)sizeof b) {
     uint64_t x = tdm_hash64((uint64_t)getpid(), (uint64_t)time(NULL));
     memcpy(b, &x, 8);
@@ -70,19 +77,42 @@ static void make_token(char *out, size_t n) {
   for (int i = 0; i < 16 && 2 * i + 2 < (int)n; i++) snprintf(out + 2 * i, 3, "%02x", b[i]);
 }
 
+/* Writes a line to the rank's log; the first failure is reported at once and ends the run
+ * with a non-zero status, but the rank goes on (its output still reaches our stdout). */
+static void log_line(rank_t *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void log_line(rank_t *r, const char *fmt, ...) {
+  if (!r->log || r->log_failed) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vfprintf(r->log, fmt, ap);
+  va_end(ap);
+  if (fflush(r->log) != 0 || ferror(r->log)) {
+    r->log_failed = errno ? errno : EIO;
+    fprintf(stderr, "tandem run: cannot write %s: %s; its log is incomplete\n", r->log_path, strerror(r->log_failed));
+  }
+}
+
 static void emit_line(rank_t *r, int idx, const char *line, size_t n) {
   printf("[rank %d] %.*s\n", idx, (int)n, line);
-  if (r->log) fprintf(r->log, "%.*s\n", (int)n, line);
+  log_line(r, "%.*s\n", (int)n, line);
   int keep = n < sizeof r->tail[0] - 1 ? (int)n : (int)sizeof r->tail[0] - 1;
   memcpy(r->tail[r->ntail % TAIL_LINES], line, (size_t)keep);
   r->tail[r->ntail % TAIL_LINES][keep] = 0;
   r->ntail++;
 }
 
+/* Reads what the rank wrote; at EOF (or a read error) closes its pipe, so poll does not spin on
+ * a rank that closed its output but runs on. final: also flush a last line without newline. */
 static void drain(rank_t *r, int idx, int final) {
-  for (;;) {
+  while (r->fd >= 0) {
     ssize_t k = read(r->fd, r->partial + r->plen, sizeof r->partial - r->plen);
-    if (k <= 0) break;
+    if (k < 0 && (errno == EAGAIN || errno == EINTR)) break;
+    if (k <= 0) {
+      if (k < 0) fprintf(stderr, "tandem run: reading the output of rank %d: %s\n", idx, strerror(errno));
+      close(r->fd);
+      r->fd = -1;
+      break;
+    }
     r->plen += (size_t)k;
     char *s = r->partial, *nl;
     while ((nl = memchr(s, '\n', r->plen - (size_t)(s - r->partial)))) {
@@ -96,7 +126,7 @@ static void drain(rank_t *r, int idx, int final) {
       r->plen = 0;
     }
   }
-  if (final && r->plen) {
+  if ((final || r->fd < 0) && r->plen) {
     emit_line(r, idx, r->partial, r->plen);
     r->plen = 0;
   }
@@ -109,6 +139,54 @@ static const char *self_exe(void) {
   if (n <= 0) return "tandem";
   buf[n] = 0;
   return buf;
+}
+
+/* Checks --log-dir and opens every rank's log before any rank starts. Returns 0 or 2. */
+static int open_logs(const char *dir, rank_t *ranks, int n, int64_t first_rank) {
+  if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+    fprintf(stderr, "tandem run: cannot create --log-dir %s: %s\n", dir, strerror(errno));
+    return 2;
+  }
+  struct stat st;
+  if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+    fprintf(stderr, "tandem run: --log-dir %s is not a directory\n", dir);
+    return 2;
+  }
+  for (int i = 0; i < n; i++) {
+    rank_t *r = &ranks[i];
+    snprintf(r->log_path, sizeof r->log_path, "%s/rank-%lld.log", dir, (long long)(first_rank + i));
+    r->log = fopen(r->log_path, "we"); /* close-on-exec: no rank inherits another's log */
+    if (!r->log) {
+      fprintf(stderr, "tandem run: cannot open the log %s for writing (--log-dir): %s\n", r->log_path, strerror(errno));
+      for (int j = 0; j < i; j++) fclose(ranks[j].log), ranks[j].log = NULL;
+      return 2;
+    }
+  }
+  return 0;
+}
+
+static void signal_ranks(rank_t *ranks, int n, int sig, int group) {
+  for (int i = 0; i < n; i++) {
+    if (ranks[i].done || ranks[i].pid <= 0) continue;
+    if (group) kill(-ranks[i].pid, sig);
+    kill(ranks[i].pid, sig);
+  }
+}
+
+/* The child's side of fork: environment, output, then exec. Never returns. */
+static _Noreturn void start_rank(char **prog, int out_fd, int store_fd, pid_t launcher, const char *const *env) {
+  setpgid(0, 0);
+  /* die with the launcher; if it died before this line, we are already orphaned */
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != launcher) raise(SIGKILL);
+  dup2(out_fd, 1);
+  dup2(out_fd, 2);
+  for (int i = 0; env[i]; i += 2) setenv(env[i], env[i + 1], 1);
+  if (store_fd >= 0) fcntl(store_fd, F_SETFD, 0); /* rank 0 serves the store on the socket we opened */
+  else unsetenv("TANDEM_STORE_FD");
+  execvp(prog[0], prog);
+  fprintf(stderr, "tandem run: cannot start %s: %s\n", prog[0], strerror(errno));
+  _exit(127);
 }
 
 int tool_run(int argc, char **argv) {
@@ -124,20 +202,21 @@ int tool_run(int argc, char **argv) {
       {"nproc", CLI_INT, &n, "1", "ranks to start on this node (also -n)", NULL, 1, MAX_RANKS, 0},
       {"nnodes", CLI_INT, &nnodes, "1", "nodes in the job", NULL, 1, 4096, 0},
       {"node-rank", CLI_INT, &node_rank, "0", "this node's index", NULL, 0, 4095, 0},
-      {"master-addr", CLI_STRING, &master, "127.0.0.1", "address of the node that hosts rank 0", NULL, 0, 0, 0},
+      {"master-addr", CLI_STRING, &master, "127.0.0.1", "address of the node that hosts rank 0 (the store listens there only)", NULL, 0, 0, 0},
       {"master-port", CLI_INT, &port, "0", "rendezvous port (0: a free port; set it for several nodes)", NULL, 0, 65535, 0},
       {"log-dir", CLI_STRING, &log_dir, NULL, "also write each rank's output to DIR/rank-N.log", NULL, 0, 0, 0},
       {"max-restarts", CLI_INT, &max_restarts, "0", "restart the whole group this many times after a failure (the program resumes from its checkpoint)", NULL, 0, 1000, 0},
   };
   int nopt = (int)(sizeof opts / sizeof opts[0]);
   int n_ours = dash >= 0 ? dash : argc;
-  char *ours[64];
-  int k = 0;
-  for (int i = 0; i < n_ours && k < 62; i++) { /* accept -n N as --nproc N */
-    if (!strcmp(argv[i], "-n")) ours[k++] = "--nproc";
-    else ours[k++] = argv[i];
+  char **ours = malloc(sizeof(char *) * (size_t)(n_ours + 1));
+  if (!ours) {
+    fprintf(stderr, "tandem run: out of memory\n");
+    return 1;
   }
-  int r = cli_parse("run", "-n N [options] -- PROGRAM [ARGS...]", opts, nopt, k, ours);
+  for (int i = 0; i < n_ours; i++) ours[i] = strcmp(argv[i], "-n") ? argv[i] : "--nproc"; /* -n N is --nproc N */
+  int r = cli_parse("run", "-n N [options] -- PROGRAM [ARGS...]", opts, nopt, n_ours, ours);
+  free(ours);
   if (r == 1) return 0;
   if (r) return 2;
   if (dash < 0 || dash + 1 >= argc) {
@@ -152,144 +231,157 @@ int tool_run(int argc, char **argv) {
     fprintf(stderr, "tandem run: with --nnodes > 1, give every node the same --master-port\n");
     return 2;
   }
+  static rank_t ranks[MAX_RANKS];
+  int N = (int)n;
+  memset(ranks, 0, sizeof ranks);
+  if (log_dir && open_logs(log_dir, ranks, N, node_rank * n)) return 2;
   int store_fd = -1;
-  if (node_rank == 0) { /* this node hosts rank 0 and so the store */
-    store_fd = store_socket(&port);
-    if (store_fd < 0) {
-      fprintf(stderr, "tandem run: cannot listen on port %lld for the rendezvous store: %s\n", (long long)port, strerror(errno));
-      return 1;
-    }
-  }
+  if (node_rank == 0 && (store_fd = store_socket(master, nnodes, &port)) < 0) return 1; /* this node hosts the store */
   char **prog = argv + dash + 1;
   if (!strcmp(prog[0], "tandem")) prog[0] = (char *)self_exe(); /* the same binary, wherever it lives */
-  if (log_dir && mkdir(log_dir, 0755) != 0 && errno != EEXIST) {
-    fprintf(stderr, "tandem run: cannot create --log-dir %s: %s\n", log_dir, strerror(errno));
-    return 2;
-  }
   char token[40];
   const char *env_token = getenv("TANDEM_JOB_TOKEN");
   if (env_token && *env_token) snprintf(token, sizeof token, "%.39s", env_token); /* several nodes share one */
   else make_token(token, sizeof token);
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   long threads = cores / n > 0 ? cores / n : 1;
+  /* what every rank's tandem processes watch, wherever they run below us (watch.h) */
+  pid_t self = getpid();
+  char v_pid[32], v_start[32], v_nthreads[32], v_world[32], v_local_world[32], v_group[32], v_port[32], v_store[32];
+  snprintf(v_pid, sizeof v_pid, "%d", (int)self);
+  snprintf(v_start, sizeof v_start, "%llu", watch_start_time(self));
+  setenv("TANDEM_LAUNCHER_PID", v_pid, 1);
+  setenv("TANDEM_LAUNCHER_START", v_start, 1);
+  snprintf(v_nthreads, sizeof v_nthreads, "%ld", threads);
+  setenv("TANDEM_NUM_THREADS", v_nthreads, 0); /* cores divided among local ranks, unless set */
+  setenv("OMP_NUM_THREADS", v_nthreads, 0);
+  setenv("OPENBLAS_NUM_THREADS", "1", 0); /* tandem's own pool splits GEMMs (src/core/threads.c) */
+  snprintf(v_world, sizeof v_world, "%lld", (long long)(nnodes * n));
+  snprintf(v_local_world, sizeof v_local_world, "%d", N);
+  snprintf(v_group, sizeof v_group, "%lld", (long long)node_rank);
+  snprintf(v_port, sizeof v_port, "%lld", (long long)port);
+  snprintf(v_store, sizeof v_store, "%d", store_fd);
 
-  static rank_t ranks[MAX_RANKS];
-  int N = (int)n;
   struct sigaction sa = {0};
   sa.sa_handler = on_signal;
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGHUP, &sa, NULL); /* a closed terminal stops the job as SIGTERM does, not only us */
   signal(SIGPIPE, SIG_IGN);
-  int first_fail = -1;
+  int first_fail = -1, start_fail = -1;
   for (int64_t attempt = 0;; attempt++) {
-  memset(ranks, 0, sizeof ranks);
-  for (int i = 0; i < N; i++) {
-    int p[2];
-    if (pipe2(p, O_CLOEXEC) != 0) {
-      fprintf(stderr, "tandem run: pipe: %s\n", strerror(errno));
-      return 1;
+    for (int i = 0; i < N; i++) { /* fresh state; the logs stay open */
+      FILE *log = ranks[i].log;
+      int failed = ranks[i].log_failed;
+      char path[sizeof ranks[i].log_path];
+      memcpy(path, ranks[i].log_path, sizeof path);
+      memset(&ranks[i], 0, sizeof ranks[i]);
+      ranks[i].fd = -1;
+      ranks[i].log = log;
+      ranks[i].log_failed = failed;
+      memcpy(ranks[i].log_path, path, sizeof path);
+      if (attempt) log_line(&ranks[i], "---- tandem run: restart %lld of %lld ----\n", (long long)attempt, (long long)max_restarts);
     }
-    if (log_dir) {
-      char path[4096];
-      snprintf(path, sizeof path, "%s/rank-%lld.log", log_dir, (long long)(node_rank * n + i));
-      ranks[i].log = fopen(path, "w");
-    }
-    pid_t pid = fork();
-    if (pid == 0) {
-      char v[64];
-      setpgid(0, 0);
-      dup2(p[1], 1);
-      dup2(p[1], 2);
-      snprintf(v, sizeof v, "%lld", (long long)(node_rank * n + i));
-      setenv("RANK", v, 1);
-      snprintf(v, sizeof v, "%lld", (long long)(nnodes * n));
-      setenv("WORLD_SIZE", v, 1);
-      snprintf(v, sizeof v, "%d", i);
-      setenv("LOCAL_RANK", v, 1);
-      snprintf(v, sizeof v, "%d", N);
-      setenv("LOCAL_WORLD_SIZE", v, 1);
-      snprintf(v, sizeof v, "%lld", (long long)node_rank);
-      setenv("GROUP_RANK", v, 1);
-      setenv("MASTER_ADDR", master, 1);
-      snprintf(v, sizeof v, "%lld", (long long)port);
-      setenv("MASTER_PORT", v, 1);
-      setenv("TANDEM_JOB_TOKEN", token, 1);
-      if (store_fd >= 0 && i == 0) { /* rank 0 serves the store on the socket we opened */
-        snprintf(v, sizeof v, "%d", store_fd);
-        setenv("TANDEM_STORE_FD", v, 1);
-      } else if (store_fd >= 0) {
-        close(store_fd);
-        unsetenv("TANDEM_STORE_FD");
+    int started = 0;
+    for (int i = 0; i < N && !got_signal; i++) {
+      int p[2];
+      if (pipe2(p, O_CLOEXEC) != 0) {
+        fprintf(stderr, "tandem run: cannot start rank %lld: pipe: %s\n", (long long)(node_rank * n + i), strerror(errno));
+        start_fail = i;
+        break;
       }
-      snprintf(v, sizeof v, "%lld", (long long)attempt);
-      setenv("TANDEM_RESTART_COUNT", v, 1);
-      snprintf(v, sizeof v, "%ld", threads);
-      setenv("TANDEM_NUM_THREADS", v, 0); /* cores divided among local ranks, unless set */
-      setenv("OMP_NUM_THREADS", v, 0);
-      setenv("OPENBLAS_NUM_THREADS", "1", 0); /* tandem's own pool splits GEMMs (src/core/threads.c) */
-      execvp(prog[0], prog);
-      fprintf(stderr, "tandem run: cannot start %s: %s\n", prog[0], strerror(errno));
-      _exit(127);
+      char v_rank[32], v_local[32], v_attempt[32];
+      snprintf(v_rank, sizeof v_rank, "%lld", (long long)(node_rank * n + i));
+      snprintf(v_local, sizeof v_local, "%d", i);
+      snprintf(v_attempt, sizeof v_attempt, "%lld", (long long)attempt);
+      const char *env[] = {"RANK", v_rank, "WORLD_SIZE", v_world, "LOCAL_RANK", v_local, "LOCAL_WORLD_SIZE",
+                           v_local_world, "GROUP_RANK", v_group, "MASTER_ADDR", master, "MASTER_PORT", v_port,
+                           "TANDEM_JOB_TOKEN", token, "TANDEM_RESTART_COUNT", v_attempt,
+                           i == 0 && store_fd >= 0 ? "TANDEM_STORE_FD" : NULL, v_store, NULL};
+      pid_t pid = fork();
+      if (pid == 0) start_rank(prog, p[1], i == 0 ? store_fd : -1, self, env);
+      close(p[1]);
+      if (pid < 0) {
+        fprintf(stderr, "tandem run: cannot start rank %lld: fork: %s\n", (long long)(node_rank * n + i), strerror(errno));
+        close(p[0]);
+        start_fail = i;
+        break;
+      }
+      setpgid(pid, pid); /* also here: no window in which a group kill misses it */
+      ranks[i].pid = pid;
+      ranks[i].fd = p[0];
+      fcntl(p[0], F_SETFL, O_NONBLOCK);
+      started++;
     }
-    close(p[1]);
-    ranks[i].pid = pid;
-    ranks[i].fd = p[0];
-    fcntl(p[0], F_SETFL, O_NONBLOCK);
-  }
-  first_fail = -1;
-  int alive = N, stopping = 0;
-  double stop_at = 0;
-  while (alive > 0) {
-    struct pollfd pf[MAX_RANKS];
-    for (int i = 0; i < N; i++) pf[i] = (struct pollfd){ranks[i].done ? -1 : ranks[i].fd, POLLIN, 0};
-    poll(pf, (nfds_t)N, 100);
-    for (int i = 0; i < N; i++)
-      if (!ranks[i].done) drain(&ranks[i], (int)(node_rank * n + i), 0);
-    int status;
-    pid_t pid;
-    while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
-      for (int i = 0; i < N; i++)
-        if (ranks[i].pid == pid) {
-          drain(&ranks[i], (int)(node_rank * n + i), 1);
-          ranks[i].done = 1;
-          ranks[i].end_time = tdm_time_now();
-          ranks[i].code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-          ranks[i].sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
-          alive--;
-          if ((ranks[i].code != 0 || ranks[i].sig) && first_fail < 0 && !stopping) first_fail = i;
-        }
-    if (got_signal && !stopping) { /* forward, then give them a moment */
-      for (int i = 0; i < N; i++)
-        if (!ranks[i].done) kill(ranks[i].pid, got_signal);
+    first_fail = -1;
+    int alive = started, stopping = 0;
+    double stop_at = 0;
+    if (started < N) { /* could not start them all: stop those that run */
+      signal_ranks(ranks, started, SIGTERM, 0);
       stopping = 1;
       stop_at = tdm_time_now() + 5;
     }
-    if (first_fail >= 0 && !stopping) {
-      for (int i = 0; i < N; i++)
-        if (!ranks[i].done) kill(ranks[i].pid, SIGTERM);
-      stopping = 1;
-      stop_at = tdm_time_now() + 5;
+    while (alive > 0) {
+      struct pollfd pf[MAX_RANKS];
+      for (int i = 0; i < started; i++) pf[i] = (struct pollfd){ranks[i].fd, POLLIN, 0};
+      poll(pf, (nfds_t)started, 100);
+      for (int i = 0; i < started; i++)
+        if (!ranks[i].done) drain(&ranks[i], (int)(node_rank * n + i), 0);
+      int status;
+      pid_t pid;
+      while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
+        for (int i = 0; i < started; i++)
+          if (ranks[i].pid == pid) {
+            drain(&ranks[i], (int)(node_rank * n + i), 1);
+            if (ranks[i].fd >= 0) close(ranks[i].fd), ranks[i].fd = -1; /* a child of the rank may hold it open */
+            ranks[i].done = 1;
+            ranks[i].code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+            ranks[i].sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+            alive--;
+            if ((ranks[i].code != 0 || ranks[i].sig) && first_fail < 0 && !stopping) first_fail = i;
+          }
+      if (got_signal && !stopping) { /* forward, then give them a moment */
+        signal_ranks(ranks, started, got_signal, 0);
+        stopping = 1;
+        stop_at = tdm_time_now() + 5;
+      }
+      if (first_fail >= 0 && !stopping) {
+        signal_ranks(ranks, started, SIGTERM, 0);
+        stopping = 1;
+        stop_at = tdm_time_now() + 5;
+      }
+      if (stopping && tdm_time_now() > stop_at) signal_ranks(ranks, started, SIGKILL, 1);
     }
-    if (stopping && tdm_time_now() > stop_at)
-      for (int i = 0; i < N; i++)
-        if (!ranks[i].done) kill(-ranks[i].pid, SIGKILL), kill(ranks[i].pid, SIGKILL);
-  }
-  for (int i = 0; i < N; i++) {
-    close(ranks[i].fd);
-    if (ranks[i].log) fclose(ranks[i].log);
-  }
-  if (first_fail < 0 || got_signal || attempt >= max_restarts) break;
-  rank_t *f = &ranks[first_fail];
-  fprintf(stderr, "\ntandem run: rank %lld failed (%s %d); restarting all %d ranks (restart %lld of %lld)\n\n",
-          (long long)(node_rank * n + first_fail), f->sig ? "signal" : "exit code", f->sig ? f->sig : f->code, N,
-          (long long)attempt + 1, (long long)max_restarts);
+    if (start_fail >= 0 || first_fail < 0 || got_signal || attempt >= max_restarts) break;
+    rank_t *f = &ranks[first_fail];
+    fprintf(stderr, "\ntandem run: rank %lld failed (%s %d); restarting all %d ranks (restart %lld of %lld)\n\n",
+            (long long)(node_rank * n + first_fail), f->sig ? "signal" : "exit code", f->sig ? f->sig : f->code, N,
+            (long long)attempt + 1, (long long)max_restarts);
   }
   if (store_fd >= 0) close(store_fd);
+  int log_failed = 0;
+  for (int i = 0; i < N; i++)
+    if (ranks[i].log) {
+      if (fclose(ranks[i].log) != 0 && !ranks[i].log_failed) {
+        ranks[i].log_failed = errno;
+        fprintf(stderr, "tandem run: cannot write %s: %s; its log is incomplete\n", ranks[i].log_path, strerror(errno));
+      }
+      log_failed |= ranks[i].log_failed != 0;
+    }
+  if (start_fail >= 0) {
+    fprintf(stderr, "tandem run: rank %lld could not be started; the %d rank%s started before it were stopped\n",
+            (long long)(node_rank * n + start_fail), start_fail, start_fail == 1 ? "" : "s");
+    return 1;
+  }
   if (got_signal && first_fail < 0) {
-    fprintf(stderr, "tandem run: stopped by signal %d\n", (int)got_signal);
+    fprintf(stderr, "tandem run: stopped by signal %d (%s); the ranks were stopped\n", (int)got_signal,
+            strsignal(got_signal));
     return 128 + got_signal;
   }
-  if (first_fail < 0) return 0;
+  if (first_fail < 0) {
+    if (log_failed) fprintf(stderr, "tandem run: the ranks succeeded, but not every log under --log-dir was written\n");
+    return log_failed ? 1 : 0;
+  }
   rank_t *f = &ranks[first_fail];
   fprintf(stderr, "\ntandem run: rank %lld failed first: ", (long long)(node_rank * n + first_fail));
   if (f->sig) fprintf(stderr, "killed by signal %d (%s)\n", f->sig, strsignal(f->sig));

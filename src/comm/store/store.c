@@ -1,11 +1,14 @@
 /* Rendezvous key-value stores: set, get (waits until the key exists), add.
  *
- * TCP store: rank 0 runs a server thread on master_addr:master_port; every rank (rank 0 too)
- * is a client. A client must open with the job token; others are logged and dropped. The
- * server is one poll loop over non-blocking sockets with a parse buffer per client, so a
+ * TCP store: rank 0 runs a server thread on master_addr:master_port (that address only, so a
+ * loopback master is not reachable from the network); every rank (rank 0 too) is a client. A
+ * client must open with the job token within a short deadline; the gate (net.h) reads every
+ * stranger's hello concurrently, bounds how many wait, and reports refusals in counted lines.
+ * The server is one poll loop over non-blocking sockets with a parse buffer per client, so a
  * client that sends half a request, or nothing, delays nobody.
  * File store: one file per key in a shared directory, written under a temporary name and
  * renamed, read by polling. */
+#define _GNU_SOURCE /* pipe2 */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -24,7 +27,6 @@
 #define STORE_MAGIC 0x53444d54u /* "TMDS" */
 #define MAX_KEY 4096
 #define MAX_VAL ((uint64_t)64 << 20)
-#define MAX_CLIENTS 1024
 
 typedef struct {
   char *key;
@@ -32,9 +34,8 @@ typedef struct {
   uint64_t n;
 } kv;
 
-typedef struct {
+typedef struct { /* a client that gave the job token */
   int fd;
-  int authed;
   char peer[64];
   unsigned char *buf;
   size_t len, cap;
@@ -43,12 +44,14 @@ typedef struct {
 
 typedef struct {
   int lfd, wake[2];
-  const char *token;
   pthread_t th;
   kv *kvs;
   int n_kv, cap_kv;
-  client cl[MAX_CLIENTS];
-  int n_cl;
+  client *cl;
+  int n_cl, cap_cl;
+  struct pollfd *pf;
+  int cap_pf;
+  tdm__net_gate *gate; /* strangers until their hello is read */
 } server;
 
 struct tdm__store {
@@ -79,38 +82,16 @@ static int reply_get(client *c, const kv *e) {
   return tdm__net_send_all(c->fd, &n, 8, dl, "store") == TDM_OK && tdm__net_send_all(c->fd, e->val, n, dl, "store") == TDM_OK;
 }
 
-/* Parses what client i has sent; returns 0 if it must be dropped. */
+static int out_of_memory(server *s, int i, char *key) {
+  tdm__free(key);
+  drop(s, i, "out of memory");
+  return 0;
+}
+
+/* Parses what client i has sent; returns 0 if it was dropped. */
 static int serve(server *s, int i) {
   client *c = &s->cl[i];
   for (;;) {
-    if (!c->authed) {
-      if (c->len < 16) return 1;
-      uint32_t magic, version, tl;
-      memcpy(&magic, c->buf, 4);
-      memcpy(&version, c->buf + 4, 4);
-      memcpy(&tl, c->buf + 8, 4);
-      if (magic != STORE_MAGIC || version != TDM_NET_VERSION || tl > 1024) {
-        drop(s, i, "not a tandem store client");
-        return 0;
-      }
-      if (c->len < 16 + tl) return 1;
-      size_t want = s->token ? strlen(s->token) : 0;
-      unsigned diff = tl != want;
-      for (size_t k = 0; k < tl && k < want; k++) diff |= (unsigned)(c->buf[16 + k] ^ (unsigned char)s->token[k]);
-      if (diff) {
-        drop(s, i, "wrong job token (set TANDEM_JOB_TOKEN as the launcher does)");
-        return 0;
-      }
-      uint32_t ok = 1;
-      if (tdm__net_send_all(c->fd, &ok, 4, tdm_time_now() + 5, "store") != TDM_OK) {
-        drop(s, i, NULL);
-        return 0;
-      }
-      c->authed = 1;
-      memmove(c->buf, c->buf + 16 + tl, c->len - 16 - tl);
-      c->len -= 16 + tl;
-      continue;
-    }
     if (c->len < 13) return 1;
     uint8_t cmd = c->buf[0];
     uint32_t kl;
@@ -123,7 +104,7 @@ static int serve(server *s, int i) {
     }
     if (c->len < 13 + kl + vl) return 1;
     char *key = tdm__malloc(kl + 1);
-    if (!key) return 0;
+    if (!key) return out_of_memory(s, i, NULL);
     memcpy(key, c->buf + 13, kl);
     key[kl] = 0;
     const unsigned char *val = c->buf + 13 + kl;
@@ -134,7 +115,7 @@ static int serve(server *s, int i) {
         if (s->n_kv == s->cap_kv) {
           int nc = s->cap_kv ? 2 * s->cap_kv : 64;
           kv *nk = tdm__malloc(sizeof(kv) * (size_t)nc);
-          if (!nk) return 0;
+          if (!nk) return out_of_memory(s, i, key);
           if (s->kvs) memcpy(nk, s->kvs, sizeof(kv) * (size_t)s->n_kv);
           tdm__free(s->kvs);
           s->kvs = nk;
@@ -148,6 +129,7 @@ static int serve(server *s, int i) {
       }
       if (cmd == 'S') {
         void *v = tdm__malloc(vl ? vl : 1);
+        if (!v) return out_of_memory(s, i, key);
         memcpy(v, val, vl);
         tdm__free(e->val);
         e->val = v;
@@ -160,8 +142,10 @@ static int serve(server *s, int i) {
         if (vl == 8) memcpy(&d, val, 8);
         cur += d;
         if (e->n != 8) {
+          void *v = tdm__malloc(8);
+          if (!v) return out_of_memory(s, i, key);
           tdm__free(e->val);
-          e->val = tdm__malloc(8);
+          e->val = v;
           e->n = 8;
         }
         memcpy(e->val, &cur, 8);
@@ -192,18 +176,52 @@ static int serve(server *s, int i) {
   }
 }
 
+/* The gate admits a client that gave the token: it gets its OK and a parse buffer. */
+static const char *admit(void *ctx, int fd, int32_t rank, const char *peer) {
+  (void)rank;
+  server *s = ctx;
+  if (s->n_cl == s->cap_cl) {
+    int nc = s->cap_cl ? 2 * s->cap_cl : 16;
+    client *ncl = tdm__malloc(sizeof(client) * (size_t)nc);
+    if (!ncl) return "out of memory for another client";
+    if (s->cl) memcpy(ncl, s->cl, sizeof(client) * (size_t)s->n_cl);
+    tdm__free(s->cl);
+    s->cl = ncl;
+    s->cap_cl = nc;
+  }
+  uint32_t ok = 1;
+  if (tdm__net_send_all(fd, &ok, 4, tdm_time_now() + TDM_NET_HELLO_S, "store") != TDM_OK)
+    return "the answer to its handshake could not be sent";
+  client *c = &s->cl[s->n_cl++];
+  *c = (client){fd, "", NULL, 0, 0, NULL};
+  snprintf(c->peer, sizeof c->peer, "%s", peer);
+  return NULL;
+}
+
 static void *server_main(void *arg) {
   server *s = arg;
-  struct pollfd pf[MAX_CLIENTS + 2];
   for (;;) {
-    int n = 0;
+    int want = 1 + s->n_cl + 1 + TDM_NET_MAX_PENDING;
+    if (want > s->cap_pf) {
+      struct pollfd *np = tdm__malloc(sizeof *np * (size_t)want * 2);
+      if (np) {
+        tdm__free(s->pf);
+        s->pf = np;
+        s->cap_pf = want * 2;
+      } else if (1 + s->n_cl + 1 + TDM_NET_MAX_PENDING > s->cap_pf) {
+        usleep(100000); /* out of memory: the clients we can poll wait until it passes */
+        continue;
+      }
+    }
+    struct pollfd *pf = s->pf;
+    int n_cl = s->n_cl, n = 0;
     pf[n++] = (struct pollfd){s->wake[0], POLLIN, 0};
-    pf[n++] = (struct pollfd){s->lfd, POLLIN, 0};
-    for (int i = 0; i < s->n_cl; i++) pf[n++] = (struct pollfd){s->cl[i].fd, POLLIN, 0};
-    if (poll(pf, (nfds_t)n, 1000) < 0 && errno != EINTR) break;
+    for (int i = 0; i < n_cl; i++) pf[n++] = (struct pollfd){s->cl[i].fd, POLLIN, 0};
+    n += tdm__net_gate_fill(s->gate, pf + n);
+    if (poll(pf, (nfds_t)n, tdm__net_gate_wait_ms(s->gate, 1000)) < 0 && errno != EINTR) break;
     if (pf[0].revents) break;
-    for (int i = s->n_cl - 1; i >= 0; i--) {
-      if (!(pf[2 + i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+    for (int i = n_cl - 1; i >= 0; i--) {
+      if (!(pf[1 + i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       client *c = &s->cl[i];
       if (c->cap - c->len < 65536) {
         size_t nc = c->cap ? 2 * c->cap : 65536;
@@ -227,20 +245,7 @@ static void *server_main(void *arg) {
       c->len += (size_t)k;
       serve(s, i);
     }
-    if (pf[1].revents & POLLIN) {
-      char peer[64];
-      int fd = tdm__net_accept(s->lfd, tdm_time_now() + 0.01, peer, sizeof peer);
-      if (fd >= 0) {
-        if (s->n_cl == MAX_CLIENTS) {
-          tdm_log(TDM_LOG_WARN, "store: refused %s: too many connections", peer);
-          close(fd);
-        } else {
-          s->cl[s->n_cl] = (client){fd, 0, "", NULL, 0, 0, NULL};
-          snprintf(s->cl[s->n_cl].peer, sizeof s->cl[s->n_cl].peer, "%s", peer);
-          s->n_cl++;
-        }
-      }
-    }
+    tdm__net_gate_serve(s->gate, pf + 1 + n_cl);
   }
   return NULL;
 }
@@ -250,7 +255,10 @@ static void server_stop(server *s) {
   if (write(s->wake[1], "x", 1) < 0) { /* the thread also polls with a timeout */
   }
   pthread_join(s->th, NULL);
+  tdm__net_gate_destroy(s->gate);
   while (s->n_cl) drop(s, 0, NULL);
+  tdm__free(s->cl);
+  tdm__free(s->pf);
   for (int i = 0; i < s->n_kv; i++) {
     tdm__free(s->kvs[i].key);
     tdm__free(s->kvs[i].val);
@@ -312,29 +320,38 @@ tdm_status tdm__store_open(tdm__store **out, const tdm_comm_config *cfg, double 
         inherited = NULL;
       }
     }
-    st = !srv ? TDM_ERR_NO_MEMORY : inherited ? TDM_OK : tdm__net_listen(NULL, port, &srv->lfd, &got_port);
+    /* the address we were given, not every interface: a loopback master stays on this host */
+    st = !srv ? TDM_ERR_NO_MEMORY : inherited ? TDM_OK : tdm__net_listen(addr, port, &srv->lfd, &got_port);
     if (st != TDM_OK) {
       tdm__free(srv);
       tdm__free(s);
-      return tdm__set_error(st, "rank 0 cannot host the store on port %d: %s (is another job using MASTER_PORT?)", port,
-                            tdm_last_error());
+      return tdm__set_error(st, "rank 0 cannot host the store on %s:%d: %s (is another job using MASTER_PORT, and is "
+                            "MASTER_ADDR an address of this host?)", addr, port, tdm_last_error());
     }
-    srv->token = cfg->job_token;
-    if (pipe(srv->wake) != 0 || pthread_create(&srv->th, NULL, server_main, srv) != 0) {
+    if (tdm__net_gate_create(&srv->gate, srv->lfd, STORE_MAGIC, cfg->job_token, "store", admit, srv) != TDM_OK ||
+        pipe2(srv->wake, O_CLOEXEC) != 0) {
+      st = tdm__set_error(TDM_ERR_SYSTEM, "store: cannot set up the server: %s", strerror(errno));
+    } else if ((errno = pthread_create(&srv->th, NULL, server_main, srv)) != 0) {
+      st = tdm__set_error(TDM_ERR_SYSTEM, "store: cannot start the server thread: %s", strerror(errno));
+      close(srv->wake[0]);
+      close(srv->wake[1]);
+    }
+    if (st != TDM_OK) {
+      tdm__net_gate_destroy(srv->gate);
       close(srv->lfd);
       tdm__free(srv);
       tdm__free(s);
-      return tdm__set_error(TDM_ERR_SYSTEM, "store: cannot start the server thread");
+      return st;
     }
     s->srv = srv;
   }
-  st = tdm__net_connect(addr, port, deadline, &s->fd);
-  if (st == TDM_OK) st = tdm__net_send_hello(s->fd, STORE_MAGIC, cfg->job_token, cfg->rank, deadline);
   uint32_t ok = 0;
-  if (st == TDM_OK) st = tdm__net_recv_all(s->fd, &ok, 4, deadline, "store handshake");
+  st = tdm__net_dial(addr, port, STORE_MAGIC, cfg->job_token, cfg->rank, deadline, &s->fd, &ok);
+  if (st == TDM_OK && ok != 1)
+    st = tdm__set_error(TDM_ERR_MISMATCH, "it answered our handshake with 0x%08x instead of OK (not a tandem store?)", ok);
   if (st != TDM_OK) {
-    tdm_status e = tdm__set_error(st, "rank %d cannot reach the store at %s:%d: %s", cfg->rank, addr, port,
-                                  st == TDM_ERR_REMOTE ? "refused (wrong TANDEM_JOB_TOKEN?)" : tdm_last_error());
+    tdm_status e = tdm__set_error(st, "rank %d cannot reach the store at %s:%d (MASTER_ADDR:MASTER_PORT): %s", cfg->rank,
+                                  addr, port, tdm_last_error());
     tdm__store_close(s);
     return e;
   }
@@ -386,6 +403,7 @@ tdm_status tdm__store_get(tdm__store *s, const char *key, void **val, size_t *n,
   TDM__TRY(st);
   if (len > MAX_VAL) return tdm__set_error(TDM_ERR_REMOTE, "store: implausible value length %llu", (unsigned long long)len);
   *val = tdm__malloc(len + 1);
+  if (!*val) return tdm__set_error(TDM_ERR_NO_MEMORY, "store: cannot allocate %llu bytes for key '%s'", (unsigned long long)len, key);
   *n = len;
   return tdm__net_recv_all(s->fd, *val, len, dl, "store get");
 }

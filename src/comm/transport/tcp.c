@@ -21,6 +21,8 @@ typedef struct {
   int *fd;        /* fd[peer], -1 for self or closed */
   int *send_mid;  /* a send to this peer stopped mid-message: no ABORT may follow on that stream */
   tdm__store *store;
+  const char *token; /* while the mesh is made */
+  char refusal[96];
   int closed;
 } tcp_tr;
 
@@ -98,6 +100,17 @@ static int step(tcp_tr *t, tdm__xfer *x, tdm_status *st) {
   return 1;
 }
 
+/* "rank 2 (to receive)", "ranks 1 (to send), 3 (to receive)" for the transfers in idx. */
+static const char *waited_for(const tdm__xfer *x, const int *idx, int n) {
+  static _Thread_local char out[200];
+  size_t k = (size_t)snprintf(out, sizeof out, "rank%s ", n == 1 ? "" : "s");
+  for (int i = 0; i < n && k < sizeof out; i++)
+    k += (size_t)snprintf(out + k, sizeof out - k, "%s%d (to %s)", i ? ", " : "", x[idx[i]].peer,
+                          x[idx[i]].is_send ? "send" : "receive");
+  if (!n) snprintf(out, sizeof out, "nothing (no transfer could move)");
+  return out;
+}
+
 static tdm_status run(tdm__transport *tr, tdm__xfer *x, int n, double deadline) {
   tcp_tr *t = (tcp_tr *)tr;
   struct tdm_comm *c = tr->comm;
@@ -127,9 +140,8 @@ static tdm_status run(tdm__transport *tr, tdm__xfer *x, int n, double deadline) 
     double left = deadline - tdm_time_now();
     if (left <= 0) {
       char b[160];
-      int who = np ? x[idx[0]].peer : -1;
-      return tdm__set_error(TDM_ERR_TIMEOUT, "rank %d: %s timed out after %.0f s waiting for rank %d", c->rank,
-                            tdm__call_str(&c->cur, b, sizeof b), c->timeout_s, who);
+      return tdm__set_error(TDM_ERR_TIMEOUT, "rank %d: %s timed out after %.0f s waiting for %s", c->rank,
+                            tdm__call_str(&c->cur, b, sizeof b), c->timeout_s, waited_for(x, idx, np));
     }
     int ms = left > 1.0 ? 1000 : (int)(left * 1000) + 1;
     if (poll(pf, (nfds_t)np, ms) < 0 && errno != EINTR)
@@ -167,6 +179,56 @@ static void tcp_destroy(tdm__transport *tr) {
   tdm__free(t);
 }
 
+/* The mesh gate admits a rank above ours that is not linked yet, and answers with our hello. */
+static const char *mesh_admit(void *ctx, int fd, int32_t r, const char *peer) {
+  (void)peer;
+  tcp_tr *t = ctx;
+  if (r <= t->base.rank || r >= t->base.size || t->fd[r] >= 0) {
+    snprintf(t->refusal, sizeof t->refusal, "it has the job token but claims rank %d, which is not expected here", r);
+    return t->refusal;
+  }
+  if (tdm__net_send_hello(fd, MESH_MAGIC, t->token, t->base.rank, tdm_time_now() + TDM_NET_HELLO_S) != TDM_OK)
+    return "our answer to its handshake could not be sent";
+  t->fd[r] = fd;
+  return NULL;
+}
+
+/* Accepts every higher rank on lfd; strangers are read concurrently, each with a short deadline. */
+static tdm_status accept_higher(tcp_tr *t, int lfd, const char *token, double deadline) {
+  int me = t->base.rank, P = t->base.size;
+  char who[48];
+  snprintf(who, sizeof who, "tcp: rank %d", me);
+  t->token = token;
+  tdm__net_gate *g;
+  TDM__TRY(tdm__net_gate_create(&g, lfd, MESH_MAGIC, token, who, mesh_admit, t));
+  tdm_status st = TDM_OK;
+  for (;;) {
+    int missing = 0;
+    for (int r = me + 1; r < P; r++) missing += t->fd[r] < 0;
+    if (!missing) break;
+    double left = deadline - tdm_time_now();
+    if (left <= 0) {
+      char list[256] = "";
+      size_t k = 0;
+      for (int r = me + 1, shown = 0; r < P && k < sizeof list; r++)
+        if (t->fd[r] < 0 && shown++ < 16) k += (size_t)snprintf(list + k, sizeof list - k, "%s%d", k ? ", " : "", r);
+      st = tdm__set_error(TDM_ERR_TIMEOUT, "rank %d: %d higher rank%s (%s%s) did not connect within %.0f s", me, missing,
+                          missing == 1 ? "" : "s", list, missing > 16 ? ", ..." : "", t->base.comm->timeout_s);
+      break;
+    }
+    struct pollfd pf[1 + TDM_NET_MAX_PENDING];
+    int np = tdm__net_gate_fill(g, pf);
+    int ms = tdm__net_gate_wait_ms(g, left > 1.0 ? 1000 : (int)(left * 1000) + 1);
+    if (poll(pf, (nfds_t)np, ms) < 0 && errno != EINTR) {
+      st = tdm__set_error(TDM_ERR_SYSTEM, "rank %d: poll: %s", me, strerror(errno));
+      break;
+    }
+    tdm__net_gate_serve(g, pf);
+  }
+  tdm__net_gate_destroy(g);
+  return st;
+}
+
 static const tdm__transport_ops tcp_ops = {"tcp", run, tcp_abort, tcp_destroy, NULL};
 
 tdm_status tdm__tcp_transport_create(tdm__transport **out, struct tdm_comm *c, const tdm_comm_config *cfg) {
@@ -196,6 +258,7 @@ tdm_status tdm__tcp_transport_create(tdm__transport **out, struct tdm_comm *c, c
   }
   /* everyone's address first, so rank 0 can finish (and stop serving) once all are linked */
   char (*peers)[96] = tdm__calloc((size_t)P, 96);
+  if (!peers && st == TDM_OK) st = tdm__set_error(TDM_ERR_NO_MEMORY, "tcp: out of memory");
   for (int p = 0; st == TDM_OK && p < me; p++) {
     void *v;
     size_t n;
@@ -214,46 +277,20 @@ tdm_status tdm__tcp_transport_create(tdm__transport **out, struct tdm_comm *c, c
       break;
     }
     *colon = 0;
-    int fd;
-    st = tdm__net_connect(peers[p], atoi(colon + 1), deadline, &fd);
-    if (st != TDM_OK) break;
+    int fd = -1;
+    uint32_t first = 0;
     int32_t their = -1;
-    st = tdm__net_send_hello(fd, MESH_MAGIC, cfg->job_token, me, deadline);
-    if (st == TDM_OK) st = tdm__net_recv_hello(fd, MESH_MAGIC, cfg->job_token, &their, deadline);
-    if (st == TDM_OK && their != p) st = tdm__set_error(TDM_ERR_MISMATCH, "tcp: expected rank %d, reached rank %d", p, their);
+    st = tdm__net_dial(peers[p], atoi(colon + 1), MESH_MAGIC, cfg->job_token, me, deadline, &fd, &first);
+    if (st == TDM_OK) st = tdm__net_recv_hello(fd, first, MESH_MAGIC, cfg->job_token, &their, deadline);
+    if (st == TDM_OK && their != p) st = tdm__set_error(TDM_ERR_MISMATCH, "expected rank %d, reached rank %d", p, their);
     if (st != TDM_OK) {
-      close(fd);
+      if (fd >= 0) close(fd);
       st = tdm__set_error(st, "rank %d cannot link to rank %d at %s:%s: %s", me, p, peers[p], colon + 1, tdm_last_error());
       break;
     }
     t->fd[p] = fd;
   }
-  int missing = P - 1 - me;
-  while (st == TDM_OK && missing > 0) {
-    char who[64];
-    int fd = tdm__net_accept(lfd, deadline, who, sizeof who);
-    if (fd < 0) {
-      st = tdm__set_error(TDM_ERR_TIMEOUT, "rank %d: %d higher rank(s) did not connect within %.0f s", me, missing,
-                          c->timeout_s);
-      break;
-    }
-    int32_t r = -1;
-    /* a stranger gets a short deadline: it must not hold up the job */
-    tdm_status hs = tdm__net_recv_hello(fd, MESH_MAGIC, cfg->job_token, &r, tdm_time_now() + 2.0);
-    if (hs == TDM_OK && (r <= me || r >= P || t->fd[r] >= 0))
-      hs = tdm__set_error(TDM_ERR_MISMATCH, "claims rank %d, which is not expected here", r);
-    if (hs != TDM_OK) {
-      tdm_log(TDM_LOG_WARN, "tcp: rank %d refused a connection from %s: %s", me, who, tdm_last_error());
-      close(fd);
-      continue;
-    }
-    if (tdm__net_send_hello(fd, MESH_MAGIC, cfg->job_token, me, deadline) != TDM_OK) {
-      close(fd);
-      continue;
-    }
-    t->fd[r] = fd;
-    missing--;
-  }
+  if (st == TDM_OK && me < P - 1) st = accept_higher(t, lfd, cfg->job_token, deadline);
   tdm__free(peers);
   if (lfd >= 0) close(lfd); /* the mesh is complete: no one else may join */
   if (st != TDM_OK) {
