@@ -6,6 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+static FILE *err_stream;
+void cli_set_error_stream(FILE *f) { err_stream = f; }
+#define ERR (err_stream ? err_stream : stderr)
+
 static const char *dashes(const cli_opt *o) { return o->name[0] && !o->name[1] ? "-" : "--"; }
 
 void cli_help(FILE *f, const char *cmd, const char *usage, const cli_opt *opts, int n) {
@@ -100,18 +104,18 @@ static int set_value(const char *cmd, cli_opt *o, const char *v) {
     int64_t lo, hi;
     int_range(o, &lo, &hi);
     int r = cli_parse_int(v, lo, hi, (int64_t *)o->dest);
-    if (r == CLI_NOT_A_NUMBER) fprintf(stderr, "tandem %s: %s%s: '%s' is not an integer\n", cmd, d, o->name, v);
+    if (r == CLI_NOT_A_NUMBER) fprintf(ERR, "tandem %s: %s%s: '%s' is not an integer\n", cmd, d, o->name, v);
     if (r == CLI_OUT_OF_RANGE)
-      fprintf(stderr, "tandem %s: %s%s: %s is out of range; expected %lld..%lld\n", cmd, d, o->name, v, (long long)lo,
+      fprintf(ERR, "tandem %s: %s%s: %s is out of range; expected %lld..%lld\n", cmd, d, o->name, v, (long long)lo,
               (long long)hi);
     return r ? 2 : 0;
   }
   case CLI_FLOAT: {
     double lo = o->min < o->max ? o->min : -HUGE_VAL, hi = o->min < o->max ? o->max : HUGE_VAL;
     int r = cli_parse_float(v, lo, hi, (double *)o->dest);
-    if (r == CLI_NOT_A_NUMBER) fprintf(stderr, "tandem %s: %s%s: '%s' is not a number\n", cmd, d, o->name, v);
+    if (r == CLI_NOT_A_NUMBER) fprintf(ERR, "tandem %s: %s%s: '%s' is not a number\n", cmd, d, o->name, v);
     if (r == CLI_OUT_OF_RANGE)
-      fprintf(stderr, "tandem %s: %s%s: %s is out of range; expected %g..%g\n", cmd, d, o->name, v, lo, hi);
+      fprintf(ERR, "tandem %s: %s%s: %s is out of range; expected %g..%g\n", cmd, d, o->name, v, lo, hi);
     return r ? 2 : 0;
   }
   case CLI_SIZE: {
@@ -121,9 +125,9 @@ static int set_value(const char *cmd, cli_opt *o, const char *v) {
     int r = cli_parse_size(v, hi, &x);
     if (!r && x < lo) r = CLI_OUT_OF_RANGE;
     if (r == CLI_NOT_A_NUMBER)
-      fprintf(stderr, "tandem %s: %s%s: '%s' is not a size in bytes (like 8, 64K, 1.5M, 2G)\n", cmd, d, o->name, v);
+      fprintf(ERR, "tandem %s: %s%s: '%s' is not a size in bytes (like 8, 64K, 1.5M, 2G)\n", cmd, d, o->name, v);
     if (r == CLI_OUT_OF_RANGE)
-      fprintf(stderr, "tandem %s: %s%s: %s is out of range; expected %lld..%lld bytes\n", cmd, d, o->name, v,
+      fprintf(ERR, "tandem %s: %s%s: %s is out of range; expected %lld..%lld bytes\n", cmd, d, o->name, v,
               (long long)(lo > 0 ? lo : 0), (long long)hi);
     if (!r) *(int64_t *)o->dest = x;
     return r ? 2 : 0;
@@ -143,7 +147,7 @@ static int set_value(const char *cmd, cli_opt *o, const char *v) {
       if (!bar) break;
       c = bar + 1;
     }
-    fprintf(stderr, "tandem %s: %s%s: '%s' is not one of %s\n", cmd, d, o->name, v, o->choices);
+    fprintf(ERR, "tandem %s: %s%s: '%s' is not one of %s\n", cmd, d, o->name, v, o->choices);
     return 2;
   }
   case CLI_FLAG:
@@ -168,7 +172,7 @@ int cli_parse(const char *cmd, const char *usage, cli_opt *opts, int n, int argc
     /* --name[=value], or -x for a one-letter option */
     int is_short = arg[0] == '-' && arg[1] && arg[1] != '-' && !arg[2];
     if (strncmp(arg, "--", 2) != 0 && !is_short) {
-      fprintf(stderr, "tandem %s: unexpected argument '%s' (see tandem %s --help)\n", cmd, arg, cmd);
+      fprintf(ERR, "tandem %s: unexpected argument '%s' (see tandem %s --help)\n", cmd, arg, cmd);
       return 2;
     }
     const char *name = arg + (is_short ? 1 : 2), *eq = is_short ? NULL : strchr(name, '=');
@@ -177,13 +181,13 @@ int cli_parse(const char *cmd, const char *usage, cli_opt *opts, int n, int argc
     for (int i = 0; i < n; i++)
       if (strlen(opts[i].name) == len && !strncmp(opts[i].name, name, len) && (!is_short || len == 1)) o = &opts[i];
     if (!o) {
-      fprintf(stderr, "tandem %s: unknown option '%s' (see tandem %s --help)\n", cmd, arg, cmd);
+      fprintf(ERR, "tandem %s: unknown option '%s' (see tandem %s --help)\n", cmd, arg, cmd);
       return 2;
     }
     const char *val = NULL;
     if (o->type == CLI_FLAG) {
       if (eq) {
-        fprintf(stderr, "tandem %s: %s%s takes no value\n", cmd, dashes(o), o->name);
+        fprintf(ERR, "tandem %s: %s%s takes no value\n", cmd, dashes(o), o->name);
         return 2;
       }
     } else if (eq) {
@@ -191,7 +195,7 @@ int cli_parse(const char *cmd, const char *usage, cli_opt *opts, int n, int argc
     } else if (a + 1 < argc) {
       val = argv[++a];
     } else {
-      fprintf(stderr, "tandem %s: %s%s needs a value\n", cmd, dashes(o), o->name);
+      fprintf(ERR, "tandem %s: %s%s needs a value\n", cmd, dashes(o), o->name);
       return 2;
     }
     if (set_value(cmd, o, val)) return 2;

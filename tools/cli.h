@@ -28,6 +28,8 @@ typedef struct cli_opt {
  * message is printed to stderr). */
 int cli_parse(const char *cmd, const char *usage, cli_opt *opts, int n, int argc, char **argv);
 void cli_help(FILE *f, const char *cmd, const char *usage, const cli_opt *opts, int n);
+/* Where cli_parse writes its error messages (NULL: stderr, the default). */
+void cli_set_error_stream(FILE *f);
 /* Whether the user gave option `name`. */
 int cli_seen(const cli_opt *opts, int n, const char *name);
 

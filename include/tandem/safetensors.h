@@ -36,7 +36,8 @@ typedef struct tdm_st_tensor {
   tdm_dtype dtype;
   int ndim;
   int64_t shape[TDM_MAX_DIMS];
-  const void *data; /* inside the loaded file; little-endian */
+  const void *data; /* little-endian, aligned to the element size: inside the loaded file, or a copy
+                       the file owns when the file does not align it */
   int64_t nbytes;
 } tdm_st_tensor;
 

@@ -14,11 +14,11 @@
 
 static const char *kind_of(mode_t m) {
   return S_ISDIR(m)    ? "a directory"
-         : S_ISFIFO(m) ? "a FIFO or pipe, whose size cannot be known; copy the data to a regular file"
+         : S_ISFIFO(m) ? "a FIFO or pipe (its size cannot be known; copy the data to a file)"
          : S_ISCHR(m)  ? "a character device"
          : S_ISBLK(m)  ? "a block device"
          : S_ISSOCK(m) ? "a socket"
-                       : "not a regular file";
+                       : "something else";
 }
 
 tdm_status tdm__file_open_regular(const char *path, int *fd, int64_t *size) {
@@ -33,7 +33,7 @@ tdm_status tdm__file_open_regular(const char *path, int *fd, int64_t *size) {
   }
   if (!S_ISREG(s.st_mode)) {
     close(d);
-    return tdm__set_error(TDM_ERR_IO, "%s is %s, not a regular file", path, kind_of(s.st_mode));
+    return tdm__set_error(TDM_ERR_IO, "%s: not a regular file but %s", path, kind_of(s.st_mode));
   }
   int fl = fcntl(d, F_GETFL);
   if (fl >= 0) fcntl(d, F_SETFL, fl & ~O_NONBLOCK);

@@ -18,6 +18,7 @@ struct tdm_safetensors {
   int n;
   char **meta; /* key, value pairs */
   int n_meta;
+  void **copies; /* n: aligned copies of tensors the file does not align, else NULL */
 };
 
 static const struct {
@@ -43,6 +44,8 @@ void tdm_safetensors_destroy(tdm_safetensors *f) {
   if (!f) return;
   for (int i = 0; i < f->n; i++) tdm__free((char *)f->t[i].name);
   for (int i = 0; i < 2 * f->n_meta; i++) tdm__free(f->meta[i]);
+  for (int i = 0; f->copies && i < f->n; i++) tdm__free(f->copies[i]);
+  tdm__free(f->copies);
   tdm__free(f->meta);
   tdm__free(f->t);
   tdm__free(f->bytes);
@@ -81,6 +84,24 @@ static tdm_status check_overlap(tdm_safetensors *f, const char *path) {
                           s[i]->name);
   tdm__free(s);
   return st;
+}
+
+/* The format does not require alignment (a header need not be padded to 8 bytes, an offset need
+ * not be a multiple of the element size), but readers of t->data load whole elements: a tensor
+ * that is not aligned to its element size gets an aligned copy. */
+static tdm_status align_tensors(tdm_safetensors *f, const char *path) {
+  for (int i = 0; i < f->n; i++) {
+    tdm_st_tensor *t = &f->t[i];
+    if (!t->nbytes || (uintptr_t)t->data % tdm_dtype_size(t->dtype) == 0) continue;
+    if (!f->copies && !(f->copies = tdm__calloc((size_t)f->n, sizeof *f->copies)))
+      return tdm__set_error(TDM_ERR_NO_MEMORY, "%s: out of memory", path);
+    if (!(f->copies[i] = tdm__aligned_alloc((size_t)t->nbytes)))
+      return tdm__set_error(TDM_ERR_NO_MEMORY, "%s: cannot copy tensor '%.100s' (%lld bytes)", path, t->name,
+                            (long long)t->nbytes);
+    memcpy(f->copies[i], t->data, (size_t)t->nbytes);
+    t->data = f->copies[i];
+  }
+  return TDM_OK;
 }
 
 static tdm_status parse_meta(tdm_safetensors *f, const char *path, const tdm_json *v) {
@@ -159,7 +180,8 @@ static tdm_status parse_header(tdm_safetensors *f, const char *path, const tdm_j
     f->n++;
     TDM__TRY(parse_tensor(t, path, h->keys[k], &h->items[k], data, data_size));
   }
-  return check_overlap(f, path);
+  TDM__TRY(check_overlap(f, path));
+  return align_tensors(f, path);
 }
 
 /* Parses f->bytes[0..f->size), which f owns. */

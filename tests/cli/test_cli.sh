@@ -84,6 +84,18 @@ gpt_file() {
 META='{"n_layer":"1","n_head":"2","n_embd":"8","block_size":"8","vocab_size":"100"}'
 ARCH=(--layers 1 --heads 2 --width 8 --block 8 --vocab 100)
 
+# ---- data that is not a regular file: refused at once, saying why --------------------------------------
+pipe_data() { # --data-path /dev/stdin with a pipe on stdin, and a FIFO nobody writes to
+  printf 'hello, world' | "$TANDEM" train --model gpt --data-path /dev/stdin --steps 1 >"$TMP/out" 2>"$TMP/err"
+  [[ $? -eq 1 ]] && grep -q "not a regular file but a FIFO or pipe" "$TMP/err" || { cat "$TMP/err"; return 1; }
+  mkfifo "$TMP/fifo" || return 1
+  timeout 30 "$TANDEM" train --model gpt --data-path "$TMP/fifo" --steps 1 >"$TMP/out" 2>"$TMP/err"
+  [[ $? -eq 1 ]] && grep -q "fifo: not a regular file but a FIFO or pipe" "$TMP/err" || { cat "$TMP/err"; return 1; }
+  timeout 30 "$TANDEM" generate --weights "$TMP/fifo" >"$TMP/out" 2>"$TMP/err"
+  [[ $? -eq 1 ]] && grep -q "fifo: not a regular file but a FIFO or pipe" "$TMP/err" || { cat "$TMP/err"; return 1; }
+}
+check "a pipe or FIFO as data or weights is refused, never waited on" pipe_data
+
 # ---- tandem generate --------------------------------------------------------------------------------
 gpt_file "$TMP/g100.st" 1 8 8 100 "$META"
 gpt_file "$TMP/nano.st" 1 8 8 100
