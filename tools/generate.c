@@ -21,11 +21,14 @@ static const double flag_max[ARCH_N] = {1000, 1000, 1e6, 1e6, 1e7};
  * the exit code after printing why. */
 static int architecture(const tdm_safetensors *f, const char *path, const int64_t *flag, int64_t *arch) {
   char missing[128] = "";
+  const char *first_missing = NULL;
   for (int i = 0; i < ARCH_N; i++) {
     const char *v = tdm_safetensors_meta(f, meta_key[i]);
     arch[i] = flag[i];
     if (!v) {
-      if (flag[i] <= 0) snprintf(missing + strlen(missing), sizeof missing - strlen(missing), " --%s N", flag_name[i]);
+      if (flag[i] > 0) continue;
+      if (!first_missing) first_missing = meta_key[i];
+      snprintf(missing + strlen(missing), sizeof missing - strlen(missing), " --%s N", flag_name[i]);
       continue;
     }
     int64_t m;
@@ -35,14 +38,15 @@ static int architecture(const tdm_safetensors *f, const char *path, const int64_
       return 1;
     }
     if (flag[i] > 0 && flag[i] != m) {
-      fprintf(stderr, "tandem generate: %s says %s = %lld in its metadata, the command line --%s %lld\n", path,
-              meta_key[i], (long long)m, flag_name[i], (long long)flag[i]);
+      fprintf(stderr, "tandem generate: %s says %s = %lld, the command line %lld: --%s contradicts the file's metadata\n",
+              path, meta_key[i], (long long)m, (long long)flag[i], flag_name[i]);
       return 2;
     }
     arch[i] = m;
   }
   if (missing[0]) {
-    fprintf(stderr, "tandem generate: %s lacks tandem's architecture metadata (a nanoGPT file?): give%s\n", path, missing);
+    fprintf(stderr, "tandem generate: %s has no '%s' in its metadata (not written by tandem train --model gpt; nanoGPT's?): give%s\n",
+            path, first_missing, missing);
     return 2;
   }
   return 0;

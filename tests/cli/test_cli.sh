@@ -113,10 +113,12 @@ check "generate: nanoGPT file without metadata, architecture from the flags" \
   generates "$TANDEM" generate --weights "$TMP/nano.st" "${ARCH[@]}"
 check "generate: nanoGPT file with a tied lm_head and attn.bias masks" \
   generates "$TANDEM" generate --weights "$TMP/nano_extra.st" "${ARCH[@]}"
-check "generate: file without metadata, flags missing are listed" expect_fail 2 "give --heads N --block N" \
+check "generate: file without metadata, flags missing are listed" expect_fail 2 \
+  "nano.st has no 'n_head' in its metadata (not written by tandem train --model gpt; nanoGPT's?): give --heads N --block N" \
   "$TANDEM" generate --weights "$TMP/nano.st" --layers 1 --width 8 --vocab 100
 check "generate: a flag contradicting the metadata names both" expect_fail 2 \
-  "says n_embd = 8 in its metadata, the command line --width 16" "$TANDEM" generate --weights "$TMP/g100.st" --width 16
+  "g100.st says n_embd = 8, the command line 16: --width contradicts the file's metadata" \
+  "$TANDEM" generate --weights "$TMP/g100.st" --width 16
 check "generate: flags contradicting the file's shapes" expect_fail 2 \
   "transformer.wte.weight is (100, 8); the architecture (vocab 100, block 8, width 16) needs (100, 16)" \
   "$TANDEM" generate --weights "$TMP/nano.st" --layers 1 --heads 2 --width 16 --block 8 --vocab 100
