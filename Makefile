@@ -1,13 +1,18 @@
-# Thin wrapper over CMake for the README's two commands.
+# Thin wrapper over CMake for the README's commands.
 #   make run    set up, build, and run the main training job
 #   make test   set up, build, and run every test, and again under ASan+UBSan all but the
-#               slow real-data training test and the mpirun test (Open MPI's own leaks)
+#               slow real-data training test and the mpirun test (Open MPI's own leaks); then
+#               each fuzz target for FUZZ_TEST_SECONDS (when clang is installed)
+#   make fuzz   build the libFuzzer targets (fuzz/, in build-fuzz/) and run each for FUZZ_SECONDS
 BUILD ?= build
 BUILD_SAN ?= build-san
+BUILD_FUZZ ?= build-fuzz
 JOBS ?= $(shell nproc)
 RUN_ARGS ?=
+FUZZ_SECONDS ?= 60
+FUZZ_TEST_SECONDS ?= 5
 
-.PHONY: all setup build build-san run test test-san clean
+.PHONY: all setup build build-san build-fuzz run test test-san fuzz clean
 
 all: build
 
@@ -22,12 +27,26 @@ build-san: setup
 	@cmake -S . -B $(BUILD_SAN) -DCMAKE_BUILD_TYPE=Debug -DTANDEM_SANITIZE=ON >/dev/null
 	@cmake --build $(BUILD_SAN) -j $(JOBS)
 
+# clang's libFuzzer; without it (clang and libclang-rt-14-dev on Debian 12) the fuzz targets are
+# skipped, and their seeds still replay in the other builds' ctest
+HAVE_LIBFUZZER = $(shell printf 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return 0; }' | \
+  clang -x c - -fsanitize=fuzzer -o /dev/null 2>/dev/null && echo yes)
+build-fuzz: setup
+	@if [ "$(HAVE_LIBFUZZER)" = yes ]; then \
+	  CC=clang cmake -S . -B $(BUILD_FUZZ) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTANDEM_FUZZ=ON -DTANDEM_MPI=OFF \
+	    -DTANDEM_FUZZ_SECONDS=$(FUZZ_TEST_SECONDS) >/dev/null && cmake --build $(BUILD_FUZZ) -j $(JOBS); \
+	else echo "make: no clang with libFuzzer, so no fuzz targets (apt-get install clang libclang-rt-14-dev)"; fi
+
+fuzz: build-fuzz
+	fuzz/run.sh $(FUZZ_SECONDS) $(BUILD_FUZZ)/fuzz-work $(BUILD_FUZZ)/fuzz/fuzz_*
+
 run: build
 	./$(BUILD)/tandem run -n 2 -- tandem train --model mlp --data fashion-mnist --epochs 1 $(RUN_ARGS)
 
-test: build build-san
+test: build build-san build-fuzz
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 	cd $(BUILD_SAN) && ctest --output-on-failure -j $(JOBS) -E 'test_train|test_mpi'
+	@if [ -d $(BUILD_FUZZ)/fuzz ]; then cd $(BUILD_FUZZ) && ctest --output-on-failure -j $(JOBS); fi
 
 clean:
-	rm -rf $(BUILD) $(BUILD_SAN)
+	rm -rf $(BUILD) $(BUILD_SAN) $(BUILD_FUZZ)

@@ -3,7 +3,7 @@
  * time is the mean over -n iterations, the slowest rank's; algbw = size / time (GB = 1e9 B);
  * busbw = algbw x the collective's factor (nccl-tests' PERFORMANCE.md): 2(n-1)/n all-reduce,
  * (n-1)/n all-gather, reduce-scatter and all-to-all, 1 broadcast, reduce and sendrecv. */
-#include <ctype.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,23 +20,6 @@ static const struct {
   tdm_dtype dt;
 } types[] = {{"float", TDM_F32}, {"double", TDM_F64}, {"half", TDM_F16}, {"bfloat16", TDM_BF16},
              {"int32", TDM_I32}, {"int64", TDM_I64}, {"uint8", TDM_U8}};
-
-static int parse_size(const char *s, int64_t *out) {
-  char *end;
-  double v = strtod(s, &end);
-  if (end == s || v < 0) return -1;
-  int64_t m = 1;
-  switch (toupper((unsigned char)*end)) {
-  case 'K': m = 1LL << 10; end++; break;
-  case 'M': m = 1LL << 20; end++; break;
-  case 'G': m = 1LL << 30; end++; break;
-  default: break;
-  }
-  if (*end == 'B' || *end == 'b') end++;
-  if (*end) return -1;
-  *out = (int64_t)(v * (double)m);
-  return 0;
-}
 
 static double input(tdm_redop op, int r, size_t j) {
   switch (op) {
@@ -184,25 +167,33 @@ static int64_t check(tdm_comm_t c, bctx *b, void *sbuf, void *rbuf, size_t count
   return 0;
 }
 
+#define MAX_BYTES ((int64_t)1 << 40)
+#define USAGE "allreduce|broadcast|reduce|reducescatter|allgather|alltoall|sendrecv [options]"
+
 int tool_bench(int argc, char **argv) {
   if (argc >= 1 && !strcmp(argv[0], "gpt")) return tool_bench_gpt(argc - 1, argv + 1);
+  int64_t minb, maxb, factor, iters, warmup, checkv, root;
+  const char *dtype, *redop, *algo_s, *json, *transport;
+  cli_opt opts[] = {
+      {"b", CLI_SIZE, &minb, "8", "smallest size in bytes (K, M, G, T suffixes: powers of 1024)", NULL, 0, (double)MAX_BYTES, 0},
+      {"e", CLI_SIZE, &maxb, "32M", "largest size in bytes", NULL, 0, (double)MAX_BYTES, 0},
+      {"f", CLI_INT, &factor, "2", "size factor between rows", NULL, 2, (double)MAX_BYTES, 0},
+      {"n", CLI_INT, &iters, "20", "timed iterations", NULL, 1, 1e9, 0},
+      {"w", CLI_INT, &warmup, "5", "warm-up iterations", NULL, 0, 1e9, 0},
+      {"c", CLI_INT, &checkv, "1", "check results (#wrong): 0 or 1", NULL, 0, 1, 0},
+      {"d", CLI_CHOICE, &dtype, "float", "element type", "float|double|half|bfloat16|int32|int64|uint8", 0, 0, 0},
+      {"o", CLI_CHOICE, &redop, "sum", "reduction", "sum|prod|min|max|avg", 0, 0, 0},
+      {"r", CLI_INT, &root, "0", "root of broadcast and reduce", NULL, 0, 1 << 30, 0},
+      {"a", CLI_STRING, &algo_s, "auto", "algorithm: auto|ring|rd|rhd|tree|chain", NULL, 0, 0, 0},
+      {"transport", CLI_STRING, &transport, NULL, "thread|tcp|shm|mpi (default: TANDEM_TRANSPORT or tcp)", NULL, 0, 0, 0},
+      {"J", CLI_STRING, &json, NULL, "also write the rows as JSON to this file", NULL, 0, 0, 0},
+  };
+  int nopt = (int)(sizeof opts / sizeof opts[0]);
   if (argc < 1 || argv[0][0] == '-') {
     if (argc >= 1 && (!strcmp(argv[0], "--help") || !strcmp(argv[0], "-h"))) {
-      printf("usage: tandem bench allreduce|broadcast|reduce|reducescatter|allgather|alltoall|sendrecv [options]\n"
-             "       tandem bench gpt [options]   (a GPT training step; tandem bench gpt --help)\n"
-             "  -b SIZE   smallest size in bytes (K, M, G suffixes) [8]\n"
-             "  -e SIZE   largest size [32M]\n"
-             "  -f N      size factor between rows [2]\n"
-             "  -n N      timed iterations [20]\n"
-             "  -w N      warm-up iterations [5]\n"
-             "  -c 0|1    check results (#wrong) [1]\n"
-             "  -d TYPE   float|double|half|bfloat16|int32|int64|uint8 [float]\n"
-             "  -o OP     sum|prod|min|max|avg [sum]\n"
-             "  -r ROOT   root of broadcast and reduce [0]\n"
-             "  -a ALGO   auto|ring|rd|rhd|tree|chain [auto]\n"
-             "  --transport thread|tcp   (default: TANDEM_TRANSPORT or tcp)\n"
-             "  -J FILE   also write the rows as JSON\n"
-             "Run under the launcher: tandem run -n 2 -- tandem bench allreduce -b 8 -e 64M\n");
+      cli_help(stdout, "bench", USAGE, opts, nopt);
+      printf("\nRun under the launcher: tandem run -n 2 -- tandem bench allreduce -b 8 -e 64M\n"
+             "A GPT training step: tandem bench gpt [options] (tandem bench gpt --help)\n");
       return 0;
     }
     fprintf(stderr, "tandem bench: name a collective first (tandem bench --help)\n");
@@ -215,51 +206,17 @@ int tool_bench(int argc, char **argv) {
     fprintf(stderr, "tandem bench: unknown collective '%s'; expected allreduce, broadcast, reduce, reducescatter, allgather, alltoall or sendrecv\n", argv[0]);
     return 2;
   }
-  int64_t minb = 8, maxb = 32 << 20, factor = 2, iters = 20, warmup = 5, checkv = 1, root = 0;
-  const char *dtype = "float", *redop = "sum", *algo_s = "auto", *json = NULL, *transport = NULL;
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!v) {
-      fprintf(stderr, "tandem bench: %s needs a value\n", a);
-      return 2;
-    }
-    char *end = NULL;
-    if (!strcmp(a, "-b") || !strcmp(a, "-e")) {
-      if (parse_size(v, !strcmp(a, "-b") ? &minb : &maxb)) {
-        fprintf(stderr, "tandem bench: %s: '%s' is not a size (like 8, 64K, 256M)\n", a, v);
-        return 2;
-      }
-    } else if (!strcmp(a, "-f") || !strcmp(a, "-n") || !strcmp(a, "-w") || !strcmp(a, "-c") || !strcmp(a, "-r")) {
-      int64_t x = strtoll(v, &end, 10);
-      if (*end || x < 0 || (!strcmp(a, "-f") && x < 2)) {
-        fprintf(stderr, "tandem bench: %s: '%s' is not a valid number%s\n", a, v, !strcmp(a, "-f") ? " (>= 2)" : "");
-        return 2;
-      }
-      *(!strcmp(a, "-f") ? &factor : !strcmp(a, "-n") ? &iters : !strcmp(a, "-w") ? &warmup : !strcmp(a, "-c") ? &checkv : &root) = x;
-    } else if (!strcmp(a, "-d")) dtype = v;
-    else if (!strcmp(a, "-o")) redop = v;
-    else if (!strcmp(a, "-a")) algo_s = v;
-    else if (!strcmp(a, "-J")) json = v;
-    else if (!strcmp(a, "--transport")) transport = v;
-    else {
-      fprintf(stderr, "tandem bench: unknown option '%s' (tandem bench --help)\n", a);
-      return 2;
-    }
-    i++;
-  }
+  int pr = cli_parse("bench", USAGE, opts, nopt, argc - 1, argv + 1);
+  if (pr) return pr == 1 ? 0 : 2;
   tdm_dtype dt = TDM_DTYPE_COUNT;
   const char *dt_name = dtype;
   for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
     if (!strcmp(dtype, types[i].name)) dt = types[i].dt;
-  if (dt == TDM_DTYPE_COUNT) {
-    fprintf(stderr, "tandem bench: -d: '%s' is not one of float double half bfloat16 int32 int64 uint8\n", dtype);
-    return 2;
-  }
   tdm_redop rop = TDM_REDOP_COUNT;
   for (int i = 0; i < TDM_REDOP_COUNT; i++)
     if (!strcmp(redop, tdm_redop_name((tdm_redop)i))) rop = (tdm_redop)i;
-  if (rop == TDM_REDOP_COUNT) {
-    fprintf(stderr, "tandem bench: -o: '%s' is not one of sum prod min max avg\n", redop);
+  if (dt == TDM_DTYPE_COUNT || rop == TDM_REDOP_COUNT) { /* the option table admits only these names */
+    fprintf(stderr, "tandem bench: internal: type '%s' or reduction '%s' unknown\n", dtype, redop);
     return 2;
   }
   tdm_algo algo;
@@ -267,8 +224,8 @@ int tool_bench(int argc, char **argv) {
     fprintf(stderr, "tandem bench: -a: %s\n", tdm_last_error());
     return 2;
   }
-  if (minb > maxb || iters < 1) {
-    fprintf(stderr, "tandem bench: -b %lld is larger than -e %lld, or -n < 1\n", (long long)minb, (long long)maxb);
+  if (minb > maxb) {
+    fprintf(stderr, "tandem bench: -b %lld is larger than -e %lld\n", (long long)minb, (long long)maxb);
     return 2;
   }
   if (transport) setenv("TANDEM_TRANSPORT", transport, 1);
@@ -288,9 +245,24 @@ int tool_bench(int argc, char **argv) {
   double factor_bw = op == B_ALLREDUCE ? 2.0 * (P - 1) / P : multi ? (double)(P - 1) / P : 1.0;
   size_t maxcount = (size_t)maxb / es + (size_t)P;
   void *sbuf = malloc(maxcount * es + 64), *rbuf = malloc(maxcount * es + 64);
-  FILE *jf = json && me == 0 ? fopen(json, "w") : NULL;
+  FILE *jf = NULL;
+  int64_t bad = 0, any_bad = 1;
   if (!sbuf || !rbuf) {
-    fprintf(stderr, "tandem bench: cannot allocate 2 x %zu bytes\n", maxcount * es);
+    fprintf(stderr, "tandem bench: rank %d: cannot allocate 2 x %zu bytes\n", me, maxcount * es);
+    bad = 1;
+  }
+  if (json && me == 0 && !(jf = fopen(json, "w"))) {
+    fprintf(stderr, "tandem bench: -J %s: cannot create: %s\n", json, strerror(errno));
+    bad = 1;
+  }
+  /* every rank stops when one cannot go on, rather than waiting for it in the first collective */
+  if (tdm_comm_allreduce(c, &bad, &any_bad, 1, TDM_I64, TDM_MAX, TDM_ALGO_AUTO) != TDM_OK)
+    fprintf(stderr, "tandem bench: rank %d: %s\n", me, tdm_last_error());
+  if (any_bad) {
+    if (jf) fclose(jf);
+    free(sbuf);
+    free(rbuf);
+    tdm_comm_destroy(c);
     return 1;
   }
   if (me == 0) {
@@ -306,7 +278,8 @@ int tool_bench(int argc, char **argv) {
   int64_t total_wrong = 0;
   double bw_sum = 0;
   int rows = 0, failed = 0;
-  for (int64_t size = minb; size <= maxb && !failed; size = size * factor > size ? size * factor : size + 1) {
+  /* the next size, or past maxb when it would be (never an overflow) */
+  for (int64_t size = minb; size <= maxb && !failed; size = !size ? 1 : size > maxb / factor ? maxb + 1 : size * factor) {
     size_t count = (size_t)size / es;
     if (multi) count = count / (size_t)P * (size_t)P; /* whole blocks, as nccl-tests */
     bctx b = {(bench_op)op, rop, dt, P, me, (int)root, multi ? count / (size_t)P : count};
@@ -364,7 +337,11 @@ int tool_bench(int argc, char **argv) {
     printf("# Avg bus bandwidth    : %g \n#\n", rows ? bw_sum / rows : 0.0);
     if (jf) {
       fprintf(jf, "\n]\n");
-      fclose(jf);
+      int werr = ferror(jf);
+      if (fclose(jf) != 0 || werr) {
+        fprintf(stderr, "tandem bench: -J %s: write failed\n", json);
+        failed = 1;
+      }
     }
   }
   free(sbuf);

@@ -57,19 +57,21 @@ done:
 
 int tool_bench_gpt(int argc, char **argv) {
   const char *config = NULL;
+  /* the ranges keep every size of the step (parameters, B x heads x T x T attention scores) inside
+   * int64 bytes: what does not fit in memory fails to allocate, nothing overflows */
   int64_t layers = 0, heads = 0, width = 0, block = 0, vocab = 0, B = 4, T = 64, steps = 10, warmup = 3, threads = 1,
           seed = 1;
   double peak = 102.5;
   int json = 0;
   cli_opt opts[] = {
       {"config", CLI_CHOICE, &config, "mini", "architecture (mini: 4 layers, 4 heads, 256 wide, block 128, vocab 256)", "mini|gpt2-124M", 0, 0, 0},
-      {"layers", CLI_INT, &layers, "0", "transformer blocks (0: from --config)", NULL, 0, 1e6, 0},
-      {"heads", CLI_INT, &heads, "0", "attention heads (0: from --config)", NULL, 0, 1e6, 0},
-      {"width", CLI_INT, &width, "0", "embedding width (0: from --config)", NULL, 0, 1e7, 0},
-      {"block", CLI_INT, &block, "0", "context length (0: from --config)", NULL, 0, 1e7, 0},
-      {"vocab", CLI_INT, &vocab, "0", "vocabulary size (0: from --config)", NULL, 0, 1e8, 0},
-      {"batch-size", CLI_INT, &B, "4", "sequences per step", NULL, 1, 1e6, 0},
-      {"seq-len", CLI_INT, &T, "64", "tokens per sequence", NULL, 1, 1e7, 0},
+      {"layers", CLI_INT, &layers, "0", "transformer blocks (0: from --config)", NULL, 0, 1000, 0},
+      {"heads", CLI_INT, &heads, "0", "attention heads (0: from --config)", NULL, 0, 1000, 0},
+      {"width", CLI_INT, &width, "0", "embedding width (0: from --config)", NULL, 0, 65536, 0},
+      {"block", CLI_INT, &block, "0", "context length (0: from --config)", NULL, 0, 65536, 0},
+      {"vocab", CLI_INT, &vocab, "0", "vocabulary size (0: from --config)", NULL, 0, 1e7, 0},
+      {"batch-size", CLI_INT, &B, "4", "sequences per step", NULL, 1, 65536, 0},
+      {"seq-len", CLI_INT, &T, "64", "tokens per sequence", NULL, 1, 65536, 0},
       {"steps", CLI_INT, &steps, "10", "timed steps", NULL, 1, 1e6, 0},
       {"warmup", CLI_INT, &warmup, "3", "untimed steps first", NULL, 1, 1e6, 0},
       {"threads", CLI_INT, &threads, "1", "intra-op threads (0: all cores)", NULL, 0, 1024, 0},
@@ -78,7 +80,7 @@ int tool_bench_gpt(int argc, char **argv) {
       {"json", CLI_FLAG, &json, NULL, "print one JSON object instead of the table", NULL, 0, 0, 0},
   };
   int n = (int)(sizeof opts / sizeof opts[0]);
-  int pr = cli_parse("bench gpt", "tandem bench gpt [options]", opts, n, argc, argv);
+  int pr = cli_parse("bench gpt", "[options]", opts, n, argc, argv);
   if (pr) return pr == 1 ? 0 : 2;
   tdm_model_config mc;
   int64_t given[5] = {layers, heads, width, block, vocab};

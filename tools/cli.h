@@ -1,17 +1,22 @@
 /* Table-driven command-line options for the tandem subcommands: every option has a type, a
- * default and a help line, so --help lists them all and a bad value names the option. */
+ * default and a help line, so --help lists them all and a bad value names the option. Options are
+ * written --name VALUE or --name=VALUE; an option whose name is one letter is written -x VALUE
+ * (nccl-tests' style). Every number goes through the checked parsers below: the whole text must
+ * be the number (no trailing junk, no leading space), integers must fit in int64, floats must be
+ * finite (no nan, no inf), and both must lie in the option's range. */
 #ifndef TANDEM_CLI_H
 #define TANDEM_CLI_H
 
 #include <stdint.h>
 #include <stdio.h>
 
-typedef enum { CLI_INT, CLI_FLOAT, CLI_STRING, CLI_FLAG, CLI_CHOICE } cli_type;
+/* CLI_SIZE: a byte count, int64_t, with an optional K, M, G or T suffix (powers of 1024) and B. */
+typedef enum { CLI_INT, CLI_FLOAT, CLI_STRING, CLI_FLAG, CLI_CHOICE, CLI_SIZE } cli_type;
 
 typedef struct cli_opt {
   const char *name; /* without the leading -- */
   cli_type type;
-  void *dest;       /* int64_t*, double*, const char**, int*, const char** */
+  void *dest;       /* int64_t*, double*, const char**, int*, const char**, int64_t* */
   const char *def;  /* default as text, NULL for none */
   const char *help;
   const char *choices; /* CLI_CHOICE: "a|b|c" */
@@ -23,8 +28,18 @@ typedef struct cli_opt {
  * message is printed to stderr). */
 int cli_parse(const char *cmd, const char *usage, cli_opt *opts, int n, int argc, char **argv);
 void cli_help(FILE *f, const char *cmd, const char *usage, const cli_opt *opts, int n);
+/* Where cli_parse writes its error messages (NULL: stderr, the default). */
+void cli_set_error_stream(FILE *f);
 /* Whether the user gave option `name`. */
 int cli_seen(const cli_opt *opts, int n, const char *name);
+
+/* The checked parsers behind the table, for numbers that come from elsewhere (positional
+ * arguments, file metadata). Each returns 0 and sets *out, or returns CLI_NOT_A_NUMBER or
+ * CLI_OUT_OF_RANGE and leaves *out alone. */
+enum { CLI_NOT_A_NUMBER = 1, CLI_OUT_OF_RANGE = 2 };
+int cli_parse_int(const char *s, int64_t min, int64_t max, int64_t *out);
+int cli_parse_float(const char *s, double min, double max, double *out);
+int cli_parse_size(const char *s, int64_t max, int64_t *out);
 
 int tool_train(int argc, char **argv);
 int tool_run(int argc, char **argv);

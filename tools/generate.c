@@ -1,6 +1,10 @@
 /* tandem generate: sample text from a GPT weights file or the newest valid checkpoint of a
- * training run (the architecture is read from the safetensors metadata) with a key/value cache.
- * Bytes are tokens. */
+ * training run with a key/value cache. Bytes are tokens. The architecture comes from the file's
+ * metadata (written by tandem train --model gpt) or, for files without it (nanoGPT's weights
+ * saved as safetensors), from --layers --heads --width --block --vocab; flags that contradict the
+ * metadata are an error, and either way it must match the file's tensor shapes before anything
+ * is allocated. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,29 +12,130 @@
 #include "cli.h"
 #include "tandem/tandem.h"
 
-static int64_t meta_int(const tdm_safetensors *f, const char *key) {
-  const char *v = tdm_safetensors_meta(f, key);
-  return v ? atoll(v) : -1;
+enum { ARCH_LAYERS, ARCH_HEADS, ARCH_WIDTH, ARCH_BLOCK, ARCH_VOCAB, ARCH_N };
+static const char *const meta_key[ARCH_N] = {"n_layer", "n_head", "n_embd", "block_size", "vocab_size"};
+static const char *const flag_name[ARCH_N] = {"layers", "heads", "width", "block", "vocab"};
+static const double flag_max[ARCH_N] = {1000, 1000, 1e6, 1e6, 1e7};
+
+/* The architecture: from the metadata, else from the flags; arch[i] > 0 when known. Returns 0, or
+ * the exit code after printing why. */
+static int architecture(const tdm_safetensors *f, const char *path, const int64_t *flag, int64_t *arch) {
+  char missing[128] = "";
+  const char *first_missing = NULL;
+  for (int i = 0; i < ARCH_N; i++) {
+    const char *v = tdm_safetensors_meta(f, meta_key[i]);
+    arch[i] = flag[i];
+    if (!v) {
+      if (flag[i] > 0) continue;
+      if (!first_missing) first_missing = meta_key[i];
+      snprintf(missing + strlen(missing), sizeof missing - strlen(missing), " --%s N", flag_name[i]);
+      continue;
+    }
+    int64_t m;
+    if (cli_parse_int(v, 1, (int64_t)flag_max[i], &m)) {
+      fprintf(stderr, "tandem generate: %s: metadata %s = '%s' is not an integer in 1..%.0f\n", path, meta_key[i], v,
+              flag_max[i]);
+      return 1;
+    }
+    if (flag[i] > 0 && flag[i] != m) {
+      fprintf(stderr, "tandem generate: %s says %s = %lld, the command line %lld: --%s contradicts the file's metadata\n",
+              path, meta_key[i], (long long)m, (long long)flag[i], flag_name[i]);
+      return 2;
+    }
+    arch[i] = m;
+  }
+  if (missing[0]) {
+    fprintf(stderr, "tandem generate: %s has no '%s' in its metadata (not written by tandem train --model gpt; nanoGPT's?): give%s\n",
+            path, first_missing, missing);
+    return 2;
+  }
+  return 0;
+}
+
+static const tdm_st_tensor *find(const tdm_safetensors *f, const char *prefix, const char *name) {
+  char full[256];
+  snprintf(full, sizeof full, "%s%s", prefix, name);
+  return tdm_safetensors_find(f, full);
+}
+
+/* Checks the architecture against the file's shapes before a model of that size is allocated
+ * (tdm_params_load then checks every tensor). Returns 0, or the exit code after printing why. */
+static int matches_file(const tdm_safetensors *f, const char *path, const char *prefix, const int64_t *a) {
+  const struct {
+    const char *name;
+    int64_t d0, d1;
+  } emb[2] = {{"transformer.wte.weight", a[ARCH_VOCAB], a[ARCH_WIDTH]}, {"transformer.wpe.weight", a[ARCH_BLOCK], a[ARCH_WIDTH]}};
+  for (int i = 0; i < 2; i++) {
+    const tdm_st_tensor *t = find(f, prefix, emb[i].name);
+    if (!t || t->ndim != 2 || t->shape[0] != emb[i].d0 || t->shape[1] != emb[i].d1) {
+      char got[96];
+      fprintf(stderr, "tandem generate: %s: %s%s is %s; the architecture (vocab %lld, block %lld, width %lld) needs (%lld, %lld)\n",
+              path, prefix, emb[i].name, t ? tdm_shape_str(t->ndim, t->shape, got, sizeof got) : "missing",
+              (long long)a[ARCH_VOCAB], (long long)a[ARCH_BLOCK], (long long)a[ARCH_WIDTH], (long long)emb[i].d0,
+              (long long)emb[i].d1);
+      return 2;
+    }
+  }
+  char last[64], next[64];
+  snprintf(last, sizeof last, "transformer.h.%lld.ln_1.weight", (long long)(a[ARCH_LAYERS] - 1));
+  snprintf(next, sizeof next, "transformer.h.%lld.ln_1.weight", (long long)a[ARCH_LAYERS]);
+  if (!find(f, prefix, last) || find(f, prefix, next)) {
+    fprintf(stderr, "tandem generate: %s does not hold %lld layers (%s%s %s)\n", path, (long long)a[ARCH_LAYERS], prefix,
+            find(f, prefix, next) ? next : last, find(f, prefix, next) ? "exists" : "is missing");
+    return 2;
+  }
+  return 0;
+}
+
+/* Tensors of a nanoGPT state dict that are not parameters here: lm_head.weight, which tandem ties
+ * to wte (so it must equal it), and the causal-mask buffers attn.bias. Anything else is refused
+ * by tdm_params_load. Returns whether the file has such extras, or -1 after printing why not. */
+static int nanogpt_extras(const tdm_safetensors *f, const char *path, tdm_params *params) {
+  int extras = 0;
+  for (int i = 0; i < tdm_safetensors_count(f); i++) {
+    const tdm_st_tensor *t = tdm_safetensors_at(f, i);
+    if (tdm_params_find(params, t->name)) continue;
+    int layer, end = 0;
+    if (!strcmp(t->name, "lm_head.weight")) {
+      const tdm_st_tensor *w = tdm_safetensors_find(f, "transformer.wte.weight");
+      if (!w || w->dtype != t->dtype || w->nbytes != t->nbytes || memcmp(w->data, t->data, (size_t)t->nbytes)) {
+        fprintf(stderr, "tandem generate: %s: lm_head.weight differs from transformer.wte.weight; tandem's GPT ties them\n",
+                path);
+        return -1;
+      }
+      extras = 1;
+    } else if (sscanf(t->name, "transformer.h.%d.attn.bias%n", &layer, &end) == 1 && !t->name[end]) {
+      extras = 1;
+    } else {
+      return 0; /* tdm_params_load names it */
+    }
+  }
+  return extras;
+}
+
+static int fail(const char *what) {
+  fprintf(stderr, "tandem generate: %s%s\n", what, tdm_last_error());
+  return 1;
 }
 
 int tool_generate(int argc, char **argv) {
   const char *weights, *ckpt_dir, *prompt, *logits_out;
-  int64_t tokens, top_k, seed, layers, heads, width, block, vocab;
+  int64_t tokens, top_k, seed, flag[ARCH_N];
   double temperature;
   cli_opt opts[] = {
-      {"weights", CLI_STRING, &weights, NULL, "GPT weights (.safetensors written by tandem train --model gpt)", NULL, 0, 0, 0},
+      {"weights", CLI_STRING, &weights, NULL, "GPT weights (.safetensors: tandem train --model gpt, or nanoGPT's names with the architecture flags)", NULL, 0, 0, 0},
       {"checkpoint", CLI_STRING, &ckpt_dir, NULL, "or: the newest valid checkpoint in this --checkpoint-dir of tandem train", NULL, 0, 0, 0},
-      {"prompt", CLI_STRING, &prompt, "\\n", "text to continue", NULL, 0, 0, 0},
+      {"prompt", CLI_STRING, &prompt, "\\n", "text to continue (at least one byte)", NULL, 0, 0, 0},
       {"tokens", CLI_INT, &tokens, "200", "how many tokens (bytes) to generate", NULL, 0, 1e7, 0},
       {"temperature", CLI_FLOAT, &temperature, "0.8", "softmax temperature (0: greedy)", NULL, 0, 100, 0},
       {"top-k", CLI_INT, &top_k, "40", "sample among the k most likely tokens (1: greedy, 0: all)", NULL, 0, 1e7, 0},
       {"seed", CLI_INT, &seed, "1337", "random seed", NULL, 0, 9.2e18, 0},
       {"logits-out", CLI_STRING, &logits_out, NULL, "also write the prompt's logits, (positions, vocab), as safetensors", NULL, 0, 0, 0},
-      {"layers", CLI_INT, &layers, "0", "must agree with the file when given", NULL, 0, 1000, 0},
-      {"heads", CLI_INT, &heads, "0", "must agree with the file when given", NULL, 0, 1000, 0},
-      {"width", CLI_INT, &width, "0", "must agree with the file when given", NULL, 0, 1e6, 0},
-      {"block", CLI_INT, &block, "0", "must agree with the file when given", NULL, 0, 1e6, 0},
-      {"vocab", CLI_INT, &vocab, "0", "must agree with the file when given", NULL, 0, 1e7, 0},
+      {"layers", CLI_INT, &flag[ARCH_LAYERS], "0", "transformer blocks: needed without metadata, else must agree", NULL, 0, flag_max[ARCH_LAYERS], 0},
+      {"heads", CLI_INT, &flag[ARCH_HEADS], "0", "attention heads: needed without metadata, else must agree", NULL, 0, flag_max[ARCH_HEADS], 0},
+      {"width", CLI_INT, &flag[ARCH_WIDTH], "0", "embedding width: needed without metadata, else must agree", NULL, 0, flag_max[ARCH_WIDTH], 0},
+      {"block", CLI_INT, &flag[ARCH_BLOCK], "0", "context length: needed without metadata, else must agree", NULL, 0, flag_max[ARCH_BLOCK], 0},
+      {"vocab", CLI_INT, &flag[ARCH_VOCAB], "0", "vocabulary size: needed without metadata, else must agree", NULL, 0, flag_max[ARCH_VOCAB], 0},
   };
   int n = (int)(sizeof opts / sizeof opts[0]);
   int r = cli_parse("generate", "--weights FILE | --checkpoint DIR [options]", opts, n, argc, argv);
@@ -40,99 +145,92 @@ int tool_generate(int argc, char **argv) {
     fprintf(stderr, "tandem generate: give either --weights FILE or --checkpoint DIR (%s)\n", weights ? "both given" : "neither given");
     return 2;
   }
+  if (!strcmp(prompt, "\\n")) prompt = "\n";
+  size_t plen = strlen(prompt);
+  if (plen == 0) {
+    fprintf(stderr, "tandem generate: --prompt is empty; give at least one byte to continue (the default is a newline)\n");
+    return 2;
+  }
+  if (logits_out && tdm_safetensors_check_writable(logits_out) != TDM_OK) return fail("--logits-out: ");
   char ckpt_path[4096];
   if (ckpt_dir) {
     char warn[2048];
     tdm_status st = tdm_ckpt_latest(ckpt_dir, ckpt_path, sizeof ckpt_path, warn, sizeof warn);
     if (warn[0]) fprintf(stderr, "tandem generate: skipped corrupt checkpoints: %s\n", warn);
-    if (st != TDM_OK) {
-      fprintf(stderr, "tandem generate: %s\n", tdm_last_error());
-      return 1;
-    }
+    if (st != TDM_OK) return fail("");
     weights = ckpt_path;
   }
-  if (!strcmp(prompt, "\\n")) prompt = "\n";
   tdm_safetensors *f;
-  if (tdm_safetensors_load(&f, weights) != TDM_OK) {
-    fprintf(stderr, "tandem generate: %s\n", tdm_last_error());
-    return 1;
-  }
+  if (tdm_safetensors_load(&f, weights) != TDM_OK) return fail("");
+  int64_t arch[ARCH_N];
+  int rc = architecture(f, weights, flag, arch);
+  if (!rc) rc = matches_file(f, weights, ckpt_dir ? "model." : "", arch);
   tdm_model_config mc = tdm_model_config_gpt_mini();
-  struct {
-    const char *key;
-    int64_t *cfg, flag;
-  } fields[] = {{"n_layer", &mc.n_layer, layers}, {"n_head", &mc.n_head, heads}, {"n_embd", &mc.n_embd, width},
-                {"block_size", &mc.block_size, block}, {"vocab_size", &mc.vocab_size, vocab}};
-  for (int i = 0; i < 5; i++) {
-    int64_t v = meta_int(f, fields[i].key);
-    if (v < 0) {
-      fprintf(stderr, "tandem generate: %s has no '%s' in its metadata: was it written by tandem train --model gpt (this version)?\n",
-              weights, fields[i].key);
-      tdm_safetensors_destroy(f);
-      return 1;
+  mc.n_layer = arch[ARCH_LAYERS], mc.n_head = arch[ARCH_HEADS], mc.n_embd = arch[ARCH_WIDTH];
+  mc.block_size = arch[ARCH_BLOCK], mc.vocab_size = arch[ARCH_VOCAB], mc.dropout = 0;
+  for (size_t i = 0; !rc && i < plen; i++)
+    if ((unsigned char)prompt[i] >= mc.vocab_size) {
+      fprintf(stderr, "tandem generate: --prompt: byte %u (0x%02x) at position %zu is outside the model's vocabulary of %lld tokens (0..%lld)\n",
+              (unsigned char)prompt[i], (unsigned char)prompt[i], i, (long long)mc.vocab_size, (long long)mc.vocab_size - 1);
+      rc = 2;
     }
-    if (fields[i].flag > 0 && fields[i].flag != v) {
-      fprintf(stderr, "tandem generate: %s says %s = %lld, the command line %lld\n", weights, fields[i].key, (long long)v,
-              (long long)fields[i].flag);
-      tdm_safetensors_destroy(f);
-      return 2;
-    }
-    *fields[i].cfg = v;
-  }
-  tdm_safetensors_destroy(f);
-  mc.dropout = 0;
-  size_t plen = strlen(prompt);
-  if ((int64_t)plen > mc.block_size) {
+  if (!rc && (int64_t)plen > mc.block_size) {
     fprintf(stderr, "tandem generate: the prompt is %zu tokens; the model's block size is %lld\n", plen,
             (long long)mc.block_size);
-    return 2;
+    rc = 2;
   }
-  tdm_model *m;
-  tdm_kv_cache *kv;
+  tdm_model *m = NULL;
+  tdm_kv_cache *kv = NULL;
+  int extras = 0;
+  if (!rc && tdm_model_create(&m, &mc, 0) != TDM_OK) rc = fail("");
+  if (!rc && !ckpt_dir && (extras = nanogpt_extras(f, weights, tdm_model_params(m))) < 0) rc = 1;
+  tdm_safetensors_destroy(f);
   tdm_ckpt_info ci;
-  if (tdm_model_create(&m, &mc, 0) != TDM_OK ||
-      (ckpt_dir ? tdm_ckpt_load_file(weights, tdm_model_params(m), NULL, 0, &ci)
-                : tdm_params_load(tdm_model_params(m), weights, 0)) != TDM_OK ||
-      tdm_kv_cache_create(&kv, m) != TDM_OK) {
-    fprintf(stderr, "tandem generate: %s\n", tdm_last_error());
-    return 1;
+  if (!rc && (ckpt_dir ? tdm_ckpt_load_file(weights, tdm_model_params(m), NULL, 0, &ci)
+                       : tdm_params_load(tdm_model_params(m), weights, extras)) != TDM_OK)
+    rc = fail("");
+  if (!rc && tdm_kv_cache_create(&kv, m) != TDM_OK) rc = fail("");
+  int64_t V = mc.vocab_size, len = (int64_t)plen;
+  int32_t *seq = rc ? NULL : malloc(sizeof(int32_t) * (size_t)(len + tokens + 1));
+  float *all = NULL;
+  if (!rc && !seq) rc = fail("out of memory for the tokens");
+  if (!rc && logits_out && !(all = malloc(sizeof(float) * (size_t)(len * V)))) {
+    fprintf(stderr, "tandem generate: cannot hold the %lld x %lld logits for --logits-out\n", (long long)len, (long long)V);
+    rc = 1;
   }
+  const float *logits = NULL;
+  for (int64_t i = 0; !rc && i < len; i++) {
+    seq[i] = (unsigned char)prompt[i];
+    if (tdm_kv_cache_step(kv, seq[i], &logits) != TDM_OK) rc = fail("");
+    else if (all) memcpy(all + i * V, logits, sizeof(float) * (size_t)V);
+  }
+  if (!rc && all) { /* for checking against another implementation (bench/gpt_export_check.py) */
+    tdm_st_tensor t = {"logits", TDM_F32, 2, {len, V}, all, len * V * 4};
+    if (tdm_safetensors_save(logits_out, 1, &t, 0, NULL) != TDM_OK) rc = fail("--logits-out: ");
+  }
+  if (!rc) fwrite(prompt, 1, plen, stdout);
   tdm_rng rng;
   tdm_rng_seed(&rng, (uint64_t)seed);
-  int64_t cap = (int64_t)plen + tokens;
-  int32_t *seq = malloc(sizeof(int32_t) * (size_t)(cap + 1));
-  for (size_t i = 0; i < plen; i++) seq[i] = (unsigned char)prompt[i];
-  int64_t len = (int64_t)plen;
-  const float *logits = NULL;
-  fwrite(prompt, 1, plen, stdout);
-  float *all = logits_out ? malloc(sizeof(float) * (size_t)(len ? len : 1) * (size_t)mc.vocab_size) : NULL;
-  for (int64_t i = 0; i < len; i++) {
-    if (tdm_kv_cache_step(kv, seq[i], &logits) != TDM_OK) break;
-    if (all) memcpy(all + i * mc.vocab_size, logits, sizeof(float) * (size_t)mc.vocab_size);
-  }
-  if (all) { /* for checking against another implementation (bench/gpt_export_check.py) */
-    tdm_st_tensor t = {"logits", TDM_F32, 2, {len, mc.vocab_size}, all, len * mc.vocab_size * 4};
-    if (tdm_safetensors_save(logits_out, 1, &t, 0, NULL) != TDM_OK)
-      fprintf(stderr, "tandem generate: %s\n", tdm_last_error());
-    free(all);
-  }
-  int rc = 0;
-  for (int64_t g = 0; g < tokens; g++) {
-    int32_t t = tdm_sample_token(logits, mc.vocab_size, (float)temperature, (int)top_k, &rng);
+  for (int64_t g = 0; !rc && g < tokens; g++) {
+    int32_t t = tdm_sample_token(logits, V, (float)temperature, (int)top_k, &rng);
     seq[len++] = t;
     putchar(t < 256 ? t : '?');
     fflush(stdout);
     if (tdm_kv_cache_len(kv) == mc.block_size) { /* full: keep the latest half block as context */
       tdm_kv_cache_reset(kv);
-      for (int64_t i = len - mc.block_size / 2; i < len - 1; i++) tdm_kv_cache_step(kv, seq[i], &logits);
+      for (int64_t i = len - mc.block_size / 2; i < len - 1 && !rc; i++)
+        if (tdm_kv_cache_step(kv, seq[i], &logits) != TDM_OK) rc = fail("\n");
     }
-    if (tdm_kv_cache_step(kv, t, &logits) != TDM_OK) {
-      fprintf(stderr, "\ntandem generate: %s\n", tdm_last_error());
+    if (!rc && tdm_kv_cache_step(kv, t, &logits) != TDM_OK) rc = fail("\n");
+  }
+  if (!rc) {
+    putchar('\n');
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+      fprintf(stderr, "tandem generate: cannot write the text: %s\n", strerror(errno));
       rc = 1;
-      break;
     }
   }
-  putchar('\n');
+  free(all);
   free(seq);
   tdm_kv_cache_destroy(kv);
   tdm_model_destroy(m);

@@ -3,6 +3,7 @@
  * the cost per token grows linearly with the context, not with its square. Written against the
  * kernels (no tape): inference needs no gradients. */
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "core/internal.h"
@@ -27,7 +28,14 @@ tdm_status tdm_kv_cache_create(tdm_kv_cache **out, tdm_model *m) {
   c->C = m->cfg.n_embd;
   c->NH = m->cfg.n_head;
   c->block = m->cfg.block_size;
-  size_t kv = (size_t)(c->L * c->block * c->C);
+  int64_t kv64;
+  if (__builtin_mul_overflow(c->L, c->block, &kv64) || __builtin_mul_overflow(kv64, c->C, &kv64) ||
+      kv64 > (int64_t)(SIZE_MAX / (2 * sizeof(float)))) {
+    tdm__free(c);
+    return tdm__set_error(TDM_ERR_NO_MEMORY, "kv_cache: %lld layers x %lld positions x %lld wide overflow the memory",
+                          (long long)c->L, (long long)c->block, (long long)c->C);
+  }
+  size_t kv = (size_t)kv64;
   c->k = tdm__malloc(sizeof(float) * kv);
   c->v = tdm__malloc(sizeof(float) * kv);
   c->x = tdm__malloc(sizeof(float) * (size_t)c->C);

@@ -51,4 +51,134 @@ metrics_and_weights() {
 }
 check "metrics JSON lines and safetensors weights" metrics_and_weights
 
+# ---- files written with the shell alone, so the cases below need no Python and no training -------
+# st_file PATH HEADER-JSON DATA-BYTES [random]: a safetensors file; the data is zeros (or random)
+st_file() {
+  local len=${#2}
+  { printf "$(printf '\\x%02x' $((len & 255)) $(((len >> 8) & 255)) $(((len >> 16) & 255)) 0 0 0 0 0)"
+    printf '%s' "$2"
+    head -c "$3" "${4:+/dev/urandom}${4:-/dev/zero}"; } >"$1"
+}
+# gpt_file PATH LAYERS WIDTH BLOCK VOCAB [METADATA-JSON] [EXTRA...]: a GPT in nanoGPT's names with zero
+# weights (all logits equal). EXTRA: "lm_head" (tied: equal to wte), "mask" (attn.bias buffers).
+gpt_file() {
+  local path=$1 L=$2 C=$3 B=$4 V=$5 meta=${6:-} h="{" off=0 l p x
+  shift 6 2>/dev/null || shift $#
+  [[ -n $meta ]] && h+="\"__metadata__\":$meta,"
+  t() { local name=$1 n=4 s="" d; shift; for d in "$@"; do n=$((n * d)); s+="${s:+,}$d"; done
+        h+="\"$name\":{\"dtype\":\"F32\",\"shape\":[$s],\"data_offsets\":[$off,$((off + n))]},"; off=$((off + n)); }
+  t transformer.wte.weight "$V" "$C"; t transformer.wpe.weight "$B" "$C"
+  for ((l = 0; l < L; l++)); do p=transformer.h.$l
+    t $p.ln_1.weight "$C"; t $p.ln_1.bias "$C"; t $p.attn.c_attn.weight $((3 * C)) "$C"; t $p.attn.c_attn.bias $((3 * C))
+    t $p.attn.c_proj.weight "$C" "$C"; t $p.attn.c_proj.bias "$C"; t $p.ln_2.weight "$C"; t $p.ln_2.bias "$C"
+    t $p.mlp.c_fc.weight $((4 * C)) "$C"; t $p.mlp.c_fc.bias $((4 * C)); t $p.mlp.c_proj.weight "$C" $((4 * C))
+    t $p.mlp.c_proj.bias "$C"
+  done
+  t transformer.ln_f.weight "$C"; t transformer.ln_f.bias "$C"
+  for x in "$@"; do
+    [[ $x == lm_head ]] && t lm_head.weight "$V" "$C"
+    if [[ $x == mask ]]; then for ((l = 0; l < L; l++)); do t transformer.h.$l.attn.bias 1 1 "$B" "$B"; done; fi
+  done
+  st_file "$path" "${h%,}}" "$off"
+}
+META='{"n_layer":"1","n_head":"2","n_embd":"8","block_size":"8","vocab_size":"100"}'
+ARCH=(--layers 1 --heads 2 --width 8 --block 8 --vocab 100)
+
+# ---- data that is not a regular file: refused at once, saying why --------------------------------------
+pipe_data() { # --data-path /dev/stdin with a pipe on stdin, and a FIFO nobody writes to
+  printf 'hello, world' | "$TANDEM" train --model gpt --data-path /dev/stdin --steps 1 >"$TMP/out" 2>"$TMP/err"
+  [[ $? -eq 1 ]] && grep -q "not a regular file but a FIFO or pipe" "$TMP/err" || { cat "$TMP/err"; return 1; }
+  mkfifo "$TMP/fifo" || return 1
+  timeout 30 "$TANDEM" train --model gpt --data-path "$TMP/fifo" --steps 1 >"$TMP/out" 2>"$TMP/err"
+  [[ $? -eq 1 ]] && grep -q "fifo: not a regular file but a FIFO or pipe" "$TMP/err" || { cat "$TMP/err"; return 1; }
+  timeout 30 "$TANDEM" generate --weights "$TMP/fifo" >"$TMP/out" 2>"$TMP/err"
+  [[ $? -eq 1 ]] && grep -q "fifo: not a regular file but a FIFO or pipe" "$TMP/err" || { cat "$TMP/err"; return 1; }
+}
+check "a pipe or FIFO as data or weights is refused, never waited on" pipe_data
+
+# ---- tandem generate --------------------------------------------------------------------------------
+gpt_file "$TMP/g100.st" 1 8 8 100 "$META"
+gpt_file "$TMP/nano.st" 1 8 8 100
+gpt_file "$TMP/nano_extra.st" 1 8 8 100 "" lm_head mask
+check "generate: empty prompt" expect_fail 2 "--prompt is empty" "$TANDEM" generate --weights "$TMP/g100.st" --prompt ""
+check "generate: prompt byte outside the vocabulary" expect_fail 2 \
+  "byte 200 (0xc8) at position 2 is outside the model's vocabulary of 100 tokens" \
+  "$TANDEM" generate --weights "$TMP/g100.st" --prompt "ab$(printf '\xc8')"
+generates() { # the prompt, then N tokens and a newline on stdout, exit 0
+  "$@" --prompt "ab" --tokens 5 >"$TMP/out" 2>"$TMP/err" || { cat "$TMP/err"; return 1; }
+  [[ $(head -c 2 "$TMP/out") == ab && $(wc -c <"$TMP/out") -eq 8 ]] || { echo "  output:"; od -c "$TMP/out" | head -3; return 1; }
+}
+check "generate: tandem's file with metadata" generates "$TANDEM" generate --weights "$TMP/g100.st"
+check "generate: nanoGPT file without metadata, architecture from the flags" \
+  generates "$TANDEM" generate --weights "$TMP/nano.st" "${ARCH[@]}"
+check "generate: nanoGPT file with a tied lm_head and attn.bias masks" \
+  generates "$TANDEM" generate --weights "$TMP/nano_extra.st" "${ARCH[@]}"
+check "generate: file without metadata, flags missing are listed" expect_fail 2 \
+  "nano.st has no 'n_head' in its metadata (not written by tandem train --model gpt; nanoGPT's?): give --heads N --block N" \
+  "$TANDEM" generate --weights "$TMP/nano.st" --layers 1 --width 8 --vocab 100
+check "generate: a flag contradicting the metadata names both" expect_fail 2 \
+  "g100.st says n_embd = 8, the command line 16: --width contradicts the file's metadata" \
+  "$TANDEM" generate --weights "$TMP/g100.st" --width 16
+check "generate: flags contradicting the file's shapes" expect_fail 2 \
+  "transformer.wte.weight is (100, 8); the architecture (vocab 100, block 8, width 16) needs (100, 16)" \
+  "$TANDEM" generate --weights "$TMP/nano.st" --layers 1 --heads 2 --width 16 --block 8 --vocab 100
+check "generate: too many layers given" expect_fail 2 "does not hold 2 layers (transformer.h.1.ln_1.weight is missing)" \
+  "$TANDEM" generate --weights "$TMP/nano.st" --layers 2 --heads 2 --width 8 --block 8 --vocab 100
+gpt_file "$TMP/badmeta.st" 1 8 8 100 '{"n_layer":"1x","n_head":"2","n_embd":"8","block_size":"8","vocab_size":"100"}'
+check "generate: metadata that is not an integer" expect_fail 1 "metadata n_layer = '1x' is not an integer in 1..1000" \
+  "$TANDEM" generate --weights "$TMP/badmeta.st"
+logits_bad_path() { # refused before any text is generated
+  expect_fail 1 "--logits-out: $TMP/none/l.st: cannot create" "$TANDEM" generate --weights "$TMP/g100.st" \
+    --logits-out "$TMP/none/l.st" || return 1
+  [[ ! -s $TMP/out ]] || { echo "  generated text before failing"; return 1; }
+  expect_fail 1 "is a directory" "$TANDEM" generate --weights "$TMP/g100.st" --logits-out "$TMP"
+}
+check "generate: --logits-out to a bad path fails first" logits_bad_path
+logits_written() {
+  "$TANDEM" generate --weights "$TMP/g100.st" --prompt abc --tokens 0 --logits-out "$TMP/l.st" >/dev/null || return 1
+  head -c 200 "$TMP/l.st" | grep -aq '"logits":{"dtype":"F32","shape":\[3,100\]'
+}
+check "generate: --logits-out writes (prompt, vocab) logits" logits_written
+check "generate: --tokens must be an integer" expect_fail 2 "--tokens: '1e3' is not an integer" \
+  "$TANDEM" generate --weights "$TMP/g100.st" --tokens 1e3
+check "generate: --temperature nan" expect_fail 2 "--temperature: 'nan' is not a number" \
+  "$TANDEM" generate --weights "$TMP/g100.st" --temperature nan
+
+# ---- tandem bench (one process) -----------------------------------------------------------------------
+check "bench: -b 1e30" expect_fail 2 "-b: '1e30' is not a size in bytes" "$TANDEM" bench allreduce -b 1e30
+check "bench: -b nan" expect_fail 2 "-b: 'nan' is not a size in bytes" "$TANDEM" bench allreduce -b nan
+check "bench: -e beyond 1 TiB" expect_fail 2 "-e: 2T is out of range; expected 0..1099511627776 bytes" \
+  "$TANDEM" bench allreduce -e 2T
+check "bench: -n 99999999999999999999" expect_fail 2 "-n: 99999999999999999999 is out of range; expected 1..1000000000" \
+  "$TANDEM" bench allreduce -n 99999999999999999999
+check "bench: -f 1e300" expect_fail 2 "-f: '1e300' is not an integer" "$TANDEM" bench allreduce -f 1e300
+check "bench: -f 2^61 (its product overflowed)" expect_fail 2 "-f: 2305843009213693952 is out of range" \
+  "$TANDEM" bench allreduce -b 8 -e 64 -f 2305843009213693952
+check "bench: -c 2" expect_fail 2 "-c: 2 is out of range; expected 0..1" "$TANDEM" bench allreduce -c 2
+check "bench: -w with junk" expect_fail 2 "-w: '5x' is not an integer" "$TANDEM" bench allreduce -w 5x
+check "bench: -J to a bad path" expect_fail 1 "-J $TMP/none/b.json: cannot create" \
+  "$TANDEM" bench allreduce -e 64 -J "$TMP/none/b.json"
+bench_rows() { # -b 1.5K with the largest factor: exactly one row, of 1536 bytes
+  "$TANDEM" bench allreduce -b 1.5K -e 2K -f 1099511627776 -n 1 -w 0 -J "$TMP/b.json" >"$TMP/out" 2>"$TMP/err" || { cat "$TMP/err"; return 1; }
+  [[ $(grep -vc '^#' "$TMP/out") -eq 1 ]] && grep -q '^ *1536 ' "$TMP/out" && grep -q '"size":1536' "$TMP/b.json"
+}
+check "bench: fractional sizes and a huge factor" bench_rows
+check "bench gpt: --width above its bound" expect_fail 2 "--width: 100000 is out of range; expected 0..65536" \
+  "$TANDEM" bench gpt --width 100000
+
+# ---- tandem weights-diff ----------------------------------------------------------------------------------
+st_file "$TMP/a.st" '{"x":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}}' 24
+st_file "$TMP/b.st" '{"x":{"dtype":"F32","shape":[3,2],"data_offsets":[0,24]}}' 24
+st_file "$TMP/c.st" '{"x":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},"y":{"dtype":"I32","shape":[1],"data_offsets":[24,28]}}' 28
+check "weights-diff: --rtol abc" expect_fail 2 "--rtol: 'abc' is not a number" "$TANDEM" weights-diff "$TMP/a.st" "$TMP/a.st" --rtol abc
+check "weights-diff: --rtol nan" expect_fail 2 "--rtol: 'nan' is not a number" "$TANDEM" weights-diff "$TMP/a.st" "$TMP/a.st" --rtol nan
+check "weights-diff: same file" bash -c "\"$TANDEM\" weights-diff \"$TMP/a.st\" \"$TMP/a.st\" | grep -q ': same$'"
+shapes_differ() { # same bytes, other shape: different, and it says which
+  "$TANDEM" weights-diff "$TMP/a.st" "$TMP/b.st" >"$TMP/out" 2>&1; [[ $? -eq 1 ]] || { cat "$TMP/out"; return 1; }
+  grep -q "x: f32 (2, 3) in $TMP/a.st, f32 (3, 2) in $TMP/b.st" "$TMP/out" || { cat "$TMP/out"; return 1; }
+  "$TANDEM" weights-diff "$TMP/a.st" "$TMP/c.st" >"$TMP/out" 2>&1; [[ $? -eq 1 ]] || { cat "$TMP/out"; return 1; }
+  grep -q "y: only in $TMP/c.st (i32 (1))" "$TMP/out" || { cat "$TMP/out"; return 1; }
+}
+check "weights-diff: names, dtypes and shapes compared" shapes_differ
+
 finish

@@ -1,8 +1,16 @@
-/* Files: safetensors (round trip, metadata, hostile headers), parameter load checks, IDX files
- * (plain, gzip'd, bad magic, truncated, trailing bytes, missing). */
+/* Files: safetensors (round trip, metadata, hostile headers, edge cases the format allows, saving
+ * through planted links and failing half-way), the JSON reader under them, parameter load checks,
+ * IDX files (plain, gzip'd, bad magic, truncated, trailing bytes, oversized dimensions, missing),
+ * text and token files, and FIFOs, pipes and directories where files are expected. */
+#include <dirent.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
 
+#include "core/json.h"
 #include "tdm_test.h"
 
 static char dir[64];
@@ -21,6 +29,23 @@ static void write_file(const char *p, const void *data, size_t n) {
   fclose(f);
 }
 
+static int count_entries(const char *d) {
+  DIR *dp = opendir(d);
+  int n = 0;
+  for (struct dirent *e; dp && (e = readdir(dp));) n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+  if (dp) closedir(dp);
+  return n;
+}
+
+static int file_is(const char *p, const char *text) {
+  char buf[64] = {0};
+  FILE *fp = fopen(p, "rb");
+  if (!fp) return 0;
+  size_t n = fread(buf, 1, sizeof buf - 1, fp);
+  fclose(fp);
+  return n == strlen(text) && !memcmp(buf, text, n);
+}
+
 static void test_safetensors_round_trip(void) {
   float a[6] = {1, 2, 3, 4, 5, 6};
   int64_t b[2] = {-7, 1LL << 40};
@@ -30,7 +55,7 @@ static void test_safetensors_round_trip(void) {
                          {"half \"quoted\"", TDM_F16, 1, {3}, h, 6}};
   const char *meta[] = {"n_layer", "12", "note", "tab\there"};
   CHECK_OK(tdm_safetensors_save(path("rt.safetensors"), 3, ts, 2, meta));
-  CHECK(access(path("rt.safetensors.tmp"), F_OK) != 0); /* renamed into place */
+  CHECK(count_entries(dir) == 1); /* renamed into place, no temporary left */
   tdm_safetensors *f = NULL;
   CHECK_OK(tdm_safetensors_load(&f, path("rt.safetensors")));
   if (!f) return;
@@ -62,7 +87,7 @@ static void test_safetensors_rejects_bad_files(void) {
     const char *expect;
   } bad[] = {
       {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 4, "within"},     /* truncated data */
-      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8, "need 12"},    /* size mismatch */
+      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8, "needs 12"},    /* size mismatch */
       {"{\"a\":{\"dtype\":\"Q7\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, "Q7"},          /* unknown dtype */
       {"{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", 8, "dimension"}, /* negative dim */
       {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2]}}", 8, "data_offsets"},                      /* missing field */
@@ -71,6 +96,35 @@ static void test_safetensors_rejects_bad_files(void) {
        8, "overlap"},
       {"{\"a\": [1, 2", 8, "bad header"}, /* broken JSON */
       {"[1, 2]", 0, "not a JSON object"},
+      /* duplicate tensor names */
+      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+       "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+       8, "duplicate key 'a'"},
+      /* a shape whose product overflows int64 (it wrapped to 0 bytes and was accepted) */
+      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,0]}}", 0, "overflows"},
+      {"{\"a\":{\"dtype\":\"U8\",\"shape\":[3037000500,3037000500],\"data_offsets\":[0,0]}}", 0, "overflows"},
+      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[99999999999999999999],\"data_offsets\":[0,8]}}", 8, "dimension 0"},
+      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}", 4, "7 dimensions"},
+      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2.5],\"data_offsets\":[0,8]}}", 8, "dimension 0"},
+      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[\"2\"],\"data_offsets\":[0,8]}}", 8, "dimension 0"},
+      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[-4,4]}}", 8, "0 <= begin <= end"},
+      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,4]}}", 8, "0 <= begin <= end"},
+      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0.0,8]}}", 8, "0 <= begin <= end"},
+      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8,9]}}", 8, "data_offsets"},
+      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8],\"extra\":1}}", 8, "unknown field 'extra'"},
+      {"{\"a\":5}", 0, "tensor 'a': not an object"},
+      {"{\"__metadata__\":{\"k\":1}}", 0, "value of 'k' is not a string"},
+      {"{\"__metadata__\":[1]}", 0, "__metadata__ is not an object"},
+      {"{} x", 0, "trailing characters"},
+      {"{\"a\\u0000b\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}}", 0, "\\u0000"},
+      {"{\"a\\uzzzz\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}}", 0, "4 hex digits"},
+      {"{\"a\xc0\x80\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}}", 0, "invalid UTF-8"},
+      {"{\"a\x01\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}}", 0, "control character"},
+      /* an empty tensor between two that overlap does not hide the overlap */
+      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+       "\"z\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[2,2]},"
+       "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+       8, "tensors 'a' and 'b' overlap"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     write_st(path("bad.safetensors"), bad[i].header, bad[i].data);
@@ -83,10 +137,318 @@ static void test_safetensors_rejects_bad_files(void) {
   tdm_safetensors *f = NULL;
   CHECK(tdm_safetensors_load(&f, path("huge.safetensors")) == TDM_ERR_FORMAT);
   CHECK_ERR_HAS("header length");
+  unsigned char past[16] = {9, 0, 0, 0, 0, 0, 0, 0, '{', '}'}; /* 9 header bytes in a 10-byte file */
+  write_file(path("past.safetensors"), past, 10);
+  CHECK(tdm_safetensors_load(&f, path("past.safetensors")) == TDM_ERR_FORMAT);
+  CHECK_ERR_HAS("runs past the end of the file");
   write_file(path("tiny.safetensors"), huge, 3);
   CHECK(tdm_safetensors_load(&f, path("tiny.safetensors")) == TDM_ERR_FORMAT);
   CHECK(tdm_safetensors_load(&f, path("absent.safetensors")) == TDM_ERR_IO);
   CHECK_ERR_HAS("absent.safetensors");
+}
+
+/* What the format allows at its edges loads, with the right content. */
+static void test_safetensors_accepts_edge_cases(void) {
+  static const char *ok[] = {
+      /* empty tensors at any offset in range: inside another's bytes, at the start, at the end */
+      "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+      "\"z\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[4,4]},"
+      "\"s\":{\"dtype\":\"I64\",\"shape\":[3,0],\"data_offsets\":[0,0]},"
+      "\"e\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[8,8]}}",
+      /* a zero dimension makes any other dimension harmless; a scalar has no dimensions */
+      "{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,0],\"data_offsets\":[0,0]},"
+      "\"b\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[4,8]}}    ",
+      "{}",
+  };
+  for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+    write_st(path("ok.safetensors"), ok[i], 8);
+    tdm_safetensors *f = NULL;
+    tdm_status st = tdm_safetensors_load(&f, path("ok.safetensors"));
+    CHECK_MSG(st == TDM_OK, "case %zu: %s", i, tdm_last_error());
+    if (i == 0 && f) {
+      const tdm_st_tensor *z = tdm_safetensors_find(f, "z");
+      CHECK(tdm_safetensors_count(f) == 4 && z && z->nbytes == 0 && z->ndim == 1 && z->shape[0] == 0);
+    }
+    if (i == 1 && f) {
+      const tdm_st_tensor *a = tdm_safetensors_find(f, "a"), *b = tdm_safetensors_find(f, "b");
+      CHECK(a && a->ndim == 3 && a->shape[1] == 4294967296LL && a->nbytes == 0 && b && b->ndim == 0 && b->nbytes == 4);
+    }
+    tdm_safetensors_destroy(f);
+  }
+  /* escapes decode to UTF-8: two names that differ only beyond ASCII stay two names */
+  const char *h = "{\"a\\u00e9\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},"
+                  "\"a\\u00e8\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,2]},"
+                  "\"\\ud83d\\ude00\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[2,3]}}";
+  write_st(path("utf8.safetensors"), h, 8);
+  tdm_safetensors *f = NULL;
+  CHECK_OK(tdm_safetensors_load(&f, path("utf8.safetensors")));
+  if (f) {
+    const tdm_st_tensor *e = tdm_safetensors_find(f, "a\xc3\xa9"), *g = tdm_safetensors_find(f, "a\xc3\xa8"),
+                        *smile = tdm_safetensors_find(f, "\xf0\x9f\x98\x80");
+    CHECK(e && g && smile && e != g && (const char *)g->data - (const char *)e->data == 1);
+    tdm_safetensors_destroy(f);
+  }
+  /* a header not padded to 8 bytes and an offset that is not a multiple of 4: the data comes back
+   * aligned to its element size, with the file's values (readers load whole elements) */
+  unsigned char odd[128] = {0};
+  const char *ho = "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[1,9]}}";
+  size_t hon = strlen(ho);
+  float vals[2] = {1.5f, -2.25f};
+  odd[0] = (unsigned char)hon;
+  memcpy(odd + 8, ho, hon);
+  memcpy(odd + 8 + hon + 1, vals, 8);
+  CHECK_OK(tdm_safetensors_parse(&f, odd, 8 + hon + 9, "odd"));
+  if (f) {
+    const tdm_st_tensor *a = tdm_safetensors_find(f, "a");
+    CHECK(a && (uintptr_t)a->data % 4 == 0 && !memcmp(a->data, vals, 8));
+    tdm_safetensors_destroy(f);
+  }
+  /* from memory: the same checks, the given name in messages */
+  unsigned char buf[256] = {0};
+  const char *hm = "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}";
+  size_t hn = strlen(hm);
+  buf[0] = (unsigned char)hn;
+  memcpy(buf + 8, hm, hn);
+  CHECK_OK(tdm_safetensors_parse(&f, buf, 8 + hn + 8, "mem"));
+  if (f) {
+    CHECK(tdm_safetensors_count(f) == 1 && tdm_safetensors_find(f, "a")->nbytes == 8);
+    tdm_safetensors_destroy(f);
+  }
+  CHECK(tdm_safetensors_parse(&f, buf, 8 + hn + 4, "mem") == TDM_ERR_FORMAT && f == NULL);
+  CHECK_ERR_HAS("mem: tensor 'a'");
+}
+
+/* Runs fn in a child process that must finish within 10 s (a FIFO must never block). */
+static int in_child(int (*fn)(void)) {
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid == 0) {
+    alarm(10);
+    _exit(fn());
+  }
+  int status = 0;
+  if (pid < 0 || waitpid(pid, &status, 0) != pid) return 0;
+  if (WIFSIGNALED(status)) fprintf(stderr, "  child killed by signal %d (blocked?)\n", WTERMSIG(status));
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+static int err_is(tdm_status st, tdm_status want, const char *text) {
+  if (st == want && strstr(tdm_last_error(), text)) return 0;
+  fprintf(stderr, "  got %s: %s; expected %s with '%s'\n", tdm_status_str(st), tdm_last_error(), tdm_status_str(want), text);
+  return 1;
+}
+
+static int load_st_fifo(void) {
+  tdm_safetensors *f;
+  return err_is(tdm_safetensors_load(&f, path("fifo")), TDM_ERR_IO, "not a regular file but a FIFO or pipe");
+}
+static int load_text_fifo(void) {
+  tdm_dataset *ds;
+  return err_is(tdm_dataset_open_text(&ds, path("fifo"), 4), TDM_ERR_IO, "not a regular file but a FIFO or pipe");
+}
+static int load_tokens_fifo(void) {
+  tdm_dataset *ds;
+  return err_is(tdm_dataset_open_tokens_u16(&ds, path("fifo"), 4, 50), TDM_ERR_IO, "not a regular file but a FIFO or pipe");
+}
+static int load_idx_fifo(void) {
+  tdm_idx x;
+  return err_is(tdm_idx_read(path("fifo"), &x), TDM_ERR_IO, "not a regular file but a FIFO or pipe");
+}
+static int load_text_pipe(void) { /* what --data-path /dev/stdin is when stdin is a pipe */
+  int fds[2];
+  if (pipe(fds) != 0) return 1;
+  char p[64];
+  snprintf(p, sizeof p, "/proc/self/fd/%d", fds[0]);
+  tdm_dataset *ds;
+  return err_is(tdm_dataset_open_text(&ds, p, 4), TDM_ERR_IO, "not a regular file but a FIFO or pipe");
+}
+
+/* Files whose size cannot be known are refused with a message saying so, and a FIFO without a
+ * writer never blocks the reader. */
+static void test_fifos_and_directories_refused(void) {
+  unlink(path("fifo"));
+  CHECK(mkfifo(path("fifo"), 0600) == 0);
+  CHECK(in_child(load_st_fifo));
+  CHECK(in_child(load_text_fifo));
+  CHECK(in_child(load_tokens_fifo));
+  CHECK(in_child(load_idx_fifo));
+  CHECK(in_child(load_text_pipe));
+  tdm_dataset *ds;
+  tdm_safetensors *f;
+  CHECK(tdm_dataset_open_text(&ds, dir, 4) == TDM_ERR_IO);
+  CHECK_ERR_HAS("not a regular file but a directory");
+  CHECK(tdm_safetensors_load(&f, dir) == TDM_ERR_IO);
+  CHECK_ERR_HAS("not a regular file but a directory");
+}
+
+/* A symbolic link planted at the old predictable temporary name (and at other plausible ones)
+ * must not make the save write through it; the save still succeeds. */
+static void test_save_never_follows_planted_links(void) {
+  char d[96];
+  snprintf(d, sizeof d, "%s/links", dir);
+  CHECK(mkdir(d, 0700) == 0);
+  char victim[160], w[160], link[8][192];
+  snprintf(victim, sizeof victim, "%s/victim", d);
+  snprintf(w, sizeof w, "%s/w.safetensors", d);
+  write_file(victim, "precious", 8);
+  const char *fmt[] = {"%s.tmp", "%s.tmp.%d", "%s~", "%s.part"};
+  int n_links = 0;
+  for (int i = 0; i < 4; i++, n_links++) {
+    snprintf(link[i], sizeof link[i], fmt[i], w, (int)getpid());
+    CHECK(symlink(victim, link[i]) == 0);
+  }
+  snprintf(link[n_links], sizeof link[n_links], "%s/.w.safetensors.tmp", d);
+  CHECK(symlink(victim, link[n_links++]) == 0);
+  float a[4] = {1, 2, 3, 4};
+  tdm_st_tensor t = {"a", TDM_F32, 1, {4}, a, 16};
+  CHECK_OK(tdm_safetensors_save(w, 1, &t, 0, NULL));
+  CHECK(file_is(victim, "precious"));
+  struct stat s;
+  CHECK(lstat(w, &s) == 0 && S_ISREG(s.st_mode));
+  for (int i = 0; i < n_links; i++) CHECK(lstat(link[i], &s) == 0 && S_ISLNK(s.st_mode));
+  CHECK(count_entries(d) == 1 + n_links + 1); /* victim, the links, w: no temporary left */
+  tdm_safetensors *f = NULL;
+  CHECK_OK(tdm_safetensors_load(&f, w));
+  CHECK(f && !memcmp(tdm_safetensors_find(f, "a")->data, a, 16));
+  tdm_safetensors_destroy(f);
+  /* the final name itself a link: the link is replaced, its target untouched */
+  char w2[192];
+  snprintf(w2, sizeof w2, "%s/w2.safetensors", d);
+  CHECK(symlink(victim, w2) == 0);
+  CHECK_OK(tdm_safetensors_save(w2, 1, &t, 0, NULL));
+  CHECK(file_is(victim, "precious") && lstat(w2, &s) == 0 && S_ISREG(s.st_mode));
+  /* the mode is 0666 less the umask */
+  mode_t old = umask(022);
+  CHECK_OK(tdm_safetensors_save(w, 1, &t, 0, NULL));
+  CHECK(stat(w, &s) == 0 && (s.st_mode & 0777) == 0644);
+  umask(077);
+  CHECK_OK(tdm_safetensors_save(w, 1, &t, 0, NULL));
+  CHECK(stat(w, &s) == 0 && (s.st_mode & 0777) == 0600);
+  umask(old);
+}
+
+static char fsize_dir[128];
+static int save_over_file_size_limit(void) {
+  signal(SIGXFSZ, SIG_IGN);
+  struct rlimit r = {4096, 4096};
+  if (setrlimit(RLIMIT_FSIZE, &r) != 0) return 2;
+  static float big[16384];
+  tdm_st_tensor t = {"big", TDM_F32, 1, {16384}, big, sizeof big};
+  char w[192];
+  snprintf(w, sizeof w, "%s/w.safetensors", fsize_dir);
+  return err_is(tdm_safetensors_save(w, 1, &t, 0, NULL), TDM_ERR_IO, "w.safetensors: write failed");
+}
+
+/* A save that fails half-way leaves the old file as it was and no temporary behind; arguments the
+ * reader would refuse are refused before anything is written. */
+static void test_save_failures_leave_nothing(void) {
+  snprintf(fsize_dir, sizeof fsize_dir, "%s/fsize", dir);
+  CHECK(mkdir(fsize_dir, 0700) == 0);
+  char w[192];
+  snprintf(w, sizeof w, "%s/w.safetensors", fsize_dir);
+  write_file(w, "old", 3);
+  CHECK(in_child(save_over_file_size_limit));
+  CHECK(file_is(w, "old") && count_entries(fsize_dir) == 1);
+  float a[2] = {1, 2};
+  tdm_st_tensor two[2] = {{"a", TDM_F32, 1, {2}, a, 8}, {"a", TDM_F32, 1, {1}, a, 4}};
+  CHECK(tdm_safetensors_save(w, 2, two, 0, NULL) == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("'a' given twice");
+  two[1].name = "b";
+  two[1].nbytes = 8; /* (1) F32 is 4 bytes */
+  CHECK(tdm_safetensors_save(w, 2, two, 0, NULL) == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("tensor 'b': 8 bytes");
+  const char *meta[] = {"k", "v", "k", "w"};
+  CHECK(tdm_safetensors_save(w, 1, two, 2, meta) == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("metadata key 'k' given twice");
+  CHECK(file_is(w, "old") && count_entries(fsize_dir) == 1);
+  /* a missing directory or a directory as the path: the error names the path */
+  char missing[192];
+  snprintf(missing, sizeof missing, "%s/none/w.safetensors", fsize_dir);
+  CHECK(tdm_safetensors_save(missing, 1, two, 0, NULL) == TDM_ERR_IO);
+  CHECK_ERR_HAS(missing);
+  CHECK(tdm_safetensors_check_writable(missing) == TDM_ERR_IO);
+  CHECK(tdm_safetensors_save(fsize_dir, 1, two, 0, NULL) == TDM_ERR_IO);
+  CHECK(tdm_safetensors_check_writable(fsize_dir) == TDM_ERR_IO);
+  CHECK_ERR_HAS("is a directory");
+  CHECK_OK(tdm_safetensors_check_writable(w));
+  CHECK(file_is(w, "old") && count_entries(fsize_dir) == 1);
+}
+
+/* Each JSON string used to reserve the rest of the input: 200000 empty strings in 600 KB asked
+ * for about 60 GB of address space. In a child limited to 2 GB more than it has (not under ASan,
+ * whose shadow memory needs the address space), they parse. */
+static int parse_many_strings(void) {
+#ifndef __SANITIZE_ADDRESS__
+  long vm_kb = 0;
+  char line[256];
+  FILE *st = fopen("/proc/self/status", "r");
+  while (st && fgets(line, sizeof line, st))
+    if (sscanf(line, "VmSize: %ld kB", &vm_kb) == 1) break;
+  if (st) fclose(st);
+  struct rlimit r = {(rlim_t)vm_kb * 1024 + (2ul << 30), (rlim_t)vm_kb * 1024 + (2ul << 30)};
+  if (!vm_kb || setrlimit(RLIMIT_AS, &r) != 0) return 2;
+#endif
+  size_t many = 200000, len = 3 * many + 1;
+  char *arr = malloc(len);
+  if (!arr) return 3;
+  for (size_t i = 0; i < many; i++) memcpy(arr + 3 * i, i ? ",\"\"" : "[\"\"", 3);
+  arr[len - 1] = ']';
+  tdm_json *big = NULL;
+  int bad = err_is(tdm__json_parse(arr, len, &big), TDM_OK, "") ||
+            !(big->n == (int)many && big->items[many - 1].type == TDM_JSON_STR && !big->items[many - 1].str[0]);
+  tdm__json_free(big);
+  free(arr);
+  return bad;
+}
+
+/* The JSON reader behind the headers is strict (RFC 8259) and decodes every escape. */
+static void test_json_strict(void) {
+  static const struct {
+    const char *text;
+    const char *expect; /* NULL: accepted */
+  } cases[] = {
+      {"{\"a\":1,\"b\":{\"a\":2}}", NULL},
+      {"{\"a\":1,\"b\":2,\"a\":3}", "duplicate key 'a'"},
+      {"\"\\u0000\"", "\\u0000"},
+      {"\"\\ud83d\"", "unpaired"},
+      {"\"\\ude00\"", "unpaired"},
+      {"\"\\u12g4\"", "4 hex digits"},
+      {"\"\\q\"", "unknown escape"},
+      {"\"a\tb\"", "control character"},
+      {"\"\xed\xa0\x80\"", "invalid UTF-8"}, /* an encoded surrogate */
+      {"\"\xf4\x90\x80\x80\"", "invalid UTF-8"}, /* above U+10FFFF */
+      {"01", "trailing characters"},
+      {"1.", "no digit after '.'"},
+      {"1e", "no digit in the exponent"},
+      {"-", "bad number"},
+      {"+1", "unexpected character"},
+      {"1e999", "out of the range"},
+      {"[1,2]\0", "trailing characters"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    tdm_json *j = NULL;
+    size_t n = strlen(cases[i].text) + (i == sizeof cases / sizeof cases[0] - 1); /* the last one holds a NUL */
+    tdm_status st = tdm__json_parse(cases[i].text, n, &j);
+    if (!cases[i].expect) {
+      CHECK_MSG(st == TDM_OK, "case %zu: %s", i, tdm_last_error());
+    } else {
+      CHECK_MSG(st == TDM_ERR_FORMAT && j == NULL, "case %zu accepted", i);
+      CHECK_ERR_HAS(cases[i].expect);
+    }
+    tdm__json_free(j);
+  }
+  CHECK(in_child(parse_many_strings));
+  const char *nums = "[99999999999999999999, -9223372036854775808, 1e2, 0, -0, \"\\u00e9\\ud83d\\ude00\\/\"]";
+  tdm_json *j = NULL;
+  CHECK_OK(tdm__json_parse(nums, strlen(nums), &j));
+  if (j) {
+    CHECK(!j->items[0].is_int && j->items[0].num == 1e20);
+    CHECK(j->items[1].is_int && j->items[1].inum == INT64_MIN);
+    CHECK(!j->items[2].is_int && j->items[2].num == 100);
+    CHECK(j->items[3].is_int && j->items[3].inum == 0 && j->items[4].is_int && j->items[4].inum == 0);
+    CHECK(!strcmp(j->items[5].str, "\xc3\xa9\xf0\x9f\x98\x80/"));
+  }
+  tdm__json_free(j);
 }
 
 static void test_params_load_checks_names_and_shapes(void) {
@@ -198,6 +560,66 @@ static void test_idx_files(void) {
   CHECK_ERR_HAS("dataset-fashion-mnist");
 }
 
+static void idx_header(const char *p, int ndim, const uint32_t *dims) {
+  unsigned char b[20] = {0, 0, 8, (unsigned char)ndim};
+  for (int d = 0; d < ndim; d++)
+    for (int k = 0; k < 4; k++) b[4 + 4 * d + k] = (unsigned char)(dims[d] >> (24 - 8 * k));
+  write_file(p, b, 4 + 4 * (size_t)ndim);
+}
+
+/* Header fields out of range are named: the oversized dimension (not the one after it), a zero
+ * dimension, a product that overflows; a header announcing more data than the file holds is
+ * reported as truncated without first allocating what it announces. */
+static void test_idx_dimensions(void) {
+  tdm_idx f;
+  uint32_t big[3] = {2147483648u, 28, 28};
+  idx_header(path("big"), 3, big);
+  CHECK(tdm_idx_read(path("big"), &f) == TDM_ERR_FORMAT);
+  CHECK_ERR_HAS("dimension 0 is 2147483648: 2147483648 x 28 x 28 make 1683627180032 bytes");
+  uint32_t last[3] = {28, 28, 4000000000u};
+  idx_header(path("last"), 3, last);
+  CHECK(tdm_idx_read(path("last"), &f) == TDM_ERR_FORMAT);
+  CHECK_ERR_HAS("dimension 2 is 4000000000");
+  uint32_t all[4] = {0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}; /* the product overflows int64 */
+  idx_header(path("all"), 4, all);
+  CHECK(tdm_idx_read(path("all"), &f) == TDM_ERR_FORMAT);
+  CHECK_ERR_HAS("more than");
+  uint32_t zero[2] = {5, 0};
+  idx_header(path("zero"), 2, zero);
+  CHECK(tdm_idx_read(path("zero"), &f) == TDM_ERR_FORMAT);
+  CHECK_ERR_HAS("dimension 1 is 0");
+  uint32_t announce[3] = {65536, 65536, 4}; /* 16 GiB announced, nothing there */
+  idx_header(path("announce"), 3, announce);
+  CHECK(tdm_idx_read(path("announce"), &f) == TDM_ERR_FORMAT);
+  CHECK_ERR_HAS("truncated: the dimensions announce 17179869184 bytes of data, the file has 0");
+  unsigned char hdr[16] = {0, 0, 8, 3, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 4};
+  write_gz(path("announce.gz"), hdr, sizeof hdr);
+  CHECK(tdm_idx_read(path("announce.gz"), &f) == TDM_ERR_FORMAT);
+  CHECK_ERR_HAS("truncated: the dimensions announce 17179869184 bytes of data, the file has 0");
+}
+
+/* llm.c token-file header fields out of range, and vocabularies a uint16 token cannot span. */
+static void test_token_file_headers(void) {
+  unsigned char buf[1024 + 8] = {0};
+  int32_t hdr[256] = {20240520, 1, 4};
+  tdm_dataset *ds;
+  struct {
+    int32_t version, count;
+    const char *expect;
+  } bad[] = {{2, 4, "version 2; expected 1"}, {1, -1, "the header says -1 tokens, the file holds 4"},
+             {1, 2147483647, "the header says 2147483647 tokens"}, {1, 3, "the header says 3 tokens"}};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    hdr[1] = bad[i].version, hdr[2] = bad[i].count;
+    memcpy(buf, hdr, sizeof hdr);
+    write_file(path("hdr.bin"), buf, sizeof buf);
+    CHECK_MSG(tdm_dataset_open_tokens_u16(&ds, path("hdr.bin"), 2, 50) == TDM_ERR_FORMAT, "case %zu", i);
+    CHECK_ERR_HAS(bad[i].expect);
+  }
+  CHECK(tdm_dataset_open_tokens_u16(&ds, path("hdr.bin"), 2, 0) == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("vocabulary 0 outside 1..65536");
+  CHECK(tdm_dataset_open_tokens_u16(&ds, path("hdr.bin"), 2, 70000) == TDM_ERR_INVALID_ARG);
+}
+
 static void test_text_and_token_files(void) {
   write_file(path("t.txt"), "hello, world", 12);
   tdm_dataset *ds = NULL;
@@ -253,10 +675,12 @@ static void test_text_and_token_files(void) {
 int main(void) {
   snprintf(dir, sizeof dir, "/tmp/tandem-test-io-XXXXXX");
   if (!mkdtemp(dir)) return 1;
-  static const tdm_test_case cases[] = {T(test_safetensors_round_trip), T(test_safetensors_rejects_bad_files),
-                                        T(test_params_load_checks_names_and_shapes), T(test_idx_files),
-                                        T(test_text_and_token_files)};
-  int rc = tdm_test_main(cases, 5);
+  static const tdm_test_case cases[] = {
+      T(test_safetensors_round_trip),         T(test_safetensors_rejects_bad_files), T(test_safetensors_accepts_edge_cases),
+      T(test_save_never_follows_planted_links), T(test_save_failures_leave_nothing), T(test_json_strict),
+      T(test_params_load_checks_names_and_shapes), T(test_idx_files),             T(test_idx_dimensions),
+      T(test_text_and_token_files),           T(test_token_file_headers),          T(test_fifos_and_directories_refused)};
+  int rc = tdm_test_main(cases, (int)(sizeof cases / sizeof cases[0]));
   char cmd[128];
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);

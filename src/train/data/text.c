@@ -1,10 +1,10 @@
 /* Token data sets for language models: a text file read as bytes (vocabulary 256), or a uint16
  * token file in llm.c's layout (a header of 256 int32: magic 20240520, version 1, token count;
  * then the tokens). Sample i is the window tokens[i*T, i*T + T) with targets shifted by one. */
-#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "core/file.h"
 #include "core/internal.h"
 #include "train/data/dataset_impl.h"
 
@@ -67,23 +67,6 @@ static tdm_status finish(tdm_dataset **out, int32_t *tok, int64_t n, int64_t T, 
   return TDM_OK;
 }
 
-static tdm_status read_all(const char *path, unsigned char **buf, int64_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return tdm__set_error(TDM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  *buf = tdm__malloc((size_t)(n > 0 ? n : 1));
-  if (!*buf || fread(*buf, 1, (size_t)n, f) != (size_t)n) {
-    fclose(f);
-    tdm__free(*buf);
-    return tdm__set_error(TDM_ERR_IO, "%s: cannot read %ld bytes", path, n);
-  }
-  fclose(f);
-  *len = n;
-  return TDM_OK;
-}
-
 tdm_status tdm_dataset_open_text(tdm_dataset **out, const char *path, int64_t T) {
   return tdm_dataset_open_text_part(out, path, T, 0.0, 1.0);
 }
@@ -94,7 +77,7 @@ tdm_status tdm_dataset_open_text_part(tdm_dataset **out, const char *path, int64
                           (long long)T, from, to);
   unsigned char *b;
   int64_t n;
-  TDM__TRY(read_all(path, &b, &n));
+  TDM__TRY(tdm__file_read(path, INT64_MAX, "text file", &b, &n));
   int64_t lo = (int64_t)(from * (double)n), hi = (int64_t)(to * (double)n);
   memmove(b, b + lo, (size_t)(hi - lo));
   n = hi - lo;
@@ -109,10 +92,13 @@ tdm_status tdm_dataset_open_text_part(tdm_dataset **out, const char *path, int64
 }
 
 tdm_status tdm_dataset_open_tokens_u16(tdm_dataset **out, const char *path, int64_t T, int vocab) {
-  if (!out || !path || T < 1) return tdm__set_error(TDM_ERR_INVALID_ARG, "open_tokens: NULL argument or window %lld < 1", (long long)T);
+  if (!out || !path || T < 1 || vocab < 1 || vocab > 65536)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "open_tokens: NULL argument, window %lld < 1 or vocabulary %d outside 1..65536",
+                          (long long)T, vocab);
   unsigned char *b;
   int64_t n;
-  TDM__TRY(read_all(path, &b, &n));
+  /* the header's count is an int32: 2^31 uint16 tokens after 1024 bytes at most */
+  TDM__TRY(tdm__file_read(path, 1024 + ((int64_t)1 << 32), "token file", &b, &n));
   int32_t hdr[256];
   if (n < (int64_t)sizeof hdr) {
     tdm__free(b);
