@@ -32,6 +32,7 @@ build-san: setup
 HAVE_LIBFUZZER = $(shell printf 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return 0; }' | \
   clang -x c - -fsanitize=fuzzer -o /dev/null 2>/dev/null && echo yes)
 build-fuzz: setup
+	@TANDEM_SETUP_FUZZ=1 ./scripts/setup.sh
 	@if [ "$(HAVE_LIBFUZZER)" = yes ]; then \
 	  CC=clang cmake -S . -B $(BUILD_FUZZ) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTANDEM_FUZZ=ON -DTANDEM_MPI=OFF \
 	    -DTANDEM_FUZZ_SECONDS=$(FUZZ_TEST_SECONDS) >/dev/null && cmake --build $(BUILD_FUZZ) -j $(JOBS); \

@@ -6,6 +6,8 @@ set -euo pipefail
 PKGS=(build-essential cmake pkg-config libopenblas-dev zlib1g-dev dataset-fashion-mnist openmpi-bin libopenmpi-dev)
 # Golden fixtures are committed; python3-torch is needed only to regenerate them and for bench/.
 if [[ "${TANDEM_SETUP_BENCH:-0}" == "1" ]]; then PKGS+=(python3-torch); fi
+# The fuzz targets (make test runs each briefly, make fuzz longer) need clang's libFuzzer.
+if [[ "${TANDEM_SETUP_FUZZ:-0}" == "1" ]]; then PKGS+=(clang libclang-rt-14-dev); fi
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -60,9 +60,6 @@ void tdm_plan_print(FILE *f, const tdm_plan *p, int64_t limit);
 /* TDM_ERR_NO_MEMORY when the total exceeds limit (> 0), saying by how much and naming the largest
  * category; TDM_OK otherwise. */
 tdm_status tdm_plan_check(const tdm_plan *p, int64_t limit);
-/* Parses "24G", "512MiB", "1.5GB", "1000000" (bytes; K/M/G/T are powers of 1024 as are KiB/MiB/...,
- * KB/MB/GB/TB powers of 1000). */
-tdm_status tdm_parse_bytes(const char *s, int64_t *out);
 
 #ifdef __cplusplus
 }

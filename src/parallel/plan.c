@@ -4,8 +4,6 @@
  * a recorded op adds a node, backward adds a gradient per activation that needs one). */
 #include "tandem/plan.h"
 
-#include <ctype.h>
-#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -246,29 +244,4 @@ tdm_status tdm_plan_check(const tdm_plan *p, int64_t limit) {
                         "the plan needs %s per rank, %s more than --memory-limit %s; the largest part is %s (%s)%s", t, o,
                         l, tdm_mem_category_name((tdm_mem_category)big), g,
                         p->stage < 3 ? ": a higher --zero stage or more ranks shard it" : "");
-}
-
-tdm_status tdm_parse_bytes(const char *s, int64_t *out) {
-  if (!s || !out) return tdm__set_error(TDM_ERR_INVALID_ARG, "bytes: NULL argument");
-  char *end;
-  errno = 0;
-  double v = strtod(s, &end);
-  if (end == s || errno || !(v >= 0) || !isfinite(v))
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "'%s' is not a size; expected a number with an optional unit such as 512M, 24GiB or 1.5GB", s);
-  while (*end == ' ') end++;
-  static const struct {
-    const char *u;
-    double mul;
-  } units[] = {{"", 1},         {"B", 1},          {"K", 1024.0},      {"KiB", 1024.0},   {"KB", 1e3},
-               {"M", 1048576.0}, {"MiB", 1048576.0}, {"MB", 1e6},       {"G", 1073741824.0}, {"GiB", 1073741824.0},
-               {"GB", 1e9},      {"T", 1099511627776.0}, {"TiB", 1099511627776.0}, {"TB", 1e12}};
-  for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
-    if (!strcmp(end, units[i].u)) {
-      double x = v * units[i].mul;
-      if (x > 9.2e18)
-        return tdm__set_error(TDM_ERR_INVALID_ARG, "size '%s' is too large", s);
-      *out = (int64_t)x;
-      return TDM_OK;
-    }
-  return tdm__set_error(TDM_ERR_INVALID_ARG, "size '%s': unknown unit '%s'; expected B, K, M, G, T, KiB..TiB or KB..TB", s, end);
 }
