@@ -16,9 +16,12 @@ three_shm() {
   TANDEM_TRANSPORT=shm "$T" run -n 3 -- tandem "${A[@]}" --batch-size 32 --save-weights "$TMP/shm3.st" --metrics "$TMP/shm3.m" >/dev/null 2>&1 &&
     same "$TMP/one.st" "$TMP/shm3.st" 1e-5 &&
     [[ "$(grep -o '"loss":[0-9.]*' "$TMP/one.m" | tail -1)" == "$(grep -o '"loss":[0-9.]*' "$TMP/shm3.m" | tail -1)" ]] &&
-    grep -q '"world_size":3' "$TMP/shm3.m" && grep -q '"time_comm_wait_ms"' "$TMP/shm3.m"
+    grep -q '"world_size":3' "$TMP/shm3.m" && grep -q '"time_comm_wait_ms"' "$TMP/shm3.m" &&
+    paste <(grep -o '"grad_norm":[0-9.e+-]*' "$TMP/one.m" | cut -d: -f2) <(grep -o '"grad_norm":[0-9.e+-]*' "$TMP/shm3.m" | cut -d: -f2) |
+      awk 'NF != 2 || $1 <= 0 || ($1 - $2) / $1 > 1e-5 || ($2 - $1) / $1 > 1e-5 { bad = 1 } END { exit bad || NR != 20 }' ||
+    { echo "  gradient norms differ:"; paste <(grep -o '"grad_norm":[0-9.e+-]*' "$TMP/one.m") <(grep -o '"grad_norm":[0-9.e+-]*' "$TMP/shm3.m") | head -3; return 1; }
 }
-check "3 ranks (shm) x 32 == 1 process x 96: parameters and losses" three_shm
+check "3 ranks (shm) x 32 == 1 process x 96: parameters, losses and gradient norms (after averaging)" three_shm
 zero_copy() { # gradients averaged in place in shared memory == averaged by the copying all-reduce, bit for bit
   TANDEM_LOG=info TANDEM_TRANSPORT=shm "$T" run -n 3 -- tandem "${A[@]}" --batch-size 32 --save-weights "$TMP/zc1.st" \
     >"$TMP/zc1.out" 2>&1 && grep -q "averaged in place (zero-copy)" "$TMP/zc1.out" &&
