@@ -330,7 +330,7 @@ static tdm_status list_entries(const char *dir, entry **out, int *n) {
     snprintf((*out)[(*n)++].name, sizeof(*out)->name, "%s", e->d_name);
   }
   closedir(d);
-  if (st == TDM_OK) qsort(*out, (size_t)*n, sizeof **out, cmp_newest);
+  if (st == TDM_OK && *n) qsort(*out, (size_t)*n, sizeof **out, cmp_newest);
   return st;
 }
 
