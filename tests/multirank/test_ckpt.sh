@@ -159,17 +159,16 @@ unwritable_dir() { # found at start, not when the first checkpoint is due (never
 }
 check "an unusable --checkpoint-dir fails before the first step" unwritable_dir
 
-settings() { # from c1 (mlp, adam, seed 5, 1 rank x 32, fashion-mnist, step 12)
-  expect 1 -e "was written by a run with other settings: seed 5 in the checkpoint, 6 in this run" -e "--resume-override" \
+settings() { # from c1 (mlp, adam, seed 5, 1 rank x 32, fashion-mnist, step 12); every difference is named
+  expect 1 -e "was written by a run with other settings: optimizer adam in the checkpoint, sgd in this run" \
+    -e "; global batch (ranks x batch size x accumulation) 32 in the checkpoint, 64 in this run" \
+    -e "; data set fashion-mnist in the checkpoint, synthetic in this run" -e "; seed 5 in the checkpoint, 6 in this run" \
+    -e "The model and the optimizer cannot change on resume" \
+    "$T" "${A[@]}" --steps 14 --checkpoint-dir "$TMP/c1" --resume --seed 6 --batch-size 64 --optimizer sgd --data synthetic &&
+  expect 1 -e "seed 5 in the checkpoint, 6 in this run. Resume with the checkpoint's settings, or allow the change with --resume-override" \
     "$T" "${A[@]}" --steps 14 --checkpoint-dir "$TMP/c1" --resume --seed 6 &&
-  expect 1 -e "global batch (ranks x batch size x accumulation) 32 in the checkpoint, 64 in this run" \
-    "$T" "${A[@]}" --steps 14 --checkpoint-dir "$TMP/c1" --resume --batch-size 64 &&
-  expect 1 -e "model mlp in the checkpoint, cnn in this run" -e "cannot change on resume" \
+  expect 1 -e "model mlp in the checkpoint, cnn in this run" \
     "$T" "${A[@]}" --steps 14 --checkpoint-dir "$TMP/c1" --resume --model cnn &&
-  expect 1 -e "optimizer adam in the checkpoint, sgd in this run" \
-    "$T" "${A[@]}" --steps 14 --checkpoint-dir "$TMP/c1" --resume --optimizer sgd &&
-  expect 1 -e "data set fashion-mnist in the checkpoint, synthetic in this run" \
-    "$T" "${A[@]}" --steps 14 --checkpoint-dir "$TMP/c1" --resume --data synthetic &&
   expect 1 -e "--resume-override: 'model'; expected a comma-separated list of seed, batch, data" \
     "$T" "${A[@]}" --checkpoint-dir "$TMP/c1" --resume --resume-override seed,model &&
   [[ $(ls "$TMP/c1" | grep -c '^ckpt-') -eq 2 ]] || return 1 # nothing written by the refused runs

@@ -104,7 +104,7 @@ static void test_bad_configuration(void) {
 }
 
 /* SGD at lr 1000: finite losses for 4 steps, then a model that outputs NaN. The run must fail
- * naming the step, unless told to go on. */
+ * naming the step, unless told to go on (the gradient-norm check: tests/multirank/test_train_guard.sh). */
 static void test_divergence_stops_the_run(void) {
   tdm_train_config c = base();
   c.optimizer = "sgd";
@@ -113,9 +113,6 @@ static void test_divergence_stops_the_run(void) {
   tdm_train_result r;
   CHECK(tdm_train_run(&c, &r) == TDM_ERR_INVALID_ARG);
   CHECK_ERR_HAS("step 3: the test loss after it is");
-  c.steps = 50;
-  CHECK(tdm_train_run(&c, &r) == TDM_ERR_INVALID_ARG);
-  CHECK_ERR_HAS("the gradient norm is");
   c.allow_nonfinite = 1;
   c.steps = 8;
   CHECK_OK(tdm_train_run(&c, &r));
