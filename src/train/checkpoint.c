@@ -408,8 +408,10 @@ static void retire_old(const char *dir, int64_t step, int keep) {
 }
 
 tdm_status tdm_ckpt_save(const char *dir, const tdm_params *p, const tdm_optim *o, const tdm_ckpt_info *info, int keep) {
-  if (!dir || !p || !o || !info || info->step < 0 || info->step > MAX_STEP || info->n_meta < 0 || (info->n_meta && !info->meta_kv))
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "checkpoint: bad arguments (step %lld)", info ? (long long)info->step : -1LL);
+  if (!dir || !p || !o || !info || info->step < 0 || info->step > MAX_STEP || info->world_size < 1 ||
+      info->world_size > MAX_WORLD || info->n_meta < 0 || (info->n_meta && !info->meta_kv))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "checkpoint: bad arguments (step %lld, world size %d)",
+                          info ? (long long)info->step : -1LL, info ? info->world_size : 0);
   if (mkdir(dir, 0755) != 0 && errno != EEXIST)
     return tdm__set_error(TDM_ERR_IO, "checkpoint: cannot create directory %s: %s", dir, strerror(errno));
   char path[4096];
