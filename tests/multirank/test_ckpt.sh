@@ -10,8 +10,9 @@
 set -u
 T=${1:?usage: test_ckpt.sh path/to/tandem}
 . "$(dirname "$0")/../harness.sh"
+. "$(dirname "$0")/ranks.sh"
 BG=
-trap 'if [[ -n "$BG" ]]; then kill -9 $BG 2>/dev/null; wait $BG 2>/dev/null; fi; rm -rf "$TMP"' EXIT
+trap 'kill -9 $BG $RANK_PIDS 2>/dev/null; wait $BG $RANK_PIDS 2>/dev/null; rm -rf "$TMP"' EXIT
 A=(train --steps 12 --threads 1 --seed 5 --batch-size 32)
 
 one_process() {
@@ -126,17 +127,6 @@ ranks_disagree() {
 }
 check "2 ranks with different checkpoint directories: an error naming what each rank found; the same files resume" ranks_disagree
 
-by_hand() { # RANK: print that rank's output; then the command line of both ranks
-  local show=$1 port=$((40000 + $$ % 20000)) p0 p1; shift
-  export MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 TANDEM_TIMEOUT=60
-  RANK=0 LOCAL_RANK=0 timeout 120 "$T" "$@" >"$TMP/h0" 2>&1 & p0=$!
-  RANK=1 LOCAL_RANK=1 timeout 120 "$T" "$@" >"$TMP/h1" 2>&1 & p1=$!
-  unset MASTER_ADDR MASTER_PORT WORLD_SIZE LOCAL_WORLD_SIZE TANDEM_TIMEOUT
-  wait $p0; local rc0=$?
-  wait $p1; local rc1=$?
-  cat "$TMP/h$show"
-  return $(( rc0 > rc1 ? rc0 : rc1 ))
-}
 locked() { # a second job on the same directory fails at start, naming the first's pid
   rm -rf "$TMP/lk"
   "$T" train --steps 1000000 --threads 1 --checkpoint-dir "$TMP/lk" --checkpoint-every 1000000 >"$TMP/lk.out" 2>&1 & BG=$!
@@ -144,8 +134,10 @@ locked() { # a second job on the same directory fails at start, naming the first
   expect 1 -e "checkpoint directory $TMP/lk is in use by another job (pid $BG holds $TMP/lk/.lock)" \
     "$T" "${A[@]}" --checkpoint-dir "$TMP/lk" --resume &&
   # 2 ranks started by hand (no launcher to stop rank 1): rank 0 cannot lock, rank 1 says so at once
-  expect 1 -e "rank 0 could not start: checkpoint directory $TMP/lk is in use by another job (pid $BG" by_hand 1 \
-    "${A[@]}" --checkpoint-dir "$TMP/lk" --resume
+  by_hand "$TMP/h" "${A[@]}" --checkpoint-dir "$TMP/lk" --resume
+  [[ $? -eq 1 ]] && grep -q "in use by another job (pid $BG" "$TMP/h.0" &&
+    grep -q "rank 0 could not start: checkpoint directory $TMP/lk is in use by another job (pid $BG" "$TMP/h.1" ||
+    { echo "  2 ranks:"; tail -n 1 "$TMP/h.0" "$TMP/h.1"; false; }
   local rc=$?
   kill -9 $BG; wait $BG 2>/dev/null; BG=
   return $rc

@@ -9,8 +9,8 @@
 set -u
 T=${1:?usage: test_train_guard.sh path/to/tandem}
 . "$(dirname "$0")/../harness.sh"
-P0= P1=
-trap 'kill -9 $P0 $P1 2>/dev/null; rm -rf "$TMP"' EXIT
+. "$(dirname "$0")/ranks.sh"
+trap 'kill -9 $RANK_PIDS 2>/dev/null; wait $RANK_PIDS 2>/dev/null; rm -rf "$TMP"' EXIT
 D=(train --optimizer sgd --lr 1000 --threads 1)
 
 # run CMD..., expect exit code $1 and output containing each of the following -e TEXT
@@ -30,20 +30,13 @@ check "1 rank, diverged by the last step: exit 1 naming the step, not a NaN test
 check "1 rank, 50 steps: stops at the first non-finite gradient norm" \
   expect 1 -e "step 4: the gradient norm is" "$T" "${D[@]}" --steps 50
 
-two_ranks() { # started by hand, no launcher to stop the other: both must fail alike, at once
-  local port=$((40000 + $$ % 20000))
-  export MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 TANDEM_TRANSPORT=shm TANDEM_TIMEOUT=60
-  RANK=0 LOCAL_RANK=0 timeout 120 "$T" "${D[@]}" --steps "$1" >"$TMP/r0" 2>&1 & P0=$!
-  RANK=1 LOCAL_RANK=1 timeout 120 "$T" "${D[@]}" --steps "$1" >"$TMP/r1" 2>&1 & P1=$!
-  unset MASTER_ADDR MASTER_PORT WORLD_SIZE LOCAL_WORLD_SIZE TANDEM_TRANSPORT TANDEM_TIMEOUT
-  local t0=$SECONDS rc0 rc1
-  wait $P0; rc0=$?
-  wait $P1; rc1=$?
-  P0= P1=
-  local e0 e1
-  e0=$(grep -o "step [0-9]*: [a-z ]*is" "$TMP/r0"); e1=$(grep -o "step [0-9]*: [a-z ]*is" "$TMP/r1")
-  [[ $rc0 -eq 1 && $rc1 -eq 1 && -n "$e0" && "$e0" == "$e1" ]] && grep -q "$2" "$TMP/r0" && (( SECONDS - t0 < 60 )) ||
-    { echo "  exits $rc0 $rc1:"; tail -n 1 "$TMP/r0" "$TMP/r1"; return 1; }
+two_ranks() { # started by hand, no launcher to stop the other: both must fail alike (exit 1, same step), at once
+  local t0=$SECONDS e0 e1
+  by_hand "$TMP/r" "${D[@]}" --steps "$1"
+  local rc=$?
+  e0=$(grep -o "step [0-9]*: [a-z ]*is" "$TMP/r.0"); e1=$(grep -o "step [0-9]*: [a-z ]*is" "$TMP/r.1")
+  [[ $rc -eq 1 && -n "$e0" && "$e0" == "$e1" ]] && grep -q "$2" "$TMP/r.0" && grep -q "tandem train: invalid argument" "$TMP/r.1" &&
+    (( SECONDS - t0 < 60 )) || { echo "  exit $rc:"; tail -n 1 "$TMP/r.0" "$TMP/r.1"; return 1; }
 }
 check "2 ranks, diverged by the last step: both exit 1 naming the same step" two_ranks 5 "step 4: the test loss after it is"
 check "2 ranks, 50 steps: both stop at the same step on the gradient norm (after averaging)" two_ranks 50 \
@@ -81,7 +74,7 @@ outputs() { # each fails before the first step: a run of a million steps would o
   expect 1 -e "--save-weights $TMP is a directory" "$T" train --steps 1000000 --threads 1 --save-weights "$TMP" &&
   expect 1 -e "cannot write metrics to $TMP/plain/m.jsonl: Not a directory" \
     "$T" train --steps 1000000 --threads 1 --metrics "$TMP/plain/m.jsonl" &&
-  [[ -z "$(ls -A "$TMP" | grep -v '^plain$\|^out$\|^r[01]$\|^nan.m$\|^g.m$\|^gc.m$')" ]] || { echo "  left behind:"; ls -A "$TMP"; return 1; }
+  [[ -z "$(ls -A "$TMP" | grep -v '^plain$\|^out$\|^r\.[01]$\|^nan.m$\|^g.m$\|^gc.m$')" ]] || { echo "  left behind:"; ls -A "$TMP"; return 1; }
 }
 check "unwritable --save-weights and --metrics fail before the first step, leaving nothing behind" outputs
 check "a metrics write that fails later (disk full) fails the run" \
