@@ -46,7 +46,7 @@ run: build
 
 test: build build-san build-fuzz
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
-	cd $(BUILD_SAN) && ctest --output-on-failure -j $(JOBS) -E 'test_train|test_mpi'
+	cd $(BUILD_SAN) && ctest --output-on-failure -j $(JOBS) -E 'test_train$$|test_mpi'
 	@if [ -d $(BUILD_FUZZ)/fuzz ]; then cd $(BUILD_FUZZ) && ctest --output-on-failure -j $(JOBS); fi
 
 clean:

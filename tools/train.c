@@ -28,7 +28,7 @@ int tool_train(int argc, char **argv) {
   int64_t epochs, steps, batch, seed, threads, eval_batch, accum, ckpt_every, layers, heads, width, block, vocab, seq_len,
       warmup, val_every, val_batches;
   double clip, max_time, bucket_mb;
-  int resume, no_overlap;
+  int resume, no_overlap, allow_nonfinite;
   const char *prefetch;
   double lr, dropout, wd, momentum;
   cli_opt opts[] = {
@@ -73,7 +73,9 @@ int tool_train(int argc, char **argv) {
       {"prefetch", CLI_CHOICE, &prefetch, "auto", "assemble the next batch on a thread (auto: if a core is spare)", "auto|on|off", 0, 0, 0},
       {"bucket-mb", CLI_FLOAT, &bucket_mb, "25", "size of a gradient bucket in MiB (the first is at most 1 MiB), as DDP's bucket_cap_mb", NULL, 0.001, 4096, 0},
       {"no-overlap", CLI_FLAG, &no_overlap, NULL, "all-reduce gradients only after backward (to measure the overlap)", NULL, 0, 0, 0},
-      {"resume", CLI_FLAG, &resume, NULL, "continue from the newest valid checkpoint in --checkpoint-dir, if any", NULL, 0, 0, 0},
+      {"resume", CLI_FLAG, &resume, NULL, "continue from the newest valid checkpoint in --checkpoint-dir, if any (all ranks must find the same one)", NULL, 0, 0, 0},
+      {"resume-override", CLI_STRING, &c.resume_override, NULL, "with --resume: settings allowed to differ from the checkpoint's (comma-separated: seed, batch, data)", NULL, 0, 0, 0},
+      {"allow-nonfinite", CLI_FLAG, &allow_nonfinite, NULL, "go on when the loss, gradient norm or a parameter is NaN or infinite (default: stop with an error)", NULL, 0, 0, 0},
   };
   int n = (int)(sizeof opts / sizeof opts[0]);
   int r = cli_parse("train", "[options]", opts, n, argc, argv);
@@ -120,12 +122,17 @@ int tool_train(int argc, char **argv) {
   c.accum = accum;
   c.checkpoint_every = ckpt_every;
   c.resume = resume;
+  c.allow_nonfinite = allow_nonfinite;
   c.no_overlap = no_overlap;
   c.bucket_bytes = (size_t)(bucket_mb * 1048576.0);
   c.prefetch = !strcmp(prefetch, "on") ? 1 : !strcmp(prefetch, "off") ? 0 : -1;
   c.on_step = fault_hook;
   if (resume && !c.checkpoint_dir) {
     fprintf(stderr, "tandem train: --resume needs --checkpoint-dir\n");
+    return 2;
+  }
+  if (c.resume_override && !resume) {
+    fprintf(stderr, "tandem train: --resume-override needs --resume\n");
     return 2;
   }
   c.progress = stderr;
@@ -137,9 +144,9 @@ int tool_train(int argc, char **argv) {
   }
   if (res.rank != 0) return 0; /* rank 0 reports for everyone */
   if (!strcmp(c.model, "gpt"))
-    printf("val loss: %.4f nats per byte  next-byte accuracy: %.4f  throughput: %.0f tokens/s  (%lld steps, %.1f s training)\n",
-           res.test_loss, res.test_accuracy, res.samples_per_sec * (double)(seq_len > 0 ? seq_len : (block > 0 ? block : 128)),
-           (long long)res.steps, res.train_seconds);
+    printf("val loss: %.4f nats per byte  next-byte accuracy: %.4f  throughput: %.0f tokens/s  (%lld steps of %lld tokens, %.1f s training)\n",
+           res.test_loss, res.test_accuracy, res.tokens_per_sec, (long long)res.steps, (long long)res.tokens_per_step,
+           res.train_seconds);
   else
     printf("test accuracy: %.4f  test loss: %.4f  throughput: %.0f samples/s  (%lld steps, %.1f s training)\n",
            res.test_accuracy, res.test_loss, res.samples_per_sec, (long long)res.steps, res.train_seconds);

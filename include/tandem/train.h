@@ -17,10 +17,25 @@
  * PyTorch's DistributedSampler; see tandem/sampler.h). Gradients are averaged
  * with tdm_dp; the reported loss is the global mean; rank 0 prints, writes metrics and weights.
  *
- * Metrics (JSON lines, one object per line): per step {"step", "epoch", "loss",
+ * Metrics (JSON lines, one object per line): per step {"step", "epoch", "loss", "grad_norm",
  * "samples_per_sec", "step_time_ms", "time_forward_ms", "time_backward_ms",
- * "time_comm_wait_ms", "time_optimizer_ms", "lr", "rank", "world_size"}; per evaluation
- * {"epoch", "step", "test_loss", "test_accuracy"}.
+ * "time_comm_wait_ms", "time_optimizer_ms", "lr", "rank", "world_size", "train_accuracy",
+ * gpt: "tokens_per_sec"}; per evaluation {"epoch", "step", "test_loss", "test_accuracy"} (gpt:
+ * {"step", "val_loss", "val_accuracy"}). A value that is not finite is written as null.
+ *
+ * Divergence: the global gradient norm (after averaging, so the same on every rank) is computed
+ * every step; a non-finite gradient norm, loss, test loss or parameter stops the run with
+ * TDM_ERR_INVALID_ARG naming the step, on every rank at the same point, unless allow_nonfinite.
+ *
+ * Outputs are checked before the first step (rank 0 writes them): the directory of save_weights
+ * must take a new file, metrics is opened, checkpoint_dir is created, locked (tandem/checkpoint.h)
+ * and must take a new file; a failure to write any of them later is an error too. Without resume,
+ * a checkpoint_dir that already holds checkpoints is refused. With resume, every rank opens its
+ * newest valid checkpoint, and all must have found the same one (step and checksum) and have the
+ * checkpoint's settings: model and architecture, optimizer, seed, global batch (ranks x batch x
+ * accum), gpt sequence length, data set (name and training samples); resume_override names the
+ * groups allowed to differ ("seed", "batch", "data"). The learning rate, its schedule and the
+ * number of steps or epochs may change.
  * Not thread-safe (it sets the intra-op thread count).
  */
 #ifndef TANDEM_TRAIN_H
@@ -74,6 +89,8 @@ typedef struct tdm_train_config {
   const char *checkpoint_dir; /* NULL: no checkpoints */
   int64_t checkpoint_every;   /* steps between checkpoints (0: only at the end) */
   int resume;                 /* continue from the newest valid checkpoint in checkpoint_dir, if any */
+  const char *resume_override; /* comma-separated groups that may differ from the checkpoint: seed,batch,data */
+  int allow_nonfinite;        /* 1: go on through a non-finite loss, gradient norm or parameter */
   /* Called after every optimizer step with the number of steps done; a non-zero return stops
    * training with TDM_ERR_INVALID_USAGE (the CLI uses it to inject faults in tests). */
   int (*on_step)(void *ctx, int64_t steps_done);
@@ -86,6 +103,9 @@ typedef struct tdm_train_result {
   double final_loss;      /* loss of the last step */
   double test_loss, test_accuracy; /* gpt: validation loss and next-token accuracy */
   double samples_per_sec; /* training samples of all ranks / training wall time (evaluation excluded) */
+  int64_t samples_per_step; /* all ranks: world size x batch size x accumulation */
+  int64_t tokens_per_step;  /* gpt: samples_per_step x sequence length; 0 for the classifiers */
+  double tokens_per_sec;    /* gpt: training tokens of all ranks / training wall time; 0 otherwise */
   double train_seconds;
   int world_size, rank;
   int64_t resumed_from; /* the checkpoint's step, or -1 */

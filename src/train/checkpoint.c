@@ -3,220 +3,577 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
 #include "core/internal.h"
-#include "tandem/safetensors.h"
+#include "core/json.h"
 #include "tensor/tensor_impl.h"
 
-static uint32_t crc_of(const tdm_st_tensor *ts, int n) {
-  uLong crc = crc32(0L, Z_NULL, 0);
-  for (int i = 0; i < n; i++) {
-    const unsigned char *p = ts[i].data;
-    for (int64_t left = ts[i].nbytes; left > 0;) { /* crc32 takes uInt lengths */
-      uInt k = left > (1 << 30) ? (1u << 30) : (uInt)left;
-      crc = crc32(crc, p, k);
-      p += k;
-      left -= k;
-    }
-  }
-  return (uint32_t)crc;
-}
+#define MAX_STEP ((int64_t)1 << 62)
+#define MAX_WORLD (1 << 24)
+#define MAX_HEADER (100u << 20) /* as the safetensors reader */
+#define CRC_KEY "tandem.crc32"
 
-static void path_of(const char *dir, int64_t step, char *out, size_t n) {
-  snprintf(out, n, "%s/ckpt-%012lld.safetensors", dir, (long long)step);
-}
-
-/* Steps of the checkpoints in dir, newest first. */
-static int list_steps(const char *dir, int64_t *steps, int max) {
-  DIR *d = opendir(dir);
-  if (!d) return 0;
-  int n = 0;
-  struct dirent *e;
-  while ((e = readdir(d)) && n < max) {
-    long long s;
-    char tail[32];
-    if (sscanf(e->d_name, "ckpt-%lld.%31s", &s, tail) == 2 && !strcmp(tail, "safetensors")) steps[n++] = s;
-  }
-  closedir(d);
-  for (int i = 1; i < n; i++) /* newest first */
-    for (int j = i; j > 0 && steps[j - 1] < steps[j]; j--) {
-      int64_t t = steps[j];
-      steps[j] = steps[j - 1];
-      steps[j - 1] = t;
-    }
-  return n;
-}
-
-/* Reads and verifies a checkpoint's checksum; the caller destroys *out. */
-static tdm_status open_verified(const char *path, tdm_safetensors **out) {
+struct tdm_ckpt {
   tdm_safetensors *f;
-  TDM__TRY(tdm_safetensors_load(&f, path));
-  const char *want = tdm_safetensors_meta(f, "tandem.crc32");
-  int n = tdm_safetensors_count(f);
-  tdm_st_tensor *ts = tdm__malloc(sizeof *ts * (size_t)(n ? n : 1));
-  if (!ts) {
-    tdm_safetensors_destroy(f);
-    return tdm__set_error(TDM_ERR_NO_MEMORY, "checkpoint: out of memory");
+  char *path;
+  tdm_ckpt_info info;
+  int64_t optim_steps;
+  uint32_t crc;
+};
+
+/* ---- the checksum ---------------------------------------------------------------------------- */
+static uLong crc_bytes(uLong crc, const void *p, int64_t n) {
+  const unsigned char *b = p;
+  while (n > 0) { /* crc32 takes uInt lengths */
+    uInt k = n > (1 << 30) ? (1u << 30) : (uInt)n;
+    crc = crc32(crc, b, k);
+    b += k;
+    n -= k;
   }
-  for (int i = 0; i < n; i++) ts[i] = *tdm_safetensors_at(f, i);
-  char got[16];
-  snprintf(got, sizeof got, "%08x", crc_of(ts, n));
-  tdm__free(ts);
-  if (!want || strcmp(want, got)) { /* want lives in f: the message first, then the file goes */
-    tdm_status st = tdm__set_error(TDM_ERR_FORMAT, "%s: checksum mismatch (stored %s, computed %s): the file is corrupt",
-                                   path, want ? want : "none", got);
-    tdm_safetensors_destroy(f);
-    return st;
+  return crc;
+}
+static uLong crc_le(uLong crc, uint64_t v, int nbytes) {
+  unsigned char b[8];
+  for (int i = 0; i < nbytes; i++) b[i] = (unsigned char)(v >> (8 * i));
+  return crc_bytes(crc, b, nbytes);
+}
+static uLong crc_str(uLong crc, const char *s) {
+  size_t n = strlen(s);
+  return crc_bytes(crc_le(crc, n, 4), s, (int64_t)n);
+}
+static int cmp_pair(const void *a, const void *b) { return strcmp(**(const char *const *const *)a, **(const char *const *const *)b); }
+static int cmp_tensor(const void *a, const void *b) {
+  return strcmp((*(const tdm_st_tensor *const *)a)->name, (*(const tdm_st_tensor *const *)b)->name);
+}
+
+tdm_status tdm_ckpt_checksum(int n_meta, const char *const *meta_kv, int n, const tdm_st_tensor *ts, uint32_t *out) {
+  const char *const **pairs = tdm__malloc(sizeof *pairs * (size_t)(n_meta + 1));
+  const tdm_st_tensor **tp = tdm__malloc(sizeof *tp * (size_t)(n + 1));
+  if (!pairs || !tp) {
+    tdm__free(pairs);
+    tdm__free(tp);
+    return tdm__set_error(TDM_ERR_NO_MEMORY, "checkpoint checksum: out of memory");
   }
-  *out = f;
+  for (int i = 0; i < n_meta; i++) pairs[i] = meta_kv + 2 * i;
+  for (int i = 0; i < n; i++) tp[i] = ts + i;
+  qsort(pairs, (size_t)n_meta, sizeof *pairs, cmp_pair);
+  qsort(tp, (size_t)n, sizeof *tp, cmp_tensor);
+  uLong crc = crc32(0L, Z_NULL, 0);
+  for (int i = 0; i < n_meta; i++)
+    if (strcmp(pairs[i][0], CRC_KEY)) crc = crc_str(crc_str(crc, pairs[i][0]), pairs[i][1]);
+  for (int i = 0; i < n; i++) {
+    const tdm_st_tensor *t = tp[i];
+    crc = crc_str(crc_str(crc, t->name), tdm_dtype_name(t->dtype));
+    crc = crc_le(crc, (uint64_t)t->ndim, 4);
+    for (int d = 0; d < t->ndim; d++) crc = crc_le(crc, (uint64_t)t->shape[d], 8);
+    crc = crc_bytes(crc_le(crc, (uint64_t)t->nbytes, 8), t->data, t->nbytes);
+  }
+  tdm__free(pairs);
+  tdm__free(tp);
+  *out = (uint32_t)crc;
   return TDM_OK;
 }
 
+/* ---- strict values and names ----------------------------------------------------------------- */
+/* A canonical decimal (no sign, space, exponent, point or leading zero) in [lo, hi]. */
+static int parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out) {
+  if (!s || !*s || (s[0] == '0' && s[1])) return 0;
+  uint64_t v = 0;
+  for (; *s; s++) {
+    if (*s < '0' || *s > '9') return 0;
+    unsigned d = (unsigned)(*s - '0');
+    if (v > (UINT64_MAX - d) / 10) return 0;
+    v = v * 10 + d;
+  }
+  if (v < lo || v > hi) return 0;
+  *out = v;
+  return 1;
+}
+
+static tdm_status meta_u64(const tdm_safetensors *f, const char *path, const char *key, uint64_t lo, uint64_t hi,
+                           uint64_t *out) {
+  const char *v = tdm_safetensors_meta(f, key);
+  if (!v) return tdm__set_error(TDM_ERR_FORMAT, "%s: metadata lacks %s: not a tandem checkpoint", path, key);
+  if (!parse_u64(v, lo, hi, out))
+    return tdm__set_error(TDM_ERR_FORMAT, "%s: metadata %s is '%.40s'; expected an integer in %llu..%llu: the file is corrupt",
+                          path, key, v, (unsigned long long)lo, (unsigned long long)hi);
+  return TDM_OK;
+}
+
+static int path_of(const char *dir, int64_t step, char *out, size_t n) {
+  return snprintf(out, n, "%s/ckpt-%012lld.safetensors", dir, (long long)step) < (int)n;
+}
+
+/* ckpt-<digits>.safetensors written exactly as path_of writes it: 1 with *step; a name that only
+ * looks like one (ckpt-1.safetensors, ckpt-0000000x.safetensors): -1; anything else: 0. */
+static int name_step(const char *name, int64_t *step) {
+  const char *suffix = ".safetensors";
+  size_t n = strlen(name), ns = strlen(suffix);
+  if (strncmp(name, "ckpt-", 5) || n < 5 + ns || strcmp(name + n - ns, suffix)) return 0;
+  size_t nd = n - 5 - ns;
+  uint64_t v = 0;
+  if (nd < 12 || nd > 19) return -1;
+  for (size_t i = 0; i < nd; i++) {
+    char ch = name[5 + i];
+    if (ch < '0' || ch > '9') return -1;
+    v = v * 10 + (uint64_t)(ch - '0'); /* at most 19 digits: no overflow */
+  }
+  char again[32];
+  if (v > (uint64_t)MAX_STEP || snprintf(again, sizeof again, "%012llu", (unsigned long long)v) != (int)nd ||
+      strncmp(again, name + 5, nd))
+    return -1;
+  *step = (int64_t)v;
+  return 1;
+}
+
+static void note(char *notes, size_t n, const char *msg) {
+  if (!notes || !n) return;
+  size_t used = strlen(notes);
+  snprintf(notes + used, n - used, "%s%s", used ? "; " : "", msg);
+}
+
+/* ---- opening a file without following links or blocking ----------------------------------------- */
+static const char *kind_of(mode_t m) {
+  return S_ISDIR(m) ? "a directory" : S_ISLNK(m) ? "a symbolic link" : S_ISFIFO(m) ? "a FIFO" : S_ISSOCK(m) ? "a socket"
+         : S_ISCHR(m) || S_ISBLK(m) ? "a device" : "not a regular file";
+}
+
+static tdm_status open_regular(const char *path, int *fd_out, int64_t *size) {
+  struct stat a, b;
+  if (lstat(path, &a) != 0) return tdm__set_error(TDM_ERR_IO, "%s: cannot examine: %s", path, strerror(errno));
+  if (!S_ISREG(a.st_mode))
+    return tdm__set_error(TDM_ERR_FORMAT, "%s: %s, not a checkpoint file", path, kind_of(a.st_mode));
+  int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return tdm__set_error(TDM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+  if (fstat(fd, &b) != 0 || !S_ISREG(b.st_mode) || a.st_ino != b.st_ino || a.st_dev != b.st_dev) {
+    close(fd);
+    return tdm__set_error(TDM_ERR_IO, "%s: replaced while being opened", path);
+  }
+  *fd_out = fd;
+  *size = (int64_t)b.st_size;
+  return TDM_OK;
+}
+
+static int read_at(int fd, void *buf, size_t n, off_t off) {
+  for (size_t got = 0; got < n;) {
+    ssize_t r = pread(fd, (char *)buf + got, n - got, off + (off_t)got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return 0;
+    got += (size_t)r;
+  }
+  return 1;
+}
+
+/* The __metadata__ pairs of the file's header, in file order (pointers into *json). */
+static tdm_status read_meta(int fd, int64_t size, const char *path, tdm_json **json, const char ***kv, int *n_kv) {
+  unsigned char len[8];
+  if (size < 8 || !read_at(fd, len, 8, 0)) return tdm__set_error(TDM_ERR_FORMAT, "%s: truncated header", path);
+  uint64_t hlen = 0;
+  for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | len[i];
+  if (hlen > MAX_HEADER || hlen > (uint64_t)(size - 8))
+    return tdm__set_error(TDM_ERR_FORMAT, "%s: header length %llu does not fit the file", path, (unsigned long long)hlen);
+  char *h = tdm__malloc(hlen + 1);
+  if (!h) return tdm__set_error(TDM_ERR_NO_MEMORY, "%s: out of memory", path);
+  tdm_status st = read_at(fd, h, hlen, 8) ? tdm__json_parse(h, hlen, json) : tdm__set_error(TDM_ERR_IO, "%s: short read", path);
+  tdm__free(h);
+  TDM__TRY(st);
+  const tdm_json *m = tdm__json_get(*json, "__metadata__");
+  int n = m && m->type == TDM_JSON_OBJ ? m->n : 0;
+  *kv = tdm__malloc(sizeof **kv * (size_t)(2 * n + 1));
+  if (!*kv) return tdm__set_error(TDM_ERR_NO_MEMORY, "%s: out of memory", path);
+  for (int i = 0; i < n; i++) {
+    if (m->items[i].type != TDM_JSON_STR)
+      return tdm__set_error(TDM_ERR_FORMAT, "%s: metadata %s is not a string", path, m->keys[i]);
+    (*kv)[2 * i] = m->keys[i];
+    (*kv)[2 * i + 1] = m->items[i].str;
+    for (int j = 0; j < i; j++)
+      if (!strcmp(m->keys[j], m->keys[i])) return tdm__set_error(TDM_ERR_FORMAT, "%s: metadata %s appears twice", path, m->keys[i]);
+  }
+  *n_kv = n;
+  return TDM_OK;
+}
+
+/* Checks what the metadata says (version first: another version may sum differently). */
+static tdm_status verify(tdm_ckpt *c, int n_kv, const char *const *kv) {
+  const char *path = c->path, *ver = tdm_safetensors_meta(c->f, "tandem.ckpt_version"),
+             *kind = tdm_safetensors_meta(c->f, "tandem.kind"), *want = tdm_safetensors_meta(c->f, CRC_KEY);
+  if (!kind || strcmp(kind, "checkpoint"))
+    return tdm__set_error(TDM_ERR_FORMAT, "%s: not a tandem checkpoint (no tandem.kind = checkpoint in its metadata)", path);
+  if (!ver)
+    return tdm__set_error(TDM_ERR_FORMAT,
+                          "%s: checkpoint format 1 (written by an older tandem; its header is not covered by the checksum): "
+                          "this tandem reads format %d only; resume it with the tandem that wrote it, or start afresh",
+                          path, TDM_CKPT_VERSION);
+  char vs[16];
+  snprintf(vs, sizeof vs, "%d", TDM_CKPT_VERSION);
+  if (strcmp(ver, vs))
+    return tdm__set_error(TDM_ERR_FORMAT, "%s: checkpoint format version '%.40s'; this tandem reads version %d only", path,
+                          ver, TDM_CKPT_VERSION);
+  int n = tdm_safetensors_count(c->f);
+  tdm_st_tensor *ts = tdm__malloc(sizeof *ts * (size_t)(n ? n : 1));
+  if (!ts) return tdm__set_error(TDM_ERR_NO_MEMORY, "checkpoint: out of memory");
+  for (int i = 0; i < n; i++) ts[i] = *tdm_safetensors_at(c->f, i);
+  tdm_status st = tdm_ckpt_checksum(n_kv, kv, n, ts, &c->crc);
+  tdm__free(ts);
+  TDM__TRY(st);
+  char got[16];
+  snprintf(got, sizeof got, "%08x", c->crc);
+  if (!want || strcmp(want, got))
+    return tdm__set_error(TDM_ERR_FORMAT, "%s: checksum mismatch (stored %.16s, computed %s): the file is corrupt", path,
+                          want ? want : "none", got);
+  uint64_t step, ostep, ws, seed;
+  TDM__TRY(meta_u64(c->f, path, "tandem.step", 0, (uint64_t)MAX_STEP, &step));
+  TDM__TRY(meta_u64(c->f, path, "tandem.optim_steps", 0, (uint64_t)MAX_STEP, &ostep));
+  TDM__TRY(meta_u64(c->f, path, "tandem.world_size", 1, MAX_WORLD, &ws));
+  TDM__TRY(meta_u64(c->f, path, "tandem.seed", 0, UINT64_MAX, &seed));
+  c->info = (tdm_ckpt_info){(int64_t)step, (int)ws, seed, 0, NULL};
+  c->optim_steps = (int64_t)ostep;
+  return TDM_OK;
+}
+
+void tdm_ckpt_close(tdm_ckpt *c) {
+  if (!c) return;
+  tdm_safetensors_destroy(c->f);
+  tdm__free(c->path);
+  tdm__free(c);
+}
+
+tdm_status tdm_ckpt_open(tdm_ckpt **out, const char *path) {
+  *out = NULL;
+  int fd = -1;
+  int64_t size = 0;
+  TDM__TRY(open_regular(path, &fd, &size));
+  tdm_ckpt *c = tdm__calloc(1, sizeof *c);
+  if (c) c->path = tdm__malloc(strlen(path) + 1);
+  if (!c || !c->path) {
+    close(fd);
+    tdm_ckpt_close(c);
+    return tdm__set_error(TDM_ERR_NO_MEMORY, "checkpoint: out of memory");
+  }
+  strcpy(c->path, path);
+  /* the safetensors reader opens by name: give it this descriptor's, so that what it reads is
+   * the regular file examined above, whatever happens to the name meanwhile */
+  char self[64];
+  snprintf(self, sizeof self, "/proc/self/fd/%d", fd);
+  tdm_status st = tdm_safetensors_load(&c->f, access(self, F_OK) == 0 ? self : path);
+  if (st != TDM_OK && !strncmp(tdm_last_error(), self, strlen(self))) { /* name the file, not the descriptor */
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", tdm_last_error() + strlen(self));
+    tdm__set_error(st, "%s%s", path, msg);
+  }
+  tdm_json *json = NULL;
+  const char **kv = NULL;
+  int n_kv = 0;
+  if (st == TDM_OK) st = read_meta(fd, size, path, &json, &kv, &n_kv);
+  if (st == TDM_OK) st = verify(c, n_kv, kv);
+  tdm__free(kv);
+  tdm__json_free(json);
+  close(fd);
+  if (st != TDM_OK) {
+    tdm_ckpt_close(c);
+    return st;
+  }
+  *out = c;
+  return TDM_OK;
+}
+
+const tdm_ckpt_info *tdm_ckpt_get_info(const tdm_ckpt *c) { return &c->info; }
+uint32_t tdm_ckpt_get_crc(const tdm_ckpt *c) { return c->crc; }
+const char *tdm_ckpt_path(const tdm_ckpt *c) { return c->path; }
+const char *tdm_ckpt_meta(const tdm_ckpt *c, const char *key) { return tdm_safetensors_meta(c->f, key); }
+
+/* ---- the directory --------------------------------------------------------------------------- */
+typedef struct {
+  int64_t step; /* -1: a name that only looks like a checkpoint's */
+  char name[256];
+} entry;
+
+static int cmp_newest(const void *a, const void *b) {
+  const entry *x = a, *y = b;
+  return (x->step < y->step) - (x->step > y->step);
+}
+
+/* The entries named ckpt-*.safetensors, newest first (stray names last). *n = 0 when dir does not
+ * exist; TDM_ERR_IO when it cannot be read. The caller frees *out. */
+static tdm_status list_entries(const char *dir, entry **out, int *n) {
+  *out = NULL;
+  *n = 0;
+  DIR *d = opendir(dir);
+  if (!d) return errno == ENOENT ? TDM_OK : tdm__set_error(TDM_ERR_IO, "checkpoint directory %s: cannot read: %s", dir, strerror(errno));
+  int cap = 0;
+  struct dirent *e;
+  tdm_status st = TDM_OK;
+  while ((e = readdir(d))) {
+    int64_t step = -1;
+    int k = name_step(e->d_name, &step);
+    if (k == 0 || strlen(e->d_name) >= sizeof(*out)->name) continue;
+    if (*n == cap) {
+      cap = cap ? 2 * cap : 16;
+      entry *grown = tdm__malloc(sizeof *grown * (size_t)cap);
+      if (!grown) {
+        st = tdm__set_error(TDM_ERR_NO_MEMORY, "checkpoint: out of memory");
+        break;
+      }
+      if (*n) memcpy(grown, *out, sizeof *grown * (size_t)*n);
+      tdm__free(*out);
+      *out = grown;
+    }
+    (*out)[*n].step = k > 0 ? step : -1;
+    snprintf((*out)[(*n)++].name, sizeof(*out)->name, "%s", e->d_name);
+  }
+  closedir(d);
+  if (st == TDM_OK && *n) qsort(*out, (size_t)*n, sizeof **out, cmp_newest);
+  return st;
+}
+
+int tdm_ckpt_count_entries(const char *dir, char *first, size_t first_n) {
+  entry *es;
+  int n;
+  if (list_entries(dir, &es, &n) != TDM_OK) return -1;
+  if (n && first && first_n) snprintf(first, first_n, "%s", es[0].name);
+  tdm__free(es);
+  return n;
+}
+
+/* Opens the entry; on failure notes why (the entry is skipped, never used, never deleted). */
+static tdm_status open_entry(const char *dir, const entry *e, tdm_ckpt **out, char *notes, size_t notes_n) {
+  char path[4096], msg[1280];
+  snprintf(path, sizeof path, "%s/%s", dir, e->name);
+  tdm_status st;
+  if (e->step < 0) {
+    st = tdm__set_error(TDM_ERR_FORMAT, "%s: not a checkpoint's name (ckpt-<12-digit step>.safetensors)", path);
+  } else if ((st = tdm_ckpt_open(out, path)) == TDM_OK && (*out)->info.step != e->step) {
+    st = tdm__set_error(TDM_ERR_FORMAT, "%s: its metadata says step %lld, its name step %lld: the file is corrupt", path,
+                        (long long)(*out)->info.step, (long long)e->step);
+    tdm_ckpt_close(*out);
+    *out = NULL;
+  }
+  if (st != TDM_OK) {
+    snprintf(msg, sizeof msg, "%s", tdm_last_error());
+    note(notes, notes_n, msg);
+  }
+  return st;
+}
+
+tdm_status tdm_ckpt_open_latest(tdm_ckpt **out, const char *dir, char *notes, size_t notes_n) {
+  *out = NULL;
+  if (notes && notes_n) notes[0] = 0;
+  entry *es;
+  int n;
+  TDM__TRY(list_entries(dir, &es, &n));
+  tdm_status st = TDM_OK;
+  for (int i = 0; i < n; i++) /* stray names first: they have no step to be newer or older by */
+    if (es[i].step < 0) open_entry(dir, &es[i], out, notes, notes_n);
+  for (int i = 0; i < n && !*out && es[i].step >= 0; i++) {
+    st = open_entry(dir, &es[i], out, notes, notes_n);
+    if (st == TDM_ERR_NO_MEMORY) break;
+  }
+  tdm__free(es);
+  if (*out) return TDM_OK;
+  if (n == 0) return TDM_OK;
+  if (st == TDM_ERR_NO_MEMORY) return st;
+  return tdm__set_error(TDM_ERR_FORMAT, "no valid checkpoint in %s (%d entr%s named like one: %s)", dir, n, n == 1 ? "y" : "ies",
+                        notes && notes[0] ? notes : "all invalid");
+}
+
+/* ---- writing --------------------------------------------------------------------------------- */
+/* Deletes valid checkpoints older than `step` beyond the keep - 1 newest valid ones. */
+static void retire_old(const char *dir, int64_t step, int keep) {
+  entry *es;
+  int n;
+  if (list_entries(dir, &es, &n) != TDM_OK) return; /* nothing is deleted that was not examined */
+  int kept = 1;                                      /* the one just written */
+  for (int i = 0; i < n; i++) {
+    if (es[i].step < 0 || es[i].step >= step) continue;
+    tdm_ckpt *c;
+    if (open_entry(dir, &es[i], &c, NULL, 0) != TDM_OK) continue; /* not valid: not ours to delete */
+    tdm_ckpt_close(c);
+    if (kept < keep) {
+      kept++;
+      continue;
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, es[i].name);
+    unlink(path);
+  }
+  tdm__free(es);
+}
+
 tdm_status tdm_ckpt_save(const char *dir, const tdm_params *p, const tdm_optim *o, const tdm_ckpt_info *info, int keep) {
+  if (!dir || !p || !o || !info || info->step < 0 || info->step > MAX_STEP || info->world_size < 1 ||
+      info->world_size > MAX_WORLD || info->n_meta < 0 || (info->n_meta && !info->meta_kv))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "checkpoint: bad arguments (step %lld, world size %d)",
+                          info ? (long long)info->step : -1LL, info ? info->world_size : 0);
   if (mkdir(dir, 0755) != 0 && errno != EEXIST)
     return tdm__set_error(TDM_ERR_IO, "checkpoint: cannot create directory %s: %s", dir, strerror(errno));
+  char path[4096];
+  if (!path_of(dir, info->step, path, sizeof path)) return tdm__set_error(TDM_ERR_INVALID_ARG, "checkpoint: directory name too long: %s", dir);
   int n = tdm_params_count(p);
   int64_t n_state = 0;
   float *state = tdm_optim_state(o, &n_state);
+  enum { BASE_META = 8 };
+  int n_meta = BASE_META + info->n_meta;
   tdm_st_tensor *ts = tdm__calloc((size_t)n + 1, sizeof *ts);
   char **names = tdm__calloc((size_t)n + 1, sizeof(char *));
-  if (!ts || !names) {
-    tdm__free(ts);
-    tdm__free(names);
-    return tdm__set_error(TDM_ERR_NO_MEMORY, "checkpoint: out of memory");
-  }
+  const char **meta = tdm__calloc(2 * (size_t)n_meta, sizeof(char *));
+  tdm_status st = ts && names && meta ? TDM_OK : tdm__set_error(TDM_ERR_NO_MEMORY, "checkpoint: out of memory");
   int k = 0;
-  for (int i = 0; i < n; i++) {
+  for (int i = 0; st == TDM_OK && i < n; i++) {
     tdm_tensor *t = tdm_params_get(p, i);
-    names[i] = tdm__malloc(strlen(t->name) + 8);
+    if (!(names[i] = tdm__malloc(strlen(t->name) + 8))) {
+      st = tdm__set_error(TDM_ERR_NO_MEMORY, "checkpoint: out of memory");
+      break;
+    }
     sprintf(names[i], "model.%s", t->name);
     ts[k++] = (tdm_st_tensor){names[i], TDM_F32, t->ndim, {0}, t->data, t->numel * 4};
     memcpy(ts[k - 1].shape, t->shape, sizeof t->shape);
   }
   if (n_state) ts[k++] = (tdm_st_tensor){"optim.state", TDM_F32, 1, {n_state}, state, n_state * 4};
-  char crc[16], step[32], ostep[32], ws[16], seed[32];
-  snprintf(crc, sizeof crc, "%08x", crc_of(ts, k));
+  char crc[16] = "", step[32], ostep[32], ws[16], seed[32], ver[16];
+  snprintf(ver, sizeof ver, "%d", TDM_CKPT_VERSION);
   snprintf(step, sizeof step, "%lld", (long long)info->step);
   snprintf(ostep, sizeof ostep, "%lld", (long long)tdm_optim_steps(o));
   snprintf(ws, sizeof ws, "%d", info->world_size);
   snprintf(seed, sizeof seed, "%llu", (unsigned long long)info->seed);
-  enum { BASE_META = 7, MAX_EXTRA = 16 };
-  const char *meta[2 * (BASE_META + MAX_EXTRA)] = {"format", "pt", "tandem.kind", "checkpoint", "tandem.step", step,
-                                                   "tandem.optim_steps", ostep, "tandem.world_size", ws, "tandem.seed",
-                                                   seed, "tandem.crc32", crc};
-  int n_meta = BASE_META;
-  for (int i = 0; i < info->n_meta && i < MAX_EXTRA; i++, n_meta++) {
-    meta[2 * n_meta] = info->meta_kv[2 * i];
-    meta[2 * n_meta + 1] = info->meta_kv[2 * i + 1];
+  if (st == TDM_OK) {
+    const char *base[2 * BASE_META] = {"format", "pt", "tandem.kind", "checkpoint", "tandem.ckpt_version", ver,
+                                       "tandem.step", step, "tandem.optim_steps", ostep, "tandem.world_size", ws,
+                                       "tandem.seed", seed, CRC_KEY, crc};
+    memcpy(meta, base, sizeof base);
+    for (int i = 0; i < 2 * info->n_meta; i++) meta[2 * BASE_META + i] = info->meta_kv[i];
+    for (int i = BASE_META; st == TDM_OK && i < n_meta; i++) /* a repeated key would be read back ambiguously */
+      for (int j = 0; j < i; j++)
+        if (!meta[2 * i] || !meta[2 * i + 1] || !strcmp(meta[2 * i], meta[2 * j])) {
+          st = tdm__set_error(TDM_ERR_INVALID_ARG, "checkpoint: metadata key '%s' is missing, empty or repeated",
+                              meta[2 * i] ? meta[2 * i] : "(null)");
+          break;
+        }
   }
-  char path[4096];
-  path_of(dir, info->step, path, sizeof path);
-  tdm_status st = tdm_safetensors_save(path, k, ts, n_meta, meta);
-  for (int i = 0; i < n; i++) tdm__free(names[i]);
+  if (st == TDM_OK) {
+    uint32_t sum = 0;
+    st = tdm_ckpt_checksum(n_meta, meta, k, ts, &sum);
+    snprintf(crc, sizeof crc, "%08x", sum);
+    if (st == TDM_OK) st = tdm_safetensors_save(path, k, ts, n_meta, meta);
+  }
+  for (int i = 0; names && i < n; i++) tdm__free(names[i]);
   tdm__free(names);
   tdm__free(ts);
+  tdm__free(meta);
   TDM__TRY(st);
-  tdm_safetensors *check; /* read it back: only a verified checkpoint may retire older ones */
-  TDM__TRY(open_verified(path, &check));
-  tdm_safetensors_destroy(check);
-  int64_t steps[1024];
-  int m = list_steps(dir, steps, 1024);
-  for (int i = keep > 0 ? keep : 1; i < m; i++) {
-    char old[4096];
-    path_of(dir, steps[i], old, sizeof old);
-    unlink(old);
+  tdm_ckpt *check; /* read it back: only a verified checkpoint may retire older ones */
+  TDM__TRY(tdm_ckpt_open(&check, path));
+  tdm_ckpt_close(check);
+  retire_old(dir, info->step, keep > 0 ? keep : 1);
+  return TDM_OK;
+}
+
+/* ---- loading --------------------------------------------------------------------------------- */
+tdm_status tdm_ckpt_restore(const tdm_ckpt *c, tdm_params *p, tdm_optim *o, int world_size) {
+  const char *path = c->path;
+  if (world_size > 0 && c->info.world_size != world_size)
+    return tdm__set_error(TDM_ERR_MISMATCH,
+                          "%s was written by %d ranks; this run has %d. Resume with the same number of ranks (or start afresh in another --checkpoint-dir)",
+                          path, c->info.world_size, world_size);
+  int n = tdm_params_count(p), in_file = 0;
+  for (int i = 0; i < tdm_safetensors_count(c->f); i++) in_file += !strncmp(tdm_safetensors_at(c->f, i)->name, "model.", 6);
+  for (int i = 0; i < n; i++) { /* check everything before changing anything */
+    tdm_tensor *t = tdm_params_get(p, i);
+    char name[300], a[96], b[96];
+    snprintf(name, sizeof name, "model.%s", t->name);
+    const tdm_st_tensor *s = tdm_safetensors_find(c->f, name);
+    if (!s) return tdm__set_error(TDM_ERR_MISMATCH, "%s: parameter '%s' is missing: is this the same model?", path, t->name);
+    if (s->dtype != TDM_F32 || s->ndim != t->ndim || memcmp(s->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim))
+      return tdm__set_error(TDM_ERR_MISMATCH, "%s: parameter '%s' is %s %s in the checkpoint; the model expects %s %s", path,
+                            t->name, tdm_dtype_name(s->dtype), tdm_shape_str(s->ndim, s->shape, a, sizeof a),
+                            tdm_dtype_name(TDM_F32), tdm_shape_str(t->ndim, t->shape, b, sizeof b));
+  }
+  if (in_file != n)
+    return tdm__set_error(TDM_ERR_MISMATCH, "%s holds %d parameters; the model has %d: is this the same model?", path, in_file, n);
+  int64_t n_state = 0;
+  float *state = o ? tdm_optim_state(o, &n_state) : NULL;
+  const tdm_st_tensor *os = tdm_safetensors_find(c->f, "optim.state");
+  if (o && ((os ? os->nbytes : 0) != n_state * 4 || (os && os->dtype != TDM_F32)))
+    return tdm__set_error(TDM_ERR_MISMATCH, "%s: optimizer state of %lld floats; this optimizer has %lld: is it the same optimizer?",
+                          path, (long long)(os ? os->nbytes / 4 : 0), (long long)n_state);
+  for (int i = 0; i < n; i++) {
+    tdm_tensor *t = tdm_params_get(p, i);
+    char name[300];
+    snprintf(name, sizeof name, "model.%s", t->name);
+    memcpy(t->data, tdm_safetensors_find(c->f, name)->data, (size_t)t->numel * 4);
+  }
+  if (o) {
+    if (n_state) memcpy(state, os->data, (size_t)n_state * 4);
+    tdm_optim_set_steps(o, c->optim_steps);
   }
   return TDM_OK;
 }
 
 tdm_status tdm_ckpt_load_file(const char *path, tdm_params *p, tdm_optim *o, int world_size, tdm_ckpt_info *info) {
-  tdm_safetensors *f;
-  TDM__TRY(open_verified(path, &f));
-  tdm_status st = TDM_OK;
-  const char *ws = tdm_safetensors_meta(f, "tandem.world_size"), *step = tdm_safetensors_meta(f, "tandem.step"),
-             *ostep = tdm_safetensors_meta(f, "tandem.optim_steps"), *seed = tdm_safetensors_meta(f, "tandem.seed");
-  if (!ws || !step || !ostep) st = tdm__set_error(TDM_ERR_FORMAT, "%s: not a tandem checkpoint (metadata missing)", path);
-  else if (world_size > 0 && atoi(ws) != world_size)
-    st = tdm__set_error(TDM_ERR_MISMATCH,
-                        "%s was written by %s ranks; this run has %d. Resume with the same number of ranks (or start afresh in another --checkpoint-dir)",
-                        path, ws, world_size);
-  int n = tdm_params_count(p);
-  for (int i = 0; st == TDM_OK && i < n; i++) { /* check everything before changing anything */
-    tdm_tensor *t = tdm_params_get(p, i);
-    char name[300];
-    snprintf(name, sizeof name, "model.%s", t->name);
-    const tdm_st_tensor *s = tdm_safetensors_find(f, name);
-    if (!s || s->nbytes != t->numel * 4 || s->dtype != TDM_F32)
-      st = tdm__set_error(TDM_ERR_MISMATCH, "%s: parameter '%s' is missing or has another shape: is this the same model?",
-                          path, t->name);
-  }
-  int64_t n_state = 0;
-  float *state = o ? tdm_optim_state(o, &n_state) : NULL;
-  const tdm_st_tensor *os = tdm_safetensors_find(f, "optim.state");
-  if (st == TDM_OK && o && (os ? os->nbytes : 0) != n_state * 4)
-    st = tdm__set_error(TDM_ERR_MISMATCH, "%s: optimizer state of %lld floats; this optimizer has %lld: is it the same optimizer?",
-                        path, (long long)(os ? os->nbytes / 4 : 0), (long long)n_state);
-  if (st == TDM_OK) {
-    for (int i = 0; i < n; i++) {
-      tdm_tensor *t = tdm_params_get(p, i);
-      char name[300];
-      snprintf(name, sizeof name, "model.%s", t->name);
-      memcpy(t->data, tdm_safetensors_find(f, name)->data, (size_t)t->numel * 4);
-    }
-    if (o) {
-      if (n_state) memcpy(state, os->data, (size_t)n_state * 4);
-      tdm_optim_set_steps(o, atoll(ostep));
-    }
-    info->step = atoll(step);
-    info->world_size = atoi(ws);
-    info->seed = seed ? strtoull(seed, NULL, 10) : 0;
-  }
-  tdm_safetensors_destroy(f);
+  tdm_ckpt *c;
+  TDM__TRY(tdm_ckpt_open(&c, path));
+  tdm_status st = tdm_ckpt_restore(c, p, o, world_size);
+  if (st == TDM_OK && info) *info = c->info;
+  tdm_ckpt_close(c);
   return st;
 }
 
-tdm_status tdm_ckpt_load_latest(const char *dir, tdm_params *p, tdm_optim *o, int world_size, tdm_ckpt_info *info,
-                                char *warning, size_t warning_n) {
-  if (warning && warning_n) warning[0] = 0;
-  int64_t steps[1024];
-  int m = list_steps(dir, steps, 1024);
-  if (m == 0) return tdm__set_error(TDM_ERR_IO, "no checkpoint in %s", dir);
-  for (int i = 0; i < m; i++) {
-    char path[4096];
-    path_of(dir, steps[i], path, sizeof path);
-    tdm_status st = tdm_ckpt_load_file(path, p, o, world_size, info);
-    if (st == TDM_OK) return TDM_OK;
-    if (st != TDM_ERR_FORMAT) return st; /* a good file that does not fit: say so, do not skip */
-    if (warning && warning_n) { /* corrupt: note it and fall back to the previous one */
-      size_t used = strlen(warning);
-      snprintf(warning + used, warning_n - used, "%s%s", used ? "; " : "", tdm_last_error());
-    }
-  }
-  return tdm__set_error(TDM_ERR_FORMAT, "no valid checkpoint in %s: %s", dir, warning ? warning : "all corrupt");
+tdm_status tdm_ckpt_latest(const char *dir, char *path, size_t path_n, char *warning, size_t warning_n) {
+  tdm_ckpt *c;
+  TDM__TRY(tdm_ckpt_open_latest(&c, dir, warning, warning_n));
+  if (!c) return tdm__set_error(TDM_ERR_IO, "no checkpoint in %s", dir);
+  snprintf(path, path_n, "%s", c->path);
+  tdm_ckpt_close(c);
+  return TDM_OK;
 }
 
-tdm_status tdm_ckpt_latest(const char *dir, char *path, size_t path_n, char *warning, size_t warning_n) {
-  if (warning && warning_n) warning[0] = 0;
-  int64_t steps[1024];
-  int m = list_steps(dir, steps, 1024);
-  if (m == 0) return tdm__set_error(TDM_ERR_IO, "no checkpoint in %s", dir);
-  for (int i = 0; i < m; i++) {
-    path_of(dir, steps[i], path, path_n);
-    tdm_safetensors *f;
-    if (open_verified(path, &f) == TDM_OK) {
-      tdm_safetensors_destroy(f);
-      return TDM_OK;
-    }
-    if (warning && warning_n) {
-      size_t used = strlen(warning);
-      snprintf(warning + used, warning_n - used, "%s%s", used ? "; " : "", tdm_last_error());
-    }
+/* ---- the directory lock ------------------------------------------------------------------------ */
+tdm_status tdm_ckpt_lock(const char *dir, int *fd_out) {
+  *fd_out = -1;
+  if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+    return tdm__set_error(TDM_ERR_IO, "checkpoint directory %s: cannot create: %s", dir, strerror(errno));
+  char path[4096];
+  if (snprintf(path, sizeof path, "%s/.lock", dir) >= (int)sizeof path)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "checkpoint directory name too long: %s", dir);
+  int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+  struct stat sb;
+  if (fd < 0 || fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    tdm_status st = tdm__set_error(TDM_ERR_IO, "checkpoint directory %s: cannot create the lock file %s: %s", dir, path,
+                                   fd < 0 ? strerror(errno) : "not a regular file");
+    if (fd >= 0) close(fd);
+    return st;
   }
-  return tdm__set_error(TDM_ERR_FORMAT, "no valid checkpoint in %s: %s", dir, warning ? warning : "all corrupt");
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    int e = errno;
+    char pid[32] = "";
+    ssize_t r = pread(fd, pid, sizeof pid - 1, 0);
+    pid[r > 0 ? r : 0] = 0;
+    pid[strcspn(pid, "\n")] = 0;
+    close(fd);
+    if (e != EWOULDBLOCK) return tdm__set_error(TDM_ERR_IO, "checkpoint directory %s: cannot lock %s: %s", dir, path, strerror(e));
+    return tdm__set_error(TDM_ERR_INVALID_USAGE,
+                          "checkpoint directory %s is in use by another job (pid %s holds %s): two jobs must not write "
+                          "checkpoints into one directory; wait for it to end or choose another --checkpoint-dir",
+                          dir, pid[0] ? pid : "unknown", path);
+  }
+  char pid[32];
+  int len = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)len, 0) != len) {
+    tdm_status st = tdm__set_error(TDM_ERR_IO, "checkpoint directory %s: cannot write %s: %s", dir, path, strerror(errno));
+    close(fd);
+    return st;
+  }
+  *fd_out = fd;
+  return TDM_OK;
+}
+
+void tdm_ckpt_unlock(int fd) {
+  if (fd >= 0) close(fd); /* the file stays: removing it would race with a job about to lock it */
 }

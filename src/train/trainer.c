@@ -1,5 +1,6 @@
 /* The classifier training loop: shuffle, step, evaluate, record. One tape, reset every step,
  * so the steady state allocates nothing. */
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <stdio.h>
@@ -17,6 +18,7 @@
 #include "tandem/optim.h"
 #include "tandem/tensor.h"
 #include "tandem/train.h"
+#include "train/run_start.h"
 
 tdm_train_config tdm_train_config_default(void) {
   tdm_train_config c = {0};
@@ -155,6 +157,7 @@ typedef struct {
   tdm_tape *tape;
   int64_t *idx;
   FILE *metrics;
+  tdm__start_out start; /* the checkpoint directory's lock */
 } run_state;
 
 static void run_free(run_state *s) {
@@ -168,6 +171,52 @@ static void run_free(run_state *s) {
   tdm_tape_destroy(s->tape);
   tdm__free(s->idx);
   if (s->metrics) fclose(s->metrics);
+  tdm__run_start_release(&s->start);
+}
+
+/* A quantity every rank sees alike (a global loss or norm, a parameter after the same update)
+ * that is not finite stops the run at the same step everywhere, unless allowed. */
+static tdm_status finite_or_stop(const tdm_train_config *c, double v, int64_t step, const char *what, const char *where) {
+  if (isfinite(v) || c->allow_nonfinite) return TDM_OK;
+  return tdm__set_error(TDM_ERR_INVALID_ARG, "step %lld: %s is %g%s: training diverged; lower --lr (now %g), or pass --allow-nonfinite to go on",
+                        (long long)step, what, v, where, c->lr);
+}
+
+/* The global gradient norm, measured (and clipped to c->clip when > 0) in one pass over the
+ * averaged gradients, so the same on every rank. */
+static tdm_status grad_norm(tdm_params *p, const tdm_train_config *c, int64_t step, int R, int W, float *norm) {
+  tdm_status st = tdm_clip_grad_norm(p, c->clip > 0 ? (float)c->clip : 0.0f, norm);
+  if (st == TDM_OK || isfinite(*norm)) return st; /* not finite: nothing was clipped */
+  char where[96] = "";
+  if (W > 1) snprintf(where, sizeof where, " (averaged over %d ranks; the same on each, this is rank %d)", W, R);
+  return finite_or_stop(c, *norm, step, "the gradient norm", where);
+}
+
+/* Parameters before they are written: an overflowed update can hide from the loss (ReLU maps
+ * NaN to 0), never from the files. */
+static tdm_status params_finite(const tdm_params *p, const tdm_train_config *c, int64_t steps_done) {
+  const float *w = tdm_params_data(p);
+  int64_t n = tdm_params_numel(p), i = 0;
+  while (!c->allow_nonfinite && i < n && isfinite(w[i])) i++;
+  if (c->allow_nonfinite || i == n) return TDM_OK;
+  int k = 0;
+  while (k + 1 < tdm_params_count(p) && tdm_params_offset(p, k + 1) <= i) k++;
+  char what[160];
+  snprintf(what, sizeof what, "parameter '%s' (element %lld)", tdm_tensor_name(tdm_params_get(p, k)), (long long)(i - tdm_params_offset(p, k)));
+  return finite_or_stop(c, w[i], steps_done - 1, what, " after the update");
+}
+
+/* JSON has no NaN or Infinity: a non-finite value is written as null. */
+static const char *json_num(char *b, size_t n, const char *fmt, double v) {
+  if (isfinite(v)) snprintf(b, n, fmt, v);
+  else snprintf(b, n, "null");
+  return b;
+}
+
+static tdm_status metrics_ok(run_state *s, const tdm_train_config *c) {
+  if (s->metrics && (fflush(s->metrics) != 0 || ferror(s->metrics)))
+    return tdm__set_error(TDM_ERR_IO, "train: writing metrics to %s failed: %s", c->metrics, strerror(errno));
+  return TDM_OK;
 }
 
 /* One step's numbers, kept until its all-reduced loss and accuracy arrive. */
@@ -176,7 +225,7 @@ typedef struct {
   int64_t step, epoch;
   double stats[4]; /* loss / world, correct, rows of this rank, "time is up": summed over ranks */
   tdm_work_t work;
-  double dt, t_fwd, t_bwd, t_wait, t_opt, samples;
+  double dt, t_fwd, t_bwd, t_wait, t_opt, samples, grad_norm;
   int64_t total, G;
   int64_t samples_so_far;
   double train_time, lr;
@@ -194,16 +243,18 @@ static tdm_status flush_record(run_state *s, step_record *r, progress *pr, const
   double loss = r->stats[0], acc = r->stats[2] > 0 ? r->stats[1] / r->stats[2] : 0;
   s->last_loss = loss;
   if (r->stats[3] > 0) s->stop = 1;
-  char tok[64] = "";
+  char tok[64] = "", jl[400], jg[400];
   if (s->tokens_per_sample) snprintf(tok, sizeof tok, ",\"tokens_per_sec\":%.1f", r->samples * (double)s->tokens_per_sample / r->dt);
   int R = s->comm ? tdm_comm_rank(s->comm) : 0, W = s->comm ? tdm_comm_size(s->comm) : 1;
   if (s->metrics)
     fprintf(s->metrics,
-            "{\"step\":%lld,\"epoch\":%lld,\"loss\":%.6f,\"samples_per_sec\":%.1f,\"step_time_ms\":%.4f,"
+            "{\"step\":%lld,\"epoch\":%lld,\"loss\":%s,\"grad_norm\":%s,\"samples_per_sec\":%.1f,\"step_time_ms\":%.4f,"
             "\"time_forward_ms\":%.4f,\"time_backward_ms\":%.4f,\"time_comm_wait_ms\":%.4f,\"time_optimizer_ms\":%.4f,"
             "\"lr\":%g,\"rank\":%d,\"world_size\":%d,\"train_accuracy\":%.4f%s}\n",
-            (long long)r->step, (long long)r->epoch, loss, r->samples / r->dt, r->dt * 1e3, r->t_fwd * 1e3, r->t_bwd * 1e3,
+            (long long)r->step, (long long)r->epoch, json_num(jl, sizeof jl, "%.6f", loss),
+            json_num(jg, sizeof jg, "%.6g", r->grad_norm), r->samples / r->dt, r->dt * 1e3, r->t_fwd * 1e3, r->t_bwd * 1e3,
             r->t_wait * 1e3, r->t_opt * 1e3, r->lr, R, W, acc, tok);
+  if (s->metrics && ferror(s->metrics)) TDM__TRY(metrics_ok(s, c));
   double now = tdm_time_now();
   int last = r->step + 1 == r->total;
   int due = pr->tty ? (now - pr->last > 0.2) : ((r->step + 1) % (r->total / 10 > 0 ? r->total / 10 : 1) == 0);
@@ -216,9 +267,47 @@ static tdm_status flush_record(run_state *s, step_record *r, progress *pr, const
     fflush(pr->f);
     pr->last = now;
   }
-  if (!isfinite(loss)) return tdm__set_error(TDM_ERR_INVALID_ARG, "step %lld: the loss is %g; lower --lr (now %g)",
-                                             (long long)r->step, loss, c->lr);
-  return TDM_OK;
+  char where[64] = "";
+  if (W > 1) snprintf(where, sizeof where, " (the mean over %d ranks)", W);
+  return finite_or_stop(c, loss, r->step, "the loss", where);
+}
+
+/* What a checkpoint of this run records and a resumed run must share (see tandem/train.h). The
+ * model and its architecture come first: they are also the weights file's metadata (returns
+ * their count); the seed, a key of the checkpoint's own, comes last. */
+static int run_identity(tdm__run_identity *id, const tdm_train_config *c, const tdm_model_config *mc, int64_t G, int64_t T,
+                        int64_t N) {
+  int gpt = mc->kind == TDM_MODEL_GPT;
+  tdm__identity_add(id, "tandem.model", "model", NULL, "%s", c->model);
+  if (gpt) {
+    tdm__identity_add(id, "n_layer", "n_layer", NULL, "%lld", (long long)mc->n_layer);
+    tdm__identity_add(id, "n_head", "n_head", NULL, "%lld", (long long)mc->n_head);
+    tdm__identity_add(id, "n_embd", "n_embd", NULL, "%lld", (long long)mc->n_embd);
+    tdm__identity_add(id, "block_size", "block_size", NULL, "%lld", (long long)mc->block_size);
+    tdm__identity_add(id, "vocab_size", "vocab_size", NULL, "%lld", (long long)mc->vocab_size);
+  }
+  int n_arch = id->n;
+  tdm__identity_add(id, "tandem.optimizer", "optimizer", NULL, "%s", c->optimizer);
+  tdm__identity_add(id, "tandem.global_batch", "global batch (ranks x batch size x accumulation)", "batch", "%lld", (long long)G);
+  if (gpt) tdm__identity_add(id, "tandem.seq_len", "sequence length", "batch", "%lld", (long long)T);
+  tdm__identity_add(id, "tandem.data", "data set", "data", "%s", c->data);
+  tdm__identity_add(id, "tandem.train_samples", "training samples", "data", "%lld", (long long)N);
+  tdm__identity_add(id, "tandem.seed", "seed", "seed", "%llu", (unsigned long long)c->seed);
+  return n_arch;
+}
+
+/* An evaluation's record; a non-finite loss (the same on every rank: all-reduced) stops the run. */
+static tdm_status eval_record(run_state *s, const tdm_train_config *c, int gpt, int64_t epoch, int64_t step, double loss,
+                              double acc) {
+  char jl[400];
+  if (s->metrics && gpt)
+    fprintf(s->metrics, "{\"step\":%lld,\"val_loss\":%s,\"val_accuracy\":%.6f}\n", (long long)step,
+            json_num(jl, sizeof jl, "%.6f", loss), acc);
+  else if (s->metrics)
+    fprintf(s->metrics, "{\"epoch\":%lld,\"step\":%lld,\"test_loss\":%s,\"test_accuracy\":%.6f}\n", (long long)epoch,
+            (long long)step, json_num(jl, sizeof jl, "%.6f", loss), acc);
+  TDM__TRY(metrics_ok(s, c));
+  return finite_or_stop(c, loss, step - 1, gpt ? "the validation loss after it" : "the test loss after it", "");
 }
 
 static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_state *s) {
@@ -308,9 +397,6 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
                            (float)c->lr, c->warmup_steps, total, (float)c->lr / 10, 0, 0};
   s->idx = tdm__malloc(sizeof(int64_t) * (size_t)eb);
   if (!s->idx) return tdm__set_error(TDM_ERR_NO_MEMORY, "train: out of memory");
-  if (c->metrics && !(s->metrics = fopen(c->metrics, "w")))
-    return tdm__set_error(TDM_ERR_IO, "train: cannot write metrics to %s", c->metrics);
-
   FILE *pf = R == 0 ? c->progress : NULL;
   progress pr = {pf, pf ? isatty(fileno(pf)) : 0, 0};
   if (pr.f)
@@ -319,40 +405,20 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
             c->optimizer, c->lr, (long long)B, W, W == 1 ? "" : "s", K > 1 ? " x accum" : "", tdm_get_num_threads(),
             tdm_get_num_threads() == 1 ? "" : "s", s->comm ? ", transport " : "",
             s->comm ? tdm_transport_name(tdm_comm_transport(s->comm)) : "");
-  if (s->metrics && R != 0) {
-    fclose(s->metrics);
-    s->metrics = NULL;
-  }
-  /* the architecture, in the metadata of weights files and checkpoints (GPT: what generate needs) */
-  char L[24], H[24], E[24], BS[24], V[24];
-  snprintf(L, sizeof L, "%lld", (long long)mc.n_layer);
-  snprintf(H, sizeof H, "%lld", (long long)mc.n_head);
-  snprintf(E, sizeof E, "%lld", (long long)mc.n_embd);
-  snprintf(BS, sizeof BS, "%lld", (long long)mc.block_size);
-  snprintf(V, sizeof V, "%lld", (long long)mc.vocab_size);
-  const char *meta_all[] = {"format", "pt", "tandem.model", c->model, "n_layer", L, "n_head", H, "n_embd", E,
-                            "block_size", BS, "vocab_size", V};
-  const char *const *arch_meta = meta_all + 2; /* without "format" */
-  int n_arch_meta = mk == TDM_MODEL_GPT ? 6 : 1;
+  tdm__run_identity id = {0};
+  int n_arch_meta = run_identity(&id, c, &mc, G, T, N);
+  const char *weights_meta[2 + 2 * TDM__IDENTITY_MAX] = {"format", "pt"}; /* the architecture (what generate needs) */
+  memcpy(weights_meta + 2, id.kv, sizeof(char *) * 2 * (size_t)n_arch_meta);
+  tdm__start_in si = {c, s->comm, R, W, params, s->opt, &id, pr.f};
+  TDM__TRY(tdm__run_start(&si, &s->start));
+  s->metrics = s->start.metrics;
+  s->start.metrics = NULL;
   double train_time = 0;
-  int64_t step = 0, samples = 0;
+  int64_t step = s->start.step, samples = 0;
   float loss_v = NAN;
-  res->resumed_from = -1;
-  if (c->resume && c->checkpoint_dir) {
-    tdm_ckpt_info ci;
-    char warn[1024];
-    tdm_status ls = tdm_ckpt_load_latest(c->checkpoint_dir, params, s->opt, W, &ci, warn, sizeof warn);
-    if (warn[0] && pr.f) fprintf(pr.f, "tandem train: skipped corrupt checkpoints: %s\n", warn);
-    if (ls == TDM_OK) {
-      step = ci.step;
-      res->resumed_from = step;
-      if (pr.f) fprintf(pr.f, "tandem train: resumed from step %lld of %s\n", (long long)step, c->checkpoint_dir);
-    } else if (ls == TDM_ERR_IO) {
-      if (pr.f) fprintf(pr.f, "tandem train: no checkpoint in %s yet: starting from step 0\n", c->checkpoint_dir);
-    } else {
-      return ls;
-    }
-  }
+  res->resumed_from = s->start.resumed_from;
+  res->samples_per_step = G;
+  res->tokens_per_step = G * s->tokens_per_sample;
   if (step >= total && pr.f) fprintf(pr.f, "tandem train: the checkpoint is at step %lld; nothing left to do\n", (long long)step);
   int64_t epoch = step / steps_per_epoch;
   step_record rec = {0};
@@ -416,14 +482,13 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
         step_samples += Bn;
       }
       double t2 = tdm_time_now();
-      if (c->clip > 0) TDM__TRY(tdm_clip_grad_norm(params, (float)c->clip, NULL)); /* the same on every rank */
+      float gnorm;
+      TDM__TRY(grad_norm(params, c, step, R, W, &gnorm));
       float lr = tdm_lr_at(&sched, step);
       TDM__TRY(tdm_optim_step(s->opt, lr));
       double t3 = tdm_time_now();
       double local_loss = loss_sum / (double)K;
-      if (!isfinite(local_loss))
-        return tdm__set_error(TDM_ERR_INVALID_ARG, "step %lld: the loss is %g on rank %d; lower --lr (now %g)",
-                              (long long)step, local_loss, R, c->lr);
+      if (!s->comm) TDM__TRY(finite_or_stop(c, local_loss, step, "the loss", "")); /* several ranks: the mean, in flush_record */
       /* the global loss and accuracy travel without blocking: started now, collected (and the
        * step's record written) during the next step, so they add no synchronisation point */
       TDM__TRY(flush_record(s, &rec, &pr, c));
@@ -431,7 +496,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
       int time_up = c->max_time > 0 && train_time + (t3 - t0) >= c->max_time;
       rec = (step_record){.pending = 1, .step = step, .epoch = epoch, .lr = lr, .stats = {local_loss / W, correct, rows, time_up},
                           .dt = t3 - t0, .t_fwd = t_fwd, .t_bwd = t_bwd - t_wait * 1e-3, .t_wait = t_wait * 1e-3,
-                          .t_opt = t3 - t2, .samples = (double)step_samples * W, .total = total, .G = G};
+                          .t_opt = t3 - t2, .samples = (double)step_samples * W, .total = total, .G = G, .grad_norm = gnorm};
       if (s->comm) TDM__TRY(tdm_comm_iallreduce(s->comm, rec.stats, rec.stats, 4, TDM_F64, TDM_SUM, TDM_ALGO_AUTO, &rec.work));
       if (!s->comm && time_up) s->stop = 1;
       if (s->stop) total = step + 1; /* a rank's time ran out (seen one step late, by all alike) */
@@ -440,16 +505,18 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
       samples += (int64_t)rec.samples;
       rec.samples_so_far = samples;
       rec.train_time = train_time;
-      if (c->checkpoint_dir && R == 0 && ((c->checkpoint_every > 0 && (step + 1) % c->checkpoint_every == 0) || step + 1 == total)) {
-        tdm_ckpt_info ci = {step + 1, W, c->seed, n_arch_meta, arch_meta};
-        TDM__TRY(tdm_ckpt_save(c->checkpoint_dir, params, s->opt, &ci, 2));
+      if (c->checkpoint_dir && ((c->checkpoint_every > 0 && (step + 1) % c->checkpoint_every == 0) || step + 1 == total)) {
+        TDM__TRY(flush_record(s, &rec, &pr, c)); /* on every rank: this step's mean loss is checked before it is saved */
+        TDM__TRY(params_finite(params, c, step + 1));
+        tdm_ckpt_info ci = {step + 1, W, c->seed, id.n - 1, id.kv}; /* the seed is the checkpoint's own key */
+        if (R == 0) TDM__TRY(tdm_ckpt_save(c->checkpoint_dir, params, s->opt, &ci, 2));
       }
       if (mk == TDM_MODEL_GPT && c->val_every > 0 && (step + 1) % c->val_every == 0 && step + 1 < total) {
         double vl, va;
         TDM__TRY(flush_record(s, &rec, &pr, c));
         TDM__TRY(evaluate(s->model, s->tape, s->test, B, s->idx, s->comm, c->val_batches * B * W, &vl, &va));
         if (pr.f) fprintf(pr.f, "%sstep %lld: val loss %.4f\n", pr.tty ? "\n" : "", (long long)step + 1, vl);
-        if (s->metrics) fprintf(s->metrics, "{\"step\":%lld,\"val_loss\":%.6f,\"val_accuracy\":%.6f}\n", (long long)step + 1, vl, va);
+        TDM__TRY(eval_record(s, c, 1, 0, step + 1, vl, va));
       }
       if (c->on_step && c->on_step(c->on_step_ctx, step + 1))
         return tdm__set_error(TDM_ERR_INVALID_USAGE, "training stopped by the step callback after step %lld", (long long)step + 1);
@@ -458,6 +525,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
     TDM__TRY(flush_record(s, &rec, &pr, c));
     if (epoch_done) {
       double tl = 0, ta = 0;
+      TDM__TRY(params_finite(params, c, step));
       TDM__TRY(evaluate(s->model, s->tape, s->test, mk == TDM_MODEL_GPT ? B : eb, s->idx, s->comm,
                         mk == TDM_MODEL_GPT ? c->val_batches * B * W : 0, &tl, &ta));
       res->test_loss = tl;
@@ -470,24 +538,23 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
                 tl, 100 * ta);
         fflush(pr.f);
       }
-      if (s->metrics && mk == TDM_MODEL_GPT) {
-        fprintf(s->metrics, "{\"step\":%lld,\"val_loss\":%.6f,\"val_accuracy\":%.6f}\n", (long long)step, tl, ta);
-        fflush(s->metrics);
-      } else if (s->metrics) {
-        fprintf(s->metrics, "{\"epoch\":%lld,\"step\":%lld,\"test_loss\":%.6f,\"test_accuracy\":%.6f}\n",
-                (long long)epoch + 1, (long long)step, tl, ta);
-        fflush(s->metrics);
-      }
+      TDM__TRY(eval_record(s, c, mk == TDM_MODEL_GPT, epoch + 1, step, tl, ta));
     }
     epoch++;
   }
-  if (c->save_weights && R == 0) TDM__TRY(tdm_params_save(params, c->save_weights, n_arch_meta + 1, meta_all));
   TDM__TRY(flush_record(s, &rec, &pr, c));
+  TDM__TRY(params_finite(params, c, step));
+  if (c->save_weights && R == 0) TDM__TRY(tdm_params_save(params, c->save_weights, n_arch_meta + 1, weights_meta));
+  TDM__TRY(metrics_ok(s, c));
+  FILE *mf = s->metrics;
+  s->metrics = NULL;
+  if (mf && fclose(mf) != 0) return tdm__set_error(TDM_ERR_IO, "train: writing metrics to %s failed: %s", c->metrics, strerror(errno));
   loss_v = (float)s->last_loss;
   res->steps = step;
   res->final_loss = loss_v;
   res->train_seconds = train_time;
   res->samples_per_sec = train_time > 0 ? (double)samples / train_time : 0;
+  res->tokens_per_sec = res->samples_per_sec * (double)s->tokens_per_sample;
   return TDM_OK;
 }
 
@@ -495,6 +562,7 @@ tdm_status tdm_train_run(const tdm_train_config *c, tdm_train_result *res) {
   if (!c || !res) return tdm__set_error(TDM_ERR_INVALID_ARG, "train: NULL argument");
   memset(res, 0, sizeof *res);
   run_state s = {0};
+  s.start.lock_fd = -1;
   tdm_status st = run(c, res, &s);
   run_free(&s);
   return st;

@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
 # Checkpoints and restarts: a run stopped after step s and resumed ends bit-identical to an
 # uninterrupted one (1 process, and 2 ranks restarted by tandem run --max-restarts); a corrupt
-# newest checkpoint is refused and the previous good one used; a changed world size is refused.
+# newest checkpoint (data or header) is refused and the previous good one used; entries that are
+# not valid checkpoints (directory, FIFO, dangling link, stray names) are reported and skipped,
+# never block, never deleted; a directory with no valid one is an error; ranks that find
+# different checkpoints fail naming what each found; a second job on a locked directory fails
+# naming the first's pid; changed settings are refused unless allowed.
 # usage: test_ckpt.sh path/to/tandem
 set -u
 T=${1:?usage: test_ckpt.sh path/to/tandem}
 . "$(dirname "$0")/../harness.sh"
+. "$(dirname "$0")/ranks.sh"
+BG=
+trap 'kill -9 $BG $RANK_PIDS 2>/dev/null; wait $BG $RANK_PIDS 2>/dev/null; rm -rf "$TMP"' EXIT
 A=(train --steps 12 --threads 1 --seed 5 --batch-size 32)
 
 one_process() {
@@ -42,4 +49,126 @@ world_size() {
 }
 check "resuming with another number of ranks is refused" world_size
 check "--resume needs --checkpoint-dir" bash -c "\"$T\" train --resume 2>&1 | grep -q 'needs --checkpoint-dir'"
+
+# run CMD..., expect exit code $1 and output containing each of the following -e TEXT
+expect() {
+  local code=$1; shift
+  local want=()
+  while [[ "$1" == -e ]]; do want+=("$2"); shift 2; done
+  if [[ $(type -t "$1") == function ]]; then "$@"; else timeout 120 "$@"; fi >"$TMP/out" 2>&1
+  local rc=$?
+  [[ $rc -eq $code ]] || { echo "  exit $rc, expected $code: $*"; tail -4 "$TMP/out"; return 1; }
+  for w in "${want[@]}"; do grep -qF -- "$w" "$TMP/out" || { echo "  output lacks '$w':"; tail -4 "$TMP/out"; return 1; }; done
+}
+
+header_corrupt() { # the step in the newest checkpoint's header changes from 8 to 9: the checksum covers it
+  rm -rf "$TMP/c5"
+  "$T" "${A[@]}" --checkpoint-dir "$TMP/c5" --checkpoint-every 4 --steps 8 >/dev/null 2>&1 || return 1
+  perl -0777 -pi -e 's/"tandem.step":"8"/"tandem.step":"9"/' "$TMP/c5/ckpt-000000000008.safetensors" &&
+    grep -aq '"tandem.step":"9"' "$TMP/c5/ckpt-000000000008.safetensors" || { echo "  could not edit the header"; return 1; }
+  expect 0 -e "checksum mismatch" -e "resumed from step 4" "$T" "${A[@]}" --checkpoint-dir "$TMP/c5" --resume \
+    --save-weights "$TMP/res5.st" && cmp -s "$TMP/full1.st" "$TMP/res5.st"
+}
+check "a corrupt step in the newest checkpoint's header: refused by the checksum, the previous one used, same result" header_corrupt
+
+bad_entries() { # newer entries that are not checkpoints: reported, skipped (a FIFO does not block), kept
+  rm -rf "$TMP/c6"
+  "$T" "${A[@]}" --checkpoint-dir "$TMP/c6" --checkpoint-every 4 --steps 8 >/dev/null 2>&1 || return 1
+  mkdir "$TMP/c6/ckpt-000000000040.safetensors" && mkfifo "$TMP/c6/ckpt-000000000044.safetensors" &&
+    ln -s /nonexistent "$TMP/c6/ckpt-000000000048.safetensors" &&
+    cp "$TMP/c6/ckpt-000000000008.safetensors" "$TMP/c6/ckpt-1.safetensors" &&
+    cp "$TMP/c6/ckpt-000000000008.safetensors" "$TMP/c6/ckpt-0000000x.safetensors" &&
+    cp "$TMP/c6/ckpt-000000000008.safetensors" "$TMP/c6/ckpt-000000000008.safetensors.bak" || return 1
+  expect 0 -e "resumed from step 8" -e "ckpt-000000000040.safetensors: a directory, not a checkpoint file" \
+    -e "ckpt-000000000044.safetensors: a FIFO" -e "ckpt-000000000048.safetensors: a symbolic link" \
+    -e "ckpt-1.safetensors: not a checkpoint's name" -e "ckpt-0000000x.safetensors: not a checkpoint's name" \
+    "$T" "${A[@]}" --checkpoint-dir "$TMP/c6" --checkpoint-every 4 --resume --save-weights "$TMP/res6.st" || return 1
+  cmp -s "$TMP/full1.st" "$TMP/res6.st" || { echo "  not the uninterrupted result"; return 1; }
+  # rotation kept the two newest valid ones (8, 12), deleted 4, and touched nothing it did not verify
+  [[ -f "$TMP/c6/ckpt-000000000012.safetensors" && -f "$TMP/c6/ckpt-000000000008.safetensors" &&
+     ! -e "$TMP/c6/ckpt-000000000004.safetensors" && -d "$TMP/c6/ckpt-000000000040.safetensors" &&
+     -p "$TMP/c6/ckpt-000000000044.safetensors" && -L "$TMP/c6/ckpt-000000000048.safetensors" &&
+     -f "$TMP/c6/ckpt-1.safetensors" && -f "$TMP/c6/ckpt-0000000x.safetensors" && -f "$TMP/c6/ckpt-000000000008.safetensors.bak" ]] ||
+    { echo "  rotation deleted the wrong entries:"; ls "$TMP/c6"; return 1; }
+}
+check "a directory, a FIFO, a dangling link and stray names as newer checkpoints: reported, skipped, never deleted" bad_entries
+
+none_valid() { # entries named like checkpoints, none valid: an error that changes nothing, not a start from 0
+  rm -rf "$TMP/c7" && mkdir "$TMP/c7" && ln -s /nonexistent "$TMP/c7/ckpt-000000000008.safetensors" &&
+    head -c 100 "$TMP/c6/ckpt-000000000012.safetensors" >"$TMP/c7/ckpt-000000000004.safetensors" || return 1
+  expect 1 -e "no valid checkpoint in $TMP/c7 (2 entries named like one" -e "Nothing was changed" \
+    "$T" "${A[@]}" --checkpoint-dir "$TMP/c7" --resume || return 1
+  [[ -L "$TMP/c7/ckpt-000000000008.safetensors" && $(stat -c %s "$TMP/c7/ckpt-000000000004.safetensors") -eq 100 ]]
+}
+check "--resume on a directory holding no valid checkpoint: an error, nothing changed" none_valid
+
+afresh_refused() { # starting from step 0 would overwrite and rotate away another run's checkpoints
+  expect 1 -e "already holds 2 checkpoint entries" -e "pass --resume" "$T" "${A[@]}" --checkpoint-dir "$TMP/c1" &&
+    [[ $(ls "$TMP/c1" | grep -c '^ckpt-') -eq 2 ]]
+}
+check "without --resume, a directory holding checkpoints is refused" afresh_refused
+
+# 2 ranks, each with its own directory ($RANK picks it): they must have found the same checkpoint
+G2=(train --steps 8 --threads 1 --seed 5 --batch-size 16 --checkpoint-every 4)
+per_rank() { timeout 120 "$T" run -n 2 -- sh -c "exec \"$T\" ${G2[*]} --checkpoint-dir $TMP/pr\$RANK --resume $*"; }
+ranks_disagree() {
+  rm -rf "$TMP"/pr* "$TMP/shared"
+  "$T" run -n 2 -- tandem "${G2[@]}" --steps 4 --checkpoint-dir "$TMP/pr0" >/dev/null 2>&1 || return 1
+  expect 1 -e "the ranks found different checkpoints to resume from: rank 0 found step 4 (crc " \
+    -e "in $TMP/pr0; rank 1 found no checkpoint in $TMP/pr1" per_rank || return 1
+  "$T" run -n 2 -- tandem "${G2[@]}" --steps 4 --lr 0.002 --checkpoint-dir "$TMP/pr1" >/dev/null 2>&1 || return 1
+  expect 1 -e "rank 0 found step 4 (crc " -e "rank 1 found step 4 (crc " per_rank || return 1
+  [[ $(grep -o 'crc [0-9a-f]*' "$TMP/out" | sort -u | wc -l) -eq 2 ]] || { echo "  the two checksums should differ"; return 1; }
+  # the same files in each directory: resumes, and ends as a run on one shared directory does
+  rm -rf "$TMP/pr1" && cp -r "$TMP/pr0" "$TMP/pr1" && rm -f "$TMP"/pr1/.lock &&
+    expect 0 -e "resumed from step 4" per_rank --save-weights "$TMP/pr.st" &&
+    "$T" run -n 2 -- tandem "${G2[@]}" --checkpoint-dir "$TMP/shared" --save-weights "$TMP/shared.st" >/dev/null 2>&1 &&
+    cmp -s "$TMP/pr.st" "$TMP/shared.st"
+}
+check "2 ranks with different checkpoint directories: an error naming what each rank found; the same files resume" ranks_disagree
+
+locked() { # a second job on the same directory fails at start, naming the first's pid
+  rm -rf "$TMP/lk"
+  "$T" train --steps 1000000 --threads 1 --checkpoint-dir "$TMP/lk" --checkpoint-every 1000000 >"$TMP/lk.out" 2>&1 & BG=$!
+  for _ in $(seq 1 300); do grep -q "^epoch" "$TMP/lk.out" && break; sleep 0.1; done
+  expect 1 -e "checkpoint directory $TMP/lk is in use by another job (pid $BG holds $TMP/lk/.lock)" \
+    "$T" "${A[@]}" --checkpoint-dir "$TMP/lk" --resume &&
+  # 2 ranks started by hand (no launcher to stop rank 1): rank 0 cannot lock, rank 1 says so at once
+  by_hand "$TMP/h" "${A[@]}" --checkpoint-dir "$TMP/lk" --resume
+  [[ $? -eq 1 ]] && grep -q "in use by another job (pid $BG" "$TMP/h.0" &&
+    grep -q "rank 0 could not start: checkpoint directory $TMP/lk is in use by another job (pid $BG" "$TMP/h.1" ||
+    { echo "  2 ranks:"; tail -n 1 "$TMP/h.0" "$TMP/h.1"; false; }
+  local rc=$?
+  kill -9 $BG; wait $BG 2>/dev/null; BG=
+  return $rc
+}
+check "two jobs on one checkpoint directory: the second fails at start naming the first's pid (on every rank)" locked
+
+unwritable_dir() { # found at start, not when the first checkpoint is due (never, here)
+  : >"$TMP/plainfile"
+  expect 1 -e "checkpoint directory $TMP/plainfile/ck: cannot create: Not a directory" \
+    "$T" train --steps 1000000 --threads 1 --checkpoint-dir "$TMP/plainfile/ck"
+}
+check "an unusable --checkpoint-dir fails before the first step" unwritable_dir
+
+settings() { # from c1 (mlp, adam, seed 5, 1 rank x 32, fashion-mnist, step 12); every difference is named
+  expect 1 -e "was written by a run with other settings: optimizer adam in the checkpoint, sgd in this run" \
+    -e "; global batch (ranks x batch size x accumulation) 32 in the checkpoint, 64 in this run" \
+    -e "; data set fashion-mnist in the checkpoint, synthetic in this run" -e "; seed 5 in the checkpoint, 6 in this run" \
+    -e "The model and the optimizer cannot change on resume" \
+    "$T" "${A[@]}" --steps 14 --checkpoint-dir "$TMP/c1" --resume --seed 6 --batch-size 64 --optimizer sgd --data synthetic &&
+  expect 1 -e "seed 5 in the checkpoint, 6 in this run. Resume with the checkpoint's settings, or allow the change with --resume-override" \
+    "$T" "${A[@]}" --steps 14 --checkpoint-dir "$TMP/c1" --resume --seed 6 &&
+  expect 1 -e "model mlp in the checkpoint, cnn in this run" \
+    "$T" "${A[@]}" --steps 14 --checkpoint-dir "$TMP/c1" --resume --model cnn &&
+  expect 1 -e "--resume-override: 'model'; expected a comma-separated list of seed, batch, data" \
+    "$T" "${A[@]}" --checkpoint-dir "$TMP/c1" --resume --resume-override seed,model &&
+  [[ $(ls "$TMP/c1" | grep -c '^ckpt-') -eq 2 ]] || return 1 # nothing written by the refused runs
+  # allowed: the learning rate and the steps; the same global batch split otherwise; an overridden seed
+  cp -r "$TMP/c1" "$TMP/c8" && expect 0 -e "resumed from step 12" \
+    "$T" "${A[@]}" --steps 13 --checkpoint-dir "$TMP/c8" --resume --lr 0.002 --batch-size 16 --accum 2 &&
+  expect 0 -e "resuming with changed settings: seed 5 in the checkpoint, 6 in this run (--resume-override)" \
+    "$T" "${A[@]}" --steps 14 --checkpoint-dir "$TMP/c8" --resume --seed 6 --resume-override seed
+}
+check "a changed seed, batch, model, optimizer or data set is refused naming both values; lr, steps, an override allowed" settings
 finish

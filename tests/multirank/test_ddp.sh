@@ -6,6 +6,8 @@
 set -u
 T=${1:?usage: test_ddp.sh path/to/tandem}
 . "$(dirname "$0")/../harness.sh"
+. "$(dirname "$0")/ranks.sh"
+trap 'kill -9 $RANK_PIDS 2>/dev/null; wait $RANK_PIDS 2>/dev/null; rm -rf "$TMP"' EXIT
 A=(train --steps 20 --threads 1 --optimizer sgd --lr 0.05 --momentum 0.9 --dropout 0.3 --seed 7)
 "$T" "${A[@]}" --batch-size 96 --save-weights "$TMP/one.st" --metrics "$TMP/one.m" >/dev/null 2>&1 ||
   { echo "FAIL the one-process reference did not run"; exit 1; }
@@ -16,9 +18,12 @@ three_shm() {
   TANDEM_TRANSPORT=shm "$T" run -n 3 -- tandem "${A[@]}" --batch-size 32 --save-weights "$TMP/shm3.st" --metrics "$TMP/shm3.m" >/dev/null 2>&1 &&
     same "$TMP/one.st" "$TMP/shm3.st" 1e-5 &&
     [[ "$(grep -o '"loss":[0-9.]*' "$TMP/one.m" | tail -1)" == "$(grep -o '"loss":[0-9.]*' "$TMP/shm3.m" | tail -1)" ]] &&
-    grep -q '"world_size":3' "$TMP/shm3.m" && grep -q '"time_comm_wait_ms"' "$TMP/shm3.m"
+    grep -q '"world_size":3' "$TMP/shm3.m" && grep -q '"time_comm_wait_ms"' "$TMP/shm3.m" &&
+    paste <(grep -o '"grad_norm":[0-9.e+-]*' "$TMP/one.m" | cut -d: -f2) <(grep -o '"grad_norm":[0-9.e+-]*' "$TMP/shm3.m" | cut -d: -f2) |
+      awk 'NF != 2 || $1 <= 0 || ($1 - $2) / $1 > 1e-5 || ($2 - $1) / $1 > 1e-5 { bad = 1 } END { exit bad || NR != 20 }' ||
+    { echo "  gradient norms differ:"; paste <(grep -o '"grad_norm":[0-9.e+-]*' "$TMP/one.m") <(grep -o '"grad_norm":[0-9.e+-]*' "$TMP/shm3.m") | head -3; return 1; }
 }
-check "3 ranks (shm) x 32 == 1 process x 96: parameters and losses" three_shm
+check "3 ranks (shm) x 32 == 1 process x 96: parameters, losses and gradient norms (after averaging)" three_shm
 zero_copy() { # gradients averaged in place in shared memory == averaged by the copying all-reduce, bit for bit
   TANDEM_LOG=info TANDEM_TRANSPORT=shm "$T" run -n 3 -- tandem "${A[@]}" --batch-size 32 --save-weights "$TMP/zc1.st" \
     >"$TMP/zc1.out" 2>&1 && grep -q "averaged in place (zero-copy)" "$TMP/zc1.out" &&
@@ -30,11 +35,10 @@ zero_copy() { # gradients averaged in place in shared memory == averaged by the 
 }
 check "zero-copy gradient averaging (shm; on the training thread, and on the communication thread with many buckets) == the copying all-reduce, bit for bit" zero_copy
 peer_dies() { # without the launcher to stop it, the survivor must notice the dead rank in the averaging
-  local port=$((20000 + $$ % 20000)) p0 p1 t0 rc
-  export MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 TANDEM_TRANSPORT=shm TANDEM_TIMEOUT=60
-  RANK=0 LOCAL_RANK=0 "$T" train --steps 100000 --threads 1 --eval-batch-size 100 >"$TMP/pd0" 2>&1 & p0=$!
-  RANK=1 LOCAL_RANK=1 "$T" train --steps 100000 --threads 1 --eval-batch-size 100 >"$TMP/pd1" 2>&1 & p1=$!
-  unset MASTER_ADDR MASTER_PORT WORLD_SIZE LOCAL_WORLD_SIZE TANDEM_TRANSPORT TANDEM_TIMEOUT
+  local port p0 p1 t0 rc
+  port=$(free_port)
+  start_rank 0 "$port" "$TMP/pd0" train --steps 100000 --threads 1 --eval-batch-size 100; p0=$!
+  start_rank 1 "$port" "$TMP/pd1" train --steps 100000 --threads 1 --eval-batch-size 100; p1=$!
   for _ in $(seq 1 300); do # until both ranks are set up and training (at most 30 s), then a little more
     grep -q "^tandem train: " "$TMP/pd0" && break
     sleep 0.1

@@ -103,5 +103,48 @@ static void test_bad_configuration(void) {
   CHECK_ERR_HAS("layers.0.weight");
 }
 
-TDM_TEST_MAIN(T(test_short_run_learns), T(test_same_seed_is_bit_identical), T(test_one_epoch_matches_pytorch), T(test_cnn_learns),
+/* SGD at lr 1000: finite losses for 4 steps, then a model that outputs NaN. The run must fail
+ * naming the step, unless told to go on (the gradient-norm check: tests/multirank/test_train_guard.sh). */
+static void test_divergence_stops_the_run(void) {
+  tdm_train_config c = base();
+  c.optimizer = "sgd";
+  c.lr = 1000;
+  c.steps = 4;
+  tdm_train_result r;
+  CHECK(tdm_train_run(&c, &r) == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("step 3: the test loss after it is");
+  c.allow_nonfinite = 1;
+  c.steps = 8;
+  CHECK_OK(tdm_train_run(&c, &r));
+  CHECK(r.steps == 8 && !isfinite(r.test_loss));
+}
+
+/* Tokens per step come from the library: gpt2-124M's block of 1024 when no sequence length is
+ * given (the CLI once guessed 128), and samples x sequence length otherwise. */
+static void test_tokens_per_step(void) {
+  tdm_train_config c = base();
+  c.model = "gpt";
+  c.data = "tinyshakespeare";
+  c.gpt_config = "gpt2-124M";
+  c.n_layer = 1, c.n_head = 2, c.n_embd = 32, c.vocab_size = 256;
+  c.batch_size = 2;
+  c.steps = 2;
+  c.val_batches = 1;
+  c.dropout = 0;
+  tdm_train_result r;
+  CHECK_OK(tdm_train_run(&c, &r));
+  CHECK(r.samples_per_step == 2 && r.tokens_per_step == 2 * 1024);
+  CHECK(r.tokens_per_sec > 0 && r.tokens_per_sec == r.samples_per_sec * 1024);
+  c.gpt_config = "mini";
+  c.seq_len = 32;
+  c.accum = 3;
+  CHECK_OK(tdm_train_run(&c, &r));
+  CHECK(r.samples_per_step == 6 && r.tokens_per_step == 6 * 32 && r.tokens_per_sec == r.samples_per_sec * 32);
+  c = base();
+  c.steps = 1;
+  CHECK_OK(tdm_train_run(&c, &r));
+  CHECK(r.samples_per_step == 64 && r.tokens_per_step == 0 && r.tokens_per_sec == 0);
+}
+
+TDM_TEST_MAIN(T(test_short_run_learns), T(test_divergence_stops_the_run), T(test_tokens_per_step), T(test_same_seed_is_bit_identical), T(test_one_epoch_matches_pytorch), T(test_cnn_learns),
               T(test_bad_configuration))
