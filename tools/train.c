@@ -23,38 +23,45 @@ static int fault_hook(void *ctx, int64_t steps_done) {
   return 0;
 }
 
-int tool_train(int argc, char **argv) {
-  tdm_train_config c = tdm_train_config_default();
+/* The options of tandem train, shared with tandem plan (which adds its own): parses argv into *c.
+ * Returns 0, 1 (--help printed) or 2 (a usage error, printed). */
+int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm_train_config *c, int n_extra,
+                  const cli_opt *extra) {
+  *c = tdm_train_config_default();
   int64_t epochs, steps, batch, seed, threads, eval_batch, accum, ckpt_every, layers, heads, width, block, vocab, seq_len,
-      warmup, val_every, val_batches;
+      warmup, val_every, val_batches, zero, zero_unit, memory_limit;
   double clip, max_time, bucket_mb;
   int resume, no_overlap, allow_nonfinite;
-  const char *prefetch;
+  const char *prefetch, *compress, *zero_prefetch;
   double lr, dropout, wd, momentum;
-  cli_opt opts[] = {
-      {"model", CLI_CHOICE, &c.model, "mlp", "model to train", "mlp|cnn|gpt", 0, 0, 0},
-      {"data", CLI_CHOICE, &c.data, "fashion-mnist", "data set (synthetic: generated, Fashion-MNIST's shape; tinyshakespeare for gpt, the default there)", "fashion-mnist|mnist|synthetic|tinyshakespeare", 0, 0, 0},
-      {"data-path", CLI_STRING, &c.data_path, "data/tinyshakespeare.txt", "gpt: the text file (bytes are the tokens)", NULL, 0, 0, 0},
-      {"config", CLI_CHOICE, &c.gpt_config, "mini", "gpt: the architecture (mini: 4 layers, 4 heads, 256 wide, block 128, vocab 256)", "mini|gpt2-124M", 0, 0, 0},
+  cli_opt opts[64] = {
+      {"model", CLI_CHOICE, &c->model, "mlp", "model to train", "mlp|cnn|gpt", 0, 0, 0},
+      {"data", CLI_CHOICE, &c->data, "fashion-mnist", "data set (synthetic: generated, Fashion-MNIST's shape; tinyshakespeare for gpt, the default there)", "fashion-mnist|mnist|synthetic|tinyshakespeare", 0, 0, 0},
+      {"data-path", CLI_STRING, &c->data_path, "data/tinyshakespeare.txt", "gpt: the text file (bytes are the tokens)", NULL, 0, 0, 0},
+      {"config", CLI_CHOICE, &c->gpt_config, "mini", "gpt: the architecture (mini: 4 layers, 4 heads, 256 wide, block 128, vocab 256)", "mini|gpt2-124M", 0, 0, 0},
       {"layers", CLI_INT, &layers, "0", "gpt: transformer blocks (0: from --config)", NULL, 0, 1000, 0},
       {"heads", CLI_INT, &heads, "0", "gpt: attention heads (0: from --config)", NULL, 0, 1000, 0},
       {"width", CLI_INT, &width, "0", "gpt: embedding width (0: from --config)", NULL, 0, 1e6, 0},
       {"block", CLI_INT, &block, "0", "gpt: context length (0: from --config)", NULL, 0, 1e6, 0},
       {"vocab", CLI_INT, &vocab, "0", "gpt: vocabulary size (0: from --config)", NULL, 0, 1e7, 0},
       {"seq-len", CLI_INT, &seq_len, "0", "gpt: training sequence length (0: the block size)", NULL, 0, 1e6, 0},
-      {"data-dir", CLI_STRING, &c.data_dir, "/usr/share/datasets/fashion-mnist",
+      {"data-dir", CLI_STRING, &c->data_dir, "/usr/share/datasets/fashion-mnist",
        "directory of the IDX files (gzip'd or not)", NULL, 0, 0, 0},
       {"epochs", CLI_INT, &epochs, "1", "passes over the training set", NULL, 1, 1e6, 0},
       {"steps", CLI_INT, &steps, "0", "train exactly this many steps instead (0: use --epochs)", NULL, 0, 1e12, 0},
       {"batch-size", CLI_INT, &batch, "64", "samples per step and rank", NULL, 1, 1e7, 0},
       {"accum", CLI_INT, &accum, "1", "micro-batches per optimizer step (gradient accumulation)", NULL, 1, 1 << 20, 0},
-      {"compress", CLI_CHOICE, &c.compress, "none", "gradient dtype on the wire between ranks", "none|bf16|fp16", 0, 0, 0},
+      {"zero", CLI_INT, &zero, "0", "ZeRO stage: 0 data parallel (every rank holds everything); 1 optimizer state, 2 and gradients, 3 and parameters sharded over the ranks", NULL, 0, 3, 0},
+      {"zero-unit", CLI_INT, &zero_unit, "1", "--zero 3: modules (transformer blocks, layers) per gathered unit", NULL, 1, 1e6, 0},
+      {"zero-prefetch", CLI_CHOICE, &zero_prefetch, "on", "--zero 3: gather the next unit while this one computes", "on|off", 0, 0, 0},
+      {"memory-limit", CLI_SIZE, &memory_limit, "0", "refuse to start when the memory plan per rank exceeds this (like 8G; 0: no limit)", NULL, 0, 0, 0},
+      {"compress", CLI_CHOICE, &compress, "none", "gradient dtype on the wire between ranks", "none|bf16|fp16", 0, 0, 0},
       {"lr", CLI_FLOAT, &lr, "0.001", "learning rate", NULL, 0, 1e3, 0},
-      {"optimizer", CLI_CHOICE, &c.optimizer, "adam", "optimizer", "sgd|adam|adamw", 0, 0, 0},
+      {"optimizer", CLI_CHOICE, &c->optimizer, "adam", "optimizer", "sgd|adam|adamw", 0, 0, 0},
       {"weight-decay", CLI_FLOAT, &wd, "-1", "weight decay (-1: the optimizer's default, 0.01 for adamw, else 0)",
        NULL, -1, 10, 0},
       {"momentum", CLI_FLOAT, &momentum, "0", "SGD momentum", NULL, 0, 1, 0},
-      {"schedule", CLI_CHOICE, &c.lr_schedule, "constant", "learning-rate schedule (gpt default: cosine to lr/10)", "constant|cosine", 0, 0, 0},
+      {"schedule", CLI_CHOICE, &c->lr_schedule, "constant", "learning-rate schedule (gpt default: cosine to lr/10)", "constant|cosine", 0, 0, 0},
       {"warmup", CLI_INT, &warmup, "0", "linear warm-up steps (gpt default: a tenth of the steps, at most 100)", NULL, 0, 1e9, 0},
       {"clip", CLI_FLOAT, &clip, "0", "clip the global gradient norm to this (0: off; gpt default 1)", NULL, 0, 1e6, 0},
       {"max-time", CLI_FLOAT, &max_time, "0", "stop cleanly after this many seconds of training (0: no limit)", NULL, 0, 1e9, 0},
@@ -64,77 +71,101 @@ int tool_train(int argc, char **argv) {
       {"seed", CLI_INT, &seed, "42", "seed for initialisation, shuffling and dropout", NULL, 0, 9.2e18, 0},
       {"threads", CLI_INT, &threads, "0", "intra-op threads (0: all cores, or TANDEM_NUM_THREADS)", NULL, 0, 256, 0},
       {"eval-batch-size", CLI_INT, &eval_batch, "1000", "samples per evaluation batch", NULL, 1, 1e7, 0},
-      {"init-weights", CLI_STRING, &c.init_weights, NULL, "start from these weights (.safetensors)", NULL, 0, 0, 0},
-      {"save-weights", CLI_STRING, &c.save_weights, NULL, "write the final weights here (.safetensors)", NULL, 0, 0, 0},
-      {"metrics", CLI_STRING, &c.metrics, NULL, "write JSON-lines metrics here", NULL, 0, 0, 0},
-      {"checkpoint-dir", CLI_STRING, &c.checkpoint_dir, NULL, "write checkpoints here (model, optimizer, step)", NULL, 0, 0, 0},
+      {"init-weights", CLI_STRING, &c->init_weights, NULL, "start from these weights (.safetensors)", NULL, 0, 0, 0},
+      {"save-weights", CLI_STRING, &c->save_weights, NULL, "write the final weights here (.safetensors)", NULL, 0, 0, 0},
+      {"metrics", CLI_STRING, &c->metrics, NULL, "write JSON-lines metrics here", NULL, 0, 0, 0},
+      {"checkpoint-dir", CLI_STRING, &c->checkpoint_dir, NULL, "write checkpoints here (model, optimizer, step; with --zero every rank its shard)", NULL, 0, 0, 0},
       {"checkpoint-every", CLI_INT, &ckpt_every, "0", "steps between checkpoints (0: only at the end)", NULL, 0, 1e12, 0},
-      {"last-batch", CLI_CHOICE, &c.last_batch, "auto", "the incomplete last batch of an epoch (auto: partial for one process, pad for several)", "auto|partial|pad|drop", 0, 0, 0},
+      {"last-batch", CLI_CHOICE, &c->last_batch, "auto", "the incomplete last batch of an epoch (auto: partial for one process, pad for several)", "auto|partial|pad|drop", 0, 0, 0},
       {"prefetch", CLI_CHOICE, &prefetch, "auto", "assemble the next batch on a thread (auto: if a core is spare)", "auto|on|off", 0, 0, 0},
       {"bucket-mb", CLI_FLOAT, &bucket_mb, "25", "size of a gradient bucket in MiB (the first is at most 1 MiB), as DDP's bucket_cap_mb", NULL, 0.001, 4096, 0},
       {"no-overlap", CLI_FLAG, &no_overlap, NULL, "all-reduce gradients only after backward (to measure the overlap)", NULL, 0, 0, 0},
       {"resume", CLI_FLAG, &resume, NULL, "continue from the newest valid checkpoint in --checkpoint-dir, if any (all ranks must find the same one)", NULL, 0, 0, 0},
-      {"resume-override", CLI_STRING, &c.resume_override, NULL, "with --resume: settings allowed to differ from the checkpoint's (comma-separated: seed, batch, data)", NULL, 0, 0, 0},
+      {"resume-override", CLI_STRING, &c->resume_override, NULL, "with --resume: settings allowed to differ from the checkpoint's (comma-separated: seed, batch, data)", NULL, 0, 0, 0},
       {"allow-nonfinite", CLI_FLAG, &allow_nonfinite, NULL, "go on when the loss, gradient norm or a parameter is NaN or infinite (default: stop with an error)", NULL, 0, 0, 0},
   };
-  int n = (int)(sizeof opts / sizeof opts[0]);
-  int r = cli_parse("train", "[options]", opts, n, argc, argv);
-  if (r == 1) return 0;
-  if (r) return 2;
+  int n = 0;
+  while (opts[n].name) n++;
+  for (int i = 0; i < n_extra && n < (int)(sizeof opts / sizeof opts[0]); i++) opts[n++] = extra[i];
+  int r = cli_parse(cmd, usage, opts, n, argc, argv);
+  if (r) return r;
   if (cli_seen(opts, n, "epochs") && cli_seen(opts, n, "steps") && steps > 0) {
-    fprintf(stderr, "tandem train: give --epochs or --steps, not both\n");
+    fprintf(stderr, "tandem %s: give --epochs or --steps, not both\n", cmd);
     return 2;
   }
-  int gpt = !strcmp(c.model, "gpt");
+  int gpt = !strcmp(c->model, "gpt");
 #define SEEN(name) cli_seen(opts, n, name)
   if (gpt) { /* nanoGPT-like defaults for what the user left unset */
-    if (!SEEN("data")) c.data = "tinyshakespeare";
-    if (!SEEN("optimizer")) c.optimizer = "adamw";
-    if (!SEEN("schedule")) c.lr_schedule = "cosine";
+    if (!SEEN("data")) c->data = "tinyshakespeare";
+    if (!SEEN("optimizer")) c->optimizer = "adamw";
+    if (!SEEN("schedule")) c->lr_schedule = "cosine";
     if (!SEEN("clip")) clip = 1.0;
     if (!SEEN("weight-decay")) wd = 0.1;
     if (!SEEN("batch-size")) batch = 16;
     if (!SEEN("dropout")) dropout = 0.1;
     if (!SEEN("val-every")) val_every = 100;
-    c.decay_matrices_only = 1;
+    c->decay_matrices_only = 1;
   }
   if (!SEEN("warmup") && gpt) {
     int64_t planned = steps > 0 ? steps : 500;
     warmup = planned / 10 < 100 ? planned / 10 : 100;
   }
+  if (zero < 3 && (SEEN("zero-unit") || SEEN("zero-prefetch"))) {
+    fprintf(stderr, "tandem %s: --zero-unit and --zero-prefetch apply to --zero 3 only (given --zero %lld)\n", cmd, (long long)zero);
+    return 2;
+  }
+  if (zero > 0 && strcmp(compress, "none")) {
+    fprintf(stderr, "tandem %s: --compress %s applies to --zero 0 only: ZeRO reduces gradients in f32\n", cmd, compress);
+    return 2;
+  }
 #undef SEEN
-  c.n_layer = layers, c.n_head = heads, c.n_embd = width, c.block_size = block, c.vocab_size = vocab, c.seq_len = seq_len;
-  c.warmup_steps = warmup;
-  c.clip = clip;
-  c.max_time = max_time;
-  c.val_every = val_every;
-  c.val_batches = val_batches;
-  c.epochs = epochs;
-  c.steps = steps;
-  c.batch_size = batch;
-  c.lr = lr;
-  c.dropout = dropout;
-  c.weight_decay = wd;
-  c.momentum = momentum;
-  c.seed = (uint64_t)seed;
-  c.threads = (int)threads;
-  c.eval_batch = eval_batch;
-  c.accum = accum;
-  c.checkpoint_every = ckpt_every;
-  c.resume = resume;
-  c.allow_nonfinite = allow_nonfinite;
-  c.no_overlap = no_overlap;
-  c.bucket_bytes = (size_t)(bucket_mb * 1048576.0);
-  c.prefetch = !strcmp(prefetch, "on") ? 1 : !strcmp(prefetch, "off") ? 0 : -1;
+  c->n_layer = layers, c->n_head = heads, c->n_embd = width, c->block_size = block, c->vocab_size = vocab, c->seq_len = seq_len;
+  c->warmup_steps = warmup;
+  c->max_time = max_time;
+  c->val_every = val_every;
+  c->val_batches = val_batches;
+  c->epochs = epochs;
+  c->steps = steps;
+  c->batch_size = batch;
+  c->lr = lr;
+  c->dropout = dropout;
+  c->weight_decay = wd;
+  c->momentum = momentum;
+  c->seed = (uint64_t)seed;
+  c->threads = (int)threads;
+  c->eval_batch = eval_batch;
+  c->checkpoint_every = ckpt_every;
+  c->resume = resume;
+  c->allow_nonfinite = allow_nonfinite;
+  c->memory_limit = memory_limit;
+  c->prefetch = !strcmp(prefetch, "on") ? 1 : !strcmp(prefetch, "off") ? 0 : -1;
+  tdm_engine_config *e = &c->engine;
+  e->kind = zero ? TDM_ENGINE_ZERO : TDM_ENGINE_DP;
+  e->accum = accum;
+  e->clip = (float)clip;
+  e->dp.bucket_bytes = e->zero.bucket_bytes = (size_t)(bucket_mb * 1048576.0);
+  e->dp.no_overlap = no_overlap;
+  e->dp.wire_dtype = !strcmp(compress, "bf16") ? TDM_BF16 : !strcmp(compress, "fp16") ? TDM_F16 : TDM_F32;
+  e->zero.stage = zero ? (int)zero : 1;
+  e->zero.unit_modules = (int)zero_unit;
+  e->zero.prefetch = !strcmp(zero_prefetch, "on");
+  if (resume && !c->checkpoint_dir) {
+    fprintf(stderr, "tandem %s: --resume needs --checkpoint-dir\n", cmd);
+    return 2;
+  }
+  if (c->resume_override && !resume) {
+    fprintf(stderr, "tandem %s: --resume-override needs --resume\n", cmd);
+    return 2;
+  }
+  return 0;
+}
+
+int tool_train(int argc, char **argv) {
+  tdm_train_config c;
+  int r = train_options("train", "[options]", argc, argv, &c, 0, NULL);
+  if (r == 1) return 0;
+  if (r) return 2;
   c.on_step = fault_hook;
-  if (resume && !c.checkpoint_dir) {
-    fprintf(stderr, "tandem train: --resume needs --checkpoint-dir\n");
-    return 2;
-  }
-  if (c.resume_override && !resume) {
-    fprintf(stderr, "tandem train: --resume-override needs --resume\n");
-    return 2;
-  }
   c.progress = stderr;
   tdm_train_result res;
   tdm_status st = tdm_train_run(&c, &res);
@@ -151,5 +182,38 @@ int tool_train(int argc, char **argv) {
     printf("test accuracy: %.4f  test loss: %.4f  throughput: %.0f samples/s  (%lld steps, %.1f s training)\n",
            res.test_accuracy, res.test_loss, res.samples_per_sec, (long long)res.steps, res.train_seconds);
   if (c.save_weights) printf("weights written to %s\n", c.save_weights);
+  return 0;
+}
+
+int tool_plan(int argc, char **argv) {
+  tdm_train_config c;
+  int64_t world = 1;
+  int json = 0;
+  cli_opt extra[] = {
+      {"world", CLI_INT, &world, "1", "ranks to plan for (tandem train under tandem run -n N)", NULL, 1, 1 << 20, 0},
+      {"json", CLI_FLAG, &json, NULL, "print the plan as one JSON object", NULL, 0, 0, 0},
+  };
+  int r = train_options("plan", "[tandem train's options] [--world N]", argc, argv, &c, 2, extra);
+  if (r == 1) return 0;
+  if (r) return 2;
+  tdm_plan p;
+  tdm_status st = tdm_train_plan(&c, (int)world, &p);
+  if (st != TDM_OK) {
+    fprintf(stderr, "tandem plan: %s: %s\n", tdm_status_str(st), tdm_last_error());
+    return 1;
+  }
+  if (json) {
+    printf("{\"world\":%d,\"stage\":%d,\"params\":%lld,\"owned\":%lld,\"groups\":%d,\"comm_bytes_per_step\":%.0f", p.world,
+           p.stage, (long long)p.n_params, (long long)p.owned, p.n_groups, p.comm_per_step);
+    for (int k = 0; k < TDM_MEM_COUNT; k++) printf(",\"%s\":%lld", tdm_mem_category_name((tdm_mem_category)k), (long long)p.bytes[k]);
+    printf(",\"total\":%lld,\"fits\":%s}\n", (long long)p.total, c.memory_limit <= 0 || p.total <= c.memory_limit ? "true" : "false");
+  } else {
+    tdm_plan_print(stdout, &p, c.memory_limit);
+  }
+  st = tdm_plan_check(&p, c.memory_limit);
+  if (st != TDM_OK) {
+    fprintf(stderr, "tandem plan: %s\n", tdm_last_error());
+    return 1;
+  }
   return 0;
 }

@@ -71,6 +71,20 @@ typedef struct tdm_ckpt_info {
  * checkpoints beyond the newest `keep` valid ones (the new one counts). */
 tdm_status tdm_ckpt_save(const char *dir, const tdm_params *p, const tdm_optim *o, const tdm_ckpt_info *info, int keep);
 
+/* The same with the caller's tensors (names "model.<parameter>" and "optim.state" by convention)
+ * and the optimizer's step count. */
+tdm_status tdm_ckpt_save_tensors(const char *dir, const tdm_ckpt_info *info, int64_t optim_steps, int n,
+                                 const tdm_st_tensor *tensors, int keep);
+
+/* Sharded checkpoints (ZeRO). Each rank first writes its shard, DIR/ckpt-<step>.shards/rank-<r>.safetensors
+ * (a checkpoint file of its own: verified, checksummed, "tandem.shard_rank" in its metadata), and
+ * gets its checksum; then rank 0 writes the main file with tdm_ckpt_save_tensors, listing every
+ * shard's checksum in order as "tandem.shard_crcs" (8 hex digits each, comma-separated). The main
+ * file is written last, so a checkpoint whose main file verifies has all its shards; retiring a
+ * checkpoint removes its shards too. */
+tdm_status tdm_ckpt_save_shard(const char *dir, const tdm_ckpt_info *info, int rank, int n, const tdm_st_tensor *tensors,
+                               uint32_t *crc);
+
 /* A verified checkpoint, held in memory. */
 typedef struct tdm_ckpt tdm_ckpt;
 
@@ -87,6 +101,11 @@ const tdm_ckpt_info *tdm_ckpt_get_info(const tdm_ckpt *c); /* step, world size, 
 uint32_t tdm_ckpt_get_crc(const tdm_ckpt *c);
 const char *tdm_ckpt_path(const tdm_ckpt *c);
 const char *tdm_ckpt_meta(const tdm_ckpt *c, const char *key); /* a metadata value, or NULL */
+int64_t tdm_ckpt_get_optim_steps(const tdm_ckpt *c);
+const tdm_st_tensor *tdm_ckpt_find(const tdm_ckpt *c, const char *name); /* a tensor, or NULL */
+/* Rank `rank`'s shard of a sharded checkpoint, verified and checked against the checksum the main
+ * file lists for it (TDM_ERR_FORMAT naming both when it is another checkpoint's shard). */
+tdm_status tdm_ckpt_open_shard(const tdm_ckpt *c, int rank, tdm_ckpt **out);
 /* Loads the checkpoint into p, and into o unless o is NULL, after checking everything (world size
  * unless world_size <= 0, every parameter's shape, the optimizer state's size): TDM_ERR_MISMATCH
  * leaves p and o untouched. */

@@ -31,6 +31,7 @@
 #include "tandem/comm.h"
 #include "tandem/nn.h"
 #include "tandem/optim.h"
+#include "tandem/safetensors.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -132,6 +133,26 @@ tdm_status tdm_engine_save_weights(tdm_engine *e, const char *path, int n_meta, 
 /* Copies elements [lo, hi) of the current parameters into dst on every rank (gathering at stage
  * 3): for tests and tools. Collective. */
 tdm_status tdm_engine_read_params(tdm_engine *e, int64_t lo, int64_t hi, float *dst);
+/* The index (in the parameter buffer) of the first parameter value that is not finite, or -1; the
+ * same on every rank. Collective. */
+tdm_status tdm_engine_first_nonfinite(tdm_engine *e, int64_t *index);
+
+/* ---- state for checkpoints (what src/train/engine_ckpt.c writes) ------------------------------
+ * Data parallelism's state is the parameters and the optimizer, the same on every rank. A sharded
+ * engine's state is, besides, every rank's own shard: its optimizer state, the spans it covers and
+ * (stage 3) its pieces of the parameters, which no rank holds whole. */
+int tdm_engine_is_sharded(const tdm_engine *e);
+/* Whether the parameters are whole on every rank (all but ZeRO stage 3). */
+int tdm_engine_params_whole(const tdm_engine *e);
+/* This rank's shard as named tensors pointing at live buffers (valid until the next step): "optim.state"
+ * (f32: all first moments, then all second moments, over the spans), "shard.spans" (i64: lo, hi of
+ * each span, tdm_engine_shard's) and at stage 3 "model.shard" (f32: the parameter pieces, span after
+ * span). *n gets their count (at most 3). */
+tdm_status tdm_engine_shard_state(tdm_engine *e, tdm_st_tensor *out, int *n);
+/* Loads a shard written by a rank of the same layout: the spans must match (TDM_ERR_MISMATCH naming
+ * both otherwise); find(ctx, name) returns a tensor or NULL. Sets the optimizer's step count. */
+tdm_status tdm_engine_load_shard_state(tdm_engine *e, const tdm_st_tensor *(*find)(void *ctx, const char *name), void *ctx,
+                                       int64_t optim_steps);
 
 #ifdef __cplusplus
 }

@@ -78,6 +78,10 @@ tdm_status tdm_params_save(const tdm_params *p, const char *path, int n_meta, co
 /* Loads a safetensors file into the parameters. Every parameter must be present with its exact
  * shape (f32, bf16 or f16 are converted); extra tensors are an error unless allow_extra. */
 tdm_status tdm_params_load(tdm_params *p, const char *path, int allow_extra);
+/* The same checks, then only the spans [los[k], his[k]) of the parameter buffer, each written to
+ * dsts[k] (his[k] - los[k] floats): a ZeRO stage 3 rank loads its shard. */
+tdm_status tdm_params_load_spans(const tdm_params *p, const char *path, int allow_extra, int n_spans, const int64_t *los,
+                                 const int64_t *his, float *const *dsts);
 
 /* ---- modules: plain structs holding parameter views -------------------------------------- */
 typedef struct tdm_linear_mod {

@@ -61,6 +61,17 @@ const char *tdm_safetensors_meta(const tdm_safetensors *f, const char *key);
  * names, nbytes not matching dtype x shape, names not UTF-8) are TDM_ERR_INVALID_ARG. */
 tdm_status tdm_safetensors_save(const char *path, int n, const tdm_st_tensor *tensors, int n_meta,
                                 const char *const *meta_kv);
+/* The same, streamed: the header is written at open (the tensors' data pointers are not used), then
+ * every tensor's bytes, in order, through any number of writes; commit renames the file into place
+ * (an error, and nothing saved, unless exactly the announced bytes were written); abort leaves
+ * nothing. For files larger than memory (ZeRO stage 3 writes the model unit by unit). The writer
+ * is freed by commit or abort. One thread per writer. */
+typedef struct tdm_st_writer tdm_st_writer;
+tdm_status tdm_safetensors_writer_open(tdm_st_writer **out, const char *path, int n, const tdm_st_tensor *tensors,
+                                       int n_meta, const char *const *meta_kv);
+tdm_status tdm_safetensors_writer_write(tdm_st_writer *w, const void *data, size_t n);
+tdm_status tdm_safetensors_writer_commit(tdm_st_writer *w);
+void tdm_safetensors_writer_abort(tdm_st_writer *w);
 /* Whether tdm_safetensors_save could write path now (its directory takes a new file, path is not
  * a directory): checks an output path before long work, e.g. at the start of training. */
 tdm_status tdm_safetensors_check_writable(const char *path);

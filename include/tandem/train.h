@@ -44,6 +44,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "tandem/engine.h"
+#include "tandem/plan.h"
 #include "tandem/status.h"
 
 #ifdef __cplusplus
@@ -62,7 +64,6 @@ typedef struct tdm_train_config {
    * clipping of the global gradient norm (0: off), weight decay on matrices only */
   int64_t warmup_steps;
   const char *lr_schedule;
-  double clip;
   int decay_matrices_only;
   double max_time;       /* > 0: stop cleanly after this many seconds of training */
   int64_t val_every;     /* gpt: validation loss every this many steps (0: only at the end) */
@@ -79,10 +80,12 @@ typedef struct tdm_train_config {
   int threads;           /* 0: all cores */
   const char *init_weights, *save_weights, *metrics; /* NULL for none */
   int64_t eval_batch;
-  int64_t accum;         /* micro-batches per optimizer step (gradient accumulation); 0 or 1: none */
-  const char *compress;  /* gradients on the wire: "none" (f32), "bf16", "fp16" */
-  int no_overlap;        /* 1: all-reduce only after backward (measures what overlap hides) */
-  size_t bucket_bytes;   /* gradient bucket size (0: 25 MiB; the first bucket is at most 1 MiB) */
+  /* How a step is spread over the ranks: the parallelism engine and its own settings
+   * (tandem/engine.h): kind dp or zero (and zero.stage), accumulation (engine.accum micro-batches
+   * per optimizer step), clipping of the global gradient norm (engine.clip, 0: off), gradient
+   * buckets, overlap and wire dtype (engine.dp), sharding (engine.zero). */
+  tdm_engine_config engine;
+  int64_t memory_limit;  /* bytes per rank; > 0: a plan above it is refused before step 1 */
   const char *last_batch; /* "auto" (partial for one process, pad otherwise), "partial", "pad", "drop" */
   int prefetch;          /* 1: a thread assembles the next batch while this one computes; 0: no;
                             -1 (default): only if a core is left over after the ranks' threads */
@@ -115,6 +118,10 @@ typedef struct tdm_train_result {
  * 0.3, seed 42. */
 tdm_train_config tdm_train_config_default(void);
 tdm_status tdm_train_run(const tdm_train_config *cfg, tdm_train_result *res);
+/* The memory plan (tandem/plan.h) of the run cfg describes on `world` ranks, as tdm_train_run
+ * prints it before step 1: it opens the data sets (their size is part of the plan), builds nothing
+ * else. What tandem plan prints. */
+tdm_status tdm_train_plan(const tdm_train_config *cfg, int world, tdm_plan *out);
 
 #ifdef __cplusplus
 }

@@ -305,7 +305,7 @@ static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *
 /* What the reader would refuse, refused before anything is written: a file tandem writes is always
  * one it can read back. names[] holds n pointers to sort. */
 static tdm_status check_save_args(const char *path, int n, const tdm_st_tensor *ts, int n_meta, const char *const *kv,
-                                  const char **names) {
+                                  const char **names, int need_data) {
 #define BAD(...) tdm__set_error(TDM_ERR_INVALID_ARG, "safetensors_save: %s: " __VA_ARGS__)
   for (int i = 0; i < n_meta; i++) {
     if (!kv[2 * i] || !kv[2 * i + 1]) return BAD("metadata pair %d has a NULL key or value", path, i);
@@ -323,7 +323,7 @@ static tdm_status check_save_args(const char *path, int n, const tdm_st_tensor *
     if (t->ndim < 0 || t->ndim > TDM_MAX_DIMS)
       return BAD("tensor '%.100s' has %d dimensions; expected 0..%d", path, t->name, t->ndim, TDM_MAX_DIMS);
     int64_t need = shape_bytes(t->dtype, t->ndim, t->shape);
-    if (need < 0 || t->nbytes != need || (need && !t->data))
+    if (need < 0 || t->nbytes != need || (need && need_data && !t->data))
       return BAD("tensor '%.100s': %lld bytes at %p do not match its dtype and shape (%lld bytes)", path, t->name,
                  (long long)t->nbytes, t->data, (long long)need);
     names[i] = t->name;
@@ -335,13 +335,19 @@ static tdm_status check_save_args(const char *path, int n, const tdm_st_tensor *
 #undef BAD
 }
 
-tdm_status tdm_safetensors_save(const char *path, int n, const tdm_st_tensor *tensors, int n_meta,
-                                const char *const *meta_kv) {
-  if (!path || n < 0 || (n && !tensors) || n_meta < 0 || (n_meta && !meta_kv))
+struct tdm_st_writer {
+  tdm__wfile w;
+  int64_t total, written;
+};
+
+tdm_status tdm_safetensors_writer_open(tdm_st_writer **out, const char *path, int n, const tdm_st_tensor *tensors,
+                                       int n_meta, const char *const *meta_kv) {
+  if (!out || !path || n < 0 || (n && !tensors) || n_meta < 0 || (n_meta && !meta_kv))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "safetensors_save: bad arguments");
+  *out = NULL;
   const char **names = tdm__malloc(sizeof *names * (size_t)(n ? n : 1));
   if (!names) return tdm__set_error(TDM_ERR_NO_MEMORY, "safetensors_save: out of memory");
-  tdm_status st = check_save_args(path, n, tensors, n_meta, meta_kv, names);
+  tdm_status st = check_save_args(path, n, tensors, n_meta, meta_kv, names, 0);
   tdm__free(names);
   if (st != TDM_OK) return st;
   sbuf h = {0};
@@ -378,22 +384,63 @@ tdm_status tdm_safetensors_save(const char *path, int n, const tdm_st_tensor *te
   }
   puts_(&h, "}");
   while (!h.oom && h.n % 8) puts_(&h, " "); /* keep the data 8-byte aligned */
-  if (h.oom) {
+  tdm_st_writer *w = h.oom ? NULL : tdm__calloc(1, sizeof *w);
+  if (!w) {
     tdm__free(h.s);
     return tdm__set_error(TDM_ERR_NO_MEMORY, "safetensors_save: out of memory");
   }
-  tdm__wfile w;
-  if ((st = tdm__wfile_open(&w, path)) != TDM_OK) {
+  w->total = off;
+  if ((st = tdm__wfile_open(&w->w, path)) != TDM_OK) {
     tdm__free(h.s);
+    tdm__free(w);
     return st;
   }
   unsigned char len[8];
   for (int i = 0; i < 8; i++) len[i] = (unsigned char)((uint64_t)h.n >> (8 * i));
-  tdm__wfile_write(&w, len, 8);
-  tdm__wfile_write(&w, h.s, h.n);
-  for (int i = 0; i < n; i++) tdm__wfile_write(&w, tensors[i].data, (size_t)tensors[i].nbytes);
+  tdm__wfile_write(&w->w, len, 8);
+  tdm__wfile_write(&w->w, h.s, h.n);
   tdm__free(h.s);
-  return tdm__wfile_commit(&w); /* after a failed write, commit removes the temporary and returns that error */
+  *out = w;
+  return TDM_OK;
+}
+
+tdm_status tdm_safetensors_writer_write(tdm_st_writer *w, const void *data, size_t n) {
+  if ((int64_t)n > w->total - w->written)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "safetensors_save: %s: %zu more bytes than the %lld the header announces",
+                          w->w.path, n - (size_t)(w->total - w->written), (long long)w->total);
+  w->written += (int64_t)n;
+  return tdm__wfile_write(&w->w, data, n);
+}
+
+tdm_status tdm_safetensors_writer_commit(tdm_st_writer *w) {
+  tdm_status st;
+  if (w->written != w->total) {
+    st = tdm__set_error(TDM_ERR_INVALID_ARG, "safetensors_save: %s: %lld data bytes written of the %lld announced; nothing saved",
+                        w->w.path, (long long)w->written, (long long)w->total);
+    tdm__wfile_abort(&w->w);
+  } else {
+    st = tdm__wfile_commit(&w->w); /* after a failed write, commit removes the temporary and returns that error */
+  }
+  tdm__free(w);
+  return st;
+}
+
+void tdm_safetensors_writer_abort(tdm_st_writer *w) {
+  if (!w) return;
+  tdm__wfile_abort(&w->w);
+  tdm__free(w);
+}
+
+tdm_status tdm_safetensors_save(const char *path, int n, const tdm_st_tensor *tensors, int n_meta,
+                                const char *const *meta_kv) {
+  for (int i = 0; tensors && i < n; i++)
+    if (tensors[i].nbytes && !tensors[i].data)
+      return tdm__set_error(TDM_ERR_INVALID_ARG, "safetensors_save: %s: tensor '%.100s' has no data", path ? path : "?",
+                            tensors[i].name ? tensors[i].name : "?");
+  tdm_st_writer *w;
+  TDM__TRY(tdm_safetensors_writer_open(&w, path, n, tensors, n_meta, meta_kv));
+  for (int i = 0; i < n; i++) tdm_safetensors_writer_write(w, tensors[i].data, (size_t)tensors[i].nbytes);
+  return tdm_safetensors_writer_commit(w);
 }
 
 tdm_status tdm_safetensors_check_writable(const char *path) { return tdm__file_check_writable(path); }

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "nn/params_impl.h"
 #include "parallel/engine_impl.h"
 #include "tensor/tensor_impl.h"
 
@@ -243,6 +244,126 @@ tdm_status tdm_engine_read_params(tdm_engine *e, int64_t lo, int64_t hi, float *
     return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_read_params: [%lld, %lld) of %lld", (long long)lo, (long long)hi,
                           e ? (long long)tdm_params_numel(e->params) : 0LL);
   return e->ops->read_params(e, lo, hi, dst);
+}
+
+/* Every rank learns rank 0's status (and, when it failed, its error): a file written by rank 0
+ * alone must not leave the other ranks believing it worked. */
+static tdm_status agree(tdm_engine *e, tdm_status st) {
+  if (!e->comm) return st;
+  char msg[512] = "";
+  if (e->rank == 0 && st != TDM_OK) snprintf(msg, sizeof msg, "%s", tdm_last_error());
+  int32_t code = (int32_t)st;
+  TDM__TRY(tdm_comm_broadcast(e->comm, &code, 1, TDM_I32, 0, TDM_ALGO_AUTO));
+  TDM__TRY(tdm_comm_broadcast(e->comm, msg, sizeof msg, TDM_U8, 0, TDM_ALGO_AUTO));
+  if (code == TDM_OK) return TDM_OK;
+  return e->rank == 0 ? st : tdm__set_error((tdm_status)code, "rank 0: %s", msg);
+}
+
+static tdm_status write_chunk(void *ctx, const float *data, int64_t n) {
+  return tdm_safetensors_writer_write(ctx, data, sizeof(float) * (size_t)n);
+}
+
+tdm_status tdm_engine_save_weights(tdm_engine *e, const char *path, int n_meta, const char *const *meta_kv) {
+  if (!e || !path) return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_save_weights: NULL argument");
+  tdm_st_writer *w = NULL;
+  tdm_status st = TDM_OK;
+  if (e->rank == 0) { /* the header from the shapes alone: the data follow in parameter order */
+    tdm_st_tensor *ts;
+    st = tdm_params_st_tensors(e->params, &ts);
+    if (st == TDM_OK) {
+      st = tdm_safetensors_writer_open(&w, path, tdm_params_count(e->params), ts, n_meta, meta_kv);
+      tdm__free(ts);
+    }
+  }
+  TDM__TRY(agree(e, st)); /* every rank takes part in the stream, or none */
+  st = e->ops->stream_params(e, write_chunk, w);
+  if (e->rank == 0) {
+    if (st == TDM_OK) st = tdm_safetensors_writer_commit(w);
+    else tdm_safetensors_writer_abort(w);
+  }
+  return agree(e, st);
+}
+
+tdm_status tdm_engine_load_weights(tdm_engine *e, const char *path) {
+  if (!e || !path) return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_load_weights: NULL argument");
+  return e->ops->load_weights(e, path);
+}
+
+/* ---- state for checkpoints ---------------------------------------------------------------------- */
+int tdm_engine_is_sharded(const tdm_engine *e) { return e->ops->param_shard != NULL; }
+int tdm_engine_params_whole(const tdm_engine *e) {
+  return !e->ops->param_shard || e->ops->param_shard((tdm_engine *)e) == NULL;
+}
+
+static int64_t owned_of(const tdm_engine *e) {
+  int64_t n = 0;
+  for (int i = 0; i < e->n_spans; i++) n += e->spans[i].hi - e->spans[i].lo;
+  return n;
+}
+
+tdm_status tdm_engine_shard_state(tdm_engine *e, tdm_st_tensor *out, int *n) {
+  if (!tdm_engine_is_sharded(e)) return tdm__set_error(TDM_ERR_INVALID_USAGE, "engine: %s keeps no shard", e->ops->name);
+  int64_t ns = 0;
+  float *state = tdm_optim_state(e->opt, &ns);
+  int k = 0;
+  out[k++] = (tdm_st_tensor){"optim.state", TDM_F32, 1, {ns}, state, ns * 4};
+  out[k++] = (tdm_st_tensor){"shard.spans", TDM_I64, 2, {e->n_spans, 2}, e->spans, (int64_t)e->n_spans * 16};
+  float *w = e->ops->param_shard(e);
+  if (w) out[k++] = (tdm_st_tensor){"model.shard", TDM_F32, 1, {owned_of(e)}, w, owned_of(e) * 4};
+  *n = k;
+  return TDM_OK;
+}
+
+tdm_status tdm_engine_load_shard_state(tdm_engine *e, const tdm_st_tensor *(*find)(void *ctx, const char *name), void *ctx,
+                                       int64_t optim_steps) {
+  tdm_st_tensor want[3];
+  int n;
+  TDM__TRY(tdm_engine_shard_state(e, want, &n));
+  const tdm_st_tensor *spans = find(ctx, "shard.spans");
+  if (!spans || spans->dtype != TDM_I64 || spans->nbytes != want[1].nbytes || memcmp(spans->data, want[1].data, (size_t)want[1].nbytes)) {
+    const int64_t *s = spans && spans->dtype == TDM_I64 && spans->nbytes >= 16 ? spans->data : NULL;
+    return tdm__set_error(TDM_ERR_MISMATCH,
+                          "the shard covers %lld span%s from [%lld, ...); this rank of %s holds %d from [%lld, ...): "
+                          "it was written by another layout",
+                          spans ? (long long)(spans->nbytes / 16) : 0LL, spans && spans->nbytes == 16 ? "" : "s",
+                          s ? (long long)s[0] : -1LL, e->desc, e->n_spans, e->n_spans ? (long long)e->spans[0].lo : -1LL);
+  }
+  for (int i = 0; i < n; i++) { /* everything checked before anything changes */
+    const tdm_st_tensor *t = find(ctx, want[i].name);
+    if (!t || t->dtype != want[i].dtype || t->nbytes != want[i].nbytes)
+      return tdm__set_error(TDM_ERR_MISMATCH, "the shard's '%s' is %s%lld bytes; this rank needs %lld", want[i].name,
+                            t ? "" : "missing, not ", t ? (long long)t->nbytes : 0LL, (long long)want[i].nbytes);
+  }
+  for (int i = 0; i < n; i++)
+    if (i != 1 && want[i].nbytes) memcpy((void *)want[i].data, find(ctx, want[i].name)->data, (size_t)want[i].nbytes); /* live buffers */
+  tdm_optim_set_steps(e->opt, optim_steps);
+  return e->ops->shard_changed(e);
+}
+
+tdm_status tdm_engine_first_nonfinite(tdm_engine *e, int64_t *index) {
+  int64_t first = -1;
+  float *w = tdm_engine_is_sharded(e) ? e->ops->param_shard(e) : NULL;
+  if (w) { /* stage 3: each rank looks at its pieces; the smallest index wins */
+    for (int s = 0, at = 0; s < e->n_spans && first < 0; at += (int)(e->spans[s].hi - e->spans[s].lo), s++)
+      for (int64_t i = 0; i < e->spans[s].hi - e->spans[s].lo; i++)
+        if (!isfinite(w[at + i])) {
+          first = e->spans[s].lo + i;
+          break;
+        }
+    int64_t key = first < 0 ? INT64_MAX : first;
+    if (e->comm) TDM__TRY(tdm_comm_allreduce(e->comm, &key, &key, 1, TDM_I64, TDM_MIN, TDM_ALGO_AUTO));
+    first = key == INT64_MAX ? -1 : key;
+  } else { /* whole and the same on every rank */
+    const float *p = tdm_params_data(e->params);
+    int64_t n = tdm_params_numel(e->params);
+    for (int64_t i = 0; i < n; i++)
+      if (!isfinite(p[i])) {
+        first = i;
+        break;
+      }
+  }
+  *index = first;
+  return TDM_OK;
 }
 
 /* ---- shared by the engines ---------------------------------------------------------------------- */

@@ -60,5 +60,9 @@ static tdm_status dp_stream_params(tdm_engine *e, tdm_status (*write)(void *, co
   return e->rank == 0 ? write(ctx, tdm_params_data(e->params), tdm_params_numel(e->params)) : TDM_OK;
 }
 
-const tdm__engine_ops tdm__engine_dp_ops = {"dp",          dp_create,     dp_destroy, dp_zero_grad,   dp_begin_backward,
-                                            dp_end_backward, dp_grad_sumsq, dp_update,  dp_read_params, dp_stream_params};
+/* Every rank reads the file (it must see it); the ranks then hold the same values. */
+static tdm_status dp_load_weights(tdm_engine *e, const char *path) { return tdm_params_load(e->params, path, 0); }
+
+const tdm__engine_ops tdm__engine_dp_ops = {
+    "dp",      dp_create,      dp_destroy,       dp_zero_grad,   dp_begin_backward, dp_end_backward,
+    dp_grad_sumsq, dp_update, dp_read_params, dp_stream_params, dp_load_weights, NULL, NULL};

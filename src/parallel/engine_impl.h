@@ -47,6 +47,12 @@ typedef struct tdm__engine_ops {
   tdm_status (*read_params)(tdm_engine *e, int64_t lo, int64_t hi, float *dst);
   /* Streams the parameters to rank 0 in order: write(ctx, data, n) on rank 0 (collective). */
   tdm_status (*stream_params)(tdm_engine *e, tdm_status (*write)(void *ctx, const float *data, int64_t n), void *ctx);
+  /* Every parameter from a safetensors file (each rank reads what it holds). */
+  tdm_status (*load_weights)(tdm_engine *e, const char *path);
+  /* Sharded engines: the parameters of this rank's shard (stage 3), or NULL when they are whole. */
+  float *(*param_shard)(tdm_engine *e);
+  /* Sharded engines: after the shard's values changed (a checkpoint loaded): drop anything derived. */
+  tdm_status (*shard_changed)(tdm_engine *e);
 } tdm__engine_ops;
 
 extern const tdm__engine_ops tdm__engine_dp_ops;

@@ -442,7 +442,32 @@ static tdm_status zero_stream_params(tdm_engine *e, tdm_status (*write)(void *, 
   return TDM_OK;
 }
 
+static tdm_status zero_load_weights(tdm_engine *e, const char *path) {
+  zero_state *z = e->impl;
+  if (z->stage < 3) return tdm_params_load(e->params, path, 0);
+  int r = e->rank;
+  int64_t *lo = tdm__malloc(sizeof(int64_t) * 2 * (size_t)z->ng);
+  float **dst = tdm__malloc(sizeof(float *) * (size_t)z->ng);
+  tdm_status st = lo && dst ? TDM_OK : tdm__set_error(TDM_ERR_NO_MEMORY, "zero: out of memory");
+  for (int k = 0; st == TDM_OK && k < z->ng; k++) /* my pieces only, into the shard */
+    lo[k] = z->g[k].cut[r], lo[z->ng + k] = z->g[k].cut[r + 1], dst[k] = z->g[k].shard_w;
+  if (st == TDM_OK) st = tdm_params_load_spans(e->params, path, 0, z->ng, lo, lo + z->ng, dst);
+  tdm__free(lo);
+  tdm__free(dst);
+  TDM__TRY(st);
+  return drop_units(z);
+}
+
+static float *zero_param_shard(tdm_engine *e) { return ((zero_state *)e->impl)->shard_w; }
+
+/* Gathered units hold the old values: gathered afresh at the next use. */
+static tdm_status zero_shard_changed(tdm_engine *e) {
+  zero_state *z = e->impl;
+  return z->stage == 3 ? drop_units(z) : TDM_OK;
+}
+
 const tdm__engine_ops tdm__engine_zero_ops = {"zero",          zero_create,     zero_destroy,
                                               zero_zero_grad,  zero_begin_backward, zero_end_backward,
                                               zero_grad_sumsq, zero_update,     zero_read_params,
-                                              zero_stream_params};
+                                              zero_stream_params, zero_load_weights, zero_param_shard,
+                                              zero_shard_changed};

@@ -112,6 +112,11 @@ static int path_of(const char *dir, int64_t step, char *out, size_t n) {
   return snprintf(out, n, "%s/ckpt-%012lld.safetensors", dir, (long long)step) < (int)n;
 }
 
+/* The directory of a sharded checkpoint's shards (not a name the directory listing considers). */
+static int shards_of(const char *dir, int64_t step, char *out, size_t n) {
+  return snprintf(out, n, "%s/ckpt-%012lld.shards", dir, (long long)step) < (int)n;
+}
+
 /* ckpt-<digits>.safetensors written exactly as path_of writes it: 1 with *step; a name that only
  * looks like one (ckpt-1.safetensors, ckpt-0000000x.safetensors): -1; anything else: 0. */
 static int name_step(const char *name, int64_t *step) {
@@ -289,6 +294,47 @@ const tdm_ckpt_info *tdm_ckpt_get_info(const tdm_ckpt *c) { return &c->info; }
 uint32_t tdm_ckpt_get_crc(const tdm_ckpt *c) { return c->crc; }
 const char *tdm_ckpt_path(const tdm_ckpt *c) { return c->path; }
 const char *tdm_ckpt_meta(const tdm_ckpt *c, const char *key) { return tdm_safetensors_meta(c->f, key); }
+int64_t tdm_ckpt_get_optim_steps(const tdm_ckpt *c) { return c->optim_steps; }
+const tdm_st_tensor *tdm_ckpt_find(const tdm_ckpt *c, const char *name) { return tdm_safetensors_find(c->f, name); }
+
+tdm_status tdm_ckpt_open_shard(const tdm_ckpt *c, int rank, tdm_ckpt **out) {
+  *out = NULL;
+  const char *list = tdm_ckpt_meta(c, "tandem.shard_crcs");
+  if (!list) return tdm__set_error(TDM_ERR_FORMAT, "%s: not a sharded checkpoint (no tandem.shard_crcs)", c->path);
+  if (rank < 0 || rank >= c->info.world_size)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: no shard of rank %d in a world of %d", c->path, rank, c->info.world_size);
+  const char *at = list; /* the rank-th of the comma-separated checksums */
+  for (int r = 0; r < rank && at; r++) at = strchr(at, ','), at = at ? at + 1 : NULL;
+  char want[16] = "";
+  if (at) snprintf(want, sizeof want, "%.*s", (int)strcspn(at, ","), at);
+  if (strlen(want) != 8) return tdm__set_error(TDM_ERR_FORMAT, "%s: tandem.shard_crcs lists no checksum for rank %d", c->path, rank);
+  char dir[4096], sdir[4200], path[4400];
+  snprintf(dir, sizeof dir, "%s", c->path);
+  char *slash = strrchr(dir, '/');
+  if (slash) *slash = 0;
+  else snprintf(dir, sizeof dir, ".");
+  shards_of(dir, c->info.step, sdir, sizeof sdir);
+  snprintf(path, sizeof path, "%s/rank-%d.safetensors", sdir, rank);
+  tdm_ckpt *s;
+  TDM__TRY(tdm_ckpt_open(&s, path));
+  char got[16], rs[16];
+  snprintf(got, sizeof got, "%08x", s->crc);
+  snprintf(rs, sizeof rs, "%d", rank);
+  const char *sr = tdm_ckpt_meta(s, "tandem.shard_rank");
+  tdm_status st = TDM_OK;
+  if (strcmp(got, want))
+    st = tdm__set_error(TDM_ERR_FORMAT, "%s: checksum %s, but %s lists %s for rank %d: a shard of another checkpoint", path, got,
+                        c->path, want, rank);
+  else if (!sr || strcmp(sr, rs) || s->info.step != c->info.step || s->info.world_size != c->info.world_size)
+    st = tdm__set_error(TDM_ERR_FORMAT, "%s: not rank %d's shard of step %lld on %d ranks", path, rank, (long long)c->info.step,
+                        c->info.world_size);
+  if (st != TDM_OK) {
+    tdm_ckpt_close(s);
+    return st;
+  }
+  *out = s;
+  return TDM_OK;
+}
 
 /* ---- the directory --------------------------------------------------------------------------- */
 typedef struct {
@@ -385,6 +431,24 @@ tdm_status tdm_ckpt_open_latest(tdm_ckpt **out, const char *dir, char *notes, si
 }
 
 /* ---- writing --------------------------------------------------------------------------------- */
+/* A retired checkpoint's shards (ZeRO): the files this tandem writes there, then the directory. */
+static void remove_shards(const char *dir, int64_t step) {
+  char sdir[4096], path[4096 + 300], again[64];
+  if (!shards_of(dir, step, sdir, sizeof sdir)) return;
+  DIR *d = opendir(sdir);
+  if (!d) return;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    int r;
+    if (sscanf(e->d_name, "rank-%d.", &r) != 1 || r < 0) continue;
+    snprintf(again, sizeof again, "rank-%d.safetensors", r); /* exactly the names written there */
+    if (strcmp(again, e->d_name)) continue;
+    snprintf(path, sizeof path, "%s/%s", sdir, again);
+    unlink(path);
+  }
+  closedir(d);
+  rmdir(sdir); /* fails, harmlessly, if anything else is there */
+}
 /* Deletes valid checkpoints older than `step` beyond the keep - 1 newest valid ones. */
 static void retire_old(const char *dir, int64_t step, int keep) {
   entry *es;
@@ -403,28 +467,101 @@ static void retire_old(const char *dir, int64_t step, int keep) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, es[i].name);
     unlink(path);
+    remove_shards(dir, es[i].step);
   }
   tdm__free(es);
 }
 
-tdm_status tdm_ckpt_save(const char *dir, const tdm_params *p, const tdm_optim *o, const tdm_ckpt_info *info, int keep) {
-  if (!dir || !p || !o || !info || info->step < 0 || info->step > MAX_STEP || info->world_size < 1 ||
-      info->world_size > MAX_WORLD || info->n_meta < 0 || (info->n_meta && !info->meta_kv))
+/* Writes path as a checkpoint file: the tensors, the base metadata (with the checksum over all of
+ * it), the caller's pairs, then reads it back and verifies it. */
+static tdm_status write_verified(const char *path, const tdm_ckpt_info *info, int64_t optim_steps, int k,
+                                 const tdm_st_tensor *ts, int n_extra, const char *const *extra) {
+  enum { BASE_META = 8 };
+  int n_meta = BASE_META + info->n_meta + n_extra;
+  const char **meta = tdm__calloc(2 * (size_t)n_meta, sizeof(char *));
+  if (!meta) return tdm__set_error(TDM_ERR_NO_MEMORY, "checkpoint: out of memory");
+  char crc[16] = "", step[32], ostep[32], ws[16], seed[32], ver[16];
+  snprintf(ver, sizeof ver, "%d", TDM_CKPT_VERSION);
+  snprintf(step, sizeof step, "%lld", (long long)info->step);
+  snprintf(ostep, sizeof ostep, "%lld", (long long)optim_steps);
+  snprintf(ws, sizeof ws, "%d", info->world_size);
+  snprintf(seed, sizeof seed, "%llu", (unsigned long long)info->seed);
+  const char *base[2 * BASE_META] = {"format", "pt", "tandem.kind", "checkpoint", "tandem.ckpt_version", ver,
+                                     "tandem.step", step, "tandem.optim_steps", ostep, "tandem.world_size", ws,
+                                     "tandem.seed", seed, CRC_KEY, crc};
+  memcpy(meta, base, sizeof base);
+  for (int i = 0; i < 2 * info->n_meta; i++) meta[2 * BASE_META + i] = info->meta_kv[i];
+  for (int i = 0; i < 2 * n_extra; i++) meta[2 * (BASE_META + info->n_meta) + i] = extra[i];
+  tdm_status st = TDM_OK;
+  for (int i = BASE_META; st == TDM_OK && i < n_meta; i++) /* a repeated key would be read back ambiguously */
+    for (int j = 0; j < i; j++)
+      if (!meta[2 * i] || !meta[2 * i + 1] || !strcmp(meta[2 * i], meta[2 * j])) {
+        st = tdm__set_error(TDM_ERR_INVALID_ARG, "checkpoint: metadata key '%s' is missing, empty or repeated",
+                            meta[2 * i] ? meta[2 * i] : "(null)");
+        break;
+      }
+  if (st == TDM_OK) {
+    uint32_t sum = 0;
+    st = tdm_ckpt_checksum(n_meta, meta, k, ts, &sum);
+    snprintf(crc, sizeof crc, "%08x", sum);
+    if (st == TDM_OK) st = tdm_safetensors_save(path, k, ts, n_meta, meta);
+  }
+  tdm__free(meta);
+  TDM__TRY(st);
+  tdm_ckpt *check; /* read it back: only a verified checkpoint may retire older ones */
+  TDM__TRY(tdm_ckpt_open(&check, path));
+  tdm_ckpt_close(check);
+  return TDM_OK;
+}
+
+static tdm_status check_info(const char *dir, const tdm_ckpt_info *info) {
+  if (!dir || !info || info->step < 0 || info->step > MAX_STEP || info->world_size < 1 || info->world_size > MAX_WORLD ||
+      info->n_meta < 0 || (info->n_meta && !info->meta_kv))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "checkpoint: bad arguments (step %lld, world size %d)",
                           info ? (long long)info->step : -1LL, info ? info->world_size : 0);
   if (mkdir(dir, 0755) != 0 && errno != EEXIST)
     return tdm__set_error(TDM_ERR_IO, "checkpoint: cannot create directory %s: %s", dir, strerror(errno));
+  return TDM_OK;
+}
+
+tdm_status tdm_ckpt_save_tensors(const char *dir, const tdm_ckpt_info *info, int64_t optim_steps, int n,
+                                 const tdm_st_tensor *tensors, int keep) {
+  TDM__TRY(check_info(dir, info));
   char path[4096];
   if (!path_of(dir, info->step, path, sizeof path)) return tdm__set_error(TDM_ERR_INVALID_ARG, "checkpoint: directory name too long: %s", dir);
+  TDM__TRY(write_verified(path, info, optim_steps, n, tensors, 0, NULL));
+  retire_old(dir, info->step, keep > 0 ? keep : 1);
+  return TDM_OK;
+}
+
+tdm_status tdm_ckpt_save_shard(const char *dir, const tdm_ckpt_info *info, int rank, int n, const tdm_st_tensor *tensors,
+                               uint32_t *crc) {
+  TDM__TRY(check_info(dir, info));
+  if (rank < 0 || rank >= info->world_size)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "checkpoint: shard of rank %d in a world of %d", rank, info->world_size);
+  char sdir[4096], path[4200], rs[16];
+  if (!shards_of(dir, info->step, sdir, sizeof sdir)) return tdm__set_error(TDM_ERR_INVALID_ARG, "checkpoint: directory name too long: %s", dir);
+  if (mkdir(sdir, 0755) != 0 && errno != EEXIST)
+    return tdm__set_error(TDM_ERR_IO, "checkpoint: cannot create %s: %s", sdir, strerror(errno));
+  snprintf(path, sizeof path, "%s/rank-%d.safetensors", sdir, rank);
+  snprintf(rs, sizeof rs, "%d", rank);
+  const char *extra[2] = {"tandem.shard_rank", rs};
+  TDM__TRY(write_verified(path, info, 0, n, tensors, 1, extra));
+  tdm_ckpt *c;
+  TDM__TRY(tdm_ckpt_open(&c, path));
+  *crc = c->crc;
+  tdm_ckpt_close(c);
+  return TDM_OK;
+}
+
+tdm_status tdm_ckpt_save(const char *dir, const tdm_params *p, const tdm_optim *o, const tdm_ckpt_info *info, int keep) {
+  if (!p || !o) return tdm__set_error(TDM_ERR_INVALID_ARG, "checkpoint: NULL parameters or optimizer");
   int n = tdm_params_count(p);
   int64_t n_state = 0;
   float *state = tdm_optim_state(o, &n_state);
-  enum { BASE_META = 8 };
-  int n_meta = BASE_META + info->n_meta;
   tdm_st_tensor *ts = tdm__calloc((size_t)n + 1, sizeof *ts);
   char **names = tdm__calloc((size_t)n + 1, sizeof(char *));
-  const char **meta = tdm__calloc(2 * (size_t)n_meta, sizeof(char *));
-  tdm_status st = ts && names && meta ? TDM_OK : tdm__set_error(TDM_ERR_NO_MEMORY, "checkpoint: out of memory");
+  tdm_status st = ts && names ? TDM_OK : tdm__set_error(TDM_ERR_NO_MEMORY, "checkpoint: out of memory");
   int k = 0;
   for (int i = 0; st == TDM_OK && i < n; i++) {
     tdm_tensor *t = tdm_params_get(p, i);
@@ -437,42 +574,11 @@ tdm_status tdm_ckpt_save(const char *dir, const tdm_params *p, const tdm_optim *
     memcpy(ts[k - 1].shape, t->shape, sizeof t->shape);
   }
   if (n_state) ts[k++] = (tdm_st_tensor){"optim.state", TDM_F32, 1, {n_state}, state, n_state * 4};
-  char crc[16] = "", step[32], ostep[32], ws[16], seed[32], ver[16];
-  snprintf(ver, sizeof ver, "%d", TDM_CKPT_VERSION);
-  snprintf(step, sizeof step, "%lld", (long long)info->step);
-  snprintf(ostep, sizeof ostep, "%lld", (long long)tdm_optim_steps(o));
-  snprintf(ws, sizeof ws, "%d", info->world_size);
-  snprintf(seed, sizeof seed, "%llu", (unsigned long long)info->seed);
-  if (st == TDM_OK) {
-    const char *base[2 * BASE_META] = {"format", "pt", "tandem.kind", "checkpoint", "tandem.ckpt_version", ver,
-                                       "tandem.step", step, "tandem.optim_steps", ostep, "tandem.world_size", ws,
-                                       "tandem.seed", seed, CRC_KEY, crc};
-    memcpy(meta, base, sizeof base);
-    for (int i = 0; i < 2 * info->n_meta; i++) meta[2 * BASE_META + i] = info->meta_kv[i];
-    for (int i = BASE_META; st == TDM_OK && i < n_meta; i++) /* a repeated key would be read back ambiguously */
-      for (int j = 0; j < i; j++)
-        if (!meta[2 * i] || !meta[2 * i + 1] || !strcmp(meta[2 * i], meta[2 * j])) {
-          st = tdm__set_error(TDM_ERR_INVALID_ARG, "checkpoint: metadata key '%s' is missing, empty or repeated",
-                              meta[2 * i] ? meta[2 * i] : "(null)");
-          break;
-        }
-  }
-  if (st == TDM_OK) {
-    uint32_t sum = 0;
-    st = tdm_ckpt_checksum(n_meta, meta, k, ts, &sum);
-    snprintf(crc, sizeof crc, "%08x", sum);
-    if (st == TDM_OK) st = tdm_safetensors_save(path, k, ts, n_meta, meta);
-  }
+  if (st == TDM_OK) st = tdm_ckpt_save_tensors(dir, info, tdm_optim_steps(o), k, ts, keep);
   for (int i = 0; names && i < n; i++) tdm__free(names[i]);
   tdm__free(names);
   tdm__free(ts);
-  tdm__free(meta);
-  TDM__TRY(st);
-  tdm_ckpt *check; /* read it back: only a verified checkpoint may retire older ones */
-  TDM__TRY(tdm_ckpt_open(&check, path));
-  tdm_ckpt_close(check);
-  retire_old(dir, info->step, keep > 0 ? keep : 1);
-  return TDM_OK;
+  return st;
 }
 
 /* ---- loading --------------------------------------------------------------------------------- */

@@ -2,6 +2,8 @@
  * run_start.h. */
 #include "train/run_start.h"
 
+#include "train/engine_ckpt.h"
+
 #include <errno.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -136,7 +138,7 @@ static tdm_status open_and_load(const tdm__start_in *in, tdm_ckpt **ck) {
     return tdm__set_error(st, "%s. Nothing was changed: repair or move these entries away to start afresh", tdm_last_error());
   if (!*ck) return TDM_OK;
   TDM__TRY(check_identity(*ck, in->id, in->world, c->resume_override, in->progress));
-  return tdm_ckpt_restore(*ck, in->params, in->opt, in->world);
+  return tdm__engine_ckpt_restore(in->engine, in->rank, in->world, *ck);
 }
 
 /* ---- agreement ------------------------------------------------------------------------------- */

@@ -8,6 +8,7 @@
 #include <stdio.h>
 
 #include "tandem/comm.h"
+#include "tandem/engine.h"
 #include "tandem/nn.h"
 #include "tandem/optim.h"
 #include "tandem/train.h"
@@ -30,8 +31,7 @@ typedef struct {
   const tdm_train_config *cfg;
   tdm_comm_t comm; /* NULL for one process */
   int rank, world;
-  tdm_params *params;
-  tdm_optim *opt;
+  tdm_engine *engine;  /* resumed into: the parameters and optimizer, or this rank's shard */
   const tdm__run_identity *id;
   FILE *progress; /* rank 0's progress stream, or NULL */
 } tdm__start_in;

@@ -1,5 +1,6 @@
-/* The classifier training loop: shuffle, step, evaluate, record. One tape, reset every step,
- * so the steady state allocates nothing. */
+/* The training loop: epochs, evaluation, metrics, checkpoint cadence and stop conditions. How a
+ * step is spread over the ranks is the parallelism engine's business (tandem/engine.h): the loop
+ * hands it micro-batches from the sampler and records what it reports. */
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -10,7 +11,8 @@
 #include "core/internal.h"
 #include "tandem/autograd.h"
 #include "tandem/comm.h"
-#include "tandem/dp.h"
+#include "tandem/engine.h"
+#include "tandem/plan.h"
 #include "tandem/checkpoint.h"
 #include "tandem/sampler.h"
 #include "tandem/data.h"
@@ -18,6 +20,7 @@
 #include "tandem/optim.h"
 #include "tandem/tensor.h"
 #include "tandem/train.h"
+#include "train/engine_ckpt.h"
 #include "train/run_start.h"
 
 tdm_train_config tdm_train_config_default(void) {
@@ -33,8 +36,7 @@ tdm_train_config tdm_train_config_default(void) {
   c.dropout = 0.3;
   c.seed = 42;
   c.eval_batch = 1000;
-  c.accum = 1;
-  c.compress = "none";
+  c.engine = tdm_engine_config_default();
   c.last_batch = "auto";
   c.prefetch = -1;
   c.gpt_config = "mini";
@@ -70,6 +72,9 @@ static int input_shape(const tdm_model_config *mc, int64_t n, int64_t per, int64
   return 2;
 }
 
+/* Every rank runs the same number of forward passes (a sharded engine gathers parameters in each,
+ * collectively): a rank whose shard of the set is smaller ends with a pass over one sample whose
+ * result is not counted. */
 static tdm_status evaluate(tdm_model *m, tdm_tape *tp, const tdm_dataset *ds, int64_t eb, int64_t *idx_buf,
                            tdm_comm_t comm, int64_t max_samples, double *loss_out, double *acc_out) {
   int W = comm ? tdm_comm_size(comm) : 1, R = comm ? tdm_comm_rank(comm) : 0;
@@ -77,14 +82,16 @@ static tdm_status evaluate(tdm_model *m, tdm_tape *tp, const tdm_dataset *ds, in
   if (max_samples > 0 && max_samples < total) total = max_samples;
   int tokens = tdm_dataset_is_tokens(ds);
   int64_t first = total * R / W, n = total * (R + 1) / W - first; /* this rank's shard */
+  int64_t most = (total + W - 1) / W, passes = (most + eb - 1) / eb;
   double loss_sum = 0;
   const tdm_model_config *mc = tdm_model_get_config(m);
   tdm_tape_set_grad_enabled(tp, 0);
   tdm_tape_set_training(tp, 0);
-  for (int64_t b = 0; b < n; b += eb) {
-    int64_t B = n - b < eb ? n - b : eb;
+  for (int64_t k = 0; k < passes; k++) {
+    int64_t b = k * eb, B = n - b < eb ? n - b : eb, counted = B > 0;
+    if (!counted) B = 1, b = 0; /* a pass to keep in step with the other ranks */
     tdm_tape_reset(tp);
-    for (int64_t i = 0; i < B; i++) idx_buf[i] = first + b + i;
+    for (int64_t i = 0; i < B; i++) idx_buf[i] = (first + b + i) % tdm_dataset_len(ds);
     int64_t xs[4], ys[2] = {B, per};
     int nd = input_shape(mc, B, per, xs);
     tdm_tensor *x = tdm_new(tp, tokens ? TDM_I32 : TDM_F32, nd, xs), *y = tdm_new(tp, TDM_I32, tokens ? 2 : 1, ys);
@@ -94,6 +101,7 @@ static tdm_status evaluate(tdm_model *m, tdm_tape *tp, const tdm_dataset *ds, in
     tdm_tensor *logits = tdm_model_forward(m, tp, x);
     tdm_tensor *loss = tdm_cross_entropy(tp, logits, y, -100);
     if (!loss) return tdm__set_error(tdm_tape_status(tp), "evaluation: %s", tdm_tape_error(tp));
+    if (!counted) continue;
     const float *lg = tdm_tensor_data(logits);
     const int32_t *yy = tdm_tensor_data(y);
     int64_t C = tdm_tensor_dim(logits, -1), rows = tdm_tensor_numel(logits) / C;
@@ -131,10 +139,19 @@ static tdm_status parse_kinds(const tdm_train_config *c, tdm_model_kind *mk, tdm
                    strcmp(c->data, "tinyshakespeare")))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "train: data set '%s'; expected fashion-mnist, mnist, synthetic or tinyshakespeare",
                           c->data ? c->data : "(null)");
-  if (c->compress && strcmp(c->compress, "none") && strcmp(c->compress, "bf16") && strcmp(c->compress, "fp16"))
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: compression '%s'; expected none, bf16 or fp16", c->compress);
-  if (c->accum < 0 || c->accum > 1 << 20)
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: accumulation %lld; expected 1..2^20", (long long)c->accum);
+  const tdm_engine_config *e = &c->engine;
+  if ((unsigned)e->kind >= TDM_ENGINE_KIND_COUNT || (e->kind == TDM_ENGINE_ZERO && (e->zero.stage < 1 || e->zero.stage > 3)))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: parallelism %s stage %d; expected dp, or zero with stage 1, 2 or 3",
+                          tdm_engine_kind_name(e->kind), e->zero.stage);
+  if (e->dp.wire_dtype != TDM_F32 && e->dp.wire_dtype != TDM_BF16 && e->dp.wire_dtype != TDM_F16)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: gradients on the wire as %s; expected f32, bf16 or f16",
+                          tdm_dtype_name(e->dp.wire_dtype));
+  if (e->kind == TDM_ENGINE_ZERO && e->dp.wire_dtype != TDM_F32)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --compress %s with --zero %d: ZeRO reduces gradients in f32 only",
+                          tdm_dtype_name(e->dp.wire_dtype), e->zero.stage);
+  if (e->accum < 0 || e->accum > 1 << 20 || !(e->clip >= 0))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: accumulation %lld, clip %g; expected 1..2^20 and >= 0",
+                          (long long)e->accum, (double)e->clip);
   if (c->batch_size < 1 || c->eval_batch < 1 || (c->steps <= 0 && c->epochs < 1))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "train: batch size %lld, epochs %lld, steps %lld; expected batch >= 1 and epochs or steps >= 1",
                           (long long)c->batch_size, (long long)c->epochs, (long long)c->steps);
@@ -146,15 +163,13 @@ static tdm_status parse_kinds(const tdm_train_config *c, tdm_model_kind *mk, tdm
 
 typedef struct {
   tdm_comm_t comm;
-  tdm_dp *dp;
+  tdm_grid *grid;
+  tdm_engine *engine;
   tdm_sampler *sampler;
   double last_loss;
   int stop;                 /* --max-time reached on some rank: every rank stops after this step */
   int64_t tokens_per_sample; /* gpt: T */
   tdm_dataset *train, *test;
-  tdm_model *model;
-  tdm_optim *opt;
-  tdm_tape *tape;
   int64_t *idx;
   FILE *metrics;
   tdm__start_out start; /* the checkpoint directory's lock */
@@ -162,13 +177,11 @@ typedef struct {
 
 static void run_free(run_state *s) {
   tdm_sampler_destroy(s->sampler);
-  tdm_dp_destroy(s->dp);
+  tdm_engine_destroy(s->engine);
+  tdm_grid_destroy(s->grid);
   tdm_comm_destroy(s->comm);
   tdm_dataset_destroy(s->train);
   tdm_dataset_destroy(s->test);
-  tdm_model_destroy(s->model);
-  tdm_optim_destroy(s->opt);
-  tdm_tape_destroy(s->tape);
   tdm__free(s->idx);
   if (s->metrics) fclose(s->metrics);
   tdm__run_start_release(&s->start);
@@ -182,28 +195,27 @@ static tdm_status finite_or_stop(const tdm_train_config *c, double v, int64_t st
                         (long long)step, what, v, where, c->lr);
 }
 
-/* The global gradient norm, measured (and clipped to c->clip when > 0) in one pass over the
- * averaged gradients, so the same on every rank. */
-static tdm_status grad_norm(tdm_params *p, const tdm_train_config *c, int64_t step, int R, int W, float *norm) {
-  tdm_status st = tdm_clip_grad_norm(p, c->clip > 0 ? (float)c->clip : 0.0f, norm);
-  if (st == TDM_OK || isfinite(*norm)) return st; /* not finite: nothing was clipped */
+/* The engine stopped on a gradient norm that is not finite (it is the same on every rank: the
+ * norm of the reduced gradient): say so as the other divergence checks do. */
+static tdm_status grad_norm_error(const tdm_train_config *c, double norm, int64_t step, int R, int W) {
   char where[96] = "";
   if (W > 1) snprintf(where, sizeof where, " (averaged over %d ranks; the same on each, this is rank %d)", W, R);
-  return finite_or_stop(c, *norm, step, "the gradient norm", where);
+  return finite_or_stop(c, norm, step, "the gradient norm", where);
 }
 
 /* Parameters before they are written: an overflowed update can hide from the loss (ReLU maps
- * NaN to 0), never from the files. */
-static tdm_status params_finite(const tdm_params *p, const tdm_train_config *c, int64_t steps_done) {
-  const float *w = tdm_params_data(p);
-  int64_t n = tdm_params_numel(p), i = 0;
-  while (!c->allow_nonfinite && i < n && isfinite(w[i])) i++;
-  if (c->allow_nonfinite || i == n) return TDM_OK;
+ * NaN to 0), never from the files. Collective (a sharded engine looks at every rank's pieces). */
+static tdm_status params_finite(tdm_engine *e, const tdm_train_config *c, int64_t steps_done) {
+  if (c->allow_nonfinite) return TDM_OK;
+  int64_t i;
+  TDM__TRY(tdm_engine_first_nonfinite(e, &i));
+  if (i < 0) return TDM_OK;
+  const tdm_params *p = tdm_model_params(tdm_engine_model(e));
   int k = 0;
   while (k + 1 < tdm_params_count(p) && tdm_params_offset(p, k + 1) <= i) k++;
   char what[160];
   snprintf(what, sizeof what, "parameter '%s' (element %lld)", tdm_tensor_name(tdm_params_get(p, k)), (long long)(i - tdm_params_offset(p, k)));
-  return finite_or_stop(c, w[i], steps_done - 1, what, " after the update");
+  return finite_or_stop(c, NAN, steps_done - 1, what, " after the update");
 }
 
 /* JSON has no NaN or Infinity: a non-finite value is written as null. */
@@ -288,6 +300,9 @@ static int run_identity(tdm__run_identity *id, const tdm_train_config *c, const 
   }
   int n_arch = id->n;
   tdm__identity_add(id, "tandem.optimizer", "optimizer", NULL, "%s", c->optimizer);
+  /* the state's layout: ZeRO shards, per rank, until checkpoints reshard */
+  tdm__identity_add(id, "tandem.zero_stage", "ZeRO stage (0: data parallel)", NULL, "%d",
+                    c->engine.kind == TDM_ENGINE_ZERO ? c->engine.zero.stage : 0);
   tdm__identity_add(id, "tandem.global_batch", "global batch (ranks x batch size x accumulation)", "batch", "%lld", (long long)G);
   if (gpt) tdm__identity_add(id, "tandem.seq_len", "sequence length", "batch", "%lld", (long long)T);
   tdm__identity_add(id, "tandem.data", "data set", "data", "%s", c->data);
@@ -310,17 +325,53 @@ static tdm_status eval_record(run_state *s, const tdm_train_config *c, int gpt, 
   return finite_or_stop(c, loss, step - 1, gpt ? "the validation loss after it" : "the test loss after it", "");
 }
 
-static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_state *s) {
-  tdm_model_kind mk = TDM_MODEL_MLP;
+/* The engine asks for micro-batches: this rank's slices of the global batch (tandem/sampler.h). */
+typedef struct {
+  tdm_sampler *sampler;
+  const tdm_model_config *mc;
+  int64_t per; /* features, or tokens, per sample */
+} batch_src;
+
+static tdm_status next_batch(void *ctx, tdm_tape *tp, int64_t micro, tdm_tensor **x, tdm_tensor **y, int64_t *base) {
+  (void)micro;
+  batch_src *b = ctx;
+  const float *bx;
+  const int32_t *by;
+  int64_t n;
+  TDM__TRY(tdm_sampler_next(b->sampler, &bx, &by, &n, base));
+  int64_t xs[4], ys[2] = {n, b->per};
+  int nd = input_shape(b->mc, n, b->per, xs), tokens = b->mc->kind == TDM_MODEL_GPT;
+  *x = tdm_from_data(tp, tokens ? TDM_I32 : TDM_F32, nd, xs, bx);
+  *y = tdm_from_data(tp, TDM_I32, tokens ? 2 : 1, ys, by);
+  return *x && *y ? TDM_OK : tdm__set_error(tdm_tape_status(tp), "%s", tdm_tape_error(tp));
+}
+
+/* The memory measured so far, as a JSON object of peaks per category and in total. */
+static void mem_json(char *b, size_t n) {
+  tdm_mem_stats m;
+  tdm_mem_stats_get(&m);
+  size_t at = (size_t)snprintf(b, n, "{");
+  for (int k = 0; k < TDM_MEM_COUNT && at < n; k++)
+    at += (size_t)snprintf(b + at, n - at, "\"%s\":%lld,", tdm_mem_category_name((tdm_mem_category)k), (long long)m.peak[k]);
+  if (at < n) snprintf(b + at, n - at, "\"total\":%lld}", (long long)m.peak_total);
+}
+
+/* What a run is, before anything large exists: the data sets opened, the model's and optimizer's
+ * configurations, the sampler, and the memory plan. Shared by tdm_train_run and tdm_train_plan. */
+typedef struct {
+  tdm_model_kind mk;
+  tdm_model_config mc;
+  tdm_optim_config oc;
+  tdm_engine_config ec;
+  int64_t T, K, N, B, per, eb, G;
+  int prefetch;
+  tdm_plan plan;
+} prepared;
+
+static tdm_status prepare(const tdm_train_config *c, int W, int R, tdm_transport_kind transport, run_state *s, prepared *p) {
   tdm_optim_kind ok = TDM_OPT_ADAM;
-  TDM__TRY(parse_kinds(c, &mk, &ok));
-  TDM__TRY(tdm_set_num_threads(c->threads));
-  tdm_comm_config cc;
-  TDM__TRY(tdm_comm_config_from_env(&cc));
-  int W = cc.size, R = cc.rank;
-  if (W > 1) TDM__TRY(tdm_comm_create(&s->comm, &cc));
-  res->world_size = W;
-  res->rank = R;
+  TDM__TRY(parse_kinds(c, &p->mk, &ok));
+  tdm_model_kind mk = p->mk;
   tdm_model_config mc = mk == TDM_MODEL_MLP ? tdm_model_config_mlp() : mk == TDM_MODEL_CNN ? tdm_model_config_cnn() : tdm_model_config_gpt_mini();
   if (mk == TDM_MODEL_GPT) {
     int64_t given[5] = {c->n_layer, c->n_head, c->n_embd, c->block_size, c->vocab_size};
@@ -335,18 +386,22 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   if (mk == TDM_MODEL_GPT && (T < 1 || T > mc.block_size))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --seq-len %lld; expected 1..block size %lld", (long long)T,
                           (long long)mc.block_size);
+  tdm_mem_category scope = tdm__mem_scope(TDM_MEM_DATA); /* the data sets and the sampler's batches */
+  tdm_status st = TDM_OK;
   if (mk == TDM_MODEL_GPT) { /* the first 90% of the text trains, the rest validates */
     const char *path = c->data_path ? c->data_path : "data/tinyshakespeare.txt";
-    TDM__TRY(tdm_dataset_open_text_part(&s->train, path, T, 0.0, 0.9));
-    TDM__TRY(tdm_dataset_open_text_part(&s->test, path, T, 0.9, 1.0));
+    st = tdm_dataset_open_text_part(&s->train, path, T, 0.0, 0.9);
+    if (st == TDM_OK) st = tdm_dataset_open_text_part(&s->test, path, T, 0.9, 1.0);
   } else if (!strcmp(c->data, "synthetic")) { /* Fashion-MNIST's shape and sizes, generated */
     int64_t shp[3] = {1, 28, 28};
-    TDM__TRY(tdm_dataset_open_synthetic(&s->train, 60000, 3, shp, 10, 0x5eed, 0));
-    TDM__TRY(tdm_dataset_open_synthetic(&s->test, 10000, 3, shp, 10, 0x5eed, 1ull << 40));
+    st = tdm_dataset_open_synthetic(&s->train, 60000, 3, shp, 10, 0x5eed, 0);
+    if (st == TDM_OK) st = tdm_dataset_open_synthetic(&s->test, 10000, 3, shp, 10, 0x5eed, 1ull << 40);
   } else {
-    TDM__TRY(tdm_dataset_open_idx(&s->train, c->data_dir, 1));
-    TDM__TRY(tdm_dataset_open_idx(&s->test, c->data_dir, 0));
+    st = tdm_dataset_open_idx(&s->train, c->data_dir, 1);
+    if (st == TDM_OK) st = tdm_dataset_open_idx(&s->test, c->data_dir, 0);
   }
+  tdm__mem_scope(scope);
+  TDM__TRY(st);
   int64_t shape[4], tshape[4];
   int nd = tdm_dataset_sample_shape(s->train, shape), tnd = tdm_dataset_sample_shape(s->test, tshape);
   if (mk != TDM_MODEL_GPT && (nd != tnd || memcmp(shape, tshape, sizeof(int64_t) * (size_t)nd) != 0))
@@ -361,24 +416,15 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
     mc.height = shape[1];
     mc.width = shape[2];
   }
-  TDM__TRY(tdm_model_create(&s->model, &mc, c->seed));
-  tdm_params *params = tdm_model_params(s->model);
-  if (c->init_weights) TDM__TRY(tdm_params_load(params, c->init_weights, 0));
   tdm_optim_config oc = tdm_optim_config_default(ok);
   oc.lr = (float)c->lr;
   if (c->weight_decay >= 0) oc.weight_decay = (float)c->weight_decay;
   oc.momentum = (float)c->momentum;
   oc.decay_matrices_only = c->decay_matrices_only;
-  TDM__TRY(tdm_optim_create(&s->opt, &oc, params));
-  TDM__TRY(tdm_tape_create(&s->tape, 16u << 20));
-  if (s->comm) {
-    tdm_dp_config dc = {c->bucket_bytes, 0, !c->compress || !strcmp(c->compress, "none") ? TDM_F32 : !strcmp(c->compress, "bf16") ? TDM_BF16 : TDM_F16,
-                        c->no_overlap};
-    TDM__TRY(tdm_dp_create(&s->dp, s->comm, params, &dc));
-  }
-  int64_t K = c->accum > 1 ? c->accum : 1;
-  int64_t N = tdm_dataset_len(s->train), B = c->batch_size, per = tdm_dataset_sample_numel(s->train);
-  int64_t G = B * W * K; /* samples per optimizer step, all ranks */
+  tdm_engine_config ec = c->engine;
+  ec.allow_nonfinite = c->allow_nonfinite;
+  int64_t K = ec.accum > 1 ? ec.accum : 1;
+  int64_t N = tdm_dataset_len(s->train), B = c->batch_size;
   tdm_last_batch last = TDM_LAST_PARTIAL; /* one process: keep the smaller last batch, as DataLoader */
   if (c->last_batch && !strcmp(c->last_batch, "drop")) last = TDM_LAST_DROP;
   else if ((c->last_batch && !strcmp(c->last_batch, "pad")) || W > 1 || K > 1) last = TDM_LAST_PAD;
@@ -388,28 +434,73 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   int prefetch = c->prefetch;
   if (prefetch < 0) prefetch = tdm_spare_core(W); /* auto: only beside compute, never instead of it */
   tdm_sampler_config sc = {B, K, W, R, c->seed, last, prefetch};
-  TDM__TRY(tdm_sampler_create(&s->sampler, s->train, &sc));
+  int64_t eb = c->eval_batch > B ? c->eval_batch : B;
+  scope = tdm__mem_scope(TDM_MEM_DATA);
+  st = tdm_sampler_create(&s->sampler, s->train, &sc);
+  if (st == TDM_OK && !(s->idx = tdm__malloc(sizeof(int64_t) * (size_t)eb)))
+    st = tdm__set_error(TDM_ERR_NO_MEMORY, "train: out of memory");
+  tdm__mem_scope(scope);
+  TDM__TRY(st);
+  memset(p, 0, sizeof *p);
+  p->mk = mk, p->mc = mc, p->oc = oc, p->ec = ec, p->T = T, p->K = K, p->N = N, p->B = B, p->eb = eb, p->G = B * W * K;
+  p->per = tdm_dataset_sample_numel(s->train), p->prefetch = prefetch;
+  /* the plan, before anything large exists */
+  tdm_plan_config pcfg = {mc, oc, ec, W, B, T, mk == TDM_MODEL_GPT ? B : eb, 0, prefetch, transport};
+  tdm_mem_stats ms;
+  tdm_mem_stats_get(&ms);
+  pcfg.data_bytes = ms.current[TDM_MEM_DATA]; /* the data sets as opened, and their batches */
+  return tdm_plan_compute(&pcfg, &p->plan);
+}
+
+tdm_status tdm_train_plan(const tdm_train_config *c, int world, tdm_plan *out) {
+  if (!c || !out || world < 1) return tdm__set_error(TDM_ERR_INVALID_ARG, "train_plan: NULL argument or world %d", world);
+  run_state s = {0};
+  s.start.lock_fd = -1;
+  prepared p;
+  tdm_status st = prepare(c, world, 0, world > 1 ? TDM_TRANSPORT_SHM : TDM_TRANSPORT_AUTO, &s, &p);
+  if (st == TDM_OK) *out = p.plan;
+  run_free(&s);
+  return st;
+}
+
+static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_state *s) {
+  TDM__TRY(tdm_set_num_threads(c->threads));
+  tdm_comm_config cc;
+  TDM__TRY(tdm_comm_config_from_env(&cc));
+  int W = cc.size, R = cc.rank;
+  if (W > 1) TDM__TRY(tdm_comm_create(&s->comm, &cc));
+  TDM__TRY(tdm_grid_create(&s->grid, s->comm, 0, 1, 1)); /* every rank on the data axis */
+  res->world_size = W;
+  res->rank = R;
+  prepared pp;
+  TDM__TRY(prepare(c, W, R, s->comm ? tdm_comm_transport(s->comm) : TDM_TRANSPORT_AUTO, s, &pp));
+  tdm_model_kind mk = pp.mk;
+  tdm_model_config mc = pp.mc;
+  int64_t T = pp.T, K = pp.K, N = pp.N, B = pp.B, per = pp.per, eb = pp.eb, G = pp.G;
+  tdm_status st;
+  FILE *pf = R == 0 ? c->progress : NULL;
+  progress pr = {pf, pf ? isatty(fileno(pf)) : 0, 0};
+  if (pr.f) tdm_plan_print(pr.f, &pp.plan, c->memory_limit); /* refused here if it does not fit */
+  TDM__TRY(tdm_plan_check(&pp.plan, c->memory_limit));
+  TDM__TRY(tdm_engine_create(&s->engine, &mc, c->seed, &pp.oc, s->grid, &pp.ec));
+  tdm_params *params = tdm_model_params(tdm_engine_model(s->engine));
+  if (c->init_weights) TDM__TRY(tdm_engine_load_weights(s->engine, c->init_weights));
   int64_t steps_per_epoch = tdm_sampler_steps_per_epoch(s->sampler);
   int64_t total = c->steps > 0 ? c->steps : c->epochs * steps_per_epoch;
-  int64_t eb = c->eval_batch > B ? c->eval_batch : B;
   s->tokens_per_sample = mk == TDM_MODEL_GPT ? T : 0;
   tdm_lr_schedule sched = {c->lr_schedule && !strcmp(c->lr_schedule, "cosine") ? TDM_LR_COSINE : TDM_LR_CONSTANT,
                            (float)c->lr, c->warmup_steps, total, (float)c->lr / 10, 0, 0};
-  s->idx = tdm__malloc(sizeof(int64_t) * (size_t)eb);
-  if (!s->idx) return tdm__set_error(TDM_ERR_NO_MEMORY, "train: out of memory");
-  FILE *pf = R == 0 ? c->progress : NULL;
-  progress pr = {pf, pf ? isatty(fileno(pf)) : 0, 0};
   if (pr.f)
-    fprintf(pr.f, "tandem train: %s on %s (%lld train / %lld test samples), %lld parameters, %s lr %g, batch %lld x %d rank%s%s, %d thread%s per rank%s%s\n",
+    fprintf(pr.f, "tandem train: %s on %s (%lld train / %lld test samples), %lld parameters, %s lr %g, batch %lld x %d rank%s%s, %d thread%s per rank, %s%s%s\n",
             c->model, c->data, (long long)N, (long long)tdm_dataset_len(s->test), (long long)tdm_params_numel(params),
             c->optimizer, c->lr, (long long)B, W, W == 1 ? "" : "s", K > 1 ? " x accum" : "", tdm_get_num_threads(),
-            tdm_get_num_threads() == 1 ? "" : "s", s->comm ? ", transport " : "",
+            tdm_get_num_threads() == 1 ? "" : "s", tdm_engine_describe(s->engine), s->comm ? ", transport " : "",
             s->comm ? tdm_transport_name(tdm_comm_transport(s->comm)) : "");
   tdm__run_identity id = {0};
   int n_arch_meta = run_identity(&id, c, &mc, G, T, N);
   const char *weights_meta[2 + 2 * TDM__IDENTITY_MAX] = {"format", "pt"}; /* the architecture (what generate needs) */
   memcpy(weights_meta + 2, id.kv, sizeof(char *) * 2 * (size_t)n_arch_meta);
-  tdm__start_in si = {c, s->comm, R, W, params, s->opt, &id, pr.f};
+  tdm__start_in si = {c, s->comm, R, W, s->engine, &id, pr.f};
   TDM__TRY(tdm__run_start(&si, &s->start));
   s->metrics = s->start.metrics;
   s->start.metrics = NULL;
@@ -422,81 +513,26 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   if (step >= total && pr.f) fprintf(pr.f, "tandem train: the checkpoint is at step %lld; nothing left to do\n", (long long)step);
   int64_t epoch = step / steps_per_epoch;
   step_record rec = {0};
+  batch_src bs = {s->sampler, &mc, per};
+  tdm_mem_peak_reset(); /* the peaks from here on are the training's */
   while (step < total) {
     TDM__TRY(tdm_sampler_seek(s->sampler, step));
     for (int64_t si = step % steps_per_epoch; si < steps_per_epoch && step < total; si++, step++) {
-      double t0 = tdm_time_now(), t_fwd = 0, t_bwd = 0, t_wait = 0;
-      int64_t step_samples = 0;
-      double loss_sum = 0, correct = 0;
-      tdm_params_zero_grad(params);
-      for (int64_t m = 0; m < K; m++) {
-        /* this rank's slice of the global batch (see tandem/sampler.h) */
-        const float *bx;
-        const int32_t *by;
-        int64_t Bn, b;
-        TDM__TRY(tdm_sampler_next(s->sampler, &bx, &by, &Bn, &b));
-        double ta = tdm_time_now();
-        tdm_tape *tp = s->tape;
-        tdm_tape_reset(tp);
-        tdm_tape_set_training(tp, 1);
-        tdm_tape_set_dropout_key(tp, tdm_hash64(c->seed, (uint64_t)step), b);
-        int64_t xs[4], ys[2] = {Bn, per};
-        int nd = input_shape(&mc, Bn, per, xs);
-        int tokens = mk == TDM_MODEL_GPT;
-        tdm_tensor *x = tdm_from_data(tp, tokens ? TDM_I32 : TDM_F32, nd, xs, bx),
-                   *y = tdm_from_data(tp, TDM_I32, tokens ? 2 : 1, ys, by);
-        if (!x || !y) return tdm__set_error(tdm_tape_status(tp), "%s", tdm_tape_error(tp));
-        tdm_tensor *logits = tdm_model_forward(s->model, tp, x);
-        tdm_tensor *loss = tdm_cross_entropy(tp, logits, y, -100);
-        if (!loss) return tdm__set_error(tdm_tape_status(tp), "step %lld: %s", (long long)step, tdm_tape_error(tp));
-        { /* training accuracy of this batch, for the progress line */
-          const float *lg = tdm_tensor_data(logits);
-          int64_t C = tdm_tensor_dim(logits, -1), rows = tdm_tensor_numel(logits) / C;
-          for (int64_t i = 0; i < rows; i++) {
-            int64_t best = 0;
-            for (int64_t k = 1; k < C; k++)
-              if (lg[i * C + k] > lg[i * C + best]) best = k;
-            correct += best == by[i];
-          }
-        }
-        double tb = tdm_time_now();
-        if (s->dp) tdm_dp_set_sync(s->dp, m == K - 1);
-        if (K > 1) { /* mean over the K micro-batches: seed backward with 1/K */
-          int64_t one[1] = {1};
-          tdm_tensor *g = tdm_new(tp, TDM_F32, 0, one);
-          if (!g) return tdm__set_error(tdm_tape_status(tp), "%s", tdm_tape_error(tp));
-          *(float *)tdm_tensor_data(g) = 1.0f / (float)K;
-          TDM__TRY(tdm_backward_with(tp, loss, g));
-        } else {
-          TDM__TRY(tdm_backward(tp, loss));
-        }
-        if (s->dp) {
-          double w;
-          TDM__TRY(tdm_dp_finish(s->dp, &w));
-          t_wait += w;
-        }
-        double tc = tdm_time_now();
-        t_fwd += tb - ta;
-        t_bwd += tc - tb;
-        loss_sum += ((float *)tdm_tensor_data(loss))[0];
-        step_samples += Bn;
-      }
-      double t2 = tdm_time_now();
-      float gnorm;
-      TDM__TRY(grad_norm(params, c, step, R, W, &gnorm));
+      double t0 = tdm_time_now();
       float lr = tdm_lr_at(&sched, step);
-      TDM__TRY(tdm_optim_step(s->opt, lr));
+      tdm_step_stats ss;
+      st = tdm_engine_step(s->engine, next_batch, &bs, tdm_hash64(c->seed, (uint64_t)step), lr, &ss);
+      if (st != TDM_OK && !isfinite(ss.grad_norm)) return grad_norm_error(c, ss.grad_norm, step, R, W);
+      if (st != TDM_OK) return tdm__set_error(st, "step %lld: %s", (long long)step, tdm_last_error());
       double t3 = tdm_time_now();
-      double local_loss = loss_sum / (double)K;
-      if (!s->comm) TDM__TRY(finite_or_stop(c, local_loss, step, "the loss", "")); /* several ranks: the mean, in flush_record */
+      if (!s->comm) TDM__TRY(finite_or_stop(c, ss.loss, step, "the loss", "")); /* several ranks: the mean, in flush_record */
       /* the global loss and accuracy travel without blocking: started now, collected (and the
        * step's record written) during the next step, so they add no synchronisation point */
       TDM__TRY(flush_record(s, &rec, &pr, c));
-      double rows = mk == TDM_MODEL_GPT ? (double)(step_samples * T) : (double)step_samples;
       int time_up = c->max_time > 0 && train_time + (t3 - t0) >= c->max_time;
-      rec = (step_record){.pending = 1, .step = step, .epoch = epoch, .lr = lr, .stats = {local_loss / W, correct, rows, time_up},
-                          .dt = t3 - t0, .t_fwd = t_fwd, .t_bwd = t_bwd - t_wait * 1e-3, .t_wait = t_wait * 1e-3,
-                          .t_opt = t3 - t2, .samples = (double)step_samples * W, .total = total, .G = G, .grad_norm = gnorm};
+      rec = (step_record){.pending = 1, .step = step, .epoch = epoch, .lr = lr, .stats = {ss.loss / W, ss.correct, ss.rows, time_up},
+                          .dt = t3 - t0, .t_fwd = ss.t_forward, .t_bwd = ss.t_backward, .t_wait = ss.t_comm_wait,
+                          .t_opt = ss.t_update, .samples = (double)ss.samples * W, .total = total, .G = G, .grad_norm = ss.grad_norm};
       if (s->comm) TDM__TRY(tdm_comm_iallreduce(s->comm, rec.stats, rec.stats, 4, TDM_F64, TDM_SUM, TDM_ALGO_AUTO, &rec.work));
       if (!s->comm && time_up) s->stop = 1;
       if (s->stop) total = step + 1; /* a rank's time ran out (seen one step late, by all alike) */
@@ -507,14 +543,15 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
       rec.train_time = train_time;
       if (c->checkpoint_dir && ((c->checkpoint_every > 0 && (step + 1) % c->checkpoint_every == 0) || step + 1 == total)) {
         TDM__TRY(flush_record(s, &rec, &pr, c)); /* on every rank: this step's mean loss is checked before it is saved */
-        TDM__TRY(params_finite(params, c, step + 1));
+        TDM__TRY(params_finite(s->engine, c, step + 1));
         tdm_ckpt_info ci = {step + 1, W, c->seed, id.n - 1, id.kv}; /* the seed is the checkpoint's own key */
-        if (R == 0) TDM__TRY(tdm_ckpt_save(c->checkpoint_dir, params, s->opt, &ci, 2));
+        TDM__TRY(tdm__engine_ckpt_save(s->engine, s->comm, c->checkpoint_dir, &ci, 2));
       }
       if (mk == TDM_MODEL_GPT && c->val_every > 0 && (step + 1) % c->val_every == 0 && step + 1 < total) {
         double vl, va;
         TDM__TRY(flush_record(s, &rec, &pr, c));
-        TDM__TRY(evaluate(s->model, s->tape, s->test, B, s->idx, s->comm, c->val_batches * B * W, &vl, &va));
+        TDM__TRY(evaluate(tdm_engine_model(s->engine), tdm_engine_tape(s->engine), s->test, B, s->idx, s->comm,
+                          c->val_batches * B * W, &vl, &va));
         if (pr.f) fprintf(pr.f, "%sstep %lld: val loss %.4f\n", pr.tty ? "\n" : "", (long long)step + 1, vl);
         TDM__TRY(eval_record(s, c, 1, 0, step + 1, vl, va));
       }
@@ -525,9 +562,9 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
     TDM__TRY(flush_record(s, &rec, &pr, c));
     if (epoch_done) {
       double tl = 0, ta = 0;
-      TDM__TRY(params_finite(params, c, step));
-      TDM__TRY(evaluate(s->model, s->tape, s->test, mk == TDM_MODEL_GPT ? B : eb, s->idx, s->comm,
-                        mk == TDM_MODEL_GPT ? c->val_batches * B * W : 0, &tl, &ta));
+      TDM__TRY(params_finite(s->engine, c, step));
+      TDM__TRY(evaluate(tdm_engine_model(s->engine), tdm_engine_tape(s->engine), s->test, mk == TDM_MODEL_GPT ? B : eb, s->idx,
+                        s->comm, mk == TDM_MODEL_GPT ? c->val_batches * B * W : 0, &tl, &ta));
       res->test_loss = tl;
       res->test_accuracy = ta;
       if (pr.f && mk == TDM_MODEL_GPT) {
@@ -543,8 +580,13 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
     epoch++;
   }
   TDM__TRY(flush_record(s, &rec, &pr, c));
-  TDM__TRY(params_finite(params, c, step));
-  if (c->save_weights && R == 0) TDM__TRY(tdm_params_save(params, c->save_weights, n_arch_meta + 1, weights_meta));
+  TDM__TRY(params_finite(s->engine, c, step));
+  if (c->save_weights) TDM__TRY(tdm_engine_save_weights(s->engine, c->save_weights, n_arch_meta + 1, weights_meta));
+  if (s->metrics) { /* what the run held, measured: to set beside the plan printed at the start */
+    char mem[600];
+    mem_json(mem, sizeof mem);
+    fprintf(s->metrics, "{\"step\":%lld,\"memory_peak\":%s}\n", (long long)step, mem);
+  }
   TDM__TRY(metrics_ok(s, c));
   FILE *mf = s->metrics;
   s->metrics = NULL;

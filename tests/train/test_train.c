@@ -137,7 +137,7 @@ static void test_tokens_per_step(void) {
   CHECK(r.tokens_per_sec > 0 && r.tokens_per_sec == r.samples_per_sec * 1024);
   c.gpt_config = "mini";
   c.seq_len = 32;
-  c.accum = 3;
+  c.engine.accum = 3;
   CHECK_OK(tdm_train_run(&c, &r));
   CHECK(r.samples_per_step == 6 && r.tokens_per_step == 6 * 32 && r.tokens_per_sec == r.samples_per_sec * 32);
   c = base();
