@@ -154,9 +154,21 @@ tdm_status tdm__sendrecv(struct tdm_comm *c, int to, const void *sbuf, size_t sn
 /* Scratch of at least n bytes owned by the communicator. */
 void *tdm__comm_scratch(struct tdm_comm *c, size_t n);
 
-/* Parses "100us,1gbps" (latency and/or bandwidth; units ns us ms s, and kbps mbps gbps for
- * bits or KB/s MB/s GB/s for bytes). */
+/* Configuration (config.c). Parses "100us,1gbps" (latency and/or bandwidth; units ns us ms s,
+ * and kbps mbps gbps for bits or KB/s MB/s GB/s for bytes). */
 tdm_status tdm__parse_net_emulate(const char *spec, double *latency_s, double *bytes_per_s);
+/* TANDEM_TIMEOUT into *out (unchanged when unset); LOCAL_WORLD_SIZE (or Open MPI's) into *out, 0
+ * when unset. TDM_ERR_INVALID_ARG naming the value when malformed. */
+tdm_status tdm__env_timeout(double *out);
+tdm_status tdm__env_local_size(int *out);
+/* TANDEM_ALGO's value into c->algo_for / c->algo_plain, checked against c (docs/algorithms.md). */
+tdm_status tdm__parse_algo_env(struct tdm_comm *c, const char *spec);
+/* Whether algorithm a can run collective kind k on c; what can ("ring, rd, ..., auto"); the
+ * algorithm of a call that passed a (its own choice, else TANDEM_ALGO's, else AUTO). */
+int tdm__algo_applies(const struct tdm_comm *c, int k, tdm_algo a);
+const char *tdm__algos_for(const struct tdm_comm *c, int k, char *buf, size_t n);
+tdm_algo tdm__algo_pick(const struct tdm_comm *c, int kind, tdm_algo a);
+static inline int tdm__pow2(int p) { return p > 0 && (p & (p - 1)) == 0; }
 
 /* avg's final division of n elements by d. */
 void tdm__scale_avg(void *buf, size_t n, tdm_dtype dt, int d);

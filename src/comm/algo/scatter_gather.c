@@ -5,8 +5,6 @@
 
 #include "comm/comm_impl.h"
 
-static int is_pow2(int p) { return p > 0 && (p & (p - 1)) == 0; }
-
 tdm_status tdm__reduce_scatter_ring(struct tdm_comm *c, void *buf, size_t count, tdm_dtype dt, tdm_redop op) {
   int P = c->size, r = c->rank, next = (r + 1) % P, prev = (r + P - 1) % P;
   if (P == 1) return TDM_OK;
@@ -65,7 +63,7 @@ tdm_status tdm__rd_doubling(struct tdm_comm *c, int me, int p2, const int *old, 
 
 tdm_status tdm__reduce_scatter_rhd(struct tdm_comm *c, void *buf, size_t count, tdm_dtype dt, tdm_redop op) {
   int P = c->size;
-  if (!is_pow2(P))
+  if (!tdm__pow2(P))
     return tdm__set_error(TDM_ERR_NOT_SUPPORTED, /* refused before any message: the communicator is fine */
                           "reduce-scatter by recursive halving needs a power-of-two world size, not %d (use ring)", P);
   int old[P];
@@ -77,7 +75,7 @@ tdm_status tdm__reduce_scatter_rhd(struct tdm_comm *c, void *buf, size_t count, 
 
 tdm_status tdm__allgather_rd(struct tdm_comm *c, void *buf, size_t count, tdm_dtype dt) {
   int P = c->size;
-  if (!is_pow2(P))
+  if (!tdm__pow2(P))
     return tdm__set_error(TDM_ERR_NOT_SUPPORTED,
                           "all-gather by recursive doubling needs a power-of-two world size, not %d (use ring)", P);
   int old[P];
