@@ -5,12 +5,13 @@
  * One segment per communicator, created by rank 0 under a fresh name that it publishes through
  * the store, and unlinked as soon as everyone has mapped it (so a crash leaves nothing in
  * /dev/shm). It holds:
- *   - a control block per rank: its pid, three progress counters and the call it is in (for
+ *   - a control block per rank: its pid, two progress counters and the call it is in (for
  *     mismatches found while waiting), each on its own cache line;
  *   - a ring buffer per ordered pair (single producer, single consumer) for point-to-point
  *     messages, which every generic algorithm uses; each message carries the checked header;
- *   - two sets of data slots, one slot per rank, for the slot collectives, each with the identity
- *     of the call and round whose data it holds, checked before the data is read.
+ *   - two sets of data slots, one slot per rank, for the slot collectives, each with a ready word
+ *     that carries the round and the identity of the call whose data it holds, checked before the
+ *     data is read.
  * Waiting spins briefly, then sleeps in growing naps (tdm__backoff), and every few milliseconds
  * checks the deadline, the segment's abort flag, the peers' calls, and whether the awaited
  * peer's process still exists; a peer found gone is declared dead only if what we wait for is
@@ -50,18 +51,21 @@ typedef struct {
 typedef struct {
   _Atomic int32_t pid;
   char pad0[LINE - 4];
-  counter ready, done, fin; /* slot collective round progress */
+  counter done, fin; /* slot collective round progress */
   announcement call;
 } rank_ctl;
 
-/* What a slot holds: written before ready, read after it. */
+/* A slot is ready: the round its data belongs to, and the call and communicator of that round,
+ * on one cache line, so a peer reads the identity with the same miss that brings the round.
+ * One per slot (parity and rank): a slot's line is not rewritten before every rank's fin of the
+ * round, so what a peer reads after seeing the round is that round's identity. */
 typedef struct {
+  _Atomic uint64_t round;
+  uint32_t comm_id, pad;
   tdm__call call;
-  uint32_t comm_id;
-  uint64_t round;
-  char pad[LINE - sizeof(tdm__call) - 16];
-} slot_id;
-_Static_assert(sizeof(slot_id) == LINE, "one slot identity per cache line");
+  char pad2[LINE - 16 - sizeof(tdm__call)];
+} slot_ready;
+_Static_assert(sizeof(slot_ready) == LINE, "one ready word per cache line");
 
 typedef struct {
   _Atomic uint64_t head; /* bytes written, by the producer */
@@ -89,7 +93,7 @@ typedef struct {
   seg_hdr *hdr;
   rank_ctl *ctl;   /* [size] */
   ring_ctl *rctl;  /* [size * size], from * size + to */
-  slot_id *sid;    /* [2 * size], parity * size + rank */
+  slot_ready *rdy; /* [2 * size], parity * size + rank */
   unsigned char *rings, *slots;
   size_t ring_bytes, slot_bytes;
   uint64_t round;  /* slot rounds done by this rank */
@@ -372,9 +376,9 @@ static const tdm__transport_ops shm_ops = {"shm", run, shm_abort, shm_destroy, s
 /* ---- slot collectives ------------------------------------------------------------------------
  * Rounds of at most slot_bytes per rank, double-buffered by parity. In round k a rank
  *   1. waits until every rank finished round k-2, which used the same slots (round_start);
- *   2. copies its input chunk into its slot, writes the call and round into the slot's identity,
- *      publishes ready = k, waits for every rank's ready, and compares every slot's identity
- *      with its own before it reads any of them (round_ready);
+ *   2. copies its input chunk into its slot, publishes the slot's ready word (round k and the
+ *      call), waits for every rank's, and compares every slot's call with its own before it reads
+ *      any of them (round_ready);
  *   3. reduces or copies what it needs from the slots;
  *   4. publishes fin = k.
  * Every reduced element is summed in rank order 0..P-1, whoever sums it and in whichever round,
@@ -386,19 +390,20 @@ static tdm_status round_start(shm_tr *t, struct tdm_comm *c, uint64_t k, double 
 
 static tdm_status round_ready(shm_tr *t, struct tdm_comm *c, uint64_t k, double deadline) {
   int par = (int)(k & 1), P = t->base.size, me = t->base.rank;
-  slot_id *mine = &t->sid[par * P + me];
+  slot_ready *mine = &t->rdy[par * P + me];
   mine->call = c->cur;
   mine->comm_id = c->comm_id;
-  mine->round = k;
-  atomic_store_explicit(&t->ctl[me].ready.v, k, memory_order_release);
-  for (int q = 0; q < P; q++) TDM__TRY(wait_counter(t, c, &t->ctl[q].ready, k, q, deadline, NULL));
-  for (int q = 0; q < P; q++) { /* nobody writes slot k & 1 again before my fin = k */
-    const slot_id *id = &t->sid[par * P + q];
+  atomic_store_explicit(&mine->round, k, memory_order_release);
+  for (int q = 0; q < P; q++) {
+    slot_ready *r = &t->rdy[par * P + q];
+    waiter w = {0};
+    uint64_t got;
+    while ((got = atomic_load_explicit(&r->round, memory_order_acquire)) < k) TDM__TRY(idle(t, &w, c, q, deadline, NULL));
     if (q == me) continue;
-    TDM__TRY(tdm__check_call(c, q, &c->cur, c->comm_id, &id->call, id->comm_id));
-    if (id->round != k) /* the same call in another round: the ranks' histories differ */
+    TDM__TRY(tdm__check_call(c, q, &c->cur, c->comm_id, &r->call, r->comm_id));
+    if (got != k) /* the same call in another round: the ranks' histories differ */
       return tdm__comm_fail(c, TDM_ERR_MISMATCH, "rank %d is in shared-memory round %llu of the call where rank %d is in round %llu",
-                            q, (unsigned long long)id->round, me, (unsigned long long)k);
+                            q, (unsigned long long)got, me, (unsigned long long)k);
   }
   return TDM_OK;
 }
@@ -539,8 +544,8 @@ tdm_status tdm__shm_transport_create(tdm__transport **out, struct tdm_comm *c, c
   t->slot_bytes = SLOT_BYTES;
   size_t off_ctl = align_up(sizeof(seg_hdr), 4096);
   size_t off_rctl = align_up(off_ctl + sizeof(rank_ctl) * (size_t)P, 4096);
-  size_t off_sid = align_up(off_rctl + sizeof(ring_ctl) * (size_t)P * (size_t)P, 4096);
-  size_t off_rings = align_up(off_sid + sizeof(slot_id) * 2 * (size_t)P, 4096);
+  size_t off_rdy = align_up(off_rctl + sizeof(ring_ctl) * (size_t)P * (size_t)P, 4096);
+  size_t off_rings = align_up(off_rdy + sizeof(slot_ready) * 2 * (size_t)P, 4096);
   size_t off_slots = off_rings + t->ring_bytes * (size_t)P * (size_t)P;
   t->total = off_slots + 2 * t->slot_bytes * (size_t)P;
   double deadline = tdm_time_now() + c->timeout_s;
@@ -590,7 +595,7 @@ tdm_status tdm__shm_transport_create(tdm__transport **out, struct tdm_comm *c, c
     t->hdr = (seg_hdr *)t->base_ptr;
     t->ctl = (rank_ctl *)(t->base_ptr + off_ctl);
     t->rctl = (ring_ctl *)(t->base_ptr + off_rctl);
-    t->sid = (slot_id *)(t->base_ptr + off_sid);
+    t->rdy = (slot_ready *)(t->base_ptr + off_rdy);
     t->rings = t->base_ptr + off_rings;
     t->slots = t->base_ptr + off_slots;
     if (me == 0) { /* a new file is zero-filled: counters and rings start empty */
@@ -598,7 +603,7 @@ tdm_status tdm__shm_transport_create(tdm__transport **out, struct tdm_comm *c, c
       t->hdr->ring_bytes = t->ring_bytes;
       t->hdr->slot_bytes = t->slot_bytes;
       t->hdr->total = t->total;
-      t->hdr->version = 2; /* 2: slot identities */
+      t->hdr->version = 2; /* 2: identities with the slots' ready words */
       atomic_thread_fence(memory_order_release);
       t->hdr->magic = SHM_MAGIC;
     } else {
