@@ -643,7 +643,6 @@ static void test_shm_setup_timeout_says_what(void) {
   if (pid == 0) {
     g_transport = TDM_TRANSPORT_SHM;
     tdm_comm_config cfg = config(0, 2, port, TOKEN, 1);
-    cfg.store_dir = NULL;
     tdm_comm_t c;
     tdm_status st = tdm_comm_create(&c, &cfg);
     fprintf(stderr, "  %s: %s\n", tdm_status_str(st), tdm_last_error());

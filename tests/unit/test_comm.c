@@ -7,8 +7,6 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include <sys/mman.h>
-
 #include "comm/comm_impl.h" /* tdm__parse_net_emulate, tdm__blocks */
 #include "multirank/mismatch.h"
 #include "tdm_test.h"
