@@ -12,9 +12,10 @@
  * Never hang: every blocking call gives up after the communicator's timeout (default 300 s,
  * TANDEM_TIMEOUT=seconds, or the config). A peer that dies or closes its connection makes every
  * pending and later call fail within seconds with TDM_ERR_REMOTE naming that rank and the call.
- * Every collective carries (sequence number, kind, dtype, op, count, root) in its messages and
- * the ranks check that they agree: a mismatch is TDM_ERR_MISMATCH on the ranks involved, naming
- * both calls. After any such error the communicator is failed: every later call returns the
+ * Every collective carries (sequence number, kind, dtype, op, count, root, communicator) in its
+ * messages, or publishes it in shared memory, and every rank checks its peers' before it uses
+ * their data: a mismatch is TDM_ERR_MISMATCH on every rank of the call, naming both calls (rooted
+ * collectives, where a rank may only send, first exchange identities around the group). After any such error the communicator is failed: every later call returns the
  * same error until it is destroyed. tdm_comm_last_error gives the detail.
  *
  * Thread safety: a communicator is used by one thread at a time (the data-parallel engine runs
@@ -49,9 +50,13 @@ typedef enum {
 } tdm_transport_kind;
 const char *tdm_transport_name(tdm_transport_kind k);
 
-/* Algorithms. AUTO picks by size and world size (docs/algorithms.md); TANDEM_ALGO overrides AUTO
- * with a name ("ring", "rd", "rhd", "tree", ...). An algorithm that does not apply to a
- * collective is TDM_ERR_NOT_SUPPORTED. */
+/* Algorithms. AUTO picks by size and world size (docs/algorithms.md). TANDEM_ALGO overrides AUTO
+ * per collective: "allreduce=rhd,broadcast=chain" names one per collective (allreduce, broadcast,
+ * reduce, reducescatter, allgather, gather, scatter, alltoall), and a plain name ("ring") applies
+ * to every collective it can run on this communicator and leaves the others on AUTO. It is read
+ * at tdm_comm_create: an unknown algorithm or collective, an algorithm that cannot run a
+ * collective named for it, or a plain name that fits none, is TDM_ERR_INVALID_ARG there. An
+ * algorithm passed to a call wins over both; one that does not apply is TDM_ERR_NOT_SUPPORTED. */
 typedef enum {
   TDM_ALGO_AUTO = 0,
   TDM_ALGO_RING,     /* all-reduce, reduce-scatter, all-gather */
@@ -60,7 +65,8 @@ typedef enum {
   TDM_ALGO_TREE,     /* binary tree reduce + broadcast: all-reduce; binomial tree: broadcast, reduce */
   TDM_ALGO_CHAIN,    /* pipelined chain: broadcast */
   TDM_ALGO_DIRECT,   /* linear: gather, scatter, all-to-all pairwise */
-  TDM_ALGO_SHM,      /* single-node shared memory, reduce from peers' buffers (shm transport) */
+  TDM_ALGO_SHM,      /* single-node shared memory, reduce from peers' buffers (shm transport):
+                        all-reduce, reduce-scatter, all-gather */
   TDM_ALGO_COUNT
 } tdm_algo;
 const char *tdm_algo_name(tdm_algo a);
@@ -82,7 +88,10 @@ typedef struct tdm_comm_config {
 
 /* Reads RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (torchrun), OMPI_COMM_WORLD_RANK/SIZE (Open MPI),
  * PMI_RANK/PMI_SIZE, SLURM_PROCID/SLURM_NTASKS, plus TANDEM_TRANSPORT, TANDEM_TIMEOUT,
- * TANDEM_JOB_TOKEN, TANDEM_STORE_DIR, TANDEM_SOCKET_IFNAME. Without any of them: rank 0 of 1. */
+ * TANDEM_JOB_TOKEN, TANDEM_STORE_DIR, TANDEM_SOCKET_IFNAME. Without any of them: rank 0 of 1.
+ * A malformed value is TDM_ERR_INVALID_ARG naming the variable, its value and what is valid.
+ * tdm_comm_create reads TANDEM_TIMEOUT (when cfg.timeout_s is 0), LOCAL_WORLD_SIZE (or
+ * OMPI_COMM_WORLD_LOCAL_SIZE), TANDEM_ALGO and TANDEM_NET_EMULATE itself, as strictly. */
 tdm_status tdm_comm_config_from_env(tdm_comm_config *cfg);
 tdm_status tdm_comm_create(tdm_comm_t *out, const tdm_comm_config *cfg);
 tdm_status tdm_comm_create_from_env(tdm_comm_t *out);
@@ -134,6 +143,23 @@ tdm_status tdm_comm_reduce_scatter(tdm_comm_t c, const void *sendbuf, void *recv
  * recvbuf + rank * sendcount. */
 tdm_status tdm_comm_allgather(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t sendcount, tdm_dtype dt,
                               tdm_algo algo);
+
+/* Blocks of any count. The partition every block algorithm uses: count elements over size ranks,
+ * block r holds count/size elements plus one if r < count % size, blocks in rank order, so
+ *   *offset = r * (count/size) + min(r, count % size),  *len = count/size + (r < count % size).
+ * Sizes are 64-bit: counts up to 2^40 elements. */
+void tdm_comm_block(size_t count, int size, int r, size_t *offset, size_t *len);
+/* Reduce-scatter of a buffer of count elements (any count): recvbuf gets the reduction of block
+ * r (tdm_comm_block) on rank r. With the algorithm the matching all-reduce uses (ring; rhd on a
+ * power-of-two world; shm, the default on the shm transport) block r is bit for bit what
+ * tdm_comm_allreduce leaves there: ring reduce-scatter then ring all-gather is the ring
+ * all-reduce, and every shm reduction sums in rank order. Not in place. */
+tdm_status tdm_comm_reduce_scatter_blocks(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt,
+                                          tdm_redop op, tdm_algo algo);
+/* All-gather into a buffer of count elements: sendbuf holds block r (tdm_comm_block) of rank r.
+ * In place when sendbuf == recvbuf + offset of block r. */
+tdm_status tdm_comm_allgather_blocks(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt,
+                                     tdm_algo algo);
 tdm_status tdm_comm_gather(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t sendcount, tdm_dtype dt, int root);
 tdm_status tdm_comm_scatter(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t recvcount, tdm_dtype dt, int root);
 /* Block j of sendbuf (count elements) goes to rank j; block i of recvbuf comes from rank i. */
@@ -142,7 +168,9 @@ tdm_status tdm_comm_barrier(tdm_comm_t c);
 
 /* ---- non-blocking ------------------------------------------------------------------------------
  * The call is queued to the communicator's progress thread and runs in order with the other
- * queued calls; buffers must stay valid until wait. tdm_work_test returns 1 when done.
+ * queued calls; buffers must stay valid until wait. tdm_work_test returns 1 when done. A handle
+ * that is never waited for (an error path that gives up) is freed by tdm_comm_destroy, after
+ * which it must not be used.
  * A blocking call waits until the queue is empty, so calls keep the order they were made in.
  * Consequence: an isend whose message is larger than the transport buffers (or any message under
  * MPI) completes only once the peer receives it, so "isend to B, then blocking recv from B" on
@@ -158,6 +186,10 @@ tdm_status tdm_comm_ireduce_scatter(tdm_comm_t c, const void *sendbuf, void *rec
                                     tdm_redop op, tdm_algo algo, tdm_work_t *work);
 tdm_status tdm_comm_iallgather(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t sendcount, tdm_dtype dt,
                                tdm_algo algo, tdm_work_t *work);
+tdm_status tdm_comm_ireduce_scatter_blocks(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt,
+                                           tdm_redop op, tdm_algo algo, tdm_work_t *work);
+tdm_status tdm_comm_iallgather_blocks(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt,
+                                      tdm_algo algo, tdm_work_t *work);
 tdm_status tdm_comm_igather(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t sendcount, tdm_dtype dt, int root,
                             tdm_work_t *work);
 tdm_status tdm_comm_iscatter(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t recvcount, tdm_dtype dt, int root,

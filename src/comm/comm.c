@@ -1,98 +1,14 @@
-/* The communicator: configuration, validation, sequence numbers and header checks, failure
- * handling, algorithm selection, and the public collective calls. */
+/* The communicator: creation, validation, sequence numbers and header checks, failure handling,
+ * waiting, the public collective calls and the non-blocking ones (configuration: config.c). */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
+#include <sched.h>
+#include <sys/prctl.h>
 #include <time.h>
 
 #include "comm/comm_impl.h"
-
-static const char *transport_names[] = {"auto", "thread", "shm", "tcp", "mpi"};
-_Static_assert(sizeof transport_names / sizeof transport_names[0] == TDM_TRANSPORT_COUNT, "one name per transport");
-static const char *algo_names[] = {"auto", "ring", "rd", "rhd", "tree", "chain", "direct", "shm"};
-_Static_assert(sizeof algo_names / sizeof algo_names[0] == TDM_ALGO_COUNT, "one name per algorithm");
-static const char *coll_names[] = {"send/recv", "all-reduce", "broadcast", "reduce", "reduce-scatter", "all-gather",
-                                   "gather", "scatter", "all-to-all", "barrier", "split", "abort"};
-_Static_assert(sizeof coll_names / sizeof coll_names[0] == TDM_COLL_KIND_COUNT, "one name per collective");
-
-const char *tdm_transport_name(tdm_transport_kind k) {
-  return (unsigned)k < TDM_TRANSPORT_COUNT ? transport_names[k] : "?";
-}
-const char *tdm_algo_name(tdm_algo a) { return (unsigned)a < TDM_ALGO_COUNT ? algo_names[a] : "?"; }
-const char *tdm__coll_name(int k) { return (unsigned)k < TDM_COLL_KIND_COUNT ? coll_names[k] : "?"; }
-
-tdm_status tdm_algo_parse(const char *name, tdm_algo *out) {
-  for (int i = 0; i < TDM_ALGO_COUNT; i++)
-    if (name && !strcmp(name, algo_names[i])) {
-      *out = (tdm_algo)i;
-      return TDM_OK;
-    }
-  return tdm__set_error(TDM_ERR_INVALID_ARG, "algorithm '%s'; expected one of auto ring rd rhd tree chain direct shm",
-                        name ? name : "(null)");
-}
-
-/* ---- configuration ------------------------------------------------------------------------ */
-static int env_int(const char *const *names, int *out) {
-  for (; *names; names++) {
-    const char *v = getenv(*names);
-    if (v && *v) {
-      char *end;
-      long x = strtol(v, &end, 10);
-      if (*end || x < 0 || x > 1 << 20) return -1;
-      *out = (int)x;
-      return 1;
-    }
-  }
-  return 0;
-}
-
-tdm_status tdm_comm_config_from_env(tdm_comm_config *cfg) {
-  memset(cfg, 0, sizeof *cfg);
-  static const char *rank_vars[] = {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", NULL};
-  static const char *size_vars[] = {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", NULL};
-  int hr = env_int(rank_vars, &cfg->rank), hs = env_int(size_vars, &cfg->size);
-  if (hr < 0 || hs < 0)
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "environment: RANK/WORLD_SIZE (or the MPI/Slurm equivalents) are not integers");
-  if (!hs) cfg->size = 1;
-  if (!hr) cfg->rank = 0;
-  if (cfg->rank >= cfg->size)
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "environment: rank %d is not below the world size %d", cfg->rank,
-                          cfg->size);
-  cfg->master_addr = getenv("MASTER_ADDR");
-  const char *port = getenv("MASTER_PORT");
-  if (port) {
-    char *end;
-    long p = strtol(port, &end, 10);
-    if (*end || p < 1 || p > 65535)
-      return tdm__set_error(TDM_ERR_INVALID_ARG, "environment: MASTER_PORT '%s' is not a port number (1..65535)", port);
-    cfg->master_port = (int)p;
-  }
-  cfg->job_token = getenv("TANDEM_JOB_TOKEN");
-  cfg->store_dir = getenv("TANDEM_STORE_DIR");
-  cfg->ifname = getenv("TANDEM_SOCKET_IFNAME");
-  const char *t = getenv("TANDEM_TIMEOUT");
-  if (t) {
-    char *end;
-    cfg->timeout_s = strtod(t, &end);
-    if (*end || !(cfg->timeout_s > 0))
-      return tdm__set_error(TDM_ERR_INVALID_ARG, "environment: TANDEM_TIMEOUT '%s' is not a positive number of seconds", t);
-  }
-  const char *tr = getenv("TANDEM_TRANSPORT");
-  cfg->transport = TDM_TRANSPORT_AUTO;
-  if (tr) {
-    int found = 0;
-    for (int i = 0; i < TDM_TRANSPORT_COUNT; i++)
-      if (!strcmp(tr, transport_names[i])) {
-        cfg->transport = (tdm_transport_kind)i;
-        found = 1;
-      }
-    if (!found)
-      return tdm__set_error(TDM_ERR_INVALID_ARG, "environment: TANDEM_TRANSPORT '%s'; expected auto, thread, shm, tcp or mpi", tr);
-  }
-  return TDM_OK;
-}
 
 /* ---- failure ------------------------------------------------------------------------------ */
 tdm_status tdm__comm_fail(struct tdm_comm *c, tdm_status st, const char *fmt, ...) {
@@ -125,8 +41,9 @@ const char *tdm__call_str(const tdm__call *k, char *buf, size_t n) {
     snprintf(buf, n, "reduce #%llu (%llu x %s, %s, root %d)", (unsigned long long)k->seq, (unsigned long long)k->count,
              tdm_dtype_name((tdm_dtype)k->dtype), tdm_redop_name((tdm_redop)k->op), k->root);
   else
-    snprintf(buf, n, "%s #%llu (%llu x %s%s%s)", tdm__coll_name((int)k->kind), (unsigned long long)k->seq,
+    snprintf(buf, n, "%s #%llu (%llu x %s%s%s%s)", tdm__coll_name((int)k->kind), (unsigned long long)k->seq,
              (unsigned long long)k->count, tdm_dtype_name((tdm_dtype)k->dtype),
+             k->kind == TDM_COLL_REDUCE_SCATTER || k->kind == TDM_COLL_ALLGATHER ? " in all" : "",
              k->kind == TDM_COLL_ALLREDUCE || k->kind == TDM_COLL_REDUCE_SCATTER ? ", " : "",
              k->kind == TDM_COLL_ALLREDUCE || k->kind == TDM_COLL_REDUCE_SCATTER ? tdm_redop_name((tdm_redop)k->op) : "");
   return buf;
@@ -137,27 +54,72 @@ static tdm__call call_of(const tdm__hdr *h) {
   return k;
 }
 
-tdm_status tdm__check_header(struct tdm_comm *c, int peer, const tdm__hdr *want, const tdm__hdr *got) {
+int tdm__comm_rank_of(const struct tdm_comm *c, int q) {
+  if (!c->map) return q;
+  for (int i = 0; i < c->size; i++)
+    if (c->map[i] == q) return i;
+  return -1;
+}
+
+tdm_status tdm__check_call(struct tdm_comm *c, int peer, const tdm__call *w, uint32_t want_comm, const tdm__call *g,
+                           uint32_t got_comm) {
   char a[160], b[160];
-  if (got->magic != TDM_MSG_MAGIC)
-    return tdm__comm_fail(c, TDM_ERR_REMOTE, "rank %d sent a corrupt message (bad magic 0x%08x) during %s", peer,
-                          got->magic, tdm__call_str(&c->cur, a, sizeof a));
-  tdm__call w = call_of(want), g = call_of(got);
-  if (got->comm_id != want->comm_id)
+  int pr = tdm__comm_rank_of(c, peer);
+  if (got_comm != want_comm)
     return tdm__comm_fail(c, TDM_ERR_MISMATCH,
                           "rank %d is in %s on another communicator (id %u) while rank %d is in %s on this one (id %u)",
-                          peer, tdm__call_str(&g, a, sizeof a), got->comm_id, c->rank, tdm__call_str(&w, b, sizeof b),
-                          want->comm_id);
-  if (got->kind != want->kind || got->seq != want->seq || got->dtype != want->dtype || got->op != want->op ||
-      got->root != want->root || got->count != want->count)
+                          pr, tdm__call_str(g, a, sizeof a), got_comm, c->rank, tdm__call_str(w, b, sizeof b), want_comm);
+  if (g->kind != w->kind || g->seq != w->seq || g->dtype != w->dtype || g->op != w->op || g->root != w->root ||
+      g->count != w->count)
     return tdm__comm_fail(c, TDM_ERR_MISMATCH, "collective mismatch: rank %d called %s but rank %d called %s", c->rank,
-                          tdm__call_str(&w, b, sizeof b), peer, tdm__call_str(&g, a, sizeof a));
+                          tdm__call_str(w, b, sizeof b), pr, tdm__call_str(g, a, sizeof a));
+  return TDM_OK;
+}
+
+tdm_status tdm__check_header(struct tdm_comm *c, int peer, const tdm__hdr *want, const tdm__hdr *got) {
+  char b[160];
+  if (got->magic != TDM_MSG_MAGIC)
+    return tdm__comm_fail(c, TDM_ERR_REMOTE, "rank %d sent a corrupt message (bad magic 0x%08x) during %s",
+                          tdm__comm_rank_of(c, peer), got->magic, tdm__call_str(&c->cur, b, sizeof b));
+  tdm__call w = call_of(want), g = call_of(got);
+  TDM__TRY(tdm__check_call(c, peer, &w, want->comm_id, &g, got->comm_id));
   if (got->nbytes != want->nbytes)
     return tdm__comm_fail(c, TDM_ERR_MISMATCH,
                           "rank %d sent %llu bytes where rank %d expected %llu in %s (do all ranks pass the same algorithm?)",
-                          peer, (unsigned long long)got->nbytes, c->rank, (unsigned long long)want->nbytes,
-                          tdm__call_str(&w, b, sizeof b));
+                          tdm__comm_rank_of(c, peer), (unsigned long long)got->nbytes, c->rank,
+                          (unsigned long long)want->nbytes, tdm__call_str(&w, b, sizeof b));
   return TDM_OK;
+}
+
+/* ---- waiting ------------------------------------------------------------------------------- */
+int tdm__backoff(tdm__backoff_t *b) {
+  enum { SPINS = 4000, YIELDS = 100 };
+  if (++b->spins < SPINS) { /* the peer is probably about to arrive: stay on the core */
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+    return 0;
+  }
+  if (b->spins < SPINS + YIELDS) {
+    sched_yield();
+    return (b->spins & 63) == 0;
+  }
+  static _Thread_local int slack_set;
+  if (!slack_set) { /* the default 50 us timer slack would stretch every short nap to ~70 us */
+    prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+    slack_set = 1;
+  }
+  double now = tdm_time_now();
+  if (b->since == 0) b->since = now;
+  /* a nap of 1/16 of the time waited so far: a late peer is noticed at most ~6% late, and a
+   * stopped one costs a wake-up per millisecond instead of 50,000 a second */
+  double nap = (now - b->since) / 16;
+  nap = nap < 20e-6 ? 20e-6 : (nap > 1e-3 ? 1e-3 : nap);
+  struct timespec ts = {0, (long)(nap * 1e9)};
+  nanosleep(&ts, NULL);
+  if (now < b->next_check) return 0;
+  b->next_check = now + 0.005;
+  return 1;
 }
 
 /* ---- point to point for algorithms -------------------------------------------------------- */
@@ -169,37 +131,6 @@ void *tdm__comm_scratch(struct tdm_comm *c, size_t n) {
   c->scratch = p;
   c->scratch_bytes = n;
   return p;
-}
-
-tdm_status tdm__parse_net_emulate(const char *spec, double *lat, double *bw) {
-  *lat = 0;
-  *bw = 0;
-  char buf[128];
-  snprintf(buf, sizeof buf, "%s", spec);
-  char *save = NULL; /* strtok_r: ranks of the thread transport parse this concurrently */
-  for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-    char *end;
-    double v = strtod(tok, &end);
-    if (end == tok || !(v >= 0)) goto bad;
-    static const struct {
-      const char *unit;
-      double lat, bw;
-    } u[] = {{"ns", 1e-9, 0}, {"us", 1e-6, 0}, {"ms", 1e-3, 0}, {"s", 1, 0},
-             {"kbps", 0, 1e3 / 8}, {"mbps", 0, 1e6 / 8}, {"gbps", 0, 1e9 / 8},
-             {"KB/s", 0, 1e3}, {"MB/s", 0, 1e6}, {"GB/s", 0, 1e9}};
-    int found = 0;
-    for (size_t i = 0; i < sizeof u / sizeof u[0] && !found; i++)
-      if (!strcasecmp(end, u[i].unit) && !(u[i].unit[1] == 'B' && strcmp(end, u[i].unit))) {
-        if (u[i].lat) *lat = v * u[i].lat;
-        else *bw = v * u[i].bw;
-        found = 1;
-      }
-    if (!found) goto bad;
-  }
-  return TDM_OK;
-bad:
-  return tdm__set_error(TDM_ERR_INVALID_ARG,
-                        "TANDEM_NET_EMULATE='%s'; expected latency and/or bandwidth such as 100us,1gbps or 2ms,500MB/s", spec);
 }
 
 /* Emulated network: each send first waits for its link (serialised per peer at the emulated
@@ -226,6 +157,7 @@ static void emulate(struct tdm_comm *c, const tdm__xfer *x, int n) {
  * the abort that tells every peer why. */
 static tdm_status run_xfers(struct tdm_comm *c, tdm__xfer *x, int n) {
   if (atomic_load(&c->failed)) return tdm__set_error(c->fail_status, "%s", c->error);
+  c->tr->active = c;
   if (c->emu_link_free) emulate(c, x, n);
   for (int i = 0; i < n; i++) {
     x[i].done = 0;
@@ -267,6 +199,43 @@ tdm_status tdm__sendrecv(struct tdm_comm *c, int to, const void *sbuf, size_t sn
   return tdm__exchange(c, x, 2);
 }
 
+/* ---- non-blocking work ---------------------------------------------------------------------- */
+typedef enum {
+  W_ALLREDUCE,
+  W_BROADCAST,
+  W_REDUCE,
+  W_REDUCE_SCATTER,
+  W_ALLGATHER,
+  W_REDUCE_SCATTER_BLOCKS,
+  W_ALLGATHER_BLOCKS,
+  W_GATHER,
+  W_SCATTER,
+  W_ALLTOALL,
+  W_BARRIER,
+  W_CALL,
+  W_SEND,
+  W_RECV
+} work_kind;
+
+struct tdm_work {
+  struct tdm_work *next;     /* the queue */
+  struct tdm_work *all_next; /* c->handles: until waited for */
+  struct tdm_comm *c;
+  work_kind kind;
+  const void *sbuf;
+  void *rbuf;
+  size_t count;
+  tdm_dtype dt;
+  tdm_redop op;
+  tdm_algo algo;
+  int peer_or_root, tag;
+  tdm_status (*fn)(void *ctx); /* W_CALL */
+  void *ctx;
+  tdm_status st;
+  char error[512];
+  int done;
+};
+
 /* ---- create / destroy ---------------------------------------------------------------------- */
 static void *progress_main(void *arg);
 
@@ -281,30 +250,29 @@ tdm_status tdm_comm_create(tdm_comm_t *out, const tdm_comm_config *cfg) {
   c->rank = cfg->rank;
   c->size = cfg->size;
   c->timeout_s = cfg->timeout_s > 0 ? cfg->timeout_s : 300.0;
-  if (cfg->timeout_s <= 0 && getenv("TANDEM_TIMEOUT")) {
-    double t = atof(getenv("TANDEM_TIMEOUT"));
-    if (t > 0) c->timeout_s = t;
-  }
+  tdm_status est = cfg->timeout_s > 0 ? TDM_OK : tdm__env_timeout(&c->timeout_s);
+  if (est == TDM_OK) est = tdm__env_local_size(&c->local_size);
   c->comm_id = 1;
   c->owns_transport = 1;
   const char *emu = getenv("TANDEM_NET_EMULATE");
-  if (emu && *emu) {
-    if (tdm__parse_net_emulate(emu, &c->emu_latency_s, &c->emu_bytes_per_s) != TDM_OK) {
-      tdm__free(c);
-      return TDM_ERR_INVALID_ARG;
+  if (est == TDM_OK && emu && *emu) {
+    est = tdm__parse_net_emulate(emu, &c->emu_latency_s, &c->emu_bytes_per_s);
+    if (est == TDM_OK) {
+      c->emu_link_free = tdm__calloc((size_t)cfg->size, sizeof(double));
+      tdm_log(TDM_LOG_INFO, "network emulation: %.0f us latency, %.3g MB/s per link", c->emu_latency_s * 1e6,
+              c->emu_bytes_per_s / 1e6);
     }
-    c->emu_link_free = tdm__calloc((size_t)cfg->size, sizeof(double));
-    tdm_log(TDM_LOG_INFO, "network emulation: %.0f us latency, %.3g MB/s per link", c->emu_latency_s * 1e6,
-            c->emu_bytes_per_s / 1e6);
+  }
+  if (est != TDM_OK) {
+    tdm__free(c);
+    return est;
   }
   pthread_mutex_init(&c->q_mu, NULL);
   pthread_cond_init(&c->q_cv, NULL);
   tdm_transport_kind k = cfg->transport;
-  if (k == TDM_TRANSPORT_AUTO) { /* threads if given a group; shm when every rank is on this node; else tcp */
-    const char *lws = getenv("LOCAL_WORLD_SIZE") ? getenv("LOCAL_WORLD_SIZE") : getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  if (k == TDM_TRANSPORT_AUTO) /* threads if given a group; shm when every rank is on this node; else tcp */
     k = cfg->thread_group ? TDM_TRANSPORT_THREAD
-                          : (cfg->size > 1 && lws && atoi(lws) == cfg->size ? TDM_TRANSPORT_SHM : TDM_TRANSPORT_TCP);
-  }
+                          : (cfg->size > 1 && c->local_size == cfg->size ? TDM_TRANSPORT_SHM : TDM_TRANSPORT_TCP);
   c->kind = k;
   tdm_status st;
   switch (k) {
@@ -324,6 +292,10 @@ tdm_status tdm_comm_create(tdm_comm_t *out, const tdm_comm_config *cfg) {
   default:
     st = tdm__set_error(TDM_ERR_NOT_SUPPORTED, "comm_create: the %s transport is not built yet; use thread, shm or tcp",
                         tdm_transport_name(k));
+  }
+  if (st == TDM_OK && (st = tdm__parse_algo_env(c, getenv("TANDEM_ALGO"))) != TDM_OK) {
+    c->tr->ops->destroy(c->tr); /* every rank parses the same value: all fail alike */
+    tdm__set_error(st, "environment: %s", tdm_last_error());
   }
   if (st != TDM_OK) {
     pthread_mutex_destroy(&c->q_mu);
@@ -345,7 +317,10 @@ tdm_status tdm_comm_create_from_env(tdm_comm_t *out) {
 void tdm_comm_abort(tdm_comm_t c) {
   if (!c) return;
   tdm__comm_fail(c, TDM_ERR_REMOTE, "rank %d: the communicator was aborted", c->rank);
-  if (c->tr && c->owns_transport) c->tr->ops->abort(c->tr, c->error);
+  if (c->tr && c->owns_transport) {
+    c->tr->active = c;
+    c->tr->ops->abort(c->tr, c->error);
+  }
 }
 
 void tdm_comm_destroy(tdm_comm_t c) {
@@ -357,7 +332,12 @@ void tdm_comm_destroy(tdm_comm_t c) {
     pthread_mutex_unlock(&c->q_mu);
     pthread_join(c->q_thread, NULL);
   }
+  for (struct tdm_work *w = c->handles, *next; w; w = next) { /* abandoned on some error path */
+    next = w->all_next;
+    tdm__free(w);
+  }
   if (c->tr && c->owns_transport) c->tr->ops->destroy(c->tr);
+  else if (c->tr && c->tr->active == c) c->tr->active = NULL; /* a sub-communicator goes */
   pthread_mutex_destroy(&c->q_mu);
   pthread_cond_destroy(&c->q_cv);
   tdm__free(c->map_owned);
@@ -380,23 +360,37 @@ static tdm_status begin(struct tdm_comm *c, tdm__coll_kind kind, size_t count, t
   if (count > ((size_t)1 << 40))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: count %zu is implausibly large", tdm__coll_name(kind), count);
   c->cur = (tdm__call){kind, (uint32_t)dt, (uint32_t)op, root, count, ++c->seq};
-  if (c->tr->ops->announce && !c->map) c->tr->ops->announce(c->tr, &c->cur);
+  c->tr->active = c; /* sub-communicators too: their calls are checked like any other */
   return TDM_OK;
+}
+
+/* Publishes the call and how it runs, once the algorithm is chosen (before, a peer could see
+ * this call with the wrong algorithm). */
+static void announce(struct tdm_comm *c, tdm_algo algo) {
+  if (c->tr->ops->announce) c->tr->ops->announce(c->tr, &c->cur, algo == TDM_ALGO_SHM);
 }
 
 static tdm_status null_buf(struct tdm_comm *c, const char *what) {
   return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: %s is NULL with a non-zero count", tdm__coll_name((int)c->cur.kind), what);
 }
 
-static tdm_algo pick(tdm_algo a) {
-  if (a != TDM_ALGO_AUTO) return a;
-  const char *e = getenv("TANDEM_ALGO");
-  tdm_algo x = TDM_ALGO_AUTO;
-  if (e && tdm_algo_parse(e, &x) == TDM_OK) return x;
-  return TDM_ALGO_AUTO;
+static tdm_status not_applicable(struct tdm_comm *c, tdm_algo a) {
+  char list[160];
+  return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "%s: algorithm '%s' does not apply on this %d-rank %s communicator; use %s",
+                        tdm__coll_name((int)c->cur.kind), tdm_algo_name(a), c->size, tdm_transport_name(c->kind),
+                        tdm__algos_for(c, (int)c->cur.kind, list, sizeof list));
 }
 
-static int pow2(int p) { return (p & (p - 1)) == 0; }
+/* Every rank learns that every other is in the same call before any data moves: a
+ * dissemination exchange of headers alone, checked on arrival (after round k a rank has heard,
+ * through its peers' checks, from 2^k ranks, and a rank that finds a mismatch stops forwarding,
+ * so nobody completes it). The barrier is exactly this. Rooted collectives run it first because
+ * there some ranks only send and would otherwise never see a peer's call. */
+static tdm_status agree(struct tdm_comm *c) {
+  for (int k = 1; k < c->size; k <<= 1)
+    TDM__TRY(tdm__sendrecv(c, (c->rank + k) % c->size, NULL, 0, (c->rank - k + c->size) % c->size, NULL, 0));
+  return TDM_OK;
+}
 
 static tdm_status wait_queue_idle(struct tdm_comm *c);
 
@@ -406,16 +400,17 @@ tdm_status tdm_comm_allreduce(tdm_comm_t c, const void *sendbuf, void *recvbuf, 
   TDM__TRY(begin(c, TDM_COLL_ALLREDUCE, count, dt, op, 0));
   if (count && (!sendbuf || !recvbuf)) return null_buf(c, "a buffer");
   size_t nbytes = count * tdm_dtype_size(dt);
-  algo = pick(algo);
+  algo = tdm__algo_pick(c, TDM_COLL_ALLREDUCE, algo);
   if (algo == TDM_ALGO_AUTO) {
-    if (c->kind == TDM_TRANSPORT_SHM && !c->map) algo = TDM_ALGO_SHM; /* reduce straight from shared memory */
+    if (tdm__shm_usable(c)) algo = TDM_ALGO_SHM; /* reduce straight from shared memory */
     else /* latency-bound: fewest steps; bandwidth-bound: ring */
       algo = nbytes <= 4096 ? TDM_ALGO_RD : (nbytes <= (256u << 10) ? TDM_ALGO_RHD : TDM_ALGO_RING);
   }
+  if (!tdm__algo_applies(c, TDM_COLL_ALLREDUCE, algo)) return not_applicable(c, algo);
+  announce(c, algo);
   tdm_status st;
   if (algo == TDM_ALGO_SHM) { /* reads sendbuf and writes recvbuf itself: no extra copy */
-    st = c->size == 1 ? TDM_OK : tdm__allreduce_shm(c, sendbuf, recvbuf, count, dt, op);
-    if (c->size == 1 && sendbuf != recvbuf && count) memcpy(recvbuf, sendbuf, nbytes);
+    st = tdm__allreduce_shm(c, sendbuf, recvbuf, count, dt, op);
     if (st == TDM_OK && op == TDM_AVG) tdm__scale_avg(recvbuf, count, dt, c->size);
     return st;
   }
@@ -424,10 +419,7 @@ tdm_status tdm_comm_allreduce(tdm_comm_t c, const void *sendbuf, void *recvbuf, 
   case TDM_ALGO_RING: st = tdm__allreduce_ring(c, recvbuf, count, dt, op); break;
   case TDM_ALGO_RD: st = tdm__allreduce_rd(c, recvbuf, count, dt, op); break;
   case TDM_ALGO_RHD: st = tdm__allreduce_rhd(c, recvbuf, count, dt, op); break;
-  case TDM_ALGO_TREE: st = tdm__allreduce_tree(c, recvbuf, count, dt, op); break;
-  default:
-    return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "all-reduce: algorithm '%s' does not apply; use ring, rd, rhd or tree",
-                          tdm_algo_name(algo));
+  default: st = tdm__allreduce_tree(c, recvbuf, count, dt, op); break;
   }
   if (st == TDM_OK && op == TDM_AVG) tdm__scale_avg(recvbuf, count, dt, c->size);
   return st;
@@ -438,13 +430,14 @@ tdm_status tdm_comm_broadcast(tdm_comm_t c, void *buf, size_t count, tdm_dtype d
   TDM__TRY(begin(c, TDM_COLL_BROADCAST, count, dt, TDM_SUM, root));
   if (count && !buf) return null_buf(c, "buf");
   size_t nbytes = count * tdm_dtype_size(dt);
-  algo = pick(algo);
+  algo = tdm__algo_pick(c, TDM_COLL_BROADCAST, algo);
   if (algo == TDM_ALGO_AUTO) algo = (nbytes >= (4u << 20) && c->size > 2) ? TDM_ALGO_CHAIN : TDM_ALGO_TREE;
+  if (!tdm__algo_applies(c, TDM_COLL_BROADCAST, algo)) return not_applicable(c, algo);
+  announce(c, algo);
   if (c->size == 1) return TDM_OK;
+  TDM__TRY(agree(c));
   if (algo == TDM_ALGO_TREE) return tdm__bcast_binomial(c, buf, nbytes, root);
-  if (algo == TDM_ALGO_CHAIN) return tdm__bcast_chain(c, buf, nbytes, root);
-  return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "broadcast: algorithm '%s' does not apply; use tree or chain",
-                        tdm_algo_name(algo));
+  return tdm__bcast_chain(c, buf, nbytes, root);
 }
 
 tdm_status tdm_comm_reduce(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt, tdm_redop op,
@@ -452,9 +445,10 @@ tdm_status tdm_comm_reduce(tdm_comm_t c, const void *sendbuf, void *recvbuf, siz
   TDM__TRY(wait_queue_idle(c));
   TDM__TRY(begin(c, TDM_COLL_REDUCE, count, dt, op, root));
   if (count && (!sendbuf || (c->rank == root && !recvbuf))) return null_buf(c, "a buffer");
-  algo = pick(algo);
-  if (algo != TDM_ALGO_AUTO && algo != TDM_ALGO_TREE)
-    return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "reduce: algorithm '%s' does not apply; use tree", tdm_algo_name(algo));
+  algo = tdm__algo_pick(c, TDM_COLL_REDUCE, algo);
+  if (!tdm__algo_applies(c, TDM_COLL_REDUCE, algo)) return not_applicable(c, algo);
+  announce(c, algo);
+  if (c->size > 1) TDM__TRY(agree(c));
   size_t nbytes = count * tdm_dtype_size(dt);
   /* the root works in recvbuf; the others in a private copy of their input */
   void *work = recvbuf;
@@ -469,62 +463,96 @@ tdm_status tdm_comm_reduce(tdm_comm_t c, const void *sendbuf, void *recvbuf, siz
   return st;
 }
 
+/* ---- blocks: reduce-scatter and all-gather -------------------------------------------------- */
+void tdm__blocks(size_t count, int p, size_t *cnt, size_t *off) {
+  for (int i = 0; i < p; i++) tdm_comm_block(count, p, i, &off[i], &cnt[i]);
+}
+
+void tdm_comm_block(size_t count, int size, int r, size_t *offset, size_t *len) {
+  size_t base = count / (size_t)size, extra = count % (size_t)size, ur = (size_t)r;
+  *offset = ur * base + (ur < extra ? ur : extra);
+  *len = base + (ur < extra);
+}
+
+/* The reduce-scatter of count elements split by tdm__blocks; the identity's count is the whole
+ * buffer, so the plain form (equal blocks) and the blocks form of one buffer are the same call. */
+static tdm_status reduce_scatter(struct tdm_comm *c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt,
+                                 tdm_redop op, tdm_algo algo) {
+  TDM__TRY(wait_queue_idle(c));
+  TDM__TRY(begin(c, TDM_COLL_REDUCE_SCATTER, count, dt, op, 0));
+  size_t es = tdm_dtype_size(dt), lo, len;
+  tdm_comm_block(count, c->size, c->rank, &lo, &len);
+  if (count && (!sendbuf || (len && !recvbuf))) return null_buf(c, "a buffer");
+  algo = tdm__algo_pick(c, TDM_COLL_REDUCE_SCATTER, algo);
+  if (algo == TDM_ALGO_AUTO)
+    algo = tdm__shm_usable(c) ? TDM_ALGO_SHM : (tdm__pow2(c->size) && count * es <= (1u << 20) ? TDM_ALGO_RHD : TDM_ALGO_RING);
+  if (!tdm__algo_applies(c, TDM_COLL_REDUCE_SCATTER, algo)) return not_applicable(c, algo);
+  announce(c, algo);
+  tdm_status st;
+  if (algo == TDM_ALGO_SHM) {
+    st = tdm__reduce_scatter_shm(c, sendbuf, recvbuf, count, dt, op);
+  } else {
+    char *work = tdm__aligned_alloc(count * es + 64); /* the algorithm uses the scratch itself */
+    if (!work) return tdm__comm_fail(c, TDM_ERR_NO_MEMORY, "reduce-scatter: out of memory");
+    if (count) memcpy(work, sendbuf, count * es);
+    st = algo == TDM_ALGO_RING ? tdm__reduce_scatter_ring(c, work, count, dt, op)
+                               : tdm__reduce_scatter_rhd(c, work, count, dt, op);
+    if (st == TDM_OK && len) memcpy(recvbuf, work + lo * es, len * es);
+    tdm__free(work);
+  }
+  if (st == TDM_OK && op == TDM_AVG) tdm__scale_avg(recvbuf, len, dt, c->size);
+  return st;
+}
+
 tdm_status tdm_comm_reduce_scatter(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t recvcount, tdm_dtype dt,
                                    tdm_redop op, tdm_algo algo) {
+  if (c && recvcount > ((size_t)1 << 40) / (size_t)c->size)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "reduce-scatter: count %zu is implausibly large", recvcount);
+  return reduce_scatter(c, sendbuf, recvbuf, c ? recvcount * (size_t)c->size : 0, dt, op, algo);
+}
+
+tdm_status tdm_comm_reduce_scatter_blocks(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt,
+                                          tdm_redop op, tdm_algo algo) {
+  return reduce_scatter(c, sendbuf, recvbuf, count, dt, op, algo);
+}
+
+static tdm_status allgather(struct tdm_comm *c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt,
+                            tdm_algo algo) {
   TDM__TRY(wait_queue_idle(c));
-  TDM__TRY(begin(c, TDM_COLL_REDUCE_SCATTER, recvcount, dt, op, 0));
-  if (recvcount && (!sendbuf || !recvbuf)) return null_buf(c, "a buffer");
-  size_t es = tdm_dtype_size(dt), total = recvcount * (size_t)c->size * es;
-  char *work = tdm__aligned_alloc(total + 64); /* the algorithm uses the scratch itself */
-  if (!work) return tdm__comm_fail(c, TDM_ERR_NO_MEMORY, "reduce-scatter: out of memory");
-  if (total) memcpy(work, sendbuf, total);
-  algo = pick(algo);
-  if (algo == TDM_ALGO_AUTO) algo = pow2(c->size) && total <= (1u << 20) ? TDM_ALGO_RHD : TDM_ALGO_RING;
-  tdm_status st;
-  if (c->size == 1) st = TDM_OK;
-  else if (algo == TDM_ALGO_RING) {
-    size_t counts[c->size];
-    for (int i = 0; i < c->size; i++) counts[i] = recvcount;
-    st = tdm__reduce_scatter_ring(c, work, counts, dt, op);
-  } else if (algo == TDM_ALGO_RHD) {
-    st = tdm__reduce_scatter_rhd(c, work, recvcount, dt, op);
-  } else {
-    st = tdm__set_error(TDM_ERR_NOT_SUPPORTED, "reduce-scatter: algorithm '%s' does not apply; use ring or rhd",
-                        tdm_algo_name(algo));
-  }
-  if (st == TDM_OK) {
-    memcpy(recvbuf, work + (size_t)c->rank * recvcount * es, recvcount * es);
-    if (op == TDM_AVG) tdm__scale_avg(recvbuf, recvcount, dt, c->size);
-  }
-  tdm__free(work);
-  return st;
+  TDM__TRY(begin(c, TDM_COLL_ALLGATHER, count, dt, TDM_SUM, 0));
+  size_t es = tdm_dtype_size(dt), lo, len;
+  tdm_comm_block(count, c->size, c->rank, &lo, &len);
+  if (count && (!recvbuf || (len && !sendbuf))) return null_buf(c, "a buffer");
+  algo = tdm__algo_pick(c, TDM_COLL_ALLGATHER, algo);
+  if (algo == TDM_ALGO_AUTO)
+    algo = tdm__shm_usable(c) ? TDM_ALGO_SHM : (tdm__pow2(c->size) && count * es <= (1u << 20) ? TDM_ALGO_RD : TDM_ALGO_RING);
+  if (!tdm__algo_applies(c, TDM_COLL_ALLGATHER, algo)) return not_applicable(c, algo);
+  announce(c, algo);
+  if (algo == TDM_ALGO_SHM) return tdm__allgather_shm(c, sendbuf, recvbuf, count, dt);
+  char *mine = (char *)recvbuf + lo * es;
+  if (len && mine != sendbuf) memcpy(mine, sendbuf, len * es);
+  if (algo == TDM_ALGO_RD) return tdm__allgather_rd(c, recvbuf, count, dt);
+  return tdm__allgather_ring(c, recvbuf, count, dt);
 }
 
 tdm_status tdm_comm_allgather(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t sendcount, tdm_dtype dt,
                               tdm_algo algo) {
-  TDM__TRY(wait_queue_idle(c));
-  TDM__TRY(begin(c, TDM_COLL_ALLGATHER, sendcount, dt, TDM_SUM, 0));
-  if (sendcount && (!sendbuf || !recvbuf)) return null_buf(c, "a buffer");
-  size_t block = sendcount * tdm_dtype_size(dt);
-  char *mine = (char *)recvbuf + (size_t)c->rank * block;
-  if (block && mine != sendbuf) memcpy(mine, sendbuf, block);
-  algo = pick(algo);
-  if (algo == TDM_ALGO_AUTO) algo = pow2(c->size) && block * (size_t)c->size <= (1u << 20) ? TDM_ALGO_RD : TDM_ALGO_RING;
-  if (c->size == 1) return TDM_OK;
-  if (algo == TDM_ALGO_RD) return tdm__allgather_rd(c, recvbuf, block);
-  if (algo == TDM_ALGO_RING) {
-    size_t bytes[c->size];
-    for (int i = 0; i < c->size; i++) bytes[i] = block;
-    return tdm__allgather_ring(c, recvbuf, bytes);
-  }
-  return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "all-gather: algorithm '%s' does not apply; use ring or rd",
-                        tdm_algo_name(algo));
+  if (c && sendcount > ((size_t)1 << 40) / (size_t)c->size)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "all-gather: count %zu is implausibly large", sendcount);
+  return allgather(c, sendbuf, recvbuf, c ? sendcount * (size_t)c->size : 0, dt, algo);
+}
+
+tdm_status tdm_comm_allgather_blocks(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt,
+                                     tdm_algo algo) {
+  return allgather(c, sendbuf, recvbuf, count, dt, algo);
 }
 
 tdm_status tdm_comm_gather(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t sendcount, tdm_dtype dt, int root) {
   TDM__TRY(wait_queue_idle(c));
   TDM__TRY(begin(c, TDM_COLL_GATHER, sendcount, dt, TDM_SUM, root));
   if (sendcount && (!sendbuf || (c->rank == root && !recvbuf))) return null_buf(c, "a buffer");
+  announce(c, TDM_ALGO_DIRECT);
+  if (c->size > 1) TDM__TRY(agree(c));
   size_t block = sendcount * tdm_dtype_size(dt);
   if (c->rank != root) return tdm__send(c, root, sendbuf, block);
   char *out = recvbuf;
@@ -540,6 +568,8 @@ tdm_status tdm_comm_scatter(tdm_comm_t c, const void *sendbuf, void *recvbuf, si
   TDM__TRY(wait_queue_idle(c));
   TDM__TRY(begin(c, TDM_COLL_SCATTER, recvcount, dt, TDM_SUM, root));
   if (recvcount && (!recvbuf || (c->rank == root && !sendbuf))) return null_buf(c, "a buffer");
+  announce(c, TDM_ALGO_DIRECT);
+  if (c->size > 1) TDM__TRY(agree(c));
   size_t block = recvcount * tdm_dtype_size(dt);
   if (c->rank != root) return tdm__recv(c, root, recvbuf, block);
   const char *in = sendbuf;
@@ -557,6 +587,7 @@ tdm_status tdm_comm_alltoall(tdm_comm_t c, const void *sendbuf, void *recvbuf, s
   if (count && (!sendbuf || !recvbuf)) return null_buf(c, "a buffer");
   if (count && sendbuf == recvbuf)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "all-to-all: sendbuf and recvbuf must differ");
+  announce(c, TDM_ALGO_DIRECT);
   size_t block = count * tdm_dtype_size(dt);
   const char *in = sendbuf;
   char *out = recvbuf;
@@ -575,10 +606,8 @@ tdm_status tdm_comm_alltoall(tdm_comm_t c, const void *sendbuf, void *recvbuf, s
 tdm_status tdm_comm_barrier(tdm_comm_t c) {
   TDM__TRY(wait_queue_idle(c));
   TDM__TRY(begin(c, TDM_COLL_BARRIER, 0, TDM_U8, TDM_SUM, 0));
-  /* dissemination: after ceil(log2 P) rounds everyone has heard from everyone */
-  for (int k = 1; k < c->size; k <<= 1)
-    TDM__TRY(tdm__sendrecv(c, (c->rank + k) % c->size, NULL, 0, (c->rank - k + c->size) % c->size, NULL, 0));
-  return TDM_OK;
+  announce(c, TDM_ALGO_AUTO);
+  return agree(c);
 }
 
 /* ---- point to point -------------------------------------------------------------------------- */
@@ -666,6 +695,9 @@ tdm_status tdm_comm_split(tdm_comm_t c, int color, int key, tdm_comm_t *out) {
   s->map = s->map_owned = members;
   s->comm_id = (uint32_t)tdm_hash64(c->comm_id * 1000003ull + c->seq, (uint64_t)(uint32_t)color) | 2u;
   s->timeout_s = c->timeout_s;
+  s->local_size = c->local_size;
+  memcpy(s->algo_for, c->algo_for, sizeof s->algo_for);
+  s->algo_plain = c->algo_plain;
   if (c->emu_link_free) { /* the child's links are its parent's, emulated alike */
     s->emu_latency_s = c->emu_latency_s;
     s->emu_bytes_per_s = c->emu_bytes_per_s;
@@ -677,40 +709,6 @@ tdm_status tdm_comm_split(tdm_comm_t c, int color, int key, tdm_comm_t *out) {
   return TDM_OK;
 }
 
-/* ---- non-blocking work ---------------------------------------------------------------------- */
-typedef enum {
-  W_ALLREDUCE,
-  W_BROADCAST,
-  W_REDUCE,
-  W_REDUCE_SCATTER,
-  W_ALLGATHER,
-  W_GATHER,
-  W_SCATTER,
-  W_ALLTOALL,
-  W_BARRIER,
-  W_CALL,
-  W_SEND,
-  W_RECV
-} work_kind;
-
-struct tdm_work {
-  struct tdm_work *next;
-  struct tdm_comm *c;
-  work_kind kind;
-  const void *sbuf;
-  void *rbuf;
-  size_t count;
-  tdm_dtype dt;
-  tdm_redop op;
-  tdm_algo algo;
-  int peer_or_root, tag;
-  tdm_status (*fn)(void *ctx); /* W_CALL */
-  void *ctx;
-  tdm_status st;
-  char error[512];
-  int done;
-};
-
 static tdm_status run_work(struct tdm_work *w) {
   struct tdm_comm *c = w->c;
   switch (w->kind) {
@@ -719,6 +717,8 @@ static tdm_status run_work(struct tdm_work *w) {
   case W_REDUCE: return tdm_comm_reduce(c, w->sbuf, w->rbuf, w->count, w->dt, w->op, w->peer_or_root, w->algo);
   case W_REDUCE_SCATTER: return tdm_comm_reduce_scatter(c, w->sbuf, w->rbuf, w->count, w->dt, w->op, w->algo);
   case W_ALLGATHER: return tdm_comm_allgather(c, w->sbuf, w->rbuf, w->count, w->dt, w->algo);
+  case W_REDUCE_SCATTER_BLOCKS: return tdm_comm_reduce_scatter_blocks(c, w->sbuf, w->rbuf, w->count, w->dt, w->op, w->algo);
+  case W_ALLGATHER_BLOCKS: return tdm_comm_allgather_blocks(c, w->sbuf, w->rbuf, w->count, w->dt, w->algo);
   case W_GATHER: return tdm_comm_gather(c, w->sbuf, w->rbuf, w->count, w->dt, w->peer_or_root);
   case W_SCATTER: return tdm_comm_scatter(c, w->sbuf, w->rbuf, w->count, w->dt, w->peer_or_root);
   case W_ALLTOALL: return tdm_comm_alltoall(c, w->sbuf, w->rbuf, w->count, w->dt);
@@ -785,6 +785,8 @@ static tdm_status enqueue(struct tdm_comm *c, struct tdm_work *tmpl, tdm_work_t 
   if (c->q_tail) c->q_tail->next = w;
   else c->q_head = w;
   c->q_tail = w;
+  w->all_next = c->handles;
+  c->handles = w;
   pthread_cond_broadcast(&c->q_cv);
   pthread_mutex_unlock(&c->q_mu);
   *out = w;
@@ -815,6 +817,17 @@ tdm_status tdm_comm_ireduce_scatter(tdm_comm_t c, const void *sendbuf, void *rec
 tdm_status tdm_comm_iallgather(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t sendcount, tdm_dtype dt,
                                tdm_algo algo, tdm_work_t *work) {
   struct tdm_work t = {.kind = W_ALLGATHER, .sbuf = sendbuf, .rbuf = recvbuf, .count = sendcount, .dt = dt, .algo = algo};
+  return enqueue(c, &t, work);
+}
+tdm_status tdm_comm_ireduce_scatter_blocks(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt,
+                                           tdm_redop op, tdm_algo algo, tdm_work_t *work) {
+  struct tdm_work t = {.kind = W_REDUCE_SCATTER_BLOCKS, .sbuf = sendbuf, .rbuf = recvbuf, .count = count, .dt = dt, .op = op,
+                       .algo = algo};
+  return enqueue(c, &t, work);
+}
+tdm_status tdm_comm_iallgather_blocks(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt,
+                                      tdm_algo algo, tdm_work_t *work) {
+  struct tdm_work t = {.kind = W_ALLGATHER_BLOCKS, .sbuf = sendbuf, .rbuf = recvbuf, .count = count, .dt = dt, .algo = algo};
   return enqueue(c, &t, work);
 }
 tdm_status tdm_comm_igather(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t sendcount, tdm_dtype dt, int root,
@@ -860,6 +873,11 @@ tdm_status tdm_work_wait(tdm_work_t w) {
   struct tdm_comm *c = w->c;
   pthread_mutex_lock(&c->q_mu);
   while (!w->done) pthread_cond_wait(&c->q_cv, &c->q_mu); /* the call itself is bounded by the timeout */
+  for (struct tdm_work **p = &c->handles; *p; p = &(*p)->all_next)
+    if (*p == w) {
+      *p = w->all_next;
+      break;
+    }
   pthread_mutex_unlock(&c->q_mu);
   tdm_status st = w->st;
   if (st != TDM_OK) tdm__set_error(st, "%s", w->error);

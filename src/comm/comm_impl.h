@@ -59,7 +59,7 @@ typedef struct tdm__xfer {
 typedef struct tdm__call {
   uint32_t kind, dtype, op;
   int32_t root;
-  uint64_t count;
+  uint64_t count; /* reduce-scatter and all-gather: the whole buffer, all P blocks */
   uint64_t seq;
 } tdm__call;
 
@@ -81,17 +81,22 @@ typedef struct tdm__transport_ops {
   /* Best effort: tell every peer why we stop (an ABORT message), then close everything. */
   void (*abort)(tdm__transport *t, const char *reason);
   void (*destroy)(tdm__transport *t);
-  /* Optional: told at the start of every collective (transports whose algorithms exchange no
-   * headers use it to detect mismatches). */
-  void (*announce)(tdm__transport *t, const struct tdm__call *call);
+  /* Optional: told at the start of every collective of t->active, once its algorithm is chosen
+   * (slots: one that moves no messages), so transports whose algorithms exchange no headers can
+   * detect mismatches while waiting. */
+  void (*announce)(tdm__transport *t, const struct tdm__call *call, int slots);
 } tdm__transport_ops;
 
 struct tdm__transport {
   const tdm__transport_ops *ops;
-  struct tdm_comm *comm; /* for error details */
+  struct tdm_comm *comm; /* the communicator that created it */
+  /* the communicator whose call is in progress: comm, or a sub-communicator speaking through
+   * comm's transport (set by comm.c before every call; cleared when that communicator goes) */
+  struct tdm_comm *active;
   int rank, size;
 };
-
+/* The communicator to name in errors and to fail: the one whose call is running. */
+static inline struct tdm_comm *tdm__active(tdm__transport *t) { return t->active ? t->active : t->comm; }
 
 
 struct tdm_comm {
@@ -103,6 +108,11 @@ struct tdm_comm {
   int *map_owned;
   uint32_t comm_id;
   double timeout_s;
+  int local_size; /* ranks on this node (LOCAL_WORLD_SIZE); 0: unknown */
+  /* TANDEM_ALGO: an algorithm per collective kind (AUTO: the rule), and a plain name that applies
+   * where it can (docs/algorithms.md); parsed once at creation, inherited by split */
+  tdm_algo algo_for[TDM_COLL_KIND_COUNT];
+  tdm_algo algo_plain;
   uint64_t seq;
   tdm__call cur; /* the collective in progress */
   _Atomic int failed;
@@ -117,6 +127,7 @@ struct tdm_comm {
   pthread_mutex_t q_mu;
   pthread_cond_t q_cv;
   struct tdm_work *q_head, *q_tail;
+  struct tdm_work *handles; /* every handle not yet waited for: destroy frees the abandoned ones */
   int q_busy, q_stop, q_started;
   pthread_t q_thread;
 };
@@ -125,8 +136,15 @@ struct tdm_comm {
 tdm_status tdm__comm_fail(struct tdm_comm *c, tdm_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* "all-reduce #12 (1000 x f32, sum)" for the call in progress. */
 const char *tdm__call_str(const tdm__call *call, char *buf, size_t n);
-/* Checks a received header against the expected one; formats the mismatch. */
+/* Checks a received header against the expected one; formats the mismatch. peer is a rank of
+ * c's transport; errors name it by its rank in c. */
 tdm_status tdm__check_header(struct tdm_comm *c, int peer, const tdm__hdr *want, const tdm__hdr *got);
+/* The same check for calls that peers publish without messages (shm): TDM_ERR_MISMATCH naming
+ * both calls unless they are the same call of the same communicator. */
+tdm_status tdm__check_call(struct tdm_comm *c, int peer, const tdm__call *want, uint32_t want_comm,
+                           const tdm__call *got, uint32_t got_comm);
+/* c's rank of the transport's rank q (sub-communicators map ranks); -1 if q is not in c. */
+int tdm__comm_rank_of(const struct tdm_comm *c, int q);
 
 /* Point-to-point for algorithms: headers are filled from c->cur. Peers are communicator ranks. */
 tdm_status tdm__exchange(struct tdm_comm *c, tdm__xfer *x, int n);
@@ -136,34 +154,83 @@ tdm_status tdm__sendrecv(struct tdm_comm *c, int to, const void *sbuf, size_t sn
 /* Scratch of at least n bytes owned by the communicator. */
 void *tdm__comm_scratch(struct tdm_comm *c, size_t n);
 
-/* Parses "100us,1gbps" (latency and/or bandwidth; units ns us ms s, and kbps mbps gbps for
- * bits or KB/s MB/s GB/s for bytes). */
+/* Configuration (config.c). Parses "100us,1gbps" (latency and/or bandwidth; units ns us ms s,
+ * and kbps mbps gbps for bits or KB/s MB/s GB/s for bytes). */
 tdm_status tdm__parse_net_emulate(const char *spec, double *latency_s, double *bytes_per_s);
+/* TANDEM_TIMEOUT into *out (unchanged when unset); LOCAL_WORLD_SIZE (or Open MPI's) into *out, 0
+ * when unset. TDM_ERR_INVALID_ARG naming the value when malformed. */
+tdm_status tdm__env_timeout(double *out);
+tdm_status tdm__env_local_size(int *out);
+/* TANDEM_ALGO's value into c->algo_for / c->algo_plain, checked against c (docs/algorithms.md). */
+tdm_status tdm__parse_algo_env(struct tdm_comm *c, const char *spec);
+/* Whether algorithm a can run collective kind k on c; what can ("ring, rd, ..., auto"); the
+ * algorithm of a call that passed a (its own choice, else TANDEM_ALGO's, else AUTO). */
+int tdm__algo_applies(const struct tdm_comm *c, int k, tdm_algo a);
+const char *tdm__algos_for(const struct tdm_comm *c, int k, char *buf, size_t n);
+tdm_algo tdm__algo_pick(const struct tdm_comm *c, int kind, tdm_algo a);
+static inline int tdm__pow2(int p) { return p > 0 && (p & (p - 1)) == 0; }
 
 /* avg's final division of n elements by d. */
 void tdm__scale_avg(void *buf, size_t n, tdm_dtype dt, int d);
+
+/* The block partition of the ring, halving-doubling and shm algorithms (tdm_comm_block): cnt[i]
+ * and off[i] of p blocks of count elements. Sizes and offsets are 64-bit throughout src/comm. */
+void tdm__blocks(size_t count, int p, size_t *cnt, size_t *off);
+
+/* Waiting without burning a core: spins first (the latency case), then yields, then sleeps in
+ * naps that grow with the time already waited (to at most 1 ms), so a rank waiting on a stopped
+ * or slow peer costs almost no CPU while one that waits microseconds is not slowed. Call
+ * tdm__backoff each time the awaited condition is still false; reset with (tdm__backoff_t){0}
+ * when progress is made. Returns 1 when it is time (every ~5 ms) for the slow checks. */
+typedef struct {
+  unsigned spins;
+  double since, next_check;
+} tdm__backoff_t;
+int tdm__backoff(tdm__backoff_t *b);
 
 /* Transports. */
 tdm_status tdm__thread_transport_create(tdm__transport **out, struct tdm_comm *c, void *group);
 tdm_status tdm__tcp_transport_create(tdm__transport **out, struct tdm_comm *c, const tdm_comm_config *cfg);
 tdm_status tdm__mpi_transport_create(tdm__transport **out, struct tdm_comm *c);
+/* The MPI transport sends a payload in pieces of at most this many bytes (1 GiB: MPI counts are
+ * int); tests make it small to exercise the pieces. */
+extern size_t tdm__mpi_piece_bytes;
 tdm_status tdm__shm_transport_create(tdm__transport **out, struct tdm_comm *c, const tdm_comm_config *cfg);
-/* The shared-memory all-reduce: reads sendbuf, writes recvbuf (they may be equal). Needs the
- * communicator's transport to be shm and the communicator to span all its ranks. */
+/* The shared-memory collectives (no messages): need the communicator's transport to be shm and
+ * the communicator to span all its ranks (tdm__shm_usable). They read sendbuf and write recvbuf,
+ * which may be equal; every element is reduced in rank order 0..P-1, so the reduce-scatter's
+ * block r is bit for bit the all-reduce's block r. reduce_scatter: sendbuf holds count elements,
+ * recvbuf block r of tdm__blocks(count, P). allgather: sendbuf holds block r, recvbuf count. */
+int tdm__shm_usable(const struct tdm_comm *c);
 tdm_status tdm__allreduce_shm(struct tdm_comm *c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt,
                               tdm_redop op);
+tdm_status tdm__reduce_scatter_shm(struct tdm_comm *c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt,
+                                   tdm_redop op);
+tdm_status tdm__allgather_shm(struct tdm_comm *c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt);
 
 /* A shared region (transport/shm.c): one f32 area per rank in one segment that every rank maps,
- * for a zero-copy all-reduce of data that lives there (data-parallel gradients on one node).
+ * for zero-copy collectives of data that lives there (data-parallel gradients on one node).
  * Create is collective over c (shm transport, whole communicator) and fails the same way on all
- * ranks. region_allreduce sums elements [lo, hi) of every area in rank order (average: then
- * divides by P) and writes the result into every area; collective, in the same order on all ranks;
- * every wait has c's timeout and notices a dead peer. */
+ * ranks. The operations are collective too, in the same order on all ranks, and may run on
+ * another thread than c's other calls (they use none of c's call state): each publishes its
+ * identity (operation, round, lo, hi, average) and checks every peer's before it reads a peer's
+ * data, so a rank in another operation or span fails with TDM_ERR_MISMATCH naming both; every
+ * wait has c's timeout and notices a dead peer. A failure fails c and wakes every peer.
+ * Elements [lo, hi) are split into P shares exactly as tdm__blocks(hi - lo, P): share q starts
+ * at lo + q*base + min(q, extra) and holds base + (q < extra) elements (base = (hi-lo)/P, extra =
+ * (hi-lo)%P); rank q owns share q.
+ *   allreduce:      each rank sums its share across all areas in rank order 0..P-1 (average: then
+ *                   divides by P) and writes the result into every area;
+ *   reduce_scatter: the same sum, written only into its own area (other areas keep their data);
+ *   allgather:      copies every rank's share of [lo, hi) from its owner's area into its own.
+ * So reduce_scatter followed by allgather leaves every area bit for bit as allreduce does. */
 typedef struct tdm__shm_region tdm__shm_region;
 tdm_status tdm__shm_region_create(struct tdm_comm *c, size_t floats_per_rank, tdm__shm_region **out);
 void tdm__shm_region_destroy(tdm__shm_region *r);
 float *tdm__shm_region_mine(tdm__shm_region *r);
 tdm_status tdm__shm_region_allreduce(tdm__shm_region *r, size_t lo, size_t hi, int average);
+tdm_status tdm__shm_region_reduce_scatter(tdm__shm_region *r, size_t lo, size_t hi, int average);
+tdm_status tdm__shm_region_allgather(tdm__shm_region *r, size_t lo, size_t hi);
 /* Runs fn(ctx) on c's progress thread, in line with the non-blocking collectives. */
 tdm_status tdm__comm_icall(struct tdm_comm *c, tdm_status (*fn)(void *ctx), void *ctx, tdm_work_t *work);
 
@@ -184,9 +251,25 @@ tdm_status tdm__allreduce_tree(struct tdm_comm *c, void *buf, size_t count, tdm_
 tdm_status tdm__bcast_binomial(struct tdm_comm *c, void *buf, size_t nbytes, int root);
 tdm_status tdm__bcast_chain(struct tdm_comm *c, void *buf, size_t nbytes, int root);
 tdm_status tdm__reduce_binomial(struct tdm_comm *c, void *buf, size_t count, tdm_dtype dt, tdm_redop op, int root);
-tdm_status tdm__reduce_scatter_ring(struct tdm_comm *c, void *buf, const size_t *counts, tdm_dtype dt, tdm_redop op);
-tdm_status tdm__reduce_scatter_rhd(struct tdm_comm *c, void *buf, size_t block, tdm_dtype dt, tdm_redop op);
-tdm_status tdm__allgather_ring(struct tdm_comm *c, void *buf, const size_t *bytes);
-tdm_status tdm__allgather_rd(struct tdm_comm *c, void *buf, size_t block_bytes);
+/* Reduce-scatter and all-gather work in place on buf, which holds all count elements split by
+ * tdm__blocks(count, P): reduce-scatter leaves the reduction of block r on rank r (the ring
+ * all-reduce is ring reduce-scatter then ring all-gather, so their block r are the same bits; the
+ * halving-doubling all-reduce likewise on powers of two); all-gather starts from block r on rank
+ * r and leaves every block everywhere. rhd / rd: powers of two only (else TDM_ERR_NOT_SUPPORTED,
+ * before any message). */
+tdm_status tdm__reduce_scatter_ring(struct tdm_comm *c, void *buf, size_t count, tdm_dtype dt, tdm_redop op);
+tdm_status tdm__reduce_scatter_rhd(struct tdm_comm *c, void *buf, size_t count, tdm_dtype dt, tdm_redop op);
+tdm_status tdm__allgather_ring(struct tdm_comm *c, void *buf, size_t count, tdm_dtype dt);
+tdm_status tdm__allgather_rd(struct tdm_comm *c, void *buf, size_t count, tdm_dtype dt);
+/* Exchanges with peers while reducing what arrives into dst, in 1 MiB chunks so scratch stays
+ * small (algo/allreduce.c). to / from = -1: no send / no receive. */
+tdm_status tdm__sendrecv_reduce(struct tdm_comm *c, int to, const char *sbuf, size_t sn, int from, char *dst,
+                                size_t rn, tdm_dtype dt, tdm_redop op);
+/* The power-of-two core of rhd / rd over the ranks that take part (me of p2, peers named by
+ * old[]); the block ranges are tdm__blocks(count, p2). */
+tdm_status tdm__rhd_halving(struct tdm_comm *c, int me, int p2, const int *old, char *buf, const size_t *cnt,
+                            const size_t *off, tdm_dtype dt, tdm_redop op);
+tdm_status tdm__rd_doubling(struct tdm_comm *c, int me, int p2, const int *old, char *buf, const size_t *cnt,
+                            const size_t *off, size_t es);
 
 #endif

@@ -122,8 +122,22 @@ static tdm_status check_same_model(tdm_comm_t c, const tdm_params *p) {
   return st;
 }
 
+/* A 0/1 switch from the environment: -1 when unset, else its value; anything else is an error. */
+static tdm_status env_switch(const char *name, int *out) {
+  const char *v = getenv(name);
+  *out = -1;
+  if (!v || !*v) return TDM_OK;
+  if (strcmp(v, "0") && strcmp(v, "1"))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "environment: %s is '%s'; expected 0 or 1", name, v);
+  *out = v[0] == '1';
+  return TDM_OK;
+}
+
 tdm_status tdm_dp_create(tdm_dp **out, tdm_comm_t comm, tdm_params *params, const tdm_dp_config *cfg) {
   if (!out || !comm || !params) return tdm__set_error(TDM_ERR_INVALID_ARG, "dp_create: NULL argument");
+  int zero_copy, inline_avg; /* parsed first: a bad value fails before any collective */
+  TDM__TRY(env_switch("TANDEM_DP_ZERO_COPY", &zero_copy));
+  TDM__TRY(env_switch("TANDEM_DP_INLINE", &inline_avg));
   tdm_dp_config c = cfg ? *cfg : (tdm_dp_config){0, 0, TDM_F32, 0};
   if (!c.bucket_bytes) c.bucket_bytes = 25u << 20;
   if (!c.first_bucket_bytes) c.first_bucket_bytes = 1u << 20;
@@ -171,9 +185,8 @@ tdm_status tdm_dp_create(tdm_dp **out, tdm_comm_t comm, tdm_params *params, cons
   /* One node over shared memory, f32 on the wire: keep the gradients in a shared region, so a
    * bucket is averaged in place with no copy in or out (TANDEM_DP_ZERO_COPY=0 turns it off, for
    * comparison; it must be the same on all ranks). */
-  const char *zc = getenv("TANDEM_DP_ZERO_COPY");
   if (c.wire_dtype == TDM_F32 && tdm_comm_transport(comm) == TDM_TRANSPORT_SHM && tdm_comm_size(comm) > 1 &&
-      !(zc && !strcmp(zc, "0"))) {
+      zero_copy != 0) {
     tdm_status rs = tdm__shm_region_create(comm, (size_t)total, &dp->region);
     if (rs == TDM_OK) rs = tdm_params_set_grad_buffer(params, tdm__shm_region_mine(dp->region));
     if (rs != TDM_OK) { /* the same outcome on every rank: fall back to the all-reduce */
@@ -182,8 +195,7 @@ tdm_status tdm_dp_create(tdm_dp **out, tdm_comm_t comm, tdm_params *params, cons
       dp->region = NULL;
     }
     for (int k = 0; k < dp->nb; k++) dp->b[k].region = dp->region;
-    const char *inl = getenv("TANDEM_DP_INLINE");
-    dp->spare_core = inl && *inl ? !strcmp(inl, "0") : tdm_spare_core(tdm_comm_size(comm));
+    dp->spare_core = inline_avg >= 0 ? !inline_avg : tdm_spare_core(tdm_comm_size(comm));
     if (dp->region) tdm_log(TDM_LOG_INFO, "dp: gradients in a shared region, averaged in place (zero-copy)");
   }
   for (int i = 0; i < n; i++) tdm_tensor_set_grad_hook(tdm_params_get(params, i), on_grad_ready, dp);

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The MPI transport under Open MPI's mpirun: collectives on 2 and 3 ranks with checked values.
+# The MPI transport under Open MPI's mpirun: collectives on 2 and 3 ranks with checked values;
+# payloads in pieces; mismatched calls named on both ranks.
 # usage: test_mpi.sh path/to/tandem   (exit 77 = skipped when mpirun or the transport is missing)
 set -u
 TANDEM=${1:?usage: test_mpi.sh path/to/tandem}
@@ -19,5 +20,31 @@ for np in 2 3; do
     fi
   done
 done
+# The MPI transport in pieces (a payload over 2 GiB cannot be one MPI message: counts are int),
+# and every collective x every field of its identity: the call fails on both ranks naming both
+# calls (test_multirank's cases under mpirun; a failed MPI transport aborts the job at the end).
+TESTS=$(dirname "$TANDEM")/tests/test_multirank
+out=$(timeout 120 mpirun -np 2 "$TESTS" mpi-pieces 2>&1)
+rc=$?
+if [[ $rc -eq 0 ]] && [[ $(grep -c "collectives with 1000-byte pieces: ok" <<<"$out") -eq 2 ]]; then
+  passed=$((passed + 1)); echo "ok   mpirun -np 2: every collective with payloads in 1000-byte pieces"
+else
+  failed=$((failed + 1)); echo "FAIL mpirun -np 2: collectives in pieces (exit $rc)"; tail -5 <<<"$out"
+fi
+cases=0 bad=0
+while read -r coll field; do
+  dir=$(mktemp -d /tmp/tandem-mpi-XXXXXX)
+  out=$(timeout 60 mpirun -np 2 "$TESTS" mpi-mismatch "$coll" "$field" "$dir" 2>&1 </dev/null) # mpirun reads stdin
+  rm -rf "$dir"
+  cases=$((cases + 1))
+  if [[ $(grep -c "^rank [01]: .*: ok$" <<<"$out") -ne 2 ]]; then
+    bad=$((bad + 1)); echo "  case $coll $field:"; grep "^rank\|mismatch\|error" <<<"$out" | head -4
+  fi
+done < <("$TESTS" mm-cases)
+if [[ $bad -eq 0 && $cases -gt 20 ]]; then
+  passed=$((passed + 1)); echo "ok   mpirun -np 2: $cases mismatched calls, each failed on both ranks naming both calls"
+else
+  failed=$((failed + 1)); echo "FAIL mpirun -np 2: $bad of $cases mismatched calls not named on both ranks"
+fi
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

@@ -1,16 +1,27 @@
 /* The TCP and shared-memory transports with real processes on one machine. Every child is forked, runs its rank, and
  * exits with 0 (pass) or a code; the parent waits with a deadline and kills stragglers, so a
- * hang fails the test instead of stalling it. */
+ * hang fails the test instead of stalling it. In the sanitizer build every child also runs the
+ * leak check after destroying its communicator, so failure paths that leak fail the test.
+ * Under mpirun, `test_multirank mpi-mismatch COLL FIELD DIR` (the cases: `test_multirank mm-cases`)
+ * and `test_multirank mpi-pieces` run the MPI transport's cases (tests/multirank/test_mpi.sh). */
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "multirank/mismatch.h"
 #include "tdm_test.h"
+
+/* Defined by LeakSanitizer in the sanitizer build, absent (NULL) otherwise. */
+extern int __lsan_do_recoverable_leak_check(void) __attribute__((weak));
+#define LEAKED 97 /* a child's exit code when the leak check found something */
+static int leak_check(void) { return __lsan_do_recoverable_leak_check && __lsan_do_recoverable_leak_check() ? LEAKED : 0; }
 
 #define TOKEN "tdm-test-token-5f3a"
 
@@ -55,7 +66,7 @@ static void spawn(int size, int port, rank_fn fn, pid_t *pids) {
       }
       int rc = fn(c, r, size);
       tdm_comm_destroy(c);
-      _exit(rc);
+      _exit(leak_check() ? LEAKED : rc); /* failure paths included: they must not leak either */
     }
   }
 }
@@ -86,7 +97,7 @@ static double wait_all(int size, pid_t *pids, int *codes, double timeout) {
         }
       break;
     }
-    usleep(10000);
+    usleep(500); /* reap soon, as tandem run does: a peer that exited is then gone for kill(pid, 0) */
   }
   return tdm_time_now() - t0;
 }
@@ -323,7 +334,387 @@ static void test_shm_leaves_nothing_behind(void) {
   closedir(d);
 }
 
-TDM_TEST_MAIN(T(test_collectives_2_and_3_ranks), T(test_killed_rank_is_named_within_10s),
-              T(test_mismatch_named_on_both_ranks), T(test_stray_connection_is_refused),
-              T(test_from_env_and_wrong_token), T(test_shm_collectives), T(test_shm_killed_rank), T(test_shm_mismatch),
-              T(test_shm_leaves_nothing_behind))
+/* ---- every collective x every field of its identity, with real processes ---------------------- */
+static mm_coll g_coll;
+static mm_field g_field;
+
+static int mm_rank(tdm_comm_t c, int rank, int P) {
+  char *s = calloc(1, MM_BUF_BYTES(P)), *r = calloc(1, MM_BUF_BYTES(P));
+  tdm_status st = mm_call(c, g_coll, g_field, rank == P - 1, s, r);
+  free(s);
+  free(r);
+  if (mm_named(st, tdm_last_error(), g_coll, g_field, P, 1)) return 42;
+  fprintf(stderr, "  rank %d, %s with another %s: %s: %s\n", rank, mm_coll_names[g_coll], mm_field_names[g_field],
+          tdm_status_str(st), tdm_last_error());
+  return 1;
+}
+
+static void mismatch_matrix(int P) {
+  int cases = 0;
+  double worst = 0;
+  for (int k = 0; k < MM_COLL_COUNT; k++)
+    for (int f = 0; f < MM_FIELD_COUNT; f++) {
+      if (!mm_applies((mm_coll)k, (mm_field)f)) continue;
+      g_coll = (mm_coll)k;
+      g_field = (mm_field)f;
+      pid_t pids[4];
+      int codes[4];
+      spawn(P, free_port(), mm_rank, pids);
+      double t = wait_all(P, pids, codes, 20);
+      for (int r = 0; r < P; r++)
+        CHECK_MSG(codes[r] == 42, "%s, %d ranks, %s with another %s: rank %d exit %d", tdm_transport_name(g_transport), P,
+                  mm_coll_names[k], mm_field_names[f], r, codes[r]);
+      worst = t > worst ? t : worst;
+      cases++;
+    }
+  printf("  %s, %d ranks: %d cases failed on every rank naming both calls (slowest job %.2f s)\n",
+         tdm_transport_name(g_transport), P, cases, worst);
+}
+
+/* A sub-communicator's calls are checked too: the second pair of a split disagrees on a count. */
+static int sub_mismatch(tdm_comm_t c, int rank, int P) {
+  (void)P;
+  tdm_comm_t sub;
+  FAILIF(tdm_comm_split(c, rank / 2, rank, &sub) != TDM_OK, "split");
+  FAILIF(tdm_comm_barrier(c) != TDM_OK, "barrier");
+  int rc = 0;
+  if (rank >= 2) {
+    char s[MM_BUF_BYTES(2)] = {0}, r[MM_BUF_BYTES(2)];
+    tdm_status st = mm_call(sub, MM_ALLREDUCE, MM_F_COUNT, rank == 3, s, r);
+    rc = mm_named(st, tdm_last_error(), MM_ALLREDUCE, MM_F_COUNT, 2, 1) ? 42 : 1;
+    if (rc != 42) fprintf(stderr, "  rank %d: %s: %s\n", rank, tdm_status_str(st), tdm_last_error());
+  }
+  tdm_comm_destroy(sub);
+  return rc;
+}
+
+static void sub_mismatch_job(void) {
+  pid_t pids[4];
+  int codes[4];
+  spawn(4, free_port(), sub_mismatch, pids);
+  wait_all(4, pids, codes, 20);
+  CHECK_MSG(codes[2] == 42 && codes[3] == 42, "%s sub-communicator: exit codes %d %d", tdm_transport_name(g_transport),
+            codes[2], codes[3]);
+}
+
+static void test_mismatch_matrix_tcp_shm(void) {
+  tdm_transport_kind kinds[] = {TDM_TRANSPORT_TCP, TDM_TRANSPORT_SHM};
+  for (int i = 0; i < 2; i++) {
+    g_transport = kinds[i];
+    mismatch_matrix(2);
+    sub_mismatch_job();
+  }
+  g_transport = TDM_TRANSPORT_SHM; /* and with three ranks, where some learn of it from a peer */
+  mismatch_matrix(3);
+  g_transport = TDM_TRANSPORT_TCP;
+}
+
+/* Ranks that pass different algorithms to one all-reduce over shm: one reduces in shared
+ * memory, the other sends messages; each names the other instead of waiting for the timeout. */
+static int algo_mismatch(tdm_comm_t c, int rank, int P) {
+  (void)P;
+  float v[256] = {0};
+  tdm_status st = tdm_comm_allreduce(c, v, v, 256, TDM_F32, TDM_SUM, rank ? TDM_ALGO_RING : TDM_ALGO_SHM);
+  if (st == TDM_ERR_MISMATCH && strstr(tdm_last_error(), "with the shm algorithm but rank") &&
+      strstr(tdm_last_error(), "do all ranks pass the same algorithm?"))
+    return 42;
+  fprintf(stderr, "  rank %d: %s: %s\n", rank, tdm_status_str(st), tdm_last_error());
+  return 1;
+}
+
+static void test_shm_algorithm_mismatch(void) {
+  g_transport = TDM_TRANSPORT_SHM;
+  pid_t pids[2];
+  int codes[2];
+  spawn(2, free_port(), algo_mismatch, pids);
+  double t = wait_all(2, pids, codes, 20);
+  CHECK_MSG(codes[0] == 42 && codes[1] == 42, "exit codes %d %d", codes[0], codes[1]);
+  CHECK(t < 5);
+  g_transport = TDM_TRANSPORT_TCP;
+}
+
+/* ---- shared memory: reduce-scatter + all-gather == all-reduce, bit for bit --------------------- */
+static float rnd(int rank, size_t j) { return (float)((double)(tdm_hash64(0x5eed + (uint64_t)rank, j) >> 11) / 9007199254740992.0 - 0.5) * 3.0f; }
+
+static int slots_rsag(tdm_comm_t c, int rank, int P) {
+  static const size_t counts[] = {0, 1, 7, 1003, 300001}; /* 300001 floats: several 1 MiB rounds */
+  for (int ci = 0; ci < 5; ci++)
+    for (int op = TDM_SUM; op <= TDM_AVG; op++) {
+      size_t n = counts[ci], lo, len;
+      float *in = malloc(4 * n + 4), *ar = malloc(4 * n + 4), *ag = malloc(4 * n + 4);
+      for (size_t j = 0; j < n; j++) in[j] = rnd(rank, j);
+      tdm_comm_block(n, P, rank, &lo, &len);
+      FAILIF(tdm_comm_allreduce(c, in, ar, n, TDM_F32, (tdm_redop)op, TDM_ALGO_AUTO) != TDM_OK, "all-reduce");
+      FAILIF(tdm_comm_reduce_scatter_blocks(c, in, ag + lo, n, TDM_F32, (tdm_redop)op, TDM_ALGO_AUTO) != TDM_OK, "reduce-scatter");
+      FAILIF(tdm_comm_allgather_blocks(c, ag + lo, ag, n, TDM_F32, TDM_ALGO_AUTO) != TDM_OK, "all-gather");
+      FAILIF(n && memcmp(ar, ag, 4 * n), "n=%zu %s: reduce-scatter + all-gather differs from the all-reduce", n,
+             tdm_redop_name((tdm_redop)op));
+      free(in);
+      free(ar);
+      free(ag);
+    }
+  return 0;
+}
+
+/* The region: all-reduce vs reduce-scatter + all-gather on the same data, spans not divisible by
+ * P; the reduce-scatter alone leaves the rest of my area as it was. */
+static int region_rsag(tdm_comm_t c, int rank, int P) {
+  enum { N = 100003 };
+  tdm__shm_region *reg;
+  FAILIF(tdm__shm_region_create(c, N, &reg) != TDM_OK, "region");
+  float *mine = tdm__shm_region_mine(reg), *orig = malloc(4 * N), *ar = malloc(4 * N);
+  for (size_t j = 0; j < N; j++) orig[j] = rnd(rank, j);
+  static const size_t spans[][2] = {{0, N}, {17, 17 + 1001}, {5, 6}, {300, 300}};
+  for (int si = 0; si < 4; si++)
+    for (int avg = 0; avg < 2; avg++) {
+      size_t lo = spans[si][0], hi = spans[si][1], off, len;
+      tdm_comm_block(hi - lo, P, rank, &off, &len);
+      memcpy(mine, orig, 4 * N);
+      FAILIF(tdm_comm_barrier(c) != TDM_OK, "barrier");
+      FAILIF(tdm__shm_region_allreduce(reg, lo, hi, avg) != TDM_OK, "region all-reduce");
+      memcpy(ar, mine, 4 * N);
+      FAILIF(tdm_comm_barrier(c) != TDM_OK, "barrier"); /* everyone read my area before I rewrite it */
+      memcpy(mine, orig, 4 * N);
+      FAILIF(tdm_comm_barrier(c) != TDM_OK, "barrier");
+      FAILIF(tdm__shm_region_reduce_scatter(reg, lo, hi, avg) != TDM_OK, "region reduce-scatter");
+      FAILIF(memcmp(mine + lo + off, ar + lo + off, 4 * len), "[%zu, %zu): my share differs after the reduce-scatter", lo, hi);
+      FAILIF(memcmp(mine, orig, 4 * (lo + off)) || memcmp(mine + lo + off + len, orig + lo + off + len, 4 * (N - lo - off - len)),
+             "[%zu, %zu): the reduce-scatter wrote outside my share", lo, hi);
+      FAILIF(tdm__shm_region_allgather(reg, lo, hi) != TDM_OK, "region all-gather");
+      FAILIF(memcmp(mine, ar, 4 * N), "[%zu, %zu) %s: region reduce-scatter + all-gather differs from the region all-reduce",
+             lo, hi, avg ? "average" : "sum");
+    }
+  /* a span or an operation that differs between ranks: both named on every rank */
+  tdm_status st = rank == P - 1 ? tdm__shm_region_allreduce(reg, 0, 999, 1) : tdm__shm_region_allreduce(reg, 0, 1000, 1);
+  /* round 25: the 8 cases above took 3 rounds each */
+  int named = st == TDM_ERR_MISMATCH && strstr(tdm_last_error(), "shared-region all-reduce round 25 (elements [0, 1000), average)") &&
+              strstr(tdm_last_error(), "shared-region all-reduce round 25 (elements [0, 999), average)");
+  if (!named) fprintf(stderr, "  rank %d: %s: %s\n", rank, tdm_status_str(st), tdm_last_error());
+  tdm__shm_region_destroy(reg);
+  free(orig);
+  free(ar);
+  return named ? 0 : 1;
+}
+
+static int region_op_mismatch(tdm_comm_t c, int rank, int P) {
+  (void)P;
+  tdm__shm_region *reg;
+  FAILIF(tdm__shm_region_create(c, 64, &reg) != TDM_OK, "region");
+  tdm_status st = rank ? tdm__shm_region_reduce_scatter(reg, 0, 64, 1) : tdm__shm_region_allgather(reg, 0, 64);
+  int named = st == TDM_ERR_MISMATCH && strstr(tdm_last_error(), "shared-region all-gather round 1 (elements [0, 64))") &&
+              strstr(tdm_last_error(), "shared-region reduce-scatter round 1 (elements [0, 64), average)");
+  if (!named) fprintf(stderr, "  rank %d: %s: %s\n", rank, tdm_status_str(st), tdm_last_error());
+  tdm__shm_region_destroy(reg);
+  return named ? 42 : 1;
+}
+
+static void test_shm_reduce_scatter_allgather_equal_allreduce(void) {
+  g_transport = TDM_TRANSPORT_SHM;
+  for (int P = 2; P <= 4; P++) {
+    pid_t pids[4];
+    int codes[4];
+    spawn(P, free_port(), slots_rsag, pids);
+    wait_all(P, pids, codes, 60);
+    for (int r = 0; r < P; r++) CHECK_MSG(codes[r] == 0, "slots, %d ranks: rank %d exit %d", P, r, codes[r]);
+    spawn(P, free_port(), region_rsag, pids);
+    wait_all(P, pids, codes, 60);
+    for (int r = 0; r < P; r++) CHECK_MSG(codes[r] == 0, "region, %d ranks: rank %d exit %d", P, r, codes[r]);
+  }
+  pid_t pids[2];
+  int codes[2];
+  spawn(2, free_port(), region_op_mismatch, pids);
+  wait_all(2, pids, codes, 20);
+  CHECK_MSG(codes[0] == 42 && codes[1] == 42, "region operation mismatch: exit codes %d %d", codes[0], codes[1]);
+  g_transport = TDM_TRANSPORT_TCP;
+}
+
+/* ---- job ends over shared memory are not deaths -------------------------------------------------
+ * Ranks that finish their last collective and exit at once, while slower peers still wait (many
+ * more ranks than cores, so some are off the CPU for milliseconds): no peer may be reported dead. */
+static int job_end(tdm_comm_t c, int rank, int P) {
+  int64_t v[64];
+  for (int i = 0; i < 24; i++) {
+    size_t n = (size_t)1 + (size_t)(i * 7) % 64;
+    for (size_t j = 0; j < n; j++) v[j] = rank;
+    /* arrivals spread over a few milliseconds: the early ones wait, the last leaves at once */
+    if (i == 23) usleep((useconds_t)(tdm_hash64((uint64_t)getpid(), (uint64_t)rank) % 3000));
+    FAILIF(tdm_comm_allreduce(c, v, v, n, TDM_I64, TDM_SUM, TDM_ALGO_AUTO) != TDM_OK, "all-reduce %d", i);
+    FAILIF(v[n - 1] != (int64_t)P * (P - 1) / 2, "value");
+  }
+  return 0;
+}
+
+static void test_shm_job_ends_are_not_deaths(void) {
+  g_transport = TDM_TRANSPORT_SHM;
+  enum { P = 16 };
+  int bad = 0, jobs = 0;
+  double t0 = tdm_time_now();
+  while (tdm_time_now() - t0 < 15) { /* as many jobs as 15 s allow */
+    pid_t pids[P];
+    int codes[P];
+    spawn(P, free_port(), job_end, pids);
+    wait_all(P, pids, codes, 30);
+    for (int r = 0; r < P; r++) bad += codes[r] != 0;
+    jobs++;
+  }
+  printf("  %d jobs of %d ranks in %.1f s: %d ranks failed\n", jobs, P, tdm_time_now() - t0, bad);
+  CHECK(bad == 0);
+  g_transport = TDM_TRANSPORT_TCP;
+}
+
+/* ---- a rank waiting on a stopped peer sleeps --------------------------------------------------- */
+static int waits_on_stopped(tdm_comm_t c, int rank, int P) {
+  (void)P;
+  FAILIF(tdm_comm_barrier(c) != TDM_OK, "barrier");
+  if (rank == 1) {
+    raise(SIGSTOP); /* the parent kills it once rank 0 is done */
+    return 0;
+  }
+  tdm_comm_set_timeout(c, 2.0);
+  struct timespec c0, c1;
+  double t0 = tdm_time_now();
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
+  float v = 1;
+  tdm_status st = tdm_comm_allreduce(c, &v, &v, 1, TDM_F32, TDM_SUM, TDM_ALGO_AUTO);
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+  double wall = tdm_time_now() - t0, cpu = (double)(c1.tv_sec - c0.tv_sec) + 1e-9 * (double)(c1.tv_nsec - c0.tv_nsec);
+  printf("  waited %.2f s on a stopped peer using %.3f s of CPU (%.1f%%): %s\n", wall, cpu, 100 * cpu / wall, tdm_last_error());
+  fflush(stdout);
+  return st == TDM_ERR_TIMEOUT && strstr(tdm_last_error(), "waiting for rank 1") && cpu < 0.1 * wall ? 42 : 1;
+}
+
+static void test_shm_wait_on_stopped_peer_sleeps(void) {
+  g_transport = TDM_TRANSPORT_SHM;
+  pid_t pids[2];
+  int codes[2] = {-1, -1}, status;
+  spawn(2, free_port(), waits_on_stopped, pids);
+  double t0 = tdm_time_now();
+  while (waitpid(pids[0], &status, WNOHANG) == 0 && tdm_time_now() - t0 < 20) usleep(10000);
+  if (tdm_time_now() - t0 >= 20) kill(pids[0], SIGKILL), waitpid(pids[0], &status, 0);
+  codes[0] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  kill(pids[1], SIGKILL);
+  waitpid(pids[1], NULL, 0);
+  CHECK_MSG(codes[0] == 42, "rank 0 exit %d", codes[0]);
+  g_transport = TDM_TRANSPORT_TCP;
+}
+
+/* ---- failure paths ------------------------------------------------------------------------------
+ * A non-blocking all-reduce in flight when a peer dies, never waited for (a training step that
+ * gives up): destroying the communicator frees it, which the sanitizer build's leak check in
+ * every child proves. */
+static int abandons_work(tdm_comm_t c, int rank, int P) {
+  (void)P;
+  float *v = calloc(1 << 16, sizeof(float)), w[4] = {0};
+  for (long i = 0; i < 100000000L; i++) {
+    tdm_work_t pending;
+    FAILIF(tdm_comm_iallreduce(c, w, w, 4, TDM_F32, TDM_SUM, TDM_ALGO_AUTO, &pending) != TDM_OK, "iallreduce");
+    tdm_status st = tdm_comm_allreduce(c, v, v, 1 << 16, TDM_F32, TDM_SUM, TDM_ALGO_AUTO);
+    if (st != TDM_OK) {
+      free(v);
+      if (st != TDM_ERR_REMOTE) fprintf(stderr, "  rank %d: %s: %s\n", rank, tdm_status_str(st), tdm_last_error());
+      return st == TDM_ERR_REMOTE ? 42 : 1; /* pending is left to tdm_comm_destroy */
+    }
+    FAILIF(tdm_work_wait(pending) != TDM_OK, "wait");
+  }
+  free(v);
+  return 0;
+}
+
+static void test_abandoned_work_after_peer_death(void) {
+  tdm_transport_kind kinds[] = {TDM_TRANSPORT_TCP, TDM_TRANSPORT_SHM};
+  for (int i = 0; i < 2; i++) {
+    g_transport = kinds[i];
+    pid_t pids[2];
+    int codes[2];
+    spawn(2, free_port(), abandons_work, pids);
+    usleep(500000);
+    kill(pids[1], SIGKILL);
+    wait_all(2, pids, codes, 15);
+    CHECK_MSG(codes[0] == 42, "%s: the survivor exit %d%s", tdm_transport_name(g_transport), codes[0],
+              codes[0] == LEAKED ? " (it leaked)" : "");
+  }
+  g_transport = TDM_TRANSPORT_TCP;
+}
+
+/* A rank whose peers never come: the set-up wait names what it waits for, not "rank -1". */
+static void test_shm_setup_timeout_says_what(void) {
+  int port = free_port();
+  pid_t pid = fork();
+  if (pid == 0) {
+    g_transport = TDM_TRANSPORT_SHM;
+    tdm_comm_config cfg = config(0, 2, port, TOKEN, 1);
+    tdm_comm_t c;
+    tdm_status st = tdm_comm_create(&c, &cfg);
+    fprintf(stderr, "  %s: %s\n", tdm_status_str(st), tdm_last_error());
+    _exit(st == TDM_ERR_TIMEOUT && !strstr(tdm_last_error(), "rank -1") ? 42 : 1);
+  }
+  int codes[1];
+  wait_all(1, &pid, codes, 20);
+  CHECK(codes[0] == 42);
+}
+
+/* ---- under mpirun ---------------------------------------------------------------------------- */
+static int mpi_main(int argc, char **argv) {
+  tdm_comm_config cfg;
+  if (tdm_comm_config_from_env(&cfg) != TDM_OK) return 90;
+  cfg.transport = TDM_TRANSPORT_MPI;
+  cfg.timeout_s = 20;
+  tdm_comm_t c;
+  if (tdm_comm_create(&c, &cfg) != TDM_OK) {
+    fprintf(stderr, "create: %s\n", tdm_last_error());
+    return 90;
+  }
+  int rank = tdm_comm_rank(c), P = tdm_comm_size(c), rc;
+  if (!strcmp(argv[1], "mpi-pieces")) { /* payloads in pieces of 1000 bytes: every collective */
+    tdm__mpi_piece_bytes = 1000;
+    rc = collectives(c, rank, P);
+    printf("rank %d: collectives with 1000-byte pieces: %s\n", rank, rc ? "FAIL" : "ok");
+  } else if (argc == 5) { /* mpi-mismatch COLL FIELD DIR */
+    g_coll = (mm_coll)atoi(argv[2]);
+    g_field = (mm_field)atoi(argv[3]);
+    if ((unsigned)g_coll >= MM_COLL_COUNT || (unsigned)g_field >= MM_FIELD_COUNT || !mm_applies(g_coll, g_field)) {
+      tdm_comm_destroy(c);
+      return 2;
+    }
+    rc = mm_rank(c, rank, P);
+    printf("rank %d: %s with another %s: %s\n", rank, mm_coll_names[g_coll], mm_field_names[g_field], rc == 42 ? "ok" : "FAIL");
+    fflush(stdout);
+    /* destroying a failed MPI transport aborts the job: first let every rank report */
+    char path[512];
+    snprintf(path, sizeof path, "%s/done.%d", argv[4], rank);
+    fclose(fopen(path, "w"));
+    for (double t0 = tdm_time_now(); tdm_time_now() - t0 < 10;) {
+      int n = 0;
+      for (int r = 0; r < P; r++) {
+        struct stat sb;
+        snprintf(path, sizeof path, "%s/done.%d", argv[4], r);
+        n += stat(path, &sb) == 0;
+      }
+      if (n == P) break;
+      usleep(10000);
+    }
+  } else {
+    rc = 2;
+  }
+  fflush(stdout);
+  tdm_comm_destroy(c);
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1 && !strcmp(argv[1], "mm-cases")) { /* for test_mpi.sh: the cases of the matrix */
+    for (int k = 0; k < MM_COLL_COUNT; k++)
+      for (int f = 0; f < MM_FIELD_COUNT; f++)
+        if (mm_applies((mm_coll)k, (mm_field)f)) printf("%d %d\n", k, f);
+    return 0;
+  }
+  if (argc > 1) return mpi_main(argc, argv);
+  static const tdm_test_case cases[] = {
+      T(test_collectives_2_and_3_ranks), T(test_killed_rank_is_named_within_10s), T(test_mismatch_named_on_both_ranks),
+      T(test_stray_connection_is_refused), T(test_from_env_and_wrong_token), T(test_shm_collectives),
+      T(test_shm_killed_rank), T(test_shm_mismatch), T(test_mismatch_matrix_tcp_shm), T(test_shm_algorithm_mismatch),
+      T(test_shm_reduce_scatter_allgather_equal_allreduce), T(test_shm_job_ends_are_not_deaths),
+      T(test_shm_wait_on_stopped_peer_sleeps), T(test_abandoned_work_after_peer_death), T(test_shm_setup_timeout_says_what),
+      T(test_shm_leaves_nothing_behind)};
+  return tdm_test_main(cases, (int)(sizeof cases / sizeof cases[0]));
+}

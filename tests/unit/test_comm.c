@@ -1,11 +1,14 @@
 /* Collectives on the thread transport against closed forms: element j of rank r holds a value
  * made from j and r, so every expected result is a formula, not a second implementation.
  * World sizes 1, 2, 3, 4, 5, 7, 8; every collective x algorithm x dtype x op; counts 0, 1, odd,
- * large. Then barrier semantics, send/recv, non-blocking calls, split, mismatches and timeouts. */
+ * large. Then barrier semantics, send/recv, non-blocking calls, split, mismatches of every field
+ * of every collective, TANDEM_ALGO, 64-bit offsets, reduce-scatter + all-gather == all-reduce bit
+ * for bit, abandoned non-blocking handles, and the environment's error messages. */
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "comm/comm_impl.h" /* tdm__parse_net_emulate */
+#include "comm/comm_impl.h" /* tdm__parse_net_emulate, tdm__blocks */
+#include "multirank/mismatch.h"
 #include "tdm_test.h"
 
 static const tdm_dtype DTYPES[] = {TDM_F32, TDM_F64, TDM_BF16, TDM_F16, TDM_I32, TDM_I64, TDM_U8};
@@ -412,6 +415,272 @@ static void test_mismatch_and_timeout(void) {
   run_world(2, timeout_body, 0.3);
 }
 
+/* ---- every collective x every field of its identity ------------------------------------------ */
+static mm_coll g_coll;
+static mm_field g_field;
+
+static void mm_body(ctx_t *x) {
+  char *s = calloc(1, MM_BUF_BYTES(x->P)), *r = calloc(1, MM_BUF_BYTES(x->P));
+  int odd = x->r == x->P - 1;
+  tdm_status st = mm_call(x->c, g_coll, g_field, odd, s, r);
+  CHECK_MSG(mm_named(st, tdm_last_error(), g_coll, g_field, x->P, 1), "P=%d rank %d, %s with another %s: %s: %s", x->P,
+            x->r, mm_coll_names[g_coll], mm_field_names[g_field], tdm_status_str(st), tdm_last_error());
+  free(s);
+  free(r);
+}
+
+static void test_mismatch_matrix(void) {
+  int cases = 0;
+  for (int P = 2; P <= 3; P++)
+    for (int k = 0; k < MM_COLL_COUNT; k++)
+      for (int f = 0; f < MM_FIELD_COUNT; f++)
+        if (mm_applies((mm_coll)k, (mm_field)f)) {
+          g_coll = (mm_coll)k;
+          g_field = (mm_field)f;
+          run_world(P, mm_body, 10);
+          cases++;
+        }
+  printf("  %d cases, each failed on every rank naming both calls\n", cases);
+}
+
+/* A sub-communicator speaks through its parent's transport; its calls are checked all the same. */
+static void sub_mismatch_body(ctx_t *x) {
+  tdm_comm_t sub;
+  CHECK_OK(tdm_comm_split(x->c, x->r / 2, x->r, &sub));
+  CHECK_OK(tdm_comm_barrier(x->c)); /* everyone has its sub-communicator before one fails */
+  if (!sub) return;
+  char s[MM_BUF_BYTES(2)], r[MM_BUF_BYTES(2)];
+  memset(s, 0, sizeof s);
+  if (x->r >= 2) { /* the second pair disagrees on the count */
+    tdm_status st = mm_call(sub, MM_ALLREDUCE, MM_F_COUNT, x->r == 3, s, r);
+    CHECK_MSG(mm_named(st, tdm_last_error(), MM_ALLREDUCE, MM_F_COUNT, 2, 1), "rank %d: %s: %s", x->r,
+              tdm_status_str(st), tdm_last_error());
+  }
+  tdm_comm_destroy(sub);
+}
+
+static void test_sub_communicator_mismatch(void) { run_world(4, sub_mismatch_body, 10); }
+
+/* ---- TANDEM_ALGO ---------------------------------------------------------------------------
+ * What a rank picks from the variable shows against a peer that names the algorithm in its
+ * call: the same algorithm works, another one is a size mismatch. */
+static tdm_algo g_peer_algo[TDM_COLL_KIND_COUNT];
+
+static void algo_env_body(ctx_t *x) {
+  int64_t v[40];
+  for (int i = 0; i < 40; i++) v[i] = x->r + i;
+  int64_t out[40 * 8];
+  tdm_algo a = x->r == 0 ? TDM_ALGO_AUTO : g_peer_algo[TDM_COLL_ALLREDUCE];
+  CHECK_MSG(tdm_comm_allreduce(x->c, v, out, 40, TDM_I64, TDM_SUM, a) == TDM_OK, "allreduce: %s", tdm_last_error());
+  CHECK(out[39] == 39 * x->P + x->P * (x->P - 1) / 2);
+  a = x->r == 0 ? TDM_ALGO_AUTO : g_peer_algo[TDM_COLL_BROADCAST];
+  CHECK_MSG(tdm_comm_broadcast(x->c, v, 40, TDM_I64, 0, a) == TDM_OK, "broadcast: %s", tdm_last_error());
+  CHECK(v[39] == 39);
+  a = x->r == 0 ? TDM_ALGO_AUTO : g_peer_algo[TDM_COLL_REDUCE_SCATTER];
+  CHECK_MSG(tdm_comm_reduce_scatter(x->c, out, v, 10, TDM_I64, TDM_SUM, a) == TDM_OK, "reduce-scatter: %s", tdm_last_error());
+}
+
+static tdm_status create_one(const char *algo_env, tdm_comm_t *c, void *g, int P) {
+  setenv("TANDEM_ALGO", algo_env, 1);
+  tdm_comm_config cfg = {0};
+  cfg.size = P;
+  cfg.transport = TDM_TRANSPORT_THREAD;
+  cfg.thread_group = g;
+  tdm_status st = tdm_comm_create(c, &cfg);
+  unsetenv("TANDEM_ALGO");
+  return st;
+}
+
+static void test_algo_env(void) {
+  /* per collective: all-reduce and reduce-scatter by rhd, broadcast by chain */
+  setenv("TANDEM_ALGO", "allreduce=rhd,broadcast=chain,reduce_scatter=ring", 1);
+  g_peer_algo[TDM_COLL_ALLREDUCE] = TDM_ALGO_RHD;
+  g_peer_algo[TDM_COLL_BROADCAST] = TDM_ALGO_CHAIN;
+  g_peer_algo[TDM_COLL_REDUCE_SCATTER] = TDM_ALGO_RING;
+  run_world(4, algo_env_body, 10);
+  /* a plain name applies where it can: ring runs all-reduce and reduce-scatter, broadcast stays
+   * on auto (tree) instead of failing */
+  setenv("TANDEM_ALGO", "ring", 1);
+  g_peer_algo[TDM_COLL_ALLREDUCE] = TDM_ALGO_RING;
+  g_peer_algo[TDM_COLL_BROADCAST] = TDM_ALGO_TREE;
+  run_world(2, algo_env_body, 10);
+  /* rhd cannot reduce-scatter over 3 ranks: there the plain name leaves it on auto (ring) */
+  setenv("TANDEM_ALGO", "rhd", 1);
+  g_peer_algo[TDM_COLL_ALLREDUCE] = TDM_ALGO_RHD;
+  g_peer_algo[TDM_COLL_REDUCE_SCATTER] = TDM_ALGO_RING;
+  run_world(3, algo_env_body, 10);
+  unsetenv("TANDEM_ALGO");
+  /* bad values fail at creation, naming the value and what is valid */
+  void *g;
+  tdm_comm_t c = NULL;
+  CHECK_OK(tdm_comm_thread_group_create(&g, 1));
+  CHECK(create_one("fastest", &c, g, 1) == TDM_ERR_INVALID_ARG && !c);
+  CHECK_ERR_HAS("TANDEM_ALGO 'fastest': unknown algorithm 'fastest'; expected one of auto ring rd rhd tree chain direct shm");
+  CHECK(create_one("allreduce=rhd,broadcst=chain", &c, g, 1) == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("unknown collective 'broadcst'; expected allreduce, broadcast, reduce, reducescatter, allgather");
+  CHECK(create_one("broadcast=ring", &c, g, 1) == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("ring cannot run broadcast on this 1-rank thread communicator; expected tree, chain, auto");
+  CHECK(create_one("allreduce=shm", &c, g, 1) == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("shm cannot run allreduce");
+  CHECK(create_one("shm", &c, g, 1) == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("algorithm 'shm' can run no collective on this 1-rank thread communicator (shm needs the shm transport)");
+  CHECK(create_one("ring,rd", &c, g, 1) == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("two plain algorithms");
+  CHECK(create_one("allreduce=rd,allreduce=ring", &c, g, 1) == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("allreduce is named twice");
+  CHECK_OK(create_one("tree,allgather=auto,gather=direct", &c, g, 1));
+  tdm_comm_destroy(c);
+  tdm_comm_thread_group_destroy(g);
+}
+
+/* ---- 64-bit sizes --------------------------------------------------------------------------- */
+static void test_block_offsets_beyond_2_31(void) {
+  /* the one partition every block algorithm (ring, rhd, rd, shm) computes its offsets with */
+  const size_t counts[] = {((size_t)1 << 31) + 5, ((size_t)5 << 31) + 3, ((size_t)1 << 40) - 1, 1003};
+  const int worlds[] = {2, 3, 4, 7};
+  for (int i = 0; i < 4; i++)
+    for (int w = 0; w < 4; w++) {
+      size_t count = counts[i], cnt[8], off[8];
+      int P = worlds[w];
+      tdm__blocks(count, P, cnt, off);
+      size_t at = 0;
+      for (int r = 0; r < P; r++) {
+        size_t want_len = count / (size_t)P + ((size_t)r < count % (size_t)P), o, l;
+        CHECK_MSG(off[r] == at && cnt[r] == want_len, "count %zu P=%d block %d: offset %zu length %zu, expected %zu %zu",
+                  count, P, r, off[r], cnt[r], at, want_len);
+        tdm_comm_block(count, P, r, &o, &l);
+        CHECK(o == off[r] && l == cnt[r]);
+        at += want_len;
+      }
+      CHECK(at == count);
+    }
+}
+
+/* ---- reduce-scatter + all-gather == all-reduce, bit for bit ---------------------------------- */
+static const size_t RSAG_COUNTS[] = {0, 1, 2, 7, 1003, 700001}; /* 700001 floats: blocks over the 1 MiB chunk */
+static tdm_algo g_rs_algo;
+
+static void rsag_body(ctx_t *x) {
+  for (int ci = 0; ci < 6; ci++)
+    for (int op = TDM_SUM; op <= TDM_AVG; op++) {
+      size_t n = RSAG_COUNTS[ci], lo, len;
+      float *in = malloc(4 * (n + 1)), *ar = malloc(4 * (n + 1)), *ag = malloc(4 * (n + 1));
+      uint64_t h = 0x9e3779b97f4a7c15ull * (uint64_t)(x->r + 1);
+      for (size_t j = 0; j < n; j++) in[j] = (float)((double)(tdm_hash64(h, j) >> 11) / 9007199254740992.0 - 0.5) * 3.0f;
+      tdm_comm_block(n, x->P, x->r, &lo, &len);
+      CHECK_OK(tdm_comm_allreduce(x->c, in, ar, n, TDM_F32, (tdm_redop)op, g_rs_algo));
+      CHECK_OK(tdm_comm_reduce_scatter_blocks(x->c, in, ag + lo, n, TDM_F32, (tdm_redop)op, g_rs_algo));
+      /* in place; the halving-doubling all-reduce gathers by recursive doubling */
+      CHECK_OK(tdm_comm_allgather_blocks(x->c, ag + lo, ag, n, TDM_F32, g_rs_algo == TDM_ALGO_RHD ? TDM_ALGO_RD : g_rs_algo));
+      CHECK_MSG(n == 0 || !memcmp(ar, ag, 4 * n), "P=%d %s %s n=%zu: reduce-scatter + all-gather differs from all-reduce",
+                x->P, tdm_algo_name(g_rs_algo), tdm_redop_name((tdm_redop)op), n);
+      free(in);
+      free(ar);
+      free(ag);
+    }
+}
+
+static void test_reduce_scatter_allgather_equal_allreduce(void) {
+  for (int P = 2; P <= 4; P++) {
+    g_rs_algo = TDM_ALGO_RING;
+    run_world(P, rsag_body, 60);
+    if (P != 3) { /* halving-doubling reduce-scatter: powers of two */
+      g_rs_algo = TDM_ALGO_RHD;
+      run_world(P, rsag_body, 60);
+    }
+  }
+}
+
+/* ---- non-blocking handles abandoned on an error path ------------------------------------------
+ * Rank 1 aborts while rank 0 has an all-reduce queued that it never waits for, as a training loop
+ * that fails mid-step does; destroying the communicator frees it (the sanitizer build's leak check
+ * fails this test otherwise). */
+static void abandoned_body(ctx_t *x) {
+  float v[64] = {0};
+  if (x->r == 1) {
+    tdm_comm_abort(x->c);
+    return;
+  }
+  tdm_work_t w, w2;
+  CHECK_OK(tdm_comm_iallreduce(x->c, v, v, 64, TDM_F32, TDM_SUM, TDM_ALGO_AUTO, &w));
+  CHECK_OK(tdm_comm_iallreduce(x->c, v, v, 64, TDM_F32, TDM_SUM, TDM_ALGO_AUTO, &w2));
+  CHECK(tdm_work_wait(w2) != TDM_OK); /* w is never waited for */
+}
+
+static void test_abandoned_handles_freed(void) { run_world(2, abandoned_body, 5); }
+
+/* ---- the environment's errors say what is wrong -------------------------------------------------- */
+static void test_env_errors(void) {
+  static const char *vars[] = {"RANK", "WORLD_SIZE", "MASTER_PORT", "TANDEM_TIMEOUT", "LOCAL_WORLD_SIZE", NULL};
+  struct {
+    const char *var, *value, *message;
+  } cases[] = {
+      {"RANK", "-1", "RANK is '-1'; expected this process's rank, an integer 0..1 (WORLD_SIZE is 2)"},
+      {"RANK", "2", "RANK is '2'; expected this process's rank, an integer 0..1 (WORLD_SIZE is 2)"},
+      {"RANK", "one", "RANK is 'one'; expected"},
+      {"WORLD_SIZE", "0", "WORLD_SIZE is '0'; expected the number of ranks, an integer 1..1048576"},
+      {"WORLD_SIZE", "2x", "WORLD_SIZE is '2x'"},
+      {"MASTER_PORT", "70000", "MASTER_PORT is '70000'; expected a port number, 1..65535"},
+      {"TANDEM_TIMEOUT", "10abc", "TANDEM_TIMEOUT is '10abc'; expected a positive number of seconds"},
+      {"TANDEM_TIMEOUT", "-5", "TANDEM_TIMEOUT is '-5'"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    setenv("RANK", "0", 1);
+    setenv("WORLD_SIZE", "2", 1);
+    setenv(cases[i].var, cases[i].value, 1);
+    tdm_comm_config cfg;
+    CHECK(tdm_comm_config_from_env(&cfg) == TDM_ERR_INVALID_ARG);
+    CHECK_ERR_HAS(cases[i].message);
+    for (const char **v = vars; *v; v++) unsetenv(*v);
+  }
+  setenv("RANK", "1", 1); /* a rank but no world size */
+  tdm_comm_config cfg;
+  CHECK(tdm_comm_config_from_env(&cfg) == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("RANK is '1' but WORLD_SIZE (or an MPI/Slurm equivalent) is not set");
+  unsetenv("RANK");
+  /* tdm_comm_create reads TANDEM_TIMEOUT (when the config has none) and LOCAL_WORLD_SIZE with
+   * the same strict parsers */
+  void *g;
+  tdm_comm_t c = NULL;
+  CHECK_OK(tdm_comm_thread_group_create(&g, 1));
+  cfg = (tdm_comm_config){.size = 1, .transport = TDM_TRANSPORT_THREAD, .thread_group = g};
+  setenv("TANDEM_TIMEOUT", "3s", 1);
+  CHECK(tdm_comm_create(&c, &cfg) == TDM_ERR_INVALID_ARG && !c);
+  CHECK_ERR_HAS("TANDEM_TIMEOUT is '3s'");
+  unsetenv("TANDEM_TIMEOUT");
+  setenv("LOCAL_WORLD_SIZE", "two", 1);
+  CHECK(tdm_comm_create(&c, &cfg) == TDM_ERR_INVALID_ARG && !c);
+  CHECK_ERR_HAS("LOCAL_WORLD_SIZE is 'two'; expected the number of ranks on this node");
+  unsetenv("LOCAL_WORLD_SIZE");
+  setenv("TANDEM_TIMEOUT", "2.5", 1);
+  CHECK_OK(tdm_comm_create(&c, &cfg));
+  unsetenv("TANDEM_TIMEOUT");
+  tdm_comm_destroy(c);
+  tdm_comm_thread_group_destroy(g);
+  /* data parallelism's switches are 0 or 1 */
+  tdm_params *p;
+  int64_t shape[1] = {4};
+  CHECK_OK(tdm_params_create(&p));
+  tdm_tensor *w;
+  CHECK_OK(tdm_params_declare(p, "w", 1, shape, (tdm_init){TDM_INIT_ZEROS, 0, 0}, 0, &w));
+  CHECK_OK(tdm_params_finalize(p, 1));
+  CHECK_OK(tdm_comm_thread_group_create(&g, 1));
+  cfg.thread_group = g;
+  CHECK_OK(tdm_comm_create(&c, &cfg));
+  tdm_dp *dp = NULL;
+  setenv("TANDEM_DP_ZERO_COPY", "no", 1);
+  CHECK(tdm_dp_create(&dp, c, p, NULL) == TDM_ERR_INVALID_ARG && !dp);
+  CHECK_ERR_HAS("TANDEM_DP_ZERO_COPY is 'no'; expected 0 or 1");
+  unsetenv("TANDEM_DP_ZERO_COPY");
+  setenv("TANDEM_DP_INLINE", "yes", 1);
+  CHECK(tdm_dp_create(&dp, c, p, NULL) == TDM_ERR_INVALID_ARG && !dp);
+  CHECK_ERR_HAS("TANDEM_DP_INLINE is 'yes'; expected 0 or 1");
+  unsetenv("TANDEM_DP_INLINE");
+  tdm_comm_destroy(c);
+  tdm_comm_thread_group_destroy(g);
+  tdm_params_destroy(p);
+}
+
 static double emu_elapsed[2];
 static void emulated_body(ctx_t *x) {
   double t0 = tdm_time_now();
@@ -459,4 +728,6 @@ static void test_reduce_local_and_names(void) {
 
 TDM_TEST_MAIN(T(test_reduce_local_and_names), T(test_allreduce_matrix), T(test_broadcast_reduce_matrix),
               T(test_scatter_gather_matrix), T(test_barrier_p2p_nonblocking_split), T(test_mismatch_and_timeout),
-              T(test_network_emulation))
+              T(test_mismatch_matrix), T(test_sub_communicator_mismatch), T(test_algo_env),
+              T(test_block_offsets_beyond_2_31), T(test_reduce_scatter_allgather_equal_allreduce),
+              T(test_abandoned_handles_freed), T(test_env_errors), T(test_network_emulation))

@@ -7,21 +7,12 @@
 
 #define CHUNK_BYTES ((size_t)1 << 20) /* bounds the scratch a step needs */
 
-/* Splits count elements into p blocks whose sizes differ by at most one. */
-static void blocks(size_t count, int p, size_t *cnt, size_t *off) {
-  size_t base = count / (size_t)p, extra = count % (size_t)p, at = 0;
-  for (int i = 0; i < p; i++) {
-    cnt[i] = base + ((size_t)i < extra);
-    off[i] = at;
-    at += cnt[i];
-  }
-}
-
 /* Sends sn elements to `to` while receiving rn elements from `from` and reducing them into
  * dst, in chunks so the scratch stays small. to / from = -1: no send / no receive. Zero-length
- * transfers still happen: every message a peer sends must be received in the same collective. */
-static tdm_status sendrecv_reduce(struct tdm_comm *c, int to, const char *sbuf, size_t sn, int from, char *dst,
-                                  size_t rn, tdm_dtype dt, tdm_redop op) {
+ * transfers still happen: every message a peer sends must be received in the same collective.
+ * The chunks change when an element is reduced, never the order of its operands. */
+tdm_status tdm__sendrecv_reduce(struct tdm_comm *c, int to, const char *sbuf, size_t sn, int from, char *dst,
+                                size_t rn, tdm_dtype dt, tdm_redop op) {
   size_t es = tdm_dtype_size(dt), per = CHUNK_BYTES / es;
   char *tmp = tdm__comm_scratch(c, (rn < per ? rn : per) * es + 64);
   if (!tmp) return tdm__comm_fail(c, TDM_ERR_NO_MEMORY, "out of memory for collective scratch");
@@ -46,26 +37,16 @@ static tdm_status sendrecv_reduce(struct tdm_comm *c, int to, const char *sbuf, 
 
 /* The sending half of sendrecv_reduce: the same chunks, so the receiver's sizes match. */
 static tdm_status send_chunked(struct tdm_comm *c, int to, const char *buf, size_t n, tdm_dtype dt) {
-  return sendrecv_reduce(c, to, buf, n, -1, NULL, 0, dt, TDM_SUM);
+  return tdm__sendrecv_reduce(c, to, buf, n, -1, NULL, 0, dt, TDM_SUM);
 }
 
+/* Reduce-scatter then all-gather around the ring, literally: block r of tdm__blocks(count, P)
+ * is reduced onto rank r and passed on, so tdm_comm_reduce_scatter by ring gives rank r the very
+ * bits this leaves in block r. */
 tdm_status tdm__allreduce_ring(struct tdm_comm *c, void *buf, size_t count, tdm_dtype dt, tdm_redop op) {
-  int P = c->size, r = c->rank, next = (r + 1) % P, prev = (r + P - 1) % P;
-  if (P == 1) return TDM_OK;
-  size_t es = tdm_dtype_size(dt), cnt[P], off[P];
-  blocks(count, P, cnt, off);
-  char *b = buf;
-  /* reduce-scatter: after P-1 steps rank r holds the full reduction of block r+1 */
-  for (int s = 0; s < P - 1; s++) {
-    int si = (r - s + P) % P, ri = (r - s - 1 + P) % P;
-    TDM__TRY(sendrecv_reduce(c, next, b + off[si] * es, cnt[si], prev, b + off[ri] * es, cnt[ri], dt, op));
-  }
-  /* all-gather: pass the reduced blocks around */
-  for (int s = 0; s < P - 1; s++) {
-    int si = (r + 1 - s + P) % P, ri = (r - s + P) % P;
-    TDM__TRY(tdm__sendrecv(c, next, b + off[si] * es, cnt[si] * es, prev, b + off[ri] * es, cnt[ri] * es));
-  }
-  return TDM_OK;
+  if (c->size == 1) return TDM_OK;
+  TDM__TRY(tdm__reduce_scatter_ring(c, buf, count, dt, op));
+  return tdm__allgather_ring(c, buf, count, dt);
 }
 
 /* Non-powers of two fold: the first 2*rem ranks pair up, the even one hands its data to the odd
@@ -89,7 +70,7 @@ static tdm_status fold_in(struct tdm_comm *c, const fold *f, void *buf, size_t c
   int r = c->rank;
   if (r >= 2 * f->rem) return TDM_OK;
   if (f->newrank < 0) return send_chunked(c, r + 1, buf, count, dt);
-  return sendrecv_reduce(c, -1, NULL, 0, r - 1, buf, count, dt, op);
+  return tdm__sendrecv_reduce(c, -1, NULL, 0, r - 1, buf, count, dt, op);
 }
 
 static tdm_status fold_out(struct tdm_comm *c, const fold *f, void *buf, size_t nbytes) {
@@ -106,41 +87,25 @@ tdm_status tdm__allreduce_rd(struct tdm_comm *c, void *buf, size_t count, tdm_dt
   if (f.newrank >= 0)
     for (int mask = 1; mask < f.p2; mask <<= 1) {
       int partner = old_rank(&f, f.newrank ^ mask);
-      TDM__TRY(sendrecv_reduce(c, partner, buf, count, partner, buf, count, dt, op));
+      TDM__TRY(tdm__sendrecv_reduce(c, partner, buf, count, partner, buf, count, dt, op));
     }
   return fold_out(c, &f, buf, count * tdm_dtype_size(dt));
 }
 
+/* Folded to a power of two, then reduce-scatter by recursive halving and all-gather by recursive
+ * doubling (algo/scatter_gather.c), over blocks of tdm__blocks(count, p2). */
 tdm_status tdm__allreduce_rhd(struct tdm_comm *c, void *buf, size_t count, tdm_dtype dt, tdm_redop op) {
   if (c->size == 1) return TDM_OK;
   fold f = make_fold(c->size, c->rank);
   size_t es = tdm_dtype_size(dt);
   TDM__TRY(fold_in(c, &f, buf, count, dt, op));
   if (f.newrank >= 0) {
-    int p2 = f.p2, me = f.newrank;
+    int p2 = f.p2, old[p2];
     size_t cnt[p2], off[p2];
-    blocks(count, p2, cnt, off);
-    char *b = buf;
-    /* reduce-scatter by recursive halving: keep the half my bit selects, send the other */
-    int lo = 0, hi = p2;
-    for (int mask = p2 / 2; mask >= 1; mask /= 2) {
-      int partner = old_rank(&f, me ^ mask), mid = lo + (hi - lo) / 2;
-      int klo = (me & mask) ? mid : lo, khi = (me & mask) ? hi : mid;
-      int slo = (me & mask) ? lo : mid, shi = (me & mask) ? mid : hi;
-      size_t sn = off[shi - 1] + cnt[shi - 1] - off[slo], kn = off[khi - 1] + cnt[khi - 1] - off[klo];
-      TDM__TRY(sendrecv_reduce(c, partner, b + off[slo] * es, sn, partner, b + off[klo] * es, kn, dt, op));
-      lo = klo;
-      hi = khi;
-    }
-    /* all-gather by recursive doubling: the owned range doubles each step */
-    for (int mask = 1; mask < p2; mask <<= 1) {
-      int partner = old_rank(&f, me ^ mask);
-      int base = me & ~(2 * mask - 1); /* the merged range: 2*mask blocks from base */
-      int mine = base + ((me & mask) ? mask : 0), plo = base + ((me & mask) ? 0 : mask);
-      size_t mn = off[mine + mask - 1] + cnt[mine + mask - 1] - off[mine];
-      size_t pn = off[plo + mask - 1] + cnt[plo + mask - 1] - off[plo];
-      TDM__TRY(tdm__sendrecv(c, partner, b + off[mine] * es, mn * es, partner, b + off[plo] * es, pn * es));
-    }
+    for (int i = 0; i < p2; i++) old[i] = old_rank(&f, i);
+    tdm__blocks(count, p2, cnt, off);
+    TDM__TRY(tdm__rhd_halving(c, f.newrank, p2, old, buf, cnt, off, dt, op));
+    TDM__TRY(tdm__rd_doubling(c, f.newrank, p2, old, buf, cnt, off, es));
   }
   return fold_out(c, &f, buf, count * es);
 }
@@ -152,7 +117,7 @@ tdm_status tdm__allreduce_tree(struct tdm_comm *c, void *buf, size_t count, tdm_
   size_t nbytes = count * tdm_dtype_size(dt);
   for (int k = 1; k <= 2; k++) {
     int child = 2 * r + k;
-    if (child < P) TDM__TRY(sendrecv_reduce(c, -1, NULL, 0, child, buf, count, dt, op));
+    if (child < P) TDM__TRY(tdm__sendrecv_reduce(c, -1, NULL, 0, child, buf, count, dt, op));
   }
   if (r > 0) {
     TDM__TRY(send_chunked(c, (r - 1) / 2, buf, count, dt));

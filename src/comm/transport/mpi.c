@@ -1,9 +1,14 @@
 /* The MPI transport: point-to-point over MPI, so tandem runs under mpirun or srun across nodes
- * with whatever fabric the MPI library drives. A transfer is two MPI messages on one tag (the
- * header, then the payload; MPI keeps their order); the header is checked before the payload
- * is received. Every wait is an MPI_Test loop bounded by the communicator's deadline. Built
- * only when CMake finds MPI (TANDEM_HAVE_MPI). */
+ * with whatever fabric the MPI library drives. A transfer is MPI messages on one tag (the header,
+ * then the payload in pieces of at most tdm__mpi_piece_bytes, since MPI counts are int; MPI keeps
+ * their order, and transfers to one peer in one direction start one after the other so their
+ * pieces never interleave); the header is checked before the payload is received. Every wait is
+ * an MPI_Test loop bounded by the communicator's deadline; it spins and yields rather than
+ * sleeps, because MPI moves data only while it is polled. Built only when CMake finds MPI
+ * (TANDEM_HAVE_MPI). */
 #include "comm/comm_impl.h"
+
+size_t tdm__mpi_piece_bytes = (size_t)1 << 30;
 
 #ifdef TANDEM_HAVE_MPI
 #include <mpi.h>
@@ -26,57 +31,76 @@ static tdm_status mpi_err(int rc, const char *what) {
   return tdm__set_error(TDM_ERR_REMOTE, "MPI: %s: %s", what, s);
 }
 
-static tdm_status run(tdm__transport *tr, tdm__xfer *x, int n, double deadline) {
-  mpi_tr *t = (mpi_tr *)tr;
-  struct tdm_comm *c = tr->comm;
-  if (t->closed) return tdm__set_error(TDM_ERR_REMOTE, "rank %d: the MPI transport was aborted", c->rank);
-  MPI_Request req[2 * n];
-  int stage[n]; /* sends: 0 posted; recvs: 0 header posted, 1 payload posted; 2 done */
-  for (int i = 0; i < n; i++) {
-    stage[i] = 0;
-    req[2 * i] = req[2 * i + 1] = MPI_REQUEST_NULL;
-    int rc;
-    if (x[i].is_send) {
-      rc = MPI_Isend(&x[i].hdr, (int)sizeof(tdm__hdr), MPI_BYTE, x[i].peer, TAG_DATA, MPI_COMM_WORLD, &req[2 * i]);
-      if (rc == MPI_SUCCESS && x[i].nbytes)
-        rc = MPI_Isend(x[i].buf, (int)x[i].nbytes, MPI_BYTE, x[i].peer, TAG_DATA, MPI_COMM_WORLD, &req[2 * i + 1]);
-    } else {
-      rc = MPI_Irecv(&x[i].got, (int)sizeof(tdm__hdr), MPI_BYTE, x[i].peer, TAG_DATA, MPI_COMM_WORLD, &req[2 * i]);
+/* Stops what is posted before the caller's buffers go away: receives are cancelled and completed
+ * (a late message must not land in a stack that moved on); sends are left to MPI. */
+static void drop(MPI_Request *req, const tdm__xfer *x, int n) {
+  for (int i = 0; i < n; i++)
+    for (int k = 0; k < 2; k++) {
+      MPI_Request *r = &req[2 * i + k];
+      if (*r == MPI_REQUEST_NULL) continue;
+      MPI_Cancel(r);
+      if (x[i].is_send) MPI_Request_free(r);
+      else MPI_Wait(r, MPI_STATUS_IGNORE);
     }
-    if (rc != MPI_SUCCESS) return mpi_err(rc, "posting a transfer");
-  }
+}
+
+/* Posts the next piece of x's payload into *r. */
+static int post_piece(tdm__xfer *x, size_t *posted, MPI_Request *r) {
+  size_t k = x->nbytes - *posted < tdm__mpi_piece_bytes ? x->nbytes - *posted : tdm__mpi_piece_bytes;
+  char *at = (char *)x->buf + *posted;
+  *posted += k;
+  return x->is_send ? MPI_Isend(at, (int)k, MPI_BYTE, x->peer, TAG_DATA, MPI_COMM_WORLD, r)
+                    : MPI_Irecv(at, (int)k, MPI_BYTE, x->peer, TAG_DATA, MPI_COMM_WORLD, r);
+}
+
+static tdm_status run_posted(tdm__transport *tr, tdm__xfer *x, int n, double deadline, MPI_Request *req) {
+  struct tdm_comm *c = tdm__active(tr);
+  size_t posted[n]; /* payload bytes posted */
+  int started[n];
+  for (int i = 0; i < n; i++) posted[i] = 0, started[i] = 0;
   int left = n;
   unsigned spins = 0;
   while (left > 0) {
     int progressed = 0;
     for (int i = 0; i < n; i++) {
-      if (stage[i] == 2) continue;
-      int done0 = 1, done1 = 1;
-      if (req[2 * i] != MPI_REQUEST_NULL) MPI_Test(&req[2 * i], &done0, MPI_STATUS_IGNORE);
-      if (req[2 * i + 1] != MPI_REQUEST_NULL) MPI_Test(&req[2 * i + 1], &done1, MPI_STATUS_IGNORE);
-      if (x[i].is_send) {
-        if (done0 && done1) stage[i] = 2, left--, progressed = 1, x[i].complete = 1;
-        continue;
+      if (x[i].complete) continue;
+      MPI_Request *hr = &req[2 * i], *pr = &req[2 * i + 1];
+      if (!started[i]) {
+        if (!tdm__xfer_turn(x, i)) continue;
+        int rc = x[i].is_send ? MPI_Isend(&x[i].hdr, (int)sizeof(tdm__hdr), MPI_BYTE, x[i].peer, TAG_DATA, MPI_COMM_WORLD, hr)
+                              : MPI_Irecv(&x[i].got, (int)sizeof(tdm__hdr), MPI_BYTE, x[i].peer, TAG_DATA, MPI_COMM_WORLD, hr);
+        if (rc == MPI_SUCCESS && x[i].is_send && x[i].nbytes) rc = post_piece(&x[i], &posted[i], pr);
+        if (rc != MPI_SUCCESS) return mpi_err(rc, "posting a transfer");
+        started[i] = progressed = 1;
       }
-      if (stage[i] == 0 && done0) {
+      int d;
+      if (*hr != MPI_REQUEST_NULL) {
+        MPI_Test(hr, &d, MPI_STATUS_IGNORE);
+        if (d && !x[i].is_send) { /* a header arrived: check it before any payload is received */
+          progressed = 1;
+          if (x[i].got.magic == TDM_MSG_MAGIC && x[i].got.kind == TDM_COLL_ABORT) {
+            char reason[600] = {0};
+            int len = x[i].got.nbytes < sizeof reason - 1 ? (int)x[i].got.nbytes : (int)sizeof reason - 1;
+            MPI_Recv(reason, len, MPI_BYTE, x[i].peer, TAG_DATA, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            tdm_status st = x[i].got.op ? (tdm_status)(-(int)x[i].got.op) : TDM_ERR_REMOTE;
+            if (st != TDM_ERR_MISMATCH && st != TDM_ERR_TIMEOUT) st = TDM_ERR_REMOTE;
+            return tdm__set_error(st, "rank %d failed: %s", tdm__comm_rank_of(c, x[i].peer), reason);
+          }
+          TDM__TRY(tdm__check_header(c, x[i].peer, &x[i].hdr, &x[i].got));
+        }
+      }
+      if (*pr != MPI_REQUEST_NULL) {
+        MPI_Test(pr, &d, MPI_STATUS_IGNORE);
+        progressed |= d;
+      }
+      if ((x[i].is_send || *hr == MPI_REQUEST_NULL) && *pr == MPI_REQUEST_NULL && posted[i] < x[i].nbytes) {
+        int rc = post_piece(&x[i], &posted[i], pr);
+        if (rc != MPI_SUCCESS) return mpi_err(rc, "posting a transfer");
+      }
+      if (*hr == MPI_REQUEST_NULL && *pr == MPI_REQUEST_NULL && posted[i] == x[i].nbytes) {
+        x[i].complete = 1;
+        left--;
         progressed = 1;
-        if (x[i].got.magic == TDM_MSG_MAGIC && x[i].got.kind == TDM_COLL_ABORT) {
-          char reason[600] = {0};
-          int len = x[i].got.nbytes < sizeof reason - 1 ? (int)x[i].got.nbytes : (int)sizeof reason - 1;
-          MPI_Recv(reason, len, MPI_BYTE, x[i].peer, TAG_DATA, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-          return tdm__set_error(TDM_ERR_REMOTE, "rank %d failed: %s", x[i].peer, reason);
-        }
-        tdm_status st = tdm__check_header(c, x[i].peer, &x[i].hdr, &x[i].got);
-        if (st != TDM_OK) return st;
-        if (x[i].nbytes) {
-          int rc = MPI_Irecv(x[i].buf, (int)x[i].nbytes, MPI_BYTE, x[i].peer, TAG_DATA, MPI_COMM_WORLD, &req[2 * i + 1]);
-          if (rc != MPI_SUCCESS) return mpi_err(rc, "posting a receive");
-          stage[i] = 1;
-        } else {
-          stage[i] = 2, left--, x[i].complete = 1;
-        }
-      } else if (stage[i] == 1 && done1) {
-        stage[i] = 2, left--, progressed = 1, x[i].complete = 1;
       }
     }
     if (progressed) {
@@ -86,13 +110,24 @@ static tdm_status run(tdm__transport *tr, tdm__xfer *x, int n, double deadline) 
     if (++spins > 1000) sched_yield();
     if ((spins & 1023) == 0 && tdm_time_now() > deadline) {
       char b[160];
-      for (int k = 0; k < 2 * n; k++)
-        if (req[k] != MPI_REQUEST_NULL) MPI_Cancel(&req[k]), MPI_Request_free(&req[k]);
-      return tdm__set_error(TDM_ERR_TIMEOUT, "rank %d: %s timed out after %.0f s under MPI", c->rank,
-                            tdm__call_str(&c->cur, b, sizeof b), c->timeout_s);
+      int who = -1;
+      for (int i = 0; i < n && who < 0; i++)
+        if (!x[i].complete) who = x[i].peer;
+      return tdm__set_error(TDM_ERR_TIMEOUT, "rank %d: %s timed out after %.0f s under MPI waiting for rank %d", c->rank,
+                            tdm__call_str(&c->cur, b, sizeof b), c->timeout_s, tdm__comm_rank_of(c, who));
     }
   }
   return TDM_OK;
+}
+
+static tdm_status run(tdm__transport *tr, tdm__xfer *x, int n, double deadline) {
+  mpi_tr *t = (mpi_tr *)tr;
+  if (t->closed) return tdm__set_error(TDM_ERR_REMOTE, "rank %d: the MPI transport was aborted", tdm__active(tr)->rank);
+  MPI_Request req[2 * n];
+  for (int i = 0; i < 2 * n; i++) req[i] = MPI_REQUEST_NULL;
+  tdm_status st = run_posted(tr, x, n, deadline, req);
+  if (st != TDM_OK) drop(req, x, n);
+  return st;
 }
 
 static void mpi_abort_tr(tdm__transport *tr, const char *reason) {
@@ -100,7 +135,9 @@ static void mpi_abort_tr(tdm__transport *tr, const char *reason) {
   if (t->closed) return;
   t->closed = 1;
   size_t rl = strlen(reason);
-  tdm__hdr h = {TDM_MSG_MAGIC, TDM_COLL_ABORT, 0, 0, 0, 0, tr->comm->comm_id, 0, rl};
+  /* as over TCP, op carries the failing status, so a peer reports a mismatch as a mismatch */
+  tdm__hdr h = {TDM_MSG_MAGIC, TDM_COLL_ABORT, 0, 0, (uint32_t)(-(int)tdm__active(tr)->fail_status), 0,
+                tdm__active(tr)->comm_id, 0, rl};
   for (int p = 0; p < tr->size; p++) { /* best effort: buffered sends nobody waits for */
     if (p == tr->rank) continue;
     MPI_Request r[2];

@@ -1,26 +1,29 @@
-/* The shared-memory transport for ranks on one node, the all-reduce built on it, and shared
- * regions for data parallelism's zero-copy gradient averaging (at the end).
+/* The shared-memory transport for ranks on one node, the collectives built on it without
+ * messages (all-reduce, reduce-scatter, all-gather through per-rank slots), and shared regions
+ * for data parallelism's zero-copy gradient averaging (at the end).
  *
  * One segment per communicator, created by rank 0 under a fresh name that it publishes through
  * the store, and unlinked as soon as everyone has mapped it (so a crash leaves nothing in
  * /dev/shm). It holds:
- *   - a control block per rank: its pid and three progress counters, each on its own cache line;
+ *   - a control block per rank: its pid, two progress counters and the call it is in (for
+ *     mismatches found while waiting), each on its own cache line;
  *   - a ring buffer per ordered pair (single producer, single consumer) for point-to-point
- *     messages, which every generic algorithm uses;
- *   - two sets of data slots, one slot per rank, for the all-reduce.
- * Waiting spins briefly, then yields, and every few milliseconds checks the deadline, the
- * segment's abort flag, and whether the awaited peer's process still exists. */
+ *     messages, which every generic algorithm uses; each message carries the checked header;
+ *   - two sets of data slots, one slot per rank, for the slot collectives, each with a ready word
+ *     that carries the round and the identity of the call whose data it holds, checked before the
+ *     data is read.
+ * Waiting spins briefly, then sleeps in growing naps (tdm__backoff), and every few milliseconds
+ * checks the deadline, the segment's abort flag, the peers' calls, and whether the awaited
+ * peer's process still exists; a peer found gone is declared dead only if what we wait for is
+ * still missing after that (a peer that did its part and exited is not dead). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "comm/comm_impl.h"
@@ -34,17 +37,35 @@ typedef struct {
   char pad[LINE - 8];
 } counter;
 
+/* A call as a rank publishes it: a sequence lock (ver odd while it is rewritten), so a peer never
+ * compares half of one call with half of the next. */
+typedef struct {
+  _Atomic uint64_t ver;
+  _Atomic uint64_t seq, count;
+  _Atomic uint32_t kind, dtype, op, comm_id;
+  _Atomic int32_t root;
+  _Atomic uint32_t slots; /* 1: it runs a slot collective (no messages) */
+  char pad[LINE - 48];
+} announcement;
+
 typedef struct {
   _Atomic int32_t pid;
   char pad0[LINE - 4];
-  counter ready, done, fin; /* all-reduce round progress */
-  /* the collective this rank is in, so waiting peers can detect a mismatch without messages */
-  _Atomic uint64_t call_seq;
-  uint32_t call_kind, call_dtype, call_op;
-  int32_t call_root;
-  uint64_t call_count;
-  char pad1[LINE - 32];
+  counter done, fin; /* slot collective round progress */
+  announcement call;
 } rank_ctl;
+
+/* A slot is ready: the round its data belongs to, and the call and communicator of that round,
+ * on one cache line, so a peer reads the identity with the same miss that brings the round.
+ * One per slot (parity and rank): a slot's line is not rewritten before every rank's fin of the
+ * round, so what a peer reads after seeing the round is that round's identity. */
+typedef struct {
+  _Atomic uint64_t round;
+  uint32_t comm_id, pad;
+  tdm__call call;
+  char pad2[LINE - 16 - sizeof(tdm__call)];
+} slot_ready;
+_Static_assert(sizeof(slot_ready) == LINE, "one ready word per cache line");
 
 typedef struct {
   _Atomic uint64_t head; /* bytes written, by the producer */
@@ -72,11 +93,14 @@ typedef struct {
   seg_hdr *hdr;
   rank_ctl *ctl;   /* [size] */
   ring_ctl *rctl;  /* [size * size], from * size + to */
+  slot_ready *rdy; /* [2 * size], parity * size + rank */
   unsigned char *rings, *slots;
   size_t ring_bytes, slot_bytes;
-  uint64_t round;  /* all-reduce rounds done by this rank */
+  uint64_t round;  /* slot rounds done by this rank */
   tdm__store *store;
 } shm_tr;
+
+static const tdm__transport_ops shm_ops;
 
 static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
@@ -87,69 +111,143 @@ static unsigned char *slot(shm_tr *t, int parity, int rank) {
   return t->slots + ((size_t)parity * (size_t)t->base.size + (size_t)rank) * t->slot_bytes;
 }
 
-/* ---- waiting ----------------------------------------------------------------------------- */
-typedef struct {
-  unsigned spins;
-  double next_check;
-} waiter;
+int tdm__shm_usable(const struct tdm_comm *c) { return c->tr && c->tr->ops == &shm_ops && !c->map; }
 
-/* Called when a wait makes no progress: backs off, and every ~5 ms checks the deadline, the
- * abort flag and the peer's life. Returns TDM_OK to keep waiting. what names the wait in errors;
- * NULL: the current collective call, which is then also checked against the peers' calls. */
-static tdm_status idle_for(shm_tr *t, waiter *w, int peer, double deadline, const char *what) {
-  /* spin while the peer is probably about to arrive (the latency case), then yield, then sleep
-   * in short naps: on a machine with as many ranks as cores a spinning waiter steals the core
-   * that another thread (backward, on a data-parallel rank) needs */
-  if (++w->spins < 4000) {
-#if defined(__x86_64__)
-    __builtin_ia32_pause();
-#endif
-    return TDM_OK;
+/* ---- failing ----------------------------------------------------------------------------- */
+/* Tells every rank why we stop: waits anywhere in the segment see the flag within milliseconds. */
+static void abort_with(shm_tr *t, tdm_status st, const char *reason) {
+  if (!atomic_exchange(&t->hdr->aborted, 1)) {
+    snprintf(t->hdr->reason, sizeof t->hdr->reason, "rank %d failed: %.480s", t->base.rank, reason);
+    t->hdr->abort_status = st ? (int32_t)st : TDM_ERR_REMOTE;
   }
-  if (w->spins < 4100) sched_yield();
-  else {
-    static _Thread_local int slack_set;
-    if (!slack_set) { /* the default 50 us timer slack would stretch every nap to ~70 us */
-      prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
-      slack_set = 1;
+}
+
+static void shm_abort(tdm__transport *tr, const char *reason) {
+  abort_with((shm_tr *)tr, tdm__active(tr)->fail_status, reason);
+}
+
+/* A slot or region collective failed with st (detail in tdm_last_error): fail c, tell the peers. */
+static tdm_status fail(shm_tr *t, struct tdm_comm *c, tdm_status st) {
+  if (!atomic_load(&c->failed)) tdm__comm_fail(c, st, "%s", tdm_last_error());
+  abort_with(t, c->fail_status, c->error);
+  return tdm__set_error(c->fail_status, "%s", c->error);
+}
+
+/* ---- the calls ranks are in ---------------------------------------------------------------- */
+static void publish(shm_tr *t, const tdm__call *call, uint32_t comm_id, uint32_t slots) {
+  announcement *a = &t->ctl[t->base.rank].call;
+  uint64_t v = atomic_load_explicit(&a->ver, memory_order_relaxed);
+  atomic_store_explicit(&a->ver, v + 1, memory_order_relaxed);
+  atomic_thread_fence(memory_order_release);
+  atomic_store_explicit(&a->seq, call->seq, memory_order_relaxed);
+  atomic_store_explicit(&a->count, call->count, memory_order_relaxed);
+  atomic_store_explicit(&a->kind, call->kind, memory_order_relaxed);
+  atomic_store_explicit(&a->dtype, call->dtype, memory_order_relaxed);
+  atomic_store_explicit(&a->op, call->op, memory_order_relaxed);
+  atomic_store_explicit(&a->root, call->root, memory_order_relaxed);
+  atomic_store_explicit(&a->comm_id, comm_id, memory_order_relaxed);
+  atomic_store_explicit(&a->slots, slots, memory_order_relaxed);
+  atomic_store_explicit(&a->ver, v + 2, memory_order_release);
+}
+
+/* Rank q's published call; 0 if it was being rewritten (try again at the next check). */
+static int read_call(shm_tr *t, int q, tdm__call *k, uint32_t *comm_id, uint32_t *slots) {
+  announcement *a = &t->ctl[q].call;
+  uint64_t v = atomic_load_explicit(&a->ver, memory_order_acquire);
+  if (v & 1) return 0;
+  k->seq = atomic_load_explicit(&a->seq, memory_order_relaxed);
+  k->count = atomic_load_explicit(&a->count, memory_order_relaxed);
+  k->kind = atomic_load_explicit(&a->kind, memory_order_relaxed);
+  k->dtype = atomic_load_explicit(&a->dtype, memory_order_relaxed);
+  k->op = atomic_load_explicit(&a->op, memory_order_relaxed);
+  k->root = atomic_load_explicit(&a->root, memory_order_relaxed);
+  *comm_id = atomic_load_explicit(&a->comm_id, memory_order_relaxed);
+  *slots = atomic_load_explicit(&a->slots, memory_order_relaxed);
+  atomic_thread_fence(memory_order_acquire);
+  return atomic_load_explicit(&a->ver, memory_order_relaxed) == v;
+}
+
+static void shm_announce(tdm__transport *tr, const tdm__call *call, int slots) {
+  publish((shm_tr *)tr, call, tdm__active(tr)->comm_id, (uint32_t)slots);
+}
+
+/* A peer in the same call of c (same communicator and sequence number) but another collective,
+ * or in the same collective with another algorithm: fail now, naming both. */
+static tdm_status check_peers(shm_tr *t, struct tdm_comm *c) {
+  if (c->cur.kind == TDM_COLL_P2P) return TDM_OK;
+  tdm__call mine;
+  uint32_t my_comm, my_slots;
+  if (!read_call(t, t->base.rank, &mine, &my_comm, &my_slots)) return TDM_OK;
+  for (int q = 0; q < t->base.size; q++) {
+    tdm__call k;
+    uint32_t comm_id, slots;
+    if (q == t->base.rank || !read_call(t, q, &k, &comm_id, &slots)) continue;
+    if (comm_id != c->comm_id || k.seq != c->cur.seq) continue;
+    TDM__TRY(tdm__check_call(c, q, &c->cur, c->comm_id, &k, comm_id));
+    if (slots != my_slots) {
+      char b[160];
+      int a = slots ? tdm__comm_rank_of(c, q) : c->rank, m = slots ? c->rank : tdm__comm_rank_of(c, q);
+      return tdm__comm_fail(c, TDM_ERR_MISMATCH,
+                            "collective mismatch: rank %d runs %s with the shm algorithm but rank %d with one that "
+                            "sends messages (do all ranks pass the same algorithm?)",
+                            a, tdm__call_str(&c->cur, b, sizeof b), m);
     }
-    struct timespec ts = {0, 20000};
-    nanosleep(&ts, NULL);
   }
-  if (w->spins < 4100 && (w->spins & 63) != 0) return TDM_OK;
-  double now = tdm_time_now();
-  if (now < w->next_check) return TDM_OK;
-  w->next_check = now + 0.005;
-  struct tdm_comm *c = t->base.comm;
-  char b[160];
-  if (atomic_load_explicit(&t->hdr->aborted, memory_order_acquire)) {
-    tdm_status st = t->hdr->abort_status ? (tdm_status)t->hdr->abort_status : TDM_ERR_REMOTE;
-    return tdm__set_error(st, "%s", t->hdr->reason);
-  }
-  /* a peer in another collective with the same sequence number: fail now, naming both */
-  for (int q = 0; !what && q < t->base.size && c->cur.kind != TDM_COLL_P2P && !c->map; q++) {
-    rank_ctl *pc = &t->ctl[q];
-    uint64_t s1 = atomic_load_explicit(&pc->call_seq, memory_order_acquire);
-    if (q == c->rank || s1 != c->cur.seq) continue;
-    tdm__hdr got = {TDM_MSG_MAGIC, pc->call_kind, s1, pc->call_dtype, pc->call_op, pc->call_root, c->comm_id, pc->call_count, 0};
-    if (atomic_load_explicit(&pc->call_seq, memory_order_acquire) != s1) continue; /* it moved on meanwhile */
-    tdm__hdr want = {TDM_MSG_MAGIC, c->cur.kind, c->cur.seq, c->cur.dtype, c->cur.op, c->cur.root, c->comm_id, c->cur.count, 0};
-    tdm_status st = tdm__check_header(c, q, &want, &got);
-    if (st != TDM_OK) return st;
-  }
-  if (!what) what = tdm__call_str(&c->cur, b, sizeof b);
-  if (peer >= 0) {
-    int32_t pid = atomic_load(&t->ctl[peer].pid);
-    if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH)
-      return tdm__set_error(TDM_ERR_REMOTE, "rank %d (pid %d) died during %s (rank %d)", peer, pid, what, c->rank);
-  }
-  if (now > deadline)
-    return tdm__set_error(TDM_ERR_TIMEOUT, "rank %d: %s timed out after %.0f s waiting for rank %d", c->rank, what,
-                          c->timeout_s, peer);
   return TDM_OK;
 }
 
-static tdm_status idle(shm_tr *t, waiter *w, int peer, double deadline) { return idle_for(t, w, peer, deadline, NULL); }
+/* ---- waiting ----------------------------------------------------------------------------- */
+typedef struct {
+  tdm__backoff_t b;
+  int dead;    /* 1 + the peer whose process was gone at the last check */
+  int aborted; /* a peer had failed the job at the last check */
+} waiter;
+
+/* Called when a wait of c's call makes no progress; returns TDM_OK to keep waiting. peer: the
+ * transport rank awaited (-1: none in particular). what names the wait in errors; NULL: c's
+ * call, whose peers' published calls are then checked too. A peer whose process is gone, or the
+ * job's abort flag, is reported only on the next call, after the caller has looked again at what
+ * it waits for: a peer that did its part and then exited or failed has not failed this wait. */
+static tdm_status idle(shm_tr *t, waiter *w, struct tdm_comm *c, int peer, double deadline, const char *what) {
+  char b[160];
+  if (w->aborted) {
+    tdm_status st = t->hdr->abort_status ? (tdm_status)t->hdr->abort_status : TDM_ERR_REMOTE;
+    return tdm__set_error(st, "%s", t->hdr->reason);
+  }
+  if (w->dead && w->dead == peer + 1) /* gone, and it did not do its part before it went */
+    return tdm__set_error(TDM_ERR_REMOTE, "rank %d (pid %d) died during %s (rank %d)", tdm__comm_rank_of(c, peer),
+                          (int)atomic_load(&t->ctl[peer].pid), what ? what : tdm__call_str(&c->cur, b, sizeof b), c->rank);
+  w->dead = 0;
+  if (!tdm__backoff(&w->b)) return TDM_OK;
+  if (atomic_load_explicit(&t->hdr->aborted, memory_order_acquire)) {
+    w->aborted = 1;
+    return TDM_OK;
+  }
+  if (!what) TDM__TRY(check_peers(t, c));
+  if (peer >= 0) {
+    int32_t pid = atomic_load(&t->ctl[peer].pid);
+    if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH) {
+      w->dead = peer + 1;
+      return TDM_OK;
+    }
+  }
+  if (tdm_time_now() > deadline) {
+    if (!what) what = tdm__call_str(&c->cur, b, sizeof b);
+    if (peer >= 0)
+      return tdm__set_error(TDM_ERR_TIMEOUT, "rank %d: %s timed out after %.0f s waiting for rank %d", c->rank, what,
+                            c->timeout_s, tdm__comm_rank_of(c, peer));
+    return tdm__set_error(TDM_ERR_TIMEOUT, "rank %d: %s timed out after %.0f s", c->rank, what, c->timeout_s);
+  }
+  return TDM_OK;
+}
+
+/* Waits until counter ctr of transport rank q reaches want. */
+static tdm_status wait_counter(shm_tr *t, struct tdm_comm *c, counter *ctr, uint64_t want, int q, double deadline,
+                               const char *what) {
+  waiter w = {0};
+  while (atomic_load_explicit(&ctr->v, memory_order_acquire) < want) TDM__TRY(idle(t, &w, c, q, deadline, what));
+  return TDM_OK;
+}
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -206,7 +304,7 @@ static size_t ring_get(shm_tr *t, int from, void *dst, size_t n) {
 }
 
 /* Moves what it can of transfer x; 1 if it moved bytes, 0 if not, -1 on a header error. */
-static int step(shm_tr *t, tdm__xfer *x, tdm_status *st) {
+static int step(shm_tr *t, struct tdm_comm *c, tdm__xfer *x, tdm_status *st) {
   size_t H = sizeof(tdm__hdr), moved = 0;
   if (x->is_send) {
     if (x->done < H) moved += ring_put(t, x->peer, (char *)&x->hdr + x->done, H - x->done), x->done += moved;
@@ -225,10 +323,10 @@ static int step(shm_tr *t, tdm__xfer *x, tdm_status *st) {
           char reason[600] = {0};
           size_t want = x->got.nbytes < sizeof reason - 1 ? x->got.nbytes : sizeof reason - 1, have = 0;
           for (int tries = 0; have < want && tries < 100000; tries++) have += ring_get(t, x->peer, reason + have, want - have);
-          *st = tdm__set_error(TDM_ERR_REMOTE, "rank %d failed: %s", x->peer, reason);
+          *st = tdm__set_error(TDM_ERR_REMOTE, "rank %d failed: %s", tdm__comm_rank_of(c, x->peer), reason);
           return -1;
         }
-        if ((*st = tdm__check_header(t->base.comm, x->peer, &x->hdr, &x->got)) != TDM_OK) return -1;
+        if ((*st = tdm__check_header(c, x->peer, &x->hdr, &x->got)) != TDM_OK) return -1;
       }
     }
     if (x->done >= H) {
@@ -243,7 +341,8 @@ static int step(shm_tr *t, tdm__xfer *x, tdm_status *st) {
 
 static tdm_status run(tdm__transport *tr, tdm__xfer *x, int n, double deadline) {
   shm_tr *t = (shm_tr *)tr;
-  waiter w = {0, 0};
+  struct tdm_comm *c = tdm__active(tr);
+  waiter w = {0};
   for (;;) {
     int pending = 0, moved = 0, blocker = -1;
     for (int i = 0; i < n; i++) {
@@ -251,26 +350,17 @@ static tdm_status run(tdm__transport *tr, tdm__xfer *x, int n, double deadline) 
       pending++;
       if (!tdm__xfer_turn(x, i)) continue;
       tdm_status st = TDM_OK;
-      int r = step(t, &x[i], &st);
+      int r = step(t, c, &x[i], &st);
       if (r < 0) return st;
       if (r > 0) moved = 1;
       if (!x[i].complete) blocker = x[i].peer;
     }
     if (!pending) return TDM_OK;
     if (moved) {
-      w.spins = 0;
+      w = (waiter){0};
       continue;
     }
-    tdm_status st = idle(t, &w, blocker, deadline);
-    if (st != TDM_OK) return st;
-  }
-}
-
-static void shm_abort(tdm__transport *tr, const char *reason) {
-  shm_tr *t = (shm_tr *)tr;
-  if (!atomic_exchange(&t->hdr->aborted, 1)) {
-    snprintf(t->hdr->reason, sizeof t->hdr->reason, "rank %d failed: %s", tr->rank, reason);
-    t->hdr->abort_status = tr->comm->fail_status ? (int32_t)tr->comm->fail_status : TDM_ERR_REMOTE;
+    TDM__TRY(idle(t, &w, c, blocker, deadline, NULL));
   }
 }
 
@@ -281,88 +371,168 @@ static void shm_destroy(tdm__transport *tr) {
   tdm__free(t);
 }
 
-static void shm_announce(tdm__transport *tr, const tdm__call *call) {
-  shm_tr *t = (shm_tr *)tr;
-  rank_ctl *me = &t->ctl[tr->rank];
-  me->call_kind = call->kind;
-  me->call_dtype = call->dtype;
-  me->call_op = call->op;
-  me->call_root = call->root;
-  me->call_count = call->count;
-  atomic_store_explicit(&me->call_seq, call->seq, memory_order_release);
-}
-
 static const tdm__transport_ops shm_ops = {"shm", run, shm_abort, shm_destroy, shm_announce};
 
-/* ---- the shared-memory all-reduce ---------------------------------------------------------- */
-static tdm_status wait_counter(shm_tr *t, counter *ctr, uint64_t want, int peer, double deadline) {
-  waiter w = {0, 0};
-  while (atomic_load_explicit(&ctr->v, memory_order_acquire) < want) TDM__TRY(idle(t, &w, peer, deadline));
+/* ---- slot collectives ------------------------------------------------------------------------
+ * Rounds of at most slot_bytes per rank, double-buffered by parity. In round k a rank
+ *   1. waits until every rank finished round k-2, which used the same slots (round_start);
+ *   2. copies its input chunk into its slot, publishes the slot's ready word (round k and the
+ *      call), waits for every rank's, and compares every slot's call with its own before it reads
+ *      any of them (round_ready);
+ *   3. reduces or copies what it needs from the slots;
+ *   4. publishes fin = k.
+ * Every reduced element is summed in rank order 0..P-1, whoever sums it and in whichever round,
+ * so all ranks, and the all-reduce and the reduce-scatter, agree bit for bit. */
+static tdm_status round_start(shm_tr *t, struct tdm_comm *c, uint64_t k, double deadline) {
+  for (int q = 0; q < t->base.size && k > 2; q++) TDM__TRY(wait_counter(t, c, &t->ctl[q].fin, k - 2, q, deadline, NULL));
   return TDM_OK;
 }
 
-/* Rounds of at most slot_bytes per rank. In round k (double-buffered by parity):
- *   1. wait until every rank finished round k-2, which used the same slots;
- *   2. copy my input chunk into my slot, publish ready = k;
- *   3. small chunks: every rank sums all slots itself in rank order; large chunks: I sum share
- *      r of every slot (in rank order) into my slot's share r, publish done = k, then copy every
- *      rank's reduced share into my output;
- *   4. publish fin = k.
- * Every element is summed in rank order 0..P-1 whoever sums it, so all ranks agree bit for bit. */
+static tdm_status round_ready(shm_tr *t, struct tdm_comm *c, uint64_t k, double deadline) {
+  int par = (int)(k & 1), P = t->base.size, me = t->base.rank;
+  slot_ready *mine = &t->rdy[par * P + me];
+  mine->call = c->cur;
+  mine->comm_id = c->comm_id;
+  atomic_store_explicit(&mine->round, k, memory_order_release);
+  for (int q = 0; q < P; q++) {
+    slot_ready *r = &t->rdy[par * P + q];
+    waiter w = {0};
+    uint64_t got;
+    while ((got = atomic_load_explicit(&r->round, memory_order_acquire)) < k) TDM__TRY(idle(t, &w, c, q, deadline, NULL));
+    if (q == me) continue;
+    TDM__TRY(tdm__check_call(c, q, &c->cur, c->comm_id, &r->call, r->comm_id));
+    if (got != k) /* the same call in another round: the ranks' histories differ */
+      return tdm__comm_fail(c, TDM_ERR_MISMATCH, "rank %d is in shared-memory round %llu of the call where rank %d is in round %llu",
+                            q, (unsigned long long)got, me, (unsigned long long)k);
+  }
+  return TDM_OK;
+}
+
+/* Rounds: a small chunk is summed by every rank itself; a large one is split into P shares, rank
+ * r sums share r of every slot into its own slot, and everyone copies every share out. */
 tdm_status tdm__allreduce_shm(struct tdm_comm *c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt,
                               tdm_redop op) {
-  if (c->map || !c->tr || c->tr->ops != &shm_ops)
-    return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "all-reduce: algorithm 'shm' needs the shm transport on a whole communicator");
+  size_t es = tdm_dtype_size(dt);
+  if (c->size == 1) {
+    if (sendbuf != recvbuf && count) memcpy(recvbuf, sendbuf, count * es);
+    return TDM_OK;
+  }
   shm_tr *t = (shm_tr *)c->tr;
   int P = c->size, me = c->rank;
-  size_t es = tdm_dtype_size(dt), per_round = t->slot_bytes / es;
+  size_t per_round = t->slot_bytes / es;
   double deadline = tdm_time_now() + c->timeout_s;
   const char *in = sendbuf;
   char *out = recvbuf;
   size_t done_elems = 0;
-  do {
+  tdm_status st = TDM_OK;
+  do { /* one round at least: a call of 0 elements is still checked against its peers */
     size_t n = count - done_elems < per_round ? count - done_elems : per_round;
     uint64_t k = ++t->round;
     int par = (int)(k & 1);
-    for (int q = 0; q < P && k > 2; q++) TDM__TRY(wait_counter(t, &t->ctl[q].fin, k - 2, q, deadline));
+    if ((st = round_start(t, c, k, deadline)) != TDM_OK) break;
     unsigned char *mine = slot(t, par, me);
     shm_copy(mine, in + done_elems * es, n * es);
-    atomic_store_explicit(&t->ctl[me].ready.v, k, memory_order_release);
-    for (int q = 0; q < P; q++) TDM__TRY(wait_counter(t, &t->ctl[q].ready, k, q, deadline));
+    if ((st = round_ready(t, c, k, deadline)) != TDM_OK) break;
     char *dst = out + done_elems * es;
     if (n * es <= 32768 || n < (size_t)P * 16) {
       shm_copy(dst, slot(t, par, 0), n * es); /* the same order on every rank: 0, 1, ..., P-1 */
       for (int q = 1; q < P; q++) tdm_reduce_local(dst, slot(t, par, q), n, dt, op);
     } else {
-      size_t base = n / (size_t)P, extra = n % (size_t)P;
-      size_t lo = (size_t)me * base + ((size_t)me < extra ? (size_t)me : extra), len = base + ((size_t)me < extra);
-      /* my share: accumulate in my output, then publish it in my slot's share */
+      size_t lo, len;
+      tdm_comm_block(n, P, me, &lo, &len);
+      /* my share: accumulate in my output, then publish it in my slot's share (which only I read) */
       shm_copy(dst + lo * es, slot(t, par, 0) + lo * es, len * es);
       for (int q = 1; q < P; q++) tdm_reduce_local(dst + lo * es, slot(t, par, q) + lo * es, len, dt, op);
-      for (int q = 0; q < P; q++) /* nobody may still be reading my share of my own slot */
-        if (q != me) TDM__TRY(wait_counter(t, &t->ctl[q].ready, k, q, deadline));
       shm_copy(mine + lo * es, dst + lo * es, len * es);
       atomic_store_explicit(&t->ctl[me].done.v, k, memory_order_release);
-      for (int q = 0; q < P; q++) {
+      for (int q = 0; q < P && st == TDM_OK; q++) {
         if (q == me) continue;
-        size_t qlo = (size_t)q * base + ((size_t)q < extra ? (size_t)q : extra), qlen = base + ((size_t)q < extra);
-        TDM__TRY(wait_counter(t, &t->ctl[q].done, k, q, deadline));
-        shm_copy(dst + qlo * es, slot(t, par, q) + qlo * es, qlen * es);
+        size_t qlo, qlen;
+        tdm_comm_block(n, P, q, &qlo, &qlen);
+        if ((st = wait_counter(t, c, &t->ctl[q].done, k, q, deadline, NULL)) == TDM_OK)
+          shm_copy(dst + qlo * es, slot(t, par, q) + qlo * es, qlen * es);
       }
+      if (st != TDM_OK) break;
     }
     atomic_store_explicit(&t->ctl[me].fin.v, k, memory_order_release);
     done_elems += n;
   } while (done_elems < count);
-  return TDM_OK;
+  return st == TDM_OK ? TDM_OK : fail(t, c, st);
+}
+
+/* Every rank copies its whole input in, round by round, and sums only its block, in rank order,
+ * as the all-reduce sums it. */
+tdm_status tdm__reduce_scatter_shm(struct tdm_comm *c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt,
+                                   tdm_redop op) {
+  size_t es = tdm_dtype_size(dt), lo, len;
+  tdm_comm_block(count, c->size, c->rank, &lo, &len);
+  if (c->size == 1) {
+    if (count) memcpy(recvbuf, sendbuf, count * es);
+    return TDM_OK;
+  }
+  shm_tr *t = (shm_tr *)c->tr;
+  int P = c->size, me = c->rank;
+  size_t per_round = t->slot_bytes / es, at = 0;
+  double deadline = tdm_time_now() + c->timeout_s;
+  const char *in = sendbuf;
+  char *out = recvbuf;
+  tdm_status st = TDM_OK;
+  do {
+    size_t n = count - at < per_round ? count - at : per_round;
+    uint64_t k = ++t->round;
+    int par = (int)(k & 1);
+    if ((st = round_start(t, c, k, deadline)) != TDM_OK) break;
+    shm_copy(slot(t, par, me), in + at * es, n * es);
+    if ((st = round_ready(t, c, k, deadline)) != TDM_OK) break;
+    size_t a = lo > at ? lo : at, b = lo + len < at + n ? lo + len : at + n; /* my block in this round */
+    if (a < b) {
+      char *dst = out + (a - lo) * es;
+      shm_copy(dst, slot(t, par, 0) + (a - at) * es, (b - a) * es);
+      for (int q = 1; q < P; q++) tdm_reduce_local(dst, slot(t, par, q) + (a - at) * es, b - a, dt, op);
+    }
+    atomic_store_explicit(&t->ctl[me].fin.v, k, memory_order_release);
+    at += n;
+  } while (at < count);
+  return st == TDM_OK ? TDM_OK : fail(t, c, st);
+}
+
+/* Round j carries the j-th slot-sized piece of every rank's block. */
+tdm_status tdm__allgather_shm(struct tdm_comm *c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt) {
+  size_t es = tdm_dtype_size(dt), lo, len;
+  int P = c->size, me = c->rank;
+  tdm_comm_block(count, P, me, &lo, &len);
+  char *out = recvbuf;
+  const char *in = sendbuf;
+  if (len && in != out + lo * es) memcpy(out + lo * es, in, len * es);
+  if (P == 1) return TDM_OK;
+  shm_tr *t = (shm_tr *)c->tr;
+  size_t per_round = t->slot_bytes / es, longest = count / (size_t)P + (count % (size_t)P != 0), at = 0;
+  double deadline = tdm_time_now() + c->timeout_s;
+  tdm_status st = TDM_OK;
+  do {
+    uint64_t k = ++t->round;
+    int par = (int)(k & 1);
+    if ((st = round_start(t, c, k, deadline)) != TDM_OK) break;
+    if (at < len) shm_copy(slot(t, par, me), in + at * es, (len - at < per_round ? len - at : per_round) * es);
+    if ((st = round_ready(t, c, k, deadline)) != TDM_OK) break;
+    for (int q = 0; q < P; q++) {
+      size_t qlo, qlen;
+      tdm_comm_block(count, P, q, &qlo, &qlen);
+      if (q != me && at < qlen) shm_copy(out + (qlo + at) * es, slot(t, par, q), (qlen - at < per_round ? qlen - at : per_round) * es);
+    }
+    atomic_store_explicit(&t->ctl[me].fin.v, k, memory_order_release);
+    at += per_round;
+  } while (at < longest);
+  return st == TDM_OK ? TDM_OK : fail(t, c, st);
 }
 
 /* ---- set-up -------------------------------------------------------------------------------- */
 tdm_status tdm__shm_transport_create(tdm__transport **out, struct tdm_comm *c, const tdm_comm_config *cfg) {
   int P = c->size, me = c->rank;
-  const char *lws = getenv("LOCAL_WORLD_SIZE");
-  if (lws && atoi(lws) != P)
+  if (c->local_size && c->local_size != P)
     return tdm__set_error(TDM_ERR_INVALID_ARG,
-                          "the shm transport needs all %d ranks on one node, but LOCAL_WORLD_SIZE is %s; use tcp", P, lws);
+                          "the shm transport needs all %d ranks on one node, but LOCAL_WORLD_SIZE is %d; use tcp", P,
+                          c->local_size);
   shm_tr *t = tdm__calloc(1, sizeof *t);
   if (!t) return tdm__set_error(TDM_ERR_NO_MEMORY, "shm: out of memory");
   t->base.ops = &shm_ops;
@@ -374,7 +544,8 @@ tdm_status tdm__shm_transport_create(tdm__transport **out, struct tdm_comm *c, c
   t->slot_bytes = SLOT_BYTES;
   size_t off_ctl = align_up(sizeof(seg_hdr), 4096);
   size_t off_rctl = align_up(off_ctl + sizeof(rank_ctl) * (size_t)P, 4096);
-  size_t off_rings = align_up(off_rctl + sizeof(ring_ctl) * (size_t)P * (size_t)P, 4096);
+  size_t off_rdy = align_up(off_rctl + sizeof(ring_ctl) * (size_t)P * (size_t)P, 4096);
+  size_t off_rings = align_up(off_rdy + sizeof(slot_ready) * 2 * (size_t)P, 4096);
   size_t off_slots = off_rings + t->ring_bytes * (size_t)P * (size_t)P;
   t->total = off_slots + 2 * t->slot_bytes * (size_t)P;
   double deadline = tdm_time_now() + c->timeout_s;
@@ -424,6 +595,7 @@ tdm_status tdm__shm_transport_create(tdm__transport **out, struct tdm_comm *c, c
     t->hdr = (seg_hdr *)t->base_ptr;
     t->ctl = (rank_ctl *)(t->base_ptr + off_ctl);
     t->rctl = (ring_ctl *)(t->base_ptr + off_rctl);
+    t->rdy = (slot_ready *)(t->base_ptr + off_rdy);
     t->rings = t->base_ptr + off_rings;
     t->slots = t->base_ptr + off_slots;
     if (me == 0) { /* a new file is zero-filled: counters and rings start empty */
@@ -431,12 +603,13 @@ tdm_status tdm__shm_transport_create(tdm__transport **out, struct tdm_comm *c, c
       t->hdr->ring_bytes = t->ring_bytes;
       t->hdr->slot_bytes = t->slot_bytes;
       t->hdr->total = t->total;
-      t->hdr->version = 1;
+      t->hdr->version = 2; /* 2: identities with the slots' ready words */
       atomic_thread_fence(memory_order_release);
       t->hdr->magic = SHM_MAGIC;
     } else {
-      waiter w = {0, 0};
-      while (((volatile seg_hdr *)t->hdr)->magic != SHM_MAGIC && st == TDM_OK) st = idle(t, &w, 0, deadline);
+      waiter w = {0};
+      while (((volatile seg_hdr *)t->hdr)->magic != SHM_MAGIC && st == TDM_OK)
+        st = idle(t, &w, c, 0, deadline, "shared-memory set-up (waiting for rank 0 to prepare the segment)");
       if (st == TDM_OK && (t->hdr->size != P || t->hdr->total != t->total))
         st = tdm__set_error(TDM_ERR_MISMATCH, "shm: segment %s is for %d ranks / %llu bytes; this rank expects %d / %zu",
                             name, t->hdr->size, (unsigned long long)t->hdr->total, P, t->total);
@@ -446,8 +619,11 @@ tdm_status tdm__shm_transport_create(tdm__transport **out, struct tdm_comm *c, c
     atomic_store(&t->ctl[me].pid, (int32_t)getpid());
     atomic_fetch_add(&t->hdr->attached, 1);
     if (me == 0) { /* once everyone has it mapped, the name can go: nothing is left behind */
-      waiter w = {0, 0};
-      while (atomic_load(&t->hdr->attached) < P && st == TDM_OK) st = idle(t, &w, -1, deadline);
+      waiter w = {0};
+      while (atomic_load(&t->hdr->attached) < P && st == TDM_OK)
+        st = idle(t, &w, c, -1, deadline, "shared-memory set-up (waiting for every rank to map the segment)");
+      if (st == TDM_ERR_TIMEOUT)
+        st = tdm__set_error(st, "%s: %d of %d ranks mapped it", tdm_last_error(), (int)atomic_load(&t->hdr->attached), P);
       shm_unlink(name);
     }
   }
@@ -462,46 +638,65 @@ tdm_status tdm__shm_transport_create(tdm__transport **out, struct tdm_comm *c, c
   return TDM_OK;
 }
 
-/* ---- shared regions: zero-copy all-reduce of data that lives in shared memory ---------------
- * A region is one extra segment holding P equal areas, one per rank, plus two progress counters
- * per rank. Data parallelism keeps each rank's gradients in its area, so averaging a bucket needs
- * no copy in or out: each rank sums its share of the bucket across all areas (in rank order, as
- * every other all-reduce here) and writes the result into all of them. Per rank that reads and
- * writes the bucket once, where the slot all-reduce above copies it in, reduces and copies it out
- * (about 8 bytes of loads and stores per byte against 3, by count). */
+/* ---- shared regions: zero-copy collectives of data that lives in shared memory -------------
+ * A region is one extra segment holding P equal areas, one per rank, plus per rank two progress
+ * counters and the identity of the operation it is in. Data parallelism keeps each rank's
+ * gradients in its area, so averaging a bucket needs no copy in or out: each rank sums its share
+ * of the bucket across all areas (in rank order, as every other reduction here) and writes the
+ * result into all of them. Per rank that reads and writes the bucket once, where the slot
+ * all-reduce above copies it in, reduces and copies it out (about 8 bytes of loads and stores
+ * per byte against 3, by count). Region operations keep their own rounds and use none of the
+ * communicator's call state, so data parallelism may run them beside its other collectives. */
+enum { R_ALLREDUCE, R_REDUCE_SCATTER, R_ALLGATHER };
+static const char *const region_op_names[] = {"shared-region all-reduce", "shared-region reduce-scatter",
+                                              "shared-region all-gather"};
+
+typedef struct {
+  uint64_t round, lo, hi;
+  uint32_t op, average;
+  char pad[LINE - 32];
+} region_id;
+
 struct tdm__shm_region {
   shm_tr *t;
+  struct tdm_comm *c;
   unsigned char *base;
-  size_t total, area_bytes;
+  size_t total, area_bytes, floats;
   counter *ready, *done; /* [P] each */
+  region_id *id;         /* [P] */
   uint64_t round;
 };
 
 static float *area(tdm__shm_region *r, int q) {
-  return (float *)(r->base + 2 * sizeof(counter) * (size_t)r->t->base.size + (size_t)q * r->area_bytes);
+  return (float *)(r->base + 3 * sizeof(counter) * (size_t)r->t->base.size + (size_t)q * r->area_bytes);
+}
+
+static const char *region_str(const region_id *id, char *buf, size_t n) {
+  snprintf(buf, n, "%s round %llu (elements [%llu, %llu)%s)", region_op_names[id->op], (unsigned long long)id->round,
+           (unsigned long long)id->lo, (unsigned long long)id->hi,
+           id->op == R_ALLGATHER ? "" : (id->average ? ", average" : ", sum"));
+  return buf;
 }
 
 /* Waits until every rank's counter reaches want, with idle()'s back-off and checks. */
-static tdm_status region_wait(tdm__shm_region *r, counter *ctr, uint64_t want, double deadline) {
-  for (int q = 0; q < r->t->base.size; q++) {
-    waiter w = {0, 0};
-    while (atomic_load_explicit(&ctr[q].v, memory_order_acquire) < want)
-      TDM__TRY(idle_for(r->t, &w, q, deadline, "a gradient all-reduce"));
-  }
+static tdm_status region_wait(tdm__shm_region *r, counter *ctr, uint64_t want, double deadline, const char *what) {
+  for (int q = 0; q < r->t->base.size; q++) TDM__TRY(wait_counter(r->t, r->c, &ctr[q], want, q, deadline, what));
   return TDM_OK;
 }
 
 tdm_status tdm__shm_region_create(struct tdm_comm *c, size_t floats_per_rank, tdm__shm_region **out) {
   *out = NULL;
-  if (c->map || !c->tr || c->tr->ops != &shm_ops)
+  if (!tdm__shm_usable(c))
     return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "shared region: needs the shm transport on a whole communicator");
   shm_tr *t = (shm_tr *)c->tr;
   int P = c->size, me = c->rank;
   tdm__shm_region *r = tdm__calloc(1, sizeof *r);
   if (!r) return tdm__set_error(TDM_ERR_NO_MEMORY, "shared region: out of memory");
   r->t = t;
+  r->c = c;
+  r->floats = floats_per_rank;
   r->area_bytes = align_up(floats_per_rank * sizeof(float), 4096);
-  r->total = 2 * sizeof(counter) * (size_t)P + (size_t)P * r->area_bytes;
+  r->total = 3 * sizeof(counter) * (size_t)P + (size_t)P * r->area_bytes;
   char name[128] = {0};
   int fd = -1, ok = 1;
   if (me == 0) {
@@ -532,6 +727,7 @@ tdm_status tdm__shm_region_create(struct tdm_comm *c, size_t floats_per_rank, td
   }
   r->ready = (counter *)r->base;
   r->done = r->ready + P;
+  r->id = (region_id *)(r->done + P);
   *out = r;
   return TDM_OK;
 }
@@ -544,31 +740,70 @@ void tdm__shm_region_destroy(tdm__shm_region *r) {
 
 float *tdm__shm_region_mine(tdm__shm_region *r) { return area(r, r->t->base.rank); }
 
-tdm_status tdm__shm_region_allreduce(tdm__shm_region *r, size_t lo, size_t hi, int average) {
+/* One region operation: publish what I do, wait for everyone, compare every rank's identity with
+ * mine before touching a peer's area, do my part on my share, then wait until nobody reads my
+ * area any more (the caller may write it as soon as this returns). */
+static tdm_status region_op(tdm__shm_region *r, int op, size_t lo, size_t hi, int average) {
   shm_tr *t = r->t;
+  struct tdm_comm *c = r->c;
   int P = t->base.size, me = t->base.rank;
-  double deadline = tdm_time_now() + t->base.comm->timeout_s;
-  uint64_t k = ++r->round;
+  if (atomic_load(&c->failed)) return tdm__set_error(c->fail_status, "%s", c->error);
+  if (lo > hi || hi > r->floats)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: elements [%zu, %zu) do not lie within the %zu of an area",
+                          region_op_names[op], lo, hi, r->floats);
+  double deadline = tdm_time_now() + c->timeout_s;
+  region_id *my = &r->id[me];
+  *my = (region_id){.round = ++r->round, .lo = lo, .hi = hi, .op = (uint32_t)op, .average = average != 0};
+  char what[160], theirs[160];
+  region_str(my, what, sizeof what);
+  uint64_t k = my->round;
   atomic_store_explicit(&r->ready[me].v, k, memory_order_release);
-  TDM__TRY(region_wait(r, r->ready, k, deadline));
-  /* my share of [lo, hi), in blocks that stay in L1 */
-  size_t n = hi - lo, base = n / (size_t)P, extra = n % (size_t)P;
-  size_t s0 = lo + (size_t)me * base + ((size_t)me < extra ? (size_t)me : extra), len = base + ((size_t)me < extra);
-  float ranks = (float)P;
-  enum { BLK = 2048 };
-  float acc[BLK];
-  for (size_t b = s0; b < s0 + len; b += BLK) {
-    size_t m = s0 + len - b < BLK ? s0 + len - b : BLK;
-    const float *a0 = area(r, 0) + b;
-    for (size_t i = 0; i < m; i++) acc[i] = a0[i];
-    for (int q = 1; q < P; q++) {
-      const float *aq = area(r, q) + b;
-      for (size_t i = 0; i < m; i++) acc[i] += aq[i];
+  tdm_status st = region_wait(r, r->ready, k, deadline, what);
+  for (int q = 0; q < P && st == TDM_OK; q++) { /* nobody rewrites its identity before my done = k */
+    const region_id *id = &r->id[q];
+    if (q != me && (id->round != k || id->op != my->op || id->lo != lo || id->hi != hi || id->average != my->average))
+      st = tdm__comm_fail(c, TDM_ERR_MISMATCH, "shared-region mismatch: rank %d called %s but rank %d called %s", me, what, q,
+                          region_str(id, theirs, sizeof theirs));
+  }
+  if (st != TDM_OK) return fail(t, c, st);
+  size_t off, len;
+  tdm_comm_block(hi - lo, P, me, &off, &len);
+  size_t s0 = lo + off;
+  if (op == R_ALLGATHER) {
+    for (int q = 0; q < P; q++) {
+      size_t qoff, qlen;
+      tdm_comm_block(hi - lo, P, q, &qoff, &qlen);
+      if (q != me && qlen) memcpy(area(r, me) + lo + qoff, area(r, q) + lo + qoff, qlen * sizeof(float));
     }
-    if (average)
-      for (size_t i = 0; i < m; i++) acc[i] /= ranks; /* as tdm__scale_avg: sum, then divide */
-    for (int q = 0; q < P; q++) memcpy(area(r, q) + b, acc, m * sizeof(float));
+  } else { /* my share, in blocks that stay in L1 */
+    float ranks = (float)P;
+    enum { BLK = 2048 };
+    float acc[BLK];
+    for (size_t b = s0; b < s0 + len; b += BLK) {
+      size_t m = s0 + len - b < BLK ? s0 + len - b : BLK;
+      const float *a0 = area(r, 0) + b;
+      for (size_t i = 0; i < m; i++) acc[i] = a0[i];
+      for (int q = 1; q < P; q++) {
+        const float *aq = area(r, q) + b;
+        for (size_t i = 0; i < m; i++) acc[i] += aq[i];
+      }
+      if (average)
+        for (size_t i = 0; i < m; i++) acc[i] /= ranks; /* as tdm__scale_avg: sum, then divide */
+      if (op == R_ALLREDUCE)
+        for (int q = 0; q < P; q++) memcpy(area(r, q) + b, acc, m * sizeof(float));
+      else
+        memcpy(area(r, me) + b, acc, m * sizeof(float));
+    }
   }
   atomic_store_explicit(&r->done[me].v, k, memory_order_release);
-  return region_wait(r, r->done, k, deadline);
+  st = region_wait(r, r->done, k, deadline, what);
+  return st == TDM_OK ? TDM_OK : fail(t, c, st);
 }
+
+tdm_status tdm__shm_region_allreduce(tdm__shm_region *r, size_t lo, size_t hi, int average) {
+  return region_op(r, R_ALLREDUCE, lo, hi, average);
+}
+tdm_status tdm__shm_region_reduce_scatter(tdm__shm_region *r, size_t lo, size_t hi, int average) {
+  return region_op(r, R_REDUCE_SCATTER, lo, hi, average);
+}
+tdm_status tdm__shm_region_allgather(tdm__shm_region *r, size_t lo, size_t hi) { return region_op(r, R_ALLGATHER, lo, hi, 0); }

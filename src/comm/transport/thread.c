@@ -86,7 +86,7 @@ static tdm_status post(group *g, int from, int to, const tdm__hdr *h, const void
 static tdm_status run(tdm__transport *t, tdm__xfer *x, int n, double deadline) {
   thread_tr *tt = (thread_tr *)t;
   group *g = tt->g;
-  struct tdm_comm *c = t->comm;
+  struct tdm_comm *c = tdm__active(t);
   int me = t->rank;
   tdm_status st = TDM_OK;
   pthread_mutex_lock(&g->mu);
@@ -108,7 +108,7 @@ static tdm_status run(tdm__transport *t, tdm__xfer *x, int n, double deadline) {
       if (left <= 0) {
         char b[160];
         st = tdm__set_error(TDM_ERR_TIMEOUT, "rank %d: %s timed out after %.0f s waiting for rank %d", c->rank,
-                            tdm__call_str(&c->cur, b, sizeof b), c->timeout_s, x[i].peer);
+                            tdm__call_str(&c->cur, b, sizeof b), c->timeout_s, tdm__comm_rank_of(c, x[i].peer));
         goto out;
       }
       struct timespec ts;
@@ -145,7 +145,7 @@ static void thread_abort(tdm__transport *t, const char *reason) {
   if (!g->failed) {
     /* the whole group fails: a thread job has no way to go on without one of its ranks */
     g->failed = 1;
-    g->fail_status = t->comm->fail_status ? t->comm->fail_status : TDM_ERR_REMOTE;
+    g->fail_status = tdm__active(t)->fail_status ? tdm__active(t)->fail_status : TDM_ERR_REMOTE;
     snprintf(g->reason, sizeof g->reason, "rank %d failed: %s", t->rank, reason);
   }
   pthread_cond_broadcast(&g->cv);
