@@ -41,7 +41,10 @@ metrics_and_weights() {
   for k in step loss samples_per_sec step_time_ms time_forward_ms time_backward_ms time_optimizer_ms; do
     head -1 "$TMP/m.jsonl" | grep -q "\"$k\":" || { echo "  step record lacks $k"; return 1; }
   done
-  tail -1 "$TMP/m.jsonl" | grep -q '"test_accuracy":0\.[0-9]' || { echo "  no evaluation record"; return 1; }
+  grep -q '"test_accuracy":0\.[0-9]' "$TMP/m.jsonl" || { echo "  no evaluation record"; return 1; }
+  for k in parameters gradients optimizer activations data workspace total; do # the measured peaks, last (no communication: one process)
+    tail -1 "$TMP/m.jsonl" | grep -q "\"memory_peak\":{.*\"$k\":[1-9]" || { echo "  the last record lacks the peak of $k"; return 1; }
+  done
   tail -1 "$TMP/m.jsonl" | grep -q '"test_loss":' || return 1
   # the weights file starts with a little-endian header length and a JSON header naming the layers
   head -c 400 "$TMP/w.safetensors" | grep -aq '"layers.0.weight":{"dtype":"F32","shape":\[512,784\]' ||
