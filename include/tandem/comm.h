@@ -64,7 +64,8 @@ typedef enum {
   TDM_ALGO_RHD,      /* recursive halving-doubling (Rabenseifner): all-reduce, reduce-scatter */
   TDM_ALGO_TREE,     /* binary tree reduce + broadcast: all-reduce; binomial tree: broadcast, reduce */
   TDM_ALGO_CHAIN,    /* pipelined chain: broadcast */
-  TDM_ALGO_DIRECT,   /* linear: gather, scatter, all-to-all pairwise */
+  TDM_ALGO_DIRECT,   /* linear: gather, scatter, all-to-all pairwise; all-reduce, reduce-scatter and
+                        all-gather straight between every pair, reducing in rank order */
   TDM_ALGO_SHM,      /* single-node shared memory, reduce from peers' buffers (shm transport):
                         all-reduce, reduce-scatter, all-gather */
   TDM_ALGO_COUNT
@@ -160,6 +161,20 @@ tdm_status tdm_comm_reduce_scatter_blocks(tdm_comm_t c, const void *sendbuf, voi
  * In place when sendbuf == recvbuf + offset of block r. */
 tdm_status tdm_comm_allgather_blocks(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt,
                                      tdm_algo algo);
+/* Any partition: rank q's part is parts[q] elements (parts has size entries adding up to count,
+ * the same on every rank: ranks that split differently fail with TDM_ERR_MISMATCH), laid out in
+ * rank order. Algorithms: ring, direct, shm (AUTO: shm where usable, else ring).
+ * Rank order: with TDM_ALGO_DIRECT (any transport) and TDM_ALGO_SHM every element is reduced in
+ * rank order 0..size-1, so the result does not depend on the partition, on the transport or on
+ * whether it is an all-reduce (DIRECT, SHM) or a reduce-scatter: the one summation order the
+ * parallelism engines use, which makes every layout give the same bits. */
+tdm_status tdm_comm_reduce_scatter_v(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, const size_t *parts,
+                                     tdm_dtype dt, tdm_redop op, tdm_algo algo);
+tdm_status tdm_comm_allgather_v(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, const size_t *parts,
+                                tdm_dtype dt, tdm_algo algo);
+/* The rank-order algorithm for c: TDM_ALGO_SHM on the shm transport over a whole communicator,
+ * else TDM_ALGO_DIRECT. */
+tdm_algo tdm_comm_rank_order_algo(tdm_comm_t c);
 tdm_status tdm_comm_gather(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t sendcount, tdm_dtype dt, int root);
 tdm_status tdm_comm_scatter(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t recvcount, tdm_dtype dt, int root);
 /* Block j of sendbuf (count elements) goes to rank j; block i of recvbuf comes from rank i. */
@@ -190,6 +205,11 @@ tdm_status tdm_comm_ireduce_scatter_blocks(tdm_comm_t c, const void *sendbuf, vo
                                            tdm_redop op, tdm_algo algo, tdm_work_t *work);
 tdm_status tdm_comm_iallgather_blocks(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt,
                                       tdm_algo algo, tdm_work_t *work);
+/* parts must stay valid until the wait, as the buffers. */
+tdm_status tdm_comm_ireduce_scatter_v(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, const size_t *parts,
+                                      tdm_dtype dt, tdm_redop op, tdm_algo algo, tdm_work_t *work);
+tdm_status tdm_comm_iallgather_v(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, const size_t *parts,
+                                 tdm_dtype dt, tdm_algo algo, tdm_work_t *work);
 tdm_status tdm_comm_igather(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t sendcount, tdm_dtype dt, int root,
                             tdm_work_t *work);
 tdm_status tdm_comm_iscatter(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t recvcount, tdm_dtype dt, int root,

@@ -40,12 +40,15 @@ const char *tdm__call_str(const tdm__call *k, char *buf, size_t n) {
   else if (k->kind == TDM_COLL_REDUCE)
     snprintf(buf, n, "reduce #%llu (%llu x %s, %s, root %d)", (unsigned long long)k->seq, (unsigned long long)k->count,
              tdm_dtype_name((tdm_dtype)k->dtype), tdm_redop_name((tdm_redop)k->op), k->root);
-  else
-    snprintf(buf, n, "%s #%llu (%llu x %s%s%s%s)", tdm__coll_name((int)k->kind), (unsigned long long)k->seq,
-             (unsigned long long)k->count, tdm_dtype_name((tdm_dtype)k->dtype),
-             k->kind == TDM_COLL_REDUCE_SCATTER || k->kind == TDM_COLL_ALLGATHER ? " in all" : "",
-             k->kind == TDM_COLL_ALLREDUCE || k->kind == TDM_COLL_REDUCE_SCATTER ? ", " : "",
-             k->kind == TDM_COLL_ALLREDUCE || k->kind == TDM_COLL_REDUCE_SCATTER ? tdm_redop_name((tdm_redop)k->op) : "");
+  else {
+    int red = k->kind == TDM_COLL_ALLREDUCE || k->kind == TDM_COLL_REDUCE_SCATTER;
+    int vec = k->kind == TDM_COLL_REDUCE_SCATTER || k->kind == TDM_COLL_ALLGATHER;
+    char parts[32] = ""; /* the v forms: their partition's hash (parts_hash) */
+    if (vec && k->root) snprintf(parts, sizeof parts, ", parts %08x", (unsigned)k->root);
+    snprintf(buf, n, "%s #%llu (%llu x %s%s%s%s%s)", tdm__coll_name((int)k->kind), (unsigned long long)k->seq,
+             (unsigned long long)k->count, tdm_dtype_name((tdm_dtype)k->dtype), vec ? " in all" : "", red ? ", " : "",
+             red ? tdm_redop_name((tdm_redop)k->op) : "", parts);
+  }
   return buf;
 }
 
@@ -208,6 +211,8 @@ typedef enum {
   W_ALLGATHER,
   W_REDUCE_SCATTER_BLOCKS,
   W_ALLGATHER_BLOCKS,
+  W_REDUCE_SCATTER_V,
+  W_ALLGATHER_V,
   W_GATHER,
   W_SCATTER,
   W_ALLTOALL,
@@ -225,6 +230,7 @@ struct tdm_work {
   const void *sbuf;
   void *rbuf;
   size_t count;
+  const size_t *parts; /* W_*_V */
   tdm_dtype dt;
   tdm_redop op;
   tdm_algo algo;
@@ -417,6 +423,7 @@ tdm_status tdm_comm_allreduce(tdm_comm_t c, const void *sendbuf, void *recvbuf, 
   if (sendbuf != recvbuf && count) memcpy(recvbuf, sendbuf, nbytes);
   switch (algo) {
   case TDM_ALGO_RING: st = tdm__allreduce_ring(c, recvbuf, count, dt, op); break;
+  case TDM_ALGO_DIRECT: st = tdm__allreduce_direct(c, recvbuf, count, dt, op); break;
   case TDM_ALGO_RD: st = tdm__allreduce_rd(c, recvbuf, count, dt, op); break;
   case TDM_ALGO_RHD: st = tdm__allreduce_rhd(c, recvbuf, count, dt, op); break;
   default: st = tdm__allreduce_tree(c, recvbuf, count, dt, op); break;
@@ -474,28 +481,64 @@ void tdm_comm_block(size_t count, int size, int r, size_t *offset, size_t *len) 
   *len = base + (ur < extra);
 }
 
-/* The reduce-scatter of count elements split by tdm__blocks; the identity's count is the whole
- * buffer, so the plain form (equal blocks) and the blocks form of one buffer are the same call. */
-static tdm_status reduce_scatter(struct tdm_comm *c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt,
-                                 tdm_redop op, tdm_algo algo) {
+/* The partition of a call: the caller's parts (v forms), or tdm__blocks. Checks that the parts
+ * add up to count. */
+static tdm_status parts_of(struct tdm_comm *c, const char *what, size_t count, const size_t *parts, size_t *cnt,
+                           size_t *off) {
+  if (!parts) {
+    tdm__blocks(count, c->size, cnt, off);
+    return TDM_OK;
+  }
+  size_t at = 0;
+  for (int q = 0; q < c->size; q++) {
+    if (parts[q] > count - at)
+      return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: the parts of ranks 0..%d hold more than the %zu elements given", what,
+                            q, count);
+    cnt[q] = parts[q], off[q] = at, at += parts[q];
+  }
+  if (at != count)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: the parts hold %zu elements; the buffer %zu", what, at, count);
+  return TDM_OK;
+}
+
+/* The v forms carry a hash of their partition in the call's root field (unused by these
+ * collectives), so ranks that split one buffer differently fail with a mismatch instead of
+ * exchanging the wrong parts. */
+static int32_t parts_hash(const size_t *parts, int P) {
+  uint64_t h = 0x9a27;
+  for (int q = 0; q < P; q++) h = tdm_hash64(h, parts[q]);
+  return (int32_t)(h & 0x3fffffff) + 1; /* positive, never 0 (the plain forms') */
+}
+
+/* The reduce-scatter of count elements split by tdm__blocks, or by parts; the identity's count
+ * is the whole buffer, so the plain form (equal blocks) and the blocks form of one buffer are the
+ * same call. */
+static tdm_status reduce_scatter(struct tdm_comm *c, const void *sendbuf, void *recvbuf, size_t count, const size_t *parts,
+                                 tdm_dtype dt, tdm_redop op, tdm_algo algo) {
   TDM__TRY(wait_queue_idle(c));
+  if (!c) return tdm__set_error(TDM_ERR_INVALID_ARG, "reduce-scatter: communicator is NULL");
+  size_t cnt[c->size], off[c->size];
+  TDM__TRY(parts_of(c, "reduce-scatter", count, parts, cnt, off));
   TDM__TRY(begin(c, TDM_COLL_REDUCE_SCATTER, count, dt, op, 0));
-  size_t es = tdm_dtype_size(dt), lo, len;
-  tdm_comm_block(count, c->size, c->rank, &lo, &len);
+  if (parts) c->cur.root = parts_hash(parts, c->size);
+  size_t es = tdm_dtype_size(dt), lo = off[c->rank], len = cnt[c->rank];
   if (count && (!sendbuf || (len && !recvbuf))) return null_buf(c, "a buffer");
   algo = tdm__algo_pick(c, TDM_COLL_REDUCE_SCATTER, algo);
   if (algo == TDM_ALGO_AUTO)
-    algo = tdm__shm_usable(c) ? TDM_ALGO_SHM : (tdm__pow2(c->size) && count * es <= (1u << 20) ? TDM_ALGO_RHD : TDM_ALGO_RING);
-  if (!tdm__algo_applies(c, TDM_COLL_REDUCE_SCATTER, algo)) return not_applicable(c, algo);
+    algo = tdm__shm_usable(c) ? TDM_ALGO_SHM
+                              : (!parts && tdm__pow2(c->size) && count * es <= (1u << 20) ? TDM_ALGO_RHD : TDM_ALGO_RING);
+  if (!tdm__algo_applies(c, TDM_COLL_REDUCE_SCATTER, algo) || (parts && algo == TDM_ALGO_RHD)) return not_applicable(c, algo);
   announce(c, algo);
   tdm_status st;
   if (algo == TDM_ALGO_SHM) {
-    st = tdm__reduce_scatter_shm(c, sendbuf, recvbuf, count, dt, op);
+    st = tdm__reduce_scatter_shm(c, sendbuf, recvbuf, count, cnt, off, dt, op);
+  } else if (algo == TDM_ALGO_DIRECT) {
+    st = tdm__reduce_scatter_direct(c, sendbuf, recvbuf, cnt, off, dt, op);
   } else {
-    char *work = tdm__aligned_alloc(count * es + 64); /* the algorithm uses the scratch itself */
+    char *work = tdm__aligned_alloc_cat(count * es + 64, TDM_MEM_COMM); /* the algorithm uses the scratch itself */
     if (!work) return tdm__comm_fail(c, TDM_ERR_NO_MEMORY, "reduce-scatter: out of memory");
     if (count) memcpy(work, sendbuf, count * es);
-    st = algo == TDM_ALGO_RING ? tdm__reduce_scatter_ring(c, work, count, dt, op)
+    st = algo == TDM_ALGO_RING ? tdm__reduce_scatter_ring(c, work, cnt, off, dt, op)
                                : tdm__reduce_scatter_rhd(c, work, count, dt, op);
     if (st == TDM_OK && len) memcpy(recvbuf, work + lo * es, len * es);
     tdm__free(work);
@@ -508,44 +551,63 @@ tdm_status tdm_comm_reduce_scatter(tdm_comm_t c, const void *sendbuf, void *recv
                                    tdm_redop op, tdm_algo algo) {
   if (c && recvcount > ((size_t)1 << 40) / (size_t)c->size)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "reduce-scatter: count %zu is implausibly large", recvcount);
-  return reduce_scatter(c, sendbuf, recvbuf, c ? recvcount * (size_t)c->size : 0, dt, op, algo);
+  return reduce_scatter(c, sendbuf, recvbuf, c ? recvcount * (size_t)c->size : 0, NULL, dt, op, algo);
 }
 
 tdm_status tdm_comm_reduce_scatter_blocks(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt,
                                           tdm_redop op, tdm_algo algo) {
-  return reduce_scatter(c, sendbuf, recvbuf, count, dt, op, algo);
+  return reduce_scatter(c, sendbuf, recvbuf, count, NULL, dt, op, algo);
 }
 
-static tdm_status allgather(struct tdm_comm *c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt,
-                            tdm_algo algo) {
+tdm_status tdm_comm_reduce_scatter_v(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, const size_t *parts,
+                                     tdm_dtype dt, tdm_redop op, tdm_algo algo) {
+  if (!parts) return tdm__set_error(TDM_ERR_INVALID_ARG, "reduce-scatter: parts is NULL");
+  return reduce_scatter(c, sendbuf, recvbuf, count, parts, dt, op, algo);
+}
+
+static tdm_status allgather(struct tdm_comm *c, const void *sendbuf, void *recvbuf, size_t count, const size_t *parts,
+                            tdm_dtype dt, tdm_algo algo) {
   TDM__TRY(wait_queue_idle(c));
+  if (!c) return tdm__set_error(TDM_ERR_INVALID_ARG, "all-gather: communicator is NULL");
+  size_t cnt[c->size], off[c->size];
+  TDM__TRY(parts_of(c, "all-gather", count, parts, cnt, off));
   TDM__TRY(begin(c, TDM_COLL_ALLGATHER, count, dt, TDM_SUM, 0));
-  size_t es = tdm_dtype_size(dt), lo, len;
-  tdm_comm_block(count, c->size, c->rank, &lo, &len);
+  if (parts) c->cur.root = parts_hash(parts, c->size);
+  size_t es = tdm_dtype_size(dt), lo = off[c->rank], len = cnt[c->rank];
   if (count && (!recvbuf || (len && !sendbuf))) return null_buf(c, "a buffer");
   algo = tdm__algo_pick(c, TDM_COLL_ALLGATHER, algo);
   if (algo == TDM_ALGO_AUTO)
-    algo = tdm__shm_usable(c) ? TDM_ALGO_SHM : (tdm__pow2(c->size) && count * es <= (1u << 20) ? TDM_ALGO_RD : TDM_ALGO_RING);
-  if (!tdm__algo_applies(c, TDM_COLL_ALLGATHER, algo)) return not_applicable(c, algo);
+    algo = tdm__shm_usable(c) ? TDM_ALGO_SHM
+                              : (!parts && tdm__pow2(c->size) && count * es <= (1u << 20) ? TDM_ALGO_RD : TDM_ALGO_RING);
+  if (!tdm__algo_applies(c, TDM_COLL_ALLGATHER, algo) || (parts && algo == TDM_ALGO_RD)) return not_applicable(c, algo);
   announce(c, algo);
-  if (algo == TDM_ALGO_SHM) return tdm__allgather_shm(c, sendbuf, recvbuf, count, dt);
+  if (algo == TDM_ALGO_SHM) return tdm__allgather_shm(c, sendbuf, recvbuf, count, cnt, off, dt);
+  if (algo == TDM_ALGO_DIRECT) return tdm__allgather_direct(c, sendbuf, recvbuf, cnt, off, dt);
   char *mine = (char *)recvbuf + lo * es;
   if (len && mine != sendbuf) memcpy(mine, sendbuf, len * es);
   if (algo == TDM_ALGO_RD) return tdm__allgather_rd(c, recvbuf, count, dt);
-  return tdm__allgather_ring(c, recvbuf, count, dt);
+  return tdm__allgather_ring(c, recvbuf, cnt, off, dt);
 }
 
 tdm_status tdm_comm_allgather(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t sendcount, tdm_dtype dt,
                               tdm_algo algo) {
   if (c && sendcount > ((size_t)1 << 40) / (size_t)c->size)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "all-gather: count %zu is implausibly large", sendcount);
-  return allgather(c, sendbuf, recvbuf, c ? sendcount * (size_t)c->size : 0, dt, algo);
+  return allgather(c, sendbuf, recvbuf, c ? sendcount * (size_t)c->size : 0, NULL, dt, algo);
 }
 
 tdm_status tdm_comm_allgather_blocks(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt,
                                      tdm_algo algo) {
-  return allgather(c, sendbuf, recvbuf, count, dt, algo);
+  return allgather(c, sendbuf, recvbuf, count, NULL, dt, algo);
 }
+
+tdm_status tdm_comm_allgather_v(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, const size_t *parts,
+                                tdm_dtype dt, tdm_algo algo) {
+  if (!parts) return tdm__set_error(TDM_ERR_INVALID_ARG, "all-gather: parts is NULL");
+  return allgather(c, sendbuf, recvbuf, count, parts, dt, algo);
+}
+
+tdm_algo tdm_comm_rank_order_algo(tdm_comm_t c) { return tdm__shm_usable(c) ? TDM_ALGO_SHM : TDM_ALGO_DIRECT; }
 
 tdm_status tdm_comm_gather(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t sendcount, tdm_dtype dt, int root) {
   TDM__TRY(wait_queue_idle(c));
@@ -719,6 +781,8 @@ static tdm_status run_work(struct tdm_work *w) {
   case W_ALLGATHER: return tdm_comm_allgather(c, w->sbuf, w->rbuf, w->count, w->dt, w->algo);
   case W_REDUCE_SCATTER_BLOCKS: return tdm_comm_reduce_scatter_blocks(c, w->sbuf, w->rbuf, w->count, w->dt, w->op, w->algo);
   case W_ALLGATHER_BLOCKS: return tdm_comm_allgather_blocks(c, w->sbuf, w->rbuf, w->count, w->dt, w->algo);
+  case W_REDUCE_SCATTER_V: return tdm_comm_reduce_scatter_v(c, w->sbuf, w->rbuf, w->count, w->parts, w->dt, w->op, w->algo);
+  case W_ALLGATHER_V: return tdm_comm_allgather_v(c, w->sbuf, w->rbuf, w->count, w->parts, w->dt, w->algo);
   case W_GATHER: return tdm_comm_gather(c, w->sbuf, w->rbuf, w->count, w->dt, w->peer_or_root);
   case W_SCATTER: return tdm_comm_scatter(c, w->sbuf, w->rbuf, w->count, w->dt, w->peer_or_root);
   case W_ALLTOALL: return tdm_comm_alltoall(c, w->sbuf, w->rbuf, w->count, w->dt);
@@ -828,6 +892,18 @@ tdm_status tdm_comm_ireduce_scatter_blocks(tdm_comm_t c, const void *sendbuf, vo
 tdm_status tdm_comm_iallgather_blocks(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt,
                                       tdm_algo algo, tdm_work_t *work) {
   struct tdm_work t = {.kind = W_ALLGATHER_BLOCKS, .sbuf = sendbuf, .rbuf = recvbuf, .count = count, .dt = dt, .algo = algo};
+  return enqueue(c, &t, work);
+}
+tdm_status tdm_comm_ireduce_scatter_v(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, const size_t *parts,
+                                      tdm_dtype dt, tdm_redop op, tdm_algo algo, tdm_work_t *work) {
+  struct tdm_work t = {.kind = W_REDUCE_SCATTER_V, .sbuf = sendbuf, .rbuf = recvbuf, .count = count, .parts = parts, .dt = dt,
+                       .op = op, .algo = algo};
+  return enqueue(c, &t, work);
+}
+tdm_status tdm_comm_iallgather_v(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, const size_t *parts,
+                                 tdm_dtype dt, tdm_algo algo, tdm_work_t *work) {
+  struct tdm_work t = {.kind = W_ALLGATHER_V, .sbuf = sendbuf, .rbuf = recvbuf, .count = count, .parts = parts, .dt = dt,
+                       .algo = algo};
   return enqueue(c, &t, work);
 }
 tdm_status tdm_comm_igather(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t sendcount, tdm_dtype dt, int root,

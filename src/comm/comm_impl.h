@@ -204,9 +204,10 @@ tdm_status tdm__shm_transport_create(tdm__transport **out, struct tdm_comm *c, c
 int tdm__shm_usable(const struct tdm_comm *c);
 tdm_status tdm__allreduce_shm(struct tdm_comm *c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt,
                               tdm_redop op);
-tdm_status tdm__reduce_scatter_shm(struct tdm_comm *c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt,
-                                   tdm_redop op);
-tdm_status tdm__allgather_shm(struct tdm_comm *c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt);
+tdm_status tdm__reduce_scatter_shm(struct tdm_comm *c, const void *sendbuf, void *recvbuf, size_t count, const size_t *cnt,
+                                   const size_t *off, tdm_dtype dt, tdm_redop op);
+tdm_status tdm__allgather_shm(struct tdm_comm *c, const void *sendbuf, void *recvbuf, size_t count, const size_t *cnt,
+                              const size_t *off, tdm_dtype dt);
 
 /* A shared region (transport/shm.c): one f32 area per rank in one segment that every rank maps,
  * for zero-copy collectives of data that lives there (data-parallel gradients on one node).
@@ -257,10 +258,20 @@ tdm_status tdm__reduce_binomial(struct tdm_comm *c, void *buf, size_t count, tdm
  * halving-doubling all-reduce likewise on powers of two); all-gather starts from block r on rank
  * r and leaves every block everywhere. rhd / rd: powers of two only (else TDM_ERR_NOT_SUPPORTED,
  * before any message). */
-tdm_status tdm__reduce_scatter_ring(struct tdm_comm *c, void *buf, size_t count, tdm_dtype dt, tdm_redop op);
+tdm_status tdm__reduce_scatter_ring(struct tdm_comm *c, void *buf, const size_t *cnt, const size_t *off, tdm_dtype dt,
+                                    tdm_redop op);
 tdm_status tdm__reduce_scatter_rhd(struct tdm_comm *c, void *buf, size_t count, tdm_dtype dt, tdm_redop op);
-tdm_status tdm__allgather_ring(struct tdm_comm *c, void *buf, size_t count, tdm_dtype dt);
+tdm_status tdm__allgather_ring(struct tdm_comm *c, void *buf, const size_t *cnt, const size_t *off, tdm_dtype dt);
 tdm_status tdm__allgather_rd(struct tdm_comm *c, void *buf, size_t count, tdm_dtype dt);
+/* Rank order over any partition (cnt[q] elements at off[q] for rank q), on any transport: the
+ * reduce-scatter reads every part of sendbuf and writes the reduction of part r to recvbuf (which
+ * may be sendbuf + off[r]); the all-gather sends part r (sendbuf) to all and receives the others
+ * into recvbuf. tdm__allreduce_direct is the two over tdm__blocks, in place. */
+tdm_status tdm__reduce_scatter_direct(struct tdm_comm *c, const void *sendbuf, void *recvbuf, const size_t *cnt,
+                                      const size_t *off, tdm_dtype dt, tdm_redop op);
+tdm_status tdm__allgather_direct(struct tdm_comm *c, const void *sendbuf, void *recvbuf, const size_t *cnt,
+                                 const size_t *off, tdm_dtype dt);
+tdm_status tdm__allreduce_direct(struct tdm_comm *c, void *buf, size_t count, tdm_dtype dt, tdm_redop op);
 /* Exchanges with peers while reducing what arrives into dst, in 1 MiB chunks so scratch stays
  * small (algo/allreduce.c). to / from = -1: no send / no receive. */
 tdm_status tdm__sendrecv_reduce(struct tdm_comm *c, int to, const char *sbuf, size_t sn, int from, char *dst,

@@ -158,7 +158,7 @@ int tdm__algo_applies(const struct tdm_comm *c, int k, tdm_algo a) {
   case TDM_ALGO_RHD: return k == TDM_COLL_ALLREDUCE || (k == TDM_COLL_REDUCE_SCATTER && tdm__pow2(c->size));
   case TDM_ALGO_TREE: return k == TDM_COLL_ALLREDUCE || k == TDM_COLL_BROADCAST || k == TDM_COLL_REDUCE;
   case TDM_ALGO_CHAIN: return k == TDM_COLL_BROADCAST;
-  case TDM_ALGO_DIRECT: return k == TDM_COLL_GATHER || k == TDM_COLL_SCATTER || k == TDM_COLL_ALLTOALL;
+  case TDM_ALGO_DIRECT: return vector || k == TDM_COLL_GATHER || k == TDM_COLL_SCATTER || k == TDM_COLL_ALLTOALL;
   case TDM_ALGO_SHM: return vector && tdm__shm_usable(c);
   default: return 0;
   }

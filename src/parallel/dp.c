@@ -42,9 +42,10 @@ static tdm_status launch(tdm_dp *dp, bucket *b) {
   if (dp->region) return tdm__comm_icall(dp->comm, region_bucket, b, &b->work);
   if (dp->cfg.wire_dtype != TDM_F32) { /* compress, reduce in the wire dtype, expand in finish */
     tdm_convert(b->wire, dp->cfg.wire_dtype, g, TDM_F32, (int64_t)n);
-    return tdm_comm_iallreduce(dp->comm, b->wire, b->wire, n, dp->cfg.wire_dtype, TDM_AVG, TDM_ALGO_AUTO, &b->work);
+    return tdm_comm_iallreduce(dp->comm, b->wire, b->wire, n, dp->cfg.wire_dtype, TDM_AVG, tdm_comm_rank_order_algo(dp->comm), &b->work);
   }
-  return tdm_comm_iallreduce(dp->comm, g, g, n, TDM_F32, TDM_AVG, TDM_ALGO_AUTO, &b->work);
+  /* rank order: the sums ZeRO's reduce-scatters form too, whatever their pieces (tandem/engine.h) */
+  return tdm_comm_iallreduce(dp->comm, g, g, n, TDM_F32, TDM_AVG, tdm_comm_rank_order_algo(dp->comm), &b->work);
 }
 
 /* Buckets handed to the communication thread; tdm_dp_finish averages the rest on the calling

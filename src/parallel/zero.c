@@ -63,71 +63,37 @@ struct zero_state {
   tdm_engine *e;
 };
 
-/* ---- collectives over a group's pieces ---------------------------------------------------------- */
+/* ---- collectives over a group's pieces ----------------------------------------------------------
+ * Reduced in rank order (tdm_comm_rank_order_algo), as data parallelism reduces: the same bits
+ * whatever the buckets, units, pieces and transport. */
 static size_t piece_counts(const zero_state *z, const group *g, size_t *counts) {
   for (int r = 0; r < z->e->size; r++) counts[r] = (size_t)(g->cut[r + 1] - g->cut[r]);
   return (size_t)(g->hi - g->lo);
-}
-
-/* Reduce-scatter and all-gather of unequal pieces, summing in rank order.
- * PLACEHOLDER until the communicator has them: built from an all-gather of whole spans. */
-static tdm_status rs_v(tdm_comm_t c, const float *span, float *out, const size_t *counts) {
-  int P = c ? tdm_comm_size(c) : 1, r = c ? tdm_comm_rank(c) : 0;
-  size_t n = 0, off = 0;
-  for (int q = 0; q < P; q++) n += counts[q];
-  for (int q = 0; q < r; q++) off += counts[q];
-  if (P == 1) {
-    memmove(out, span, sizeof(float) * counts[0]);
-    return TDM_OK;
-  }
-  float *all = tdm__malloc_cat(sizeof(float) * n * (size_t)P + 64, TDM_MEM_COMM);
-  if (!all) return tdm__set_error(TDM_ERR_NO_MEMORY, "zero: out of memory");
-  tdm_status st = tdm_comm_allgather(c, span, all, n, TDM_F32, TDM_ALGO_AUTO);
-  if (st == TDM_OK)
-    for (size_t i = 0; i < counts[r]; i++) {
-      float acc = all[off + i];
-      for (int q = 1; q < P; q++) acc += all[(size_t)q * n + off + i];
-      out[i] = acc / (float)P;
-    }
-  tdm__free(all);
-  return st;
-}
-
-static tdm_status ag_v(tdm_comm_t c, const float *mine, float *span, const size_t *counts) {
-  int P = c ? tdm_comm_size(c) : 1, r = c ? tdm_comm_rank(c) : 0;
-  size_t maxc = 0, off = 0;
-  for (int q = 0; q < P; q++) maxc = counts[q] > maxc ? counts[q] : maxc;
-  for (int q = 0; q < r; q++) off += counts[q];
-  if (P == 1) {
-    memmove(span, mine, sizeof(float) * counts[0]);
-    return TDM_OK;
-  }
-  float *all = tdm__malloc_cat(sizeof(float) * (maxc * (size_t)(P + 1)) + 64, TDM_MEM_COMM), *pad = all + maxc * (size_t)P;
-  if (!all) return tdm__set_error(TDM_ERR_NO_MEMORY, "zero: out of memory");
-  memcpy(pad, mine, sizeof(float) * counts[r]);
-  tdm_status st = tdm_comm_allgather(c, pad, all, maxc, TDM_F32, TDM_ALGO_AUTO);
-  for (int q = 0, at = 0; st == TDM_OK && q < P; at += (int)counts[q], q++)
-    memcpy(span + at, all + (size_t)q * maxc, sizeof(float) * counts[q]);
-  (void)off;
-  tdm__free(all);
-  return st;
 }
 
 /* Reduces span [lo, hi) of the gradient buffer over the data axis: my piece, summed in rank
  * order and averaged, into out. */
 static tdm_status reduce_group(zero_state *z, group *g, float *out) {
   tdm_engine *e = z->e;
-  size_t counts[e->size];
-  piece_counts(z, g, counts);
-  return rs_v(e->comm, tdm_params_grad(e->params) + g->lo, out, counts);
+  const float *span = tdm_params_grad(e->params) + g->lo;
+  if (!e->comm) {
+    memmove(out, span, sizeof(float) * (size_t)(g->hi - g->lo));
+    return TDM_OK;
+  }
+  size_t counts[e->size], n = piece_counts(z, g, counts);
+  return tdm_comm_reduce_scatter_v(e->comm, span, out, n, counts, TDM_F32, TDM_AVG, tdm_comm_rank_order_algo(e->comm));
 }
 
 /* Every rank's piece of the parameters, from mine (src), into the buffer's span. */
 static tdm_status gather_group(zero_state *z, group *g, const float *src) {
   tdm_engine *e = z->e;
-  size_t counts[e->size];
-  piece_counts(z, g, counts);
-  return ag_v(e->comm, src, tdm_params_data(e->params) + g->lo, counts);
+  float *span = tdm_params_data(e->params) + g->lo;
+  if (!e->comm) {
+    memmove(span, src, sizeof(float) * (size_t)(g->hi - g->lo));
+    return TDM_OK;
+  }
+  size_t counts[e->size], n = piece_counts(z, g, counts);
+  return tdm_comm_allgather_v(e->comm, src, span, n, counts, TDM_F32, tdm_comm_rank_order_algo(e->comm));
 }
 
 /* ---- memory accounting of the reserved buffers ------------------------------------------------ */

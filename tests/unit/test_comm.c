@@ -591,6 +591,68 @@ static void test_reduce_scatter_allgather_equal_allreduce(void) {
   }
 }
 
+/* ---- rank order: the same bits whatever the partition ----------------------------------------
+ * The direct all-reduce, and the direct reduce-scatter over an uneven partition (some parts empty)
+ * followed by an all-gather of it, give every element as ((x0 + x1) + x2) + ... in rank order,
+ * computed here by hand: the sums the parallelism engines rely on. Ranks that split a buffer
+ * differently fail with a mismatch naming the partitions. */
+static float rank_input(int r, size_t j) {
+  return (float)((double)(tdm_hash64(0x51ull * (uint64_t)(r + 1), j) >> 11) / 9007199254740992.0 - 0.5) * 3.0f;
+}
+
+static void rank_order_body(ctx_t *x) {
+  static const size_t counts[] = {0, 1, 5, 1003, 300001};
+  for (int ci = 0; ci < 5; ci++)
+    for (int op = TDM_SUM; op <= TDM_AVG; op++) {
+      size_t n = counts[ci];
+      float *in = malloc(4 * (n + 1)), *ar = malloc(4 * (n + 1)), *rs = malloc(4 * (n + 1)), *want = malloc(4 * (n + 1));
+      for (size_t j = 0; j < n; j++) {
+        in[j] = rank_input(x->r, j);
+        volatile float term = rank_input(0, j); /* stored: no multiply-add contracted into the sum */
+        float acc = term;
+        for (int q = 1; q < x->P; q++) term = rank_input(q, j), acc += term;
+        want[j] = op == TDM_AVG ? acc / (float)x->P : acc;
+      }
+      size_t parts[8], at = 0;
+      for (int q = 0; q < x->P; q++) { /* uneven: rank 1 gets nothing, the last what is left */
+        parts[q] = q == 1 || q == x->P - 1 ? 0 : (n / 3 < n - at ? n / 3 : n - at);
+        at += parts[q];
+      }
+      parts[x->P - 1] += n - at;
+      size_t off = 0;
+      for (int q = 0; q < x->r; q++) off += parts[q];
+      CHECK_OK(tdm_comm_allreduce(x->c, in, ar, n, TDM_F32, (tdm_redop)op, TDM_ALGO_DIRECT));
+      CHECK_OK(tdm_comm_reduce_scatter_v(x->c, in, rs + off, n, parts, TDM_F32, (tdm_redop)op, TDM_ALGO_DIRECT));
+      CHECK_OK(tdm_comm_allgather_v(x->c, rs + off, rs, n, parts, TDM_F32, TDM_ALGO_DIRECT));
+      CHECK_MSG(n == 0 || !memcmp(ar, want, 4 * n), "P=%d %s n=%zu: the direct all-reduce is not the rank-order sum", x->P,
+                tdm_redop_name((tdm_redop)op), n);
+      CHECK_MSG(n == 0 || !memcmp(rs, want, 4 * n), "P=%d %s n=%zu: reduce-scatter_v + all-gather_v is not the rank-order sum",
+                x->P, tdm_redop_name((tdm_redop)op), n);
+      CHECK_OK(tdm_comm_reduce_scatter_v(x->c, in, rs + off, n, parts, TDM_F32, (tdm_redop)op, TDM_ALGO_RING)); /* any partition */
+      free(in), free(ar), free(rs), free(want);
+    }
+  /* a partition that differs between ranks */
+  float v[10] = {0}, o[10];
+  size_t mine[8] = {0};
+  mine[0] = x->r == 0 ? 10 : 6, mine[1] = 10 - mine[0];
+  tdm_status st = tdm_comm_reduce_scatter_v(x->c, v, o, 10, mine, TDM_F32, TDM_SUM, TDM_ALGO_DIRECT);
+  CHECK(st == TDM_ERR_MISMATCH || st == TDM_ERR_REMOTE);
+  CHECK_MSG(strstr(tdm_last_error(), "parts"), "rank %d: %s", x->r, tdm_last_error());
+}
+
+static void parts_args_body(ctx_t *x) {
+  float v[4] = {0};
+  size_t bad[8] = {3, 3};
+  CHECK(tdm_comm_allgather_v(x->c, v, v, 4, bad, TDM_F32, TDM_ALGO_DIRECT) == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("more than the 4 elements");
+  CHECK(tdm_comm_reduce_scatter_v(x->c, v, v, 4, bad, TDM_F32, TDM_SUM, TDM_ALGO_RHD) == TDM_ERR_INVALID_ARG);
+}
+
+static void test_rank_order_any_partition(void) {
+  for (int P = 2; P <= 4; P++) run_world(P, rank_order_body, 60);
+  run_world(2, parts_args_body, 10);
+}
+
 /* ---- non-blocking handles abandoned on an error path ------------------------------------------
  * Rank 1 aborts while rank 0 has an all-reduce queued that it never waits for, as a training loop
  * that fails mid-step does; destroying the communicator frees it (the sanitizer build's leak check
@@ -729,5 +791,5 @@ static void test_reduce_local_and_names(void) {
 TDM_TEST_MAIN(T(test_reduce_local_and_names), T(test_allreduce_matrix), T(test_broadcast_reduce_matrix),
               T(test_scatter_gather_matrix), T(test_barrier_p2p_nonblocking_split), T(test_mismatch_and_timeout),
               T(test_mismatch_matrix), T(test_sub_communicator_mismatch), T(test_algo_env),
-              T(test_block_offsets_beyond_2_31), T(test_reduce_scatter_allgather_equal_allreduce),
+              T(test_block_offsets_beyond_2_31), T(test_reduce_scatter_allgather_equal_allreduce), T(test_rank_order_any_partition),
               T(test_abandoned_handles_freed), T(test_env_errors), T(test_network_emulation))

@@ -185,7 +185,7 @@ static void set_stage(job *j, int stage) {
   j->ec.zero.stage = stage ? stage : 1;
 }
 
-/* ZeRO stages 1, 2, 3 give the same bits as each other; and each layout equals one process with
+/* ZeRO stages 1, 2, 3 give data parallelism's bits (stage 0); and each layout equals one process with
  * the P-times batch within the tolerance of a different summation order: element by element, or
  * (normwise) as ||w - w1|| / ||w1||, for Adam, whose normalisation turns the rounding noise of
  * gradients near zero into updates near lr. */
@@ -194,7 +194,7 @@ static void check_layouts(job (*make)(int, int64_t, int64_t), int64_t B, double 
     for (int P = 1; P <= 4; P++) {
       job one = make(1, accum, B * P);
       int64_t n1, n;
-      float *ref = run_job(&one, &n1, NULL), *stage1 = NULL;
+      float *ref = run_job(&one, &n1, NULL), *stage0 = NULL;
       for (int stage = 0; stage <= 3; stage++) {
         job j = make(P, accum, B);
         set_stage(&j, stage);
@@ -206,15 +206,15 @@ static void check_layouts(job (*make)(int, int64_t, int64_t), int64_t B, double 
         double d = normwise ? norm_rel_diff(w, ref, n) : max_rel_diff(w, ref, n);
         CHECK_MSG(d <= tol, "%s accum %lld, %d ranks, stage %d vs 1 process: %.3g relative%s", make == mlp_job ? "mlp" : "gpt",
                   (long long)accum, P, stage, d, normwise ? " (norm of the difference)" : "");
-        if (stage == 1) stage1 = w;
+        if (stage == 0) stage0 = w;
         else {
-          if (stage > 1 && stage1)
-            CHECK_MSG(!memcmp(w, stage1, sizeof(float) * (size_t)n), "%s accum %lld, %d ranks: stage %d differs from stage 1 (%.3g)",
-                      make == mlp_job ? "mlp" : "gpt", (long long)accum, P, stage, max_rel_diff(w, stage1, n));
+          if (stage0)
+            CHECK_MSG(!memcmp(w, stage0, sizeof(float) * (size_t)n), "%s accum %lld, %d ranks: stage %d differs from stage 0 (%.3g)",
+                      make == mlp_job ? "mlp" : "gpt", (long long)accum, P, stage, max_rel_diff(w, stage0, n));
           free(w);
         }
       }
-      free(stage1);
+      free(stage0);
       free(ref);
     }
   }

@@ -45,8 +45,21 @@ static tdm_status send_chunked(struct tdm_comm *c, int to, const char *buf, size
  * bits this leaves in block r. */
 tdm_status tdm__allreduce_ring(struct tdm_comm *c, void *buf, size_t count, tdm_dtype dt, tdm_redop op) {
   if (c->size == 1) return TDM_OK;
-  TDM__TRY(tdm__reduce_scatter_ring(c, buf, count, dt, op));
-  return tdm__allgather_ring(c, buf, count, dt);
+  size_t cnt[c->size], off[c->size];
+  tdm__blocks(count, c->size, cnt, off);
+  TDM__TRY(tdm__reduce_scatter_ring(c, buf, cnt, off, dt, op));
+  return tdm__allgather_ring(c, buf, cnt, off, dt);
+}
+
+/* Direct reduce-scatter then direct all-gather over tdm__blocks: every element summed in rank
+ * order, so the bits are the shm all-reduce's, and any partition's reduce-scatter's. */
+tdm_status tdm__allreduce_direct(struct tdm_comm *c, void *buf, size_t count, tdm_dtype dt, tdm_redop op) {
+  if (c->size == 1) return TDM_OK;
+  size_t cnt[c->size], off[c->size], es = tdm_dtype_size(dt);
+  tdm__blocks(count, c->size, cnt, off);
+  char *mine = (char *)buf + off[c->rank] * es;
+  TDM__TRY(tdm__reduce_scatter_direct(c, buf, mine, cnt, off, dt, op));
+  return tdm__allgather_direct(c, mine, buf, cnt, off, dt);
 }
 
 /* Non-powers of two fold: the first 2*rem ranks pair up, the even one hands its data to the odd

@@ -462,10 +462,9 @@ tdm_status tdm__allreduce_shm(struct tdm_comm *c, const void *sendbuf, void *rec
 
 /* Every rank copies its whole input in, round by round, and sums only its block, in rank order,
  * as the all-reduce sums it. */
-tdm_status tdm__reduce_scatter_shm(struct tdm_comm *c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt,
-                                   tdm_redop op) {
-  size_t es = tdm_dtype_size(dt), lo, len;
-  tdm_comm_block(count, c->size, c->rank, &lo, &len);
+tdm_status tdm__reduce_scatter_shm(struct tdm_comm *c, const void *sendbuf, void *recvbuf, size_t count, const size_t *cnt,
+                                   const size_t *off, tdm_dtype dt, tdm_redop op) {
+  size_t es = tdm_dtype_size(dt), lo = off[c->rank], len = cnt[c->rank];
   if (c->size == 1) {
     if (count) memcpy(recvbuf, sendbuf, count * es);
     return TDM_OK;
@@ -497,16 +496,18 @@ tdm_status tdm__reduce_scatter_shm(struct tdm_comm *c, const void *sendbuf, void
 }
 
 /* Round j carries the j-th slot-sized piece of every rank's block. */
-tdm_status tdm__allgather_shm(struct tdm_comm *c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt) {
-  size_t es = tdm_dtype_size(dt), lo, len;
+tdm_status tdm__allgather_shm(struct tdm_comm *c, const void *sendbuf, void *recvbuf, size_t count, const size_t *cnt,
+                              const size_t *off, tdm_dtype dt) {
   int P = c->size, me = c->rank;
-  tdm_comm_block(count, P, me, &lo, &len);
+  size_t es = tdm_dtype_size(dt), lo = off[me], len = cnt[me];
+  (void)count;
   char *out = recvbuf;
   const char *in = sendbuf;
   if (len && in != out + lo * es) memcpy(out + lo * es, in, len * es);
   if (P == 1) return TDM_OK;
   shm_tr *t = (shm_tr *)c->tr;
-  size_t per_round = t->slot_bytes / es, longest = count / (size_t)P + (count % (size_t)P != 0), at = 0;
+  size_t per_round = t->slot_bytes / es, longest = 0, at = 0;
+  for (int q = 0; q < P; q++) longest = cnt[q] > longest ? cnt[q] : longest;
   double deadline = tdm_time_now() + c->timeout_s;
   tdm_status st = TDM_OK;
   do {
@@ -516,8 +517,7 @@ tdm_status tdm__allgather_shm(struct tdm_comm *c, const void *sendbuf, void *rec
     if (at < len) shm_copy(slot(t, par, me), in + at * es, (len - at < per_round ? len - at : per_round) * es);
     if ((st = round_ready(t, c, k, deadline)) != TDM_OK) break;
     for (int q = 0; q < P; q++) {
-      size_t qlo, qlen;
-      tdm_comm_block(count, P, q, &qlo, &qlen);
+      size_t qlo = off[q], qlen = cnt[q];
       if (q != me && at < qlen) shm_copy(out + (qlo + at) * es, slot(t, par, q), (qlen - at < per_round ? qlen - at : per_round) * es);
     }
     atomic_store_explicit(&t->ctl[me].fin.v, k, memory_order_release);
