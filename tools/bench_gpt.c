@@ -1,7 +1,9 @@
 /* tandem bench gpt: the speed of one GPT training step (forward, backward, AdamW; fp32) on random
- * tokens, as bench/gpt_vs_pytorch.sh compares it with PyTorch. Prints the median time of each
- * phase, model FLOP/s as a share of the FMA peak, the optimizer against its memory-traffic floor,
- * allocations in the steady state and the peak resident memory. */
+ * tokens, as bench/gpt_vs_pytorch.sh compares it with PyTorch. The step is tdm_engine_step, the
+ * one tandem train runs: on one process, or under tandem run on several with data parallelism or
+ * ZeRO (--zero). Prints the median time of each phase, model FLOP/s as a share of the FMA peak, the
+ * optimizer against its memory-traffic floor, allocations in the steady state, the memory held
+ * per category and the peak resident memory (the largest of any rank). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,13 +57,36 @@ done:
   return out;
 }
 
+/* Random tokens for the engine's micro-batches: inputs and next-token targets. */
+typedef struct {
+  int64_t B, T, V;
+  tdm_rng rng;
+} bench_tokens;
+
+static tdm_status random_tokens(void *ctx, tdm_tape *tp, int64_t micro, tdm_tensor **x, tdm_tensor **y, int64_t *base) {
+  (void)micro;
+  bench_tokens *b = ctx;
+  int64_t shape[2] = {b->B, b->T};
+  *x = tdm_new(tp, TDM_I32, 2, shape);
+  *y = tdm_new(tp, TDM_I32, 2, shape);
+  if (!*x || !*y) return tdm_tape_status(tp);
+  int32_t *xs = tdm_tensor_data(*x), *ys = tdm_tensor_data(*y);
+  for (int64_t i = 0; i < b->B * b->T; i++) {
+    xs[i] = (int32_t)(tdm_rng_next(&b->rng) % (uint64_t)b->V);
+    ys[i] = (int32_t)(tdm_rng_next(&b->rng) % (uint64_t)b->V);
+  }
+  *base = 0;
+  return TDM_OK;
+}
+
 int tool_bench_gpt(int argc, char **argv) {
   const char *config = NULL;
   /* the ranges keep every size of the step (parameters, B x heads x T x T attention scores) inside
    * int64 bytes: what does not fit in memory fails to allocate, nothing overflows */
   int64_t layers = 0, heads = 0, width = 0, block = 0, vocab = 0, B = 4, T = 64, steps = 10, warmup = 3, threads = 1,
           seed = 1;
-  double peak = 102.5;
+  int64_t zero = 0, zero_unit = 1;
+  double peak = 102.5, bucket_mb = 25;
   int json = 0;
   cli_opt opts[] = {
       {"config", CLI_CHOICE, &config, "mini", "architecture (mini: 4 layers, 4 heads, 256 wide, block 128, vocab 256)", "mini|gpt2-124M", 0, 0, 0},
@@ -77,6 +102,9 @@ int tool_bench_gpt(int argc, char **argv) {
       {"threads", CLI_INT, &threads, "1", "intra-op threads (0: all cores)", NULL, 0, 1024, 0},
       {"peak-gflops", CLI_FLOAT, &peak, "102.5", "FMA peak of one core in GFLOP/s, for the share of peak", NULL, 1e-3, 1e9, 0},
       {"seed", CLI_INT, &seed, "1", "seed of the weights and the tokens", NULL, 0, 9e18, 0},
+      {"zero", CLI_INT, &zero, "0", "ZeRO stage across the ranks of tandem run (0: data parallel)", NULL, 0, 3, 0},
+      {"zero-unit", CLI_INT, &zero_unit, "1", "--zero 3: transformer blocks per gathered unit", NULL, 1, 1e6, 0},
+      {"bucket-mb", CLI_FLOAT, &bucket_mb, "25", "gradient bucket size in MiB", NULL, 0.001, 4096, 0},
       {"json", CLI_FLAG, &json, NULL, "print one JSON object instead of the table", NULL, 0, 0, 0},
   };
   int n = (int)(sizeof opts / sizeof opts[0]);
@@ -96,88 +124,110 @@ int tool_bench_gpt(int argc, char **argv) {
     fprintf(stderr, "tandem bench gpt: %s\n", tdm_last_error());
     return 2;
   }
-  tdm_model *model = NULL;
-  tdm_optim *opt = NULL;
-  tdm_tape *tp = NULL;
-  int32_t *tok = malloc(sizeof(int32_t) * (size_t)(B * T + 1));
+  tdm_comm_t comm = NULL;
+  tdm_grid *grid = NULL;
+  tdm_engine *eng = NULL;
   int64_t total = warmup + steps;
   double *t_fwd = calloc((size_t)total, sizeof(double)), *t_bwd = calloc((size_t)total, sizeof(double)),
-         *t_opt = calloc((size_t)total, sizeof(double)), *t_all = calloc((size_t)total, sizeof(double));
-  int rc = 1;
-  if (!tok || !t_fwd || !t_bwd || !t_opt || !t_all) {
+         *t_opt = calloc((size_t)total, sizeof(double)), *t_all = calloc((size_t)total, sizeof(double)),
+         *t_wait = calloc((size_t)total, sizeof(double));
+  int rc = 1, R = 0, W = 1;
+  if (!t_fwd || !t_bwd || !t_opt || !t_all || !t_wait) {
     fprintf(stderr, "tandem bench gpt: out of memory\n");
     goto out;
   }
+  tdm_comm_config cc;
+  tdm_status st = tdm_comm_config_from_env(&cc);
+  if (st == TDM_OK && cc.size > 1) st = tdm_comm_create(&comm, &cc);
+  R = comm ? tdm_comm_rank(comm) : 0, W = comm ? tdm_comm_size(comm) : 1;
   tdm_optim_config oc = tdm_optim_config_default(TDM_OPT_ADAMW);
   oc.lr = 3e-4f, oc.beta2 = 0.95f, oc.weight_decay = 0.1f, oc.decay_matrices_only = 1;
-  if (tdm_model_create(&model, &mc, (uint64_t)seed) != TDM_OK ||
-      tdm_optim_create(&opt, &oc, tdm_model_params(model)) != TDM_OK || tdm_tape_create(&tp, 16u << 20) != TDM_OK) {
+  tdm_engine_config ec = tdm_engine_config_default();
+  ec.kind = zero ? TDM_ENGINE_ZERO : TDM_ENGINE_DP;
+  ec.zero.stage = zero ? (int)zero : 1;
+  ec.zero.unit_modules = (int)zero_unit;
+  ec.dp.bucket_bytes = ec.zero.bucket_bytes = (size_t)(bucket_mb * 1048576.0);
+  if (st == TDM_OK) st = tdm_grid_create(&grid, comm, 0, 1, 1);
+  if (st == TDM_OK) st = tdm_engine_create(&eng, &mc, (uint64_t)seed, &oc, grid, &ec);
+  if (st != TDM_OK) {
     fprintf(stderr, "tandem bench gpt: %s\n", tdm_last_error());
     goto out;
   }
-  tdm_params *params = tdm_model_params(model);
-  tdm_rng rng;
-  tdm_rng_seed(&rng, (uint64_t)seed + 1);
+  tdm_params *params = tdm_model_params(tdm_engine_model(eng));
+  bench_tokens bt = {B, T, mc.vocab_size, {{0}}};
+  tdm_rng_seed(&bt.rng, (uint64_t)seed + 1 + (uint64_t)R); /* each rank its own batch */
   uint64_t allocs_before = 0;
   for (int64_t s = 0; s < total; s++) {
-    for (int64_t i = 0; i <= B * T; i++) tok[i] = (int32_t)(tdm_rng_next(&rng) % (uint64_t)mc.vocab_size);
-    if (s == warmup) allocs_before = tdm_alloc_count();
+    if (s == warmup) allocs_before = tdm_alloc_count(), tdm_mem_peak_reset();
     double t0 = tdm_time_now();
-    tdm_params_zero_grad(params);
-    tdm_tape_reset(tp);
-    tdm_tape_set_training(tp, 1);
-    int64_t shape[2] = {B, T};
-    tdm_tensor *x = tdm_from_data(tp, TDM_I32, 2, shape, tok), *y = tdm_from_data(tp, TDM_I32, 2, shape, tok + 1);
-    tdm_tensor *loss = tdm_cross_entropy(tp, tdm_model_forward(model, tp, x), y, -100);
-    double t1 = tdm_time_now();
-    if (!loss || tdm_backward(tp, loss) != TDM_OK) {
-      fprintf(stderr, "tandem bench gpt: step %lld: %s\n", (long long)s, tdm_tape_error(tp));
+    tdm_step_stats ss;
+    if (tdm_engine_step(eng, random_tokens, &bt, (uint64_t)s, oc.lr, &ss) != TDM_OK) {
+      fprintf(stderr, "tandem bench gpt: step %lld: %s\n", (long long)s, tdm_last_error());
       goto out;
     }
-    double t2 = tdm_time_now();
-    if (tdm_optim_step(opt, oc.lr) != TDM_OK) {
-      fprintf(stderr, "tandem bench gpt: %s\n", tdm_last_error());
-      goto out;
-    }
-    double t3 = tdm_time_now();
-    t_fwd[s] = (t1 - t0) * 1e3, t_bwd[s] = (t2 - t1) * 1e3, t_opt[s] = (t3 - t2) * 1e3, t_all[s] = (t3 - t0) * 1e3;
+    t_all[s] = (tdm_time_now() - t0) * 1e3;
+    t_fwd[s] = ss.t_forward * 1e3, t_bwd[s] = ss.t_backward * 1e3, t_opt[s] = ss.t_update * 1e3, t_wait[s] = ss.t_comm_wait * 1e3;
   }
   uint64_t allocs = tdm_alloc_count() - allocs_before;
   int nt = tdm_get_num_threads();
   int64_t np = tdm_params_numel(params), C = mc.n_embd, L = mc.n_layer;
   /* nanoGPT's convention: 6 FLOPs per parameter and token (position embeddings excluded, the tied
    * lm_head counted once) plus 12 L C T per token for attention (full T x T, as if unmasked) */
-  double flops = (6.0 * (double)(np - mc.block_size * C) + 12.0 * (double)(L * C * T)) * (double)(B * T);
+  double flops = (6.0 * (double)(np - mc.block_size * C) + 12.0 * (double)(L * C * T)) * (double)(B * T); /* per rank */
   double ms = median(t_all + warmup, (int)steps), fwd = median(t_fwd + warmup, (int)steps),
-         bwd = median(t_bwd + warmup, (int)steps), optm = median(t_opt + warmup, (int)steps);
+         bwd = median(t_bwd + warmup, (int)steps), optm = median(t_opt + warmup, (int)steps),
+         wait = median(t_wait + warmup, (int)steps);
+  tdm_mem_stats mem;
+  tdm_mem_stats_get(&mem);
   struct rusage ru; /* before the floor measurement, which allocates its own arrays */
   getrusage(RUSAGE_SELF, &ru);
-  double rss_mib = (double)ru.ru_maxrss / 1024.0;
+  double rss_mib = (double)ru.ru_maxrss / 1024.0, held = (double)mem.peak_total;
+  if (comm) { /* the largest of any rank; the step time is rank 0's */
+    double mx[2] = {rss_mib, held};
+    if (tdm_comm_allreduce(comm, mx, mx, 2, TDM_F64, TDM_MAX, TDM_ALGO_AUTO) != TDM_OK) {
+      fprintf(stderr, "tandem bench gpt: %s\n", tdm_last_error());
+      goto out;
+    }
+    rss_mib = mx[0], held = mx[1];
+  }
+  if (R != 0) {
+    rc = 0;
+    goto out;
+  }
   double fl_ms = floor_ms(np, 7);
   double frac = flops / (ms * 1e-3) / (peak * 1e9 * nt);
   if (json) {
     printf("{\"config\":\"%s\",\"layers\":%lld,\"heads\":%lld,\"width\":%lld,\"vocab\":%lld,\"batch\":%lld,\"seq\":%lld,"
            "\"threads\":%d,\"params\":%lld,\"ms\":%.3f,\"fwd_ms\":%.3f,\"bwd_ms\":%.3f,\"opt_ms\":%.3f,\"gflop\":%.4f,"
-           "\"peak_fraction\":%.4f,\"opt_floor_ms\":%.3f,\"allocs_per_step\":%.3f,\"peak_rss_mib\":%.1f}\n",
+           "\"peak_fraction\":%.4f,\"opt_floor_ms\":%.3f,\"allocs_per_step\":%.3f,\"peak_rss_mib\":%.1f,"
+           "\"ranks\":%d,\"zero\":%lld,\"comm_wait_ms\":%.3f,\"held_mib\":%.2f",
            config, (long long)L, (long long)mc.n_head, (long long)C, (long long)mc.vocab_size, (long long)B, (long long)T, nt,
-           (long long)np, ms, fwd, bwd, optm, flops * 1e-9, frac, fl_ms, (double)allocs / (double)steps, rss_mib);
+           (long long)np, ms, fwd, bwd, optm, flops * 1e-9, frac, fl_ms, (double)allocs / (double)steps, rss_mib, W,
+           (long long)zero, wait, held / 1048576.0);
+    for (int k = 0; k < TDM_MEM_COUNT; k++)
+      printf(",\"%s_mib\":%.2f", tdm_mem_category_name((tdm_mem_category)k), (double)mem.peak[k] / 1048576.0);
+    printf("}\n");
   } else {
-    printf("# tandem GPT step: %lld layers, %lld heads, width %lld, vocab %lld (%lld parameters), B=%lld T=%lld, %d thread%s\n",
+    printf("# tandem GPT step: %lld layers, %lld heads, width %lld, vocab %lld (%lld parameters), B=%lld T=%lld, %d thread%s; %s\n",
            (long long)L, (long long)mc.n_head, (long long)C, (long long)mc.vocab_size, (long long)np, (long long)B,
-           (long long)T, nt, nt == 1 ? "" : "s");
+           (long long)T, nt, nt == 1 ? "" : "s", tdm_engine_describe(eng));
     printf("step        %9.2f ms (median of %lld)\n", ms, (long long)steps);
+    if (W > 1) printf("  comm wait %9.2f ms (what backward did not hide)\n", wait);
     printf("  forward   %9.2f ms\n  backward  %9.2f ms\n  optimizer %9.2f ms (AdamW; memory-traffic floor %.2f ms, %.2fx)\n",
            fwd, bwd, optm, fl_ms, optm / fl_ms);
     printf("model FLOPs %9.2f GFLOP per step: %.1f GFLOP/s, %.1f%% of the FMA peak (%g GFLOP/s x %d)\n", flops * 1e-9,
            flops / (ms * 1e-3) * 1e-9, 100 * frac, peak, nt);
-    printf("allocations %9.2f per steady-state step\npeak RSS    %9.1f MiB\n", (double)allocs / (double)steps, rss_mib);
+    printf("allocations %9.2f per steady-state step\npeak RSS    %9.1f MiB%s\n", (double)allocs / (double)steps, rss_mib,
+           W > 1 ? " (the largest of any rank)" : "");
+    printf("held        %9.1f MiB at the peak (rank 0:", held / 1048576.0);
+    for (int k = 0; k < TDM_MEM_COUNT; k++)
+      printf(" %s %.1f%s", tdm_mem_category_name((tdm_mem_category)k), (double)mem.peak[k] / 1048576.0, k + 1 < TDM_MEM_COUNT ? "," : ")\n");
   }
   rc = 0;
 out:
-  tdm_tape_destroy(tp);
-  tdm_optim_destroy(opt);
-  tdm_model_destroy(model);
-  free(tok);
-  free(t_fwd), free(t_bwd), free(t_opt), free(t_all);
+  tdm_engine_destroy(eng);
+  tdm_grid_destroy(grid);
+  tdm_comm_destroy(comm);
+  free(t_fwd), free(t_bwd), free(t_opt), free(t_all), free(t_wait);
   return rc;
 }
