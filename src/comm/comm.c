@@ -128,7 +128,7 @@ int tdm__backoff(tdm__backoff_t *b) {
 /* ---- point to point for algorithms -------------------------------------------------------- */
 void *tdm__comm_scratch(struct tdm_comm *c, size_t n) {
   if (n <= c->scratch_bytes) return c->scratch;
-  void *p = tdm__aligned_alloc(n);
+  void *p = tdm__aligned_alloc_cat(n, TDM_MEM_COMM);
   if (!p) return NULL;
   tdm__free(c->scratch);
   c->scratch = p;
@@ -245,7 +245,18 @@ struct tdm_work {
 /* ---- create / destroy ---------------------------------------------------------------------- */
 static void *progress_main(void *arg);
 
+static tdm_status comm_create(tdm_comm_t *out, const tdm_comm_config *cfg);
+
+/* Everything a communicator allocates, its transport's buffers and the store included, counts as
+ * communication memory (tandem/core.h). */
 tdm_status tdm_comm_create(tdm_comm_t *out, const tdm_comm_config *cfg) {
+  tdm_mem_category was = tdm__mem_scope(TDM_MEM_COMM);
+  tdm_status st = comm_create(out, cfg);
+  tdm__mem_scope(was);
+  return st;
+}
+
+static tdm_status comm_create(tdm_comm_t *out, const tdm_comm_config *cfg) {
   if (!out || !cfg) return tdm__set_error(TDM_ERR_INVALID_ARG, "comm_create: NULL argument");
   *out = NULL;
   if (cfg->size < 1 || cfg->rank < 0 || cfg->rank >= cfg->size)
@@ -460,7 +471,7 @@ tdm_status tdm_comm_reduce(tdm_comm_t c, const void *sendbuf, void *recvbuf, siz
   /* the root works in recvbuf; the others in a private copy of their input */
   void *work = recvbuf;
   if (c->rank != root) {
-    work = tdm__aligned_alloc(nbytes + 64); /* the scratch serves the algorithm itself */
+    work = tdm__aligned_alloc_cat(nbytes + 64, TDM_MEM_COMM); /* the scratch serves the algorithm itself */
     if (!work) return tdm__comm_fail(c, TDM_ERR_NO_MEMORY, "reduce: out of memory");
   }
   if (count && work != sendbuf) memcpy(work, sendbuf, nbytes);
@@ -799,6 +810,7 @@ static _Thread_local int on_progress_thread;
 static void *progress_main(void *arg) {
   struct tdm_comm *c = arg;
   on_progress_thread = 1;
+  tdm__mem_scope(TDM_MEM_COMM); /* what the queued calls allocate */
   pthread_mutex_lock(&c->q_mu);
   for (;;) {
     while (!c->q_head && !c->q_stop) pthread_cond_wait(&c->q_cv, &c->q_mu);
@@ -831,7 +843,7 @@ static tdm_status wait_queue_idle(struct tdm_comm *c) {
 
 static tdm_status enqueue(struct tdm_comm *c, struct tdm_work *tmpl, tdm_work_t *out) {
   if (!c || !out) return tdm__set_error(TDM_ERR_INVALID_ARG, "non-blocking call: NULL argument");
-  struct tdm_work *w = tdm__malloc(sizeof *w);
+  struct tdm_work *w = tdm__malloc_cat(sizeof *w, TDM_MEM_COMM);
   if (!w) return tdm__set_error(TDM_ERR_NO_MEMORY, "non-blocking call: out of memory");
   *w = *tmpl;
   w->c = c;

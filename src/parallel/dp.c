@@ -197,6 +197,8 @@ tdm_status tdm_dp_create(tdm_dp **out, tdm_comm_t comm, tdm_params *params, cons
     }
     for (int k = 0; k < dp->nb; k++) dp->b[k].region = dp->region;
     dp->spare_core = inline_avg >= 0 ? !inline_avg : tdm_spare_core(tdm_comm_size(comm));
+    /* the gradients now live in this rank's area of the region (mapped, not allocated) */
+    if (dp->region) tdm__mem_account(TDM_MEM_GRADS, (int64_t)sizeof(float) * total);
     if (dp->region) tdm_log(TDM_LOG_INFO, "dp: gradients in a shared region, averaged in place (zero-copy)");
   }
   for (int i = 0; i < n; i++) tdm_tensor_set_grad_hook(tdm_params_get(params, i), on_grad_ready, dp);
@@ -213,6 +215,7 @@ void tdm_dp_destroy(tdm_dp *dp) {
   }
   if (dp->region) { /* the gradients move back into the parameters' own buffer */
     tdm_params_set_grad_buffer(dp->params, NULL);
+    tdm__mem_account(TDM_MEM_GRADS, -(int64_t)sizeof(float) * tdm_params_numel(dp->params));
     tdm__shm_region_destroy(dp->region);
   }
   tdm__free(dp->b);

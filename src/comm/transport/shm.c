@@ -366,7 +366,10 @@ static tdm_status run(tdm__transport *tr, tdm__xfer *x, int n, double deadline) 
 
 static void shm_destroy(tdm__transport *tr) {
   shm_tr *t = (shm_tr *)tr;
-  if (t->base_ptr) munmap(t->base_ptr, t->total);
+  if (t->base_ptr) {
+    munmap(t->base_ptr, t->total);
+    tdm__mem_account(TDM_MEM_COMM, -(int64_t)(t->total / (size_t)t->base.size));
+  }
   tdm__store_close(t->store);
   tdm__free(t);
 }
@@ -585,6 +588,8 @@ tdm_status tdm__shm_transport_create(tdm__transport **out, struct tdm_comm *c, c
   }
   if (st == TDM_OK) {
     t->base_ptr = mmap(NULL, t->total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (t->base_ptr != MAP_FAILED) /* shared by all ranks: each counts its share */
+      tdm__mem_account(TDM_MEM_COMM, (int64_t)(t->total / (size_t)P));
     if (t->base_ptr == MAP_FAILED) {
       t->base_ptr = NULL;
       st = tdm__set_error(TDM_ERR_SYSTEM, "shm: cannot map %zu bytes: %s", t->total, strerror(errno));

@@ -70,7 +70,7 @@ void tdm_comm_thread_group_destroy(void *vg) {
 }
 
 static tdm_status post(group *g, int from, int to, const tdm__hdr *h, const void *buf) {
-  msg *m = tdm__malloc(sizeof *m + h->nbytes);
+  msg *m = tdm__malloc_cat(sizeof *m + h->nbytes, TDM_MEM_COMM);
   if (!m) return tdm__set_error(TDM_ERR_NO_MEMORY, "thread transport: out of memory for a %llu-byte message",
                                 (unsigned long long)h->nbytes);
   m->next = NULL;
