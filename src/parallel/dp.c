@@ -5,6 +5,8 @@
 #include <string.h>
 
 #include "comm/comm_impl.h"
+#include "parallel/common.h"
+#include "parallel/layout.h"
 #include "core/internal.h"
 #include "tensor/tensor_impl.h"
 
@@ -75,70 +77,11 @@ static void on_grad_ready(void *ctx, tdm_tensor *p) {
   if (dp->sync && !dp->cfg.no_overlap) launch_ready(dp);
 }
 
-static uint64_t structure_hash(const tdm_params *p, int upto) {
-  uint64_t h = 0x7a6e6d;
-  for (int i = 0; i < upto; i++) {
-    tdm_tensor *t = tdm_params_get(p, i);
-    for (const char *s = tdm_tensor_name(t); *s; s++) h = tdm_hash64(h, (uint64_t)(unsigned char)*s);
-    for (int d = 0; d < tdm_tensor_ndim(t); d++) h = tdm_hash64(h, (uint64_t)tdm_tensor_dim(t, d));
-  }
-  return h;
-}
-
-/* Every rank's model must be the same: compare hashes of growing prefixes to name the first
- * parameter that differs. */
-static tdm_status check_same_model(tdm_comm_t c, const tdm_params *p) {
-  int P = tdm_comm_size(c), n = tdm_params_count(p);
-  uint64_t mine[2] = {structure_hash(p, n), (uint64_t)n}, *all = tdm__malloc(sizeof(uint64_t) * 2 * (size_t)P);
-  if (!all) return tdm__set_error(TDM_ERR_NO_MEMORY, "dp: out of memory");
-  tdm_status st = tdm_comm_allgather(c, mine, all, 2, TDM_I64, TDM_ALGO_AUTO);
-  int bad = -1;
-  for (int r = 0; st == TDM_OK && r < P && bad < 0; r++)
-    if (all[2 * r] != all[0]) bad = r;
-  if (st == TDM_OK && bad >= 0) {
-    /* find the first differing parameter: bisect on prefixes, collectively */
-    int lo = 0, hi = n;
-    for (int r = 0; r < P; r++) /* the same bound on every rank: the loop is collective */
-      if ((int)all[2 * r + 1] < hi || r == 0) hi = r == 0 ? (int)all[1] : ((int)all[2 * r + 1] < hi ? (int)all[2 * r + 1] : hi);
-    for (int k = 1; k <= hi && st == TDM_OK; k++) {
-      uint64_t h = structure_hash(p, k), *hs = all;
-      st = tdm_comm_allgather(c, &h, hs, 1, TDM_I64, TDM_ALGO_AUTO);
-      if (st == TDM_OK && hs[bad] != hs[0]) {
-        lo = k - 1;
-        break;
-      }
-      lo = k;
-    }
-    if (st == TDM_OK) {
-      tdm_tensor *t = tdm_params_get(p, lo < n ? lo : n - 1);
-      char s[96];
-      st = tdm__set_error(TDM_ERR_MISMATCH,
-                          "data parallel: rank %d built a different model than rank 0: they differ at parameter %d "
-                          "(here '%s' %s; %d parameters here) — give every rank the same model options",
-                          bad, lo, t ? tdm_tensor_name(t) : "?", t ? tdm_shape_str(tdm_tensor_ndim(t), tdm_tensor_shape(t), s, sizeof s) : "",
-                          n);
-    }
-  }
-  tdm__free(all);
-  return st;
-}
-
-/* A 0/1 switch from the environment: -1 when unset, else its value; anything else is an error. */
-static tdm_status env_switch(const char *name, int *out) {
-  const char *v = getenv(name);
-  *out = -1;
-  if (!v || !*v) return TDM_OK;
-  if (strcmp(v, "0") && strcmp(v, "1"))
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "environment: %s is '%s'; expected 0 or 1", name, v);
-  *out = v[0] == '1';
-  return TDM_OK;
-}
-
 tdm_status tdm_dp_create(tdm_dp **out, tdm_comm_t comm, tdm_params *params, const tdm_dp_config *cfg) {
   if (!out || !comm || !params) return tdm__set_error(TDM_ERR_INVALID_ARG, "dp_create: NULL argument");
   int zero_copy, inline_avg; /* parsed first: a bad value fails before any collective */
-  TDM__TRY(env_switch("TANDEM_DP_ZERO_COPY", &zero_copy));
-  TDM__TRY(env_switch("TANDEM_DP_INLINE", &inline_avg));
+  TDM__TRY(tdm__env_switch("TANDEM_DP_ZERO_COPY", &zero_copy));
+  TDM__TRY(tdm__inline_comm(tdm_comm_size(comm), &inline_avg));
   tdm_dp_config c = cfg ? *cfg : (tdm_dp_config){0, 0, TDM_F32, 0};
   if (!c.bucket_bytes) c.bucket_bytes = 25u << 20;
   if (!c.first_bucket_bytes) c.first_bucket_bytes = 1u << 20;
@@ -146,7 +89,7 @@ tdm_status tdm_dp_create(tdm_dp **out, tdm_comm_t comm, tdm_params *params, cons
   if (c.wire_dtype != TDM_F32 && c.wire_dtype != TDM_BF16 && c.wire_dtype != TDM_F16)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "dp_create: wire dtype %s; expected f32, bf16 or f16",
                           tdm_dtype_name(c.wire_dtype));
-  TDM__TRY(check_same_model(comm, params));
+  TDM__TRY(tdm__check_same_model(comm, params));
   TDM__TRY(tdm_comm_broadcast(comm, tdm_params_data(params), (size_t)tdm_params_numel(params), TDM_F32, 0, TDM_ALGO_AUTO));
   tdm_dp *dp = tdm__calloc(1, sizeof *dp);
   int n = tdm_params_count(params);
@@ -161,27 +104,24 @@ tdm_status tdm_dp_create(tdm_dp **out, tdm_comm_t comm, tdm_params *params, cons
   dp->params = params;
   dp->cfg = c;
   dp->sync = 1;
-  /* reverse parameter order: the last layers' gradients are ready first */
+  /* reverse parameter order, the last layers' gradients are ready first: the buckets ZeRO uses */
   int64_t total = tdm_params_numel(params);
-  for (int i = n - 1; i >= 0;) {
-    bucket *b = &dp->b[dp->nb];
-    size_t limit = dp->nb == 0 ? c.first_bucket_bytes : c.bucket_bytes;
-    b->hi = i + 1 < n ? tdm_params_offset(params, i + 1) : total;
-    int j = i;
-    while (j >= 0) { /* add parameters while they fit; a bucket holds at least one */
-      int64_t lo = tdm_params_offset(params, j);
-      if (b->n_params > 0 && (size_t)(b->hi - lo) * 4 > limit) break;
-      b->n_params++;
-      j--;
-    }
-    b->lo = tdm_params_offset(params, j + 1);
-    if (c.wire_dtype != TDM_F32 && !(b->wire = tdm__malloc((size_t)(b->hi - b->lo) * 2 + 64))) {
+  tdm__layout L;
+  tdm_status ls = tdm__layout_make(&L, params, 0, c.bucket_bytes, c.first_bucket_bytes, 0, 1);
+  if (ls != TDM_OK) {
+    tdm_dp_destroy(dp);
+    return ls;
+  }
+  for (int k = 0; k < L.ng; k++) {
+    bucket *b = &dp->b[dp->nb++];
+    b->lo = L.g[k].lo, b->hi = L.g[k].hi, b->n_params = L.g[k].n_params;
+    if (c.wire_dtype != TDM_F32 && !(b->wire = tdm__malloc_cat((size_t)(b->hi - b->lo) * 2 + 64, TDM_MEM_COMM))) {
+      tdm__layout_free(&L);
       tdm_dp_destroy(dp);
       return tdm__set_error(TDM_ERR_NO_MEMORY, "dp_create: out of memory");
     }
-    dp->nb++;
-    i = j;
   }
+  tdm__layout_free(&L);
   for (int k = 0; k < dp->nb; k++) dp->b[k].pending = dp->b[k].n_params;
   /* One node over shared memory, f32 on the wire: keep the gradients in a shared region, so a
    * bucket is averaged in place with no copy in or out (TANDEM_DP_ZERO_COPY=0 turns it off, for
@@ -196,7 +136,7 @@ tdm_status tdm_dp_create(tdm_dp **out, tdm_comm_t comm, tdm_params *params, cons
       dp->region = NULL;
     }
     for (int k = 0; k < dp->nb; k++) dp->b[k].region = dp->region;
-    dp->spare_core = inline_avg >= 0 ? !inline_avg : tdm_spare_core(tdm_comm_size(comm));
+    dp->spare_core = !inline_avg;
     /* the gradients now live in this rank's area of the region (mapped, not allocated) */
     if (dp->region) tdm__mem_account(TDM_MEM_GRADS, (int64_t)sizeof(float) * total);
     if (dp->region) tdm_log(TDM_LOG_INFO, "dp: gradients in a shared region, averaged in place (zero-copy)");

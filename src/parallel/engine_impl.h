@@ -66,8 +66,5 @@ tdm_status tdm__engine_sumsq_full(tdm_engine *e, const float *grad, double *sums
  * segment order. grads[i] holds span i. */
 tdm_status tdm__engine_sumsq_sharded(tdm_engine *e, int n_spans, const tdm_optim_span *spans, float *const *grads,
                                      double *sumsq);
-/* Checks that every rank of the data axis built the same model (names and shapes), naming the
- * first rank and parameter that differ. */
-tdm_status tdm__engine_check_same_model(tdm_engine *e);
 
 #endif

@@ -41,8 +41,8 @@ static int64_t nearest_cut(const int64_t *seg, int64_t nseg, int64_t x, int64_t 
   return c < lo ? lo : c > hi ? hi : c;
 }
 
-tdm_status tdm__layout_make(tdm__layout *L, const tdm_params *p, int by_module, size_t bucket_bytes, int unit_modules,
-                            int P) {
+tdm_status tdm__layout_make(tdm__layout *L, const tdm_params *p, int by_module, size_t bucket_bytes, size_t first_bytes,
+                            int unit_modules, int P) {
   memset(L, 0, sizeof *L);
   int n = tdm_params_count(p);
   int64_t total = tdm_params_numel(p);
@@ -53,7 +53,7 @@ tdm_status tdm__layout_make(tdm__layout *L, const tdm_params *p, int by_module, 
     tdm__layout_free(L);
     return tdm__set_error(TDM_ERR_NO_MEMORY, "layout: out of memory");
   }
-  size_t bucket = bucket_bytes ? bucket_bytes : (25u << 20), first = 1u << 20;
+  size_t bucket = bucket_bytes ? bucket_bytes : (25u << 20), first = first_bytes ? first_bytes : (1u << 20);
   if (first > bucket) first = bucket;
   int per_unit = unit_modules > 0 ? unit_modules : 1;
   for (int i = n - 1; i >= 0;) {

@@ -18,13 +18,13 @@ typedef struct {
   int *group_of; /* parameter index -> group */
 } tdm__layout;
 
-/* by_module = 0: buckets of at most bucket_bytes (0: 25 MiB), the first at most 1 MiB, as data
- * parallelism's; 1: units of unit_modules modules (a module: the parameters whose names agree up to
+/* by_module = 0: buckets of at most bucket_bytes (0: 25 MiB), the first at most first_bytes (0:
+ * 1 MiB), as DDP's (so that communication starts early); 1: units of unit_modules modules (a module: the parameters whose names agree up to
  * their first all-digit component, such as "transformer.h.3", else up to their last one). Pieces
  * are even shares moved to the nearest gradient-norm segment boundary (tdm_params_segments), so a
  * shard is made of whole segments. */
-tdm_status tdm__layout_make(tdm__layout *L, const tdm_params *p, int by_module, size_t bucket_bytes, int unit_modules,
-                            int P);
+tdm_status tdm__layout_make(tdm__layout *L, const tdm_params *p, int by_module, size_t bucket_bytes, size_t first_bytes,
+                            int unit_modules, int P);
 void tdm__layout_free(tdm__layout *L);
 /* Elements rank r owns (the sum of its pieces). */
 int64_t tdm__layout_owned(const tdm__layout *L, int r);

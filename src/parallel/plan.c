@@ -10,6 +10,7 @@
 
 #include "autograd/tape_impl.h"
 #include "core/internal.h"
+#include "parallel/common.h"
 #include "parallel/layout.h"
 #include "tandem/kernels.h"
 
@@ -144,6 +145,66 @@ static int64_t tape_total(const tdm_model_config *m, int64_t B, int64_t T, int64
   return a.fwd + a.bwd;
 }
 
+/* ---- stage 3: what is gathered and held as the engine runs ---------------------------------------
+ * Forward touches the units in parameter order (the GPT's tied embedding once more at the end, for
+ * the logits), backward in the reverse order. Parameters: the engine keeps the most recently used
+ * units, at most two, making room before it gathers (src/parallel/zero.c, fetch), plus the next
+ * unit arriving when it prefetches. Gradients: a unit's are written from backward's first touch of
+ * it until its last (where they are reduce-scattered and given back); when the reduction runs on
+ * the communication thread, the next unit's may be written before it ends. */
+typedef struct {
+  int64_t params, grads; /* elements at the peak */
+} units_peak;
+
+static units_peak stage3_peaks(const tdm__layout *L, int tied, int prefetch) {
+  int ng = L->ng, n = 2 * (ng + tied);
+  int *seq = tdm__malloc(sizeof(int) * (size_t)(n ? n : 1));
+  uint64_t *last = tdm__calloc((size_t)(ng ? ng : 1), sizeof(uint64_t));
+  unsigned char *res = tdm__calloc((size_t)(ng ? ng : 1), 1), *fly = tdm__calloc((size_t)(ng ? ng : 1), 1);
+  units_peak out = {0, 0};
+  if (!seq || !last || !res || !fly) goto done;
+  int k = 0;
+  for (int g = ng - 1; g >= 0; g--) seq[k++] = g; /* forward: parameter order is group order reversed */
+  if (tied) seq[k++] = ng - 1;
+  for (int i = k - 1; i >= 0; i--) seq[k + (k - 1 - i)] = seq[i]; /* backward */
+  int64_t held = 0, gmax = 0;
+  for (int g = 0; g < ng; g++) gmax = L->g[g].hi - L->g[g].lo > gmax ? L->g[g].hi - L->g[g].lo : gmax;
+#define G(x) (L->g[x].hi - L->g[x].lo)
+  uint64_t clock = 0;
+  for (int i = 0; i < n; i++) {
+    int u = seq[i], bwd = i >= n / 2;
+    last[u] = ++clock;
+    if (!res[u]) {
+      for (;;) { /* room first: at most one other resident */
+        int others = 0, lru = -1;
+        for (int g = 0; g < ng; g++)
+          if (g != u && res[g]) others++, lru = lru < 0 || last[g] < last[lru] ? g : lru;
+        if (others <= 1) break;
+        res[lru] = 0;
+      }
+      res[u] = 1, fly[u] = 0;
+      int next = bwd ? u + 1 : u - 1;
+      if (prefetch && next >= 0 && next < ng && !res[next]) fly[next] = 1;
+    }
+    int64_t sum = 0;
+    for (int g = 0; g < ng; g++) sum += (res[g] || fly[g]) ? G(g) : 0;
+    if (sum > out.params) out.params = sum;
+    if (i == n / 2 - 1) memset(fly, 0, (size_t)ng);
+    if (!bwd) continue;
+    /* gradients: held from the unit's first touch in backward to its last */
+    int first = 1, again = 0;
+    for (int j = n / 2; j < i; j++) first &= seq[j] != u;
+    for (int j = i + 1; j < n; j++) again |= seq[j] == u;
+    if (first) held += G(u);
+    if (held + (prefetch ? gmax : 0) > out.grads) out.grads = held + (prefetch ? gmax : 0);
+    if (!again) held -= G(u);
+  }
+#undef G
+done:
+  tdm__free(seq), tdm__free(last), tdm__free(res), tdm__free(fly);
+  return out;
+}
+
 /* ---- the plan ---------------------------------------------------------------------------------- */
 tdm_status tdm_plan_compute(const tdm_plan_config *c, tdm_plan *out) {
   if (!c || !out) return tdm__set_error(TDM_ERR_INVALID_ARG, "plan: NULL argument");
@@ -158,33 +219,39 @@ tdm_status tdm_plan_compute(const tdm_plan_config *c, tdm_plan *out) {
   tdm_params *params = tdm_model_params(m);
   int64_t n = tdm_params_numel(params), owned = n;
   tdm__layout L = {0};
-  tdm_status st = TDM_OK;
-  if (stage > 0) {
-    st = tdm__layout_make(&L, params, stage == 3, c->engine.zero.bucket_bytes, c->engine.zero.unit_modules, P);
+  int inline_comm = 0;
+  tdm_status st = tdm__inline_comm(P, &inline_comm);
+  int64_t accum = c->engine.accum > 1 ? c->engine.accum : 1, G2 = 0; /* stage 2: the most written at once */
+  units_peak u3 = {0, 0};
+  if (st == TDM_OK && stage > 0) {
+    st = tdm__layout_make(&L, params, stage == 3, c->engine.zero.bucket_bytes, 0, c->engine.zero.unit_modules, P);
     owned = 0;
     for (int r = 0; st == TDM_OK && r < P; r++) {
       int64_t o = tdm__layout_owned(&L, r);
       if (o > owned) owned = o;
     }
-    for (int k = 0; st == TDM_OK && k < L.ng; k++)
-      if (L.g[k].hi - L.g[k].lo > out->max_group) out->max_group = L.g[k].hi - L.g[k].lo;
+    for (int k = 0; st == TDM_OK && k < L.ng; k++) {
+      int64_t gk = L.g[k].hi - L.g[k].lo, pair = gk + (k + 1 < L.ng && !inline_comm ? L.g[k + 1].hi - L.g[k + 1].lo : 0);
+      if (gk > out->max_group) out->max_group = gk;
+      if (pair > G2) G2 = pair; /* being written, and (on the communication thread) the one before, reducing */
+    }
     out->n_groups = L.ng;
+    if (st == TDM_OK && stage == 3)
+      u3 = stage3_peaks(&L, c->model.kind == TDM_MODEL_GPT, c->engine.zero.prefetch && !inline_comm);
   }
   tdm__layout_free(&L);
   tdm_model_destroy(m);
   TDM__TRY(st);
-  int64_t accum = c->engine.accum > 1 ? c->engine.accum : 1, G = out->max_group;
   out->n_params = n;
   out->owned = owned;
   out->stage = stage;
   out->world = P;
   int64_t *b = out->bytes;
-  /* parameters: whole below stage 3; then the shard and the units gathered at once (the one in
-   * use, the one before it, the next one arriving) */
-  b[TDM_MEM_PARAMS] = 4 * (stage < 3 ? n : owned + 3 * G);
-  /* gradients: whole at stages 0-1; at 2-3 the shard plus the group being written and the one
-   * being reduced, or everything while micro-batches accumulate */
-  b[TDM_MEM_GRADS] = 4 * (stage < 2 ? n : owned + (accum > 1 ? n : 2 * G));
+  /* parameters: whole below stage 3; then the shard and the units gathered at once */
+  b[TDM_MEM_PARAMS] = 4 * (stage < 3 ? n : owned + u3.params);
+  /* gradients: whole at stages 0-1; at 2-3 the shard and what backward has written and not yet
+   * reduced, or everything while micro-batches accumulate */
+  b[TDM_MEM_GRADS] = 4 * (stage < 2 ? n : owned + (accum > 1 ? n : stage == 2 ? G2 : u3.grads));
   int adam = c->optim.kind != TDM_OPT_SGD;
   b[TDM_MEM_OPTIM] = 4 * owned * (adam ? 2 : c->optim.momentum > 0 ? 1 : 0);
   int64_t T = c->model.kind == TDM_MODEL_GPT ? (c->seq_len > 0 ? c->seq_len : c->model.block_size) : 1;

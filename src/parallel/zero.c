@@ -24,6 +24,7 @@
 
 #include "comm/comm_impl.h"
 #include "nn/params_impl.h"
+#include "parallel/common.h"
 #include "parallel/engine_impl.h"
 #include "parallel/layout.h"
 #include "tensor/tensor_impl.h"
@@ -55,6 +56,7 @@ struct zero_state {
   const int *group_of;   /* parameter index -> group */
   int next_launch;       /* groups reduce strictly in index order on every rank */
   int sync;              /* this backward reduces */
+  int inline_comm;       /* no core spare: reduce and gather on the training thread, no prefetch */
   tdm_status hook_status;
   uint64_t clock;
   int in_backward;
@@ -125,10 +127,11 @@ static tdm_status reduce_task(void *ctx) {
 static void launch_ready(zero_state *z) {
   while (z->next_launch < z->ng && z->g[z->next_launch].pending == 0) {
     group *g = &z->g[z->next_launch++];
-    tdm_status st = z->e->comm ? tdm__comm_icall(z->e->comm, reduce_task, g, &g->reduce) : reduce_task(g);
+    tdm_status st = z->e->comm && !z->inline_comm ? tdm__comm_icall(z->e->comm, reduce_task, g, &g->reduce) : reduce_task(g);
     if (st != TDM_OK && z->hook_status == TDM_OK) z->hook_status = st;
-    /* the next group's gradients are being written from now on */
-    if (z->next_launch < z->ng) count_grads(&z->g[z->next_launch], 1);
+    /* stage 2: the next bucket's gradients are being written from now on (stage 3 counts a
+     * unit's when backward fetches it) */
+    if (z->stage == 2 && z->next_launch < z->ng) count_grads(&z->g[z->next_launch], 1);
   }
 }
 
@@ -157,8 +160,8 @@ static void release_unit(zero_state *z, group *g) {
 static tdm_status start_gather(zero_state *z, group *g) {
   if (g->resident || g->gather) return TDM_OK;
   tdm__mem_account(TDM_MEM_PARAMS, (int64_t)sizeof(float) * (g->hi - g->lo));
-  if (z->e->comm) return tdm__comm_icall(z->e->comm, gather_task, g, &g->gather);
-  g->resident = 1; /* one rank: a copy, done at once */
+  if (z->e->comm && !z->inline_comm) return tdm__comm_icall(z->e->comm, gather_task, g, &g->gather);
+  g->resident = 1; /* done at once, on this thread */
   return gather_task(g);
 }
 
@@ -172,6 +175,20 @@ static tdm_status finish_gather(group *g) {
   return TDM_OK;
 }
 
+/* Gives back least recently used units until at most `keep` besides unit u are gathered. */
+static void evict(zero_state *z, int u, int keep) {
+  for (;;) {
+    int n = 0, lru = -1;
+    for (int k = 0; k < z->ng; k++)
+      if (k != u && z->g[k].resident) {
+        n++;
+        if (lru < 0 || z->g[k].last_use < z->g[lru].last_use) lru = k;
+      }
+    if (n <= keep) return;
+    release_unit(z, &z->g[lru]);
+  }
+}
+
 static tdm_status fetch(void *ctx, tdm_tensor *p, int backward) {
   zero_state *z = ctx;
   int i = tdm__params_index_of(z->e->params, p);
@@ -180,24 +197,14 @@ static tdm_status fetch(void *ctx, tdm_tensor *p, int backward) {
   group *g = &z->g[u];
   g->last_use = ++z->clock;
   if (g->resident) return TDM_OK;
+  evict(z, u, MAX_RESIDENT - 1); /* room first: at most MAX_RESIDENT gathered (plus one arriving) */
   if (!g->gather) TDM__TRY(start_gather(z, g)); /* not prefetched: gather now */
   TDM__TRY(finish_gather(g));
   if (backward) count_grads(g, 1);
-  /* keep the most recently used units, give back the rest */
-  for (;;) {
-    int n = 0, lru = -1;
-    for (int k = 0; k < z->ng; k++)
-      if (z->g[k].resident) {
-        n++;
-        if (k != u && (lru < 0 || z->g[k].last_use < z->g[lru].last_use)) lru = k;
-      }
-    if (n <= MAX_RESIDENT || lru < 0) break;
-    release_unit(z, &z->g[lru]);
-  }
   /* the unit that comes next: groups are in reverse parameter order, so forward walks down the
    * indices and backward up */
   int next = backward ? u + 1 : u - 1;
-  if (z->e->cfg.zero.prefetch && next >= 0 && next < z->ng) TDM__TRY(start_gather(z, &z->g[next]));
+  if (z->e->cfg.zero.prefetch && !z->inline_comm && next >= 0 && next < z->ng) TDM__TRY(start_gather(z, &z->g[next]));
   return TDM_OK;
 }
 
@@ -259,11 +266,12 @@ static tdm_status zero_create(tdm_engine *e, const tdm_model_config *mc, uint64_
   z->e = e;
   z->stage = stage;
   z->sync = 1;
+  TDM__TRY(tdm__inline_comm(e->size, &z->inline_comm));
   int reserved = stage == 3 ? TDM_RESERVE_DATA | TDM_RESERVE_GRAD : stage == 2 ? TDM_RESERVE_GRAD : 0;
   TDM__TRY(tdm_model_create_with(&e->model, mc, seed, reserved));
   e->params = tdm_model_params(e->model);
-  TDM__TRY(tdm__engine_check_same_model(e));
-  TDM__TRY(tdm__layout_make(&z->L, e->params, stage == 3, e->cfg.zero.bucket_bytes, e->cfg.zero.unit_modules, e->size));
+  if (e->comm) TDM__TRY(tdm__check_same_model(e->comm, e->params));
+  TDM__TRY(tdm__layout_make(&z->L, e->params, stage == 3, e->cfg.zero.bucket_bytes, 0, e->cfg.zero.unit_modules, e->size));
   z->ng = z->L.ng;
   z->group_of = z->L.group_of;
   if (!(z->g = tdm__calloc((size_t)z->ng, sizeof(group)))) return tdm__set_error(TDM_ERR_NO_MEMORY, "zero: out of memory");
@@ -328,7 +336,7 @@ static void zero_begin_backward(tdm_engine *e, int last) {
   /* gradients being written: the first group's when this backward reduces, else all of them
    * (they stay whole until the last micro-batch) */
   for (int k = 0; k < z->ng; k++)
-    if (!last || k == z->next_launch) count_grads(&z->g[k], 1);
+    if (!last || (k == z->next_launch && z->stage == 2)) count_grads(&z->g[k], 1);
 }
 
 static tdm_status zero_end_backward(tdm_engine *e, int last, double *wait_s) {
