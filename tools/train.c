@@ -203,8 +203,9 @@ int tool_plan(int argc, char **argv) {
     return 1;
   }
   if (json) {
-    printf("{\"world\":%d,\"stage\":%d,\"params\":%lld,\"owned\":%lld,\"groups\":%d,\"comm_bytes_per_step\":%.0f", p.world,
-           p.stage, (long long)p.n_params, (long long)p.owned, p.n_groups, p.comm_per_step);
+    printf("{\"world\":%d,\"stage\":%d,\"params\":%lld,\"owned\":%lld,\"groups\":%d,\"max_group\":%lld,"
+           "\"comm_bytes_per_step\":%.0f", p.world, p.stage, (long long)p.n_params, (long long)p.owned, p.n_groups,
+           (long long)p.max_group, p.comm_per_step);
     for (int k = 0; k < TDM_MEM_COUNT; k++) printf(",\"%s\":%lld", tdm_mem_category_name((tdm_mem_category)k), (long long)p.bytes[k]);
     printf(",\"total\":%lld,\"fits\":%s}\n", (long long)p.total, c.memory_limit <= 0 || p.total <= c.memory_limit ? "true" : "false");
   } else {

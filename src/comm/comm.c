@@ -128,12 +128,10 @@ int tdm__backoff(tdm__backoff_t *b) {
 /* ---- point to point for algorithms -------------------------------------------------------- */
 void *tdm__comm_scratch(struct tdm_comm *c, size_t n) {
   if (n <= c->scratch_bytes) return c->scratch;
-  void *p = tdm__aligned_alloc_cat(n, TDM_MEM_COMM);
-  if (!p) return NULL;
-  tdm__free(c->scratch);
-  c->scratch = p;
-  c->scratch_bytes = n;
-  return p;
+  tdm__free(c->scratch); /* first: the old contents are not kept, and both at once would double the peak */
+  c->scratch = tdm__aligned_alloc_cat(n, TDM_MEM_COMM);
+  c->scratch_bytes = c->scratch ? n : 0;
+  return c->scratch;
 }
 
 /* Emulated network: each send first waits for its link (serialised per peer at the emulated

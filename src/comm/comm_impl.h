@@ -202,6 +202,9 @@ tdm_status tdm__shm_transport_create(tdm__transport **out, struct tdm_comm *c, c
  * block r is bit for bit the all-reduce's block r. reduce_scatter: sendbuf holds count elements,
  * recvbuf block r of tdm__blocks(count, P). allgather: sendbuf holds block r, recvbuf count. */
 int tdm__shm_usable(const struct tdm_comm *c);
+/* The bytes of the shm transport's segment for P ranks (every rank maps it; each counts a P-th as
+ * its communication memory). */
+size_t tdm__shm_segment_bytes(int P);
 tdm_status tdm__allreduce_shm(struct tdm_comm *c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt,
                               tdm_redop op);
 tdm_status tdm__reduce_scatter_shm(struct tdm_comm *c, const void *sendbuf, void *recvbuf, size_t count, const size_t *cnt,

@@ -329,6 +329,8 @@ struct tdm__net_gate {
   char last_peer[64], last_reason[96];
 };
 
+size_t tdm__net_gate_bytes(void) { return sizeof(tdm__net_gate); }
+
 tdm_status tdm__net_gate_create(tdm__net_gate **out, int lfd, uint32_t magic, const char *token, const char *who,
                                 tdm__net_admit_fn admit, void *ctx) {
   tdm__net_gate *g = tdm__calloc(1, sizeof *g);

@@ -72,5 +72,7 @@ int tdm__net_gate_wait_ms(const tdm__net_gate *g, int max_ms);
 void tdm__net_gate_serve(tdm__net_gate *g, const struct pollfd *pf);
 /* Closes the pending connections (not the listener) and reports what was not yet reported. */
 void tdm__net_gate_destroy(tdm__net_gate *g);
+/* A gate's memory (fixed: its pending connections are preallocated), for the memory planner. */
+size_t tdm__net_gate_bytes(void);
 
 #endif

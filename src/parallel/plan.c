@@ -10,6 +10,8 @@
 
 #include "autograd/tape_impl.h"
 #include "core/internal.h"
+#include "comm/comm_impl.h"
+#include "comm/net.h"
 #include "parallel/common.h"
 #include "parallel/layout.h"
 #include "tandem/kernels.h"
@@ -30,6 +32,7 @@ tdm_plan_config tdm_plan_config_default(void) {
 typedef struct {
   int64_t fwd, bwd; /* bytes forward, bytes backward adds */
   int train;        /* recording: nodes and gradients; dropout active */
+  int64_t nodes;    /* recorded ops */
 } tape_bytes;
 
 static int64_t al(int64_t b) {
@@ -42,12 +45,12 @@ static int64_t al(int64_t b) {
 /* A tensor of `bytes` made in forward; when recording it gets a node, and in backward a gradient. */
 static void op_out(tape_bytes *a, int64_t bytes) {
   a->fwd += TENSOR + al(bytes);
-  if (a->train) a->fwd += NODE, a->bwd += TENSOR + al(bytes);
+  if (a->train) a->fwd += NODE, a->bwd += TENSOR + al(bytes), a->nodes++;
 }
 /* A view: only its struct; recorded and given a gradient like an op's output. */
 static void op_view(tape_bytes *a, int64_t bytes) {
   a->fwd += TENSOR;
-  if (a->train) a->fwd += NODE, a->bwd += TENSOR + al(bytes);
+  if (a->train) a->fwd += NODE, a->bwd += TENSOR + al(bytes), a->nodes++;
 }
 static void op_saved(tape_bytes *a, int64_t bytes) { a->fwd += al(bytes); }      /* kept for backward */
 static void bwd_scratch(tape_bytes *a, int64_t bytes) { if (a->train) a->bwd += al(bytes); }
@@ -139,10 +142,19 @@ static void model_tape(const tdm_model_config *m, int64_t B, int64_t T, int64_t 
   if (a->train && accum > 1) a->fwd += TENSOR + al(4); /* backward's seed 1/accum */
 }
 
-static int64_t tape_total(const tdm_model_config *m, int64_t B, int64_t T, int64_t accum, int train) {
-  tape_bytes a = {0, 0, train};
+static int64_t tape_total(const tdm_model_config *m, int64_t B, int64_t T, int64_t accum, int train, int64_t *nodes) {
+  tape_bytes a = {0, 0, train, 0};
   model_tape(m, B, T, accum, &a);
+  if (nodes) *nodes = a.nodes;
   return a.fwd + a.bwd;
+}
+
+/* The tape's arrays of nodes and leaves double from 64 entries; at the last growth both the old
+ * and the new array exist. */
+static int64_t grown_array(int64_t n, int64_t elem) {
+  int64_t cap = 64;
+  while (cap < n) cap *= 2;
+  return (cap > 64 ? cap + cap / 2 : cap) * elem;
 }
 
 /* ---- stage 3: what is gathered and held as the engine runs ---------------------------------------
@@ -213,16 +225,39 @@ tdm_status tdm_plan_compute(const tdm_plan_config *c, tdm_plan *out) {
   int stage = c->engine.kind == TDM_ENGINE_ZERO ? c->engine.zero.stage : 0;
   if (stage < 0 || stage > 3) return tdm__set_error(TDM_ERR_INVALID_ARG, "plan: ZeRO stage %d; expected 0..3", stage);
   if (c->batch < 1) return tdm__set_error(TDM_ERR_INVALID_ARG, "plan: batch %lld; expected >= 1", (long long)c->batch);
-  /* the model's parameters, in address space only: names, shapes and offsets without memory */
+  /* the model's parameters, in address space only: names, shapes and offsets without memory; what
+   * their bookkeeping holds (names, views, the gradient-norm segments) is measured as it is made */
+  tdm_mem_stats before, after;
+  tdm_mem_stats_get(&before);
   tdm_model *m;
   TDM__TRY(tdm_model_create_with(&m, &c->model, 0, TDM_RESERVE_DATA | TDM_RESERVE_GRAD));
   tdm_params *params = tdm_model_params(m);
+  const int64_t *cuts;
+  int64_t n_seg = 0;
+  if (tdm_params_segments(params, &cuts, &n_seg) != TDM_OK) {
+    tdm_model_destroy(m);
+    return tdm__set_error(TDM_ERR_NO_MEMORY, "plan: out of memory");
+  }
+  tdm_mem_stats_get(&after);
+  int64_t metadata = after.current[TDM_MEM_WORKSPACE] - before.current[TDM_MEM_WORKSPACE];
+  int n_param_tensors = tdm_params_count(params);
   int64_t n = tdm_params_numel(params), owned = n;
   tdm__layout L = {0};
   int inline_comm = 0;
   tdm_status st = tdm__inline_comm(P, &inline_comm);
   int64_t accum = c->engine.accum > 1 ? c->engine.accum : 1, G2 = 0; /* stage 2: the most written at once */
   units_peak u3 = {0, 0};
+  int64_t part = 0, wire = 0; /* the largest part a rank reduces; compressed buckets' bytes */
+  if (st == TDM_OK && stage == 0 && P > 1) { /* data parallelism's buckets, split in blocks */
+    st = tdm__layout_make(&L, params, 0, c->engine.dp.bucket_bytes, c->engine.dp.first_bucket_bytes, 1, 1);
+    for (int k = 0; st == TDM_OK && k < L.ng; k++) {
+      int64_t gk = L.g[k].hi - L.g[k].lo, blk = (gk + P - 1) / P;
+      if (blk > part) part = blk;
+      if (c->engine.dp.wire_dtype != TDM_F32 && c->engine.dp.wire_dtype) wire += gk * 2 + 64;
+    }
+    out->n_groups = L.ng;
+    tdm__layout_free(&L);
+  }
   if (st == TDM_OK && stage > 0) {
     st = tdm__layout_make(&L, params, stage == 3, c->engine.zero.bucket_bytes, 0, c->engine.zero.unit_modules, P);
     owned = 0;
@@ -230,6 +265,8 @@ tdm_status tdm_plan_compute(const tdm_plan_config *c, tdm_plan *out) {
       int64_t o = tdm__layout_owned(&L, r);
       if (o > owned) owned = o;
     }
+    for (int k = 0; st == TDM_OK && k < L.ng; k++)
+      for (int r = 0; r < P; r++) part = L.g[k].cut[r + 1] - L.g[k].cut[r] > part ? L.g[k].cut[r + 1] - L.g[k].cut[r] : part;
     for (int k = 0; st == TDM_OK && k < L.ng; k++) {
       int64_t gk = L.g[k].hi - L.g[k].lo, pair = gk + (k + 1 < L.ng && !inline_comm ? L.g[k + 1].hi - L.g[k + 1].lo : 0);
       if (gk > out->max_group) out->max_group = gk;
@@ -255,12 +292,21 @@ tdm_status tdm_plan_compute(const tdm_plan_config *c, tdm_plan *out) {
   int adam = c->optim.kind != TDM_OPT_SGD;
   b[TDM_MEM_OPTIM] = 4 * owned * (adam ? 2 : c->optim.momentum > 0 ? 1 : 0);
   int64_t T = c->model.kind == TDM_MODEL_GPT ? (c->seq_len > 0 ? c->seq_len : c->model.block_size) : 1;
-  out->act_train = tape_total(&c->model, c->batch, T, accum, 1);
-  out->act_eval = c->eval_batch > 0 ? tape_total(&c->model, c->eval_batch, T, 1, 0) : 0;
+  int64_t nodes = 0;
+  out->act_train = tape_total(&c->model, c->batch, T, accum, 1, &nodes);
+  out->act_eval = c->eval_batch > 0 ? tape_total(&c->model, c->eval_batch, T, 1, 0, NULL) : 0;
   b[TDM_MEM_ACTIVATIONS] = out->act_train > out->act_eval ? out->act_train : out->act_eval;
   b[TDM_MEM_DATA] = c->data_bytes;
-  b[TDM_MEM_COMM] = 0;
-  b[TDM_MEM_WORKSPACE] = 0;
+  /* communication: on shared memory a P-th of the segment every rank maps; elsewhere the direct
+   * algorithms' scratch, P chunks of at most 1 MiB as large as the largest part */
+  if (P > 1 && c->transport == TDM_TRANSPORT_SHM) b[TDM_MEM_COMM] = (int64_t)(tdm__shm_segment_bytes(P) / (size_t)P) + wire;
+  else if (P > 1) b[TDM_MEM_COMM] = (int64_t)P * 4 * (part < (1 << 18) ? part : (1 << 18)) + 64 + wire;
+  /* rank 0 hosts the rendezvous store for the whole run: its gate for strangers and a small
+   * buffer per connected rank (src/comm/store/store.c) */
+  if (P > 1) b[TDM_MEM_COMM] += (int64_t)tdm__net_gate_bytes() + 4096 * (int64_t)P;
+  /* workspace: the parameters' bookkeeping as measured, the engine's segment sums, the tape's
+   * arrays; the engine's own few structures are left out (a few KB) */
+  b[TDM_MEM_WORKSPACE] = metadata + 8 * (n_seg + 1) + grown_array(nodes, 8) + grown_array(n_param_tensors, 16);
   /* traffic: stages 0-2 reduce-scatter and all-gather Ψ (2Ψ(N-1)/N), stage 3 gathers twice */
   out->comm_per_step = 4.0 * (double)n * (double)(P - 1) / P * (stage == 3 ? 3 : 2);
   for (int k = 0; k < TDM_MEM_COUNT; k++) out->total += b[k];

@@ -196,11 +196,11 @@ static tdm_status fetch(void *ctx, tdm_tensor *p, int backward) {
   int u = z->group_of[i];
   group *g = &z->g[u];
   g->last_use = ++z->clock;
+  if (backward) count_grads(g, 1); /* its gradients are written from now on */
   if (g->resident) return TDM_OK;
   evict(z, u, MAX_RESIDENT - 1); /* room first: at most MAX_RESIDENT gathered (plus one arriving) */
   if (!g->gather) TDM__TRY(start_gather(z, g)); /* not prefetched: gather now */
   TDM__TRY(finish_gather(g));
-  if (backward) count_grads(g, 1);
   /* the unit that comes next: groups are in reverse parameter order, so forward walks down the
    * indices and backward up */
   int next = backward ? u + 1 : u - 1;

@@ -457,7 +457,10 @@ tdm_status tdm_train_plan(const tdm_train_config *c, int world, tdm_plan *out) {
   run_state s = {0};
   s.start.lock_fd = -1;
   prepared p;
-  tdm_status st = prepare(c, world, 0, world > 1 ? TDM_TRANSPORT_SHM : TDM_TRANSPORT_AUTO, &s, &p);
+  tdm_comm_config cc; /* the transport the ranks will use: TANDEM_TRANSPORT, else shm on one node */
+  tdm_status st = tdm_comm_config_from_env(&cc);
+  tdm_transport_kind tr = cc.transport == TDM_TRANSPORT_AUTO ? TDM_TRANSPORT_SHM : cc.transport;
+  if (st == TDM_OK) st = prepare(c, world, 0, world > 1 ? tr : TDM_TRANSPORT_AUTO, &s, &p);
   if (st == TDM_OK) *out = p.plan;
   run_free(&s);
   return st;

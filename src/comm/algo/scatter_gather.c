@@ -93,7 +93,9 @@ tdm_status tdm__allgather_rd(struct tdm_comm *c, void *buf, size_t count, tdm_dt
 tdm_status tdm__reduce_scatter_direct(struct tdm_comm *c, const void *sendbuf, void *recvbuf, const size_t *cnt,
                                       const size_t *off, tdm_dtype dt, tdm_redop op) {
   int P = c->size, r = c->rank;
-  size_t es = tdm_dtype_size(dt), chunk = DIRECT_CHUNK_BYTES / es, rounds = 0;
+  size_t es = tdm_dtype_size(dt), chunk = DIRECT_CHUNK_BYTES / es, rounds = 0, most = 1;
+  for (int q = 0; q < P; q++) most = cnt[q] > most ? cnt[q] : most;
+  if (chunk > most) chunk = most; /* scratch for P chunks: no more than the largest part needs */
   const char *in = sendbuf;
   char *out = recvbuf;
   if (P == 1) {

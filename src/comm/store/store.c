@@ -199,6 +199,7 @@ static const char *admit(void *ctx, int fd, int32_t rank, const char *peer) {
 }
 
 static void *server_main(void *arg) {
+  tdm__mem_scope(TDM_MEM_COMM); /* the store's keys and clients are communication memory */
   server *s = arg;
   for (;;) {
     int want = 1 + s->n_cl + 1 + TDM_NET_MAX_PENDING;
@@ -223,8 +224,8 @@ static void *server_main(void *arg) {
     for (int i = n_cl - 1; i >= 0; i--) {
       if (!(pf[1 + i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       client *c = &s->cl[i];
-      if (c->cap - c->len < 65536) {
-        size_t nc = c->cap ? 2 * c->cap : 65536;
+      if (c->cap - c->len < 1024) { /* requests are small: a buffer grows only for a large one */
+        size_t nc = c->cap ? 2 * c->cap : 4096;
         if (nc > MAX_VAL + MAX_KEY + 4096) {
           drop(s, i, "request too large");
           continue;

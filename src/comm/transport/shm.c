@@ -530,6 +530,25 @@ tdm_status tdm__allgather_shm(struct tdm_comm *c, const void *sendbuf, void *rec
 }
 
 /* ---- set-up -------------------------------------------------------------------------------- */
+/* Where everything lies in a segment for P ranks. */
+typedef struct {
+  size_t ring_bytes, off_ctl, off_rctl, off_rdy, off_rings, off_slots, total;
+} seg_layout;
+
+static seg_layout segment_layout(int P) {
+  seg_layout l;
+  l.ring_bytes = align_up((size_t)(2 << 20) / (size_t)P, 4096);
+  if (l.ring_bytes < (64 << 10)) l.ring_bytes = 64 << 10;
+  l.off_ctl = align_up(sizeof(seg_hdr), 4096);
+  l.off_rctl = align_up(l.off_ctl + sizeof(rank_ctl) * (size_t)P, 4096);
+  l.off_rdy = align_up(l.off_rctl + sizeof(ring_ctl) * (size_t)P * (size_t)P, 4096);
+  l.off_rings = align_up(l.off_rdy + sizeof(slot_ready) * 2 * (size_t)P, 4096);
+  l.off_slots = l.off_rings + l.ring_bytes * (size_t)P * (size_t)P;
+  l.total = l.off_slots + 2 * SLOT_BYTES * (size_t)P;
+  return l;
+}
+
+size_t tdm__shm_segment_bytes(int P) { return P > 0 ? segment_layout(P).total : 0; }
 tdm_status tdm__shm_transport_create(tdm__transport **out, struct tdm_comm *c, const tdm_comm_config *cfg) {
   int P = c->size, me = c->rank;
   if (c->local_size && c->local_size != P)
@@ -542,15 +561,12 @@ tdm_status tdm__shm_transport_create(tdm__transport **out, struct tdm_comm *c, c
   t->base.comm = c;
   t->base.rank = me;
   t->base.size = P;
-  t->ring_bytes = align_up((size_t)(2 << 20) / (size_t)P, 4096);
-  if (t->ring_bytes < (64 << 10)) t->ring_bytes = 64 << 10;
+  seg_layout sl = segment_layout(P);
+  t->ring_bytes = sl.ring_bytes;
   t->slot_bytes = SLOT_BYTES;
-  size_t off_ctl = align_up(sizeof(seg_hdr), 4096);
-  size_t off_rctl = align_up(off_ctl + sizeof(rank_ctl) * (size_t)P, 4096);
-  size_t off_rdy = align_up(off_rctl + sizeof(ring_ctl) * (size_t)P * (size_t)P, 4096);
-  size_t off_rings = align_up(off_rdy + sizeof(slot_ready) * 2 * (size_t)P, 4096);
-  size_t off_slots = off_rings + t->ring_bytes * (size_t)P * (size_t)P;
-  t->total = off_slots + 2 * t->slot_bytes * (size_t)P;
+  size_t off_ctl = sl.off_ctl, off_rctl = sl.off_rctl, off_rdy = sl.off_rdy, off_rings = sl.off_rings,
+         off_slots = sl.off_slots;
+  t->total = sl.total;
   double deadline = tdm_time_now() + c->timeout_s;
   char name[128];
   tdm_status st = tdm__store_open(&t->store, cfg, c->timeout_s);

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# The memory plan against the memory a run really holds: `tandem plan --json` and the peaks per
+# category that `tandem train --metrics` records at the end (counted by the library as it
+# allocates: tandem/core.h), for data parallelism and ZeRO stages 1-3, one to three ranks, over
+# shared memory and TCP, with accumulation, for the MLP and the GPT. Every category that holds at
+# least 1% of the total must be planned within 5%; the smaller ones (workspace, a one-process
+# run's communication) within 16 KiB.   tests/multirank/test_plan.sh path/to/tandem
+set -uo pipefail
+TANDEM=$(realpath "$1")
+cd "$(dirname "$0")/../.."
+source tests/harness.sh
+export TANDEM_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+CATS="parameters gradients optimizer activations communication data workspace"
+
+value() { # value KEY LINE: the number after "KEY":
+  grep -o "\"$1\":[0-9]*" <<<"$2" | head -1 | cut -d: -f2
+}
+
+# compare RANKS TRANSPORT ARGS...: trains and plans the same run, then compares category by category
+compare() {
+  local ranks=$1 tr=$2
+  shift 2
+  local out="$TMP/m.jsonl"
+  rm -f "$out"
+  if [[ $ranks -eq 1 ]]; then
+    "$TANDEM" train --steps 4 --metrics "$out" "$@" >"$TMP/log" 2>&1
+  else
+    TANDEM_TRANSPORT=$tr "$TANDEM" run -n "$ranks" -- "$TANDEM" train --steps 4 --metrics "$out" "$@" >"$TMP/log" 2>&1
+  fi || { tail -5 "$TMP/log"; return 1; }
+  local measured plan
+  measured=$(tail -1 "$out")
+  plan=$(TANDEM_TRANSPORT=$tr "$TANDEM" plan --world "$ranks" --steps 4 --json "$@") || { echo "  plan failed"; return 1; }
+  [[ $measured == *memory_peak* ]] || { echo "  no memory record: $measured"; return 1; }
+  local total bad=0
+  total=$(value total "$measured")
+  for k in $CATS; do
+    local m p
+    m=$(value "$k" "$measured")
+    p=$(value "$k" "$plan")
+    if ! awk -v m="$m" -v p="$p" -v t="$total" 'BEGIN {
+          d = p > m ? p - m : m - p
+          exit !((m >= t / 100) ? d <= 0.05 * m : d <= 16384) }'; then
+      echo "  $k: planned $p, measured $m ($*; $ranks ranks over $tr)"
+      bad=1
+    fi
+  done
+  [[ $bad -eq 0 ]]
+}
+
+MLP=(--model mlp --data synthetic --optimizer adam --eval-batch-size 500)
+GPT=(--model gpt --layers 3 --heads 2 --width 64 --block 32 --seq-len 32 --batch-size 4 --val-batches 2)
+check "one process: the MLP" compare 1 shm "${MLP[@]}"
+check "one process: the GPT" compare 1 shm "${GPT[@]}"
+for z in 0 1 2 3; do
+  check "2 ranks over shm, --zero $z: the MLP" compare 2 shm "${MLP[@]}" --zero $z
+done
+check "3 ranks over tcp, --zero 3: the GPT (units gathered, the tied embedding)" compare 3 tcp "${GPT[@]}" --zero 3
+check "2 ranks over tcp, --zero 2 with accumulation (gradients whole between micro-batches)" compare 2 tcp "${MLP[@]}" --zero 2 --accum 2
+check "2 ranks over shm, --zero 0 with bf16 on the wire and small buckets" compare 2 shm "${MLP[@]}" --compress bf16 --bucket-mb 0.25
+
+# the closed forms, from the plan alone (Adam: 16 bytes a parameter whole; shards over N = 4;
+# small buckets, so that stage 2's gradients in flight are few)
+closed_forms() {
+  local p0 n G=(--layers 8 --heads 2 --width 64 --block 32 --model gpt --bucket-mb 0.05)
+  p0=$("$TANDEM" plan --world 4 --zero 0 --json "${G[@]}") || return 1
+  n=$(value params "$p0")
+  for z in 0 1 2 3; do
+    local p s o g want extra
+    p=$("$TANDEM" plan --world 4 --zero $z --json "${G[@]}")
+    s=$(($(value parameters "$p") + $(value gradients "$p") + $(value optimizer "$p")))
+    o=$(value owned "$p")
+    g=$(value max_group "$p")
+    case $z in
+    0) want=$((16 * n)) extra=0 ;;
+    1) want=$((8 * n + 8 * o)) extra=0 ;;
+    2) want=$((4 * n + 12 * o)) extra=$((4 * 2 * g)) ;;        # two buckets written or reducing at once
+    3) want=$((16 * o)) extra=$((4 * (3 + 3) * g)) ;;         # at most three units gathered, three written
+    esac
+    if [[ $s -lt $want || $s -gt $((want + extra)) ]]; then
+      echo "  stage $z: parameters + gradients + optimizer = $s bytes; the closed form gives $want (+ at most $extra; n $n, owned $o)"
+      return 1
+    fi
+    [[ $z -eq 3 ]] && (( s * 5 > 2 * 16 * n )) && { echo "  stage 3 holds $s of the $((16 * n)) bytes of stage 0: more than 40%"; return 1; }
+  done
+  return 0
+}
+check "the plan's state follows 16N, 8N+8N/4, 4N+12N/4, 16N/4 (plus what stage 2 and 3 hold at once)" closed_forms
+
+limit_refused() {
+  local out
+  out=$("$TANDEM" train --steps 1 --memory-limit 10M "${MLP[@]}" 2>&1) && { echo "  started"; return 1; }
+  grep -q "MiB more than --memory-limit 10.00 MiB; the largest part is [a-z]* (" <<<"$out" || { echo "  $out"; return 1; }
+  "$TANDEM" plan --memory-limit 10M "${MLP[@]}" >/dev/null 2>&1 && { echo "  plan said it fits"; return 1; }
+  "$TANDEM" plan --memory-limit 1G "${MLP[@]}" | grep -q "fits the memory limit of 1.00 GiB"
+}
+check "a run the plan does not fit is refused before step 1, naming the excess and the largest part" limit_refused
+finish
