@@ -265,4 +265,53 @@ static void test_stage3_memory(void) {
             (long long)peak[0], (long long)peak[1]);
 }
 
-TDM_TEST_MAIN(T(test_mlp_every_layout), T(test_gpt_every_layout), T(test_stage3_memory))
+/* The process grid on 8 ranks as data 2 x tensor 2 x pipeline 2: coordinates from the rank
+ * (tensor fastest), and each axis's communicator holds exactly the ranks that differ only in that
+ * coordinate, ordered by it (an all-gather of world ranks over each axis shows who is there). */
+static void *grid_rank(void *va) {
+  rank_arg *a = va;
+  tdm_comm_config cc = {0};
+  cc.rank = a->r, cc.size = 8, cc.transport = TDM_TRANSPORT_THREAD, cc.thread_group = a->group, cc.timeout_s = 30;
+  tdm_comm_t w = NULL;
+  tdm_grid *g = NULL;
+  CHECK_OK(tdm_comm_create(&w, &cc));
+  CHECK_OK(tdm_grid_create(&g, w, 0, 2, 2));
+  int t = a->r % 2, d = (a->r / 2) % 2, p = a->r / 4;
+  CHECK(g && tdm_grid_size(g, TDM_AXIS_DATA) == 2 && tdm_grid_index(g, TDM_AXIS_TENSOR) == t &&
+        tdm_grid_index(g, TDM_AXIS_DATA) == d && tdm_grid_index(g, TDM_AXIS_PIPELINE) == p);
+  for (int ax = 0; g && ax < TDM_AXIS_COUNT; ax++) {
+    tdm_comm_t c = tdm_grid_comm(g, (tdm_grid_axis)ax);
+    int32_t me = a->r, who[2] = {-1, -1};
+    CHECK(c && tdm_comm_size(c) == 2 && tdm_comm_rank(c) == tdm_grid_index(g, (tdm_grid_axis)ax));
+    if (c) CHECK_OK(tdm_comm_allgather(c, &me, who, 1, TDM_I32, TDM_ALGO_AUTO));
+    int stride = ax == TDM_AXIS_TENSOR ? 1 : ax == TDM_AXIS_DATA ? 2 : 4, base = a->r - tdm_grid_index(g, (tdm_grid_axis)ax) * stride;
+    CHECK_MSG(who[0] == base && who[1] == base + stride, "rank %d, %s axis: members %d %d", a->r,
+              tdm_grid_axis_name((tdm_grid_axis)ax), who[0], who[1]);
+  }
+  tdm_grid_destroy(g);
+  tdm_grid *bad = NULL;
+  CHECK(tdm_grid_create(&bad, w, 3, 2, 1) == TDM_ERR_INVALID_ARG && !bad);
+  CHECK_ERR_HAS("data 3 x tensor 2 x pipeline 1 does not make the world size 8");
+  tdm_comm_destroy(w);
+  return NULL;
+}
+
+static void test_process_grid(void) {
+  void *group;
+  CHECK_OK(tdm_comm_thread_group_create(&group, 8));
+  pthread_t th[8];
+  rank_arg args[8];
+  for (int r = 0; r < 8; r++) {
+    memset(&args[r], 0, sizeof args[r]);
+    args[r].r = r, args[r].group = group;
+    pthread_create(&th[r], NULL, grid_rank, &args[r]);
+  }
+  for (int r = 0; r < 8; r++) pthread_join(th[r], NULL);
+  tdm_comm_thread_group_destroy(group);
+  tdm_grid *one = NULL; /* one process: every axis of size 1, no communicator */
+  CHECK_OK(tdm_grid_create(&one, NULL, 0, 1, 1));
+  CHECK(one && tdm_grid_size(one, TDM_AXIS_DATA) == 1 && !tdm_grid_comm(one, TDM_AXIS_DATA));
+  tdm_grid_destroy(one);
+}
+
+TDM_TEST_MAIN(T(test_mlp_every_layout), T(test_gpt_every_layout), T(test_stage3_memory), T(test_process_grid))
