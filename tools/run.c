@@ -17,6 +17,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <dirent.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -174,6 +175,23 @@ static void signal_ranks(rank_t *ranks, int n, int sig, int group) {
 }
 
 /* The child's side of fork: environment, output, then exec. Never returns. */
+/* A shm segment (/tandem-<creator pid>-...) is unlinked once every rank mapped it; a rank killed
+ * before that leaves it behind. Once the creator is reaped no new rank can join it, so it goes. */
+static void remove_segments_of(pid_t pid) {
+  DIR *d = opendir("/dev/shm");
+  if (!d) return;
+  char prefix[64];
+  int n = snprintf(prefix, sizeof prefix, "tandem-%d-", (int)pid);
+  struct dirent *e;
+  while ((e = readdir(d)))
+    if (strncmp(e->d_name, prefix, (size_t)n) == 0) {
+      char path[512];
+      snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
+      unlink(path);
+    }
+  closedir(d);
+}
+
 static _Noreturn void start_rank(char **prog, int out_fd, int store_fd, pid_t launcher, const char *const *env) {
   setpgid(0, 0);
   /* die with the launcher; if it died before this line, we are already orphaned */
@@ -333,6 +351,7 @@ int tool_run(int argc, char **argv) {
         for (int i = 0; i < started; i++)
           if (ranks[i].pid == pid) {
             drain(&ranks[i], (int)(node_rank * n + i), 1);
+            remove_segments_of(pid);
             if (ranks[i].fd >= 0) close(ranks[i].fd), ranks[i].fd = -1; /* a child of the rank may hold it open */
             ranks[i].done = 1;
             ranks[i].code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
