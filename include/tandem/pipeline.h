@@ -5,17 +5,25 @@
  * inputs and backward for the weights as two actions), send / receive an activation or its
  * gradient, the optimizer step. The model is cut into C = P x V chunks (V: virtual stages per
  * rank, 1 but for the interleaved schedule); chunk c lives on rank c % P, and chunk c's output is
- * chunk c + 1's input. Sends never block (the engine queues them); a receive waits for its send.
+ * chunk c + 1's input.
+ *
+ * How a rank runs its list (the engine, src/parallel/pipeline.c, and the verifier alike): the
+ * main thread computes; each run of consecutive sends and receives is one exchange, handed to the
+ * rank's communication thread, which runs exchanges one at a time in order, all messages of one
+ * together; a message moves when its sender and its receiver are both in the exchanges that hold
+ * it (a send may wait for its receiver, as on every transport for large messages); messages
+ * between two ranks arrive in the order sent. A forward waits for the exchange that brings its
+ * input, a backward for the one that brings its output's gradient.
  *
  * Before step 1 the engine runs the verifier: it simulates every rank's list against the others
  * and proves the step cannot hang (every receive has its send, in the order the sender sends, no
  * cycle of ranks waiting on each other) or returns TDM_ERR_INVALID_ARG naming the rank, the action
- * and the micro-batch. Whether a list hangs does not depend on how long actions take (sends do not
- * block), so one simulation with unit costs proves it for every timing; the same simulation gives
- * the schedule's bubble and the activations each rank holds at most.
+ * and the micro-batch. Whether the lists hang does not depend on how long actions take, so one
+ * simulation with unit costs proves it for every timing; the same simulation gives the schedule's
+ * bubble and the activations each rank holds at most.
  *
  *   tdm_pp_schedule *s;
- *   tdm_pp_schedule_create(&s, TDM_PP_1F1B, 4, 1, 8, 1);   // P = 4, V = 1, M = 8, tied embedding
+ *   tdm_pp_schedule_create(&s, TDM_PP_1F1B, 4, 1, 8);      // P = 4, V = 1, M = 8
  *   tdm_pp_schedule_verify(s, NULL);                         // unit costs
  *   printf("bubble %.3f\n", s->bubble);                     // (P-1)/(M+P-1) = 0.273
  *   tdm_pp_schedule_write_trace(s, "1f1b.json");            // Chrome trace, one row per rank
@@ -55,8 +63,6 @@ typedef enum {
   TDM_PP_RECV_ACT,        /* chunk c's input of micro-batch m from chunk c - 1's rank */
   TDM_PP_SEND_GRAD,       /* the gradient of chunk c's input to chunk c - 1's rank */
   TDM_PP_RECV_GRAD,       /* the gradient of chunk c's output from chunk c + 1's rank */
-  TDM_PP_SEND_TIED,       /* last chunk: what the first chunk needs for a tied weight's gradient */
-  TDM_PP_RECV_TIED,       /* chunk 0: it, before its backward (or weight pass) of micro-batch m */
   TDM_PP_OPTIM,           /* the optimizer step, after everything else */
   TDM_PP_OP_COUNT
 } tdm_pp_op;
@@ -73,8 +79,6 @@ typedef struct tdm_pp_action {
 typedef struct tdm_pp_schedule {
   tdm_pp_schedule_kind kind;
   int P, V, M;          /* ranks, chunks per rank, micro-batches */
-  int tied;             /* the first and last chunk share a weight (GPT's tied embedding) and
-                           are on different ranks: TDM_PP_SEND_TIED / RECV_TIED messages */
   int *n, *cap;         /* actions per rank */
   tdm_pp_action **a;    /* a[r][0..n[r]) */
   /* filled by tdm_pp_schedule_verify: */
@@ -87,12 +91,12 @@ typedef struct tdm_pp_schedule {
 } tdm_pp_schedule;
 
 /* Generates schedule `kind` for P ranks, V chunks per rank (1 unless interleaved, which needs
- * P >= 2), M micro-batches; tied adds the tied-weight messages when P > 1. Refuses (naming the
+ * P >= 2), M micro-batches. Refuses (naming the
  * values and what is needed) what the schedule cannot run: the interleaved schedule needs
  * M >= P. The result is verified. */
-tdm_status tdm_pp_schedule_create(tdm_pp_schedule **out, tdm_pp_schedule_kind kind, int P, int V, int M, int tied);
+tdm_status tdm_pp_schedule_create(tdm_pp_schedule **out, tdm_pp_schedule_kind kind, int P, int V, int M);
 /* An empty schedule to fill with _push (tests); kind is only a label. */
-tdm_status tdm_pp_schedule_alloc(tdm_pp_schedule **out, tdm_pp_schedule_kind kind, int P, int V, int M, int tied);
+tdm_status tdm_pp_schedule_alloc(tdm_pp_schedule **out, tdm_pp_schedule_kind kind, int P, int V, int M);
 tdm_status tdm_pp_schedule_push(tdm_pp_schedule *s, int rank, tdm_pp_op op, int chunk, int mb);
 void tdm_pp_schedule_destroy(tdm_pp_schedule *s);
 int tdm_pp_chunk_rank(const tdm_pp_schedule *s, int chunk); /* chunk % P */

@@ -9,9 +9,9 @@
 
 static const char *kind_names[] = {"gpipe", "1f1b", "interleaved", "zb1p"};
 _Static_assert(sizeof kind_names / sizeof kind_names[0] == TDM_PP_SCHEDULE_COUNT, "one name per schedule");
-static const char *op_names[] = {"forward",       "backward",        "backward (input)", "backward (weights)",
-                                 "send activation", "recv activation", "send gradient",   "recv gradient",
-                                 "send tied",     "recv tied",       "optimizer"};
+static const char *op_names[] = {"forward",         "backward",        "backward (input)", "backward (weights)",
+                                 "send activation", "recv activation", "send gradient",    "recv gradient",
+                                 "optimizer"};
 _Static_assert(sizeof op_names / sizeof op_names[0] == TDM_PP_OP_COUNT, "one name per action");
 
 const char *tdm_pp_schedule_name(tdm_pp_schedule_kind k) {
@@ -32,7 +32,7 @@ tdm_status tdm_pp_schedule_parse(const char *name, tdm_pp_schedule_kind *out) {
 int tdm_pp_chunk_rank(const tdm_pp_schedule *s, int chunk) { return chunk % s->P; }
 
 /* ---- building ---------------------------------------------------------------------------------- */
-tdm_status tdm_pp_schedule_alloc(tdm_pp_schedule **out, tdm_pp_schedule_kind kind, int P, int V, int M, int tied) {
+tdm_status tdm_pp_schedule_alloc(tdm_pp_schedule **out, tdm_pp_schedule_kind kind, int P, int V, int M) {
   if (!out) return tdm__set_error(TDM_ERR_INVALID_ARG, "pipeline schedule: out is NULL");
   *out = NULL;
   if (P < 1 || V < 1 || M < 1 || P > 4096 || V > 256 || M > (1 << 20) || (P == 1 && V > 1))
@@ -42,7 +42,7 @@ tdm_status tdm_pp_schedule_alloc(tdm_pp_schedule **out, tdm_pp_schedule_kind kin
                           P, V, M);
   tdm_pp_schedule *s = tdm__calloc(1, sizeof *s);
   if (!s) return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline schedule: out of memory");
-  s->kind = kind, s->P = P, s->V = V, s->M = M, s->tied = tied && P > 1;
+  s->kind = kind, s->P = P, s->V = V, s->M = M;
   s->n = tdm__calloc((size_t)P, sizeof(int));
   s->cap = tdm__calloc((size_t)P, sizeof(int));
   s->a = tdm__calloc((size_t)P, sizeof(tdm_pp_action *));
@@ -101,15 +101,12 @@ static tdm_status emit_forward(tdm_pp_schedule *s, int r, int c, int m) {
 static tdm_status emit_backward(tdm_pp_schedule *s, int r, int c, int m, int split) {
   int C = s->P * s->V;
   if (c < C - 1) PUSH(TDM_PP_RECV_GRAD, c, m);
-  if (s->tied && c == 0 && !split) PUSH(TDM_PP_RECV_TIED, c, m);
   PUSH(split ? TDM_PP_BACKWARD_INPUT : TDM_PP_BACKWARD, c, m);
-  if (s->tied && c == C - 1) PUSH(TDM_PP_SEND_TIED, c, m);
   if (c > 0) PUSH(TDM_PP_SEND_GRAD, c, m);
   return TDM_OK;
 }
 
 static tdm_status emit_weight(tdm_pp_schedule *s, int r, int c, int m) {
-  if (s->tied && c == 0) PUSH(TDM_PP_RECV_TIED, c, m);
   PUSH(TDM_PP_BACKWARD_WEIGHT, c, m);
   return TDM_OK;
 }
@@ -142,113 +139,89 @@ static void interleaved_item(const tdm_pp_schedule *s, int i, int forward, int *
   if (!forward) *k = V - 1 - *k;
 }
 
+/* As Megatron runs it: each exchange comes after the compute and sends what it made while it
+ * receives the inputs of the next forward and backward (send_forward_backward_recv_forward_backward),
+ * so the neighbours' exchanges pair up even when a send waits for its receiver. */
 static tdm_status gen_interleaved(tdm_pp_schedule *s, int r) {
-  int P = s->P, V = s->V, total = s->M * V, k, m;
-  int warm = 2 * (P - r - 1) + (V - 1) * P;
+  int P = s->P, C = P * s->V, total = s->M * s->V, k, m;
+  int warm = 2 * (P - r - 1) + (s->V - 1) * P;
   if (s->M == P || warm > total) warm = total; /* Megatron: with M = P every forward comes first */
+#define FWD(i, c, mb) (interleaved_item(s, i, 1, &k, &mb), c = k * P + r)
+#define BWD(i, c, mb) (interleaved_item(s, i, 0, &k, &mb), c = k * P + r)
+  int c, c2, m2;
+  FWD(0, c, m);
+  if (c > 0) PUSH(TDM_PP_RECV_ACT, c, m);
+  /* warm-up forwards */
   for (int i = 0; i < warm; i++) {
-    interleaved_item(s, i, 1, &k, &m);
-    TDM__TRY(emit_forward(s, r, k * P + r, m));
+    FWD(i, c, m);
+    PUSH(TDM_PP_FORWARD, c, m);
+    if (c < C - 1) PUSH(TDM_PP_SEND_ACT, c, m);
+    if (i + 1 < total) {
+      FWD(i + 1, c2, m2);
+      if (c2 > 0) PUSH(TDM_PP_RECV_ACT, c2, m2);
+    }
+    if (i == warm - 1) { /* the first backward's gradient */
+      BWD(0, c2, m2);
+      if (c2 < C - 1) PUSH(TDM_PP_RECV_GRAD, c2, m2);
+    }
   }
+  if (warm == 0) {
+    BWD(0, c2, m2);
+    if (c2 < C - 1) PUSH(TDM_PP_RECV_GRAD, c2, m2);
+  }
+  /* steady: forward, backward, one exchange */
   for (int i = 0; i < total - warm; i++) {
-    interleaved_item(s, warm + i, 1, &k, &m);
-    TDM__TRY(emit_forward(s, r, k * P + r, m));
-    interleaved_item(s, i, 0, &k, &m);
-    TDM__TRY(emit_backward(s, r, k * P + r, m, 0));
+    int f = warm + i;
+    FWD(f, c, m);
+    PUSH(TDM_PP_FORWARD, c, m);
+    BWD(i, c2, m2);
+    PUSH(TDM_PP_BACKWARD, c2, m2);
+    if (c < C - 1) PUSH(TDM_PP_SEND_ACT, c, m);
+    if (c2 > 0) PUSH(TDM_PP_SEND_GRAD, c2, m2);
+    if (f + 1 < total) {
+      FWD(f + 1, c, m);
+      if (c > 0) PUSH(TDM_PP_RECV_ACT, c, m);
+    }
+    if (i + 1 < total) {
+      BWD(i + 1, c2, m2);
+      if (c2 < C - 1) PUSH(TDM_PP_RECV_GRAD, c2, m2);
+    }
   }
+  /* cool-down backwards */
   for (int i = total - warm; i < total; i++) {
-    interleaved_item(s, i, 0, &k, &m);
-    TDM__TRY(emit_backward(s, r, k * P + r, m, 0));
+    BWD(i, c2, m2);
+    PUSH(TDM_PP_BACKWARD, c2, m2);
+    if (c2 > 0) PUSH(TDM_PP_SEND_GRAD, c2, m2);
+    if (i + 1 < total) {
+      BWD(i + 1, c2, m2);
+      if (c2 < C - 1) PUSH(TDM_PP_RECV_GRAD, c2, m2);
+    }
   }
+#undef FWD
+#undef BWD
   return TDM_OK;
 }
 
-/* ZB-H1: the order of forwards and input passes is 1F1B's; a rank postpones weight passes (at most
- * P - 1 - r of them, which keeps its activations within 1F1B's peak on the first rank) and runs
- * them where it would otherwise wait for a message. Built by a unit-cost simulation of all ranks
- * (forward, input pass and weight pass one unit each), then verified like any other list. */
-typedef struct {
-  int r, pos, n_main;     /* the 1F1B main list: forwards and input passes, as (op, m) */
-  int *main_op, *main_m;
-  int *wq, wq_head, wq_tail; /* postponed weight passes (micro-batches) */
-  long t;
-  int done;
-} zb_rank;
-
-static tdm_status gen_zb1p(tdm_pp_schedule *s) {
-  int P = s->P, M = s->M;
-  zb_rank *z = tdm__calloc((size_t)P, sizeof *z);
-  long *sent_act = tdm__malloc(sizeof(long) * (size_t)P * (size_t)M); /* when chunk r's output of m was sent */
-  long *sent_grad = tdm__malloc(sizeof(long) * (size_t)P * (size_t)M);
-  tdm_status st = z && sent_act && sent_grad ? TDM_OK : tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline schedule: out of memory");
-  for (int r = 0; st == TDM_OK && r < P; r++) {
-    z[r].r = r;
-    z[r].main_op = tdm__malloc(sizeof(int) * 2 * (size_t)M);
-    z[r].main_m = tdm__malloc(sizeof(int) * 2 * (size_t)M);
-    z[r].wq = tdm__malloc(sizeof(int) * (size_t)M);
-    if (!z[r].main_op || !z[r].main_m || !z[r].wq) {
-      st = tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline schedule: out of memory");
-      break;
-    }
-    int w = P - 1 - r < M ? P - 1 - r : M, k = 0;
-    for (int m = 0; m < w; m++) z[r].main_op[k] = 0, z[r].main_m[k++] = m;
-    for (int i = 0; i < M - w; i++) {
-      z[r].main_op[k] = 0, z[r].main_m[k++] = w + i;
-      z[r].main_op[k] = 1, z[r].main_m[k++] = i;
-    }
-    for (int m = M - w; m < M; m++) z[r].main_op[k] = 1, z[r].main_m[k++] = m;
-    z[r].n_main = k;
+/* ZB-H1: 1F1B's order of forwards and input passes; rank r runs each weight pass r input passes
+ * late (keeping at most P micro-batches, 1F1B's first rank's peak), and the ones left at the end
+ * fill what would be 1F1B's cool-down bubble. */
+static tdm_status gen_zb1p(tdm_pp_schedule *s, int r) {
+  int M = s->M, w = s->P - 1 - r < M ? s->P - 1 - r : M, next_w = 0;
+  for (int m = 0; m < w; m++) TDM__TRY(emit_forward(s, r, r, m));
+  for (int i = 0; i < M; i++) {
+    if (i < M - w) TDM__TRY(emit_forward(s, r, r, w + i));
+    TDM__TRY(emit_backward(s, r, r, i, 1));
+    if (i - next_w + 1 > r) TDM__TRY(emit_weight(s, r, r, next_w++));
   }
-  for (int i = 0; st == TDM_OK && i < P * M; i++) sent_act[i] = sent_grad[i] = -1;
-  int left = P;
-  while (st == TDM_OK && left > 0) {
-    zb_rank *q = NULL; /* the rank that is earliest in time decides next */
-    for (int r = 0; r < P; r++)
-      if (!z[r].done && (!q || z[r].t < q->t)) q = &z[r];
-    int r = q->r, pending = q->wq_tail - q->wq_head;
-    if (q->pos == q->n_main) { /* every weight pass left, then the step */
-      while (st == TDM_OK && q->wq_head < q->wq_tail) st = emit_weight(s, r, r, q->wq[q->wq_head++]);
-      q->done = 1, left--;
-      continue;
-    }
-    int op = q->main_op[q->pos], m = q->main_m[q->pos];
-    long ready = op == 0 ? (r == 0 ? 0 : sent_act[(r - 1) * M + m]) : (r == P - 1 ? 0 : sent_grad[(r + 1) * M + m]);
-    if (ready < 0 || ready > q->t) { /* the input has not come: a postponed weight pass, or wait */
-      if (pending) {
-        st = emit_weight(s, r, r, q->wq[q->wq_head++]);
-        q->t += 1;
-      } else {
-        q->t += 1;
-      }
-      continue;
-    }
-    q->pos++;
-    q->t += 1;
-    if (op == 0) {
-      st = emit_forward(s, r, r, m);
-      sent_act[r * M + m] = q->t;
-    } else {
-      st = emit_backward(s, r, r, m, 1);
-      sent_grad[r * M + m] = q->t;
-      q->wq[q->wq_tail++] = m;
-      if (st == TDM_OK && q->wq_tail - q->wq_head > r) { /* too many postponed: one now */
-        st = emit_weight(s, r, r, q->wq[q->wq_head++]);
-        q->t += 1;
-      }
-    }
-  }
-  for (int r = 0; z && r < P; r++) tdm__free(z[r].main_op), tdm__free(z[r].main_m), tdm__free(z[r].wq);
-  tdm__free(z);
-  tdm__free(sent_act);
-  tdm__free(sent_grad);
-  return st;
+  while (next_w < M) TDM__TRY(emit_weight(s, r, r, next_w++));
+  return TDM_OK;
 }
 
 tdm_status tdm__pp_schedule_generate(tdm_pp_schedule *s) {
   tdm_status st = TDM_OK;
-  if (s->kind == TDM_PP_ZB1P) st = gen_zb1p(s);
   for (int r = 0; st == TDM_OK && r < s->P; r++) {
-    if (s->kind == TDM_PP_GPIPE) st = gen_gpipe(s, r);
+    if (s->kind == TDM_PP_ZB1P) st = gen_zb1p(s, r);
+    else if (s->kind == TDM_PP_GPIPE) st = gen_gpipe(s, r);
     else if (s->kind == TDM_PP_1F1B) st = gen_1f1b(s, r);
     else if (s->kind == TDM_PP_INTERLEAVED) st = gen_interleaved(s, r);
     if (st == TDM_OK) st = tdm_pp_schedule_push(s, r, TDM_PP_OPTIM, -1, -1);
@@ -256,7 +229,7 @@ tdm_status tdm__pp_schedule_generate(tdm_pp_schedule *s) {
   return st;
 }
 
-tdm_status tdm_pp_schedule_create(tdm_pp_schedule **out, tdm_pp_schedule_kind kind, int P, int V, int M, int tied) {
+tdm_status tdm_pp_schedule_create(tdm_pp_schedule **out, tdm_pp_schedule_kind kind, int P, int V, int M) {
   if (!out) return tdm__set_error(TDM_ERR_INVALID_ARG, "pipeline schedule: out is NULL");
   *out = NULL;
   if ((unsigned)kind >= TDM_PP_SCHEDULE_COUNT)
@@ -276,7 +249,7 @@ tdm_status tdm_pp_schedule_create(tdm_pp_schedule **out, tdm_pp_schedule_kind ki
                           "ranks, at least %d (give --microbatches %d or %d, or use 1f1b)",
                           M, P, P, M < P ? P : M / P * P, (M / P + 1) * P);
   tdm_pp_schedule *s;
-  TDM__TRY(tdm_pp_schedule_alloc(&s, kind, P, V, M, tied));
+  TDM__TRY(tdm_pp_schedule_alloc(&s, kind, P, V, M));
   tdm_status st = tdm__pp_schedule_generate(s);
   if (st == TDM_OK) st = tdm_pp_schedule_verify(s, NULL);
   if (st != TDM_OK) {
@@ -288,9 +261,16 @@ tdm_status tdm_pp_schedule_create(tdm_pp_schedule **out, tdm_pp_schedule_kind ki
 }
 #undef PUSH
 
-/* ---- the verifier --------------------------------------------------------------------------------- */
-enum { F_GOT_ACT = 1, F_FWD = 2, F_SENT_ACT = 4, F_GOT_GRAD = 8, F_BWD_IN = 16, F_BWD_W = 32, F_SENT_GRAD = 64,
-       F_SENT_TIED = 128, F_GOT_TIED = 256, F_SPLIT = 512 };
+/* ---- the verifier ------------------------------------------------------------------------------
+ * The simulation runs a list as the engine does. The main thread computes; a run of consecutive
+ * sends and receives is one exchange, which it hands to its communication thread and goes on. That
+ * thread runs exchanges one at a time in order (tdm_comm_p2p_batch); a message moves once its
+ * sender and its receiver are both in the exchanges that hold it (the worst case of every
+ * transport: a send may wait for its receiver) and an exchange ends when all of its messages have
+ * moved. A forward waits for the exchange that brings its input, a backward for the one that brings
+ * its output's gradient, the optimizer for every exchange. Messages from one rank to another
+ * arrive in the order they were sent. */
+enum { F_GOT_ACT = 1, F_FWD = 2, F_SENT_ACT = 4, F_GOT_GRAD = 8, F_BWD_IN = 16, F_BWD_W = 32, F_SENT_GRAD = 64, F_SPLIT = 128 };
 
 static const char *what(const tdm_pp_action *a, char *b, size_t n) {
   if (a->op == TDM_PP_OPTIM) snprintf(b, n, "%s", op_names[a->op]);
@@ -317,10 +297,12 @@ static tdm_status check_rank(const tdm_pp_schedule *s, int r, unsigned *fl) {
       continue;
     }
     char why[160];
-    if (a->chunk < 0 || a->chunk >= C || a->chunk % P != r) {
-      snprintf(why, sizeof why, "chunk %d %s", a->chunk,
-               a->chunk < 0 || a->chunk >= C ? "does not exist" : "lives on another rank");
-      if (a->chunk >= 0 && a->chunk < C) snprintf(why, sizeof why, "chunk %d lives on rank %d", a->chunk, a->chunk % P);
+    if (a->chunk < 0 || a->chunk >= C) {
+      snprintf(why, sizeof why, "chunk %d does not exist: the model has %d (0..%d)", a->chunk, C, C - 1);
+      return bad(s, r, i, why);
+    }
+    if (a->chunk % P != r) {
+      snprintf(why, sizeof why, "chunk %d lives on rank %d", a->chunk, a->chunk % P);
       return bad(s, r, i, why);
     }
     if (a->mb < 0 || a->mb >= M) {
@@ -328,10 +310,10 @@ static tdm_status check_rank(const tdm_pp_schedule *s, int r, unsigned *fl) {
       return bad(s, r, i, why);
     }
     unsigned *f = &fl[(a->chunk / P) * M + a->mb];
-    int c = a->chunk, first = c == 0, last = c == C - 1;
-#define NEED(cond, msg)                        \
-  do {                                         \
-    if (!(cond)) return bad(s, r, i, msg);     \
+    int first = a->chunk == 0, last = a->chunk == C - 1;
+#define NEED(cond, msg)                    \
+  do {                                     \
+    if (!(cond)) return bad(s, r, i, msg); \
   } while (0)
 #define ONCE(bit) NEED(!(*f & (bit)), "appears twice")
     switch (a->op) {
@@ -361,18 +343,11 @@ static tdm_status check_rank(const tdm_pp_schedule *s, int r, unsigned *fl) {
       ONCE(F_BWD_IN);
       NEED(*f & F_FWD, "runs before its forward");
       NEED(last || (*f & F_GOT_GRAD), "runs before the gradient of its output is received");
-      if (a->op == TDM_PP_BACKWARD) {
-        NEED(!s->tied || !first || (*f & F_GOT_TIED), "runs before the tied weight's part of the gradient is received");
-        *f |= F_BWD_W;
-      } else {
-        *f |= F_SPLIT;
-      }
-      *f |= F_BWD_IN;
+      *f |= F_BWD_IN | (a->op == TDM_PP_BACKWARD ? F_BWD_W : F_SPLIT);
       break;
     case TDM_PP_BACKWARD_WEIGHT:
       ONCE(F_BWD_W);
       NEED(*f & F_SPLIT, "runs before its input pass (backward (input))");
-      NEED(!s->tied || !first || (*f & F_GOT_TIED), "runs before the tied weight's part of the gradient is received");
       *f |= F_BWD_W;
       break;
     case TDM_PP_SEND_GRAD:
@@ -381,17 +356,6 @@ static tdm_status check_rank(const tdm_pp_schedule *s, int r, unsigned *fl) {
       NEED(*f & F_BWD_IN, "sends a gradient its backward has not made yet");
       *f |= F_SENT_GRAD;
       break;
-    case TDM_PP_SEND_TIED:
-      NEED(s->tied && last, "only the last chunk sends the tied weight's part, and only with a tied weight across ranks");
-      ONCE(F_SENT_TIED);
-      NEED(*f & F_BWD_IN, "sends what its backward has not made yet");
-      *f |= F_SENT_TIED;
-      break;
-    case TDM_PP_RECV_TIED:
-      NEED(s->tied && first, "only the first chunk receives the tied weight's part, and only with a tied weight across ranks");
-      ONCE(F_GOT_TIED);
-      *f |= F_GOT_TIED;
-      break;
     default:
       break;
     }
@@ -399,19 +363,18 @@ static tdm_status check_rank(const tdm_pp_schedule *s, int r, unsigned *fl) {
 #undef NEED
   }
   /* complete: every chunk micro-batch of this rank, each part once */
+  static const struct {
+    unsigned bit;
+    tdm_pp_op op;
+  } parts[] = {{F_GOT_ACT, TDM_PP_RECV_ACT},   {F_FWD, TDM_PP_FORWARD},     {F_SENT_ACT, TDM_PP_SEND_ACT},
+               {F_GOT_GRAD, TDM_PP_RECV_GRAD}, {F_BWD_IN, TDM_PP_BACKWARD}, {F_BWD_W, TDM_PP_BACKWARD_WEIGHT},
+               {F_SENT_GRAD, TDM_PP_SEND_GRAD}};
   for (int k = 0; k < V; k++)
     for (int m = 0; m < M; m++) {
       int c = k * P + r;
       unsigned f = fl[k * M + m], want = F_FWD | F_BWD_IN | F_BWD_W;
       if (c > 0) want |= F_GOT_ACT | F_SENT_GRAD;
       if (c < C - 1) want |= F_SENT_ACT | F_GOT_GRAD;
-      if (s->tied && c == C - 1) want |= F_SENT_TIED;
-      if (s->tied && c == 0) want |= F_GOT_TIED;
-      if ((f & want) == want) continue;
-      static const struct { unsigned bit; tdm_pp_op op; } parts[] = {
-          {F_GOT_ACT, TDM_PP_RECV_ACT},   {F_FWD, TDM_PP_FORWARD},     {F_SENT_ACT, TDM_PP_SEND_ACT},
-          {F_GOT_GRAD, TDM_PP_RECV_GRAD}, {F_BWD_IN, TDM_PP_BACKWARD}, {F_BWD_W, TDM_PP_BACKWARD_WEIGHT},
-          {F_SENT_GRAD, TDM_PP_SEND_GRAD}, {F_SENT_TIED, TDM_PP_SEND_TIED}, {F_GOT_TIED, TDM_PP_RECV_TIED}};
       for (size_t p = 0; p < sizeof parts / sizeof parts[0]; p++)
         if ((want & parts[p].bit) && !(f & parts[p].bit))
           return tdm__set_error(TDM_ERR_INVALID_ARG,
@@ -424,37 +387,22 @@ static tdm_status check_rank(const tdm_pp_schedule *s, int r, unsigned *fl) {
   return TDM_OK;
 }
 
-/* Messages travel on links (from, to, kind), first in, first out, as the engine's links do. */
-typedef struct {
-  int chunk, mb, from_action;
-  double t;
-} msg;
-typedef struct {
-  msg *q;
-  int head, tail, cap;
-} link_q;
+static int is_send(tdm_pp_op op) { return op == TDM_PP_SEND_ACT || op == TDM_PP_SEND_GRAD; }
+static int is_recv(tdm_pp_op op) { return op == TDM_PP_RECV_ACT || op == TDM_PP_RECV_GRAD; }
+static int is_comm(tdm_pp_op op) { return is_send(op) || is_recv(op); }
 
-static int kind_of(tdm_pp_op op) {
-  return op == TDM_PP_SEND_ACT || op == TDM_PP_RECV_ACT ? 0 : op == TDM_PP_SEND_GRAD || op == TDM_PP_RECV_GRAD ? 1 : 2;
-}
-static const char *kind_word[] = {"activation", "gradient", "tied"};
-
-/* The peer of a send or receive, and the (chunk, micro-batch) the message is for at the receiver. */
-static int peer_of(const tdm_pp_schedule *s, const tdm_pp_action *a, int *chunk) {
-  int C = s->P * s->V;
+/* The peer of a send or receive, and the message as the receiver names it: (kind, chunk, mb). */
+static int peer_of(const tdm_pp_schedule *s, const tdm_pp_action *a, int *kind, int *chunk) {
+  *kind = a->op == TDM_PP_SEND_ACT || a->op == TDM_PP_RECV_ACT ? 0 : 1;
   switch (a->op) {
   case TDM_PP_SEND_ACT: *chunk = a->chunk + 1; return (a->chunk + 1) % s->P;
   case TDM_PP_RECV_ACT: *chunk = a->chunk; return (a->chunk - 1) % s->P;
   case TDM_PP_SEND_GRAD: *chunk = a->chunk - 1; return (a->chunk - 1) % s->P;
   case TDM_PP_RECV_GRAD: *chunk = a->chunk; return (a->chunk + 1) % s->P;
-  case TDM_PP_SEND_TIED: *chunk = 0; return 0;
-  case TDM_PP_RECV_TIED: *chunk = 0; return (C - 1) % s->P;
   default: *chunk = -1; return -1;
   }
 }
-
-static int is_send(tdm_pp_op op) { return op == TDM_PP_SEND_ACT || op == TDM_PP_SEND_GRAD || op == TDM_PP_SEND_TIED; }
-static int is_recv(tdm_pp_op op) { return op == TDM_PP_RECV_ACT || op == TDM_PP_RECV_GRAD || op == TDM_PP_RECV_TIED; }
+static const char *kind_word[] = {"activation", "gradient"};
 
 static double cost_of(const tdm_pp_costs *c, tdm_pp_op op) {
   switch (op) {
@@ -466,115 +414,252 @@ static double cost_of(const tdm_pp_costs *c, tdm_pp_op op) {
   }
 }
 
+typedef struct {
+  int *v, n, cap;
+} ivec;
+static int ivec_push(ivec *v, int x) {
+  if (v->n == v->cap) {
+    int nc = v->cap ? 2 * v->cap : 16;
+    int *nv = tdm__malloc(sizeof(int) * (size_t)nc);
+    if (!nv) return 0;
+    if (v->v) memcpy(nv, v->v, sizeof(int) * (size_t)v->n);
+    tdm__free(v->v);
+    v->v = nv, v->cap = nc;
+  }
+  v->v[v->n++] = x;
+  return 1;
+}
+
+typedef struct {
+  const tdm_pp_schedule *s;
+  int P;
+  int **partner; /* partner[r][i]: rank * 2^24 + action index of the other end, -1 for compute */
+  int **ex;      /* ex[r][i]: the exchange (first action index) action i belongs to, -1 for compute */
+  char **moved;
+  double **mt;   /* when the message moved */
+} sim;
+
+static void sim_free(sim *m) {
+  for (int r = 0; r < m->P; r++) {
+    if (m->partner) tdm__free(m->partner[r]);
+    if (m->ex) tdm__free(m->ex[r]);
+    if (m->moved) tdm__free(m->moved[r]);
+    if (m->mt) tdm__free(m->mt[r]);
+  }
+  tdm__free(m->partner), tdm__free(m->ex), tdm__free(m->moved), tdm__free(m->mt);
+}
+
+#define PR(x) ((x) >> 24)
+#define PI(x) ((x) & 0xffffff)
+
+/* Pairs the k-th send from a to b with the k-th receive on b from a, and checks they name the same
+ * message. */
+static tdm_status match(tdm_pp_schedule *s, sim *m) {
+  int P = s->P;
+  char b1[96], why[320];
+  ivec *out = tdm__calloc((size_t)P * (size_t)P, sizeof *out), *in = tdm__calloc((size_t)P * (size_t)P, sizeof *in);
+  tdm_status st = out && in ? TDM_OK : tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline schedule: out of memory");
+  for (int r = 0; st == TDM_OK && r < P; r++)
+    for (int i = 0; i < s->n[r]; i++) {
+      int kind, chunk, peer = peer_of(s, &s->a[r][i], &kind, &chunk);
+      if (peer < 0) continue;
+      ivec *v = is_send(s->a[r][i].op) ? &out[r * P + peer] : &in[r * P + peer];
+      if (!ivec_push(v, i)) {
+        st = tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline schedule: out of memory");
+        break;
+      }
+    }
+  for (int a = 0; st == TDM_OK && a < P; a++)
+    for (int b = 0; st == TDM_OK && b < P; b++) {
+      ivec *o = &out[a * P + b], *iv = &in[b * P + a];
+      for (int k = 0; k < o->n && k < iv->n; k++) {
+        const tdm_pp_action *sa = &s->a[a][o->v[k]], *ra = &s->a[b][iv->v[k]];
+        int sk, sc, rk, rc;
+        peer_of(s, sa, &sk, &sc);
+        peer_of(s, ra, &rk, &rc);
+        if (sk != rk || sc != rc || sa->mb != ra->mb) {
+          snprintf(why, sizeof why,
+                   "the next message from rank %d is the %s for chunk %d, micro-batch %d (its action %d, %s): messages "
+                   "between two ranks arrive in the order sent",
+                   a, kind_word[sk], sc, sa->mb, o->v[k], what(sa, b1, sizeof b1));
+          st = bad(s, b, iv->v[k], why);
+          break;
+        }
+        m->partner[a][o->v[k]] = b << 24 | iv->v[k];
+        m->partner[b][iv->v[k]] = a << 24 | o->v[k];
+      }
+      if (st == TDM_OK && o->n > iv->n) {
+        snprintf(why, sizeof why, "rank %d never receives it", b);
+        st = bad(s, a, o->v[iv->n], why);
+      } else if (st == TDM_OK && iv->n > o->n) {
+        snprintf(why, sizeof why, "waits forever: rank %d never sends it", a);
+        st = bad(s, b, iv->v[o->n], why);
+      }
+    }
+  for (int k = 0; out && in && k < P * P; k++) tdm__free(out[k].v), tdm__free(in[k].v);
+  tdm__free(out), tdm__free(in);
+  return st;
+}
+
+/* Ranks that did not finish wait on each other: from r, follow each rank's exchange to the peer of
+ * its first message that has not moved, until a rank repeats, and name that cycle. */
+static tdm_status deadlock(const tdm_pp_schedule *s, const sim *m, const int *cur, int r) {
+  int P = s->P, x = r;
+  char msgbuf[1024], b[96];
+  int *seen = tdm__calloc((size_t)P, sizeof(int)), *at_action = tdm__calloc((size_t)P, sizeof(int));
+  if (!seen || !at_action) {
+    tdm__free(seen), tdm__free(at_action);
+    return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline schedule: out of memory");
+  }
+  for (int q = 0; q < P; q++) { /* the first message of q's current exchange that has not moved */
+    at_action[q] = -1;
+    for (int i = cur[q]; i >= 0 && i < s->n[q] && m->ex[q][i] == cur[q]; i++)
+      if (!m->moved[q][i]) {
+        at_action[q] = i;
+        break;
+      }
+  }
+  while (!seen[x] && at_action[x] >= 0) {
+    seen[x] = 1;
+    x = PR(m->partner[x][at_action[x]]);
+  }
+  if (at_action[x] < 0) { /* cannot happen: a rank that waits has an exchange that waits */
+    tdm__free(seen), tdm__free(at_action);
+    return tdm__set_error(TDM_ERR_INTERNAL, "pipeline schedule: rank %d stops without waiting", x);
+  }
+  size_t at = (size_t)snprintf(msgbuf, sizeof msgbuf, "pipeline schedule %s (P %d, V %d, M %d) deadlocks: rank %d",
+                               tdm_pp_schedule_name(s->kind), P, s->V, s->M, x);
+  int start = x;
+  do {
+    int i = at_action[x], nx = PR(m->partner[x][i]);
+    at += (size_t)snprintf(msgbuf + at, at < sizeof msgbuf ? sizeof msgbuf - at : 0, "%s waits at action %d (%s) for rank %d",
+                           x == start ? "" : ", which", i, what(&s->a[x][i], b, sizeof b), nx);
+    x = nx;
+  } while (x != start && at < sizeof msgbuf);
+  tdm__free(seen), tdm__free(at_action);
+  return tdm__set_error(TDM_ERR_INVALID_ARG, "%s", msgbuf);
+}
+
+/* The action whose exchange brings compute action i its input: the receive of its activation
+ * (forward) or of its output's gradient (backward), -1 when none. */
+static int input_of(const tdm_pp_schedule *s, int r, int i) {
+  const tdm_pp_action *a = &s->a[r][i];
+  tdm_pp_op want = a->op == TDM_PP_FORWARD ? TDM_PP_RECV_ACT
+                   : a->op == TDM_PP_BACKWARD || a->op == TDM_PP_BACKWARD_INPUT ? TDM_PP_RECV_GRAD
+                                                                                : TDM_PP_OP_COUNT;
+  for (int j = i - 1; want != TDM_PP_OP_COUNT && j >= 0; j--)
+    if (s->a[r][j].op == want && s->a[r][j].chunk == a->chunk && s->a[r][j].mb == a->mb) return j;
+  return -1;
+}
+
 tdm_status tdm_pp_schedule_verify(tdm_pp_schedule *s, const tdm_pp_costs *costs) {
   if (!s) return tdm__set_error(TDM_ERR_INVALID_ARG, "pipeline schedule: NULL");
   tdm_pp_costs unit = {1, 2, 1, 1};
   if (!costs) costs = &unit;
   int P = s->P, V = s->V, M = s->M;
+  sim m = {s, P, tdm__calloc((size_t)P, sizeof(int *)), tdm__calloc((size_t)P, sizeof(int *)),
+           tdm__calloc((size_t)P, sizeof(char *)), tdm__calloc((size_t)P, sizeof(double *))};
   unsigned *fl = tdm__malloc(sizeof(unsigned) * (size_t)V * (size_t)M);
+  /* per rank: the main thread's next action and time; the exchanges it has issued, which its
+   * communication thread runs in order: the current one (its first action), and when it started */
   int *pc = tdm__calloc((size_t)P, sizeof(int)), *held = tdm__calloc((size_t)P, sizeof(int));
+  int *cur = tdm__malloc(sizeof(int) * (size_t)P), *issued = tdm__calloc((size_t)P, sizeof(int));
   double *t = tdm__calloc((size_t)P, sizeof(double)), *busy = tdm__calloc((size_t)P, sizeof(double));
-  link_q *L = tdm__calloc((size_t)P * (size_t)P * 3, sizeof *L);
-  char b1[96], b2[96];
-  tdm_status st = fl && pc && held && t && busy && L ? TDM_OK : tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline schedule: out of memory");
-  for (int r = 0; st == TDM_OK && r < P; r++) st = check_rank(s, r, fl);
-  /* run every rank until it waits for a message not yet sent; again until nobody moves */
-  for (int moved = 1; st == TDM_OK && moved;) {
-    moved = 0;
-    for (int r = 0; st == TDM_OK && r < P; r++) {
-      for (; st == TDM_OK && pc[r] < s->n[r]; pc[r]++) {
-        tdm_pp_action *a = &s->a[r][pc[r]];
-        int chunk, peer = peer_of(s, a, &chunk);
-        if (is_send(a->op)) {
-          link_q *q = &L[((size_t)r * (size_t)P + (size_t)peer) * 3 + (size_t)kind_of(a->op)];
-          if (q->tail == q->cap) {
-            int nc = q->cap ? 2 * q->cap : 16;
-            msg *nq = tdm__malloc(sizeof *nq * (size_t)nc);
-            if (!nq) {
-              st = tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline schedule: out of memory");
-              break;
-            }
-            if (q->q) memcpy(nq, q->q, sizeof *nq * (size_t)q->tail);
-            tdm__free(q->q);
-            q->q = nq, q->cap = nc;
-          }
-          q->q[q->tail++] = (msg){chunk, a->mb, pc[r], t[r]};
-          a->start = a->end = t[r];
-        } else if (is_recv(a->op)) {
-          link_q *q = &L[((size_t)peer * (size_t)P + (size_t)r) * 3 + (size_t)kind_of(a->op)];
-          if (q->head == q->tail) break; /* waits */
-          msg *h = &q->q[q->head];
-          if (h->chunk != chunk || h->mb != a->mb) {
-            char why[300];
-            snprintf(why, sizeof why,
-                     "the next %s message from rank %d is for chunk %d, micro-batch %d (its action %d, %s): the ranks "
-                     "send and receive in different orders",
-                     kind_word[kind_of(a->op)], peer, h->chunk, h->mb, h->from_action, what(&s->a[peer][h->from_action], b1, sizeof b1));
-            st = bad(s, r, pc[r], why);
-            break;
-          }
-          q->head++;
-          if (h->t > t[r]) t[r] = h->t;
-          a->start = a->end = t[r];
-        } else {
-          double c = cost_of(costs, a->op);
-          a->start = t[r];
-          a->end = t[r] += c;
-          busy[r] += c;
-          if (a->op == TDM_PP_FORWARD) {
-            if (++held[r] > s->peak[r]) s->peak[r] = held[r];
-          } else if (a->op == TDM_PP_BACKWARD || a->op == TDM_PP_BACKWARD_WEIGHT) {
-            held[r]--;
-          }
-        }
-        moved = 1;
-      }
-    }
-  }
-  /* a rank that did not finish waits for a message that never comes: name why */
+  double *comm_free = tdm__calloc((size_t)P, sizeof(double));
+  tdm_status st = fl && pc && held && cur && issued && t && busy && comm_free && m.partner && m.ex && m.moved && m.mt
+                      ? TDM_OK
+                      : tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline schedule: out of memory");
   for (int r = 0; st == TDM_OK && r < P; r++) {
-    if (pc[r] == s->n[r]) continue;
-    int chunk, peer = peer_of(s, &s->a[r][pc[r]], &chunk);
-    if (pc[peer] == s->n[peer]) {
-      char why[200];
-      snprintf(why, sizeof why, "waits forever: rank %d finishes its list without sending it", peer);
-      st = bad(s, r, pc[r], why);
-      break;
-    }
-    /* a cycle of waits: follow who waits for whom from r until a rank repeats */
-    int *seen = tdm__calloc((size_t)P, sizeof(int)), x = r, step = 1;
-    if (!seen) {
+    size_t n = (size_t)(s->n[r] ? s->n[r] : 1);
+    m.partner[r] = tdm__malloc(sizeof(int) * n), m.ex[r] = tdm__malloc(sizeof(int) * n);
+    m.moved[r] = tdm__calloc(n, 1), m.mt[r] = tdm__calloc(n, sizeof(double));
+    if (!m.partner[r] || !m.ex[r] || !m.moved[r] || !m.mt[r]) {
       st = tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline schedule: out of memory");
       break;
     }
-    while (!seen[x]) {
-      seen[x] = step++;
-      int c2;
-      x = peer_of(s, &s->a[x][pc[x]], &c2);
+    for (int i = 0; i < s->n[r]; i++) {
+      m.partner[r][i] = -1;
+      m.ex[r][i] = !is_comm(s->a[r][i].op) ? -1 : i > 0 && m.ex[r][i - 1] >= 0 ? m.ex[r][i - 1] : i;
+      s->a[r][i].start = s->a[r][i].end = -1;
     }
-    char msgbuf[1024];
-    size_t at = (size_t)snprintf(msgbuf, sizeof msgbuf, "pipeline schedule %s (P %d, V %d, M %d) deadlocks: ",
-                                 tdm_pp_schedule_name(s->kind), P, V, M);
-    int start = x;
-    do {
-      int c2, nx = peer_of(s, &s->a[x][pc[x]], &c2);
-      if (x == start) at += (size_t)snprintf(msgbuf + at, sizeof msgbuf - at, "rank %d", x);
-      at += (size_t)snprintf(msgbuf + at, at < sizeof msgbuf ? sizeof msgbuf - at : 0, "%s waits at action %d (%s) for rank %d",
-                             x == start ? "" : ", which", pc[x], what(&s->a[x][pc[x]], b2, sizeof b2), nx);
-      x = nx;
-    } while (x != start && at < sizeof msgbuf);
-    tdm__free(seen);
-    st = tdm__set_error(TDM_ERR_INVALID_ARG, "%s", msgbuf);
+    s->peak[r] = 0;
+    cur[r] = -1;
   }
-  /* every send received */
-  for (size_t k = 0; st == TDM_OK && k < (size_t)P * (size_t)P * 3; k++) {
-    link_q *q = &L[k];
-    if (q->head == q->tail) continue;
-    int from = (int)(k / 3 / (size_t)P), to = (int)(k / 3 % (size_t)P);
-    char why[160];
-    snprintf(why, sizeof why, "rank %d never receives it", to);
-    st = bad(s, from, q->q[q->head].from_action, why);
+  for (int r = 0; st == TDM_OK && r < P; r++) st = check_rank(s, r, fl);
+  if (st == TDM_OK) st = match(s, &m);
+  /* an exchange has ended when its last action has an end time */
+#define ENDED(r, e) (s->a[r][ex_last(s, &m, r, e)].end >= 0)
+  for (int progress = 1; st == TDM_OK && progress;) {
+    progress = 0;
+    for (int r = 0; r < P; r++) {
+      /* the main thread: issues exchanges, computes when its inputs are there */
+      while (pc[r] < s->n[r]) {
+        tdm_pp_action *a = &s->a[r][pc[r]];
+        if (is_comm(a->op)) { /* issue the exchange; it starts when the ones before it have ended */
+          int e = pc[r];
+          while (pc[r] < s->n[r] && m.ex[r][pc[r]] == e) s->a[r][pc[r]++].start = t[r]; /* issued at */
+          issued[r]++;
+          progress = 1;
+          continue;
+        }
+        double ready = t[r];
+        if (a->op == TDM_PP_OPTIM) { /* after every exchange */
+          int last = -1;
+          for (int j = pc[r] - 1; j >= 0 && last < 0; j--)
+            if (is_comm(s->a[r][j].op)) last = j;
+          if (last >= 0 && s->a[r][last].end < 0) break;
+          if (last >= 0 && s->a[r][last].end > ready) ready = s->a[r][last].end;
+        } else {
+          int in = input_of(s, r, pc[r]);
+          if (in >= 0 && s->a[r][in].end < 0) break; /* waits for that exchange */
+          if (in >= 0 && s->a[r][in].end > ready) ready = s->a[r][in].end;
+        }
+        double c = cost_of(costs, a->op);
+        a->start = ready;
+        a->end = t[r] = ready + c;
+        busy[r] += c;
+        if (a->op == TDM_PP_FORWARD && ++held[r] > s->peak[r]) s->peak[r] = held[r];
+        if (a->op == TDM_PP_BACKWARD || a->op == TDM_PP_BACKWARD_WEIGHT) held[r]--;
+        pc[r]++;
+        progress = 1;
+      }
+      /* the communication thread: the oldest issued exchange that has not ended */
+      for (;;) {
+        if (cur[r] < 0) { /* the next issued exchange, if any */
+          int next = -1;
+          for (int j = 0; j < pc[r] && next < 0; j++)
+            if (m.ex[r][j] == j && s->a[r][j].end < 0 && s->a[r][j].start >= 0) next = j;
+          if (next < 0) break;
+          cur[r] = next;
+          double st0 = s->a[r][next].start > comm_free[r] ? s->a[r][next].start : comm_free[r];
+          for (int j = next; j < s->n[r] && m.ex[r][j] == next; j++) s->a[r][j].start = st0;
+        }
+        int e = cur[r], all = 1, i;
+        double end = s->a[r][e].start;
+        for (i = e; i < s->n[r] && m.ex[r][i] == e; i++) {
+          if (!m.moved[r][i]) {
+            int q = PR(m.partner[r][i]), j = PI(m.partner[r][i]);
+            if (cur[q] >= 0 && m.ex[q][j] == cur[q]) { /* the other end is in its exchange */
+              double tm = s->a[r][i].start > s->a[q][j].start ? s->a[r][i].start : s->a[q][j].start;
+              m.moved[r][i] = m.moved[q][j] = 1;
+              m.mt[r][i] = m.mt[q][j] = tm;
+              progress = 1;
+            }
+          }
+          if (!m.moved[r][i]) all = 0;
+          else if (m.mt[r][i] > end) end = m.mt[r][i];
+        }
+        if (!all) break;
+        for (int k = e; k < i; k++) s->a[r][k].end = end;
+        comm_free[r] = end;
+        cur[r] = -1;
+        progress = 1;
+      }
+    }
   }
+#undef ENDED
+  for (int r = 0; st == TDM_OK && r < P; r++)
+    if (pc[r] < s->n[r] || cur[r] >= 0) st = deadlock(s, &m, cur, r);
   if (st == TDM_OK) {
     double mk = 0, sum = 0;
     for (int r = 0; r < P; r++)
@@ -586,10 +671,13 @@ tdm_status tdm_pp_schedule_verify(tdm_pp_schedule *s, const tdm_pp_costs *costs)
     s->bubble = mk > 0 ? (P * mk - sum) / (P * mk) : 0;
     s->bubble_ratio = sum > 0 ? (P * mk - sum) / sum : 0;
   }
-  for (size_t k = 0; L && k < (size_t)P * (size_t)P * 3; k++) tdm__free(L[k].q);
-  tdm__free(L), tdm__free(fl), tdm__free(pc), tdm__free(held), tdm__free(t), tdm__free(busy);
+  sim_free(&m);
+  tdm__free(fl), tdm__free(pc), tdm__free(held), tdm__free(cur), tdm__free(issued), tdm__free(t), tdm__free(busy);
+  tdm__free(comm_free);
   return st;
 }
+#undef PR
+#undef PI
 
 /* ---- drawing ------------------------------------------------------------------------------------- */
 static char letter(tdm_pp_op op) {
