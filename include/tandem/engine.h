@@ -16,6 +16,9 @@
  *   dp    every rank holds everything; gradient buckets are averaged while backward runs
  *   zero  ZeRO stages 1-3: optimizer state, then gradients, then parameters sharded over the
  *         data axis; at stage 3 parameters are gathered unit by unit just before use
+ *   pipeline  GPT's blocks cut into stages over the pipeline axis; each step runs a verified
+ *         schedule (tandem/pipeline.h) of forwards, backwards and exchanges between neighbours;
+ *         gradients averaged over the data axis as data parallelism does
  * Every engine gives the same result as every other at the same world size, bit for bit: the
  * gradients of all of them are reduced in the same order (rank order, whatever the transport),
  * and the gradient norm is formed from segment sums in a fixed order (tdm_grad_sumsq_segments).
@@ -31,6 +34,7 @@
 #include "tandem/comm.h"
 #include "tandem/nn.h"
 #include "tandem/optim.h"
+#include "tandem/pipeline.h"
 #include "tandem/safetensors.h"
 
 #ifdef __cplusplus
@@ -56,7 +60,7 @@ int tdm_grid_size(const tdm_grid *g, tdm_grid_axis a);
 int tdm_grid_index(const tdm_grid *g, tdm_grid_axis a);
 
 /* ---- engines ---------------------------------------------------------------------------------- */
-typedef enum { TDM_ENGINE_DP = 0, TDM_ENGINE_ZERO, TDM_ENGINE_KIND_COUNT } tdm_engine_kind;
+typedef enum { TDM_ENGINE_DP = 0, TDM_ENGINE_ZERO, TDM_ENGINE_PIPELINE, TDM_ENGINE_KIND_COUNT } tdm_engine_kind;
 const char *tdm_engine_kind_name(tdm_engine_kind k);
 
 /* Data parallelism (stage 0). */
@@ -76,6 +80,16 @@ typedef struct tdm_engine_zero_config {
   int prefetch;          /* stage 3: gather the next unit while this one computes (default 1) */
 } tdm_engine_zero_config;
 
+/* Pipeline parallelism (GPT): the micro-batches of a step are the engine's accumulation (accum). */
+#define TDM_PP_MAX_SPLIT 256
+typedef struct tdm_engine_pipeline_config {
+  tdm_pp_schedule_kind schedule; /* default 1F1B */
+  int virtual_stages;            /* chunks per rank (interleaved; 0: 2 for interleaved, else 1) */
+  int n_split;                   /* > 0: blocks per chunk, by hand (split[0..n_split)); 0: balanced by
+                                    the planner's cost per block */
+  int split[TDM_PP_MAX_SPLIT];
+} tdm_engine_pipeline_config;
+
 typedef struct tdm_engine_config {
   tdm_engine_kind kind;
   int64_t accum;          /* micro-batches per optimizer step (0 or 1: none) */
@@ -83,6 +97,7 @@ typedef struct tdm_engine_config {
   int allow_nonfinite;    /* 0: a non-finite loss or gradient norm fails the step */
   tdm_engine_dp_config dp;
   tdm_engine_zero_config zero;
+  tdm_engine_pipeline_config pp;
 } tdm_engine_config;
 tdm_engine_config tdm_engine_config_default(void);
 
@@ -115,6 +130,11 @@ void tdm_engine_destroy(tdm_engine *e);
  * clipping; update. dropout_seed keys this step's dropout masks. Collective over the world. */
 tdm_status tdm_engine_step(tdm_engine *e, tdm_batch_fn next, void *ctx, uint64_t dropout_seed, float lr,
                            tdm_step_stats *stats);
+
+/* Evaluation of one batch (gradients and dropout off): the mean cross-entropy of the logits and
+ * the rows whose argmax is the target. Every rank of a pipeline gives x and y and gets the numbers
+ * (collective over the pipeline axis; ZeRO stage 3 gathers as forward does). */
+tdm_status tdm_engine_eval(tdm_engine *e, tdm_tensor *x, tdm_tensor *y, double *loss, double *correct, double *rows);
 
 tdm_model *tdm_engine_model(const tdm_engine *e);
 tdm_tape *tdm_engine_tape(const tdm_engine *e);   /* the engine's tape (evaluation may use it) */

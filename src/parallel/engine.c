@@ -9,7 +9,7 @@
 #include "tensor/tensor_impl.h"
 
 /* ---- the table: one row per strategy --------------------------------------------------------- */
-static const tdm__engine_ops *const engines[] = {&tdm__engine_dp_ops, &tdm__engine_zero_ops};
+static const tdm__engine_ops *const engines[] = {&tdm__engine_dp_ops, &tdm__engine_zero_ops, &tdm__engine_pipeline_ops};
 _Static_assert(sizeof engines / sizeof engines[0] == TDM_ENGINE_KIND_COUNT, "one row per engine");
 
 const char *tdm_engine_kind_name(tdm_engine_kind k) {
@@ -25,6 +25,7 @@ tdm_engine_config tdm_engine_config_default(void) {
   c.zero.stage = 1;
   c.zero.unit_modules = 1;
   c.zero.prefetch = 1;
+  c.pp.schedule = TDM_PP_1F1B;
   return c;
 }
 
@@ -103,10 +104,11 @@ tdm_status tdm_engine_create(tdm_engine **out, const tdm_model_config *mc, uint6
   if (cfg->accum < 0 || cfg->accum > (1 << 20) || !(cfg->clip >= 0))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_create: accumulation %lld, clip %g; expected 1..2^20 and >= 0",
                           (long long)cfg->accum, (double)cfg->clip);
-  if (tdm_grid_size(grid, TDM_AXIS_TENSOR) != 1 || tdm_grid_size(grid, TDM_AXIS_PIPELINE) != 1)
-    return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "engine_create: the %s engine runs on a data axis only (tensor %d, pipeline %d)",
-                          engines[cfg->kind]->name, tdm_grid_size(grid, TDM_AXIS_TENSOR),
-                          tdm_grid_size(grid, TDM_AXIS_PIPELINE));
+  for (int a = TDM_AXIS_TENSOR; a < TDM_AXIS_COUNT; a++) /* each engine spreads over the axes it knows */
+    if (tdm_grid_size(grid, (tdm_grid_axis)a) != 1 && !(engines[cfg->kind]->axes & (1u << a)))
+      return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "engine_create: the %s engine does not run on a %s axis (tensor %d, pipeline %d)",
+                            engines[cfg->kind]->name, tdm_grid_axis_name((tdm_grid_axis)a), tdm_grid_size(grid, TDM_AXIS_TENSOR),
+                            tdm_grid_size(grid, TDM_AXIS_PIPELINE));
   tdm_engine *e = tdm__calloc(1, sizeof *e);
   if (!e) return tdm__set_error(TDM_ERR_NO_MEMORY, "engine_create: out of memory");
   e->ops = engines[cfg->kind];
@@ -176,6 +178,10 @@ static tdm_status backward(tdm_engine *e, tdm_tensor *loss) {
 static tdm_status update(tdm_engine *e, float lr, tdm_step_stats *st) {
   double sumsq;
   TDM__TRY(e->ops->grad_sumsq(e, &sumsq));
+  return tdm__engine_update(e, sumsq, lr, st);
+}
+
+tdm_status tdm__engine_update(tdm_engine *e, double sumsq, float lr, tdm_step_stats *st) {
   float norm = (float)sqrt(sumsq);
   st->grad_norm = norm;
   if (!isfinite(norm) && !e->cfg.allow_nonfinite)
@@ -183,7 +189,7 @@ static tdm_status update(tdm_engine *e, float lr, tdm_step_stats *st) {
   return e->ops->update(e, lr, isfinite(norm) ? tdm_clip_coef(norm, e->cfg.clip) : 1.0f);
 }
 
-static void count_correct(tdm_tensor *logits, tdm_tensor *y, tdm_step_stats *st) {
+void tdm__engine_count_correct(tdm_tensor *logits, tdm_tensor *y, double *correct, double *rows_out) {
   const float *lg = tdm_tensor_data(logits);
   const int32_t *yy = tdm_tensor_data(y);
   int64_t C = tdm_tensor_dim(logits, -1), rows = tdm_tensor_numel(logits) / C;
@@ -191,15 +197,16 @@ static void count_correct(tdm_tensor *logits, tdm_tensor *y, tdm_step_stats *st)
     int64_t best = 0;
     for (int64_t c = 1; c < C; c++)
       if (lg[i * C + c] > lg[i * C + best]) best = c;
-    st->correct += best == yy[i];
+    *correct += best == yy[i];
   }
-  st->rows += (double)rows;
+  *rows_out += (double)rows;
 }
 
 tdm_status tdm_engine_step(tdm_engine *e, tdm_batch_fn next, void *ctx, uint64_t dropout_seed, float lr,
                            tdm_step_stats *st) {
   if (!e || !next || !st) return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_step: NULL argument");
   memset(st, 0, sizeof *st);
+  if (e->ops->step) return e->ops->step(e, next, ctx, dropout_seed, lr, st);
   tdm_tape *tp = e->tape;
   double loss_sum = 0;
   e->ops->zero_grad(e);
@@ -216,7 +223,7 @@ tdm_status tdm_engine_step(tdm_engine *e, tdm_batch_fn next, void *ctx, uint64_t
     tdm_tensor *loss = forward(e, x, y, &logits);
     if (!loss) return tdm__set_error(tdm_tape_status(tp), "forward: %s", tdm_tape_error(tp));
     loss_sum += *(const float *)tdm_tensor_data(loss); /* a non-finite loss is the caller's to judge: it is this rank's */
-    count_correct(logits, y, st);
+    tdm__engine_count_correct(logits, y, &st->correct, &st->rows);
     st->samples += tdm_tensor_dim(x, 0);
     double t1 = tdm_time_now();
     e->ops->begin_backward(e, last);
@@ -235,6 +242,22 @@ tdm_status tdm_engine_step(tdm_engine *e, tdm_batch_fn next, void *ctx, uint64_t
   return TDM_OK;
 }
 
+tdm_status tdm_engine_eval(tdm_engine *e, tdm_tensor *x, tdm_tensor *y, double *loss, double *correct, double *rows) {
+  if (!e || !x || !y || !loss || !correct || !rows) return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_eval: NULL argument");
+  *loss = 0, *correct = 0, *rows = 0;
+  if (e->ops->eval) return e->ops->eval(e, x, y, loss, correct, rows);
+  tdm_tape *tp = e->tape;
+  int grad = tdm_tape_grad_enabled(tp);
+  tdm_tape_set_grad_enabled(tp, 0);
+  tdm_tape_set_training(tp, 0);
+  tdm_tensor *logits, *l = forward(e, x, y, &logits);
+  tdm_tape_set_grad_enabled(tp, grad);
+  if (!l) return tdm__set_error(tdm_tape_status(tp), "evaluation: %s", tdm_tape_error(tp));
+  *loss = *(const float *)tdm_tensor_data(l);
+  tdm__engine_count_correct(logits, y, correct, rows);
+  return TDM_OK;
+}
+
 /* ---- weights and parameters ------------------------------------------------------------------- */
 tdm_status tdm_engine_read_params(tdm_engine *e, int64_t lo, int64_t hi, float *dst) {
   if (!e || lo < 0 || hi < lo || hi > tdm_params_numel(e->params) || (hi > lo && !dst))
@@ -245,15 +268,18 @@ tdm_status tdm_engine_read_params(tdm_engine *e, int64_t lo, int64_t hi, float *
 
 /* Every rank learns rank 0's status (and, when it failed, its error): a file written by rank 0
  * alone must not leave the other ranks believing it worked. */
+static int world_rank(const tdm_engine *e) { return tdm_grid_world(e->grid) ? tdm_comm_rank(tdm_grid_world(e->grid)) : 0; }
+
 static tdm_status agree(tdm_engine *e, tdm_status st) {
-  if (!e->comm) return st;
+  tdm_comm_t w = tdm_grid_world(e->grid);
+  if (!w) return st;
   char msg[512] = "";
-  if (e->rank == 0 && st != TDM_OK) snprintf(msg, sizeof msg, "%s", tdm_last_error());
+  if (world_rank(e) == 0 && st != TDM_OK) snprintf(msg, sizeof msg, "%s", tdm_last_error());
   int32_t code = (int32_t)st;
-  TDM__TRY(tdm_comm_broadcast(e->comm, &code, 1, TDM_I32, 0, TDM_ALGO_AUTO));
-  TDM__TRY(tdm_comm_broadcast(e->comm, msg, sizeof msg, TDM_U8, 0, TDM_ALGO_AUTO));
+  TDM__TRY(tdm_comm_broadcast(w, &code, 1, TDM_I32, 0, TDM_ALGO_AUTO));
+  TDM__TRY(tdm_comm_broadcast(w, msg, sizeof msg, TDM_U8, 0, TDM_ALGO_AUTO));
   if (code == TDM_OK) return TDM_OK;
-  return e->rank == 0 ? st : tdm__set_error((tdm_status)code, "rank 0: %s", msg);
+  return world_rank(e) == 0 ? st : tdm__set_error((tdm_status)code, "rank 0: %s", msg);
 }
 
 static tdm_status write_chunk(void *ctx, const float *data, int64_t n) {
@@ -264,7 +290,7 @@ tdm_status tdm_engine_save_weights(tdm_engine *e, const char *path, int n_meta, 
   if (!e || !path) return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_save_weights: NULL argument");
   tdm_st_writer *w = NULL;
   tdm_status st = TDM_OK;
-  if (e->rank == 0) { /* the header from the shapes alone: the data follow in parameter order */
+  if (world_rank(e) == 0) { /* the header from the shapes alone: the data follow in parameter order */
     tdm_st_tensor *ts;
     st = tdm_params_st_tensors(e->params, &ts);
     if (st == TDM_OK) {
@@ -274,7 +300,7 @@ tdm_status tdm_engine_save_weights(tdm_engine *e, const char *path, int n_meta, 
   }
   TDM__TRY(agree(e, st)); /* every rank takes part in the stream, or none */
   st = e->ops->stream_params(e, write_chunk, w);
-  if (e->rank == 0) {
+  if (world_rank(e) == 0) {
     if (st == TDM_OK) st = tdm_safetensors_writer_commit(w);
     else tdm_safetensors_writer_abort(w);
   }
@@ -348,7 +374,8 @@ tdm_status tdm_engine_first_nonfinite(tdm_engine *e, int64_t *index) {
           break;
         }
     int64_t key = first < 0 ? INT64_MAX : first;
-    if (e->comm) TDM__TRY(tdm_comm_allreduce(e->comm, &key, &key, 1, TDM_I64, TDM_MIN, TDM_ALGO_AUTO));
+    tdm_comm_t w = tdm_grid_world(e->grid); /* every rank's pieces: the data axis, or the whole grid */
+    if (w) TDM__TRY(tdm_comm_allreduce(w, &key, &key, 1, TDM_I64, TDM_MIN, TDM_ALGO_AUTO));
     first = key == INT64_MAX ? -1 : key;
   } else { /* whole and the same on every rank */
     const float *p = tdm_params_data(e->params);
