@@ -55,6 +55,10 @@ typedef struct tdm_plan {
 } tdm_plan;
 
 tdm_status tdm_plan_compute(const tdm_plan_config *c, tdm_plan *out);
+/* A GPT's compute per token (forward multiply-adds x 2; backward is about twice that) in its
+ * parts: the embeddings, one transformer block (T tokens of context for attention), and the final
+ * norm, head and loss. The pipeline cuts blocks into stages by these costs. */
+void tdm_plan_gpt_costs(const tdm_model_config *m, int64_t T, double *embed, double *block, double *head);
 /* A table: per category, bytes and what they are. limit > 0 adds whether the total fits. */
 void tdm_plan_print(FILE *f, const tdm_plan *p, int64_t limit);
 /* TDM_ERR_NO_MEMORY when the total exceeds limit (> 0), saying by how much and naming the largest

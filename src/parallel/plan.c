@@ -217,6 +217,13 @@ done:
   return out;
 }
 
+void tdm_plan_gpt_costs(const tdm_model_config *m, int64_t T, double *embed, double *block, double *head) {
+  double C = (double)m->n_embd, V = (double)m->vocab_size, t = (double)(T > 0 ? T : m->block_size);
+  *embed = 2 * C;                                    /* the sum of the two embeddings */
+  *block = 24 * C * C + 4 * t * C + 30 * C;          /* the four matmuls, attention's two, norms and GELU */
+  *head = 2 * C * V + 10 * V + 10 * C;               /* the logits, the loss, the final norm */
+}
+
 /* ---- the plan ---------------------------------------------------------------------------------- */
 tdm_status tdm_plan_compute(const tdm_plan_config *c, tdm_plan *out) {
   if (!c || !out) return tdm__set_error(TDM_ERR_INVALID_ARG, "plan: NULL argument");
