@@ -590,6 +590,47 @@ static tdm_status pp_eval(tdm_engine *e, tdm_tensor *x, tdm_tensor *y, double *l
 }
 
 /* ---- create / destroy -------------------------------------------------------------------------------- */
+tdm_status tdm__pp_layout_make(const tdm_model_config *mc, const tdm_engine_config *ec, int P, tdm__pp_layout *out) {
+  memset(out, 0, sizeof *out);
+  const tdm_engine_pipeline_config *pc = &ec->pp;
+  if (mc->kind != TDM_MODEL_GPT)
+    return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "pipeline: the %s model; pipeline parallelism cuts GPT's blocks (use --model gpt)",
+                          tdm_model_kind_name(mc->kind));
+  if (pc->virtual_stages < 0 || pc->virtual_stages > 256 || (pc->virtual_stages > 1 && pc->schedule != TDM_PP_INTERLEAVED))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "pipeline: %d virtual stages per rank with the %s schedule; only interleaved takes "
+                          "more than 1 (up to 256)", pc->virtual_stages, tdm_pp_schedule_name(pc->schedule));
+  out->P = P;
+  out->V = pc->virtual_stages > 0 ? pc->virtual_stages : pc->schedule == TDM_PP_INTERLEAVED ? 2 : 1;
+  out->C = P * out->V;
+  out->M = (int)(ec->accum > 1 ? ec->accum : 1);
+  if (mc->n_layer < out->C)
+    return tdm__set_error(TDM_ERR_INVALID_ARG,
+                          "pipeline: %d stages x %d virtual stages = %d chunks for a model of %lld blocks; every chunk needs "
+                          "a block (at most %lld chunks)",
+                          P, out->V, out->C, (long long)mc->n_layer, (long long)mc->n_layer);
+  if (!(out->first_block = tdm__malloc(sizeof(int) * (size_t)(out->C + 1))))
+    return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
+  double ce, cb, ch;
+  tdm_plan_gpt_costs(mc, mc->block_size, &ce, &cb, &ch);
+  tdm_status st = tdm_pp_partition((int)mc->n_layer, out->C, pc->split, pc->n_split, ce, cb, ch, out->first_block);
+  if (st == TDM_OK) st = tdm_pp_schedule_create(&out->s, pc->schedule, P, out->V, out->M);
+  if (st != TDM_OK) tdm__pp_layout_free(out);
+  return st;
+}
+
+void tdm__pp_layout_free(tdm__pp_layout *l) {
+  tdm__free(l->first_block);
+  tdm_pp_schedule_destroy(l->s);
+  l->first_block = NULL, l->s = NULL;
+}
+
+static tdm_status pp_check(const tdm_model_config *mc, const tdm_engine_config *ec, const int *sizes) {
+  tdm__pp_layout L;
+  TDM__TRY(tdm__pp_layout_make(mc, ec, sizes[TDM_AXIS_PIPELINE], &L));
+  tdm__pp_layout_free(&L);
+  return TDM_OK;
+}
+
 static int64_t block_lo(const tdm_engine *e, int l) {
   return tdm_params_offset(e->params, tdm__params_index_of(e->params, e->model->blocks[l].ln_1.weight));
 }
@@ -652,25 +693,14 @@ static tdm_status pp_create(tdm_engine *e, const tdm_model_config *mc, uint64_t 
   q->P = tdm_grid_size(e->grid, TDM_AXIS_PIPELINE);
   q->stage = tdm_grid_index(e->grid, TDM_AXIS_PIPELINE);
   q->D = e->size;
-  q->V = pc->virtual_stages > 0 ? pc->virtual_stages : pc->schedule == TDM_PP_INTERLEAVED ? 2 : 1;
-  q->C = q->P * q->V;
-  q->M = (int)e->cfg.accum;
   q->pp = tdm_grid_comm(e->grid, TDM_AXIS_PIPELINE);
   q->world = tdm_grid_world(e->grid);
   q->tied = q->P > 1;
-  if (mc->n_layer < q->C)
-    return tdm__set_error(TDM_ERR_INVALID_ARG,
-                          "pipeline: %d stages x %d virtual stages = %d chunks for a model of %lld blocks; every chunk needs "
-                          "a block (at most %lld chunks)",
-                          q->P, q->V, q->C, (long long)mc->n_layer, (long long)mc->n_layer);
-  TDM__TRY(tdm_pp_schedule_create(&q->s, pc->schedule, q->P, q->V, q->M));
+  tdm__pp_layout L;
+  TDM__TRY(tdm__pp_layout_make(mc, &e->cfg, q->P, &L));
+  q->s = L.s, q->first_block = L.first_block, q->V = L.V, q->C = L.C, q->M = L.M;
   q->list = q->s->a[q->stage];
   q->n_list = q->s->n[q->stage];
-  if (!(q->first_block = tdm__malloc(sizeof(int) * (size_t)(q->C + 1))))
-    return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
-  double ce, cb, ch;
-  tdm_plan_gpt_costs(mc, mc->block_size, &ce, &cb, &ch);
-  TDM__TRY(tdm_pp_partition((int)mc->n_layer, q->C, pc->split, pc->n_split, ce, cb, ch, q->first_block));
   /* every parameter declared, in reserved address space; this rank's chunks initialised */
   TDM__TRY(tdm_model_create_with(&e->model, mc, seed, TDM_RESERVE_DATA | TDM_RESERVE_GRAD));
   e->params = tdm_model_params(e->model);
@@ -747,4 +777,4 @@ static void pp_destroy(tdm_engine *e) {
 const tdm__engine_ops tdm__engine_pipeline_ops = {
     "pipeline",      pp_create,       pp_destroy,       pp_zero_grad,   pp_begin_backward, pp_end_backward,
     pp_grad_sumsq,   pp_update,       pp_read_params,   pp_stream_params, pp_load_weights, pp_param_shard,
-    pp_shard_changed, 1u << TDM_AXIS_PIPELINE, pp_step, pp_eval};
+    pp_shard_changed, 1u << TDM_AXIS_PIPELINE, pp_step, pp_eval, pp_check};
