@@ -116,6 +116,12 @@ typedef struct tdm_step_stats {
   double t_forward, t_backward, t_comm_wait, t_update; /* seconds */
 } tdm_step_stats;
 
+/* Before any rank computes (no communication): data x tensor x pipeline against the world size
+ * (data 0: what is left) and the engine's layout against the model (a pipeline: chunks and blocks,
+ * the split, the micro-batches its schedule needs). TDM_ERR_INVALID_ARG naming the values. */
+tdm_status tdm_engine_check(const tdm_model_config *model, const tdm_engine_config *cfg, int world, int data, int tensor,
+                            int pipeline);
+
 typedef struct tdm_engine tdm_engine;
 /* Builds the model (at stage 3 each rank holds and initialises only its shard, with the values
  * the whole model would have), the optimizer for what this rank updates, and the strategy's

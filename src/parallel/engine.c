@@ -93,6 +93,25 @@ tdm_comm_t tdm_grid_comm(const tdm_grid *g, tdm_grid_axis a) { return (unsigned)
 int tdm_grid_size(const tdm_grid *g, tdm_grid_axis a) { return (unsigned)a < TDM_AXIS_COUNT ? g->size[a] : 0; }
 int tdm_grid_index(const tdm_grid *g, tdm_grid_axis a) { return (unsigned)a < TDM_AXIS_COUNT ? g->index[a] : 0; }
 
+tdm_status tdm_engine_check(const tdm_model_config *mc, const tdm_engine_config *cfg, int world, int data, int tensor,
+                            int pipeline) {
+  if (!mc || !cfg) return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_check: NULL argument");
+  if ((unsigned)cfg->kind >= TDM_ENGINE_KIND_COUNT)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_check: engine %d; expected 0..%d", (int)cfg->kind, TDM_ENGINE_KIND_COUNT - 1);
+  if (tensor < 1 || pipeline < 1 || data < 0 || world < 1 || (data == 0 && world % (tensor * pipeline) != 0) ||
+      (data > 0 && data * tensor * pipeline != world))
+    return tdm__set_error(TDM_ERR_INVALID_ARG,
+                          "process grid: data %d x tensor %d x pipeline %d does not make the world size %d; expected sizes >= 1 "
+                          "whose product is %d (data 0: what is left)",
+                          data, tensor, pipeline, world, world);
+  int sizes[TDM_AXIS_COUNT] = {data ? data : world / (tensor * pipeline), tensor, pipeline};
+  for (int a = TDM_AXIS_TENSOR; a < TDM_AXIS_COUNT; a++)
+    if (sizes[a] != 1 && !(engines[cfg->kind]->axes & (1u << a)))
+      return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "the %s engine does not run on a %s axis (tensor %d, pipeline %d)",
+                            engines[cfg->kind]->name, tdm_grid_axis_name((tdm_grid_axis)a), tensor, pipeline);
+  return engines[cfg->kind]->check ? engines[cfg->kind]->check(mc, cfg, sizes) : TDM_OK;
+}
+
 /* ---- create / destroy ------------------------------------------------------------------------- */
 tdm_status tdm_engine_create(tdm_engine **out, const tdm_model_config *mc, uint64_t seed, const tdm_optim_config *oc,
                              tdm_grid *grid, const tdm_engine_config *cfg) {

@@ -60,6 +60,8 @@ typedef struct tdm__engine_ops {
   tdm_status (*step)(tdm_engine *e, tdm_batch_fn next, void *ctx, uint64_t dropout_seed, float lr, tdm_step_stats *st);
   /* Optional: tdm_engine_eval (NULL: the model's forward and the cross-entropy on this rank). */
   tdm_status (*eval)(tdm_engine *e, tdm_tensor *x, tdm_tensor *y, double *loss, double *correct, double *rows);
+  /* Optional: tdm_engine_check (the layout against the model, before anything is built). */
+  tdm_status (*check)(const tdm_model_config *mc, const tdm_engine_config *ec, const int *sizes);
 } tdm__engine_ops;
 
 extern const tdm__engine_ops tdm__engine_dp_ops;
