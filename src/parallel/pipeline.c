@@ -84,8 +84,10 @@ typedef struct {
   int64_t *base;
   int fetched;
   tdm_tape *eval;
-  float *packed;             /* checkpoints: the spans' values, then (last rank) the tied copy */
+  float *packed;             /* checkpoints: the spans' values */
   int64_t n_packed, wte_lo, wte_hi;
+  int64_t n_held;            /* parameters held: the spans and the tied copy */
+  int tied_stale;            /* the last rank's copy of the tied embedding awaits the first rank's */
   double *red;               /* the segment sums and the step's numbers, summed over the pipeline */
   double loss_sum, correct, rows;
   int64_t samples;
@@ -361,6 +363,17 @@ static tdm_status backward(tdm_engine *e, pp_state *q, slot *s, tdm_pp_op op) {
 }
 
 /* ---- the step ------------------------------------------------------------------------------------- */
+/* The first rank's tied embedding to the last rank's copy, after an update or a checkpoint load. */
+static tdm_status sync_tied(tdm_engine *e, pp_state *q) {
+  if (!q->tied || !q->tied_stale) return TDM_OK;
+  float *w = tdm_params_data(e->params) + q->wte_lo;
+  size_t n = (size_t)(q->wte_hi - q->wte_lo) * 4;
+  if (q->stage == 0) TDM__TRY(tdm_comm_send(q->pp, chunk_rank(q, q->C - 1), 7, w, n));
+  else if (q->stage == chunk_rank(q, q->C - 1)) TDM__TRY(tdm_comm_recv(q->pp, 0, 7, w, n));
+  q->tied_stale = 0;
+  return TDM_OK;
+}
+
 static tdm_status finish(tdm_engine *e, pp_state *q, float lr, tdm_step_stats *st);
 
 static tdm_status run_list(tdm_engine *e, pp_state *q, tdm_batch_fn next, void *ctx, uint64_t seed, float lr,
@@ -417,6 +430,7 @@ static tdm_status pp_step(tdm_engine *e, tdm_batch_fn next, void *ctx, uint64_t 
   q->t_fwd = q->t_bwd = q->t_wait = 0;
   for (int k = 0; k < q->n_ex; k++) q->ex[k].state = 0;
   zero_owned_grads(e);
+  TDM__TRY(sync_tied(e, q));
   return run_list(e, q, next, ctx, seed, lr, st);
 }
 
@@ -444,12 +458,8 @@ static tdm_status finish(tdm_engine *e, pp_state *q, float lr, tdm_step_stats *s
   double t1 = tdm_time_now();
   st->t_comm_wait = q->t_wait + (t1 - t0);
   TDM__TRY(tdm__engine_update(e, sumsq, lr, st));
-  if (q->tied) { /* the last rank's copy of the tied embedding */
-    float *w = tdm_params_data(e->params) + q->wte_lo;
-    size_t n = (size_t)(q->wte_hi - q->wte_lo) * 4;
-    if (q->stage == 0) TDM__TRY(tdm_comm_send(q->pp, chunk_rank(q, q->C - 1), 7, w, n));
-    else if (q->stage == chunk_rank(q, q->C - 1)) TDM__TRY(tdm_comm_recv(q->pp, 0, 7, w, n));
-  }
+  q->tied_stale = 1;
+  TDM__TRY(sync_tied(e, q));
   st->t_update = tdm_time_now() - t1;
   return TDM_OK;
 }
@@ -526,7 +536,8 @@ static tdm_status pp_load_weights(tdm_engine *e, const char *path) {
   return st;
 }
 
-/* Checkpoints: this rank's spans, then (last rank) its copy of the tied embedding. */
+/* Checkpoints: this rank's spans, packed (the last rank's copy of the tied embedding is not part of
+ * its state: it comes from the first rank before it is next used). */
 static float *pp_param_shard(tdm_engine *e) {
   pp_state *q = e->impl;
   const float *w = tdm_params_data(e->params);
@@ -535,7 +546,6 @@ static float *pp_param_shard(tdm_engine *e) {
     memcpy(q->packed + at, w + e->spans[i].lo, sizeof(float) * (size_t)(e->spans[i].hi - e->spans[i].lo));
     at += e->spans[i].hi - e->spans[i].lo;
   }
-  if (at < q->n_packed) memcpy(q->packed + at, w + q->wte_lo, sizeof(float) * (size_t)(q->n_packed - at));
   return q->packed;
 }
 
@@ -547,7 +557,7 @@ static tdm_status pp_shard_changed(tdm_engine *e) {
     memcpy(w + e->spans[i].lo, q->packed + at, sizeof(float) * (size_t)(e->spans[i].hi - e->spans[i].lo));
     at += e->spans[i].hi - e->spans[i].lo;
   }
-  if (at < q->n_packed) memcpy(w + q->wte_lo, q->packed + at, sizeof(float) * (size_t)(q->n_packed - at));
+  q->tied_stale = 1; /* collective: at the next step or evaluation */
   return TDM_OK;
 }
 
@@ -555,6 +565,7 @@ static tdm_status pp_shard_changed(tdm_engine *e) {
  * the activations on; the last rank's numbers go to every rank of the pipeline. */
 static tdm_status pp_eval(tdm_engine *e, tdm_tensor *x, tdm_tensor *y, double *loss, double *correct, double *rows) {
   pp_state *q = e->impl;
+  TDM__TRY(sync_tied(e, q));
   tdm_tape *t = q->eval;
   tdm_tape_reset(t);
   tdm_tape_set_grad_enabled(t, 0);
@@ -720,8 +731,9 @@ static tdm_status pp_create(tdm_engine *e, const tdm_model_config *mc, uint64_t 
   q->wte_hi = q->wte_lo + tdm_tensor_numel(wte);
   int last_rank = q->stage == chunk_rank(q, q->C - 1), copy = q->tied && last_rank;
   if (copy) TDM__TRY(tdm_params_init_range(e->params, q->wte_lo, q->wte_hi, tdm_params_data(e->params) + q->wte_lo));
-  q->n_packed = owned + (copy ? q->wte_hi - q->wte_lo : 0);
-  tdm__mem_account(TDM_MEM_PARAMS, 4 * q->n_packed);
+  q->n_packed = owned;
+  q->n_held = owned + (copy ? q->wte_hi - q->wte_lo : 0);
+  tdm__mem_account(TDM_MEM_PARAMS, 4 * q->n_held);
   tdm__mem_account(TDM_MEM_GRADS, 4 * owned);
   if (e->comm) /* the data replicas start alike */
     for (int k = 0; k < e->n_spans; k++)
@@ -761,7 +773,7 @@ static void pp_destroy(tdm_engine *e) {
   for (int i = 0; i < q->n_slots; i++) tdm_tape_destroy(q->slots[i].tape);
   for (int i = 0; i < q->n_bufs; i++) tdm__free(q->bufs[i].p);
   if (e->params) {
-    tdm__mem_account(TDM_MEM_PARAMS, -4 * q->n_packed);
+    tdm__mem_account(TDM_MEM_PARAMS, -4 * q->n_held);
     int64_t owned = 0;
     for (int k = 0; e->spans && k < e->n_spans; k++) owned += e->spans[k].hi - e->spans[k].lo;
     tdm__mem_account(TDM_MEM_GRADS, -4 * owned);
