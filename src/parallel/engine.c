@@ -365,10 +365,11 @@ tdm_status tdm_engine_load_shard_state(tdm_engine *e, const tdm_st_tensor *(*fin
   if (!spans || spans->dtype != TDM_I64 || spans->nbytes != want[1].nbytes || memcmp(spans->data, want[1].data, (size_t)want[1].nbytes)) {
     const int64_t *s = spans && spans->dtype == TDM_I64 && spans->nbytes >= 16 ? spans->data : NULL;
     return tdm__set_error(TDM_ERR_MISMATCH,
-                          "the shard covers %lld span%s from [%lld, ...); this rank of %s holds %d from [%lld, ...): "
+                          "the shard covers %lld span%s from [%lld, %lld); this rank of %s holds %d from [%lld, %lld): "
                           "it was written by another layout",
                           spans ? (long long)(spans->nbytes / 16) : 0LL, spans && spans->nbytes == 16 ? "" : "s",
-                          s ? (long long)s[0] : -1LL, e->desc, e->n_spans, e->n_spans ? (long long)e->spans[0].lo : -1LL);
+                          s ? (long long)s[0] : -1LL, s ? (long long)s[1] : -1LL, e->desc, e->n_spans,
+                          e->n_spans ? (long long)e->spans[0].lo : -1LL, e->n_spans ? (long long)e->spans[0].hi : -1LL);
   }
   for (int i = 0; i < n; i++) { /* everything checked before anything changes */
     const tdm_st_tensor *t = find(ctx, want[i].name);
