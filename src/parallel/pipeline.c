@@ -408,7 +408,7 @@ static tdm_status run_list(tdm_engine *e, pp_state *q, tdm_batch_fn next, void *
       }
     }
     if (s_ != TDM_OK) {
-      if (q->ex_of[i] < 0 || strncmp(tdm_last_error(), "pipeline stage", 14))
+      if (strncmp(tdm_last_error(), "pipeline stage", 14)) /* an exchange's failure names itself */
         tdm__set_error(s_, "pipeline stage %d, action %d (%s): %s", q->stage, i, act_str(a, b, sizeof b), tdm_last_error());
       return fail(q, s_);
     }
