@@ -443,8 +443,9 @@ void tdm_plan_print(FILE *f, const tdm_plan *p, int64_t limit) {
       char a[32], t[32];
       human(a, sizeof a, (double)ps->bytes[TDM_MEM_ACTIVATIONS]);
       human(t, sizeof t, (double)ps->total);
-      fprintf(f, "  stage %-3d blocks %d-%d%s  holds at most %d micro-batch%s: activations %s, total %s\n", r, ps->first_block,
-              ps->last_block, p->virtual_stages > 1 ? " and more" : "", ps->peak, ps->peak == 1 ? "" : "es", a, t);
+      fprintf(f, "  stage %-3d blocks %d-%d%s  holds at most %d %smicro-batch%s: activations %s, total %s\n", r, ps->first_block,
+              ps->last_block, p->virtual_stages > 1 ? " and more" : "", ps->peak, p->virtual_stages > 1 ? "chunk " : "",
+              ps->peak == 1 ? "" : "es", a, t);
     }
   }
   fprintf(f, "memory plan per rank: %s, %d rank%s, %lld parameters",
