@@ -283,18 +283,18 @@ static int plan_schedule(const tdm_train_config *c, const char *trace) {
 
 int tool_plan(int argc, char **argv) {
   tdm_train_config c;
-  int64_t world = 1;
+  int64_t world = 0;
   int json = 0;
   const char *trace = NULL;
   cli_opt extra[] = {
-      {"world", CLI_INT, &world, "1", "ranks to plan for (tandem train under tandem run -n N; default --dp x --pp)", NULL, 1, 1 << 20, 0},
+      {"world", CLI_INT, &world, "0", "ranks to plan for (tandem train under tandem run -n N; 0: --dp x --pp)", NULL, 0, 1 << 20, 0},
       {"json", CLI_FLAG, &json, NULL, "print the plan as one JSON object", NULL, 0, 0, 0},
       {"trace", CLI_STRING, &trace, NULL, "--pp: write the schedule's timeline per stage here (Chrome trace JSON)", NULL, 0, 0, 0},
   };
   int r = train_options("plan", "[tandem train's options] [--world N] [--trace FILE]", argc, argv, &c, 3, extra);
   if (r == 1) return 0;
   if (r) return 2;
-  if (!cli_seen(extra, 3, "world")) world = (c.dp > 0 ? c.dp : 1) * c.pp;
+  if (world == 0) world = (c.dp > 0 ? c.dp : 1) * c.pp;
   if (trace && c.pp < 2) {
     fprintf(stderr, "tandem plan: --trace draws a pipeline's schedule: give --pp 2 or more\n");
     return 2;
