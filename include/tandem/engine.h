@@ -42,8 +42,9 @@ extern "C" {
 #endif
 
 /* ---- the process grid ------------------------------------------------------------------------
- * world = data x tensor x pipeline ranks; rank = (pipeline * data + data_index) * tensor +
- * tensor_index, so tensor-parallel peers are neighbours (on one node, as they talk most). Each
+ * world = data x tensor x pipeline ranks; rank = (data_index * pipeline + pipeline_index) * tensor +
+ * tensor_index, so tensor-parallel peers are neighbours (on one node, as they talk most), then the
+ * stages of one pipeline (activations every micro-batch), then the data replicas. Each
  * axis has its own communicator: the ranks that differ only in that coordinate. An axis that spans
  * the whole world is the world communicator itself. world NULL: one process, every axis of size 1. */
 typedef enum { TDM_AXIS_DATA = 0, TDM_AXIS_TENSOR, TDM_AXIS_PIPELINE, TDM_AXIS_COUNT } tdm_grid_axis;

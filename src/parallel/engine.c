@@ -56,10 +56,11 @@ tdm_status tdm_grid_create(tdm_grid **out, tdm_comm_t world, int data, int tenso
   if (!g) return tdm__set_error(TDM_ERR_NO_MEMORY, "grid_create: out of memory");
   g->world = world;
   g->size[TDM_AXIS_DATA] = data, g->size[TDM_AXIS_TENSOR] = tensor, g->size[TDM_AXIS_PIPELINE] = pipeline;
-  /* rank = (p * data + d) * tensor + t: tensor peers are neighbours */
+  /* rank = (d * pipeline + p) * tensor + t: tensor peers are neighbours, then a pipeline's stages
+   * (they talk every micro-batch), then the data replicas (once a step) */
   g->index[TDM_AXIS_TENSOR] = R % tensor;
-  g->index[TDM_AXIS_DATA] = (R / tensor) % data;
-  g->index[TDM_AXIS_PIPELINE] = R / (tensor * data);
+  g->index[TDM_AXIS_PIPELINE] = (R / tensor) % pipeline;
+  g->index[TDM_AXIS_DATA] = R / (tensor * pipeline);
   for (int a = 0; a < TDM_AXIS_COUNT; a++) {
     if (g->size[a] == 1 || !world) continue;
     if (g->size[a] == W) { /* the whole world: no split (keeps whole-communicator fast paths) */
