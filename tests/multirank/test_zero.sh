@@ -219,21 +219,32 @@ options() {
 }
 check "unknown --zero values (4, -1, abc), --zero-unit/--zero-prefetch below stage 3, --compress with ZeRO: clear errors, exit 2" options
 
-memory_limit() { # refused before step 1: how much, over what, the largest category
-  local need over
-  expect 1 -e "EXCEEDS the memory limit of 5.00 MiB" -e "more than --memory-limit 5.00 MiB; the largest part is " \
+memory_limit() { # refused before step 1: how much it needs, how much more, the largest category
+  local j msg
+  # each rank checks the plan before anything collective; the first to fail stops the other, so
+  # the message (not rank 0's table) is what is sure to be there
+  expect 1 -e "more than --memory-limit 5.00 MiB; the largest part is " \
     job 2 shm "${G[@]}" --zero 3 --memory-limit 5M --metrics "$TMP/ml.m" --save-weights "$TMP/ml.st" --checkpoint-dir "$TMP/mlck" ||
     return 1
   ! grep -q "step 1/" "$TMP/out" && [[ ! -e $TMP/ml.m && ! -e $TMP/ml.st && ! -e $TMP/mlck ]] ||
     { echo "  it started:"; grep "step 1/" "$TMP/out"; ls "$TMP" | grep ml; return 1; }
-  # the sums are right: what it needs (the plan's total) - the limit = how much more, in bytes
-  need=$(grep -o 'the plan needs [0-9.]* [KMG]*i*B' "$TMP/out" | head -1 | cut -d' ' -f4-)
-  over=$(grep -o 'per rank, [0-9.]* [KMG]*i*B more' "$TMP/out" | head -1 | cut -d' ' -f3-4)
-  grep -q "total *$need\$" "$TMP/out" && awk -v n="$need" -v o="$over" 'function b(s, u) { split(s, u, " ");
-      return u[1] * (u[2] == "KiB" ? 1024 : u[2] == "MiB" ? 1048576 : u[2] == "GiB" ? 1073741824 : 1) }
-      BEGIN { d = b(n) - 5 * 1048576 - b(o); exit !(b(o) > 0 && d < 0.006 * 1048576 && -d < 0.006 * 1048576) }' ||
-    { echo "  needs '$need', over by '$over'"; return 1; }
-  expect 1 -e "EXCEEDS" -e "the plan needs $need per rank" "$T" plan "${G[@]:1}" --zero 3 --world 2 --memory-limit 5M &&
+  # the figures are the plan's (its bytes per category, in JSON): the total, the total less the
+  # limit, and the largest category with its size (each as printed, to 0.01 of its unit)
+  msg=$(grep -o 'the plan needs .*' "$TMP/out" | head -1)
+  j=$("$T" plan "${G[@]:1}" --zero 3 --world 2 --json) || return 1
+  awk -v j="$j" -v m="$msg" 'function b(v, u) { return v * (u == "KiB" ? 1024 : u == "MiB" ? 1048576 : u == "GiB" ? 1073741824 : 1) }
+    function near(x, y) { return x - y < 0.006 * 1048576 && y - x < 0.006 * 1048576 }
+    BEGIN { gsub(/[{}"]/, "", j); n = split(j, kv, ",")
+      for (i = 1; i <= n; i++) { split(kv[i], p, ":"); v[p[1]] = p[2] }
+      split("parameters gradients optimizer activations communication data workspace", cats, " ")
+      for (i = 1; i <= 7; i++) if (big == "" || v[cats[i]] > v[big]) big = cats[i]
+      # the plan needs X U per rank, Y U more than --memory-limit 5.00 MiB; the largest part is C (Z U)
+      split(m, w, " "); gsub(/[()]/, "", w[20]); gsub(/[()]/, "", w[21])
+      ok = near(b(w[4], w[5]), v["total"]) && near(b(w[8], w[9]), v["total"] - 5 * 1048576) && w[19] == big &&
+           near(b(w[20], w[21]), v[big])
+      if (!ok) print "  the message does not add up with the plan: " m "\n  " j
+      exit !ok }' || return 1
+  expect 1 -e "EXCEEDS the memory limit of 5.00 MiB" -e "$msg" "$T" plan "${G[@]:1}" --zero 3 --world 2 --memory-limit 5M &&
     expect 0 -e "fits the memory limit of 1.00 GiB" "$T" plan "${G[@]:1}" --zero 3 --world 2 --memory-limit 1G &&
     expect 2 -e "--memory-limit: '5x' is not a size in bytes" "$T" train --memory-limit 5x
 }
