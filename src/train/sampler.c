@@ -107,7 +107,8 @@ tdm_status tdm_sampler_create(tdm_sampler **out, const tdm_dataset *ds, const td
   if (s->steps_per_epoch < 1) {
     tdm__free(s);
     return tdm__set_error(TDM_ERR_INVALID_ARG,
-                          "sampler: %lld samples do not fill one global batch of %lld (%d ranks x accum %lld x batch %lld)",
+                          "sampler: %lld samples do not fill one global batch of %lld (%d ranks x accum %lld x batch %lld); "
+                          "expected a smaller --batch-size, fewer ranks or less accumulation (or --last-batch pad)",
                           (long long)tdm_dataset_len(ds), (long long)(cfg->batch * cfg->world * cfg->accum), cfg->world,
                           (long long)cfg->accum, (long long)cfg->batch);
   }

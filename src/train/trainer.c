@@ -301,7 +301,7 @@ static int run_identity(tdm__run_identity *id, const tdm_train_config *c, const 
   int n_arch = id->n;
   tdm__identity_add(id, "tandem.optimizer", "optimizer", NULL, "%s", c->optimizer);
   /* the state's layout: ZeRO shards, per rank, until checkpoints reshard */
-  tdm__identity_add(id, "tandem.zero_stage", "ZeRO stage (0: data parallel)", NULL, "%d",
+  tdm__identity_add(id, "tandem.zero_stage", "--zero stage", NULL, "%d",
                     c->engine.kind == TDM_ENGINE_ZERO ? c->engine.zero.stage : 0);
   tdm__identity_add(id, "tandem.global_batch", "global batch (ranks x batch size x accumulation)", "batch", "%lld", (long long)G);
   if (gpt) tdm__identity_add(id, "tandem.seq_len", "sequence length", "batch", "%lld", (long long)T);
@@ -441,6 +441,11 @@ static tdm_status prepare(const tdm_train_config *c, int W, int R, tdm_transport
     st = tdm__set_error(TDM_ERR_NO_MEMORY, "train: out of memory");
   tdm__mem_scope(scope);
   TDM__TRY(st);
+  if (last == TDM_LAST_PAD && N < B * W * K && R == 0 && c->progress) /* legal, but rarely what was meant */
+    fprintf(c->progress,
+            "warning: %lld training samples do not fill one global batch of %lld (%d ranks x accum %lld x batch %lld): "
+            "every step is an epoch and %lld samples are repeated within it (--last-batch drop refuses this)\n",
+            (long long)N, (long long)(B * W * K), W, (long long)K, (long long)B, (long long)(B * W * K - N));
   memset(p, 0, sizeof *p);
   p->mk = mk, p->mc = mc, p->oc = oc, p->ec = ec, p->T = T, p->K = K, p->N = N, p->B = B, p->eb = eb, p->G = B * W * K;
   p->per = tdm_dataset_sample_numel(s->train), p->prefetch = prefetch;

@@ -165,14 +165,14 @@ bad_shard() { # the newest checkpoint (step 6) of the stage-3 run: a shard corru
 check "a corrupt, then a missing shard of the newest checkpoint: refused naming the file, the directory unchanged" bad_shard
 
 other_stage() { # until checkpoints reshard: a clear error naming both stages, on every stage pair tried
-  expect 1 -e "ZeRO stage (0: data parallel) 3 in the checkpoint, 1 in this run" \
+  expect 1 -e "--zero stage 3 in the checkpoint, 1 in this run" \
     job 2 shm "${G[@]}" --zero 1 --checkpoint-dir "$TMP/ckr" --resume &&
-  expect 1 -e "ZeRO stage (0: data parallel) 3 in the checkpoint, 0 in this run" \
+  expect 1 -e "--zero stage 3 in the checkpoint, 0 in this run" \
     job 2 shm "${G[@]}" --checkpoint-dir "$TMP/ckr" --resume &&
-  expect 1 -e "ZeRO stage (0: data parallel) 1 in the checkpoint, 2 in this run" \
+  expect 1 -e "--zero stage 1 in the checkpoint, 2 in this run" \
     job 2 shm "${G[@]}" --zero 2 --checkpoint-dir "$TMP/ck1" --resume &&
   timeout 120 "$T" run -n 2 -- tandem "${G[@]}" --steps 2 --checkpoint-dir "$TMP/ck0" >/dev/null 2>&1 &&
-  expect 1 -e "ZeRO stage (0: data parallel) 0 in the checkpoint, 3 in this run" \
+  expect 1 -e "--zero stage 0 in the checkpoint, 3 in this run" \
     job 2 shm "${G[@]}" --zero 3 --checkpoint-dir "$TMP/ck0" --resume
 }
 check "resuming a checkpoint of another ZeRO stage (3 as 1 and 0, 1 as 2, 0 as 3): refused naming both stages" other_stage
@@ -209,10 +209,10 @@ check "stage 3 (4 layers): rank 0's parameter memory, less its shard, never reac
 options() {
   expect 2 -e "--zero: 4 is out of range; expected 0..3" "$T" train --zero 4 --steps 1 &&
     expect 2 -e "--zero: -1 is out of range; expected 0..3" "$T" train --zero -1 --steps 1 &&
-    expect 2 -e "--zero: 'abc' is not an integer" "$T" train --zero abc --steps 1 &&
+    expect 2 -e "--zero: 'abc' is not an integer; expected 0..3" "$T" train --zero abc --steps 1 &&
     expect 2 -e "--zero: 4 is out of range; expected 0..3" "$T" plan --zero 4 --world 4 &&
-    expect 2 -e "--zero-unit and --zero-prefetch apply to --zero 3 only (given --zero 2)" "$T" train --zero 2 --zero-unit 2 &&
-    expect 2 -e "--zero-unit and --zero-prefetch apply to --zero 3 only (given --zero 0)" "$T" train --zero-prefetch off &&
+    expect 2 -e "--zero-unit applies to --zero 3 only (given --zero 2)" "$T" train --zero 2 --zero-unit 2 &&
+    expect 2 -e "--zero-prefetch applies to --zero 3 only (given --zero 0)" "$T" train --zero-prefetch off &&
     expect 2 -e "--zero-unit: 0 is out of range; expected 1.." "$T" train --zero 3 --zero-unit 0 &&
     expect 2 -e "--compress bf16 applies to --zero 0 only: ZeRO reduces gradients in f32" "$T" train --zero 2 --compress bf16 &&
     expect 2 -e "--compress fp16 applies to --zero 0 only" "$T" run -n 2 -- tandem train --zero 1 --compress fp16
@@ -238,8 +238,8 @@ memory_limit() { # refused before step 1: how much it needs, how much more, the 
       for (i = 1; i <= n; i++) { split(kv[i], p, ":"); v[p[1]] = p[2] }
       split("parameters gradients optimizer activations communication data workspace", cats, " ")
       for (i = 1; i <= 7; i++) if (big == "" || v[cats[i]] > v[big]) big = cats[i]
-      # the plan needs X U per rank, Y U more than --memory-limit 5.00 MiB; the largest part is C (Z U)
-      split(m, w, " "); gsub(/[()]/, "", w[20]); gsub(/[()]/, "", w[21])
+      # the plan needs X U per rank, Y U more than --memory-limit 5.00 MiB; the largest part is C (Z U): hint
+      split(m, w, " "); gsub(/[():]/, "", w[20]); gsub(/[():]/, "", w[21])
       ok = near(b(w[4], w[5]), v["total"]) && near(b(w[8], w[9]), v["total"] - 5 * 1048576) && w[19] == big &&
            near(b(w[20], w[21]), v[big])
       if (!ok) print "  the message does not add up with the plan: " m "\n  " j
