@@ -25,8 +25,6 @@
 #include "comm/net.h"
 
 #define STORE_MAGIC 0x53444d54u /* "TMDS" */
-#define MAX_KEY 4096
-#define MAX_VAL ((uint64_t)64 << 20)
 
 typedef struct {
   char *key;
@@ -88,26 +86,43 @@ static int out_of_memory(server *s, int i, char *key) {
   return 0;
 }
 
-/* Parses what client i has sent; returns 0 if it was dropped. */
+int tdm__store_parse(const unsigned char *buf, size_t len, tdm__store_req *req, const char **why) {
+  if (len < TDM_STORE_REQ_HEAD) return 0;
+  uint8_t cmd = buf[0];
+  uint32_t kl;
+  uint64_t vl;
+  memcpy(&kl, buf + 1, 4);
+  memcpy(&vl, buf + 5, 8);
+  if (kl == 0 || kl > TDM_STORE_MAX_KEY || vl > TDM_STORE_MAX_VAL || (cmd != 'S' && cmd != 'G' && cmd != 'A')) {
+    *why = "malformed request";
+    return -1;
+  }
+  size_t bytes = TDM_STORE_REQ_HEAD + kl + vl; /* bounded above: no overflow */
+  if (len < bytes) return 0;
+  *req = (tdm__store_req){cmd, kl, vl, buf + TDM_STORE_REQ_HEAD, buf + TDM_STORE_REQ_HEAD + kl, bytes};
+  return 1;
+}
+
+/* Serves the requests client i has sent; returns 0 if it was dropped. */
 static int serve(server *s, int i) {
   client *c = &s->cl[i];
   for (;;) {
-    if (c->len < 13) return 1;
-    uint8_t cmd = c->buf[0];
-    uint32_t kl;
-    uint64_t vl;
-    memcpy(&kl, c->buf + 1, 4);
-    memcpy(&vl, c->buf + 5, 8);
-    if (kl == 0 || kl > MAX_KEY || vl > MAX_VAL || (cmd != 'S' && cmd != 'G' && cmd != 'A')) {
-      drop(s, i, "malformed request");
+    tdm__store_req rq;
+    const char *why = NULL;
+    int r = tdm__store_parse(c->buf, c->len, &rq, &why);
+    if (r == 0) return 1;
+    if (r < 0) {
+      drop(s, i, why);
       return 0;
     }
-    if (c->len < 13 + kl + vl) return 1;
+    uint8_t cmd = rq.cmd;
+    uint32_t kl = rq.key_len;
+    uint64_t vl = rq.val_len;
     char *key = tdm__malloc(kl + 1);
     if (!key) return out_of_memory(s, i, NULL);
-    memcpy(key, c->buf + 13, kl);
+    memcpy(key, rq.key, kl);
     key[kl] = 0;
-    const unsigned char *val = c->buf + 13 + kl;
+    const unsigned char *val = rq.val;
     kv *e = find(s, key);
     int ok = 1;
     if (cmd == 'S' || cmd == 'A') {
@@ -166,9 +181,8 @@ static int serve(server *s, int i) {
       key = NULL;
     }
     tdm__free(key);
-    size_t used = 13 + kl + vl;
-    memmove(c->buf, c->buf + used, c->len - used);
-    c->len -= used;
+    memmove(c->buf, c->buf + rq.bytes, c->len - rq.bytes);
+    c->len -= rq.bytes;
     if (!ok) {
       drop(s, i, NULL);
       return 0;
@@ -226,7 +240,7 @@ static void *server_main(void *arg) {
       client *c = &s->cl[i];
       if (c->cap - c->len < 1024) { /* requests are small: a buffer grows only for a large one */
         size_t nc = c->cap ? 2 * c->cap : 4096;
-        if (nc > MAX_VAL + MAX_KEY + 4096) {
+        if (nc > TDM_STORE_MAX_VAL + TDM_STORE_MAX_KEY + 4096) {
           drop(s, i, "request too large");
           continue;
         }
@@ -274,11 +288,11 @@ static void server_stop(server *s) {
 /* ---- client ---------------------------------------------------------------------------- */
 static tdm_status request(tdm__store *st, uint8_t cmd, const char *key, const void *val, uint64_t vl, double deadline) {
   uint32_t kl = (uint32_t)strlen(key);
-  unsigned char h[13];
+  unsigned char h[TDM_STORE_REQ_HEAD];
   h[0] = cmd;
   memcpy(h + 1, &kl, 4);
   memcpy(h + 5, &vl, 8);
-  TDM__TRY(tdm__net_send_all(st->fd, h, 13, deadline, "store"));
+  TDM__TRY(tdm__net_send_all(st->fd, h, TDM_STORE_REQ_HEAD, deadline, "store"));
   TDM__TRY(tdm__net_send_all(st->fd, key, kl, deadline, "store"));
   return vl ? tdm__net_send_all(st->fd, val, vl, deadline, "store") : TDM_OK;
 }
@@ -402,7 +416,7 @@ tdm_status tdm__store_get(tdm__store *s, const char *key, void **val, size_t *n,
   tdm_status st = tdm__net_recv_all(s->fd, &len, 8, dl, "store get");
   if (st == TDM_ERR_TIMEOUT) return tdm__set_error(st, "store: key '%s' did not appear within %.0f s", key, timeout_s);
   TDM__TRY(st);
-  if (len > MAX_VAL) return tdm__set_error(TDM_ERR_REMOTE, "store: implausible value length %llu", (unsigned long long)len);
+  if (len > TDM_STORE_MAX_VAL) return tdm__set_error(TDM_ERR_REMOTE, "store: implausible value length %llu", (unsigned long long)len);
   *val = tdm__malloc(len + 1);
   if (!*val) return tdm__set_error(TDM_ERR_NO_MEMORY, "store: cannot allocate %llu bytes for key '%s'", (unsigned long long)len, key);
   *n = len;
