@@ -85,10 +85,13 @@ size_t tdm__net_gate_bytes(void);
 
 /* The rendezvous store's requests (store.c), after the hello: a command byte ('S' set, 'G' get,
  * 'A' add), the key's length (u32), the value's length (u64), both in host order (every rank
- * runs this build), then the key and the value. */
+ * runs this build), then the key (1..TDM_STORE_MAX_KEY bytes, no NUL) and the value (a set's at
+ * most TDM_STORE_MAX_VAL bytes, a get's none, an add's 8: the signed delta). */
+#define TDM_STORE_MAGIC 0x53444d54u /* "TMDS": the store's hello */
 #define TDM_STORE_REQ_HEAD 13
 #define TDM_STORE_MAX_KEY 4096
 #define TDM_STORE_MAX_VAL ((uint64_t)64 << 20)
+#define TDM_STORE_MAX_REQ (TDM_STORE_REQ_HEAD + TDM_STORE_MAX_KEY + TDM_STORE_MAX_VAL)
 typedef struct {
   uint8_t cmd;
   uint32_t key_len;
@@ -97,8 +100,8 @@ typedef struct {
   size_t bytes;                   /* the whole request's */
 } tdm__store_req;
 /* The request at the start of buf, of which len bytes have come: 1 with *req when all of it is
- * there, 0 while more must come, -1 with *why when it is malformed (the server drops the client:
- * its stream cannot be trusted to be at a request's start again). */
+ * there, 0 while more must come, -1 with *why when it is malformed, as soon as the bytes show it
+ * (the server drops the client: its stream cannot be trusted to be at a request's start again). */
 int tdm__store_parse(const unsigned char *buf, size_t len, tdm__store_req *req, const char **why);
 
 #endif
