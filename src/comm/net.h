@@ -42,11 +42,6 @@ tdm_status tdm__net_send_hello(int fd, uint32_t magic, const char *token, int32_
  * (with detail) when the magic, version or token are wrong. */
 tdm_status tdm__net_recv_hello(int fd, uint32_t got_magic, uint32_t magic, const char *token, int32_t *rank,
                                double deadline);
-/* Connects to addr:port and says hello; *first gets the first word of the answer (the store's
- * OK, a mesh peer's magic). Retries until deadline while the listener is not up yet or drops
- * us as busy. Errors say what happened without naming the address (callers do): a listener
- * that closed without answering refused our hello (token, version); one that kept dropping us
- * as busy is overloaded by strangers. */
 /* The accepting side's reading of a hello, of which len bytes (buf) have come, for a listener
  * with magic and token: 1 when it is complete and valid (*rank gets the rank it claims); 0 while
  * *need more bytes must come (never more than the hello has left); -1 when it is refused, *why
@@ -55,6 +50,11 @@ tdm_status tdm__net_recv_hello(int fd, uint32_t got_magic, uint32_t magic, const
  * token only once all of it has come, so the refusal is a clean close. */
 int tdm__net_hello_parse(const unsigned char *buf, size_t len, uint32_t magic, const char *token, size_t *need,
                          int32_t *rank, const char **why);
+/* Connects to addr:port and says hello; *first gets the first word of the answer (the store's
+ * OK, a mesh peer's magic). Retries until deadline while the listener is not up yet or drops
+ * us as busy. Errors say what happened without naming the address (callers do): a listener
+ * that closed without answering refused our hello (token, version); one that kept dropping us
+ * as busy is overloaded by strangers. */
 tdm_status tdm__net_dial(const char *addr, int port, uint32_t magic, const char *token, int32_t rank, double deadline,
                          int *fd_out, uint32_t *first);
 

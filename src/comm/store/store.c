@@ -24,7 +24,6 @@
 #include "comm/comm_impl.h"
 #include "comm/net.h"
 
-
 typedef struct {
   char *key;
   void *val;
