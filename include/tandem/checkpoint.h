@@ -79,7 +79,8 @@ tdm_status tdm_ckpt_save_tensors(const char *dir, const tdm_ckpt_info *info, int
 /* Sharded checkpoints (ZeRO). Each rank first writes its shard, DIR/ckpt-<step>.shards/rank-<r>.safetensors
  * (a checkpoint file of its own: verified, checksummed, "tandem.shard_rank" in its metadata), and
  * gets its checksum; then rank 0 writes the main file with tdm_ckpt_save_tensors, listing every
- * shard's checksum in order as "tandem.shard_crcs" (8 hex digits each, comma-separated). The main
+ * shard's checksum in order as "tandem.shard_crcs" (8 lowercase hex digits each, comma-separated,
+ * exactly one per rank: anything else is corruption, found when the main file is opened). The main
  * file is written last, so a checkpoint whose main file verifies has all its shards; retiring a
  * checkpoint removes its shards too. */
 tdm_status tdm_ckpt_save_shard(const char *dir, const tdm_ckpt_info *info, int rank, int n, const tdm_st_tensor *tensors,

@@ -98,6 +98,17 @@ static int parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out) {
   return 1;
 }
 
+/* A sharded checkpoint's "tandem.shard_crcs": exactly n checksums as the writer writes them
+ * (%08x), comma-separated. */
+static int shard_list_ok(const char *s, int n) {
+  for (int k = 0; k < n; k++) {
+    if (k && *s++ != ',') return 0;
+    for (int i = 0; i < 8; i++, s++)
+      if (!((*s >= '0' && *s <= '9') || (*s >= 'a' && *s <= 'f'))) return 0;
+  }
+  return *s == 0;
+}
+
 static tdm_status meta_u64(const tdm_safetensors *f, const char *path, const char *key, uint64_t lo, uint64_t hi,
                            uint64_t *out) {
   const char *v = tdm_safetensors_meta(f, key);
@@ -239,6 +250,12 @@ static tdm_status verify(tdm_ckpt *c, int n_kv, const char *const *kv) {
   TDM__TRY(meta_u64(c->f, path, "tandem.optim_steps", 0, (uint64_t)MAX_STEP, &ostep));
   TDM__TRY(meta_u64(c->f, path, "tandem.world_size", 1, MAX_WORLD, &ws));
   TDM__TRY(meta_u64(c->f, path, "tandem.seed", 0, UINT64_MAX, &seed));
+  const char *list = tdm_safetensors_meta(c->f, "tandem.shard_crcs");
+  if (list && !shard_list_ok(list, (int)ws))
+    return tdm__set_error(TDM_ERR_FORMAT,
+                          "%s: metadata tandem.shard_crcs is '%.60s%s'; expected %d checksums of 8 lowercase hex digits, "
+                          "comma-separated (one per rank): the file is corrupt",
+                          path, list, strlen(list) > 60 ? "..." : "", (int)ws);
   c->info = (tdm_ckpt_info){(int64_t)step, (int)ws, seed, 0, NULL};
   c->optim_steps = (int64_t)ostep;
   return TDM_OK;
@@ -303,11 +320,8 @@ tdm_status tdm_ckpt_open_shard(const tdm_ckpt *c, int rank, tdm_ckpt **out) {
   if (!list) return tdm__set_error(TDM_ERR_FORMAT, "%s: not a sharded checkpoint (no tandem.shard_crcs)", c->path);
   if (rank < 0 || rank >= c->info.world_size)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: no shard of rank %d in a world of %d", c->path, rank, c->info.world_size);
-  const char *at = list; /* the rank-th of the comma-separated checksums */
-  for (int r = 0; r < rank && at; r++) at = strchr(at, ','), at = at ? at + 1 : NULL;
-  char want[16] = "";
-  if (at) snprintf(want, sizeof want, "%.*s", (int)strcspn(at, ","), at);
-  if (strlen(want) != 8) return tdm__set_error(TDM_ERR_FORMAT, "%s: tandem.shard_crcs lists no checksum for rank %d", c->path, rank);
+  char want[16]; /* the list was checked at open: the rank-th of world-size "%08x," */
+  snprintf(want, sizeof want, "%.8s", list + 9 * (size_t)rank);
   char dir[4096], sdir[4200], path[4400];
   snprintf(dir, sizeof dir, "%s", c->path);
   char *slash = strrchr(dir, '/');

@@ -144,6 +144,17 @@ static void test_checksum_covers_the_header(void) {
   tdm_ckpt_close(c);
 }
 
+/* Writes path with the pairs meta_kv, the value of "tandem.crc32" among them set to the checksum. */
+static void sign_and_save(const char *p, int n, const char **meta_kv, int nt, const tdm_st_tensor *ts) {
+  uint32_t crc;
+  char hex[16];
+  CHECK_OK(tdm_ckpt_checksum(n, meta_kv, nt, ts, &crc));
+  snprintf(hex, sizeof hex, "%08x", crc);
+  for (int i = 0; i < n; i++)
+    if (!strcmp(meta_kv[2 * i], "tandem.crc32")) meta_kv[2 * i + 1] = hex;
+  CHECK_OK(tdm_safetensors_save(p, nt, ts, n, meta_kv));
+}
+
 /* A checkpoint whose checksum is right but whose metadata says `key` = `value` (or lacks it). */
 static tdm_status signed_with(const char *key, const char *value) {
   float w[6] = {0}, b[3] = {0};
@@ -158,13 +169,7 @@ static tdm_status signed_with(const char *key, const char *value) {
       else memmove(meta[i], meta[i + 1], sizeof meta[0] * (size_t)(n-- - i)); /* drop it */
       break;
     }
-  uint32_t crc;
-  char hex[16];
-  CHECK_OK(tdm_ckpt_checksum(n, &meta[0][0], 2, ts, &crc));
-  snprintf(hex, sizeof hex, "%08x", crc);
-  for (int i = 0; i < n; i++)
-    if (!strcmp(meta[i][0], "tandem.crc32")) meta[i][1] = hex;
-  CHECK_OK(tdm_safetensors_save(path("signed.safetensors"), 2, ts, n, &meta[0][0]));
+  sign_and_save(path("signed.safetensors"), n, &meta[0][0], 2, ts);
   if (!strcmp(key, "duplicate")) { /* the writer refuses a repeated key: rename one in the file */
     FILE *f = fopen(path("signed.safetensors"), "r+b");
     char head[4096] = {0};
@@ -208,6 +213,67 @@ static void test_metadata_is_parsed_strictly(void) {
   CHECK_ERR_HAS("format version '3'; this tandem reads version 2 only");
   CHECK(signed_with("tandem.kind", "weights") == TDM_ERR_FORMAT);
   CHECK_ERR_HAS("not a tandem checkpoint");
+}
+
+/* The main file of a sharded checkpoint of step 5 on 2 ranks in d, listing `list` (signed, so
+ * only what it says matters); its tdm_ckpt_open status, *c open when TDM_OK. */
+static tdm_status sharded_main(const char *d, const char *list, tdm_ckpt **c) {
+  float w[3] = {1, 2, 3};
+  tdm_st_tensor ts[1] = {{"model.w", TDM_F32, 1, {3}, w, 12}};
+  const char *meta[][2] = {{"format", "pt"},         {"tandem.kind", "checkpoint"},      {"tandem.ckpt_version", "2"},
+                           {"tandem.step", "5"},      {"tandem.optim_steps", "5"},        {"tandem.world_size", "2"},
+                           {"tandem.seed", "1"},      {"tandem.shard_crcs", list},        {"tandem.crc32", ""}};
+  char p[300];
+  snprintf(p, sizeof p, "%s/ckpt-000000000005.safetensors", d);
+  sign_and_save(p, 9, &meta[0][0], 1, ts);
+  *c = NULL;
+  return tdm_ckpt_open(c, p);
+}
+
+/* Each rank's shard opens against the checksum the main file lists for it, and no other shard
+ * does; the list is parsed strictly, as the other metadata: exactly one entry per rank, each 8
+ * lowercase hex digits, else the main file is corrupt, whichever entry is wrong (a list with an
+ * entry too many or a malformed entry for rank 1 let rank 0 open its shard; the fuzz target
+ * `ckpt` found the malformed entry: fuzz/corpus/ckpt/crash-shard-list-entry). */
+static void test_shard_list_is_parsed_strictly(void) {
+  char d[128], list[64];
+  snprintf(d, sizeof d, "%s/sharded", dir);
+  float a[2][3] = {{1, 2, 3}, {4, 5, 6}};
+  uint32_t crc[2];
+  tdm_ckpt_info info = {5, 2, 1, 0, NULL};
+  for (int r = 0; r < 2; r++) {
+    tdm_st_tensor t = {"optim.state.shard", TDM_F32, 1, {3}, a[r], 12};
+    CHECK_OK(tdm_ckpt_save_shard(d, &info, r, 1, &t, &crc[r]));
+  }
+  tdm_ckpt *c, *s;
+  snprintf(list, sizeof list, "%08x,%08x", crc[0], crc[1]);
+  CHECK_OK(sharded_main(d, list, &c));
+  for (int r = 0; c && r < 2; r++) {
+    CHECK_OK(tdm_ckpt_open_shard(c, r, &s));
+    const tdm_st_tensor *t = s ? tdm_ckpt_find(s, "optim.state.shard") : NULL;
+    CHECK(t && tdm_ckpt_get_crc(s) == crc[r] && !memcmp(t->data, a[r], sizeof a[r]));
+    tdm_ckpt_close(s);
+  }
+  if (c) CHECK(tdm_ckpt_open_shard(c, 2, &s) == TDM_ERR_INVALID_ARG && s == NULL);
+  tdm_ckpt_close(c);
+  snprintf(list, sizeof list, "%08x,%08x", crc[1], crc[0]); /* well-formed, but the shards are swapped */
+  CHECK_OK(sharded_main(d, list, &c));
+  if (c) CHECK(tdm_ckpt_open_shard(c, 0, &s) == TDM_ERR_FORMAT && s == NULL);
+  CHECK_ERR_HAS("a shard of another checkpoint");
+  tdm_ckpt_close(c);
+  /* one too many; an entry of 8 bytes that are not 8 digits (a 2-byte UTF-8 letter); upper case;
+     too few; empty entries; a sign of another notation */
+  static const char *const bad[] = {"%08x,%08x,%08x", "%08x,99d2\xc6\x9d" "62", "%08X,%08X", "%08x", "%08x,,%08x",
+                                    "",                "%08x,%08x,",              " %08x,%08x", "%08x,0x%06x"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    snprintf(list, sizeof list, bad[i], crc[0], crc[1], crc[0]);
+    tdm_status st = sharded_main(d, list, &c);
+    CHECK_MSG(st == TDM_ERR_FORMAT && strstr(tdm_last_error(), "tandem.shard_crcs is '") &&
+                  strstr(tdm_last_error(), "expected 2 checksums of 8 lowercase hex digits"),
+              "list '%s' -> %s: %s", list, tdm_status_str(st), tdm_last_error());
+    tdm_ckpt_close(c);
+  }
+  rm_rf(d);
 }
 
 static void test_bad_entries_are_skipped_and_never_deleted(void) {
@@ -317,6 +383,7 @@ int main(void) {
   snprintf(dir, sizeof dir, "/tmp/tandem-test-ckpt-XXXXXX");
   if (!mkdtemp(dir)) return 1;
   static const tdm_test_case cases[] = {T(test_round_trip), T(test_checksum_covers_the_header), T(test_metadata_is_parsed_strictly),
+                                        T(test_shard_list_is_parsed_strictly),
                                         T(test_bad_entries_are_skipped_and_never_deleted), T(test_no_valid_checkpoint_is_an_error),
                                         T(test_lock_names_the_holder)};
   int rc = tdm_test_main(cases, (int)(sizeof cases / sizeof cases[0]));
