@@ -211,8 +211,11 @@ typedef struct {
 static tdm_status idle(shm_tr *t, waiter *w, struct tdm_comm *c, int peer, double deadline, const char *what) {
   char b[160];
   if (w->aborted) {
-    tdm_status st = t->hdr->abort_status ? (tdm_status)t->hdr->abort_status : TDM_ERR_REMOTE;
-    return tdm__set_error(st, "%s", t->hdr->reason);
+    /* both written by a peer: the status limited to what a peer may report (as tcp and mpi do),
+     * the reason read no further than its buffer */
+    tdm_status st = (tdm_status)t->hdr->abort_status;
+    if (st != TDM_ERR_MISMATCH && st != TDM_ERR_TIMEOUT) st = TDM_ERR_REMOTE;
+    return tdm__set_error(st, "%.*s", (int)sizeof t->hdr->reason, t->hdr->reason);
   }
   if (w->dead && w->dead == peer + 1) /* gone, and it did not do its part before it went */
     return tdm__set_error(TDM_ERR_REMOTE, "rank %d (pid %d) died during %s (rank %d)", tdm__comm_rank_of(c, peer),
@@ -279,7 +282,9 @@ static size_t ring_put(shm_tr *t, int to, const void *src, size_t n) {
   ring_ctl *r = &t->rctl[(size_t)t->base.rank * (size_t)t->base.size + (size_t)to];
   uint64_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
   uint64_t tail = atomic_load_explicit(&r->tail, memory_order_acquire);
-  size_t space = t->ring_bytes - (size_t)(head - tail), k = n < space ? n : space;
+  /* the counters live in memory peers write: a pair that claims more than the ring holds moves
+   * nothing (the wait then times out naming the peer) rather than past the ring */
+  size_t used = (size_t)(head - tail), space = used > t->ring_bytes ? 0 : t->ring_bytes - used, k = n < space ? n : space;
   if (!k) return 0;
   unsigned char *d = ring_data(t, t->base.rank, to);
   size_t at = (size_t)(head % t->ring_bytes), first = t->ring_bytes - at < k ? t->ring_bytes - at : k;
@@ -293,7 +298,7 @@ static size_t ring_get(shm_tr *t, int from, void *dst, size_t n) {
   ring_ctl *r = &t->rctl[(size_t)from * (size_t)t->base.size + (size_t)t->base.rank];
   uint64_t tail = atomic_load_explicit(&r->tail, memory_order_relaxed);
   uint64_t head = atomic_load_explicit(&r->head, memory_order_acquire);
-  size_t avail = (size_t)(head - tail), k = n < avail ? n : avail;
+  size_t avail = (size_t)(head - tail), k = avail > t->ring_bytes ? 0 : n < avail ? n : avail;
   if (!k) return 0;
   unsigned char *d = ring_data(t, from, t->base.rank);
   size_t at = (size_t)(tail % t->ring_bytes), first = t->ring_bytes - at < k ? t->ring_bytes - at : k;
