@@ -189,6 +189,7 @@ typedef struct tdm_ckpt_resumed {
   uint32_t crc;                /* the manifest's checksum */
   char layout[160];            /* the writer's, in words */
   char path[4096];             /* the manifest loaded */
+  int64_t bytes_read;          /* of pieces, by this rank (the pieces that overlap what it holds) */
 } tdm_ckpt_resumed;
 /* Called on every rank with the checkpoint about to be loaded (every rank has the same one), to
  * refuse it (a run's settings: TDM_ERR_MISMATCH with a message), before anything is read. */

@@ -126,21 +126,15 @@ tdm_status tdm__boxes_tile(int nd, const int64_t *shape, int n, const tdm__box *
         return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: piece %s is empty or lies outside the tensor's shape %s", what, a,
                               tdm_shape_str(nd, shape, sh, sizeof sh));
       }
-    sum += tdm__box_numel(nd, boxes[i]);
-    if (sum > numel) break;
   }
-  if (sum != numel)
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: the pieces of '%s' hold %s%lld elements; the tensor has %lld", what, tensor,
-                          sum > numel ? "more than " : "", (long long)sum, (long long)numel);
-  if (nd == 0 || n < 2) return TDM_OK;
-  /* as many elements as the tensor and none shared: every element once. Sorted by the first
+  /* none shared and as many elements as the tensor: every element once. Sorted by the first
    * dimension, a box can only meet those that start before it ends there. */
-  const tdm__box **s = tdm__malloc(sizeof *s * (size_t)n);
-  if (!s) return tdm__set_error(TDM_ERR_NO_MEMORY, "%s: out of memory", what);
-  memcpy(s, boxes, sizeof *s * (size_t)n);
-  qsort(s, (size_t)n, sizeof *s, cmp_first_dim);
   tdm_status st = TDM_OK;
-  for (int i = 0; i < n && st == TDM_OK; i++)
+  const tdm__box **s = nd > 0 && n > 1 ? tdm__malloc(sizeof *s * (size_t)n) : NULL;
+  if (nd > 0 && n > 1 && !s) return tdm__set_error(TDM_ERR_NO_MEMORY, "%s: out of memory", what);
+  for (int i = 0; s && i < n; i++) s[i] = boxes[i];
+  if (s) qsort(s, (size_t)n, sizeof *s, cmp_first_dim);
+  for (int i = 0; s && i < n && st == TDM_OK; i++)
     for (int j = i + 1; j < n && s[j]->start[0] < s[i]->start[0] + s[i]->count[0]; j++) {
       tdm__box x;
       if (!tdm__box_intersect(nd, s[i], s[j], &x)) continue;
@@ -150,7 +144,12 @@ tdm_status tdm__boxes_tile(int nd, const int64_t *shape, int n, const tdm__box *
       break;
     }
   tdm__free(s);
-  return st;
+  TDM__TRY(st);
+  for (int i = 0; i < n; i++) sum += tdm__box_numel(nd, boxes[i]); /* disjoint boxes inside the shape: no overflow */
+  if (sum != numel)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: the pieces of '%s' hold %lld elements; the tensor has %lld", what, tensor,
+                          (long long)sum, (long long)numel);
+  return TDM_OK;
 }
 
 /* ---- a growing string -------------------------------------------------------------------------- */

@@ -274,6 +274,7 @@ tdm_status tdm_ckpt_resume_engine(const char *dir, tdm_engine *e, tdm_ckpt_accep
       out->world_size = ck->info.world_size, out->crc = ck->crc;
       snprintf(out->layout, sizeof out->layout, "%s", ck->info.layout ? ck->info.layout : "");
       snprintf(out->path, sizeof out->path, "%s", ck->path);
+      out->bytes_read = ck->bytes_read;
     }
     tdm__free(sc.params);
     tdm__free(sc.state);
