@@ -551,8 +551,10 @@ static void remove_shards(const char *dir, int64_t step, const tdm_ckpt *keep) {
   if (!keep) rmdir(sdir); /* fails, harmlessly, if anything else is there */
 }
 
-/* Shards directories below step whose checkpoint never got its manifest (a job killed while
- * saving): no manifest will ever name them. */
+/* What a job killed while saving left (the lock makes this job the directory's only writer):
+ * shards directories below step whose checkpoint never got its manifest, which no manifest will
+ * ever name, and temporaries of manifests (.ckpt-<step>.safetensors.tmp-<16 hex digits>, as
+ * core/file.c names them) up to step. */
 static void remove_orphans(const char *dir, int64_t step) {
   DIR *d = opendir(dir);
   if (!d) return;
@@ -562,8 +564,15 @@ static void remove_orphans(const char *dir, int64_t step) {
   while ((e = readdir(d))) {
     unsigned long long s;
     int end = 0;
-    char again[64], path[4096 + 64];
+    char again[64], path[4096 + 300];
     struct stat sb;
+    if (sscanf(e->d_name, ".ckpt-%llu.safetensors.tmp-%n", &s, &end) == 1 && end > 0 && (int64_t)s <= step &&
+        strlen(e->d_name + end) == 16 && strspn(e->d_name + end, "0123456789abcdef") == 16 &&
+        snprintf(again, sizeof again, ".ckpt-%012llu.safetensors.tmp-", s) == end && !strncmp(again, e->d_name, (size_t)end)) {
+      snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+      unlink(path);
+      continue;
+    }
     if (sscanf(e->d_name, "ckpt-%llu.shards%n", &s, &end) != 1 || e->d_name[end] || (int64_t)s >= step) continue;
     if (!tdm__ckpt_shards_name((int64_t)s, again, sizeof again) || strcmp(again, e->d_name)) continue;
     if (!path_of(dir, (int64_t)s, path, sizeof path) || lstat(path, &sb) == 0 || errno != ENOENT) continue;
