@@ -120,7 +120,7 @@ check "another model: refused naming both" expect 1 -e "model gpt in the checkpo
 killed() { # $1: TDM_KILL_RENAME or TDM_KILL_WRITE, $2 its text, $3 the rank killed
   local dir=$TMP/k$3
   rm -rf "$dir"
-  env LD_PRELOAD="$KILL" "$1=$2" TDM_KILL_RANK=$3 timeout 120 "$T" run -n 4 -- tandem "${GPT[@]}" --zero 3 --batch-size 2 \
+  env LD_PRELOAD="$KILL" "$1=$2" TDM_KILL_RANK=$3 ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0" timeout 120 "$T" run -n 4 -- tandem "${GPT[@]}" --zero 3 --batch-size 2 \
     --steps 6 --checkpoint-every 2 --checkpoint-dir "$dir" >"$TMP/out" 2>&1
   [[ $? -ne 0 ]] && grep -q "killed by signal 9\|signal 9" "$TMP/out" || { echo "  the kill did not happen:"; tail -3 "$TMP/out"; return 1; }
   [[ -f $dir/ckpt-000000000002.safetensors && ! -e $dir/ckpt-000000000004.safetensors ]] || { echo "  left:"; ls -A "$dir"; return 1; }
