@@ -200,8 +200,10 @@ typedef tdm_status (*tdm_ckpt_accept_fn)(void *ctx, const tdm_ckpt *ck);
  * what each found otherwise). A checkpoint that another model or optimizer wrote is refused
  * (TDM_ERR_MISMATCH, nothing loaded); one whose files prove corrupt when read (on any rank) is
  * noted and the next older one is tried, on every rank alike; when none is left, TDM_ERR_FORMAT
- * naming why each failed. notes gets every entry skipped ("; "-separated). Every rank returns the
- * same status. *out->found = 0 (TDM_OK) when dir holds no checkpoint at all. */
+ * naming why each failed. Pieces are read straight into the engine's buffers (no second copy of
+ * the state), so after such a failure the engine is part loaded: train it only after a success.
+ * notes gets every entry skipped ("; "-separated). Every rank returns the same status.
+ * *out->found = 0 (TDM_OK) when dir holds no checkpoint at all. */
 tdm_status tdm_ckpt_resume_engine(const char *dir, tdm_engine *e, tdm_ckpt_accept_fn accept, void *ctx,
                                   tdm_ckpt_resumed *out, char *notes, size_t notes_n);
 

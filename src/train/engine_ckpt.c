@@ -115,64 +115,31 @@ tdm_status tdm_ckpt_save_engine(const char *dir, tdm_engine *e, const tdm_ckpt_i
 }
 
 /* ---- loading ---------------------------------------------------------------------------------- */
-typedef struct {
-  tdm_ckpt *ck;
-  float *params, *state; /* staged: the parameters (whole, or the shard) and the state */
-} stage_ctx;
-
+/* Reads what this rank holds straight into the engine's buffers: no second copy of the state (at
+ * data parallelism that would be three times the model), so a checkpoint that proves corrupt half
+ * way leaves them part loaded, and the next one tried is read over all of it. */
 static tdm_status get_overlap(void *ctx, const held *h, tdm_tensor *t, int64_t off, int64_t a, int64_t b) {
-  stage_ctx *c = ctx;
+  tdm_ckpt *ck = ctx;
   char name[300];
   snprintf(name, sizeof name, "model.%s", tdm_tensor_name(t));
-  if (!h->whole) TDM__TRY(tdm_ckpt_read_flat(c->ck, name, a - off, b - off, c->params + pos_of(h, a)));
+  if (!h->whole) TDM__TRY(tdm_ckpt_read_flat(ck, name, a - off, b - off, h->shard + pos_of(h, a)));
   for (int s = 0; s < h->k; s++) {
     snprintf(name, sizeof name, "optim.%s.%s", h->names[s], tdm_tensor_name(t));
-    TDM__TRY(tdm_ckpt_read_flat(c->ck, name, a - off, b - off, c->state + s * h->owned + pos_of(h, a)));
+    TDM__TRY(tdm_ckpt_read_flat(ck, name, a - off, b - off, h->state + s * h->owned + pos_of(h, a)));
   }
   return TDM_OK;
 }
 
-/* Reads what this rank holds into staging buffers: nothing of the engine changes yet. */
-static tdm_status stage(const held *h, tdm_ckpt *ck, stage_ctx *c) {
-  int64_t numel = tdm_params_numel(h->p), np = h->whole ? numel : h->owned;
-  c->ck = ck;
-  c->params = tdm__aligned_alloc(sizeof(float) * (size_t)(np + 1));
-  c->state = tdm__aligned_alloc(sizeof(float) * (size_t)(h->n_state + 1));
-  if (!c->params || !c->state)
-    return tdm__set_error(TDM_ERR_NO_MEMORY, "resume: cannot stage %lld floats", (long long)(np + h->n_state));
+static tdm_status load(const held *h, tdm_ckpt *ck) {
   if (h->whole)
     for (int i = 0; i < tdm_params_count(h->p); i++) {
       tdm_tensor *t = tdm_params_get(h->p, i);
       char name[300];
       snprintf(name, sizeof name, "model.%s", tdm_tensor_name(t));
-      TDM__TRY(tdm_ckpt_read_flat(ck, name, 0, tdm_tensor_numel(t), c->params + tdm_params_offset(h->p, i)));
+      TDM__TRY(tdm_ckpt_read_flat(ck, name, 0, tdm_tensor_numel(t), tdm_params_data(h->p) + tdm_params_offset(h->p, i)));
     }
-  for (int s = 0; s < h->n_spans; s++) TDM__TRY(each_overlap(h, h->spans[s].lo, h->spans[s].hi, get_overlap, c));
+  for (int s = 0; s < h->n_spans; s++) TDM__TRY(each_overlap(h, h->spans[s].lo, h->spans[s].hi, get_overlap, ck));
   return TDM_OK;
-}
-
-static const tdm_st_tensor *find_staged(void *ctx, const char *name) {
-  const tdm_st_tensor *ts = ctx;
-  for (int i = 0; i < 3 && ts[i].name; i++)
-    if (!strcmp(ts[i].name, name)) return &ts[i];
-  return NULL;
-}
-
-/* The staged state into the engine. */
-static tdm_status commit(tdm_engine *e, const held *h, const stage_ctx *c, int64_t optim_steps) {
-  if (h->whole) memcpy(tdm_params_data(h->p), c->params, sizeof(float) * (size_t)tdm_params_numel(h->p));
-  if (!tdm_engine_is_sharded(e)) {
-    if (h->n_state) memcpy(h->state, c->state, sizeof(float) * (size_t)h->n_state);
-    tdm_optim_set_steps(h->o, optim_steps);
-    return TDM_OK;
-  }
-  tdm_st_tensor ts[4] = {{0}};
-  int n = 0;
-  TDM__TRY(tdm_engine_shard_state(e, ts, &n));
-  for (int i = 0; i < n; i++) /* the engine copies these into its live buffers and drops what derives from them */
-    if (!strcmp(ts[i].name, "optim.state")) ts[i].data = c->state;
-    else if (!strcmp(ts[i].name, "model.shard")) ts[i].data = c->params;
-  return tdm_engine_load_shard_state(e, find_staged, ts, optim_steps);
 }
 
 /* ---- resuming: every rank the same checkpoint, or none ------------------------------------------ */
@@ -263,11 +230,12 @@ tdm_status tdm_ckpt_resume_engine(const char *dir, tdm_engine *e, tdm_ckpt_accep
     if (st == TDM_OK) st = tdm__ckpt_check_model(ck, h.p);
     if (st == TDM_OK) st = tdm__ckpt_check_optim(ck, h.o, h.p);
     st = tdm__ckpt_agree(comm, st, "resume");
-    stage_ctx sc = {0};
     int corrupt = 0; /* the checkpoint's files, not this run, are at fault: try the one before */
-    if (st == TDM_OK) corrupt = (st = tdm__ckpt_agree(comm, stage(&h, ck, &sc), "resume")) == TDM_ERR_FORMAT;
+    if (st == TDM_OK) corrupt = (st = tdm__ckpt_agree(comm, load(&h, ck), "resume")) == TDM_ERR_FORMAT;
     if (st == TDM_OK) {
-      st = tdm__ckpt_agree(comm, commit(e, &h, &sc, ck->optim_steps), "resume");
+      if (tdm_engine_is_sharded(e)) st = tdm_engine_shard_loaded(e, ck->optim_steps);
+      else tdm_optim_set_steps(h.o, ck->optim_steps);
+      st = tdm__ckpt_agree(comm, st, "resume");
       out->found = 1;
       out->step = ck->info.step, out->optim_steps = ck->optim_steps;
       out->data_epoch = ck->info.data_epoch, out->data_offset = ck->info.data_offset;
@@ -276,8 +244,6 @@ tdm_status tdm_ckpt_resume_engine(const char *dir, tdm_engine *e, tdm_ckpt_accep
       snprintf(out->path, sizeof out->path, "%s", ck->path);
       out->bytes_read = ck->bytes_read;
     }
-    tdm__free(sc.params);
-    tdm__free(sc.state);
     if (!corrupt) {
       tdm_ckpt_close(ck);
       return st;

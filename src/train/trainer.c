@@ -504,7 +504,8 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   s->metrics = s->start.metrics;
   s->start.metrics = NULL;
   if (s->start.resumed_from >= 0) { /* the data stream goes on from the checkpoint's sample, whatever batch wrote it */
-    TDM__TRY(tdm_sampler_set_position(s->sampler, s->start.step, s->start.data_epoch, s->start.data_offset));
+    int64_t at = s->start.data_offset < N ? s->start.data_offset : N; /* another data set (--resume-override data): its end */
+    TDM__TRY(tdm_sampler_set_position(s->sampler, s->start.step, s->start.data_epoch, at));
     if (c->steps <= 0) total = sched.total_steps = tdm_sampler_epoch_start(s->sampler, c->epochs);
   }
   double train_time = 0;
