@@ -542,6 +542,7 @@ typedef struct {
   model_kind k;
   int stage;
   const char *dirs[4]; /* per rank */
+  const char *save_to; /* after loading, the state saved again here */
   tdm_status st[4];
   char err[4][600], notes[4][1024];
   tdm_ckpt_resumed res[4];
@@ -554,6 +555,10 @@ static void resume_thread(int r, int P, tdm_comm_t comm, void *arg) {
   tdm_engine *e = NULL;
   j->st[r] = make_engine(&j->k, j->stage, comm, &g, &e);
   if (j->st[r] == TDM_OK) j->st[r] = tdm_ckpt_resume_engine(j->dirs[r], e, NULL, NULL, &j->res[r], j->notes[r], sizeof j->notes[r]);
+  if (j->st[r] == TDM_OK && j->save_to) {
+    tdm_ckpt_info ci = {.step = j->res[r].step, .seed = 7, .data_offset = j->res[r].data_offset};
+    j->st[r] = tdm_ckpt_save_engine(j->save_to, e, &ci, 2);
+  }
   snprintf(j->err[r], sizeof j->err[r], "%s", tdm_last_error());
   tdm_engine_destroy(e);
   tdm_grid_destroy(g);
@@ -566,11 +571,11 @@ static void test_what_cannot_resume(void) {
     engine_job save = {&k, SAVE, 3, NULL, "mlp-saved", NULL, NULL, 0, {0}, {0}, 0, {0}, {{0}}};
     run_engine(&save, 4);
   }
-  resume_job j = {gpt_kind(), 1, {path("mlp-saved"), path("mlp-saved")}, {0}, {{0}}, {{0}}, {{0}}};
+  resume_job j = {gpt_kind(), 1, {path("mlp-saved"), path("mlp-saved")}, NULL, {0}, {{0}}, {{0}}, {{0}}};
   run_ranks(2, resume_thread, &j);
   for (int r = 0; r < 2; r++)
     CHECK_MSG(j.st[r] == TDM_ERR_MISMATCH && strstr(j.err[r], "is missing: is this the same model?"), "rank %d: %s", r, j.err[r]);
-  resume_job o = {mlp_kind(), 2, {path("mlp-saved"), path("mlp-saved")}, {0}, {{0}}, {{0}}, {{0}}};
+  resume_job o = {mlp_kind(), 2, {path("mlp-saved"), path("mlp-saved")}, NULL, {0}, {{0}}, {{0}}, {{0}}};
   o.k.oc = tdm_optim_config_default(TDM_OPT_SGD);
   o.k.oc.momentum = 0.9f;
   run_ranks(2, resume_thread, &o);
@@ -578,7 +583,7 @@ static void test_what_cannot_resume(void) {
     CHECK_MSG(o.st[r] == TDM_ERR_MISMATCH && strstr(o.err[r], "written with optimizer adam; this optimizer is sgd"), "rank %d: %s", r, o.err[r]);
   /* the ranks see different directories */
   CHECK(mkdir(path("empty"), 0755) == 0);
-  resume_job d = {mlp_kind(), 0, {path("mlp-saved"), path("empty")}, {0}, {{0}}, {{0}}, {{0}}};
+  resume_job d = {mlp_kind(), 0, {path("mlp-saved"), path("empty")}, NULL, {0}, {{0}}, {{0}}, {{0}}};
   run_ranks(2, resume_thread, &d);
   for (int r = 0; r < 2; r++) {
     CHECK_MSG(d.st[r] == TDM_ERR_MISMATCH && strstr(d.err[r], "the ranks found different checkpoints to resume from: rank 0 found step 3 (crc "),
@@ -603,10 +608,18 @@ static void test_corrupt_newest_falls_back(void) {
     for (int p = 0; p < c->tensors[i].pub.n_pieces && at < 0; p++)
       if (c->tensors[i].pieces[p].file == 2 && !strncmp(c->tensors[i].pub.name, "model.", 6)) at = c->tensors[i].pieces[p].offset;
   tdm_ckpt_close(c);
+  char cmd[1400]; /* step 3 alone, to compare with what the fallback loads */
+  snprintf(cmd, sizeof cmd, "mkdir '%s' && cp -r '%s' '%s' '%s'", path("fb3"), path("fb/ckpt-000000000003.safetensors"),
+           path("fb/ckpt-000000000003.shards"), path("fb3"));
+  CHECK(system(cmd) == 0);
   poke(path("fb/ckpt-000000000005.shards/rank-2.safetensors"), at + 1);
   for (int stage = 0; stage <= 3; stage += 3) {
-    resume_job j = {mlp_kind(), stage, {path("fb"), path("fb"), path("fb")}, {0}, {{0}}, {{0}}, {{0}}};
+    char again[64];
+    snprintf(again, sizeof again, "fb-again-%d", stage);
+    resume_job j = {mlp_kind(), stage, {path("fb"), path("fb"), path("fb")}, path("%s", again), {0}, {{0}}, {{0}}, {{0}}};
     run_ranks(3, resume_thread, &j);
+    /* what was read of step 5 before the corrupt piece is read over: step 3's state, whole */
+    CHECK_MSG(j.st[0] == TDM_OK && same_state(path("fb3"), path("%s", again)), "stage %d: the state after falling back is not step 3's", stage);
     for (int r = 0; r < 3; r++) {
       CHECK_MSG(j.st[r] == TDM_OK && j.res[r].found && j.res[r].step == 3, "stage %d, rank %d: %s (step %lld)", stage, r, j.err[r],
                 (long long)j.res[r].step);
@@ -618,7 +631,7 @@ static void test_corrupt_newest_falls_back(void) {
   struct stat sb;
   CHECK(stat(path("fb/ckpt-000000000003.safetensors"), &sb) == 0);
   poke(path("fb/ckpt-000000000003.safetensors"), (int64_t)sb.st_size - 10); /* in the manifest's text */
-  resume_job n = {mlp_kind(), 1, {path("fb"), path("fb")}, {0}, {{0}}, {{0}}, {{0}}};
+  resume_job n = {mlp_kind(), 1, {path("fb"), path("fb")}, NULL, {0}, {{0}}, {{0}}, {{0}}};
   run_ranks(2, resume_thread, &n);
   for (int r = 0; r < 2; r++)
     CHECK_MSG(n.st[r] == TDM_ERR_FORMAT && strstr(n.err[r], "no valid checkpoint in") && strstr(n.err[r], "checksum mismatch") &&
