@@ -150,6 +150,9 @@ const tdm_grid *tdm_engine_grid(const tdm_engine *e);
 /* Where this rank's optimizer state lies in the parameter buffer: the spans it updates. */
 int tdm_engine_shard(const tdm_engine *e, const tdm_optim_span **spans);
 const char *tdm_engine_describe(const tdm_engine *e); /* "zero stage 3, 4 ranks, 7 units" */
+/* How many ranks hold the same state as this one (its spans, the same values): the world for data
+ * parallelism, 1 for ZeRO, the data axis for a pipeline; *index gets this rank's place among them. */
+int tdm_engine_replicas(const tdm_engine *e, int *index);
 
 /* After the engine is created: every parameter takes the values of this safetensors file (each
  * rank reads only what it holds). */

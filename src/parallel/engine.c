@@ -172,6 +172,17 @@ tdm_tape *tdm_engine_tape(const tdm_engine *e) { return e->tape; }
 tdm_optim *tdm_engine_optim(const tdm_engine *e) { return e->opt; }
 const tdm_grid *tdm_engine_grid(const tdm_engine *e) { return e->grid; }
 const char *tdm_engine_describe(const tdm_engine *e) { return e->desc; }
+int tdm_engine_replicas(const tdm_engine *e, int *index) {
+  static const tdm_grid_axis order[TDM_AXIS_COUNT] = {TDM_AXIS_DATA, TDM_AXIS_PIPELINE, TDM_AXIS_TENSOR}; /* as ranks are numbered */
+  int n = 1, at = 0;
+  for (int k = 0; k < TDM_AXIS_COUNT; k++)
+    if (!(e->ops->split & (1u << order[k]))) {
+      at = at * tdm_grid_size(e->grid, order[k]) + tdm_grid_index(e->grid, order[k]);
+      n *= tdm_grid_size(e->grid, order[k]);
+    }
+  if (index) *index = at;
+  return n;
+}
 int tdm_engine_shard(const tdm_engine *e, const tdm_optim_span **spans) {
   if (spans) *spans = e->spans;
   return e->n_spans;

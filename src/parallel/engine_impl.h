@@ -62,6 +62,9 @@ typedef struct tdm__engine_ops {
   tdm_status (*eval)(tdm_engine *e, tdm_tensor *x, tdm_tensor *y, double *loss, double *correct, double *rows);
   /* Optional: tdm_engine_check (the layout against the model, before anything is built). */
   tdm_status (*check)(const tdm_model_config *mc, const tdm_engine_config *ec, const int *sizes);
+  /* The grid axes the state is split over (1 << TDM_AXIS_*): ranks that differ only in the other
+   * axes hold the same state (tdm_engine_replicas; checkpoints write each piece once). */
+  unsigned split;
 } tdm__engine_ops;
 
 extern const tdm__engine_ops tdm__engine_dp_ops;

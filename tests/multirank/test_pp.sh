@@ -2,7 +2,7 @@
 # Pipeline parallelism in real processes under tandem run (shared memory): every schedule's weights
 # are one process's bit for bit (the same micro-batches accumulated, dropout on); a data axis gives
 # data parallelism's; a stage that dies is named by the other and the group restarts from a
-# checkpoint to the same weights; bad layouts are refused before any rank computes; tandem plan
+# checkpoint to the same weights; checkpoints reshard between a pipeline and any other layout; bad layouts are refused before any rank computes; tandem plan
 # draws and writes the schedule.
 # usage: test_pp.sh path/to/tandem
 set -u
@@ -57,6 +57,47 @@ restart() { # rank 1 dies after step 4; tandem run restarts both, they resume fr
     cmp -s "$TMP/full.st" "$TMP/res.st"
 }
 check "checkpoints per stage: killed, restarted and resumed, the same weights" restart
+
+reshard() { # format 3: a pipeline's checkpoint is one process's state; any layout resumes any other
+  local R=("$T" run -n) one=("$T" "${G[@]}" --accum 2) pp=(tandem "${G[@]}" --pp 2 --microbatches 2) k
+  "${one[@]}" --steps 6 --save-weights "$TMP/ref6.st" >/dev/null 2>&1 &&
+    "${one[@]}" --steps 3 --checkpoint-every 3 --checkpoint-dir "$TMP/c1" >/dev/null 2>&1 &&
+    "${R[@]}" 2 -- "${pp[@]}" --steps 3 --checkpoint-every 3 --checkpoint-dir "$TMP/cp" >"$TMP/out" 2>&1 || { tail -3 "$TMP/out"; return 1; }
+  "$T" checkpoint consolidate "$TMP/c1" "$TMP/c1.st" --optimizer 2>/dev/null &&
+    "$T" checkpoint consolidate "$TMP/cp" "$TMP/cp.st" --optimizer 2>/dev/null &&
+    cmp -s "$TMP/c1.st" "$TMP/cp.st" || { echo "  consolidated, the --pp 2 checkpoint differs from one process's"; return 1; }
+  for k in a b z1 zp d1 dp; do rm -rf "$TMP/$k"; done
+  cp -r "$TMP/cp" "$TMP/a" && cp -r "$TMP/c1" "$TMP/b" && cp -r "$TMP/cp" "$TMP/zp" && cp -r "$TMP/c1" "$TMP/z1" &&
+    cp -r "$TMP/c1" "$TMP/d1" && cp -r "$TMP/c1" "$TMP/dp" || return 1
+  # bit for bit where the summation order is one process's: --pp 2 into 1 process and back
+  "${one[@]}" --steps 6 --checkpoint-dir "$TMP/a" --resume --save-weights "$TMP/a.st" >"$TMP/out" 2>&1 &&
+    grep -q "resharded to data parallel, 1 rank" "$TMP/out" && cmp -s "$TMP/a.st" "$TMP/ref6.st" ||
+    { echo "  --pp 2 resumed on 1 process: not the uninterrupted run's weights"; tail -2 "$TMP/out"; return 1; }
+  "${R[@]}" 2 -- "${pp[@]}" --steps 6 --checkpoint-dir "$TMP/b" --resume --save-weights "$TMP/b.st" >"$TMP/out" 2>&1 &&
+    grep -q "resharded to pipeline 1f1b, 2 stages" "$TMP/out" && cmp -s "$TMP/b.st" "$TMP/ref6.st" ||
+    { echo "  1 process resumed at --pp 2: not the uninterrupted run's weights"; tail -2 "$TMP/out"; return 1; }
+  # at ZeRO stage 3 on 2 ranks (another order): the --pp 2 checkpoint gives what one process's gives
+  for k in zp z1; do
+    "${R[@]}" 2 -- tandem "${G[@]}" --zero 3 --batch-size 1 --accum 2 --steps 6 --checkpoint-every 3 --checkpoint-dir "$TMP/$k" \
+      --resume --save-weights "$TMP/$k.st" >"$TMP/out" 2>&1 && grep -q "resharded to zero stage 3, 2 ranks" "$TMP/out" ||
+      { tail -2 "$TMP/out"; return 1; }
+  done
+  cmp -s "$TMP/zp.st" "$TMP/z1.st" || { echo "  at --zero 3 the --pp 2 checkpoint trains otherwise than one process's"; return 1; }
+  # a ZeRO stage 3 checkpoint (step 6) resumes as a pipeline: one process's bits from there
+  rm -rf "$TMP/z1b" && cp -r "$TMP/z1" "$TMP/z1b" &&
+    "${R[@]}" 2 -- "${pp[@]}" --steps 7 --checkpoint-dir "$TMP/z1" --resume --save-weights "$TMP/z7p.st" >/dev/null 2>&1 &&
+    "${one[@]}" --steps 7 --checkpoint-dir "$TMP/z1b" --resume --save-weights "$TMP/z7.st" >/dev/null 2>&1 &&
+    cmp -s "$TMP/z7p.st" "$TMP/z7.st" || { echo "  a --zero 3 checkpoint resumed at --pp 2: not one process's weights"; return 1; }
+  # --dp 2 --pp 2 (1 micro-batch) is data parallelism on 2 ranks: resumed, and its checkpoint (data replicas write once)
+  "${R[@]}" 4 -- tandem "${G[@]}" --dp 2 --pp 2 --microbatches 1 --steps 6 --checkpoint-every 3 --checkpoint-dir "$TMP/d1" \
+    --resume --save-weights "$TMP/d1.st" >"$TMP/out" 2>&1 && grep -q "resharded to pipeline 1f1b, 2 stages x 2 data" "$TMP/out" &&
+    "${R[@]}" 2 -- tandem "${G[@]}" --steps 6 --checkpoint-every 3 --checkpoint-dir "$TMP/dp" --resume --save-weights "$TMP/dp.st" \
+      >/dev/null 2>&1 && cmp -s "$TMP/d1.st" "$TMP/dp.st" || { echo "  --dp 2 --pp 2 resumed: not data parallelism's weights"; return 1; }
+  "$T" checkpoint consolidate "$TMP/d1" "$TMP/d1c.st" --optimizer 2>/dev/null &&
+    "$T" checkpoint consolidate "$TMP/dp" "$TMP/dpc.st" --optimizer 2>/dev/null && cmp -s "$TMP/d1c.st" "$TMP/dpc.st" ||
+    { echo "  consolidated, the --dp 2 --pp 2 checkpoint differs from data parallelism's"; return 1; }
+}
+check "checkpoints reshard: --pp 2 into 1 process and back (the uninterrupted run's bits), into --zero 3 (one process's checkpoint's bits), --zero 3 into --pp 2, 1 process into --dp 2 --pp 2 (data parallelism's bits); consolidated, one process's state" reshard
 
 refused() { # expected text, then the command: exit 1 before any step runs
   local want=$1; shift
