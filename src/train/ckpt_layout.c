@@ -281,6 +281,9 @@ static tdm_status parse_files(tdm_ckpt *c, const tdm_json *files) {
   const char *path = c->path;
   if (!files || files->type != TDM_JSON_ARR || files->n < 1)
     return tdm__set_error(TDM_ERR_FORMAT, "%s: manifest: 'files' is not a non-empty array", path);
+  if (files->n != c->info.world_size) /* every rank writes its file, so a missing one is a manifest that lies */
+    return tdm__set_error(TDM_ERR_FORMAT, "%s: manifest: lists %d file%s; the world of %d rank%s that wrote it has one each", path,
+                          files->n, files->n == 1 ? "" : "s", c->info.world_size, c->info.world_size == 1 ? "" : "s");
   if (!(c->files = tdm__calloc((size_t)files->n, sizeof *c->files)))
     return tdm__set_error(TDM_ERR_NO_MEMORY, "%s: out of memory", path);
   char shards[64];
@@ -296,15 +299,13 @@ static tdm_status parse_files(tdm_ckpt *c, const tdm_json *files) {
     const tdm_json *p = tdm__json_get(f, "path");
     int64_t rank, bytes;
     char want[128];
-    if (!get_int(f, "rank", 0, c->info.world_size - 1, &rank))
-      return tdm__set_error(TDM_ERR_FORMAT, "%s: manifest: file %d's rank is not in 0..%d", path, i, c->info.world_size - 1);
+    if (!get_int(f, "rank", i, i, &rank)) /* in rank order */
+      return tdm__set_error(TDM_ERR_FORMAT, "%s: manifest: file %d's rank is not %d (one file per rank, in rank order)", path, i, i);
     /* only the names this tandem writes: a manifest never points outside its shards' directory */
     snprintf(want, sizeof want, "%s/rank-%lld.safetensors", shards, (long long)rank);
     if (p->type != TDM_JSON_STR || strcmp(p->str, want))
       return tdm__set_error(TDM_ERR_FORMAT, "%s: manifest: file %d is '%.80s'; expected %s", path, i,
                             p->type == TDM_JSON_STR ? p->str : "(not a string)", want);
-    for (int j = 0; j < i; j++)
-      if (!strcmp(c->files[j].name, want)) return tdm__set_error(TDM_ERR_FORMAT, "%s: manifest: %s is listed twice", path, want);
     if (!get_int(f, "bytes", 8, INT64_MAX, &bytes) || !get_crc(f, "header_crc32", &cf->header_crc))
       return tdm__set_error(TDM_ERR_FORMAT, "%s: manifest: file %s has no valid 'bytes' or 'header_crc32'", path, want);
     cf->bytes = bytes;
