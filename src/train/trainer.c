@@ -171,9 +171,7 @@ typedef struct {
   tdm_dataset *train, *test;
   int64_t *idx;
   FILE *metrics;
-  FILE *metrics_file;   /* with --checkpoint-every: the file; metrics is then a memory stream of the */
-  char *mbuf;           /* records since the last checkpoint, written when the next one is (commit) */
-  size_t mlen;
+  int64_t recorded; /* resumed: the last step the metrics file holds already (not written again); else -1 */
   tdm__start_out start; /* the checkpoint directory's lock */
 } run_state;
 
@@ -186,8 +184,6 @@ static void run_free(run_state *s) {
   tdm_dataset_destroy(s->test);
   tdm__free(s->idx);
   if (s->metrics) fclose(s->metrics);
-  free(s->mbuf); /* records of steps no checkpoint covers: a resumed run redoes those steps */
-  if (s->metrics_file) fclose(s->metrics_file);
   tdm__run_start_release(&s->start);
 }
 
@@ -235,22 +231,21 @@ static tdm_status metrics_ok(run_state *s, const tdm_train_config *c) {
   return TDM_OK;
 }
 
-/* The records since the last checkpoint go to the file once it is saved, so that a run resumed from
- * it (a restart, an elastic job that changed size) writes each step once: the file is appended to
- * across restarts and holds every step exactly once (a kill between the checkpoint's last rename
- * and this write loses those records: a gap, never a repeat). */
-static tdm_status metrics_commit(run_state *s, const tdm_train_config *c) {
-  if (!s->metrics_file) return TDM_OK;
-  if (fflush(s->metrics) != 0 || (s->mlen && fwrite(s->mbuf, 1, s->mlen, s->metrics_file) != s->mlen) ||
-      fflush(s->metrics_file) != 0 || ferror(s->metrics_file))
-    return tdm__set_error(TDM_ERR_IO, "train: writing metrics to %s failed: %s", c->metrics, strerror(errno));
-  fclose(s->metrics);
-  free(s->mbuf);
-  s->mbuf = NULL;
-  s->mlen = 0;
-  if (!(s->metrics = open_memstream(&s->mbuf, &s->mlen)))
-    return tdm__set_error(TDM_ERR_NO_MEMORY, "train: cannot buffer the metrics records: %s", strerror(errno));
-  return TDM_OK;
+/* The last step whose record the metrics file holds, -1 if none: a run resumed from a checkpoint
+ * redoes the steps after it, and those an earlier attempt recorded already are not written again.
+ * Every record is in the file before the checkpoint that follows it is written (the file is
+ * flushed first), so a resumed run finds no gap either: each step once, whatever killed what. */
+static int64_t last_recorded_step(const char *path) {
+  FILE *f = fopen(path, "r");
+  if (!f) return -1;
+  int64_t last = -1;
+  char line[4096];
+  while (fgets(line, sizeof line, f)) {
+    long long k;
+    if (strstr(line, "\"step_time_ms\"") && sscanf(line, "{\"step\":%lld,", &k) == 1 && k > last) last = k;
+  }
+  fclose(f);
+  return last;
 }
 
 /* One step's numbers, kept until its all-reduced loss and accuracy arrive. */
@@ -280,7 +275,7 @@ static tdm_status flush_record(run_state *s, step_record *r, progress *pr, const
   char tok[64] = "", jl[400], jg[400];
   if (s->tokens_per_sample) snprintf(tok, sizeof tok, ",\"tokens_per_sec\":%.1f", r->samples * (double)s->tokens_per_sample / r->dt);
   int R = s->comm ? tdm_comm_rank(s->comm) : 0, W = s->comm ? tdm_comm_size(s->comm) : 1;
-  if (s->metrics)
+  if (s->metrics && r->step > s->recorded)
     fprintf(s->metrics,
             "{\"step\":%lld,\"epoch\":%lld,\"loss\":%s,\"grad_norm\":%s,\"samples_per_sec\":%.1f,\"step_time_ms\":%.4f,"
             "\"time_forward_ms\":%.4f,\"time_backward_ms\":%.4f,\"time_comm_wait_ms\":%.4f,\"time_optimizer_ms\":%.4f,"
@@ -334,11 +329,11 @@ static int run_identity(tdm__run_identity *id, const tdm_train_config *c, const 
 static tdm_status eval_record(run_state *s, const tdm_train_config *c, int gpt, int64_t epoch, int64_t step, double loss,
                               double acc) {
   char jl[400];
-  int W = s->comm ? tdm_comm_size(s->comm) : 1;
-  if (s->metrics && gpt)
+  int W = s->comm ? tdm_comm_size(s->comm) : 1, again = step - 1 <= s->recorded; /* an earlier attempt recorded it */
+  if (s->metrics && gpt && !again)
     fprintf(s->metrics, "{\"step\":%lld,\"val_loss\":%s,\"val_accuracy\":%.6f,\"world_size\":%d}\n", (long long)step,
             json_num(jl, sizeof jl, "%.6f", loss), acc, W);
-  else if (s->metrics)
+  else if (s->metrics && !again)
     fprintf(s->metrics, "{\"epoch\":%lld,\"step\":%lld,\"test_loss\":%s,\"test_accuracy\":%.6f,\"world_size\":%d}\n",
             (long long)epoch, (long long)step, json_num(jl, sizeof jl, "%.6f", loss), acc, W);
   TDM__TRY(metrics_ok(s, c));
@@ -532,11 +527,10 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   TDM__TRY(tdm__run_start(&si, &s->start));
   s->metrics = s->start.metrics;
   s->start.metrics = NULL;
-  if (s->metrics && c->checkpoint_dir && c->checkpoint_every > 0) { /* see metrics_commit */
-    s->metrics_file = s->metrics;
-    if (!(s->metrics = open_memstream(&s->mbuf, &s->mlen)))
-      return tdm__set_error(TDM_ERR_NO_MEMORY, "train: cannot buffer the metrics records: %s", strerror(errno));
-  }
+  s->recorded = s->metrics && s->start.resumed_from >= 0 ? last_recorded_step(c->metrics) : -1;
+  if (s->recorded >= s->start.step && pr.f)
+    fprintf(pr.f, "tandem train: %s holds steps up to %lld already: the steps redone from the checkpoint are not recorded again\n",
+            c->metrics, (long long)s->recorded);
   if (s->start.resumed_from >= 0) { /* the data stream goes on from the checkpoint's sample, whatever batch wrote it */
     int64_t at = s->start.data_offset < N ? s->start.data_offset : N; /* another data set (--resume-override data): its end */
     TDM__TRY(tdm_sampler_set_position(s->sampler, s->start.step, s->start.data_epoch, at));
@@ -584,10 +578,10 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
       if (c->checkpoint_dir && ((c->checkpoint_every > 0 && (step + 1) % c->checkpoint_every == 0) || step + 1 == total)) {
         TDM__TRY(flush_record(s, &rec, &pr, c)); /* on every rank: this step's mean loss is checked before it is saved */
         TDM__TRY(params_finite(s->engine, c, step + 1));
+        TDM__TRY(metrics_ok(s, c)); /* the records are in the file before the checkpoint that covers them */
         tdm_ckpt_info ci = {.step = step + 1, .world_size = W, .seed = c->seed, .n_meta = id.n - 1, .meta_kv = id.kv}; /* the seed is the checkpoint's own key */
         tdm_sampler_locate(s->sampler, step + 1, &ci.data_epoch, &ci.data_offset);
         TDM__TRY(tdm_ckpt_save_engine(c->checkpoint_dir, s->engine, &ci, 2));
-        TDM__TRY(metrics_commit(s, c));
       }
       if (mk == TDM_MODEL_GPT && c->val_every > 0 && (step + 1) % c->val_every == 0 && step + 1 < total) {
         double vl, va;
@@ -630,14 +624,6 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
     fprintf(s->metrics, "{\"step\":%lld,\"world_size\":%d,\"memory_peak\":%s}\n", (long long)step, W, mem);
   }
   TDM__TRY(metrics_ok(s, c));
-  TDM__TRY(metrics_commit(s, c));
-  if (s->metrics_file) {
-    fclose(s->metrics);
-    free(s->mbuf);
-    s->mbuf = NULL;
-    s->metrics = s->metrics_file;
-    s->metrics_file = NULL;
-  }
   FILE *mf = s->metrics;
   s->metrics = NULL;
   if (mf && fclose(mf) != 0) return tdm__set_error(TDM_ERR_IO, "train: writing metrics to %s failed: %s", c->metrics, strerror(errno));
