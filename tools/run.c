@@ -215,7 +215,7 @@ int tool_run(int argc, char **argv) {
       {"master-addr", CLI_STRING, &master, "127.0.0.1", "address of the node that hosts rank 0 (the store listens there only)", NULL, 0, 0, 0},
       {"master-port", CLI_INT, &port, "0", "rendezvous port (0: a free port; set it for several nodes)", NULL, 0, 65535, 0},
       {"log-dir", CLI_STRING, &log_dir, NULL, "also write each rank's output to DIR/rank-N.log", NULL, 0, 0, 0},
-      {"max-restarts", CLI_INT, &max_restarts, "0", "restart the whole group this many times after a failure (the program resumes from its checkpoint)", NULL, 0, 1000, 0},
+      {"max-restarts", CLI_INT, &max_restarts, "0", "restart the whole group this many times after a failure (the program resumes from its checkpoint); elastic: restarts for any reason (a node lost or joining, ranks failing), default 3", NULL, 0, 1000, 0},
   };
   int nopt = (int)(sizeof opts / sizeof opts[0]);
   int n_ours = dash >= 0 ? dash : argc;
@@ -258,7 +258,7 @@ int tool_run(int argc, char **argv) {
     eo.token = rdzv_id;
     eo.timeout_s = rdzv_timeout;
     eo.last_call_s = last_call;
-    eo.max_restarts = max_restarts;
+    eo.max_restarts = cli_seen(opts, nopt, "max-restarts") ? max_restarts : 3; /* every restart counts: lost, joined, failed */
     eo.scale_lr = !strcmp(elastic_batch, "scale-lr");
     eo.prog = argv + dash + 1;
     return run_elastic(&eo);

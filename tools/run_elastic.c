@@ -98,6 +98,7 @@ static int connect_or_host(agent *a, double deadline) {
   const run_elastic_opts *o = a->o;
   tdm__rdzv_config rc = {o->min_nodes, o->max_nodes, o->local, o->max_restarts, o->timeout_s, o->last_call_s,
                          PING_TIMEOUT_S, o->token};
+  double since = tdm_time_now();
   for (;;) {
     if (!a->srv) {
       int err = 0;
@@ -110,7 +111,7 @@ static int connect_or_host(agent *a, double deadline) {
       }
     }
     double now = tdm_time_now(), until = a->srv || now + 1 > deadline ? deadline : now + 1;
-    tdm_status st = tdm__rdzv_connect(&a->conn, o->host, o->port, o->token, until);
+    tdm_status st = tdm__rdzv_connect(&a->conn, o->host, o->port, o->token, since, until);
     if (st == TDM_OK) break;
     int retry = st == TDM_ERR_TIMEOUT && !a->srv && tdm_time_now() < deadline && !got_signal &&
                 strstr(tdm_last_error(), "did not answer within"); /* nothing listens: a survivor may be taking over */

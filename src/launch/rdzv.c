@@ -382,19 +382,25 @@ void tdm__rdzv_server_stop(tdm__rdzv_server *s) {
 }
 
 /* ---- client ---------------------------------------------------------------------------------- */
-tdm_status tdm__rdzv_connect(tdm__rdzv_conn *c, const char *host, int port, const char *token, double deadline) {
+tdm_status tdm__rdzv_connect(tdm__rdzv_conn *c, const char *host, int port, const char *token, double since,
+                             double deadline) {
   c->fd = -1;
   c->len = 0;
   uint32_t first = 0;
-  double t0 = tdm_time_now();
+  double t0 = since;
   tdm_status st = tdm__net_dial(host, port, TDM_RDZV_MAGIC, token, 0, deadline, &c->fd, &first);
   if (st == TDM_ERR_TIMEOUT && strstr(tdm_last_error(), "did not answer our handshake"))
     return tdm__set_error(st, "the rendezvous endpoint %s:%d (--rdzv-endpoint) accepted the connection but did not answer "
                           "within %.0f s (--rdzv-timeout): it is not a tandem rendezvous, or it hangs", host, port,
                           deadline - t0);
-  if (st == TDM_ERR_TIMEOUT)
+  if (st == TDM_ERR_TIMEOUT) {
+    const char *last = strstr(tdm_last_error(), "(last attempt: ");
+    char why[200];
+    snprintf(why, sizeof why, "%s", last ? last + 1 : tdm_last_error());
+    if (last && strlen(why) && why[strlen(why) - 1] == ')') why[strlen(why) - 1] = 0;
     return tdm__set_error(st, "the rendezvous endpoint %s:%d (--rdzv-endpoint) did not answer within %.0f s "
-                          "(--rdzv-timeout): %s", host, port, deadline - t0, tdm_last_error());
+                          "(--rdzv-timeout; %s)", host, port, deadline - t0, why);
+  }
   if (st != TDM_OK && strstr(tdm_last_error(), "without accepting our handshake"))
     return tdm__set_error(TDM_ERR_MISMATCH, "the rendezvous at %s:%d refused our job token '%s' (--rdzv-id): the "
                           "launcher hosting it runs another job (another --rdzv-id), or it is not a tandem rendezvous",

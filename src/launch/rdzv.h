@@ -57,8 +57,10 @@ typedef struct {
 } tdm__rdzv_conn;
 
 /* Connects and says hello, retrying until deadline while nothing listens. Errors name the
- * endpoint and what happened: not answering, refusing our token. */
-tdm_status tdm__rdzv_connect(tdm__rdzv_conn *c, const char *host, int port, const char *token, double deadline);
+ * endpoint and what happened: not answering (since: when the caller began to wait, for the
+ * message), refusing our token. */
+tdm_status tdm__rdzv_connect(tdm__rdzv_conn *c, const char *host, int port, const char *token, double since,
+                             double deadline);
 /* Sends one line (the newline is added). */
 tdm_status tdm__rdzv_send(tdm__rdzv_conn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Reads what has come without waiting: 1 with the next whole line in line (no newline), 0 when
