@@ -19,6 +19,7 @@
 #include "core/internal.h"
 
 #define PING_EVERY_S 1.0
+#define SETTLE_S 0.5
 
 typedef struct {
   int fd;
@@ -136,6 +137,9 @@ static void forming(tdm__rdzv_server *s) {
   }
   if (!s->t_min) s->t_min = now;
   if (k < s->cfg.max_nodes && !s->history && now - s->t_min < s->cfg.last_call_s) return;
+  /* after a restart the survivors are here already; a moment lets what happened at once arrive too
+     (a node's launcher closing, and another's ranks failing because of it: one restart, not two) */
+  if (k < s->cfg.max_nodes && s->history && now - s->t_open < SETTLE_S) return;
   if (!s->history && s->seen_round > 0 && ++s->restarts > s->cfg.max_restarts) { /* took over from a lost host */
     char msg[300];
     snprintf(msg, sizeof msg, "ABORT the rendezvous host was lost; --max-restarts %lld reached", (long long)s->cfg.max_restarts);

@@ -14,7 +14,7 @@
  *   server: ROUND <round> <nodes> <node rank> <world> <master addr> <master port> <restarts>
  *           STOP <round> <why> | WAIT <why> | FINISH | ABORT <why> | REFUSE <why> | PING
  * A round closes when MAX nodes have joined, or MIN and then no other for last_call_s (a server's
- * first round only: after a restart every survivor is connected already); below MIN for
+ * first round; after a restart every survivor is connected already: half a second); below MIN for
  * timeout_s the job fails naming the nodes missing. While a round runs, a member lost, a member's
  * workers failing or a node joining below MAX stops it (a restart, bounded by max_restarts); all
  * members done finishes the job. Node ranks: the previous round's members first, in their order. */
