@@ -225,7 +225,7 @@ int tool_run(int argc, char **argv) {
     return 1;
   }
   for (int i = 0; i < n_ours; i++) ours[i] = strcmp(argv[i], "-n") ? argv[i] : "--nproc"; /* -n N is --nproc N */
-  int r = cli_parse("run", "-n N [options] -- PROGRAM [ARGS...]", opts, nopt, n_ours, ours);
+  int r = cli_parse("run", "-n N [options] -- PROGRAM [ARGS...]\n       tandem run --nnodes MIN:MAX --nproc-per-node K --rdzv-endpoint HOST:PORT [options] -- PROGRAM [ARGS...]  (elastic; one launcher per node)", opts, nopt, n_ours, ours);
   free(ours);
   if (r == 1) return 0;
   if (r) return 2;

@@ -212,9 +212,11 @@ token() {
   wait_for 20 grep -q "hosts the rendezvous" "$TMP/NA.out" || return 1
   expect 1 "the rendezvous at 127.0.0.1:$PORT refused our job token 'job-two' (--rdzv-id)" \
     "$T" run --nproc-per-node 1 --nnodes 2:2 --rdzv-endpoint "127.0.0.1:$PORT" --rdzv-id job-two -- "${SH[@]}" || return 1
+  expect 2 "the rendezvous refused this launcher: its --nnodes 1:2 --nproc-per-node 1 differ from the job's --nnodes 2:2 --nproc-per-node 1" \
+    "$T" run --nproc-per-node 1 --nnodes 1:2 --rdzv-endpoint "127.0.0.1:$PORT" --rdzv-id job-one -- "${SH[@]}" || return 1
   ended "$NA" 30
   [[ $RC -eq 1 ]] && grep -q "wrong job token" "$TMP/NA.out" || { echo "  host: exit $RC"; cat "$TMP/NA.out"; return 1; }
 }
-check "two launchers with different --rdzv-id: the second refused naming its token, exit 1" token
+check "launchers with another --rdzv-id (refused naming its token, exit 1) or other --nnodes (refused naming both, exit 2)" token
 
 finish
