@@ -58,7 +58,7 @@ check "a job never resized (the reference)" ref
 shrink_and_grow() {
   PORT=$(free_port)
   local J=(train "${A[@]:1}" --checkpoint-dir "$TMP/ck" --metrics "$TMP/m.jsonl" --save-weights "$TMP/el.st")
-  export TANDEM_STEP_DELAY=0.05
+  export TANDEM_STEP_DELAY=0.1 # the test acts between steps: a margin on a loaded machine
   launch NA --nnodes 1:2 --rdzv-last-call 5 -- tandem "${J[@]}"
   wait_for 20 grep -q "hosts the rendezvous" "$TMP/NA.out" || return 1 # B is not the host (test host_lost is)
   launch NB --nnodes 1:2 --rdzv-last-call 5 -- tandem "${J[@]}"
@@ -91,7 +91,7 @@ check "2 nodes, one killed -9: the other goes on alone from the checkpoint, a th
 scale_lr() { # alone at first (half the global batch, half the lr), then a second node joins
   PORT=$(free_port)
   local J=(train "${A[@]:1}" --checkpoint-dir "$TMP/cks" --metrics "$TMP/s.jsonl" --save-weights "$TMP/sl.st")
-  export TANDEM_STEP_DELAY=0.05
+  export TANDEM_STEP_DELAY=0.1 # the test acts between steps: a margin on a loaded machine
   launch NA --nnodes 1:2 --rdzv-last-call 0.1 --elastic-batch scale-lr -- tandem "${J[@]}"
   wait_for 60 at_world "$TMP/s.jsonl" 1 3 || return 1
   launch NB --nnodes 1:2 --elastic-batch scale-lr -- tandem "${J[@]}"
