@@ -10,9 +10,12 @@
 # Then the rendezvous itself, with a shell for a program: its host killed (a survivor takes it
 # over); below MIN after a loss (fails after --rdzv-timeout naming the lost node); --max-restarts;
 # and bad input: MIN above MAX, an endpoint that does not answer, another job's token.
-# usage: test_elastic.sh path/to/tandem
+# Metrics across a plain resume: a process killed just before its checkpoint's manifest is renamed
+# has recorded steps no checkpoint covers; the resumed run does not record them again.
+# usage: test_elastic.sh path/to/tandem path/to/libtdm_kill_at.so
 set -u
-T=${1:?usage: test_elastic.sh path/to/tandem}
+T=${1:?usage: test_elastic.sh path/to/tandem path/to/libtdm_kill_at.so}
+KILL=${2:?usage: test_elastic.sh path/to/tandem path/to/libtdm_kill_at.so}
 . "$(dirname "$0")/../harness.sh"
 PIDS=
 on_exit 'kill -9 $PIDS 2>/dev/null; for p in $PIDS; do pkill -9 -P $p 2>/dev/null; done; wait 2>/dev/null'
@@ -109,6 +112,26 @@ scale_lr() { # alone at first (half the global batch, half the lr), then a secon
   ! "$T" weights-diff "$TMP/ref.st" "$TMP/sl.st" --rtol 1e-4 --quiet >/dev/null
 }
 check "--elastic-batch scale-lr: alone at half the global batch and lr, then 2 nodes at the full; every step once" scale_lr
+
+metrics_resume() { # one process: killed before the manifest of step 10 is renamed, resumed from step 5
+  local J=(train --steps 14 --threads 1 --seed 5 --batch-size 16 --dropout 0 --checkpoint-dir "$TMP/ckm" --checkpoint-every 5)
+  "$T" "${J[@]:0:11}" --metrics "$TMP/u.jsonl" >/dev/null 2>&1 || return 1
+  (env LD_PRELOAD="$KILL" TDM_KILL_RENAME=ckpt-000000000010.safetensors \
+    ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0" timeout 120 "$T" "${J[@]}" --metrics "$TMP/r.jsonl" \
+    >"$TMP/r1.out" 2>&1) 2>/dev/null # the shell's "Killed"
+  local rc=$?
+  [[ $rc -eq 137 && $(records "$TMP/r.jsonl") -eq 10 ]] || { echo "  exit $rc, $(records "$TMP/r.jsonl") records"; return 1; }
+  "$T" "${J[@]}" --resume --metrics "$TMP/r.jsonl" >"$TMP/r2.out" 2>&1 || { tail -3 "$TMP/r2.out"; return 1; }
+  grep -q "resumed from step 5" "$TMP/r2.out" && grep -q "holds steps up to 9 already" "$TMP/r2.out" || { cat "$TMP/r2.out"; return 1; }
+  local steps
+  steps=$(grep '"step_time_ms"' "$TMP/r.jsonl" | grep -o '^{"step":[0-9]*' | grep -o '[0-9]*$' | tr '\n' ' ')
+  [[ $steps == "$(seq -s ' ' 0 13) " ]] || { echo "  the steps recorded: $steps"; return 1; }
+  # the same losses as a run never interrupted (a resume at the same world size is bit-identical)
+  diff <(grep -o '"loss":[^,]*' "$TMP/u.jsonl") <(grep -o '"loss":[^,]*' "$TMP/r.jsonl") >/dev/null ||
+    { echo "  the losses differ from the uninterrupted run's"; return 1; }
+  [[ $(grep -c test_loss "$TMP/r.jsonl") -eq 1 ]] # the end's evaluation, once
+}
+check "metrics across a resume: killed mid-checkpoint with steps 5-9 recorded, resumed from 5: steps 0-13 once, the uninterrupted losses" metrics_resume
 
 SH=(sh -c 'echo "up: rank $RANK of $WORLD_SIZE"; exec sleep "${NAP:-60}"' "$TMP/rank")
 host_lost() { # the launcher hosting the rendezvous is killed: the survivor takes it over
