@@ -337,9 +337,12 @@ tdm_status tdm__rdzv_serve(tdm__rdzv_server **out, const char *host, int port, c
                            int *bind_errno) {
   *bind_errno = 0;
   int fd = -1, got = 0;
+  errno = 0;
   tdm_status st = tdm__net_listen(host, port, &fd, &got);
-  if (st != TDM_OK) {
+  if (st != TDM_OK) { /* errno from bind; the message says it too, should a call after bind have changed errno */
     *bind_errno = errno;
+    if (strstr(tdm_last_error(), strerror(EADDRINUSE))) *bind_errno = EADDRINUSE;
+    if (strstr(tdm_last_error(), strerror(EADDRNOTAVAIL))) *bind_errno = EADDRNOTAVAIL;
     return st;
   }
   tdm__rdzv_server *s = tdm__calloc(1, sizeof *s);

@@ -40,9 +40,9 @@ typedef struct {
 
 typedef struct tdm__rdzv_server tdm__rdzv_server;
 
-/* Listens on host:port and serves on a thread. When the address cannot be had because another
- * process listens there or it is not this host's, returns TDM_ERR_UNAVAILABLE-like status
- * TDM_ERR_SYSTEM with *bind_errno set (EADDRINUSE, EADDRNOTAVAIL): the caller is then a client. */
+/* Listens on host:port and serves on a thread (which owns the server until stop). When it cannot
+ * listen, returns the error with *bind_errno set: EADDRINUSE (another launcher hosts it) or
+ * EADDRNOTAVAIL (the endpoint is another host's) mean the caller is a client; others are errors. */
 tdm_status tdm__rdzv_serve(tdm__rdzv_server **out, const char *host, int port, const tdm__rdzv_config *cfg,
                            int *bind_errno);
 /* Stops the thread after the clients that were told FINISH or ABORT closed (at most 3 s), closes
