@@ -6,14 +6,18 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "run.h"
 #include "tandem/tandem.h"
 
 /* TANDEM_FAULT=RANK:STEP makes that rank die (exit 3) after that step, on the first attempt only
- * (TANDEM_RESTART_COUNT unset or 0): how the restart tests cause a failure. */
+ * (TANDEM_RESTART_COUNT unset or 0): how the restart tests cause a failure. TANDEM_STEP_DELAY=S
+ * sleeps S seconds after every step: how the elastic test kills and starts launchers mid-run. */
 static int fault_hook(void *ctx, int64_t steps_done) {
   (void)ctx;
   const char *f = getenv("TANDEM_FAULT"), *rc = getenv("TANDEM_RESTART_COUNT"), *rank = getenv("RANK");
   int fr, fs;
+  const char *delay = getenv("TANDEM_STEP_DELAY"); /* seconds after each step: tests pace a job to act mid-run */
+  if (delay && atof(delay) > 0) usleep((useconds_t)(atof(delay) * 1e6));
   if (!f || sscanf(f, "%d:%d", &fr, &fs) != 2 || (rc && atoi(rc) > 0)) return 0;
   if ((rank ? atoi(rank) : 0) == fr && steps_done == fs) {
     fprintf(stderr, "tandem train: TANDEM_FAULT: rank %d stops after step %d\n", fr, fs);
@@ -236,6 +240,7 @@ int tool_train(int argc, char **argv) {
   int r = train_options("train", "[options]", argc, argv, &c, 0, NULL);
   if (r == 1) return 0;
   if (r) return 2;
+  if (run_elastic_batch(&c)) return 2; /* under tandem run --nnodes MIN:MAX: this round's batch */
   c.on_step = fault_hook;
   c.progress = stderr;
   tdm_train_result res;

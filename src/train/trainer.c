@@ -167,6 +167,7 @@ typedef struct {
   tdm_dataset *train, *test;
   int64_t *idx;
   FILE *metrics;
+  int64_t recorded; /* resumed: the last step the metrics file holds already (not written again); else -1 */
   tdm__start_out start; /* the checkpoint directory's lock */
 } run_state;
 
@@ -226,6 +227,23 @@ static tdm_status metrics_ok(run_state *s, const tdm_train_config *c) {
   return TDM_OK;
 }
 
+/* The last step whose record the metrics file holds, -1 if none: a run resumed from a checkpoint
+ * redoes the steps after it, and those an earlier attempt recorded already are not written again.
+ * Every record is in the file before the checkpoint that follows it is written (the file is
+ * flushed first), so a resumed run finds no gap either: each step once, whatever killed what. */
+static int64_t last_recorded_step(const char *path) {
+  FILE *f = fopen(path, "r");
+  if (!f) return -1;
+  int64_t last = -1;
+  char line[4096];
+  while (fgets(line, sizeof line, f)) {
+    long long k;
+    if (strstr(line, "\"step_time_ms\"") && sscanf(line, "{\"step\":%lld,", &k) == 1 && k > last) last = k;
+  }
+  fclose(f);
+  return last;
+}
+
 /* One step's numbers, kept until its all-reduced loss and accuracy arrive. */
 typedef struct {
   int pending;
@@ -253,14 +271,14 @@ static tdm_status flush_record(run_state *s, step_record *r, progress *pr, const
   char tok[64] = "", jl[400], jg[400];
   if (s->tokens_per_sample) snprintf(tok, sizeof tok, ",\"tokens_per_sec\":%.1f", r->samples * (double)s->tokens_per_sample / r->dt);
   int R = s->comm ? tdm_comm_rank(s->comm) : 0, W = s->comm ? tdm_comm_size(s->comm) : 1;
-  if (s->metrics)
+  if (s->metrics && r->step > s->recorded)
     fprintf(s->metrics,
             "{\"step\":%lld,\"epoch\":%lld,\"loss\":%s,\"grad_norm\":%s,\"samples_per_sec\":%.1f,\"step_time_ms\":%.4f,"
             "\"time_forward_ms\":%.4f,\"time_backward_ms\":%.4f,\"time_comm_wait_ms\":%.4f,\"time_optimizer_ms\":%.4f,"
-            "\"lr\":%g,\"rank\":%d,\"world_size\":%d,\"train_accuracy\":%.4f%s}\n",
+            "\"lr\":%g,\"rank\":%d,\"world_size\":%d,\"global_batch\":%lld,\"train_accuracy\":%.4f%s}\n",
             (long long)r->step, (long long)r->epoch, json_num(jl, sizeof jl, "%.6f", loss),
             json_num(jg, sizeof jg, "%.6g", r->grad_norm), r->samples / r->dt, r->dt * 1e3, r->t_fwd * 1e3, r->t_bwd * 1e3,
-            r->t_wait * 1e3, r->t_opt * 1e3, r->lr, R, W, acc, tok);
+            r->t_wait * 1e3, r->t_opt * 1e3, r->lr, R, W, (long long)r->G, acc, tok);
   if (s->metrics && ferror(s->metrics)) TDM__TRY(metrics_ok(s, c));
   double now = tdm_time_now();
   int last = r->step + 1 == r->total;
@@ -307,12 +325,13 @@ static int run_identity(tdm__run_identity *id, const tdm_train_config *c, const 
 static tdm_status eval_record(run_state *s, const tdm_train_config *c, int gpt, int64_t epoch, int64_t step, double loss,
                               double acc) {
   char jl[400];
-  if (s->metrics && gpt)
-    fprintf(s->metrics, "{\"step\":%lld,\"val_loss\":%s,\"val_accuracy\":%.6f}\n", (long long)step,
-            json_num(jl, sizeof jl, "%.6f", loss), acc);
-  else if (s->metrics)
-    fprintf(s->metrics, "{\"epoch\":%lld,\"step\":%lld,\"test_loss\":%s,\"test_accuracy\":%.6f}\n", (long long)epoch,
-            (long long)step, json_num(jl, sizeof jl, "%.6f", loss), acc);
+  int W = s->comm ? tdm_comm_size(s->comm) : 1, again = step - 1 <= s->recorded; /* an earlier attempt recorded it */
+  if (s->metrics && gpt && !again)
+    fprintf(s->metrics, "{\"step\":%lld,\"val_loss\":%s,\"val_accuracy\":%.6f,\"world_size\":%d}\n", (long long)step,
+            json_num(jl, sizeof jl, "%.6f", loss), acc, W);
+  else if (s->metrics && !again)
+    fprintf(s->metrics, "{\"epoch\":%lld,\"step\":%lld,\"test_loss\":%s,\"test_accuracy\":%.6f,\"world_size\":%d}\n",
+            (long long)epoch, (long long)step, json_num(jl, sizeof jl, "%.6f", loss), acc, W);
   TDM__TRY(metrics_ok(s, c));
   return finite_or_stop(c, loss, step - 1, gpt ? "the validation loss after it" : "the test loss after it", "");
 }
@@ -528,6 +547,10 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   TDM__TRY(tdm__run_start(&si, &s->start));
   s->metrics = s->start.metrics;
   s->start.metrics = NULL;
+  s->recorded = s->metrics && s->start.resumed_from >= 0 ? last_recorded_step(c->metrics) : -1;
+  if (s->recorded >= s->start.step && pr.f)
+    fprintf(pr.f, "tandem train: %s holds steps up to %lld already: the steps redone from the checkpoint are not recorded again\n",
+            c->metrics, (long long)s->recorded);
   if (s->start.resumed_from >= 0) { /* the data stream goes on from the checkpoint's sample, whatever batch wrote it */
     int64_t at = s->start.data_offset < N ? s->start.data_offset : N; /* another data set (--resume-override data): its end */
     TDM__TRY(tdm_sampler_set_position(s->sampler, s->start.step, s->start.data_epoch, at));
@@ -575,6 +598,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
       if (c->checkpoint_dir && ((c->checkpoint_every > 0 && (step + 1) % c->checkpoint_every == 0) || step + 1 == total)) {
         TDM__TRY(flush_record(s, &rec, &pr, c)); /* on every rank: this step's mean loss is checked before it is saved */
         TDM__TRY(params_finite(s->engine, c, step + 1));
+        TDM__TRY(metrics_ok(s, c)); /* the records are in the file before the checkpoint that covers them */
         tdm_ckpt_info ci = {.step = step + 1, .world_size = W, .seed = c->seed, .n_meta = id.n - 1, .meta_kv = id.kv}; /* the seed is the checkpoint's own key */
         tdm_sampler_locate(s->sampler, step + 1, &ci.data_epoch, &ci.data_offset);
         TDM__TRY(tdm_ckpt_save_engine(c->checkpoint_dir, s->engine, &ci, 2));
@@ -616,7 +640,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   if (s->metrics) { /* what the run held, measured: to set beside the plan printed at the start */
     char mem[600];
     mem_json(mem, sizeof mem);
-    fprintf(s->metrics, "{\"step\":%lld,\"memory_peak\":%s}\n", (long long)step, mem);
+    fprintf(s->metrics, "{\"step\":%lld,\"world_size\":%d,\"memory_peak\":%s}\n", (long long)step, W, mem);
   }
   TDM__TRY(metrics_ok(s, c));
   FILE *mf = s->metrics;
