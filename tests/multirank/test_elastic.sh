@@ -25,7 +25,8 @@ free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1
 # in $NAME (and PIDS, for the trap)
 launch() {
   local name=$1; shift
-  "$T" run --nproc-per-node 1 --rdzv-endpoint "127.0.0.1:$PORT" "$@" >"$TMP/$name.out" 2>&1 &
+  : >"$TMP/$name.out" # here, not in the child: it may truncate only after the caller grepped an older run's lines
+  "$T" run --nproc-per-node 1 --rdzv-endpoint "127.0.0.1:$PORT" "$@" >>"$TMP/$name.out" 2>&1 &
   printf -v "$name" %s $!
   PIDS="$PIDS $!"
 }
