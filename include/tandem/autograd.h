@@ -51,6 +51,9 @@ void tdm_tape_set_training(tdm_tape *tp, int training);
  * exactly what one process on the N-times batch would. */
 void tdm_tape_set_dropout_key(tdm_tape *tp, uint64_t seed, int64_t sample_base);
 tdm_arena *tdm_tape_arena(tdm_tape *tp);
+/* Records an error on the tape as a failing op does (the first error stays) and returns NULL: for
+ * code that builds a model from ops and refuses an input itself. */
+tdm_tensor *tdm_tape_fail(tdm_tape *tp, tdm_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int tdm_tape_num_nodes(const tdm_tape *tp);
 
 /* ---- making tensors on the tape ---------------------------------------------------------- */

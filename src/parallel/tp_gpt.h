@@ -1,0 +1,56 @@
+/* The GPT split over the tensor axis (Megatron-LM, Shoeybi et al. 2019): each rank holds slices
+ * of the whole model's parameters, under the same names, in the same order.
+ *
+ *   transformer.wte.weight        rows [lo_v, hi_v) of the vocabulary (any V >= T: blocks of V/T
+ *                                 rows, the last ones one row longer when T does not divide V)
+ *   attn.c_attn.weight / .bias    this rank's heads: the same rows of each of q, k and v
+ *   attn.c_proj.weight            the columns of those heads (row-parallel: partial sums, then g)
+ *   mlp.c_fc.weight / .bias       rows [4C t/T, 4C (t+1)/T)
+ *   mlp.c_proj.weight             those columns
+ *   everything else               whole on every rank (replicated): wpe, the layer norms, the
+ *                                 biases of the two row-parallel projections
+ * Every slice is count runs of len elements of the whole parameter, run k starting at first +
+ * k * stride: whole-model weights load into it, a run saves them, and a rank initialises its
+ * slices with the values the whole model has (tdm_params_init_strided).
+ *
+ * Forward per block: ln_1, f, c_attn (column-parallel), attention over this rank's heads,
+ * c_proj (row-parallel), g, bias, dropout, residual; the MLP likewise; the embedding looks up
+ * this rank's rows and g sums them; the head multiplies by this rank's rows of wte and the
+ * vocabulary-parallel cross-entropy combines the ranks' row statistics. One all-reduce forward
+ * and one backward per sub-block. Dropout acts only on replicated tensors (the embedding sum and
+ * the outputs of g), in the order one process runs it, so its masks are the whole model's. */
+#ifndef TANDEM_PARALLEL_TP_GPT_H
+#define TANDEM_PARALLEL_TP_GPT_H
+
+#include "parallel/tp_ops.h"
+#include "tandem/nn.h"
+
+typedef struct {
+  int sharded;       /* 0: replicated (one run: the whole parameter) */
+  int dim;           /* the split dimension */
+  int64_t first, len, stride, count;
+  int64_t m, unit;   /* rows per chunk of the split dimension, elements per row of it (stride = m x unit);
+                        rank q's run is (q + 1) m / T - q m / T rows */
+} tdm__tp_slice;
+
+typedef struct tdm__tp_gpt tdm__tp_gpt;
+
+/* TDM_ERR_INVALID_ARG naming the values when the GPT cannot be split over T ranks: T larger than
+ * the head count, heads not divisible by T, a vocabulary smaller than T. */
+tdm_status tdm__tp_check(const tdm_model_config *mc, int T);
+/* The part of rank t of T: a parameter store laid out as `whole` (a GPT's parameters, which may be
+ * reserved: only names, shapes, decay flags and initial values are read), with each slice holding
+ * the whole model's initial values. comm: the tensor axis (NULL when T = 1). */
+tdm_status tdm__tp_gpt_create(tdm__tp_gpt **out, const tdm_params *whole, const tdm_model_config *mc, tdm_comm_t comm,
+                              int T, int t);
+void tdm__tp_gpt_destroy(tdm__tp_gpt *g);
+tdm_params *tdm__tp_gpt_params(const tdm__tp_gpt *g);
+/* Parameter i's slice (the same index in both stores). */
+const tdm__tp_slice *tdm__tp_gpt_slice(const tdm__tp_gpt *g, int i);
+tdm__tp_comm *tdm__tp_gpt_comm(tdm__tp_gpt *g);
+/* Forward and the mean cross-entropy over the targets (ignore index -100), the same value on every
+ * rank; adds the correct predictions and rows to *correct and *rows. x, y (B, T) i32/i64. NULL
+ * with the tape's error set. */
+tdm_tensor *tdm__tp_gpt_loss(tdm__tp_gpt *g, tdm_tape *tp, tdm_tensor *x, tdm_tensor *y, double *correct, double *rows);
+
+#endif
