@@ -29,7 +29,7 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
                   const cli_opt *extra) {
   *c = tdm_train_config_default();
   int64_t epochs, steps, batch, seed, threads, eval_batch, accum, ckpt_every, layers, heads, width, block, vocab, seq_len,
-      warmup, val_every, val_batches, zero, zero_unit, memory_limit;
+      warmup, val_every, val_batches, zero, zero_unit, memory_limit, tp, dp, tp_check;
   double clip, max_time, bucket_mb;
   int resume, no_overlap, allow_nonfinite;
   const char *prefetch, *compress, *zero_prefetch;
@@ -54,6 +54,9 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
       {"zero", CLI_INT, &zero, "0", "ZeRO stage: 0 data parallel (every rank holds everything); 1 optimizer state, 2 and gradients, 3 and parameters sharded over the ranks", NULL, 0, 3, 0},
       {"zero-unit", CLI_INT, &zero_unit, "1", "--zero 3: modules (transformer blocks, layers) per gathered unit", NULL, 1, 1e6, 0},
       {"zero-prefetch", CLI_CHOICE, &zero_prefetch, "on", "--zero 3: gather the next unit while this one computes", "on|off", 0, 0, 0},
+      {"tp", CLI_INT, &tp, "1", "gpt: tensor-parallel ranks (Megatron-style: attention heads, MLP units and the vocabulary split across them); the world is --dp x --tp", NULL, 1, 1024, 0},
+      {"dp", CLI_INT, &dp, "0", "data-parallel ranks (0: the world divided by --tp)", NULL, 0, 1 << 20, 0},
+      {"tp-check-every", CLI_INT, &tp_check, "100", "--tp: steps between checks that replicated parameters are bitwise identical on every rank (0: never)", NULL, 0, 1e12, 0},
       {"memory-limit", CLI_SIZE, &memory_limit, "0", "refuse to start when the memory plan per rank exceeds this (like 8G; 0: no limit)", NULL, 0, 0, 0},
       {"compress", CLI_CHOICE, &compress, "none", "gradient dtype on the wire between ranks", "none|bf16|fp16", 0, 0, 0},
       {"lr", CLI_FLOAT, &lr, "0.001", "learning rate", NULL, 0, 1e3, 0},
@@ -114,6 +117,15 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
     fprintf(stderr, "tandem %s: --zero-unit and --zero-prefetch apply to --zero 3 only (given --zero %lld)\n", cmd, (long long)zero);
     return 2;
   }
+  if (tp > 1 && zero > 0) {
+    fprintf(stderr, "tandem %s: --tp %lld with --zero %lld: the data axis beside tensor parallelism runs plain data parallelism (use --zero 0)\n",
+            cmd, (long long)tp, (long long)zero);
+    return 2;
+  }
+  if (tp <= 1 && SEEN("tp-check-every")) {
+    fprintf(stderr, "tandem %s: --tp-check-every applies to --tp 2 and more\n", cmd);
+    return 2;
+  }
   if (zero > 0 && strcmp(compress, "none")) {
     fprintf(stderr, "tandem %s: --compress %s applies to --zero 0 only: ZeRO reduces gradients in f32\n", cmd, compress);
     return 2;
@@ -140,7 +152,9 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
   c->memory_limit = memory_limit;
   c->prefetch = !strcmp(prefetch, "on") ? 1 : !strcmp(prefetch, "off") ? 0 : -1;
   tdm_engine_config *e = &c->engine;
-  e->kind = zero ? TDM_ENGINE_ZERO : TDM_ENGINE_DP;
+  e->kind = tp > 1 ? TDM_ENGINE_TP : zero ? TDM_ENGINE_ZERO : TDM_ENGINE_DP;
+  e->tp.check_every = tp_check;
+  c->tp = (int)tp, c->dp = (int)dp;
   e->accum = accum;
   e->clip = (float)clip;
   e->dp.bucket_bytes = e->zero.bucket_bytes = (size_t)(bucket_mb * 1048576.0);

@@ -16,6 +16,9 @@
  *   dp    every rank holds everything; gradient buckets are averaged while backward runs
  *   zero  ZeRO stages 1-3: optimizer state, then gradients, then parameters sharded over the
  *         data axis; at stage 3 parameters are gathered unit by unit just before use
+ *   tp    tensor parallelism (Megatron-style) for the GPT over the tensor axis: attention heads, the
+ *         MLP's hidden units and the vocabulary split across its ranks, custom autograd ops
+ *         all-reducing inside forward and backward; data parallelism over the data axis
  * Every engine gives the same result as every other at the same world size, bit for bit: the
  * gradients of all of them are reduced in the same order (rank order, whatever the transport),
  * and the gradient norm is formed from segment sums in a fixed order (tdm_grad_sumsq_segments).
@@ -56,7 +59,7 @@ int tdm_grid_size(const tdm_grid *g, tdm_grid_axis a);
 int tdm_grid_index(const tdm_grid *g, tdm_grid_axis a);
 
 /* ---- engines ---------------------------------------------------------------------------------- */
-typedef enum { TDM_ENGINE_DP = 0, TDM_ENGINE_ZERO, TDM_ENGINE_KIND_COUNT } tdm_engine_kind;
+typedef enum { TDM_ENGINE_DP = 0, TDM_ENGINE_ZERO, TDM_ENGINE_TP, TDM_ENGINE_KIND_COUNT } tdm_engine_kind;
 const char *tdm_engine_kind_name(tdm_engine_kind k);
 
 /* Data parallelism (stage 0). */
@@ -76,6 +79,17 @@ typedef struct tdm_engine_zero_config {
   int prefetch;          /* stage 3: gather the next unit while this one computes (default 1) */
 } tdm_engine_zero_config;
 
+/* Tensor parallelism over the grid's tensor axis (T ranks; the data axis, when larger than 1, runs
+ * data parallelism with the dp settings). The model's parameters stay the whole model's (names,
+ * shapes, offsets: tdm_engine_model, read_params, load and save are in its terms); each rank holds
+ * slices of them (src/parallel/tp_gpt.h). Replicated parameters (layer norms, the row-parallel
+ * projections' biases, the position embedding) must stay bitwise identical on every rank: every
+ * check_every steps a hash of each is compared across the world, and a difference fails the step
+ * with TDM_ERR_MISMATCH naming the parameter and the ranks. */
+typedef struct tdm_engine_tp_config {
+  int64_t check_every; /* 0: never (default 100) */
+} tdm_engine_tp_config;
+
 typedef struct tdm_engine_config {
   tdm_engine_kind kind;
   int64_t accum;          /* micro-batches per optimizer step (0 or 1: none) */
@@ -83,6 +97,7 @@ typedef struct tdm_engine_config {
   int allow_nonfinite;    /* 0: a non-finite loss or gradient norm fails the step */
   tdm_engine_dp_config dp;
   tdm_engine_zero_config zero;
+  tdm_engine_tp_config tp;
 } tdm_engine_config;
 tdm_engine_config tdm_engine_config_default(void);
 
@@ -116,6 +131,15 @@ void tdm_engine_destroy(tdm_engine *e);
 tdm_status tdm_engine_step(tdm_engine *e, tdm_batch_fn next, void *ctx, uint64_t dropout_seed, float lr,
                            tdm_step_stats *stats);
 
+/* A forward pass and the mean cross-entropy (ignore index -100) with gradients and dropout off,
+ * for evaluation: x and y made on the engine's tape (reset it first), as tdm_batch_fn makes them.
+ * *loss gets the mean; *correct and *rows (optional) get the predictions whose argmax equals the
+ * target, and how many were made, added to. Collective over the tensor axis (tensor parallelism)
+ * or the world (ZeRO stage 3, which gathers parameters): every such rank calls it alike. */
+tdm_status tdm_engine_eval_loss(tdm_engine *e, tdm_tensor *x, tdm_tensor *y, double *loss, double *correct, double *rows);
+
+/* The whole model (tensor parallelism: its names, shapes and offsets, its values held in slices
+ * across the tensor axis; running it directly fails, naming the parameter: use the engine). */
 tdm_model *tdm_engine_model(const tdm_engine *e);
 tdm_tape *tdm_engine_tape(const tdm_engine *e);   /* the engine's tape (evaluation may use it) */
 tdm_optim *tdm_engine_optim(const tdm_engine *e);

@@ -38,6 +38,7 @@ typedef struct tdm_plan_config {
   int64_t data_bytes;           /* the data sets as held in memory (tdm_dataset_bytes) */
   int prefetch;                 /* batches are assembled ahead on a thread (two batch buffers) */
   tdm_transport_kind transport; /* for the communication buffers */
+  int tensor;                   /* tensor-parallel ranks beside each data rank (0 or 1: none) */
 } tdm_plan_config;
 tdm_plan_config tdm_plan_config_default(void);
 

@@ -9,7 +9,7 @@
 #include "tensor/tensor_impl.h"
 
 /* ---- the table: one row per strategy --------------------------------------------------------- */
-static const tdm__engine_ops *const engines[] = {&tdm__engine_dp_ops, &tdm__engine_zero_ops};
+static const tdm__engine_ops *const engines[] = {&tdm__engine_dp_ops, &tdm__engine_zero_ops, &tdm__engine_tp_ops};
 _Static_assert(sizeof engines / sizeof engines[0] == TDM_ENGINE_KIND_COUNT, "one row per engine");
 
 const char *tdm_engine_kind_name(tdm_engine_kind k) {
@@ -25,6 +25,7 @@ tdm_engine_config tdm_engine_config_default(void) {
   c.zero.stage = 1;
   c.zero.unit_modules = 1;
   c.zero.prefetch = 1;
+  c.tp.check_every = 100;
   return c;
 }
 
@@ -103,7 +104,7 @@ tdm_status tdm_engine_create(tdm_engine **out, const tdm_model_config *mc, uint6
   if (cfg->accum < 0 || cfg->accum > (1 << 20) || !(cfg->clip >= 0))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_create: accumulation %lld, clip %g; expected 1..2^20 and >= 0",
                           (long long)cfg->accum, (double)cfg->clip);
-  if (tdm_grid_size(grid, TDM_AXIS_TENSOR) != 1 || tdm_grid_size(grid, TDM_AXIS_PIPELINE) != 1)
+  if ((cfg->kind != TDM_ENGINE_TP && tdm_grid_size(grid, TDM_AXIS_TENSOR) != 1) || tdm_grid_size(grid, TDM_AXIS_PIPELINE) != 1)
     return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "engine_create: the %s engine runs on a data axis only (tensor %d, pipeline %d)",
                           engines[cfg->kind]->name, tdm_grid_size(grid, TDM_AXIS_TENSOR),
                           tdm_grid_size(grid, TDM_AXIS_PIPELINE));
@@ -156,10 +157,15 @@ int tdm_engine_shard(const tdm_engine *e, const tdm_optim_span **spans) {
 }
 
 /* ---- the step: zero_grad, forward, backward, update ------------------------------------------ */
-/* forward: the model, then the mean cross-entropy; logits for the accuracy. */
-static tdm_tensor *forward(tdm_engine *e, tdm_tensor *x, tdm_tensor *y, tdm_tensor **logits) {
-  *logits = tdm_model_forward(e->model, e->tape, x);
-  return tdm_cross_entropy(e->tape, *logits, y, -100);
+static void count_correct(tdm_tensor *logits, tdm_tensor *y, tdm_step_stats *st);
+
+/* forward: the model, then the mean cross-entropy, and the accuracy (or the engine's own). */
+static tdm_tensor *forward(tdm_engine *e, tdm_tensor *x, tdm_tensor *y, tdm_step_stats *st) {
+  if (e->ops->loss) return e->ops->loss(e, x, y, st);
+  tdm_tensor *logits = tdm_model_forward(e->model, e->tape, x);
+  tdm_tensor *loss = tdm_cross_entropy(e->tape, logits, y, -100);
+  if (loss) count_correct(logits, y, st);
+  return loss;
 }
 
 /* backward, seeded with 1/accum so that the step's gradient is the mean over its micro-batches. */
@@ -208,15 +214,16 @@ tdm_status tdm_engine_step(tdm_engine *e, tdm_batch_fn next, void *ctx, uint64_t
     double t0 = tdm_time_now();
     tdm_tape_reset(tp);
     tdm_tape_set_training(tp, 1);
-    tdm_tensor *x = NULL, *y = NULL, *logits;
+    tdm_tensor *x = NULL, *y = NULL;
     int64_t base = 0;
     TDM__TRY(next(ctx, tp, m, &x, &y, &base));
     if (!x || !y) return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_step: the batch source gave no tensors");
     tdm_tape_set_dropout_key(tp, dropout_seed, base);
-    tdm_tensor *loss = forward(e, x, y, &logits);
+    double comm0 = st->t_comm_wait;
+    tdm_tensor *loss = forward(e, x, y, st);
     if (!loss) return tdm__set_error(tdm_tape_status(tp), "forward: %s", tdm_tape_error(tp));
     loss_sum += *(const float *)tdm_tensor_data(loss); /* a non-finite loss is the caller's to judge: it is this rank's */
-    count_correct(logits, y, st);
+    double fwd_comm = st->t_comm_wait - comm0; /* collectives inside forward (tensor parallelism) */
     st->samples += tdm_tensor_dim(x, 0);
     double t1 = tdm_time_now();
     e->ops->begin_backward(e, last);
@@ -224,7 +231,7 @@ tdm_status tdm_engine_step(tdm_engine *e, tdm_batch_fn next, void *ctx, uint64_t
     double wait = 0;
     TDM__TRY(e->ops->end_backward(e, last, &wait));
     double t2 = tdm_time_now();
-    st->t_forward += t1 - t0;
+    st->t_forward += t1 - t0 - fwd_comm;
     st->t_backward += t2 - t1 - wait;
     st->t_comm_wait += wait;
   }
@@ -232,6 +239,23 @@ tdm_status tdm_engine_step(tdm_engine *e, tdm_batch_fn next, void *ctx, uint64_t
   double t3 = tdm_time_now();
   TDM__TRY(update(e, lr, st));
   st->t_update = tdm_time_now() - t3;
+  return TDM_OK;
+}
+
+tdm_status tdm_engine_eval_loss(tdm_engine *e, tdm_tensor *x, tdm_tensor *y, double *loss, double *correct, double *rows) {
+  if (!e || !x || !y || !loss) return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_eval_loss: NULL argument");
+  tdm_tape *tp = e->tape;
+  int grad = tdm_tape_grad_enabled(tp);
+  tdm_tape_set_grad_enabled(tp, 0);
+  tdm_tape_set_training(tp, 0);
+  tdm_step_stats st;
+  memset(&st, 0, sizeof st);
+  tdm_tensor *l = forward(e, x, y, &st);
+  tdm_tape_set_grad_enabled(tp, grad);
+  if (!l) return tdm__set_error(tdm_tape_status(tp), "evaluation: %s", tdm_tape_error(tp));
+  *loss = *(const float *)tdm_tensor_data(l);
+  if (correct) *correct += st.correct;
+  if (rows) *rows += st.rows;
   return TDM_OK;
 }
 
@@ -243,17 +267,23 @@ tdm_status tdm_engine_read_params(tdm_engine *e, int64_t lo, int64_t hi, float *
   return e->ops->read_params(e, lo, hi, dst);
 }
 
-/* Every rank learns rank 0's status (and, when it failed, its error): a file written by rank 0
- * alone must not leave the other ranks believing it worked. */
+/* Every rank learns world rank 0's status (and, when it failed, its error): a file written by
+ * rank 0 alone must not leave the other ranks believing it worked. */
+static int world_root(const tdm_engine *e) {
+  tdm_comm_t w = tdm_grid_world(e->grid);
+  return !w || tdm_comm_rank(w) == 0;
+}
+
 static tdm_status agree(tdm_engine *e, tdm_status st) {
-  if (!e->comm) return st;
+  tdm_comm_t w = tdm_grid_world(e->grid);
+  if (!w) return st;
   char msg[512] = "";
-  if (e->rank == 0 && st != TDM_OK) snprintf(msg, sizeof msg, "%s", tdm_last_error());
+  if (world_root(e) && st != TDM_OK) snprintf(msg, sizeof msg, "%s", tdm_last_error());
   int32_t code = (int32_t)st;
-  TDM__TRY(tdm_comm_broadcast(e->comm, &code, 1, TDM_I32, 0, TDM_ALGO_AUTO));
-  TDM__TRY(tdm_comm_broadcast(e->comm, msg, sizeof msg, TDM_U8, 0, TDM_ALGO_AUTO));
+  TDM__TRY(tdm_comm_broadcast(w, &code, 1, TDM_I32, 0, TDM_ALGO_AUTO));
+  TDM__TRY(tdm_comm_broadcast(w, msg, sizeof msg, TDM_U8, 0, TDM_ALGO_AUTO));
   if (code == TDM_OK) return TDM_OK;
-  return e->rank == 0 ? st : tdm__set_error((tdm_status)code, "rank 0: %s", msg);
+  return world_root(e) ? st : tdm__set_error((tdm_status)code, "rank 0: %s", msg);
 }
 
 static tdm_status write_chunk(void *ctx, const float *data, int64_t n) {
@@ -264,7 +294,7 @@ tdm_status tdm_engine_save_weights(tdm_engine *e, const char *path, int n_meta, 
   if (!e || !path) return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_save_weights: NULL argument");
   tdm_st_writer *w = NULL;
   tdm_status st = TDM_OK;
-  if (e->rank == 0) { /* the header from the shapes alone: the data follow in parameter order */
+  if (world_root(e)) { /* the header from the shapes alone: the data follow in parameter order */
     tdm_st_tensor *ts;
     st = tdm_params_st_tensors(e->params, &ts);
     if (st == TDM_OK) {
@@ -274,7 +304,7 @@ tdm_status tdm_engine_save_weights(tdm_engine *e, const char *path, int n_meta, 
   }
   TDM__TRY(agree(e, st)); /* every rank takes part in the stream, or none */
   st = e->ops->stream_params(e, write_chunk, w);
-  if (e->rank == 0) {
+  if (world_root(e)) {
     if (st == TDM_OK) st = tdm_safetensors_writer_commit(w);
     else tdm_safetensors_writer_abort(w);
   }
@@ -338,6 +368,7 @@ tdm_status tdm_engine_load_shard_state(tdm_engine *e, const tdm_st_tensor *(*fin
 }
 
 tdm_status tdm_engine_first_nonfinite(tdm_engine *e, int64_t *index) {
+  if (e->ops->first_nonfinite) return e->ops->first_nonfinite(e, index);
   int64_t first = -1;
   float *w = tdm_engine_is_sharded(e) ? e->ops->param_shard(e) : NULL;
   if (w) { /* stage 3: each rank looks at its pieces; the smallest index wins */

@@ -53,10 +53,17 @@ typedef struct tdm__engine_ops {
   float *(*param_shard)(tdm_engine *e);
   /* Sharded engines: after the shard's values changed (a checkpoint loaded): drop anything derived. */
   tdm_status (*shard_changed)(tdm_engine *e);
+  /* Optional: forward and loss of its own (NULL: tdm_model_forward, then cross-entropy). Adds the
+   * correct predictions and rows to st, and the time its collectives took to st->t_comm_wait. */
+  tdm_tensor *(*loss)(tdm_engine *e, tdm_tensor *x, tdm_tensor *y, tdm_step_stats *st);
+  /* Optional: the first non-finite parameter value's index in the whole model, the same on every
+   * rank (NULL: the shard or the whole buffer, agreed over the data axis). Collective. */
+  tdm_status (*first_nonfinite)(tdm_engine *e, int64_t *index);
 } tdm__engine_ops;
 
 extern const tdm__engine_ops tdm__engine_dp_ops;
 extern const tdm__engine_ops tdm__engine_zero_ops;
+extern const tdm__engine_ops tdm__engine_tp_ops;
 
 /* Shared by the engines: builds e->seg_sums, and the sum of squares of the segments of a whole
  * gradient buffer that every rank holds (no communication). */

@@ -75,8 +75,9 @@ static int input_shape(const tdm_model_config *mc, int64_t n, int64_t per, int64
 /* Every rank runs the same number of forward passes (a sharded engine gathers parameters in each,
  * collectively): a rank whose shard of the set is smaller ends with a pass over one sample whose
  * result is not counted. */
-static tdm_status evaluate(tdm_model *m, tdm_tape *tp, const tdm_dataset *ds, int64_t eb, int64_t *idx_buf,
-                           tdm_comm_t comm, int64_t max_samples, double *loss_out, double *acc_out) {
+static tdm_status evaluate(tdm_engine *e, const tdm_dataset *ds, int64_t eb, int64_t *idx_buf, tdm_comm_t comm,
+                           int64_t max_samples, double *loss_out, double *acc_out) {
+  tdm_tape *tp = tdm_engine_tape(e); /* comm: the data axis (tensor-parallel peers see the same samples) */
   int W = comm ? tdm_comm_size(comm) : 1, R = comm ? tdm_comm_rank(comm) : 0;
   int64_t total = tdm_dataset_len(ds), per = tdm_dataset_sample_numel(ds), correct = 0, rows_total = 0;
   if (max_samples > 0 && max_samples < total) total = max_samples;
@@ -84,9 +85,7 @@ static tdm_status evaluate(tdm_model *m, tdm_tape *tp, const tdm_dataset *ds, in
   int64_t first = total * R / W, n = total * (R + 1) / W - first; /* this rank's shard */
   int64_t most = (total + W - 1) / W, passes = (most + eb - 1) / eb;
   double loss_sum = 0;
-  const tdm_model_config *mc = tdm_model_get_config(m);
-  tdm_tape_set_grad_enabled(tp, 0);
-  tdm_tape_set_training(tp, 0);
+  const tdm_model_config *mc = tdm_model_get_config(tdm_engine_model(e));
   for (int64_t k = 0; k < passes; k++) {
     int64_t b = k * eb, B = n - b < eb ? n - b : eb, counted = B > 0;
     if (!counted) B = 1, b = 0; /* a pass to keep in step with the other ranks */
@@ -98,23 +97,13 @@ static tdm_status evaluate(tdm_model *m, tdm_tape *tp, const tdm_dataset *ds, in
     if (!x || !y) return tdm__set_error(tdm_tape_status(tp), "%s", tdm_tape_error(tp));
     if (tokens) TDM__TRY(tdm_dataset_tokens(ds, idx_buf, B, tdm_tensor_data(x), tdm_tensor_data(y)));
     else TDM__TRY(tdm_dataset_batch(ds, idx_buf, B, tdm_tensor_data(x), tdm_tensor_data(y)));
-    tdm_tensor *logits = tdm_model_forward(m, tp, x);
-    tdm_tensor *loss = tdm_cross_entropy(tp, logits, y, -100);
-    if (!loss) return tdm__set_error(tdm_tape_status(tp), "evaluation: %s", tdm_tape_error(tp));
+    double loss = 0, right = 0, rows = 0; /* through the engine: a split model evaluates as it trains */
+    TDM__TRY(tdm_engine_eval_loss(e, x, y, &loss, &right, &rows));
     if (!counted) continue;
-    const float *lg = tdm_tensor_data(logits);
-    const int32_t *yy = tdm_tensor_data(y);
-    int64_t C = tdm_tensor_dim(logits, -1), rows = tdm_tensor_numel(logits) / C;
-    loss_sum += (double)((float *)tdm_tensor_data(loss))[0] * (double)rows;
-    rows_total += rows;
-    for (int64_t i = 0; i < rows; i++) {
-      int64_t best = 0;
-      for (int64_t c = 1; c < C; c++)
-        if (lg[i * C + c] > lg[i * C + best]) best = c;
-      correct += best == yy[i];
-    }
+    loss_sum += loss * rows;
+    rows_total += (int64_t)rows;
+    correct += (int64_t)right;
   }
-  tdm_tape_set_grad_enabled(tp, 1);
   double sums[3] = {loss_sum, (double)correct, (double)rows_total};
   if (comm) TDM__TRY(tdm_comm_allreduce(comm, sums, sums, 3, TDM_F64, TDM_SUM, TDM_ALGO_AUTO));
   *loss_out = sums[2] > 0 ? sums[0] / sums[2] : 0;
@@ -303,7 +292,9 @@ static int run_identity(tdm__run_identity *id, const tdm_train_config *c, const 
   /* the state's layout: ZeRO shards, per rank, until checkpoints reshard */
   tdm__identity_add(id, "tandem.zero_stage", "ZeRO stage (0: data parallel)", NULL, "%d",
                     c->engine.kind == TDM_ENGINE_ZERO ? c->engine.zero.stage : 0);
-  tdm__identity_add(id, "tandem.global_batch", "global batch (ranks x batch size x accumulation)", "batch", "%lld", (long long)G);
+  if (c->tp > 1) /* each rank's state is its slices: only the same split resumes it */
+    tdm__identity_add(id, "tandem.tensor_parallel", "tensor-parallel ranks", NULL, "%d", c->tp);
+  tdm__identity_add(id, "tandem.global_batch", "global batch (data-parallel ranks x batch size x accumulation)", "batch", "%lld", (long long)G);
   if (gpt) tdm__identity_add(id, "tandem.seq_len", "sequence length", "batch", "%lld", (long long)T);
   tdm__identity_add(id, "tandem.data", "data set", "data", "%s", c->data);
   tdm__identity_add(id, "tandem.train_samples", "training samples", "data", "%lld", (long long)N);
@@ -368,7 +359,10 @@ typedef struct {
   tdm_plan plan;
 } prepared;
 
-static tdm_status prepare(const tdm_train_config *c, int W, int R, tdm_transport_kind transport, run_state *s, prepared *p) {
+/* W: the world; D and R: the data axis's size and this rank's index on it (tensor-parallel peers
+ * take the same samples). */
+static tdm_status prepare(const tdm_train_config *c, int W, int D, int R, tdm_transport_kind transport, run_state *s,
+                          prepared *p) {
   tdm_optim_kind ok = TDM_OPT_ADAM;
   TDM__TRY(parse_kinds(c, &p->mk, &ok));
   tdm_model_kind mk = p->mk;
@@ -427,13 +421,13 @@ static tdm_status prepare(const tdm_train_config *c, int W, int R, tdm_transport
   int64_t N = tdm_dataset_len(s->train), B = c->batch_size;
   tdm_last_batch last = TDM_LAST_PARTIAL; /* one process: keep the smaller last batch, as DataLoader */
   if (c->last_batch && !strcmp(c->last_batch, "drop")) last = TDM_LAST_DROP;
-  else if ((c->last_batch && !strcmp(c->last_batch, "pad")) || W > 1 || K > 1) last = TDM_LAST_PAD;
-  if (c->last_batch && !strcmp(c->last_batch, "partial") && (W > 1 || K > 1))
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --last-batch partial needs one rank and no accumulation (%d ranks, accum %lld)",
-                          W, (long long)K);
+  else if ((c->last_batch && !strcmp(c->last_batch, "pad")) || D > 1 || K > 1) last = TDM_LAST_PAD;
+  if (c->last_batch && !strcmp(c->last_batch, "partial") && (D > 1 || K > 1))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --last-batch partial needs one data-parallel rank and no accumulation (%d ranks, accum %lld)",
+                          D, (long long)K);
   int prefetch = c->prefetch;
   if (prefetch < 0) prefetch = tdm_spare_core(W); /* auto: only beside compute, never instead of it */
-  tdm_sampler_config sc = {B, K, W, R, c->seed, last, prefetch};
+  tdm_sampler_config sc = {B, K, D, R, c->seed, last, prefetch};
   int64_t eb = c->eval_batch > B ? c->eval_batch : B;
   scope = tdm__mem_scope(TDM_MEM_DATA);
   st = tdm_sampler_create(&s->sampler, s->train, &sc);
@@ -442,10 +436,10 @@ static tdm_status prepare(const tdm_train_config *c, int W, int R, tdm_transport
   tdm__mem_scope(scope);
   TDM__TRY(st);
   memset(p, 0, sizeof *p);
-  p->mk = mk, p->mc = mc, p->oc = oc, p->ec = ec, p->T = T, p->K = K, p->N = N, p->B = B, p->eb = eb, p->G = B * W * K;
+  p->mk = mk, p->mc = mc, p->oc = oc, p->ec = ec, p->T = T, p->K = K, p->N = N, p->B = B, p->eb = eb, p->G = B * D * K;
   p->per = tdm_dataset_sample_numel(s->train), p->prefetch = prefetch;
   /* the plan, before anything large exists */
-  tdm_plan_config pcfg = {mc, oc, ec, W, B, T, mk == TDM_MODEL_GPT ? B : eb, 0, prefetch, transport};
+  tdm_plan_config pcfg = {mc, oc, ec, D, B, T, mk == TDM_MODEL_GPT ? B : eb, 0, prefetch, transport, W / D};
   tdm_mem_stats ms;
   tdm_mem_stats_get(&ms);
   pcfg.data_bytes = ms.current[TDM_MEM_DATA]; /* the data sets as opened, and their batches */
@@ -460,7 +454,11 @@ tdm_status tdm_train_plan(const tdm_train_config *c, int world, tdm_plan *out) {
   tdm_comm_config cc; /* the transport the ranks will use: TANDEM_TRANSPORT, else shm on one node */
   tdm_status st = tdm_comm_config_from_env(&cc);
   tdm_transport_kind tr = cc.transport == TDM_TRANSPORT_AUTO ? TDM_TRANSPORT_SHM : cc.transport;
-  if (st == TDM_OK) st = prepare(c, world, 0, world > 1 ? tr : TDM_TRANSPORT_AUTO, &s, &p);
+  int T = c->tp > 0 ? c->tp : 1, D = c->dp > 0 ? c->dp : world / T;
+  if (st == TDM_OK && (world % T || D * T != world))
+    st = tdm__set_error(TDM_ERR_INVALID_ARG, "plan: data %d x tensor %d does not make the world size %d; expected sizes whose "
+                        "product is %d", D, T, world, world);
+  if (st == TDM_OK) st = prepare(c, world, D, 0, world > 1 ? tr : TDM_TRANSPORT_AUTO, &s, &p);
   if (st == TDM_OK) *out = p.plan;
   run_free(&s);
   return st;
@@ -472,11 +470,14 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   TDM__TRY(tdm_comm_config_from_env(&cc));
   int W = cc.size, R = cc.rank;
   if (W > 1) TDM__TRY(tdm_comm_create(&s->comm, &cc));
-  TDM__TRY(tdm_grid_create(&s->grid, s->comm, 0, 1, 1)); /* every rank on the data axis */
+  /* data x tensor: the world split as asked (--dp, --tp), before anything else is made */
+  TDM__TRY(tdm_grid_create(&s->grid, s->comm, c->dp > 0 ? c->dp : 0, c->tp > 0 ? c->tp : 1, 1));
+  int D = tdm_grid_size(s->grid, TDM_AXIS_DATA), DR = tdm_grid_index(s->grid, TDM_AXIS_DATA);
+  tdm_comm_t data_comm = tdm_grid_comm(s->grid, TDM_AXIS_DATA);
   res->world_size = W;
   res->rank = R;
   prepared pp;
-  TDM__TRY(prepare(c, W, R, s->comm ? tdm_comm_transport(s->comm) : TDM_TRANSPORT_AUTO, s, &pp));
+  TDM__TRY(prepare(c, W, D, DR, s->comm ? tdm_comm_transport(s->comm) : TDM_TRANSPORT_AUTO, s, &pp));
   tdm_model_kind mk = pp.mk;
   tdm_model_config mc = pp.mc;
   int64_t T = pp.T, K = pp.K, N = pp.N, B = pp.B, per = pp.per, eb = pp.eb, G = pp.G;
@@ -494,9 +495,9 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   tdm_lr_schedule sched = {c->lr_schedule && !strcmp(c->lr_schedule, "cosine") ? TDM_LR_COSINE : TDM_LR_CONSTANT,
                            (float)c->lr, c->warmup_steps, total, (float)c->lr / 10, 0, 0};
   if (pr.f)
-    fprintf(pr.f, "tandem train: %s on %s (%lld train / %lld test samples), %lld parameters, %s lr %g, batch %lld x %d rank%s%s, %d thread%s per rank, %s%s%s\n",
+    fprintf(pr.f, "tandem train: %s on %s (%lld train / %lld test samples), %lld parameters, %s lr %g, batch %lld x %d %srank%s%s, %d thread%s per rank, %s%s%s\n",
             c->model, c->data, (long long)N, (long long)tdm_dataset_len(s->test), (long long)tdm_params_numel(params),
-            c->optimizer, c->lr, (long long)B, W, W == 1 ? "" : "s", K > 1 ? " x accum" : "", tdm_get_num_threads(),
+            c->optimizer, c->lr, (long long)B, D, D < W ? "data-parallel " : "", D == 1 ? "" : "s", K > 1 ? " x accum" : "", tdm_get_num_threads(),
             tdm_get_num_threads() == 1 ? "" : "s", tdm_engine_describe(s->engine), s->comm ? ", transport " : "",
             s->comm ? tdm_transport_name(tdm_comm_transport(s->comm)) : "");
   tdm__run_identity id = {0};
@@ -535,7 +536,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
       int time_up = c->max_time > 0 && train_time + (t3 - t0) >= c->max_time;
       rec = (step_record){.pending = 1, .step = step, .epoch = epoch, .lr = lr, .stats = {ss.loss / W, ss.correct, ss.rows, time_up},
                           .dt = t3 - t0, .t_fwd = ss.t_forward, .t_bwd = ss.t_backward, .t_wait = ss.t_comm_wait,
-                          .t_opt = ss.t_update, .samples = (double)ss.samples * W, .total = total, .G = G, .grad_norm = ss.grad_norm};
+                          .t_opt = ss.t_update, .samples = (double)ss.samples * D, .total = total, .G = G, .grad_norm = ss.grad_norm};
       if (s->comm) TDM__TRY(tdm_comm_iallreduce(s->comm, rec.stats, rec.stats, 4, TDM_F64, TDM_SUM, TDM_ALGO_AUTO, &rec.work));
       if (!s->comm && time_up) s->stop = 1;
       if (s->stop) total = step + 1; /* a rank's time ran out (seen one step late, by all alike) */
@@ -553,8 +554,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
       if (mk == TDM_MODEL_GPT && c->val_every > 0 && (step + 1) % c->val_every == 0 && step + 1 < total) {
         double vl, va;
         TDM__TRY(flush_record(s, &rec, &pr, c));
-        TDM__TRY(evaluate(tdm_engine_model(s->engine), tdm_engine_tape(s->engine), s->test, B, s->idx, s->comm,
-                          c->val_batches * B * W, &vl, &va));
+        TDM__TRY(evaluate(s->engine, s->test, B, s->idx, data_comm, c->val_batches * B * D, &vl, &va));
         if (pr.f) fprintf(pr.f, "%sstep %lld: val loss %.4f\n", pr.tty ? "\n" : "", (long long)step + 1, vl);
         TDM__TRY(eval_record(s, c, 1, 0, step + 1, vl, va));
       }
@@ -566,8 +566,8 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
     if (epoch_done) {
       double tl = 0, ta = 0;
       TDM__TRY(params_finite(s->engine, c, step));
-      TDM__TRY(evaluate(tdm_engine_model(s->engine), tdm_engine_tape(s->engine), s->test, mk == TDM_MODEL_GPT ? B : eb, s->idx,
-                        s->comm, mk == TDM_MODEL_GPT ? c->val_batches * B * W : 0, &tl, &ta));
+      TDM__TRY(evaluate(s->engine, s->test, mk == TDM_MODEL_GPT ? B : eb, s->idx, data_comm,
+                        mk == TDM_MODEL_GPT ? c->val_batches * B * D : 0, &tl, &ta));
       res->test_loss = tl;
       res->test_accuracy = ta;
       if (pr.f && mk == TDM_MODEL_GPT) {
