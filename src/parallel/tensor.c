@@ -252,7 +252,10 @@ static tdm_status tp_create(tdm_engine *e, const tdm_model_config *mc, uint64_t 
   e->n_spans = 1;
   if (e->comm && e->size > 1) { /* data parallelism over the data axis: the same slices on each of its ranks */
     const tdm_engine_dp_config *c = &e->cfg.dp;
-    tdm_dp_config dc = {c->bucket_bytes, c->first_bucket_bytes, c->wire_dtype ? c->wire_dtype : TDM_F32, c->no_overlap};
+    /* when both axes are split from the world they share its transport, which serves one
+     * communicator at a time: the buckets are averaged after backward, not beside its all-reduces */
+    int shared = z->tcomm && z->tcomm != z->world && e->comm != z->world;
+    tdm_dp_config dc = {c->bucket_bytes, c->first_bucket_bytes, c->wire_dtype ? c->wire_dtype : TDM_F32, c->no_overlap || shared};
     TDM__TRY(tdm_dp_create(&z->dp, e->comm, z->local, &dc));
   }
   int n = tdm_params_count(z->local);

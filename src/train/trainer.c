@@ -289,11 +289,13 @@ static int run_identity(tdm__run_identity *id, const tdm_train_config *c, const 
   }
   int n_arch = id->n;
   tdm__identity_add(id, "tandem.optimizer", "optimizer", NULL, "%s", c->optimizer);
-  /* the state's layout: ZeRO shards, per rank, until checkpoints reshard */
-  tdm__identity_add(id, "tandem.zero_stage", "ZeRO stage (0: data parallel)", NULL, "%d",
-                    c->engine.kind == TDM_ENGINE_ZERO ? c->engine.zero.stage : 0);
-  if (c->tp > 1) /* each rank's state is its slices: only the same split resumes it */
-    tdm__identity_add(id, "tandem.tensor_parallel", "tensor-parallel ranks", NULL, "%d", c->tp);
+  /* the state's layout: ZeRO shards, or tensor-parallel slices, per rank, until checkpoints reshard */
+  if (c->tp > 1)
+    tdm__identity_add(id, "tandem.zero_stage", "ZeRO stage (0: data parallel; tp: tensor-parallel slices)", NULL,
+                      "0, tp %d", c->tp);
+  else
+    tdm__identity_add(id, "tandem.zero_stage", "ZeRO stage (0: data parallel; tp: tensor-parallel slices)", NULL, "%d",
+                      c->engine.kind == TDM_ENGINE_ZERO ? c->engine.zero.stage : 0);
   tdm__identity_add(id, "tandem.global_batch", "global batch (data-parallel ranks x batch size x accumulation)", "batch", "%lld", (long long)G);
   if (gpt) tdm__identity_add(id, "tandem.seq_len", "sequence length", "batch", "%lld", (long long)T);
   tdm__identity_add(id, "tandem.data", "data set", "data", "%s", c->data);
@@ -474,6 +476,8 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   TDM__TRY(tdm_grid_create(&s->grid, s->comm, c->dp > 0 ? c->dp : 0, c->tp > 0 ? c->tp : 1, 1));
   int D = tdm_grid_size(s->grid, TDM_AXIS_DATA), DR = tdm_grid_index(s->grid, TDM_AXIS_DATA);
   tdm_comm_t data_comm = tdm_grid_comm(s->grid, TDM_AXIS_DATA);
+  int split_axes = 0; /* axes with communicators of their own, beside the world */
+  for (int a = 0; a < TDM_AXIS_COUNT; a++) split_axes |= tdm_grid_size(s->grid, (tdm_grid_axis)a) != 1 && tdm_grid_size(s->grid, (tdm_grid_axis)a) != W;
   res->world_size = W;
   res->rank = R;
   prepared pp;
@@ -538,6 +542,13 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
                           .dt = t3 - t0, .t_fwd = ss.t_forward, .t_bwd = ss.t_backward, .t_wait = ss.t_comm_wait,
                           .t_opt = ss.t_update, .samples = (double)ss.samples * D, .total = total, .G = G, .grad_norm = ss.grad_norm};
       if (s->comm) TDM__TRY(tdm_comm_iallreduce(s->comm, rec.stats, rec.stats, 4, TDM_F64, TDM_SUM, TDM_ALGO_AUTO, &rec.work));
+      /* an axis split from the world speaks through the world's transport, which serves one
+       * communicator at a time: the next step's collectives there must not meet this one */
+      if (s->comm && split_axes) {
+        tdm_work_t w = rec.work;
+        rec.work = NULL;
+        TDM__TRY(tdm_work_wait(w));
+      }
       if (!s->comm && time_up) s->stop = 1;
       if (s->stop) total = step + 1; /* a rank's time ran out (seen one step late, by all alike) */
       double dt = t3 - t0;

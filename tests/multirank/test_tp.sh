@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Tensor parallelism across real processes under tandem run: a GPT with a vocabulary of 257 (no
+# T > 1 divides it), dropout on, SGD with momentum and clipping, trained on T ranks (shm, tcp) or
+# data x tensor ranks, ends with the weights of one process on the same global batch (within 1e-5
+# of each tensor's largest value); a checkpoint of a tensor-parallel run resumes bit for bit, and
+# only with the same split; bad layouts stop every rank before any step, naming the values.
+# usage: test_tp.sh path/to/tandem
+set -u
+T=${1:?usage: test_tp.sh path/to/tandem}
+. "$(dirname "$0")/../harness.sh"
+A=(train --model gpt --layers 2 --heads 6 --width 48 --block 16 --vocab 257 --steps 6 --threads 1 --optimizer sgd
+   --lr 0.1 --momentum 0.9 --dropout 0.1 --seed 7 --val-batches 2 --eval-batch-size 4 --schedule constant --warmup 0)
+"$T" "${A[@]}" --batch-size 4 --save-weights "$TMP/one.st" >/dev/null 2>&1 || { echo "FAIL one process"; exit 1; }
+"$T" "${A[@]}" --batch-size 8 --save-weights "$TMP/one8.st" >/dev/null 2>&1 || { echo "FAIL one process, batch 8"; exit 1; }
+same() { "$T" weights-diff "$1" "$2" --rtol "$3" --quiet | tail -1; "$T" weights-diff "$1" "$2" --rtol "$3" --quiet >/dev/null; }
+
+tp2_shm() {
+  TANDEM_TRANSPORT=shm "$T" run -n 2 -- tandem "${A[@]}" --tp 2 --batch-size 4 --save-weights "$TMP/tp2.st" >"$TMP/tp2.out" 2>&1 &&
+    grep -q "tensor parallel 2" "$TMP/tp2.out" && same "$TMP/tp2.st" "$TMP/one.st" 1e-5
+}
+check "--tp 2 over shm == one process (weights within 1e-5)" tp2_shm
+
+tp3_tcp() {
+  TANDEM_TRANSPORT=tcp "$T" run -n 3 -- tandem "${A[@]}" --tp 3 --batch-size 4 --save-weights "$TMP/tp3.st" >/dev/null 2>&1 &&
+    same "$TMP/tp3.st" "$TMP/one.st" 1e-5
+}
+check "--tp 3 over tcp == one process" tp3_tcp
+
+dp2_tp2() {
+  "$T" run -n 4 -- tandem "${A[@]}" --tp 2 --dp 2 --batch-size 4 --save-weights "$TMP/dp2tp2.st" >"$TMP/dp2tp2.out" 2>&1 &&
+    grep -q "tensor parallel 2 x data parallel 2" "$TMP/dp2tp2.out" && same "$TMP/dp2tp2.st" "$TMP/one8.st" 1e-5
+}
+check "--dp 2 --tp 2 on 4 ranks == one process with the 2-times batch" dp2_tp2
+
+resume() {
+  local C=(--tp 2 --batch-size 4 --checkpoint-dir)
+  "$T" run -n 2 -- tandem "${A[@]}" "${C[@]}" "$TMP/ck1" --save-weights "$TMP/straight.st" >/dev/null 2>&1 &&
+    "$T" run -n 2 -- tandem "${A[@]}" --steps 3 "${C[@]}" "$TMP/ck2" >/dev/null 2>&1 &&
+    "$T" run -n 2 -- tandem "${A[@]}" "${C[@]}" "$TMP/ck2" --resume --save-weights "$TMP/resumed.st" >"$TMP/res.out" 2>&1 &&
+    cmp -s "$TMP/straight.st" "$TMP/resumed.st" || { echo "  $(tail -2 "$TMP/res.out")"; return 1; }
+  # the same world and global batch split another way (data parallel): refused, naming the setting
+  "$T" run -n 2 -- tandem "${A[@]}" --batch-size 2 --checkpoint-dir "$TMP/ck2" --resume >"$TMP/other.out" 2>&1
+  [[ $? -ne 0 ]] && grep -q "tensor-parallel slices) 0, tp 2 in the checkpoint, 0 in this run" "$TMP/other.out" ||
+    { echo "  $(tail -3 "$TMP/other.out")"; return 1; }
+}
+check "a checkpoint of --tp 2 resumes bit-identically; another split is refused" resume
+
+bad() { # bad N WANT ARGS...: every rank stops before step 1, the message names the values
+  local n=$1 want=$2; shift 2
+  "$T" run -n "$n" -- tandem "${A[@]}" --batch-size 4 "$@" >"$TMP/bad.out" 2>&1
+  local rc=$?
+  [[ $rc -ne 0 ]] && grep -q -- "$want" "$TMP/bad.out" && ! grep -q "step 1/" "$TMP/bad.out" ||
+    { echo "  exit $rc: $(tail -3 "$TMP/bad.out")"; return 1; }
+}
+check "a world that is not data x tensor: refused" bad 3 "data 0 x tensor 2 x pipeline 1 does not make the world size 3" --tp 2
+check "--dp x --tp not the world: refused" bad 4 "data 3 x tensor 2 x pipeline 1 does not make the world size 4" --tp 2 --dp 3
+check "heads not divisible by --tp: refused" bad 4 "6 attention heads do not divide over --tp 4 ranks" --tp 4
+check "--tp larger than the heads: refused" bad 8 "--tp 8 is larger than the 6 attention heads" --tp 8
+check "--tp with another model: refused" bad 2 "the mlp model has no heads to split" --model mlp --data synthetic --tp 2
+finish
