@@ -167,7 +167,7 @@ tdm_status tdm_split(tdm_tape *tp, tdm_tensor *x, int axis, int n, const int64_t
  *     for (int64_t i = 0; gx && i < tdm_tensor_numel(gy); i++) gx[i] = 2 * x[i] * g[i];
  *     return TDM_OK;
  *   }
- *   static const tdm_custom_op square = {"square", sq_fwd, sq_bwd};
+ *   static const tdm_custom_op square = {"square", sq_fwd, sq_bwd, 0};
  *   tdm_tensor *y = tdm_custom(tp, &square, NULL, 1, &x);
  *
  * forward runs at once, on the calling thread, with gradient recording off. Its inputs are
@@ -200,6 +200,11 @@ typedef struct tdm_custom_op {
   const char *name;                /* for errors and the tape's node */
   tdm_custom_forward_fn forward;
   tdm_custom_backward_fn backward; /* NULL: the op is not differentiable (an error if recorded) */
+  /* 0: grad_in[i] holds zeros (see above). 1: grad_in[i] is input i's gradient itself, holding
+   * what other consumers of the input have added so far (zeros at first), and backward must add
+   * (+=) into it, never overwrite: no temporary, which matters when an input is a parameter
+   * (its gradient always exists, so the zeros of mode 0 are a buffer of its size, then added). */
+  int accumulate;
 } tdm_custom_op;
 /* Runs op on n inputs (n >= 0; inputs may be of any dtype). Returns the output, or NULL with the
  * tape's error set ("op 'name': ..."). */

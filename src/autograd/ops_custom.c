@@ -83,6 +83,11 @@ static void custom_bw(tdm_tape *tp, tdm_node *nd) {
     gin[i] = NULL;
     add[i] = 0;
     if (!tdm__requires_grad(in)) continue;
+    if (c->op->accumulate) { /* the input's own gradient, summed into */
+      if (!tdm__grad(tp, in)) return;
+      gin[i] = in->grad;
+      continue;
+    }
     int fresh;
     float *g = tdm__grad_for_write(tp, in, &fresh);
     if (!g) return;

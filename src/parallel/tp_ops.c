@@ -39,7 +39,7 @@ static tdm_status copy_bwd(tdm_custom_ctx *ctx, const tdm_tensor *gy, int n, tdm
   return allreduce(user, tdm_tensor_data(gy), tdm_tensor_data(gin[0]), tdm_tensor_numel(gy), TDM_F32, TDM_SUM);
 }
 
-static const tdm_custom_op copy_op = {"tp_copy", copy_fwd, copy_bwd};
+static const tdm_custom_op copy_op = {"tp_copy", copy_fwd, copy_bwd, 0};
 
 tdm_tensor *tdm__tp_copy(tdm_tape *tp, tdm__tp_comm *c, tdm_tensor *x) {
   if (!c->comm) return x; /* one rank: f is the identity both ways */
@@ -61,7 +61,7 @@ static tdm_status reduce_bwd(tdm_custom_ctx *ctx, const tdm_tensor *gy, int n, t
   return TDM_OK;
 }
 
-static const tdm_custom_op reduce_op = {"tp_reduce", reduce_fwd, reduce_bwd};
+static const tdm_custom_op reduce_op = {"tp_reduce", reduce_fwd, reduce_bwd, 0};
 
 tdm_tensor *tdm__tp_reduce(tdm_tape *tp, tdm__tp_comm *c, tdm_tensor *x) {
   if (!c->comm) return x;
@@ -117,7 +117,7 @@ static tdm_status emb_bwd(tdm_custom_ctx *ctx, const tdm_tensor *gy, int n, tdm_
   return TDM_OK;
 }
 
-static const tdm_custom_op emb_op = {"tp_embedding", emb_fwd, emb_bwd};
+static const tdm_custom_op emb_op = {"tp_embedding", emb_fwd, emb_bwd, 1}; /* adds rows into the table's gradient */
 
 tdm_tensor *tdm__tp_embedding(tdm_tape *tp, tdm_tensor *table, tdm_tensor *idx, int64_t lo) {
   tdm_tensor *in[2] = {table, idx};
@@ -281,7 +281,7 @@ static tdm_status ce_bwd(tdm_custom_ctx *ctx, const tdm_tensor *gy, int n, tdm_t
   return TDM_OK;
 }
 
-static const tdm_custom_op ce_op = {"tp_cross_entropy", ce_fwd, ce_bwd};
+static const tdm_custom_op ce_op = {"tp_cross_entropy", ce_fwd, ce_bwd, 1};
 
 tdm_tensor *tdm__tp_cross_entropy(tdm_tape *tp, tdm__tp_comm *c, tdm_tensor *logits, tdm_tensor *targets, int64_t lo,
                                   int64_t V, int64_t ignore_index, double *correct, double *rows) {

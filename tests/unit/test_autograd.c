@@ -320,17 +320,20 @@ static tdm_status mix_bwd(tdm_custom_ctx *c, const tdm_tensor *gy, int n, tdm_te
   for (int64_t i = 0; i < N; i++)
     for (int64_t k = 0; k < C; k++) {
       float gv = g[i * C + k];
-      if (gx) gx[i * C + k] = gv * (wd[k] + (k == id[i] ? 2 * xd[i * C + k] : 0));
+      if (gx) gx[i * C + k] += gv * (wd[k] + (k == id[i] ? 2 * xd[i * C + k] : 0)); /* adds: right in both modes */
       if (gw) gw[k] += gv * xd[i * C + k];
     }
   return TDM_OK;
 }
 
-static const tdm_custom_op mix_op = {"mix", mix_fwd, mix_bwd};
+static const tdm_custom_op mix_ops[2] = {{"mix", mix_fwd, mix_bwd, 0}, {"mix_acc", mix_fwd, mix_bwd, 1}};
+static int mix_mode;
 
+/* x is also used before the op, so in accumulate mode its gradient already holds a contribution */
 static tdm_tensor *g_custom(tdm_tape *tp, tdm_tensor *const *x, void *c) {
-  tdm_tensor *in[3] = {x[0], x[1], x[2]};
-  return tdm_mul(tp, tdm_custom(tp, &mix_op, c, 3, in), tdm_tanh(tp, x[0]));
+  tdm_tensor *in[3] = {tdm_scale(tp, x[0], 1.0f), x[1], x[2]};
+  tdm_tensor *y = tdm_custom(tp, &mix_ops[mix_mode], c, 3, in);
+  return tdm_add(tp, tdm_mul(tp, y, tdm_tanh(tp, x[0])), tdm_sum(tp, tdm_mul(tp, in[0], in[0]), 0, NULL, 0));
 }
 
 static void test_custom_op_gradcheck(void) {
@@ -338,12 +341,14 @@ static void test_custom_op_gradcheck(void) {
   tdm_rng_seed(&r, 77);
   spec sx = {2, {4, 5}, NORMAL, 0}, si = {1, {4}, INDEX, 5}, sw = {1, {5}, NORMAL, 0};
   tdm_tensor *in[3] = {make(&sx, &r), make(&si, &r), make(&sw, &r)};
-  int calls = 0;
-  tdm_gradcheck_opts o = {1e-2, 2e-3, 1e-2};
-  double err = -1;
-  CHECK_OK(tdm_gradcheck(g_custom, &calls, 3, in, &o, &err));
-  printf("  custom op      worst |diff| / tolerance %.3f over %d forward calls\n", err, calls);
-  CHECK(calls > 2 * (20 + 5)); /* a central difference per element of x and w, at least */
+  for (mix_mode = 0; mix_mode < 2; mix_mode++) { /* zeros to write into; the input's gradient to add to */
+    int calls = 0;
+    tdm_gradcheck_opts o = {1e-2, 2e-3, 1e-2};
+    double err = -1;
+    CHECK_OK(tdm_gradcheck(g_custom, &calls, 3, in, &o, &err));
+    printf("  custom op (%s) worst |diff| / tolerance %.3f over %d forward calls\n", mix_mode ? "accumulate" : "zeros", err, calls);
+    CHECK(calls > 2 * (20 + 5)); /* a central difference per element of x and w, at least */
+  }
   for (int k = 0; k < 3; k++) tdm_tensor_destroy(in[k]);
 }
 
@@ -371,8 +376,8 @@ static tdm_status fail_bwd(tdm_custom_ctx *c, const tdm_tensor *gy, int n, tdm_t
 }
 
 static void test_custom_op_identity_and_errors(void) {
-  static const tdm_custom_op twice = {"twice", id_fwd, twice_bwd}, bad_fwd = {"bad_fwd", fail_fwd, twice_bwd},
-                             bad_bwd = {"bad_bwd", id_fwd, fail_bwd}, no_bwd = {"no_bwd", id_fwd, NULL};
+  static const tdm_custom_op twice = {"twice", id_fwd, twice_bwd, 0}, bad_fwd = {"bad_fwd", fail_fwd, twice_bwd, 0},
+                             bad_bwd = {"bad_bwd", id_fwd, fail_bwd, 0}, no_bwd = {"no_bwd", id_fwd, NULL, 0};
   tdm_tape *tp;
   CHECK_OK(tdm_tape_create(&tp, 0));
   int64_t s[1] = {3};
