@@ -210,6 +210,7 @@ int tool_plan(int argc, char **argv) {
   int r = train_options("plan", "[tandem train's options] [--world N]", argc, argv, &c, 2, extra);
   if (r == 1) return 0;
   if (r) return 2;
+  if (world == 1 && c.tp > 1) world = (int64_t)c.tp * (c.dp > 0 ? c.dp : 1); /* --tp T alone: T ranks */
   tdm_plan p;
   tdm_status st = tdm_train_plan(&c, (int)world, &p);
   if (st != TDM_OK) {
@@ -217,8 +218,8 @@ int tool_plan(int argc, char **argv) {
     return 1;
   }
   if (json) {
-    printf("{\"world\":%d,\"stage\":%d,\"params\":%lld,\"owned\":%lld,\"groups\":%d,\"max_group\":%lld,"
-           "\"comm_bytes_per_step\":%.0f", p.world, p.stage, (long long)p.n_params, (long long)p.owned, p.n_groups,
+    printf("{\"world\":%d,\"tensor\":%d,\"stage\":%d,\"params\":%lld,\"owned\":%lld,\"groups\":%d,\"max_group\":%lld,"
+           "\"comm_bytes_per_step\":%.0f", p.world, p.tensor, p.stage, (long long)p.n_params, (long long)p.owned, p.n_groups,
            (long long)p.max_group, p.comm_per_step);
     for (int k = 0; k < TDM_MEM_COUNT; k++) printf(",\"%s\":%lld", tdm_mem_category_name((tdm_mem_category)k), (long long)p.bytes[k]);
     printf(",\"total\":%lld,\"fits\":%s}\n", (long long)p.total, c.memory_limit <= 0 || p.total <= c.memory_limit ? "true" : "false");

@@ -52,7 +52,8 @@ typedef struct tdm_plan {
   int64_t act_train, act_eval;  /* tape bytes of a training micro-batch, of an evaluation batch */
   double comm_per_step;         /* bytes each rank sends per optimizer step */
   int stage;                    /* 0: data parallel; 1-3: ZeRO */
-  int world;
+  int world;                    /* ranks on the data axis */
+  int tensor;                   /* tensor-parallel ranks (1: none); owned is then the slices' elements */
 } tdm_plan;
 
 tdm_status tdm_plan_compute(const tdm_plan_config *c, tdm_plan *out);

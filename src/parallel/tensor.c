@@ -25,11 +25,7 @@
 #include "parallel/tp_gpt.h"
 #include "tandem/dp.h"
 
-#define STAGE_FLOATS (1 << 18) /* 1 MiB: what assembling a parameter for the writer holds at once */
-
-typedef struct {
-  int64_t local, len, seg; /* a run of a slice inside one norm segment: local offset, length, segment */
-} piece;
+#define STAGE_FLOATS (TDM__TP_STAGE_BYTES / 8) /* what assembling a parameter holds at once (two of them) */
 
 typedef struct {
   tdm__tp_gpt *g;
@@ -37,13 +33,13 @@ typedef struct {
   tdm_comm_t tcomm, world;
   int T, t, W, R;
   tdm_dp *dp;
-  piece *pieces;
+  tdm__tp_piece *pieces;
   double *piece_sums;
   int64_t n_pieces;
   int64_t steps;
   int *rep, n_rep;     /* replicated parameters */
   uint64_t *hashes;    /* [W * n_rep] */
-  float *stage;        /* 2 x STAGE_FLOATS, made when first needed */
+  float *stage;        /* 2 x STAGE_FLOATS (T > 1): made with the engine, so that saving adds nothing */
   int check_due;       /* the drift check runs before this step's first forward */
   double fwd_comm_mark, bwd_comm_mark;
 } tp_state;
@@ -61,42 +57,11 @@ static tdm_status refuse(void *ctx, tdm_tensor *p, int backward) {
 
 /* ---- the norm's pieces ---------------------------------------------------------------------------- */
 static tdm_status make_pieces(tdm_engine *e, tp_state *z) {
-  const int64_t *cut;
-  int64_t n_seg;
-  TDM__TRY(tdm_params_segments(e->params, &cut, &n_seg));
-  int n = tdm_params_count(z->local);
-  for (int pass = 0; pass < 2; pass++) { /* count, then fill */
-    int64_t k = 0;
-    for (int i = 0; i < n; i++) {
-      const tdm__tp_slice *s = tdm__tp_gpt_slice(z->g, i);
-      if (!s->sharded && z->t != 0) continue; /* a replicated parameter counts once: tensor rank 0's */
-      int64_t woff = tdm_params_offset(e->params, i), loff = tdm_params_offset(z->local, i);
-      int64_t a = 0, b = n_seg; /* the segment holding the parameter's first element */
-      while (b - a > 1) {
-        int64_t m = (a + b) / 2;
-        if (cut[m] <= woff) a = m;
-        else b = m;
-      }
-      for (int64_t r = 0; r < s->count; r++) {
-        int64_t lo = woff + s->first + r * s->stride, hi = lo + s->len, at = loff + r * s->len;
-        while (cut[a + 1] <= lo) a++;
-        for (int64_t x = lo; x < hi;) {
-          while (cut[a + 1] <= x) a++;
-          int64_t end = cut[a + 1] < hi ? cut[a + 1] : hi;
-          if (pass) z->pieces[k] = (piece){at + (x - lo), end - x, a};
-          k++;
-          x = end;
-        }
-      }
-    }
-    if (!pass) {
-      z->n_pieces = k;
-      z->pieces = tdm__malloc(sizeof(piece) * (size_t)(k ? k : 1));
-      z->piece_sums = tdm__malloc(sizeof(double) * (size_t)(k ? k : 1));
-      if (!z->pieces || !z->piece_sums) return tdm__set_error(TDM_ERR_NO_MEMORY, "tensor parallelism: out of memory");
-    }
-  }
-  return TDM_OK;
+  TDM__TRY(tdm__tp_norm_pieces(e->params, z->T, z->t, NULL, &z->n_pieces));
+  z->pieces = tdm__malloc(sizeof(tdm__tp_piece) * (size_t)(z->n_pieces ? z->n_pieces : 1));
+  z->piece_sums = tdm__malloc(sizeof(double) * (size_t)(z->n_pieces ? z->n_pieces : 1));
+  if (!z->pieces || !z->piece_sums) return tdm__set_error(TDM_ERR_NO_MEMORY, "tensor parallelism: out of memory");
+  return tdm__tp_norm_pieces(e->params, z->T, z->t, z->pieces, &z->n_pieces);
 }
 
 typedef struct {
@@ -107,7 +72,7 @@ typedef struct {
 static void sumsq_range(void *vc, int64_t a, int64_t b) {
   const sumsq_ctx *c = vc;
   for (int64_t k = a; k < b; k++) {
-    const piece *p = &c->z->pieces[k];
+    const tdm__tp_piece *p = &c->z->pieces[k];
     const float *g = c->g + p->local;
     double s = 0;
     for (int64_t j = 0; j < p->len; j++) s += (double)g[j] * g[j];
@@ -196,8 +161,6 @@ static tdm_status each_chunk(tdm_engine *e, int i, tdm_status (*emit)(void *, co
   const tdm__tp_slice *s = tdm__tp_gpt_slice(z->g, i);
   tdm_tensor *mine = tdm_params_get(z->local, i);
   if (!s->sharded || !z->tcomm) return emit(ctx, tdm_tensor_data(mine), tdm_tensor_numel(mine));
-  if (!z->stage && !(z->stage = tdm__malloc_cat(sizeof(float) * 2 * STAGE_FLOATS, TDM_MEM_WORKSPACE)))
-    return tdm__set_error(TDM_ERR_NO_MEMORY, "tensor parallelism: out of memory assembling '%s'", tdm_tensor_name(mine));
   if (s->stride <= STAGE_FLOATS) { /* whole runs, as many as fit */
     int64_t per = STAGE_FLOATS / s->stride;
     for (int64_t r0 = 0; r0 < s->count; r0 += per) {
@@ -266,6 +229,8 @@ static tdm_status tp_create(tdm_engine *e, const tdm_model_config *mc, uint64_t 
   if (!(z->hashes = tdm__malloc(sizeof(uint64_t) * (size_t)z->W * (size_t)(z->n_rep ? z->n_rep : 1))))
     return tdm__set_error(TDM_ERR_NO_MEMORY, "tensor parallelism: out of memory");
   TDM__TRY(make_pieces(e, z));
+  if (z->tcomm && !(z->stage = tdm__malloc_cat(sizeof(float) * 2 * STAGE_FLOATS, TDM_MEM_WORKSPACE)))
+    return tdm__set_error(TDM_ERR_NO_MEMORY, "tensor parallelism: out of memory");
   TDM__TRY(check_replicas(e)); /* every rank made its replicas alike (the same seed, the same code) */
   char dp[48] = "";
   if (e->size > 1) snprintf(dp, sizeof dp, " x data parallel %d", e->size);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/internal.h"
+#include "tandem/optim.h"
 
 typedef struct {
   tdm_tensor *ln1_w, *ln1_b, *attn_w, *attn_b, *proj_w, *proj_b, *ln2_w, *ln2_b, *fc_w, *fc_b, *mproj_w, *mproj_b;
@@ -60,6 +61,65 @@ tdm_status tdm__tp_check(const tdm_model_config *mc, int T) {
   return TDM_OK;
 }
 
+void tdm__tp_slice_of(const tdm_params *whole, int i, int T, int t, tdm__tp_slice *s, int64_t *shape) {
+  const tdm_tensor *w = tdm_params_get(whole, i);
+  const char *name = tdm_tensor_name(w);
+  int nd = tdm_tensor_ndim(w);
+  memcpy(shape, tdm_tensor_shape(w), sizeof(int64_t) * (size_t)nd);
+  *s = (tdm__tp_slice){0, 0, 0, tdm_tensor_numel(w), tdm_tensor_numel(w), 1, 1, tdm_tensor_numel(w)};
+  for (size_t k = 0; T > 1 && k < sizeof plan / sizeof plan[0]; k++) {
+    if (!ends_with(name, plan[k].suffix)) continue;
+    int d = plan[k].dim;
+    int64_t m = shape[d] / plan[k].chunks, lo = part_lo(m, T, t), w_t = part_lo(m, T, t + 1) - lo, A = 1, Bi = 1;
+    for (int q = 0; q < d; q++) A *= shape[q];
+    for (int q = d + 1; q < nd; q++) Bi *= shape[q];
+    *s = (tdm__tp_slice){1, d, lo * Bi, w_t * Bi, m * Bi, A * plan[k].chunks, m, Bi};
+    shape[d] = plan[k].chunks * w_t;
+    return;
+  }
+}
+
+int64_t tdm__tp_local_numel(const tdm_params *whole, int T, int t) {
+  int64_t n = 0, shape[TDM_MAX_DIMS];
+  for (int i = 0; i < tdm_params_count(whole); i++) {
+    tdm__tp_slice s;
+    tdm__tp_slice_of(whole, i, T, t, &s, shape);
+    n += s.len * s.count;
+  }
+  return n;
+}
+
+tdm_status tdm__tp_norm_pieces(const tdm_params *whole, int T, int t, tdm__tp_piece *out, int64_t *n) {
+  const int64_t *cut;
+  int64_t n_seg, k = 0, loff = 0, shape[TDM_MAX_DIMS];
+  TDM__TRY(tdm_params_segments(whole, &cut, &n_seg));
+  for (int i = 0; i < tdm_params_count(whole); i++) {
+    tdm__tp_slice s;
+    tdm__tp_slice_of(whole, i, T, t, &s, shape);
+    int64_t woff = tdm_params_offset(whole, i), at0 = loff;
+    loff += s.len * s.count;
+    if (!s.sharded && t != 0) continue; /* a replicated parameter counts once */
+    int64_t a = 0, b = n_seg; /* the segment holding the parameter's first element */
+    while (b - a > 1) {
+      int64_t m = (a + b) / 2;
+      if (cut[m] <= woff) a = m;
+      else b = m;
+    }
+    for (int64_t r = 0; r < s.count; r++) {
+      int64_t lo = woff + s.first + r * s.stride, hi = lo + s.len, at = at0 + r * s.len;
+      for (int64_t x = lo; x < hi;) {
+        while (cut[a + 1] <= x) a++;
+        int64_t end = cut[a + 1] < hi ? cut[a + 1] : hi;
+        if (out) out[k] = (tdm__tp_piece){at + (x - lo), end - x, a};
+        k++;
+        x = end;
+      }
+    }
+  }
+  *n = k;
+  return TDM_OK;
+}
+
 static tdm_status find(tdm__tp_gpt *g, tdm_tensor **out, const char *fmt, long long l) {
   char name[160];
   snprintf(name, sizeof name, fmt, l);
@@ -111,25 +171,13 @@ tdm_status tdm__tp_gpt_create(tdm__tp_gpt **out, const tdm_params *whole, const 
   /* the whole model's parameters, in order, each as this rank's slice of it */
   for (int i = 0; st == TDM_OK && i < g->n; i++) {
     const tdm_tensor *w = tdm_params_get(whole, i);
-    const char *name = tdm_tensor_name(w);
-    int nd = tdm_tensor_ndim(w);
     int64_t shape[TDM_MAX_DIMS];
-    memcpy(shape, tdm_tensor_shape(w), sizeof(int64_t) * (size_t)nd);
-    tdm__tp_slice *s = &g->slice[i];
-    *s = (tdm__tp_slice){0, 0, 0, tdm_tensor_numel(w), tdm_tensor_numel(w), 1, 1, tdm_tensor_numel(w)};
-    for (size_t k = 0; k < sizeof plan / sizeof plan[0]; k++) {
-      if (!ends_with(name, plan[k].suffix) || T == 1) continue;
-      int d = plan[k].dim;
-      int64_t m = shape[d] / plan[k].chunks, lo = part_lo(m, T, t), w_t = part_lo(m, T, t + 1) - lo, A = 1, Bi = 1;
-      for (int q = 0; q < d; q++) A *= shape[q];
-      for (int q = d + 1; q < nd; q++) Bi *= shape[q];
-      *s = (tdm__tp_slice){1, d, lo * Bi, w_t * Bi, m * Bi, A * plan[k].chunks, m, Bi};
-      shape[d] = plan[k].chunks * w_t;
-      if (!strcmp(plan[k].suffix, "transformer.wte.weight")) g->vlo = lo;
-      break;
-    }
+    tdm__tp_slice_of(whole, i, T, t, &g->slice[i], shape);
+    if (g->slice[i].sharded && g->slice[i].dim == 0 && !strcmp(tdm_tensor_name(w), "transformer.wte.weight"))
+      g->vlo = g->slice[i].first / g->slice[i].unit;
     tdm_tensor *mine;
-    st = tdm_params_declare(g->local, name, nd, shape, (tdm_init){TDM_INIT_ZEROS, 0, 0}, tdm_params_decay(whole, i), &mine);
+    st = tdm_params_declare(g->local, tdm_tensor_name(w), tdm_tensor_ndim(w), shape, (tdm_init){TDM_INIT_ZEROS, 0, 0},
+                            tdm_params_decay(whole, i), &mine);
   }
   if (st == TDM_OK) st = tdm_params_finalize(g->local, 0);
   for (int i = 0; st == TDM_OK && i < g->n; i++) { /* the whole model's initial values, slice by slice */
@@ -155,6 +203,10 @@ void tdm__tp_gpt_destroy(tdm__tp_gpt *g) {
 }
 
 tdm_params *tdm__tp_gpt_params(const tdm__tp_gpt *g) { return g->local; }
+int64_t tdm__tp_gpt_bookkeeping(int n_params, int64_t n_layer) {
+  return (int64_t)sizeof(tdm__tp_gpt) + (int64_t)sizeof(tdm__tp_slice) * (n_params ? n_params : 1) +
+         (int64_t)sizeof(block) * n_layer;
+}
 const tdm__tp_slice *tdm__tp_gpt_slice(const tdm__tp_gpt *g, int i) { return i >= 0 && i < g->n ? &g->slice[i] : NULL; }
 tdm__tp_comm *tdm__tp_gpt_comm(tdm__tp_gpt *g) { return &g->comm; }
 

@@ -48,6 +48,22 @@ tdm_params *tdm__tp_gpt_params(const tdm__tp_gpt *g);
 /* Parameter i's slice (the same index in both stores). */
 const tdm__tp_slice *tdm__tp_gpt_slice(const tdm__tp_gpt *g, int i);
 tdm__tp_comm *tdm__tp_gpt_comm(tdm__tp_gpt *g);
+/* Without building anything (the planner): parameter i's slice on rank t of T and its shape there
+ * (shape: TDM_MAX_DIMS entries), and the elements rank t holds in all. */
+void tdm__tp_slice_of(const tdm_params *whole, int i, int T, int t, tdm__tp_slice *s, int64_t *shape);
+int64_t tdm__tp_local_numel(const tdm_params *whole, int T, int t);
+/* The runs of rank t's slices cut where the whole model's gradient-norm segments start (see
+ * tdm_params_segments), in parameter order, a replicated parameter's on rank 0 only: each piece
+ * adds its sum of squares to one segment's. out NULL: only *n, the count. */
+typedef struct {
+  int64_t local, len, seg; /* offset in this rank's store, length, the segment */
+} tdm__tp_piece;
+tdm_status tdm__tp_norm_pieces(const tdm_params *whole, int T, int t, tdm__tp_piece *out, int64_t *n);
+/* What the engine (src/parallel/tensor.c) holds beside the stores, for the planner: its buffer for
+ * assembling parameters when T > 1 (bytes), and the split model's own arrays per parameter and
+ * per layer (the slices, the block views). */
+#define TDM__TP_STAGE_BYTES ((int64_t)sizeof(float) * 2 * (1 << 16))
+int64_t tdm__tp_gpt_bookkeeping(int n_params, int64_t n_layer);
 /* Forward and the mean cross-entropy over the targets (ignore index -100), the same value on every
  * rank; adds the correct predictions and rows to *correct and *rows. x, y (B, T) i32/i64. NULL
  * with the tape's error set. */

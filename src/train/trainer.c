@@ -458,8 +458,9 @@ tdm_status tdm_train_plan(const tdm_train_config *c, int world, tdm_plan *out) {
   tdm_transport_kind tr = cc.transport == TDM_TRANSPORT_AUTO ? TDM_TRANSPORT_SHM : cc.transport;
   int T = c->tp > 0 ? c->tp : 1, D = c->dp > 0 ? c->dp : world / T;
   if (st == TDM_OK && (world % T || D * T != world))
-    st = tdm__set_error(TDM_ERR_INVALID_ARG, "plan: data %d x tensor %d does not make the world size %d; expected sizes whose "
-                        "product is %d", D, T, world, world);
+    st = c->dp > 0 ? tdm__set_error(TDM_ERR_INVALID_ARG, "plan: --dp %d x --tp %d does not make the world size %d; expected "
+                                    "sizes whose product is %d", D, T, world, world)
+                   : tdm__set_error(TDM_ERR_INVALID_ARG, "plan: the world size %d is not a multiple of --tp %d", world, T);
   if (st == TDM_OK) st = prepare(c, world, D, 0, world > 1 ? tr : TDM_TRANSPORT_AUTO, &s, &p);
   if (st == TDM_OK) *out = p.plan;
   run_free(&s);
