@@ -277,12 +277,13 @@ static void check_steps(tdm_optim_kind ok) {
   rank_arg ref[8], got[8];
   tdm_model *m;
   CHECK_OK(tdm_model_create(&m, &one.mc, 42));
-  static const int layouts[][2] = {{1, 1}, {1, 2}, {1, 3}, {1, 4}, {2, 2}, {2, 1}};
+  static const int layouts[][3] = {{1, 1, 1}, {1, 2, 1}, {1, 3, 1}, {1, 4, 1}, {2, 2, 1}, {2, 1, 1}, {1, 2, 2}, {2, 2, 2}};
   for (size_t k = 0; k < sizeof layouts / sizeof layouts[0]; k++) {
-    int D = layouts[k][0], T = layouts[k][1];
-    one.B = 2 * D;
+    int D = layouts[k][0], T = layouts[k][1], accum = layouts[k][2];
+    one.B = 2 * D, one.ec.accum = accum; /* accumulation: one process on the same micro-batches */
     run_job(&one, ref);
     job j = gpt_job(D, T, ok);
+    j.ec.accum = accum;
     j.ec.kind = TDM_ENGINE_TP; /* T = 1 too: the engine with no tensor-axis communication */
     run_job(&j, got);
     CHECK_MSG(ref[0].st == TDM_OK, "one process: %s", ref[0].err);
@@ -306,8 +307,8 @@ static void check_steps(tdm_optim_kind ok) {
     const tdm_params *wp = tdm_model_params(m);
     int at = 0;
     while (worst_at >= 0 && at + 1 < tdm_params_count(wp) && tdm_params_offset(wp, at + 1) <= worst_at) at++;
-    printf("  %s, data %d x tensor %d: loss %.7f norm %.7f; after %d steps the weights differ by at most %.3g (%s), "
-           "||w - w1|| / ||w1|| = %.3g\n", tdm_optim_kind_name(ok), D, T, mean_loss, got[0].norm, j.steps, worst,
+    printf("  %s, data %d x tensor %d, accumulation %d: loss %.7f norm %.7f; after %d steps the weights differ by at most %.3g (%s), "
+           "||w - w1|| / ||w1|| = %.3g\n", tdm_optim_kind_name(ok), D, T, accum, mean_loss, got[0].norm, j.steps, worst,
            worst_at >= 0 ? tdm_tensor_name(tdm_params_get(wp, at)) : "-", normwise);
     if (ok == TDM_OPT_SGD) /* element by element */
       CHECK_MSG(worst <= 1e-5, "%s D %d T %d: weights differ from one process by %.3g", tdm_optim_kind_name(ok), D, T, worst);
