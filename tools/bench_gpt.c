@@ -1,7 +1,7 @@
 /* tandem bench gpt: the speed of one GPT training step (forward, backward, AdamW; fp32) on random
  * tokens, as bench/gpt_vs_pytorch.sh compares it with PyTorch. The step is tdm_engine_step, the
- * one tandem train runs: on one process, or under tandem run on several with data parallelism or
- * ZeRO (--zero). Prints the median time of each phase, model FLOP/s as a share of the FMA peak, the
+ * one tandem train runs: on one process, or under tandem run on several with data parallelism,
+ * ZeRO (--zero) or tensor parallelism (--tp). Prints the median time of each phase, model FLOP/s as a share of the FMA peak, the
  * optimizer against its memory-traffic floor, allocations in the steady state, the memory held
  * per category and the peak resident memory (the largest of any rank). */
 #include <math.h>
@@ -85,7 +85,7 @@ int tool_bench_gpt(int argc, char **argv) {
    * int64 bytes: what does not fit in memory fails to allocate, nothing overflows */
   int64_t layers = 0, heads = 0, width = 0, block = 0, vocab = 0, B = 4, T = 64, steps = 10, warmup = 3, threads = 1,
           seed = 1;
-  int64_t zero = 0, zero_unit = 1;
+  int64_t zero = 0, zero_unit = 1, tp = 1;
   double peak = 102.5, bucket_mb = 25;
   int json = 0;
   cli_opt opts[] = {
@@ -104,6 +104,7 @@ int tool_bench_gpt(int argc, char **argv) {
       {"seed", CLI_INT, &seed, "1", "seed of the weights and the tokens", NULL, 0, 9e18, 0},
       {"zero", CLI_INT, &zero, "0", "ZeRO stage across the ranks of tandem run (0: data parallel)", NULL, 0, 3, 0},
       {"zero-unit", CLI_INT, &zero_unit, "1", "--zero 3: transformer blocks per gathered unit", NULL, 1, 1e6, 0},
+      {"tp", CLI_INT, &tp, "1", "tensor-parallel ranks (Megatron-style) among those of tandem run; the rest data parallel", NULL, 1, 1024, 0},
       {"bucket-mb", CLI_FLOAT, &bucket_mb, "25", "gradient bucket size in MiB", NULL, 0.001, 4096, 0},
       {"json", CLI_FLAG, &json, NULL, "print one JSON object instead of the table", NULL, 0, 0, 0},
   };
@@ -143,11 +144,15 @@ int tool_bench_gpt(int argc, char **argv) {
   tdm_optim_config oc = tdm_optim_config_default(TDM_OPT_ADAMW);
   oc.lr = 3e-4f, oc.beta2 = 0.95f, oc.weight_decay = 0.1f, oc.decay_matrices_only = 1;
   tdm_engine_config ec = tdm_engine_config_default();
-  ec.kind = zero ? TDM_ENGINE_ZERO : TDM_ENGINE_DP;
+  ec.kind = tp > 1 ? TDM_ENGINE_TP : zero ? TDM_ENGINE_ZERO : TDM_ENGINE_DP;
+  if (tp > 1 && zero) {
+    fprintf(stderr, "tandem bench gpt: --tp with --zero: the data axis beside tensor parallelism runs plain data parallelism\n");
+    goto out;
+  }
   ec.zero.stage = zero ? (int)zero : 1;
   ec.zero.unit_modules = (int)zero_unit;
   ec.dp.bucket_bytes = ec.zero.bucket_bytes = (size_t)(bucket_mb * 1048576.0);
-  if (st == TDM_OK) st = tdm_grid_create(&grid, comm, 0, 1, 1);
+  if (st == TDM_OK) st = tdm_grid_create(&grid, comm, 0, (int)tp, 1);
   if (st == TDM_OK) st = tdm_engine_create(&eng, &mc, (uint64_t)seed, &oc, grid, &ec);
   if (st != TDM_OK) {
     fprintf(stderr, "tandem bench gpt: %s\n", tdm_last_error());
@@ -155,7 +160,8 @@ int tool_bench_gpt(int argc, char **argv) {
   }
   tdm_params *params = tdm_model_params(tdm_engine_model(eng));
   bench_tokens bt = {B, T, mc.vocab_size, {{0}}};
-  tdm_rng_seed(&bt.rng, (uint64_t)seed + 1 + (uint64_t)R); /* each rank its own batch */
+  /* each data-parallel rank its own batch; tensor-parallel peers the same */
+  tdm_rng_seed(&bt.rng, (uint64_t)seed + 1 + (uint64_t)tdm_grid_index(grid, TDM_AXIS_DATA));
   uint64_t allocs_before = 0;
   for (int64_t s = 0; s < total; s++) {
     if (s == warmup) allocs_before = tdm_alloc_count(), tdm_mem_peak_reset();
@@ -195,15 +201,15 @@ int tool_bench_gpt(int argc, char **argv) {
     goto out;
   }
   double fl_ms = floor_ms(np, 7);
-  double frac = flops / (ms * 1e-3) / (peak * 1e9 * nt);
+  double frac = flops / (double)tp / (ms * 1e-3) / (peak * 1e9 * nt); /* tensor parallelism: a T-th each */
   if (json) {
     printf("{\"config\":\"%s\",\"layers\":%lld,\"heads\":%lld,\"width\":%lld,\"vocab\":%lld,\"batch\":%lld,\"seq\":%lld,"
            "\"threads\":%d,\"params\":%lld,\"ms\":%.3f,\"fwd_ms\":%.3f,\"bwd_ms\":%.3f,\"opt_ms\":%.3f,\"gflop\":%.4f,"
            "\"peak_fraction\":%.4f,\"opt_floor_ms\":%.3f,\"allocs_per_step\":%.3f,\"peak_rss_mib\":%.1f,"
-           "\"ranks\":%d,\"zero\":%lld,\"comm_wait_ms\":%.3f,\"held_mib\":%.2f",
+           "\"ranks\":%d,\"zero\":%lld,\"tp\":%lld,\"comm_wait_ms\":%.3f,\"held_mib\":%.2f",
            config, (long long)L, (long long)mc.n_head, (long long)C, (long long)mc.vocab_size, (long long)B, (long long)T, nt,
            (long long)np, ms, fwd, bwd, optm, flops * 1e-9, frac, fl_ms, (double)allocs / (double)steps, rss_mib, W,
-           (long long)zero, wait, held / 1048576.0);
+           (long long)zero, (long long)tp, wait, held / 1048576.0);
     for (int k = 0; k < TDM_MEM_COUNT; k++)
       printf(",\"%s_mib\":%.2f", tdm_mem_category_name((tdm_mem_category)k), (double)mem.peak[k] / 1048576.0);
     printf("}\n");
@@ -212,7 +218,9 @@ int tool_bench_gpt(int argc, char **argv) {
            (long long)L, (long long)mc.n_head, (long long)C, (long long)mc.vocab_size, (long long)np, (long long)B,
            (long long)T, nt, nt == 1 ? "" : "s", tdm_engine_describe(eng));
     printf("step        %9.2f ms (median of %lld)\n", ms, (long long)steps);
-    if (W > 1) printf("  comm wait %9.2f ms (what backward did not hide)\n", wait);
+    if (W > 1)
+      printf("  comm wait %9.2f ms (%s)\n", wait,
+             tp > 1 ? "the tensor-parallel all-reduces of forward and backward, then data parallelism's" : "what backward did not hide");
     printf("  forward   %9.2f ms\n  backward  %9.2f ms\n  optimizer %9.2f ms (AdamW; memory-traffic floor %.2f ms, %.2fx)\n",
            fwd, bwd, optm, fl_ms, optm / fl_ms);
     printf("model FLOPs %9.2f GFLOP per step: %.1f GFLOP/s, %.1f%% of the FMA peak (%g GFLOP/s x %d)\n", flops * 1e-9,

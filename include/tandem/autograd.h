@@ -180,17 +180,21 @@ tdm_status tdm_split(tdm_tape *tp, tdm_tensor *x, int axis, int n, const int64_t
  * tdm_backward, on its thread, in reverse order of recording, only when the output got a
  * gradient) receives the output's gradient grad_out (f32, the output's shape) and grad_in[i]:
  * for each input that requires a gradient an f32 tensor of its shape holding zeros, into which
- * it writes (or adds) d loss / d input i; the tape adds that to the input's gradient. grad_in[i]
- * is NULL for the other inputs (indices, constants). A non-OK return fails backward, naming the
- * op. Ops may be called in backward (they record nothing); their tensors live until the reset.
+ * it writes (or adds) d loss / d input i; the tape adds that to the input's gradient (or, with
+ * the op's accumulate set, the input's gradient itself, to add into). grad_in[i] is NULL for the
+ * other inputs (indices, constants). A non-OK return fails backward, naming the op. Ops may be
+ * called in backward (they record nothing); their tensors live until the reset. user is given to
+ * both callbacks as passed to tdm_custom.
  *
  * Ownership: the context and what it holds belong to the tape and go at tdm_tape_reset. A saved
  * tensor is not copied: it must stay valid until backward has run (tensors of the tape do until
  * the reset; a heap tensor, a parameter, is the caller's). op and user are the caller's and must
- * stay valid until backward has run or the tape is reset. What else backward needs (sizes,
- * scalars, index arrays) goes in tdm_custom_alloc memory, found again with tdm_custom_state. Every rank of a collective op must
- * record and run the same ops in the same order: backward runs nodes in reverse order of
- * recording on every rank alike. */
+ * stay valid until backward has run or the tape is reset (a user pointer to the caller's stack
+ * is fine for forward alone: keep what backward needs in the context). What else backward needs
+ * (sizes, scalars, index arrays) goes in tdm_custom_alloc memory, found again with
+ * tdm_custom_state. Thread safety: as the tape's; the callbacks run on the calling thread. Ranks
+ * running a collective op must record and run the same ops in the same order: backward runs
+ * nodes in reverse order of recording on every rank alike. */
 typedef struct tdm_custom_ctx tdm_custom_ctx;
 typedef tdm_status (*tdm_custom_forward_fn)(tdm_custom_ctx *ctx, tdm_tape *tp, int n, tdm_tensor *const *inputs,
                                             void *user, tdm_tensor **out);
