@@ -29,6 +29,13 @@ static void floor_kernel(void *vctx, int64_t b, int64_t e) {
   }
 }
 
+/* CPU seconds of the whole process (every thread), user and system. */
+static double cpu_s(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + 1e-6 * (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
+
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);
@@ -62,6 +69,16 @@ typedef struct {
   int64_t B, T, V;
   tdm_rng rng;
 } bench_tokens;
+
+/* What this rank sent on the world and on each axis of the grid (each communicator counts its own). */
+static uint64_t bytes_sent(const tdm_grid *g) {
+  uint64_t n = tdm_comm_bytes_sent(tdm_grid_world(g));
+  for (int a = 0; a < TDM_AXIS_COUNT; a++) {
+    tdm_comm_t c = tdm_grid_comm(g, (tdm_grid_axis)a);
+    if (c != tdm_grid_world(g)) n += tdm_comm_bytes_sent(c);
+  }
+  return n;
+}
 
 static tdm_status random_tokens(void *ctx, tdm_tape *tp, int64_t micro, tdm_tensor **x, tdm_tensor **y, int64_t *base) {
   (void)micro;
@@ -162,9 +179,11 @@ int tool_bench_gpt(int argc, char **argv) {
   bench_tokens bt = {B, T, mc.vocab_size, {{0}}};
   /* each data-parallel rank its own batch; tensor-parallel peers the same */
   tdm_rng_seed(&bt.rng, (uint64_t)seed + 1 + (uint64_t)tdm_grid_index(grid, TDM_AXIS_DATA));
-  uint64_t allocs_before = 0;
+  uint64_t allocs_before = 0, sent_before = 0;
+  double cpu_before = 0;
   for (int64_t s = 0; s < total; s++) {
-    if (s == warmup) allocs_before = tdm_alloc_count(), tdm_mem_peak_reset();
+    if (s == warmup)
+      allocs_before = tdm_alloc_count(), tdm_mem_peak_reset(), sent_before = bytes_sent(grid), cpu_before = cpu_s();
     double t0 = tdm_time_now();
     tdm_step_stats ss;
     if (tdm_engine_step(eng, random_tokens, &bt, (uint64_t)s, oc.lr, &ss) != TDM_OK) {
@@ -175,6 +194,10 @@ int tool_bench_gpt(int argc, char **argv) {
     t_fwd[s] = ss.t_forward * 1e3, t_bwd[s] = ss.t_backward * 1e3, t_opt[s] = ss.t_update * 1e3, t_wait[s] = ss.t_comm_wait * 1e3;
   }
   uint64_t allocs = tdm_alloc_count() - allocs_before;
+  /* rank 0's bytes per step, and as a multiple of Ψ(N-1)/N f32 elements (theory: 2 at stages 0-2, 3 at stage 3) */
+  double sent = (double)(bytes_sent(grid) - sent_before) / (double)steps;
+  /* rank 0's CPU time per step, all its threads: unlike the step time, not stretched while other jobs hold the cores */
+  double cpu_ms = (cpu_s() - cpu_before) * 1e3 / (double)steps;
   int nt = tdm_get_num_threads();
   int64_t np = tdm_params_numel(params), C = mc.n_embd, L = mc.n_layer;
   /* nanoGPT's convention: 6 FLOPs per parameter and token (position embeddings excluded, the tied
@@ -201,15 +224,18 @@ int tool_bench_gpt(int argc, char **argv) {
     goto out;
   }
   double fl_ms = floor_ms(np, 7);
+  /* data parallelism's theory (4 bytes x Psi(N-1)/N); tensor parallelism sends activations, not that */
+  double sent_psi = W > 1 && tp == 1 ? sent / (4.0 * (double)np * (double)(W - 1) / (double)W) : 0;
   double frac = flops / (double)tp / (ms * 1e-3) / (peak * 1e9 * nt); /* tensor parallelism: a T-th each */
   if (json) {
     printf("{\"config\":\"%s\",\"layers\":%lld,\"heads\":%lld,\"width\":%lld,\"vocab\":%lld,\"batch\":%lld,\"seq\":%lld,"
            "\"threads\":%d,\"params\":%lld,\"ms\":%.3f,\"fwd_ms\":%.3f,\"bwd_ms\":%.3f,\"opt_ms\":%.3f,\"gflop\":%.4f,"
            "\"peak_fraction\":%.4f,\"opt_floor_ms\":%.3f,\"allocs_per_step\":%.3f,\"peak_rss_mib\":%.1f,"
-           "\"ranks\":%d,\"zero\":%lld,\"tp\":%lld,\"comm_wait_ms\":%.3f,\"held_mib\":%.2f",
+           "\"ranks\":%d,\"zero\":%lld,\"tp\":%lld,\"comm_wait_ms\":%.3f,\"cpu_ms\":%.3f,\"sent_bytes_per_step\":%.0f,"
+           "\"sent_psi\":%.4f,\"held_mib\":%.2f",
            config, (long long)L, (long long)mc.n_head, (long long)C, (long long)mc.vocab_size, (long long)B, (long long)T, nt,
            (long long)np, ms, fwd, bwd, optm, flops * 1e-9, frac, fl_ms, (double)allocs / (double)steps, rss_mib, W,
-           (long long)zero, (long long)tp, wait, held / 1048576.0);
+           (long long)zero, (long long)tp, wait, cpu_ms, sent, sent_psi, held / 1048576.0);
     for (int k = 0; k < TDM_MEM_COUNT; k++)
       printf(",\"%s_mib\":%.2f", tdm_mem_category_name((tdm_mem_category)k), (double)mem.peak[k] / 1048576.0);
     printf("}\n");
@@ -218,9 +244,14 @@ int tool_bench_gpt(int argc, char **argv) {
            (long long)L, (long long)mc.n_head, (long long)C, (long long)mc.vocab_size, (long long)np, (long long)B,
            (long long)T, nt, nt == 1 ? "" : "s", tdm_engine_describe(eng));
     printf("step        %9.2f ms (median of %lld)\n", ms, (long long)steps);
+    printf("  CPU time  %9.2f ms per step, every thread of rank 0 (mean)\n", cpu_ms);
     if (W > 1)
       printf("  comm wait %9.2f ms (%s)\n", wait,
              tp > 1 ? "the tensor-parallel all-reduces of forward and backward, then data parallelism's" : "what backward did not hide");
+    if (W > 1 && tp == 1)
+      printf("  sent      %9.2f MiB per step by rank 0: %.3f x 4 bytes x Ψ(N-1)/N\n", sent / 1048576.0, sent_psi);
+    else if (W > 1)
+      printf("  sent      %9.2f MiB per step by rank 0 (world and axes)\n", sent / 1048576.0);
     printf("  forward   %9.2f ms\n  backward  %9.2f ms\n  optimizer %9.2f ms (AdamW; memory-traffic floor %.2f ms, %.2fx)\n",
            fwd, bwd, optm, fl_ms, optm / fl_ms);
     printf("model FLOPs %9.2f GFLOP per step: %.1f GFLOP/s, %.1f%% of the FMA peak (%g GFLOP/s x %d)\n", flops * 1e-9,

@@ -367,6 +367,11 @@ tdm_status tdm_engine_load_shard_state(tdm_engine *e, const tdm_st_tensor *(*fin
   return e->ops->shard_changed(e);
 }
 
+tdm_status tdm_engine_shard_loaded(tdm_engine *e, int64_t optim_steps) {
+  tdm_optim_set_steps(e->opt, optim_steps);
+  return e->ops->shard_changed ? e->ops->shard_changed(e) : TDM_OK;
+}
+
 tdm_status tdm_engine_first_nonfinite(tdm_engine *e, int64_t *index) {
   if (e->ops->first_nonfinite) return e->ops->first_nonfinite(e, index);
   int64_t first = -1;

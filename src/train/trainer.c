@@ -20,7 +20,6 @@
 #include "tandem/optim.h"
 #include "tandem/tensor.h"
 #include "tandem/train.h"
-#include "train/engine_ckpt.h"
 #include "train/run_start.h"
 
 tdm_train_config tdm_train_config_default(void) {
@@ -289,13 +288,6 @@ static int run_identity(tdm__run_identity *id, const tdm_train_config *c, const 
   }
   int n_arch = id->n;
   tdm__identity_add(id, "tandem.optimizer", "optimizer", NULL, "%s", c->optimizer);
-  /* the state's layout: ZeRO shards, or tensor-parallel slices, per rank, until checkpoints reshard */
-  if (c->tp > 1)
-    tdm__identity_add(id, "tandem.zero_stage", "ZeRO stage (0: data parallel; tp: tensor-parallel slices)", NULL,
-                      "0, tp %d", c->tp);
-  else
-    tdm__identity_add(id, "tandem.zero_stage", "ZeRO stage (0: data parallel; tp: tensor-parallel slices)", NULL, "%d",
-                      c->engine.kind == TDM_ENGINE_ZERO ? c->engine.zero.stage : 0);
   tdm__identity_add(id, "tandem.global_batch", "global batch (data-parallel ranks x batch size x accumulation)", "batch", "%lld", (long long)G);
   if (gpt) tdm__identity_add(id, "tandem.seq_len", "sequence length", "batch", "%lld", (long long)T);
   tdm__identity_add(id, "tandem.data", "data set", "data", "%s", c->data);
@@ -437,6 +429,11 @@ static tdm_status prepare(const tdm_train_config *c, int W, int D, int R, tdm_tr
     st = tdm__set_error(TDM_ERR_NO_MEMORY, "train: out of memory");
   tdm__mem_scope(scope);
   TDM__TRY(st);
+  if (last == TDM_LAST_PAD && N < B * W * K && R == 0 && c->progress) /* legal, but rarely what was meant */
+    fprintf(c->progress,
+            "warning: %lld training samples do not fill one global batch of %lld (%d ranks x accum %lld x batch %lld): "
+            "every step is an epoch and %lld samples are repeated within it (--last-batch drop refuses this)\n",
+            (long long)N, (long long)(B * W * K), W, (long long)K, (long long)B, (long long)(B * W * K - N));
   memset(p, 0, sizeof *p);
   p->mk = mk, p->mc = mc, p->oc = oc, p->ec = ec, p->T = T, p->K = K, p->N = N, p->B = B, p->eb = eb, p->G = B * D * K;
   p->per = tdm_dataset_sample_numel(s->train), p->prefetch = prefetch;
@@ -513,6 +510,11 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   TDM__TRY(tdm__run_start(&si, &s->start));
   s->metrics = s->start.metrics;
   s->start.metrics = NULL;
+  if (s->start.resumed_from >= 0) { /* the data stream goes on from the checkpoint's sample, whatever batch wrote it */
+    int64_t at = s->start.data_offset < N ? s->start.data_offset : N; /* another data set (--resume-override data): its end */
+    TDM__TRY(tdm_sampler_set_position(s->sampler, s->start.step, s->start.data_epoch, at));
+    if (c->steps <= 0) total = sched.total_steps = tdm_sampler_epoch_start(s->sampler, c->epochs);
+  }
   double train_time = 0;
   int64_t step = s->start.step, samples = 0;
   float loss_v = NAN;
@@ -520,13 +522,15 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   res->samples_per_step = G;
   res->tokens_per_step = G * s->tokens_per_sample;
   if (step >= total && pr.f) fprintf(pr.f, "tandem train: the checkpoint is at step %lld; nothing left to do\n", (long long)step);
-  int64_t epoch = step / steps_per_epoch;
+  int64_t epoch, offset;
+  tdm_sampler_locate(s->sampler, step, &epoch, &offset);
   step_record rec = {0};
   batch_src bs = {s->sampler, &mc, per};
   tdm_mem_peak_reset(); /* the peaks from here on are the training's */
   while (step < total) {
     TDM__TRY(tdm_sampler_seek(s->sampler, step));
-    for (int64_t si = step % steps_per_epoch; si < steps_per_epoch && step < total; si++, step++) {
+    int64_t end = tdm_sampler_epoch_start(s->sampler, epoch + 1);
+    for (; step < end && step < total; step++) {
       double t0 = tdm_time_now();
       float lr = tdm_lr_at(&sched, step);
       tdm_step_stats ss;
@@ -560,8 +564,9 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
       if (c->checkpoint_dir && ((c->checkpoint_every > 0 && (step + 1) % c->checkpoint_every == 0) || step + 1 == total)) {
         TDM__TRY(flush_record(s, &rec, &pr, c)); /* on every rank: this step's mean loss is checked before it is saved */
         TDM__TRY(params_finite(s->engine, c, step + 1));
-        tdm_ckpt_info ci = {step + 1, W, c->seed, id.n - 1, id.kv}; /* the seed is the checkpoint's own key */
-        TDM__TRY(tdm__engine_ckpt_save(s->engine, s->comm, c->checkpoint_dir, &ci, 2));
+        tdm_ckpt_info ci = {.step = step + 1, .world_size = W, .seed = c->seed, .n_meta = id.n - 1, .meta_kv = id.kv}; /* the seed is the checkpoint's own key */
+        tdm_sampler_locate(s->sampler, step + 1, &ci.data_epoch, &ci.data_offset);
+        TDM__TRY(tdm_ckpt_save_engine(c->checkpoint_dir, s->engine, &ci, 2));
       }
       if (mk == TDM_MODEL_GPT && c->val_every > 0 && (step + 1) % c->val_every == 0 && step + 1 < total) {
         double vl, va;
@@ -573,7 +578,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
       if (c->on_step && c->on_step(c->on_step_ctx, step + 1))
         return tdm__set_error(TDM_ERR_INVALID_USAGE, "training stopped by the step callback after step %lld", (long long)step + 1);
     }
-    int epoch_done = step % steps_per_epoch == 0 || step >= total;
+    int epoch_done = step == end || step >= total;
     TDM__TRY(flush_record(s, &rec, &pr, c));
     if (epoch_done) {
       double tl = 0, ta = 0;
