@@ -173,6 +173,21 @@ int tdm_engine_params_whole(const tdm_engine *e);
  * each span, tdm_engine_shard's) and at stage 3 "model.shard" (f32: the parameter pieces, span after
  * span). *n gets their count (at most 3). */
 tdm_status tdm_engine_shard_state(tdm_engine *e, tdm_st_tensor *out, int *n);
+/* Engines whose state is not ranges of the whole parameter buffer (tensor parallelism: each rank
+ * holds slices) describe it as boxes of the whole model's parameters: for each, where its values
+ * and its optimizer state lie on this rank, and whether this rank is the one that writes it to a
+ * checkpoint (across the world, the boxes whose write is 1 tile every parameter exactly once).
+ * Returns their count and sets *pieces (owned by the engine, valid while it lives); 0 for engines
+ * whose state tdm_engine_shard and tdm_engine_shard_state describe. */
+typedef struct tdm_engine_piece {
+  int param;                      /* the parameter's index in tdm_engine_model's store */
+  int64_t start[TDM_MAX_DIMS];    /* the box, in the whole parameter's shape */
+  int64_t count[TDM_MAX_DIMS];
+  float *data;                    /* its values on this rank, row-major over the box */
+  int64_t state_at;               /* optimizer state s of its first element: tdm_optim_state + s x owned + state_at */
+  int write;                      /* 1: this rank writes it (replicas and data-parallel copies: one of them) */
+} tdm_engine_piece;
+int tdm_engine_pieces(const tdm_engine *e, const tdm_engine_piece **pieces);
 /* Loads a shard written by a rank of the same layout: the spans must match (TDM_ERR_MISMATCH naming
  * both otherwise); find(ctx, name) returns a tensor or NULL. Sets the optimizer's step count. */
 tdm_status tdm_engine_load_shard_state(tdm_engine *e, const tdm_st_tensor *(*find)(void *ctx, const char *name), void *ctx,

@@ -156,6 +156,11 @@ int tdm_engine_shard(const tdm_engine *e, const tdm_optim_span **spans) {
   return e->n_spans;
 }
 
+int tdm_engine_pieces(const tdm_engine *e, const tdm_engine_piece **pieces) {
+  if (pieces) *pieces = NULL;
+  return e && e->ops->pieces ? e->ops->pieces(e, pieces) : 0;
+}
+
 /* ---- the step: zero_grad, forward, backward, update ------------------------------------------ */
 static void count_correct(tdm_tensor *logits, tdm_tensor *y, tdm_step_stats *st);
 

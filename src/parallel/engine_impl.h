@@ -59,6 +59,8 @@ typedef struct tdm__engine_ops {
   /* Optional: the first non-finite parameter value's index in the whole model, the same on every
    * rank (NULL: the shard or the whole buffer, agreed over the data axis). Collective. */
   tdm_status (*first_nonfinite)(tdm_engine *e, int64_t *index);
+  /* Optional: this rank's state as boxes of the whole model's parameters (tdm_engine_pieces). */
+  int (*pieces)(const tdm_engine *e, const tdm_engine_piece **pieces);
 } tdm__engine_ops;
 
 extern const tdm__engine_ops tdm__engine_dp_ops;

@@ -2,8 +2,9 @@
 # Tensor parallelism across real processes under tandem run: a GPT with a vocabulary of 257 (no
 # T > 1 divides it), dropout on, SGD with momentum and clipping, trained on T ranks (shm, tcp) or
 # data x tensor ranks, ends with the weights of one process on the same global batch (within 1e-5
-# of each tensor's largest value); a checkpoint of a tensor-parallel run resumes bit for bit, and
-# only with the same split; bad layouts stop every rank before any step, naming the values.
+# of each tensor's largest value); a checkpoint of a tensor-parallel run resumes bit for bit at the
+# same split, and on one process, ZeRO stage 3 and another split (and theirs at --tp 2) within 1e-5;
+# bad layouts stop every rank before any step, naming the values.
 # usage: test_tp.sh path/to/tandem
 set -u
 T=${1:?usage: test_tp.sh path/to/tandem}
@@ -35,15 +36,34 @@ check "--dp 2 --tp 2 on 4 ranks == one process with the 2-times batch" dp2_tp2
 resume() {
   local C=(--tp 2 --batch-size 4 --checkpoint-dir)
   "$T" run -n 2 -- tandem "${A[@]}" "${C[@]}" "$TMP/ck1" --save-weights "$TMP/straight.st" >/dev/null 2>&1 &&
-    "$T" run -n 2 -- tandem "${A[@]}" --steps 3 "${C[@]}" "$TMP/ck2" >/dev/null 2>&1 &&
+    "$T" run -n 2 -- tandem "${A[@]}" --steps 3 "${C[@]}" "$TMP/ck2" >/dev/null 2>&1 && cp -r "$TMP/ck2" "$TMP/ck-tp2" &&
     "$T" run -n 2 -- tandem "${A[@]}" "${C[@]}" "$TMP/ck2" --resume --save-weights "$TMP/resumed.st" >"$TMP/res.out" 2>&1 &&
     cmp -s "$TMP/straight.st" "$TMP/resumed.st" || { echo "  $(tail -2 "$TMP/res.out")"; return 1; }
-  # the same world and global batch split another way (data parallel): refused, naming the setting
-  "$T" run -n 2 -- tandem "${A[@]}" --batch-size 2 --checkpoint-dir "$TMP/ck2" --resume >"$TMP/other.out" 2>&1
-  [[ $? -ne 0 ]] && grep -q "tensor-parallel slices) 0, tp 2 in the checkpoint, 0 in this run" "$TMP/other.out" ||
-    { echo "  $(tail -3 "$TMP/other.out")"; return 1; }
 }
-check "a checkpoint of --tp 2 resumes bit-identically; another split is refused" resume
+check "a checkpoint of --tp 2 resumes at --tp 2 bit-identically" resume
+
+# go_on NAME N ARGS...: resumes a copy of $TMP/ck-NAME for steps 4-6 on N ranks with ARGS;
+# the weights must be one process's after 6 steps within 1e-5 (the layouts sum in other orders)
+go_on() {
+  local name=$1 n=$2; shift 2
+  cp -r "$TMP/ck-$name" "$TMP/go-$name-$n" &&
+    "$T" run -n "$n" -- tandem "${A[@]}" --checkpoint-dir "$TMP/go-$name-$n" --resume "$@" --save-weights "$TMP/go.st" \
+      >"$TMP/go.out" 2>&1 && grep -q "resumed from step 3" "$TMP/go.out" && same "$TMP/go.st" "$TMP/one.st" 1e-5 ||
+    { echo "  $(tail -2 "$TMP/go.out")"; return 1; }
+}
+tp2_elsewhere() { # the --tp 2 checkpoint after 3 steps, on other layouts
+  go_on tp2 1 --batch-size 4 && go_on tp2 2 --zero 3 --batch-size 2 &&
+    go_on tp2 3 --tp 3 --batch-size 4
+}
+check "a --tp 2 checkpoint resumes on one process, at --zero 3 and at --tp 3 (== one process within 1e-5)" tp2_elsewhere
+
+elsewhere_tp2() { # checkpoints of those layouts after 3 steps, resumed at --tp 2
+  "$T" "${A[@]}" --steps 3 --batch-size 4 --checkpoint-dir "$TMP/ck-one" >/dev/null 2>&1 &&
+    "$T" run -n 2 -- tandem "${A[@]}" --steps 3 --zero 3 --batch-size 2 --checkpoint-dir "$TMP/ck-z3" >/dev/null 2>&1 &&
+    "$T" run -n 3 -- tandem "${A[@]}" --steps 3 --tp 3 --batch-size 4 --checkpoint-dir "$TMP/ck-tp3" >/dev/null 2>&1 &&
+    go_on one 2 --tp 2 --batch-size 4 && go_on z3 2 --tp 2 --batch-size 4 && go_on tp3 2 --tp 2 --batch-size 4
+}
+check "checkpoints of one process, --zero 3 and --tp 3 resume at --tp 2 (== one process within 1e-5)" elsewhere_tp2
 
 bad() { # bad N WANT ARGS...: every rank stops before step 1, the message names the values
   local n=$1 want=$2; shift 2

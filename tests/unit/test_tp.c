@@ -2,12 +2,14 @@
  * axis beside) equal one process, with a vocabulary that no T > 1 divides, dropout on and ignored
  * targets: the forward loss, every parameter's gradient (each rank's slices against the whole
  * model's) and the weights after K optimizer steps. Also: whole-model weights in and out, the
- * drift check naming a perturbed replica, and bad layouts refused before anything runs. */
+ * drift check naming a perturbed replica, checkpoints that reshard to and from other layouts, and
+ * bad layouts refused before anything runs. */
 #include <pthread.h>
 #include <unistd.h>
 
 #include "tdm_test.h"
 #include "parallel/tp_gpt.h"
+#include "tandem/checkpoint.h"
 
 static tdm_model_config small_gpt(void) {
   tdm_model_config c = tdm_model_config_gpt_mini();
@@ -151,6 +153,8 @@ typedef struct {
   int64_t B; /* samples per data rank */
   const char *load[4]; /* per rank: a weights file to load after creation (NULL: none) */
   const char *save;    /* written after the steps */
+  const char *resume;  /* a checkpoint directory to resume from after creation (NULL: none) */
+  const char *ckpt;    /* a checkpoint directory written after the steps (NULL: none) */
 } job;
 
 typedef struct {
@@ -198,6 +202,13 @@ static void *rank_main(void *va) {
   if (st == TDM_OK) st = tdm_grid_create(&grid, comm, j->D, j->T, 1);
   if (st == TDM_OK) st = tdm_engine_create(&e, &j->mc, 42, &j->oc, grid, &j->ec);
   if (st == TDM_OK && j->load[a->r]) st = tdm_engine_load_weights(e, j->load[a->r]);
+  int64_t step0 = 0;
+  if (st == TDM_OK && j->resume) {
+    tdm_ckpt_resumed res;
+    st = tdm_ckpt_resume_engine(j->resume, e, NULL, NULL, &res, NULL, 0);
+    if (st == TDM_OK && !res.found) st = tdm__set_error(TDM_ERR_IO, "no checkpoint in %s", j->resume);
+    step0 = res.step;
+  }
   for (int t = 0; st == TDM_OK && t < j->steps; t++) {
     batch_ctx bc = {j, tdm_grid_index(grid, TDM_AXIS_DATA), t};
     tdm_step_stats ss;
@@ -205,6 +216,10 @@ static void *rank_main(void *va) {
     a->loss = ss.loss, a->norm = ss.grad_norm;
   }
   if (st == TDM_OK && j->save) st = tdm_engine_save_weights(e, j->save, 0, NULL);
+  if (st == TDM_OK && j->ckpt) {
+    tdm_ckpt_info ci = {.step = step0 + j->steps, .seed = 42};
+    st = tdm_ckpt_save_engine(j->ckpt, e, &ci, 2);
+  }
   if (st == TDM_OK) {
     a->numel = tdm_params_numel(tdm_model_params(tdm_engine_model(e)));
     a->out = malloc(sizeof(float) * (size_t)a->numel);
@@ -388,6 +403,136 @@ static void test_weights_and_drift(void) {
   tdm_model_destroy(m);
 }
 
+/* ---- checkpoints of logical tensors: a tensor-parallel one resumes on any layout, and back ---------- */
+/* Every logical tensor of the newest checkpoint of a and of b (parameters and optimizer moments),
+ * bit for bit; *bytes gets the elements compared. */
+static void same_checkpoints(const char *a, const char *b, const char *what) {
+  tdm_ckpt *ca = NULL, *cb = NULL;
+  CHECK_OK(tdm_ckpt_open_latest(&ca, a, NULL, 0));
+  CHECK_OK(tdm_ckpt_open_latest(&cb, b, NULL, 0));
+  if (!ca || !cb) {
+    CHECK_MSG(0, "%s: no checkpoint in %s or %s", what, a, b);
+    tdm_ckpt_close(ca), tdm_ckpt_close(cb);
+    return;
+  }
+  CHECK_MSG(tdm_ckpt_tensor_count(ca) == tdm_ckpt_tensor_count(cb), "%s: %d tensors against %d", what,
+            tdm_ckpt_tensor_count(ca), tdm_ckpt_tensor_count(cb));
+  int64_t n_all = 0;
+  for (int i = 0; i < tdm_ckpt_tensor_count(ca); i++) {
+    const tdm_ckpt_tensor *x = tdm_ckpt_tensor_at(ca, i), *y = tdm_ckpt_tensor_find(cb, x->name);
+    CHECK_MSG(y && y->ndim == x->ndim && !memcmp(x->shape, y->shape, sizeof(int64_t) * (size_t)x->ndim), "%s: '%s' missing or reshaped",
+              what, x->name);
+    if (!y) continue;
+    int64_t n = 1;
+    for (int d = 0; d < x->ndim; d++) n *= x->shape[d];
+    float *va = malloc(sizeof(float) * (size_t)n), *vb = malloc(sizeof(float) * (size_t)n);
+    CHECK_OK(tdm_ckpt_read_flat(ca, x->name, 0, n, va));
+    CHECK_OK(tdm_ckpt_read_flat(cb, x->name, 0, n, vb));
+    CHECK_MSG(!memcmp(va, vb, sizeof(float) * (size_t)n), "%s: '%s' differs", what, x->name);
+    n_all += n;
+    free(va), free(vb);
+  }
+  CHECK_MSG(tdm_ckpt_get_optim_steps(ca) == tdm_ckpt_get_optim_steps(cb), "%s: optimizer steps %lld against %lld", what,
+            (long long)tdm_ckpt_get_optim_steps(ca), (long long)tdm_ckpt_get_optim_steps(cb));
+  printf("  %s: %d tensors, %lld values, bit for bit\n", what, tdm_ckpt_tensor_count(ca), (long long)n_all);
+  tdm_ckpt_close(ca), tdm_ckpt_close(cb);
+}
+
+/* The newest checkpoint of dir against the state it should hold: its parameters bit for bit
+ * against params (the whole buffer, in the model's order: what the engine read back through
+ * another path), and its optimizer moments within tol, norm-wise over all of them, against those
+ * of ref (one process's checkpoint after the same steps). */
+static void checkpoint_holds(const char *dir, const float *params, const tdm_params *p, const char *ref, double tol) {
+  tdm_ckpt *c = NULL, *r = NULL;
+  CHECK_OK(tdm_ckpt_open_latest(&c, dir, NULL, 0));
+  CHECK_OK(tdm_ckpt_open_latest(&r, ref, NULL, 0));
+  if (!c || !r) {
+    CHECK_MSG(0, "no checkpoint in %s or %s", dir, ref);
+    tdm_ckpt_close(c), tdm_ckpt_close(r);
+    return;
+  }
+  double dd = 0, rr = 0;
+  for (int i = 0; i < tdm_params_count(p); i++) {
+    tdm_tensor *t = tdm_params_get(p, i);
+    int64_t n = tdm_tensor_numel(t);
+    float *v = malloc(sizeof(float) * (size_t)n), *w = malloc(sizeof(float) * (size_t)n);
+    char name[160];
+    snprintf(name, sizeof name, "model.%s", tdm_tensor_name(t));
+    CHECK_OK(tdm_ckpt_read_flat(c, name, 0, n, v));
+    CHECK_MSG(!memcmp(v, params + tdm_params_offset(p, i), sizeof(float) * (size_t)n), "%s: '%s' is not the engine's", dir, name);
+    for (int k = 0; k < 2; k++) {
+      snprintf(name, sizeof name, "optim.%s.%s", k ? "exp_avg_sq" : "exp_avg", tdm_tensor_name(t));
+      CHECK_OK(tdm_ckpt_read_flat(c, name, 0, n, v));
+      CHECK_OK(tdm_ckpt_read_flat(r, name, 0, n, w));
+      for (int64_t x = 0; x < n; x++) dd += ((double)v[x] - w[x]) * ((double)v[x] - w[x]), rr += (double)w[x] * w[x];
+    }
+    free(v), free(w);
+  }
+  printf("  %s: parameters are the engine's bit for bit; moments against one process's: ||m - m1|| / ||m1|| = %.3g\n", dir,
+         sqrt(dd / rr));
+  CHECK_MSG(sqrt(dd / rr) <= tol, "%s: the moments differ from one process's by %.3g (norm-wise)", dir, sqrt(dd / rr));
+  tdm_ckpt_close(c), tdm_ckpt_close(r);
+}
+
+static void rm_tree(const char *path) {
+  char cmd[256];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
+  CHECK(system(cmd) == 0);
+}
+
+/* A data 1 x tensor 2 run (AdamW: two moments) saves after 2 steps: the parameters the engine holds
+ * and moments that agree with one process's after the same steps. Loaded by one process, ZeRO
+ * stage 3 on 2 ranks, tensor 3, and data 2 x tensor 2, and saved again at once, each checkpoint
+ * holds the same logical tensors bit for bit; each of those loaded back at tensor 2 and saved, too. */
+static void test_checkpoints_reshard(void) {
+  job w = gpt_job(1, 2, TDM_OPT_ADAMW);
+  char dir_w[128], dir_j[128], dir_b[128]; /* tmp_path's buffers are reused */
+  snprintf(dir_w, sizeof dir_w, "%s", tmp_path("ck_tp2"));
+  w.steps = 2, w.ec.kind = TDM_ENGINE_TP, w.ckpt = dir_w;
+  rank_arg got[4];
+  char dir_ref[128];
+  snprintf(dir_ref, sizeof dir_ref, "%s", tmp_path("ck_ref"));
+  job one = gpt_job(1, 1, TDM_OPT_ADAMW);
+  one.steps = 2, one.ckpt = dir_ref;
+  run_job(&one, got);
+  CHECK_MSG(got[0].st == TDM_OK, "one process: %s", got[0].err);
+  free_args(got, 1);
+  run_job(&w, got);
+  for (int r = 0; r < 2; r++) CHECK_MSG(got[r].st == TDM_OK, "tensor 2, rank %d: %s", r, got[r].err);
+  tdm_model *m;
+  CHECK_OK(tdm_model_create(&m, &w.mc, 42));
+  if (got[0].out) checkpoint_holds(dir_w, got[0].out, tdm_model_params(m), dir_ref, 1e-3);
+  tdm_model_destroy(m);
+  free_args(got, 2);
+  static const struct {
+    int D, T, stage;
+    const char *dir, *back, *what, *what_back;
+  } to[] = {{1, 1, 0, "ck_one", "ck_one_tp2", "tensor 2 -> one process", "one process -> tensor 2"},
+            {2, 1, 3, "ck_z3", "ck_z3_tp2", "tensor 2 -> ZeRO stage 3 on 2 ranks", "ZeRO stage 3 -> tensor 2"},
+            {1, 3, 0, "ck_tp3", "ck_tp3_tp2", "tensor 2 -> tensor 3", "tensor 3 -> tensor 2"},
+            {2, 2, 0, "ck_dp2tp2", "ck_dp2tp2_tp2", "tensor 2 -> data 2 x tensor 2", "data 2 x tensor 2 -> tensor 2"}};
+  for (size_t k = 0; k < sizeof to / sizeof to[0]; k++) {
+    job j = gpt_job(to[k].D, to[k].T, TDM_OPT_ADAMW);
+    snprintf(dir_j, sizeof dir_j, "%s", tmp_path(to[k].dir));
+    snprintf(dir_b, sizeof dir_b, "%s", tmp_path(to[k].back));
+    j.steps = 0, j.resume = w.ckpt, j.ckpt = dir_j;
+    if (to[k].stage) j.ec.kind = TDM_ENGINE_ZERO, j.ec.zero = (tdm_engine_zero_config){3, 0, 1, 1};
+    else if (to[k].T > 1) j.ec.kind = TDM_ENGINE_TP;
+    run_job(&j, got);
+    for (int r = 0; r < j.D * j.T; r++) CHECK_MSG(got[r].st == TDM_OK, "%s, rank %d: %s", to[k].what, r, got[r].err);
+    free_args(got, j.D * j.T);
+    same_checkpoints(w.ckpt, j.ckpt, to[k].what);
+    job b = gpt_job(1, 2, TDM_OPT_ADAMW);
+    b.steps = 0, b.ec.kind = TDM_ENGINE_TP, b.resume = j.ckpt, b.ckpt = dir_b;
+    run_job(&b, got);
+    for (int r = 0; r < 2; r++) CHECK_MSG(got[r].st == TDM_OK, "%s, rank %d: %s", to[k].what_back, r, got[r].err);
+    free_args(got, 2);
+    same_checkpoints(w.ckpt, b.ckpt, to[k].what_back);
+    rm_tree(j.ckpt), rm_tree(b.ckpt);
+  }
+  rm_tree(w.ckpt), rm_tree(dir_ref);
+}
+
 /* ---- bad layouts, refused before anything runs ---------------------------------------------------- */
 typedef struct {
   int W, r, D, T;
@@ -482,7 +627,7 @@ int main(void) {
   snprintf(tmpdir, sizeof tmpdir, "/tmp/tdm_tp_XXXXXX");
   if (!mkdtemp(tmpdir)) return 1;
   static const tdm_test_case cases[] = {T(test_forward_and_every_gradient), T(test_steps_sgd), T(test_steps_adamw),
-                                        T(test_weights_and_drift), T(test_bad_layouts),
+                                        T(test_weights_and_drift), T(test_checkpoints_reshard), T(test_bad_layouts),
                                         T(test_direct_forward_refused_and_eval)};
   int rc = tdm_test_main(cases, (int)(sizeof cases / sizeof cases[0]));
   rmdir(tmpdir);
