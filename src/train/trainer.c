@@ -288,7 +288,7 @@ static int run_identity(tdm__run_identity *id, const tdm_train_config *c, const 
   }
   int n_arch = id->n;
   tdm__identity_add(id, "tandem.optimizer", "optimizer", NULL, "%s", c->optimizer);
-  tdm__identity_add(id, "tandem.global_batch", "global batch (data-parallel ranks x batch size x accumulation)", "batch", "%lld", (long long)G);
+  tdm__identity_add(id, "tandem.global_batch", "global batch (ranks x batch size x accumulation)", "batch", "%lld", (long long)G);
   if (gpt) tdm__identity_add(id, "tandem.seq_len", "sequence length", "batch", "%lld", (long long)T);
   tdm__identity_add(id, "tandem.data", "data set", "data", "%s", c->data);
   tdm__identity_add(id, "tandem.train_samples", "training samples", "data", "%lld", (long long)N);
