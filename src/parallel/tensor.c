@@ -53,7 +53,7 @@ static tdm_status refuse(void *ctx, tdm_tensor *p, int backward) {
   (void)ctx, (void)backward;
   return tdm__set_error(TDM_ERR_INVALID_USAGE,
                         "parameter '%s' is split over the tensor axis (tensor parallelism): run the model through the "
-                        "engine (tdm_engine_step, tdm_engine_eval_loss), not tdm_model_forward",
+                        "engine (tdm_engine_step, tdm_engine_eval), not tdm_model_forward",
                         tdm_tensor_name(p));
 }
 
@@ -443,7 +443,15 @@ static tdm_status tp_first_nonfinite(tdm_engine *e, int64_t *index) {
   return TDM_OK;
 }
 
+/* The layout against the model, before anything is built. */
+static tdm_status tp_check(const tdm_model_config *mc, const tdm_engine_config *ec, const int *sizes) {
+  (void)ec;
+  return tdm__tp_check(mc, sizes[TDM_AXIS_TENSOR]);
+}
+
 const tdm__engine_ops tdm__engine_tp_ops = {"tp",           tp_create,         tp_destroy,       tp_zero_grad,
                                             tp_begin_backward, tp_end_backward, tp_grad_sumsq,   tp_update,
                                             tp_read_params, tp_stream_params,  tp_load_weights, tp_param_shard,
-                                            tp_shard_changed, tp_loss,         tp_first_nonfinite, tp_pieces};
+                                            tp_shard_changed, 1u << TDM_AXIS_TENSOR, NULL,      NULL,
+                                            tp_check,       1u << TDM_AXIS_TENSOR, tp_loss,    tp_first_nonfinite,
+                                            tp_pieces};

@@ -41,6 +41,7 @@ tdm_train_config tdm_train_config_default(void) {
   c.gpt_config = "mini";
   c.lr_schedule = "constant";
   c.val_batches = 20;
+  c.pp = 1;
   return c;
 }
 
@@ -74,9 +75,11 @@ static int input_shape(const tdm_model_config *mc, int64_t n, int64_t per, int64
 /* Every rank runs the same number of forward passes (a sharded engine gathers parameters in each,
  * collectively): a rank whose shard of the set is smaller ends with a pass over one sample whose
  * result is not counted. */
-static tdm_status evaluate(tdm_engine *e, const tdm_dataset *ds, int64_t eb, int64_t *idx_buf, tdm_comm_t comm,
-                           int64_t max_samples, double *loss_out, double *acc_out) {
-  tdm_tape *tp = tdm_engine_tape(e); /* comm: the data axis (tensor-parallel peers see the same samples) */
+static tdm_status evaluate(tdm_engine *e, const tdm_dataset *ds, int64_t eb, int64_t *idx_buf, int64_t max_samples,
+                           double *loss_out, double *acc_out) {
+  /* the data axis shares the set out; the stages of a pipeline all take part in each pass */
+  tdm_comm_t comm = tdm_grid_comm(tdm_engine_grid(e), TDM_AXIS_DATA);
+  tdm_tape *tp = tdm_engine_tape(e);
   int W = comm ? tdm_comm_size(comm) : 1, R = comm ? tdm_comm_rank(comm) : 0;
   int64_t total = tdm_dataset_len(ds), per = tdm_dataset_sample_numel(ds), correct = 0, rows_total = 0;
   if (max_samples > 0 && max_samples < total) total = max_samples;
@@ -96,12 +99,12 @@ static tdm_status evaluate(tdm_engine *e, const tdm_dataset *ds, int64_t eb, int
     if (!x || !y) return tdm__set_error(tdm_tape_status(tp), "%s", tdm_tape_error(tp));
     if (tokens) TDM__TRY(tdm_dataset_tokens(ds, idx_buf, B, tdm_tensor_data(x), tdm_tensor_data(y)));
     else TDM__TRY(tdm_dataset_batch(ds, idx_buf, B, tdm_tensor_data(x), tdm_tensor_data(y)));
-    double loss = 0, right = 0, rows = 0; /* through the engine: a split model evaluates as it trains */
-    TDM__TRY(tdm_engine_eval_loss(e, x, y, &loss, &right, &rows));
+    double l, ok, rows;
+    TDM__TRY(tdm_engine_eval(e, x, y, &l, &ok, &rows));
     if (!counted) continue;
-    loss_sum += loss * rows;
+    loss_sum += (double)(float)l * rows;
     rows_total += (int64_t)rows;
-    correct += (int64_t)right;
+    correct += (int64_t)ok;
   }
   double sums[3] = {loss_sum, (double)correct, (double)rows_total};
   if (comm) TDM__TRY(tdm_comm_allreduce(comm, sums, sums, 3, TDM_F64, TDM_SUM, TDM_ALGO_AUTO));
@@ -353,9 +356,37 @@ typedef struct {
   tdm_plan plan;
 } prepared;
 
-/* W: the world; D and R: the data axis's size and this rank's index on it (tensor-parallel peers
- * take the same samples). */
-static tdm_status prepare(const tdm_train_config *c, int W, int D, int R, tdm_transport_kind transport, run_state *s,
+/* W ranks in all, D of them on the data axis and this one the R-th (the stages of a pipeline draw
+ * the same batches); P pipeline stages. */
+/* The grid's sizes from --dp, --tp and --pp against the world (dp 0: what is left), before any
+ * connection; the tensor and pipeline axes with the engines that run on them. */
+static tdm_status grid_of(const tdm_train_config *c, int W, int *D, int *TP, int *P) {
+  if (c->tp < 0 || c->tp > 1024 || c->pp < 1 || c->dp < 0 || c->dp > W)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --dp %lld --tp %lld --pp %lld; expected dp 0..%d (0: what is left), tp "
+                          "1..1024, pp >= 1", (long long)c->dp, (long long)c->tp, (long long)c->pp, W);
+  *TP = c->tp > 1 ? (int)c->tp : 1, *P = (int)c->pp;
+  if (*TP > 1 && *P > 1) /* before the engine kinds: say what is missing, not which engine */
+    return tdm_engine_check(NULL, NULL, W, 0, *TP, *P);
+  if (*P > 1 && c->engine.kind != TDM_ENGINE_PIPELINE)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: %lld pipeline stages with the %s engine; expected 1, or the pipeline engine",
+                          (long long)c->pp, tdm_engine_kind_name(c->engine.kind));
+  if (*TP > 1 && c->engine.kind != TDM_ENGINE_TP)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: %d tensor-parallel ranks with the %s engine; expected 1, or the tp engine",
+                          *TP, tdm_engine_kind_name(c->engine.kind));
+  int64_t rest = (int64_t)*TP * *P;
+  if ((c->dp > 0 && c->dp * rest != W) || (c->dp == 0 && W % rest != 0)) {
+    char tp[32] = "";
+    if (*TP > 1) snprintf(tp, sizeof tp, " x --tp %d", *TP);
+    return tdm__set_error(TDM_ERR_INVALID_ARG,
+                          "train: the process grid does not make the world: --dp %lld%s x --pp %d%s, but %d rank%s run%s "
+                          "(give --dp x --tp x --pp = the ranks of tandem run -n)",
+                          (long long)c->dp, tp, *P, c->dp == 0 ? " (dp: what is left)" : "", W, W == 1 ? "" : "s", W == 1 ? "s" : "");
+  }
+  *D = c->dp > 0 ? (int)c->dp : (int)(W / rest);
+  return TDM_OK;
+}
+
+static tdm_status prepare(const tdm_train_config *c, int W, int D, int R, int P, tdm_transport_kind transport, run_state *s,
                           prepared *p) {
   tdm_optim_kind ok = TDM_OPT_ADAM;
   TDM__TRY(parse_kinds(c, &p->mk, &ok));
@@ -438,7 +469,7 @@ static tdm_status prepare(const tdm_train_config *c, int W, int D, int R, tdm_tr
   p->mk = mk, p->mc = mc, p->oc = oc, p->ec = ec, p->T = T, p->K = K, p->N = N, p->B = B, p->eb = eb, p->G = B * D * K;
   p->per = tdm_dataset_sample_numel(s->train), p->prefetch = prefetch;
   /* the plan, before anything large exists */
-  tdm_plan_config pcfg = {mc, oc, ec, D, B, T, mk == TDM_MODEL_GPT ? B : eb, 0, prefetch, transport, W / D};
+  tdm_plan_config pcfg = {mc, oc, ec, D, B, T, mk == TDM_MODEL_GPT ? B : eb, 0, prefetch, transport, W / (D * P), P};
   tdm_mem_stats ms;
   tdm_mem_stats_get(&ms);
   pcfg.data_bytes = ms.current[TDM_MEM_DATA]; /* the data sets as opened, and their batches */
@@ -453,12 +484,10 @@ tdm_status tdm_train_plan(const tdm_train_config *c, int world, tdm_plan *out) {
   tdm_comm_config cc; /* the transport the ranks will use: TANDEM_TRANSPORT, else shm on one node */
   tdm_status st = tdm_comm_config_from_env(&cc);
   tdm_transport_kind tr = cc.transport == TDM_TRANSPORT_AUTO ? TDM_TRANSPORT_SHM : cc.transport;
-  int T = c->tp > 0 ? c->tp : 1, D = c->dp > 0 ? c->dp : world / T;
-  if (st == TDM_OK && (world % T || D * T != world))
-    st = c->dp > 0 ? tdm__set_error(TDM_ERR_INVALID_ARG, "plan: --dp %d x --tp %d does not make the world size %d; expected "
-                                    "sizes whose product is %d", D, T, world, world)
-                   : tdm__set_error(TDM_ERR_INVALID_ARG, "plan: the world size %d is not a multiple of --tp %d", world, T);
-  if (st == TDM_OK) st = prepare(c, world, D, 0, world > 1 ? tr : TDM_TRANSPORT_AUTO, &s, &p);
+  int D = 0, TP = 1, P = 1;
+  if (st == TDM_OK) st = grid_of(c, world, &D, &TP, &P);
+  if (st == TDM_OK) st = prepare(c, world, D, 0, P, world > 1 ? tr : TDM_TRANSPORT_AUTO, &s, &p);
+  if (st == TDM_OK) st = tdm_engine_check(&p.mc, &p.ec, world, D, TP, P);
   if (st == TDM_OK) *out = p.plan;
   run_free(&s);
   return st;
@@ -469,17 +498,20 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   tdm_comm_config cc;
   TDM__TRY(tdm_comm_config_from_env(&cc));
   int W = cc.size, R = cc.rank;
+  /* the grid before any connection: data x tensor x pipeline must make the world */
+  int D = 0, TP = 1, P = 1;
+  TDM__TRY(grid_of(c, W, &D, &TP, &P));
   if (W > 1) TDM__TRY(tdm_comm_create(&s->comm, &cc));
-  /* data x tensor: the world split as asked (--dp, --tp), before anything else is made */
-  TDM__TRY(tdm_grid_create(&s->grid, s->comm, c->dp > 0 ? c->dp : 0, c->tp > 0 ? c->tp : 1, 1));
-  int D = tdm_grid_size(s->grid, TDM_AXIS_DATA), DR = tdm_grid_index(s->grid, TDM_AXIS_DATA);
-  tdm_comm_t data_comm = tdm_grid_comm(s->grid, TDM_AXIS_DATA);
+  /* data x tensor x pipeline: the world split as asked (--dp, --tp, --pp), before anything else is made */
+  TDM__TRY(tdm_grid_create(&s->grid, s->comm, D, TP, P));
+  int DR = tdm_grid_index(s->grid, TDM_AXIS_DATA);
   int split_axes = 0; /* axes with communicators of their own, beside the world */
   for (int a = 0; a < TDM_AXIS_COUNT; a++) split_axes |= tdm_grid_size(s->grid, (tdm_grid_axis)a) != 1 && tdm_grid_size(s->grid, (tdm_grid_axis)a) != W;
   res->world_size = W;
   res->rank = R;
   prepared pp;
-  TDM__TRY(prepare(c, W, D, DR, s->comm ? tdm_comm_transport(s->comm) : TDM_TRANSPORT_AUTO, s, &pp));
+  TDM__TRY(prepare(c, W, D, DR, P, s->comm ? tdm_comm_transport(s->comm) : TDM_TRANSPORT_AUTO, s, &pp));
+  TDM__TRY(tdm_engine_check(&pp.mc, &pp.ec, W, D, TP, P)); /* the layout against the model, before anything is built */
   tdm_model_kind mk = pp.mk;
   tdm_model_config mc = pp.mc;
   int64_t T = pp.T, K = pp.K, N = pp.N, B = pp.B, per = pp.per, eb = pp.eb, G = pp.G;
@@ -497,9 +529,9 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   tdm_lr_schedule sched = {c->lr_schedule && !strcmp(c->lr_schedule, "cosine") ? TDM_LR_COSINE : TDM_LR_CONSTANT,
                            (float)c->lr, c->warmup_steps, total, (float)c->lr / 10, 0, 0};
   if (pr.f)
-    fprintf(pr.f, "tandem train: %s on %s (%lld train / %lld test samples), %lld parameters, %s lr %g, batch %lld x %d %srank%s%s, %d thread%s per rank, %s%s%s\n",
+    fprintf(pr.f, "tandem train: %s on %s (%lld train / %lld test samples), %lld parameters, %s lr %g, batch %lld x %d data rank%s%s, %d thread%s per rank, %s%s%s\n",
             c->model, c->data, (long long)N, (long long)tdm_dataset_len(s->test), (long long)tdm_params_numel(params),
-            c->optimizer, c->lr, (long long)B, D, D < W ? "data-parallel " : "", D == 1 ? "" : "s", K > 1 ? " x accum" : "", tdm_get_num_threads(),
+            c->optimizer, c->lr, (long long)B, D, D == 1 ? "" : "s", K > 1 ? " x accum" : "", tdm_get_num_threads(),
             tdm_get_num_threads() == 1 ? "" : "s", tdm_engine_describe(s->engine), s->comm ? ", transport " : "",
             s->comm ? tdm_transport_name(tdm_comm_transport(s->comm)) : "");
   tdm__run_identity id = {0};
@@ -571,7 +603,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
       if (mk == TDM_MODEL_GPT && c->val_every > 0 && (step + 1) % c->val_every == 0 && step + 1 < total) {
         double vl, va;
         TDM__TRY(flush_record(s, &rec, &pr, c));
-        TDM__TRY(evaluate(s->engine, s->test, B, s->idx, data_comm, c->val_batches * B * D, &vl, &va));
+        TDM__TRY(evaluate(s->engine, s->test, B, s->idx, c->val_batches * B * D, &vl, &va));
         if (pr.f) fprintf(pr.f, "%sstep %lld: val loss %.4f\n", pr.tty ? "\n" : "", (long long)step + 1, vl);
         TDM__TRY(eval_record(s, c, 1, 0, step + 1, vl, va));
       }
@@ -583,8 +615,8 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
     if (epoch_done) {
       double tl = 0, ta = 0;
       TDM__TRY(params_finite(s->engine, c, step));
-      TDM__TRY(evaluate(s->engine, s->test, mk == TDM_MODEL_GPT ? B : eb, s->idx, data_comm,
-                        mk == TDM_MODEL_GPT ? c->val_batches * B * D : 0, &tl, &ta));
+      TDM__TRY(evaluate(s->engine, s->test, mk == TDM_MODEL_GPT ? B : eb, s->idx, mk == TDM_MODEL_GPT ? c->val_batches * B * D : 0,
+                        &tl, &ta));
       res->test_loss = tl;
       res->test_accuracy = ta;
       if (pr.f && mk == TDM_MODEL_GPT) {
