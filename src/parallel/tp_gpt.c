@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "autograd/tape_impl.h"
 #include "core/internal.h"
 #include "tandem/optim.h"
 
@@ -216,30 +217,53 @@ static tdm_tensor *join(tdm__tp_gpt *g, tdm_tape *tp, tdm_tensor *x, tdm_tensor 
   return tdm_add(tp, x, tdm_dropout(tp, h, g->cfg.dropout));
 }
 
-tdm_tensor *tdm__tp_gpt_loss(tdm__tp_gpt *g, tdm_tape *tp, tdm_tensor *x, tdm_tensor *y, double *correct, double *rows) {
-  if (!x || !y || tdm_tape_status(tp) != TDM_OK) return NULL;
+/* Dropout masks are keyed by the call's number in the step, as the whole model numbers them
+ * (src/nn/models.c): the embeddings' is call 0, block l's two are 1 + 2l and 2 + 2l, however the
+ * blocks are spread over ranges. */
+static void dropout_site(tdm_tape *tp, int64_t call) { tp->dropout_calls = (uint64_t)call; }
+
+tdm_tensor *tdm__tp_gpt_range(tdm__tp_gpt *g, tdm_tape *tp, tdm_tensor *in, const tdm__tp_range *r, tdm_tensor *y,
+                              double *correct, double *rows) {
+  if (!in || !r || tdm_tape_status(tp) != TDM_OK) return NULL;
   const tdm_model_config *c = &g->cfg;
-  int64_t T = tdm_tensor_ndim(x) == 2 ? tdm_tensor_dim(x, 1) : 0;
-  if (tdm_tensor_ndim(x) != 2 || (tdm_tensor_dtype(x) != TDM_I32 && tdm_tensor_dtype(x) != TDM_I64) || T < 1 ||
-      T > c->block_size) {
+  if (r->first < 0 || r->last < r->first || r->last > c->n_layer || (r->head && !y))
+    return tdm_tape_fail(tp, TDM_ERR_INVALID_ARG, "tensor parallelism: a range of blocks [%lld, %lld) of %lld%s",
+                         (long long)r->first, (long long)r->last, (long long)c->n_layer, r->head && !y ? " with a head and no targets" : "");
+  char b[96];
+  int64_t T = tdm_tensor_ndim(in) >= 2 ? tdm_tensor_dim(in, 1) : 0;
+  if (r->embed && (tdm_tensor_ndim(in) != 2 || (tdm_tensor_dtype(in) != TDM_I32 && tdm_tensor_dtype(in) != TDM_I64) || T < 1 ||
+                   T > c->block_size))
     /* as tdm_model_forward words it: the same input is refused the same way */
-    char b[96];
     return tdm_tape_fail(tp, TDM_ERR_INVALID_ARG, "gpt: input is %s %s; expected (batch, T) i32/i64 token ids with 1 <= T <= block_size",
-                         tdm_shape_str(tdm_tensor_ndim(x), tdm_tensor_shape(x), b, sizeof b), tdm_dtype_name(tdm_tensor_dtype(x)));
-  }
+                         tdm_shape_str(tdm_tensor_ndim(in), tdm_tensor_shape(in), b, sizeof b), tdm_dtype_name(tdm_tensor_dtype(in)));
+  if (!r->embed && (tdm_tensor_ndim(in) != 3 || tdm_tensor_dtype(in) != TDM_F32 || tdm_tensor_dim(in, 2) != c->n_embd ||
+                    T < 1 || T > c->block_size))
+    return tdm_tape_fail(tp, TDM_ERR_INVALID_ARG, "gpt range: input is %s %s; expected (batch, T, width) f32 activations",
+                         tdm_shape_str(tdm_tensor_ndim(in), tdm_tensor_shape(in), b, sizeof b), tdm_dtype_name(tdm_tensor_dtype(in)));
   int heads = (int)(c->n_head / g->T);
-  tdm_tensor *h = tdm__tp_reduce(tp, &g->comm, tdm__tp_embedding(tp, g->wte, x, g->vlo));
-  h = tdm_dropout(tp, tdm_add(tp, h, tdm_slice(tp, g->wpe, 0, 0, T)), c->dropout);
-  for (int64_t l = 0; l < c->n_layer; l++) {
-    block *b = &g->blocks[l];
-    tdm_tensor *a = tdm__tp_copy(tp, &g->comm, tdm_layernorm(tp, h, b->ln1_w, b->ln1_b, 1e-5f));
-    a = tdm_attention(tp, tdm_linear(tp, a, b->attn_w, b->attn_b), heads);
-    h = join(g, tp, h, tdm_linear(tp, a, b->proj_w, NULL), b->proj_b);
-    tdm_tensor *m = tdm__tp_copy(tp, &g->comm, tdm_layernorm(tp, h, b->ln2_w, b->ln2_b, 1e-5f));
-    m = tdm_gelu(tp, tdm_linear(tp, m, b->fc_w, b->fc_b));
-    h = join(g, tp, h, tdm_linear(tp, m, b->mproj_w, NULL), b->mproj_b);
+  tdm_tensor *h = in;
+  if (r->embed) {
+    dropout_site(tp, 0);
+    h = tdm__tp_reduce(tp, &g->comm, tdm__tp_embedding(tp, g->wte, in, g->vlo));
+    h = tdm_dropout(tp, tdm_add(tp, h, tdm_slice(tp, g->wpe, 0, 0, T)), c->dropout);
   }
+  for (int64_t l = r->first; l < r->last; l++) {
+    block *bk = &g->blocks[l];
+    dropout_site(tp, 1 + 2 * l);
+    tdm_tensor *a = tdm__tp_copy(tp, &g->comm, tdm_layernorm(tp, h, bk->ln1_w, bk->ln1_b, 1e-5f));
+    a = tdm_attention(tp, tdm_linear(tp, a, bk->attn_w, bk->attn_b), heads);
+    h = join(g, tp, h, tdm_linear(tp, a, bk->proj_w, NULL), bk->proj_b);
+    tdm_tensor *m = tdm__tp_copy(tp, &g->comm, tdm_layernorm(tp, h, bk->ln2_w, bk->ln2_b, 1e-5f));
+    m = tdm_gelu(tp, tdm_linear(tp, m, bk->fc_w, bk->fc_b));
+    h = join(g, tp, h, tdm_linear(tp, m, bk->mproj_w, NULL), bk->mproj_b);
+  }
+  if (!r->head) return h;
   h = tdm__tp_copy(tp, &g->comm, tdm_layernorm(tp, h, g->lnf_w, g->lnf_b, 1e-5f));
   tdm_tensor *logits = tdm_linear(tp, h, g->wte, NULL); /* (B, T, V_t): the head tied to this rank's rows of wte */
   return tdm__tp_cross_entropy(tp, &g->comm, logits, y, g->vlo, c->vocab_size, -100, correct, rows);
+}
+
+tdm_tensor *tdm__tp_gpt_loss(tdm__tp_gpt *g, tdm_tape *tp, tdm_tensor *x, tdm_tensor *y, double *correct, double *rows) {
+  tdm__tp_range whole = {0, g->cfg.n_layer, 1, 1};
+  return tdm__tp_gpt_range(g, tp, x, &whole, y, correct, rows);
 }

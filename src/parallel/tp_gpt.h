@@ -68,5 +68,18 @@ int64_t tdm__tp_gpt_bookkeeping(int n_params, int64_t n_layer);
  * rank; adds the correct predictions and rows to *correct and *rows. x, y (B, T) i32/i64. NULL
  * with the tape's error set. */
 tdm_tensor *tdm__tp_gpt_loss(tdm__tp_gpt *g, tdm_tape *tp, tdm_tensor *x, tdm_tensor *y, double *correct, double *rows);
+/* A range of the split GPT (what a pipeline chunk of tensor-parallel blocks would run; the 3-D
+ * grid is not built yet): blocks [first, last); with embed the input is token ids (B, T) and the
+ * embeddings run first, else it is the hidden state (B, T, width) the range before made (the same
+ * on every tensor rank); with head the final norm, the tied head on this rank's vocabulary rows and
+ * the vocabulary-parallel cross-entropy over y follow, and the loss is returned, else the hidden
+ * state. Dropout masks are numbered as the whole model numbers them, so ranges chained give
+ * tdm__tp_gpt_loss's bits (tests/unit/test_tp.c). */
+typedef struct {
+  int64_t first, last;
+  int embed, head;
+} tdm__tp_range;
+tdm_tensor *tdm__tp_gpt_range(tdm__tp_gpt *g, tdm_tape *tp, tdm_tensor *in, const tdm__tp_range *r, tdm_tensor *y,
+                              double *correct, double *rows);
 
 #endif

@@ -144,6 +144,140 @@ static void test_forward_and_every_gradient(void) {
   tdm_model_destroy(m);
 }
 
+/* ---- ranges of blocks chained (what a pipeline of tensor-parallel stages would run) --------------- */
+typedef struct {
+  int T, t;
+  void *group;
+  const tdm_model_config *mc;
+  const tdm_params *whole;
+  int64_t cut;           /* the second range's first block */
+  int same_loss, same_grads;
+  tdm_status st;
+  char err[512];
+} range_arg;
+
+static tdm_tensor *tokens(tdm_tape *tp, tdm_tensor **y, const tdm_model_config *mc) {
+  int64_t xs[2] = {GB, GT};
+  tdm_tensor *x = tdm_new(tp, TDM_I32, 2, xs);
+  *y = tdm_new(tp, TDM_I32, 2, xs);
+  if (x && *y) fill_tokens(tdm_tensor_data(x), tdm_tensor_data(*y), 0, GB, GT, 5, mc->vocab_size);
+  return x;
+}
+
+static void *range_rank(void *va) {
+  range_arg *a = va;
+  tdm_comm_t comm = NULL;
+  tdm__tp_gpt *g = NULL;
+  tdm_tape *t1 = NULL, *t2 = NULL;
+  float *grads = NULL;
+  tdm_status st = TDM_OK;
+  if (a->T > 1) {
+    tdm_comm_config cc = {0};
+    cc.rank = a->t, cc.size = a->T, cc.transport = TDM_TRANSPORT_THREAD, cc.thread_group = a->group, cc.timeout_s = 60;
+    st = tdm_comm_create(&comm, &cc);
+  }
+  if (st == TDM_OK) st = tdm__tp_gpt_create(&g, a->whole, a->mc, comm, a->T, a->t);
+  if (st == TDM_OK) st = tdm_tape_create(&t1, 0);
+  if (st == TDM_OK) st = tdm_tape_create(&t2, 0);
+  tdm_params *p = g ? tdm__tp_gpt_params(g) : NULL;
+  int64_t n = p ? tdm_params_numel(p) : 0;
+  if (st == TDM_OK && !(grads = malloc(sizeof(float) * (size_t)n))) st = TDM_ERR_NO_MEMORY;
+  float whole_loss = 0;
+  for (int pass = 0; st == TDM_OK && pass < 2; pass++) {
+    tdm_params_zero_grad(p);
+    tdm_tape_reset(t1), tdm_tape_reset(t2);
+    tdm_tape_set_training(t1, 1), tdm_tape_set_training(t2, 1);
+    tdm_tape_set_dropout_key(t1, 99, 0), tdm_tape_set_dropout_key(t2, 99, 0);
+    tdm_tensor *y, *x = tokens(t1, &y, a->mc), *loss;
+    double c = 0, r = 0;
+    if (pass == 0) { /* the whole model at once */
+      loss = tdm__tp_gpt_loss(g, t1, x, y, &c, &r);
+      st = loss ? tdm_backward(t1, loss) : tdm__set_error(tdm_tape_status(t1), "%s", tdm_tape_error(t1));
+      if (st == TDM_OK) whole_loss = *(float *)tdm_tensor_data(loss);
+      if (st == TDM_OK) memcpy(grads, tdm_params_grad(p), sizeof(float) * (size_t)n);
+      continue;
+    }
+    /* blocks [0, cut) with the embeddings on one tape, [cut, L) with the head on another, the
+     * hidden state and its gradient passed between them as copies (as messages would carry them) */
+    tdm__tp_range r1 = {0, a->cut, 1, 0}, r2 = {a->cut, a->mc->n_layer, 0, 1};
+    tdm_tensor *h = tdm__tp_gpt_range(g, t1, x, &r1, NULL, NULL, NULL);
+    tdm_tensor *h2 = h ? tdm_new(t2, TDM_F32, 3, tdm_tensor_shape(h)) : NULL, *y2 = NULL;
+    if (h2) {
+      memcpy(tdm_tensor_data(h2), tdm_tensor_data(h), sizeof(float) * (size_t)tdm_tensor_numel(h));
+      tdm_tensor_set_requires_grad(h2, 1);
+      int64_t ys[2] = {GB, GT};
+      if ((y2 = tdm_new(t2, TDM_I32, 2, ys))) memcpy(tdm_tensor_data(y2), tdm_tensor_data(y), sizeof(int32_t) * GB * GT);
+    }
+    loss = y2 ? tdm__tp_gpt_range(g, t2, h2, &r2, y2, &c, &r) : NULL;
+    st = loss ? tdm_backward(t2, loss) : tdm__set_error(TDM_ERR_INTERNAL, "%s / %s", tdm_tape_error(t1), tdm_tape_error(t2));
+    tdm_tensor *gh = st == TDM_OK ? tdm_new(t1, TDM_F32, 3, tdm_tensor_shape(h)) : NULL;
+    if (gh) memcpy(tdm_tensor_data(gh), tdm_tensor_data(tdm_tensor_grad(h2)), sizeof(float) * (size_t)tdm_tensor_numel(h));
+    if (st == TDM_OK) st = gh ? tdm_backward_with(t1, h, gh) : tdm_tape_status(t1);
+    if (st == TDM_OK) {
+      a->same_loss = *(float *)tdm_tensor_data(loss) == whole_loss;
+      a->same_grads = !memcmp(grads, tdm_params_grad(p), sizeof(float) * (size_t)n);
+    }
+  }
+  a->st = st;
+  if (st != TDM_OK) {
+    snprintf(a->err, sizeof a->err, "%s", tdm_last_error());
+    if (comm) tdm_comm_abort(comm);
+  }
+  free(grads);
+  tdm_tape_destroy(t1), tdm_tape_destroy(t2);
+  tdm__tp_gpt_destroy(g);
+  tdm_comm_destroy(comm);
+  return NULL;
+}
+
+/* Ranges chained (blocks [0, cut) with the embeddings, [cut, L) with the head, the hidden state
+ * and its gradient passed as copies) give the whole split model's loss and every slice's gradient
+ * bit for bit, dropout on, for T = 1, 2, 3 and every cut: what a pipeline of tensor-parallel stages
+ * needs of the split model. A range that is not one is refused. */
+static void test_ranges_chain(void) {
+  tdm_model_config mc = small_gpt();
+  mc.n_layer = 3;
+  tdm_model *m;
+  CHECK_OK(tdm_model_create(&m, &mc, 7));
+  for (int T = 1; T <= 3; T++)
+    for (int64_t cut = 0; cut <= mc.n_layer; cut++) {
+      void *group = NULL;
+      if (T > 1) CHECK_OK(tdm_comm_thread_group_create(&group, T));
+      range_arg a[3];
+      pthread_t th[3];
+      for (int t = 0; t < T; t++) {
+        memset(&a[t], 0, sizeof a[t]);
+        a[t].T = T, a[t].t = t, a[t].group = group, a[t].mc = &mc, a[t].whole = tdm_model_params(m), a[t].cut = cut;
+        pthread_create(&th[t], NULL, range_rank, &a[t]);
+      }
+      for (int t = 0; t < T; t++) pthread_join(th[t], NULL);
+      for (int t = 0; t < T; t++) {
+        CHECK_MSG(a[t].st == TDM_OK, "T %d cut %lld rank %d: %s", T, (long long)cut, t, a[t].err);
+        CHECK_MSG(a[t].same_loss && a[t].same_grads, "T %d cut %lld rank %d: the chained ranges' %s differ from the whole's", T,
+                  (long long)cut, t, a[t].same_loss ? "gradients" : "loss");
+      }
+      if (group) tdm_comm_thread_group_destroy(group);
+    }
+  /* not a range */
+  tdm__tp_gpt *g;
+  CHECK_OK(tdm__tp_gpt_create(&g, tdm_model_params(m), &mc, NULL, 1, 0));
+  tdm_tape *tp;
+  CHECK_OK(tdm_tape_create(&tp, 0));
+  tdm_tensor *y, *x = tokens(tp, &y, &mc);
+  tdm__tp_range bad = {2, 1, 1, 0};
+  CHECK(tdm__tp_gpt_range(g, tp, x, &bad, NULL, NULL, NULL) == NULL);
+  CHECK_MSG(strstr(tdm_tape_error(tp), "a range of blocks [2, 1) of 3"), "%s", tdm_tape_error(tp));
+  tdm_tape_destroy(tp);
+  CHECK_OK(tdm_tape_create(&tp, 0));
+  x = tokens(tp, &y, &mc);
+  tdm__tp_range mid = {1, 2, 0, 0}; /* token ids where activations are expected */
+  CHECK(tdm__tp_gpt_range(g, tp, x, &mid, NULL, NULL, NULL) == NULL);
+  CHECK_MSG(strstr(tdm_tape_error(tp), "expected (batch, T, width) f32 activations"), "%s", tdm_tape_error(tp));
+  tdm_tape_destroy(tp);
+  tdm__tp_gpt_destroy(g);
+  tdm_model_destroy(m);
+}
+
 /* ---- engines: K steps on a grid of D x T ranks against one process ------------------------------- */
 typedef struct {
   tdm_model_config mc;
@@ -626,7 +760,7 @@ static void test_direct_forward_refused_and_eval(void) {
 int main(void) {
   snprintf(tmpdir, sizeof tmpdir, "/tmp/tdm_tp_XXXXXX");
   if (!mkdtemp(tmpdir)) return 1;
-  static const tdm_test_case cases[] = {T(test_forward_and_every_gradient), T(test_steps_sgd), T(test_steps_adamw),
+  static const tdm_test_case cases[] = {T(test_forward_and_every_gradient), T(test_ranges_chain), T(test_steps_sgd), T(test_steps_adamw),
                                         T(test_weights_and_drift), T(test_checkpoints_reshard), T(test_bad_layouts),
                                         T(test_direct_forward_refused_and_eval)};
   int rc = tdm_test_main(cases, (int)(sizeof cases / sizeof cases[0]));
