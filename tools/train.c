@@ -33,7 +33,7 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
                   const cli_opt *extra) {
   *c = tdm_train_config_default();
   int64_t epochs, steps, batch, seed, threads, eval_batch, accum, ckpt_every, layers, heads, width, block, vocab, seq_len,
-      warmup, val_every, val_batches, zero, zero_unit, memory_limit, dp, pp, microbatches, vstages;
+      warmup, val_every, val_batches, zero, zero_unit, memory_limit, tp, tp_check, dp, pp, microbatches, vstages;
   double clip, max_time, bucket_mb;
   int resume, no_overlap, allow_nonfinite;
   const char *prefetch, *compress, *zero_prefetch, *schedule, *lr_schedule, *pp_split;
@@ -58,6 +58,8 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
       {"zero", CLI_INT, &zero, "0", "ZeRO stage: 0 data parallel (every rank holds everything); 1 optimizer state, 2 and gradients, 3 and parameters sharded over the ranks", NULL, 0, 3, 0},
       {"zero-unit", CLI_INT, &zero_unit, "1", "--zero 3: modules (transformer blocks, layers) per gathered unit", NULL, 1, 1e6, 0},
       {"zero-prefetch", CLI_CHOICE, &zero_prefetch, "on", "--zero 3: gather the next unit while this one computes", "on|off", 0, 0, 0},
+      {"tp", CLI_INT, &tp, "1", "gpt: tensor-parallel ranks (Megatron-style: attention heads, MLP units and the vocabulary split across them)", NULL, 1, 1024, 0},
+      {"tp-check-every", CLI_INT, &tp_check, "100", "--tp: steps between checks that replicated parameters are bitwise identical on every rank (0: never)", NULL, 0, 1e12, 0},
       {"memory-limit", CLI_SIZE, &memory_limit, "0", "refuse to start when the memory plan per rank exceeds this (like 8G; 0: no limit)", NULL, 0, 0, 0},
       {"compress", CLI_CHOICE, &compress, "none", "gradient dtype on the wire between ranks", "none|bf16|fp16", 0, 0, 0},
       {"lr", CLI_FLOAT, &lr, "0.001", "learning rate", NULL, 0, 1e3, 0},
@@ -67,7 +69,7 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
       {"momentum", CLI_FLOAT, &momentum, "0", "SGD momentum", NULL, 0, 1, 0},
       {"lr-schedule", CLI_CHOICE, &lr_schedule, "constant", "learning-rate schedule (gpt default: cosine to lr/10)", "constant|cosine", 0, 0, 0},
       {"schedule", CLI_CHOICE, &schedule, "1f1b", "--pp: the pipeline schedule (constant or cosine: as --lr-schedule, kept for old scripts)", "gpipe|1f1b|interleaved|zb1p|constant|cosine", 0, 0, 0},
-      {"dp", CLI_INT, &dp, "0", "data-parallel replicas of the process grid (0: the ranks left after --pp); --dp x --pp = the ranks", NULL, 0, 1 << 20, 0},
+      {"dp", CLI_INT, &dp, "0", "data-parallel replicas of the process grid (0: the ranks left after --tp x --pp); --dp x --tp x --pp = the ranks", NULL, 0, 1 << 20, 0},
       {"pp", CLI_INT, &pp, "1", "pipeline stages: gpt's blocks cut over this many ranks (needs --model gpt)", NULL, 1, 4096, 0},
       {"microbatches", CLI_INT, &microbatches, "0", "--pp: micro-batches per step (each --batch-size samples; 0: as --accum)", NULL, 0, 1 << 20, 0},
       {"virtual-stages", CLI_INT, &vstages, "0", "--schedule interleaved: chunks per pipeline rank (0: 2)", NULL, 0, 256, 0},
@@ -124,6 +126,15 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
   if (zero < 3 && (SEEN("zero-unit") || SEEN("zero-prefetch"))) {
     fprintf(stderr, "tandem %s: --%s applies to --zero 3 only (given --zero %lld)\n", cmd,
             SEEN("zero-unit") ? "zero-unit" : "zero-prefetch", (long long)zero);
+    return 2;
+  }
+  if (tp > 1 && zero > 0) {
+    fprintf(stderr, "tandem %s: --tp %lld with --zero %lld: the data axis beside tensor parallelism runs plain data parallelism (use --zero 0)\n",
+            cmd, (long long)tp, (long long)zero);
+    return 2;
+  }
+  if (tp <= 1 && SEEN("tp-check-every")) {
+    fprintf(stderr, "tandem %s: --tp-check-every applies to --tp 2 and more\n", cmd);
     return 2;
   }
   if (zero > 0 && strcmp(compress, "none")) {
@@ -215,7 +226,9 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
   c->memory_limit = memory_limit;
   c->prefetch = !strcmp(prefetch, "on") ? 1 : !strcmp(prefetch, "off") ? 0 : -1;
   tdm_engine_config *e = &c->engine;
-  e->kind = pp > 1 ? TDM_ENGINE_PIPELINE : zero ? TDM_ENGINE_ZERO : TDM_ENGINE_DP;
+  e->kind = pp > 1 ? TDM_ENGINE_PIPELINE : tp > 1 ? TDM_ENGINE_TP : zero ? TDM_ENGINE_ZERO : TDM_ENGINE_DP;
+  e->tp.check_every = tp_check;
+  c->tp = tp;
   e->accum = accum;
   e->clip = (float)clip;
   e->dp.bucket_bytes = e->zero.bucket_bytes = (size_t)(bucket_mb * 1048576.0);
@@ -293,14 +306,14 @@ int tool_plan(int argc, char **argv) {
   int json = 0;
   const char *trace = NULL;
   cli_opt extra[] = {
-      {"world", CLI_INT, &world, "0", "ranks to plan for (tandem train under tandem run -n N; 0: --dp x --pp)", NULL, 0, 1 << 20, 0},
+      {"world", CLI_INT, &world, "0", "ranks to plan for (tandem train under tandem run -n N; 0: --dp x --tp x --pp)", NULL, 0, 1 << 20, 0},
       {"json", CLI_FLAG, &json, NULL, "print the plan as one JSON object", NULL, 0, 0, 0},
       {"trace", CLI_STRING, &trace, NULL, "--pp: write the schedule's timeline per stage here (Chrome trace JSON)", NULL, 0, 0, 0},
   };
   int r = train_options("plan", "[tandem train's options] [--world N] [--trace FILE]", argc, argv, &c, 3, extra);
   if (r == 1) return 0;
   if (r) return 2;
-  if (world == 0) world = (c.dp > 0 ? c.dp : 1) * c.pp;
+  if (world == 0) world = (c.dp > 0 ? c.dp : 1) * (c.tp > 1 ? c.tp : 1) * c.pp;
   if (trace && c.pp < 2) {
     fprintf(stderr, "tandem plan: --trace draws a pipeline's schedule: give --pp 2 or more\n");
     return 2;
@@ -312,8 +325,8 @@ int tool_plan(int argc, char **argv) {
     return 1;
   }
   if (json) {
-    printf("{\"world\":%d,\"stage\":%d,\"params\":%lld,\"owned\":%lld,\"groups\":%d,\"max_group\":%lld,"
-           "\"comm_bytes_per_step\":%.0f", p.world, p.stage, (long long)p.n_params, (long long)p.owned, p.n_groups,
+    printf("{\"world\":%d,\"tensor\":%d,\"stage\":%d,\"params\":%lld,\"owned\":%lld,\"groups\":%d,\"max_group\":%lld,"
+           "\"comm_bytes_per_step\":%.0f", p.world, p.tensor, p.stage, (long long)p.n_params, (long long)p.owned, p.n_groups,
            (long long)p.max_group, p.comm_per_step);
     if (p.pipeline > 1) {
       printf(",\"pipeline\":%d,\"schedule\":\"%s\",\"microbatches\":%d,\"bubble\":%.6f,\"stages\":[", p.pipeline, p.schedule,

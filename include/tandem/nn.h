@@ -55,6 +55,12 @@ int tdm_params_is_reserved(const tdm_params *p); /* the TDM_RESERVE_* bits */
 /* Writes into dst the hi - lo initial values tdm_params_finalize gives elements [lo, hi) (each
  * parameter's values come from its own stream, so any range can be made alone). */
 tdm_status tdm_params_init_range(const tdm_params *p, int64_t lo, int64_t hi, float *dst);
+/* The initial values of count runs of parameter i: run k is its elements [first + k * stride,
+ * first + k * stride + len), written one after another into dst (count x len floats). The
+ * parameter's stream is drawn once, so a tensor-parallel rank makes its slice of a parameter
+ * (rows or columns of it) with the values the whole model has, at the cost of the whole one. */
+tdm_status tdm_params_init_strided(const tdm_params *p, int i, int64_t first, int64_t len, int64_t stride, int64_t count,
+                                   float *dst);
 /* Reserved storage only: gives back the pages that lie wholly inside elements [lo, hi) of the
  * data (which = 0) or gradient (which = 1) buffer and zeroes the rest of the range; the range
  * reads as zeros afterwards. Not while another thread writes inside [lo, hi). */

@@ -38,6 +38,7 @@ typedef struct tdm_plan_config {
   int64_t data_bytes;           /* the data sets as held in memory (tdm_dataset_bytes) */
   int prefetch;                 /* batches are assembled ahead on a thread (two batch buffers) */
   tdm_transport_kind transport; /* for the communication buffers */
+  int tensor;                   /* tensor-parallel ranks beside each data rank (0 or 1: none) */
   int pipeline;                 /* pipeline stages (engine TDM_ENGINE_PIPELINE; 0 or 1: none) */
 } tdm_plan_config;
 tdm_plan_config tdm_plan_config_default(void);
@@ -62,6 +63,7 @@ typedef struct tdm_plan {
   double comm_per_step;         /* bytes each rank sends per optimizer step */
   int stage;                    /* 0: data parallel; 1-3: ZeRO */
   int world;                    /* ranks on the data axis */
+  int tensor;                   /* tensor-parallel ranks (1: none); owned is then the slices' elements */
   /* a pipeline (pipeline > 1): the schedule's bubble from its simulation, each stage's memory; the
    * per-rank bytes above are the stage that needs most */
   int pipeline, virtual_stages, microbatches, n_stages;

@@ -70,6 +70,15 @@ tdm_tensor *tdm__fail(tdm_tape *tp, tdm_status st, const char *fmt, ...) {
   return NULL;
 }
 
+tdm_tensor *tdm_tape_fail(tdm_tape *tp, tdm_status st, const char *fmt, ...) {
+  char msg[480];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  return tdm__fail(tp, st == TDM_OK ? TDM_ERR_INTERNAL : st, "%s", msg);
+}
+
 const char *tdm__shp(const tdm_tensor *t) {
   static _Thread_local char bufs[4][96];
   static _Thread_local int k;

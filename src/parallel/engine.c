@@ -9,7 +9,8 @@
 #include "tensor/tensor_impl.h"
 
 /* ---- the table: one row per strategy --------------------------------------------------------- */
-static const tdm__engine_ops *const engines[] = {&tdm__engine_dp_ops, &tdm__engine_zero_ops, &tdm__engine_pipeline_ops};
+static const tdm__engine_ops *const engines[] = {&tdm__engine_dp_ops, &tdm__engine_zero_ops, &tdm__engine_pipeline_ops,
+                                                 &tdm__engine_tp_ops};
 _Static_assert(sizeof engines / sizeof engines[0] == TDM_ENGINE_KIND_COUNT, "one row per engine");
 
 const char *tdm_engine_kind_name(tdm_engine_kind k) {
@@ -25,6 +26,7 @@ tdm_engine_config tdm_engine_config_default(void) {
   c.zero.stage = 1;
   c.zero.unit_modules = 1;
   c.zero.prefetch = 1;
+  c.tp.check_every = 100;
   c.pp.schedule = TDM_PP_1F1B;
   return c;
 }
@@ -96,6 +98,11 @@ int tdm_grid_index(const tdm_grid *g, tdm_grid_axis a) { return (unsigned)a < TD
 
 tdm_status tdm_engine_check(const tdm_model_config *mc, const tdm_engine_config *cfg, int world, int data, int tensor,
                             int pipeline) {
+  if (tensor > 1 && pipeline > 1) /* not yet, whatever the model: the pipeline's chunks run the whole model's blocks */
+    return tdm__set_error(TDM_ERR_NOT_SUPPORTED,
+                          "process grid: tensor %d x pipeline %d: pipeline stages running tensor-parallel blocks (the 3-D "
+                          "grid) are not implemented yet; use tensor x data or pipeline x data parallelism",
+                          tensor, pipeline);
   if (!mc || !cfg) return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_check: NULL argument");
   if ((unsigned)cfg->kind >= TDM_ENGINE_KIND_COUNT)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_check: engine %d; expected 0..%d", (int)cfg->kind, TDM_ENGINE_KIND_COUNT - 1);
@@ -188,11 +195,20 @@ int tdm_engine_shard(const tdm_engine *e, const tdm_optim_span **spans) {
   return e->n_spans;
 }
 
+int tdm_engine_pieces(const tdm_engine *e, const tdm_engine_piece **pieces) {
+  if (pieces) *pieces = NULL;
+  return e && e->ops->pieces ? e->ops->pieces(e, pieces) : 0;
+}
+
 /* ---- the step: zero_grad, forward, backward, update ------------------------------------------ */
-/* forward: the model, then the mean cross-entropy; logits for the accuracy. */
-static tdm_tensor *forward(tdm_engine *e, tdm_tensor *x, tdm_tensor *y, tdm_tensor **logits) {
-  *logits = tdm_model_forward(e->model, e->tape, x);
-  return tdm_cross_entropy(e->tape, *logits, y, -100);
+
+/* forward: the model, then the mean cross-entropy, and the accuracy (or the engine's own). */
+static tdm_tensor *forward(tdm_engine *e, tdm_tensor *x, tdm_tensor *y, tdm_step_stats *st) {
+  if (e->ops->loss) return e->ops->loss(e, x, y, st);
+  tdm_tensor *logits = tdm_model_forward(e->model, e->tape, x);
+  tdm_tensor *loss = tdm_cross_entropy(e->tape, logits, y, -100);
+  if (loss) tdm__engine_count_correct(logits, y, &st->correct, &st->rows);
+  return loss;
 }
 
 /* backward, seeded with 1/accum so that the step's gradient is the mean over its micro-batches. */
@@ -246,15 +262,16 @@ tdm_status tdm_engine_step(tdm_engine *e, tdm_batch_fn next, void *ctx, uint64_t
     double t0 = tdm_time_now();
     tdm_tape_reset(tp);
     tdm_tape_set_training(tp, 1);
-    tdm_tensor *x = NULL, *y = NULL, *logits;
+    tdm_tensor *x = NULL, *y = NULL;
     int64_t base = 0;
     TDM__TRY(next(ctx, tp, m, &x, &y, &base));
     if (!x || !y) return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_step: the batch source gave no tensors");
     tdm_tape_set_dropout_key(tp, dropout_seed, base);
-    tdm_tensor *loss = forward(e, x, y, &logits);
+    double comm0 = st->t_comm_wait;
+    tdm_tensor *loss = forward(e, x, y, st);
     if (!loss) return tdm__set_error(tdm_tape_status(tp), "forward: %s", tdm_tape_error(tp));
     loss_sum += *(const float *)tdm_tensor_data(loss); /* a non-finite loss is the caller's to judge: it is this rank's */
-    tdm__engine_count_correct(logits, y, &st->correct, &st->rows);
+    double fwd_comm = st->t_comm_wait - comm0; /* collectives inside forward (tensor parallelism) */
     st->samples += tdm_tensor_dim(x, 0);
     double t1 = tdm_time_now();
     e->ops->begin_backward(e, last);
@@ -262,7 +279,7 @@ tdm_status tdm_engine_step(tdm_engine *e, tdm_batch_fn next, void *ctx, uint64_t
     double wait = 0;
     TDM__TRY(e->ops->end_backward(e, last, &wait));
     double t2 = tdm_time_now();
-    st->t_forward += t1 - t0;
+    st->t_forward += t1 - t0 - fwd_comm;
     st->t_backward += t2 - t1 - wait;
     st->t_comm_wait += wait;
   }
@@ -281,11 +298,13 @@ tdm_status tdm_engine_eval(tdm_engine *e, tdm_tensor *x, tdm_tensor *y, double *
   int grad = tdm_tape_grad_enabled(tp);
   tdm_tape_set_grad_enabled(tp, 0);
   tdm_tape_set_training(tp, 0);
-  tdm_tensor *logits, *l = forward(e, x, y, &logits);
+  tdm_step_stats st;
+  memset(&st, 0, sizeof st);
+  tdm_tensor *l = forward(e, x, y, &st);
   tdm_tape_set_grad_enabled(tp, grad);
   if (!l) return tdm__set_error(tdm_tape_status(tp), "evaluation: %s", tdm_tape_error(tp));
   *loss = *(const float *)tdm_tensor_data(l);
-  tdm__engine_count_correct(logits, y, correct, rows);
+  *correct = st.correct, *rows = st.rows;
   return TDM_OK;
 }
 
@@ -401,6 +420,7 @@ tdm_status tdm_engine_shard_loaded(tdm_engine *e, int64_t optim_steps) {
 }
 
 tdm_status tdm_engine_first_nonfinite(tdm_engine *e, int64_t *index) {
+  if (e->ops->first_nonfinite) return e->ops->first_nonfinite(e, index);
   int64_t first = -1;
   float *w = tdm_engine_is_sharded(e) ? e->ops->param_shard(e) : NULL;
   if (w) { /* stage 3: each rank looks at its pieces; the smallest index wins */

@@ -65,11 +65,20 @@ typedef struct tdm__engine_ops {
   /* The grid axes the state is split over (1 << TDM_AXIS_*): ranks that differ only in the other
    * axes hold the same state (tdm_engine_replicas; checkpoints write each piece once). */
   unsigned split;
+  /* Optional: forward and loss of its own (NULL: tdm_model_forward, then cross-entropy). Adds the
+   * correct predictions and rows to st, and the time its collectives took to st->t_comm_wait. */
+  tdm_tensor *(*loss)(tdm_engine *e, tdm_tensor *x, tdm_tensor *y, tdm_step_stats *st);
+  /* Optional: the first non-finite parameter value's index in the whole model, the same on every
+   * rank (NULL: the shard or the whole buffer, agreed over the data axis). Collective. */
+  tdm_status (*first_nonfinite)(tdm_engine *e, int64_t *index);
+  /* Optional: this rank's state as boxes of the whole model's parameters (tdm_engine_pieces). */
+  int (*pieces)(const tdm_engine *e, const tdm_engine_piece **pieces);
 } tdm__engine_ops;
 
 extern const tdm__engine_ops tdm__engine_dp_ops;
 extern const tdm__engine_ops tdm__engine_zero_ops;
 extern const tdm__engine_ops tdm__engine_pipeline_ops;
+extern const tdm__engine_ops tdm__engine_tp_ops;
 
 /* Shared by the engines: the global norm from the sum of squares, the non-finite check, clipping
  * and ops->update (stats->grad_norm set). */

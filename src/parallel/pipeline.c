@@ -789,4 +789,5 @@ static void pp_destroy(tdm_engine *e) {
 const tdm__engine_ops tdm__engine_pipeline_ops = {
     "pipeline",      pp_create,       pp_destroy,       pp_zero_grad,   pp_begin_backward, pp_end_backward,
     pp_grad_sumsq,   pp_update,       pp_read_params,   pp_stream_params, pp_load_weights, pp_param_shard,
-    pp_shard_changed, 1u << TDM_AXIS_PIPELINE, pp_step, pp_eval, pp_check, 1u << TDM_AXIS_PIPELINE};
+    pp_shard_changed, 1u << TDM_AXIS_PIPELINE, pp_step, pp_eval, pp_check, 1u << TDM_AXIS_PIPELINE,
+    NULL, NULL, NULL};

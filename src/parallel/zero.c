@@ -445,4 +445,4 @@ const tdm__engine_ops tdm__engine_zero_ops = {"zero",          zero_create,     
                                               zero_grad_sumsq, zero_update,     zero_read_params,
                                               zero_stream_params, zero_load_weights, zero_param_shard,
                                               zero_shard_changed, 0, NULL, NULL, NULL,
-                                              1u << TDM_AXIS_DATA};
+                                              1u << TDM_AXIS_DATA, NULL, NULL, NULL};

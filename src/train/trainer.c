@@ -80,7 +80,6 @@ static tdm_status evaluate(tdm_engine *e, const tdm_dataset *ds, int64_t eb, int
   /* the data axis shares the set out; the stages of a pipeline all take part in each pass */
   tdm_comm_t comm = tdm_grid_comm(tdm_engine_grid(e), TDM_AXIS_DATA);
   tdm_tape *tp = tdm_engine_tape(e);
-  tdm_model *m = tdm_engine_model(e);
   int W = comm ? tdm_comm_size(comm) : 1, R = comm ? tdm_comm_rank(comm) : 0;
   int64_t total = tdm_dataset_len(ds), per = tdm_dataset_sample_numel(ds), correct = 0, rows_total = 0;
   if (max_samples > 0 && max_samples < total) total = max_samples;
@@ -88,9 +87,7 @@ static tdm_status evaluate(tdm_engine *e, const tdm_dataset *ds, int64_t eb, int
   int64_t first = total * R / W, n = total * (R + 1) / W - first; /* this rank's shard */
   int64_t most = (total + W - 1) / W, passes = (most + eb - 1) / eb;
   double loss_sum = 0;
-  const tdm_model_config *mc = tdm_model_get_config(m);
-  tdm_tape_set_grad_enabled(tp, 0);
-  tdm_tape_set_training(tp, 0);
+  const tdm_model_config *mc = tdm_model_get_config(tdm_engine_model(e));
   for (int64_t k = 0; k < passes; k++) {
     int64_t b = k * eb, B = n - b < eb ? n - b : eb, counted = B > 0;
     if (!counted) B = 1, b = 0; /* a pass to keep in step with the other ranks */
@@ -109,7 +106,6 @@ static tdm_status evaluate(tdm_engine *e, const tdm_dataset *ds, int64_t eb, int
     rows_total += (int64_t)rows;
     correct += (int64_t)ok;
   }
-  tdm_tape_set_grad_enabled(tp, 1);
   double sums[3] = {loss_sum, (double)correct, (double)rows_total};
   if (comm) TDM__TRY(tdm_comm_allreduce(comm, sums, sums, 3, TDM_F64, TDM_SUM, TDM_ALGO_AUTO));
   *loss_out = sums[2] > 0 ? sums[0] / sums[2] : 0;
@@ -381,6 +377,34 @@ typedef struct {
 
 /* W ranks in all, D of them on the data axis and this one the R-th (the stages of a pipeline draw
  * the same batches); P pipeline stages. */
+/* The grid's sizes from --dp, --tp and --pp against the world (dp 0: what is left), before any
+ * connection; the tensor and pipeline axes with the engines that run on them. */
+static tdm_status grid_of(const tdm_train_config *c, int W, int *D, int *TP, int *P) {
+  if (c->tp < 0 || c->tp > 1024 || c->pp < 1 || c->dp < 0 || c->dp > W)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --dp %lld --tp %lld --pp %lld; expected dp 0..%d (0: what is left), tp "
+                          "1..1024, pp >= 1", (long long)c->dp, (long long)c->tp, (long long)c->pp, W);
+  *TP = c->tp > 1 ? (int)c->tp : 1, *P = (int)c->pp;
+  if (*TP > 1 && *P > 1) /* before the engine kinds: say what is missing, not which engine */
+    return tdm_engine_check(NULL, NULL, W, 0, *TP, *P);
+  if (*P > 1 && c->engine.kind != TDM_ENGINE_PIPELINE)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: %lld pipeline stages with the %s engine; expected 1, or the pipeline engine",
+                          (long long)c->pp, tdm_engine_kind_name(c->engine.kind));
+  if (*TP > 1 && c->engine.kind != TDM_ENGINE_TP)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: %d tensor-parallel ranks with the %s engine; expected 1, or the tp engine",
+                          *TP, tdm_engine_kind_name(c->engine.kind));
+  int64_t rest = (int64_t)*TP * *P;
+  if ((c->dp > 0 && c->dp * rest != W) || (c->dp == 0 && W % rest != 0)) {
+    char tp[32] = "";
+    if (*TP > 1) snprintf(tp, sizeof tp, " x --tp %d", *TP);
+    return tdm__set_error(TDM_ERR_INVALID_ARG,
+                          "train: the process grid does not make the world: --dp %lld%s x --pp %d%s, but %d rank%s run%s "
+                          "(give --dp x --tp x --pp = the ranks of tandem run -n)",
+                          (long long)c->dp, tp, *P, c->dp == 0 ? " (dp: what is left)" : "", W, W == 1 ? "" : "s", W == 1 ? "s" : "");
+  }
+  *D = c->dp > 0 ? (int)c->dp : (int)(W / rest);
+  return TDM_OK;
+}
+
 static tdm_status prepare(const tdm_train_config *c, int W, int D, int R, int P, tdm_transport_kind transport, run_state *s,
                           prepared *p) {
   tdm_optim_kind ok = TDM_OPT_ADAM;
@@ -443,7 +467,7 @@ static tdm_status prepare(const tdm_train_config *c, int W, int D, int R, int P,
   if (c->last_batch && !strcmp(c->last_batch, "drop")) last = TDM_LAST_DROP;
   else if ((c->last_batch && !strcmp(c->last_batch, "pad")) || D > 1 || K > 1) last = TDM_LAST_PAD;
   if (c->last_batch && !strcmp(c->last_batch, "partial") && (D > 1 || K > 1))
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --last-batch partial needs one rank and no accumulation (%d ranks, accum %lld)",
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --last-batch partial needs one data-parallel rank and no accumulation (%d ranks, accum %lld)",
                           D, (long long)K);
   int prefetch = c->prefetch;
   if (prefetch < 0) prefetch = tdm_spare_core(W); /* auto: only beside compute, never instead of it */
@@ -464,7 +488,7 @@ static tdm_status prepare(const tdm_train_config *c, int W, int D, int R, int P,
   p->mk = mk, p->mc = mc, p->oc = oc, p->ec = ec, p->T = T, p->K = K, p->N = N, p->B = B, p->eb = eb, p->G = B * D * K;
   p->per = tdm_dataset_sample_numel(s->train), p->prefetch = prefetch;
   /* the plan, before anything large exists */
-  tdm_plan_config pcfg = {mc, oc, ec, D, B, T, mk == TDM_MODEL_GPT ? B : eb, 0, prefetch, transport, P};
+  tdm_plan_config pcfg = {mc, oc, ec, D, B, T, mk == TDM_MODEL_GPT ? B : eb, 0, prefetch, transport, W / (D * P), P};
   tdm_mem_stats ms;
   tdm_mem_stats_get(&ms);
   pcfg.data_bytes = ms.current[TDM_MEM_DATA]; /* the data sets as opened, and their batches */
@@ -479,15 +503,10 @@ tdm_status tdm_train_plan(const tdm_train_config *c, int world, tdm_plan *out) {
   tdm_comm_config cc; /* the transport the ranks will use: TANDEM_TRANSPORT, else shm on one node */
   tdm_status st = tdm_comm_config_from_env(&cc);
   tdm_transport_kind tr = cc.transport == TDM_TRANSPORT_AUTO ? TDM_TRANSPORT_SHM : cc.transport;
-  int P = c->engine.kind == TDM_ENGINE_PIPELINE ? (int)c->pp : 1, D = (int)(c->dp > 0 ? c->dp : world / (P > 0 ? P : 1));
-  if (st == TDM_OK && (c->pp < 1 || (c->pp > 1 && c->engine.kind != TDM_ENGINE_PIPELINE)))
-    st = tdm__set_error(TDM_ERR_INVALID_ARG, "train: %lld pipeline stages with the %s engine; expected 1, or the pipeline engine",
-                        (long long)c->pp, tdm_engine_kind_name(c->engine.kind));
-  if (st == TDM_OK && (D < 1 || D * P != world))
-    st = tdm__set_error(TDM_ERR_INVALID_ARG, "train: --dp %lld x --pp %d is %lld ranks; the world has %d", (long long)c->dp, P,
-                        (long long)D * P, world);
+  int D = 0, TP = 1, P = 1;
+  if (st == TDM_OK) st = grid_of(c, world, &D, &TP, &P);
   if (st == TDM_OK) st = prepare(c, world, D, 0, P, world > 1 ? tr : TDM_TRANSPORT_AUTO, &s, &p);
-  if (st == TDM_OK) st = tdm_engine_check(&p.mc, &p.ec, world, D, 1, P);
+  if (st == TDM_OK) st = tdm_engine_check(&p.mc, &p.ec, world, D, TP, P);
   if (st == TDM_OK) *out = p.plan;
   run_free(&s);
   return st;
@@ -498,25 +517,20 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   tdm_comm_config cc;
   TDM__TRY(tdm_comm_config_from_env(&cc));
   int W = cc.size, R = cc.rank;
-  /* the grid before any connection: data x pipeline must make the world */
-  if (c->pp < 1 || (c->pp > 1 && c->engine.kind != TDM_ENGINE_PIPELINE))
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: %lld pipeline stages with the %s engine; expected 1, or the pipeline engine",
-                          (long long)c->pp, tdm_engine_kind_name(c->engine.kind));
-  int P = c->engine.kind == TDM_ENGINE_PIPELINE ? (int)c->pp : 1;
-  if (c->dp < 0 || (c->dp > 0 && c->dp * P != W) || (c->dp == 0 && W % P != 0))
-    return tdm__set_error(TDM_ERR_INVALID_ARG,
-                          "train: the process grid does not make the world: --dp %lld x --pp %d%s, but %d rank%s run%s (give "
-                          "--dp x --pp = the ranks of tandem run -n)",
-                          (long long)c->dp, P, c->dp == 0 ? " (dp: what is left)" : "", W, W == 1 ? "" : "s", W == 1 ? "s" : "");
+  /* the grid before any connection: data x tensor x pipeline must make the world */
+  int D = 0, TP = 1, P = 1;
+  TDM__TRY(grid_of(c, W, &D, &TP, &P));
   if (W > 1) TDM__TRY(tdm_comm_create(&s->comm, &cc));
-  TDM__TRY(tdm_grid_create(&s->grid, s->comm, (int)c->dp, 1, P));
-  int D = tdm_grid_size(s->grid, TDM_AXIS_DATA);
+  /* data x tensor x pipeline: the world split as asked (--dp, --tp, --pp), before anything else is made */
+  TDM__TRY(tdm_grid_create(&s->grid, s->comm, D, TP, P));
+  int DR = tdm_grid_index(s->grid, TDM_AXIS_DATA);
+  int split_axes = 0; /* axes with communicators of their own, beside the world */
+  for (int a = 0; a < TDM_AXIS_COUNT; a++) split_axes |= tdm_grid_size(s->grid, (tdm_grid_axis)a) != 1 && tdm_grid_size(s->grid, (tdm_grid_axis)a) != W;
   res->world_size = W;
   res->rank = R;
   prepared pp;
-  TDM__TRY(prepare(c, W, D, tdm_grid_index(s->grid, TDM_AXIS_DATA), P, s->comm ? tdm_comm_transport(s->comm) : TDM_TRANSPORT_AUTO, s,
-                   &pp));
-  TDM__TRY(tdm_engine_check(&pp.mc, &pp.ec, W, D, 1, P)); /* the layout against the model, before anything is built */
+  TDM__TRY(prepare(c, W, D, DR, P, s->comm ? tdm_comm_transport(s->comm) : TDM_TRANSPORT_AUTO, s, &pp));
+  TDM__TRY(tdm_engine_check(&pp.mc, &pp.ec, W, D, TP, P)); /* the layout against the model, before anything is built */
   tdm_model_kind mk = pp.mk;
   tdm_model_config mc = pp.mc;
   int64_t T = pp.T, K = pp.K, N = pp.N, B = pp.B, per = pp.per, eb = pp.eb, G = pp.G;
@@ -588,6 +602,13 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
                           .dt = t3 - t0, .t_fwd = ss.t_forward, .t_bwd = ss.t_backward, .t_wait = ss.t_comm_wait,
                           .t_opt = ss.t_update, .samples = (double)ss.samples * D, .total = total, .G = G, .grad_norm = ss.grad_norm};
       if (s->comm) TDM__TRY(tdm_comm_iallreduce(s->comm, rec.stats, rec.stats, 4, TDM_F64, TDM_SUM, TDM_ALGO_AUTO, &rec.work));
+      /* an axis split from the world speaks through the world's transport, which serves one
+       * communicator at a time: the next step's collectives there must not meet this one */
+      if (s->comm && split_axes) {
+        tdm_work_t w = rec.work;
+        rec.work = NULL;
+        TDM__TRY(tdm_work_wait(w));
+      }
       if (!s->comm && time_up) s->stop = 1;
       if (s->stop) total = step + 1; /* a rank's time ran out (seen one step late, by all alike) */
       double dt = t3 - t0;
