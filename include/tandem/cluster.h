@@ -39,7 +39,8 @@ tdm_status tdm_slurm_tasks_per_node(const char *spec, int node, int *tasks, int 
  * Which launcher started this process decides where every fact comes from, so they never mix:
  *   ENV    RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE/MASTER_ADDR/MASTER_PORT (torchrun, tandem run)
  *   OMPI   OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE (Open MPI's mpirun); across nodes with no
- *          MASTER_ADDR the MPI transport carries the job (MPI bootstraps itself)
+ *          MASTER_ADDR the MPI transport carries the job (MPI bootstraps itself); the store's port
+ *          derives from OMPI_MCA_ess_base_jobid as a Slurm job's does
  *   SLURM  a task of srun: SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_LOCALID, SLURM_NODEID,
  *          SLURM_STEP_TASKS_PER_NODE, SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST), SLURM_JOB_ID,
  *          SLURM_STEP_ID; rank 0's address is the node list's first host, the port derives from the

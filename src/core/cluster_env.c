@@ -69,6 +69,8 @@ static tdm_status read_ompi(tdm_launch_env *e) {
   TDM__TRY(num("OMPI_COMM_WORLD_LOCAL_RANK", 0, ls ? ls - 1 : s - 1, 0, "this rank's index on its node", &lr));
   TDM__TRY(num("OMPI_MCA_orte_num_nodes", 1, MAXR, 0, "the number of nodes", &nodes));
   e->rank = (int)r, e->size = (int)s, e->local_rank = (int)lr, e->local_size = (int)ls, e->nodes = (int)nodes;
+  unsigned long job = 0; /* two mpirun jobs on one host must not meet on one port */
+  if (parse_ulong(env("OMPI_MCA_ess_base_jobid"), 0, 0xffffffffUL, &job)) e->master_port = tdm_slurm_port(job, 0);
   /* across nodes MPI bootstraps itself: no rendezvous address is needed */
   e->mpi_bootstrap = ls > 0 && ls < s && !env("MASTER_ADDR");
   return TDM_OK;

@@ -265,7 +265,11 @@ static void test_launch_others(void) {
   unsetenv("MASTER_ADDR");
   setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "4", 1); /* one node: shared memory as before */
   CHECK_OK(tdm_launch_env_read(&e));
-  CHECK(!e.mpi_bootstrap);
+  CHECK(!e.mpi_bootstrap && e.master_port == 0);
+  setenv("OMPI_MCA_ess_base_jobid", "1155268609", 1); /* the store's port from the job */
+  CHECK_OK(tdm_launch_env_read(&e));
+  CHECK(e.master_port == tdm_slurm_port(1155268609UL, 0));
+  unsetenv("OMPI_MCA_ess_base_jobid");
   CHECK_OK(tdm_comm_config_from_env(&cfg));
   CHECK(cfg.transport == TDM_TRANSPORT_AUTO);
   setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "5", 1);
