@@ -3,7 +3,8 @@
 # stopped on exit): `srun -n 2 tandem train` with nothing set by hand trains the MLP as a 2-rank
 # job over shared memory with the node's cores divided between the ranks, and its weights equal
 # bit for bit those of `tandem run -n 2` with the same arguments; a node list that does not parse
-# and tasks that disagree on the node list fail with errors naming them.
+# and tasks that disagree on the node list fail with errors naming them; the shipped batch script
+# (deploy/slurm/train.sbatch) runs.
 # usage: test_slurm.sh path/to/tandem   (exit 77 = skipped: the cluster cannot be started here)
 set -u
 T=$(readlink -f "${1:?usage: test_slurm.sh path/to/tandem}")
@@ -48,6 +49,15 @@ same_as_tandem_run() {
   cmp -s "$TMP/srun.st" "$TMP/run.st" || { echo "  the weights of srun and tandem run differ"; return 1; }
 }
 check "srun -n 2 == tandem run -n 2, weights bit for bit" same_as_tandem_run
+
+batch_script() { # the shipped deploy/slurm/train.sbatch, shrunk to this one node by sbatch's options
+  local repo; repo=$(cd "$HERE/../.." && pwd)
+  timeout 180 sbatch --wait --nodes=1 --ntasks-per-node=2 --cpus-per-task=1 --mem=500M -o "$TMP/batch.out" \
+    --export=ALL,TANDEM="$T",TANDEM_ARGS="--steps 20" "$repo/deploy/slurm/train.sbatch" >/dev/null || { cat "$TMP/batch.out"; return 1; }
+  grep -q ", 2 ranks, transport shm" "$TMP/batch.out" && grep -q "^test accuracy: " "$TMP/batch.out" && ls "$TMP"/mlp-*.st >/dev/null ||
+    { cat "$TMP/batch.out"; return 1; }
+}
+check "sbatch deploy/slurm/train.sbatch (one node, 2 tasks): trains over shm and saves its weights" batch_script
 
 bad_nodelist() { # a list that does not parse: every task says so, naming it
   timeout 60 srun -n 2 bash -c 'SLURM_STEP_NODELIST="$SLURMD_NODENAME[01-" exec "$0" train --steps 1' "$T" >"$TMP/bad.out" 2>&1 && return 1
