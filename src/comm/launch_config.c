@@ -1,7 +1,11 @@
 /* The launch environment (tandem/cluster.h) applied to a communicator's configuration: what srun
  * and mpirun say fills in what the user did not set. */
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "comm/comm_impl.h"
 #include "comm/launch_config.h"
@@ -27,9 +31,32 @@ static const char *keep(const char *s) {
   return k ? k->s : NULL;
 }
 
+/* Rank 0 of a job over several nodes hosts the store at the node list's first host: a name that
+ * resolves to loopback here (Debian's 127.0.1.1 line in /etc/hosts) would be unreachable from the
+ * other nodes, which would only time out; say so now. */
+static tdm_status check_reachable(const tdm_launch_env *e) {
+  if (e->launcher != TDM_LAUNCH_SLURM || e->rank != 0 || e->nodes < 2 || strcmp(e->addr_from, "MASTER_ADDR") == 0) return TDM_OK;
+  struct addrinfo hints = {0}, *res = NULL;
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  if (getaddrinfo(e->master_addr, NULL, &hints, &res) != 0 || !res) return TDM_OK; /* the store names it when it fails */
+  char ip[INET_ADDRSTRLEN] = "";
+  const struct sockaddr_in *sa = (const struct sockaddr_in *)res->ai_addr;
+  inet_ntop(AF_INET, &sa->sin_addr, ip, sizeof ip);
+  int loop = (ntohl(sa->sin_addr.s_addr) >> 24) == 127;
+  freeaddrinfo(res);
+  if (loop)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "environment: rank 0 would host the store at %s, the first host of %s, but "
+                          "that name resolves to %s here (a loopback line in /etc/hosts?), which the job's other %d nodes "
+                          "cannot reach; set MASTER_ADDR to an address of this node that they can", e->master_addr, e->addr_from,
+                          ip, e->nodes - 1);
+  return TDM_OK;
+}
+
 tdm_status tdm__comm_config_from_launch(tdm_comm_config *cfg) {
   tdm_launch_env e;
   TDM__TRY(tdm_launch_env_read(&e));
+  TDM__TRY(check_reachable(&e));
   if (e.launcher == TDM_LAUNCH_SLURM) { /* the step's tasks, not the allocation's */
     cfg->rank = e.rank;
     cfg->size = e.size;

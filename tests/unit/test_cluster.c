@@ -210,6 +210,17 @@ static void test_launch_slurm_bad(void) {
   CHECK_ERR_HAS("rank 0 runs on node02 but the first host of SLURM_STEP_NODELIST='node[01-02,07]' is node01; set MASTER_ADDR");
   setenv("MASTER_ADDR", "node02", 1);
   CHECK_OK(tdm_launch_env_read(&e));
+  /* rank 0 of a 3-node step whose first host resolves to loopback here: unreachable, said at once */
+  unsetenv("MASTER_ADDR");
+  setenv("SLURM_STEP_NODELIST", "localhost,node[02,07]", 1);
+  setenv("SLURMD_NODENAME", "localhost", 1);
+  tdm_comm_config cfg;
+  CHECK(tdm_comm_config_from_env(&cfg) == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("rank 0 would host the store at localhost, the first host of SLURM_STEP_NODELIST, but that name resolves to 127.");
+  CHECK_ERR_HAS("which the job's other 2 nodes cannot reach; set MASTER_ADDR");
+  setenv("MASTER_ADDR", "10.9.8.7", 1);
+  CHECK_OK(tdm_comm_config_from_env(&cfg));
+  CHECK(!strcmp(cfg.master_addr, "10.9.8.7"));
   /* a batch script's shell with several tasks, not a task of srun */
   clear_env();
   setenv("SLURM_JOB_ID", "77", 1);
