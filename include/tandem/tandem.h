@@ -20,5 +20,6 @@
 #include "tandem/engine.h"
 #include "tandem/plan.h"
 #include "tandem/pipeline.h"
+#include "tandem/cluster.h"
 
 #endif
