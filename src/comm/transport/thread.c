@@ -156,8 +156,9 @@ static void thread_destroy(tdm__transport *t) { tdm__free(t); }
 
 static const tdm__transport_ops thread_ops = {"thread", run, thread_abort, thread_destroy, NULL};
 
-tdm_status tdm__thread_transport_create(tdm__transport **out, struct tdm_comm *c, void *vg) {
-  group *g = vg;
+tdm_status tdm__thread_transport_create(tdm__transport **out, struct tdm_comm *c, const tdm_comm_config *cfg) {
+  group *g = cfg->thread_group;
+  if (!g) return tdm__set_error(TDM_ERR_INVALID_ARG, "comm_create: the thread transport needs cfg.thread_group");
   if (g->size != c->size)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "comm_create: the thread group has %d ranks but the config says %d",
                           g->size, c->size);
