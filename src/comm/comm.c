@@ -35,6 +35,8 @@ void tdm_comm_set_timeout(tdm_comm_t c, double s) {
 
 const char *tdm__call_str(const tdm__call *k, char *buf, size_t n) {
   if (k->kind == TDM_COLL_P2P) snprintf(buf, n, "send/recv (tag %llu, %llu bytes)", (unsigned long long)k->seq, (unsigned long long)k->count);
+  else if (k->kind == TDM_COLL_TAGGED)
+    snprintf(buf, n, "tagged message (tag %llu, %llu bytes)", (unsigned long long)k->seq, (unsigned long long)k->count);
   else if (k->kind == TDM_COLL_BARRIER) snprintf(buf, n, "barrier #%llu", (unsigned long long)k->seq);
   else if (k->kind == TDM_COLL_BROADCAST || k->kind == TDM_COLL_GATHER || k->kind == TDM_COLL_SCATTER)
     snprintf(buf, n, "%s #%llu (%llu x %s, root %d)", tdm__coll_name((int)k->kind), (unsigned long long)k->seq,
@@ -219,7 +221,10 @@ void tdm_comm_abort(tdm_comm_t c) {
 void tdm_comm_destroy(tdm_comm_t c) {
   if (!c) return;
   tdm__progress_stop(c); /* and frees the handles abandoned on some error path */
-  if (c->tr && c->owns_transport) c->tr->ops->destroy(c->tr);
+  if (c->tr && c->owns_transport) {
+    tdm__stash_free(c->tr);
+    c->tr->ops->destroy(c->tr);
+  }
   else if (c->tr && c->tr->active == c) c->tr->active = NULL; /* a sub-communicator goes */
   pthread_mutex_destroy(&c->q_mu);
   pthread_cond_destroy(&c->q_cv);

@@ -27,6 +27,7 @@ typedef enum {
   TDM_COLL_BARRIER,
   TDM_COLL_SPLIT,
   TDM_COLL_ABORT, /* payload: the reason text */
+  TDM_COLL_TAGGED, /* tdm_comm_tsend: matched by (source, tag); seq is the tag */
   TDM_COLL_KIND_COUNT
 } tdm__coll_kind;
 const char *tdm__coll_name(int kind);
@@ -54,7 +55,21 @@ typedef struct tdm__xfer {
   size_t done;        /* header + payload bytes moved */
   tdm__hdr got;       /* recv: the header as received */
   int complete;
+  /* tagged messages (p2p.c): a receive that meets a tagged message it does not want reads it into
+   * the transport's stash instead (user_buf / user_nbytes keep its own buffer meanwhile); a probe
+   * (any-source receive) ends after one message, matched or stashed */
+  int stashing, probe, matched;
+  void *user_buf;
+  size_t user_nbytes;
 } tdm__xfer;
+
+/* A tagged message read ahead of the receive that will take it. */
+typedef struct tdm__stashed {
+  struct tdm__stashed *next;
+  int peer; /* the transport's rank */
+  tdm__hdr hdr;
+  char data[];
+} tdm__stashed;
 
 typedef struct tdm__call {
   uint32_t kind, dtype, op;
@@ -85,6 +100,10 @@ typedef struct tdm__transport_ops {
    * (slots: one that moves no messages), so transports whose algorithms exchange no headers can
    * detect mismatches while waiting. */
   void (*announce)(tdm__transport *t, const struct tdm__call *call, int slots);
+  /* Optional (tagged receives from any source need it): whether peer has sent something not yet
+   * received, without blocking; also 1 when peer is gone or the job aborted, so that a receive
+   * from it reports why. slow: every few ms, the time for costlier checks (a process's life). */
+  int (*pending)(tdm__transport *t, int peer, int slow);
 } tdm__transport_ops;
 
 struct tdm__transport {
@@ -94,6 +113,7 @@ struct tdm__transport {
    * comm's transport (set by comm.c before every call; cleared when that communicator goes) */
   struct tdm_comm *active;
   int rank, size;
+  tdm__stashed *stash, *stash_tail; /* tagged messages read ahead, in arrival order (p2p.c) */
 };
 /* The communicator to name in errors and to fail: the one whose call is running. */
 static inline struct tdm_comm *tdm__active(tdm__transport *t) { return t->active ? t->active : t->comm; }
@@ -115,6 +135,7 @@ struct tdm_comm {
   tdm_algo algo_plain;
   uint64_t seq;
   tdm__call cur; /* the collective in progress */
+  int last_any;  /* the rank a tagged receive from any source took a message from last */
   _Atomic int failed;
   /* tdm_comm_bytes_sent: message payloads, plus what the shm collectives hand to peers */
   _Atomic uint64_t bytes_sent;
@@ -152,6 +173,16 @@ tdm_status tdm__check_call(struct tdm_comm *c, int peer, const tdm__call *want, 
                            const tdm__call *got, uint32_t got_comm);
 /* c's rank of the transport's rank q (sub-communicators map ranks); -1 if q is not in c. */
 int tdm__comm_rank_of(const struct tdm_comm *c, int q);
+
+/* What a transport calls when a receive's header has arrived (instead of tdm__check_header) and
+ * when its last byte has: the first checks it (tagged receives match it; a tagged message that
+ * another receive meets is redirected into a stash buffer), the second returns 1 when the
+ * transfer is complete, 0 when the message went to the stash and the receive starts again (a
+ * probe then completes with matched = 0). */
+tdm_status tdm__xfer_header(struct tdm_comm *c, tdm__xfer *x);
+int tdm__xfer_done(tdm__transport *t, tdm__xfer *x);
+/* Frees the stash (the transport's destroy). */
+void tdm__stash_free(tdm__transport *t);
 
 /* Point-to-point for algorithms: headers are filled from c->cur. Peers are communicator ranks. */
 tdm_status tdm__exchange(struct tdm_comm *c, tdm__xfer *x, int n);

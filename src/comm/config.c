@@ -13,7 +13,7 @@
 static const char *transport_names[] = {"auto", "thread", "shm", "tcp", "mpi"};
 _Static_assert(sizeof transport_names / sizeof transport_names[0] == TDM_TRANSPORT_COUNT, "one name per transport");
 static const char *coll_names[] = {"send/recv", "all-reduce", "broadcast", "reduce", "reduce-scatter", "all-gather",
-                                   "gather", "scatter", "all-to-all", "barrier", "split", "abort"};
+                                   "gather", "scatter", "all-to-all", "barrier", "split", "abort", "tagged message"};
 _Static_assert(sizeof coll_names / sizeof coll_names[0] == TDM_COLL_KIND_COUNT, "one name per collective");
 
 const char *tdm_transport_name(tdm_transport_kind k) {

@@ -1,6 +1,7 @@
 /* Point-to-point: the transfers every algorithm is made of (headers from the call in progress,
  * network emulation, rank mapping, the transport, and the abort that tells every peer why a call
  * failed), the communicator's scratch, and the public send / recv / sendrecv. */
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -128,3 +129,175 @@ tdm_status tdm_comm_sendrecv(tdm_comm_t c, int to, const void *sendbuf, size_t s
   return run_xfers(c, x, 2);
 }
 
+
+/* ---- tagged messages ------------------------------------------------------------------------
+ * A tagged message carries kind TDM_COLL_TAGGED, its tag and its communicator's id. Receives
+ * match by (communicator, source, tag); whatever tagged message a receive meets that is not its
+ * own goes to the transport's stash, in arrival order, for the receive that names it. So tagged
+ * traffic never disturbs a collective (which reads past it) and never takes a collective's
+ * message (a tagged receive that meets one fails with a mismatch naming both). */
+static int tagged_match(const struct tdm_comm *c, const tdm__hdr *want, int src_tr, const tdm__hdr *h, int peer_tr) {
+  return h->kind == TDM_COLL_TAGGED && h->comm_id == want->comm_id && h->seq == want->seq &&
+         (src_tr < 0 || src_tr == peer_tr) && tdm__comm_rank_of(c, peer_tr) >= 0;
+}
+
+static tdm_status too_big(struct tdm_comm *c, int peer_tr, const tdm__hdr *got, size_t room) {
+  return tdm__comm_fail(c, TDM_ERR_MISMATCH,
+                        "rank %d sent a %llu-byte tagged message (tag %llu) where rank %d had room for %zu bytes",
+                        tdm__comm_rank_of(c, peer_tr), (unsigned long long)got->nbytes, (unsigned long long)got->seq,
+                        c->rank, room);
+}
+
+tdm_status tdm__xfer_header(struct tdm_comm *c, tdm__xfer *x) {
+  const tdm__hdr *g = &x->got;
+  if (g->magic != TDM_MSG_MAGIC || g->kind >= TDM_COLL_KIND_COUNT) return tdm__check_header(c, x->peer, &x->hdr, g);
+  int want_tagged = x->hdr.kind == TDM_COLL_TAGGED;
+  if (want_tagged && g->kind == TDM_COLL_TAGGED && g->comm_id == x->hdr.comm_id && g->seq == x->hdr.seq) {
+    if (g->nbytes > x->nbytes) return too_big(c, x->peer, g, x->nbytes);
+    x->nbytes = (size_t)g->nbytes; /* the message's size, at most the room */
+    x->matched = 1;
+    return TDM_OK;
+  }
+  if (g->kind == TDM_COLL_TAGGED) { /* someone else's: read it into the stash */
+    if (g->nbytes > ((uint64_t)1 << 40))
+      return tdm__comm_fail(c, TDM_ERR_REMOTE, "rank %d sent a corrupt tagged message (%llu bytes)",
+                            tdm__comm_rank_of(c, x->peer), (unsigned long long)g->nbytes);
+    tdm__stashed *m = tdm__malloc_cat(sizeof *m + g->nbytes, TDM_MEM_COMM);
+    if (!m) return tdm__comm_fail(c, TDM_ERR_NO_MEMORY, "out of memory for a %llu-byte tagged message read ahead",
+                                  (unsigned long long)g->nbytes);
+    m->next = NULL;
+    m->peer = x->peer;
+    m->hdr = *g;
+    x->user_buf = x->buf;
+    x->user_nbytes = x->nbytes;
+    x->buf = m->data;
+    x->nbytes = (size_t)g->nbytes;
+    x->stashing = 1;
+    return TDM_OK;
+  }
+  if (want_tagged) {
+    char a[160], b[160];
+    tdm__call gc = {g->kind, g->dtype, g->op, g->root, g->count, g->seq};
+    return tdm__comm_fail(c, TDM_ERR_MISMATCH, "rank %d sent %s where rank %d waits for a %s",
+                          tdm__comm_rank_of(c, x->peer), tdm__call_str(&gc, a, sizeof a), c->rank,
+                          tdm__call_str(&c->cur, b, sizeof b));
+  }
+  return tdm__check_header(c, x->peer, &x->hdr, g);
+}
+
+int tdm__xfer_done(tdm__transport *t, tdm__xfer *x) {
+  if (x->is_send || !x->stashing) return 1;
+  tdm__stashed *m = (tdm__stashed *)((char *)x->buf - offsetof(tdm__stashed, data));
+  if (t->stash_tail) t->stash_tail->next = m;
+  else t->stash = m;
+  t->stash_tail = m;
+  x->buf = x->user_buf;
+  x->nbytes = x->user_nbytes;
+  x->stashing = 0;
+  x->done = 0;
+  return x->probe; /* a probe ends here, unmatched; any other receive reads on */
+}
+
+void tdm__stash_free(tdm__transport *t) {
+  for (tdm__stashed *m = t->stash, *n; m; m = n) {
+    n = m->next;
+    tdm__free(m);
+  }
+  t->stash = t->stash_tail = NULL;
+}
+
+/* Takes the first stashed message that matches, if any: copies it out and frees it. */
+static int unstash(struct tdm_comm *c, const tdm__hdr *want, int src_tr, void *buf, size_t room, int *from, size_t *got,
+                   tdm_status *st) {
+  tdm__transport *t = c->tr;
+  for (tdm__stashed **p = &t->stash, *prev = NULL; *p; prev = *p, p = &(*p)->next) {
+    tdm__stashed *m = *p;
+    if (!tagged_match(c, want, src_tr, &m->hdr, m->peer)) continue;
+    if (m->hdr.nbytes > room) {
+      *st = too_big(c, m->peer, &m->hdr, room);
+      return 1;
+    }
+    *p = m->next;
+    if (t->stash_tail == m) t->stash_tail = prev;
+    if (m->hdr.nbytes) memcpy(buf, m->data, (size_t)m->hdr.nbytes);
+    *from = tdm__comm_rank_of(c, m->peer);
+    *got = (size_t)m->hdr.nbytes;
+    tdm__free(m);
+    *st = TDM_OK;
+    return 1;
+  }
+  return 0;
+}
+
+static tdm_status tagged_args(struct tdm_comm *c, const char *what, int peer, int any_ok, int tag, const void *buf,
+                              size_t n) {
+  if (!c) return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: communicator is NULL", what);
+  if (atomic_load(&c->failed)) return tdm__set_error(c->fail_status, "%s", c->error);
+  if (!c->tr->ops->pending)
+    return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "%s: the %s transport has no tagged messages; use thread, shm or tcp", what,
+                          tdm_transport_name(c->kind));
+  if (!(any_ok && peer == TDM_ANY_SOURCE) && (peer < 0 || peer >= c->size || peer == c->rank))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: peer %d is not another rank of this communicator (size %d, rank %d)%s",
+                          what, peer, c->size, c->rank, any_ok ? " nor TDM_ANY_SOURCE" : "");
+  if (tag < 0) return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: tag %d < 0", what, tag);
+  if (n && !buf) return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: buffer is NULL with %zu bytes", what, n);
+  return TDM_OK;
+}
+
+tdm_status tdm_comm_tsend(tdm_comm_t c, int peer, int tag, const void *buf, size_t nbytes) {
+  TDM__TRY(tdm__wait_queue_idle(c));
+  TDM__TRY(tagged_args(c, "tagged send", peer, 0, tag, buf, nbytes));
+  c->cur = (tdm__call){TDM_COLL_TAGGED, 0, 0, 0, nbytes, (uint64_t)tag};
+  tdm__xfer x = {.peer = peer, .is_send = 1, .buf = (void *)buf, .nbytes = nbytes};
+  x.hdr = (tdm__hdr){TDM_MSG_MAGIC, TDM_COLL_TAGGED, (uint64_t)tag, 0, 0, 0, c->comm_id, nbytes, nbytes};
+  return run_xfers(c, &x, 1);
+}
+
+tdm_status tdm_comm_trecv(tdm_comm_t c, int source, int tag, void *buf, size_t capacity, int *from, size_t *nbytes) {
+  TDM__TRY(tdm__wait_queue_idle(c));
+  TDM__TRY(tagged_args(c, "tagged receive", source, 1, tag, buf, capacity));
+  int who = -1;
+  size_t got = 0;
+  tdm_status st = TDM_OK;
+  c->cur = (tdm__call){TDM_COLL_TAGGED, 0, 0, source, capacity, (uint64_t)tag};
+  tdm__hdr want = {TDM_MSG_MAGIC, TDM_COLL_TAGGED, (uint64_t)tag, 0, 0, 0, c->comm_id, capacity, capacity};
+  int src_tr = source == TDM_ANY_SOURCE ? -1 : (c->map ? c->map[source] : source);
+  if (unstash(c, &want, src_tr, buf, capacity, &who, &got, &st)) goto out;
+  if (source != TDM_ANY_SOURCE) { /* from one rank: the transport waits (and notices its death) */
+    tdm__xfer x = {.peer = source, .is_send = 0, .buf = buf, .nbytes = capacity, .hdr = want};
+    st = run_xfers(c, &x, 1);
+    who = source, got = x.nbytes;
+    goto out;
+  }
+  /* any source: look at every peer in turn (starting after the last one served, so a busy rank
+   * cannot starve the others) and read one message from the first that has sent something */
+  double deadline = tdm_time_now() + c->timeout_s;
+  tdm__backoff_t b = {0};
+  for (int slow = 0;;) {
+    for (int k = 1; k <= c->size; k++) {
+      int q = (c->last_any + k) % c->size;
+      if (q == c->rank || !c->tr->ops->pending(c->tr, c->map ? c->map[q] : q, slow)) continue;
+      tdm__xfer x = {.peer = q, .is_send = 0, .buf = buf, .nbytes = capacity, .hdr = want, .probe = 1};
+      if ((st = run_xfers(c, &x, 1)) != TDM_OK) goto out;
+      if (x.matched) {
+        c->last_any = q;
+        who = q, got = x.nbytes;
+        goto out;
+      }
+      b = (tdm__backoff_t){0}; /* it went to the stash: look again */
+    }
+    slow = tdm__backoff(&b);
+    if (slow && tdm_time_now() > deadline) {
+      char w[160];
+      st = tdm__comm_fail(c, TDM_ERR_TIMEOUT, "rank %d: %s from any rank timed out after %.0f s; no rank sent one",
+                          c->rank, tdm__call_str(&c->cur, w, sizeof w), c->timeout_s);
+      c->tr->active = c;
+      c->tr->ops->abort(c->tr, c->error);
+      goto out;
+    }
+  }
+out:
+  if (from) *from = st == TDM_OK ? who : -1;
+  if (nbytes) *nbytes = st == TDM_OK ? got : 0;
+  return st;
+}

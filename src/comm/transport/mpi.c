@@ -159,7 +159,7 @@ static void mpi_destroy(tdm__transport *tr) {
   tdm__free(t);
 }
 
-static const tdm__transport_ops mpi_ops = {"mpi", run, mpi_abort_tr, mpi_destroy, NULL};
+static const tdm__transport_ops mpi_ops = {"mpi", run, mpi_abort_tr, mpi_destroy, NULL, NULL};
 
 tdm_status tdm__mpi_transport_create(tdm__transport **out, struct tdm_comm *c, const tdm_comm_config *cfg) {
   (void)cfg;

@@ -89,14 +89,14 @@ static int step(tcp_tr *t, tdm__xfer *x, tdm_status *st) {
       *st = remote_abort(t, x->peer, &x->got);
       return -1;
     }
-    if ((*st = tdm__check_header(t->base.comm, x->peer, &x->hdr, &x->got)) != TDM_OK) return -1;
-    if (x->nbytes == 0) x->complete = 1;
+    if ((*st = tdm__xfer_header(tdm__active(&t->base), x)) != TDM_OK) return -1;
+    if (x->nbytes == 0) x->complete = tdm__xfer_done(&t->base, x);
     return 1;
   }
   size_t pd = x->done - sizeof(tdm__hdr);
   int r = recv_some(t, x, (char *)x->buf + pd, x->nbytes - pd, st);
   if (r <= 0) return r;
-  if (x->done == total) x->complete = 1;
+  if (x->done == total) x->complete = tdm__xfer_done(&t->base, x);
   return 1;
 }
 
@@ -229,7 +229,17 @@ static tdm_status accept_higher(tcp_tr *t, int lfd, const char *token, double de
   return st;
 }
 
-static const tdm__transport_ops tcp_ops = {"tcp", run, tcp_abort, tcp_destroy, NULL};
+/* Something (or EOF, or an error) is waiting on peer's connection. */
+static int tcp_pending(tdm__transport *tr, int peer, int slow) {
+  (void)slow;
+  tcp_tr *t = (tcp_tr *)tr;
+  if (t->closed || t->fd[peer] < 0) return 1;
+  char b;
+  ssize_t k = recv(t->fd[peer], &b, 1, MSG_PEEK | MSG_DONTWAIT);
+  return k >= 0 || !(errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR);
+}
+
+static const tdm__transport_ops tcp_ops = {"tcp", run, tcp_abort, tcp_destroy, NULL, tcp_pending};
 
 tdm_status tdm__tcp_transport_create(tdm__transport **out, struct tdm_comm *c, const tdm_comm_config *cfg) {
   int P = c->size, me = c->rank;
