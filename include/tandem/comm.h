@@ -151,6 +151,10 @@ tdm_status tdm_comm_sendrecv(tdm_comm_t c, int to, const void *sendbuf, size_t s
 #define TDM_ANY_SOURCE (-1)
 tdm_status tdm_comm_tsend(tdm_comm_t c, int peer, int tag, const void *buf, size_t nbytes);
 tdm_status tdm_comm_trecv(tdm_comm_t c, int source, int tag, void *buf, size_t capacity, int *from, size_t *nbytes);
+/* From whichever of ranks[0..n) sends first (a server that no longer waits for the clients that
+ * finished, whose connections may close). */
+tdm_status tdm_comm_trecv_among(tdm_comm_t c, const int *ranks, int n, int tag, void *buf, size_t capacity, int *from,
+                                size_t *nbytes);
 
 /* ---- collectives (blocking) ------------------------------------------------------------------
  * count is in elements. sendbuf == recvbuf works in place for allreduce, reduce, broadcast. */

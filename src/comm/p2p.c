@@ -253,16 +253,21 @@ tdm_status tdm_comm_tsend(tdm_comm_t c, int peer, int tag, const void *buf, size
   return run_xfers(c, &x, 1);
 }
 
-tdm_status tdm_comm_trecv(tdm_comm_t c, int source, int tag, void *buf, size_t capacity, int *from, size_t *nbytes) {
-  TDM__TRY(tdm__wait_queue_idle(c));
-  TDM__TRY(tagged_args(c, "tagged receive", source, 1, tag, buf, capacity));
+/* source: a rank, or TDM_ANY_SOURCE with the candidates in among (NULL: every other rank). */
+static tdm_status trecv(struct tdm_comm *c, int source, const int *among, int n_among, int tag, void *buf, size_t capacity,
+                        int *from, size_t *nbytes) {
   int who = -1;
   size_t got = 0;
   tdm_status st = TDM_OK;
   c->cur = (tdm__call){TDM_COLL_TAGGED, 0, 0, source, capacity, (uint64_t)tag};
   tdm__hdr want = {TDM_MSG_MAGIC, TDM_COLL_TAGGED, (uint64_t)tag, 0, 0, 0, c->comm_id, capacity, capacity};
   int src_tr = source == TDM_ANY_SOURCE ? -1 : (c->map ? c->map[source] : source);
-  if (unstash(c, &want, src_tr, buf, capacity, &who, &got, &st)) goto out;
+  if (among) { /* the first stashed message from one of them */
+    for (int i = 0; i < n_among; i++)
+      if (unstash(c, &want, c->map ? c->map[among[i]] : among[i], buf, capacity, &who, &got, &st)) goto out;
+  } else if (unstash(c, &want, src_tr, buf, capacity, &who, &got, &st)) {
+    goto out;
+  }
   if (source != TDM_ANY_SOURCE) { /* from one rank: the transport waits (and notices its death) */
     tdm__xfer x = {.peer = source, .is_send = 0, .buf = buf, .nbytes = capacity, .hdr = want};
     st = run_xfers(c, &x, 1);
@@ -274,13 +279,14 @@ tdm_status tdm_comm_trecv(tdm_comm_t c, int source, int tag, void *buf, size_t c
   double deadline = tdm_time_now() + c->timeout_s;
   tdm__backoff_t b = {0};
   for (int slow = 0;;) {
-    for (int k = 1; k <= c->size; k++) {
-      int q = (c->last_any + k) % c->size;
+    int n = among ? n_among : c->size;
+    for (int k = 1; k <= n; k++) {
+      int q = among ? among[(c->last_any + k) % n] : (c->last_any + k) % n;
       if (q == c->rank || !c->tr->ops->pending(c->tr, c->map ? c->map[q] : q, slow)) continue;
       tdm__xfer x = {.peer = q, .is_send = 0, .buf = buf, .nbytes = capacity, .hdr = want, .probe = 1};
       if ((st = run_xfers(c, &x, 1)) != TDM_OK) goto out;
       if (x.matched) {
-        c->last_any = q;
+        c->last_any = among ? (c->last_any + k) % n : q;
         who = q, got = x.nbytes;
         goto out;
       }
@@ -300,4 +306,23 @@ out:
   if (from) *from = st == TDM_OK ? who : -1;
   if (nbytes) *nbytes = st == TDM_OK ? got : 0;
   return st;
+}
+
+tdm_status tdm_comm_trecv(tdm_comm_t c, int source, int tag, void *buf, size_t capacity, int *from, size_t *nbytes) {
+  TDM__TRY(tdm__wait_queue_idle(c));
+  TDM__TRY(tagged_args(c, "tagged receive", source, 1, tag, buf, capacity));
+  return trecv(c, source, NULL, 0, tag, buf, capacity, from, nbytes);
+}
+
+tdm_status tdm_comm_trecv_among(tdm_comm_t c, const int *ranks, int n, int tag, void *buf, size_t capacity, int *from,
+                                size_t *nbytes) {
+  TDM__TRY(tdm__wait_queue_idle(c));
+  TDM__TRY(tagged_args(c, "tagged receive", TDM_ANY_SOURCE, 1, tag, buf, capacity));
+  if (!ranks || n < 1 || n > c->size) return tdm__set_error(TDM_ERR_INVALID_ARG, "tagged receive: %d ranks to hear from; expected 1..%d", n, c->size);
+  for (int i = 0; i < n; i++)
+    if (ranks[i] < 0 || ranks[i] >= c->size || ranks[i] == c->rank)
+      return tdm__set_error(TDM_ERR_INVALID_ARG, "tagged receive: rank %d (entry %d) is not another rank of this communicator (size %d, rank %d)",
+                            ranks[i], i, c->size, c->rank);
+  if (c->last_any >= n) c->last_any = 0;
+  return trecv(c, TDM_ANY_SOURCE, ranks, n, tag, buf, capacity, from, nbytes);
 }

@@ -144,6 +144,30 @@ static int dead_peer(tdm_comm_t c, int rank, int P) {
   return 42;
 }
 
+/* Rank 2 sends one message and leaves (its connection closes); rank 1 sends one later. Rank 0
+ * takes rank 2's from {1, 2}, then rank 1's from {1} alone: the closed connection of a rank no
+ * longer listened to is no failure (a server whose finished clients go away). */
+static int among(tdm_comm_t c, int rank, int P) {
+  (void)P;
+  int32_t x = 100 + rank;
+  if (rank == 2) return tdm_comm_tsend(c, 0, 6, &x, sizeof x) == TDM_OK ? 0 : 1;
+  if (rank == 1) {
+    usleep(300000); /* rank 2 is gone by now */
+    FAILIF(tdm_comm_tsend(c, 0, 6, &x, sizeof x) != TDM_OK, "tsend");
+    FAILIF(tdm_comm_trecv(c, 0, 6, &x, sizeof x, NULL, NULL) != TDM_OK, "the answer");
+    return 0;
+  }
+  int both[2] = {1, 2}, from = -1;
+  FAILIF(tdm_comm_trecv_among(c, both, 2, 6, &x, sizeof x, &from, NULL) != TDM_OK || from != 2 || x != 102,
+         "first: %d from %d", (int)x, from);
+  FAILIF(tdm_comm_trecv_among(c, both, 1, 6, &x, sizeof x, &from, NULL) != TDM_OK || from != 1 || x != 101,
+         "second: %d from %d", (int)x, from);
+  FAILIF(tdm_comm_tsend(c, 1, 6, &x, sizeof x) != TDM_OK, "answer");
+  int self[1] = {0};
+  FAILIF(tdm_comm_trecv_among(c, self, 1, 6, &x, sizeof x, NULL, NULL) != TDM_ERR_INVALID_ARG, "itself accepted");
+  return 0;
+}
+
 /* Nobody sends: a receive from any source times out, saying so. */
 static int silent(tdm_comm_t c, int rank, int P) {
   (void)P;
@@ -245,7 +269,7 @@ static void test_mismatches_are_named(void) {
   }
 }
 
-static void test_dead_peer_named_and_silence_timed_out(void) {
+static void test_dead_peer_named_closed_ignored_silence_timed_out(void) {
   for (int t = 1; t < 3; t++) { /* processes only: a thread cannot die alone */
     int codes[3];
     double t0 = tdm_time_now();
@@ -257,7 +281,10 @@ static void test_dead_peer_named_and_silence_timed_out(void) {
     CHECK(took < 10);
   }
   for (int t = 0; t < 3; t++) {
-    int codes[2];
+    int codes[3];
+    run_job(TRANSPORTS[t], 3, among, 10, codes);
+    CHECK_MSG(codes[0] == 0 && codes[1] == 0 && codes[2] == 0, "%s: among: exits %d %d %d", tdm_transport_name(TRANSPORTS[t]),
+              codes[0], codes[1], codes[2]);
     run_job(TRANSPORTS[t], 2, silent, 0.5, codes);
     CHECK_MSG(codes[0] == 0, "%s: exit %d", tdm_transport_name(TRANSPORTS[t]), codes[0]);
   }
@@ -285,6 +312,6 @@ static void test_bad_arguments(void) {
 
 int main(void) {
   static const tdm_test_case cases[] = {T(test_matching_any_source_collectives_split), T(test_mismatches_are_named),
-                                        T(test_dead_peer_named_and_silence_timed_out), T(test_bad_arguments)};
+                                        T(test_dead_peer_named_closed_ignored_silence_timed_out), T(test_bad_arguments)};
   return tdm_test_main(cases, (int)(sizeof cases / sizeof cases[0]));
 }
