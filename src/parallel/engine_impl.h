@@ -57,6 +57,7 @@ typedef struct tdm__engine_ops {
 
 extern const tdm__engine_ops tdm__engine_dp_ops;
 extern const tdm__engine_ops tdm__engine_zero_ops;
+extern const tdm__engine_ops tdm__engine_ps_ops;
 
 /* Shared by the engines: builds e->seg_sums, and the sum of squares of the segments of a whole
  * gradient buffer that every rank holds (no communication). */
