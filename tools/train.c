@@ -32,7 +32,8 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
       warmup, val_every, val_batches, zero, zero_unit, memory_limit;
   double clip, max_time, bucket_mb;
   int resume, no_overlap, allow_nonfinite;
-  const char *prefetch, *compress, *zero_prefetch;
+  const char *prefetch, *compress, *zero_prefetch, *ps_mode, *ps_delay;
+  int64_t ps_servers, staleness;
   double lr, dropout, wd, momentum;
   cli_opt opts[64] = {
       {"model", CLI_CHOICE, &c->model, "mlp", "model to train", "mlp|cnn|gpt", 0, 0, 0},
@@ -54,6 +55,10 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
       {"zero", CLI_INT, &zero, "0", "ZeRO stage: 0 data parallel (every rank holds everything); 1 optimizer state, 2 and gradients, 3 and parameters sharded over the ranks", NULL, 0, 3, 0},
       {"zero-unit", CLI_INT, &zero_unit, "1", "--zero 3: modules (transformer blocks, layers) per gathered unit", NULL, 1, 1e6, 0},
       {"zero-prefetch", CLI_CHOICE, &zero_prefetch, "on", "--zero 3: gather the next unit while this one computes", "on|off", 0, 0, 0},
+      {"ps-servers", CLI_INT, &ps_servers, "0", "parameter server: the last S ranks serve the parameters (sharded by key range) and run the optimizer; the others train (0: no server)", NULL, 0, 1 << 20, 0},
+      {"ps-mode", CLI_CHOICE, &ps_mode, "sync", "--ps-servers: sync (every worker's gradient, summed in rank order: as data parallelism), async (each push applied on arrival), ssp (async, a worker at most --staleness steps ahead of the slowest)", "sync|async|ssp", 0, 0, 0},
+      {"staleness", CLI_INT, &staleness, "0", "--ps-mode ssp: how many steps a worker may run ahead of the slowest", NULL, 0, 1e9, 0},
+      {"ps-delay", CLI_STRING, &ps_delay, NULL, "--ps-servers, for testing: WORKER:SECONDS makes that worker sleep so long every step", NULL, 0, 0, 0},
       {"memory-limit", CLI_SIZE, &memory_limit, "0", "refuse to start when the memory plan per rank exceeds this (like 8G; 0: no limit)", NULL, 0, 0, 0},
       {"compress", CLI_CHOICE, &compress, "none", "gradient dtype on the wire between ranks", "none|bf16|fp16", 0, 0, 0},
       {"lr", CLI_FLOAT, &lr, "0.001", "learning rate", NULL, 0, 1e3, 0},
@@ -115,6 +120,31 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
             SEEN("zero-unit") ? "zero-unit" : "zero-prefetch", (long long)zero);
     return 2;
   }
+  if (!ps_servers && (SEEN("ps-mode") || SEEN("staleness") || SEEN("ps-delay"))) {
+    fprintf(stderr, "tandem %s: --%s applies with --ps-servers only\n", cmd,
+            SEEN("ps-mode") ? "ps-mode" : SEEN("staleness") ? "staleness" : "ps-delay");
+    return 2;
+  }
+  if (SEEN("staleness") && strcmp(ps_mode, "ssp")) {
+    fprintf(stderr, "tandem %s: --staleness applies to --ps-mode ssp only (given --ps-mode %s)\n", cmd, ps_mode);
+    return 2;
+  }
+  if (ps_servers && (zero || strcmp(compress, "none"))) {
+    fprintf(stderr, "tandem %s: --ps-servers with --%s: the parameter server exchanges f32 gradients with its own servers\n",
+            cmd, zero ? "zero" : "compress");
+    return 2;
+  }
+  int delay_worker = -1;
+  double delay_s = 0;
+  if (ps_delay) {
+    char *end = NULL;
+    long w = strtol(ps_delay, &end, 10);
+    if (end == ps_delay || *end != ':' || w < 0 || !((delay_s = strtod(end + 1, &end)) >= 0) || *end || delay_s > 60) {
+      fprintf(stderr, "tandem %s: --ps-delay '%s'; expected WORKER:SECONDS, such as 1:0.05 (seconds 0..60)\n", cmd, ps_delay);
+      return 2;
+    }
+    delay_worker = (int)w;
+  }
   if (zero > 0 && strcmp(compress, "none")) {
     fprintf(stderr, "tandem %s: --compress %s applies to --zero 0 only: ZeRO reduces gradients in f32\n", cmd, compress);
     return 2;
@@ -141,7 +171,12 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
   c->memory_limit = memory_limit;
   c->prefetch = !strcmp(prefetch, "on") ? 1 : !strcmp(prefetch, "off") ? 0 : -1;
   tdm_engine_config *e = &c->engine;
-  e->kind = zero ? TDM_ENGINE_ZERO : TDM_ENGINE_DP;
+  e->kind = ps_servers ? TDM_ENGINE_PS : zero ? TDM_ENGINE_ZERO : TDM_ENGINE_DP;
+  e->ps.servers = (int)ps_servers;
+  e->ps.mode = !strcmp(ps_mode, "async") ? TDM_PS_ASYNC : !strcmp(ps_mode, "ssp") ? TDM_PS_SSP : TDM_PS_SYNC;
+  e->ps.staleness = (int)staleness;
+  e->ps.delay_worker = delay_worker;
+  e->ps.delay_s = delay_s;
   e->accum = accum;
   e->clip = (float)clip;
   e->dp.bucket_bytes = e->zero.bucket_bytes = (size_t)(bucket_mb * 1048576.0);

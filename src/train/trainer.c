@@ -161,7 +161,8 @@ static tdm_status parse_kinds(const tdm_train_config *c, tdm_model_kind *mk, tdm
 }
 
 typedef struct {
-  tdm_comm_t comm;
+  tdm_comm_t comm;     /* the ranks that train (with a parameter server: the workers) */
+  tdm_comm_t ps_world; /* with a parameter server: workers and servers */
   tdm_grid *grid;
   tdm_engine *engine;
   tdm_sampler *sampler;
@@ -179,6 +180,7 @@ static void run_free(run_state *s) {
   tdm_engine_destroy(s->engine);
   tdm_grid_destroy(s->grid);
   tdm_comm_destroy(s->comm);
+  tdm_comm_destroy(s->ps_world); /* after the workers' communicator, which speaks through it */
   tdm_dataset_destroy(s->train);
   tdm_dataset_destroy(s->test);
   tdm__free(s->idx);
@@ -467,12 +469,64 @@ tdm_status tdm_train_plan(const tdm_train_config *c, int world, tdm_plan *out) {
   return st;
 }
 
+/* A parameter server (tandem/engine.h): the last S ranks serve, the others train on a
+ * communicator of their own; *W becomes the number of workers. */
+static tdm_status ps_roles(const tdm_train_config *c, run_state *s, int *W, int R) {
+  int P = *W, S = c->engine.ps.servers;
+  if (S < 1 || S >= P)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --ps-servers %d with %d rank%s; expected 1..%d, so that at least one "
+                          "rank trains (tandem run -n N gives N-S workers and S servers)", S, P, P == 1 ? "" : "s", P - 1);
+  if (c->checkpoint_dir || c->init_weights)
+    return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "train: %s with a parameter server is not built yet (the servers' shards "
+                          "and optimizer state would have to be saved and loaded)",
+                          c->checkpoint_dir ? "--checkpoint-dir" : "--init-weights");
+  s->ps_world = s->comm;
+  s->comm = NULL;
+  int server = R >= P - S;
+  tdm_comm_t sub = NULL;
+  TDM__TRY(tdm_comm_split(s->ps_world, server, R, &sub));
+  if (server || P - S == 1) tdm_comm_destroy(sub); /* one worker trains alone; servers need none */
+  else s->comm = sub;
+  *W = P - S;
+  return TDM_OK;
+}
+
+/* A server rank: the model's configuration as the workers have it, then serve until they finish;
+ * its report (a JSON line) goes to the progress stream and, with --metrics, to METRICS.psK. */
+static tdm_status ps_server_rank(const tdm_train_config *c, tdm_train_result *res, run_state *s, int W, int R) {
+  prepared pp;
+  TDM__TRY(prepare(c, W, 0, tdm_comm_transport(s->ps_world), s, &pp));
+  tdm_engine_ps_config pc = c->engine.ps;
+  pc.world = s->ps_world;
+  tdm_ps_server_stats st;
+  tdm_status r = tdm_ps_serve(&pp.mc, c->seed, &pp.oc, &pc, &st);
+  char js[640];
+  tdm_ps_stats_json(&st, js, sizeof js);
+  if (c->progress) fprintf(c->progress, "%s\n", js);
+  if (c->metrics) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s.ps%d", c->metrics, st.server);
+    FILE *f = fopen(path, "w");
+    if (!f || fprintf(f, "%s\n", js) < 0 || fclose(f) != 0) {
+      if (r == TDM_OK) r = tdm__set_error(TDM_ERR_IO, "train: writing the server's report to %s failed: %s", path, strerror(errno));
+    }
+  }
+  res->world_size = W;
+  res->rank = R;
+  res->steps = st.updates;
+  return r;
+}
+
 static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_state *s) {
   TDM__TRY(tdm_set_num_threads(c->threads));
   tdm_comm_config cc;
   TDM__TRY(tdm_comm_config_from_env(&cc));
   int W = cc.size, R = cc.rank;
   if (W > 1) TDM__TRY(tdm_comm_create(&s->comm, &cc));
+  if (c->engine.kind == TDM_ENGINE_PS) {
+    TDM__TRY(ps_roles(c, s, &W, R));
+    if (R >= W) return ps_server_rank(c, res, s, W, R);
+  }
   TDM__TRY(tdm_grid_create(&s->grid, s->comm, 0, 1, 1)); /* every rank on the data axis */
   res->world_size = W;
   res->rank = R;
@@ -486,6 +540,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   progress pr = {pf, pf ? isatty(fileno(pf)) : 0, 0};
   if (pr.f) tdm_plan_print(pr.f, &pp.plan, c->memory_limit); /* refused here if it does not fit */
   TDM__TRY(tdm_plan_check(&pp.plan, c->memory_limit));
+  pp.ec.ps.world = s->ps_world;
   TDM__TRY(tdm_engine_create(&s->engine, &mc, c->seed, &pp.oc, s->grid, &pp.ec));
   tdm_params *params = tdm_model_params(tdm_engine_model(s->engine));
   if (c->init_weights) TDM__TRY(tdm_engine_load_weights(s->engine, c->init_weights));
