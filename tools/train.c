@@ -32,7 +32,7 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
       warmup, val_every, val_batches, zero, zero_unit, memory_limit;
   double clip, max_time, bucket_mb;
   int resume, no_overlap, allow_nonfinite;
-  const char *prefetch, *compress, *zero_prefetch, *ps_mode, *ps_delay;
+  const char *prefetch, *compress, *zero_prefetch, *ps_mode, *ps_delay, *ps_log;
   int64_t ps_servers, staleness;
   double lr, dropout, wd, momentum;
   cli_opt opts[64] = {
@@ -58,6 +58,7 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
       {"ps-servers", CLI_INT, &ps_servers, "0", "parameter server: the last S ranks serve the parameters (sharded by key range) and run the optimizer; the others train (0: no server)", NULL, 0, 1 << 20, 0},
       {"ps-mode", CLI_CHOICE, &ps_mode, "sync", "--ps-servers: sync (every worker's gradient, summed in rank order: as data parallelism), async (each push applied on arrival), ssp (async, a worker at most --staleness steps ahead of the slowest)", "sync|async|ssp", 0, 0, 0},
       {"staleness", CLI_INT, &staleness, "0", "--ps-mode ssp: how many steps a worker may run ahead of the slowest", NULL, 0, 1e9, 0},
+      {"ps-log", CLI_STRING, &ps_log, NULL, "--ps-servers: each server writes every update it applies to DIR/ps-server-K.log (tandem ps-replay reproduces the run from them; a gradient per update: large)", NULL, 0, 0, 0},
       {"ps-delay", CLI_STRING, &ps_delay, NULL, "--ps-servers, for testing: WORKER:SECONDS makes that worker sleep so long every step", NULL, 0, 0, 0},
       {"memory-limit", CLI_SIZE, &memory_limit, "0", "refuse to start when the memory plan per rank exceeds this (like 8G; 0: no limit)", NULL, 0, 0, 0},
       {"compress", CLI_CHOICE, &compress, "none", "gradient dtype on the wire between ranks", "none|bf16|fp16", 0, 0, 0},
@@ -120,9 +121,9 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
             SEEN("zero-unit") ? "zero-unit" : "zero-prefetch", (long long)zero);
     return 2;
   }
-  if (!ps_servers && (SEEN("ps-mode") || SEEN("staleness") || SEEN("ps-delay"))) {
+  if (!ps_servers && (SEEN("ps-mode") || SEEN("staleness") || SEEN("ps-delay") || (SEEN("ps-log") && strcmp(cmd, "ps-replay")))) {
     fprintf(stderr, "tandem %s: --%s applies with --ps-servers only\n", cmd,
-            SEEN("ps-mode") ? "ps-mode" : SEEN("staleness") ? "staleness" : "ps-delay");
+            SEEN("ps-mode") ? "ps-mode" : SEEN("staleness") ? "staleness" : SEEN("ps-delay") ? "ps-delay" : "ps-log");
     return 2;
   }
   if (SEEN("staleness") && strcmp(ps_mode, "ssp")) {
@@ -177,6 +178,7 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
   e->ps.staleness = (int)staleness;
   e->ps.delay_worker = delay_worker;
   e->ps.delay_s = delay_s;
+  e->ps.log_dir = ps_log;
   e->accum = accum;
   e->clip = (float)clip;
   e->dp.bucket_bytes = e->zero.bucket_bytes = (size_t)(bucket_mb * 1048576.0);
@@ -218,6 +220,33 @@ int tool_train(int argc, char **argv) {
     printf("test accuracy: %.4f  test loss: %.4f  throughput: %.0f samples/s  (%lld steps, %.1f s training)\n",
            res.test_accuracy, res.test_loss, res.samples_per_sec, (long long)res.steps, res.train_seconds);
   if (c.save_weights) printf("weights written to %s\n", c.save_weights);
+  return 0;
+}
+
+int tool_ps_replay(int argc, char **argv) {
+  tdm_train_config c;
+  int64_t until = -1;
+  cli_opt extra[] = {
+      {"until", CLI_INT, &until, "-1", "stop each server after this many updates (-1: all)", NULL, -1, 1e15, 0},
+  };
+  int r = train_options("ps-replay", "--ps-log DIR --save-weights OUT [the run's tandem train options] [--until N]", argc,
+                        argv, &c, 1, extra);
+  if (r == 1) return 0;
+  if (r) return 2;
+  if (!c.engine.ps.log_dir || !c.save_weights) {
+    fprintf(stderr, "tandem ps-replay: give --ps-log DIR (the run's) and --save-weights OUT\n");
+    return 2;
+  }
+  c.ps_replay = c.engine.ps.log_dir;
+  c.ps_replay_until = until;
+  c.progress = stderr;
+  tdm_train_result res;
+  tdm_status st = tdm_train_run(&c, &res);
+  if (st != TDM_OK) {
+    fprintf(stderr, "tandem ps-replay: %s: %s\n", tdm_status_str(st), tdm_last_error());
+    return 1;
+  }
+  printf("%lld updates replayed; weights written to %s\n", (long long)res.steps, c.save_weights);
   return 0;
 }
 

@@ -97,6 +97,7 @@ typedef struct tdm_engine_ps_config {
   tdm_comm_t world;     /* workers and servers (tagged messages); not owned */
   int delay_worker;     /* testing the bound: this worker sleeps delay_s per step (-1: none) */
   double delay_s;
+  const char *log_dir;  /* servers: write the update log here (DIR/ps-server-K.log); NULL: none */
 } tdm_engine_ps_config;
 
 typedef struct tdm_engine_config {
@@ -206,6 +207,21 @@ tdm_status tdm_ps_serve(const tdm_model_config *model, uint64_t seed, const tdm_
                         const tdm_engine_ps_config *cfg, tdm_ps_server_stats *stats);
 /* The stats as one JSON object (no newline). */
 void tdm_ps_stats_json(const tdm_ps_server_stats *st, char *buf, size_t n);
+
+/* Replays the update logs in dir (ps-server-0.log .. as many as server 0's names) on the model
+ * built from seed, with the optimizer over each server's range: every update the servers applied,
+ * in their order, with the gradient and learning rate the optimizer got, so the parameters come
+ * out as the run left them, bit for bit (sync, async or ssp alike). until >= 0 stops each server
+ * after that many updates. Writes the parameters to save_path (NULL: nowhere). A log of another
+ * model, a truncated record or one that fails its checksum is named (TDM_ERR_MISMATCH /
+ * TDM_ERR_FORMAT). */
+typedef struct tdm_ps_replay_stats {
+  int servers;
+  int64_t updates[64]; /* per server, applied */
+} tdm_ps_replay_stats;
+tdm_status tdm_ps_replay(const char *dir, const tdm_model_config *model, uint64_t seed, const tdm_optim_config *optim,
+                         int64_t until, const char *save_path, int n_meta, const char *const *meta_kv,
+                         tdm_ps_replay_stats *stats);
 
 #ifdef __cplusplus
 }

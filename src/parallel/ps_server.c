@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "parallel/engine_impl.h"
+#include "parallel/ps_log.h"
 #include "parallel/ps_msg.h"
 
 typedef struct {
@@ -26,6 +27,7 @@ typedef struct {
   int *in_round, *done, *held;
   int *active, n_active;      /* the workers not done: whose connections must stay up */
   int64_t *clock;
+  tdm__ps_log *log;           /* NULL: no update log */
   float round_lr;
   int n_round, n_done;
   tdm_ps_server_stats *st;
@@ -78,7 +80,9 @@ static tdm_status release(server *v) {
   return TDM_OK;
 }
 
-static tdm_status step_opt(server *v, float lr) {
+/* One optimizer step on the gradient in place (logged first: the log holds what was applied). */
+static tdm_status step_opt(server *v, float lr, int worker, int64_t clock, int64_t version) {
+  if (v->log) TDM__TRY(tdm__ps_log_append(v->log, worker, clock, version, lr, tdm_params_grad(v->params) + v->lo));
   tdm_status st = tdm_optim_step(v->opt, lr);
   if (st != TDM_OK) return fail(v, st, "the optimizer step failed", tdm_last_error(), 0);
   v->version++;
@@ -94,7 +98,7 @@ static tdm_status finish_round(server *v) {
   for (int w = 1; w < v->W; w++) tdm_reduce_local(g, v->slots + (size_t)w * n, n, TDM_F32, TDM_SUM);
   if (v->W > 1)
     for (size_t i = 0; i < n; i++) g[i] /= (float)v->W; /* as the data-parallel average: sum, then divide */
-  TDM__TRY(step_opt(v, v->round_lr));
+  TDM__TRY(step_opt(v, v->round_lr, v->W, v->clock[0], v->version));
   for (int w = 0; w < v->W; w++) v->clock[w]++, v->in_round[w] = 0;
   v->n_round = 0;
   uint64_t sum = shard_sum(v);
@@ -119,7 +123,7 @@ static tdm_status on_push(server *v, int w, const tdm__ps_msg *m, const float *g
     return TDM_OK;
   }
   memcpy(tdm_params_grad(v->params) + v->lo, grad, sizeof(float) * (size_t)v->n);
-  TDM__TRY(step_opt(v, m->lr));
+  TDM__TRY(step_opt(v, m->lr, w, v->clock[w], m->version));
   v->clock[w]++;
   v->held[w] = 1;
   return release(v);
@@ -199,8 +203,12 @@ tdm_status tdm_ps_serve(const tdm_model_config *mc, uint64_t seed, const tdm_opt
                           (long long)v.n);
     else v.done = v.in_round + v.W, v.held = v.done + v.W, v.active = v.held + v.W;
   }
+  if (st == TDM_OK && pc->log_dir)
+    st = tdm__ps_log_open(&v.log, pc->log_dir, v.s, S, (int)pc->mode, v.W, v.lo, v.hi, tdm_params_numel(v.params));
   while (st == TDM_OK && v.n_done < v.W) st = serve_one(&v);
   stats->seconds = tdm_time_now() - t0;
+  tdm_status lst = tdm__ps_log_close(v.log, NULL);
+  if (st == TDM_OK) st = lst;
   tdm__free(v.buf);
   tdm__free(v.slots);
   tdm__free(v.in_round);

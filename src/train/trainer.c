@@ -36,6 +36,7 @@ tdm_train_config tdm_train_config_default(void) {
   c.seed = 42;
   c.eval_batch = 1000;
   c.engine = tdm_engine_config_default();
+  c.ps_replay_until = -1;
   c.last_batch = "auto";
   c.prefetch = -1;
   c.gpt_config = "mini";
@@ -517,8 +518,28 @@ static tdm_status ps_server_rank(const tdm_train_config *c, tdm_train_result *re
   return r;
 }
 
+/* tandem ps-replay: the model and optimizer these options describe, the logs replayed on them. */
+static tdm_status ps_replay_run(const tdm_train_config *c, tdm_train_result *res, run_state *s) {
+  prepared pp;
+  TDM__TRY(prepare(c, 1, 0, TDM_TRANSPORT_AUTO, s, &pp));
+  tdm__run_identity id = {0};
+  int n_arch_meta = run_identity(&id, c, &pp.mc, pp.G, pp.T, pp.N);
+  const char *meta[2 + 2 * TDM__IDENTITY_MAX] = {"format", "pt"};
+  memcpy(meta + 2, id.kv, sizeof(char *) * 2 * (size_t)n_arch_meta);
+  tdm_ps_replay_stats rs;
+  TDM__TRY(tdm_ps_replay(c->ps_replay, &pp.mc, c->seed, &pp.oc, c->ps_replay_until, c->save_weights, 1 + n_arch_meta, meta,
+                         &rs));
+  for (int k = 0; k < rs.servers; k++) res->steps += rs.updates[k];
+  if (c->progress)
+    for (int k = 0; k < rs.servers; k++)
+      fprintf(c->progress, "ps-replay: server %d: %lld updates replayed\n", k, (long long)rs.updates[k]);
+  res->world_size = 1;
+  return TDM_OK;
+}
+
 static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_state *s) {
   TDM__TRY(tdm_set_num_threads(c->threads));
+  if (c->ps_replay) return ps_replay_run(c, res, s);
   tdm_comm_config cc;
   TDM__TRY(tdm_comm_config_from_env(&cc));
   int W = cc.size, R = cc.rank;
