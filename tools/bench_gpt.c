@@ -1,7 +1,8 @@
 /* tandem bench gpt: the speed of one GPT training step (forward, backward, AdamW; fp32) on random
  * tokens, as bench/gpt_vs_pytorch.sh compares it with PyTorch. The step is tdm_engine_step, the
- * one tandem train runs: on one process, or under tandem run on several with data parallelism or
- * ZeRO (--zero). Prints the median time of each phase, model FLOP/s as a share of the FMA peak, the
+ * one tandem train runs: on one process, or under tandem run on several with data parallelism,
+ * ZeRO (--zero) or a pipeline (--pp, with the bubble each stage measured against its schedule's).
+ * Prints the median time of each phase, model FLOP/s as a share of the FMA peak, the
  * optimizer against its memory-traffic floor, allocations in the steady state, the memory held
  * per category and the peak resident memory (the largest of any rank). */
 #include <math.h>
@@ -92,7 +93,8 @@ int tool_bench_gpt(int argc, char **argv) {
    * int64 bytes: what does not fit in memory fails to allocate, nothing overflows */
   int64_t layers = 0, heads = 0, width = 0, block = 0, vocab = 0, B = 4, T = 64, steps = 10, warmup = 3, threads = 1,
           seed = 1;
-  int64_t zero = 0, zero_unit = 1;
+  int64_t zero = 0, zero_unit = 1, pp = 1, accum = 1;
+  const char *schedule = NULL;
   double peak = 102.5, bucket_mb = 25;
   int json = 0;
   cli_opt opts[] = {
@@ -113,6 +115,9 @@ int tool_bench_gpt(int argc, char **argv) {
       {"zero-unit", CLI_INT, &zero_unit, "1", "--zero 3: transformer blocks per gathered unit", NULL, 1, 1e6, 0},
       {"bucket-mb", CLI_FLOAT, &bucket_mb, "25", "gradient bucket size in MiB", NULL, 0.001, 4096, 0},
       {"json", CLI_FLAG, &json, NULL, "print one JSON object instead of the table", NULL, 0, 0, 0},
+      {"pp", CLI_INT, &pp, "1", "pipeline stages across the ranks of tandem run (the rest: data replicas)", NULL, 1, 4096, 0},
+      {"schedule", CLI_CHOICE, &schedule, "1f1b", "--pp: the pipeline schedule", "gpipe|1f1b|interleaved|zb1p", 0, 0, 0},
+      {"accum", CLI_INT, &accum, "1", "micro-batches per step (of --batch-size each; a pipeline's micro-batches)", NULL, 1, 1 << 20, 0},
   };
   int n = (int)(sizeof opts / sizeof opts[0]);
   int pr = cli_parse("bench gpt", "[options]", opts, n, argc, argv);
@@ -150,11 +155,14 @@ int tool_bench_gpt(int argc, char **argv) {
   tdm_optim_config oc = tdm_optim_config_default(TDM_OPT_ADAMW);
   oc.lr = 3e-4f, oc.beta2 = 0.95f, oc.weight_decay = 0.1f, oc.decay_matrices_only = 1;
   tdm_engine_config ec = tdm_engine_config_default();
-  ec.kind = zero ? TDM_ENGINE_ZERO : TDM_ENGINE_DP;
+  ec.kind = pp > 1 ? TDM_ENGINE_PIPELINE : zero ? TDM_ENGINE_ZERO : TDM_ENGINE_DP;
+  ec.accum = accum;
+  if (pp > 1 && tdm_pp_schedule_parse(schedule, &ec.pp.schedule) != TDM_OK) st = TDM_ERR_INVALID_ARG;
   ec.zero.stage = zero ? (int)zero : 1;
   ec.zero.unit_modules = (int)zero_unit;
   ec.dp.bucket_bytes = ec.zero.bucket_bytes = (size_t)(bucket_mb * 1048576.0);
-  if (st == TDM_OK) st = tdm_grid_create(&grid, comm, 0, 1, 1);
+  if (st == TDM_OK) st = tdm_engine_check(&mc, &ec, W, 0, 1, (int)pp);
+  if (st == TDM_OK) st = tdm_grid_create(&grid, comm, 0, 1, (int)pp);
   if (st == TDM_OK) st = tdm_engine_create(&eng, &mc, (uint64_t)seed, &oc, grid, &ec);
   if (st != TDM_OK) {
     fprintf(stderr, "tandem bench gpt: %s\n", tdm_last_error());
@@ -162,7 +170,8 @@ int tool_bench_gpt(int argc, char **argv) {
   }
   tdm_params *params = tdm_model_params(tdm_engine_model(eng));
   bench_tokens bt = {B, T, mc.vocab_size, {{0}}};
-  tdm_rng_seed(&bt.rng, (uint64_t)seed + 1 + (uint64_t)R); /* each rank its own batch */
+  /* each data replica its own batch (a pipeline's stages draw the same) */
+  tdm_rng_seed(&bt.rng, (uint64_t)seed + 1 + (uint64_t)tdm_grid_index(grid, TDM_AXIS_DATA));
   uint64_t allocs_before = 0, sent_before = 0;
   double cpu_before = 0;
   for (int64_t s = 0; s < total; s++) {
@@ -186,7 +195,7 @@ int tool_bench_gpt(int argc, char **argv) {
   int64_t np = tdm_params_numel(params), C = mc.n_embd, L = mc.n_layer;
   /* nanoGPT's convention: 6 FLOPs per parameter and token (position embeddings excluded, the tied
    * lm_head counted once) plus 12 L C T per token for attention (full T x T, as if unmasked) */
-  double flops = (6.0 * (double)(np - mc.block_size * C) + 12.0 * (double)(L * C * T)) * (double)(B * T); /* per rank */
+  double flops = (6.0 * (double)(np - mc.block_size * C) + 12.0 * (double)(L * C * T)) * (double)(B * T * accum) / (double)pp; /* per rank */
   double ms = median(t_all + warmup, (int)steps), fwd = median(t_fwd + warmup, (int)steps),
          bwd = median(t_bwd + warmup, (int)steps), optm = median(t_opt + warmup, (int)steps),
          wait = median(t_wait + warmup, (int)steps);
@@ -195,6 +204,20 @@ int tool_bench_gpt(int argc, char **argv) {
   struct rusage ru; /* before the floor measurement, which allocates its own arrays */
   getrusage(RUSAGE_SELF, &ru);
   double rss_mib = (double)ru.ru_maxrss / 1024.0, held = (double)mem.peak_total;
+  /* each rank's bubble: the share of its step (without the update) spent not computing; and its
+   * activations at the peak: gathered for rank 0 to print, stage by stage */
+  double *stage = calloc((size_t)(4 * W), sizeof(double));
+  if (!stage) goto out;
+  for (int64_t k = warmup; k < total; k++) t_all[k] -= t_opt[k];
+  double step_wo = median(t_all + warmup, (int)steps), busy_ms = fwd + bwd;
+  double mine[4] = {step_wo > 0 ? 1.0 - busy_ms / step_wo : 0, busy_ms, (double)mem.peak[TDM_MEM_ACTIVATIONS] / 1048576.0,
+                    (double)mem.peak_total / 1048576.0};
+  if (comm && tdm_comm_allgather(comm, mine, stage, 4, TDM_F64, TDM_ALGO_AUTO) != TDM_OK) {
+    fprintf(stderr, "tandem bench gpt: %s\n", tdm_last_error());
+    free(stage);
+    goto out;
+  }
+  if (!comm) memcpy(stage, mine, sizeof mine);
   if (comm) { /* the largest of any rank; the step time is rank 0's */
     double mx[2] = {rss_mib, held};
     if (tdm_comm_allreduce(comm, mx, mx, 2, TDM_F64, TDM_MAX, TDM_ALGO_AUTO) != TDM_OK) {
@@ -205,6 +228,7 @@ int tool_bench_gpt(int argc, char **argv) {
   }
   if (R != 0) {
     rc = 0;
+    free(stage);
     goto out;
   }
   double fl_ms = floor_ms(np, 7);
@@ -220,7 +244,12 @@ int tool_bench_gpt(int argc, char **argv) {
            (long long)zero, wait, cpu_ms, sent, sent_psi, held / 1048576.0);
     for (int k = 0; k < TDM_MEM_COUNT; k++)
       printf(",\"%s_mib\":%.2f", tdm_mem_category_name((tdm_mem_category)k), (double)mem.peak[k] / 1048576.0);
-    printf("}\n");
+    printf(",\"pp\":%lld,\"accum\":%lld,\"schedule\":\"%s\",\"ranks_detail\":[", (long long)pp, (long long)accum,
+           pp > 1 ? schedule : "none");
+    for (int r = 0; r < W; r++)
+      printf("%s{\"bubble\":%.4f,\"busy_ms\":%.3f,\"activations_mib\":%.2f,\"held_mib\":%.2f}", r ? "," : "", stage[4 * r],
+             stage[4 * r + 1], stage[4 * r + 2], stage[4 * r + 3]);
+    printf("]}\n");
   } else {
     printf("# tandem GPT step: %lld layers, %lld heads, width %lld, vocab %lld (%lld parameters), B=%lld T=%lld, %d thread%s; %s\n",
            (long long)L, (long long)mc.n_head, (long long)C, (long long)mc.vocab_size, (long long)np, (long long)B,
@@ -238,7 +267,11 @@ int tool_bench_gpt(int argc, char **argv) {
     printf("held        %9.1f MiB at the peak (rank 0:", held / 1048576.0);
     for (int k = 0; k < TDM_MEM_COUNT; k++)
       printf(" %s %.1f%s", tdm_mem_category_name((tdm_mem_category)k), (double)mem.peak[k] / 1048576.0, k + 1 < TDM_MEM_COUNT ? "," : ")\n");
+    for (int r = 0; pp > 1 && r < W; r++)
+      printf("rank %-3d    bubble %.3f of its step (update excluded), computing %.2f ms, activations %.2f MiB at the peak\n", r,
+             stage[4 * r], stage[4 * r + 1], stage[4 * r + 2]);
   }
+  free(stage);
   rc = 0;
 out:
   tdm_engine_destroy(eng);

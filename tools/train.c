@@ -29,10 +29,11 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
                   const cli_opt *extra) {
   *c = tdm_train_config_default();
   int64_t epochs, steps, batch, seed, threads, eval_batch, accum, ckpt_every, layers, heads, width, block, vocab, seq_len,
-      warmup, val_every, val_batches, zero, zero_unit, memory_limit;
+      warmup, val_every, val_batches, zero, zero_unit, memory_limit, dp, pp, microbatches, vstages;
   double clip, max_time, bucket_mb;
   int resume, no_overlap, allow_nonfinite;
-  const char *prefetch, *compress, *zero_prefetch, *ps_mode, *ps_delay, *ps_log;
+  const char *prefetch, *compress, *zero_prefetch, *schedule, *lr_schedule, *pp_split;
+  const char *ps_mode, *ps_delay, *ps_log;
   int64_t ps_servers, staleness;
   double lr, dropout, wd, momentum;
   cli_opt opts[64] = {
@@ -67,7 +68,13 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
       {"weight-decay", CLI_FLOAT, &wd, "-1", "weight decay (-1: the optimizer's default, 0.01 for adamw, else 0)",
        NULL, -1, 10, 0},
       {"momentum", CLI_FLOAT, &momentum, "0", "SGD momentum", NULL, 0, 1, 0},
-      {"schedule", CLI_CHOICE, &c->lr_schedule, "constant", "learning-rate schedule (gpt default: cosine to lr/10)", "constant|cosine", 0, 0, 0},
+      {"lr-schedule", CLI_CHOICE, &lr_schedule, "constant", "learning-rate schedule (gpt default: cosine to lr/10)", "constant|cosine", 0, 0, 0},
+      {"schedule", CLI_CHOICE, &schedule, "1f1b", "--pp: the pipeline schedule (constant or cosine: as --lr-schedule, kept for old scripts)", "gpipe|1f1b|interleaved|zb1p|constant|cosine", 0, 0, 0},
+      {"dp", CLI_INT, &dp, "0", "data-parallel replicas of the process grid (0: the ranks left after --pp); --dp x --pp = the ranks", NULL, 0, 1 << 20, 0},
+      {"pp", CLI_INT, &pp, "1", "pipeline stages: gpt's blocks cut over this many ranks (needs --model gpt)", NULL, 1, 4096, 0},
+      {"microbatches", CLI_INT, &microbatches, "0", "--pp: micro-batches per step (each --batch-size samples; 0: as --accum)", NULL, 0, 1 << 20, 0},
+      {"virtual-stages", CLI_INT, &vstages, "0", "--schedule interleaved: chunks per pipeline rank (0: 2)", NULL, 0, 256, 0},
+      {"pp-split", CLI_STRING, &pp_split, NULL, "--pp: transformer blocks per chunk, comma-separated (default: balanced by the planner's cost per block)", NULL, 0, 0, 0},
       {"warmup", CLI_INT, &warmup, "0", "linear warm-up steps (gpt default: a tenth of the steps, at most 100)", NULL, 0, 1e9, 0},
       {"clip", CLI_FLOAT, &clip, "0", "clip the global gradient norm to this (0: off; gpt default 1)", NULL, 0, 1e6, 0},
       {"max-time", CLI_FLOAT, &max_time, "0", "stop cleanly after this many seconds of training (0: no limit)", NULL, 0, 1e9, 0},
@@ -104,7 +111,8 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
   if (gpt) { /* nanoGPT-like defaults for what the user left unset */
     if (!SEEN("data")) c->data = "tinyshakespeare";
     if (!SEEN("optimizer")) c->optimizer = "adamw";
-    if (!SEEN("schedule")) c->lr_schedule = "cosine";
+    if (!SEEN("lr-schedule") && (!SEEN("schedule") || (strcmp(schedule, "constant") && strcmp(schedule, "cosine"))))
+      lr_schedule = "cosine";
     if (!SEEN("clip")) clip = 1.0;
     if (!SEEN("weight-decay")) wd = 0.1;
     if (!SEEN("batch-size")) batch = 16;
@@ -130,9 +138,9 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
     fprintf(stderr, "tandem %s: --staleness applies to --ps-mode ssp only (given --ps-mode %s)\n", cmd, ps_mode);
     return 2;
   }
-  if (ps_servers && (zero || strcmp(compress, "none"))) {
+  if (ps_servers && (zero || pp > 1 || strcmp(compress, "none"))) {
     fprintf(stderr, "tandem %s: --ps-servers with --%s: the parameter server exchanges f32 gradients with its own servers\n",
-            cmd, zero ? "zero" : "compress");
+            cmd, zero ? "zero" : pp > 1 ? "pp" : "compress");
     return 2;
   }
   int delay_worker = -1;
@@ -150,7 +158,70 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
     fprintf(stderr, "tandem %s: --compress %s applies to --zero 0 only: ZeRO reduces gradients in f32\n", cmd, compress);
     return 2;
   }
+  /* --schedule names a pipeline schedule; constant and cosine are learning-rate schedules, as before */
+  int lr_named = !strcmp(schedule, "constant") || !strcmp(schedule, "cosine");
+  if (lr_named && SEEN("lr-schedule")) {
+    fprintf(stderr, "tandem %s: --schedule %s is a learning-rate schedule and --lr-schedule gives one too; give one of them\n", cmd,
+            schedule);
+    return 2;
+  }
+  c->lr_schedule = lr_named && SEEN("schedule") ? schedule : lr_schedule;
+  if (pp == 1 && (SEEN("microbatches") || SEEN("virtual-stages") || SEEN("pp-split") || (SEEN("schedule") && !lr_named))) {
+    fprintf(stderr, "tandem %s: --schedule, --microbatches, --virtual-stages and --pp-split are for a pipeline (--pp 2 or more)\n", cmd);
+    return 2;
+  }
+  if (pp > 1 && zero > 0) {
+    fprintf(stderr, "tandem %s: --pp %lld with --zero %lld: the pipeline's data axis averages as data parallelism does (--zero 0)\n",
+            cmd, (long long)pp, (long long)zero);
+    return 2;
+  }
+  if (SEEN("microbatches") && SEEN("accum") && microbatches != accum) {
+    fprintf(stderr, "tandem %s: --microbatches %lld and --accum %lld: both are the micro-batches per step; give one\n", cmd,
+            (long long)microbatches, (long long)accum);
+    return 2;
+  }
+  if (microbatches > 0) accum = microbatches;
+  if (pp > 1 && !gpt) {
+    fprintf(stderr, "tandem %s: --pp %lld cuts a transformer's blocks: it needs --model gpt (given --model %s)\n", cmd, (long long)pp,
+            c->model);
+    return 2;
+  }
+  tdm_engine_pipeline_config *pc = &c->engine.pp;
+  if (pp > 1) {
+    tdm_pp_schedule_kind sk = TDM_PP_1F1B;
+    if (SEEN("schedule") && !lr_named && tdm_pp_schedule_parse(schedule, &sk) != TDM_OK) return 2;
+    pc->schedule = sk;
+    if (vstages > 1 && sk != TDM_PP_INTERLEAVED) {
+      fprintf(stderr, "tandem %s: --virtual-stages %lld needs --schedule interleaved (given %s)\n", cmd, (long long)vstages,
+              tdm_pp_schedule_name(sk));
+      return 2;
+    }
+    pc->virtual_stages = (int)vstages;
+    size_t sl = pp_split ? strlen(pp_split) : 0;
+    if (pp_split && (sl == 0 || pp_split[sl - 1] == ',')) {
+      fprintf(stderr, "tandem %s: --pp-split '%s': expected comma-separated block counts like 2,3,3\n", cmd, pp_split);
+      return 2;
+    }
+    for (const char *at = pp_split; at && *at;) { /* a,b,c: each a count >= 1 */
+      char num[32];
+      size_t len = strcspn(at, ",");
+      int64_t v;
+      if (len == 0 || len >= sizeof num || pc->n_split == TDM_PP_MAX_SPLIT) {
+        fprintf(stderr, "tandem %s: --pp-split '%s': expected comma-separated block counts, at most %d\n", cmd, pp_split, TDM_PP_MAX_SPLIT);
+        return 2;
+      }
+      memcpy(num, at, len);
+      num[len] = 0;
+      if (cli_parse_int(num, 1, 1 << 20, &v)) {
+        fprintf(stderr, "tandem %s: --pp-split '%s': '%s' is not a block count >= 1\n", cmd, pp_split, num);
+        return 2;
+      }
+      pc->split[pc->n_split++] = (int)v;
+      at += len + (at[len] == ',');
+    }
+  }
 #undef SEEN
+  c->dp = dp, c->pp = pp;
   c->n_layer = layers, c->n_head = heads, c->n_embd = width, c->block_size = block, c->vocab_size = vocab, c->seq_len = seq_len;
   c->warmup_steps = warmup;
   c->max_time = max_time;
@@ -172,7 +243,7 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
   c->memory_limit = memory_limit;
   c->prefetch = !strcmp(prefetch, "on") ? 1 : !strcmp(prefetch, "off") ? 0 : -1;
   tdm_engine_config *e = &c->engine;
-  e->kind = ps_servers ? TDM_ENGINE_PS : zero ? TDM_ENGINE_ZERO : TDM_ENGINE_DP;
+  e->kind = ps_servers ? TDM_ENGINE_PS : pp > 1 ? TDM_ENGINE_PIPELINE : zero ? TDM_ENGINE_ZERO : TDM_ENGINE_DP;
   e->ps.servers = (int)ps_servers;
   e->ps.mode = !strcmp(ps_mode, "async") ? TDM_PS_ASYNC : !strcmp(ps_mode, "ssp") ? TDM_PS_SSP : TDM_PS_SYNC;
   e->ps.staleness = (int)staleness;
@@ -250,17 +321,50 @@ int tool_ps_replay(int argc, char **argv) {
   return 0;
 }
 
+/* The pipeline's schedule as tandem train will run it: its timeline drawn (when it fits) and, with
+ * --trace, written as a Chrome trace. */
+static int plan_schedule(const tdm_train_config *c, const char *trace) {
+  const tdm_engine_pipeline_config *pc = &c->engine.pp;
+  int V = pc->virtual_stages > 0 ? pc->virtual_stages : pc->schedule == TDM_PP_INTERLEAVED ? 2 : 1;
+  tdm_pp_schedule *s;
+  if (tdm_pp_schedule_create(&s, pc->schedule, (int)c->pp, V, (int)(c->engine.accum > 1 ? c->engine.accum : 1)) != TDM_OK) {
+    fprintf(stderr, "tandem plan: %s\n", tdm_last_error());
+    return 1;
+  }
+  if (s->makespan * 2 + 12 <= 160) {
+    char pic[16384];
+    tdm_pp_schedule_draw(s, pic, sizeof pic);
+    printf("timeline (F forward, B backward, b input pass, W weight pass; digit: micro-batch, one unit per 2 characters):\n%s", pic);
+  }
+  int rc = 0;
+  if (trace && tdm_pp_schedule_write_trace(s, trace, 0) != TDM_OK) {
+    fprintf(stderr, "tandem plan: %s\n", tdm_last_error());
+    rc = 1;
+  } else if (trace) {
+    printf("trace of the schedule written to %s (open in Perfetto or chrome://tracing)\n", trace);
+  }
+  tdm_pp_schedule_destroy(s);
+  return rc;
+}
+
 int tool_plan(int argc, char **argv) {
   tdm_train_config c;
-  int64_t world = 1;
+  int64_t world = 0;
   int json = 0;
+  const char *trace = NULL;
   cli_opt extra[] = {
-      {"world", CLI_INT, &world, "1", "ranks to plan for (tandem train under tandem run -n N)", NULL, 1, 1 << 20, 0},
+      {"world", CLI_INT, &world, "0", "ranks to plan for (tandem train under tandem run -n N; 0: --dp x --pp)", NULL, 0, 1 << 20, 0},
       {"json", CLI_FLAG, &json, NULL, "print the plan as one JSON object", NULL, 0, 0, 0},
+      {"trace", CLI_STRING, &trace, NULL, "--pp: write the schedule's timeline per stage here (Chrome trace JSON)", NULL, 0, 0, 0},
   };
-  int r = train_options("plan", "[tandem train's options] [--world N]", argc, argv, &c, 2, extra);
+  int r = train_options("plan", "[tandem train's options] [--world N] [--trace FILE]", argc, argv, &c, 3, extra);
   if (r == 1) return 0;
   if (r) return 2;
+  if (world == 0) world = (c.dp > 0 ? c.dp : 1) * c.pp;
+  if (trace && c.pp < 2) {
+    fprintf(stderr, "tandem plan: --trace draws a pipeline's schedule: give --pp 2 or more\n");
+    return 2;
+  }
   tdm_plan p;
   tdm_status st = tdm_train_plan(&c, (int)world, &p);
   if (st != TDM_OK) {
@@ -271,11 +375,21 @@ int tool_plan(int argc, char **argv) {
     printf("{\"world\":%d,\"stage\":%d,\"params\":%lld,\"owned\":%lld,\"groups\":%d,\"max_group\":%lld,"
            "\"comm_bytes_per_step\":%.0f", p.world, p.stage, (long long)p.n_params, (long long)p.owned, p.n_groups,
            (long long)p.max_group, p.comm_per_step);
+    if (p.pipeline > 1) {
+      printf(",\"pipeline\":%d,\"schedule\":\"%s\",\"microbatches\":%d,\"bubble\":%.6f,\"stages\":[", p.pipeline, p.schedule,
+             p.microbatches, p.bubble);
+      for (int k = 0; k < p.n_stages; k++)
+        printf("%s{\"peak_microbatches\":%d,\"activations\":%lld,\"total\":%lld}", k ? "," : "", p.stages[k].peak,
+               (long long)p.stages[k].bytes[TDM_MEM_ACTIVATIONS], (long long)p.stages[k].total);
+      printf("]");
+    }
     for (int k = 0; k < TDM_MEM_COUNT; k++) printf(",\"%s\":%lld", tdm_mem_category_name((tdm_mem_category)k), (long long)p.bytes[k]);
     printf(",\"total\":%lld,\"fits\":%s}\n", (long long)p.total, c.memory_limit <= 0 || p.total <= c.memory_limit ? "true" : "false");
   } else {
     tdm_plan_print(stdout, &p, c.memory_limit);
+    if (c.pp > 1 && plan_schedule(&c, trace)) return 1;
   }
+  if (json && trace && plan_schedule(&c, trace)) return 1;
   st = tdm_plan_check(&p, c.memory_limit);
   if (st != TDM_OK) {
     fprintf(stderr, "tandem plan: %s\n", tdm_last_error());

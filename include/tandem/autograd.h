@@ -71,6 +71,13 @@ tdm_tensor *tdm_detach(tdm_tape *tp, tdm_tensor *x);
 tdm_status tdm_backward(tdm_tape *tp, tdm_tensor *loss);
 /* As tdm_backward, seeded with gout (same shape as out, f32): computes d(sum(out * gout)). */
 tdm_status tdm_backward_with(tdm_tape *tp, tdm_tensor *out, const tdm_tensor *gout);
+/* Backward in two passes, as zero-bubble pipelines run it: tdm_backward_inputs computes every
+ * gradient but the parameters' (gout NULL seeds a one-element output with 1), so the input's
+ * gradient can go to the stage before at once; tdm_backward_params then adds the parameters'
+ * gradients from what the first pass left on the tape (no reset between them). Together they add
+ * what tdm_backward_with adds, with the same kernels, bit for bit. */
+tdm_status tdm_backward_inputs(tdm_tape *tp, tdm_tensor *out, const tdm_tensor *gout);
+tdm_status tdm_backward_params(tdm_tape *tp);
 /* Calls fn(ctx, leaf) during backward at the moment no later node can add to leaf's gradient
  * (data parallelism starts a bucket's all-reduce from it). Leaves the step never used fire at
  * the end of backward. fn runs on the thread that called backward. NULL fn removes the hook. */

@@ -136,6 +136,18 @@ tdm_status tdm_comm_recv(tdm_comm_t c, int peer, int tag, void *buf, size_t nbyt
 tdm_status tdm_comm_sendrecv(tdm_comm_t c, int to, const void *sendbuf, size_t sendbytes, int from, void *recvbuf,
                              size_t recvbytes, int tag);
 
+/* Several sends and receives run together, none waiting for another (as MPI_Startall and
+ * Waitall, or a NCCL group): neighbours that exchange in both directions at once cannot wait on
+ * each other. Returns when all are done. Messages with one peer in one direction go in array order;
+ * each carries its tag and size, which the receiver checks (TDM_ERR_MISMATCH naming both). */
+typedef struct tdm_p2p_op {
+  int peer;
+  int is_send;
+  int tag;
+  void *buf; /* a send only reads it */
+  size_t nbytes;
+} tdm_p2p_op;
+tdm_status tdm_comm_p2p_batch(tdm_comm_t c, const tdm_p2p_op *ops, int n);
 /* ---- tagged messages (servers) ---------------------------------------------------------------
  * Matched by (source, tag) as MPI does: a tagged receive takes the first tagged message with its
  * tag from source, or from whichever rank has one first (TDM_ANY_SOURCE; *from gets the sender;

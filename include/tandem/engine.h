@@ -16,6 +16,9 @@
  *   dp    every rank holds everything; gradient buckets are averaged while backward runs
  *   zero  ZeRO stages 1-3: optimizer state, then gradients, then parameters sharded over the
  *         data axis; at stage 3 parameters are gathered unit by unit just before use
+ *   pipeline  GPT's blocks cut into stages over the pipeline axis; each step runs a verified
+ *         schedule (tandem/pipeline.h) of forwards, backwards and exchanges between neighbours;
+ *         gradients averaged over the data axis as data parallelism does
  * Every engine gives the same result as every other at the same world size, bit for bit: the
  * gradients of all of them are reduced in the same order (rank order, whatever the transport),
  * and the gradient norm is formed from segment sums in a fixed order (tdm_grad_sumsq_segments).
@@ -31,6 +34,7 @@
 #include "tandem/comm.h"
 #include "tandem/nn.h"
 #include "tandem/optim.h"
+#include "tandem/pipeline.h"
 #include "tandem/safetensors.h"
 
 #ifdef __cplusplus
@@ -38,8 +42,9 @@ extern "C" {
 #endif
 
 /* ---- the process grid ------------------------------------------------------------------------
- * world = data x tensor x pipeline ranks; rank = (pipeline * data + data_index) * tensor +
- * tensor_index, so tensor-parallel peers are neighbours (on one node, as they talk most). Each
+ * world = data x tensor x pipeline ranks; rank = (data_index * pipeline + pipeline_index) * tensor +
+ * tensor_index, so tensor-parallel peers are neighbours (on one node, as they talk most), then the
+ * stages of one pipeline (activations every micro-batch), then the data replicas. Each
  * axis has its own communicator: the ranks that differ only in that coordinate. An axis that spans
  * the whole world is the world communicator itself. world NULL: one process, every axis of size 1. */
 typedef enum { TDM_AXIS_DATA = 0, TDM_AXIS_TENSOR, TDM_AXIS_PIPELINE, TDM_AXIS_COUNT } tdm_grid_axis;
@@ -56,7 +61,7 @@ int tdm_grid_size(const tdm_grid *g, tdm_grid_axis a);
 int tdm_grid_index(const tdm_grid *g, tdm_grid_axis a);
 
 /* ---- engines ---------------------------------------------------------------------------------- */
-typedef enum { TDM_ENGINE_DP = 0, TDM_ENGINE_ZERO, TDM_ENGINE_PS, TDM_ENGINE_KIND_COUNT } tdm_engine_kind;
+typedef enum { TDM_ENGINE_DP = 0, TDM_ENGINE_ZERO, TDM_ENGINE_PIPELINE, TDM_ENGINE_PS, TDM_ENGINE_KIND_COUNT } tdm_engine_kind;
 const char *tdm_engine_kind_name(tdm_engine_kind k);
 
 /* Data parallelism (stage 0). */
@@ -76,6 +81,15 @@ typedef struct tdm_engine_zero_config {
   int prefetch;          /* stage 3: gather the next unit while this one computes (default 1) */
 } tdm_engine_zero_config;
 
+/* Pipeline parallelism (GPT): the micro-batches of a step are the engine's accumulation (accum). */
+#define TDM_PP_MAX_SPLIT 256
+typedef struct tdm_engine_pipeline_config {
+  tdm_pp_schedule_kind schedule; /* default 1F1B */
+  int virtual_stages;            /* chunks per rank (interleaved; 0: 2 for interleaved, else 1) */
+  int n_split;                   /* > 0: blocks per chunk, by hand (split[0..n_split)); 0: balanced by
+                                    the planner's cost per block */
+  int split[TDM_PP_MAX_SPLIT];
+} tdm_engine_pipeline_config;
 /* The parameter server (src/parallel/ps*.c): the world's last `servers` ranks are servers, the
  * others workers (the grid's data axis is the workers' communicator). Parameters are sharded over
  * the servers by key range, balanced by bytes (tdm_ps_shard); every step a worker pushes its
@@ -107,6 +121,7 @@ typedef struct tdm_engine_config {
   int allow_nonfinite;    /* 0: a non-finite loss or gradient norm fails the step */
   tdm_engine_dp_config dp;
   tdm_engine_zero_config zero;
+  tdm_engine_pipeline_config pp;
   tdm_engine_ps_config ps;
 } tdm_engine_config;
 tdm_engine_config tdm_engine_config_default(void);
@@ -126,6 +141,12 @@ typedef struct tdm_step_stats {
   double t_forward, t_backward, t_comm_wait, t_update; /* seconds */
 } tdm_step_stats;
 
+/* Before any rank computes (no communication): data x tensor x pipeline against the world size
+ * (data 0: what is left) and the engine's layout against the model (a pipeline: chunks and blocks,
+ * the split, the micro-batches its schedule needs). TDM_ERR_INVALID_ARG naming the values. */
+tdm_status tdm_engine_check(const tdm_model_config *model, const tdm_engine_config *cfg, int world, int data, int tensor,
+                            int pipeline);
+
 typedef struct tdm_engine tdm_engine;
 /* Builds the model (at stage 3 each rank holds and initialises only its shard, with the values
  * the whole model would have), the optimizer for what this rank updates, and the strategy's
@@ -141,6 +162,11 @@ void tdm_engine_destroy(tdm_engine *e);
 tdm_status tdm_engine_step(tdm_engine *e, tdm_batch_fn next, void *ctx, uint64_t dropout_seed, float lr,
                            tdm_step_stats *stats);
 
+/* Evaluation of one batch (gradients and dropout off): the mean cross-entropy of the logits and
+ * the rows whose argmax is the target. Every rank of a pipeline gives x and y and gets the numbers
+ * (collective over the pipeline axis; ZeRO stage 3 gathers as forward does). */
+tdm_status tdm_engine_eval(tdm_engine *e, tdm_tensor *x, tdm_tensor *y, double *loss, double *correct, double *rows);
+
 tdm_model *tdm_engine_model(const tdm_engine *e);
 tdm_tape *tdm_engine_tape(const tdm_engine *e);   /* the engine's tape (evaluation may use it) */
 tdm_optim *tdm_engine_optim(const tdm_engine *e);
@@ -148,6 +174,9 @@ const tdm_grid *tdm_engine_grid(const tdm_engine *e);
 /* Where this rank's optimizer state lies in the parameter buffer: the spans it updates. */
 int tdm_engine_shard(const tdm_engine *e, const tdm_optim_span **spans);
 const char *tdm_engine_describe(const tdm_engine *e); /* "zero stage 3, 4 ranks, 7 units" */
+/* How many ranks hold the same state as this one (its spans, the same values): the world for data
+ * parallelism, 1 for ZeRO, the data axis for a pipeline; *index gets this rank's place among them. */
+int tdm_engine_replicas(const tdm_engine *e, int *index);
 
 /* After the engine is created: every parameter takes the values of this safetensors file (each
  * rank reads only what it holds). */

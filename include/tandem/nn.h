@@ -161,6 +161,20 @@ const tdm_model_config *tdm_model_get_config(const tdm_model *m);
  * block_size. Returns logits (B, classes) or (B, T, vocab); NULL with the tape's error set. */
 tdm_tensor *tdm_model_forward(tdm_model *m, tdm_tape *tp, tdm_tensor *x);
 
+/* A GPT's blocks [first, last) alone, as a pipeline stage runs them: with embed, x is the token
+ * ids (B, T) and the embeddings come first, else x is the activations (B, T, C) f32; with head,
+ * the final norm and the logits (B, T, vocab) come last, from head_weight when given (a stage that
+ * does not own the tied embedding passes its own view of it) or from wte; head_input gets the
+ * final norm's output. Dropout masks are those of tdm_model_forward: keyed by the block, not by
+ * the cut. Returns the activations or the logits; NULL with the tape's error set. */
+typedef struct tdm_gpt_range {
+  int64_t first, last;
+  int embed, head;
+  tdm_tensor *head_weight;
+  tdm_tensor *head_input; /* out */
+} tdm_gpt_range;
+tdm_tensor *tdm_gpt_forward_range(tdm_model *m, tdm_tape *tp, tdm_tensor *x, tdm_gpt_range *r);
+
 /* The MLP's forward and backward written against the kernels directly, with no tape (the
  * "low-level engine"). x (B, in) f32, y (B) i32. Gradients are ACCUMULATED into the model's
  * gradient buffer; scratch comes from arena. Dropout, when training, matches tdm_dropout under

@@ -19,5 +19,6 @@
 #include "tandem/sampler.h"
 #include "tandem/engine.h"
 #include "tandem/plan.h"
+#include "tandem/pipeline.h"
 
 #endif

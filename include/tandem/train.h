@@ -85,6 +85,10 @@ typedef struct tdm_train_config {
    * per optimizer step), clipping of the global gradient norm (engine.clip, 0: off), gradient
    * buckets, overlap and wire dtype (engine.dp), sharding (engine.zero). */
   tdm_engine_config engine;
+  /* The process grid: data-parallel replicas (0: the world over tensor x pipeline) and pipeline
+   * stages (engine.kind TDM_ENGINE_PIPELINE; 1 otherwise); their product is the world size. A step
+   * consumes dp x accum x batch_size samples; batch_size is the micro-batch. */
+  int64_t dp, pp;
   /* Instead of training: replay the parameter server's update logs in this directory (written
    * with engine.ps.log_dir) on the model these options describe, stopping each server after
    * ps_replay_until updates (< 0: all), and write the parameters to save_weights. */

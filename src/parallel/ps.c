@@ -169,4 +169,5 @@ static tdm_status ps_load_weights(tdm_engine *e, const char *path) {
 
 const tdm__engine_ops tdm__engine_ps_ops = {"ps",           ps_create,      ps_destroy,       ps_zero_grad,
                                             ps_begin_backward, ps_end_backward, ps_grad_sumsq, ps_update,
-                                            ps_read_params, ps_stream_params, ps_load_weights, NULL, NULL};
+                                            ps_read_params, ps_stream_params, ps_load_weights, NULL, NULL, 0,
+                                            NULL,           NULL,           NULL,             0};

@@ -1,6 +1,7 @@
 /* An engine's state as a checkpoint of logical tensors, and back into an engine of any layout
- * (tandem/checkpoint.h). A rank writes the elements its optimizer updates (ZeRO: its spans; data
- * parallelism, where every rank holds everything: an even share of the buffer), as flat ranges of
+ * (tandem/checkpoint.h). A rank writes the elements its optimizer updates (ZeRO: its spans; a
+ * pipeline: its chunks', an even share of them per data replica; data parallelism, where every
+ * rank holds everything: an even share of the buffer), as flat ranges of
  * each parameter and of each of the optimizer's state tensors; loading reads the ranges a rank
  * holds, whatever ranges the writers held. Adam's and SGD's updates are elementwise, so a moment
  * moved to another rank continues exactly as it would have where it was. */
@@ -85,7 +86,6 @@ static tdm_status put_overlap(void *ctx, const held *h, tdm_tensor *t, int64_t o
 tdm_status tdm_ckpt_save_engine(const char *dir, tdm_engine *e, const tdm_ckpt_info *info, int keep) {
   if (!dir || !e || !info) return tdm__set_error(TDM_ERR_INVALID_ARG, "checkpoint: NULL argument");
   tdm_comm_t comm = tdm_grid_world(tdm_engine_grid(e));
-  int R = comm ? tdm_comm_rank(comm) : 0, W = comm ? tdm_comm_size(comm) : 1;
   held h;
   tdm_status st = held_of(e, &h);
   tdm_ckpt_info ci = *info;
@@ -104,11 +104,15 @@ tdm_status tdm_ckpt_save_engine(const char *dir, tdm_engine *e, const tdm_ckpt_i
       st = tdm_ckpt_writer_tensor(w, name, TDM_F32, tdm_tensor_ndim(t), tdm_tensor_shape(t));
     }
   }
-  if (st == TDM_OK && tdm_engine_is_sharded(e)) { /* what this rank updates */
-    for (int s = 0; st == TDM_OK && s < h.n_spans; s++) st = each_overlap(&h, h.spans[s].lo, h.spans[s].hi, put_overlap, w);
-  } else if (st == TDM_OK) { /* the same everywhere: each rank writes its share */
-    int64_t n = tdm_params_numel(h.p);
-    st = each_overlap(&h, n * R / W, n * (R + 1) / W, put_overlap, w);
+  /* what this rank updates, shared with the ranks that hold the same (data parallelism: every
+   * rank; a pipeline: its stage's data replicas): each writes an even part of it, once */
+  int at = 0, n = tdm_engine_replicas(e, &at);
+  int64_t owned = 0;
+  for (int s = 0; s < h.n_spans; s++) owned += h.spans[s].hi - h.spans[s].lo;
+  int64_t from = owned * at / n, to = owned * (at + 1) / n, pos = 0; /* in the spans' packed order */
+  for (int s = 0; st == TDM_OK && s < h.n_spans; pos += h.spans[s].hi - h.spans[s].lo, s++) {
+    int64_t a = from > pos ? from : pos, b = to < pos + h.spans[s].hi - h.spans[s].lo ? to : pos + h.spans[s].hi - h.spans[s].lo;
+    if (a < b) st = each_overlap(&h, h.spans[s].lo + a - pos, h.spans[s].lo + b - pos, put_overlap, w);
   }
   if (st != TDM_OK) tdm__ckpt_writer_fail(w, st);
   return tdm_ckpt_writer_commit(w, keep);

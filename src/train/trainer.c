@@ -42,6 +42,7 @@ tdm_train_config tdm_train_config_default(void) {
   c.gpt_config = "mini";
   c.lr_schedule = "constant";
   c.val_batches = 20;
+  c.pp = 1;
   return c;
 }
 
@@ -75,8 +76,12 @@ static int input_shape(const tdm_model_config *mc, int64_t n, int64_t per, int64
 /* Every rank runs the same number of forward passes (a sharded engine gathers parameters in each,
  * collectively): a rank whose shard of the set is smaller ends with a pass over one sample whose
  * result is not counted. */
-static tdm_status evaluate(tdm_model *m, tdm_tape *tp, const tdm_dataset *ds, int64_t eb, int64_t *idx_buf,
-                           tdm_comm_t comm, int64_t max_samples, double *loss_out, double *acc_out) {
+static tdm_status evaluate(tdm_engine *e, const tdm_dataset *ds, int64_t eb, int64_t *idx_buf, int64_t max_samples,
+                           double *loss_out, double *acc_out) {
+  /* the data axis shares the set out; the stages of a pipeline all take part in each pass */
+  tdm_comm_t comm = tdm_grid_comm(tdm_engine_grid(e), TDM_AXIS_DATA);
+  tdm_tape *tp = tdm_engine_tape(e);
+  tdm_model *m = tdm_engine_model(e);
   int W = comm ? tdm_comm_size(comm) : 1, R = comm ? tdm_comm_rank(comm) : 0;
   int64_t total = tdm_dataset_len(ds), per = tdm_dataset_sample_numel(ds), correct = 0, rows_total = 0;
   if (max_samples > 0 && max_samples < total) total = max_samples;
@@ -98,21 +103,12 @@ static tdm_status evaluate(tdm_model *m, tdm_tape *tp, const tdm_dataset *ds, in
     if (!x || !y) return tdm__set_error(tdm_tape_status(tp), "%s", tdm_tape_error(tp));
     if (tokens) TDM__TRY(tdm_dataset_tokens(ds, idx_buf, B, tdm_tensor_data(x), tdm_tensor_data(y)));
     else TDM__TRY(tdm_dataset_batch(ds, idx_buf, B, tdm_tensor_data(x), tdm_tensor_data(y)));
-    tdm_tensor *logits = tdm_model_forward(m, tp, x);
-    tdm_tensor *loss = tdm_cross_entropy(tp, logits, y, -100);
-    if (!loss) return tdm__set_error(tdm_tape_status(tp), "evaluation: %s", tdm_tape_error(tp));
+    double l, ok, rows;
+    TDM__TRY(tdm_engine_eval(e, x, y, &l, &ok, &rows));
     if (!counted) continue;
-    const float *lg = tdm_tensor_data(logits);
-    const int32_t *yy = tdm_tensor_data(y);
-    int64_t C = tdm_tensor_dim(logits, -1), rows = tdm_tensor_numel(logits) / C;
-    loss_sum += (double)((float *)tdm_tensor_data(loss))[0] * (double)rows;
-    rows_total += rows;
-    for (int64_t i = 0; i < rows; i++) {
-      int64_t best = 0;
-      for (int64_t c = 1; c < C; c++)
-        if (lg[i * C + c] > lg[i * C + best]) best = c;
-      correct += best == yy[i];
-    }
+    loss_sum += (double)(float)l * rows;
+    rows_total += (int64_t)rows;
+    correct += (int64_t)ok;
   }
   tdm_tape_set_grad_enabled(tp, 1);
   double sums[3] = {loss_sum, (double)correct, (double)rows_total};
@@ -367,7 +363,10 @@ typedef struct {
   tdm_plan plan;
 } prepared;
 
-static tdm_status prepare(const tdm_train_config *c, int W, int R, tdm_transport_kind transport, run_state *s, prepared *p) {
+/* W ranks in all, D of them on the data axis and this one the R-th (the stages of a pipeline draw
+ * the same batches); P pipeline stages. */
+static tdm_status prepare(const tdm_train_config *c, int W, int D, int R, int P, tdm_transport_kind transport, run_state *s,
+                          prepared *p) {
   tdm_optim_kind ok = TDM_OPT_ADAM;
   TDM__TRY(parse_kinds(c, &p->mk, &ok));
   tdm_model_kind mk = p->mk;
@@ -426,13 +425,13 @@ static tdm_status prepare(const tdm_train_config *c, int W, int R, tdm_transport
   int64_t N = tdm_dataset_len(s->train), B = c->batch_size;
   tdm_last_batch last = TDM_LAST_PARTIAL; /* one process: keep the smaller last batch, as DataLoader */
   if (c->last_batch && !strcmp(c->last_batch, "drop")) last = TDM_LAST_DROP;
-  else if ((c->last_batch && !strcmp(c->last_batch, "pad")) || W > 1 || K > 1) last = TDM_LAST_PAD;
-  if (c->last_batch && !strcmp(c->last_batch, "partial") && (W > 1 || K > 1))
+  else if ((c->last_batch && !strcmp(c->last_batch, "pad")) || D > 1 || K > 1) last = TDM_LAST_PAD;
+  if (c->last_batch && !strcmp(c->last_batch, "partial") && (D > 1 || K > 1))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --last-batch partial needs one rank and no accumulation (%d ranks, accum %lld)",
-                          W, (long long)K);
+                          D, (long long)K);
   int prefetch = c->prefetch;
   if (prefetch < 0) prefetch = tdm_spare_core(W); /* auto: only beside compute, never instead of it */
-  tdm_sampler_config sc = {B, K, W, R, c->seed, last, prefetch};
+  tdm_sampler_config sc = {B, K, D, R, c->seed, last, prefetch};
   int64_t eb = c->eval_batch > B ? c->eval_batch : B;
   scope = tdm__mem_scope(TDM_MEM_DATA);
   st = tdm_sampler_create(&s->sampler, s->train, &sc);
@@ -446,10 +445,10 @@ static tdm_status prepare(const tdm_train_config *c, int W, int R, tdm_transport
             "every step is an epoch and %lld samples are repeated within it (--last-batch drop refuses this)\n",
             (long long)N, (long long)(B * W * K), W, (long long)K, (long long)B, (long long)(B * W * K - N));
   memset(p, 0, sizeof *p);
-  p->mk = mk, p->mc = mc, p->oc = oc, p->ec = ec, p->T = T, p->K = K, p->N = N, p->B = B, p->eb = eb, p->G = B * W * K;
+  p->mk = mk, p->mc = mc, p->oc = oc, p->ec = ec, p->T = T, p->K = K, p->N = N, p->B = B, p->eb = eb, p->G = B * D * K;
   p->per = tdm_dataset_sample_numel(s->train), p->prefetch = prefetch;
   /* the plan, before anything large exists */
-  tdm_plan_config pcfg = {mc, oc, ec, W, B, T, mk == TDM_MODEL_GPT ? B : eb, 0, prefetch, transport};
+  tdm_plan_config pcfg = {mc, oc, ec, D, B, T, mk == TDM_MODEL_GPT ? B : eb, 0, prefetch, transport, P};
   tdm_mem_stats ms;
   tdm_mem_stats_get(&ms);
   pcfg.data_bytes = ms.current[TDM_MEM_DATA]; /* the data sets as opened, and their batches */
@@ -464,7 +463,15 @@ tdm_status tdm_train_plan(const tdm_train_config *c, int world, tdm_plan *out) {
   tdm_comm_config cc; /* the transport the ranks will use: TANDEM_TRANSPORT, else shm on one node */
   tdm_status st = tdm_comm_config_from_env(&cc);
   tdm_transport_kind tr = cc.transport == TDM_TRANSPORT_AUTO ? TDM_TRANSPORT_SHM : cc.transport;
-  if (st == TDM_OK) st = prepare(c, world, 0, world > 1 ? tr : TDM_TRANSPORT_AUTO, &s, &p);
+  int P = c->engine.kind == TDM_ENGINE_PIPELINE ? (int)c->pp : 1, D = (int)(c->dp > 0 ? c->dp : world / (P > 0 ? P : 1));
+  if (st == TDM_OK && (c->pp < 1 || (c->pp > 1 && c->engine.kind != TDM_ENGINE_PIPELINE)))
+    st = tdm__set_error(TDM_ERR_INVALID_ARG, "train: %lld pipeline stages with the %s engine; expected 1, or the pipeline engine",
+                        (long long)c->pp, tdm_engine_kind_name(c->engine.kind));
+  if (st == TDM_OK && (D < 1 || D * P != world))
+    st = tdm__set_error(TDM_ERR_INVALID_ARG, "train: --dp %lld x --pp %d is %lld ranks; the world has %d", (long long)c->dp, P,
+                        (long long)D * P, world);
+  if (st == TDM_OK) st = prepare(c, world, D, 0, P, world > 1 ? tr : TDM_TRANSPORT_AUTO, &s, &p);
+  if (st == TDM_OK) st = tdm_engine_check(&p.mc, &p.ec, world, D, 1, P);
   if (st == TDM_OK) *out = p.plan;
   run_free(&s);
   return st;
@@ -496,7 +503,7 @@ static tdm_status ps_roles(const tdm_train_config *c, run_state *s, int *W, int 
  * its report (a JSON line) goes to the progress stream and, with --metrics, to METRICS.psK. */
 static tdm_status ps_server_rank(const tdm_train_config *c, tdm_train_result *res, run_state *s, int W, int R) {
   prepared pp;
-  TDM__TRY(prepare(c, W, 0, tdm_comm_transport(s->ps_world), s, &pp));
+  TDM__TRY(prepare(c, W, W, 0, 1, tdm_comm_transport(s->ps_world), s, &pp));
   tdm_engine_ps_config pc = c->engine.ps;
   pc.world = s->ps_world;
   tdm_ps_server_stats st;
@@ -521,7 +528,7 @@ static tdm_status ps_server_rank(const tdm_train_config *c, tdm_train_result *re
 /* tandem ps-replay: the model and optimizer these options describe, the logs replayed on them. */
 static tdm_status ps_replay_run(const tdm_train_config *c, tdm_train_result *res, run_state *s) {
   prepared pp;
-  TDM__TRY(prepare(c, 1, 0, TDM_TRANSPORT_AUTO, s, &pp));
+  TDM__TRY(prepare(c, 1, 1, 0, 1, TDM_TRANSPORT_AUTO, s, &pp));
   tdm__run_identity id = {0};
   int n_arch_meta = run_identity(&id, c, &pp.mc, pp.G, pp.T, pp.N);
   const char *meta[2 + 2 * TDM__IDENTITY_MAX] = {"format", "pt"};
@@ -543,16 +550,29 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   tdm_comm_config cc;
   TDM__TRY(tdm_comm_config_from_env(&cc));
   int W = cc.size, R = cc.rank;
+  /* the grid before any connection: data x pipeline must make the world */
+  if (c->pp < 1 || (c->pp > 1 && c->engine.kind != TDM_ENGINE_PIPELINE))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: %lld pipeline stages with the %s engine; expected 1, or the pipeline engine",
+                          (long long)c->pp, tdm_engine_kind_name(c->engine.kind));
+  int P = c->engine.kind == TDM_ENGINE_PIPELINE ? (int)c->pp : 1;
+  if (c->dp < 0 || (c->dp > 0 && c->dp * P != W) || (c->dp == 0 && W % P != 0))
+    return tdm__set_error(TDM_ERR_INVALID_ARG,
+                          "train: the process grid does not make the world: --dp %lld x --pp %d%s, but %d rank%s run%s (give "
+                          "--dp x --pp = the ranks of tandem run -n)",
+                          (long long)c->dp, P, c->dp == 0 ? " (dp: what is left)" : "", W, W == 1 ? "" : "s", W == 1 ? "s" : "");
   if (W > 1) TDM__TRY(tdm_comm_create(&s->comm, &cc));
   if (c->engine.kind == TDM_ENGINE_PS) {
     TDM__TRY(ps_roles(c, s, &W, R));
     if (R >= W) return ps_server_rank(c, res, s, W, R);
   }
-  TDM__TRY(tdm_grid_create(&s->grid, s->comm, 0, 1, 1)); /* every rank on the data axis */
+  TDM__TRY(tdm_grid_create(&s->grid, s->comm, c->engine.kind == TDM_ENGINE_PS ? 0 : (int)c->dp, 1, P));
+  int D = tdm_grid_size(s->grid, TDM_AXIS_DATA);
   res->world_size = W;
   res->rank = R;
   prepared pp;
-  TDM__TRY(prepare(c, W, R, s->comm ? tdm_comm_transport(s->comm) : TDM_TRANSPORT_AUTO, s, &pp));
+  TDM__TRY(prepare(c, W, D, tdm_grid_index(s->grid, TDM_AXIS_DATA), P, s->comm ? tdm_comm_transport(s->comm) : TDM_TRANSPORT_AUTO, s,
+                   &pp));
+  TDM__TRY(tdm_engine_check(&pp.mc, &pp.ec, W, D, 1, P)); /* the layout against the model, before anything is built */
   tdm_model_kind mk = pp.mk;
   tdm_model_config mc = pp.mc;
   int64_t T = pp.T, K = pp.K, N = pp.N, B = pp.B, per = pp.per, eb = pp.eb, G = pp.G;
@@ -571,9 +591,9 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   tdm_lr_schedule sched = {c->lr_schedule && !strcmp(c->lr_schedule, "cosine") ? TDM_LR_COSINE : TDM_LR_CONSTANT,
                            (float)c->lr, c->warmup_steps, total, (float)c->lr / 10, 0, 0};
   if (pr.f)
-    fprintf(pr.f, "tandem train: %s on %s (%lld train / %lld test samples), %lld parameters, %s lr %g, batch %lld x %d rank%s%s, %d thread%s per rank, %s%s%s\n",
+    fprintf(pr.f, "tandem train: %s on %s (%lld train / %lld test samples), %lld parameters, %s lr %g, batch %lld x %d data rank%s%s, %d thread%s per rank, %s%s%s\n",
             c->model, c->data, (long long)N, (long long)tdm_dataset_len(s->test), (long long)tdm_params_numel(params),
-            c->optimizer, c->lr, (long long)B, W, W == 1 ? "" : "s", K > 1 ? " x accum" : "", tdm_get_num_threads(),
+            c->optimizer, c->lr, (long long)B, D, D == 1 ? "" : "s", K > 1 ? " x accum" : "", tdm_get_num_threads(),
             tdm_get_num_threads() == 1 ? "" : "s", tdm_engine_describe(s->engine), s->comm ? ", transport " : "",
             s->comm ? tdm_transport_name(tdm_comm_transport(s->comm)) : "");
   tdm__run_identity id = {0};
@@ -619,7 +639,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
       int time_up = c->max_time > 0 && train_time + (t3 - t0) >= c->max_time;
       rec = (step_record){.pending = 1, .step = step, .epoch = epoch, .lr = lr, .stats = {ss.loss / W, ss.correct, ss.rows, time_up},
                           .dt = t3 - t0, .t_fwd = ss.t_forward, .t_bwd = ss.t_backward, .t_wait = ss.t_comm_wait,
-                          .t_opt = ss.t_update, .samples = (double)ss.samples * W, .total = total, .G = G, .grad_norm = ss.grad_norm};
+                          .t_opt = ss.t_update, .samples = (double)ss.samples * D, .total = total, .G = G, .grad_norm = ss.grad_norm};
       if (s->comm) TDM__TRY(tdm_comm_iallreduce(s->comm, rec.stats, rec.stats, 4, TDM_F64, TDM_SUM, TDM_ALGO_AUTO, &rec.work));
       if (!s->comm && time_up) s->stop = 1;
       if (s->stop) total = step + 1; /* a rank's time ran out (seen one step late, by all alike) */
@@ -638,8 +658,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
       if (mk == TDM_MODEL_GPT && c->val_every > 0 && (step + 1) % c->val_every == 0 && step + 1 < total) {
         double vl, va;
         TDM__TRY(flush_record(s, &rec, &pr, c));
-        TDM__TRY(evaluate(tdm_engine_model(s->engine), tdm_engine_tape(s->engine), s->test, B, s->idx, s->comm,
-                          c->val_batches * B * W, &vl, &va));
+        TDM__TRY(evaluate(s->engine, s->test, B, s->idx, c->val_batches * B * D, &vl, &va));
         if (pr.f) fprintf(pr.f, "%sstep %lld: val loss %.4f\n", pr.tty ? "\n" : "", (long long)step + 1, vl);
         TDM__TRY(eval_record(s, c, 1, 0, step + 1, vl, va));
       }
@@ -651,8 +670,8 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
     if (epoch_done) {
       double tl = 0, ta = 0;
       TDM__TRY(params_finite(s->engine, c, step));
-      TDM__TRY(evaluate(tdm_engine_model(s->engine), tdm_engine_tape(s->engine), s->test, mk == TDM_MODEL_GPT ? B : eb, s->idx,
-                        s->comm, mk == TDM_MODEL_GPT ? c->val_batches * B * W : 0, &tl, &ta));
+      TDM__TRY(evaluate(s->engine, s->test, mk == TDM_MODEL_GPT ? B : eb, s->idx, mk == TDM_MODEL_GPT ? c->val_batches * B * D : 0,
+                        &tl, &ta));
       res->test_loss = tl;
       res->test_accuracy = ta;
       if (pr.f && mk == TDM_MODEL_GPT) {

@@ -24,6 +24,7 @@ typedef struct {
   const char *token; /* while the mesh is made */
   char refusal[96];
   int closed;
+  char closed_why[256]; /* the abort's reason (a sub-communicator's failure closes its parent's links too) */
 } tcp_tr;
 
 static tdm_status peer_gone(tcp_tr *t, int peer, const char *how) {
@@ -114,7 +115,7 @@ static const char *waited_for(const tdm__xfer *x, const int *idx, int n) {
 static tdm_status run(tdm__transport *tr, tdm__xfer *x, int n, double deadline) {
   tcp_tr *t = (tcp_tr *)tr;
   struct tdm_comm *c = tr->comm;
-  if (t->closed) return tdm__set_error(TDM_ERR_REMOTE, "rank %d: the connections are closed", c->rank);
+  if (t->closed) return tdm__set_error(TDM_ERR_REMOTE, "rank %d: the connections are closed (%s)", c->rank, t->closed_why);
   struct pollfd pf[2 * n + 1];
   int idx[2 * n + 1];
   for (;;) {
@@ -155,6 +156,7 @@ static tdm_status run(tdm__transport *tr, tdm__xfer *x, int n, double deadline) 
 static void tcp_abort(tdm__transport *tr, const char *reason) {
   tcp_tr *t = (tcp_tr *)tr;
   if (t->closed) return;
+  snprintf(t->closed_why, sizeof t->closed_why, "%s", reason);
   size_t rl = strlen(reason);
   tdm__hdr h = {TDM_MSG_MAGIC, TDM_COLL_ABORT, 0, 0, (uint32_t)(-(int)tr->comm->fail_status), 0, tr->comm->comm_id, 0, rl};
   for (int p = 0; p < tr->size; p++) {
