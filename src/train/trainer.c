@@ -632,16 +632,18 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
       if (st != TDM_OK && !isfinite(ss.grad_norm)) return grad_norm_error(c, ss.grad_norm, step, R, W);
       if (st != TDM_OK) return tdm__set_error(st, "step %lld: %s", (long long)step, tdm_last_error());
       double t3 = tdm_time_now();
-      if (!s->comm) TDM__TRY(finite_or_stop(c, ss.loss, step, "the loss", "")); /* several ranks: the mean, in flush_record */
+      /* a parameter server's async and ssp workers never wait for each other: each reports its own */
+      int own = s->ps_world && c->engine.ps.mode != TDM_PS_SYNC;
+      if (!s->comm || own) TDM__TRY(finite_or_stop(c, ss.loss, step, "the loss", "")); /* several ranks: the mean, in flush_record */
       /* the global loss and accuracy travel without blocking: started now, collected (and the
        * step's record written) during the next step, so they add no synchronisation point */
       TDM__TRY(flush_record(s, &rec, &pr, c));
       int time_up = c->max_time > 0 && train_time + (t3 - t0) >= c->max_time;
-      rec = (step_record){.pending = 1, .step = step, .epoch = epoch, .lr = lr, .stats = {ss.loss / W, ss.correct, ss.rows, time_up},
+      rec = (step_record){.pending = 1, .step = step, .epoch = epoch, .lr = lr, .stats = {own ? ss.loss : ss.loss / W, ss.correct, ss.rows, time_up},
                           .dt = t3 - t0, .t_fwd = ss.t_forward, .t_bwd = ss.t_backward, .t_wait = ss.t_comm_wait,
                           .t_opt = ss.t_update, .samples = (double)ss.samples * D, .total = total, .G = G, .grad_norm = ss.grad_norm};
-      if (s->comm) TDM__TRY(tdm_comm_iallreduce(s->comm, rec.stats, rec.stats, 4, TDM_F64, TDM_SUM, TDM_ALGO_AUTO, &rec.work));
-      if (!s->comm && time_up) s->stop = 1;
+      if (s->comm && !own) TDM__TRY(tdm_comm_iallreduce(s->comm, rec.stats, rec.stats, 4, TDM_F64, TDM_SUM, TDM_ALGO_AUTO, &rec.work));
+      if ((!s->comm || own) && time_up) s->stop = 1;
       if (s->stop) total = step + 1; /* a rank's time ran out (seen one step late, by all alike) */
       double dt = t3 - t0;
       train_time += dt;
