@@ -110,6 +110,8 @@ static tdm_status server_error(tdm_status st, ps_worker *w, int s, const char *w
   return tdm__set_error(st, "parameter server %d (rank %d) %s: %s", s, w->W + s, what, tdm_last_error());
 }
 
+static tdm_status pull_all(tdm_engine *e);
+
 /* Push every shard of the gradient, then pull every shard of the parameters. */
 static tdm_status ps_update(tdm_engine *e, float lr, float coef) {
   (void)coef; /* clipping is refused at creation: always 1 */
@@ -120,7 +122,6 @@ static tdm_status ps_update(tdm_engine *e, float lr, float coef) {
     nanosleep(&ts, NULL);
   }
   const float *g = tdm_params_grad(e->params);
-  float *p = tdm_params_data(e->params);
   for (int s = 0; s < w->S; s++) {
     int64_t n = w->hi[s] - w->lo[s];
     tdm__ps_msg m = {TDM_PS_MAGIC, TDM_PS_PUSH, w->clock, w->version[s], w->lo[s], w->hi[s], lr, 0, tdm__ps_sum(g + w->lo[s], n)};
@@ -130,6 +131,13 @@ static tdm_status ps_update(tdm_engine *e, float lr, float coef) {
     if (st != TDM_OK) return server_error(st, w, s, "did not take a push");
   }
   w->clock++;
+  return pull_all(e);
+}
+
+/* Receives every server's shard into the parameters (after a push, or a pull). */
+static tdm_status pull_all(tdm_engine *e) {
+  ps_worker *w = e->impl;
+  float *p = tdm_params_data(e->params);
   for (int s = 0; s < w->S; s++) {
     int64_t n = w->hi[s] - w->lo[s];
     size_t got = 0;
@@ -152,12 +160,29 @@ static tdm_status ps_update(tdm_engine *e, float lr, float coef) {
   return TDM_OK;
 }
 
+/* The servers' parameters as they stand once every worker's last push is applied (async and ssp
+ * workers end at different moments, so the last pull of one is not the final state): the workers
+ * meet (each has had its last push answered), then this one asks every server for its shard.
+ * Collective over the workers. */
+static tdm_status final_pull(tdm_engine *e) {
+  ps_worker *w = e->impl;
+  if (e->comm) TDM__TRY(tdm_comm_barrier(e->comm));
+  for (int s = 0; s < w->S; s++) {
+    tdm__ps_msg m = {TDM_PS_MAGIC, TDM_PS_PULL, w->clock, 0, w->lo[s], w->hi[s], 0, 0, tdm__ps_sum(NULL, 0)};
+    tdm_status st = tdm_comm_tsend(w->world, w->W + s, TDM_PS_TAG_TO_SERVER, &m, sizeof m);
+    if (st != TDM_OK) return server_error(st, w, s, "did not take a pull");
+  }
+  return pull_all(e);
+}
+
 static tdm_status ps_read_params(tdm_engine *e, int64_t lo, int64_t hi, float *dst) {
+  TDM__TRY(final_pull(e));
   if (hi > lo) memcpy(dst, tdm_params_data(e->params) + lo, sizeof(float) * (size_t)(hi - lo));
   return TDM_OK;
 }
 
 static tdm_status ps_stream_params(tdm_engine *e, tdm_status (*write)(void *, const float *, int64_t), void *ctx) {
+  TDM__TRY(final_pull(e));
   return e->rank == 0 ? write(ctx, tdm_params_data(e->params), tdm_params_numel(e->params)) : TDM_OK;
 }
 

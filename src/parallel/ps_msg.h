@@ -13,7 +13,7 @@
 #define TDM_PS_TAG_TO_SERVER 0x7053
 #define TDM_PS_TAG_TO_WORKER 0x7054
 
-typedef enum { TDM_PS_PUSH = 1, TDM_PS_DONE, TDM_PS_PARAMS } tdm__ps_kind;
+typedef enum { TDM_PS_PUSH = 1, TDM_PS_DONE, TDM_PS_PARAMS, TDM_PS_PULL } tdm__ps_kind;
 
 typedef struct tdm__ps_msg {
   uint32_t magic, kind;

@@ -143,9 +143,10 @@ static tdm_status serve_one(server *v) {
   tdm__ps_msg m = {0};
   if (got >= sizeof m) memcpy(&m, v->buf, sizeof m);
   const float *pay = (const float *)(v->buf + sizeof m);
-  if (got < sizeof m || m.magic != TDM_PS_MAGIC || (m.kind != TDM_PS_PUSH && m.kind != TDM_PS_DONE))
+  if (got < sizeof m || m.magic != TDM_PS_MAGIC || (m.kind != TDM_PS_PUSH && m.kind != TDM_PS_DONE && m.kind != TDM_PS_PULL))
     return fail(v, TDM_ERR_REMOTE, "worker %d sent a malformed message (not a push): not applied", NULL, from);
   if (v->done[from]) return fail(v, TDM_ERR_MISMATCH, "worker %d sent a message after it said it was done", NULL, from);
+  if (m.kind == TDM_PS_PULL) return reply(v, from, shard_sum(v)); /* the shard as it stands (the final weights) */
   if (m.kind == TDM_PS_DONE) {
     if (v->pc->mode == TDM_PS_SYNC && v->n_round > 0)
       return fail(v, TDM_ERR_MISMATCH, "worker %d finished while others were in a synchronous round (the workers ran "
