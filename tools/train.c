@@ -37,6 +37,8 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
   double clip, max_time, bucket_mb;
   int resume, no_overlap, allow_nonfinite;
   const char *prefetch, *compress, *zero_prefetch, *schedule, *lr_schedule, *pp_split;
+  const char *ps_mode, *ps_delay, *ps_log;
+  int64_t ps_servers, staleness;
   double lr, dropout, wd, momentum;
   cli_opt opts[64] = {
       {"model", CLI_CHOICE, &c->model, "mlp", "model to train", "mlp|cnn|gpt", 0, 0, 0},
@@ -60,6 +62,11 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
       {"zero-prefetch", CLI_CHOICE, &zero_prefetch, "on", "--zero 3: gather the next unit while this one computes", "on|off", 0, 0, 0},
       {"tp", CLI_INT, &tp, "1", "gpt: tensor-parallel ranks (Megatron-style: attention heads, MLP units and the vocabulary split across them)", NULL, 1, 1024, 0},
       {"tp-check-every", CLI_INT, &tp_check, "100", "--tp: steps between checks that replicated parameters are bitwise identical on every rank (0: never)", NULL, 0, 1e12, 0},
+      {"ps-servers", CLI_INT, &ps_servers, "0", "parameter server: the last S ranks serve the parameters (sharded by key range) and run the optimizer; the others train (0: no server)", NULL, 0, 1 << 20, 0},
+      {"ps-mode", CLI_CHOICE, &ps_mode, "sync", "--ps-servers: sync (every worker's gradient, summed in rank order: as data parallelism), async (each push applied on arrival), ssp (async, a worker at most --staleness steps ahead of the slowest)", "sync|async|ssp", 0, 0, 0},
+      {"staleness", CLI_INT, &staleness, "0", "--ps-mode ssp: how many steps a worker may run ahead of the slowest", NULL, 0, 1e9, 0},
+      {"ps-log", CLI_STRING, &ps_log, NULL, "--ps-servers: each server writes every update it applies to DIR/ps-server-K.log (tandem ps-replay reproduces the run from them; a gradient per update: large)", NULL, 0, 0, 0},
+      {"ps-delay", CLI_STRING, &ps_delay, NULL, "--ps-servers, for testing: WORKER:SECONDS makes that worker sleep so long every step", NULL, 0, 0, 0},
       {"memory-limit", CLI_SIZE, &memory_limit, "0", "refuse to start when the memory plan per rank exceeds this (like 8G; 0: no limit)", NULL, 0, 0, 0},
       {"compress", CLI_CHOICE, &compress, "none", "gradient dtype on the wire between ranks", "none|bf16|fp16", 0, 0, 0},
       {"lr", CLI_FLOAT, &lr, "0.001", "learning rate", NULL, 0, 1e3, 0},
@@ -136,6 +143,31 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
   if (tp <= 1 && SEEN("tp-check-every")) {
     fprintf(stderr, "tandem %s: --tp-check-every applies to --tp 2 and more\n", cmd);
     return 2;
+  }
+  if (!ps_servers && (SEEN("ps-mode") || SEEN("staleness") || SEEN("ps-delay") || (SEEN("ps-log") && strcmp(cmd, "ps-replay")))) {
+    fprintf(stderr, "tandem %s: --%s applies with --ps-servers only\n", cmd,
+            SEEN("ps-mode") ? "ps-mode" : SEEN("staleness") ? "staleness" : SEEN("ps-delay") ? "ps-delay" : "ps-log");
+    return 2;
+  }
+  if (SEEN("staleness") && strcmp(ps_mode, "ssp")) {
+    fprintf(stderr, "tandem %s: --staleness applies to --ps-mode ssp only (given --ps-mode %s)\n", cmd, ps_mode);
+    return 2;
+  }
+  if (ps_servers && (zero || pp > 1 || tp > 1 || strcmp(compress, "none"))) {
+    fprintf(stderr, "tandem %s: --ps-servers with --%s: the parameter server exchanges f32 gradients with its own servers\n",
+            cmd, zero ? "zero" : pp > 1 ? "pp" : tp > 1 ? "tp" : "compress");
+    return 2;
+  }
+  int delay_worker = -1;
+  double delay_s = 0;
+  if (ps_delay) {
+    char *end = NULL;
+    long w = strtol(ps_delay, &end, 10);
+    if (end == ps_delay || *end != ':' || w < 0 || !((delay_s = strtod(end + 1, &end)) >= 0) || *end || delay_s > 60) {
+      fprintf(stderr, "tandem %s: --ps-delay '%s'; expected WORKER:SECONDS, such as 1:0.05 (seconds 0..60)\n", cmd, ps_delay);
+      return 2;
+    }
+    delay_worker = (int)w;
   }
   if (zero > 0 && strcmp(compress, "none")) {
     fprintf(stderr, "tandem %s: --compress %s applies to --zero 0 only: ZeRO reduces gradients in f32\n", cmd, compress);
@@ -226,9 +258,15 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
   c->memory_limit = memory_limit;
   c->prefetch = !strcmp(prefetch, "on") ? 1 : !strcmp(prefetch, "off") ? 0 : -1;
   tdm_engine_config *e = &c->engine;
-  e->kind = pp > 1 ? TDM_ENGINE_PIPELINE : tp > 1 ? TDM_ENGINE_TP : zero ? TDM_ENGINE_ZERO : TDM_ENGINE_DP;
+  e->kind = ps_servers ? TDM_ENGINE_PS : pp > 1 ? TDM_ENGINE_PIPELINE : tp > 1 ? TDM_ENGINE_TP : zero ? TDM_ENGINE_ZERO : TDM_ENGINE_DP;
   e->tp.check_every = tp_check;
   c->tp = tp;
+  e->ps.servers = (int)ps_servers;
+  e->ps.mode = !strcmp(ps_mode, "async") ? TDM_PS_ASYNC : !strcmp(ps_mode, "ssp") ? TDM_PS_SSP : TDM_PS_SYNC;
+  e->ps.staleness = (int)staleness;
+  e->ps.delay_worker = delay_worker;
+  e->ps.delay_s = delay_s;
+  e->ps.log_dir = ps_log;
   e->accum = accum;
   e->clip = (float)clip;
   e->dp.bucket_bytes = e->zero.bucket_bytes = (size_t)(bucket_mb * 1048576.0);
@@ -271,6 +309,33 @@ int tool_train(int argc, char **argv) {
     printf("test accuracy: %.4f  test loss: %.4f  throughput: %.0f samples/s  (%lld steps, %.1f s training)\n",
            res.test_accuracy, res.test_loss, res.samples_per_sec, (long long)res.steps, res.train_seconds);
   if (c.save_weights) printf("weights written to %s\n", c.save_weights);
+  return 0;
+}
+
+int tool_ps_replay(int argc, char **argv) {
+  tdm_train_config c;
+  int64_t until = -1;
+  cli_opt extra[] = {
+      {"until", CLI_INT, &until, "-1", "stop each server after this many updates (-1: all)", NULL, -1, 1e15, 0},
+  };
+  int r = train_options("ps-replay", "--ps-log DIR --save-weights OUT [the run's tandem train options] [--until N]", argc,
+                        argv, &c, 1, extra);
+  if (r == 1) return 0;
+  if (r) return 2;
+  if (!c.engine.ps.log_dir || !c.save_weights) {
+    fprintf(stderr, "tandem ps-replay: give --ps-log DIR (the run's) and --save-weights OUT\n");
+    return 2;
+  }
+  c.ps_replay = c.engine.ps.log_dir;
+  c.ps_replay_until = until;
+  c.progress = stderr;
+  tdm_train_result res;
+  tdm_status st = tdm_train_run(&c, &res);
+  if (st != TDM_OK) {
+    fprintf(stderr, "tandem ps-replay: %s: %s\n", tdm_status_str(st), tdm_last_error());
+    return 1;
+  }
+  printf("%lld updates replayed; weights written to %s\n", (long long)res.steps, c.save_weights);
   return 0;
 }
 

@@ -152,6 +152,25 @@ typedef struct tdm_p2p_op {
   size_t nbytes;
 } tdm_p2p_op;
 tdm_status tdm_comm_p2p_batch(tdm_comm_t c, const tdm_p2p_op *ops, int n);
+/* ---- tagged messages (servers) ---------------------------------------------------------------
+ * Matched by (source, tag) as MPI does: a tagged receive takes the first tagged message with its
+ * tag from source, or from whichever rank has one first (TDM_ANY_SOURCE; *from gets the sender;
+ * ranks are served in turn, so a busy one cannot starve the others). Tagged messages it meets
+ * with other tags wait, in order, for the receive that names them. They never mix with other
+ * traffic on the communicator: a collective or plain receive that meets one keeps it for later;
+ * a tagged receive that meets a collective's message fails with TDM_ERR_MISMATCH naming both.
+ * capacity bounds the message: a larger one is TDM_ERR_MISMATCH naming both sizes (*nbytes
+ * gets the size received). Headers are checked as every message's; every wait has the timeout
+ * (TDM_ERR_TIMEOUT); a peer that dies fails the receive naming it (with any source: one that
+ * dies while nothing has arrived), and as every error, fails the communicator. Transports
+ * thread, shm and tcp (mpi: TDM_ERR_NOT_SUPPORTED). */
+#define TDM_ANY_SOURCE (-1)
+tdm_status tdm_comm_tsend(tdm_comm_t c, int peer, int tag, const void *buf, size_t nbytes);
+tdm_status tdm_comm_trecv(tdm_comm_t c, int source, int tag, void *buf, size_t capacity, int *from, size_t *nbytes);
+/* From whichever of ranks[0..n) sends first (a server that no longer waits for the clients that
+ * finished, whose connections may close). */
+tdm_status tdm_comm_trecv_among(tdm_comm_t c, const int *ranks, int n, int tag, void *buf, size_t capacity, int *from,
+                                size_t *nbytes);
 
 /* ---- collectives (blocking) ------------------------------------------------------------------
  * count is in elements. sendbuf == recvbuf works in place for allreduce, reduce, broadcast. */

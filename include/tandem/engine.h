@@ -64,7 +64,7 @@ int tdm_grid_size(const tdm_grid *g, tdm_grid_axis a);
 int tdm_grid_index(const tdm_grid *g, tdm_grid_axis a);
 
 /* ---- engines ---------------------------------------------------------------------------------- */
-typedef enum { TDM_ENGINE_DP = 0, TDM_ENGINE_ZERO, TDM_ENGINE_PIPELINE, TDM_ENGINE_TP, TDM_ENGINE_KIND_COUNT } tdm_engine_kind;
+typedef enum { TDM_ENGINE_DP = 0, TDM_ENGINE_ZERO, TDM_ENGINE_PIPELINE, TDM_ENGINE_TP, TDM_ENGINE_PS, TDM_ENGINE_KIND_COUNT } tdm_engine_kind;
 const char *tdm_engine_kind_name(tdm_engine_kind k);
 
 /* Data parallelism (stage 0). */
@@ -104,6 +104,29 @@ typedef struct tdm_engine_pipeline_config {
                                     the planner's cost per block */
   int split[TDM_PP_MAX_SPLIT];
 } tdm_engine_pipeline_config;
+/* The parameter server (src/parallel/ps*.c): the world's last `servers` ranks are servers, the
+ * others workers (the grid's data axis is the workers' communicator). Parameters are sharded over
+ * the servers by key range, balanced by bytes (tdm_ps_shard); every step a worker pushes its
+ * gradient's shards and pulls the parameters' shards; the optimizer runs on the servers.
+ *   sync:  a server waits for every worker's push, sums them in worker-rank order and divides by
+ *          the number of workers (as data parallelism averages), steps once: bit for bit the
+ *          data-parallel engine with the same workers;
+ *   async: each push is one optimizer step, applied on arrival; the worker gets the parameters
+ *          back at once;
+ *   ssp:   as async, but a worker more than `staleness` steps ahead of the slowest waits for its
+ *          parameters until the slowest catches up.
+ * The gradient norm in the step's stats is the worker's own gradient's; clipping is refused. */
+typedef enum { TDM_PS_SYNC = 0, TDM_PS_ASYNC, TDM_PS_SSP, TDM_PS_MODE_COUNT } tdm_ps_mode;
+const char *tdm_ps_mode_name(tdm_ps_mode m);
+typedef struct tdm_engine_ps_config {
+  int servers;          /* S >= 1, fewer than the world's ranks */
+  tdm_ps_mode mode;
+  int staleness;        /* ssp: K >= 0 */
+  tdm_comm_t world;     /* workers and servers (tagged messages); not owned */
+  int delay_worker;     /* testing the bound: this worker sleeps delay_s per step (-1: none) */
+  double delay_s;
+  const char *log_dir;  /* servers: write the update log here (DIR/ps-server-K.log); NULL: none */
+} tdm_engine_ps_config;
 
 typedef struct tdm_engine_config {
   tdm_engine_kind kind;
@@ -114,6 +137,7 @@ typedef struct tdm_engine_config {
   tdm_engine_zero_config zero;
   tdm_engine_tp_config tp;
   tdm_engine_pipeline_config pp;
+  tdm_engine_ps_config ps;
 } tdm_engine_config;
 tdm_engine_config tdm_engine_config_default(void);
 
@@ -222,6 +246,46 @@ tdm_status tdm_engine_load_shard_state(tdm_engine *e, const tdm_st_tensor *(*fin
  * written in place (a checkpoint read into them, tandem/checkpoint.h): sets the optimizer's step
  * count and drops what derives from the old values (stage 3: gathered units). Not collective. */
 tdm_status tdm_engine_shard_loaded(tdm_engine *e, int64_t optim_steps);
+
+/* ---- the parameter server's side --------------------------------------------------------------
+ * Server s of S holds keys [lo, hi) of n parameters: S ranges of consecutive keys as equal in
+ * bytes as whole keys allow (f32: s * (n/S) + min(s, n%S), as tdm_comm_block). */
+void tdm_ps_shard(int64_t n, int S, int s, int64_t *lo, int64_t *hi);
+/* What a server did, for its report. */
+typedef struct tdm_ps_server_stats {
+  int server, rank;
+  int64_t lo, hi, pushes, updates;
+  uint64_t bytes_in, bytes_out;
+  int64_t staleness_hist[17]; /* pushes by staleness (updates of the shard between the worker's pull
+                                 and its push's application); the last bin: 16 or more */
+  int64_t max_staleness;
+  int64_t max_clock_gap;      /* ssp / async: the most steps a worker was ahead of the slowest when
+                                 it was given parameters (ssp: at most the staleness bound) */
+  double seconds;
+} tdm_ps_server_stats;
+/* Runs this rank as a server (world rank >= size - S) until every worker has finished: builds the
+ * model with the workers' seed (so the shard starts with their values) and the optimizer over its
+ * range, then answers pushes as the mode says. A dead worker, a malformed push or one for keys
+ * this server does not own fails it with the worker named (the job stops). */
+tdm_status tdm_ps_serve(const tdm_model_config *model, uint64_t seed, const tdm_optim_config *optim,
+                        const tdm_engine_ps_config *cfg, tdm_ps_server_stats *stats);
+/* The stats as one JSON object (no newline). */
+void tdm_ps_stats_json(const tdm_ps_server_stats *st, char *buf, size_t n);
+
+/* Replays the update logs in dir (ps-server-0.log .. as many as server 0's names) on the model
+ * built from seed, with the optimizer over each server's range: every update the servers applied,
+ * in their order, with the gradient and learning rate the optimizer got, so the parameters come
+ * out as the run left them, bit for bit (sync, async or ssp alike). until >= 0 stops each server
+ * after that many updates. Writes the parameters to save_path (NULL: nowhere). A log of another
+ * model, a truncated record or one that fails its checksum is named (TDM_ERR_MISMATCH /
+ * TDM_ERR_FORMAT). */
+typedef struct tdm_ps_replay_stats {
+  int servers;
+  int64_t updates[64]; /* per server, applied */
+} tdm_ps_replay_stats;
+tdm_status tdm_ps_replay(const char *dir, const tdm_model_config *model, uint64_t seed, const tdm_optim_config *optim,
+                         int64_t until, const char *save_path, int n_meta, const char *const *meta_kv,
+                         tdm_ps_replay_stats *stats);
 
 #ifdef __cplusplus
 }

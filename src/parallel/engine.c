@@ -10,7 +10,7 @@
 
 /* ---- the table: one row per strategy --------------------------------------------------------- */
 static const tdm__engine_ops *const engines[] = {&tdm__engine_dp_ops, &tdm__engine_zero_ops, &tdm__engine_pipeline_ops,
-                                                 &tdm__engine_tp_ops};
+                                                 &tdm__engine_tp_ops, &tdm__engine_ps_ops};
 _Static_assert(sizeof engines / sizeof engines[0] == TDM_ENGINE_KIND_COUNT, "one row per engine");
 
 const char *tdm_engine_kind_name(tdm_engine_kind k) {

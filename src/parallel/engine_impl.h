@@ -85,6 +85,7 @@ extern const tdm__engine_ops tdm__engine_tp_ops;
 tdm_status tdm__engine_update(tdm_engine *e, double sumsq, float lr, tdm_step_stats *stats);
 /* Counts the rows of logits (..., C) whose argmax is y's entry into stats->correct and ->rows. */
 void tdm__engine_count_correct(tdm_tensor *logits, tdm_tensor *y, double *correct, double *rows);
+extern const tdm__engine_ops tdm__engine_ps_ops;
 
 /* Shared by the engines: builds e->seg_sums, and the sum of squares of the segments of a whole
  * gradient buffer that every rank holds (no communication). */

@@ -36,6 +36,7 @@ tdm_train_config tdm_train_config_default(void) {
   c.seed = 42;
   c.eval_batch = 1000;
   c.engine = tdm_engine_config_default();
+  c.ps_replay_until = -1;
   c.last_batch = "auto";
   c.prefetch = -1;
   c.gpt_config = "mini";
@@ -153,7 +154,8 @@ static tdm_status parse_kinds(const tdm_train_config *c, tdm_model_kind *mk, tdm
 }
 
 typedef struct {
-  tdm_comm_t comm;
+  tdm_comm_t comm;     /* the ranks that train (with a parameter server: the workers) */
+  tdm_comm_t ps_world; /* with a parameter server: workers and servers */
   tdm_grid *grid;
   tdm_engine *engine;
   tdm_sampler *sampler;
@@ -172,6 +174,7 @@ static void run_free(run_state *s) {
   tdm_engine_destroy(s->engine);
   tdm_grid_destroy(s->grid);
   tdm_comm_destroy(s->comm);
+  tdm_comm_destroy(s->ps_world); /* after the workers' communicator, which speaks through it */
   tdm_dataset_destroy(s->train);
   tdm_dataset_destroy(s->test);
   tdm__free(s->idx);
@@ -512,8 +515,76 @@ tdm_status tdm_train_plan(const tdm_train_config *c, int world, tdm_plan *out) {
   return st;
 }
 
+/* A parameter server (tandem/engine.h): the last S ranks serve, the others train on a
+ * communicator of their own; *W becomes the number of workers. */
+static tdm_status ps_roles(const tdm_train_config *c, run_state *s, int *W, int R) {
+  int P = *W, S = c->engine.ps.servers;
+  if (S < 1 || S >= P)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --ps-servers %d with %d rank%s; expected 1..%d, so that at least one "
+                          "rank trains (tandem run -n N gives N-S workers and S servers)", S, P, P == 1 ? "" : "s", P - 1);
+  if (c->checkpoint_dir || c->init_weights)
+    return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "train: %s with a parameter server is not built yet (the servers' shards "
+                          "and optimizer state would have to be saved and loaded)",
+                          c->checkpoint_dir ? "--checkpoint-dir" : "--init-weights");
+  s->ps_world = s->comm;
+  s->comm = NULL;
+  int server = R >= P - S;
+  tdm_comm_t sub = NULL;
+  TDM__TRY(tdm_comm_split(s->ps_world, server, R, &sub));
+  if (server || P - S == 1) tdm_comm_destroy(sub); /* one worker trains alone; servers need none */
+  else s->comm = sub;
+  *W = P - S;
+  return TDM_OK;
+}
+
+/* A server rank: the model's configuration as the workers have it, then serve until they finish;
+ * its report (a JSON line) goes to the progress stream and, with --metrics, to METRICS.psK. */
+static tdm_status ps_server_rank(const tdm_train_config *c, tdm_train_result *res, run_state *s, int W, int R) {
+  prepared pp;
+  TDM__TRY(prepare(c, W, W, 0, 1, tdm_comm_transport(s->ps_world), s, &pp));
+  tdm_engine_ps_config pc = c->engine.ps;
+  pc.world = s->ps_world;
+  tdm_ps_server_stats st;
+  tdm_status r = tdm_ps_serve(&pp.mc, c->seed, &pp.oc, &pc, &st);
+  char js[640];
+  tdm_ps_stats_json(&st, js, sizeof js);
+  if (c->progress) fprintf(c->progress, "%s\n", js);
+  if (c->metrics) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s.ps%d", c->metrics, st.server);
+    FILE *f = fopen(path, "w");
+    if (!f || fprintf(f, "%s\n", js) < 0 || fclose(f) != 0) {
+      if (r == TDM_OK) r = tdm__set_error(TDM_ERR_IO, "train: writing the server's report to %s failed: %s", path, strerror(errno));
+    }
+  }
+  res->world_size = W;
+  res->rank = R;
+  res->steps = st.updates;
+  return r;
+}
+
+/* tandem ps-replay: the model and optimizer these options describe, the logs replayed on them. */
+static tdm_status ps_replay_run(const tdm_train_config *c, tdm_train_result *res, run_state *s) {
+  prepared pp;
+  TDM__TRY(prepare(c, 1, 1, 0, 1, TDM_TRANSPORT_AUTO, s, &pp));
+  tdm__run_identity id = {0};
+  int n_arch_meta = run_identity(&id, c, &pp.mc, pp.G, pp.T, pp.N);
+  const char *meta[2 + 2 * TDM__IDENTITY_MAX] = {"format", "pt"};
+  memcpy(meta + 2, id.kv, sizeof(char *) * 2 * (size_t)n_arch_meta);
+  tdm_ps_replay_stats rs;
+  TDM__TRY(tdm_ps_replay(c->ps_replay, &pp.mc, c->seed, &pp.oc, c->ps_replay_until, c->save_weights, 1 + n_arch_meta, meta,
+                         &rs));
+  for (int k = 0; k < rs.servers; k++) res->steps += rs.updates[k];
+  if (c->progress)
+    for (int k = 0; k < rs.servers; k++)
+      fprintf(c->progress, "ps-replay: server %d: %lld updates replayed\n", k, (long long)rs.updates[k]);
+  res->world_size = 1;
+  return TDM_OK;
+}
+
 static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_state *s) {
   TDM__TRY(tdm_set_num_threads(c->threads));
+  if (c->ps_replay) return ps_replay_run(c, res, s);
   tdm_comm_config cc;
   TDM__TRY(tdm_comm_config_from_env(&cc));
   int W = cc.size, R = cc.rank;
@@ -521,6 +592,11 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   int D = 0, TP = 1, P = 1;
   TDM__TRY(grid_of(c, W, &D, &TP, &P));
   if (W > 1) TDM__TRY(tdm_comm_create(&s->comm, &cc));
+  if (c->engine.kind == TDM_ENGINE_PS) { /* the last ranks serve; the workers, a world of their own, are the data axis */
+    TDM__TRY(ps_roles(c, s, &W, R));
+    if (R >= W) return ps_server_rank(c, res, s, W, R);
+    D = W, TP = 1, P = 1;
+  }
   /* data x tensor x pipeline: the world split as asked (--dp, --tp, --pp), before anything else is made */
   TDM__TRY(tdm_grid_create(&s->grid, s->comm, D, TP, P));
   int DR = tdm_grid_index(s->grid, TDM_AXIS_DATA);
@@ -539,6 +615,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   progress pr = {pf, pf ? isatty(fileno(pf)) : 0, 0};
   if (pr.f) tdm_plan_print(pr.f, &pp.plan, c->memory_limit); /* refused here if it does not fit */
   TDM__TRY(tdm_plan_check(&pp.plan, c->memory_limit));
+  pp.ec.ps.world = s->ps_world;
   TDM__TRY(tdm_engine_create(&s->engine, &mc, c->seed, &pp.oc, s->grid, &pp.ec));
   tdm_params *params = tdm_model_params(tdm_engine_model(s->engine));
   if (c->init_weights) TDM__TRY(tdm_engine_load_weights(s->engine, c->init_weights));
@@ -593,23 +670,25 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
       if (st != TDM_OK && !isfinite(ss.grad_norm)) return grad_norm_error(c, ss.grad_norm, step, R, W);
       if (st != TDM_OK) return tdm__set_error(st, "step %lld: %s", (long long)step, tdm_last_error());
       double t3 = tdm_time_now();
-      if (!s->comm) TDM__TRY(finite_or_stop(c, ss.loss, step, "the loss", "")); /* several ranks: the mean, in flush_record */
+      /* a parameter server's async and ssp workers never wait for each other: each reports its own */
+      int own = s->ps_world && c->engine.ps.mode != TDM_PS_SYNC;
+      if (!s->comm || own) TDM__TRY(finite_or_stop(c, ss.loss, step, "the loss", "")); /* several ranks: the mean, in flush_record */
       /* the global loss and accuracy travel without blocking: started now, collected (and the
        * step's record written) during the next step, so they add no synchronisation point */
       TDM__TRY(flush_record(s, &rec, &pr, c));
       int time_up = c->max_time > 0 && train_time + (t3 - t0) >= c->max_time;
-      rec = (step_record){.pending = 1, .step = step, .epoch = epoch, .lr = lr, .stats = {ss.loss / W, ss.correct, ss.rows, time_up},
+      rec = (step_record){.pending = 1, .step = step, .epoch = epoch, .lr = lr, .stats = {own ? ss.loss : ss.loss / W, ss.correct, ss.rows, time_up},
                           .dt = t3 - t0, .t_fwd = ss.t_forward, .t_bwd = ss.t_backward, .t_wait = ss.t_comm_wait,
                           .t_opt = ss.t_update, .samples = (double)ss.samples * D, .total = total, .G = G, .grad_norm = ss.grad_norm};
-      if (s->comm) TDM__TRY(tdm_comm_iallreduce(s->comm, rec.stats, rec.stats, 4, TDM_F64, TDM_SUM, TDM_ALGO_AUTO, &rec.work));
+      if (s->comm && !own) TDM__TRY(tdm_comm_iallreduce(s->comm, rec.stats, rec.stats, 4, TDM_F64, TDM_SUM, TDM_ALGO_AUTO, &rec.work));
       /* an axis split from the world speaks through the world's transport, which serves one
        * communicator at a time: the next step's collectives there must not meet this one */
-      if (s->comm && split_axes) {
+      if (s->comm && !own && split_axes) {
         tdm_work_t w = rec.work;
         rec.work = NULL;
         TDM__TRY(tdm_work_wait(w));
       }
-      if (!s->comm && time_up) s->stop = 1;
+      if ((!s->comm || own) && time_up) s->stop = 1;
       if (s->stop) total = step + 1; /* a rank's time ran out (seen one step late, by all alike) */
       double dt = t3 - t0;
       train_time += dt;
