@@ -29,7 +29,7 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
                   const cli_opt *extra) {
   *c = tdm_train_config_default();
   int64_t epochs, steps, batch, seed, threads, eval_batch, accum, ckpt_every, layers, heads, width, block, vocab, seq_len,
-      warmup, val_every, val_batches, zero, zero_unit, memory_limit;
+      warmup, val_every, val_batches, zero, zero_unit, memory_limit, compress_start;
   double clip, max_time, bucket_mb;
   int resume, no_overlap, allow_nonfinite;
   const char *prefetch, *compress, *zero_prefetch;
@@ -55,7 +55,8 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
       {"zero-unit", CLI_INT, &zero_unit, "1", "--zero 3: modules (transformer blocks, layers) per gathered unit", NULL, 1, 1e6, 0},
       {"zero-prefetch", CLI_CHOICE, &zero_prefetch, "on", "--zero 3: gather the next unit while this one computes", "on|off", 0, 0, 0},
       {"memory-limit", CLI_SIZE, &memory_limit, "0", "refuse to start when the memory plan per rank exceeds this (like 8G; 0: no limit)", NULL, 0, 0, 0},
-      {"compress", CLI_CHOICE, &compress, "none", "gradient dtype on the wire between ranks", "none|bf16|fp16", 0, 0, 0},
+      {"compress", CLI_STRING, &compress, "none", "gradients on the wire between ranks: none|bf16|fp16 (the dtype), topk:RATIO (the largest RATIO of each bucket, 0 < RATIO <= 1) or powersgd:RANK (low-rank factors), both with error feedback", NULL, 0, 0, 0},
+      {"compress-start", CLI_INT, &compress_start, "0", "with topk/powersgd: optimizer steps sent uncompressed first (warm-up)", NULL, 0, 1e12, 0},
       {"lr", CLI_FLOAT, &lr, "0.001", "learning rate", NULL, 0, 1e3, 0},
       {"optimizer", CLI_CHOICE, &c->optimizer, "adam", "optimizer", "sgd|adam|adamw", 0, 0, 0},
       {"weight-decay", CLI_FLOAT, &wd, "-1", "weight decay (-1: the optimizer's default, 0.01 for adamw, else 0)",
@@ -115,6 +116,14 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
             SEEN("zero-unit") ? "zero-unit" : "zero-prefetch", (long long)zero);
     return 2;
   }
+  if (tdm_compress_check(compress) != TDM_OK) {
+    fprintf(stderr, "tandem %s: --compress: %s\n", cmd, tdm_last_error());
+    return 2;
+  }
+  if (SEEN("compress-start") && !tdm_compress_is_hook(compress)) {
+    fprintf(stderr, "tandem %s: --compress-start applies to --compress topk:RATIO or powersgd:RANK (given --compress %s)\n", cmd, compress);
+    return 2;
+  }
   if (zero > 0 && strcmp(compress, "none")) {
     fprintf(stderr, "tandem %s: --compress %s applies to --zero 0 only: ZeRO reduces gradients in f32\n", cmd, compress);
     return 2;
@@ -147,6 +156,8 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
   e->dp.bucket_bytes = e->zero.bucket_bytes = (size_t)(bucket_mb * 1048576.0);
   e->dp.no_overlap = no_overlap;
   e->dp.wire_dtype = !strcmp(compress, "bf16") ? TDM_BF16 : !strcmp(compress, "fp16") ? TDM_F16 : TDM_F32;
+  e->dp.compress = tdm_compress_is_hook(compress) ? compress : NULL;
+  e->dp.compress_start = compress_start;
   e->zero.stage = zero ? (int)zero : 1;
   e->zero.unit_modules = (int)zero_unit;
   e->zero.prefetch = !strcmp(zero_prefetch, "on");

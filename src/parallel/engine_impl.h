@@ -53,6 +53,8 @@ typedef struct tdm__engine_ops {
   float *(*param_shard)(tdm_engine *e);
   /* Sharded engines: after the shard's values changed (a checkpoint loaded): drop anything derived. */
   tdm_status (*shard_changed)(tdm_engine *e);
+  /* Optional: the last step's compression stats and gradient bytes (tdm_engine_compress_stats). */
+  int (*compress_stats)(const tdm_engine *e, const tdm_compress_stats **out, uint64_t *grad_bytes);
 } tdm__engine_ops;
 
 extern const tdm__engine_ops tdm__engine_dp_ops;
