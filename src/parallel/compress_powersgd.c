@@ -10,6 +10,7 @@
 
 #include "core/internal.h"
 #include "parallel/compress.h"
+#include "tandem/kernels.h"
 
 typedef struct {
   int64_t off, rows, cols;
@@ -97,12 +98,7 @@ static tdm_status create(void **out, double value, int64_t n, int n_mats, const 
 
 /* ---- the steps on one matrix (shared with the tests) --------------------------------------------- */
 void tdm__psgd_p(const float *M, int64_t rows, int64_t cols, int r, const float *Q, float *P) {
-  for (int64_t i = 0; i < rows; i++)
-    for (int k = 0; k < r; k++) {
-      double s = 0;
-      for (int64_t j = 0; j < cols; j++) s += (double)M[i * cols + j] * Q[j * r + k];
-      P[i * r + k] = (float)s;
-    }
+  tdm_k_gemm(0, 0, rows, r, cols, 1.0f, M, cols, Q, r, 0.0f, P, r);
 }
 
 void tdm__psgd_orthonormalise(float *P, int64_t rows, int r) {
@@ -124,32 +120,11 @@ void tdm__psgd_orthonormalise(float *P, int64_t rows, int r) {
 }
 
 void tdm__psgd_q(const float *M, int64_t rows, int64_t cols, int r, const float *P, float *Q) {
-  /* rows in the outer loop (M is read in order), sums in double per column block */
-  enum { BLK = 64 };
-  double acc[BLK * 16];
-  for (int k0 = 0; k0 < r; k0 += 16) {
-    int kn = r - k0 < 16 ? r - k0 : 16;
-    for (int64_t j0 = 0; j0 < cols; j0 += BLK) {
-      int64_t jn = cols - j0 < BLK ? cols - j0 : BLK;
-      memset(acc, 0, sizeof acc);
-      for (int64_t i = 0; i < rows; i++) {
-        const float *mr = M + i * cols + j0, *pr = P + i * r + k0;
-        for (int64_t j = 0; j < jn; j++)
-          for (int k = 0; k < kn; k++) acc[j * 16 + k] += (double)mr[j] * pr[k];
-      }
-      for (int64_t j = 0; j < jn; j++)
-        for (int k = 0; k < kn; k++) Q[(j0 + j) * r + k0 + k] = (float)acc[j * 16 + k];
-    }
-  }
+  tdm_k_gemm(1, 0, cols, r, rows, 1.0f, M, cols, P, r, 0.0f, Q, r);
 }
 
 void tdm__psgd_approx(const float *P, const float *Q, int64_t rows, int64_t cols, int r, float *out) {
-  for (int64_t i = 0; i < rows; i++)
-    for (int64_t j = 0; j < cols; j++) {
-      double s = 0;
-      for (int k = 0; k < r; k++) s += (double)P[i * r + k] * Q[j * r + k];
-      out[i * cols + j] = (float)s;
-    }
+  tdm_k_gemm(0, 1, rows, cols, r, 1.0f, P, r, Q, r, 0.0f, out, cols);
 }
 
 /* ---- one bucket ------------------------------------------------------------------------------------ */
