@@ -26,8 +26,11 @@
  * with TDM_ERR_INTERNAL naming the bucket). Per bucket and step: the compression ratio and the
  * relative error ||g - ĝ|| / ||g|| (tdm_engine_compress_stats; in the metrics of tandem train).
  *
- * The residuals, and PowerSGD's Q, are not in checkpoints: a run resumed with compression starts
- * them afresh (zero residual, Q from the seed), so it is not bit-identical to an uninterrupted one.
+ * Checkpoints keep the compressor's state (src/train/engine_ckpt.c): every rank's residuals as
+ * rows of "compress.residual" (ranks x parameters) and PowerSGD's Q as "compress.shared", so a run
+ * resumed on as many ranks continues bit-identically. Resumed on another rank count, or from a
+ * checkpoint written without compression, the residuals start at zero and Q from the seed (a
+ * warning says so).
  */
 #ifndef TANDEM_COMPRESS_H
 #define TANDEM_COMPRESS_H

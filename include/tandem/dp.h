@@ -74,6 +74,11 @@ int tdm_dp_compress_stats(const tdm_dp *dp, const tdm_compress_stats **out);
 /* Bytes this rank sent on the communicator from the step's last backward to the end of
  * tdm_dp_finish: the gradient exchange (plus whatever else used the communicator meanwhile). */
 uint64_t tdm_dp_step_bytes(const tdm_dp *dp);
+/* For checkpoints: bucket k's span [lo, hi) of the gradient buffer, its residual (this rank's,
+ * hi - lo floats) and its shared state (PowerSGD's Q: the same on every rank; NULL and 0 for
+ * none), all writable. Returns the bucket count, 0 without a compressor. k = -1: the residuals
+ * were written in place (a checkpoint loaded), the telescoping check starts over from them. */
+int tdm_dp_compress_state(tdm_dp *dp, int k, int64_t *lo, int64_t *hi, float **residual, float **shared, int64_t *n_shared);
 
 #ifdef __cplusplus
 }

@@ -145,6 +145,12 @@ tdm_status tdm_engine_first_nonfinite(tdm_engine *e, int64_t *index);
  * (data parallelism; 0 otherwise), *out the per-bucket stats of the last compressed step; returns
  * their count (0 without a compressor, or before it starts). */
 int tdm_engine_compress_stats(const tdm_engine *e, const tdm_compress_stats **out, uint64_t *grad_bytes);
+/* The compressor's state, for checkpoints (tdm_dp_compress_state): bucket k's span of the
+ * gradient buffer, this rank's residual there and the state shared by all ranks (PowerSGD's Q).
+ * Returns the bucket count; 0 without a compressor (or on one rank, where nothing is compressed).
+ * k = -1 after writing residuals in place: the telescoping check starts over from them. */
+int tdm_engine_compress_state(tdm_engine *e, int k, int64_t *lo, int64_t *hi, float **residual, float **shared,
+                              int64_t *n_shared);
 
 /* ---- state for checkpoints (what src/train/engine_ckpt.c writes) ------------------------------
  * Data parallelism's state is the parameters and the optimizer, the same on every rank. A sharded

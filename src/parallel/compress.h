@@ -40,6 +40,8 @@ typedef struct tdm__compressor_ops {
    * Collective over c (c NULL: one rank). */
   tdm_status (*reduce)(void *state, tdm_comm_t c, float *g, tdm__csent *sent);
   const float *(*residual)(const void *state); /* n values */
+  /* Optional: state the ranks share and a checkpoint must keep (PowerSGD's Q); *n its floats. */
+  float *(*shared)(void *state, int64_t *n);
 } tdm__compressor_ops;
 
 extern const tdm__compressor_ops tdm__compress_topk_ops;
@@ -61,8 +63,13 @@ tdm_status tdm__compress_bucket(tdm__compress *cz, int k, tdm_comm_t c, float *g
 /* The last compressed step's stats, one per bucket; returns their count (0 before any). */
 int tdm__compress_stats(const tdm__compress *cz, const tdm_compress_stats **out);
 const char *tdm__compress_name(const tdm__compress *cz); /* "topk:0.01" */
-/* Bucket k's residual, writable: for the tests that break it on purpose. */
+/* Bucket k's residual, writable (checkpoints read into it; tests break it on purpose). */
 float *tdm__compress_residual(tdm__compress *cz, int k);
+/* After the residuals were written in place (a checkpoint read into them): the telescoping sums
+ * start over from them, as if they were the first gradients. */
+void tdm__compress_rebase(tdm__compress *cz);
+/* Bucket k's shared state (NULL, *n = 0 when the compressor has none), writable. */
+float *tdm__compress_shared(tdm__compress *cz, int k, int64_t *n);
 
 /* PowerSGD's steps on one matrix (rows x cols, row-major), shared with the tests: P = M Q
  * (rows x r), orthonormalise P's columns in place (Gram-Schmidt; a column with nothing left

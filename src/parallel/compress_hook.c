@@ -235,6 +235,21 @@ float *tdm__compress_residual(tdm__compress *cz, int k) {
   return k >= 0 && k < cz->nb ? (float *)cz->ops->residual(cz->b[k].state) : NULL;
 }
 
+void tdm__compress_rebase(tdm__compress *cz) {
+  for (int k = 0; k < cz->nb; k++) {
+    cbucket *b = &cz->b[k];
+    double rs[3], sq;
+    sums(cz, b, cz->ops->residual(b->state), NULL, rs, NULL, &sq);
+    b->g_sum = rs[0], b->g_wsum = rs[1], b->sent_sum = b->sent_wsum = 0;
+    b->tol = 8.0 * FLT_EPSILON * rs[2], b->scale = rs[2];
+  }
+}
+
+float *tdm__compress_shared(tdm__compress *cz, int k, int64_t *n) {
+  *n = 0;
+  return k >= 0 && k < cz->nb && cz->ops->shared ? cz->ops->shared(cz->b[k].state, n) : NULL;
+}
+
 int tdm__compress_stats(const tdm__compress *cz, const tdm_compress_stats **out) {
   if (!cz || !cz->have_stats) return 0;
   if (out) *out = cz->stats;

@@ -28,7 +28,7 @@ typedef struct {
   int64_t np, nq, nd; /* floats of all P, all Q, all dense values */
   float *pbuf, *qbuf; /* qbuf: the Qs, then the dense values */
   int *is_dense;      /* per wrapper matrix */
-  tdm_rng rng;        /* Q's start, and a fresh column for a Q column that vanished */
+  uint64_t seed;      /* Q's start, and a fresh column for a Q column that vanished */
 } psgd;
 
 static tdm_status parse(const char *spec, const char *arg, double *value) {
@@ -90,8 +90,10 @@ static tdm_status create(void **out, double value, int64_t n, int n_mats, const 
     destroy(p);
     return tdm__set_error(TDM_ERR_NO_MEMORY, "powersgd: out of memory");
   }
-  tdm_rng_seed(&p->rng, seed); /* the same seed on every rank: the same start */
-  fill_normal(&p->rng, p->qbuf, p->nq);
+  p->seed = seed;
+  tdm_rng rng;
+  tdm_rng_seed(&rng, seed); /* the same seed on every rank: the same start */
+  fill_normal(&rng, p->qbuf, p->nq);
   *out = p;
   return TDM_OK;
 }
@@ -185,12 +187,21 @@ static tdm_status reduce(void *vs, tdm_comm_t c, float *g, tdm__csent *sent) {
       }
       s += ps * qs, ws += pw * qw, wa += (double)m->r * pa * qa;
     }
-    /* a Q column that vanished (a zero gradient) would stay zero: start it afresh, alike on every rank */
+    /* a Q column that vanished (a zero gradient) would stay zero: start it afresh, alike on every
+     * rank, from the seed and the matrix's Q alone (so a resumed run draws the same) */
     for (int k = 0; k < m->r; k++) {
       int zero = 1;
       for (int64_t b = 0; b < m->cols && zero; b++) zero = p->qbuf[m->q_at + b * m->r + k] == 0;
-      if (zero)
-        for (int64_t b = 0; b < m->cols; b++) p->qbuf[m->q_at + b * m->r + k] = tdm_rng_normal(&p->rng);
+      if (!zero) continue;
+      uint64_t h = tdm_hash64(p->seed, (uint64_t)i * 4096 + (uint64_t)k);
+      for (int64_t b = 0; b < m->cols * m->r; b++) {
+        uint32_t bits;
+        memcpy(&bits, &p->qbuf[m->q_at + b], 4);
+        h = tdm_hash64(h, bits);
+      }
+      tdm_rng rng;
+      tdm_rng_seed(&rng, h);
+      for (int64_t b = 0; b < m->cols; b++) p->qbuf[m->q_at + b * m->r + k] = tdm_rng_normal(&rng);
     }
   }
   sent->sum = s, sent->wsum = ws, sent->abs = wa;
@@ -199,5 +210,10 @@ static tdm_status reduce(void *vs, tdm_comm_t c, float *g, tdm__csent *sent) {
 }
 
 static const float *residual(const void *vs) { return ((const psgd *)vs)->resid; }
+static float *shared(void *vs, int64_t *n) {
+  psgd *p = vs;
+  *n = p->nq;
+  return p->qbuf;
+}
 
-const tdm__compressor_ops tdm__compress_powersgd_ops = {"powersgd", "powersgd:RANK with RANK >= 1", parse, create, destroy, reduce, residual};
+const tdm__compressor_ops tdm__compress_powersgd_ops = {"powersgd", "powersgd:RANK with RANK >= 1", parse, create, destroy, reduce, residual, shared};

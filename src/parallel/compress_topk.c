@@ -151,4 +151,4 @@ static tdm_status reduce(void *vs, tdm_comm_t c, float *g, tdm__csent *sent) {
 
 static const float *residual(const void *vs) { return ((const topk *)vs)->resid; }
 
-const tdm__compressor_ops tdm__compress_topk_ops = {"topk", "topk:RATIO with 0 < RATIO <= 1", parse, create, destroy, reduce, residual};
+const tdm__compressor_ops tdm__compress_topk_ops = {"topk", "topk:RATIO with 0 < RATIO <= 1", parse, create, destroy, reduce, residual, NULL};

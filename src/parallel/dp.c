@@ -212,6 +212,14 @@ void tdm_dp_set_sync(tdm_dp *dp, int sync) {
 void tdm_dp_set_step(tdm_dp *dp, int64_t step) { dp->step = step; }
 int tdm_dp_compress_stats(const tdm_dp *dp, const tdm_compress_stats **out) { return tdm__compress_stats(dp->cz, out); }
 uint64_t tdm_dp_step_bytes(const tdm_dp *dp) { return dp->step_bytes; }
+int tdm_dp_compress_state(tdm_dp *dp, int k, int64_t *lo, int64_t *hi, float **residual, float **shared, int64_t *n_shared) {
+  if (dp->cz && k == -1) tdm__compress_rebase(dp->cz);
+  if (!dp->cz || k < 0 || k >= dp->nb) return dp->cz ? dp->nb : 0;
+  *lo = dp->b[k].lo, *hi = dp->b[k].hi;
+  *residual = tdm__compress_residual(dp->cz, k);
+  *shared = tdm__compress_shared(dp->cz, k, n_shared);
+  return dp->nb;
+}
 int tdm_dp_num_buckets(const tdm_dp *dp) { return dp->nb; }
 
 tdm_status tdm_dp_finish(tdm_dp *dp, double *wait_ms) {

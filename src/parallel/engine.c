@@ -297,6 +297,11 @@ int tdm_engine_compress_stats(const tdm_engine *e, const tdm_compress_stats **ou
   return e && e->ops->compress_stats ? e->ops->compress_stats(e, out, grad_bytes) : 0;
 }
 
+int tdm_engine_compress_state(tdm_engine *e, int k, int64_t *lo, int64_t *hi, float **residual, float **shared,
+                              int64_t *n_shared) {
+  return e && e->ops->compress_state ? e->ops->compress_state(e, k, lo, hi, residual, shared, n_shared) : 0;
+}
+
 /* ---- state for checkpoints ---------------------------------------------------------------------- */
 int tdm_engine_is_sharded(const tdm_engine *e) { return e->ops->param_shard != NULL; }
 int tdm_engine_params_whole(const tdm_engine *e) {

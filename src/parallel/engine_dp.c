@@ -72,6 +72,10 @@ static int dp_compress_stats(const tdm_engine *e, const tdm_compress_stats **out
   return tdm_dp_compress_stats(e->impl, out);
 }
 
+static int dp_compress_state(tdm_engine *e, int k, int64_t *lo, int64_t *hi, float **residual, float **shared, int64_t *n_shared) {
+  return e->impl ? tdm_dp_compress_state(e->impl, k, lo, hi, residual, shared, n_shared) : 0;
+}
+
 const tdm__engine_ops tdm__engine_dp_ops = {
     "dp",      dp_create,      dp_destroy,       dp_zero_grad,   dp_begin_backward, dp_end_backward,
-    dp_grad_sumsq, dp_update, dp_read_params, dp_stream_params, dp_load_weights, NULL, NULL, dp_compress_stats};
+    dp_grad_sumsq, dp_update, dp_read_params, dp_stream_params, dp_load_weights, NULL, NULL, dp_compress_stats, dp_compress_state};

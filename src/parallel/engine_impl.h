@@ -55,6 +55,8 @@ typedef struct tdm__engine_ops {
   tdm_status (*shard_changed)(tdm_engine *e);
   /* Optional: the last step's compression stats and gradient bytes (tdm_engine_compress_stats). */
   int (*compress_stats)(const tdm_engine *e, const tdm_compress_stats **out, uint64_t *grad_bytes);
+  /* Optional: the compressor's state for checkpoints (tdm_engine_compress_state). */
+  int (*compress_state)(tdm_engine *e, int k, int64_t *lo, int64_t *hi, float **residual, float **shared, int64_t *n_shared);
 } tdm__engine_ops;
 
 extern const tdm__engine_ops tdm__engine_dp_ops;

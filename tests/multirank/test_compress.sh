@@ -3,7 +3,8 @@
 # ranks with topk:0.01 (shm) and powersgd:4 (tcp) to a stated test loss; each step's gradient
 # exchange sends what the compressor says (top-k: 8k bytes a bucket, measured, about 50x fewer
 # than f32) and error feedback telescopes; --compress-start sends the first steps whole; a spec
-# that does not parse, and compression with ZeRO, exit 2 naming the value and what is expected.
+# that does not parse, and compression with ZeRO, exit 2 naming the value and what is expected; a
+# compressed run killed and resumed from a checkpoint ends bit-identical (residuals saved).
 # usage: test_compress.sh path/to/tandem
 set -u
 T=${1:?usage: test_compress.sh path/to/tandem}
@@ -56,6 +57,19 @@ warm_start() { # steps 0..9 whole (f32, 4 bytes a parameter), compressed from st
   (( $(num "$line" grad_bytes) < 4 * PARAMS / 10 )) && grep -q compress_ratio <<<"$line" || { echo "  step 10: $line"; return 1; }
 }
 check "--compress-start 10: steps 0-9 send f32 gradients, step 10 the factors" warm_start
+
+resume_exact() { # spec: a run stopped after step 7 and resumed from its step-5 checkpoint ends as the uninterrupted one
+  local spec=$1 d="$TMP/ck.$1" R=(train --steps 10 --batch-size 16 --threads 1 --seed 4 --compress "$1" --compress-start 2)
+  timeout 300 "$T" run -n 2 -- tandem "${R[@]}" --save-weights "$TMP/full.$spec.st" >/dev/null 2>&1 || { echo "  the full run failed"; return 1; }
+  TANDEM_FAULT=1:7 timeout 300 "$T" run -n 2 -- tandem "${R[@]}" --checkpoint-dir "$d" --checkpoint-every 5 >/dev/null 2>&1
+  [[ -d "$d" ]] || { echo "  no checkpoint"; return 1; }
+  timeout 300 "$T" run -n 2 -- tandem "${R[@]}" --checkpoint-dir "$d" --resume --save-weights "$TMP/res.$spec.st" >"$TMP/out" 2>&1 &&
+    grep -q "resumed from step" "$TMP/out" && grep -q "resumed from step 5" "$TMP/out" ||
+    { echo "  the resumed run:"; tail -3 "$TMP/out"; return 1; }
+  cmp -s "$TMP/full.$spec.st" "$TMP/res.$spec.st" || { echo "  $spec: the resumed run's weights differ"; return 1; }
+}
+check "topk:0.05: killed after step 7, resumed from step 5 (2 ranks): bit-identical to the uninterrupted run (residuals in the checkpoint)" resume_exact topk:0.05
+check "powersgd:2 likewise (residuals and the warm-start Q in the checkpoint)" resume_exact powersgd:2
 
 expect() { # code -e text ... command
   local code=$1; shift
