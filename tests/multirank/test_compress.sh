@@ -10,15 +10,15 @@ set -u
 T=${1:?usage: test_compress.sh path/to/tandem}
 . "$(dirname "$0")/../harness.sh"
 DATA=/usr/share/datasets/fashion-mnist
-A=(train --steps 100 --batch-size 32 --threads 1 --seed 3)
+A=(train --steps 60 --batch-size 32 --threads 1 --seed 3)
 PARAMS=535818 # the MLP's parameters: f32 gradients are 4 x this many bytes a step
 
 # the last step's metrics line
-last_step() { grep '"step":99,' "$1"; }
+last_step() { grep '"step":59,' "$1"; }
 num() { grep -o "\"$2\":[0-9.e+-]*" <<<"$1" | head -1 | cut -d: -f2; }
 
-# Bounds: from 2.3 at the start, the uncompressed run reaches a test loss of 0.61 here; measured
-# (the runs are deterministic): topk:0.01 0.95, powersgd:4 0.64.
+# Bounds: from 2.3 at the start, the uncompressed run reaches a test loss of 0.69 here; measured
+# (the runs are deterministic): topk:0.01 0.97, powersgd:4 0.74.
 converges() { # spec transport max_test_loss min_ratio
   local spec=$1 tr=$2 bound=$3 ratio=$4 out line loss
   out=$(TANDEM_TRANSPORT=$tr timeout 300 "$T" run -n 2 -- tandem "${A[@]}" --compress "$spec" --metrics "$TMP/$spec.m" 2>&1) ||
@@ -38,10 +38,10 @@ converges() { # spec transport max_test_loss min_ratio
   grep -q '"compress_rel_err":\[[0-9.e+-]*,' <<<"$line" || { echo "  no per-bucket relative error: $line"; return 1; }
   echo "  $spec: test loss $loss, $bytes bytes a step ($(awk -v n=$PARAMS -v b="$bytes" 'BEGIN{printf "%.1f", 4*n/b}')x fewer)"
 }
-check "topk:0.01 on 2 ranks (shm): test loss < 1.1 after 100 steps; 8k bytes a bucket measured (>= 49x fewer than f32); telescoping" \
+check "topk:0.01 on 2 ranks (shm): test loss < 1.1 after 60 steps; 8k bytes a bucket measured (>= 49x fewer than f32); telescoping" \
   converges topk:0.01 shm 1.1 49
-check "powersgd:4 on 2 ranks (tcp): test loss < 0.8 after 100 steps; >= 10x fewer bytes measured; telescoping" \
-  converges powersgd:4 tcp 0.8 10
+check "powersgd:4 on 2 ranks (tcp): test loss < 0.85 after 60 steps; >= 10x fewer bytes measured; telescoping" \
+  converges powersgd:4 tcp 0.85 10
 
 warm_start() { # steps 0..9 whole (f32, 4 bytes a parameter), compressed from step 10 on
   timeout 300 "$T" run -n 2 -- tandem train --steps 14 --batch-size 16 --threads 1 --compress powersgd:2 --compress-start 10 \
@@ -58,17 +58,17 @@ warm_start() { # steps 0..9 whole (f32, 4 bytes a parameter), compressed from st
 }
 check "--compress-start 10: steps 0-9 send f32 gradients, step 10 the factors" warm_start
 
-resume_exact() { # spec: a run stopped after step 7 and resumed from its step-5 checkpoint ends as the uninterrupted one
-  local spec=$1 d="$TMP/ck.$1" R=(train --steps 10 --batch-size 16 --threads 1 --seed 4 --compress "$1" --compress-start 2)
+resume_exact() { # spec: a run stopped after step 6 and resumed from its step-4 checkpoint ends as the uninterrupted one
+  local spec=$1 d="$TMP/ck.$1" R=(train --steps 8 --batch-size 16 --threads 1 --seed 4 --compress "$1" --compress-start 2)
   timeout 300 "$T" run -n 2 -- tandem "${R[@]}" --save-weights "$TMP/full.$spec.st" >/dev/null 2>&1 || { echo "  the full run failed"; return 1; }
-  TANDEM_FAULT=1:7 timeout 300 "$T" run -n 2 -- tandem "${R[@]}" --checkpoint-dir "$d" --checkpoint-every 5 >/dev/null 2>&1
+  TANDEM_FAULT=1:6 timeout 300 "$T" run -n 2 -- tandem "${R[@]}" --checkpoint-dir "$d" --checkpoint-every 4 >/dev/null 2>&1
   [[ -d "$d" ]] || { echo "  no checkpoint"; return 1; }
   timeout 300 "$T" run -n 2 -- tandem "${R[@]}" --checkpoint-dir "$d" --resume --save-weights "$TMP/res.$spec.st" >"$TMP/out" 2>&1 &&
-    grep -q "resumed from step" "$TMP/out" && grep -q "resumed from step 5" "$TMP/out" ||
+    grep -q "resumed from step" "$TMP/out" && grep -q "resumed from step 4" "$TMP/out" ||
     { echo "  the resumed run:"; tail -3 "$TMP/out"; return 1; }
   cmp -s "$TMP/full.$spec.st" "$TMP/res.$spec.st" || { echo "  $spec: the resumed run's weights differ"; return 1; }
 }
-check "topk:0.05: killed after step 7, resumed from step 5 (2 ranks): bit-identical to the uninterrupted run (residuals in the checkpoint)" resume_exact topk:0.05
+check "topk:0.05: killed after step 6, resumed from step 4 (2 ranks): bit-identical to the uninterrupted run (residuals in the checkpoint)" resume_exact topk:0.05
 check "powersgd:2 likewise (residuals and the warm-start Q in the checkpoint)" resume_exact powersgd:2
 
 expect() { # code -e text ... command

@@ -262,4 +262,48 @@ static void telescope_catches(void) {
   }
 }
 
-TDM_TEST_MAIN(T(telescope_catches), T(parse_errors), T(powersgd_exact_low_rank), T(powersgd_approaches_svd), T(topk_two_ranks))
+/* Large buckets take the sampled bound (compress_topk.c): still exactly the k largest, for smooth
+ * values, for values large only where the sample looks (fewer than k pass its bound: the whole
+ * bucket is searched), and with ties at the threshold (taken in index order). One rank: the
+ * output is the sparse part itself. */
+static int cmp_desc(const void *a, const void *b) {
+  float x = *(const float *)a, y = *(const float *)b;
+  return (x < y) - (x > y);
+}
+static void topk_large(void) {
+  enum { N = 100000, K = 1000 };
+  float *g = malloc(sizeof(float) * N), *in = malloc(sizeof(float) * N), *m = malloc(sizeof(float) * N);
+  for (int kind = 0; kind < 3; kind++) {
+    for (int i = 0; i < N; i++) {
+      if (kind == 0) in[i] = tgrad(1, 2, i);
+      else if (kind == 1) in[i] = tgrad(0, 1, i); /* then large where the sample looks: fewer than k pass its bound */
+      else in[i] = (float)((i * 37) % 50) - 25.0f; /* many ties at every magnitude */
+    }
+    if (kind == 1) /* the sample's positions (compress_topk.c: 4096 strided, jittered) */
+      for (int j = 0; j < 4096; j++) in[j * (N / 4096) + (j * 7919) % (N / 4096)] = 1000.0f + (float)j;
+    tdm__compress *cz;
+    CHECK_OK(tdm__compress_create(&cz, "topk:0.01", 0, 1));
+    tdm__cmat mats[1] = {{0, 1, N}};
+    CHECK_OK(tdm__compress_add_bucket(cz, N, 1, mats));
+    memcpy(g, in, sizeof(float) * N);
+    CHECK_OK(tdm__compress_bucket(cz, 0, NULL, g));
+    for (int i = 0; i < N; i++) m[i] = fabsf(in[i]);
+    qsort(m, N, sizeof(float), cmp_desc);
+    float thr = m[K - 1];
+    int above = 0, taken = 0, ties = 0, ok = 1;
+    for (int i = 0; i < N; i++) above += fabsf(in[i]) > thr;
+    for (int i = 0; i < N; i++) { /* expected: all above, then ties in index order */
+      int take = fabsf(in[i]) > thr || (fabsf(in[i]) == thr && ties < K - above);
+      if (fabsf(in[i]) == thr && !(fabsf(in[i]) > thr) && take) ties++;
+      taken += take;
+      if (g[i] != (take ? in[i] : 0.0f)) ok = 0;
+    }
+    CHECK_MSG(ok && taken == K, "kind %d: not exactly the %d largest (%d taken)", kind, K, taken);
+    const tdm_compress_stats *st;
+    CHECK(tdm__compress_stats(cz, &st) == 1 && st[0].payload_bytes == 8 * K);
+    tdm__compress_destroy(cz);
+  }
+  free(g), free(in), free(m);
+}
+
+TDM_TEST_MAIN(T(topk_large), T(telescope_catches), T(parse_errors), T(powersgd_exact_low_rank), T(powersgd_approaches_svd), T(topk_two_ranks))
