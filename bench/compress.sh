@@ -4,19 +4,20 @@
 #   bench/compress.sh mlp [EPOCHS=1] [SPECS...]   Fashion-MNIST MLP: test accuracy and loss after
 #                                                EPOCHS, gradient bytes a rank sends per step
 #                                                (measured, the median of the metrics' grad_bytes)
-#   bench/compress.sh gpt [STEPS=300] [SPECS...]  GPT mini on tinyshakespeare (B=8, T=128):
+#   bench/compress.sh gpt [STEPS=300] [SPECS...]  GPT mini on tinyshakespeare (B=$GPT_BATCH or 8, T=128):
 #                                                validation loss after STEPS (20 batches), bytes
 #   bench/compress.sh net [STEPS=60] [REPS=3] [SPECS...]
 #                                                MLP step time over TCP with TANDEM_NET_EMULATE at
 #                                                100us,1gbps and 100us,100mbps: medians of steps
 #                                                10.. of REPS alternating runs
-# SPECS default: none topk:0.01 powersgd:4 (any --compress value). Shared machines are noisy:
+# SPECS default: none topk:0.01 powersgd:4 (any --compress value). BUILD: the build directory. Shared machines are noisy:
 # compare the step times of one invocation (alternating runs), not across invocations.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:-mlp}
 shift || true
-make build >/dev/null
+B=${BUILD:-build} # the build directory (make build BUILD=...)
+make build BUILD="$B" >/dev/null
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 summary() { # metrics file -> "median_grad_bytes median_step_ms" over steps 10..
@@ -34,14 +35,14 @@ mlp | gpt)
   shift || true
   SPECS=("$@")
   [[ ${#SPECS[@]} -gt 0 ]] || SPECS=(none topk:0.01 powersgd:4)
-  if [[ $MODE == mlp ]]; then ARGS=(--model mlp --epochs "$N"); else ARGS=(--model gpt --config mini --steps "$N" --batch-size 8 --val-every 0 --val-batches 20); fi
+  if [[ $MODE == mlp ]]; then ARGS=(--model mlp --epochs "$N"); else ARGS=(--model gpt --config mini --steps "$N" --batch-size "${GPT_BATCH:-8}" --val-every 0 --val-batches 20); fi
   printf "%s, 2 ranks (shm), 1 thread each, %s %s\n" "$MODE" "$N" "$([[ $MODE == mlp ]] && echo epochs || echo steps)"
   printf "%-12s %12s %12s %14s %8s %12s %10s\n" compress "$([[ $MODE == mlp ]] && echo test_acc || echo val_loss)" \
     "$([[ $MODE == mlp ]] && echo test_loss || echo val_acc)" "bytes/step" fewer "rel_err(b0)" "wall s"
   base=
   for s in "${SPECS[@]}"; do
     t0=$(date +%s.%N)
-    out=$(./build/tandem run -n 2 -- tandem train "${ARGS[@]}" --threads 1 --compress "$s" --metrics "$TMP/$s.m" 2>&1)
+    out=$(./$B/tandem run -n 2 -- tandem train "${ARGS[@]}" --threads 1 --compress "$s" --metrics "$TMP/$s.m" 2>&1)
     t1=$(date +%s.%N)
     if [[ $MODE == mlp ]]; then
       a=$(grep -o 'test accuracy: [0-9.]*' <<<"$out" | awk '{print $3}'); l=$(grep -o 'test loss: [0-9.]*' <<<"$out" | tail -1 | awk '{print $3}')
@@ -64,7 +65,7 @@ net)
   for r in $(seq 1 "$REPS"); do
     for net in "${NETS[@]}"; do
       for s in "${SPECS[@]}"; do
-        TANDEM_TRANSPORT=tcp TANDEM_NET_EMULATE=$net ./build/tandem run -n 2 -- tandem train --model mlp --steps "$STEPS" \
+        TANDEM_TRANSPORT=tcp TANDEM_NET_EMULATE=$net ./$B/tandem run -n 2 -- tandem train --model mlp --steps "$STEPS" \
           --threads 1 --compress "$s" --metrics "$TMP/m.jsonl" >/dev/null 2>&1
         summary "$TMP/m.jsonl" >>"$TMP/$net.$s"
       done
