@@ -16,6 +16,12 @@
  *   dp    every rank holds everything; gradient buckets are averaged while backward runs
  *   zero  ZeRO stages 1-3: optimizer state, then gradients, then parameters sharded over the
  *         data axis; at stage 3 parameters are gathered unit by unit just before use
+ *   tp    tensor parallelism (Megatron-style) for the GPT over the tensor axis: attention heads, the
+ *         MLP's hidden units and the vocabulary split across its ranks, custom autograd ops
+ *         all-reducing inside forward and backward; data parallelism over the data axis
+ *   pipeline  GPT's blocks cut into stages over the pipeline axis; each step runs a verified
+ *         schedule (tandem/pipeline.h) of forwards, backwards and exchanges between neighbours;
+ *         gradients averaged over the data axis as data parallelism does
  * Every engine gives the same result as every other at the same world size, bit for bit: the
  * gradients of all of them are reduced in the same order (rank order, whatever the transport),
  * and the gradient norm is formed from segment sums in a fixed order (tdm_grad_sumsq_segments).
@@ -32,6 +38,7 @@
 #include "tandem/compress.h"
 #include "tandem/nn.h"
 #include "tandem/optim.h"
+#include "tandem/pipeline.h"
 #include "tandem/safetensors.h"
 
 #ifdef __cplusplus
@@ -39,8 +46,9 @@ extern "C" {
 #endif
 
 /* ---- the process grid ------------------------------------------------------------------------
- * world = data x tensor x pipeline ranks; rank = (pipeline * data + data_index) * tensor +
- * tensor_index, so tensor-parallel peers are neighbours (on one node, as they talk most). Each
+ * world = data x tensor x pipeline ranks; rank = (data_index * pipeline + pipeline_index) * tensor +
+ * tensor_index, so tensor-parallel peers are neighbours (on one node, as they talk most), then the
+ * stages of one pipeline (activations every micro-batch), then the data replicas. Each
  * axis has its own communicator: the ranks that differ only in that coordinate. An axis that spans
  * the whole world is the world communicator itself. world NULL: one process, every axis of size 1. */
 typedef enum { TDM_AXIS_DATA = 0, TDM_AXIS_TENSOR, TDM_AXIS_PIPELINE, TDM_AXIS_COUNT } tdm_grid_axis;
@@ -57,7 +65,7 @@ int tdm_grid_size(const tdm_grid *g, tdm_grid_axis a);
 int tdm_grid_index(const tdm_grid *g, tdm_grid_axis a);
 
 /* ---- engines ---------------------------------------------------------------------------------- */
-typedef enum { TDM_ENGINE_DP = 0, TDM_ENGINE_ZERO, TDM_ENGINE_KIND_COUNT } tdm_engine_kind;
+typedef enum { TDM_ENGINE_DP = 0, TDM_ENGINE_ZERO, TDM_ENGINE_PIPELINE, TDM_ENGINE_TP, TDM_ENGINE_KIND_COUNT } tdm_engine_kind;
 const char *tdm_engine_kind_name(tdm_engine_kind k);
 
 /* Data parallelism (stage 0). */
@@ -80,6 +88,27 @@ typedef struct tdm_engine_zero_config {
   int prefetch;          /* stage 3: gather the next unit while this one computes (default 1) */
 } tdm_engine_zero_config;
 
+/* Tensor parallelism over the grid's tensor axis (T ranks; the data axis, when larger than 1, runs
+ * data parallelism with the dp settings). The model's parameters stay the whole model's (names,
+ * shapes, offsets: tdm_engine_model, read_params, load and save are in its terms); each rank holds
+ * slices of them (src/parallel/tp_gpt.h). Replicated parameters (layer norms, the row-parallel
+ * projections' biases, the position embedding) must stay bitwise identical on every rank: every
+ * check_every steps a hash of each is compared across the world, and a difference fails the step
+ * with TDM_ERR_MISMATCH naming the parameter and the ranks. */
+typedef struct tdm_engine_tp_config {
+  int64_t check_every; /* 0: never (default 100) */
+} tdm_engine_tp_config;
+
+/* Pipeline parallelism (GPT): the micro-batches of a step are the engine's accumulation (accum). */
+#define TDM_PP_MAX_SPLIT 256
+typedef struct tdm_engine_pipeline_config {
+  tdm_pp_schedule_kind schedule; /* default 1F1B */
+  int virtual_stages;            /* chunks per rank (interleaved; 0: 2 for interleaved, else 1) */
+  int n_split;                   /* > 0: blocks per chunk, by hand (split[0..n_split)); 0: balanced by
+                                    the planner's cost per block */
+  int split[TDM_PP_MAX_SPLIT];
+} tdm_engine_pipeline_config;
+
 typedef struct tdm_engine_config {
   tdm_engine_kind kind;
   int64_t accum;          /* micro-batches per optimizer step (0 or 1: none) */
@@ -87,6 +116,8 @@ typedef struct tdm_engine_config {
   int allow_nonfinite;    /* 0: a non-finite loss or gradient norm fails the step */
   tdm_engine_dp_config dp;
   tdm_engine_zero_config zero;
+  tdm_engine_tp_config tp;
+  tdm_engine_pipeline_config pp;
 } tdm_engine_config;
 tdm_engine_config tdm_engine_config_default(void);
 
@@ -105,6 +136,13 @@ typedef struct tdm_step_stats {
   double t_forward, t_backward, t_comm_wait, t_update; /* seconds */
 } tdm_step_stats;
 
+/* Before any rank computes (no communication): data x tensor x pipeline against the world size
+ * (data 0: what is left) and the engine's layout against the model (a pipeline: chunks and blocks,
+ * the split, the micro-batches its schedule needs). TDM_ERR_INVALID_ARG naming the values.
+ * Tensor x pipeline (both above 1) is TDM_ERR_NOT_SUPPORTED, whatever the rest: not yet built. */
+tdm_status tdm_engine_check(const tdm_model_config *model, const tdm_engine_config *cfg, int world, int data, int tensor,
+                            int pipeline);
+
 typedef struct tdm_engine tdm_engine;
 /* Builds the model (at stage 3 each rank holds and initialises only its shard, with the values
  * the whole model would have), the optimizer for what this rank updates, and the strategy's
@@ -120,6 +158,14 @@ void tdm_engine_destroy(tdm_engine *e);
 tdm_status tdm_engine_step(tdm_engine *e, tdm_batch_fn next, void *ctx, uint64_t dropout_seed, float lr,
                            tdm_step_stats *stats);
 
+/* Evaluation of one batch (gradients and dropout off): the mean cross-entropy of the logits and
+ * the rows whose argmax is the target. Every rank of a pipeline gives x and y and gets the numbers
+ * (collective over the pipeline axis; over the tensor axis for tensor parallelism; ZeRO stage 3
+ * gathers as forward does). */
+tdm_status tdm_engine_eval(tdm_engine *e, tdm_tensor *x, tdm_tensor *y, double *loss, double *correct, double *rows);
+
+/* The whole model (tensor parallelism: its names, shapes and offsets, its values held in slices
+ * across the tensor axis; running it directly fails, naming the parameter: use the engine). */
 tdm_model *tdm_engine_model(const tdm_engine *e);
 tdm_tape *tdm_engine_tape(const tdm_engine *e);   /* the engine's tape (evaluation may use it) */
 tdm_optim *tdm_engine_optim(const tdm_engine *e);
@@ -127,6 +173,10 @@ const tdm_grid *tdm_engine_grid(const tdm_engine *e);
 /* Where this rank's optimizer state lies in the parameter buffer: the spans it updates. */
 int tdm_engine_shard(const tdm_engine *e, const tdm_optim_span **spans);
 const char *tdm_engine_describe(const tdm_engine *e); /* "zero stage 3, 4 ranks, 7 units" */
+/* How many ranks hold the same state as this one (its spans, the same values): the world for data
+ * parallelism, 1 for ZeRO, the data axis for a pipeline or tensor parallelism; *index gets this
+ * rank's place among them. */
+int tdm_engine_replicas(const tdm_engine *e, int *index);
 
 /* After the engine is created: every parameter takes the values of this safetensors file (each
  * rank reads only what it holds). */
@@ -164,6 +214,21 @@ int tdm_engine_params_whole(const tdm_engine *e);
  * each span, tdm_engine_shard's) and at stage 3 "model.shard" (f32: the parameter pieces, span after
  * span). *n gets their count (at most 3). */
 tdm_status tdm_engine_shard_state(tdm_engine *e, tdm_st_tensor *out, int *n);
+/* Engines whose state is not ranges of the whole parameter buffer (tensor parallelism: each rank
+ * holds slices) describe it as boxes of the whole model's parameters: for each, where its values
+ * and its optimizer state lie on this rank, and whether this rank is the one that writes it to a
+ * checkpoint (across the world, the boxes whose write is 1 tile every parameter exactly once).
+ * Returns their count and sets *pieces (owned by the engine, valid while it lives); 0 for engines
+ * whose state tdm_engine_shard and tdm_engine_shard_state describe. */
+typedef struct tdm_engine_piece {
+  int param;                      /* the parameter's index in tdm_engine_model's store */
+  int64_t start[TDM_MAX_DIMS];    /* the box, in the whole parameter's shape */
+  int64_t count[TDM_MAX_DIMS];
+  float *data;                    /* its values on this rank, row-major over the box */
+  int64_t state_at;               /* optimizer state s of its first element: tdm_optim_state + s x owned + state_at */
+  int write;                      /* 1: this rank writes it (replicas and data-parallel copies: one of them) */
+} tdm_engine_piece;
+int tdm_engine_pieces(const tdm_engine *e, const tdm_engine_piece **pieces);
 /* Loads a shard written by a rank of the same layout: the spans must match (TDM_ERR_MISMATCH naming
  * both otherwise); find(ctx, name) returns a tensor or NULL. Sets the optimizer's step count. */
 tdm_status tdm_engine_load_shard_state(tdm_engine *e, const tdm_st_tensor *(*find)(void *ctx, const char *name), void *ctx,

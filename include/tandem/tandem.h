@@ -20,5 +20,7 @@
 #include "tandem/engine.h"
 #include "tandem/compress.h"
 #include "tandem/plan.h"
+#include "tandem/pipeline.h"
+#include "tandem/cluster.h"
 
 #endif

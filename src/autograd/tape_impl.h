@@ -40,6 +40,7 @@ struct tdm_tape {
   uint64_t dropout_seed;
   int64_t sample_base;
   uint64_t dropout_calls;
+  int grad_phase; /* 0: every gradient; 1: all but the parameters'; 2: only the parameters' (tdm_backward_inputs / _params) */
   tdm_status status;
   char error[512];
 };

@@ -728,6 +728,33 @@ tdm_status tdm_comm_sendrecv(tdm_comm_t c, int to, const void *sendbuf, size_t s
   return run_xfers(c, x, 2);
 }
 
+tdm_status tdm_comm_p2p_batch(tdm_comm_t c, const tdm_p2p_op *ops, int n) {
+  TDM__TRY(wait_queue_idle(c));
+  if (!c || n < 0 || (n && !ops)) return tdm__set_error(TDM_ERR_INVALID_ARG, "p2p batch: NULL communicator or %d operations", n);
+  if (atomic_load(&c->failed)) return tdm__set_error(c->fail_status, "%s", c->error);
+  if (n == 0) return TDM_OK;
+  tdm__xfer small[8], *x = n <= 8 ? small : tdm__calloc((size_t)n, sizeof *x);
+  if (!x) return tdm__set_error(TDM_ERR_NO_MEMORY, "p2p batch: out of memory");
+  size_t total = 0;
+  for (int i = 0; i < n; i++) {
+    const tdm_p2p_op *o = &ops[i];
+    if (o->peer < 0 || o->peer >= c->size || o->peer == c->rank || o->tag < 0 || (o->nbytes && !o->buf)) {
+      if (x != small) tdm__free(x);
+      return tdm__set_error(TDM_ERR_INVALID_ARG, "p2p batch: operation %d (%s peer %d, tag %d, %zu bytes%s); expected another "
+                            "rank of %d and tag >= 0", i, o->is_send ? "send to" : "recv from", o->peer, o->tag, o->nbytes,
+                            o->nbytes && !o->buf ? ", NULL buffer" : "", c->size);
+    }
+    /* each message carries its own tag and size: the receiver checks both */
+    x[i] = (tdm__xfer){.peer = o->peer, .is_send = o->is_send != 0, .buf = o->buf, .nbytes = o->nbytes};
+    x[i].hdr = (tdm__hdr){TDM_MSG_MAGIC, TDM_COLL_P2P, (uint64_t)o->tag, 0, 0, 0, c->comm_id, o->nbytes, o->nbytes};
+    total += o->nbytes;
+  }
+  c->cur = (tdm__call){TDM_COLL_P2P, 0, 0, 0, total, (uint64_t)ops[0].tag};
+  tdm_status st = run_xfers(c, x, n);
+  if (x != small) tdm__free(x);
+  return st;
+}
+
 /* ---- split ---------------------------------------------------------------------------------- */
 tdm_status tdm_comm_split(tdm_comm_t c, int color, int key, tdm_comm_t *out) {
   if (!out) return tdm__set_error(TDM_ERR_INVALID_ARG, "split: out is NULL");

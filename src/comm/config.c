@@ -9,6 +9,7 @@
 #include <strings.h>
 
 #include "comm/comm_impl.h"
+#include "comm/launch_config.h"
 
 static const char *transport_names[] = {"auto", "thread", "shm", "tcp", "mpi"};
 _Static_assert(sizeof transport_names / sizeof transport_names[0] == TDM_TRANSPORT_COUNT, "one name per transport");
@@ -83,13 +84,15 @@ tdm_status tdm__env_timeout(double *out) {
   return TDM_OK;
 }
 
-/* LOCAL_WORLD_SIZE (torchrun) or OMPI_COMM_WORLD_LOCAL_SIZE: ranks on this node; 0 when unset. */
+/* LOCAL_WORLD_SIZE (torchrun) or OMPI_COMM_WORLD_LOCAL_SIZE: ranks on this node; else Slurm's
+ * tasks on this node (launch_config.h); 0 when unknown. */
 tdm_status tdm__env_local_size(int *out) {
   static const char *vars[] = {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", NULL};
   const char *name, *v = env_first(vars, &name);
   long x = 0;
   *out = 0;
-  if (v && !parse_long(v, 1, MAX_RANKS, &x))
+  if (!v) return tdm__launch_local_size(out);
+  if (!parse_long(v, 1, MAX_RANKS, &x))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "environment: %s is '%s'; expected the number of ranks on this node, 1..%d",
                           name, v, MAX_RANKS);
   *out = (int)x;
@@ -136,7 +139,7 @@ tdm_status tdm_comm_config_from_env(tdm_comm_config *cfg) {
       return tdm__set_error(TDM_ERR_INVALID_ARG, "environment: TANDEM_TRANSPORT is '%s'; expected auto, thread, shm, tcp or mpi", tr);
     cfg->transport = (tdm_transport_kind)i;
   }
-  return TDM_OK;
+  return tdm__comm_config_from_launch(cfg); /* srun's and mpirun's facts fill in what is not set */
 }
 
 /* ---- TANDEM_ALGO ----------------------------------------------------------------------------

@@ -77,5 +77,17 @@ static int dp_compress_state(tdm_engine *e, int k, int64_t *lo, int64_t *hi, flo
 }
 
 const tdm__engine_ops tdm__engine_dp_ops = {
-    "dp",      dp_create,      dp_destroy,       dp_zero_grad,   dp_begin_backward, dp_end_backward,
-    dp_grad_sumsq, dp_update, dp_read_params, dp_stream_params, dp_load_weights, NULL, NULL, dp_compress_stats, dp_compress_state};
+    .name = "dp",
+    .create = dp_create,
+    .destroy = dp_destroy,
+    .zero_grad = dp_zero_grad,
+    .begin_backward = dp_begin_backward,
+    .end_backward = dp_end_backward,
+    .grad_sumsq = dp_grad_sumsq,
+    .update = dp_update,
+    .read_params = dp_read_params,
+    .stream_params = dp_stream_params,
+    .load_weights = dp_load_weights,
+    .compress_stats = dp_compress_stats,
+    .compress_state = dp_compress_state,
+};
