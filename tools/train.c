@@ -137,6 +137,12 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
     fprintf(stderr, "tandem %s: --compress-start applies to --compress topk:RATIO or powersgd:RANK (given --compress %s)\n", cmd, compress);
     return 2;
   }
+  if ((tp > 1 || pp > 1) && tdm_compress_is_hook(compress)) { /* the compressors live in the data-parallel engine */
+    fprintf(stderr, "tandem %s: --compress %s with --%s %lld: error-feedback compression runs with data parallelism only (--tp 1 "
+            "--pp 1): the %s engine reduces gradients without a compressor\n",
+            cmd, compress, tp > 1 ? "tp" : "pp", (long long)(tp > 1 ? tp : pp), tp > 1 ? "tensor-parallel" : "pipeline");
+    return 2;
+  }
   if (tp > 1 && zero > 0) {
     fprintf(stderr, "tandem %s: --tp %lld with --zero %lld: the data axis beside tensor parallelism runs plain data parallelism (use --zero 0)\n",
             cmd, (long long)tp, (long long)zero);

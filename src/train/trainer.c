@@ -141,6 +141,10 @@ static tdm_status parse_kinds(const tdm_train_config *c, tdm_model_kind *mk, tdm
   if (e->kind == TDM_ENGINE_ZERO && tdm_compress_is_hook(e->dp.compress))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --compress %s with --zero %d: ZeRO reduces gradients in f32 only; expected --zero 0",
                           e->dp.compress, e->zero.stage);
+  if ((e->kind == TDM_ENGINE_PIPELINE || e->kind == TDM_ENGINE_TP) && tdm_compress_is_hook(e->dp.compress))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --compress %s with the %s engine (--%s %lld): error-feedback compression runs "
+                          "with data parallelism only; expected --tp 1 --pp 1", e->dp.compress, tdm_engine_kind_name(e->kind),
+                          e->kind == TDM_ENGINE_TP ? "tp" : "pp", (long long)(e->kind == TDM_ENGINE_TP ? c->tp : c->pp));
   if (e->kind == TDM_ENGINE_ZERO && e->dp.wire_dtype != TDM_F32)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --compress %s with --zero %d: ZeRO reduces gradients in f32 only",
                           tdm_dtype_name(e->dp.wire_dtype), e->zero.stage);

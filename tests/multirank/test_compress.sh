@@ -3,7 +3,7 @@
 # ranks with topk:0.01 (shm) and powersgd:4 (tcp) to a stated test loss; each step's gradient
 # exchange sends what the compressor says (top-k: 8k bytes a bucket, measured, about 50x fewer
 # than f32) and error feedback telescopes; --compress-start sends the first steps whole; a spec
-# that does not parse, and compression with ZeRO, exit 2 naming the value and what is expected; a
+# that does not parse, and compression with ZeRO, --pp or --tp, exit 2 naming the value and what is expected; a
 # compressed run killed and resumed from a checkpoint ends bit-identical (residuals saved).
 # usage: test_compress.sh path/to/tandem
 set -u
@@ -89,7 +89,9 @@ bad_input() {
     expect 2 -e "compress 'gzip': unknown; expected one of none, bf16, fp16, topk:RATIO" "$T" train --compress gzip &&
     expect 2 -e "--compress topk:0.01 applies to --zero 0 only: ZeRO reduces gradients in f32" "$T" train --zero 2 --compress topk:0.01 &&
     expect 2 -e "--compress powersgd:4 applies to --zero 0 only" "$T" run -n 2 -- tandem train --zero 1 --compress powersgd:4 &&
+    expect 2 -e "--compress topk:0.01 with --pp 2: error-feedback compression runs with data parallelism only (--tp 1 --pp 1)" "$T" train --model gpt --pp 2 --compress topk:0.01 &&
+    expect 2 -e "--compress powersgd:4 with --tp 2: error-feedback compression runs with data parallelism only" -e "tensor-parallel engine" "$T" train --model gpt --tp 2 --compress powersgd:4 &&
     expect 2 -e "--compress-start applies to --compress topk:RATIO or powersgd:RANK (given --compress bf16)" "$T" train --compress bf16 --compress-start 3
 }
-check "topk:0, topk:2, topk:1.5, powersgd:0, powersgd:abc, an unknown name, compression with ZeRO, --compress-start without a compressor: exit 2 naming the value and what is expected" bad_input
+check "topk:0, topk:2, topk:1.5, powersgd:0, powersgd:abc, an unknown name, compression with ZeRO, --pp or --tp, --compress-start without a compressor: exit 2 naming the value and what is expected" bad_input
 finish
