@@ -7,6 +7,7 @@
 #include <pthread.h>
 
 #include "parallel/compress.h"
+#include "tandem/engine.h"
 #include "tdm_test.h"
 
 static void parse_errors(void) {
@@ -306,4 +307,30 @@ static void topk_large(void) {
   free(g), free(in), free(m);
 }
 
-TDM_TEST_MAIN(T(topk_large), T(telescope_catches), T(parse_errors), T(powersgd_exact_low_rank), T(powersgd_approaches_svd), T(topk_two_ranks))
+/* The compressors live in the data-parallel engine: any other engine given one is refused by
+ * name before anything is built (one process, a 1 x 1 x 1 grid); dp takes it. */
+static void engines_refuse(void) {
+  tdm_grid *g = NULL;
+  CHECK_OK(tdm_grid_create(&g, NULL, 0, 1, 1));
+  tdm_model_config mc = tdm_model_config_gpt_mini();
+  tdm_optim_config oc = tdm_optim_config_default(TDM_OPT_ADAMW);
+  const char *names[] = {"dp", "zero", "pipeline", "tp"};
+  for (int k = 0; g && k < TDM_ENGINE_KIND_COUNT; k++) {
+    tdm_engine_config ec = tdm_engine_config_default();
+    ec.kind = (tdm_engine_kind)k, ec.dp.compress = "topk:0.1";
+    tdm_engine *e = NULL;
+    tdm_status st = tdm_engine_create(&e, &mc, 1, &oc, g, &ec);
+    if (k == TDM_ENGINE_DP) {
+      CHECK_MSG(st == TDM_OK && e, "dp with topk:0.1: %s", tdm_last_error());
+    } else {
+      CHECK_MSG(st == TDM_ERR_INVALID_ARG && !e, "the %s engine took a compressor", names[k]);
+      CHECK_ERR_HAS("compress topk:0.1 with the");
+      CHECK_ERR_HAS(names[k]);
+      CHECK_ERR_HAS("expected the data-parallel engine (dp)");
+    }
+    tdm_engine_destroy(e);
+  }
+  tdm_grid_destroy(g);
+}
+
+TDM_TEST_MAIN(T(topk_large), T(telescope_catches), T(parse_errors), T(powersgd_exact_low_rank), T(powersgd_approaches_svd), T(topk_two_ranks), T(engines_refuse))
