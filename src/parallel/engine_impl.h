@@ -26,6 +26,8 @@ struct tdm_engine {
   char desc[160];
 };
 
+/* Rows are written with designated initializers: an optional operation an engine lacks is left
+ * out (NULL), so adding one touches only the engines that have it. */
 typedef struct tdm__engine_ops {
   const char *name;
   /* Builds e->model, e->params, e->opt (and e->spans) and the strategy's state. */
@@ -73,6 +75,10 @@ typedef struct tdm__engine_ops {
   tdm_status (*first_nonfinite)(tdm_engine *e, int64_t *index);
   /* Optional: this rank's state as boxes of the whole model's parameters (tdm_engine_pieces). */
   int (*pieces)(const tdm_engine *e, const tdm_engine_piece **pieces);
+  /* Optional: the last step's compression stats and gradient bytes (tdm_engine_compress_stats). */
+  int (*compress_stats)(const tdm_engine *e, const tdm_compress_stats **out, uint64_t *grad_bytes);
+  /* Optional: the compressor's state for checkpoints (tdm_engine_compress_state). */
+  int (*compress_state)(tdm_engine *e, int k, int64_t *lo, int64_t *hi, float **residual, float **shared, int64_t *n_shared);
 } tdm__engine_ops;
 
 extern const tdm__engine_ops tdm__engine_dp_ops;

@@ -787,7 +787,22 @@ static void pp_destroy(tdm_engine *e) {
 }
 
 const tdm__engine_ops tdm__engine_pipeline_ops = {
-    "pipeline",      pp_create,       pp_destroy,       pp_zero_grad,   pp_begin_backward, pp_end_backward,
-    pp_grad_sumsq,   pp_update,       pp_read_params,   pp_stream_params, pp_load_weights, pp_param_shard,
-    pp_shard_changed, 1u << TDM_AXIS_PIPELINE, pp_step, pp_eval, pp_check, 1u << TDM_AXIS_PIPELINE,
-    NULL, NULL, NULL};
+    .name = "pipeline",
+    .create = pp_create,
+    .destroy = pp_destroy,
+    .zero_grad = pp_zero_grad,
+    .begin_backward = pp_begin_backward,
+    .end_backward = pp_end_backward,
+    .grad_sumsq = pp_grad_sumsq,
+    .update = pp_update,
+    .read_params = pp_read_params,
+    .stream_params = pp_stream_params,
+    .load_weights = pp_load_weights,
+    .param_shard = pp_param_shard,
+    .shard_changed = pp_shard_changed,
+    .axes = 1u << TDM_AXIS_PIPELINE,
+    .step = pp_step,
+    .eval = pp_eval,
+    .check = pp_check,
+    .split = 1u << TDM_AXIS_PIPELINE,
+};
