@@ -38,7 +38,7 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
   double lr, dropout, wd, momentum;
   cli_opt opts[80] = {
       {"model", CLI_CHOICE, &c->model, "mlp", "model to train", "mlp|cnn|gpt|resnet", 0, 0, 0},
-      {"data", CLI_CHOICE, &c->data, "fashion-mnist", "data set (synthetic: generated, Fashion-MNIST's shape; tinyshakespeare for gpt, the default there)", "fashion-mnist|mnist|synthetic|tinyshakespeare", 0, 0, 0},
+      {"data", CLI_CHOICE, &c->data, "fashion-mnist", "data set (synthetic: generated, Fashion-MNIST's shape; cifar-bin: CIFAR-10's binary batches in --data-dir; tinyshakespeare for gpt, the default there)", "fashion-mnist|mnist|synthetic|cifar-bin|tinyshakespeare", 0, 0, 0},
       {"data-path", CLI_STRING, &c->data_path, "data/tinyshakespeare.txt", "gpt: the text file (bytes are the tokens)", NULL, 0, 0, 0},
       {"config", CLI_CHOICE, &c->gpt_config, "mini", "the architecture: gpt mini (4 layers, 4 heads, 256 wide, block 128, vocab 256) or gpt2-124M; resnet20 (the resnet default) or resnet18", "mini|gpt2-124M|resnet20|resnet18", 0, 0, 0},
       {"layers", CLI_INT, &layers, "0", "gpt: transformer blocks (0: from --config)", NULL, 0, 1000, 0},

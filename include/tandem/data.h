@@ -53,6 +53,12 @@ int tdm_dataset_is_tokens(const tdm_dataset *ds);
 tdm_status tdm_dataset_open_tokens_u16(tdm_dataset **out, const char *path, int64_t T, int vocab);
 /* Token windows x (n, T) and targets y (n, T) of a token data set. */
 tdm_status tdm_dataset_tokens(const tdm_dataset *ds, const int64_t *idx, int64_t n, int32_t *x, int32_t *y);
+/* CIFAR-style binary batches in dir (CIFAR-10's binary version): records of a label byte and a
+ * channels x height x width image (channel-major, row by row); training reads data_batch_1.bin,
+ * data_batch_2.bin, ... as far as they go, test reads test_batch.bin. A file that is not a whole
+ * number of records, or a label >= classes, is TDM_ERR_FORMAT naming the file and the sizes. */
+tdm_status tdm_dataset_open_cifar(tdm_dataset **out, const char *dir, int train, int channels, int height, int width,
+                                  int classes);
 void tdm_dataset_destroy(tdm_dataset *ds);
 int64_t tdm_dataset_len(const tdm_dataset *ds);
 int tdm_dataset_num_classes(const tdm_dataset *ds);

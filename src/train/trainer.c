@@ -131,8 +131,8 @@ static tdm_status parse_kinds(const tdm_train_config *c, tdm_model_kind *mk, tdm
   else if (!strcmp(c->optimizer, "adamw")) *ok = TDM_OPT_ADAMW;
   else return tdm__set_error(TDM_ERR_INVALID_ARG, "train: optimizer '%s'; expected sgd, adam or adamw", c->optimizer);
   if (!c->data || (strcmp(c->data, "fashion-mnist") && strcmp(c->data, "mnist") && strcmp(c->data, "synthetic") &&
-                   strcmp(c->data, "tinyshakespeare")))
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: data set '%s'; expected fashion-mnist, mnist, synthetic or tinyshakespeare",
+                   strcmp(c->data, "tinyshakespeare") && strcmp(c->data, "cifar-bin")))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: data set '%s'; expected fashion-mnist, mnist, synthetic, cifar-bin or tinyshakespeare",
                           c->data ? c->data : "(null)");
   const tdm_engine_config *e = &c->engine;
   if (*mk == TDM_MODEL_RESNET && e->kind == TDM_ENGINE_ZERO && e->zero.stage == 3)
@@ -404,6 +404,9 @@ static tdm_status prepare(const tdm_train_config *c, int W, int D, int R, int P,
     int64_t shp[3] = {1, 28, 28};
     st = tdm_dataset_open_synthetic(&s->train, 60000, 3, shp, 10, 0x5eed, 0);
     if (st == TDM_OK) st = tdm_dataset_open_synthetic(&s->test, 10000, 3, shp, 10, 0x5eed, 1ull << 40);
+  } else if (!strcmp(c->data, "cifar-bin")) { /* CIFAR-10's binary batches in --data-dir */
+    st = tdm_dataset_open_cifar(&s->train, c->data_dir, 1, 3, 32, 32, 10);
+    if (st == TDM_OK) st = tdm_dataset_open_cifar(&s->test, c->data_dir, 0, 3, 32, 32, 10);
   } else {
     st = tdm_dataset_open_idx(&s->train, c->data_dir, 1);
     if (st == TDM_OK) st = tdm_dataset_open_idx(&s->test, c->data_dir, 0);
