@@ -59,6 +59,15 @@ tdm_status tdm_dataset_tokens(const tdm_dataset *ds, const int64_t *idx, int64_t
  * number of records, or a label >= classes, is TDM_ERR_FORMAT naming the file and the sizes. */
 tdm_status tdm_dataset_open_cifar(tdm_dataset **out, const char *dir, int train, int channels, int height, int width,
                                   int classes);
+/* Augments images x (n, C, H, W) in place: a random crop of the image zero-padded by pad on every
+ * side (a shift of -pad..pad in each direction) and, with flip, a horizontal flip with probability
+ * 1/2 (applied to the crop), as torchvision's RandomCrop(H, padding=pad) + RandomHorizontalFlip.
+ * Image i's draw depends only on (seed, epoch, first + i): give first the position of the batch's
+ * first sample in the epoch's order (tdm_sampler_next's) and N ranks augment exactly as one
+ * process. scratch holds C*H*W floats. tdm_augment_draw gives the draw: shifts dy, dx, flipped. */
+tdm_status tdm_augment_images(float *x, int64_t n, int64_t C, int64_t H, int64_t W, int pad, int flip, uint64_t seed,
+                              int64_t epoch, int64_t first, float *scratch);
+void tdm_augment_draw(uint64_t seed, int64_t epoch, int64_t position, int pad, int flip, int *dy, int *dx, int *flipped);
 void tdm_dataset_destroy(tdm_dataset *ds);
 int64_t tdm_dataset_len(const tdm_dataset *ds);
 int tdm_dataset_num_classes(const tdm_dataset *ds);

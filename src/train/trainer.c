@@ -138,6 +138,9 @@ static tdm_status parse_kinds(const tdm_train_config *c, tdm_model_kind *mk, tdm
   if (*mk == TDM_MODEL_RESNET && e->kind == TDM_ENGINE_ZERO && e->zero.stage == 3)
     return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "train: resnet with --zero 3: batch norm writes its running statistics "
                                                  "into the parameters in forward, which stage 3 does not hold; use --zero 0, 1 or 2");
+  if ((c->crop_pad > 0 || c->flip) && (*mk == TDM_MODEL_MLP || *mk == TDM_MODEL_GPT))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --crop-pad %d / --flip with model %s: augmentation needs image inputs (cnn, resnet)",
+                          c->crop_pad, c->model);
   if (c->sync_bn && *mk != TDM_MODEL_RESNET)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --sync-bn with model %s, which has no batch norm; it applies to resnet", c->model);
   if ((unsigned)e->kind >= TDM_ENGINE_KIND_COUNT || (e->kind == TDM_ENGINE_ZERO && (e->zero.stage < 1 || e->zero.stage > 3)))
@@ -333,6 +336,8 @@ typedef struct {
   tdm_sampler *sampler;
   const tdm_model_config *mc;
   int64_t per; /* features, or tokens, per sample */
+  int crop_pad, flip;
+  uint64_t seed;
 } batch_src;
 
 static tdm_status next_batch(void *ctx, tdm_tape *tp, int64_t micro, tdm_tensor **x, tdm_tensor **y, int64_t *base) {
@@ -340,12 +345,18 @@ static tdm_status next_batch(void *ctx, tdm_tape *tp, int64_t micro, tdm_tensor 
   batch_src *b = ctx;
   const float *bx;
   const int32_t *by;
-  int64_t n;
+  int64_t n, epoch = tdm_sampler_epoch(b->sampler);
   TDM__TRY(tdm_sampler_next(b->sampler, &bx, &by, &n, base));
   int64_t xs[4], ys[2] = {n, b->per};
   int nd = input_shape(b->mc, n, b->per, xs), tokens = b->mc->kind == TDM_MODEL_GPT;
   *x = tdm_from_data(tp, tokens ? TDM_I32 : TDM_F32, nd, xs, bx);
   *y = tdm_from_data(tp, TDM_I32, tokens ? 2 : 1, ys, by);
+  if (*x && (b->crop_pad > 0 || b->flip) && nd == 4) { /* keyed by the sample's position: N ranks == 1 process */
+    tdm_tensor *scratch = tdm_new(tp, TDM_F32, 3, xs + 1);
+    if (scratch)
+      TDM__TRY(tdm_augment_images(tdm_tensor_data(*x), n, xs[1], xs[2], xs[3], b->crop_pad, b->flip, b->seed, epoch, *base,
+                                  tdm_tensor_data(scratch)));
+  }
   return *x && *y ? TDM_OK : tdm__set_error(tdm_tape_status(tp), "%s", tdm_tape_error(tp));
 }
 
@@ -565,7 +576,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   int64_t epoch, offset;
   tdm_sampler_locate(s->sampler, step, &epoch, &offset);
   step_record rec = {0};
-  batch_src bs = {s->sampler, &mc, per};
+  batch_src bs = {s->sampler, &mc, per, c->crop_pad, c->flip, c->seed};
   tdm_mem_peak_reset(); /* the peaks from here on are the training's */
   while (step < total) {
     TDM__TRY(tdm_sampler_seek(s->sampler, step));

@@ -381,6 +381,48 @@ static void test_sync_bn_ranks(void) {
   }
 }
 
+/* ---- augmentation ------------------------------------------------------------------------------- */
+/* Each image equals its draw applied by hand (pad with zeros, crop, flip); the draw depends on the
+ * position alone (a batch at first == its images one by one); every shift and both flips occur. */
+static void test_augment(void) {
+  enum { C = 2, H = 5, W = 6, N = 4, PAD = 2 };
+  float x[N * C * H * W], one[C * H * W], scratch[C * H * W];
+  fill(x, N * C * H * W, 91, 1);
+  float orig[N * C * H * W];
+  memcpy(orig, x, sizeof x);
+  CHECK_OK(tdm_augment_images(x, N, C, H, W, PAD, 1, 7, 3, 10, scratch));
+  for (int i = 0; i < N; i++) {
+    int dy, dx, fl;
+    tdm_augment_draw(7, 3, 10 + i, PAD, 1, &dy, &dx, &fl);
+    float padded[C][H + 2 * PAD][W + 2 * PAD];
+    memset(padded, 0, sizeof padded);
+    for (int c = 0; c < C; c++)
+      for (int yy = 0; yy < H; yy++)
+        for (int xx = 0; xx < W; xx++) padded[c][yy + PAD][xx + PAD] = orig[((i * C + c) * H + yy) * W + xx];
+    int bad = 0;
+    for (int c = 0; c < C; c++)
+      for (int yy = 0; yy < H; yy++)
+        for (int xx = 0; xx < W; xx++) {
+          float want = padded[c][yy + PAD + dy][(fl ? W - 1 - xx : xx) + PAD + dx];
+          bad += x[((i * C + c) * H + yy) * W + xx] != want;
+        }
+    CHECK_MSG(!bad, "image %d (shift %d, %d, flip %d): %d values differ from the hand-made crop", i, dy, dx, fl, bad);
+    memcpy(one, orig + i * C * H * W, sizeof one);
+    CHECK_OK(tdm_augment_images(one, 1, C, H, W, PAD, 1, 7, 3, 10 + i, scratch));
+    CHECK_MSG(!memcmp(one, x + i * C * H * W, sizeof one), "image %d alone differs from its place in the batch", i);
+  }
+  int seen_dy[2 * PAD + 1] = {0}, seen_dx[2 * PAD + 1] = {0}, flips = 0;
+  for (int pos = 0; pos < 400; pos++) {
+    int dy, dx, fl;
+    tdm_augment_draw(7, 0, pos, PAD, 1, &dy, &dx, &fl);
+    seen_dy[dy + PAD]++, seen_dx[dx + PAD]++, flips += fl;
+  }
+  for (int k = 0; k <= 2 * PAD; k++) CHECK_MSG(seen_dy[k] > 40 && seen_dx[k] > 40, "shift %d drawn %d / %d times in 400", k - PAD, seen_dy[k], seen_dx[k]);
+  CHECK_MSG(flips > 150 && flips < 250, "%d flips in 400", flips);
+  CHECK(tdm_augment_images(x, N, C, H, W, 7, 1, 7, 3, 10, scratch) != TDM_OK);
+  CHECK_ERR_HAS("padding 7; expected padding 0..5");
+}
+
 int main(void) {
   tdm_test_case cases[] = {
       {"conv_batched_matches_reference", test_conv_batched_matches_reference},
@@ -390,6 +432,7 @@ int main(void) {
       {"resnet_shapes", test_resnet_shapes},
       {"resnet_steady_state", test_resnet_steady_state},
       {"sync_bn_ranks", test_sync_bn_ranks},
+      {"augment", test_augment},
   };
   return tdm_test_main(cases, sizeof cases / sizeof cases[0]);
 }
