@@ -34,6 +34,15 @@ typedef struct {
   float *db;
 } chunk_ctx;
 
+/* The output columns ox in [lo, hi) whose input column ox * stride - pad + kx lies inside. */
+static void ox_range(const tdm_conv_shape *s, int64_t kx, int64_t *lo, int64_t *hi) {
+  int64_t a = s->pad - kx, b = s->W - 1 + s->pad - kx; /* ox * stride in [a, b] */
+  int64_t l = a <= 0 ? 0 : (a + s->stride - 1) / s->stride, h = b < 0 ? 0 : b / s->stride + 1;
+  if (h > s->OW) h = s->OW;
+  if (l > h) l = h;
+  *lo = l, *hi = h;
+}
+
 /* Rows [r0, r1) of the column matrix: row (c, ky, kx), column (j, oy, ox). */
 static void im2col_rows(void *vc, int64_t r0, int64_t r1) {
   chunk_ctx *c = vc;
@@ -52,20 +61,16 @@ static void im2col_rows(void *vc, int64_t r0, int64_t r1) {
           continue;
         }
         const float *src = img + iy * s->W;
-        if (s->stride == 1) { /* a contiguous run with zeros either side */
-          int64_t lo = s->pad - kx, hi = s->W + s->pad - kx; /* ox in [lo, hi) reads inside */
-          if (lo < 0) lo = 0;
-          if (hi > s->OW) hi = s->OW;
-          if (hi < lo) hi = lo;
-          for (int64_t ox = 0; ox < lo; ox++) o[ox] = 0.0f;
+        int64_t lo, hi;
+        ox_range(s, kx, &lo, &hi);
+        for (int64_t ox = 0; ox < lo; ox++) o[ox] = 0.0f;
+        if (s->stride == 1) {
           if (hi > lo) memcpy(o + lo, src + lo - s->pad + kx, sizeof(float) * (size_t)(hi - lo));
-          for (int64_t ox = hi; ox < s->OW; ox++) o[ox] = 0.0f;
         } else {
-          for (int64_t ox = 0; ox < s->OW; ox++) {
-            int64_t ix = ox * s->stride - s->pad + kx;
-            o[ox] = ix >= 0 && ix < s->W ? src[ix] : 0.0f;
-          }
+          const float *sp = src + lo * s->stride - s->pad + kx;
+          for (int64_t ox = lo; ox < hi; ox++) o[ox] = sp[(ox - lo) * s->stride];
         }
+        for (int64_t ox = hi; ox < s->OW; ox++) o[ox] = 0.0f;
       }
     }
   }
@@ -86,12 +91,15 @@ static void col2im_channels(void *vc, int64_t c0, int64_t c1) {
           for (int64_t oy = 0; oy < s->OH; oy++) {
             int64_t iy = oy * s->stride - s->pad + ky;
             if (iy < 0 || iy >= s->H) continue;
-            float *dst = img + iy * s->W;
             const float *g = row + oy * s->OW;
-            for (int64_t ox = 0; ox < s->OW; ox++) {
-              int64_t ix = ox * s->stride - s->pad + kx;
-              if (ix >= 0 && ix < s->W) dst[ix] += g[ox];
-            }
+            int64_t lo, hi;
+            ox_range(s, kx, &lo, &hi);
+            if (hi <= lo) continue;
+            float *dst = img + iy * s->W + lo * s->stride - s->pad + kx; /* input column of ox = lo */
+            if (s->stride == 1)
+              for (int64_t ox = lo; ox < hi; ox++) dst[ox - lo] += g[ox];
+            else
+              for (int64_t ox = lo; ox < hi; ox++) dst[(ox - lo) * s->stride] += g[ox];
           }
         }
       }
