@@ -33,7 +33,7 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
   double clip, max_time, bucket_mb;
   int resume, no_overlap, allow_nonfinite, nesterov, sync_bn, flip;
   int64_t lr_step, crop_pad;
-  double lr_gamma;
+  double lr_gamma, label_smoothing;
   const char *prefetch, *compress, *zero_prefetch, *schedule, *lr_schedule, *pp_split;
   double lr, dropout, wd, momentum;
   cli_opt opts[80] = {
@@ -69,6 +69,7 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
       {"nesterov", CLI_FLAG, &nesterov, NULL, "SGD: Nesterov momentum (needs --momentum > 0)", NULL, 0, 0, 0},
       {"crop-pad", CLI_INT, &crop_pad, "0", "cnn, resnet: random crop of the image zero-padded by this many pixels (0: none), per (seed, epoch, sample)", NULL, 0, 64, 0},
       {"flip", CLI_FLAG, &flip, NULL, "cnn, resnet: random horizontal flip, per (seed, epoch, sample)", NULL, 0, 0, 0},
+      {"label-smoothing", CLI_FLOAT, &label_smoothing, "0", "mlp, cnn, resnet: cross-entropy with label smoothing (PyTorch's label_smoothing)", NULL, 0, 0.999, 0},
       {"sync-bn", CLI_FLAG, &sync_bn, NULL, "resnet: batch-norm statistics over all data-parallel ranks (SyncBatchNorm); one rank: no effect", NULL, 0, 0, 0},
       {"schedule", CLI_CHOICE, &schedule, "1f1b", "--pp: the pipeline schedule (constant or cosine: as --lr-schedule, kept for old scripts)", "gpipe|1f1b|interleaved|zb1p|constant|cosine", 0, 0, 0},
       {"dp", CLI_INT, &dp, "0", "data-parallel replicas of the process grid (0: the ranks left after --pp); --dp x --pp = the ranks", NULL, 0, 1 << 20, 0},
@@ -200,7 +201,7 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
   c->dp = dp, c->pp = pp;
   c->n_layer = layers, c->n_head = heads, c->n_embd = width, c->block_size = block, c->vocab_size = vocab, c->seq_len = seq_len;
   c->warmup_steps = warmup;
-  c->crop_pad = (int)crop_pad, c->flip = flip;
+  c->crop_pad = (int)crop_pad, c->flip = flip, c->label_smoothing = label_smoothing;
   c->nesterov = nesterov, c->sync_bn = sync_bn, c->lr_step_size = lr_step, c->lr_gamma = lr_gamma;
   if (!strcmp(c->model, "resnet") && !cli_seen(opts, n, "config")) c->gpt_config = "resnet20";
   if (!strcmp(c->model, "resnet") != (!strcmp(c->gpt_config, "resnet20") || !strcmp(c->gpt_config, "resnet18")) &&

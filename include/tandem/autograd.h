@@ -132,6 +132,10 @@ tdm_tensor *tdm_log_softmax(tdm_tape *tp, tdm_tensor *x, int axis);
 /* Mean over rows of -log softmax(logits)[target]; logits (..., C), targets (...) i32/i64;
  * rows whose target is ignore_index do not count (PyTorch's default is -100). -> () */
 tdm_tensor *tdm_cross_entropy(tdm_tape *tp, tdm_tensor *logits, tdm_tensor *targets, int64_t ignore_index);
+/* As tdm_cross_entropy with label smoothing eps in [0, 1] (PyTorch's label_smoothing): each row's
+ * target is (1 - eps) one-hot + eps / C uniform. logits (N, C), targets (N). -> () */
+tdm_tensor *tdm_cross_entropy_smooth(tdm_tape *tp, tdm_tensor *logits, tdm_tensor *targets, int64_t ignore_index,
+                                     float eps);
 /* mean((a - b)^2) over all elements; a and b of one shape. -> () */
 tdm_tensor *tdm_mse(tdm_tape *tp, tdm_tensor *a, tdm_tensor *b);
 

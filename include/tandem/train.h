@@ -93,6 +93,7 @@ typedef struct tdm_train_config {
   int nesterov;           /* SGD: Nesterov momentum */
   int64_t lr_step_size;   /* lr_schedule "step": multiply by lr_gamma every this many steps (0: a third of the run) */
   double lr_gamma;        /* 0: 0.1 */
+  double label_smoothing; /* classifiers: cross-entropy with label smoothing (0: none) */
   int crop_pad, flip;     /* images: random crop with this zero padding (0: none), random horizontal flip (tandem/data.h) */
   /* The process grid: data-parallel replicas (0: the world over tensor x pipeline) and pipeline
    * stages (engine.kind TDM_ENGINE_PIPELINE; 1 otherwise); their product is the world size. A step

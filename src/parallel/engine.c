@@ -192,6 +192,7 @@ int tdm_engine_shard(const tdm_engine *e, const tdm_optim_span **spans) {
 /* forward: the model, then the mean cross-entropy; logits for the accuracy. */
 static tdm_tensor *forward(tdm_engine *e, tdm_tensor *x, tdm_tensor *y, tdm_tensor **logits) {
   *logits = tdm_model_forward(e->model, e->tape, x);
+  if (e->cfg.label_smoothing > 0) return tdm_cross_entropy_smooth(e->tape, *logits, y, -100, e->cfg.label_smoothing);
   return tdm_cross_entropy(e->tape, *logits, y, -100);
 }
 

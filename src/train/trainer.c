@@ -446,6 +446,10 @@ static tdm_status prepare(const tdm_train_config *c, int W, int D, int R, int P,
   oc.nesterov = c->nesterov;
   tdm_engine_config ec = c->engine;
   ec.allow_nonfinite = c->allow_nonfinite;
+  if (c->label_smoothing > 0 && (mk == TDM_MODEL_GPT || !(c->label_smoothing < 1)))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --label-smoothing %g with model %s; expected 0 <= eps < 1, for the image classifiers",
+                          c->label_smoothing, c->model);
+  ec.label_smoothing = (float)c->label_smoothing;
   int64_t K = ec.accum > 1 ? ec.accum : 1;
   int64_t N = tdm_dataset_len(s->train), B = c->batch_size;
   tdm_last_batch last = TDM_LAST_PARTIAL; /* one process: keep the smaller last batch, as DataLoader */

@@ -423,6 +423,51 @@ static void test_augment(void) {
   CHECK_ERR_HAS("padding 7; expected padding 0..5");
 }
 
+/* ---- label smoothing ------------------------------------------------------------------------------ */
+static tdm_tensor *g_ls(tdm_tape *tp, tdm_tensor *const *x, void *c) {
+  int32_t y[4] = {2, 0, -100, 4};
+  int64_t ys[1] = {4};
+  return tdm_cross_entropy_smooth(tp, x[0], tdm_from_data(tp, TDM_I32, 1, ys, y), -100, *(float *)c);
+}
+
+/* The loss against PyTorch's definition written out in double, eps 0 == tdm_cross_entropy, the
+ * gradient against finite differences, a bad eps named. */
+static void test_label_smoothing(void) {
+  int64_t xs[2] = {4, 5};
+  tdm_tensor *x = heap(2, xs, 51, 2, 0, 1);
+  int32_t y[4] = {2, 0, -100, 4};
+  float eps = 0.1f;
+  tdm_tape *tp;
+  CHECK_OK(tdm_tape_create(&tp, 0));
+  int64_t ys[1] = {4};
+  tdm_tensor *l = tdm_cross_entropy_smooth(tp, x, tdm_from_data(tp, TDM_I32, 1, ys, y), -100, eps);
+  const float *px = tdm_tensor_data(x);
+  double want = 0;
+  for (int i = 0; i < 4; i++) {
+    if (y[i] == -100) continue;
+    double m = -1e30, s = 0, sum_lp = 0;
+    for (int c = 0; c < 5; c++) m = fmax(m, px[i * 5 + c]);
+    for (int c = 0; c < 5; c++) s += exp(px[i * 5 + c] - m);
+    double lse = m + log(s);
+    for (int c = 0; c < 5; c++) sum_lp += px[i * 5 + c] - lse;
+    want += -(1 - eps) * (px[i * 5 + y[i]] - lse) - eps * sum_lp / 5;
+  }
+  want /= 3;
+  CHECK(l != NULL);
+  if (l) CHECK_NEAR(*(float *)tdm_tensor_data(l), want, 1e-6);
+  tdm_tensor *l0 = tdm_cross_entropy_smooth(tp, x, tdm_from_data(tp, TDM_I32, 1, ys, y), -100, 0.0f);
+  tdm_tensor *lr = tdm_cross_entropy(tp, x, tdm_from_data(tp, TDM_I32, 1, ys, y), -100);
+  if (l0 && lr) CHECK_NEAR(*(float *)tdm_tensor_data(l0), *(float *)tdm_tensor_data(lr), 1e-6);
+  tdm_gradcheck_opts o = {1e-2, 1e-3, 1e-2};
+  double err;
+  CHECK_OK(tdm_gradcheck(g_ls, &eps, 1, &x, &o, &err));
+  tdm_tape_reset(tp);
+  CHECK(tdm_cross_entropy_smooth(tp, x, tdm_from_data(tp, TDM_I32, 1, ys, y), -100, 1.5f) == NULL);
+  CHECK_ERR_HAS("label smoothing 1.5; expected 0 <= eps <= 1");
+  tdm_tape_destroy(tp);
+  tdm_tensor_destroy(x);
+}
+
 int main(void) {
   tdm_test_case cases[] = {
       {"conv_batched_matches_reference", test_conv_batched_matches_reference},
@@ -433,6 +478,7 @@ int main(void) {
       {"resnet_steady_state", test_resnet_steady_state},
       {"sync_bn_ranks", test_sync_bn_ranks},
       {"augment", test_augment},
+      {"label_smoothing", test_label_smoothing},
   };
   return tdm_test_main(cases, sizeof cases / sizeof cases[0]);
 }
