@@ -63,6 +63,13 @@ crop_one_step() { # one step with random crops too: N ranks == 1 process (after 
     "$T" "${B[@]:0:${#B[@]}-2}" --batch-size 16 --save-weights "$TMP/c0.st" >/dev/null 2>&1 && ! cmp -s "$TMP/c0.st" "$TMP/c1.st"
 }
 check "--crop-pad 4 --flip, one step: 2 ranks x 8 --sync-bn == 1 process x 16 (rtol 1e-5), and the crops change the inputs" crop_one_step
+resume_exact() { # the BN running statistics are parameters: checkpoints carry them
+  local B=("${A[@]:0:10}" 2 "${A[@]:11}")
+  "$T" "${B[@]}" --batch-size 16 --checkpoint-dir "$TMP/ck" >/dev/null 2>&1 &&
+    "$T" "${A[@]}" --batch-size 16 --checkpoint-dir "$TMP/ck" --resume --save-weights "$TMP/res.st" >/dev/null 2>&1 &&
+    cmp -s "$TMP/one.st" "$TMP/res.st"
+}
+check "2 steps, checkpoint, resume to 3: the uninterrupted run's weights and running statistics, byte for byte" resume_exact
 bad_dims() {
   mkdir -p "$TMP/bad" && head -c 3073 "$D/data_batch_1.bin" >"$TMP/bad/data_batch_1.bin" && head -c 4000 "$D/test_batch.bin" >"$TMP/bad/test_batch.bin"
   "$T" "${A[@]}" --data-dir "$TMP/bad" >"$TMP/bad.out" 2>&1
