@@ -137,6 +137,7 @@ typedef struct tdm_engine_config {
   int64_t accum;          /* micro-batches per optimizer step (0 or 1: none) */
   float clip;             /* clip the global gradient norm to this (0: only measure it) */
   int allow_nonfinite;    /* 0: a non-finite loss or gradient norm fails the step */
+  float label_smoothing;  /* > 0: the classifiers' cross-entropy with label smoothing (training and evaluation) */
   tdm_engine_dp_config dp;
   tdm_engine_zero_config zero;
   tdm_engine_tp_config tp;

@@ -19,7 +19,15 @@ struct tdm_model {
   tdm_embedding_mod wte, wpe;
   tdm_block_mod *blocks;
   tdm_layernorm_mod ln_f;
+  /* ResNet (resnet.c) */
+  struct tdm__resnet *resnet;
+  struct tdm_comm *bn_sync; /* batch norm's communicator (tdm_model_set_bn_sync), or NULL */
 };
+
+tdm_status tdm__resnet_check(const tdm_model_config *c);
+tdm_status tdm__resnet_build(tdm_model *m);
+void tdm__resnet_free(tdm_model *m);
+tdm_tensor *tdm__resnet_forward(tdm_model *m, tdm_tape *tp, tdm_tensor *x);
 
 tdm_status tdm__linear_mod_init_with(tdm_linear_mod *m, tdm_params *p, const char *prefix, int64_t in, int64_t out,
                                      int bias, tdm_init winit, tdm_init binit);

@@ -5,8 +5,9 @@
 #include "core/internal.h"
 #include "nn/model_impl.h"
 #include "autograd/tape_impl.h"
+#include "tandem/comm.h"
 
-static const char *kind_names[] = {"mlp", "cnn", "gpt"};
+static const char *kind_names[] = {"mlp", "cnn", "gpt", "resnet"};
 _Static_assert(sizeof kind_names / sizeof kind_names[0] == TDM_MODEL_KIND_COUNT, "one name per model kind");
 
 const char *tdm_model_kind_name(tdm_model_kind k) {
@@ -99,6 +100,8 @@ static tdm_status check_config(const tdm_model_config *c) {
       return tdm__set_error(TDM_ERR_INVALID_ARG, "gpt: %lld heads do not divide the width %lld",
                             (long long)c->n_head, (long long)c->n_embd);
     return TDM_OK;
+  case TDM_MODEL_RESNET:
+    return tdm__resnet_check(c);
   default:
     return tdm__set_error(TDM_ERR_INVALID_ARG, "model: unknown kind %d", (int)c->kind);
   }
@@ -139,6 +142,8 @@ static tdm_status build(tdm_model *m) {
     }
     return tdm_layernorm_mod_init(&m->ln_f, p, "transformer.ln_f", c->n_embd);
   }
+  case TDM_MODEL_RESNET:
+    return tdm__resnet_build(m);
   default:
     return tdm__set_error(TDM_ERR_INTERNAL, "model: unknown kind");
   }
@@ -169,11 +174,13 @@ void tdm_model_destroy(tdm_model *m) {
   if (!m) return;
   tdm_params_destroy(m->params);
   tdm__free(m->blocks);
+  tdm__resnet_free(m);
   tdm__free(m);
 }
 
 tdm_params *tdm_model_params(const tdm_model *m) { return m->params; }
 const tdm_model_config *tdm_model_get_config(const tdm_model *m) { return &m->cfg; }
+void tdm_model_set_bn_sync(tdm_model *m, struct tdm_comm *comm) { m->bn_sync = comm && tdm_comm_size(comm) > 1 ? comm : NULL; }
 
 static tdm_tensor *input_error(tdm_tape *tp, const char *kind, const tdm_tensor *x, const char *expected) {
   char b[96];
@@ -208,6 +215,8 @@ tdm_tensor *tdm_model_forward(tdm_model *m, tdm_tape *tp, tdm_tensor *x) {
     tdm_gpt_range all = {0, c->n_layer, 1, 1, NULL, NULL};
     return tdm_gpt_forward_range(m, tp, x, &all);
   }
+  case TDM_MODEL_RESNET:
+    return tdm__resnet_forward(m, tp, x);
   default:
     return NULL;
   }

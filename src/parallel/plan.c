@@ -127,9 +127,7 @@ static void model_tape(const tdm_model_config *m, int64_t B, int64_t T, int64_t 
     int64_t ch[2] = {m->c1, m->c2};
     for (int k = 0; k < 2; k++) { /* conv 5x5 pad 2, relu, maxpool 2 */
       op_out(a, 4 * B * ch[k] * H * W);
-      op_saved(a, (int64_t)sizeof(tdm_conv_shape));
-      op_saved(a, 4 * ci * 25 * H * W); /* one image's columns */
-      bwd_scratch(a, 4 * ci * 25 * H * W);
+      op_saved(a, (int64_t)sizeof(tdm_conv_shape)); /* the columns: the tape's workspace, not the arena */
       op_out(a, 4 * B * ch[k] * H * W); /* relu */
       H /= 2, W /= 2;
       op_out(a, 4 * B * ch[k] * H * W); /* maxpool */
