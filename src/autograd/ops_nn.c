@@ -271,19 +271,31 @@ tdm_tensor *tdm_dropout(tdm_tape *tp, tdm_tensor *x, float p) {
 }
 
 /* ---- attention ------------------------------------------------------------------------------ */
-/* i: [0] B, [1] T, [2] C, [3] NH; saved[0]: att */
+/* i: [0] B, [1] T, [2] C, [3] NH, [4] dtype of the saved probabilities; saved[0]: att, or NULL
+ * under selective recomputation (rebuilt here from q and k, rounded as the stored ones would be).
+ * The backward's scratch (and a 16-bit run's f32 copies) is given back when it returns. */
 static void attention_bw(tdm_tape *tp, tdm_node *n) {
+  tdm_tensor *qkv = n->in[0];
   int fresh;
-  float *g = tdm__grad_for_write(tp, n->in[0], &fresh);
+  void *g = tdm__grad_for_write(tp, qkv, &fresh);
   if (!g) return;
-  int64_t B = n->i[0], T = n->i[1], C = n->i[2], NH = n->i[3];
-  float *scratch = tdm__scratch(tp, sizeof(float) * (size_t)(B * NH * T * T));
-  if (scratch) tdm_k_attention_bwd(g, scratch, n->out->grad->data, n->saved[0], n->in[0]->data, B, T, C, NH, !fresh);
-  else if (fresh) tdm_k_zero(g, n->in[0]->numel); /* the tape has failed; leave no garbage behind */
+  int64_t B = n->i[0], T = n->i[1], C = n->i[2], NH = n->i[3], PT = B * NH * T * T;
+  tdm__arena_pos pos = tdm__arena_mark(tp->arena);
+  float *gf = tdm__grad_f32(tp, qkv, g, fresh);
+  const float *x = tdm__f32(tp, qkv), *dy = tdm__f32(tp, n->out->grad), *att = NULL;
+  att = tdm__saved_probs(tp, n->saved[0], (tdm_dtype)n->i[4], PT, x, x ? x + C : NULL, B, T, NH, NH, C / NH, 3 * C, 3 * C);
+  float *scratch = tdm__scratch(tp, sizeof(float) * (size_t)(PT ? PT : 1));
+  if (gf && x && dy && att && scratch) {
+    tdm_k_attention_bwd(gf, scratch, dy, att, x, B, T, C, NH, !fresh);
+    tdm__grad_commit(qkv, g, gf);
+  } else if (fresh && qkv->grad->dtype == TDM_F32) {
+    tdm_k_zero(g, qkv->numel); /* the tape has failed; leave no garbage behind */
+  }
+  tdm__arena_rewind(tp->arena, pos);
 }
 
 tdm_tensor *tdm_attention(tdm_tape *tp, tdm_tensor *qkv, int n_head) {
-  if (!tdm__inputs_ok(tp, "attention", 1, &qkv) || !tdm__check_f32(tp, "attention", "qkv", qkv)) return NULL;
+  if (!tdm__inputs_ok(tp, "attention", 1, &qkv) || !tdm__check_act(tp, "attention", "qkv", qkv)) return NULL;
   if (qkv->ndim != 3 || qkv->shape[2] % 3 != 0)
     return tdm__fail(tp, TDM_ERR_INVALID_ARG, "attention: qkv is %s; expected (B, T, 3C)", tdm__shp(qkv));
   int64_t B = qkv->shape[0], T = qkv->shape[1], C = qkv->shape[2] / 3;
@@ -291,14 +303,27 @@ tdm_tensor *tdm_attention(tdm_tape *tp, tdm_tensor *qkv, int n_head) {
     return tdm__fail(tp, TDM_ERR_INVALID_ARG, "attention: %d heads do not divide the width %lld of qkv %s", n_head,
                      (long long)C, tdm__shp(qkv));
   qkv = tdm__contig(tp, qkv);
-  int64_t shape[3] = {B, T, C};
-  tdm_tensor *y = qkv ? tdm__out(tp, TDM_F32, 3, shape) : NULL;
-  float *att = y ? tdm__scratch(tp, sizeof(float) * (size_t)(B * n_head * T * T)) : NULL;
-  if (!att) return NULL;
-  tdm_k_attention_fwd(y->data, att, qkv->data, B, T, C, n_head);
+  int64_t shape[3] = {B, T, C}, PT = B * n_head * T * T;
+  tdm_dtype dt = tdm__act_dtype(tp);
+  tdm_tensor *y = qkv ? tdm__out(tp, dt, 3, shape) : NULL;
+  int keep = !tdm__selective(tp, 1, &qkv); /* selective recomputation rebuilds them in backward */
+  void *att = y && keep ? tdm__scratch(tp, tdm_dtype_size(dt) * (size_t)(PT ? PT : 1)) : NULL;
+  if (!y || (keep && !att)) return NULL;
+  tdm__arena_pos pos = tdm__arena_mark(tp->arena);
+  const float *x = tdm__f32(tp, qkv);
+  float *yf = x ? tdm__f32_out(tp, y) : NULL;
+  float *attf = yf ? (dt == TDM_F32 && keep ? att : tdm__scratch(tp, sizeof(float) * (size_t)(PT ? PT : 1))) : NULL;
+  if (attf) {
+    tdm_k_attention_fwd(yf, attf, x, B, T, C, n_head);
+    tdm__store_f32(y, yf);
+    if (keep && dt == TDM_BF16) tdm_k_f32_to_bf16(att, attf, PT);
+    else if (keep && dt == TDM_F16) tdm_k_f32_to_f16(att, attf, PT);
+  }
+  tdm__arena_rewind(tp->arena, pos);
+  if (!attf) return NULL;
   tdm_node *n = tdm__record(tp, "attention", attention_bw, y, 1, &qkv);
   if (n) {
-    int64_t v[4] = {B, T, C, n_head};
+    int64_t v[5] = {B, T, C, n_head, dt};
     memcpy(n->i, v, sizeof v);
     n->saved[0] = att;
   }

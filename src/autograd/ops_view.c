@@ -46,10 +46,17 @@ static tdm_tensor *view_of(tdm_tape *tp, tdm_tensor *x) {
 
 /* ---- contiguous -------------------------------------------------------------------------- */
 static void flat_add_bw(tdm_tape *tp, tdm_node *n) { /* gin += gout, same number of elements */
-  float *gx = tdm__grad(tp, n->in[0]);
-  const float *g = n->out->grad->data;
-  if (gx)
+  tdm_tensor *x = n->in[0];
+  void *graw = tdm__grad(tp, x);
+  if (!graw) return;
+  tdm__arena_pos pos = tdm__arena_mark(tp->arena); /* 16-bit gradients (a cast) go through f32 */
+  float *gx = tdm__grad_f32(tp, x, graw, 0);
+  const float *g = tdm__f32(tp, n->out->grad);
+  if (gx && g) {
     for (int64_t i = 0; i < n->out->numel; i++) gx[i] += g[i];
+    tdm__grad_commit(x, graw, gx);
+  }
+  tdm__arena_rewind(tp->arena, pos);
 }
 
 tdm_tensor *tdm_contiguous(tdm_tape *tp, tdm_tensor *x) {
@@ -76,7 +83,7 @@ tdm_tensor *tdm_cast(tdm_tape *tp, tdm_tensor *x, tdm_dtype dt) {
   tdm_tensor *y = tdm__out(tp, dt, x->ndim, x->shape);
   if (!y) return NULL;
   tdm_tensor_copy(y, x);
-  tdm__record(tp, "cast", flat_add_bw, y, 1, &x); /* gradients are f32 on both sides */
+  tdm__record(tp, "cast", flat_add_bw, y, 1, &x); /* each side's gradient has its own dtype */
   return y;
 }
 

@@ -98,7 +98,7 @@ int tdm__inputs_ok(tdm_tape *tp, const char *op, int n, tdm_tensor *const *ins) 
       tdm__fail(tp, TDM_ERR_INVALID_ARG, "%s: input %d is NULL", op, i);
       return 0;
     }
-  return fetch_inputs(tp, op, n, ins, 0) == TDM_OK;
+  return fetch_inputs(tp, op, n, ins, tp->in_backward) == TDM_OK;
 }
 
 int tdm__check_f32(tdm_tape *tp, const char *op, const char *what, const tdm_tensor *t) {
@@ -191,11 +191,16 @@ tdm_status tdm_tensor_zero_grad(tdm_tensor *t) {
   return TDM_OK;
 }
 
-float *tdm__grad_for_write(tdm_tape *tp, tdm_tensor *t, int *fresh) {
+/* Gradients have the tensor's dtype when it is 16-bit (mixed precision), else f32. */
+static tdm_dtype grad_dtype(const tdm_tensor *t) {
+  return t->dtype == TDM_BF16 || t->dtype == TDM_F16 ? t->dtype : TDM_F32;
+}
+
+void *tdm__grad_for_write(tdm_tape *tp, tdm_tensor *t, int *fresh) {
   *fresh = 0;
   if (!tdm__requires_grad(t)) return NULL;
   if (!t->grad && !((t->flags & TDM_TF_HEAP) && !t->node)) { /* a tape activation's first gradient */
-    tdm_tensor *g = tdm__out(tp, TDM_F32, t->ndim, t->shape);
+    tdm_tensor *g = tdm__out(tp, grad_dtype(t), t->ndim, t->shape);
     if (!g) return NULL;
     t->grad = g;
     *fresh = 1;
@@ -204,7 +209,7 @@ float *tdm__grad_for_write(tdm_tape *tp, tdm_tensor *t, int *fresh) {
   return tdm__grad(tp, t);
 }
 
-float *tdm__grad(tdm_tape *tp, tdm_tensor *t) {
+void *tdm__grad(tdm_tape *tp, tdm_tensor *t) {
   if (!tdm__requires_grad(t)) return NULL;
   if (!t->grad) {
     if ((t->flags & TDM_TF_HEAP) && !t->node) {
@@ -213,9 +218,10 @@ float *tdm__grad(tdm_tape *tp, tdm_tensor *t) {
         return NULL;
       }
     } else {
-      tdm_tensor *g = tdm__out(tp, TDM_F32, t->ndim, t->shape);
+      tdm_tensor *g = tdm__out(tp, grad_dtype(t), t->ndim, t->shape);
       if (!g) return NULL;
-      tdm_k_zero(g->data, g->numel);
+      if (g->dtype == TDM_F32) tdm_k_zero(g->data, g->numel);
+      else memset(g->data, 0, (size_t)g->numel * 2);
       t->grad = g;
     }
   }
@@ -274,12 +280,24 @@ tdm_node *tdm__record(tdm_tape *tp, const char *op, tdm__backward_fn bw, tdm_ten
   return nd;
 }
 
+tdm_status tdm__backward_nodes(tdm_tape *tp, int from, int to) {
+  for (int i = to - 1; i >= from && tp->status == TDM_OK; i--) {
+    tdm_node *nd = tp->nodes[i];
+    if (nd->out->grad && fetch_inputs(tp, nd->op, nd->n_in, nd->in, 1) == TDM_OK) nd->backward(tp, nd);
+  }
+  return tp->status;
+}
+
 static tdm_status run_backward(tdm_tape *tp) {
   int k = tp->n_leaves - 1;
+  tp->in_backward = 1;
   for (int i = tp->n_nodes - 1; i >= 0; i--) {
     tdm_node *nd = tp->nodes[i];
     if (nd->out->grad && fetch_inputs(tp, nd->op, nd->n_in, nd->in, 1) == TDM_OK) nd->backward(tp, nd);
-    if (tp->status != TDM_OK) return tp->status;
+    if (tp->status != TDM_OK) {
+      tp->in_backward = 0;
+      return tp->status;
+    }
     for (; k >= 0 && tp->leaves[k].first_use >= i; k--) {
       tdm_tensor *t = tp->leaves[k].t;
       if (t->hook) t->hook(t->hook_ctx, t);
@@ -289,6 +307,7 @@ static tdm_status run_backward(tdm_tape *tp) {
     tdm_tensor *t = tp->leaves[k].t;
     if (t->hook) t->hook(t->hook_ctx, t);
   }
+  tp->in_backward = 0;
   return TDM_OK;
 }
 
@@ -302,14 +321,14 @@ tdm_status tdm_backward_with(tdm_tape *tp, tdm_tensor *out, const tdm_tensor *go
   if (gout && (!tdm__shape_equal(out, gout) || gout->dtype != TDM_F32))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "backward: gradient %s %s does not match output %s f32",
                           tdm__shp(gout), tdm_dtype_name(gout->dtype), tdm__shp(out));
-  float *g = tdm__grad(tp, out);
+  void *g = tdm__grad(tp, out);
   if (!g) return tdm__set_error(tp->status, "%s", tp->error);
   if (gout) {
     tdm_tensor *gv = out->grad;
     tdm_status st = tdm_tensor_copy(gv, gout);
     if (st != TDM_OK) return st;
   } else {
-    for (int64_t i = 0; i < out->numel; i++) g[i] = 1.0f;
+    tdm_tensor_fill(out->grad, 1.0);
   }
   tdm_status st = run_backward(tp);
   if (st != TDM_OK) return tdm__set_error(st, "%s", tp->error);

@@ -40,6 +40,9 @@ struct tdm_tape {
   uint64_t dropout_seed;
   int64_t sample_base;
   uint64_t dropout_calls;
+  tdm_dtype autocast;   /* TDM_F32 (off), TDM_BF16 or TDM_F16: the dtype ops store activations in */
+  int recompute;        /* tdm_recompute: what the models recompute in backward */
+  int in_backward;      /* backward is running (recomputed forward ops fetch as backward does) */
   tdm_status status;
   char error[512];
 };
@@ -57,16 +60,48 @@ void *tdm__scratch(tdm_tape *tp, size_t bytes);
 /* If grad is on and an input requires grad: records a node producing out and returns it. */
 tdm_node *tdm__record(tdm_tape *tp, const char *op, tdm__backward_fn bw, tdm_tensor *out, int n,
                       tdm_tensor *const *ins);
-/* Gradient buffer of t (allocated zeroed on first use); NULL when t does not require grad. */
-float *tdm__grad(tdm_tape *tp, tdm_tensor *t);
+/* Gradient buffer of t (allocated zeroed on first use); NULL when t does not require grad. Its
+ * dtype is t's (16-bit activations have 16-bit gradients); parameters' are f32. */
+void *tdm__grad(tdm_tape *tp, tdm_tensor *t);
 /* As tdm__grad, but when t is a tape activation without a gradient yet, the buffer is returned
  * uninitialised with *fresh = 1, and the caller must write every element (not accumulate): this
  * spares zeroing, then reading, every activation gradient that has a single producer. */
-float *tdm__grad_for_write(tdm_tape *tp, tdm_tensor *t, int *fresh);
+void *tdm__grad_for_write(tdm_tape *tp, tdm_tensor *t, int *fresh);
+/* Attention under selective recomputation (src/autograd/ops_llama.c): whether this op skips keeping
+ * its probabilities, and in backward the probabilities: the saved ones (dt) as f32, or rebuilt from
+ * q and k (row strides ldq, ldkv) and rounded to dt as storing them would have. */
+int tdm__selective(const tdm_tape *tp, int n, tdm_tensor *const *ins);
+const float *tdm__saved_probs(tdm_tape *tp, const void *saved, tdm_dtype dt, int64_t PT, const float *q, const float *k,
+                              int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hs, int64_t ldq, int64_t ldkv);
+/* Runs the backward of nodes [from, to) in reverse, fetching their parameters, without the leaf
+ * hooks (a recomputed block's nodes, inside the node that recorded them). */
+tdm_status tdm__backward_nodes(tdm_tape *tp, int from, int to);
 /* x itself if contiguous, else a recorded contiguous copy. */
 tdm_tensor *tdm__contig(tdm_tape *tp, tdm_tensor *x);
 /* Normalises a possibly negative axis; -1 if out of range (and records the error). */
 int tdm__axis(tdm_tape *tp, const char *op, const tdm_tensor *x, int axis);
+/* ---- mixed precision (src/autograd/mixed.c) ----------------------------------------------------
+ * Ops compute in f32 through their f32 kernels; activations and their gradients may be stored in
+ * bf16 or f16. Conversions go to arena scratch taken between a mark and a rewind, so they are
+ * transient: a backward function first takes its inputs' gradients (tdm__grad / _for_write, which
+ * persist), then marks, converts, computes, commits and rewinds. */
+/* Input is an activation dtype (f32, bf16, f16). */
+int tdm__check_act(tdm_tape *tp, const char *op, const char *what, const tdm_tensor *t);
+/* The dtype an op stores its activations in: the autocast dtype, else f32. */
+tdm_dtype tdm__act_dtype(const tdm_tape *tp);
+/* t's values (contiguous) as f32: t->data when f32, else a converted copy in scratch; NULL after a
+ * failure (the tape's error is set). */
+const float *tdm__f32(tdm_tape *tp, const tdm_tensor *t);
+/* Where an op writes y's values in f32: y->data when f32, else scratch for tdm__store_f32. */
+float *tdm__f32_out(tdm_tape *tp, tdm_tensor *y);
+/* Puts f32 values into y (a no-op when buf is y->data); for a 16-bit y, rounds to nearest even. */
+void tdm__store_f32(tdm_tensor *y, const float *buf);
+/* t's gradient as an f32 buffer: grad itself (from tdm__grad or _for_write) when t is f32; else
+ * scratch holding its current values (or, fresh, garbage to be overwritten), which
+ * tdm__grad_commit then stores into grad. */
+float *tdm__grad_f32(tdm_tape *tp, const tdm_tensor *t, void *grad, int fresh);
+void tdm__grad_commit(const tdm_tensor *t, void *grad, const float *buf);
+
 /* "(2, 3)" for t, in a rotating set of static-per-thread buffers (valid for a few calls). */
 const char *tdm__shp(const tdm_tensor *t);
 

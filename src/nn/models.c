@@ -1,4 +1,5 @@
-/* The model zoo: MLP, CNN and a GPT-2-style language model, behind one interface. */
+/* The model zoo: MLP, CNN, a GPT-2-style language model and Llama (src/nn/llama.c), behind one
+ * interface. */
 #include <stdio.h>
 #include <string.h>
 
@@ -6,7 +7,7 @@
 #include "nn/model_impl.h"
 #include "autograd/tape_impl.h"
 
-static const char *kind_names[] = {"mlp", "cnn", "gpt"};
+static const char *kind_names[] = {"mlp", "cnn", "gpt", "llama"};
 _Static_assert(sizeof kind_names / sizeof kind_names[0] == TDM_MODEL_KIND_COUNT, "one name per model kind");
 
 const char *tdm_model_kind_name(tdm_model_kind k) {
@@ -99,6 +100,8 @@ static tdm_status check_config(const tdm_model_config *c) {
       return tdm__set_error(TDM_ERR_INVALID_ARG, "gpt: %lld heads do not divide the width %lld",
                             (long long)c->n_head, (long long)c->n_embd);
     return TDM_OK;
+  case TDM_MODEL_LLAMA:
+    return tdm__llama_check(c);
   default:
     return tdm__set_error(TDM_ERR_INVALID_ARG, "model: unknown kind %d", (int)c->kind);
   }
@@ -139,6 +142,8 @@ static tdm_status build(tdm_model *m) {
     }
     return tdm_layernorm_mod_init(&m->ln_f, p, "transformer.ln_f", c->n_embd);
   }
+  case TDM_MODEL_LLAMA:
+    return tdm__llama_build(m);
   default:
     return tdm__set_error(TDM_ERR_INTERNAL, "model: unknown kind");
   }
@@ -169,6 +174,7 @@ void tdm_model_destroy(tdm_model *m) {
   if (!m) return;
   tdm_params_destroy(m->params);
   tdm__free(m->blocks);
+  tdm__free(m->lblocks);
   tdm__free(m);
 }
 
@@ -215,6 +221,10 @@ tdm_tensor *tdm_model_forward(tdm_model *m, tdm_tape *tp, tdm_tensor *x) {
     h = tdm_layernorm_mod_forward(tp, &m->ln_f, h);
     return tdm_linear(tp, h, m->wte.weight, NULL); /* lm_head tied to wte */
   }
+  case TDM_MODEL_LLAMA:
+    if (x->ndim != 2 || (x->dtype != TDM_I32 && x->dtype != TDM_I64) || x->shape[1] > c->block_size || x->shape[1] < 1)
+      return input_error(tp, "llama", x, "(batch, T) i32/i64 token ids with 1 <= T <= block_size");
+    return tdm__llama_forward(m, tp, x);
   default:
     return NULL;
   }

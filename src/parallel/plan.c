@@ -1,7 +1,6 @@
 /* The memory planner (include/tandem/plan.h). Parameters, gradients and optimizer state follow
  * from the layout the engines use; activations from walking the model's ops with the tape's rules
- * of allocation (every arena block is rounded up to 64 bytes: a tensor is its struct and its data,
- * a recorded op adds a node, backward adds a gradient per activation that needs one). */
+ * of allocation (src/parallel/plan_tape.c). */
 #include "tandem/plan.h"
 
 #include <math.h>
@@ -14,6 +13,7 @@
 #include "comm/net.h"
 #include "parallel/common.h"
 #include "parallel/layout.h"
+#include "parallel/plan_tape.h"
 #include "tandem/kernels.h"
 
 tdm_plan_config tdm_plan_config_default(void) {
@@ -26,127 +26,6 @@ tdm_plan_config tdm_plan_config_default(void) {
   c.batch = 64;
   c.transport = TDM_TRANSPORT_AUTO;
   return c;
-}
-
-/* ---- activations: the tape's allocations, op by op ---------------------------------------------- */
-typedef struct {
-  int64_t fwd, bwd; /* bytes forward, bytes backward adds */
-  int train;        /* recording: nodes and gradients; dropout active */
-  int64_t nodes;    /* recorded ops */
-} tape_bytes;
-
-static int64_t al(int64_t b) {
-  b = (b + 63) / 64 * 64;
-  return b ? b : 64;
-}
-#define TENSOR al((int64_t)sizeof(tdm_tensor))
-#define NODE al((int64_t)sizeof(tdm_node))
-
-/* A tensor of `bytes` made in forward; when recording it gets a node, and in backward a gradient. */
-static void op_out(tape_bytes *a, int64_t bytes) {
-  a->fwd += TENSOR + al(bytes);
-  if (a->train) a->fwd += NODE, a->bwd += TENSOR + al(bytes), a->nodes++;
-}
-/* A view: only its struct; recorded and given a gradient like an op's output. */
-static void op_view(tape_bytes *a, int64_t bytes) {
-  a->fwd += TENSOR;
-  if (a->train) a->fwd += NODE, a->bwd += TENSOR + al(bytes), a->nodes++;
-}
-static void op_saved(tape_bytes *a, int64_t bytes) { a->fwd += al(bytes); }      /* kept for backward */
-static void bwd_scratch(tape_bytes *a, int64_t bytes) { if (a->train) a->bwd += al(bytes); }
-static void input(tape_bytes *a, int64_t bytes) { a->fwd += TENSOR + al(bytes); } /* the batch */
-
-static void linear(tape_bytes *a, int64_t N, int64_t out) { op_out(a, 4 * N * out); }
-static void dropout(tape_bytes *a, float p, int64_t n) {
-  if (a->train && p > 0) op_out(a, 4 * n);
-}
-static void layernorm(tape_bytes *a, int64_t N, int64_t C) {
-  op_out(a, 4 * N * C);
-  op_saved(a, 8 * N);
-}
-static void cross_entropy(tape_bytes *a, int64_t N) {
-  op_saved(a, 4 * N); /* log-sum-exp per row */
-  op_out(a, 4);       /* the loss; backward seeds its gradient */
-}
-
-static void model_tape(const tdm_model_config *m, int64_t B, int64_t T, int64_t accum, tape_bytes *a) {
-  switch (m->kind) {
-  case TDM_MODEL_MLP: {
-    input(a, 4 * B * m->in_features);
-    input(a, 4 * B);
-    for (int i = 0; i <= m->n_hidden; i++) {
-      int64_t out = i < m->n_hidden ? m->hidden[i] : m->n_classes;
-      linear(a, B, out);
-      if (i < m->n_hidden) {
-        op_out(a, 4 * B * out); /* relu */
-        dropout(a, m->dropout, B * out);
-      }
-    }
-    cross_entropy(a, B);
-    break;
-  }
-  case TDM_MODEL_CNN: {
-    input(a, 4 * B * m->in_channels * m->height * m->width);
-    input(a, 4 * B);
-    int64_t H = m->height, W = m->width, ci = m->in_channels;
-    int64_t ch[2] = {m->c1, m->c2};
-    for (int k = 0; k < 2; k++) { /* conv 5x5 pad 2, relu, maxpool 2 */
-      op_out(a, 4 * B * ch[k] * H * W);
-      op_saved(a, (int64_t)sizeof(tdm_conv_shape));
-      op_saved(a, 4 * ci * 25 * H * W); /* one image's columns */
-      bwd_scratch(a, 4 * ci * 25 * H * W);
-      op_out(a, 4 * B * ch[k] * H * W); /* relu */
-      H /= 2, W /= 2;
-      op_out(a, 4 * B * ch[k] * H * W); /* maxpool */
-      op_saved(a, 4 * B * ch[k] * H * W); /* argmax */
-      ci = ch[k];
-    }
-    op_view(a, 4 * B * ci * H * W); /* flatten */
-    dropout(a, m->dropout, B * ci * H * W);
-    linear(a, B, m->n_classes);
-    cross_entropy(a, B);
-    break;
-  }
-  case TDM_MODEL_GPT: {
-    int64_t N = B * T, C = m->n_embd, NH = m->n_head;
-    input(a, 4 * N);
-    input(a, 4 * N);
-    op_out(a, 4 * N * C);  /* token embedding */
-    op_view(a, 4 * T * C); /* position embedding rows */
-    op_out(a, 4 * N * C);  /* their sum */
-    dropout(a, m->dropout, N * C);
-    for (int64_t l = 0; l < m->n_layer; l++) {
-      layernorm(a, N, C);
-      linear(a, N, 3 * C);
-      op_out(a, 4 * N * C); /* attention */
-      op_saved(a, 4 * B * NH * T * T);
-      bwd_scratch(a, 4 * B * NH * T * T);
-      linear(a, N, C);
-      dropout(a, m->dropout, N * C);
-      op_out(a, 4 * N * C); /* residual */
-      layernorm(a, N, C);
-      linear(a, N, 4 * C);
-      op_out(a, 4 * N * 4 * C); /* gelu */
-      linear(a, N, C);
-      dropout(a, m->dropout, N * C);
-      op_out(a, 4 * N * C); /* residual */
-    }
-    layernorm(a, N, C);
-    linear(a, N, m->vocab_size);
-    cross_entropy(a, N);
-    break;
-  }
-  default:
-    break;
-  }
-  if (a->train && accum > 1) a->fwd += TENSOR + al(4); /* backward's seed 1/accum */
-}
-
-static int64_t tape_total(const tdm_model_config *m, int64_t B, int64_t T, int64_t accum, int train, int64_t *nodes) {
-  tape_bytes a = {0, 0, train, 0};
-  model_tape(m, B, T, accum, &a);
-  if (nodes) *nodes = a.nodes;
-  return a.fwd + a.bwd;
 }
 
 /* The tape's arrays of nodes and leaves double from 64 entries; at the last growth both the old
@@ -274,7 +153,8 @@ tdm_status tdm_plan_compute(const tdm_plan_config *c, tdm_plan *out) {
     }
     out->n_groups = L.ng;
     if (st == TDM_OK && stage == 3)
-      u3 = stage3_peaks(&L, c->model.kind == TDM_MODEL_GPT, c->engine.zero.prefetch && !inline_comm);
+      u3 = stage3_peaks(&L, c->model.kind == TDM_MODEL_GPT || (c->model.kind == TDM_MODEL_LLAMA && c->model.tie_embeddings),
+                        c->engine.zero.prefetch && !inline_comm);
   }
   tdm__layout_free(&L);
   tdm_model_destroy(m);
@@ -291,10 +171,14 @@ tdm_status tdm_plan_compute(const tdm_plan_config *c, tdm_plan *out) {
   b[TDM_MEM_GRADS] = 4 * (stage < 2 ? n : owned + (accum > 1 ? n : stage == 2 ? G2 : u3.grads));
   int adam = c->optim.kind != TDM_OPT_SGD;
   b[TDM_MEM_OPTIM] = 4 * owned * (adam ? 2 : c->optim.momentum > 0 ? 1 : 0);
-  int64_t T = c->model.kind == TDM_MODEL_GPT ? (c->seq_len > 0 ? c->seq_len : c->model.block_size) : 1;
-  int64_t nodes = 0;
-  out->act_train = tape_total(&c->model, c->batch, T, accum, 1, &nodes);
-  out->act_eval = c->eval_batch > 0 ? tape_total(&c->model, c->eval_batch, T, 1, 0, NULL) : 0;
+  int lm = c->model.kind == TDM_MODEL_GPT || c->model.kind == TDM_MODEL_LLAMA;
+  int64_t T = lm ? (c->seq_len > 0 ? c->seq_len : c->model.block_size) : 1;
+  tdm__tape_plan tr = {0, 0}, ev = {0, 0};
+  TDM__TRY(tdm__plan_tape(&c->model, c->batch, T, accum, 1, &tr));
+  if (c->eval_batch > 0) TDM__TRY(tdm__plan_tape(&c->model, c->eval_batch, T, 1, 0, &ev));
+  int64_t nodes = tr.nodes;
+  out->act_train = tr.bytes;
+  out->act_eval = ev.bytes;
   b[TDM_MEM_ACTIVATIONS] = out->act_train > out->act_eval ? out->act_train : out->act_eval;
   b[TDM_MEM_DATA] = c->data_bytes;
   /* communication: on shared memory a P-th of the segment every rank maps; elsewhere the direct

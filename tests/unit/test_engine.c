@@ -39,7 +39,7 @@ static tdm_status next_batch(void *vctx, tdm_tape *tp, int64_t micro, tdm_tensor
   const job *j = c->j;
   int64_t first = (micro * j->P + c->r) * j->B; /* as the sampler slices a global batch */
   *base = first;
-  if (j->mc.kind == TDM_MODEL_GPT) {
+  if (j->mc.kind == TDM_MODEL_GPT || j->mc.kind == TDM_MODEL_LLAMA) {
     int64_t xs[2] = {j->B, j->T};
     *x = tdm_new(tp, TDM_I32, 2, xs);
     *y = tdm_new(tp, TDM_I32, 2, xs);
@@ -169,6 +169,20 @@ static job gpt_job(int P, int64_t accum, int64_t B) {
   return j;
 }
 
+/* Llama through the same engines: grouped-query attention, rotary embeddings, SwiGLU, RMSNorm, an
+ * untied head; dropout on, so its masks must follow the samples across layouts too. */
+static job llama_job(int P, int64_t accum, int64_t B) {
+  job j = gpt_job(P, accum, B);
+  CHECK_OK(tdm_model_config_llama("llama-mini", &j.mc));
+  j.mc.n_layer = 2, j.mc.n_head = 4, j.mc.n_kv_head = 2, j.mc.n_embd = 16, j.mc.ffn_hidden = 24, j.mc.block_size = 8;
+  j.mc.vocab_size = 37, j.mc.dropout = 0.1f;
+  return j;
+}
+
+static const char *job_name(job (*make)(int, int64_t, int64_t)) {
+  return make == mlp_job ? "mlp" : make == gpt_job ? "gpt" : "llama";
+}
+
 /* ||a - b|| / ||b|| over the elements not skipped. */
 static double norm_rel_diff(const float *a, const float *b, int64_t n) {
   double d = 0, r = 0;
@@ -204,13 +218,13 @@ static void check_layouts(job (*make)(int, int64_t, int64_t), int64_t B, double 
           continue;
         }
         double d = normwise ? norm_rel_diff(w, ref, n) : max_rel_diff(w, ref, n);
-        CHECK_MSG(d <= tol, "%s accum %lld, %d ranks, stage %d vs 1 process: %.3g relative%s", make == mlp_job ? "mlp" : "gpt",
+        CHECK_MSG(d <= tol, "%s accum %lld, %d ranks, stage %d vs 1 process: %.3g relative%s", job_name(make),
                   (long long)accum, P, stage, d, normwise ? " (norm of the difference)" : "");
         if (stage == 0) stage0 = w;
         else {
           if (stage0)
             CHECK_MSG(!memcmp(w, stage0, sizeof(float) * (size_t)n), "%s accum %lld, %d ranks: stage %d differs from stage 0 (%.3g)",
-                      make == mlp_job ? "mlp" : "gpt", (long long)accum, P, stage, max_rel_diff(w, stage0, n));
+                      job_name(make), (long long)accum, P, stage, max_rel_diff(w, stage0, n));
           free(w);
         }
       }
@@ -244,6 +258,9 @@ static void test_gpt_every_layout(void) {
   free(skip);
   skip = NULL;
 }
+
+/* Llama as GPT: every ZeRO stage gives data parallelism's bits, and each layout equals one process. */
+static void test_llama_every_layout(void) { check_layouts(llama_job, 2, 1e-4, 1); }
 
 /* Stage 3 on 4 ranks never holds the whole model: the parameter bytes of its 4 ranks together
  * peak at half of what stage 0's hold (a quarter each plus the few units gathered at a time), and
@@ -314,4 +331,4 @@ static void test_process_grid(void) {
   tdm_grid_destroy(one);
 }
 
-TDM_TEST_MAIN(T(test_mlp_every_layout), T(test_gpt_every_layout), T(test_stage3_memory), T(test_process_grid))
+TDM_TEST_MAIN(T(test_mlp_every_layout), T(test_gpt_every_layout), T(test_llama_every_layout), T(test_stage3_memory), T(test_process_grid))
