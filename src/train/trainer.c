@@ -40,6 +40,8 @@ tdm_train_config tdm_train_config_default(void) {
   c.last_batch = "auto";
   c.prefetch = -1;
   c.gpt_config = "mini";
+  c.rope_scaling = -1;
+  c.tie_embeddings = -1;
   c.lr_schedule = "constant";
   c.val_batches = 20;
   return c;
@@ -57,10 +59,13 @@ static void fmt_eta(char *b, size_t n, double s) {
   else snprintf(b, n, "%dm%02ds", (int)(s / 60), (int)fmod(s, 60));
 }
 
+/* The language models: token windows in, next-token logits out. */
+static int is_lm(tdm_model_kind k) { return k == TDM_MODEL_GPT || k == TDM_MODEL_LLAMA; }
+
 /* Evaluates on the whole set with gradients and dropout off. */
 /* The input tensor's shape for n samples: (n, features) for the MLP, (n, C, H, W) for the CNN. */
 static int input_shape(const tdm_model_config *mc, int64_t n, int64_t per, int64_t *xs) {
-  if (mc->kind == TDM_MODEL_GPT) { /* token windows (n, T) */
+  if (is_lm(mc->kind)) { /* token windows (n, T) */
     xs[0] = n, xs[1] = per;
     return 2;
   }
@@ -123,12 +128,13 @@ static tdm_status evaluate(tdm_model *m, tdm_tape *tp, const tdm_dataset *ds, in
 }
 
 static tdm_status parse_kinds(const tdm_train_config *c, tdm_model_kind *mk, tdm_optim_kind *ok) {
-  if (!c->model || (strcmp(c->model, "mlp") && strcmp(c->model, "cnn") && strcmp(c->model, "gpt")))
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: model '%s'; expected mlp, cnn or gpt", c->model ? c->model : "(null)");
-  *mk = !strcmp(c->model, "mlp") ? TDM_MODEL_MLP : !strcmp(c->model, "cnn") ? TDM_MODEL_CNN : TDM_MODEL_GPT;
+  if (!c->model || (strcmp(c->model, "mlp") && strcmp(c->model, "cnn") && strcmp(c->model, "gpt") && strcmp(c->model, "llama")))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: model '%s'; expected mlp, cnn, gpt or llama", c->model ? c->model : "(null)");
+  *mk = !strcmp(c->model, "mlp") ? TDM_MODEL_MLP : !strcmp(c->model, "cnn") ? TDM_MODEL_CNN
+      : !strcmp(c->model, "gpt") ? TDM_MODEL_GPT : TDM_MODEL_LLAMA;
   int text = c->data && !strcmp(c->data, "tinyshakespeare");
-  if ((*mk == TDM_MODEL_GPT) != text)
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: model %s with data %s; the gpt model trains on tinyshakespeare, the others on image data",
+  if (is_lm(*mk) != text)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: model %s with data %s; the gpt model trains on tinyshakespeare (as does llama), the others on image data",
                           c->model, c->data ? c->data : "(null)");
   if (!c->optimizer) return tdm__set_error(TDM_ERR_INVALID_ARG, "train: no optimizer");
   if (!strcmp(c->optimizer, "sgd")) *ok = TDM_OPT_SGD;
@@ -291,6 +297,25 @@ static int run_identity(tdm__run_identity *id, const tdm_train_config *c, const 
                         int64_t N) {
   int gpt = mc->kind == TDM_MODEL_GPT;
   tdm__identity_add(id, "tandem.model", "model", NULL, "%s", c->model);
+  if (mc->kind == TDM_MODEL_LLAMA) { /* Hugging Face's config.json names */
+    const tdm_rope_config *r = &mc->rope;
+    tdm__identity_add(id, "architectures", "architecture", NULL, "LlamaForCausalLM");
+    tdm__identity_add(id, "num_hidden_layers", "layers", NULL, "%lld", (long long)mc->n_layer);
+    tdm__identity_add(id, "num_attention_heads", "heads", NULL, "%lld", (long long)mc->n_head);
+    tdm__identity_add(id, "num_key_value_heads", "key/value heads", NULL, "%lld", (long long)mc->n_kv_head);
+    tdm__identity_add(id, "hidden_size", "width", NULL, "%lld", (long long)mc->n_embd);
+    tdm__identity_add(id, "intermediate_size", "SwiGLU width", NULL, "%lld", (long long)mc->ffn_hidden);
+    tdm__identity_add(id, "max_position_embeddings", "block size", NULL, "%lld", (long long)mc->block_size);
+    tdm__identity_add(id, "vocab_size", "vocab_size", NULL, "%lld", (long long)mc->vocab_size);
+    tdm__identity_add(id, "rope_theta", "rope theta", NULL, "%.9g", (double)r->theta);
+    if (r->factor > 0)
+      tdm__identity_add(id, "rope_scaling", "rope scaling", NULL, "llama3,%.9g,%.9g,%.9g,%lld", (double)r->factor,
+                        (double)r->low_freq_factor, (double)r->high_freq_factor, (long long)r->original_max_pos);
+    else
+      tdm__identity_add(id, "rope_scaling", "rope scaling", NULL, "none");
+    tdm__identity_add(id, "rms_norm_eps", "RMSNorm eps", NULL, "%.9g", (double)mc->norm_eps);
+    tdm__identity_add(id, "tie_word_embeddings", "tied head", NULL, "%s", mc->tie_embeddings ? "true" : "false");
+  }
   if (gpt) {
     tdm__identity_add(id, "n_layer", "n_layer", NULL, "%lld", (long long)mc->n_layer);
     tdm__identity_add(id, "n_head", "n_head", NULL, "%lld", (long long)mc->n_head);
@@ -304,7 +329,7 @@ static int run_identity(tdm__run_identity *id, const tdm_train_config *c, const 
   tdm__identity_add(id, "tandem.zero_stage", "ZeRO stage (0: data parallel)", NULL, "%d",
                     c->engine.kind == TDM_ENGINE_ZERO ? c->engine.zero.stage : 0);
   tdm__identity_add(id, "tandem.global_batch", "global batch (ranks x batch size x accumulation)", "batch", "%lld", (long long)G);
-  if (gpt) tdm__identity_add(id, "tandem.seq_len", "sequence length", "batch", "%lld", (long long)T);
+  if (is_lm(mc->kind)) tdm__identity_add(id, "tandem.seq_len", "sequence length", "batch", "%lld", (long long)T);
   tdm__identity_add(id, "tandem.data", "data set", "data", "%s", c->data);
   tdm__identity_add(id, "tandem.train_samples", "training samples", "data", "%lld", (long long)N);
   tdm__identity_add(id, "tandem.seed", "seed", "seed", "%llu", (unsigned long long)c->seed);
@@ -340,7 +365,7 @@ static tdm_status next_batch(void *ctx, tdm_tape *tp, int64_t micro, tdm_tensor 
   int64_t n;
   TDM__TRY(tdm_sampler_next(b->sampler, &bx, &by, &n, base));
   int64_t xs[4], ys[2] = {n, b->per};
-  int nd = input_shape(b->mc, n, b->per, xs), tokens = b->mc->kind == TDM_MODEL_GPT;
+  int nd = input_shape(b->mc, n, b->per, xs), tokens = is_lm(b->mc->kind);
   *x = tdm_from_data(tp, tokens ? TDM_I32 : TDM_F32, nd, xs, bx);
   *y = tdm_from_data(tp, TDM_I32, tokens ? 2 : 1, ys, by);
   return *x && *y ? TDM_OK : tdm__set_error(tdm_tape_status(tp), "%s", tdm_tape_error(tp));
@@ -373,22 +398,39 @@ static tdm_status prepare(const tdm_train_config *c, int W, int R, tdm_transport
   TDM__TRY(parse_kinds(c, &p->mk, &ok));
   tdm_model_kind mk = p->mk;
   tdm_model_config mc = mk == TDM_MODEL_MLP ? tdm_model_config_mlp() : mk == TDM_MODEL_CNN ? tdm_model_config_cnn() : tdm_model_config_gpt_mini();
+  if (mk == TDM_MODEL_LLAMA) {
+    const char *name = !c->gpt_config || !strcmp(c->gpt_config, "mini") ? "llama-mini" : c->gpt_config;
+    if (tdm_model_config_llama(name, &mc) != TDM_OK)
+      return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --config '%s' with --model llama; expected llama-mini or llama3.2-1B", name);
+    int64_t given[7] = {c->n_layer, c->n_head, c->n_kv_head, c->n_embd, c->ffn_hidden, c->block_size, c->vocab_size};
+    int64_t *field[7] = {&mc.n_layer, &mc.n_head, &mc.n_kv_head, &mc.n_embd, &mc.ffn_hidden, &mc.block_size, &mc.vocab_size};
+    for (int i = 0; i < 7; i++)
+      if (given[i] > 0) *field[i] = given[i];
+    if (c->rope_theta > 0) mc.rope.theta = (float)c->rope_theta;
+    if (c->rope_scaling == 0) mc.rope.factor = 0;
+    if (c->rope_scaling == 1) mc.rope.factor = 32.0f, mc.rope.low_freq_factor = 1.0f, mc.rope.high_freq_factor = 4.0f, mc.rope.original_max_pos = 8192;
+    if (c->tie_embeddings >= 0) mc.tie_embeddings = c->tie_embeddings;
+    mc.dropout = (float)c->dropout;
+    if (mc.vocab_size < 256)
+      return tdm__set_error(TDM_ERR_INVALID_ARG, "train: vocabulary %lld is smaller than the 256 byte tokens of the text",
+                            (long long)mc.vocab_size);
+  }
   if (mk == TDM_MODEL_GPT) {
     int64_t given[5] = {c->n_layer, c->n_head, c->n_embd, c->block_size, c->vocab_size};
     if (tdm_model_config_gpt(c->gpt_config, given, &mc) != TDM_OK)
-      return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --config '%s'; expected mini or gpt2-124M", c->gpt_config);
+      return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --config '%s' with --model gpt; expected mini or gpt2-124M", c->gpt_config);
     mc.dropout = (float)c->dropout;
     if (mc.vocab_size < 256)
       return tdm__set_error(TDM_ERR_INVALID_ARG, "train: vocabulary %lld is smaller than the 256 byte tokens of the text",
                             (long long)mc.vocab_size);
   }
   int64_t T = c->seq_len > 0 ? c->seq_len : mc.block_size;
-  if (mk == TDM_MODEL_GPT && (T < 1 || T > mc.block_size))
+  if (is_lm(mk) && (T < 1 || T > mc.block_size))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --seq-len %lld; expected 1..block size %lld", (long long)T,
                           (long long)mc.block_size);
   tdm_mem_category scope = tdm__mem_scope(TDM_MEM_DATA); /* the data sets and the sampler's batches */
   tdm_status st = TDM_OK;
-  if (mk == TDM_MODEL_GPT) { /* the first 90% of the text trains, the rest validates */
+  if (is_lm(mk)) { /* the first 90% of the text trains, the rest validates */
     const char *path = c->data_path ? c->data_path : "data/tinyshakespeare.txt";
     st = tdm_dataset_open_text_part(&s->train, path, T, 0.0, 0.9);
     if (st == TDM_OK) st = tdm_dataset_open_text_part(&s->test, path, T, 0.9, 1.0);
@@ -404,10 +446,10 @@ static tdm_status prepare(const tdm_train_config *c, int W, int R, tdm_transport
   TDM__TRY(st);
   int64_t shape[4], tshape[4];
   int nd = tdm_dataset_sample_shape(s->train, shape), tnd = tdm_dataset_sample_shape(s->test, tshape);
-  if (mk != TDM_MODEL_GPT && (nd != tnd || memcmp(shape, tshape, sizeof(int64_t) * (size_t)nd) != 0))
+  if (!is_lm(mk) && (nd != tnd || memcmp(shape, tshape, sizeof(int64_t) * (size_t)nd) != 0))
     return tdm__set_error(TDM_ERR_MISMATCH, "%s: training samples are %lldx%lld but test samples are %lldx%lld",
                           c->data_dir, (long long)shape[1], (long long)shape[2], (long long)tshape[1], (long long)tshape[2]);
-  if (mk != TDM_MODEL_GPT) mc.dropout = (float)c->dropout;
+  if (!is_lm(mk)) mc.dropout = (float)c->dropout;
   mc.n_classes = tdm_dataset_num_classes(s->train);
   if (mk == TDM_MODEL_MLP) {
     mc.in_features = tdm_dataset_sample_numel(s->train);
@@ -445,7 +487,7 @@ static tdm_status prepare(const tdm_train_config *c, int W, int R, tdm_transport
   p->mk = mk, p->mc = mc, p->oc = oc, p->ec = ec, p->T = T, p->K = K, p->N = N, p->B = B, p->eb = eb, p->G = B * W * K;
   p->per = tdm_dataset_sample_numel(s->train), p->prefetch = prefetch;
   /* the plan, before anything large exists */
-  tdm_plan_config pcfg = {mc, oc, ec, W, B, T, mk == TDM_MODEL_GPT ? B : eb, 0, prefetch, transport};
+  tdm_plan_config pcfg = {mc, oc, ec, W, B, T, is_lm(mk) ? B : eb, 0, prefetch, transport};
   tdm_mem_stats ms;
   tdm_mem_stats_get(&ms);
   pcfg.data_bytes = ms.current[TDM_MEM_DATA]; /* the data sets as opened, and their batches */
@@ -490,7 +532,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   if (c->init_weights) TDM__TRY(tdm_engine_load_weights(s->engine, c->init_weights));
   int64_t steps_per_epoch = tdm_sampler_steps_per_epoch(s->sampler);
   int64_t total = c->steps > 0 ? c->steps : c->epochs * steps_per_epoch;
-  s->tokens_per_sample = mk == TDM_MODEL_GPT ? T : 0;
+  s->tokens_per_sample = is_lm(mk) ? T : 0;
   tdm_lr_schedule sched = {c->lr_schedule && !strcmp(c->lr_schedule, "cosine") ? TDM_LR_COSINE : TDM_LR_CONSTANT,
                            (float)c->lr, c->warmup_steps, total, (float)c->lr / 10, 0, 0};
   if (pr.f)
@@ -550,7 +592,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
         tdm_ckpt_info ci = {step + 1, W, c->seed, id.n - 1, id.kv}; /* the seed is the checkpoint's own key */
         TDM__TRY(tdm__engine_ckpt_save(s->engine, s->comm, c->checkpoint_dir, &ci, 2));
       }
-      if (mk == TDM_MODEL_GPT && c->val_every > 0 && (step + 1) % c->val_every == 0 && step + 1 < total) {
+      if (is_lm(mk) && c->val_every > 0 && (step + 1) % c->val_every == 0 && step + 1 < total) {
         double vl, va;
         TDM__TRY(flush_record(s, &rec, &pr, c));
         TDM__TRY(evaluate(tdm_engine_model(s->engine), tdm_engine_tape(s->engine), s->test, B, s->idx, s->comm,
@@ -566,11 +608,11 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
     if (epoch_done) {
       double tl = 0, ta = 0;
       TDM__TRY(params_finite(s->engine, c, step));
-      TDM__TRY(evaluate(tdm_engine_model(s->engine), tdm_engine_tape(s->engine), s->test, mk == TDM_MODEL_GPT ? B : eb, s->idx,
-                        s->comm, mk == TDM_MODEL_GPT ? c->val_batches * B * W : 0, &tl, &ta));
+      TDM__TRY(evaluate(tdm_engine_model(s->engine), tdm_engine_tape(s->engine), s->test, is_lm(mk) ? B : eb, s->idx,
+                        s->comm, is_lm(mk) ? c->val_batches * B * W : 0, &tl, &ta));
       res->test_loss = tl;
       res->test_accuracy = ta;
-      if (pr.f && mk == TDM_MODEL_GPT) {
+      if (pr.f && is_lm(mk)) {
         fprintf(pr.f, "%sstep %lld: val loss %.4f (%.3f nats per byte), next-byte accuracy %.2f%%\n", pr.tty ? "\n" : "",
                 (long long)step, tl, tl, 100 * ta);
       } else if (pr.f) {
@@ -578,7 +620,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
                 tl, 100 * ta);
         fflush(pr.f);
       }
-      TDM__TRY(eval_record(s, c, mk == TDM_MODEL_GPT, epoch + 1, step, tl, ta));
+      TDM__TRY(eval_record(s, c, is_lm(mk), epoch + 1, step, tl, ta));
     }
     epoch++;
   }
