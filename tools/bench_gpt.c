@@ -1,5 +1,5 @@
-/* tandem bench gpt: the speed of one GPT training step (forward, backward, AdamW; fp32) on random
- * tokens, as bench/gpt_vs_pytorch.sh compares it with PyTorch. The step is tdm_engine_step, the
+/* tandem bench gpt | llama: the speed of one GPT or Llama training step (forward, backward, AdamW;
+ * fp32) on random tokens, as bench/gpt_vs_pytorch.sh compares it with PyTorch. The step is tdm_engine_step, the
  * one tandem train runs: on one process, or under tandem run on several with data parallelism or
  * ZeRO (--zero). Prints the median time of each phase, model FLOP/s as a share of the FMA peak, the
  * optimizer against its memory-traffic floor, allocations in the steady state, the memory held
@@ -79,19 +79,24 @@ static tdm_status random_tokens(void *ctx, tdm_tape *tp, int64_t micro, tdm_tens
   return TDM_OK;
 }
 
-int tool_bench_gpt(int argc, char **argv) {
-  const char *config = NULL;
+static int bench_lm(int argc, char **argv, int llama) {
+  const char *config = NULL, *optimizer = NULL;
   /* the ranges keep every size of the step (parameters, B x heads x T x T attention scores) inside
    * int64 bytes: what does not fit in memory fails to allocate, nothing overflows */
   int64_t layers = 0, heads = 0, width = 0, block = 0, vocab = 0, B = 4, T = 64, steps = 10, warmup = 3, threads = 1,
-          seed = 1;
+          seed = 1, kv_heads = 0, ffn = 0;
   int64_t zero = 0, zero_unit = 1;
   double peak = 102.5, bucket_mb = 25;
   int json = 0;
+  cli_opt gpt_config = {"config", CLI_CHOICE, &config, "mini", "architecture (mini: 4 layers, 4 heads, 256 wide, block 128, vocab 256)", "mini|gpt2-124M", 0, 0, 0};
+  cli_opt llama_config = {"config", CLI_CHOICE, &config, "llama-mini", "architecture (llama-mini: GPT mini's size, 2 key/value heads; llama3.2-1B: Meta's, 1.24 B parameters)", "llama-mini|llama3.2-1B", 0, 0, 0};
   cli_opt opts[] = {
-      {"config", CLI_CHOICE, &config, "mini", "architecture (mini: 4 layers, 4 heads, 256 wide, block 128, vocab 256)", "mini|gpt2-124M", 0, 0, 0},
+      gpt_config,
       {"layers", CLI_INT, &layers, "0", "transformer blocks (0: from --config)", NULL, 0, 1000, 0},
       {"heads", CLI_INT, &heads, "0", "attention heads (0: from --config)", NULL, 0, 1000, 0},
+      {"kv-heads", CLI_INT, &kv_heads, "0", "llama: key/value heads (0: from --config)", NULL, 0, 1000, 0},
+      {"ffn-width", CLI_INT, &ffn, "0", "llama: SwiGLU width (0: from --config)", NULL, 0, 1e6, 0},
+      {"optimizer", CLI_CHOICE, &optimizer, "adamw", "the update (sgd: no state, for a model whose Adam moments do not fit)", "adamw|sgd", 0, 0, 0},
       {"width", CLI_INT, &width, "0", "embedding width (0: from --config)", NULL, 0, 65536, 0},
       {"block", CLI_INT, &block, "0", "context length (0: from --config)", NULL, 0, 65536, 0},
       {"vocab", CLI_INT, &vocab, "0", "vocabulary size (0: from --config)", NULL, 0, 1e7, 0},
@@ -108,11 +113,25 @@ int tool_bench_gpt(int argc, char **argv) {
       {"json", CLI_FLAG, &json, NULL, "print one JSON object instead of the table", NULL, 0, 0, 0},
   };
   int n = (int)(sizeof opts / sizeof opts[0]);
-  int pr = cli_parse("bench gpt", "[options]", opts, n, argc, argv);
+  if (llama) opts[0] = llama_config;
+  int pr = cli_parse(llama ? "bench llama" : "bench gpt", "[options]", opts, n, argc, argv);
   if (pr) return pr == 1 ? 0 : 2;
+  if (!llama && (kv_heads || ffn)) {
+    fprintf(stderr, "tandem bench gpt: --kv-heads and --ffn-width apply to tandem bench llama\n");
+    return 2;
+  }
   tdm_model_config mc;
   int64_t given[5] = {layers, heads, width, block, vocab};
-  if (tdm_model_config_gpt(config, given, &mc) != TDM_OK) { /* the option table admits only the two names */
+  if (llama) {
+    if (tdm_model_config_llama(config, &mc) != TDM_OK) {
+      fprintf(stderr, "tandem bench llama: %s\n", tdm_last_error());
+      return 2;
+    }
+    int64_t g7[7] = {layers, heads, kv_heads, width, ffn, block, vocab};
+    int64_t *field[7] = {&mc.n_layer, &mc.n_head, &mc.n_kv_head, &mc.n_embd, &mc.ffn_hidden, &mc.block_size, &mc.vocab_size};
+    for (int i = 0; i < 7; i++)
+      if (g7[i] > 0) *field[i] = g7[i];
+  } else if (tdm_model_config_gpt(config, given, &mc) != TDM_OK) { /* the option table admits only the two names */
     fprintf(stderr, "tandem bench gpt: %s\n", tdm_last_error());
     return 2;
   }
@@ -133,15 +152,15 @@ int tool_bench_gpt(int argc, char **argv) {
          *t_wait = calloc((size_t)total, sizeof(double));
   int rc = 1, R = 0, W = 1;
   if (!t_fwd || !t_bwd || !t_opt || !t_all || !t_wait) {
-    fprintf(stderr, "tandem bench gpt: out of memory\n");
+    fprintf(stderr, "tandem bench: out of memory\n");
     goto out;
   }
   tdm_comm_config cc;
   tdm_status st = tdm_comm_config_from_env(&cc);
   if (st == TDM_OK && cc.size > 1) st = tdm_comm_create(&comm, &cc);
   R = comm ? tdm_comm_rank(comm) : 0, W = comm ? tdm_comm_size(comm) : 1;
-  tdm_optim_config oc = tdm_optim_config_default(TDM_OPT_ADAMW);
-  oc.lr = 3e-4f, oc.beta2 = 0.95f, oc.weight_decay = 0.1f, oc.decay_matrices_only = 1;
+  tdm_optim_config oc = tdm_optim_config_default(strcmp(optimizer, "sgd") ? TDM_OPT_ADAMW : TDM_OPT_SGD);
+  if (oc.kind == TDM_OPT_ADAMW) oc.lr = 3e-4f, oc.beta2 = 0.95f, oc.weight_decay = 0.1f, oc.decay_matrices_only = 1;
   tdm_engine_config ec = tdm_engine_config_default();
   ec.kind = zero ? TDM_ENGINE_ZERO : TDM_ENGINE_DP;
   ec.zero.stage = zero ? (int)zero : 1;
@@ -150,7 +169,7 @@ int tool_bench_gpt(int argc, char **argv) {
   if (st == TDM_OK) st = tdm_grid_create(&grid, comm, 0, 1, 1);
   if (st == TDM_OK) st = tdm_engine_create(&eng, &mc, (uint64_t)seed, &oc, grid, &ec);
   if (st != TDM_OK) {
-    fprintf(stderr, "tandem bench gpt: %s\n", tdm_last_error());
+    fprintf(stderr, "tandem bench: %s\n", tdm_last_error());
     goto out;
   }
   tdm_params *params = tdm_model_params(tdm_engine_model(eng));
@@ -162,7 +181,7 @@ int tool_bench_gpt(int argc, char **argv) {
     double t0 = tdm_time_now();
     tdm_step_stats ss;
     if (tdm_engine_step(eng, random_tokens, &bt, (uint64_t)s, oc.lr, &ss) != TDM_OK) {
-      fprintf(stderr, "tandem bench gpt: step %lld: %s\n", (long long)s, tdm_last_error());
+      fprintf(stderr, "tandem bench: step %lld: %s\n", (long long)s, tdm_last_error());
       goto out;
     }
     t_all[s] = (tdm_time_now() - t0) * 1e3;
@@ -172,8 +191,10 @@ int tool_bench_gpt(int argc, char **argv) {
   int nt = tdm_get_num_threads();
   int64_t np = tdm_params_numel(params), C = mc.n_embd, L = mc.n_layer;
   /* nanoGPT's convention: 6 FLOPs per parameter and token (position embeddings excluded, the tied
-   * lm_head counted once) plus 12 L C T per token for attention (full T x T, as if unmasked) */
-  double flops = (6.0 * (double)(np - mc.block_size * C) + 12.0 * (double)(L * C * T)) * (double)(B * T); /* per rank */
+   * lm_head counted once; a Llama's untied input embedding excluded: a lookup) plus 12 L C T per
+   * token for attention (full T x T, as if unmasked) */
+  int64_t lookup = llama ? (mc.tie_embeddings ? 0 : mc.vocab_size * C) : mc.block_size * C;
+  double flops = (6.0 * (double)(np - lookup) + 12.0 * (double)(L * C * T)) * (double)(B * T); /* per rank */
   double ms = median(t_all + warmup, (int)steps), fwd = median(t_fwd + warmup, (int)steps),
          bwd = median(t_bwd + warmup, (int)steps), optm = median(t_opt + warmup, (int)steps),
          wait = median(t_wait + warmup, (int)steps);
@@ -185,7 +206,7 @@ int tool_bench_gpt(int argc, char **argv) {
   if (comm) { /* the largest of any rank; the step time is rank 0's */
     double mx[2] = {rss_mib, held};
     if (tdm_comm_allreduce(comm, mx, mx, 2, TDM_F64, TDM_MAX, TDM_ALGO_AUTO) != TDM_OK) {
-      fprintf(stderr, "tandem bench gpt: %s\n", tdm_last_error());
+      fprintf(stderr, "tandem bench: %s\n", tdm_last_error());
       goto out;
     }
     rss_mib = mx[0], held = mx[1];
@@ -197,24 +218,24 @@ int tool_bench_gpt(int argc, char **argv) {
   double fl_ms = floor_ms(np, 7);
   double frac = flops / (ms * 1e-3) / (peak * 1e9 * nt);
   if (json) {
-    printf("{\"config\":\"%s\",\"layers\":%lld,\"heads\":%lld,\"width\":%lld,\"vocab\":%lld,\"batch\":%lld,\"seq\":%lld,"
+    printf("{\"model\":\"%s\",\"config\":\"%s\",\"layers\":%lld,\"heads\":%lld,\"width\":%lld,\"vocab\":%lld,\"batch\":%lld,\"seq\":%lld,"
            "\"threads\":%d,\"params\":%lld,\"ms\":%.3f,\"fwd_ms\":%.3f,\"bwd_ms\":%.3f,\"opt_ms\":%.3f,\"gflop\":%.4f,"
            "\"peak_fraction\":%.4f,\"opt_floor_ms\":%.3f,\"allocs_per_step\":%.3f,\"peak_rss_mib\":%.1f,"
            "\"ranks\":%d,\"zero\":%lld,\"comm_wait_ms\":%.3f,\"held_mib\":%.2f",
-           config, (long long)L, (long long)mc.n_head, (long long)C, (long long)mc.vocab_size, (long long)B, (long long)T, nt,
+           llama ? "llama" : "gpt", config, (long long)L, (long long)mc.n_head, (long long)C, (long long)mc.vocab_size, (long long)B, (long long)T, nt,
            (long long)np, ms, fwd, bwd, optm, flops * 1e-9, frac, fl_ms, (double)allocs / (double)steps, rss_mib, W,
            (long long)zero, wait, held / 1048576.0);
     for (int k = 0; k < TDM_MEM_COUNT; k++)
       printf(",\"%s_mib\":%.2f", tdm_mem_category_name((tdm_mem_category)k), (double)mem.peak[k] / 1048576.0);
     printf("}\n");
   } else {
-    printf("# tandem GPT step: %lld layers, %lld heads, width %lld, vocab %lld (%lld parameters), B=%lld T=%lld, %d thread%s; %s\n",
-           (long long)L, (long long)mc.n_head, (long long)C, (long long)mc.vocab_size, (long long)np, (long long)B,
+    printf("# tandem %s step: %lld layers, %lld heads, width %lld, vocab %lld (%lld parameters), B=%lld T=%lld, %d thread%s; %s\n",
+           llama ? "Llama" : "GPT", (long long)L, (long long)mc.n_head, (long long)C, (long long)mc.vocab_size, (long long)np, (long long)B,
            (long long)T, nt, nt == 1 ? "" : "s", tdm_engine_describe(eng));
     printf("step        %9.2f ms (median of %lld)\n", ms, (long long)steps);
     if (W > 1) printf("  comm wait %9.2f ms (what backward did not hide)\n", wait);
-    printf("  forward   %9.2f ms\n  backward  %9.2f ms\n  optimizer %9.2f ms (AdamW; memory-traffic floor %.2f ms, %.2fx)\n",
-           fwd, bwd, optm, fl_ms, optm / fl_ms);
+    printf("  forward   %9.2f ms\n  backward  %9.2f ms\n  optimizer %9.2f ms (%s; memory-traffic floor %.2f ms, %.2fx; nan: no memory to measure it)\n",
+           fwd, bwd, optm, oc.kind == TDM_OPT_SGD ? "SGD" : "AdamW", fl_ms, optm / fl_ms);
     printf("model FLOPs %9.2f GFLOP per step: %.1f GFLOP/s, %.1f%% of the FMA peak (%g GFLOP/s x %d)\n", flops * 1e-9,
            flops / (ms * 1e-3) * 1e-9, 100 * frac, peak, nt);
     printf("allocations %9.2f per steady-state step\npeak RSS    %9.1f MiB%s\n", (double)allocs / (double)steps, rss_mib,
@@ -231,3 +252,6 @@ out:
   free(t_fwd), free(t_bwd), free(t_opt), free(t_all), free(t_wait);
   return rc;
 }
+
+int tool_bench_gpt(int argc, char **argv) { return bench_lm(argc, argv, 0); }
+int tool_bench_llama(int argc, char **argv) { return bench_lm(argc, argv, 1); }

@@ -46,6 +46,7 @@ int tool_plan(int argc, char **argv);
 int tool_run(int argc, char **argv);
 int tool_bench(int argc, char **argv);
 int tool_bench_gpt(int argc, char **argv);
+int tool_bench_llama(int argc, char **argv);
 int tool_weights_diff(int argc, char **argv);
 int tool_generate(int argc, char **argv);
 

@@ -29,22 +29,29 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
                   const cli_opt *extra) {
   *c = tdm_train_config_default();
   int64_t epochs, steps, batch, seed, threads, eval_batch, accum, ckpt_every, layers, heads, width, block, vocab, seq_len,
-      warmup, val_every, val_batches, zero, zero_unit, memory_limit;
+      warmup, val_every, val_batches, zero, zero_unit, memory_limit, kv_heads, ffn_width;
+  double rope_theta;
+  const char *rope_scaling, *tie;
   double clip, max_time, bucket_mb;
   int resume, no_overlap, allow_nonfinite;
   const char *prefetch, *compress, *zero_prefetch;
   double lr, dropout, wd, momentum;
   cli_opt opts[64] = {
-      {"model", CLI_CHOICE, &c->model, "mlp", "model to train", "mlp|cnn|gpt", 0, 0, 0},
+      {"model", CLI_CHOICE, &c->model, "mlp", "model to train", "mlp|cnn|gpt|llama", 0, 0, 0},
       {"data", CLI_CHOICE, &c->data, "fashion-mnist", "data set (synthetic: generated, Fashion-MNIST's shape; tinyshakespeare for gpt, the default there)", "fashion-mnist|mnist|synthetic|tinyshakespeare", 0, 0, 0},
       {"data-path", CLI_STRING, &c->data_path, "data/tinyshakespeare.txt", "gpt: the text file (bytes are the tokens)", NULL, 0, 0, 0},
-      {"config", CLI_CHOICE, &c->gpt_config, "mini", "gpt: the architecture (mini: 4 layers, 4 heads, 256 wide, block 128, vocab 256)", "mini|gpt2-124M", 0, 0, 0},
-      {"layers", CLI_INT, &layers, "0", "gpt: transformer blocks (0: from --config)", NULL, 0, 1000, 0},
-      {"heads", CLI_INT, &heads, "0", "gpt: attention heads (0: from --config)", NULL, 0, 1000, 0},
-      {"width", CLI_INT, &width, "0", "gpt: embedding width (0: from --config)", NULL, 0, 1e6, 0},
-      {"block", CLI_INT, &block, "0", "gpt: context length (0: from --config)", NULL, 0, 1e6, 0},
-      {"vocab", CLI_INT, &vocab, "0", "gpt: vocabulary size (0: from --config)", NULL, 0, 1e7, 0},
-      {"seq-len", CLI_INT, &seq_len, "0", "gpt: training sequence length (0: the block size)", NULL, 0, 1e6, 0},
+      {"config", CLI_CHOICE, &c->gpt_config, "mini", "gpt, llama: the architecture (mini: 4 layers, 4 heads, 256 wide, block 128, vocab 256; llama-mini the same size, 2 key/value heads; llama3.2-1B: Meta's 1.24 B; llama's default: llama-mini)", "mini|gpt2-124M|llama-mini|llama3.2-1B", 0, 0, 0},
+      {"layers", CLI_INT, &layers, "0", "gpt, llama: transformer blocks (0: from --config)", NULL, 0, 1000, 0},
+      {"heads", CLI_INT, &heads, "0", "gpt, llama: attention heads (0: from --config)", NULL, 0, 1000, 0},
+      {"kv-heads", CLI_INT, &kv_heads, "0", "llama: key/value heads, dividing --heads (grouped-query attention; 0: from --config)", NULL, 0, 1000, 0},
+      {"width", CLI_INT, &width, "0", "gpt, llama: embedding width (0: from --config)", NULL, 0, 1e6, 0},
+      {"ffn-width", CLI_INT, &ffn_width, "0", "llama: SwiGLU hidden width (0: from --config)", NULL, 0, 1e7, 0},
+      {"block", CLI_INT, &block, "0", "gpt, llama: context length (0: from --config)", NULL, 0, 1e7, 0},
+      {"vocab", CLI_INT, &vocab, "0", "gpt, llama: vocabulary size (0: from --config)", NULL, 0, 1e7, 0},
+      {"rope-theta", CLI_FLOAT, &rope_theta, "0", "llama: base of the rotary frequencies (0: from --config: 10000, llama3.2-1B 500000)", NULL, 0, 1e12, 0},
+      {"rope-scaling", CLI_CHOICE, &rope_scaling, "auto", "llama: Llama 3's frequency scaling for long context (factor 32, 1, 4, context 8192; auto: from --config)", "auto|none|llama3", 0, 0, 0},
+      {"tie-embeddings", CLI_CHOICE, &tie, "auto", "llama: the output head is the token embedding (auto: from --config, tied for llama3.2-1B)", "auto|on|off", 0, 0, 0},
+      {"seq-len", CLI_INT, &seq_len, "0", "gpt, llama: training sequence length (0: the block size)", NULL, 0, 1e7, 0},
       {"data-dir", CLI_STRING, &c->data_dir, "/usr/share/datasets/fashion-mnist",
        "directory of the IDX files (gzip'd or not)", NULL, 0, 0, 0},
       {"epochs", CLI_INT, &epochs, "1", "passes over the training set", NULL, 1, 1e6, 0},
@@ -93,8 +100,14 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
     fprintf(stderr, "tandem %s: give --epochs or --steps, not both\n", cmd);
     return 2;
   }
-  int gpt = !strcmp(c->model, "gpt");
+  int llama = !strcmp(c->model, "llama"), gpt = !strcmp(c->model, "gpt") || llama;
 #define SEEN(name) cli_seen(opts, n, name)
+  if (!llama && (SEEN("kv-heads") || SEEN("ffn-width") || SEEN("rope-theta") || SEEN("rope-scaling") || SEEN("tie-embeddings"))) {
+    fprintf(stderr, "tandem %s: --kv-heads, --ffn-width, --rope-theta, --rope-scaling and --tie-embeddings apply to --model llama only (given --model %s)\n",
+            cmd, c->model);
+    return 2;
+  }
+  if (llama && !SEEN("config")) c->gpt_config = "llama-mini";
   if (gpt) { /* nanoGPT-like defaults for what the user left unset */
     if (!SEEN("data")) c->data = "tinyshakespeare";
     if (!SEEN("optimizer")) c->optimizer = "adamw";
@@ -120,6 +133,9 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
   }
 #undef SEEN
   c->n_layer = layers, c->n_head = heads, c->n_embd = width, c->block_size = block, c->vocab_size = vocab, c->seq_len = seq_len;
+  c->n_kv_head = kv_heads, c->ffn_hidden = ffn_width, c->rope_theta = rope_theta;
+  c->rope_scaling = !strcmp(rope_scaling, "auto") ? -1 : !strcmp(rope_scaling, "llama3");
+  c->tie_embeddings = !strcmp(tie, "auto") ? -1 : !strcmp(tie, "on");
   c->warmup_steps = warmup;
   c->max_time = max_time;
   c->val_every = val_every;
@@ -174,7 +190,7 @@ int tool_train(int argc, char **argv) {
     return 1;
   }
   if (res.rank != 0) return 0; /* rank 0 reports for everyone */
-  if (!strcmp(c.model, "gpt"))
+  if (!strcmp(c.model, "gpt") || !strcmp(c.model, "llama"))
     printf("val loss: %.4f nats per byte  next-byte accuracy: %.4f  throughput: %.0f tokens/s  (%lld steps of %lld tokens, %.1f s training)\n",
            res.test_loss, res.test_accuracy, res.tokens_per_sec, (long long)res.steps, (long long)res.tokens_per_step,
            res.train_seconds);

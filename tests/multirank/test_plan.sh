@@ -51,6 +51,9 @@ MLP=(--model mlp --data synthetic --optimizer adam --eval-batch-size 500)
 GPT=(--model gpt --layers 3 --heads 2 --width 64 --block 32 --seq-len 32 --batch-size 4 --val-batches 2)
 check "one process: the MLP" compare 1 shm "${MLP[@]}"
 check "one process: the GPT" compare 1 shm "${GPT[@]}"
+LLAMA=(--model llama --layers 3 --heads 4 --kv-heads 2 --width 64 --ffn-width 96 --block 32 --seq-len 32 --batch-size 4 --val-batches 2)
+check "one process: the Llama" compare 1 shm "${LLAMA[@]}"
+check "2 ranks over shm, --zero 3: the Llama with a tied head" compare 2 shm "${LLAMA[@]}" --zero 3 --tie-embeddings on
 for z in 0 1 2 3; do
   check "2 ranks over shm, --zero $z: the MLP" compare 2 shm "${MLP[@]}" --zero $z
 done
