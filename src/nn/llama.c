@@ -126,9 +126,18 @@ tdm_status tdm__llama_build(tdm_model *m) {
   return tdm_params_declare(p, "lm_head.weight", 2, emb, (tdm_init){TDM_INIT_NORMAL, 0.0f, 0.02f}, 1, &m->lm_head);
 }
 
+/* A decoder layer as tdm_checkpoint runs it (activation recomputation: the tape says when). */
+static tdm_tensor *block_fn(tdm_tape *tp, tdm_tensor *x, const void *ctx) { return tdm_llama_block_mod_forward(tp, ctx, x); }
+
+static tdm_tensor *block(tdm_tape *tp, const tdm_llama_block_mod *b, tdm_tensor *x) {
+  if (tdm_tape_recompute(tp) != TDM_RECOMPUTE_BLOCK) return tdm_llama_block_mod_forward(tp, b, x);
+  tdm_tensor *ps[9] = {b->attn_norm, b->q, b->k, b->v, b->o, b->mlp_norm, b->gate, b->up, b->down};
+  return tdm_checkpoint(tp, block_fn, b, x, 9, ps);
+}
+
 tdm_tensor *tdm__llama_forward(tdm_model *m, tdm_tape *tp, tdm_tensor *x) {
   const tdm_model_config *c = &m->cfg;
   tdm_tensor *h = tdm_dropout(tp, tdm_embedding(tp, m->wte.weight, x), c->dropout);
-  for (int64_t l = 0; l < c->n_layer; l++) h = tdm_llama_block_mod_forward(tp, &m->lblocks[l], h);
+  for (int64_t l = 0; l < c->n_layer; l++) h = block(tp, &m->lblocks[l], h);
   return tdm_linear(tp, tdm_rmsnorm(tp, h, m->norm, c->norm_eps), m->lm_head, NULL);
 }

@@ -173,9 +173,9 @@ tdm_status tdm_plan_compute(const tdm_plan_config *c, tdm_plan *out) {
   b[TDM_MEM_OPTIM] = 4 * owned * (adam ? 2 : c->optim.momentum > 0 ? 1 : 0);
   int lm = c->model.kind == TDM_MODEL_GPT || c->model.kind == TDM_MODEL_LLAMA;
   int64_t T = lm ? (c->seq_len > 0 ? c->seq_len : c->model.block_size) : 1;
-  tdm__tape_plan tr = {0, 0}, ev = {0, 0};
-  TDM__TRY(tdm__plan_tape(&c->model, c->batch, T, accum, 1, &tr));
-  if (c->eval_batch > 0) TDM__TRY(tdm__plan_tape(&c->model, c->eval_batch, T, 1, 0, &ev));
+  tdm__tape_plan tr = {0, 0, 0}, ev = {0, 0, 0};
+  TDM__TRY(tdm__plan_tape(&c->model, c->batch, T, accum, 1, c->engine.recompute, &tr));
+  if (c->eval_batch > 0) TDM__TRY(tdm__plan_tape(&c->model, c->eval_batch, T, 1, 0, c->engine.recompute, &ev));
   int64_t nodes = tr.nodes;
   out->act_train = tr.bytes;
   out->act_eval = ev.bytes;
@@ -190,7 +190,7 @@ tdm_status tdm_plan_compute(const tdm_plan_config *c, tdm_plan *out) {
   if (P > 1) b[TDM_MEM_COMM] += (int64_t)tdm__net_gate_bytes() + 4096 * (int64_t)P;
   /* workspace: the parameters' bookkeeping as measured, the engine's segment sums, the tape's
    * arrays; the engine's own few structures are left out (a few KB) */
-  b[TDM_MEM_WORKSPACE] = metadata + 8 * (n_seg + 1) + grown_array(nodes, 8) + grown_array(n_param_tensors, 16);
+  b[TDM_MEM_WORKSPACE] = metadata + 8 * (n_seg + 1) + grown_array(nodes, 8) + grown_array(n_param_tensors + tr.leaves, 16);
   /* traffic: stages 0-2 reduce-scatter and all-gather Ψ (2Ψ(N-1)/N), stage 3 gathers twice */
   out->comm_per_step = 4.0 * (double)n * (double)(P - 1) / P * (stage == 3 ? 3 : 2);
   for (int k = 0; k < TDM_MEM_COUNT; k++) out->total += b[k];

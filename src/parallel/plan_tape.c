@@ -34,9 +34,10 @@ typedef struct {
 } sim_op;
 
 typedef struct sim {
-  int64_t cur, peak, nodes;
+  int64_t cur, peak, nodes, inner_nodes;
   int train;  /* gradients recorded (a training micro-batch) */
   int esz;    /* bytes of an activation: 4, or 2 under autocast */
+  int recompute; /* tdm_recompute */
   sim_t *t;
   int nt, capt;
   sim_op *op;
@@ -126,14 +127,9 @@ static int view(sim *s, int64_t n, int esz, int in) {
   return new_t(s, n, esz, rec, 1);
 }
 
-/* Backward from the loss: its gradient, then each recorded op in reverse, taking the gradients of
- * its inputs that are activations not yet given one, then its transient scratch. */
-static void backward(sim *s, int loss, int64_t seed_bytes) {
-  bump(s, seed_bytes);
-  if (s->t[loss].grad && !s->t[loss].done) {
-    bump(s, TENSOR + al(4));
-    s->t[loss].done = 1;
-  }
+/* Each recorded op in reverse, taking the gradients of its inputs that are activations not yet
+ * given one, then its transient scratch. */
+static void backward_ops(sim *s) {
   for (int k = s->nop - 1; k >= 0; k--) {
     sim_op *o = &s->op[k];
     for (int i = 0; i < o->n_in; i++) {
@@ -146,6 +142,16 @@ static void backward(sim *s, int loss, int64_t seed_bytes) {
     transient(s, o->bwd_trans);
     bump(s, o->bwd_persist);
   }
+}
+
+/* Backward from the loss: its gradient (and a seed tensor of its own), then the ops. */
+static void backward(sim *s, int loss, int64_t seed_bytes) {
+  bump(s, seed_bytes);
+  if (s->t[loss].grad && !s->t[loss].done) {
+    bump(s, TENSOR + al(4));
+    s->t[loss].done = 1;
+  }
+  backward_ops(s);
 }
 
 /* ---- the ops the models use ------------------------------------------------------------------- */
@@ -175,8 +181,12 @@ static int embedding(sim *s, int table, int idx, int64_t N, int64_t C) {
   int ins[2] = {table, idx};
   return op(s, N * C, s->esz, 2, ins, 0, 0, 0);
 }
-/* Attention keeps the probabilities (B, NH, T, T); its backward takes as much again as scratch. */
+/* Attention keeps the probabilities (B, NH, T, T); its backward takes as much again as scratch.
+ * Under selective recomputation a recorded one keeps none: forward computes them in scratch,
+ * backward rebuilds them in scratch beside its own. */
 static int attention(sim *s, int n_in, const int *ins, int64_t out, int64_t PT) {
+  if (s->recompute == TDM_RECOMPUTE_SELECTIVE && recorded(s, n_in, ins))
+    return op(s, out, s->esz, n_in, ins, 0, al(4 * PT), 2 * al(4 * PT));
   return op(s, out, s->esz, n_in, ins, al(PT * s->esz), 0, al(4 * PT));
 }
 static int rope(sim *s, int x, int64_t T, int64_t hs) { return op(s, s->t[x].n, s->esz, 1, &x, al(4 * (2 * T * (hs / 2) + 1)), 0, 0); }
@@ -222,6 +232,50 @@ static int llama_block(sim *s, const shape *sh, int x) {
   return add(s, x, dropout(s, linear(s, h, wd, -1, N, C), m->dropout));
 }
 
+typedef int (*block_walk)(sim *s, const shape *sh, int x);
+
+static void sim_free(sim *s) {
+  tdm__free(s->t);
+  tdm__free(s->op);
+}
+
+/* A block under block recomputation (tdm_checkpoint): forward keeps its output, the call and two
+ * arrays of its inputs (the block's input and its parameters) and a node; the block itself runs
+ * with gradients off in scratch. Backward runs it again in scratch, recording its nodes, on a
+ * detached view of the input, and backpropagates through it: the peak of that is transient. */
+static int checkpointed(sim *s, const shape *sh, block_walk walk, int x, int n_params) {
+  if (!s->train || s->recompute != TDM_RECOMPUTE_BLOCK) return walk(s, sh, x);
+  sim inner;
+  memset(&inner, 0, sizeof inner);
+  inner.esz = s->esz, inner.recompute = TDM_RECOMPUTE_NONE; /* a nested checkpoint is not made */
+  int xi = new_t(&inner, s->t[x].n, s->t[x].esz, 0, 1);
+  walk(&inner, sh, xi); /* gradients off */
+  int64_t fwd_trans = inner.peak;
+  s->oom |= inner.oom;
+  sim_free(&inner);
+  memset(&inner, 0, sizeof inner);
+  inner.esz = s->esz, inner.train = 1, inner.recompute = TDM_RECOMPUTE_NONE;
+  bump(&inner, TENSOR); /* the detached view */
+  xi = new_t(&inner, s->t[x].n, s->t[x].esz, s->t[x].grad, 1);
+  int yi = walk(&inner, sh, xi);
+  if (!inner.oom) inner.t[yi].done = 1; /* its gradient is the first run's output's */
+  backward_ops(&inner);
+  int64_t bwd_trans = inner.peak;
+  if (inner.nodes > s->inner_nodes) s->inner_nodes = inner.nodes;
+  s->oom |= inner.oom;
+  sim_free(&inner);
+  int ins[1] = {x};
+  int rec = recorded(s, 1, ins) || n_params > 0;
+  bump(s, TENSOR + al(s->t[x].n * s->t[x].esz) + al(16)); /* the output and the call */
+  transient(s, fwd_trans);
+  bump(s, al(8 * (1 + n_params)));
+  if (rec) {
+    bump(s, NODE + al(8 * (1 + n_params)));
+    push_op(s, 1, ins, bwd_trans);
+  }
+  return new_t(s, s->t[x].n, s->t[x].esz, rec, 1);
+}
+
 static void model(sim *s, const tdm_model_config *m, int64_t B, int64_t T, int64_t accum) {
   int loss = -1;
   switch (m->kind) {
@@ -259,7 +313,7 @@ static void model(sim *s, const tdm_model_config *m, int64_t B, int64_t T, int64
     int x = input(s, N, 4), y = input(s, N, 4), wte = param(s, m->vocab_size * C), wpe = param(s, m->block_size * C);
     int h = add(s, embedding(s, wte, x, N, C), view(s, T * C, 4, wpe));
     h = dropout(s, h, m->dropout);
-    for (int64_t l = 0; l < m->n_layer; l++) h = gpt_block(s, &sh, h);
+    for (int64_t l = 0; l < m->n_layer; l++) h = checkpointed(s, &sh, gpt_block, h, 12);
     h = layernorm(s, h, param(s, C), param(s, C), N);
     loss = cross_entropy(s, linear(s, h, wte, -1, N, m->vocab_size), y, N);
     break;
@@ -269,7 +323,7 @@ static void model(sim *s, const tdm_model_config *m, int64_t B, int64_t T, int64
     int64_t N = B * T, C = m->n_embd;
     int x = input(s, N, 4), y = input(s, N, 4), emb = param(s, m->vocab_size * C);
     int h = dropout(s, embedding(s, emb, x, N, C), m->dropout);
-    for (int64_t l = 0; l < m->n_layer; l++) h = llama_block(s, &sh, h);
+    for (int64_t l = 0; l < m->n_layer; l++) h = checkpointed(s, &sh, llama_block, h, 9);
     h = rmsnorm(s, h, param(s, C), N);
     loss = cross_entropy(s, linear(s, h, m->tie_embeddings ? emb : param(s, m->vocab_size * C), -1, N, m->vocab_size), y, N);
     break;
@@ -280,17 +334,19 @@ static void model(sim *s, const tdm_model_config *m, int64_t B, int64_t T, int64
   if (s->train) backward(s, loss, accum > 1 ? TENSOR + al(4) : 0); /* backward's seed 1/accum */
 }
 
-tdm_status tdm__plan_tape(const tdm_model_config *m, int64_t B, int64_t T, int64_t accum, int train, tdm__tape_plan *out) {
+tdm_status tdm__plan_tape(const tdm_model_config *m, int64_t B, int64_t T, int64_t accum, int train, tdm_recompute recompute,
+                          tdm__tape_plan *out) {
   sim s;
   memset(&s, 0, sizeof s);
   s.train = train;
   s.esz = 4;
+  s.recompute = recompute;
   model(&s, m, B, T, accum);
   memset(out, 0, sizeof *out);
   out->bytes = s.peak;
-  out->nodes = s.nodes;
-  tdm__free(s.t);
-  tdm__free(s.op);
+  out->nodes = s.nodes + s.inner_nodes;
+  out->leaves = s.inner_nodes ? 1 : 0;
+  sim_free(&s);
   if (s.oom) return tdm__set_error(TDM_ERR_NO_MEMORY, "plan: out of memory walking the model");
   return TDM_OK;
 }

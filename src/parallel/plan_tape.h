@@ -8,10 +8,12 @@
 typedef struct {
   int64_t bytes; /* the tape's peak bytes in use */
   int64_t nodes; /* the most nodes recorded at once */
+  int64_t leaves; /* leaves beyond the parameters (a recomputed block's input) */
 } tdm__tape_plan;
 
 /* B samples of T tokens (T: language models only); train: gradients recorded, dropout on, then
- * backward (seeded by a tensor of its own when accum > 1). */
-tdm_status tdm__plan_tape(const tdm_model_config *m, int64_t B, int64_t T, int64_t accum, int train, tdm__tape_plan *out);
+ * backward (seeded by a tensor of its own when accum > 1); recompute as the tape would. */
+tdm_status tdm__plan_tape(const tdm_model_config *m, int64_t B, int64_t T, int64_t accum, int train, tdm_recompute recompute,
+                          tdm__tape_plan *out);
 
 #endif
