@@ -81,6 +81,7 @@ typedef struct tdm_engine_config {
   int64_t accum;          /* micro-batches per optimizer step (0 or 1: none) */
   float clip;             /* clip the global gradient norm to this (0: only measure it) */
   int allow_nonfinite;    /* 0: a non-finite loss or gradient norm fails the step */
+  tdm_recompute recompute; /* activation recomputation in the models' forward (tandem/autograd.h) */
   tdm_engine_dp_config dp;
   tdm_engine_zero_config zero;
 } tdm_engine_config;

@@ -118,6 +118,7 @@ tdm_status tdm_engine_create(tdm_engine **out, const tdm_model_config *mc, uint6
   e->size = tdm_grid_size(grid, TDM_AXIS_DATA);
   e->rank = tdm_grid_index(grid, TDM_AXIS_DATA);
   tdm_status st = tdm_tape_create(&e->tape, 1u << 20);
+  if (st == TDM_OK) st = tdm_tape_set_recompute(e->tape, cfg->recompute);
   if (st == TDM_OK) st = e->ops->create(e, mc, seed);
   if (st == TDM_OK && !e->seg_sums) {
     const int64_t *cut;
