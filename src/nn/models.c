@@ -181,6 +181,17 @@ void tdm_model_destroy(tdm_model *m) {
 tdm_params *tdm_model_params(const tdm_model *m) { return m->params; }
 const tdm_model_config *tdm_model_get_config(const tdm_model *m) { return &m->cfg; }
 
+/* A GPT block as tdm_checkpoint runs it (activation recomputation: the tape says when). */
+static tdm_tensor *gpt_block_fn(tdm_tape *tp, tdm_tensor *x, const void *ctx) { return tdm_block_mod_forward(tp, ctx, x); }
+
+static tdm_tensor *gpt_block(tdm_tape *tp, const tdm_block_mod *b, tdm_tensor *x) {
+  if (tdm_tape_recompute(tp) != TDM_RECOMPUTE_BLOCK) return tdm_block_mod_forward(tp, b, x);
+  tdm_tensor *ps[12] = {b->ln_1.weight,    b->ln_1.bias,    b->c_attn.weight, b->c_attn.bias,
+                        b->attn_proj.weight, b->attn_proj.bias, b->ln_2.weight, b->ln_2.bias,
+                        b->c_fc.weight,    b->c_fc.bias,    b->mlp_proj.weight, b->mlp_proj.bias};
+  return tdm_checkpoint(tp, gpt_block_fn, b, x, 12, ps);
+}
+
 static tdm_tensor *input_error(tdm_tape *tp, const char *kind, const tdm_tensor *x, const char *expected) {
   char b[96];
   return tdm__fail(tp, TDM_ERR_INVALID_ARG, "%s: input is %s %s; expected %s", kind,
@@ -217,7 +228,7 @@ tdm_tensor *tdm_model_forward(tdm_model *m, tdm_tape *tp, tdm_tensor *x) {
     int64_t T = x->shape[1];
     tdm_tensor *h = tdm_add(tp, tdm_embedding(tp, m->wte.weight, x), tdm_slice(tp, m->wpe.weight, 0, 0, T));
     h = tdm_dropout(tp, h, c->dropout);
-    for (int64_t l = 0; l < c->n_layer; l++) h = tdm_block_mod_forward(tp, &m->blocks[l], h);
+    for (int64_t l = 0; l < c->n_layer; l++) h = gpt_block(tp, &m->blocks[l], h);
     h = tdm_layernorm_mod_forward(tp, &m->ln_f, h);
     return tdm_linear(tp, h, m->wte.weight, NULL); /* lm_head tied to wte */
   }
