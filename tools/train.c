@@ -34,7 +34,7 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
   const char *rope_scaling, *tie;
   double clip, max_time, bucket_mb;
   int resume, no_overlap, allow_nonfinite;
-  const char *prefetch, *compress, *zero_prefetch;
+  const char *prefetch, *compress, *zero_prefetch, *recompute;
   double lr, dropout, wd, momentum;
   cli_opt opts[64] = {
       {"model", CLI_CHOICE, &c->model, "mlp", "model to train", "mlp|cnn|gpt|llama", 0, 0, 0},
@@ -63,6 +63,7 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
       {"zero-prefetch", CLI_CHOICE, &zero_prefetch, "on", "--zero 3: gather the next unit while this one computes", "on|off", 0, 0, 0},
       {"memory-limit", CLI_SIZE, &memory_limit, "0", "refuse to start when the memory plan per rank exceeds this (like 8G; 0: no limit)", NULL, 0, 0, 0},
       {"compress", CLI_CHOICE, &compress, "none", "gradient dtype on the wire between ranks", "none|bf16|fp16", 0, 0, 0},
+      {"recompute", CLI_CHOICE, &recompute, "none", "gpt, llama: activation recomputation (block: keep each transformer block's input, run the block again in backward; selective: recompute only the attention probabilities); gradients stay bit for bit", "none|block|selective", 0, 0, 0},
       {"lr", CLI_FLOAT, &lr, "0.001", "learning rate", NULL, 0, 1e3, 0},
       {"optimizer", CLI_CHOICE, &c->optimizer, "adam", "optimizer", "sgd|adam|adamw", 0, 0, 0},
       {"weight-decay", CLI_FLOAT, &wd, "-1", "weight decay (-1: the optimizer's default, 0.01 for adamw, else 0)",
@@ -165,6 +166,7 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
   e->zero.stage = zero ? (int)zero : 1;
   e->zero.unit_modules = (int)zero_unit;
   e->zero.prefetch = !strcmp(zero_prefetch, "on");
+  e->recompute = !strcmp(recompute, "block") ? TDM_RECOMPUTE_BLOCK : !strcmp(recompute, "selective") ? TDM_RECOMPUTE_SELECTIVE : TDM_RECOMPUTE_NONE;
   if (resume && !c->checkpoint_dir) {
     fprintf(stderr, "tandem %s: --resume needs --checkpoint-dir\n", cmd);
     return 2;

@@ -155,6 +155,9 @@ static tdm_status parse_kinds(const tdm_train_config *c, tdm_model_kind *mk, tdm
   if (e->kind == TDM_ENGINE_ZERO && e->dp.wire_dtype != TDM_F32)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --compress %s with --zero %d: ZeRO reduces gradients in f32 only",
                           tdm_dtype_name(e->dp.wire_dtype), e->zero.stage);
+  if ((unsigned)e->recompute >= TDM_RECOMPUTE_COUNT || (e->recompute != TDM_RECOMPUTE_NONE && !is_lm(*mk)))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --recompute %s with --model %s; recomputation applies to the transformer blocks of gpt and llama",
+                          tdm_recompute_name(e->recompute), c->model);
   if (e->accum < 0 || e->accum > 1 << 20 || !(e->clip >= 0))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "train: accumulation %lld, clip %g; expected 1..2^20 and >= 0",
                           (long long)e->accum, (double)e->clip);

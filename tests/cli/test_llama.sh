@@ -89,5 +89,16 @@ check "bad input: a gpt config for llama" expect_fail 1 "--config 'gpt2-124M' wi
   "$TANDEM" train --model llama --config gpt2-124M --steps 1
 check "bad input: a llama config for gpt" expect_fail 1 "--config 'llama-mini' with --model gpt" \
   "$TANDEM" train --model gpt --config llama-mini --steps 1
+recompute_same_weights() {
+  local m
+  for m in none block selective; do
+    "$TANDEM" train "${SMALL[@]}" --steps 6 --dropout 0.2 --recompute $m --save-weights "$TMP/r_$m.st" >/dev/null 2>"$TMP/err" ||
+      { tail -2 "$TMP/err"; return 1; }
+  done
+  cmp -s "$TMP/r_none.st" "$TMP/r_block.st" && cmp -s "$TMP/r_none.st" "$TMP/r_selective.st"
+}
+check "--recompute block and selective: the very same weights file (dropout on)" recompute_same_weights
+check "bad input: --recompute with a model without blocks" expect_fail 1 "--recompute block with --model mlp" \
+  "$TANDEM" train --model mlp --data synthetic --recompute block --steps 1
 check "bench llama: a step of the small model" bash -c "\"$TANDEM\" bench llama --layers 2 --width 64 --ffn-width 96 --steps 2 --warmup 1 | grep -q 'tandem Llama step'"
 finish

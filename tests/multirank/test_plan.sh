@@ -54,6 +54,8 @@ check "one process: the GPT" compare 1 shm "${GPT[@]}"
 LLAMA=(--model llama --layers 3 --heads 4 --kv-heads 2 --width 64 --ffn-width 96 --block 32 --seq-len 32 --batch-size 4 --val-batches 2)
 check "one process: the Llama" compare 1 shm "${LLAMA[@]}"
 check "2 ranks over shm, --zero 3: the Llama with a tied head" compare 2 shm "${LLAMA[@]}" --zero 3 --tie-embeddings on
+check "one process: the GPT with block recomputation" compare 1 shm "${GPT[@]}" --recompute block
+check "2 ranks over tcp, --zero 3: the Llama with selective recomputation and accumulation" compare 2 tcp "${LLAMA[@]}" --zero 3 --recompute selective --accum 2
 for z in 0 1 2 3; do
   check "2 ranks over shm, --zero $z: the MLP" compare 2 shm "${MLP[@]}" --zero $z
 done
