@@ -66,3 +66,14 @@ float *tdm__grad_f32(tdm_tape *tp, const tdm_tensor *t, void *grad, int fresh) {
 void tdm__grad_commit(const tdm_tensor *t, void *grad, const float *buf) {
   if (grad && buf && t->grad->dtype != TDM_F32) from_f32(grad, t->grad->dtype, buf, t->numel);
 }
+
+const float *tdm__f32_round(tdm_tape *tp, const tdm_tensor *t, tdm_dtype dt) {
+  if (!t) return NULL;
+  if ((dt != TDM_BF16 && dt != TDM_F16) || t->dtype == dt) return tdm__f32(tp, t);
+  float *buf = tdm__scratch(tp, sizeof(float) * (size_t)(t->numel ? t->numel : 1));
+  if (!buf) return NULL;
+  to_f32(buf, t->data, t->dtype, t->numel);
+  if (dt == TDM_BF16) tdm_k_round_bf16(buf, buf, t->numel);
+  else tdm_k_round_f16(buf, buf, t->numel);
+  return buf;
+}

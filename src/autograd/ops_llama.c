@@ -157,10 +157,13 @@ tdm_tensor *tdm_swiglu(tdm_tape *tp, tdm_tensor *gate, tdm_tensor *up) {
 
 /* ---- grouped-query attention ---------------------------------------------------------------- */
 /* i: [0] B, [1] T, [2] NH, [3] NKV, [4] hs, [5] the activation dtype; saved[0]: the probabilities
- * (B, NH, T, T) in it, or NULL under selective recomputation */
+ * (B, NH, T, T) in it, or NULL under selective recomputation. Batches go through the kernels a
+ * chunk at a time (tdm__attn_batches), so scratch holds one chunk's probabilities. */
 static void gqa_bw(tdm_tape *tp, tdm_node *n) {
   tdm_tensor *q = n->in[0], *k = n->in[1], *v = n->in[2];
-  int64_t B = n->i[0], T = n->i[1], NH = n->i[2], NKV = n->i[3], hs = n->i[4], PT = B * NH * T * T;
+  int64_t B = n->i[0], T = n->i[1], NH = n->i[2], NKV = n->i[3], hs = n->i[4], HTT = NH * T * T;
+  int64_t bc = tdm__attn_batches(B, NKV), QW = NH * hs, KW = NKV * hs;
+  tdm_dtype dt = (tdm_dtype)n->i[5];
   int fq, fk, fv;
   void *gq = tdm__grad_for_write(tp, q, &fq), *gk = tdm__grad_for_write(tp, k, &fk), *gv = tdm__grad_for_write(tp, v, &fv);
   if (!gq && !gk && !gv) return;
@@ -171,19 +174,22 @@ static void gqa_bw(tdm_tape *tp, tdm_node *n) {
   float *gqf = gq ? tdm__grad_f32(tp, q, gq, fq && !acc) : tdm__scratch(tp, sizeof(float) * (size_t)q->numel);
   float *gkf = gk ? tdm__grad_f32(tp, k, gk, fk && !acc) : tdm__scratch(tp, sizeof(float) * (size_t)k->numel);
   float *gvf = gv ? tdm__grad_f32(tp, v, gv, fv && !acc) : tdm__scratch(tp, sizeof(float) * (size_t)v->numel);
-  if (acc) { /* a fresh one among them holds garbage: zero it, then everything accumulates */
-    if (gq && fq) memset(gqf, 0, sizeof(float) * (size_t)q->numel);
-    if (gk && fk) memset(gkf, 0, sizeof(float) * (size_t)k->numel);
-    if (gv && fv) memset(gvf, 0, sizeof(float) * (size_t)v->numel);
-    if (!gq) memset(gqf, 0, sizeof(float) * (size_t)q->numel);
-    if (!gk) memset(gkf, 0, sizeof(float) * (size_t)k->numel);
-    if (!gv) memset(gvf, 0, sizeof(float) * (size_t)v->numel);
+  if (acc && gqf && gkf && gvf) { /* a fresh one among them holds garbage: zero it, then everything accumulates */
+    if (!gq || fq) memset(gqf, 0, sizeof(float) * (size_t)q->numel);
+    if (!gk || fk) memset(gkf, 0, sizeof(float) * (size_t)k->numel);
+    if (!gv || fv) memset(gvf, 0, sizeof(float) * (size_t)v->numel);
   }
   const float *qf = tdm__f32(tp, q), *kf = tdm__f32(tp, k), *vf = tdm__f32(tp, v), *dy = tdm__f32(tp, n->out->grad);
-  const float *att = tdm__saved_probs(tp, n->saved[0], (tdm_dtype)n->i[5], PT, qf, kf, B, T, NH, NKV, hs, NH * hs, NKV * hs);
-  float *scratch = tdm__scratch(tp, sizeof(float) * (size_t)(PT ? PT : 1));
-  if (gqf && gkf && gvf && qf && kf && vf && dy && att && scratch) {
-    tdm_k_attention_gqa_bwd(gqf, gkf, gvf, scratch, dy, att, qf, kf, vf, B, T, NH, NKV, hs, acc);
+  float *scratch = tdm__scratch(tp, sizeof(float) * (size_t)(bc * HTT > 0 ? bc * HTT : 1));
+  float *buf = n->saved[0] && dt == TDM_F32 ? NULL : tdm__scratch(tp, sizeof(float) * (size_t)(bc * HTT > 0 ? bc * HTT : 1));
+  int ok = gqf && gkf && gvf && qf && kf && vf && dy && scratch && (buf || (n->saved[0] && dt == TDM_F32));
+  for (int64_t b0 = 0; ok && b0 < B; b0 += bc) {
+    int64_t nb = B - b0 < bc ? B - b0 : bc, oq = b0 * T * QW, ok_ = b0 * T * KW;
+    const float *att = tdm__probs_chunk(buf, n->saved[0], dt, b0 * HTT, nb * HTT, qf + oq, kf + ok_, nb, T, NH, NKV, hs, QW, KW);
+    tdm_k_attention_gqa_bwd(gqf + oq, gkf + ok_, gvf + ok_, scratch, dy + oq, att, qf + oq, kf + ok_, vf + ok_, nb, T, NH, NKV,
+                            hs, acc);
+  }
+  if (ok) {
     tdm__grad_commit(q, gq, gqf);
     tdm__grad_commit(k, gk, gkf);
     tdm__grad_commit(v, gv, gvf);
@@ -205,7 +211,8 @@ tdm_tensor *tdm_attention_gqa(tdm_tape *tp, tdm_tensor *q, tdm_tensor *k, tdm_te
       k->shape[1] != q->shape[1] || k->shape[2] * n_head != q->shape[2] * n_kv_head)
     return tdm__fail(tp, TDM_ERR_INVALID_ARG, "attention_gqa: q %s, k %s, v %s with %d and %d heads; expected (B, T, %d x hs), and (B, T, %d x hs) twice",
                      tdm__shp(q), tdm__shp(k), tdm__shp(v), n_head, n_kv_head, n_head, n_kv_head);
-  int64_t B = q->shape[0], T = q->shape[1], hs = q->shape[2] / n_head, PT = B * n_head * T * T;
+  int64_t B = q->shape[0], T = q->shape[1], hs = q->shape[2] / n_head, HTT = n_head * T * T, PT = B * HTT;
+  int64_t bc = tdm__attn_batches(B, n_kv_head), QW = n_head * hs, KW = n_kv_head * hs;
   q = tdm__contig(tp, q);
   k = tdm__contig(tp, k);
   v = tdm__contig(tp, v);
@@ -218,15 +225,17 @@ tdm_tensor *tdm_attention_gqa(tdm_tape *tp, tdm_tensor *q, tdm_tensor *k, tdm_te
   tdm__arena_pos pos = tdm__arena_mark(tp->arena);
   const float *qf = tdm__f32(tp, q), *kf = tdm__f32(tp, k), *vf = tdm__f32(tp, v);
   float *yf = qf && kf && vf ? tdm__f32_out(tp, y) : NULL;
-  float *attf = yf ? (dt == TDM_F32 && keep ? att : tdm__scratch(tp, sizeof(float) * (size_t)(PT ? PT : 1))) : NULL;
-  if (attf) {
-    tdm_k_attention_gqa_fwd(yf, attf, qf, kf, vf, B, T, n_head, n_kv_head, hs);
-    tdm__store_f32(y, yf);
-    if (keep && dt == TDM_BF16) tdm_k_f32_to_bf16(att, attf, PT);
-    else if (keep && dt == TDM_F16) tdm_k_f32_to_f16(att, attf, PT);
+  float *buf = yf && (dt != TDM_F32 || !keep) ? tdm__scratch(tp, sizeof(float) * (size_t)(bc * HTT > 0 ? bc * HTT : 1)) : NULL;
+  int ok = yf && (buf || (dt == TDM_F32 && keep));
+  for (int64_t b0 = 0; ok && b0 < B; b0 += bc) {
+    int64_t nb = B - b0 < bc ? B - b0 : bc, oq = b0 * T * QW, ok_ = b0 * T * KW;
+    float *attc = buf ? buf : (float *)att + b0 * HTT;
+    tdm_k_attention_gqa_fwd(yf + oq, attc, qf + oq, kf + ok_, vf + ok_, nb, T, n_head, n_kv_head, hs);
+    if (keep) tdm__store_probs(att, dt, b0 * HTT, attc, nb * HTT);
   }
+  if (ok) tdm__store_f32(y, yf);
   tdm__arena_rewind(tp->arena, pos);
-  if (!attf) return NULL;
+  if (!ok) return NULL;
   tdm_tensor *ins[3] = {q, k, v};
   tdm_node *n = tdm__record(tp, "attention_gqa", gqa_bw, y, 3, ins);
   if (n) {
@@ -244,19 +253,26 @@ int tdm__selective(const tdm_tape *tp, int n, tdm_tensor *const *ins) {
   return 0;
 }
 
-const float *tdm__saved_probs(tdm_tape *tp, const void *saved, tdm_dtype dt, int64_t PT, const float *q, const float *k,
+int64_t tdm__attn_batches(int64_t B, int64_t groups) {
+  int64_t bc = (8 + groups - 1) / groups; /* at least 8 tasks per kernel call, for the pool */
+  return bc < B ? bc : (B > 0 ? B : 1);
+}
+
+void tdm__store_probs(void *att, tdm_dtype dt, int64_t off, const float *src, int64_t n) {
+  if (dt == TDM_BF16) tdm_k_f32_to_bf16((uint16_t *)att + off, src, n);
+  else if (dt == TDM_F16) tdm_k_f32_to_f16((uint16_t *)att + off, src, n);
+  /* f32: the kernel wrote them in place */
+}
+
+const float *tdm__probs_chunk(float *buf, const void *saved, tdm_dtype dt, int64_t off, int64_t n, const float *q, const float *k,
                               int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hs, int64_t ldq, int64_t ldkv) {
-  if (saved) {
-    tdm_tensor pt = {0}; /* the saved probabilities, seen as a tensor for the conversion */
-    int64_t shp[1] = {PT};
-    tdm__tensor_init(&pt, dt, 1, shp);
-    pt.data = (void *)saved;
-    return tdm__f32(tp, &pt);
+  if (saved && dt == TDM_F32) return (const float *)saved + off;
+  if (saved && dt == TDM_BF16) tdm_k_bf16_to_f32(buf, (const uint16_t *)saved + off, n);
+  else if (saved) tdm_k_f16_to_f32(buf, (const uint16_t *)saved + off, n);
+  else {
+    tdm_k_attention_probs(buf, q, k, B, T, NH, NKV, hs, ldq, ldkv); /* the forward's own code: the same bits */
+    if (dt == TDM_BF16) tdm_k_round_bf16(buf, buf, n); /* as stored in 16 bits and read back */
+    else if (dt == TDM_F16) tdm_k_round_f16(buf, buf, n);
   }
-  float *att = q && k ? tdm__scratch(tp, sizeof(float) * (size_t)(PT ? PT : 1)) : NULL;
-  if (!att) return NULL;
-  tdm_k_attention_probs(att, q, k, B, T, NH, NKV, hs, ldq, ldkv); /* the forward's own code: the same bits */
-  if (dt == TDM_BF16) tdm_k_round_bf16(att, att, PT); /* as stored in 16 bits and read back */
-  else if (dt == TDM_F16) tdm_k_round_f16(att, att, PT);
-  return att;
+  return buf;
 }

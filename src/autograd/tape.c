@@ -173,10 +173,12 @@ void tdm_tensor_set_fetch_hook(tdm_tensor *param, tdm_fetch_hook_fn fn, void *ct
   param->fetch_ctx = ctx;
 }
 
-/* Heap leaves get a heap gradient that outlives tape resets. */
+static tdm_dtype grad_dtype(const tdm_tensor *t);
+
+/* Heap leaves get a heap gradient that outlives tape resets (16-bit for a 16-bit leaf). */
 static tdm_status heap_grad(tdm_tensor *t) {
   tdm_tensor *g;
-  TDM__TRY(tdm_tensor_create(&g, TDM_F32, t->ndim, t->shape));
+  TDM__TRY(tdm_tensor_create(&g, grad_dtype(t), t->ndim, t->shape));
   t->grad = g;
   return TDM_OK;
 }
@@ -187,7 +189,7 @@ tdm_status tdm_tensor_zero_grad(tdm_tensor *t) {
       return tdm__set_error(TDM_ERR_INVALID_USAGE, "zero_grad: tensor %s has no gradient yet", tdm_tensor_name(t));
     return heap_grad(t); /* created zeroed */
   }
-  memset(t->grad->data, 0, (size_t)t->grad->numel * sizeof(float));
+  memset(t->grad->data, 0, (size_t)t->grad->numel * tdm_dtype_size(t->grad->dtype));
   return TDM_OK;
 }
 

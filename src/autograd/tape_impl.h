@@ -67,11 +67,16 @@ void *tdm__grad(tdm_tape *tp, tdm_tensor *t);
  * uninitialised with *fresh = 1, and the caller must write every element (not accumulate): this
  * spares zeroing, then reading, every activation gradient that has a single producer. */
 void *tdm__grad_for_write(tdm_tape *tp, tdm_tensor *t, int *fresh);
-/* Attention under selective recomputation (src/autograd/ops_llama.c): whether this op skips keeping
- * its probabilities, and in backward the probabilities: the saved ones (dt) as f32, or rebuilt from
- * q and k (row strides ldq, ldkv) and rounded to dt as storing them would have. */
+/* Attention (src/autograd/ops_llama.c). Whether this op skips keeping its probabilities (selective
+ * recomputation); how many batches go through the kernels at once (scratch holds that many
+ * batches' probabilities; at least 8 tasks per call, whatever the thread count, so that the planner
+ * knows it); the probabilities of a chunk stored in dt (f32: already in place); in backward, a
+ * chunk of them as f32: the saved ones, converted into buf, or rebuilt from q and k (row strides
+ * ldq, ldkv) into buf and rounded to dt as storing them would have. */
 int tdm__selective(const tdm_tape *tp, int n, tdm_tensor *const *ins);
-const float *tdm__saved_probs(tdm_tape *tp, const void *saved, tdm_dtype dt, int64_t PT, const float *q, const float *k,
+int64_t tdm__attn_batches(int64_t B, int64_t groups);
+void tdm__store_probs(void *att, tdm_dtype dt, int64_t off, const float *src, int64_t n);
+const float *tdm__probs_chunk(float *buf, const void *saved, tdm_dtype dt, int64_t off, int64_t n, const float *q, const float *k,
                               int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hs, int64_t ldq, int64_t ldkv);
 /* Runs the backward of nodes [from, to) in reverse, fetching their parameters, without the leaf
  * hooks (a recomputed block's nodes, inside the node that recorded them). */
@@ -85,6 +90,8 @@ int tdm__axis(tdm_tape *tp, const char *op, const tdm_tensor *x, int axis);
  * bf16 or f16. Conversions go to arena scratch taken between a mark and a rewind, so they are
  * transient: a backward function first takes its inputs' gradients (tdm__grad / _for_write, which
  * persist), then marks, converts, computes, commits and rewinds. */
+/* A weight larger than this many floats is rounded for a 16-bit product panel by panel. */
+#define TDM_LP_PANEL ((int64_t)1 << 20)
 /* Input is an activation dtype (f32, bf16, f16). */
 int tdm__check_act(tdm_tape *tp, const char *op, const char *what, const tdm_tensor *t);
 /* The dtype an op stores its activations in: the autocast dtype, else f32. */
@@ -92,6 +99,9 @@ tdm_dtype tdm__act_dtype(const tdm_tape *tp);
 /* t's values (contiguous) as f32: t->data when f32, else a converted copy in scratch; NULL after a
  * failure (the tape's error is set). */
 const float *tdm__f32(tdm_tape *tp, const tdm_tensor *t);
+/* t's values as f32 rounded to dt's precision (a product's input under autocast: parameters are
+ * f32 and round to the activation dtype); dt f32, or t already of dt: as tdm__f32. */
+const float *tdm__f32_round(tdm_tape *tp, const tdm_tensor *t, tdm_dtype dt);
 /* Where an op writes y's values in f32: y->data when f32, else scratch for tdm__store_f32. */
 float *tdm__f32_out(tdm_tape *tp, tdm_tensor *y);
 /* Puts f32 values into y (a no-op when buf is y->data); for a 16-bit y, rounds to nearest even. */

@@ -1,6 +1,7 @@
 /* Activation recomputation: block and selective recomputation give the gradients of a run that
  * keeps everything, bit for bit (dropout on, so its masks must be drawn again identically), for
- * the GPT and the Llama, in f32 and in bf16; they hold less; the checkpoint op's contract. */
+ * the GPT and the Llama, in f32 and with 16-bit activations; they hold less; the checkpoint op's
+ * contract. */
 #include "tdm_test.h"
 
 typedef struct {
@@ -70,6 +71,7 @@ static void test_gpt_bit_identical(void) {
   tdm_model_config mc = tdm_model_config_gpt_mini();
   mc.n_layer = 3, mc.n_head = 4, mc.n_embd = 32, mc.block_size = 16, mc.dropout = 0.2f;
   same_bits(mc, "gpt", TDM_F32, 4, 16);
+  same_bits(mc, "gpt", TDM_BF16, 4, 16); /* 16-bit activations: the rebuilt probabilities rounded alike */
 }
 
 static void test_llama_bit_identical(void) {
@@ -77,6 +79,7 @@ static void test_llama_bit_identical(void) {
   CHECK_OK(tdm_model_config_llama("llama-mini", &mc));
   mc.n_layer = 3, mc.n_head = 4, mc.n_kv_head = 2, mc.n_embd = 32, mc.ffn_hidden = 48, mc.block_size = 16, mc.dropout = 0.2f;
   same_bits(mc, "llama", TDM_F32, 4, 16);
+  same_bits(mc, "llama", TDM_F16, 4, 16);
   mc.tie_embeddings = 1;
   same_bits(mc, "llama tied", TDM_F32, 4, 16);
 }
