@@ -65,4 +65,4 @@ static tdm_status dp_load_weights(tdm_engine *e, const char *path) { return tdm_
 
 const tdm__engine_ops tdm__engine_dp_ops = {
     "dp",      dp_create,      dp_destroy,       dp_zero_grad,   dp_begin_backward, dp_end_backward,
-    dp_grad_sumsq, dp_update, dp_read_params, dp_stream_params, dp_load_weights, NULL, NULL};
+    dp_grad_sumsq, dp_update, dp_read_params, dp_stream_params, dp_load_weights, NULL, NULL, 0 /* can skip a step */};

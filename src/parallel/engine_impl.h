@@ -24,6 +24,9 @@ struct tdm_engine {
   int64_t n_seg;
   void *impl;       /* the strategy's own state */
   char desc[160];
+  int64_t steps;    /* optimizer steps run (skipped ones included) */
+  double ls_scale;  /* fp16: the loss scale of the next step */
+  int64_t ls_good;  /* fp16: clean steps in a row since the scale last changed */
 };
 
 typedef struct tdm__engine_ops {
@@ -53,6 +56,10 @@ typedef struct tdm__engine_ops {
   float *(*param_shard)(tdm_engine *e);
   /* Sharded engines: after the shard's values changed (a checkpoint loaded): drop anything derived. */
   tdm_status (*shard_changed)(tdm_engine *e);
+  /* 1: a step cannot be skipped once backward has run (an update applied elsewhere as gradients
+   * arrive): fp16's loss scaling, which skips overflowing steps, is refused. 0 (default): a skipped
+   * step simply does not call update, and the next zero_grad starts afresh. */
+  int cannot_skip;
 } tdm__engine_ops;
 
 extern const tdm__engine_ops tdm__engine_dp_ops;

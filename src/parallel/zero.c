@@ -444,4 +444,4 @@ const tdm__engine_ops tdm__engine_zero_ops = {"zero",          zero_create,     
                                               zero_zero_grad,  zero_begin_backward, zero_end_backward,
                                               zero_grad_sumsq, zero_update,     zero_read_params,
                                               zero_stream_params, zero_load_weights, zero_param_shard,
-                                              zero_shard_changed};
+                                              zero_shard_changed, 0 /* can skip a step */};
