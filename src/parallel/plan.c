@@ -174,8 +174,8 @@ tdm_status tdm_plan_compute(const tdm_plan_config *c, tdm_plan *out) {
   int lm = c->model.kind == TDM_MODEL_GPT || c->model.kind == TDM_MODEL_LLAMA;
   int64_t T = lm ? (c->seq_len > 0 ? c->seq_len : c->model.block_size) : 1;
   tdm__tape_plan tr = {0, 0, 0}, ev = {0, 0, 0};
-  TDM__TRY(tdm__plan_tape(&c->model, c->batch, T, accum, 1, c->engine.recompute, &tr));
-  if (c->eval_batch > 0) TDM__TRY(tdm__plan_tape(&c->model, c->eval_batch, T, 1, 0, c->engine.recompute, &ev));
+  TDM__TRY(tdm__plan_tape(&c->model, c->batch, T, accum, 1, c->engine.recompute, c->engine.precision, &tr));
+  if (c->eval_batch > 0) TDM__TRY(tdm__plan_tape(&c->model, c->eval_batch, T, 1, 0, c->engine.recompute, c->engine.precision, &ev));
   int64_t nodes = tr.nodes;
   out->act_train = tr.bytes;
   out->act_eval = ev.bytes;

@@ -38,6 +38,7 @@ typedef struct sim {
   int train;  /* gradients recorded (a training micro-batch) */
   int esz;    /* bytes of an activation: 4, or 2 under autocast */
   int recompute; /* tdm_recompute */
+  int fp16;      /* loss scaling: backward has a seed tensor */
   sim_t *t;
   int nt, capt;
   sim_op *op;
@@ -154,45 +155,90 @@ static void backward(sim *s, int loss, int64_t seed_bytes) {
   backward_ops(s);
 }
 
-/* ---- the ops the models use ------------------------------------------------------------------- */
+/* ---- the ops the models use -------------------------------------------------------------------
+ * Under autocast (esz 2) every op converts what it reads to f32 scratch and computes its output
+ * there before storing it in 16 bits; products also round their f32 inputs (parameters, the
+ * batch) to the 16-bit precision in scratch. The terms below are those scratch blocks, as each op
+ * takes them (src/autograd/mixed.c's helpers). */
+static int64_t cv(const sim *s, int t) { return s->t[t].esz == 2 ? al(4 * s->t[t].n) : 0; } /* tdm__f32 */
+static int64_t rnd(const sim *s, int t) { return s->esz == 2 ? al(4 * s->t[t].n) : cv(s, t); } /* tdm__f32_round */
+static int64_t gcv(const sim *s, int t) { return s->t[t].grad ? cv(s, t) : 0; }                 /* tdm__grad_f32 */
+static int64_t out16(const sim *s, int64_t n) { return s->esz == 2 ? al(4 * n) : 0; }          /* tdm__f32_out */
+
+/* An op whose backward reads its output's gradient as f32: that is known once the output exists. */
+static int op_dy(sim *s, int64_t n, int esz, int n_in, const int *ins, int64_t saved, int64_t fwd, int64_t bwd) {
+  int y = op(s, n, esz, n_in, ins, saved, fwd, bwd);
+  if (s->t[y].grad) s->op[s->nop - 1].bwd_trans += cv(s, y);
+  return y;
+}
+
+/* A weight beyond TDM_LP_PANEL floats is rounded a panel at a time: output rows forward, input
+ * columns backward. */
+static int64_t rnd_w(const sim *s, int64_t in, int64_t out, int fwd) {
+  if (s->esz != 2) return 0; /* f32: the weight itself */
+  if (in * out <= TDM_LP_PANEL) return al(4 * in * out);
+  int64_t along = fwd ? in : out, k = TDM_LP_PANEL / along > 0 ? TDM_LP_PANEL / along : 1;
+  return al(4 * k * along);
+}
 static int linear(sim *s, int x, int w, int b, int64_t N, int64_t out) {
   int ins[3] = {x, w, b};
-  return op(s, N * out, s->esz, b >= 0 ? 3 : 2, ins, 0, 0, 0);
+  int64_t in = s->t[w].n / out, big = s->esz == 2 && s->t[w].n > TDM_LP_PANEL;
+  int64_t fwd = rnd(s, x) + (big ? out16(s, N * out) + rnd_w(s, in, out, 1) : rnd_w(s, in, out, 1) + out16(s, N * out));
+  int64_t bwd = (s->t[x].grad ? (big ? gcv(s, x) + rnd_w(s, in, out, 0) : rnd_w(s, in, out, 0) + gcv(s, x)) : 0) + rnd(s, x);
+  return op_dy(s, N * out, s->esz, b >= 0 ? 3 : 2, ins, 0, fwd, bwd);
 }
-static int unary(sim *s, int x) { return op(s, s->t[x].n, s->esz, 1, &x, 0, 0, 0); }
+/* relu, gelu: backward reads x */
+static int unary(sim *s, int x) {
+  int64_t n = s->t[x].n;
+  return op_dy(s, n, s->esz, 1, &x, 0, cv(s, x) + out16(s, n), gcv(s, x) + cv(s, x));
+}
 static int add(sim *s, int a, int b) {
   int ins[2] = {a, b};
-  return op(s, s->t[a].n > s->t[b].n ? s->t[a].n : s->t[b].n, s->esz, 2, ins, 0, 0, 0);
+  int64_t n = s->t[a].n > s->t[b].n ? s->t[a].n : s->t[b].n;
+  return op_dy(s, n, s->esz, 2, ins, 0, cv(s, a) + cv(s, b) + out16(s, n), gcv(s, a) + gcv(s, b));
 }
-static int dropout(sim *s, int x, float p) { return s->train && p > 0 ? unary(s, x) : x; }
+static int dropout(sim *s, int x, float p) {
+  if (!s->train || !(p > 0)) return x;
+  int64_t n = s->t[x].n;
+  return op_dy(s, n, s->esz, 1, &x, 0, cv(s, x) + out16(s, n), gcv(s, x));
+}
 static int layernorm(sim *s, int x, int w, int b, int64_t N) {
   int ins[3] = {x, w, b};
-  return op(s, s->t[x].n, s->esz, 3, ins, al(8 * N), 0, 0);
+  int64_t n = s->t[x].n;
+  return op_dy(s, n, s->esz, 3, ins, al(8 * N), cv(s, x) + out16(s, n), gcv(s, x) + cv(s, x));
 }
 static int rmsnorm(sim *s, int x, int w, int64_t N) {
   int ins[2] = {x, w};
-  return op(s, s->t[x].n, s->esz, 2, ins, al(4 * N), 0, 0);
+  int64_t n = s->t[x].n;
+  return op_dy(s, n, s->esz, 2, ins, al(4 * N), cv(s, x) + out16(s, n), gcv(s, x) + cv(s, x));
 }
 static int cross_entropy(sim *s, int logits, int targets, int64_t N) {
   int ins[2] = {logits, targets};
-  return op(s, 1, 4, 2, ins, al(4 * N), 0, 0);
+  return op(s, 1, 4, 2, ins, al(4 * N), cv(s, logits), gcv(s, logits) + cv(s, logits));
 }
 static int embedding(sim *s, int table, int idx, int64_t N, int64_t C) {
   int ins[2] = {table, idx};
-  return op(s, N * C, s->esz, 2, ins, 0, 0, 0);
+  return op_dy(s, N * C, s->esz, 2, ins, 0, out16(s, N * C), 0);
 }
-/* Attention keeps the probabilities (B, NH, T, T); its backward takes as much again as scratch.
- * Under selective recomputation a recorded one keeps none: forward computes them in scratch,
- * backward rebuilds them in scratch beside its own. */
-static int attention(sim *s, int n_in, const int *ins, int64_t out, int64_t PT) {
-  if (s->recompute == TDM_RECOMPUTE_SELECTIVE && recorded(s, n_in, ins))
-    return op(s, out, s->esz, n_in, ins, 0, al(4 * PT), 2 * al(4 * PT));
-  return op(s, out, s->esz, n_in, ins, al(PT * s->esz), 0, al(4 * PT));
+/* Attention keeps the probabilities (B, NH, T, T) in the activation dtype (computed in f32 scratch,
+ * a chunk of batches at a time, when that is 16 bits); its backward takes a chunk's worth as
+ * scratch, and an f32 chunk of 16-bit ones. Under selective recomputation a recorded one keeps
+ * none: forward computes them chunk by chunk in scratch, backward rebuilds them there. */
+static int attention(sim *s, int n_in, const int *ins, int64_t out, int64_t B, int64_t NH, int64_t groups, int64_t T) {
+  int keep = !(s->recompute == TDM_RECOMPUTE_SELECTIVE && recorded(s, n_in, ins));
+  int64_t PT = B * NH * T * T, chunk = al(4 * tdm__attn_batches(B, groups) * NH * T * T);
+  int64_t fwd = out16(s, out) + (s->esz == 2 || !keep ? chunk : 0), bwd = chunk + (keep && s->esz == 4 ? 0 : chunk);
+  for (int i = 0; i < n_in; i++) fwd += cv(s, ins[i]), bwd += gcv(s, ins[i]) + cv(s, ins[i]);
+  return op_dy(s, out, s->esz, n_in, ins, keep ? al(PT * s->esz) : 0, fwd, bwd);
 }
-static int rope(sim *s, int x, int64_t T, int64_t hs) { return op(s, s->t[x].n, s->esz, 1, &x, al(4 * (2 * T * (hs / 2) + 1)), 0, 0); }
+static int rope(sim *s, int x, int64_t T, int64_t hs) {
+  int64_t n = s->t[x].n;
+  return op_dy(s, n, s->esz, 1, &x, al(4 * (2 * T * (hs / 2) + 1)), cv(s, x) + out16(s, n), gcv(s, x));
+}
 static int swiglu(sim *s, int g, int u) {
   int ins[2] = {g, u};
-  return op(s, s->t[g].n, s->esz, 2, ins, 0, 0, 0);
+  int64_t n = s->t[g].n;
+  return op_dy(s, n, s->esz, 2, ins, 0, cv(s, g) + cv(s, u) + out16(s, n), gcv(s, g) + gcv(s, u) + cv(s, g) + cv(s, u));
 }
 
 /* ---- the models -------------------------------------------------------------------------------- */
@@ -208,7 +254,7 @@ static int gpt_block(sim *s, const shape *sh, int x) {
       pb = param(s, C), ln2w = param(s, C), ln2b = param(s, C), fw = param(s, 4 * C * C), fb = param(s, 4 * C),
       mw = param(s, 4 * C * C), mb = param(s, C);
   int h = linear(s, layernorm(s, x, ln1w, ln1b, N), aw, ab, N, 3 * C);
-  h = attention(s, 1, &h, N * C, sh->B * NH * sh->T * sh->T);
+  h = attention(s, 1, &h, N * C, sh->B, NH, NH, sh->T);
   h = dropout(s, linear(s, h, pw, pb, N, C), m->dropout);
   x = add(s, x, h);
   h = unary(s, linear(s, layernorm(s, x, ln2w, ln2b, N), fw, fb, N, 4 * C)); /* gelu */
@@ -225,7 +271,7 @@ static int llama_block(sim *s, const shape *sh, int x) {
   int q = rope(s, linear(s, h, wq, -1, N, C), sh->T, hs);
   int k = rope(s, linear(s, h, wk, -1, N, KV), sh->T, hs);
   int qkv[3] = {q, k, linear(s, h, wv, -1, N, KV)};
-  int a = attention(s, 3, qkv, N * C, sh->B * NH * sh->T * sh->T);
+  int a = attention(s, 3, qkv, N * C, sh->B, NH, m->n_kv_head, sh->T);
   x = add(s, x, dropout(s, linear(s, a, wo, -1, N, C), m->dropout));
   h = rmsnorm(s, x, n2, N);
   h = swiglu(s, linear(s, h, wg, -1, N, F), linear(s, h, wu, -1, N, F));
@@ -331,15 +377,16 @@ static void model(sim *s, const tdm_model_config *m, int64_t B, int64_t T, int64
   default:
     return;
   }
-  if (s->train) backward(s, loss, accum > 1 ? TENSOR + al(4) : 0); /* backward's seed 1/accum */
+  if (s->train) backward(s, loss, accum > 1 || s->fp16 ? TENSOR + al(4) : 0); /* backward's seed: 1/accum, x the loss scale */
 }
 
 tdm_status tdm__plan_tape(const tdm_model_config *m, int64_t B, int64_t T, int64_t accum, int train, tdm_recompute recompute,
-                          tdm__tape_plan *out) {
+                          tdm_dtype precision, tdm__tape_plan *out) {
   sim s;
   memset(&s, 0, sizeof s);
   s.train = train;
-  s.esz = 4;
+  s.esz = precision == TDM_BF16 || precision == TDM_F16 ? 2 : 4;
+  s.fp16 = precision == TDM_F16;
   s.recompute = recompute;
   model(&s, m, B, T, accum);
   memset(out, 0, sizeof *out);

@@ -12,8 +12,9 @@ typedef struct {
 } tdm__tape_plan;
 
 /* B samples of T tokens (T: language models only); train: gradients recorded, dropout on, then
- * backward (seeded by a tensor of its own when accum > 1); recompute as the tape would. */
+ * backward (seeded by a tensor of its own when accum > 1); recompute and precision (the autocast
+ * dtype) as the tape would. */
 tdm_status tdm__plan_tape(const tdm_model_config *m, int64_t B, int64_t T, int64_t accum, int train, tdm_recompute recompute,
-                          tdm__tape_plan *out);
+                          tdm_dtype precision, tdm__tape_plan *out);
 
 #endif

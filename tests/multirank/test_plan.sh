@@ -56,6 +56,8 @@ check "one process: the Llama" compare 1 shm "${LLAMA[@]}"
 check "2 ranks over shm, --zero 3: the Llama with a tied head" compare 2 shm "${LLAMA[@]}" --zero 3 --tie-embeddings on
 check "one process: the GPT with block recomputation" compare 1 shm "${GPT[@]}" --recompute block
 check "2 ranks over tcp, --zero 3: the Llama with selective recomputation and accumulation" compare 2 tcp "${LLAMA[@]}" --zero 3 --recompute selective --accum 2
+check "one process: the GPT in bf16 (16-bit activations, their f32 scratch)" compare 1 shm "${GPT[@]}" --precision bf16
+check "2 ranks over shm, --zero 2: the Llama in fp16 with block recomputation (the loss scale's seed)" compare 2 shm "${LLAMA[@]}" --zero 2 --precision fp16 --recompute block
 for z in 0 1 2 3; do
   check "2 ranks over shm, --zero $z: the MLP" compare 2 shm "${MLP[@]}" --zero $z
 done
