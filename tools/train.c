@@ -34,7 +34,9 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
   const char *rope_scaling, *tie;
   double clip, max_time, bucket_mb;
   int resume, no_overlap, allow_nonfinite;
-  const char *prefetch, *compress, *zero_prefetch, *recompute;
+  const char *prefetch, *compress, *zero_prefetch, *recompute, *precision;
+  double ls_init;
+  int64_t ls_window;
   double lr, dropout, wd, momentum;
   cli_opt opts[64] = {
       {"model", CLI_CHOICE, &c->model, "mlp", "model to train", "mlp|cnn|gpt|llama", 0, 0, 0},
@@ -63,6 +65,9 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
       {"zero-prefetch", CLI_CHOICE, &zero_prefetch, "on", "--zero 3: gather the next unit while this one computes", "on|off", 0, 0, 0},
       {"memory-limit", CLI_SIZE, &memory_limit, "0", "refuse to start when the memory plan per rank exceeds this (like 8G; 0: no limit)", NULL, 0, 0, 0},
       {"compress", CLI_CHOICE, &compress, "none", "gradient dtype on the wire between ranks", "none|bf16|fp16", 0, 0, 0},
+      {"precision", CLI_CHOICE, &precision, "fp32", "mlp, gpt, llama: activations and products in bf16 or fp16 (fp16 with dynamic loss scaling), parameters and optimizer state f32 (master weights)", "fp32|bf16|fp16", 0, 0, 0},
+      {"loss-scale-init", CLI_FLOAT, &ls_init, "65536", "--precision fp16: the first loss scale (halved on an overflow, the step skipped)", NULL, 1e-30, 1e30, 0},
+      {"loss-scale-window", CLI_INT, &ls_window, "2000", "--precision fp16: clean steps in a row before the loss scale doubles", NULL, 1, 1e12, 0},
       {"recompute", CLI_CHOICE, &recompute, "none", "gpt, llama: activation recomputation (block: keep each transformer block's input, run the block again in backward; selective: recompute only the attention probabilities); gradients stay bit for bit", "none|block|selective", 0, 0, 0},
       {"lr", CLI_FLOAT, &lr, "0.001", "learning rate", NULL, 0, 1e3, 0},
       {"optimizer", CLI_CHOICE, &c->optimizer, "adam", "optimizer", "sgd|adam|adamw", 0, 0, 0},
@@ -128,6 +133,10 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
     fprintf(stderr, "tandem %s: --zero-unit and --zero-prefetch apply to --zero 3 only (given --zero %lld)\n", cmd, (long long)zero);
     return 2;
   }
+  if (strcmp(precision, "fp16") && (SEEN("loss-scale-init") || SEEN("loss-scale-window"))) {
+    fprintf(stderr, "tandem %s: --loss-scale-init and --loss-scale-window apply to --precision fp16 only (given --precision %s)\n", cmd, precision);
+    return 2;
+  }
   if (zero > 0 && strcmp(compress, "none")) {
     fprintf(stderr, "tandem %s: --compress %s applies to --zero 0 only: ZeRO reduces gradients in f32\n", cmd, compress);
     return 2;
@@ -166,6 +175,9 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
   e->zero.stage = zero ? (int)zero : 1;
   e->zero.unit_modules = (int)zero_unit;
   e->zero.prefetch = !strcmp(zero_prefetch, "on");
+  e->precision = !strcmp(precision, "bf16") ? TDM_BF16 : !strcmp(precision, "fp16") ? TDM_F16 : TDM_F32;
+  e->loss_scale.init = (float)ls_init;
+  e->loss_scale.window = ls_window;
   e->recompute = !strcmp(recompute, "block") ? TDM_RECOMPUTE_BLOCK : !strcmp(recompute, "selective") ? TDM_RECOMPUTE_SELECTIVE : TDM_RECOMPUTE_NONE;
   if (resume && !c->checkpoint_dir) {
     fprintf(stderr, "tandem %s: --resume needs --checkpoint-dir\n", cmd);

@@ -2,6 +2,7 @@
 #include "train/engine_ckpt.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/internal.h"
@@ -90,7 +91,22 @@ tdm_status tdm__engine_ckpt_save(tdm_engine *e, tdm_comm_t comm, const char *dir
   return all_agree(comm, st, "checkpoint");
 }
 
+/* fp16's loss scaler, which the trainer stores beside the settings: the resumed run goes on with
+ * the scale and the count of clean steps it had, so it stays bit-identical. */
+static tdm_status restore_loss_scale(tdm_engine *e, const tdm_ckpt *ck) {
+  const char *sv = tdm_ckpt_meta(ck, "tandem.loss_scale"), *gv = tdm_ckpt_meta(ck, "tandem.loss_scale_good");
+  if (!sv || !gv) return TDM_OK;
+  char *end1, *end2;
+  double scale = strtod(sv, &end1);
+  long long good = strtoll(gv, &end2, 10);
+  if (end1 == sv || *end1 || end2 == gv || *end2 || !(scale > 0) || good < 0)
+    return tdm__set_error(TDM_ERR_FORMAT, "%s: loss scale '%s', clean steps '%s'; expected a positive number and a count",
+                          tdm_ckpt_path(ck), sv, gv);
+  return tdm_engine_set_loss_scale(e, scale, good);
+}
+
 tdm_status tdm__engine_ckpt_restore(tdm_engine *e, int rank, int world, const tdm_ckpt *ck) {
+  TDM__TRY(restore_loss_scale(e, ck));
   tdm_params *p = tdm_model_params(tdm_engine_model(e));
   int sharded_file = tdm_ckpt_meta(ck, "tandem.shard_crcs") != NULL;
   if (sharded_file != tdm_engine_is_sharded(e)) /* the settings check names the stages; this is a last guard */

@@ -107,17 +107,11 @@ static tdm_status evaluate(tdm_model *m, tdm_tape *tp, const tdm_dataset *ds, in
     tdm_tensor *loss = tdm_cross_entropy(tp, logits, y, -100);
     if (!loss) return tdm__set_error(tdm_tape_status(tp), "evaluation: %s", tdm_tape_error(tp));
     if (!counted) continue;
-    const float *lg = tdm_tensor_data(logits);
     const int32_t *yy = tdm_tensor_data(y);
     int64_t C = tdm_tensor_dim(logits, -1), rows = tdm_tensor_numel(logits) / C;
     loss_sum += (double)((float *)tdm_tensor_data(loss))[0] * (double)rows;
     rows_total += rows;
-    for (int64_t i = 0; i < rows; i++) {
-      int64_t best = 0;
-      for (int64_t c = 1; c < C; c++)
-        if (lg[i * C + c] > lg[i * C + best]) best = c;
-      correct += best == yy[i];
-    }
+    for (int64_t i = 0; i < rows; i++) correct += tdm_tensor_row_argmax(logits, i) == yy[i]; /* f32 or 16-bit logits */
   }
   tdm_tape_set_grad_enabled(tp, 1);
   double sums[3] = {loss_sum, (double)correct, (double)rows_total};
@@ -155,6 +149,9 @@ static tdm_status parse_kinds(const tdm_train_config *c, tdm_model_kind *mk, tdm
   if (e->kind == TDM_ENGINE_ZERO && e->dp.wire_dtype != TDM_F32)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --compress %s with --zero %d: ZeRO reduces gradients in f32 only",
                           tdm_dtype_name(e->dp.wire_dtype), e->zero.stage);
+  if (e->precision != TDM_F32 && *mk == TDM_MODEL_CNN)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --precision %s with --model cnn: its convolution and pooling are f32 only; mixed precision runs mlp, gpt and llama",
+                          e->precision == TDM_BF16 ? "bf16" : "fp16");
   if ((unsigned)e->recompute >= TDM_RECOMPUTE_COUNT || (e->recompute != TDM_RECOMPUTE_NONE && !is_lm(*mk)))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --recompute %s with --model %s; recomputation applies to the transformer blocks of gpt and llama",
                           tdm_recompute_name(e->recompute), c->model);
@@ -247,6 +244,8 @@ typedef struct {
   double stats[4]; /* loss / world, correct, rows of this rank, "time is up": summed over ranks */
   tdm_work_t work;
   double dt, t_fwd, t_bwd, t_wait, t_opt, samples, grad_norm;
+  double loss_scale; /* fp16: the step's loss scale (0: not fp16) */
+  int skipped;       /* fp16: the step overflowed and was skipped (on every rank) */
   int64_t total, G;
   int64_t samples_so_far;
   double train_time, lr;
@@ -264,8 +263,10 @@ static tdm_status flush_record(run_state *s, step_record *r, progress *pr, const
   double loss = r->stats[0], acc = r->stats[2] > 0 ? r->stats[1] / r->stats[2] : 0;
   s->last_loss = loss;
   if (r->stats[3] > 0) s->stop = 1;
-  char tok[64] = "", jl[400], jg[400];
+  char tok[128] = "", jl[400], jg[400];
   if (s->tokens_per_sample) snprintf(tok, sizeof tok, ",\"tokens_per_sec\":%.1f", r->samples * (double)s->tokens_per_sample / r->dt);
+  if (r->loss_scale > 0) /* fp16: the scale's trajectory, and which steps were skipped */
+    snprintf(tok + strlen(tok), sizeof tok - strlen(tok), ",\"loss_scale\":%.9g,\"skipped\":%d", r->loss_scale, r->skipped);
   int R = s->comm ? tdm_comm_rank(s->comm) : 0, W = s->comm ? tdm_comm_size(s->comm) : 1;
   if (s->metrics)
     fprintf(s->metrics,
@@ -290,6 +291,7 @@ static tdm_status flush_record(run_state *s, step_record *r, progress *pr, const
   }
   char where[64] = "";
   if (W > 1) snprintf(where, sizeof where, " (the mean over %d ranks)", W);
+  if (r->skipped) return TDM_OK; /* fp16 skipped the step: nothing was applied, and the scale went down */
   return finite_or_stop(c, loss, r->step, "the loss", where);
 }
 
@@ -573,14 +575,15 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
       if (st != TDM_OK && !isfinite(ss.grad_norm)) return grad_norm_error(c, ss.grad_norm, step, R, W);
       if (st != TDM_OK) return tdm__set_error(st, "step %lld: %s", (long long)step, tdm_last_error());
       double t3 = tdm_time_now();
-      if (!s->comm) TDM__TRY(finite_or_stop(c, ss.loss, step, "the loss", "")); /* several ranks: the mean, in flush_record */
+      if (!s->comm && !ss.skipped) TDM__TRY(finite_or_stop(c, ss.loss, step, "the loss", "")); /* several ranks: the mean, in flush_record */
       /* the global loss and accuracy travel without blocking: started now, collected (and the
        * step's record written) during the next step, so they add no synchronisation point */
       TDM__TRY(flush_record(s, &rec, &pr, c));
       int time_up = c->max_time > 0 && train_time + (t3 - t0) >= c->max_time;
       rec = (step_record){.pending = 1, .step = step, .epoch = epoch, .lr = lr, .stats = {ss.loss / W, ss.correct, ss.rows, time_up},
                           .dt = t3 - t0, .t_fwd = ss.t_forward, .t_bwd = ss.t_backward, .t_wait = ss.t_comm_wait,
-                          .t_opt = ss.t_update, .samples = (double)ss.samples * W, .total = total, .G = G, .grad_norm = ss.grad_norm};
+                          .t_opt = ss.t_update, .samples = (double)ss.samples * W, .total = total, .G = G, .grad_norm = ss.grad_norm,
+                          .loss_scale = c->engine.precision == TDM_F16 ? ss.loss_scale : 0, .skipped = ss.skipped};
       if (s->comm) TDM__TRY(tdm_comm_iallreduce(s->comm, rec.stats, rec.stats, 4, TDM_F64, TDM_SUM, TDM_ALGO_AUTO, &rec.work));
       if (!s->comm && time_up) s->stop = 1;
       if (s->stop) total = step + 1; /* a rank's time ran out (seen one step late, by all alike) */
@@ -592,7 +595,21 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
       if (c->checkpoint_dir && ((c->checkpoint_every > 0 && (step + 1) % c->checkpoint_every == 0) || step + 1 == total)) {
         TDM__TRY(flush_record(s, &rec, &pr, c)); /* on every rank: this step's mean loss is checked before it is saved */
         TDM__TRY(params_finite(s->engine, c, step + 1));
-        tdm_ckpt_info ci = {step + 1, W, c->seed, id.n - 1, id.kv}; /* the seed is the checkpoint's own key */
+        /* the seed is the checkpoint's own key; fp16's loss scaler rides along (not a setting: it may change) */
+        char ls[2][32];
+        const char *kv[2 * TDM__IDENTITY_MAX + 4];
+        int nkv = id.n - 1;
+        memcpy(kv, id.kv, sizeof(char *) * 2 * (size_t)nkv);
+        if (c->engine.precision == TDM_F16) {
+          double scale;
+          int64_t good;
+          tdm_engine_loss_scale(s->engine, &scale, &good);
+          snprintf(ls[0], sizeof ls[0], "%.17g", scale);
+          snprintf(ls[1], sizeof ls[1], "%lld", (long long)good);
+          kv[2 * nkv] = "tandem.loss_scale", kv[2 * nkv + 1] = ls[0], kv[2 * nkv + 2] = "tandem.loss_scale_good", kv[2 * nkv + 3] = ls[1];
+          nkv += 2;
+        }
+        tdm_ckpt_info ci = {step + 1, W, c->seed, nkv, kv};
         TDM__TRY(tdm__engine_ckpt_save(s->engine, s->comm, c->checkpoint_dir, &ci, 2));
       }
       if (is_lm(mk) && c->val_every > 0 && (step + 1) % c->val_every == 0 && step + 1 < total) {
