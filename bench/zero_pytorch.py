@@ -9,7 +9,10 @@ AdamW; fp32) on random tokens on N processes over gloo, with one of
     /usr/bin/python3 bench/zero_pytorch.py --mode full --ranks 2 --layers 4 --heads 4 --width 256 \
         --vocab 256 --block 128 --batch 4 --seq 64
 
-Prints one JSON object: the median ms per step (rank 0) and the peak RSS in MiB of every rank.
+Prints one JSON object: the median ms per step (rank 0); per rank, the peak RSS in MiB, the RSS
+before the model was built (the Python and torch runtime, which tandem does not carry), and the
+training state the rank holds after the last step (parameters, gradients, optimizer state: the
+tensors it keeps, FSDP's flat shards included), in MiB.
 
 PyTorch 1.13's FSDP runs only on CUDA, and its gloo backend has neither all_gather_into_tensor
 nor reduce_scatter. So that FSDP's own logic (flat parameters, gathering before forward and
@@ -131,6 +134,7 @@ def rank_main(rank, a, port, out):
     if a.mode in ("grad_op", "full"):
         cpu_fsdp()  # in each rank: spawned processes start afresh
     dist.init_process_group("gloo", rank=rank, world_size=a.ranks)
+    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     torch.manual_seed(a.seed)
     m = GPT(a.layers, a.heads, a.width, a.block, a.vocab)
     adamw = dict(lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
@@ -160,7 +164,14 @@ def rank_main(rank, a, port, out):
         opt.step()
         if s >= a.warmup:
             times.append((time.perf_counter() - t0) * 1e3)
-    out[rank] = (statistics.median(times), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    # what this rank holds: its parameters and their gradients as the wrapper keeps them (FSDP: the
+    # flat shards, outside forward and backward), and the optimizer state it owns
+    params = list(m.parameters())
+    state = (opt.optim if a.mode == "zero1" else opt).state
+    held = sum(p.numel() for p in params) + sum(p.grad.numel() for p in params if p.grad is not None)
+    held += sum(t.numel() for s in state.values() for t in s.values() if torch.is_tensor(t) and t.dim() > 0)
+    out[rank] = (statistics.median(times), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, base_rss,
+                 held * 4 / 1048576)
     dist.destroy_process_group()
 
 
@@ -177,7 +188,9 @@ def main():
     out = mp.Manager().dict()
     mp.spawn(rank_main, args=(a, port, out), nprocs=a.ranks)
     print(json.dumps({"mode": a.mode, "ranks": a.ranks, "ms": out[0][0],
-                      "peak_rss_mib": [round(out[r][1], 1) for r in range(a.ranks)]}))
+                      "peak_rss_mib": [round(out[r][1], 1) for r in range(a.ranks)],
+                      "base_rss_mib": [round(out[r][2], 1) for r in range(a.ranks)],
+                      "state_mib": [round(out[r][3], 2) for r in range(a.ranks)]}))
 
 
 if __name__ == "__main__":

@@ -29,6 +29,13 @@ static void floor_kernel(void *vctx, int64_t b, int64_t e) {
   }
 }
 
+/* CPU seconds of the whole process (every thread), user and system. */
+static double cpu_s(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + 1e-6 * (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
+
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);
@@ -177,9 +184,11 @@ static int bench_lm(int argc, char **argv, int llama) {
   tdm_params *params = tdm_model_params(tdm_engine_model(eng));
   bench_tokens bt = {B, T, mc.vocab_size, {{0}}};
   tdm_rng_seed(&bt.rng, (uint64_t)seed + 1 + (uint64_t)R); /* each rank its own batch */
-  uint64_t allocs_before = 0;
+  uint64_t allocs_before = 0, sent_before = 0;
+  double cpu_before = 0;
   for (int64_t s = 0; s < total; s++) {
-    if (s == warmup) allocs_before = tdm_alloc_count(), tdm_mem_peak_reset();
+    if (s == warmup)
+      allocs_before = tdm_alloc_count(), tdm_mem_peak_reset(), sent_before = tdm_comm_bytes_sent(comm), cpu_before = cpu_s();
     double t0 = tdm_time_now();
     tdm_step_stats ss;
     if (tdm_engine_step(eng, random_tokens, &bt, (uint64_t)s, oc.lr, &ss) != TDM_OK) {
@@ -190,6 +199,10 @@ static int bench_lm(int argc, char **argv, int llama) {
     t_fwd[s] = ss.t_forward * 1e3, t_bwd[s] = ss.t_backward * 1e3, t_opt[s] = ss.t_update * 1e3, t_wait[s] = ss.t_comm_wait * 1e3;
   }
   uint64_t allocs = tdm_alloc_count() - allocs_before;
+  /* rank 0's bytes per step, and as a multiple of Ψ(N-1)/N f32 elements (theory: 2 at stages 0-2, 3 at stage 3) */
+  double sent = (double)(tdm_comm_bytes_sent(comm) - sent_before) / (double)steps;
+  /* rank 0's CPU time per step, all its threads: unlike the step time, not stretched while other jobs hold the cores */
+  double cpu_ms = (cpu_s() - cpu_before) * 1e3 / (double)steps;
   int nt = tdm_get_num_threads();
   int64_t np = tdm_params_numel(params), C = mc.n_embd, L = mc.n_layer;
   /* nanoGPT's convention: 6 FLOPs per parameter and token (position embeddings excluded, the tied
@@ -218,15 +231,16 @@ static int bench_lm(int argc, char **argv, int llama) {
     goto out;
   }
   double fl_ms = floor_ms(np, 7);
+  double sent_psi = W > 1 ? sent / (4.0 * (double)np * (double)(W - 1) / (double)W) : 0;
   double frac = flops / (ms * 1e-3) / (peak * 1e9 * nt);
   if (json) {
     printf("{\"model\":\"%s\",\"config\":\"%s\",\"layers\":%lld,\"heads\":%lld,\"width\":%lld,\"vocab\":%lld,\"batch\":%lld,\"seq\":%lld,"
            "\"threads\":%d,\"params\":%lld,\"ms\":%.3f,\"fwd_ms\":%.3f,\"bwd_ms\":%.3f,\"opt_ms\":%.3f,\"gflop\":%.4f,"
            "\"peak_fraction\":%.4f,\"opt_floor_ms\":%.3f,\"allocs_per_step\":%.3f,\"peak_rss_mib\":%.1f,"
-           "\"ranks\":%d,\"zero\":%lld,\"comm_wait_ms\":%.3f,\"held_mib\":%.2f,\"recompute\":\"%s\"",
+           "\"ranks\":%d,\"zero\":%lld,\"comm_wait_ms\":%.3f,\"cpu_ms\":%.3f,\"sent_bytes_per_step\":%.0f,\"sent_psi\":%.4f,\"held_mib\":%.2f,\"recompute\":\"%s\"",
            llama ? "llama" : "gpt", config, (long long)L, (long long)mc.n_head, (long long)C, (long long)mc.vocab_size, (long long)B, (long long)T, nt,
            (long long)np, ms, fwd, bwd, optm, flops * 1e-9, frac, fl_ms, (double)allocs / (double)steps, rss_mib, W,
-           (long long)zero, wait, held / 1048576.0, recompute);
+           (long long)zero, wait, cpu_ms, sent, sent_psi, held / 1048576.0, recompute);
     for (int k = 0; k < TDM_MEM_COUNT; k++)
       printf(",\"%s_mib\":%.2f", tdm_mem_category_name((tdm_mem_category)k), (double)mem.peak[k] / 1048576.0);
     printf("}\n");
@@ -235,7 +249,9 @@ static int bench_lm(int argc, char **argv, int llama) {
            llama ? "Llama" : "GPT", (long long)L, (long long)mc.n_head, (long long)C, (long long)mc.vocab_size, (long long)np, (long long)B,
            (long long)T, nt, nt == 1 ? "" : "s", tdm_engine_describe(eng), recompute);
     printf("step        %9.2f ms (median of %lld)\n", ms, (long long)steps);
+    printf("  CPU time  %9.2f ms per step, every thread of rank 0 (mean)\n", cpu_ms);
     if (W > 1) printf("  comm wait %9.2f ms (what backward did not hide)\n", wait);
+    if (W > 1) printf("  sent      %9.2f MiB per step by rank 0: %.3f x 4 bytes x Ψ(N-1)/N\n", sent / 1048576.0, sent_psi);
     printf("  forward   %9.2f ms\n  backward  %9.2f ms\n  optimizer %9.2f ms (%s; memory-traffic floor %.2f ms, %.2fx; nan: no memory to measure it)\n",
            fwd, bwd, optm, oc.kind == TDM_OPT_SGD ? "SGD" : "AdamW", fl_ms, optm / fl_ms);
     printf("model FLOPs %9.2f GFLOP per step: %.1f GFLOP/s, %.1f%% of the FMA peak (%g GFLOP/s x %d)\n", flops * 1e-9,

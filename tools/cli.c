@@ -104,7 +104,9 @@ static int set_value(const char *cmd, cli_opt *o, const char *v) {
     int64_t lo, hi;
     int_range(o, &lo, &hi);
     int r = cli_parse_int(v, lo, hi, (int64_t *)o->dest);
-    if (r == CLI_NOT_A_NUMBER) fprintf(ERR, "tandem %s: %s%s: '%s' is not an integer\n", cmd, d, o->name, v);
+    if (r == CLI_NOT_A_NUMBER)
+      fprintf(ERR, "tandem %s: %s%s: '%s' is not an integer; expected %lld..%lld\n", cmd, d, o->name, v, (long long)lo,
+              (long long)hi);
     if (r == CLI_OUT_OF_RANGE)
       fprintf(ERR, "tandem %s: %s%s: %s is out of range; expected %lld..%lld\n", cmd, d, o->name, v, (long long)lo,
               (long long)hi);

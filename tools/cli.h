@@ -49,5 +49,6 @@ int tool_bench_gpt(int argc, char **argv);
 int tool_bench_llama(int argc, char **argv);
 int tool_weights_diff(int argc, char **argv);
 int tool_generate(int argc, char **argv);
+int tool_checkpoint(int argc, char **argv);
 
 #endif

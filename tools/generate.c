@@ -17,13 +17,45 @@ static const char *const meta_key[ARCH_N] = {"n_layer", "n_head", "n_embd", "blo
 static const char *const flag_name[ARCH_N] = {"layers", "heads", "width", "block", "vocab"};
 static const double flag_max[ARCH_N] = {1000, 1000, 1e6, 1e6, 1e7};
 
+/* Where the weights come from: a weights file, or a checkpoint's logical tensors ("model.<name>"). */
+typedef struct {
+  const tdm_safetensors *f;
+  tdm_ckpt *ck;
+} source;
+
+static const char *src_meta(const source *s, const char *key) {
+  return s->f ? tdm_safetensors_meta(s->f, key) : tdm_ckpt_meta(s->ck, key);
+}
+
+/* The tensor's shape, or NULL when there is none of that name. */
+typedef struct {
+  int ndim;
+  int64_t shape[TDM_MAX_DIMS];
+} shape_of;
+static const shape_of *find(const source *s, const char *name, shape_of *out) {
+  char full[256];
+  snprintf(full, sizeof full, "%s%s", s->ck ? "model." : "", name);
+  if (s->f) {
+    const tdm_st_tensor *t = tdm_safetensors_find(s->f, full);
+    if (!t) return NULL;
+    out->ndim = t->ndim;
+    memcpy(out->shape, t->shape, sizeof out->shape);
+    return out;
+  }
+  const tdm_ckpt_tensor *t = tdm_ckpt_tensor_find(s->ck, full);
+  if (!t) return NULL;
+  out->ndim = t->ndim;
+  memcpy(out->shape, t->shape, sizeof out->shape);
+  return out;
+}
+
 /* The architecture: from the metadata, else from the flags; arch[i] > 0 when known. Returns 0, or
  * the exit code after printing why. */
-static int architecture(const tdm_safetensors *f, const char *path, const int64_t *flag, int64_t *arch) {
+static int architecture(const source *f, const char *path, const int64_t *flag, int64_t *arch) {
   char missing[128] = "";
   const char *first_missing = NULL;
   for (int i = 0; i < ARCH_N; i++) {
-    const char *v = tdm_safetensors_meta(f, meta_key[i]);
+    const char *v = src_meta(f, meta_key[i]);
     arch[i] = flag[i];
     if (!v) {
       if (flag[i] > 0) continue;
@@ -52,21 +84,17 @@ static int architecture(const tdm_safetensors *f, const char *path, const int64_
   return 0;
 }
 
-static const tdm_st_tensor *find(const tdm_safetensors *f, const char *prefix, const char *name) {
-  char full[256];
-  snprintf(full, sizeof full, "%s%s", prefix, name);
-  return tdm_safetensors_find(f, full);
-}
-
 /* Checks the architecture against the file's shapes before a model of that size is allocated
  * (tdm_params_load then checks every tensor). Returns 0, or the exit code after printing why. */
-static int matches_file(const tdm_safetensors *f, const char *path, const char *prefix, const int64_t *a) {
+static int matches_file(const source *f, const char *path, const int64_t *a) {
+  const char *prefix = f->ck ? "model." : "";
+  shape_of sh;
   const struct {
     const char *name;
     int64_t d0, d1;
   } emb[2] = {{"transformer.wte.weight", a[ARCH_VOCAB], a[ARCH_WIDTH]}, {"transformer.wpe.weight", a[ARCH_BLOCK], a[ARCH_WIDTH]}};
   for (int i = 0; i < 2; i++) {
-    const tdm_st_tensor *t = find(f, prefix, emb[i].name);
+    const shape_of *t = find(f, emb[i].name, &sh);
     if (!t || t->ndim != 2 || t->shape[0] != emb[i].d0 || t->shape[1] != emb[i].d1) {
       char got[96];
       fprintf(stderr, "tandem generate: %s: %s%s is %s; the architecture (vocab %lld, block %lld, width %lld) needs (%lld, %lld)\n",
@@ -79,9 +107,9 @@ static int matches_file(const tdm_safetensors *f, const char *path, const char *
   char last[64], next[64];
   snprintf(last, sizeof last, "transformer.h.%lld.ln_1.weight", (long long)(a[ARCH_LAYERS] - 1));
   snprintf(next, sizeof next, "transformer.h.%lld.ln_1.weight", (long long)a[ARCH_LAYERS]);
-  if (!find(f, prefix, last) || find(f, prefix, next)) {
+  if (!find(f, last, &sh) || find(f, next, &sh)) {
     fprintf(stderr, "tandem generate: %s does not hold %lld layers (%s%s %s)\n", path, (long long)a[ARCH_LAYERS], prefix,
-            find(f, prefix, next) ? next : last, find(f, prefix, next) ? "exists" : "is missing");
+            find(f, next, &sh) ? next : last, find(f, next, &sh) ? "exists" : "is missing");
     return 2;
   }
   return 0;
@@ -114,16 +142,16 @@ static int nanogpt_extras(const tdm_safetensors *f, const char *path, tdm_params
 }
 
 /* A metadata value as an integer in [lo, hi] or a float in (lo, hi]; 0, or 1 after printing why. */
-static int meta_int(const tdm_safetensors *f, const char *path, const char *key, int64_t lo, int64_t hi, int64_t *out) {
-  const char *v = tdm_safetensors_meta(f, key);
+static int meta_int(const source *f, const char *path, const char *key, int64_t lo, int64_t hi, int64_t *out) {
+  const char *v = src_meta(f, key);
   if (v && !cli_parse_int(v, lo, hi, out)) return 0;
   fprintf(stderr, "tandem generate: %s: metadata %s = '%s'; expected an integer in %lld..%lld\n", path, key, v ? v : "(missing)",
           (long long)lo, (long long)hi);
   return 1;
 }
 
-static int meta_float(const tdm_safetensors *f, const char *path, const char *key, double lo, double hi, float *out) {
-  const char *v = tdm_safetensors_meta(f, key);
+static int meta_float(const source *f, const char *path, const char *key, double lo, double hi, float *out) {
+  const char *v = src_meta(f, key);
   double d;
   if (v && !cli_parse_float(v, lo, hi, &d)) {
     *out = (float)d;
@@ -135,8 +163,8 @@ static int meta_float(const tdm_safetensors *f, const char *path, const char *ke
 
 /* A Llama's architecture from the metadata (Hugging Face's config.json names, as tandem train
  * writes them), or from --config for a file without it. Returns 0, or the exit code. */
-static int llama_architecture(const tdm_safetensors *f, const char *path, const char *config, tdm_model_config *mc) {
-  if (!tdm_safetensors_meta(f, "architectures")) {
+static int llama_architecture(const source *f, const char *path, const char *config, tdm_model_config *mc) {
+  if (!src_meta(f, "architectures")) {
     if (!config || tdm_model_config_llama(config, mc) != TDM_OK) {
       fprintf(stderr, "tandem generate: %s has no architecture in its metadata: give --config llama-mini or llama3.2-1B%s%s%s\n",
               path, config ? " (" : "", config ? tdm_last_error() : "", config ? ")" : "");
@@ -155,7 +183,7 @@ static int llama_architecture(const tdm_safetensors *f, const char *path, const 
   }
   if (meta_float(f, path, "rope_theta", 1, 1e12, &mc->rope.theta) || meta_float(f, path, "rms_norm_eps", 0, 1, &mc->norm_eps))
     return 1;
-  const char *sc = tdm_safetensors_meta(f, "rope_scaling"), *tie = tdm_safetensors_meta(f, "tie_word_embeddings");
+  const char *sc = src_meta(f, "rope_scaling"), *tie = src_meta(f, "tie_word_embeddings");
   double fa, lo, hi;
   long long orig;
   int end = 0;
@@ -177,8 +205,10 @@ static int llama_architecture(const tdm_safetensors *f, const char *path, const 
 }
 
 /* The Llama's embedding and layer count against the file's tensors (tdm_params_load checks the rest). */
-static int llama_matches_file(const tdm_safetensors *f, const char *path, const char *prefix, const tdm_model_config *mc) {
-  const tdm_st_tensor *t = find(f, prefix, "model.embed_tokens.weight");
+static int llama_matches_file(const source *f, const char *path, const tdm_model_config *mc) {
+  const char *prefix = f->ck ? "model." : "";
+  shape_of sh;
+  const shape_of *t = find(f, "model.embed_tokens.weight", &sh);
   if (!t || t->ndim != 2 || t->shape[0] != mc->vocab_size || t->shape[1] != mc->n_embd) {
     char got[96];
     fprintf(stderr, "tandem generate: %s: %smodel.embed_tokens.weight is %s; the architecture needs (%lld, %lld)\n", path, prefix,
@@ -188,9 +218,9 @@ static int llama_matches_file(const tdm_safetensors *f, const char *path, const 
   char last[80], next[80];
   snprintf(last, sizeof last, "model.layers.%lld.input_layernorm.weight", (long long)(mc->n_layer - 1));
   snprintf(next, sizeof next, "model.layers.%lld.input_layernorm.weight", (long long)mc->n_layer);
-  if (!find(f, prefix, last) || find(f, prefix, next)) {
+  if (!find(f, last, &sh) || find(f, next, &sh)) {
     fprintf(stderr, "tandem generate: %s does not hold %lld layers (%s%s %s)\n", path, (long long)mc->n_layer, prefix,
-            find(f, prefix, next) ? next : last, find(f, prefix, next) ? "exists" : "is missing");
+            find(f, next, &sh) ? next : last, find(f, next, &sh) ? "exists" : "is missing");
     return 2;
   }
   return 0;
@@ -237,18 +267,24 @@ int tool_generate(int argc, char **argv) {
     return 2;
   }
   if (logits_out && tdm_safetensors_check_writable(logits_out) != TDM_OK) return fail("--logits-out: ");
-  char ckpt_path[4096];
-  if (ckpt_dir) {
+  source src = {NULL, NULL};
+  tdm_safetensors *f = NULL;
+  if (ckpt_dir) { /* the newest checkpoint whose every piece verifies, whatever layout wrote it */
     char warn[2048];
-    tdm_status st = tdm_ckpt_latest(ckpt_dir, ckpt_path, sizeof ckpt_path, warn, sizeof warn);
+    tdm_status st = tdm_ckpt_open_latest_verified(&src.ck, ckpt_dir, warn, sizeof warn);
     if (warn[0]) fprintf(stderr, "tandem generate: skipped corrupt checkpoints: %s\n", warn);
     if (st != TDM_OK) return fail("");
-    weights = ckpt_path;
+    if (!src.ck) {
+      fprintf(stderr, "tandem generate: no checkpoint in %s\n", ckpt_dir);
+      return 1;
+    }
+    weights = tdm_ckpt_path(src.ck);
+  } else if (tdm_safetensors_load(&f, weights) != TDM_OK) {
+    return fail("");
   }
-  tdm_safetensors *f;
-  if (tdm_safetensors_load(&f, weights) != TDM_OK) return fail("");
+  src.f = f;
   int64_t arch[ARCH_N];
-  const char *archs = tdm_safetensors_meta(f, "architectures");
+  const char *archs = src_meta(&src, "architectures");
   int llama = archs ? !strcmp(archs, "LlamaForCausalLM") : !strcmp(model, "llama"), rc = 0;
   tdm_model_config mc = tdm_model_config_gpt_mini();
   if (archs && !llama) {
@@ -261,15 +297,15 @@ int tool_generate(int argc, char **argv) {
       fprintf(stderr, "tandem generate: %s holds a Llama: --layers --heads --width --block --vocab and --model gpt apply to GPT files only\n", weights);
       rc = 2;
     }
-    if (!rc) rc = llama_architecture(f, weights, config, &mc);
-    if (!rc) rc = llama_matches_file(f, weights, ckpt_dir ? "model." : "", &mc);
+    if (!rc) rc = llama_architecture(&src, weights, config, &mc);
+    if (!rc) rc = llama_matches_file(&src, weights, &mc);
   } else {
     if (config) {
       fprintf(stderr, "tandem generate: --config applies to --model llama (a Llama file without metadata)\n");
       rc = 2;
     }
-    if (!rc) rc = architecture(f, weights, flag, arch);
-    if (!rc) rc = matches_file(f, weights, ckpt_dir ? "model." : "", arch);
+    if (!rc) rc = architecture(&src, weights, flag, arch);
+    if (!rc) rc = matches_file(&src, weights, arch);
     mc.n_layer = arch[ARCH_LAYERS], mc.n_head = arch[ARCH_HEADS], mc.n_embd = arch[ARCH_WIDTH];
     mc.block_size = arch[ARCH_BLOCK], mc.vocab_size = arch[ARCH_VOCAB];
   }
@@ -291,9 +327,7 @@ int tool_generate(int argc, char **argv) {
   if (!rc && tdm_model_create(&m, &mc, 0) != TDM_OK) rc = fail("");
   if (!rc && !ckpt_dir && !llama && (extras = nanogpt_extras(f, weights, tdm_model_params(m))) < 0) rc = 1;
   tdm_safetensors_destroy(f);
-  tdm_ckpt_info ci;
-  if (!rc && (ckpt_dir ? tdm_ckpt_load_file(weights, tdm_model_params(m), NULL, 0, &ci)
-                       : tdm_params_load(tdm_model_params(m), weights, extras)) != TDM_OK)
+  if (!rc && (src.ck ? tdm_ckpt_restore(src.ck, tdm_model_params(m), NULL) : tdm_params_load(tdm_model_params(m), weights, extras)) != TDM_OK)
     rc = fail("");
   /* the cache holds what this run decodes (a long-context model's block would not fit) */
   if (!rc && tdm_kv_cache_create_len(&kv, m, (int64_t)plen + tokens) != TDM_OK) rc = fail("");
@@ -342,5 +376,6 @@ int tool_generate(int argc, char **argv) {
   free(seq);
   tdm_kv_cache_destroy(kv);
   tdm_model_destroy(m);
+  tdm_ckpt_close(src.ck);
   return rc;
 }

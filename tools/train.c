@@ -130,7 +130,8 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
     warmup = planned / 10 < 100 ? planned / 10 : 100;
   }
   if (zero < 3 && (SEEN("zero-unit") || SEEN("zero-prefetch"))) {
-    fprintf(stderr, "tandem %s: --zero-unit and --zero-prefetch apply to --zero 3 only (given --zero %lld)\n", cmd, (long long)zero);
+    fprintf(stderr, "tandem %s: --%s applies to --zero 3 only (given --zero %lld)\n", cmd,
+            SEEN("zero-unit") ? "zero-unit" : "zero-prefetch", (long long)zero);
     return 2;
   }
   if (strcmp(precision, "fp16") && (SEEN("loss-scale-init") || SEEN("loss-scale-window"))) {

@@ -109,6 +109,13 @@ tdm_transport_kind tdm_comm_transport(tdm_comm_t c);
 tdm_status tdm_comm_status(tdm_comm_t c);
 const char *tdm_comm_last_error(tdm_comm_t c);
 void tdm_comm_set_timeout(tdm_comm_t c, double seconds);
+/* Bytes this rank has sent on c since it was created (0 for NULL), to measure a step's
+ * communication volume: the payloads of c's messages (headers not counted), and for the shm
+ * collectives and shared regions, which move no messages, the bytes of this rank's data that
+ * peers read from shared memory or that it writes into theirs: what a message algorithm would
+ * send. On 2 ranks an all-reduce of n bytes counts n, a reduce-scatter or all-gather n/2, as a
+ * ring. A sub-communicator counts its own calls, not its parent's. Any thread may read it. */
+uint64_t tdm_comm_bytes_sent(tdm_comm_t c);
 
 /* The thread transport: n ranks as threads of this process share a group. Create it once,
  * then each thread creates its communicator with cfg.thread_group = group. */

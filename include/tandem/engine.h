@@ -180,6 +180,10 @@ tdm_status tdm_engine_shard_state(tdm_engine *e, tdm_st_tensor *out, int *n);
  * both otherwise); find(ctx, name) returns a tensor or NULL. Sets the optimizer's step count. */
 tdm_status tdm_engine_load_shard_state(tdm_engine *e, const tdm_st_tensor *(*find)(void *ctx, const char *name), void *ctx,
                                        int64_t optim_steps);
+/* After the buffers tdm_engine_shard_state points at (and, where whole, the parameters) were
+ * written in place (a checkpoint read into them, tandem/checkpoint.h): sets the optimizer's step
+ * count and drops what derives from the old values (stage 3: gathered units). Not collective. */
+tdm_status tdm_engine_shard_loaded(tdm_engine *e, int64_t optim_steps);
 
 #ifdef __cplusplus
 }

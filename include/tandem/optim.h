@@ -62,6 +62,8 @@ void tdm_optim_destroy(tdm_optim *o);
 /* One update with this learning rate (schedules pass theirs; cfg.lr is the default). */
 tdm_status tdm_optim_step(tdm_optim *o, float lr);
 int64_t tdm_optim_steps(const tdm_optim *o);
+/* The configuration it was created with (checkpoints name its kind and state). */
+const tdm_optim_config *tdm_optim_get_config(const tdm_optim *o);
 /* The state buffer (for checkpoints): n_state_floats = 0 (plain SGD), owned (momentum) or
  * 2 x owned (Adam: m then v). set_steps restores the step count used for bias correction. */
 float *tdm_optim_state(const tdm_optim *o, int64_t *n_floats);

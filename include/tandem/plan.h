@@ -57,8 +57,8 @@ typedef struct tdm_plan {
 tdm_status tdm_plan_compute(const tdm_plan_config *c, tdm_plan *out);
 /* A table: per category, bytes and what they are. limit > 0 adds whether the total fits. */
 void tdm_plan_print(FILE *f, const tdm_plan *p, int64_t limit);
-/* TDM_ERR_NO_MEMORY when the total exceeds limit (> 0), saying by how much and naming the largest
- * category; TDM_OK otherwise. */
+/* TDM_ERR_INVALID_ARG when the total exceeds limit (> 0), saying by how much, naming the largest
+ * category and what would shrink it; TDM_OK otherwise. */
 tdm_status tdm_plan_check(const tdm_plan *p, int64_t limit);
 
 #ifdef __cplusplus

@@ -9,6 +9,13 @@
  *   TDM_LAST_DROP     dropped.
  * With prefetch on, a thread assembles the next micro-batch while the current one computes.
  *
+ * Positions are layout-independent: the stream is the concatenation of the epochs' orders, and a
+ * position is (epoch, samples of its order consumed), whatever world size, batch or accumulation
+ * consumed them. A run resumed with another global batch G' (another world size, say) is set to
+ * the position its checkpoint recorded (tdm_sampler_set_position): its steps take the next G'
+ * samples from there, [offset, offset + G'), [offset + G', ...), until the epoch ends, and later
+ * epochs start at 0; no sample is skipped or repeated (but by the last batch's padding, as ever).
+ *
  *   tdm_sampler *s;
  *   tdm_sampler_create(&s, ds, &cfg);
  *   for (...) { const float *x; const int32_t *y; int64_t n, first;
@@ -44,8 +51,17 @@ typedef struct tdm_sampler tdm_sampler;
 tdm_status tdm_sampler_create(tdm_sampler **out, const tdm_dataset *ds, const tdm_sampler_config *cfg);
 void tdm_sampler_destroy(tdm_sampler *s);
 int64_t tdm_sampler_steps_per_epoch(const tdm_sampler *s);
-/* Positions the sampler at the start of global step `step` (0-based, counted over epochs). */
+/* Positions the sampler at the start of global step `step` (0-based, counted over epochs; not
+ * before the step given to tdm_sampler_set_position). */
 tdm_status tdm_sampler_seek(tdm_sampler *s, int64_t step);
+/* Sets the position: step `step` starts at sample `offset` (0..N) of epoch `epoch`'s order, and
+ * seeks there. Without it, step 0 starts epoch 0. A resumed run passes its checkpoint's position. */
+tdm_status tdm_sampler_set_position(tdm_sampler *s, int64_t step, int64_t epoch, int64_t offset);
+/* Where step (not before the set position) starts: its epoch and the offset in the epoch's order;
+ * the position after step s is where step s + 1 starts (an epoch's end reads as (epoch + 1, 0)). */
+void tdm_sampler_locate(const tdm_sampler *s, int64_t step, int64_t *epoch, int64_t *offset);
+/* The first step of epoch (the set position's step for its own epoch or any before). */
+int64_t tdm_sampler_epoch_start(const tdm_sampler *s, int64_t epoch);
 /* The next micro-batch of this rank: x (n x sample_numel) and y (n), valid until the next call
  * (token data sets: x holds int32 tokens, n x T, and y their targets, n x T);
  * *first is the position of its first sample in the epoch's order (dropout keys use it). */

@@ -27,6 +27,7 @@ const char *tdm_comm_last_error(tdm_comm_t c) { return c->error; }
 int tdm_comm_rank(tdm_comm_t c) { return c->rank; }
 int tdm_comm_size(tdm_comm_t c) { return c->size; }
 tdm_transport_kind tdm_comm_transport(tdm_comm_t c) { return c->kind; }
+uint64_t tdm_comm_bytes_sent(tdm_comm_t c) { return c ? atomic_load_explicit(&c->bytes_sent, memory_order_relaxed) : 0; }
 void tdm_comm_set_timeout(tdm_comm_t c, double s) {
   if (s > 0) c->timeout_s = s;
 }
@@ -160,11 +161,14 @@ static tdm_status run_xfers(struct tdm_comm *c, tdm__xfer *x, int n) {
   if (atomic_load(&c->failed)) return tdm__set_error(c->fail_status, "%s", c->error);
   c->tr->active = c;
   if (c->emu_link_free) emulate(c, x, n);
+  uint64_t sent = 0;
   for (int i = 0; i < n; i++) {
     x[i].done = 0;
     x[i].complete = 0;
     if (c->map) x[i].peer = c->map[x[i].peer];
+    if (x[i].is_send) sent += x[i].nbytes; /* payload only: headers are not counted */
   }
+  tdm__count_sent(c, sent);
   tdm_status st = c->tr->ops->run(c->tr, x, n, tdm_time_now() + c->timeout_s);
   if (st != TDM_OK) {
     /* c->error names the cause; tell the peers and close, so none of them waits for us */

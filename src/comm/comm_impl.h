@@ -116,6 +116,8 @@ struct tdm_comm {
   uint64_t seq;
   tdm__call cur; /* the collective in progress */
   _Atomic int failed;
+  /* tdm_comm_bytes_sent: message payloads, plus what the shm collectives hand to peers */
+  _Atomic uint64_t bytes_sent;
   tdm_status fail_status;
   char error[512];
   double emu_latency_s, emu_bytes_per_s; /* TANDEM_NET_EMULATE; 0: off */
@@ -131,6 +133,11 @@ struct tdm_comm {
   int q_busy, q_stop, q_started;
   pthread_t q_thread;
 };
+
+/* Adds n to c's tdm_comm_bytes_sent (any thread: the progress thread and shared regions count too). */
+static inline void tdm__count_sent(struct tdm_comm *c, uint64_t n) {
+  atomic_fetch_add_explicit(&c->bytes_sent, n, memory_order_relaxed);
+}
 
 /* Fails the communicator (first error wins) and returns st. */
 tdm_status tdm__comm_fail(struct tdm_comm *c, tdm_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

@@ -199,6 +199,8 @@ tdm_status tdm__net_pick_addr(const char *ifname, const char *master, char *addr
 }
 
 /* ---- handshake ---------------------------------------------------------------------------- */
+#define STR_(x) #x
+#define STR(x) STR_(x)
 typedef struct {
   uint32_t magic, version, token_len;
   int32_t rank;
@@ -296,8 +298,6 @@ tdm_status tdm__net_dial(const char *addr, int port, uint32_t magic, const char 
 }
 
 /* ---- the accepting side ---------------------------------------------------------------------- */
-#define STR_(x) #x
-#define STR(x) STR_(x)
 #define GATE_REASONS 8
 #define GATE_ACCEPT_BATCH 32 /* per serve, so that the pending are read between batches */
 
@@ -399,39 +399,52 @@ static void refuse(tdm__net_gate *g, int i, const char *why, int busy) {
   g->p[i] = g->p[--g->n];
 }
 
+int tdm__net_hello_parse(const unsigned char *buf, size_t len, uint32_t magic, const char *token, size_t *need,
+                         int32_t *rank, const char **why) {
+  hello h;
+  if (len < TDM_NET_HELLO_BYTES) {
+    *need = TDM_NET_HELLO_BYTES - len;
+    return 0;
+  }
+  memcpy(&h, buf, sizeof h);
+  /* magic and version at once; a wrong token only once all of it came, so a refusal is a clean close */
+  *why = h.token_len > TDM_NET_MAX_TOKEN ? "a job token longer than " STR(TDM_NET_MAX_TOKEN) " bytes"
+                                         : hello_problem(&h, magic, h.token_len);
+  if (*why) return -1;
+  if (len < TDM_NET_HELLO_BYTES + h.token_len) {
+    *need = TDM_NET_HELLO_BYTES + h.token_len - len;
+    return 0;
+  }
+  size_t tl = token_len(token);
+  if (hello_problem(&h, magic, tl) || token_differs(buf + TDM_NET_HELLO_BYTES, token, tl)) {
+    *why = "wrong job token";
+    return -1;
+  }
+  *rank = h.rank;
+  return 1;
+}
+
 static void read_hello(tdm__net_gate *g, int i) {
   pending *c = &g->p[i];
-  hello h;
-  for (;;) { /* the whole hello, token included whatever its length, so a refusal is a clean close */
-    size_t want = TDM_NET_HELLO_BYTES;
-    if (c->len >= TDM_NET_HELLO_BYTES) {
-      memcpy(&h, c->buf, sizeof h);
-      want += h.token_len;
-    }
-    if (c->len == want) break;
-    ssize_t k = recv(c->fd, c->buf + c->len, want - c->len, MSG_DONTWAIT);
+  int32_t rank = -1;
+  size_t need = 0;
+  const char *why = NULL;
+  int r;
+  /* the whole hello, token included whatever its length, so a refusal is a clean close */
+  while ((r = tdm__net_hello_parse(c->buf, c->len, g->magic, g->token, &need, &rank, &why)) == 0) {
+    ssize_t k = recv(c->fd, c->buf + c->len, need, MSG_DONTWAIT);
     if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
     if (k <= 0) {
       refuse(g, i, k == 0 ? "closed before completing its handshake" : "connection lost before its handshake", 0);
       return;
     }
     c->len += (size_t)k;
-    if (c->len == TDM_NET_HELLO_BYTES) {
-      memcpy(&h, c->buf, sizeof h);
-      const char *why = h.token_len > TDM_NET_MAX_TOKEN ? "a job token longer than " STR(TDM_NET_MAX_TOKEN) " bytes"
-                                                        : hello_problem(&h, g->magic, h.token_len); /* magic, version */
-      if (why) {
-        refuse(g, i, why, 0);
-        return;
-      }
-    }
   }
-  size_t tl = token_len(g->token);
-  if (hello_problem(&h, g->magic, tl) || token_differs(c->buf + TDM_NET_HELLO_BYTES, g->token, tl)) {
-    refuse(g, i, "wrong job token", 0);
+  if (r < 0) {
+    refuse(g, i, why, 0);
     return;
   }
-  const char *why = g->admit(g->ctx, c->fd, h.rank, c->peer);
+  why = g->admit(g->ctx, c->fd, rank, c->peer);
   if (why) {
     refuse(g, i, why, 0);
     return;

@@ -42,6 +42,14 @@ tdm_status tdm__net_send_hello(int fd, uint32_t magic, const char *token, int32_
  * (with detail) when the magic, version or token are wrong. */
 tdm_status tdm__net_recv_hello(int fd, uint32_t got_magic, uint32_t magic, const char *token, int32_t *rank,
                                double deadline);
+/* The accepting side's reading of a hello, of which len bytes (buf) have come, for a listener
+ * with magic and token: 1 when it is complete and valid (*rank gets the rank it claims); 0 while
+ * *need more bytes must come (never more than the hello has left); -1 when it is refused, *why
+ * saying why in words that do not depend on the bytes (refusals are counted by reason). A wrong
+ * magic, version or overlong token is refused as soon as the first 16 bytes are there; a wrong
+ * token only once all of it has come, so the refusal is a clean close. */
+int tdm__net_hello_parse(const unsigned char *buf, size_t len, uint32_t magic, const char *token, size_t *need,
+                         int32_t *rank, const char **why);
 /* Connects to addr:port and says hello; *first gets the first word of the answer (the store's
  * OK, a mesh peer's magic). Retries until deadline while the listener is not up yet or drops
  * us as busy. Errors say what happened without naming the address (callers do): a listener
@@ -74,5 +82,26 @@ void tdm__net_gate_serve(tdm__net_gate *g, const struct pollfd *pf);
 void tdm__net_gate_destroy(tdm__net_gate *g);
 /* A gate's memory (fixed: its pending connections are preallocated), for the memory planner. */
 size_t tdm__net_gate_bytes(void);
+
+/* The rendezvous store's requests (store.c), after the hello: a command byte ('S' set, 'G' get,
+ * 'A' add), the key's length (u32), the value's length (u64), both in host order (every rank
+ * runs this build), then the key (1..TDM_STORE_MAX_KEY bytes, no NUL) and the value (a set's at
+ * most TDM_STORE_MAX_VAL bytes, a get's none, an add's 8: the signed delta). */
+#define TDM_STORE_MAGIC 0x53444d54u /* "TMDS": the store's hello */
+#define TDM_STORE_REQ_HEAD 13
+#define TDM_STORE_MAX_KEY 4096
+#define TDM_STORE_MAX_VAL ((uint64_t)64 << 20)
+#define TDM_STORE_MAX_REQ (TDM_STORE_REQ_HEAD + TDM_STORE_MAX_KEY + TDM_STORE_MAX_VAL)
+typedef struct {
+  uint8_t cmd;
+  uint32_t key_len;
+  uint64_t val_len;
+  const unsigned char *key, *val; /* into the bytes parsed; the key is not NUL-terminated */
+  size_t bytes;                   /* the whole request's */
+} tdm__store_req;
+/* The request at the start of buf, of which len bytes have come: 1 with *req when all of it is
+ * there, 0 while more must come, -1 with *why when it is malformed, as soon as the bytes show it
+ * (the server drops the client: its stream cannot be trusted to be at a request's start again). */
+int tdm__store_parse(const unsigned char *buf, size_t len, tdm__store_req *req, const char **why);
 
 #endif

@@ -66,6 +66,8 @@ tdm_status tdm_params_load_spans(const tdm_params *p, const char *path, int allo
   if (st == TDM_OK && !allow_extra)
     for (int i = 0; i < tdm_safetensors_count(f); i++) {
       const tdm_st_tensor *s = tdm_safetensors_at(f, i);
+      /* a consolidated checkpoint's optimizer moments (tandem checkpoint consolidate --optimizer) */
+      if (!strncmp(s->name, "optim.", 6)) continue;
       if (!tdm_params_find(p, s->name)) {
         st = tdm__set_error(TDM_ERR_MISMATCH, "%s: tensor '%s' in the file is not a parameter of this model", path,
                             s->name);

@@ -143,6 +143,7 @@ void tdm_optim_destroy(tdm_optim *o) {
 }
 
 int64_t tdm_optim_steps(const tdm_optim *o) { return o->steps; }
+const tdm_optim_config *tdm_optim_get_config(const tdm_optim *o) { return &o->cfg; }
 float *tdm_optim_state(const tdm_optim *o, int64_t *n) {
   if (n) *n = o->n_state;
   return o->state;

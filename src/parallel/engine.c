@@ -400,6 +400,11 @@ tdm_status tdm_engine_load_shard_state(tdm_engine *e, const tdm_st_tensor *(*fin
   return e->ops->shard_changed(e);
 }
 
+tdm_status tdm_engine_shard_loaded(tdm_engine *e, int64_t optim_steps) {
+  tdm_optim_set_steps(e->opt, optim_steps);
+  return e->ops->shard_changed ? e->ops->shard_changed(e) : TDM_OK;
+}
+
 tdm_status tdm_engine_first_nonfinite(tdm_engine *e, int64_t *index) {
   int64_t first = -1;
   float *w = tdm_engine_is_sharded(e) ? e->ops->param_shard(e) : NULL;

@@ -237,8 +237,20 @@ tdm_status tdm_plan_check(const tdm_plan *p, int64_t limit) {
   human(l, sizeof l, (double)limit);
   human(o, sizeof o, (double)(p->total - limit));
   human(g, sizeof g, (double)p->bytes[big]);
-  return tdm__set_error(TDM_ERR_NO_MEMORY,
+  /* what would make the largest part smaller: only the model's state is sharded by ZeRO */
+  const char *hint = "";
+  switch ((tdm_mem_category)big) {
+  case TDM_MEM_PARAMS: hint = p->stage < 3 ? ": --zero 3 shards it over the ranks" : ": more ranks shard it further"; break;
+  case TDM_MEM_GRADS:
+    hint = p->stage < 2 ? ": --zero 2 shards it over the ranks" : ": smaller buckets (--bucket-mb) or more ranks shrink it";
+    break;
+  case TDM_MEM_OPTIM: hint = p->stage < 1 ? ": --zero 1 shards it over the ranks" : ": more ranks shard it further"; break;
+  case TDM_MEM_ACTIVATIONS: hint = ": a smaller --batch-size (with --accum to keep the global batch) shrinks it"; break;
+  case TDM_MEM_COMM: hint = ": smaller buckets (--bucket-mb) shrink it"; break;
+  case TDM_MEM_DATA: hint = ": every rank loads the whole data set; a smaller data set shrinks it"; break;
+  default: break;
+  }
+  return tdm__set_error(TDM_ERR_INVALID_ARG,
                         "the plan needs %s per rank, %s more than --memory-limit %s; the largest part is %s (%s)%s", t, o,
-                        l, tdm_mem_category_name((tdm_mem_category)big), g,
-                        p->stage < 3 ? ": a higher --zero stage or more ranks shard it" : "");
+                        l, tdm_mem_category_name((tdm_mem_category)big), g, hint);
 }

@@ -1,4 +1,6 @@
-/* Checkpoints as verified safetensors files; see include/tandem/checkpoint.h. */
+/* Checkpoints: the manifest file (verified safetensors), the directory (names, listing, rotation)
+ * and the lock; see include/tandem/checkpoint.h and docs/checkpoint-format.md. The manifest's
+ * JSON and boxes are in ckpt_layout.c, reading pieces in ckpt_read.c, writing in ckpt_write.c. */
 #include "tandem/checkpoint.h"
 
 #include <dirent.h>
@@ -12,22 +14,11 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "core/internal.h"
 #include "core/json.h"
-#include "tensor/tensor_impl.h"
+#include "train/ckpt_impl.h"
 
-#define MAX_STEP ((int64_t)1 << 62)
-#define MAX_WORLD (1 << 24)
 #define MAX_HEADER (100u << 20) /* as the safetensors reader */
 #define CRC_KEY "tandem.crc32"
-
-struct tdm_ckpt {
-  tdm_safetensors *f;
-  char *path;
-  tdm_ckpt_info info;
-  int64_t optim_steps;
-  uint32_t crc;
-};
 
 /* ---- the checksum ---------------------------------------------------------------------------- */
 static uLong crc_bytes(uLong crc, const void *p, int64_t n) {
@@ -84,7 +75,7 @@ tdm_status tdm_ckpt_checksum(int n_meta, const char *const *meta_kv, int n, cons
 
 /* ---- strict values and names ----------------------------------------------------------------- */
 /* A canonical decimal (no sign, space, exponent, point or leading zero) in [lo, hi]. */
-static int parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out) {
+int tdm__ckpt_parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out) {
   if (!s || !*s || (s[0] == '0' && s[1])) return 0;
   uint64_t v = 0;
   for (; *s; s++) {
@@ -102,7 +93,7 @@ static tdm_status meta_u64(const tdm_safetensors *f, const char *path, const cha
                            uint64_t *out) {
   const char *v = tdm_safetensors_meta(f, key);
   if (!v) return tdm__set_error(TDM_ERR_FORMAT, "%s: metadata lacks %s: not a tandem checkpoint", path, key);
-  if (!parse_u64(v, lo, hi, out))
+  if (!tdm__ckpt_parse_u64(v, lo, hi, out))
     return tdm__set_error(TDM_ERR_FORMAT, "%s: metadata %s is '%.40s'; expected an integer in %llu..%llu: the file is corrupt",
                           path, key, v, (unsigned long long)lo, (unsigned long long)hi);
   return TDM_OK;
@@ -112,7 +103,11 @@ static int path_of(const char *dir, int64_t step, char *out, size_t n) {
   return snprintf(out, n, "%s/ckpt-%012lld.safetensors", dir, (long long)step) < (int)n;
 }
 
-/* The directory of a sharded checkpoint's shards (not a name the directory listing considers). */
+int tdm__ckpt_shards_name(int64_t step, char *out, size_t n) {
+  return snprintf(out, n, "ckpt-%012lld.shards", (long long)step) < (int)n;
+}
+
+/* The directory of step's shards, under dir. */
 static int shards_of(const char *dir, int64_t step, char *out, size_t n) {
   return snprintf(out, n, "%s/ckpt-%012lld.shards", dir, (long long)step) < (int)n;
 }
@@ -132,7 +127,7 @@ static int name_step(const char *name, int64_t *step) {
     v = v * 10 + (uint64_t)(ch - '0'); /* at most 19 digits: no overflow */
   }
   char again[32];
-  if (v > (uint64_t)MAX_STEP || snprintf(again, sizeof again, "%012llu", (unsigned long long)v) != (int)nd ||
+  if (v > (uint64_t)TDM__CKPT_MAX_STEP || snprintf(again, sizeof again, "%012llu", (unsigned long long)v) != (int)nd ||
       strncmp(again, name + 5, nd))
     return -1;
   *step = (int64_t)v;
@@ -145,17 +140,19 @@ static void note(char *notes, size_t n, const char *msg) {
   snprintf(notes + used, n - used, "%s%s", used ? "; " : "", msg);
 }
 
+uint32_t tdm__crc32(uint32_t crc, const void *p, int64_t n) { return (uint32_t)crc_bytes(crc, p, n); }
+
 /* ---- opening a file without following links or blocking ----------------------------------------- */
 static const char *kind_of(mode_t m) {
   return S_ISDIR(m) ? "a directory" : S_ISLNK(m) ? "a symbolic link" : S_ISFIFO(m) ? "a FIFO" : S_ISSOCK(m) ? "a socket"
          : S_ISCHR(m) || S_ISBLK(m) ? "a device" : "not a regular file";
 }
 
-static tdm_status open_regular(const char *path, int *fd_out, int64_t *size) {
+tdm_status tdm__ckpt_open_regular(const char *path, int *fd_out, int64_t *size, const char *what) {
   struct stat a, b;
   if (lstat(path, &a) != 0) return tdm__set_error(TDM_ERR_IO, "%s: cannot examine: %s", path, strerror(errno));
   if (!S_ISREG(a.st_mode))
-    return tdm__set_error(TDM_ERR_FORMAT, "%s: %s, not a checkpoint file", path, kind_of(a.st_mode));
+    return tdm__set_error(TDM_ERR_FORMAT, "%s: %s, not a %s", path, kind_of(a.st_mode), what);
   int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return tdm__set_error(TDM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
   if (fstat(fd, &b) != 0 || !S_ISREG(b.st_mode) || a.st_ino != b.st_ino || a.st_dev != b.st_dev) {
@@ -167,7 +164,7 @@ static tdm_status open_regular(const char *path, int *fd_out, int64_t *size) {
   return TDM_OK;
 }
 
-static int read_at(int fd, void *buf, size_t n, off_t off) {
+int tdm__ckpt_read_at(int fd, void *buf, size_t n, int64_t off) {
   for (size_t got = 0; got < n;) {
     ssize_t r = pread(fd, (char *)buf + got, n - got, off + (off_t)got);
     if (r < 0 && errno == EINTR) continue;
@@ -180,14 +177,14 @@ static int read_at(int fd, void *buf, size_t n, off_t off) {
 /* The __metadata__ pairs of the file's header, in file order (pointers into *json). */
 static tdm_status read_meta(int fd, int64_t size, const char *path, tdm_json **json, const char ***kv, int *n_kv) {
   unsigned char len[8];
-  if (size < 8 || !read_at(fd, len, 8, 0)) return tdm__set_error(TDM_ERR_FORMAT, "%s: truncated header", path);
+  if (size < 8 || !tdm__ckpt_read_at(fd, len, 8, 0)) return tdm__set_error(TDM_ERR_FORMAT, "%s: truncated header", path);
   uint64_t hlen = 0;
   for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | len[i];
   if (hlen > MAX_HEADER || hlen > (uint64_t)(size - 8))
     return tdm__set_error(TDM_ERR_FORMAT, "%s: header length %llu does not fit the file", path, (unsigned long long)hlen);
   char *h = tdm__malloc(hlen + 1);
   if (!h) return tdm__set_error(TDM_ERR_NO_MEMORY, "%s: out of memory", path);
-  tdm_status st = read_at(fd, h, hlen, 8) ? tdm__json_parse(h, hlen, json) : tdm__set_error(TDM_ERR_IO, "%s: short read", path);
+  tdm_status st = tdm__ckpt_read_at(fd, h, hlen, 8) ? tdm__json_parse(h, hlen, json) : tdm__set_error(TDM_ERR_IO, "%s: short read", path);
   tdm__free(h);
   TDM__TRY(st);
   const tdm_json *m = tdm__json_get(*json, "__metadata__");
@@ -206,6 +203,7 @@ static tdm_status read_meta(int fd, int64_t size, const char *path, tdm_json **j
   return TDM_OK;
 }
 
+/* ---- the manifest ------------------------------------------------------------------------------ */
 /* Checks what the metadata says (version first: another version may sum differently). */
 static tdm_status verify(tdm_ckpt *c, int n_kv, const char *const *kv) {
   const char *path = c->path, *ver = tdm_safetensors_meta(c->f, "tandem.ckpt_version"),
@@ -216,6 +214,11 @@ static tdm_status verify(tdm_ckpt *c, int n_kv, const char *const *kv) {
     return tdm__set_error(TDM_ERR_FORMAT,
                           "%s: checkpoint format 1 (written by an older tandem; its header is not covered by the checksum): "
                           "this tandem reads format %d only; resume it with the tandem that wrote it, or start afresh",
+                          path, TDM_CKPT_VERSION);
+  if (!strcmp(ver, "2"))
+    return tdm__set_error(TDM_ERR_FORMAT,
+                          "%s: checkpoint format 2 (written by an older tandem, before checkpoints resharded): this tandem "
+                          "reads format %d only; resume it with the tandem that wrote it, or start afresh",
                           path, TDM_CKPT_VERSION);
   char vs[16];
   snprintf(vs, sizeof vs, "%d", TDM_CKPT_VERSION);
@@ -234,20 +237,67 @@ static tdm_status verify(tdm_ckpt *c, int n_kv, const char *const *kv) {
   if (!want || strcmp(want, got))
     return tdm__set_error(TDM_ERR_FORMAT, "%s: checksum mismatch (stored %.16s, computed %s): the file is corrupt", path,
                           want ? want : "none", got);
-  uint64_t step, ostep, ws, seed;
-  TDM__TRY(meta_u64(c->f, path, "tandem.step", 0, (uint64_t)MAX_STEP, &step));
-  TDM__TRY(meta_u64(c->f, path, "tandem.optim_steps", 0, (uint64_t)MAX_STEP, &ostep));
-  TDM__TRY(meta_u64(c->f, path, "tandem.world_size", 1, MAX_WORLD, &ws));
+  uint64_t step, ostep, ws, seed, epoch, offset;
+  TDM__TRY(meta_u64(c->f, path, "tandem.step", 0, (uint64_t)TDM__CKPT_MAX_STEP, &step));
+  TDM__TRY(meta_u64(c->f, path, "tandem.optim_steps", 0, (uint64_t)TDM__CKPT_MAX_STEP, &ostep));
+  TDM__TRY(meta_u64(c->f, path, "tandem.world_size", 1, TDM__CKPT_MAX_WORLD, &ws));
   TDM__TRY(meta_u64(c->f, path, "tandem.seed", 0, UINT64_MAX, &seed));
-  c->info = (tdm_ckpt_info){(int64_t)step, (int)ws, seed, 0, NULL};
+  TDM__TRY(meta_u64(c->f, path, "tandem.data_epoch", 0, (uint64_t)TDM__CKPT_MAX_STEP, &epoch));
+  TDM__TRY(meta_u64(c->f, path, "tandem.data_offset", 0, (uint64_t)TDM__CKPT_MAX_STEP, &offset));
+  const char *layout = tdm_safetensors_meta(c->f, "tandem.layout"), *okind = tdm_safetensors_meta(c->f, "tandem.optim_kind");
+  if (!layout) return tdm__set_error(TDM_ERR_FORMAT, "%s: metadata lacks tandem.layout: not a tandem checkpoint", path);
+  if (okind && !strcmp(okind, "")) return tdm__set_error(TDM_ERR_FORMAT, "%s: metadata tandem.optim_kind is empty", path);
+  c->info = (tdm_ckpt_info){(int64_t)step, (int)ws, seed, 0, NULL, (int64_t)epoch, (int64_t)offset, layout, okind};
   c->optim_steps = (int64_t)ostep;
+  const tdm_st_tensor *m = tdm_safetensors_find(c->f, TDM__CKPT_MANIFEST);
+  if (n != 1 || !m || m->dtype != TDM_U8 || m->ndim != 1)
+    return tdm__set_error(TDM_ERR_FORMAT, "%s: holds %d tensors; a manifest holds exactly one, '%s' (u8)", path, n,
+                          TDM__CKPT_MANIFEST);
+  return tdm__manifest_parse(c, m->data, (size_t)m->nbytes);
+}
+
+/* Every file the manifest lists is a regular file of the size it lists (reading then checks each
+ * file's header and each piece it reads). */
+static tdm_status check_files(tdm_ckpt *c) {
+  for (int i = 0; i < c->n_files; i++) {
+    const tdm__cfile *f = &c->files[i];
+    struct stat sb;
+    if (lstat(f->path, &sb) != 0) {
+      if (errno == ENOENT)
+        return tdm__set_error(TDM_ERR_FORMAT, "%s: shard file %s is missing (the manifest lists %d file%s): the checkpoint is incomplete",
+                              c->path, f->path, c->n_files, c->n_files == 1 ? "" : "s");
+      return tdm__set_error(TDM_ERR_IO, "%s: cannot examine %s: %s", c->path, f->path, strerror(errno));
+    }
+    if (!S_ISREG(sb.st_mode))
+      return tdm__set_error(TDM_ERR_FORMAT, "%s: %s is %s, not a shard file", c->path, f->path, kind_of(sb.st_mode));
+    if ((int64_t)sb.st_size != f->bytes)
+      return tdm__set_error(TDM_ERR_FORMAT, "%s is %lld bytes, but the manifest %s lists %lld: the manifest disagrees with the files",
+                            f->path, (long long)sb.st_size, c->path, (long long)f->bytes);
+  }
+  return TDM_OK;
+}
+
+/* Keeps the metadata pairs, in file order, for tdm_ckpt_meta_at. */
+static tdm_status keep_meta(tdm_ckpt *c, int n_kv, const char *const *kv) {
+  if (!(c->meta = tdm__calloc(2 * (size_t)n_kv + 1, sizeof(char *)))) return tdm__set_error(TDM_ERR_NO_MEMORY, "checkpoint: out of memory");
+  c->n_meta = n_kv; /* entries NULL until copied: tdm_ckpt_close frees what there is */
+  for (int i = 0; i < 2 * n_kv; i++) {
+    if (!(c->meta[i] = tdm__malloc(strlen(kv[i]) + 1))) return tdm__set_error(TDM_ERR_NO_MEMORY, "checkpoint: out of memory");
+    strcpy(c->meta[i], kv[i]);
+  }
   return TDM_OK;
 }
 
 void tdm_ckpt_close(tdm_ckpt *c) {
   if (!c) return;
+  tdm__ckpt_close_files(c);
+  tdm__manifest_free(c);
   tdm_safetensors_destroy(c->f);
+  for (int i = 0; c->meta && i < 2 * c->n_meta; i++) tdm__free(c->meta[i]);
+  tdm__free(c->meta);
+  tdm__free(c->cache);
   tdm__free(c->path);
+  tdm__free(c->dir);
   tdm__free(c);
 }
 
@@ -255,15 +305,24 @@ tdm_status tdm_ckpt_open(tdm_ckpt **out, const char *path) {
   *out = NULL;
   int fd = -1;
   int64_t size = 0;
-  TDM__TRY(open_regular(path, &fd, &size));
+  TDM__TRY(tdm__ckpt_open_regular(path, &fd, &size, "checkpoint file"));
   tdm_ckpt *c = tdm__calloc(1, sizeof *c);
-  if (c) c->path = tdm__malloc(strlen(path) + 1);
-  if (!c || !c->path) {
+  if (c) {
+    c->cache_t = c->cache_p = -1;
+    c->path = tdm__malloc(strlen(path) + 1);
+    c->dir = tdm__malloc(strlen(path) + 2);
+  }
+  if (!c || !c->path || !c->dir) {
     close(fd);
     tdm_ckpt_close(c);
     return tdm__set_error(TDM_ERR_NO_MEMORY, "checkpoint: out of memory");
   }
   strcpy(c->path, path);
+  strcpy(c->dir, path);
+  char *slash = strrchr(c->dir, '/');
+  if (!slash) strcpy(c->dir, ".");
+  else if (slash == c->dir) c->dir[1] = 0;
+  else *slash = 0;
   /* the safetensors reader opens by name: give it this descriptor's, so that what it reads is
    * the regular file examined above, whatever happens to the name meanwhile */
   char self[64];
@@ -279,6 +338,8 @@ tdm_status tdm_ckpt_open(tdm_ckpt **out, const char *path) {
   int n_kv = 0;
   if (st == TDM_OK) st = read_meta(fd, size, path, &json, &kv, &n_kv);
   if (st == TDM_OK) st = verify(c, n_kv, kv);
+  if (st == TDM_OK) st = check_files(c);
+  if (st == TDM_OK) st = keep_meta(c, n_kv, kv);
   tdm__free(kv);
   tdm__json_free(json);
   close(fd);
@@ -295,45 +356,28 @@ uint32_t tdm_ckpt_get_crc(const tdm_ckpt *c) { return c->crc; }
 const char *tdm_ckpt_path(const tdm_ckpt *c) { return c->path; }
 const char *tdm_ckpt_meta(const tdm_ckpt *c, const char *key) { return tdm_safetensors_meta(c->f, key); }
 int64_t tdm_ckpt_get_optim_steps(const tdm_ckpt *c) { return c->optim_steps; }
-const tdm_st_tensor *tdm_ckpt_find(const tdm_ckpt *c, const char *name) { return tdm_safetensors_find(c->f, name); }
+int tdm_ckpt_tensor_count(const tdm_ckpt *c) { return c->n_tensors; }
+const tdm_ckpt_tensor *tdm_ckpt_tensor_at(const tdm_ckpt *c, int i) {
+  return i >= 0 && i < c->n_tensors ? &c->tensors[i].pub : NULL;
+}
+const tdm_ckpt_tensor *tdm_ckpt_tensor_find(const tdm_ckpt *c, const char *name) {
+  for (int i = 0; i < c->n_tensors; i++)
+    if (!strcmp(c->tensors[i].pub.name, name)) return &c->tensors[i].pub;
+  return NULL;
+}
+int tdm_ckpt_file_count(const tdm_ckpt *c) { return c->n_files; }
+const char *tdm_ckpt_file_at(const tdm_ckpt *c, int i, int64_t *bytes, int *n_pieces) {
+  if (i < 0 || i >= c->n_files) return NULL;
+  if (bytes) *bytes = c->files[i].bytes;
+  if (n_pieces) *n_pieces = c->files[i].n_pieces;
+  return c->files[i].name;
+}
 
-tdm_status tdm_ckpt_open_shard(const tdm_ckpt *c, int rank, tdm_ckpt **out) {
-  *out = NULL;
-  const char *list = tdm_ckpt_meta(c, "tandem.shard_crcs");
-  if (!list) return tdm__set_error(TDM_ERR_FORMAT, "%s: not a sharded checkpoint (no tandem.shard_crcs)", c->path);
-  if (rank < 0 || rank >= c->info.world_size)
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: no shard of rank %d in a world of %d", c->path, rank, c->info.world_size);
-  const char *at = list; /* the rank-th of the comma-separated checksums */
-  for (int r = 0; r < rank && at; r++) at = strchr(at, ','), at = at ? at + 1 : NULL;
-  char want[16] = "";
-  if (at) snprintf(want, sizeof want, "%.*s", (int)strcspn(at, ","), at);
-  if (strlen(want) != 8) return tdm__set_error(TDM_ERR_FORMAT, "%s: tandem.shard_crcs lists no checksum for rank %d", c->path, rank);
-  char dir[4096], sdir[4200], path[4400];
-  snprintf(dir, sizeof dir, "%s", c->path);
-  char *slash = strrchr(dir, '/');
-  if (slash) *slash = 0;
-  else snprintf(dir, sizeof dir, ".");
-  shards_of(dir, c->info.step, sdir, sizeof sdir);
-  snprintf(path, sizeof path, "%s/rank-%d.safetensors", sdir, rank);
-  tdm_ckpt *s;
-  TDM__TRY(tdm_ckpt_open(&s, path));
-  char got[16], rs[16];
-  snprintf(got, sizeof got, "%08x", s->crc);
-  snprintf(rs, sizeof rs, "%d", rank);
-  const char *sr = tdm_ckpt_meta(s, "tandem.shard_rank");
-  tdm_status st = TDM_OK;
-  if (strcmp(got, want))
-    st = tdm__set_error(TDM_ERR_FORMAT, "%s: checksum %s, but %s lists %s for rank %d: a shard of another checkpoint", path, got,
-                        c->path, want, rank);
-  else if (!sr || strcmp(sr, rs) || s->info.step != c->info.step || s->info.world_size != c->info.world_size)
-    st = tdm__set_error(TDM_ERR_FORMAT, "%s: not rank %d's shard of step %lld on %d ranks", path, rank, (long long)c->info.step,
-                        c->info.world_size);
-  if (st != TDM_OK) {
-    tdm_ckpt_close(s);
-    return st;
-  }
-  *out = s;
-  return TDM_OK;
+int tdm_ckpt_meta_count(const tdm_ckpt *c) { return c->n_meta; }
+const char *tdm_ckpt_meta_at(const tdm_ckpt *c, int i, const char **value) {
+  if (i < 0 || i >= c->n_meta) return NULL;
+  if (value) *value = c->meta[2 * i + 1];
+  return c->meta[2 * i];
 }
 
 /* ---- the directory --------------------------------------------------------------------------- */
@@ -389,27 +433,31 @@ int tdm_ckpt_count_entries(const char *dir, char *first, size_t first_n) {
   return n;
 }
 
-/* Opens the entry; on failure notes why (the entry is skipped, never used, never deleted). */
-static tdm_status open_entry(const char *dir, const entry *e, tdm_ckpt **out, char *notes, size_t notes_n) {
+/* Opens the entry (and with verify_data reads every piece); on failure notes why (the entry is
+ * skipped, never used, never deleted). */
+static tdm_status open_entry(const char *dir, const entry *e, tdm_ckpt **out, char *notes, size_t notes_n, int verify_data) {
   char path[4096], msg[1280];
   snprintf(path, sizeof path, "%s/%s", dir, e->name);
   tdm_status st;
+  *out = NULL;
   if (e->step < 0) {
     st = tdm__set_error(TDM_ERR_FORMAT, "%s: not a checkpoint's name (ckpt-<12-digit step>.safetensors)", path);
   } else if ((st = tdm_ckpt_open(out, path)) == TDM_OK && (*out)->info.step != e->step) {
     st = tdm__set_error(TDM_ERR_FORMAT, "%s: its metadata says step %lld, its name step %lld: the file is corrupt", path,
                         (long long)(*out)->info.step, (long long)e->step);
-    tdm_ckpt_close(*out);
-    *out = NULL;
+  } else if (st == TDM_OK && verify_data) {
+    st = tdm_ckpt_verify_data(*out);
   }
   if (st != TDM_OK) {
+    tdm_ckpt_close(*out);
+    *out = NULL;
     snprintf(msg, sizeof msg, "%s", tdm_last_error());
     note(notes, notes_n, msg);
   }
   return st;
 }
 
-tdm_status tdm_ckpt_open_latest(tdm_ckpt **out, const char *dir, char *notes, size_t notes_n) {
+static tdm_status open_latest(tdm_ckpt **out, const char *dir, char *notes, size_t notes_n, int verify_data) {
   *out = NULL;
   if (notes && notes_n) notes[0] = 0;
   entry *es;
@@ -417,9 +465,9 @@ tdm_status tdm_ckpt_open_latest(tdm_ckpt **out, const char *dir, char *notes, si
   TDM__TRY(list_entries(dir, &es, &n));
   tdm_status st = TDM_OK;
   for (int i = 0; i < n; i++) /* stray names first: they have no step to be newer or older by */
-    if (es[i].step < 0) open_entry(dir, &es[i], out, notes, notes_n);
+    if (es[i].step < 0) open_entry(dir, &es[i], out, notes, notes_n, 0);
   for (int i = 0; i < n && !*out && es[i].step >= 0; i++) {
-    st = open_entry(dir, &es[i], out, notes, notes_n);
+    st = open_entry(dir, &es[i], out, notes, notes_n, verify_data);
     if (st == TDM_ERR_NO_MEMORY) break;
   }
   tdm__free(es);
@@ -430,26 +478,120 @@ tdm_status tdm_ckpt_open_latest(tdm_ckpt **out, const char *dir, char *notes, si
                         notes && notes[0] ? notes : "all invalid");
 }
 
-/* ---- writing --------------------------------------------------------------------------------- */
-/* A retired checkpoint's shards (ZeRO): the files this tandem writes there, then the directory. */
-static void remove_shards(const char *dir, int64_t step) {
-  char sdir[4096], path[4096 + 300], again[64];
+tdm_status tdm_ckpt_open_latest(tdm_ckpt **out, const char *dir, char *notes, size_t notes_n) {
+  return open_latest(out, dir, notes, notes_n, 0);
+}
+
+tdm_status tdm_ckpt_open_latest_verified(tdm_ckpt **out, const char *dir, char *notes, size_t notes_n) {
+  return open_latest(out, dir, notes, notes_n, 1);
+}
+
+tdm_status tdm__ckpt_open_below(tdm_ckpt **out, const char *dir, int64_t below, char *notes, size_t notes_n, int *n_entries) {
+  *out = NULL;
+  entry *es;
+  int n;
+  TDM__TRY(list_entries(dir, &es, &n));
+  *n_entries = n;
+  tdm_status st = TDM_OK;
+  for (int i = 0; i < n && below == INT64_MAX; i++) /* stray names, noted once */
+    if (es[i].step < 0) open_entry(dir, &es[i], out, notes, notes_n, 0);
+  for (int i = 0; i < n && !*out && es[i].step >= 0; i++) {
+    if (es[i].step >= below) continue;
+    st = open_entry(dir, &es[i], out, notes, notes_n, 0);
+    if (st == TDM_ERR_NO_MEMORY) break;
+  }
+  tdm__free(es);
+  return st == TDM_ERR_NO_MEMORY ? st : TDM_OK;
+}
+
+tdm_status tdm_ckpt_latest(const char *dir, char *path, size_t path_n, char *warning, size_t warning_n) {
+  tdm_ckpt *c;
+  TDM__TRY(tdm_ckpt_open_latest_verified(&c, dir, warning, warning_n));
+  if (!c) return tdm__set_error(TDM_ERR_IO, "no checkpoint in %s", dir);
+  snprintf(path, path_n, "%s", c->path);
+  tdm_ckpt_close(c);
+  return TDM_OK;
+}
+
+/* ---- writing the manifest, retiring old checkpoints --------------------------------------------- */
+/* Whether name is one this tandem writes into a shards directory: rank-<r>.safetensors, or the
+ * temporary of one (.rank-<r>.safetensors.tmp-<16 hex digits>, as core/file.c names them). */
+static int ours_in_shards(const char *name, int *rank) {
+  int r, end = 0;
+  char again[96];
+  if (sscanf(name, "rank-%d.safetensors%n", &r, &end) == 1 && !name[end] && r >= 0) {
+    snprintf(again, sizeof again, "rank-%d.safetensors", r);
+    if (!strcmp(again, name)) return *rank = r, 1;
+  }
+  if (sscanf(name, ".rank-%d.safetensors.tmp-%n", &r, &end) == 1 && r >= 0 && strlen(name + end) == 16 &&
+      strspn(name + end, "0123456789abcdef") == 16) {
+    snprintf(again, sizeof again, ".rank-%d.safetensors.tmp-", r);
+    if (!strncmp(again, name, strlen(again))) return *rank = -1, 1;
+  }
+  return 0;
+}
+
+/* Removes from step's shards directory the files this tandem writes there, but those that `keep`
+ * (a rank's file, or NULL) says to keep; then the directory if empty. */
+static void remove_shards(const char *dir, int64_t step, const tdm_ckpt *keep) {
+  char sdir[4096], path[4096 + 300];
   if (!shards_of(dir, step, sdir, sizeof sdir)) return;
   DIR *d = opendir(sdir);
   if (!d) return;
   struct dirent *e;
   while ((e = readdir(d))) {
-    int r;
-    if (sscanf(e->d_name, "rank-%d.", &r) != 1 || r < 0) continue;
-    snprintf(again, sizeof again, "rank-%d.safetensors", r); /* exactly the names written there */
-    if (strcmp(again, e->d_name)) continue;
-    snprintf(path, sizeof path, "%s/%s", sdir, again);
+    int r, kept = 0;
+    if (!ours_in_shards(e->d_name, &r)) continue;
+    for (int i = 0; keep && i < keep->n_files && !kept; i++) kept = !strcmp(strrchr(keep->files[i].name, '/') + 1, e->d_name);
+    if (kept) continue;
+    snprintf(path, sizeof path, "%s/%s", sdir, e->d_name);
     unlink(path);
   }
   closedir(d);
-  rmdir(sdir); /* fails, harmlessly, if anything else is there */
+  if (!keep) rmdir(sdir); /* fails, harmlessly, if anything else is there */
 }
-/* Deletes valid checkpoints older than `step` beyond the keep - 1 newest valid ones. */
+
+/* What a job killed while saving left (the lock makes this job the directory's only writer):
+ * shards directories below step whose checkpoint never got its manifest, which no manifest will
+ * ever name, and temporaries of manifests (.ckpt-<step>.safetensors.tmp-<16 hex digits>, as
+ * core/file.c names them) up to step. */
+static void remove_orphans(const char *dir, int64_t step) {
+  DIR *d = opendir(dir);
+  if (!d) return;
+  struct dirent *e;
+  int64_t *orphans = NULL;
+  int n = 0, cap = 0;
+  while ((e = readdir(d))) {
+    unsigned long long s;
+    int end = 0;
+    char again[64], path[4096 + 300];
+    struct stat sb;
+    if (sscanf(e->d_name, ".ckpt-%llu.safetensors.tmp-%n", &s, &end) == 1 && end > 0 && (int64_t)s <= step &&
+        strlen(e->d_name + end) == 16 && strspn(e->d_name + end, "0123456789abcdef") == 16 &&
+        snprintf(again, sizeof again, ".ckpt-%012llu.safetensors.tmp-", s) == end && !strncmp(again, e->d_name, (size_t)end)) {
+      snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+      unlink(path);
+      continue;
+    }
+    if (sscanf(e->d_name, "ckpt-%llu.shards%n", &s, &end) != 1 || e->d_name[end] || (int64_t)s >= step) continue;
+    if (!tdm__ckpt_shards_name((int64_t)s, again, sizeof again) || strcmp(again, e->d_name)) continue;
+    if (!path_of(dir, (int64_t)s, path, sizeof path) || lstat(path, &sb) == 0 || errno != ENOENT) continue;
+    if (n == cap) {
+      int64_t *g = tdm__malloc(sizeof *g * (size_t)(cap = cap ? 2 * cap : 8));
+      if (!g) break;
+      if (n) memcpy(g, orphans, sizeof *g * (size_t)n);
+      tdm__free(orphans);
+      orphans = g;
+    }
+    orphans[n++] = (int64_t)s;
+  }
+  closedir(d);
+  for (int i = 0; i < n; i++) remove_shards(dir, orphans[i], NULL);
+  tdm__free(orphans);
+}
+
+/* Deletes valid checkpoints older than `step` beyond the keep - 1 newest valid ones: the manifest
+ * first (the checkpoint is gone), then its shards. */
 static void retire_old(const char *dir, int64_t step, int keep) {
   entry *es;
   int n;
@@ -458,7 +600,7 @@ static void retire_old(const char *dir, int64_t step, int keep) {
   for (int i = 0; i < n; i++) {
     if (es[i].step < 0 || es[i].step >= step) continue;
     tdm_ckpt *c;
-    if (open_entry(dir, &es[i], &c, NULL, 0) != TDM_OK) continue; /* not valid: not ours to delete */
+    if (open_entry(dir, &es[i], &c, NULL, 0, 0) != TDM_OK) continue; /* not valid: not ours to delete */
     tdm_ckpt_close(c);
     if (kept < keep) {
       kept++;
@@ -466,32 +608,33 @@ static void retire_old(const char *dir, int64_t step, int keep) {
     }
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, es[i].name);
-    unlink(path);
-    remove_shards(dir, es[i].step);
+    if (unlink(path) == 0) remove_shards(dir, es[i].step, NULL);
   }
   tdm__free(es);
+  remove_orphans(dir, step);
 }
 
-/* Writes path as a checkpoint file: the tensors, the base metadata (with the checksum over all of
- * it), the caller's pairs, then reads it back and verifies it. */
-static tdm_status write_verified(const char *path, const tdm_ckpt_info *info, int64_t optim_steps, int k,
-                                 const tdm_st_tensor *ts, int n_extra, const char *const *extra) {
-  enum { BASE_META = 8 };
-  int n_meta = BASE_META + info->n_meta + n_extra;
+tdm_status tdm__ckpt_write_manifest(const char *dir, const tdm_ckpt_info *info, int64_t optim_steps, const char *json,
+                                    size_t json_n, int keep) {
+  enum { BASE_META = 10 };
+  int n_meta = BASE_META + info->n_meta + (info->optimizer != NULL);
   const char **meta = tdm__calloc(2 * (size_t)n_meta, sizeof(char *));
   if (!meta) return tdm__set_error(TDM_ERR_NO_MEMORY, "checkpoint: out of memory");
-  char crc[16] = "", step[32], ostep[32], ws[16], seed[32], ver[16];
+  char crc[16] = "", step[32], ostep[32], ws[16], seed[32], ver[16], ep[32], off[32];
   snprintf(ver, sizeof ver, "%d", TDM_CKPT_VERSION);
   snprintf(step, sizeof step, "%lld", (long long)info->step);
   snprintf(ostep, sizeof ostep, "%lld", (long long)optim_steps);
   snprintf(ws, sizeof ws, "%d", info->world_size);
   snprintf(seed, sizeof seed, "%llu", (unsigned long long)info->seed);
-  const char *base[2 * BASE_META] = {"format", "pt", "tandem.kind", "checkpoint", "tandem.ckpt_version", ver,
-                                     "tandem.step", step, "tandem.optim_steps", ostep, "tandem.world_size", ws,
-                                     "tandem.seed", seed, CRC_KEY, crc};
+  snprintf(ep, sizeof ep, "%lld", (long long)info->data_epoch);
+  snprintf(off, sizeof off, "%lld", (long long)info->data_offset);
+  const char *base[2 * BASE_META] = {"tandem.kind", "checkpoint", "tandem.ckpt_version", ver, "tandem.step", step,
+                                     "tandem.optim_steps", ostep, "tandem.world_size", ws, "tandem.seed", seed,
+                                     "tandem.data_epoch", ep, "tandem.data_offset", off,
+                                     "tandem.layout", info->layout ? info->layout : "", CRC_KEY, crc};
   memcpy(meta, base, sizeof base);
   for (int i = 0; i < 2 * info->n_meta; i++) meta[2 * BASE_META + i] = info->meta_kv[i];
-  for (int i = 0; i < 2 * n_extra; i++) meta[2 * (BASE_META + info->n_meta) + i] = extra[i];
+  if (info->optimizer) meta[2 * (n_meta - 1)] = "tandem.optim_kind", meta[2 * (n_meta - 1) + 1] = info->optimizer;
   tdm_status st = TDM_OK;
   for (int i = BASE_META; st == TDM_OK && i < n_meta; i++) /* a repeated key would be read back ambiguously */
     for (int j = 0; j < i; j++)
@@ -500,143 +643,23 @@ static tdm_status write_verified(const char *path, const tdm_ckpt_info *info, in
                             meta[2 * i] ? meta[2 * i] : "(null)");
         break;
       }
+  char path[4096];
+  if (st == TDM_OK && !path_of(dir, info->step, path, sizeof path))
+    st = tdm__set_error(TDM_ERR_INVALID_ARG, "checkpoint: directory name too long: %s", dir);
+  tdm_st_tensor t = {TDM__CKPT_MANIFEST, TDM_U8, 1, {(int64_t)json_n}, json, (int64_t)json_n};
   if (st == TDM_OK) {
     uint32_t sum = 0;
-    st = tdm_ckpt_checksum(n_meta, meta, k, ts, &sum);
+    st = tdm_ckpt_checksum(n_meta, meta, 1, &t, &sum);
     snprintf(crc, sizeof crc, "%08x", sum);
-    if (st == TDM_OK) st = tdm_safetensors_save(path, k, ts, n_meta, meta);
+    if (st == TDM_OK) st = tdm_safetensors_save(path, 1, &t, n_meta, meta);
   }
   tdm__free(meta);
   TDM__TRY(st);
   tdm_ckpt *check; /* read it back: only a verified checkpoint may retire older ones */
   TDM__TRY(tdm_ckpt_open(&check, path));
+  remove_shards(dir, info->step, check); /* what an attempt at this step killed earlier left there */
   tdm_ckpt_close(check);
-  return TDM_OK;
-}
-
-static tdm_status check_info(const char *dir, const tdm_ckpt_info *info) {
-  if (!dir || !info || info->step < 0 || info->step > MAX_STEP || info->world_size < 1 || info->world_size > MAX_WORLD ||
-      info->n_meta < 0 || (info->n_meta && !info->meta_kv))
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "checkpoint: bad arguments (step %lld, world size %d)",
-                          info ? (long long)info->step : -1LL, info ? info->world_size : 0);
-  if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-    return tdm__set_error(TDM_ERR_IO, "checkpoint: cannot create directory %s: %s", dir, strerror(errno));
-  return TDM_OK;
-}
-
-tdm_status tdm_ckpt_save_tensors(const char *dir, const tdm_ckpt_info *info, int64_t optim_steps, int n,
-                                 const tdm_st_tensor *tensors, int keep) {
-  TDM__TRY(check_info(dir, info));
-  char path[4096];
-  if (!path_of(dir, info->step, path, sizeof path)) return tdm__set_error(TDM_ERR_INVALID_ARG, "checkpoint: directory name too long: %s", dir);
-  TDM__TRY(write_verified(path, info, optim_steps, n, tensors, 0, NULL));
   retire_old(dir, info->step, keep > 0 ? keep : 1);
-  return TDM_OK;
-}
-
-tdm_status tdm_ckpt_save_shard(const char *dir, const tdm_ckpt_info *info, int rank, int n, const tdm_st_tensor *tensors,
-                               uint32_t *crc) {
-  TDM__TRY(check_info(dir, info));
-  if (rank < 0 || rank >= info->world_size)
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "checkpoint: shard of rank %d in a world of %d", rank, info->world_size);
-  char sdir[4096], path[4200], rs[16];
-  if (!shards_of(dir, info->step, sdir, sizeof sdir)) return tdm__set_error(TDM_ERR_INVALID_ARG, "checkpoint: directory name too long: %s", dir);
-  if (mkdir(sdir, 0755) != 0 && errno != EEXIST)
-    return tdm__set_error(TDM_ERR_IO, "checkpoint: cannot create %s: %s", sdir, strerror(errno));
-  snprintf(path, sizeof path, "%s/rank-%d.safetensors", sdir, rank);
-  snprintf(rs, sizeof rs, "%d", rank);
-  const char *extra[2] = {"tandem.shard_rank", rs};
-  TDM__TRY(write_verified(path, info, 0, n, tensors, 1, extra));
-  tdm_ckpt *c;
-  TDM__TRY(tdm_ckpt_open(&c, path));
-  *crc = c->crc;
-  tdm_ckpt_close(c);
-  return TDM_OK;
-}
-
-tdm_status tdm_ckpt_save(const char *dir, const tdm_params *p, const tdm_optim *o, const tdm_ckpt_info *info, int keep) {
-  if (!p || !o) return tdm__set_error(TDM_ERR_INVALID_ARG, "checkpoint: NULL parameters or optimizer");
-  int n = tdm_params_count(p);
-  int64_t n_state = 0;
-  float *state = tdm_optim_state(o, &n_state);
-  tdm_st_tensor *ts = tdm__calloc((size_t)n + 1, sizeof *ts);
-  char **names = tdm__calloc((size_t)n + 1, sizeof(char *));
-  tdm_status st = ts && names ? TDM_OK : tdm__set_error(TDM_ERR_NO_MEMORY, "checkpoint: out of memory");
-  int k = 0;
-  for (int i = 0; st == TDM_OK && i < n; i++) {
-    tdm_tensor *t = tdm_params_get(p, i);
-    if (!(names[i] = tdm__malloc(strlen(t->name) + 8))) {
-      st = tdm__set_error(TDM_ERR_NO_MEMORY, "checkpoint: out of memory");
-      break;
-    }
-    sprintf(names[i], "model.%s", t->name);
-    ts[k++] = (tdm_st_tensor){names[i], TDM_F32, t->ndim, {0}, t->data, t->numel * 4};
-    memcpy(ts[k - 1].shape, t->shape, sizeof t->shape);
-  }
-  if (n_state) ts[k++] = (tdm_st_tensor){"optim.state", TDM_F32, 1, {n_state}, state, n_state * 4};
-  if (st == TDM_OK) st = tdm_ckpt_save_tensors(dir, info, tdm_optim_steps(o), k, ts, keep);
-  for (int i = 0; names && i < n; i++) tdm__free(names[i]);
-  tdm__free(names);
-  tdm__free(ts);
-  return st;
-}
-
-/* ---- loading --------------------------------------------------------------------------------- */
-tdm_status tdm_ckpt_restore(const tdm_ckpt *c, tdm_params *p, tdm_optim *o, int world_size) {
-  const char *path = c->path;
-  if (world_size > 0 && c->info.world_size != world_size)
-    return tdm__set_error(TDM_ERR_MISMATCH,
-                          "%s was written by %d ranks; this run has %d. Resume with the same number of ranks (or start afresh in another --checkpoint-dir)",
-                          path, c->info.world_size, world_size);
-  int n = tdm_params_count(p), in_file = 0;
-  for (int i = 0; i < tdm_safetensors_count(c->f); i++) in_file += !strncmp(tdm_safetensors_at(c->f, i)->name, "model.", 6);
-  for (int i = 0; i < n; i++) { /* check everything before changing anything */
-    tdm_tensor *t = tdm_params_get(p, i);
-    char name[300], a[96], b[96];
-    snprintf(name, sizeof name, "model.%s", t->name);
-    const tdm_st_tensor *s = tdm_safetensors_find(c->f, name);
-    if (!s) return tdm__set_error(TDM_ERR_MISMATCH, "%s: parameter '%s' is missing: is this the same model?", path, t->name);
-    if (s->dtype != TDM_F32 || s->ndim != t->ndim || memcmp(s->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim))
-      return tdm__set_error(TDM_ERR_MISMATCH, "%s: parameter '%s' is %s %s in the checkpoint; the model expects %s %s", path,
-                            t->name, tdm_dtype_name(s->dtype), tdm_shape_str(s->ndim, s->shape, a, sizeof a),
-                            tdm_dtype_name(TDM_F32), tdm_shape_str(t->ndim, t->shape, b, sizeof b));
-  }
-  if (in_file != n)
-    return tdm__set_error(TDM_ERR_MISMATCH, "%s holds %d parameters; the model has %d: is this the same model?", path, in_file, n);
-  int64_t n_state = 0;
-  float *state = o ? tdm_optim_state(o, &n_state) : NULL;
-  const tdm_st_tensor *os = tdm_safetensors_find(c->f, "optim.state");
-  if (o && ((os ? os->nbytes : 0) != n_state * 4 || (os && os->dtype != TDM_F32)))
-    return tdm__set_error(TDM_ERR_MISMATCH, "%s: optimizer state of %lld floats; this optimizer has %lld: is it the same optimizer?",
-                          path, (long long)(os ? os->nbytes / 4 : 0), (long long)n_state);
-  for (int i = 0; i < n; i++) {
-    tdm_tensor *t = tdm_params_get(p, i);
-    char name[300];
-    snprintf(name, sizeof name, "model.%s", t->name);
-    memcpy(t->data, tdm_safetensors_find(c->f, name)->data, (size_t)t->numel * 4);
-  }
-  if (o) {
-    if (n_state) memcpy(state, os->data, (size_t)n_state * 4);
-    tdm_optim_set_steps(o, c->optim_steps);
-  }
-  return TDM_OK;
-}
-
-tdm_status tdm_ckpt_load_file(const char *path, tdm_params *p, tdm_optim *o, int world_size, tdm_ckpt_info *info) {
-  tdm_ckpt *c;
-  TDM__TRY(tdm_ckpt_open(&c, path));
-  tdm_status st = tdm_ckpt_restore(c, p, o, world_size);
-  if (st == TDM_OK && info) *info = c->info;
-  tdm_ckpt_close(c);
-  return st;
-}
-
-tdm_status tdm_ckpt_latest(const char *dir, char *path, size_t path_n, char *warning, size_t warning_n) {
-  tdm_ckpt *c;
-  TDM__TRY(tdm_ckpt_open_latest(&c, dir, warning, warning_n));
-  if (!c) return tdm__set_error(TDM_ERR_IO, "no checkpoint in %s", dir);
-  snprintf(path, path_n, "%s", c->path);
-  tdm_ckpt_close(c);
   return TDM_OK;
 }
 

@@ -2,8 +2,6 @@
  * run_start.h. */
 #include "train/run_start.h"
 
-#include "train/engine_ckpt.h"
-
 #include <errno.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -96,18 +94,23 @@ static tdm_status check_overrides(const char *list) {
   return TDM_OK;
 }
 
-/* The world size, then every setting of the identity must equal the checkpoint's (or be overridden). */
-static tdm_status check_identity(const tdm_ckpt *ck, const tdm__run_identity *id, int world, const char *overrides, FILE *progress) {
-  if (tdm_ckpt_get_info(ck)->world_size != world) /* the sampler's slices and the averaging depend on it */
-    return tdm__set_error(TDM_ERR_MISMATCH,
-                          "%s was written by %d ranks; this run has %d. Resume with the same number of ranks (or start afresh in another --checkpoint-dir)",
-                          tdm_ckpt_path(ck), tdm_ckpt_get_info(ck)->world_size, world);
+/* Every setting of the identity must equal the checkpoint's (or be overridden). The layout (world
+ * size, ZeRO stage) may differ: checkpoints reshard. Called on every rank with the agreed checkpoint. */
+typedef struct {
+  const tdm__run_identity *id;
+  const char *overrides;
+  FILE *progress;
+} identity_check;
+
+static tdm_status check_identity(void *ctx, const tdm_ckpt *ck) {
+  const identity_check *ic = ctx;
+  const tdm__run_identity *id = ic->id;
   char diff[900] = "";
   int refused = 0, fixed = 0;
   for (int i = 0; i < id->n; i++) {
     const char *v = tdm_ckpt_meta(ck, id->key[i]);
     if (v && !strcmp(v, id->value[i])) continue;
-    int allowed = id->group[i] && overridden(overrides, id->group[i]);
+    int allowed = id->group[i] && overridden(ic->overrides, id->group[i]);
     refused += !allowed;
     fixed += !allowed && !id->group[i];
     size_t used = strlen(diff);
@@ -116,7 +119,7 @@ static tdm_status check_identity(const tdm_ckpt *ck, const tdm__run_identity *id
   }
   if (!diff[0]) return TDM_OK;
   if (!refused) {
-    if (progress) fprintf(progress, "tandem train: resuming with changed settings: %s\n", diff);
+    if (ic->progress) fprintf(ic->progress, "tandem train: resuming with changed settings: %s\n", diff);
     return TDM_OK;
   }
   return tdm__set_error(TDM_ERR_MISMATCH, "%s (step %lld) was written by a run with other settings: %s. %s",
@@ -127,85 +130,87 @@ static tdm_status check_identity(const tdm_ckpt *ck, const tdm__run_identity *id
                                 "(seed, batch, data)");
 }
 
-/* This rank's checkpoint, checked and loaded; *ck stays NULL when the directory holds none. */
-static tdm_status open_and_load(const tdm__start_in *in, tdm_ckpt **ck) {
-  const tdm_train_config *c = in->cfg;
-  char notes[2048];
-  tdm_status st = tdm_ckpt_open_latest(ck, c->checkpoint_dir, notes, sizeof notes);
-  if (st == TDM_OK && notes[0] && in->progress)
-    fprintf(in->progress, "tandem train: skipped in %s: %s\n", c->checkpoint_dir, notes);
-  if (st != TDM_OK)
-    return tdm__set_error(st, "%s. Nothing was changed: repair or move these entries away to start afresh", tdm_last_error());
-  if (!*ck) return TDM_OK;
-  TDM__TRY(check_identity(*ck, in->id, in->world, c->resume_override, in->progress));
-  return tdm__engine_ckpt_restore(in->engine, in->rank, in->world, *ck);
-}
-
 /* ---- agreement ------------------------------------------------------------------------------- */
-typedef struct {
-  int32_t failed, found;
-  int64_t step;
-  uint32_t crc, pad;
-  char text[496]; /* why this rank failed, or its checkpoint directory */
-} start_rec;
-
-static void describe(const start_rec *r, int rank, char *b, size_t n) {
-  if (r->found) snprintf(b, n, "rank %d found step %lld (crc %08x) in %s", rank, (long long)r->step, r->crc, r->text);
-  else snprintf(b, n, "rank %d found no checkpoint in %s", rank, r->text);
+/* Every rank learns whether every rank could start (rank 0 opened the outputs and locked the
+ * directory): a failure is reported on every rank, none waits for one that gave up. */
+static tdm_status agree_start(const tdm__start_in *in, tdm_status st) {
+  typedef struct {
+    int32_t failed, pad;
+    char text[504];
+  } rec;
+  int W = in->world;
+  rec mine = {st != TDM_OK, 0, ""};
+  char own[1024];
+  snprintf(own, sizeof own, "%s", tdm_last_error());
+  snprintf(mine.text, sizeof mine.text, "%.503s", st != TDM_OK ? own : "");
+  rec *all = tdm__calloc((size_t)W, sizeof *all);
+  if (!all) return tdm__set_error(TDM_ERR_NO_MEMORY, "train: out of memory");
+  tdm_status cs = tdm_comm_allgather(in->comm, &mine, all, sizeof mine, TDM_U8, TDM_ALGO_AUTO);
+  for (int r = 0; cs == TDM_OK && st == TDM_OK && r < W; r++)
+    if (all[r].failed) st = tdm__set_error(TDM_ERR_REMOTE, "rank %d could not start: %.503s", r, all[r].text);
+  tdm__free(all);
+  if (mine.failed) return tdm__set_error(st, "%s", own); /* this rank's own reason */
+  return st != TDM_OK ? st : cs;
 }
 
-static tdm_status agree(const tdm__start_in *in, const start_rec *mine) {
-  int W = in->world;
-  start_rec *all = tdm__calloc((size_t)W, sizeof *all);
-  if (!all) return tdm__set_error(TDM_ERR_NO_MEMORY, "train: out of memory");
-  tdm_status st = tdm_comm_allgather(in->comm, mine, all, sizeof *mine, TDM_U8, TDM_ALGO_AUTO);
-  for (int r = 0; st == TDM_OK && r < W; r++)
-    if (all[r].failed) /* this rank's own failure keeps its own status and message */
-      st = r == in->rank ? TDM_ERR_INTERNAL /* the caller keeps its own */
-                         : tdm__set_error(TDM_ERR_REMOTE, "rank %d could not start: %.496s", r, all[r].text);
-  int same = 1;
-  for (int r = 1; st == TDM_OK && r < W; r++)
-    same &= all[r].found == all[0].found && (!all[r].found || (all[r].step == all[0].step && all[r].crc == all[0].crc));
-  if (st == TDM_OK && !same) {
-    char msg[1024] = "", one[600];
-    for (int r = 0; r < W && strlen(msg) < 700; r++) {
-      describe(&all[r], r, one, sizeof one);
-      size_t used = strlen(msg);
-      snprintf(msg + used, sizeof msg - used, "%s%s", r ? "; " : "", one);
-    }
-    st = tdm__set_error(TDM_ERR_MISMATCH,
-                        "the ranks found different checkpoints to resume from: %s%s. Every rank must see the same "
-                        "checkpoints (a shared directory, or the same files in each)",
-                        msg, strlen(msg) >= 700 ? "; ..." : "");
+/* Every rank writes its own file of each checkpoint and may read any other's: they must share the
+ * directory. Rank 0 creates a file there; every rank looks for it in its own --checkpoint-dir. */
+static tdm_status check_shared(const tdm__start_in *in, const char *dir) {
+  struct {
+    char dir[3072], name[64];
+  } probe = {"", ""};
+  char path[4096];
+  tdm_status st = TDM_OK;
+  if (in->rank == 0) {
+    snprintf(path, sizeof path, "%s/.tandem-shared-XXXXXX", dir);
+    int fd = mkstemp(path);
+    if (fd < 0) st = tdm__set_error(TDM_ERR_IO, "train: --checkpoint-dir: cannot create files in %s: %s", dir, strerror(errno));
+    else close(fd);
+    snprintf(probe.dir, sizeof probe.dir, "%s", dir);
+    snprintf(probe.name, sizeof probe.name, "%s", strrchr(path, '/') + 1);
   }
-  tdm__free(all);
+  TDM__TRY(agree_start(in, st));
+  st = tdm_comm_broadcast(in->comm, &probe, sizeof probe, TDM_U8, 0, TDM_ALGO_AUTO);
+  snprintf(path, sizeof path, "%s/%s", dir, probe.name);
+  if (st == TDM_OK && access(path, F_OK) != 0)
+    st = tdm__set_error(TDM_ERR_INVALID_USAGE,
+                        "checkpoint directory %s (rank %d) is not the one rank 0 writes into (%s): a file rank 0 just "
+                        "created there is not in it. Every rank writes its own part of each checkpoint: give every rank "
+                        "the same --checkpoint-dir, on a file system all of them share",
+                        dir, in->rank, probe.dir);
+  st = agree_start(in, st);
+  if (in->rank == 0) unlink(path);
   return st;
 }
 
 tdm_status tdm__run_start(const tdm__start_in *in, tdm__start_out *out) {
   const tdm_train_config *c = in->cfg;
-  *out = (tdm__start_out){-1, NULL, 0, -1};
-  tdm_ckpt *ck = NULL;
+  *out = (tdm__start_out){-1, NULL, 0, -1, 0, 0};
   tdm_status st = c->resume ? check_overrides(c->resume_override) : TDM_OK;
   if (st == TDM_OK && in->rank == 0) st = open_outputs(c, out);
-  if (st == TDM_OK && c->resume && c->checkpoint_dir) st = open_and_load(in, &ck);
-  if (in->comm) { /* every rank reaches this, failed or not, so none waits for one that gave up */
-    start_rec mine = {st != TDM_OK, ck != NULL, ck ? tdm_ckpt_get_info(ck)->step : 0, ck ? tdm_ckpt_get_crc(ck) : 0, 0, ""};
-    char own[1024];
-    snprintf(own, sizeof own, "%s", tdm_last_error());
-    snprintf(mine.text, sizeof mine.text, "%.495s", st != TDM_OK ? own : c->checkpoint_dir ? c->checkpoint_dir : "");
-    tdm_status ag = agree(in, &mine);
-    if (st == TDM_OK) st = ag;
-    else tdm__set_error(st, "%s", own); /* this rank's own reason, not what the others said */
+  if (in->comm) st = agree_start(in, st);
+  if (st == TDM_OK && in->comm && c->checkpoint_dir) st = check_shared(in, c->checkpoint_dir);
+  if (st != TDM_OK || !c->resume || !c->checkpoint_dir) return st;
+  /* every rank opens the newest valid checkpoint and reads what it holds, whatever layout wrote it */
+  identity_check ic = {in->id, c->resume_override, in->progress};
+  tdm_ckpt_resumed res;
+  char notes[2048];
+  st = tdm_ckpt_resume_engine(c->checkpoint_dir, in->engine, check_identity, &ic, &res, notes, sizeof notes);
+  if (notes[0] && in->progress) fprintf(in->progress, "tandem train: skipped in %s: %s\n", c->checkpoint_dir, notes);
+  TDM__TRY(st);
+  if (!res.found) {
+    if (in->progress) fprintf(in->progress, "tandem train: no checkpoint in %s yet: starting from step 0\n", c->checkpoint_dir);
+    return TDM_OK;
   }
-  if (st == TDM_OK && ck) {
-    out->step = out->resumed_from = tdm_ckpt_get_info(ck)->step;
-    if (in->progress) fprintf(in->progress, "tandem train: resumed from step %lld of %s\n", (long long)out->step, c->checkpoint_dir);
-  } else if (st == TDM_OK && c->resume && c->checkpoint_dir && in->progress) {
-    fprintf(in->progress, "tandem train: no checkpoint in %s yet: starting from step 0\n", c->checkpoint_dir);
+  out->step = out->resumed_from = res.step;
+  out->data_epoch = res.data_epoch, out->data_offset = res.data_offset;
+  if (in->progress) {
+    fprintf(in->progress, "tandem train: resumed from step %lld of %s", (long long)res.step, c->checkpoint_dir);
+    if (strcmp(res.layout, tdm_engine_describe(in->engine)))
+      fprintf(in->progress, " (written by %s; resharded to %s)", res.layout, tdm_engine_describe(in->engine));
+    fprintf(in->progress, "\n");
   }
-  tdm_ckpt_close(ck);
-  return st;
+  return TDM_OK;
 }
 
 void tdm__run_start_release(tdm__start_out *out) {

@@ -31,7 +31,7 @@ typedef struct {
   const tdm_train_config *cfg;
   tdm_comm_t comm; /* NULL for one process */
   int rank, world;
-  tdm_engine *engine;  /* resumed into: the parameters and optimizer, or this rank's shard */
+  tdm_engine *engine;  /* resumed into: what this rank holds of the parameters and optimizer */
   const tdm__run_identity *id;
   FILE *progress; /* rank 0's progress stream, or NULL */
 } tdm__start_in;
@@ -41,13 +41,14 @@ typedef struct {
   FILE *metrics;     /* rank 0 with --metrics */
   int64_t step;      /* the step training starts from */
   int64_t resumed_from; /* the checkpoint's step, or -1 */
+  int64_t data_epoch, data_offset; /* where the checkpoint's data stream stood (tandem/sampler.h) */
 } tdm__start_out;
 
 /* Rank 0 opens its outputs (weights' directory probed, metrics opened, checkpoint directory
- * created, locked and probed; a directory holding checkpoints is refused without --resume);
- * with --resume every rank opens its newest valid checkpoint, checks it against the identity and
- * loads it; then (several ranks) one all-gather makes every rank fail alike if any rank failed or
- * if they found different checkpoints. Collective over comm. Release *out with
+ * created, locked and probed; a directory holding checkpoints is refused without --resume), and
+ * (several ranks) one all-gather makes every rank fail alike if it failed; then with --resume
+ * tdm_ckpt_resume_engine loads the newest valid checkpoint, whatever layout wrote it, after
+ * checking it against the identity. Collective over comm. Release *out with
  * tdm__run_start_release, also on failure. */
 tdm_status tdm__run_start(const tdm__start_in *in, tdm__start_out *out);
 void tdm__run_start_release(tdm__start_out *out);

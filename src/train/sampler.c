@@ -1,5 +1,7 @@
 /* The distributed sampler; see include/tandem/sampler.h. The prefetch thread works one micro-
- * batch ahead in a second buffer; positions are plain counters, so seeking is exact. */
+ * batch ahead in a second buffer; positions are plain counters, so seeking is exact. A step's place
+ * in the sample stream is found from the position the sampler was set to (the anchor): its epoch
+ * continues from that sample, later epochs start at 0. */
 #include "tandem/sampler.h"
 
 #include <pthread.h>
@@ -22,6 +24,8 @@ struct tdm_sampler {
   int64_t N, G, steps_per_epoch;
   int64_t *order, order_epoch;
   int64_t *idx;
+  int64_t a_step, a_epoch, a_off, a_rem; /* the anchor: step a_step starts at sample a_off of epoch
+                                            a_epoch, which has a_rem steps from there */
   int64_t pos;   /* next micro-batch to hand out, counted from the very start */
   slot slots[2];
   int ready[2];  /* slot holds the batch for slots[i].pos */
@@ -46,12 +50,33 @@ static void shuffle(tdm_sampler *s, int64_t epoch) {
   s->order_epoch = epoch;
 }
 
+/* Steps an epoch has left from sample `off` on: the last, incomplete global batch is kept
+ * (partial: smaller; pad: filled from the start of the order) or dropped. */
+static int64_t steps_left(const tdm_sampler *s, int64_t off) {
+  int64_t left = s->N - off;
+  if (left <= 0) return 0;
+  return s->cfg.last == TDM_LAST_DROP ? left / s->G : (left + s->G - 1) / s->G; /* partial: G is the batch */
+}
+
+/* The epoch of step (>= the anchor's) and the sample of its order where the step's global batch starts. */
+static void locate(const tdm_sampler *s, int64_t step, int64_t *epoch, int64_t *first) {
+  int64_t k = step - s->a_step;
+  if (k < s->a_rem) {
+    *epoch = s->a_epoch, *first = s->a_off + k * s->G;
+    return;
+  }
+  k -= s->a_rem;
+  *epoch = s->a_epoch + 1 + k / s->steps_per_epoch;
+  *first = (k % s->steps_per_epoch) * s->G;
+}
+
 /* Fills sl with micro-batch number pos (over the whole run). Not thread-safe by itself. */
 static void assemble(tdm_sampler *s, slot *sl, int64_t pos) {
   int64_t K = s->cfg.accum, B = s->cfg.batch, W = s->cfg.world;
-  int64_t step = pos / K, m = pos % K, epoch = step / s->steps_per_epoch, si = step % s->steps_per_epoch;
+  int64_t step = pos / K, m = pos % K, epoch, base;
+  locate(s, step, &epoch, &base);
   shuffle(s, epoch);
-  int64_t first = s->cfg.last == TDM_LAST_PARTIAL ? si * B : si * s->G + m * B * W + (int64_t)s->cfg.rank * B;
+  int64_t first = s->cfg.last == TDM_LAST_PARTIAL ? base : base + m * B * W + (int64_t)s->cfg.rank * B;
   int64_t n = B;
   if (s->cfg.last == TDM_LAST_PARTIAL && s->N - first < B) n = s->N - first;
   for (int64_t i = 0; i < n; i++) s->idx[i] = s->order[(first + i) % s->N]; /* pad wraps around */
@@ -107,7 +132,8 @@ tdm_status tdm_sampler_create(tdm_sampler **out, const tdm_dataset *ds, const td
   if (s->steps_per_epoch < 1) {
     tdm__free(s);
     return tdm__set_error(TDM_ERR_INVALID_ARG,
-                          "sampler: %lld samples do not fill one global batch of %lld (%d ranks x accum %lld x batch %lld)",
+                          "sampler: %lld samples do not fill one global batch of %lld (%d ranks x accum %lld x batch %lld); "
+                          "expected a smaller --batch-size, fewer ranks or less accumulation (or --last-batch pad)",
                           (long long)tdm_dataset_len(ds), (long long)(cfg->batch * cfg->world * cfg->accum), cfg->world,
                           (long long)cfg->accum, (long long)cfg->batch);
   }
@@ -120,6 +146,7 @@ tdm_status tdm_sampler_create(tdm_sampler **out, const tdm_dataset *ds, const td
     s->slots[k].y = tdm__malloc(sizeof(int32_t) * (size_t)(cfg->batch * (s->tokens ? per : 1)));
   }
   s->order_epoch = -1;
+  s->a_rem = s->steps_per_epoch;
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->cv, NULL);
   if (!s->order || !s->idx || !s->slots[0].x || !s->slots[1].x || !s->slots[0].y || !s->slots[1].y) {
@@ -158,11 +185,40 @@ void tdm_sampler_destroy(tdm_sampler *s) {
 }
 
 int64_t tdm_sampler_steps_per_epoch(const tdm_sampler *s) { return s->steps_per_epoch; }
-int64_t tdm_sampler_epoch(const tdm_sampler *s) { return s->pos / s->cfg.accum / s->steps_per_epoch; }
+int64_t tdm_sampler_epoch(const tdm_sampler *s) {
+  int64_t e, f;
+  locate(s, s->pos / s->cfg.accum, &e, &f);
+  return e;
+}
 
+void tdm_sampler_locate(const tdm_sampler *s, int64_t step, int64_t *epoch, int64_t *offset) {
+  if (step < s->a_step) step = s->a_step;
+  locate(s, step, epoch, offset);
+}
+
+int64_t tdm_sampler_epoch_start(const tdm_sampler *s, int64_t epoch) {
+  if (epoch <= s->a_epoch) return s->a_step;
+  return s->a_step + s->a_rem + (epoch - s->a_epoch - 1) * s->steps_per_epoch;
+}
+
+tdm_status tdm_sampler_set_position(tdm_sampler *s, int64_t step, int64_t epoch, int64_t offset) {
+  if (step < 0 || epoch < 0 || offset < 0 || offset > s->N)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "sampler: position step %lld at sample %lld of epoch %lld; expected a sample in 0..%lld",
+                          (long long)step, (long long)offset, (long long)epoch, (long long)s->N);
+  pthread_mutex_lock(&s->mu);
+  while (s->busy) pthread_cond_wait(&s->cv, &s->mu); /* an assembly in progress finishes first */
+  s->a_step = step, s->a_epoch = epoch, s->a_off = offset, s->a_rem = steps_left(s, offset);
+  s->pos = s->want = step * s->cfg.accum;
+  s->ready[0] = s->ready[1] = 0;
+  pthread_cond_broadcast(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+  return TDM_OK;
+}
 
 tdm_status tdm_sampler_seek(tdm_sampler *s, int64_t step) {
-  if (step < 0) return tdm__set_error(TDM_ERR_INVALID_ARG, "sampler: step %lld < 0", (long long)step);
+  if (step < s->a_step)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "sampler: step %lld is before step %lld, where the sampler's position was set",
+                          (long long)step, (long long)s->a_step);
   pthread_mutex_lock(&s->mu);
   while (s->busy) pthread_cond_wait(&s->cv, &s->mu); /* an assembly in progress finishes first */
   s->pos = s->want = step * s->cfg.accum;

@@ -20,7 +20,6 @@
 #include "tandem/optim.h"
 #include "tandem/tensor.h"
 #include "tandem/train.h"
-#include "train/engine_ckpt.h"
 #include "train/run_start.h"
 
 tdm_train_config tdm_train_config_default(void) {
@@ -330,9 +329,6 @@ static int run_identity(tdm__run_identity *id, const tdm_train_config *c, const 
   }
   int n_arch = id->n;
   tdm__identity_add(id, "tandem.optimizer", "optimizer", NULL, "%s", c->optimizer);
-  /* the state's layout: ZeRO shards, per rank, until checkpoints reshard */
-  tdm__identity_add(id, "tandem.zero_stage", "ZeRO stage (0: data parallel)", NULL, "%d",
-                    c->engine.kind == TDM_ENGINE_ZERO ? c->engine.zero.stage : 0);
   tdm__identity_add(id, "tandem.global_batch", "global batch (ranks x batch size x accumulation)", "batch", "%lld", (long long)G);
   if (is_lm(mc->kind)) tdm__identity_add(id, "tandem.seq_len", "sequence length", "batch", "%lld", (long long)T);
   tdm__identity_add(id, "tandem.data", "data set", "data", "%s", c->data);
@@ -488,6 +484,11 @@ static tdm_status prepare(const tdm_train_config *c, int W, int R, tdm_transport
     st = tdm__set_error(TDM_ERR_NO_MEMORY, "train: out of memory");
   tdm__mem_scope(scope);
   TDM__TRY(st);
+  if (last == TDM_LAST_PAD && N < B * W * K && R == 0 && c->progress) /* legal, but rarely what was meant */
+    fprintf(c->progress,
+            "warning: %lld training samples do not fill one global batch of %lld (%d ranks x accum %lld x batch %lld): "
+            "every step is an epoch and %lld samples are repeated within it (--last-batch drop refuses this)\n",
+            (long long)N, (long long)(B * W * K), W, (long long)K, (long long)B, (long long)(B * W * K - N));
   memset(p, 0, sizeof *p);
   p->mk = mk, p->mc = mc, p->oc = oc, p->ec = ec, p->T = T, p->K = K, p->N = N, p->B = B, p->eb = eb, p->G = B * W * K;
   p->per = tdm_dataset_sample_numel(s->train), p->prefetch = prefetch;
@@ -554,6 +555,11 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   TDM__TRY(tdm__run_start(&si, &s->start));
   s->metrics = s->start.metrics;
   s->start.metrics = NULL;
+  if (s->start.resumed_from >= 0) { /* the data stream goes on from the checkpoint's sample, whatever batch wrote it */
+    int64_t at = s->start.data_offset < N ? s->start.data_offset : N; /* another data set (--resume-override data): its end */
+    TDM__TRY(tdm_sampler_set_position(s->sampler, s->start.step, s->start.data_epoch, at));
+    if (c->steps <= 0) total = sched.total_steps = tdm_sampler_epoch_start(s->sampler, c->epochs);
+  }
   double train_time = 0;
   int64_t step = s->start.step, samples = 0;
   float loss_v = NAN;
@@ -561,13 +567,15 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   res->samples_per_step = G;
   res->tokens_per_step = G * s->tokens_per_sample;
   if (step >= total && pr.f) fprintf(pr.f, "tandem train: the checkpoint is at step %lld; nothing left to do\n", (long long)step);
-  int64_t epoch = step / steps_per_epoch;
+  int64_t epoch, offset;
+  tdm_sampler_locate(s->sampler, step, &epoch, &offset);
   step_record rec = {0};
   batch_src bs = {s->sampler, &mc, per};
   tdm_mem_peak_reset(); /* the peaks from here on are the training's */
   while (step < total) {
     TDM__TRY(tdm_sampler_seek(s->sampler, step));
-    for (int64_t si = step % steps_per_epoch; si < steps_per_epoch && step < total; si++, step++) {
+    int64_t end = tdm_sampler_epoch_start(s->sampler, epoch + 1);
+    for (; step < end && step < total; step++) {
       double t0 = tdm_time_now();
       float lr = tdm_lr_at(&sched, step);
       tdm_step_stats ss;
@@ -595,22 +603,9 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
       if (c->checkpoint_dir && ((c->checkpoint_every > 0 && (step + 1) % c->checkpoint_every == 0) || step + 1 == total)) {
         TDM__TRY(flush_record(s, &rec, &pr, c)); /* on every rank: this step's mean loss is checked before it is saved */
         TDM__TRY(params_finite(s->engine, c, step + 1));
-        /* the seed is the checkpoint's own key; fp16's loss scaler rides along (not a setting: it may change) */
-        char ls[2][32];
-        const char *kv[2 * TDM__IDENTITY_MAX + 4];
-        int nkv = id.n - 1;
-        memcpy(kv, id.kv, sizeof(char *) * 2 * (size_t)nkv);
-        if (c->engine.precision == TDM_F16) {
-          double scale;
-          int64_t good;
-          tdm_engine_loss_scale(s->engine, &scale, &good);
-          snprintf(ls[0], sizeof ls[0], "%.17g", scale);
-          snprintf(ls[1], sizeof ls[1], "%lld", (long long)good);
-          kv[2 * nkv] = "tandem.loss_scale", kv[2 * nkv + 1] = ls[0], kv[2 * nkv + 2] = "tandem.loss_scale_good", kv[2 * nkv + 3] = ls[1];
-          nkv += 2;
-        }
-        tdm_ckpt_info ci = {step + 1, W, c->seed, nkv, kv};
-        TDM__TRY(tdm__engine_ckpt_save(s->engine, s->comm, c->checkpoint_dir, &ci, 2));
+        tdm_ckpt_info ci = {.step = step + 1, .world_size = W, .seed = c->seed, .n_meta = id.n - 1, .meta_kv = id.kv}; /* the seed is the checkpoint's own key */
+        tdm_sampler_locate(s->sampler, step + 1, &ci.data_epoch, &ci.data_offset);
+        TDM__TRY(tdm_ckpt_save_engine(c->checkpoint_dir, s->engine, &ci, 2));
       }
       if (is_lm(mk) && c->val_every > 0 && (step + 1) % c->val_every == 0 && step + 1 < total) {
         double vl, va;
@@ -623,7 +618,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
       if (c->on_step && c->on_step(c->on_step_ctx, step + 1))
         return tdm__set_error(TDM_ERR_INVALID_USAGE, "training stopped by the step callback after step %lld", (long long)step + 1);
     }
-    int epoch_done = step % steps_per_epoch == 0 || step >= total;
+    int epoch_done = step == end || step >= total;
     TDM__TRY(flush_record(s, &rec, &pr, c));
     if (epoch_done) {
       double tl = 0, ta = 0;

@@ -446,5 +446,118 @@ static void test_unanswered_connect_ends_at_the_deadline(void) {
   close(lfd);
 }
 
+/* ---- the store's requests ---------------------------------------------------------------------- */
+/* A store served by this process (rank 0 of a job of 2) on a fresh port. */
+static tdm__store *own_store(int *port) {
+  *port = procs_free_port();
+  tdm_comm_config cfg = config(0, 2, *port, 5);
+  tdm__store *st = NULL;
+  CHECK_OK(tdm__store_open(&st, &cfg, 5));
+  return st;
+}
+
+/* A client that gave the token and speaks the request format itself. */
+static int raw_client(int port) {
+  int fd = -1;
+  uint32_t ok = 0;
+  CHECK_OK(tdm__net_connect("127.0.0.1", port, tdm_time_now() + 5, &fd));
+  CHECK_OK(tdm__net_send_hello(fd, TDM_STORE_MAGIC, TOKEN, 1, tdm_time_now() + 5));
+  CHECK_OK(tdm__net_recv_all(fd, &ok, 4, tdm_time_now() + 5, "store hello"));
+  CHECK(ok == 1);
+  return fd;
+}
+
+/* Sends one request; returns how many bytes came back before the server closed the connection
+ * (-1 - bytes: it had not closed it within 2 s). */
+static long request_reply(int fd, uint8_t cmd, const char *key, uint32_t kl, uint64_t vl) {
+  unsigned char msg[TDM_STORE_REQ_HEAD + 64] = {cmd};
+  memcpy(msg + 1, &kl, 4);
+  memcpy(msg + 5, &vl, 8);
+  memcpy(msg + TDM_STORE_REQ_HEAD, key, kl);
+  memset(msg + TDM_STORE_REQ_HEAD + kl, 'x', vl);
+  CHECK_OK(tdm__net_send_all(fd, msg, TDM_STORE_REQ_HEAD + kl + vl, tdm_time_now() + 5, "request"));
+  long got = 0;
+  for (double end = tdm_time_now() + 2; tdm_time_now() < end;) {
+    struct pollfd pf = {fd, POLLIN, 0};
+    char b[64];
+    if (poll(&pf, 1, 100) <= 0) continue;
+    ssize_t k = recv(fd, b, sizeof b, 0);
+    if (k <= 0) return got;
+    got += k;
+  }
+  return -1 - got;
+}
+
+/* Requests the client never sends are refused, the sender dropped, nothing stored: a key with a
+ * NUL was kept under the part before it, an add of another size added 0, a get's value was
+ * ignored. The fuzz target `store` found the first (fuzz/corpus/store/crash-key-nul). */
+static void test_store_refuses_malformed_requests(void) {
+  int port;
+  tdm__store *st = own_store(&port);
+  if (!st) return;
+  CHECK_OK(tdm__store_set(st, "k", "v", 1));
+  int fd = raw_client(port);
+  CHECK_MSG(request_reply(fd, 'S', "raw", 3, 2) == -2, "a well-formed set is answered (1 byte), the client kept");
+  close(fd);
+  static const struct {
+    const char *what;
+    uint8_t cmd;
+    const char *key;
+    uint32_t kl;
+    uint64_t vl;
+  } bad[] = {{"a NUL in the key", 'S', "a\0b", 3, 4}, {"an add of 4 bytes", 'A', "n", 1, 4},
+             {"a get with a value", 'G', "k", 1, 2},  {"an unknown command", 'X', "k", 1, 0},
+             {"an empty key", 'G', "", 0, 0}};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    fd = raw_client(port);
+    long r = request_reply(fd, bad[i].cmd, bad[i].key, bad[i].kl, bad[i].vl);
+    CHECK_MSG(r == 0, "%s: %s", bad[i].what,
+              r < 0 ? "the server kept the client" : "the server answered before it closed the connection");
+    close(fd);
+  }
+  void *v = NULL;
+  size_t n = 0;
+  CHECK(tdm__store_get(st, "a", &v, &n, 0.3) == TDM_ERR_TIMEOUT); /* nothing was stored under "a" */
+  CHECK(tdm__store_get(st, "n", &v, &n, 0.3) == TDM_ERR_TIMEOUT);
+  CHECK_OK(tdm__store_get(st, "k", &v, &n, 5)); /* and the store serves on */
+  CHECK(n == 1 && !memcmp(v, "v", 1));
+  tdm__free(v);
+  tdm__store_close(st);
+}
+
+/* A value of exactly TDM_STORE_MAX_VAL bytes is stored (the server's buffer stopped doubling at
+ * 64 MiB and dropped it as too large); a longer value or a key out of 1..TDM_STORE_MAX_KEY bytes
+ * is refused at the caller, naming it, not sent for the server to drop the connection. */
+static void test_store_value_and_key_limits(void) {
+  int port;
+  tdm__store *st = own_store(&port);
+  if (!st) return;
+  size_t big = (size_t)TDM_STORE_MAX_VAL;
+  unsigned char *val = malloc(big + 1);
+  for (size_t i = 0; i <= big; i++) val[i] = (unsigned char)(i * 2654435761u >> 24);
+  CHECK_OK(tdm__store_set(st, "big", val, big));
+  void *v = NULL;
+  size_t n = 0;
+  CHECK_OK(tdm__store_get(st, "big", &v, &n, 10));
+  CHECK(n == big && v && !memcmp(v, val, big));
+  tdm__free(v);
+  CHECK(tdm__store_set(st, "bigger", val, big + 1) == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("store: the value of key 'bigger' is 67108865 bytes; at most 67108864");
+  free(val);
+  char key[TDM_STORE_MAX_KEY + 2];
+  memset(key, 'k', sizeof key - 1);
+  key[TDM_STORE_MAX_KEY + 1] = 0;
+  CHECK(tdm__store_set(st, key, "v", 1) == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("is 4097 bytes; keys are 1..4096 bytes");
+  CHECK(tdm__store_get(st, "", &v, &n, 1) == TDM_ERR_INVALID_ARG);
+  key[TDM_STORE_MAX_KEY] = 0; /* the longest key */
+  CHECK_OK(tdm__store_set(st, key, "v", 1));
+  CHECK_OK(tdm__store_get(st, key, &v, &n, 5)); /* the connection is still there */
+  CHECK(n == 1);
+  tdm__free(v);
+  tdm__store_close(st);
+}
+
 TDM_TEST_MAIN(T(test_store_flood), T(test_store_flood_out_of_descriptors), T(test_mesh_flood), T(test_rank_says_why_the_store_dropped_it),
-              T(test_unanswered_connect_ends_at_the_deadline))
+              T(test_unanswered_connect_ends_at_the_deadline), T(test_store_refuses_malformed_requests),
+              T(test_store_value_and_key_limits))

@@ -546,6 +546,72 @@ static void test_shm_reduce_scatter_allgather_equal_allreduce(void) {
   g_transport = TDM_TRANSPORT_TCP;
 }
 
+/* ---- tdm_comm_bytes_sent: what a rank sends, against the closed forms --------------------------
+ * n divisible by P, so a ring or direct reduce-scatter / all-gather sends exactly (P-1)/P of the
+ * buffer per rank and an all-reduce twice that; the shm algorithms (no messages) count what
+ * peers take of this rank's data, the same amounts, except the small all-reduce (every peer reads
+ * the whole slot). Zero-byte header exchanges (agree) count nothing. */
+static int bytes_sent(tdm_comm_t c, int rank, int P) {
+  enum { N = 60000 }; /* 240 KB: above the shm all-reduce's small case, divisible by 2, 3 and 4 */
+  const uint64_t B = 4 * (uint64_t)N, part = B / (uint64_t)P * (uint64_t)(P - 1);
+  float *a = calloc(N, 4), *b = calloc(N, 4);
+  int shm = tdm_comm_transport(c) == TDM_TRANSPORT_SHM;
+  tdm_algo ro = tdm_comm_rank_order_algo(c);
+#define SENT(expect, what, call)                                                                               \
+  do {                                                                                                         \
+    uint64_t before = tdm_comm_bytes_sent(c);                                                                  \
+    FAILIF((call) != TDM_OK, "%s", what);                                                                      \
+    uint64_t got = tdm_comm_bytes_sent(c) - before;                                                            \
+    FAILIF(got != (uint64_t)(expect), "%s: counted %llu bytes sent, expected %llu", what, (unsigned long long)got, \
+           (unsigned long long)(expect));                                                                      \
+  } while (0)
+  SENT(2 * part, "ring all-reduce", tdm_comm_allreduce(c, a, a, N, TDM_F32, TDM_SUM, TDM_ALGO_RING));
+  SENT(part, "ring reduce-scatter", tdm_comm_reduce_scatter_blocks(c, a, b, N, TDM_F32, TDM_SUM, TDM_ALGO_RING));
+  SENT(part, "ring all-gather", tdm_comm_allgather_blocks(c, b, a, N, TDM_F32, TDM_ALGO_RING));
+  SENT(2 * part, "rank-order all-reduce", tdm_comm_allreduce(c, a, a, N, TDM_F32, TDM_AVG, ro));
+  SENT(part, "rank-order reduce-scatter", tdm_comm_reduce_scatter_blocks(c, a, b, N, TDM_F32, TDM_AVG, ro));
+  SENT(part, "rank-order all-gather", tdm_comm_allgather_blocks(c, b, a, N, TDM_F32, ro));
+  SENT(shm ? 4 * 6 * (P - 1) : 0, "barrier, then a 6-float all-reduce",
+       tdm_comm_barrier(c) != TDM_OK ? TDM_ERR_INTERNAL : tdm_comm_allreduce(c, a, a, shm ? 6 : 0, TDM_F32, TDM_SUM, ro));
+  if (shm) {
+    tdm__shm_region *reg;
+    FAILIF(tdm__shm_region_create(c, N, &reg) != TDM_OK, "region");
+    SENT(2 * part, "region all-reduce", tdm__shm_region_allreduce(reg, 0, N, 1));
+    SENT(part, "region reduce-scatter", tdm__shm_region_reduce_scatter(reg, 0, N, 1));
+    SENT(part, "region all-gather", tdm__shm_region_allgather(reg, 0, N));
+    tdm__shm_region_destroy(reg);
+  }
+  /* a sub-communicator counts its own calls, its parent none of them */
+  tdm_comm_t sub;
+  FAILIF(tdm_comm_split(c, 0, -rank, &sub) != TDM_OK, "split");
+  uint64_t parent = tdm_comm_bytes_sent(c), before = tdm_comm_bytes_sent(sub);
+  FAILIF(tdm_comm_allreduce(sub, a, a, N, TDM_F32, TDM_SUM, TDM_ALGO_RING) != TDM_OK, "sub all-reduce");
+  FAILIF(tdm_comm_bytes_sent(sub) - before != 2 * part || tdm_comm_bytes_sent(c) != parent,
+         "sub-communicator all-reduce: sub counted %llu, parent %llu (expected %llu, 0)",
+         (unsigned long long)(tdm_comm_bytes_sent(sub) - before), (unsigned long long)(tdm_comm_bytes_sent(c) - parent),
+         (unsigned long long)(2 * part));
+  tdm_comm_destroy(sub);
+#undef SENT
+  free(a);
+  free(b);
+  return 0;
+}
+
+static void test_bytes_sent_counts_what_a_ring_sends(void) {
+  CHECK(tdm_comm_bytes_sent(NULL) == 0);
+  for (int t = 0; t < 2; t++) {
+    g_transport = t ? TDM_TRANSPORT_SHM : TDM_TRANSPORT_TCP;
+    for (int P = 2; P <= 3; P++) {
+      pid_t pids[3];
+      int codes[3];
+      spawn(P, free_port(), bytes_sent, pids);
+      wait_all(P, pids, codes, 60);
+      for (int r = 0; r < P; r++) CHECK_MSG(codes[r] == 0, "%s, %d ranks: rank %d exit %d", tdm_transport_name(g_transport), P, r, codes[r]);
+    }
+  }
+  g_transport = TDM_TRANSPORT_TCP;
+}
+
 /* ---- job ends over shared memory are not deaths -------------------------------------------------
  * Ranks that finish their last collective and exit at once, while slower peers still wait (many
  * more ranks than cores, so some are off the CPU for milliseconds): no peer may be reported dead. */
@@ -731,7 +797,8 @@ int main(int argc, char **argv) {
       T(test_collectives_2_and_3_ranks), T(test_killed_rank_is_named_within_10s), T(test_mismatch_named_on_both_ranks),
       T(test_stray_connection_is_refused), T(test_from_env_and_wrong_token), T(test_shm_collectives),
       T(test_shm_killed_rank), T(test_shm_mismatch), T(test_mismatch_matrix_tcp_shm), T(test_shm_algorithm_mismatch),
-      T(test_shm_reduce_scatter_allgather_equal_allreduce), T(test_shm_job_ends_are_not_deaths),
+      T(test_shm_reduce_scatter_allgather_equal_allreduce), T(test_bytes_sent_counts_what_a_ring_sends),
+      T(test_shm_job_ends_are_not_deaths),
       T(test_shm_wait_on_stopped_peer_sleeps), T(test_abandoned_work_after_peer_death), T(test_shm_setup_timeout_says_what),
       T(test_shm_leaves_nothing_behind)};
   return tdm_test_main(cases, (int)(sizeof cases / sizeof cases[0]));

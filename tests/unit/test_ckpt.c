@@ -54,7 +54,7 @@ static const char *const extra[] = {"tandem.model", "mlp", "n_layer", "2"};
 
 static void save(const char *d, int64_t step, float base, int keep) {
   model m = make(base);
-  tdm_ckpt_info ci = {step, 1, 7, 2, extra};
+  tdm_ckpt_info ci = {.step = step, .world_size = 1, .seed = 7, .n_meta = 2, .meta_kv = extra};
   CHECK_OK(tdm_ckpt_save(d, m.p, m.o, &ci, keep));
   unmake(m);
 }
@@ -77,15 +77,33 @@ static void test_round_trip(void) {
   if (!c) return;
   CHECK(tdm_ckpt_get_info(c)->step == 5 && tdm_ckpt_get_info(c)->world_size == 1 && tdm_ckpt_get_info(c)->seed == 7);
   CHECK(tdm_ckpt_meta(c, "n_layer") && !strcmp(tdm_ckpt_meta(c, "n_layer"), "2"));
-  CHECK(tdm_ckpt_meta(c, "tandem.ckpt_version") && !strcmp(tdm_ckpt_meta(c, "tandem.ckpt_version"), "2"));
+  CHECK(tdm_ckpt_meta(c, "tandem.ckpt_version") && !strcmp(tdm_ckpt_meta(c, "tandem.ckpt_version"), "3"));
+  CHECK(tdm_ckpt_get_info(c)->optimizer && !strcmp(tdm_ckpt_get_info(c)->optimizer, "sgd"));
+  /* the logical tensors: the parameters and SGD's momentum per parameter, with their shapes */
+  const tdm_ckpt_tensor *w = tdm_ckpt_tensor_find(c, "model.w"), *mw = tdm_ckpt_tensor_find(c, "optim.momentum_buffer.w");
+  CHECK(tdm_ckpt_tensor_count(c) == 4 && w && mw && w->ndim == 2 && w->shape[0] == 2 && w->shape[1] == 3 && mw->shape[1] == 3);
+  CHECK(tdm_ckpt_file_count(c) == 1);
   model m = make(100.0f);
-  CHECK_OK(tdm_ckpt_restore(c, m.p, m.o, 1));
+  CHECK_OK(tdm_ckpt_restore(c, m.p, m.o));
   model want = make(1.0f);
   int64_t n;
   CHECK(!memcmp(tdm_params_data(m.p), tdm_params_data(want.p), 9 * sizeof(float)));
   CHECK(!memcmp(tdm_optim_state(m.o, &n), tdm_optim_state(want.o, &n), 9 * sizeof(float)));
-  CHECK(tdm_ckpt_restore(c, m.p, m.o, 2) == TDM_ERR_MISMATCH);
-  CHECK_ERR_HAS("written by 1 ranks; this run has 2");
+  unmake(m);
+  /* another optimizer kind, or SGD without momentum (no state): refused before anything changes */
+  m = make(100.0f);
+  tdm_optim *adam;
+  tdm_optim_config oc = tdm_optim_config_default(TDM_OPT_ADAM);
+  CHECK_OK(tdm_optim_create(&adam, &oc, m.p));
+  CHECK(tdm_ckpt_restore(c, m.p, adam) == TDM_ERR_MISMATCH);
+  CHECK_ERR_HAS("written with optimizer sgd; this optimizer is adam");
+  CHECK(tdm_params_data(m.p)[0] == 100.0f);
+  tdm_optim_destroy(adam);
+  oc = tdm_optim_config_default(TDM_OPT_SGD);
+  CHECK_OK(tdm_optim_create(&adam, &oc, m.p));
+  CHECK(tdm_ckpt_restore(c, m.p, adam) == TDM_ERR_MISMATCH);
+  CHECK_ERR_HAS("holds 2 optimizer tensors; this optimizer (sgd, without momentum) keeps 0");
+  tdm_optim_destroy(adam);
   unmake(m);
   unmake(want);
   /* a model of another shape is refused before anything changes */
@@ -96,7 +114,7 @@ static void test_round_trip(void) {
   tdm_params_declare(p, "w", 2, s, (tdm_init){TDM_INIT_ONES, 0, 0}, 1, &t);
   tdm_params_declare(p, "b", 1, s1, (tdm_init){TDM_INIT_ONES, 0, 0}, 0, &t);
   tdm_params_finalize(p, 0);
-  CHECK(tdm_ckpt_restore(c, p, NULL, 1) == TDM_ERR_MISMATCH);
+  CHECK(tdm_ckpt_restore(c, p, NULL) == TDM_ERR_MISMATCH);
   CHECK_ERR_HAS("parameter 'w' is f32 (2, 3) in the checkpoint; the model expects f32 (3, 2)");
   CHECK(tdm_params_data(p)[0] == 1.0f);
   tdm_params_destroy(p);
@@ -127,9 +145,11 @@ static void test_checksum_covers_the_header(void) {
       {"\"tandem.step\":\"8\"", "\"tandem.step\":\"9\""},           /* a value */
       {"\"tandem.world_size\":\"1\"", "\"tandem.world_size\":\"3\""}, /* another */
       {"\"n_layer\":\"2\"", "\"n_layex\":\"2\""},                     /* a key */
-      {"\"model.w\"", "\"model.v\""},                                 /* a tensor's name */
-      {"\"dtype\":\"F32\"", "\"dtype\":\"I32\""},                     /* its dtype (same size) */
+      {"\"model.w\"", "\"model.v\""},                                 /* a tensor's name (in the manifest) */
+      {"\"dtype\":\"f32\"", "\"dtype\":\"i32\""},                     /* its dtype (same size) */
       {"\"shape\":[2,3]", "\"shape\":[3,2]"},                         /* its shape (same bytes) */
+      {"\"count\":[2,3]", "\"count\":[3,2]"},                         /* a piece's box */
+      {"\"tandem.data_offset\":\"0\"", "\"tandem.data_offset\":\"1\""}, /* the data position */
   };
   for (size_t i = 0; i < sizeof edits / sizeof *edits; i++) {
     CHECK_MSG(patch(good, path("edited.safetensors"), edits[i][0], edits[i][1]), "%s not in the header", edits[i][0]);
@@ -144,39 +164,45 @@ static void test_checksum_covers_the_header(void) {
   tdm_ckpt_close(c);
 }
 
-/* A checkpoint whose checksum is right but whose metadata says `key` = `value` (or lacks it). */
+/* A checkpoint whose checksum is right but whose metadata says `key` = `value` (or lacks it): a
+ * real checkpoint of step 3 (whose shard file stays beside it), its metadata edited, signed again. */
 static tdm_status signed_with(const char *key, const char *value) {
-  float w[6] = {0}, b[3] = {0};
-  tdm_st_tensor ts[2] = {{"model.w", TDM_F32, 2, {2, 3}, w, 24}, {"model.b", TDM_F32, 1, {3}, b, 12}};
-  const char *meta[][2] = {{"format", "pt"},         {"tandem.kind", "checkpoint"}, {"tandem.ckpt_version", "2"},
-                           {"tandem.step", "3"},      {"tandem.optim_steps", "3"},   {"tandem.world_size", "1"},
-                           {"tandem.seed", "1"},      {"tandem.crc32", "00000000"}, {NULL, NULL}};
-  int n = 8;
-  for (int i = 0; i < n; i++)
-    if (!strcmp(meta[i][0], key)) {
-      if (value) meta[i][1] = value;
-      else memmove(meta[i], meta[i + 1], sizeof meta[0] * (size_t)(n-- - i)); /* drop it */
-      break;
-    }
+  save(dir, 3, 3.0f, 5);
+  tdm_ckpt *real = NULL;
+  tdm_safetensors *f = NULL;
+  CHECK_OK(tdm_ckpt_open(&real, path("ckpt-000000000003.safetensors")));
+  CHECK_OK(tdm_safetensors_load(&f, path("ckpt-000000000003.safetensors")));
+  if (!real || !f) return TDM_ERR_INTERNAL;
+  const char *meta[32][2];
+  int n = 0;
+  for (int i = 0; i < tdm_ckpt_meta_count(real) && n < 31; i++) {
+    meta[n][0] = tdm_ckpt_meta_at(real, i, &meta[n][1]);
+    if (!strcmp(meta[n][0], key) && !value) continue; /* drop it */
+    if (!strcmp(meta[n][0], key)) meta[n][1] = value;
+    n++;
+  }
+  tdm_st_tensor t = *tdm_safetensors_find(f, "tandem.manifest");
   uint32_t crc;
   char hex[16];
-  CHECK_OK(tdm_ckpt_checksum(n, &meta[0][0], 2, ts, &crc));
+  CHECK_OK(tdm_ckpt_checksum(n, &meta[0][0], 1, &t, &crc));
   snprintf(hex, sizeof hex, "%08x", crc);
   for (int i = 0; i < n; i++)
     if (!strcmp(meta[i][0], "tandem.crc32")) meta[i][1] = hex;
-  CHECK_OK(tdm_safetensors_save(path("signed.safetensors"), 2, ts, n, &meta[0][0]));
+  CHECK_OK(tdm_safetensors_save(path("signed.safetensors"), 1, &t, n, &meta[0][0]));
+  tdm_safetensors_destroy(f);
+  tdm_ckpt_close(real);
   if (!strcmp(key, "duplicate")) { /* the writer refuses a repeated key: rename one in the file */
-    FILE *f = fopen(path("signed.safetensors"), "r+b");
-    char head[4096] = {0};
-    size_t got = f ? fread(head, 1, sizeof head - 1, f) : 0;
+    FILE *fp = fopen(path("signed.safetensors"), "r+b");
+    char head[8192] = {0};
+    size_t got = fp ? fread(head, 1, sizeof head - 1, fp) : 0;
     char *at = got ? strstr(head + 8, "\"tandem.seed\"") : NULL;
     CHECK(at != NULL);
     if (at) {
       memcpy(at, "\"tandem.step\"", 13); /* as long as "tandem.seed" */
-      fseek(f, at - head, SEEK_SET);
-      fwrite(at, 1, 13, f);
+      fseek(fp, at - head, SEEK_SET);
+      fwrite(at, 1, 13, fp);
     }
-    if (f) fclose(f);
+    if (fp) fclose(fp);
   }
   tdm_ckpt *c = NULL;
   tdm_status st = tdm_ckpt_open(&c, path("signed.safetensors"));
@@ -204,8 +230,14 @@ static void test_metadata_is_parsed_strictly(void) {
   CHECK_ERR_HAS("duplicate key 'tandem.step'");
   CHECK(signed_with("tandem.ckpt_version", NULL) == TDM_ERR_FORMAT);
   CHECK_ERR_HAS("checkpoint format 1");
-  CHECK(signed_with("tandem.ckpt_version", "3") == TDM_ERR_FORMAT);
-  CHECK_ERR_HAS("format version '3'; this tandem reads version 2 only");
+  CHECK(signed_with("tandem.ckpt_version", "2") == TDM_ERR_FORMAT);
+  CHECK_ERR_HAS("checkpoint format 2 (written by an older tandem, before checkpoints resharded)");
+  CHECK(signed_with("tandem.ckpt_version", "4") == TDM_ERR_FORMAT);
+  CHECK_ERR_HAS("format version '4'; this tandem reads version 3 only");
+  CHECK(signed_with("tandem.data_offset", "x") == TDM_ERR_FORMAT);
+  CHECK_ERR_HAS("metadata tandem.data_offset is 'x'");
+  CHECK(signed_with("tandem.layout", NULL) == TDM_ERR_FORMAT);
+  CHECK_ERR_HAS("lacks tandem.layout");
   CHECK(signed_with("tandem.kind", "weights") == TDM_ERR_FORMAT);
   CHECK_ERR_HAS("not a tandem checkpoint");
 }

@@ -631,7 +631,9 @@ static void rank_order_body(ctx_t *x) {
       CHECK_OK(tdm_comm_reduce_scatter_v(x->c, in, rs + off, n, parts, TDM_F32, (tdm_redop)op, TDM_ALGO_RING)); /* any partition */
       free(in), free(ar), free(rs), free(want);
     }
-  /* a partition that differs between ranks */
+  /* a partition that differs between ranks (after a barrier: the rank that finds the mismatch
+   * fails the communicator, which must not catch a slower rank still in the ring above) */
+  CHECK_OK(tdm_comm_barrier(x->c));
   float v[10] = {0}, o[10];
   size_t mine[8] = {0};
   mine[0] = x->r == 0 ? 10 : 6, mine[1] = 10 - mine[0];

@@ -24,10 +24,6 @@
 #include "comm/comm_impl.h"
 #include "comm/net.h"
 
-#define STORE_MAGIC 0x53444d54u /* "TMDS" */
-#define MAX_KEY 4096
-#define MAX_VAL ((uint64_t)64 << 20)
-
 typedef struct {
   char *key;
   void *val;
@@ -88,26 +84,51 @@ static int out_of_memory(server *s, int i, char *key) {
   return 0;
 }
 
-/* Parses what client i has sent; returns 0 if it was dropped. */
+int tdm__store_parse(const unsigned char *buf, size_t len, tdm__store_req *req, const char **why) {
+  if (len < TDM_STORE_REQ_HEAD) return 0;
+  uint8_t cmd = buf[0];
+  uint32_t kl;
+  uint64_t vl;
+  memcpy(&kl, buf + 1, 4);
+  memcpy(&vl, buf + 5, 8);
+  /* exactly what request() sends: anything else is not one of our ranks speaking, or a bug */
+  *why = cmd != 'S' && cmd != 'G' && cmd != 'A'       ? "malformed request (unknown command)"
+         : kl == 0 || kl > TDM_STORE_MAX_KEY           ? "malformed request (key length out of 1..4096)"
+         : vl > TDM_STORE_MAX_VAL                      ? "malformed request (value longer than 64 MiB)"
+         : cmd == 'G' && vl != 0                       ? "malformed request (a get with a value)"
+         : cmd == 'A' && vl != 8                       ? "malformed request (an add whose value is not 8 bytes)"
+         : NULL;
+  if (*why) return -1;
+  if (len >= TDM_STORE_REQ_HEAD + kl && memchr(buf + TDM_STORE_REQ_HEAD, 0, kl)) { /* kept as a C string */
+    *why = "malformed request (a NUL byte in the key)";
+    return -1;
+  }
+  size_t bytes = TDM_STORE_REQ_HEAD + kl + vl; /* at most TDM_STORE_MAX_REQ: no overflow */
+  if (len < bytes) return 0;
+  *req = (tdm__store_req){cmd, kl, vl, buf + TDM_STORE_REQ_HEAD, buf + TDM_STORE_REQ_HEAD + kl, bytes};
+  return 1;
+}
+
+/* Serves the requests client i has sent; returns 0 if it was dropped. */
 static int serve(server *s, int i) {
   client *c = &s->cl[i];
   for (;;) {
-    if (c->len < 13) return 1;
-    uint8_t cmd = c->buf[0];
-    uint32_t kl;
-    uint64_t vl;
-    memcpy(&kl, c->buf + 1, 4);
-    memcpy(&vl, c->buf + 5, 8);
-    if (kl == 0 || kl > MAX_KEY || vl > MAX_VAL || (cmd != 'S' && cmd != 'G' && cmd != 'A')) {
-      drop(s, i, "malformed request");
+    tdm__store_req rq;
+    const char *why = NULL;
+    int r = tdm__store_parse(c->buf, c->len, &rq, &why);
+    if (r == 0) return 1;
+    if (r < 0) {
+      drop(s, i, why);
       return 0;
     }
-    if (c->len < 13 + kl + vl) return 1;
+    uint8_t cmd = rq.cmd;
+    uint32_t kl = rq.key_len;
+    uint64_t vl = rq.val_len;
     char *key = tdm__malloc(kl + 1);
     if (!key) return out_of_memory(s, i, NULL);
-    memcpy(key, c->buf + 13, kl);
+    memcpy(key, rq.key, kl);
     key[kl] = 0;
-    const unsigned char *val = c->buf + 13 + kl;
+    const unsigned char *val = rq.val;
     kv *e = find(s, key);
     int ok = 1;
     if (cmd == 'S' || cmd == 'A') {
@@ -166,9 +187,8 @@ static int serve(server *s, int i) {
       key = NULL;
     }
     tdm__free(key);
-    size_t used = 13 + kl + vl;
-    memmove(c->buf, c->buf + used, c->len - used);
-    c->len -= used;
+    memmove(c->buf, c->buf + rq.bytes, c->len - rq.bytes);
+    c->len -= rq.bytes;
     if (!ok) {
       drop(s, i, NULL);
       return 0;
@@ -224,12 +244,12 @@ static void *server_main(void *arg) {
     for (int i = n_cl - 1; i >= 0; i--) {
       if (!(pf[1 + i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       client *c = &s->cl[i];
-      if (c->cap - c->len < 1024) { /* requests are small: a buffer grows only for a large one */
+      /* requests are small: a buffer grows only for a large one, up to the largest request (a
+         request that claims more is refused by its first 13 bytes, so a full buffer holds part
+         of one that fits) */
+      if (c->cap - c->len < 1024 && c->cap < TDM_STORE_MAX_REQ) {
         size_t nc = c->cap ? 2 * c->cap : 4096;
-        if (nc > MAX_VAL + MAX_KEY + 4096) {
-          drop(s, i, "request too large");
-          continue;
-        }
+        if (nc > TDM_STORE_MAX_REQ) nc = TDM_STORE_MAX_REQ;
         unsigned char *nb = tdm__malloc(nc);
         if (!nb) continue;
         if (c->buf) memcpy(nb, c->buf, c->len);
@@ -272,13 +292,25 @@ static void server_stop(server *s) {
 }
 
 /* ---- client ---------------------------------------------------------------------------- */
+/* What the server would refuse (and drop us for) is refused here, naming it. */
+static tdm_status check_request(const char *key, uint64_t vl) {
+  size_t kl = strlen(key);
+  if (kl == 0 || kl > TDM_STORE_MAX_KEY)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "store: key '%.40s%s' is %zu bytes; keys are 1..%d bytes", key,
+                          kl > 40 ? "..." : "", kl, TDM_STORE_MAX_KEY);
+  if (vl > TDM_STORE_MAX_VAL)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "store: the value of key '%.40s' is %llu bytes; at most %llu", key,
+                          (unsigned long long)vl, (unsigned long long)TDM_STORE_MAX_VAL);
+  return TDM_OK;
+}
+
 static tdm_status request(tdm__store *st, uint8_t cmd, const char *key, const void *val, uint64_t vl, double deadline) {
   uint32_t kl = (uint32_t)strlen(key);
-  unsigned char h[13];
+  unsigned char h[TDM_STORE_REQ_HEAD];
   h[0] = cmd;
   memcpy(h + 1, &kl, 4);
   memcpy(h + 5, &vl, 8);
-  TDM__TRY(tdm__net_send_all(st->fd, h, 13, deadline, "store"));
+  TDM__TRY(tdm__net_send_all(st->fd, h, TDM_STORE_REQ_HEAD, deadline, "store"));
   TDM__TRY(tdm__net_send_all(st->fd, key, kl, deadline, "store"));
   return vl ? tdm__net_send_all(st->fd, val, vl, deadline, "store") : TDM_OK;
 }
@@ -329,7 +361,7 @@ tdm_status tdm__store_open(tdm__store **out, const tdm_comm_config *cfg, double 
       return tdm__set_error(st, "rank 0 cannot host the store on %s:%d: %s (is another job using MASTER_PORT, and is "
                             "MASTER_ADDR an address of this host?)", addr, port, tdm_last_error());
     }
-    if (tdm__net_gate_create(&srv->gate, srv->lfd, STORE_MAGIC, cfg->job_token, "store", admit, srv) != TDM_OK ||
+    if (tdm__net_gate_create(&srv->gate, srv->lfd, TDM_STORE_MAGIC, cfg->job_token, "store", admit, srv) != TDM_OK ||
         pipe2(srv->wake, O_CLOEXEC) != 0) {
       st = tdm__set_error(TDM_ERR_SYSTEM, "store: cannot set up the server: %s", strerror(errno));
     } else if ((errno = pthread_create(&srv->th, NULL, server_main, srv)) != 0) {
@@ -347,7 +379,7 @@ tdm_status tdm__store_open(tdm__store **out, const tdm_comm_config *cfg, double 
     s->srv = srv;
   }
   uint32_t ok = 0;
-  st = tdm__net_dial(addr, port, STORE_MAGIC, cfg->job_token, cfg->rank, deadline, &s->fd, &ok);
+  st = tdm__net_dial(addr, port, TDM_STORE_MAGIC, cfg->job_token, cfg->rank, deadline, &s->fd, &ok);
   if (st == TDM_OK && ok != 1)
     st = tdm__set_error(TDM_ERR_MISMATCH, "it answered our handshake with 0x%08x instead of OK (not a tandem store?)", ok);
   if (st != TDM_OK) {
@@ -361,6 +393,7 @@ tdm_status tdm__store_open(tdm__store **out, const tdm_comm_config *cfg, double 
 }
 
 tdm_status tdm__store_set(tdm__store *s, const char *key, const void *val, size_t n) {
+  TDM__TRY(check_request(key, n));
   if (s->dir) {
     char p[4096], t[4200];
     key_path(s, key, p, sizeof p);
@@ -377,6 +410,7 @@ tdm_status tdm__store_set(tdm__store *s, const char *key, const void *val, size_
 }
 
 tdm_status tdm__store_get(tdm__store *s, const char *key, void **val, size_t *n, double timeout_s) {
+  TDM__TRY(check_request(key, 0));
   double dl = tdm_time_now() + timeout_s;
   if (s->dir) {
     char p[4096];
@@ -402,7 +436,7 @@ tdm_status tdm__store_get(tdm__store *s, const char *key, void **val, size_t *n,
   tdm_status st = tdm__net_recv_all(s->fd, &len, 8, dl, "store get");
   if (st == TDM_ERR_TIMEOUT) return tdm__set_error(st, "store: key '%s' did not appear within %.0f s", key, timeout_s);
   TDM__TRY(st);
-  if (len > MAX_VAL) return tdm__set_error(TDM_ERR_REMOTE, "store: implausible value length %llu", (unsigned long long)len);
+  if (len > TDM_STORE_MAX_VAL) return tdm__set_error(TDM_ERR_REMOTE, "store: implausible value length %llu", (unsigned long long)len);
   *val = tdm__malloc(len + 1);
   if (!*val) return tdm__set_error(TDM_ERR_NO_MEMORY, "store: cannot allocate %llu bytes for key '%s'", (unsigned long long)len, key);
   *n = len;
@@ -410,6 +444,7 @@ tdm_status tdm__store_get(tdm__store *s, const char *key, void **val, size_t *n,
 }
 
 tdm_status tdm__store_add(tdm__store *s, const char *key, int64_t delta, int64_t *result) {
+  TDM__TRY(check_request(key, 8));
   if (s->dir) return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "file store: add is not supported");
   double dl = tdm_time_now() + s->timeout_s;
   TDM__TRY(request(s, 'A', key, &delta, 8, dl));

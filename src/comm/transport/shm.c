@@ -211,8 +211,11 @@ typedef struct {
 static tdm_status idle(shm_tr *t, waiter *w, struct tdm_comm *c, int peer, double deadline, const char *what) {
   char b[160];
   if (w->aborted) {
-    tdm_status st = t->hdr->abort_status ? (tdm_status)t->hdr->abort_status : TDM_ERR_REMOTE;
-    return tdm__set_error(st, "%s", t->hdr->reason);
+    /* both written by a peer: the status limited to what a peer may report (as tcp and mpi do),
+     * the reason read no further than its buffer */
+    tdm_status st = (tdm_status)t->hdr->abort_status;
+    if (st != TDM_ERR_MISMATCH && st != TDM_ERR_TIMEOUT) st = TDM_ERR_REMOTE;
+    return tdm__set_error(st, "%.*s", (int)sizeof t->hdr->reason, t->hdr->reason);
   }
   if (w->dead && w->dead == peer + 1) /* gone, and it did not do its part before it went */
     return tdm__set_error(TDM_ERR_REMOTE, "rank %d (pid %d) died during %s (rank %d)", tdm__comm_rank_of(c, peer),
@@ -279,7 +282,9 @@ static size_t ring_put(shm_tr *t, int to, const void *src, size_t n) {
   ring_ctl *r = &t->rctl[(size_t)t->base.rank * (size_t)t->base.size + (size_t)to];
   uint64_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
   uint64_t tail = atomic_load_explicit(&r->tail, memory_order_acquire);
-  size_t space = t->ring_bytes - (size_t)(head - tail), k = n < space ? n : space;
+  /* the counters live in memory peers write: a pair that claims more than the ring holds moves
+   * nothing (the wait then times out naming the peer) rather than past the ring */
+  size_t used = (size_t)(head - tail), space = used > t->ring_bytes ? 0 : t->ring_bytes - used, k = n < space ? n : space;
   if (!k) return 0;
   unsigned char *d = ring_data(t, t->base.rank, to);
   size_t at = (size_t)(head % t->ring_bytes), first = t->ring_bytes - at < k ? t->ring_bytes - at : k;
@@ -293,7 +298,7 @@ static size_t ring_get(shm_tr *t, int from, void *dst, size_t n) {
   ring_ctl *r = &t->rctl[(size_t)from * (size_t)t->base.size + (size_t)t->base.rank];
   uint64_t tail = atomic_load_explicit(&r->tail, memory_order_relaxed);
   uint64_t head = atomic_load_explicit(&r->head, memory_order_acquire);
-  size_t avail = (size_t)(head - tail), k = n < avail ? n : avail;
+  size_t avail = (size_t)(head - tail), k = avail > t->ring_bytes ? 0 : n < avail ? n : avail;
   if (!k) return 0;
   unsigned char *d = ring_data(t, from, t->base.rank);
   size_t at = (size_t)(tail % t->ring_bytes), first = t->ring_bytes - at < k ? t->ring_bytes - at : k;
@@ -437,7 +442,11 @@ tdm_status tdm__allreduce_shm(struct tdm_comm *c, const void *sendbuf, void *rec
     shm_copy(mine, in + done_elems * es, n * es);
     if ((st = round_ready(t, c, k, deadline)) != TDM_OK) break;
     char *dst = out + done_elems * es;
-    if (n * es <= 32768 || n < (size_t)P * 16) {
+    size_t my_lo, my_len; /* what peers take of mine: the whole slot, or their shares and then my sums */
+    tdm_comm_block(n, P, me, &my_lo, &my_len);
+    int small = n * es <= 32768 || n < (size_t)P * 16;
+    tdm__count_sent(c, (small ? (size_t)(P - 1) * n : n - my_len + (size_t)(P - 1) * my_len) * es);
+    if (small) {
       shm_copy(dst, slot(t, par, 0), n * es); /* the same order on every rank: 0, 1, ..., P-1 */
       for (int q = 1; q < P; q++) tdm_reduce_local(dst, slot(t, par, q), n, dt, op);
     } else {
@@ -479,6 +488,7 @@ tdm_status tdm__reduce_scatter_shm(struct tdm_comm *c, const void *sendbuf, void
   const char *in = sendbuf;
   char *out = recvbuf;
   tdm_status st = TDM_OK;
+  tdm__count_sent(c, (count - len) * es); /* the peers' blocks of my input */
   do {
     size_t n = count - at < per_round ? count - at : per_round;
     uint64_t k = ++t->round;
@@ -508,6 +518,7 @@ tdm_status tdm__allgather_shm(struct tdm_comm *c, const void *sendbuf, void *rec
   const char *in = sendbuf;
   if (len && in != out + lo * es) memcpy(out + lo * es, in, len * es);
   if (P == 1) return TDM_OK;
+  tdm__count_sent(c, (size_t)(P - 1) * len * es); /* my block, to every peer */
   shm_tr *t = (shm_tr *)c->tr;
   size_t per_round = t->slot_bytes / es, longest = 0, at = 0;
   for (int q = 0; q < P; q++) longest = cnt[q] > longest ? cnt[q] : longest;
@@ -790,6 +801,10 @@ static tdm_status region_op(tdm__shm_region *r, int op, size_t lo, size_t hi, in
   size_t off, len;
   tdm_comm_block(hi - lo, P, me, &off, &len);
   size_t s0 = lo + off;
+  /* as tdm_comm_bytes_sent counts: the peers' shares of my area (reductions), my sums written
+   * into every peer's area (all-reduce), my share copied by every peer (all-gather) */
+  size_t peers_read = op == R_ALLGATHER ? 0 : hi - lo - len, mine_out = op == R_REDUCE_SCATTER ? 0 : (size_t)(P - 1) * len;
+  tdm__count_sent(c, (peers_read + mine_out) * sizeof(float));
   if (op == R_ALLGATHER) {
     for (int q = 0; q < P; q++) {
       size_t qoff, qlen;
