@@ -101,4 +101,32 @@ check "--recompute block and selective: the very same weights file (dropout on)"
 check "bad input: --recompute with a model without blocks" expect_fail 1 "--recompute block with --model mlp" \
   "$TANDEM" train --model mlp --data synthetic --recompute block --steps 1
 check "bench llama: a step of the small model" bash -c "\"$TANDEM\" bench llama --layers 2 --width 64 --ffn-width 96 --steps 2 --warmup 1 | grep -q 'tandem Llama step'"
+# fp16's loss scaler through a checkpoint that reshards: saved by 2 ranks at ZeRO stage 2, resumed
+# by 2 ranks of data parallelism; the scale (doubling every 2 clean steps, halved on an overflow)
+# goes on where it was, so the resumed steps run at the uninterrupted run's scales and end at its
+# weights bit for bit (each rank's f16 activations are those of the same samples in the same order).
+FP16=("${SMALL[@]}" --precision fp16 --loss-scale-window 2 --schedule constant --warmup 0 --seed 5)
+scales() { # scales METRICS: "step:scale" of each step record
+  python3 -c "import json,sys; print(' '.join('%d:%g' % (r['step'], r['loss_scale']) for r in map(json.loads, open(sys.argv[1])) if 'loss_scale' in r))" "$1"
+}
+fp16_resume() {
+  local out="$TMP/fp16.log"
+  timeout 120 "$TANDEM" run -n 2 -- tandem train "${FP16[@]}" --batch-size 2 --zero 2 --steps 8 --metrics "$TMP/full.jsonl" \
+    --save-weights "$TMP/full16.st" >"$out" 2>&1 &&
+  timeout 120 "$TANDEM" run -n 2 -- tandem train "${FP16[@]}" --batch-size 2 --zero 2 --steps 4 --checkpoint-dir "$TMP/ck16" >"$out" 2>&1 &&
+  timeout 120 "$TANDEM" run -n 2 -- tandem train "${FP16[@]}" --batch-size 2 --steps 8 --checkpoint-dir "$TMP/ck16" --resume --metrics "$TMP/res.jsonl" \
+    --save-weights "$TMP/res16.st" >"$out" 2>&1 || { tail -3 "$out"; return 1; }
+  grep -q "resumed from step 4" "$out" || { echo "  not resumed: $(tail -2 "$out")"; return 1; }
+  local full res
+  full=$(scales "$TMP/full.jsonl") res=$(scales "$TMP/res.jsonl")
+  echo "  uninterrupted: $full; resumed: $res"
+  [[ -n $res && " $full" == *" $res" ]] || { echo "  the resumed steps' scales differ"; return 1; }
+  [[ $(meta "$(ls "$TMP"/ck16/ckpt-*.safetensors | tail -1)" tandem.loss_scale) == 262144 ]] || { echo "  manifest scale $(meta "$(ls "$TMP"/ck16/ckpt-*.safetensors | tail -1)" tandem.loss_scale)"; return 1; }
+  "$TANDEM" weights-diff "$TMP/full16.st" "$TMP/res16.st" --rtol 0 --quiet >"$out" 2>&1 || { echo "  weights:"; tail -3 "$out"; return 1; }
+}
+check "fp16: the loss scaler saved by 2 ranks at stage 2, resumed at stage 0: the same scales, the same weights bit for bit" fp16_resume
+check "bad input: loss-scale flags without fp16" expect_fail 2 "apply to --precision fp16 only (given --precision bf16)" \
+  "$TANDEM" train "${SMALL[@]}" --precision bf16 --loss-scale-window 10 --steps 1
+check "bad input: --precision with the CNN" expect_fail 1 "--precision bf16 with --model cnn" \
+  "$TANDEM" train --model cnn --data synthetic --precision bf16 --steps 1
 finish
