@@ -87,7 +87,7 @@ static tdm_status random_tokens(void *ctx, tdm_tape *tp, int64_t micro, tdm_tens
 }
 
 static int bench_lm(int argc, char **argv, int llama) {
-  const char *config = NULL, *optimizer = NULL, *recompute = NULL;
+  const char *config = NULL, *optimizer = NULL, *recompute = NULL, *precision = NULL;
   /* the ranges keep every size of the step (parameters, B x heads x T x T attention scores) inside
    * int64 bytes: what does not fit in memory fails to allocate, nothing overflows */
   int64_t layers = 0, heads = 0, width = 0, block = 0, vocab = 0, B = 4, T = 64, steps = 10, warmup = 3, threads = 1,
@@ -105,6 +105,7 @@ static int bench_lm(int argc, char **argv, int llama) {
       {"ffn-width", CLI_INT, &ffn, "0", "llama: SwiGLU width (0: from --config)", NULL, 0, 1e6, 0},
       {"optimizer", CLI_CHOICE, &optimizer, "adamw", "the update (sgd: no state, for a model whose Adam moments do not fit)", "adamw|sgd", 0, 0, 0},
       {"recompute", CLI_CHOICE, &recompute, "none", "activation recomputation (block: each transformer block again in backward; selective: the attention probabilities)", "none|block|selective", 0, 0, 0},
+      {"precision", CLI_CHOICE, &precision, "fp32", "activations and products in bf16 or fp16 (master weights f32; fp16 with loss scaling)", "fp32|bf16|fp16", 0, 0, 0},
       {"width", CLI_INT, &width, "0", "embedding width (0: from --config)", NULL, 0, 65536, 0},
       {"block", CLI_INT, &block, "0", "context length (0: from --config)", NULL, 0, 65536, 0},
       {"vocab", CLI_INT, &vocab, "0", "vocabulary size (0: from --config)", NULL, 0, 1e7, 0},
@@ -174,6 +175,7 @@ static int bench_lm(int argc, char **argv, int llama) {
   ec.zero.stage = zero ? (int)zero : 1;
   ec.zero.unit_modules = (int)zero_unit;
   ec.dp.bucket_bytes = ec.zero.bucket_bytes = (size_t)(bucket_mb * 1048576.0);
+  ec.precision = !strcmp(precision, "bf16") ? TDM_BF16 : !strcmp(precision, "fp16") ? TDM_F16 : TDM_F32;
   ec.recompute = !strcmp(recompute, "block") ? TDM_RECOMPUTE_BLOCK : !strcmp(recompute, "selective") ? TDM_RECOMPUTE_SELECTIVE : TDM_RECOMPUTE_NONE;
   if (st == TDM_OK) st = tdm_grid_create(&grid, comm, 0, 1, 1);
   if (st == TDM_OK) st = tdm_engine_create(&eng, &mc, (uint64_t)seed, &oc, grid, &ec);
@@ -237,17 +239,17 @@ static int bench_lm(int argc, char **argv, int llama) {
     printf("{\"model\":\"%s\",\"config\":\"%s\",\"layers\":%lld,\"heads\":%lld,\"width\":%lld,\"vocab\":%lld,\"batch\":%lld,\"seq\":%lld,"
            "\"threads\":%d,\"params\":%lld,\"ms\":%.3f,\"fwd_ms\":%.3f,\"bwd_ms\":%.3f,\"opt_ms\":%.3f,\"gflop\":%.4f,"
            "\"peak_fraction\":%.4f,\"opt_floor_ms\":%.3f,\"allocs_per_step\":%.3f,\"peak_rss_mib\":%.1f,"
-           "\"ranks\":%d,\"zero\":%lld,\"comm_wait_ms\":%.3f,\"cpu_ms\":%.3f,\"sent_bytes_per_step\":%.0f,\"sent_psi\":%.4f,\"held_mib\":%.2f,\"recompute\":\"%s\"",
+           "\"ranks\":%d,\"zero\":%lld,\"comm_wait_ms\":%.3f,\"cpu_ms\":%.3f,\"sent_bytes_per_step\":%.0f,\"sent_psi\":%.4f,\"held_mib\":%.2f,\"recompute\":\"%s\",\"precision\":\"%s\"",
            llama ? "llama" : "gpt", config, (long long)L, (long long)mc.n_head, (long long)C, (long long)mc.vocab_size, (long long)B, (long long)T, nt,
            (long long)np, ms, fwd, bwd, optm, flops * 1e-9, frac, fl_ms, (double)allocs / (double)steps, rss_mib, W,
-           (long long)zero, wait, cpu_ms, sent, sent_psi, held / 1048576.0, recompute);
+           (long long)zero, wait, cpu_ms, sent, sent_psi, held / 1048576.0, recompute, precision);
     for (int k = 0; k < TDM_MEM_COUNT; k++)
       printf(",\"%s_mib\":%.2f", tdm_mem_category_name((tdm_mem_category)k), (double)mem.peak[k] / 1048576.0);
     printf("}\n");
   } else {
-    printf("# tandem %s step: %lld layers, %lld heads, width %lld, vocab %lld (%lld parameters), B=%lld T=%lld, %d thread%s; %s; recompute %s\n",
+    printf("# tandem %s step: %lld layers, %lld heads, width %lld, vocab %lld (%lld parameters), B=%lld T=%lld, %d thread%s; %s; recompute %s, precision %s\n",
            llama ? "Llama" : "GPT", (long long)L, (long long)mc.n_head, (long long)C, (long long)mc.vocab_size, (long long)np, (long long)B,
-           (long long)T, nt, nt == 1 ? "" : "s", tdm_engine_describe(eng), recompute);
+           (long long)T, nt, nt == 1 ? "" : "s", tdm_engine_describe(eng), recompute, precision);
     printf("step        %9.2f ms (median of %lld)\n", ms, (long long)steps);
     printf("  CPU time  %9.2f ms per step, every thread of rank 0 (mean)\n", cpu_ms);
     if (W > 1) printf("  comm wait %9.2f ms (what backward did not hide)\n", wait);
