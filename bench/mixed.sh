@@ -2,8 +2,9 @@
 # Mixed precision: step time and memory of --precision fp32, bf16 and fp16 in tandem bench gpt and
 # tandem bench llama (mini configs), and of PyTorch 1.13's GPT (nanoGPT's, bench/gpt_pytorch.py) in
 # fp32 and under torch.autocast("cpu", dtype=torch.bfloat16), run alternately REPS times; the table
-# gives medians: step ms, against the same side's fp32, tandem's activations category (the tape's
-# peak) and each process's peak RSS.
+# gives medians: step ms (wall) and CPU ms per step (every thread; unlike wall time, not stretched
+# while other jobs hold the cores), each against the same side's fp32, tandem's activations
+# category (the tape's peak) and each process's peak RSS.
 #
 #   bench/mixed.sh [REPS=3] [B=8] [T=128] [THREADS=2] [STEPS=4]
 set -euo pipefail
@@ -38,17 +39,17 @@ d, reps, B, T, threads = sys.argv[1:]
 med = lambda rows, k: statistics.median(r[k] for r in rows)
 load = lambda n: [json.loads(l) for l in open(os.path.join(d, n))]
 print(f"\nMixed precision, mini models, B={B} T={T}, {threads} threads, medians of {reps} runs")
-print(f"{'side':<22} {'precision':<10} {'step ms':>9} {'vs fp32':>8} {'activations MiB':>16} {'vs fp32':>8} {'peak RSS MiB':>13}")
+print(f"{'side':<22} {'precision':<14} {'step ms':>9} {'CPU ms':>9} {'vs fp32':>8} {'activations MiB':>16} {'vs fp32':>8} {'peak RSS MiB':>13}")
 for model in ("gpt", "llama"):
     base = load(f"{model}_fp32")
     for p in ("fp32", "bf16", "fp16"):
         rows = load(f"{model}_{p}")
-        print(f"{'tandem ' + model:<22} {p:<10} {med(rows, 'ms'):>9.1f} {med(rows, 'ms') / med(base, 'ms'):>7.2f}x "
+        print(f"{'tandem ' + model:<22} {p:<14} {med(rows, 'ms'):>9.1f} {med(rows, 'cpu_ms'):>9.1f} {med(rows, 'cpu_ms') / med(base, 'cpu_ms'):>7.2f}x "
               f"{med(rows, 'activations_mib'):>16.1f} {med(rows, 'activations_mib') / med(base, 'activations_mib'):>7.2f}x "
               f"{med(rows, 'peak_rss_mib'):>13.1f}")
 base = load("torch_none")
 for a, label in (("none", "fp32"), ("bf16", "autocast bf16")):
     rows = load(f"torch_{a}")
-    print(f"{'PyTorch 1.13 gpt':<22} {label:<10} {med(rows, 'ms'):>9.1f} {med(rows, 'ms') / med(base, 'ms'):>7.2f}x "
+    print(f"{'PyTorch 1.13 gpt':<22} {label:<14} {med(rows, 'ms'):>9.1f} {med(rows, 'cpu_ms'):>9.1f} {med(rows, 'cpu_ms') / med(base, 'cpu_ms'):>7.2f}x "
           f"{'-':>16} {'':>8} {med(rows, 'peak_rss_mib'):>13.1f}")
 PYEOF
