@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/resource.h>
 
 #include "cli.h"
@@ -50,6 +51,11 @@ static double floor_ms(int64_t n, int reps) {
   floor_ctx c = {n, NULL, NULL, NULL, NULL};
   float **arr[4] = {&c.p, &c.g, &c.m, &c.v};
   double t[16], out = NAN;
+  /* four arrays of n floats beside the engine's state: calloc succeeds whatever the size (the
+   * kernel overcommits) and touching them would bring the OOM killer (Llama 3.2 1B: 20 GB), so
+   * measure only within the free memory */
+  long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page > 0 && 16.0 * (double)n > 0.8 * (double)pages * (double)page) return NAN;
   for (int k = 0; k < 4; k++)
     if (!(*arr[k] = calloc((size_t)n, sizeof(float)))) goto done;
   if (reps > 16) reps = 16;
