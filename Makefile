@@ -1,7 +1,8 @@
 # Thin wrapper over CMake for the README's commands.
 #   make run    set up, build, and run the main training job
 #   make test   set up, build, and run every test, and again under ASan+UBSan all but the
-#               slow real-data training test and the mpirun test (Open MPI's own leaks); then
+#               slow real-data training test, the mpirun test (Open MPI's own leaks) and the Slurm cluster test
+#               (its library code runs under the sanitizers in test_cluster); then
 #               each fuzz target for FUZZ_TEST_SECONDS (when clang is installed)
 #   make fuzz   build the libFuzzer targets (fuzz/, in build-fuzz/) and run each for FUZZ_SECONDS
 BUILD ?= build
@@ -46,7 +47,7 @@ run: build
 
 test: build build-san build-fuzz
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
-	cd $(BUILD_SAN) && ctest --output-on-failure -j $(JOBS) -E 'test_train$$|test_mpi'
+	cd $(BUILD_SAN) && ctest --output-on-failure -j $(JOBS) -E 'test_train$$|test_mpi|test_slurm'
 	@if [ -d $(BUILD_FUZZ)/fuzz ]; then cd $(BUILD_FUZZ) && ctest --output-on-failure -j $(JOBS); fi
 
 clean:

@@ -29,6 +29,7 @@ for r in $(seq 1 "$REPS"); do
     for ov in on off; do
       extra=()
       [[ $ov == off ]] && extra=(--no-overlap)
+      rm -f "$TMP/m.jsonl" # metrics files are appended to
       TANDEM_TRANSPORT=tcp TANDEM_NET_EMULATE=$net ./build/tandem run -n 2 -- tandem train "${ARGS[@]}" \
         --steps "$STEPS" --threads 1 --bucket-mb "$BUCKET" --metrics "$TMP/m.jsonl" "${extra[@]}" >/dev/null 2>&1
       /usr/bin/python3 - "$TMP/m.jsonl" >>"$TMP/$net.$ov" <<'PYEOF'

@@ -10,6 +10,7 @@ make build >/dev/null
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 sps_tandem() { # ranks
+  rm -f "$TMP/m.jsonl" # metrics files are appended to
   if [[ $1 -eq 1 ]]; then
     OPENBLAS_NUM_THREADS=1 ./build/tandem train --steps "$STEPS" --threads 1 --metrics "$TMP/m.jsonl" >/dev/null 2>&1
   else

@@ -18,6 +18,7 @@ PY=/usr/bin/python3
 FLOP_PER_SAMPLE=2407424 # forward 2P + weight grads 2P + input grads of layers 2 and 3
 
 tandem_sps() { # batch
+  rm -f "$TMP/m.jsonl" # metrics files are appended to
   ./build/tandem train --steps "$STEPS" --batch-size "$1" --threads 1 --metrics "$TMP/m.jsonl" >/dev/null 2>&1
   $PY - "$TMP/m.jsonl" "$1" <<'PYEOF'
 import json, sys

@@ -32,6 +32,7 @@ export T=./build/tandem TMP PY MLP_STEPS EXTRA
 
 mlp() { # stage -> one JSON line: median step and comm wait of steps 20.., CPU ms per step and rank
   local short=$((MLP_STEPS / 4)) c1 c2
+  rm -f "$TMP/m$1.jsonl" # metrics files are appended to
   /usr/bin/time -f "%U %S" -o "$TMP/c1" $T run -n 2 -- tandem train --zero "$1" --steps "$short" --threads 1 >/dev/null 2>&1
   /usr/bin/time -f "%U %S" -o "$TMP/c2" $T run -n 2 -- tandem train --zero "$1" --steps "$MLP_STEPS" --threads 1 \
     --metrics "$TMP/m$1.jsonl" >/dev/null 2>&1

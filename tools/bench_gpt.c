@@ -1,7 +1,8 @@
 /* tandem bench gpt | llama: the speed of one GPT or Llama training step (forward, backward, AdamW;
- * fp32) on random tokens, as bench/gpt_vs_pytorch.sh compares it with PyTorch. The step is tdm_engine_step, the
- * one tandem train runs: on one process, or under tandem run on several with data parallelism or
- * ZeRO (--zero). Prints the median time of each phase, model FLOP/s as a share of the FMA peak, the
+ * fp32 unless --precision) on random tokens, as bench/gpt_vs_pytorch.sh compares it with PyTorch. The step is
+ * tdm_engine_step, the one tandem train runs: on one process, or under tandem run on several with data
+ * parallelism, ZeRO (--zero), tensor parallelism (--tp, GPT) or a pipeline (--pp, GPT, with the bubble each
+ * stage measured against its schedule's). Prints the median time of each phase, model FLOP/s as a share of the FMA peak, the
  * optimizer against its memory-traffic floor, allocations in the steady state, the memory held
  * per category and the peak resident memory (the largest of any rank). */
 #include <math.h>
@@ -76,6 +77,16 @@ typedef struct {
   tdm_rng rng;
 } bench_tokens;
 
+/* What this rank sent on the world and on each axis of the grid (each communicator counts its own). */
+static uint64_t bytes_sent(const tdm_grid *g) {
+  uint64_t n = tdm_comm_bytes_sent(tdm_grid_world(g));
+  for (int a = 0; a < TDM_AXIS_COUNT; a++) {
+    tdm_comm_t c = tdm_grid_comm(g, (tdm_grid_axis)a);
+    if (c != tdm_grid_world(g)) n += tdm_comm_bytes_sent(c);
+  }
+  return n;
+}
+
 static tdm_status random_tokens(void *ctx, tdm_tape *tp, int64_t micro, tdm_tensor **x, tdm_tensor **y, int64_t *base) {
   (void)micro;
   bench_tokens *b = ctx;
@@ -98,7 +109,8 @@ static int bench_lm(int argc, char **argv, int llama) {
    * int64 bytes: what does not fit in memory fails to allocate, nothing overflows */
   int64_t layers = 0, heads = 0, width = 0, block = 0, vocab = 0, B = 4, T = 64, steps = 10, warmup = 3, threads = 1,
           seed = 1, kv_heads = 0, ffn = 0;
-  int64_t zero = 0, zero_unit = 1;
+  int64_t zero = 0, zero_unit = 1, tp = 1, pp = 1, accum = 1;
+  const char *schedule = NULL;
   double peak = 102.5, bucket_mb = 25;
   int json = 0;
   cli_opt gpt_config = {"config", CLI_CHOICE, &config, "mini", "architecture (mini: 4 layers, 4 heads, 256 wide, block 128, vocab 256)", "mini|gpt2-124M", 0, 0, 0};
@@ -124,8 +136,12 @@ static int bench_lm(int argc, char **argv, int llama) {
       {"seed", CLI_INT, &seed, "1", "seed of the weights and the tokens", NULL, 0, 9e18, 0},
       {"zero", CLI_INT, &zero, "0", "ZeRO stage across the ranks of tandem run (0: data parallel)", NULL, 0, 3, 0},
       {"zero-unit", CLI_INT, &zero_unit, "1", "--zero 3: transformer blocks per gathered unit", NULL, 1, 1e6, 0},
+      {"tp", CLI_INT, &tp, "1", "tensor-parallel ranks (Megatron-style) among those of tandem run; the rest data parallel", NULL, 1, 1024, 0},
       {"bucket-mb", CLI_FLOAT, &bucket_mb, "25", "gradient bucket size in MiB", NULL, 0.001, 4096, 0},
       {"json", CLI_FLAG, &json, NULL, "print one JSON object instead of the table", NULL, 0, 0, 0},
+      {"pp", CLI_INT, &pp, "1", "pipeline stages across the ranks of tandem run (the rest: data replicas)", NULL, 1, 4096, 0},
+      {"schedule", CLI_CHOICE, &schedule, "1f1b", "--pp: the pipeline schedule", "gpipe|1f1b|interleaved|zb1p", 0, 0, 0},
+      {"accum", CLI_INT, &accum, "1", "micro-batches per step (of --batch-size each; a pipeline's micro-batches)", NULL, 1, 1 << 20, 0},
   };
   int n = (int)(sizeof opts / sizeof opts[0]);
   if (llama) opts[0] = llama_config;
@@ -177,13 +193,20 @@ static int bench_lm(int argc, char **argv, int llama) {
   tdm_optim_config oc = tdm_optim_config_default(strcmp(optimizer, "sgd") ? TDM_OPT_ADAMW : TDM_OPT_SGD);
   if (oc.kind == TDM_OPT_ADAMW) oc.lr = 3e-4f, oc.beta2 = 0.95f, oc.weight_decay = 0.1f, oc.decay_matrices_only = 1;
   tdm_engine_config ec = tdm_engine_config_default();
-  ec.kind = zero ? TDM_ENGINE_ZERO : TDM_ENGINE_DP;
+  ec.kind = pp > 1 ? TDM_ENGINE_PIPELINE : tp > 1 ? TDM_ENGINE_TP : zero ? TDM_ENGINE_ZERO : TDM_ENGINE_DP;
+  if ((tp > 1 || pp > 1) && zero) {
+    fprintf(stderr, "tandem bench gpt: --%s with --zero: the data axis beside it runs plain data parallelism\n", tp > 1 ? "tp" : "pp");
+    goto out;
+  }
+  ec.accum = accum;
+  if (pp > 1 && tdm_pp_schedule_parse(schedule, &ec.pp.schedule) != TDM_OK) st = TDM_ERR_INVALID_ARG;
   ec.zero.stage = zero ? (int)zero : 1;
   ec.zero.unit_modules = (int)zero_unit;
   ec.dp.bucket_bytes = ec.zero.bucket_bytes = (size_t)(bucket_mb * 1048576.0);
   ec.precision = !strcmp(precision, "bf16") ? TDM_BF16 : !strcmp(precision, "fp16") ? TDM_F16 : TDM_F32;
   ec.recompute = !strcmp(recompute, "block") ? TDM_RECOMPUTE_BLOCK : !strcmp(recompute, "selective") ? TDM_RECOMPUTE_SELECTIVE : TDM_RECOMPUTE_NONE;
-  if (st == TDM_OK) st = tdm_grid_create(&grid, comm, 0, 1, 1);
+  if (st == TDM_OK) st = tdm_engine_check(&mc, &ec, W, 0, (int)tp, (int)pp);
+  if (st == TDM_OK) st = tdm_grid_create(&grid, comm, 0, (int)tp, (int)pp);
   if (st == TDM_OK) st = tdm_engine_create(&eng, &mc, (uint64_t)seed, &oc, grid, &ec);
   if (st != TDM_OK) {
     fprintf(stderr, "tandem bench: %s\n", tdm_last_error());
@@ -191,12 +214,13 @@ static int bench_lm(int argc, char **argv, int llama) {
   }
   tdm_params *params = tdm_model_params(tdm_engine_model(eng));
   bench_tokens bt = {B, T, mc.vocab_size, {{0}}};
-  tdm_rng_seed(&bt.rng, (uint64_t)seed + 1 + (uint64_t)R); /* each rank its own batch */
+  /* each data replica its own batch (tensor-parallel peers and a pipeline's stages draw the same) */
+  tdm_rng_seed(&bt.rng, (uint64_t)seed + 1 + (uint64_t)tdm_grid_index(grid, TDM_AXIS_DATA));
   uint64_t allocs_before = 0, sent_before = 0;
   double cpu_before = 0;
   for (int64_t s = 0; s < total; s++) {
     if (s == warmup)
-      allocs_before = tdm_alloc_count(), tdm_mem_peak_reset(), sent_before = tdm_comm_bytes_sent(comm), cpu_before = cpu_s();
+      allocs_before = tdm_alloc_count(), tdm_mem_peak_reset(), sent_before = bytes_sent(grid), cpu_before = cpu_s();
     double t0 = tdm_time_now();
     tdm_step_stats ss;
     if (tdm_engine_step(eng, random_tokens, &bt, (uint64_t)s, oc.lr, &ss) != TDM_OK) {
@@ -208,7 +232,7 @@ static int bench_lm(int argc, char **argv, int llama) {
   }
   uint64_t allocs = tdm_alloc_count() - allocs_before;
   /* rank 0's bytes per step, and as a multiple of Ψ(N-1)/N f32 elements (theory: 2 at stages 0-2, 3 at stage 3) */
-  double sent = (double)(tdm_comm_bytes_sent(comm) - sent_before) / (double)steps;
+  double sent = (double)(bytes_sent(grid) - sent_before) / (double)steps;
   /* rank 0's CPU time per step, all its threads: unlike the step time, not stretched while other jobs hold the cores */
   double cpu_ms = (cpu_s() - cpu_before) * 1e3 / (double)steps;
   int nt = tdm_get_num_threads();
@@ -217,7 +241,7 @@ static int bench_lm(int argc, char **argv, int llama) {
    * lm_head counted once; a Llama's untied input embedding excluded: a lookup) plus 12 L C T per
    * token for attention (full T x T, as if unmasked) */
   int64_t lookup = llama ? (mc.tie_embeddings ? 0 : mc.vocab_size * C) : mc.block_size * C;
-  double flops = (6.0 * (double)(np - lookup) + 12.0 * (double)(L * C * T)) * (double)(B * T); /* per rank */
+  double flops = (6.0 * (double)(np - lookup) + 12.0 * (double)(L * C * T)) * (double)(B * T * accum) / (double)pp; /* per rank */
   double ms = median(t_all + warmup, (int)steps), fwd = median(t_fwd + warmup, (int)steps),
          bwd = median(t_bwd + warmup, (int)steps), optm = median(t_opt + warmup, (int)steps),
          wait = median(t_wait + warmup, (int)steps);
@@ -226,6 +250,20 @@ static int bench_lm(int argc, char **argv, int llama) {
   struct rusage ru; /* before the floor measurement, which allocates its own arrays */
   getrusage(RUSAGE_SELF, &ru);
   double rss_mib = (double)ru.ru_maxrss / 1024.0, held = (double)mem.peak_total;
+  /* each rank's bubble: the share of its step (without the update) spent not computing; and its
+   * activations at the peak: gathered for rank 0 to print, stage by stage */
+  double *stage = calloc((size_t)(4 * W), sizeof(double));
+  if (!stage) goto out;
+  for (int64_t k = warmup; k < total; k++) t_all[k] -= t_opt[k];
+  double step_wo = median(t_all + warmup, (int)steps), busy_ms = fwd + bwd;
+  double mine[4] = {step_wo > 0 ? 1.0 - busy_ms / step_wo : 0, busy_ms, (double)mem.peak[TDM_MEM_ACTIVATIONS] / 1048576.0,
+                    (double)mem.peak_total / 1048576.0};
+  if (comm && tdm_comm_allgather(comm, mine, stage, 4, TDM_F64, TDM_ALGO_AUTO) != TDM_OK) {
+    fprintf(stderr, "tandem bench gpt: %s\n", tdm_last_error());
+    free(stage);
+    goto out;
+  }
+  if (!comm) memcpy(stage, mine, sizeof mine);
   if (comm) { /* the largest of any rank; the step time is rank 0's */
     double mx[2] = {rss_mib, held};
     if (tdm_comm_allreduce(comm, mx, mx, 2, TDM_F64, TDM_MAX, TDM_ALGO_AUTO) != TDM_OK) {
@@ -236,30 +274,43 @@ static int bench_lm(int argc, char **argv, int llama) {
   }
   if (R != 0) {
     rc = 0;
+    free(stage);
     goto out;
   }
   double fl_ms = floor_ms(np, 7);
-  double sent_psi = W > 1 ? sent / (4.0 * (double)np * (double)(W - 1) / (double)W) : 0;
-  double frac = flops / (ms * 1e-3) / (peak * 1e9 * nt);
+  /* data parallelism's theory (4 bytes x Psi(N-1)/N); tensor parallelism sends activations, not that */
+  double sent_psi = W > 1 && tp == 1 ? sent / (4.0 * (double)np * (double)(W - 1) / (double)W) : 0;
+  double frac = flops / (double)tp / (ms * 1e-3) / (peak * 1e9 * nt); /* tensor parallelism: a T-th each */
   if (json) {
     printf("{\"model\":\"%s\",\"config\":\"%s\",\"layers\":%lld,\"heads\":%lld,\"width\":%lld,\"vocab\":%lld,\"batch\":%lld,\"seq\":%lld,"
            "\"threads\":%d,\"params\":%lld,\"ms\":%.3f,\"fwd_ms\":%.3f,\"bwd_ms\":%.3f,\"opt_ms\":%.3f,\"gflop\":%.4f,"
            "\"peak_fraction\":%.4f,\"opt_floor_ms\":%.3f,\"allocs_per_step\":%.3f,\"peak_rss_mib\":%.1f,"
-           "\"ranks\":%d,\"zero\":%lld,\"comm_wait_ms\":%.3f,\"cpu_ms\":%.3f,\"sent_bytes_per_step\":%.0f,\"sent_psi\":%.4f,\"held_mib\":%.2f,\"recompute\":\"%s\",\"precision\":\"%s\"",
-           llama ? "llama" : "gpt", config, (long long)L, (long long)mc.n_head, (long long)C, (long long)mc.vocab_size, (long long)B, (long long)T, nt,
-           (long long)np, ms, fwd, bwd, optm, flops * 1e-9, frac, fl_ms, (double)allocs / (double)steps, rss_mib, W,
-           (long long)zero, wait, cpu_ms, sent, sent_psi, held / 1048576.0, recompute, precision);
+           "\"ranks\":%d,\"zero\":%lld,\"tp\":%lld,\"comm_wait_ms\":%.3f,\"cpu_ms\":%.3f,\"sent_bytes_per_step\":%.0f,"
+           "\"sent_psi\":%.4f,\"held_mib\":%.2f,\"recompute\":\"%s\",\"precision\":\"%s\"",
+           llama ? "llama" : "gpt", config, (long long)L, (long long)mc.n_head, (long long)C, (long long)mc.vocab_size, (long long)B,
+           (long long)T, nt, (long long)np, ms, fwd, bwd, optm, flops * 1e-9, frac, fl_ms, (double)allocs / (double)steps, rss_mib, W,
+           (long long)zero, (long long)tp, wait, cpu_ms, sent, sent_psi, held / 1048576.0, recompute, precision);
     for (int k = 0; k < TDM_MEM_COUNT; k++)
       printf(",\"%s_mib\":%.2f", tdm_mem_category_name((tdm_mem_category)k), (double)mem.peak[k] / 1048576.0);
-    printf("}\n");
+    printf(",\"pp\":%lld,\"accum\":%lld,\"schedule\":\"%s\",\"ranks_detail\":[", (long long)pp, (long long)accum,
+           pp > 1 ? schedule : "none");
+    for (int r = 0; r < W; r++)
+      printf("%s{\"bubble\":%.4f,\"busy_ms\":%.3f,\"activations_mib\":%.2f,\"held_mib\":%.2f}", r ? "," : "", stage[4 * r],
+             stage[4 * r + 1], stage[4 * r + 2], stage[4 * r + 3]);
+    printf("]}\n");
   } else {
     printf("# tandem %s step: %lld layers, %lld heads, width %lld, vocab %lld (%lld parameters), B=%lld T=%lld, %d thread%s; %s; recompute %s, precision %s\n",
            llama ? "Llama" : "GPT", (long long)L, (long long)mc.n_head, (long long)C, (long long)mc.vocab_size, (long long)np, (long long)B,
            (long long)T, nt, nt == 1 ? "" : "s", tdm_engine_describe(eng), recompute, precision);
     printf("step        %9.2f ms (median of %lld)\n", ms, (long long)steps);
     printf("  CPU time  %9.2f ms per step, every thread of rank 0 (mean)\n", cpu_ms);
-    if (W > 1) printf("  comm wait %9.2f ms (what backward did not hide)\n", wait);
-    if (W > 1) printf("  sent      %9.2f MiB per step by rank 0: %.3f x 4 bytes x Ψ(N-1)/N\n", sent / 1048576.0, sent_psi);
+    if (W > 1)
+      printf("  comm wait %9.2f ms (%s)\n", wait,
+             tp > 1 ? "the tensor-parallel all-reduces of forward and backward, then data parallelism's" : "what backward did not hide");
+    if (W > 1 && tp == 1)
+      printf("  sent      %9.2f MiB per step by rank 0: %.3f x 4 bytes x Ψ(N-1)/N\n", sent / 1048576.0, sent_psi);
+    else if (W > 1)
+      printf("  sent      %9.2f MiB per step by rank 0 (world and axes)\n", sent / 1048576.0);
     printf("  forward   %9.2f ms\n  backward  %9.2f ms\n  optimizer %9.2f ms (%s; memory-traffic floor %.2f ms, %.2fx; nan: no memory to measure it)\n",
            fwd, bwd, optm, oc.kind == TDM_OPT_SGD ? "SGD" : "AdamW", fl_ms, optm / fl_ms);
     printf("model FLOPs %9.2f GFLOP per step: %.1f GFLOP/s, %.1f%% of the FMA peak (%g GFLOP/s x %d)\n", flops * 1e-9,
@@ -269,7 +320,11 @@ static int bench_lm(int argc, char **argv, int llama) {
     printf("held        %9.1f MiB at the peak (rank 0:", held / 1048576.0);
     for (int k = 0; k < TDM_MEM_COUNT; k++)
       printf(" %s %.1f%s", tdm_mem_category_name((tdm_mem_category)k), (double)mem.peak[k] / 1048576.0, k + 1 < TDM_MEM_COUNT ? "," : ")\n");
+    for (int r = 0; pp > 1 && r < W; r++)
+      printf("rank %-3d    bubble %.3f of its step (update excluded), computing %.2f ms, activations %.2f MiB at the peak\n", r,
+             stage[4 * r], stage[4 * r + 1], stage[4 * r + 2]);
   }
+  free(stage);
   rc = 0;
 out:
   tdm_engine_destroy(eng);

@@ -15,6 +15,7 @@ static void usage(FILE *f) {
           "  bench     benchmark collectives, nccl-tests style (tandem bench --help)\n"
           "  generate  sample text from GPT weights (tandem generate --help)\n"
           "  weights-diff A B [--rtol R]   compare two safetensors weight files\n"
+          "  ps-replay --log DIR   replay a parameter server's update logs into weights (tandem train's options)\n"
           "  checkpoint info|consolidate   a checkpoint's contents, or its weights as one file (tandem checkpoint --help)\n"
           "  help      show this text\n");
 }
@@ -33,6 +34,7 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "weights-diff")) return tool_weights_diff(argc - 2, argv + 2);
   if (!strcmp(cmd, "generate")) return tool_generate(argc - 2, argv + 2);
   if (!strcmp(cmd, "checkpoint")) return tool_checkpoint(argc - 2, argv + 2);
+  if (!strcmp(cmd, "ps-replay")) return tool_ps_replay(argc - 2, argv + 2);
   if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
     usage(stdout);
     return 0;

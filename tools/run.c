@@ -23,24 +23,9 @@
 
 #include "cli.h"
 #include "comm/net.h"
+#include "run.h"
 #include "tandem/core.h"
 #include "watch.h"
-
-#define MAX_RANKS 256
-#define TAIL_LINES 8
-
-typedef struct {
-  pid_t pid;
-  int fd;            /* read end of the rank's stdout+stderr; -1 once it is closed */
-  char partial[4096];
-  size_t plen;
-  char tail[TAIL_LINES][512];
-  int ntail;
-  int done, code, sig;
-  FILE *log;         /* open for the whole run, restarts included */
-  char log_path[4096];
-  int log_failed;
-} rank_t;
 
 static volatile sig_atomic_t got_signal;
 static void on_signal(int s) { got_signal = s; }
@@ -48,7 +33,7 @@ static void on_signal(int s) { got_signal = s; }
 /* The store's listening socket, opened here and inherited by rank 0 (TANDEM_STORE_FD): no other
  * job can take the port between choosing it and using it. It listens on the master address
  * only (loopback stays loopback). port 0: any free one. Returns the fd (close-on-exec). */
-static int store_socket(const char *master, int64_t nnodes, int64_t *port) {
+int run_store_socket(const char *master, int64_t nnodes, int64_t *port) {
   int fd = -1, got = 0;
   if (tdm__net_listen(master, (int)*port, &fd, &got) != TDM_OK) {
     fprintf(stderr, "tandem run: cannot listen for the rendezvous store: %s (is --master-addr an address of this "
@@ -104,7 +89,7 @@ static void emit_line(rank_t *r, int idx, const char *line, size_t n) {
 
 /* Reads what the rank wrote; at EOF (or a read error) closes its pipe, so poll does not spin on
  * a rank that closed its output but runs on. final: also flush a last line without newline. */
-static void drain(rank_t *r, int idx, int final) {
+void run_drain(rank_t *r, int idx, int final) {
   while (r->fd >= 0) {
     ssize_t k = read(r->fd, r->partial + r->plen, sizeof r->partial - r->plen);
     if (k < 0 && (errno == EAGAIN || errno == EINTR)) break;
@@ -134,7 +119,7 @@ static void drain(rank_t *r, int idx, int final) {
   fflush(stdout);
 }
 
-static const char *self_exe(void) {
+const char *run_self_exe(void) {
   static char buf[4096];
   ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
   if (n <= 0) return "tandem";
@@ -166,7 +151,7 @@ static int open_logs(const char *dir, rank_t *ranks, int n, int64_t first_rank) 
   return 0;
 }
 
-static void signal_ranks(rank_t *ranks, int n, int sig, int group) {
+void run_signal_ranks(rank_t *ranks, int n, int sig, int group) {
   for (int i = 0; i < n; i++) {
     if (ranks[i].done || ranks[i].pid <= 0) continue;
     if (group) kill(-ranks[i].pid, sig);
@@ -177,7 +162,7 @@ static void signal_ranks(rank_t *ranks, int n, int sig, int group) {
 /* The child's side of fork: environment, output, then exec. Never returns. */
 /* A shm segment (/tandem-<creator pid>-...) is unlinked once every rank mapped it; a rank killed
  * before that leaves it behind. Once the creator is reaped no new rank can join it, so it goes. */
-static void remove_segments_of(pid_t pid) {
+void run_remove_segments_of(pid_t pid) {
   DIR *d = opendir("/dev/shm");
   if (!d) return;
   char prefix[64];
@@ -192,7 +177,7 @@ static void remove_segments_of(pid_t pid) {
   closedir(d);
 }
 
-static _Noreturn void start_rank(char **prog, int out_fd, int store_fd, pid_t launcher, const char *const *env) {
+_Noreturn void run_start_rank(char **prog, int out_fd, int store_fd, pid_t launcher, const char *const *env) {
   setpgid(0, 0);
   /* die with the launcher; if it died before this line, we are already orphaned */
   prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -214,16 +199,23 @@ int tool_run(int argc, char **argv) {
       dash = i;
       break;
     }
-  int64_t n = 0, port = 0, nnodes = 1, node_rank = 0, max_restarts = 0;
-  const char *log_dir = NULL, *master = NULL;
+  int64_t n = 0, port = 0, nnodes = 1, node_rank = 0, max_restarts = 0, nproc_per_node = 0;
+  const char *log_dir = NULL, *master = NULL, *nnodes_s = NULL, *endpoint = NULL, *rdzv_id = NULL, *elastic_batch = NULL;
+  double rdzv_timeout = 0, last_call = 0;
   cli_opt opts[] = {
       {"nproc", CLI_INT, &n, "1", "ranks to start on this node (also -n)", NULL, 1, MAX_RANKS, 0},
-      {"nnodes", CLI_INT, &nnodes, "1", "nodes in the job", NULL, 1, 4096, 0},
+      {"nnodes", CLI_STRING, &nnodes_s, "1", "nodes in the job: N, or MIN:MAX for an elastic job (with --rdzv-endpoint)", NULL, 0, 0, 0},
+      {"nproc-per-node", CLI_INT, &nproc_per_node, "0", "elastic: ranks on each node (the same on every node; --nproc too)", NULL, 0, MAX_RANKS, 0},
+      {"rdzv-endpoint", CLI_STRING, &endpoint, NULL, "elastic: HOST:PORT where the launchers meet (the first launcher that can listen there hosts it)", NULL, 0, 0, 0},
+      {"rdzv-id", CLI_STRING, &rdzv_id, "tandem", "elastic: the job's token; launchers with another are refused", NULL, 0, 0, 0},
+      {"rdzv-timeout", CLI_FLOAT, &rdzv_timeout, "60", "elastic: seconds to reach the rendezvous, and to wait for MIN nodes before the job fails", NULL, 0.1, 86400, 0},
+      {"rdzv-last-call", CLI_FLOAT, &last_call, "2", "elastic: once MIN nodes joined the first round, seconds to wait for more (up to MAX)", NULL, 0, 3600, 0},
+      {"elastic-batch", CLI_CHOICE, &elastic_batch, "keep", "elastic: when the world size changes, keep the global batch by adjusting --accum, or keep the per-rank batch and scale --lr with the global batch", "keep|scale-lr", 0, 0, 0},
       {"node-rank", CLI_INT, &node_rank, "0", "this node's index", NULL, 0, 4095, 0},
       {"master-addr", CLI_STRING, &master, "127.0.0.1", "address of the node that hosts rank 0 (the store listens there only)", NULL, 0, 0, 0},
       {"master-port", CLI_INT, &port, "0", "rendezvous port (0: a free port; set it for several nodes)", NULL, 0, 65535, 0},
       {"log-dir", CLI_STRING, &log_dir, NULL, "also write each rank's output to DIR/rank-N.log", NULL, 0, 0, 0},
-      {"max-restarts", CLI_INT, &max_restarts, "0", "restart the whole group this many times after a failure (the program resumes from its checkpoint)", NULL, 0, 1000, 0},
+      {"max-restarts", CLI_INT, &max_restarts, "0", "restart the whole group this many times after a failure (the program resumes from its checkpoint); elastic: restarts for any reason (a node lost or joining, ranks failing), default 3", NULL, 0, 1000, 0},
   };
   int nopt = (int)(sizeof opts / sizeof opts[0]);
   int n_ours = dash >= 0 ? dash : argc;
@@ -233,12 +225,52 @@ int tool_run(int argc, char **argv) {
     return 1;
   }
   for (int i = 0; i < n_ours; i++) ours[i] = strcmp(argv[i], "-n") ? argv[i] : "--nproc"; /* -n N is --nproc N */
-  int r = cli_parse("run", "-n N [options] -- PROGRAM [ARGS...]", opts, nopt, n_ours, ours);
+  int r = cli_parse("run", "-n N [options] -- PROGRAM [ARGS...]\n       tandem run --nnodes MIN:MAX --nproc-per-node K --rdzv-endpoint HOST:PORT [options] -- PROGRAM [ARGS...]  (elastic; one launcher per node)", opts, nopt, n_ours, ours);
   free(ours);
   if (r == 1) return 0;
   if (r) return 2;
   if (dash < 0 || dash + 1 >= argc) {
     fprintf(stderr, "tandem run: no program given; usage: tandem run -n N [options] -- PROGRAM [ARGS...]\n");
+    return 2;
+  }
+  int elastic = strchr(nnodes_s, ':') || endpoint;
+  if (elastic) {
+    run_elastic_opts eo = {0};
+    for (int i = 0; i < nopt; i++) {
+      const char *nm = opts[i].name;
+      if (opts[i].seen && (!strcmp(nm, "node-rank") || !strcmp(nm, "master-addr") || !strcmp(nm, "master-port") || !strcmp(nm, "log-dir"))) {
+        fprintf(stderr, "tandem run: --%s does not apply to an elastic job (--nnodes MIN:MAX, --rdzv-endpoint): the "
+                        "rendezvous assigns node ranks and the master\n", nm);
+        return 2;
+      }
+    }
+    if (nproc_per_node && cli_seen(opts, nopt, "nproc") && nproc_per_node != n) {
+      fprintf(stderr, "tandem run: --nproc-per-node %lld and --nproc %lld disagree\n", (long long)nproc_per_node, (long long)n);
+      return 2;
+    }
+    eo.local = (int)(nproc_per_node ? nproc_per_node : n);
+    if (run_parse_nnodes(nnodes_s, &eo.min_nodes, &eo.max_nodes)) return 2;
+    if (!endpoint) {
+      fprintf(stderr, "tandem run: --nnodes %s is an elastic job: give --rdzv-endpoint HOST:PORT (the same on every node)\n", nnodes_s);
+      return 2;
+    }
+    if (run_parse_endpoint(endpoint, eo.host, sizeof eo.host, &eo.port)) return 2;
+    eo.token = rdzv_id;
+    eo.timeout_s = rdzv_timeout;
+    eo.last_call_s = last_call;
+    eo.max_restarts = cli_seen(opts, nopt, "max-restarts") ? max_restarts : 3; /* every restart counts: lost, joined, failed */
+    eo.scale_lr = !strcmp(elastic_batch, "scale-lr");
+    eo.prog = argv + dash + 1;
+    return run_elastic(&eo);
+  }
+  if (cli_seen(opts, nopt, "elastic-batch") || cli_seen(opts, nopt, "rdzv-id") || cli_seen(opts, nopt, "rdzv-timeout") ||
+      cli_seen(opts, nopt, "rdzv-last-call") || nproc_per_node) {
+    fprintf(stderr, "tandem run: --nproc-per-node, --rdzv-id, --rdzv-timeout, --rdzv-last-call and --elastic-batch apply to an "
+                    "elastic job (--nnodes MIN:MAX --rdzv-endpoint HOST:PORT)\n");
+    return 2;
+  }
+  if (cli_parse_int(nnodes_s, 1, 4096, &nnodes)) {
+    fprintf(stderr, "tandem run: --nnodes '%s': expected a number of nodes in 1..4096, or MIN:MAX\n", nnodes_s);
     return 2;
   }
   if (node_rank >= nnodes) {
@@ -254,9 +286,9 @@ int tool_run(int argc, char **argv) {
   memset(ranks, 0, sizeof ranks);
   if (log_dir && open_logs(log_dir, ranks, N, node_rank * n)) return 2;
   int store_fd = -1;
-  if (node_rank == 0 && (store_fd = store_socket(master, nnodes, &port)) < 0) return 1; /* this node hosts the store */
+  if (node_rank == 0 && (store_fd = run_store_socket(master, nnodes, &port)) < 0) return 1; /* this node hosts the store */
   char **prog = argv + dash + 1;
-  if (!strcmp(prog[0], "tandem")) prog[0] = (char *)self_exe(); /* the same binary, wherever it lives */
+  if (!strcmp(prog[0], "tandem")) prog[0] = (char *)run_self_exe(); /* the same binary, wherever it lives */
   char token[40];
   const char *env_token = getenv("TANDEM_JOB_TOKEN");
   if (env_token && *env_token) snprintf(token, sizeof token, "%.39s", env_token); /* several nodes share one */
@@ -317,7 +349,7 @@ int tool_run(int argc, char **argv) {
                            "TANDEM_JOB_TOKEN", token, "TANDEM_RESTART_COUNT", v_attempt,
                            i == 0 && store_fd >= 0 ? "TANDEM_STORE_FD" : NULL, v_store, NULL};
       pid_t pid = fork();
-      if (pid == 0) start_rank(prog, p[1], i == 0 ? store_fd : -1, self, env);
+      if (pid == 0) run_start_rank(prog, p[1], i == 0 ? store_fd : -1, self, env);
       close(p[1]);
       if (pid < 0) {
         fprintf(stderr, "tandem run: cannot start rank %lld: fork: %s\n", (long long)(node_rank * n + i), strerror(errno));
@@ -335,7 +367,7 @@ int tool_run(int argc, char **argv) {
     int alive = started, stopping = 0;
     double stop_at = 0;
     if (started < N) { /* could not start them all: stop those that run */
-      signal_ranks(ranks, started, SIGTERM, 0);
+      run_signal_ranks(ranks, started, SIGTERM, 0);
       stopping = 1;
       stop_at = tdm_time_now() + 5;
     }
@@ -344,14 +376,14 @@ int tool_run(int argc, char **argv) {
       for (int i = 0; i < started; i++) pf[i] = (struct pollfd){ranks[i].fd, POLLIN, 0};
       poll(pf, (nfds_t)started, 100);
       for (int i = 0; i < started; i++)
-        if (!ranks[i].done) drain(&ranks[i], (int)(node_rank * n + i), 0);
+        if (!ranks[i].done) run_drain(&ranks[i], (int)(node_rank * n + i), 0);
       int status;
       pid_t pid;
       while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
         for (int i = 0; i < started; i++)
           if (ranks[i].pid == pid) {
-            drain(&ranks[i], (int)(node_rank * n + i), 1);
-            remove_segments_of(pid);
+            run_drain(&ranks[i], (int)(node_rank * n + i), 1);
+            run_remove_segments_of(pid);
             if (ranks[i].fd >= 0) close(ranks[i].fd), ranks[i].fd = -1; /* a child of the rank may hold it open */
             ranks[i].done = 1;
             ranks[i].code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -360,16 +392,16 @@ int tool_run(int argc, char **argv) {
             if ((ranks[i].code != 0 || ranks[i].sig) && first_fail < 0 && !stopping) first_fail = i;
           }
       if (got_signal && !stopping) { /* forward, then give them a moment */
-        signal_ranks(ranks, started, got_signal, 0);
+        run_signal_ranks(ranks, started, got_signal, 0);
         stopping = 1;
         stop_at = tdm_time_now() + 5;
       }
       if (first_fail >= 0 && !stopping) {
-        signal_ranks(ranks, started, SIGTERM, 0);
+        run_signal_ranks(ranks, started, SIGTERM, 0);
         stopping = 1;
         stop_at = tdm_time_now() + 5;
       }
-      if (stopping && tdm_time_now() > stop_at) signal_ranks(ranks, started, SIGKILL, 1);
+      if (stopping && tdm_time_now() > stop_at) run_signal_ranks(ranks, started, SIGKILL, 1);
     }
     if (start_fail >= 0 || first_fail < 0 || got_signal || attempt >= max_restarts) break;
     rank_t *f = &ranks[first_fail];

@@ -6,14 +6,18 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "run.h"
 #include "tandem/tandem.h"
 
 /* TANDEM_FAULT=RANK:STEP makes that rank die (exit 3) after that step, on the first attempt only
- * (TANDEM_RESTART_COUNT unset or 0): how the restart tests cause a failure. */
+ * (TANDEM_RESTART_COUNT unset or 0): how the restart tests cause a failure. TANDEM_STEP_DELAY=S
+ * sleeps S seconds after every step: how the elastic test kills and starts launchers mid-run. */
 static int fault_hook(void *ctx, int64_t steps_done) {
   (void)ctx;
   const char *f = getenv("TANDEM_FAULT"), *rc = getenv("TANDEM_RESTART_COUNT"), *rank = getenv("RANK");
   int fr, fs;
+  const char *delay = getenv("TANDEM_STEP_DELAY"); /* seconds after each step: tests pace a job to act mid-run */
+  if (delay && atof(delay) > 0) usleep((useconds_t)(atof(delay) * 1e6));
   if (!f || sscanf(f, "%d:%d", &fr, &fs) != 2 || (rc && atoi(rc) > 0)) return 0;
   if ((rank ? atoi(rank) : 0) == fr && steps_done == fs) {
     fprintf(stderr, "tandem train: TANDEM_FAULT: rank %d stops after step %d\n", fr, fs);
@@ -29,16 +33,19 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
                   const cli_opt *extra) {
   *c = tdm_train_config_default();
   int64_t epochs, steps, batch, seed, threads, eval_batch, accum, ckpt_every, layers, heads, width, block, vocab, seq_len,
-      warmup, val_every, val_batches, zero, zero_unit, memory_limit, kv_heads, ffn_width;
+      warmup, val_every, val_batches, zero, zero_unit, memory_limit, kv_heads, ffn_width, tp, tp_check, dp, pp, microbatches,
+      vstages;
   double rope_theta;
   const char *rope_scaling, *tie;
   double clip, max_time, bucket_mb;
   int resume, no_overlap, allow_nonfinite;
-  const char *prefetch, *compress, *zero_prefetch, *recompute, *precision;
+  const char *prefetch, *compress, *zero_prefetch, *recompute, *precision, *schedule, *lr_schedule, *pp_split;
+  const char *ps_mode, *ps_delay, *ps_log;
+  int64_t ps_servers, staleness;
   double ls_init;
   int64_t ls_window;
   double lr, dropout, wd, momentum;
-  cli_opt opts[64] = {
+  cli_opt opts[96] = {
       {"model", CLI_CHOICE, &c->model, "mlp", "model to train", "mlp|cnn|gpt|llama", 0, 0, 0},
       {"data", CLI_CHOICE, &c->data, "fashion-mnist", "data set (synthetic: generated, Fashion-MNIST's shape; tinyshakespeare for gpt, the default there)", "fashion-mnist|mnist|synthetic|tinyshakespeare", 0, 0, 0},
       {"data-path", CLI_STRING, &c->data_path, "data/tinyshakespeare.txt", "gpt: the text file (bytes are the tokens)", NULL, 0, 0, 0},
@@ -63,6 +70,13 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
       {"zero", CLI_INT, &zero, "0", "ZeRO stage: 0 data parallel (every rank holds everything); 1 optimizer state, 2 and gradients, 3 and parameters sharded over the ranks", NULL, 0, 3, 0},
       {"zero-unit", CLI_INT, &zero_unit, "1", "--zero 3: modules (transformer blocks, layers) per gathered unit", NULL, 1, 1e6, 0},
       {"zero-prefetch", CLI_CHOICE, &zero_prefetch, "on", "--zero 3: gather the next unit while this one computes", "on|off", 0, 0, 0},
+      {"tp", CLI_INT, &tp, "1", "gpt: tensor-parallel ranks (Megatron-style: attention heads, MLP units and the vocabulary split across them)", NULL, 1, 1024, 0},
+      {"tp-check-every", CLI_INT, &tp_check, "100", "--tp: steps between checks that replicated parameters are bitwise identical on every rank (0: never)", NULL, 0, 1e12, 0},
+      {"ps-servers", CLI_INT, &ps_servers, "0", "parameter server: the last S ranks serve the parameters (sharded by key range) and run the optimizer; the others train (0: no server)", NULL, 0, 1 << 20, 0},
+      {"ps-mode", CLI_CHOICE, &ps_mode, "sync", "--ps-servers: sync (every worker's gradient, summed in rank order: as data parallelism), async (each push applied on arrival), ssp (async, a worker at most --staleness steps ahead of the slowest)", "sync|async|ssp", 0, 0, 0},
+      {"staleness", CLI_INT, &staleness, "0", "--ps-mode ssp: how many steps a worker may run ahead of the slowest", NULL, 0, 1e9, 0},
+      {"ps-log", CLI_STRING, &ps_log, NULL, "--ps-servers: each server writes every update it applies to DIR/ps-server-K.log (tandem ps-replay reproduces the run from them; a gradient per update: large)", NULL, 0, 0, 0},
+      {"ps-delay", CLI_STRING, &ps_delay, NULL, "--ps-servers, for testing: WORKER:SECONDS makes that worker sleep so long every step", NULL, 0, 0, 0},
       {"memory-limit", CLI_SIZE, &memory_limit, "0", "refuse to start when the memory plan per rank exceeds this (like 8G; 0: no limit)", NULL, 0, 0, 0},
       {"compress", CLI_CHOICE, &compress, "none", "gradient dtype on the wire between ranks", "none|bf16|fp16", 0, 0, 0},
       {"precision", CLI_CHOICE, &precision, "fp32", "mlp, gpt, llama: activations and products in bf16 or fp16 (fp16 with dynamic loss scaling), parameters and optimizer state f32 (master weights)", "fp32|bf16|fp16", 0, 0, 0},
@@ -74,7 +88,13 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
       {"weight-decay", CLI_FLOAT, &wd, "-1", "weight decay (-1: the optimizer's default, 0.01 for adamw, else 0)",
        NULL, -1, 10, 0},
       {"momentum", CLI_FLOAT, &momentum, "0", "SGD momentum", NULL, 0, 1, 0},
-      {"schedule", CLI_CHOICE, &c->lr_schedule, "constant", "learning-rate schedule (gpt default: cosine to lr/10)", "constant|cosine", 0, 0, 0},
+      {"lr-schedule", CLI_CHOICE, &lr_schedule, "constant", "learning-rate schedule (gpt default: cosine to lr/10)", "constant|cosine", 0, 0, 0},
+      {"schedule", CLI_CHOICE, &schedule, "1f1b", "--pp: the pipeline schedule (constant or cosine: as --lr-schedule, kept for old scripts)", "gpipe|1f1b|interleaved|zb1p|constant|cosine", 0, 0, 0},
+      {"dp", CLI_INT, &dp, "0", "data-parallel replicas of the process grid (0: the ranks left after --tp x --pp); --dp x --tp x --pp = the ranks", NULL, 0, 1 << 20, 0},
+      {"pp", CLI_INT, &pp, "1", "pipeline stages: gpt's blocks cut over this many ranks (needs --model gpt)", NULL, 1, 4096, 0},
+      {"microbatches", CLI_INT, &microbatches, "0", "--pp: micro-batches per step (each --batch-size samples; 0: as --accum)", NULL, 0, 1 << 20, 0},
+      {"virtual-stages", CLI_INT, &vstages, "0", "--schedule interleaved: chunks per pipeline rank (0: 2)", NULL, 0, 256, 0},
+      {"pp-split", CLI_STRING, &pp_split, NULL, "--pp: transformer blocks per chunk, comma-separated (default: balanced by the planner's cost per block)", NULL, 0, 0, 0},
       {"warmup", CLI_INT, &warmup, "0", "linear warm-up steps (gpt default: a tenth of the steps, at most 100)", NULL, 0, 1e9, 0},
       {"clip", CLI_FLOAT, &clip, "0", "clip the global gradient norm to this (0: off; gpt default 1)", NULL, 0, 1e6, 0},
       {"max-time", CLI_FLOAT, &max_time, "0", "stop cleanly after this many seconds of training (0: no limit)", NULL, 0, 1e9, 0},
@@ -117,7 +137,8 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
   if (gpt) { /* nanoGPT-like defaults for what the user left unset */
     if (!SEEN("data")) c->data = "tinyshakespeare";
     if (!SEEN("optimizer")) c->optimizer = "adamw";
-    if (!SEEN("schedule")) c->lr_schedule = "cosine";
+    if (!SEEN("lr-schedule") && (!SEEN("schedule") || (strcmp(schedule, "constant") && strcmp(schedule, "cosine"))))
+      lr_schedule = "cosine";
     if (!SEEN("clip")) clip = 1.0;
     if (!SEEN("weight-decay")) wd = 0.1;
     if (!SEEN("batch-size")) batch = 16;
@@ -138,11 +159,123 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
     fprintf(stderr, "tandem %s: --loss-scale-init and --loss-scale-window apply to --precision fp16 only (given --precision %s)\n", cmd, precision);
     return 2;
   }
+  if (tp > 1 && zero > 0) {
+    fprintf(stderr, "tandem %s: --tp %lld with --zero %lld: the data axis beside tensor parallelism runs plain data parallelism (use --zero 0)\n",
+            cmd, (long long)tp, (long long)zero);
+    return 2;
+  }
+  if (tp <= 1 && SEEN("tp-check-every")) {
+    fprintf(stderr, "tandem %s: --tp-check-every applies to --tp 2 and more\n", cmd);
+    return 2;
+  }
+  if (!ps_servers && (SEEN("ps-mode") || SEEN("staleness") || SEEN("ps-delay") || (SEEN("ps-log") && strcmp(cmd, "ps-replay")))) {
+    fprintf(stderr, "tandem %s: --%s applies with --ps-servers only\n", cmd,
+            SEEN("ps-mode") ? "ps-mode" : SEEN("staleness") ? "staleness" : SEEN("ps-delay") ? "ps-delay" : "ps-log");
+    return 2;
+  }
+  if (SEEN("staleness") && strcmp(ps_mode, "ssp")) {
+    fprintf(stderr, "tandem %s: --staleness applies to --ps-mode ssp only (given --ps-mode %s)\n", cmd, ps_mode);
+    return 2;
+  }
+  if (ps_servers && (zero || pp > 1 || tp > 1 || strcmp(compress, "none"))) {
+    fprintf(stderr, "tandem %s: --ps-servers with --%s: the parameter server exchanges f32 gradients with its own servers\n",
+            cmd, zero ? "zero" : pp > 1 ? "pp" : tp > 1 ? "tp" : "compress");
+    return 2;
+  }
+  int delay_worker = -1;
+  double delay_s = 0;
+  if (ps_delay) {
+    char *end = NULL;
+    long w = strtol(ps_delay, &end, 10);
+    if (end == ps_delay || *end != ':' || w < 0 || !((delay_s = strtod(end + 1, &end)) >= 0) || *end || delay_s > 60) {
+      fprintf(stderr, "tandem %s: --ps-delay '%s'; expected WORKER:SECONDS, such as 1:0.05 (seconds 0..60)\n", cmd, ps_delay);
+      return 2;
+    }
+    delay_worker = (int)w;
+  }
   if (zero > 0 && strcmp(compress, "none")) {
     fprintf(stderr, "tandem %s: --compress %s applies to --zero 0 only: ZeRO reduces gradients in f32\n", cmd, compress);
     return 2;
   }
+  /* --schedule names a pipeline schedule; constant and cosine are learning-rate schedules, as before */
+  int lr_named = !strcmp(schedule, "constant") || !strcmp(schedule, "cosine");
+  if (lr_named && SEEN("lr-schedule")) {
+    fprintf(stderr, "tandem %s: --schedule %s is a learning-rate schedule and --lr-schedule gives one too; give one of them\n", cmd,
+            schedule);
+    return 2;
+  }
+  c->lr_schedule = lr_named && SEEN("schedule") ? schedule : lr_schedule;
+  if (pp == 1 && (SEEN("microbatches") || SEEN("virtual-stages") || SEEN("pp-split") || (SEEN("schedule") && !lr_named))) {
+    fprintf(stderr, "tandem %s: --schedule, --microbatches, --virtual-stages and --pp-split are for a pipeline (--pp 2 or more)\n", cmd);
+    return 2;
+  }
+  if (pp > 1 && zero > 0) {
+    fprintf(stderr, "tandem %s: --pp %lld with --zero %lld: the pipeline's data axis averages as data parallelism does (--zero 0)\n",
+            cmd, (long long)pp, (long long)zero);
+    return 2;
+  }
+  if (SEEN("microbatches") && SEEN("accum") && microbatches != accum) {
+    fprintf(stderr, "tandem %s: --microbatches %lld and --accum %lld: both are the micro-batches per step; give one\n", cmd,
+            (long long)microbatches, (long long)accum);
+    return 2;
+  }
+  if (microbatches > 0) accum = microbatches;
+  if (pp > 1 && strcmp(c->model, "gpt")) {
+    fprintf(stderr, "tandem %s: --pp %lld cuts a transformer's blocks: it needs --model gpt (given --model %s)\n", cmd, (long long)pp,
+            c->model);
+    return 2;
+  }
+  tdm_engine_pipeline_config *pc = &c->engine.pp;
+  if (pp > 1) {
+    tdm_pp_schedule_kind sk = TDM_PP_1F1B;
+    if (SEEN("schedule") && !lr_named && tdm_pp_schedule_parse(schedule, &sk) != TDM_OK) return 2;
+    pc->schedule = sk;
+    if (vstages > 1 && sk != TDM_PP_INTERLEAVED) {
+      fprintf(stderr, "tandem %s: --virtual-stages %lld needs --schedule interleaved (given %s)\n", cmd, (long long)vstages,
+              tdm_pp_schedule_name(sk));
+      return 2;
+    }
+    pc->virtual_stages = (int)vstages;
+    size_t sl = pp_split ? strlen(pp_split) : 0;
+    if (pp_split && (sl == 0 || pp_split[sl - 1] == ',')) {
+      fprintf(stderr, "tandem %s: --pp-split '%s': expected comma-separated block counts like 2,3,3\n", cmd, pp_split);
+      return 2;
+    }
+    for (const char *at = pp_split; at && *at;) { /* a,b,c: each a count >= 1 */
+      char num[32];
+      size_t len = strcspn(at, ",");
+      int64_t v;
+      if (len == 0 || len >= sizeof num || pc->n_split == TDM_PP_MAX_SPLIT) {
+        fprintf(stderr, "tandem %s: --pp-split '%s': expected comma-separated block counts, at most %d\n", cmd, pp_split, TDM_PP_MAX_SPLIT);
+        return 2;
+      }
+      memcpy(num, at, len);
+      num[len] = 0;
+      if (cli_parse_int(num, 1, 1 << 20, &v)) {
+        fprintf(stderr, "tandem %s: --pp-split '%s': '%s' is not a block count >= 1\n", cmd, pp_split, num);
+        return 2;
+      }
+      pc->split[pc->n_split++] = (int)v;
+      at += len + (at[len] == ',');
+    }
+  }
+  /* the pipeline, tensor-parallel and parameter-server engines run f32 without recomputation, and
+   * tensor parallelism splits GPT's blocks only: refused here, before any rank starts */
+  const char *eng = ps_servers ? "--ps-servers" : pp > 1 ? "--pp" : tp > 1 ? "--tp" : NULL;
+  if (eng && (strcmp(precision, "fp32") || strcmp(recompute, "none"))) {
+    fprintf(stderr, "tandem %s: %s with --%s %s: that engine does not implement %s yet (use --%s %s, or data parallelism / --zero)\n",
+            cmd, eng, strcmp(precision, "fp32") ? "precision" : "recompute", strcmp(precision, "fp32") ? precision : recompute,
+            strcmp(precision, "fp32") ? "mixed precision" : "activation recomputation", strcmp(precision, "fp32") ? "precision" : "recompute",
+            strcmp(precision, "fp32") ? "fp32" : "none");
+    return 2;
+  }
+  if (tp > 1 && strcmp(c->model, "gpt")) {
+    fprintf(stderr, "tandem %s: --tp %lld splits GPT's attention heads, MLP and vocabulary: it needs --model gpt (given --model %s)\n", cmd,
+            (long long)tp, c->model);
+    return 2;
+  }
 #undef SEEN
+  c->dp = dp, c->pp = pp;
   c->n_layer = layers, c->n_head = heads, c->n_embd = width, c->block_size = block, c->vocab_size = vocab, c->seq_len = seq_len;
   c->n_kv_head = kv_heads, c->ffn_hidden = ffn_width, c->rope_theta = rope_theta;
   c->rope_scaling = !strcmp(rope_scaling, "auto") ? -1 : !strcmp(rope_scaling, "llama3");
@@ -167,7 +300,15 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
   c->memory_limit = memory_limit;
   c->prefetch = !strcmp(prefetch, "on") ? 1 : !strcmp(prefetch, "off") ? 0 : -1;
   tdm_engine_config *e = &c->engine;
-  e->kind = zero ? TDM_ENGINE_ZERO : TDM_ENGINE_DP;
+  e->kind = ps_servers ? TDM_ENGINE_PS : pp > 1 ? TDM_ENGINE_PIPELINE : tp > 1 ? TDM_ENGINE_TP : zero ? TDM_ENGINE_ZERO : TDM_ENGINE_DP;
+  e->tp.check_every = tp_check;
+  c->tp = tp;
+  e->ps.servers = (int)ps_servers;
+  e->ps.mode = !strcmp(ps_mode, "async") ? TDM_PS_ASYNC : !strcmp(ps_mode, "ssp") ? TDM_PS_SSP : TDM_PS_SYNC;
+  e->ps.staleness = (int)staleness;
+  e->ps.delay_worker = delay_worker;
+  e->ps.delay_s = delay_s;
+  e->ps.log_dir = ps_log;
   e->accum = accum;
   e->clip = (float)clip;
   e->dp.bucket_bytes = e->zero.bucket_bytes = (size_t)(bucket_mb * 1048576.0);
@@ -196,6 +337,7 @@ int tool_train(int argc, char **argv) {
   int r = train_options("train", "[options]", argc, argv, &c, 0, NULL);
   if (r == 1) return 0;
   if (r) return 2;
+  if (run_elastic_batch(&c)) return 2; /* under tandem run --nnodes MIN:MAX: this round's batch */
   c.on_step = fault_hook;
   c.progress = stderr;
   tdm_train_result res;
@@ -216,17 +358,77 @@ int tool_train(int argc, char **argv) {
   return 0;
 }
 
-int tool_plan(int argc, char **argv) {
+int tool_ps_replay(int argc, char **argv) {
   tdm_train_config c;
-  int64_t world = 1;
-  int json = 0;
+  int64_t until = -1;
   cli_opt extra[] = {
-      {"world", CLI_INT, &world, "1", "ranks to plan for (tandem train under tandem run -n N)", NULL, 1, 1 << 20, 0},
-      {"json", CLI_FLAG, &json, NULL, "print the plan as one JSON object", NULL, 0, 0, 0},
+      {"until", CLI_INT, &until, "-1", "stop each server after this many updates (-1: all)", NULL, -1, 1e15, 0},
   };
-  int r = train_options("plan", "[tandem train's options] [--world N]", argc, argv, &c, 2, extra);
+  int r = train_options("ps-replay", "--ps-log DIR --save-weights OUT [the run's tandem train options] [--until N]", argc,
+                        argv, &c, 1, extra);
   if (r == 1) return 0;
   if (r) return 2;
+  if (!c.engine.ps.log_dir || !c.save_weights) {
+    fprintf(stderr, "tandem ps-replay: give --ps-log DIR (the run's) and --save-weights OUT\n");
+    return 2;
+  }
+  c.ps_replay = c.engine.ps.log_dir;
+  c.ps_replay_until = until;
+  c.progress = stderr;
+  tdm_train_result res;
+  tdm_status st = tdm_train_run(&c, &res);
+  if (st != TDM_OK) {
+    fprintf(stderr, "tandem ps-replay: %s: %s\n", tdm_status_str(st), tdm_last_error());
+    return 1;
+  }
+  printf("%lld updates replayed; weights written to %s\n", (long long)res.steps, c.save_weights);
+  return 0;
+}
+
+/* The pipeline's schedule as tandem train will run it: its timeline drawn (when it fits) and, with
+ * --trace, written as a Chrome trace. */
+static int plan_schedule(const tdm_train_config *c, const char *trace) {
+  const tdm_engine_pipeline_config *pc = &c->engine.pp;
+  int V = pc->virtual_stages > 0 ? pc->virtual_stages : pc->schedule == TDM_PP_INTERLEAVED ? 2 : 1;
+  tdm_pp_schedule *s;
+  if (tdm_pp_schedule_create(&s, pc->schedule, (int)c->pp, V, (int)(c->engine.accum > 1 ? c->engine.accum : 1)) != TDM_OK) {
+    fprintf(stderr, "tandem plan: %s\n", tdm_last_error());
+    return 1;
+  }
+  if (s->makespan * 2 + 12 <= 160) {
+    char pic[16384];
+    tdm_pp_schedule_draw(s, pic, sizeof pic);
+    printf("timeline (F forward, B backward, b input pass, W weight pass; digit: micro-batch, one unit per 2 characters):\n%s", pic);
+  }
+  int rc = 0;
+  if (trace && tdm_pp_schedule_write_trace(s, trace, 0) != TDM_OK) {
+    fprintf(stderr, "tandem plan: %s\n", tdm_last_error());
+    rc = 1;
+  } else if (trace) {
+    printf("trace of the schedule written to %s (open in Perfetto or chrome://tracing)\n", trace);
+  }
+  tdm_pp_schedule_destroy(s);
+  return rc;
+}
+
+int tool_plan(int argc, char **argv) {
+  tdm_train_config c;
+  int64_t world = 0;
+  int json = 0;
+  const char *trace = NULL;
+  cli_opt extra[] = {
+      {"world", CLI_INT, &world, "0", "ranks to plan for (tandem train under tandem run -n N; 0: --dp x --tp x --pp)", NULL, 0, 1 << 20, 0},
+      {"json", CLI_FLAG, &json, NULL, "print the plan as one JSON object", NULL, 0, 0, 0},
+      {"trace", CLI_STRING, &trace, NULL, "--pp: write the schedule's timeline per stage here (Chrome trace JSON)", NULL, 0, 0, 0},
+  };
+  int r = train_options("plan", "[tandem train's options] [--world N] [--trace FILE]", argc, argv, &c, 3, extra);
+  if (r == 1) return 0;
+  if (r) return 2;
+  if (world == 0) world = (c.dp > 0 ? c.dp : 1) * (c.tp > 1 ? c.tp : 1) * c.pp;
+  if (trace && c.pp < 2) {
+    fprintf(stderr, "tandem plan: --trace draws a pipeline's schedule: give --pp 2 or more\n");
+    return 2;
+  }
   tdm_plan p;
   tdm_status st = tdm_train_plan(&c, (int)world, &p);
   if (st != TDM_OK) {
@@ -234,14 +436,24 @@ int tool_plan(int argc, char **argv) {
     return 1;
   }
   if (json) {
-    printf("{\"world\":%d,\"stage\":%d,\"params\":%lld,\"owned\":%lld,\"groups\":%d,\"max_group\":%lld,"
-           "\"comm_bytes_per_step\":%.0f", p.world, p.stage, (long long)p.n_params, (long long)p.owned, p.n_groups,
+    printf("{\"world\":%d,\"tensor\":%d,\"stage\":%d,\"params\":%lld,\"owned\":%lld,\"groups\":%d,\"max_group\":%lld,"
+           "\"comm_bytes_per_step\":%.0f", p.world, p.tensor, p.stage, (long long)p.n_params, (long long)p.owned, p.n_groups,
            (long long)p.max_group, p.comm_per_step);
+    if (p.pipeline > 1) {
+      printf(",\"pipeline\":%d,\"schedule\":\"%s\",\"microbatches\":%d,\"bubble\":%.6f,\"stages\":[", p.pipeline, p.schedule,
+             p.microbatches, p.bubble);
+      for (int k = 0; k < p.n_stages; k++)
+        printf("%s{\"peak_microbatches\":%d,\"activations\":%lld,\"total\":%lld}", k ? "," : "", p.stages[k].peak,
+               (long long)p.stages[k].bytes[TDM_MEM_ACTIVATIONS], (long long)p.stages[k].total);
+      printf("]");
+    }
     for (int k = 0; k < TDM_MEM_COUNT; k++) printf(",\"%s\":%lld", tdm_mem_category_name((tdm_mem_category)k), (long long)p.bytes[k]);
     printf(",\"total\":%lld,\"fits\":%s}\n", (long long)p.total, c.memory_limit <= 0 || p.total <= c.memory_limit ? "true" : "false");
   } else {
     tdm_plan_print(stdout, &p, c.memory_limit);
+    if (c.pp > 1 && plan_schedule(&c, trace)) return 1;
   }
+  if (json && trace && plan_schedule(&c, trace)) return 1;
   st = tdm_plan_check(&p, c.memory_limit);
   if (st != TDM_OK) {
     fprintf(stderr, "tandem plan: %s\n", tdm_last_error());

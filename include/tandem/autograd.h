@@ -67,6 +67,9 @@ const char *tdm_recompute_name(tdm_recompute r); /* "none", "block", "selective"
 tdm_status tdm_tape_set_recompute(tdm_tape *tp, tdm_recompute r);
 tdm_recompute tdm_tape_recompute(const tdm_tape *tp);
 tdm_arena *tdm_tape_arena(tdm_tape *tp);
+/* Records an error on the tape as a failing op does (the first error stays) and returns NULL: for
+ * code that builds a model from ops and refuses an input itself. */
+tdm_tensor *tdm_tape_fail(tdm_tape *tp, tdm_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int tdm_tape_num_nodes(const tdm_tape *tp);
 
 /* ---- making tensors on the tape ---------------------------------------------------------- */
@@ -87,6 +90,13 @@ tdm_tensor *tdm_detach(tdm_tape *tp, tdm_tensor *x);
 tdm_status tdm_backward(tdm_tape *tp, tdm_tensor *loss);
 /* As tdm_backward, seeded with gout (same shape as out, f32): computes d(sum(out * gout)). */
 tdm_status tdm_backward_with(tdm_tape *tp, tdm_tensor *out, const tdm_tensor *gout);
+/* Backward in two passes, as zero-bubble pipelines run it: tdm_backward_inputs computes every
+ * gradient but the parameters' (gout NULL seeds a one-element output with 1), so the input's
+ * gradient can go to the stage before at once; tdm_backward_params then adds the parameters'
+ * gradients from what the first pass left on the tape (no reset between them). Together they add
+ * what tdm_backward_with adds, with the same kernels, bit for bit. */
+tdm_status tdm_backward_inputs(tdm_tape *tp, tdm_tensor *out, const tdm_tensor *gout);
+tdm_status tdm_backward_params(tdm_tape *tp);
 /* Calls fn(ctx, leaf) during backward at the moment no later node can add to leaf's gradient
  * (data parallelism starts a bucket's all-reduce from it). Leaves the step never used fire at
  * the end of backward. fn runs on the thread that called backward. NULL fn removes the hook. */
@@ -184,6 +194,85 @@ tdm_tensor *tdm_checkpoint(tdm_tape *tp, tdm_checkpoint_fn fn, const void *ctx, 
 tdm_tensor *tdm_concat(tdm_tape *tp, int n, tdm_tensor *const *xs, int axis);
 /* Splits x along axis into n views of the given sizes (which must add up to the axis). */
 tdm_status tdm_split(tdm_tape *tp, tdm_tensor *x, int axis, int n, const int64_t *sizes, tdm_tensor **outs);
+
+/* ---- custom differentiable ops --------------------------------------------------------------
+ * An op defined outside the library by two callbacks, for what the built-in ops cannot say, such
+ * as communication inside forward or backward (tensor parallelism all-reduces there):
+ *
+ *   static tdm_status sq_fwd(tdm_custom_ctx *c, tdm_tape *tp, int n, tdm_tensor *const *in, void *user,
+ *                            tdm_tensor **out) {
+ *     tdm_custom_save(c, in[0]);                  // x, kept for backward
+ *     *out = tdm_mul(tp, in[0], in[0]);           // ops called here record nothing
+ *     return TDM_OK;                              // (a failed op inside: the tape's error wins)
+ *   }
+ *   static tdm_status sq_bwd(tdm_custom_ctx *c, const tdm_tensor *gy, int n, tdm_tensor *const *gin, void *user) {
+ *     const float *x = tdm_tensor_data(tdm_custom_saved(c, 0)), *g = tdm_tensor_data(gy);
+ *     float *gx = gin[0] ? tdm_tensor_data(gin[0]) : NULL; // NULL: input 0 wants no gradient
+ *     for (int64_t i = 0; gx && i < tdm_tensor_numel(gy); i++) gx[i] = 2 * x[i] * g[i];
+ *     return TDM_OK;
+ *   }
+ *   static const tdm_custom_op square = {"square", sq_fwd, sq_bwd, 0};
+ *   tdm_tensor *y = tdm_custom(tp, &square, NULL, 1, &x);
+ *
+ * forward runs at once, on the calling thread, with gradient recording off. Its inputs are
+ * contiguous (a view is copied first). It computes the output with any ops on tp (or fills a
+ * tensor made with tdm_new) and sets *out; an input itself is allowed (an identity forward: the
+ * result is then a new tensor sharing its data). A non-OK return, or an op inside that failed,
+ * fails the op with that status and detail: return the status of a library call that failed
+ * (its message is kept), or tdm_custom_fail(ctx, status, "...") for a problem of your own.
+ * When gradients are on and an input requires one, the op is recorded, and backward (run by
+ * tdm_backward, on its thread, in reverse order of recording, only when the output got a
+ * gradient) receives the output's gradient grad_out (f32, the output's shape) and grad_in[i]:
+ * for each input that requires a gradient an f32 tensor of its shape holding zeros, into which
+ * it writes (or adds) d loss / d input i; the tape adds that to the input's gradient (or, with
+ * the op's accumulate set, the input's gradient itself, to add into). grad_in[i] is NULL for the
+ * other inputs (indices, constants). A non-OK return fails backward, naming the op. Ops may be
+ * called in backward (they record nothing); their tensors live until the reset. user is given to
+ * both callbacks as passed to tdm_custom.
+ *
+ * Ownership: the context and what it holds belong to the tape and go at tdm_tape_reset. A saved
+ * tensor is not copied: it must stay valid until backward has run (tensors of the tape do until
+ * the reset; a heap tensor, a parameter, is the caller's). op and user are the caller's and must
+ * stay valid until backward has run or the tape is reset (a user pointer to the caller's stack
+ * is fine for forward alone: keep what backward needs in the context). What else backward needs
+ * (sizes, scalars, index arrays) goes in tdm_custom_alloc memory, found again with
+ * tdm_custom_state. Thread safety: as the tape's; the callbacks run on the calling thread. Ranks
+ * running a collective op must record and run the same ops in the same order: backward runs
+ * nodes in reverse order of recording on every rank alike. */
+typedef struct tdm_custom_ctx tdm_custom_ctx;
+typedef tdm_status (*tdm_custom_forward_fn)(tdm_custom_ctx *ctx, tdm_tape *tp, int n, tdm_tensor *const *inputs,
+                                            void *user, tdm_tensor **out);
+typedef tdm_status (*tdm_custom_backward_fn)(tdm_custom_ctx *ctx, const tdm_tensor *grad_out, int n,
+                                             tdm_tensor *const *grad_in, void *user);
+typedef struct tdm_custom_op {
+  const char *name;                /* for errors and the tape's node */
+  tdm_custom_forward_fn forward;
+  tdm_custom_backward_fn backward; /* NULL: the op is not differentiable (an error if recorded) */
+  /* 0: grad_in[i] holds zeros (see above). 1: grad_in[i] is input i's gradient itself, holding
+   * what other consumers of the input have added so far (zeros at first), and backward must add
+   * (+=) into it, never overwrite: no temporary, which matters when an input is a parameter
+   * (its gradient always exists, so the zeros of mode 0 are a buffer of its size, then added). */
+  int accumulate;
+} tdm_custom_op;
+/* Runs op on n inputs (n >= 0; inputs may be of any dtype). Returns the output, or NULL with the
+ * tape's error set ("op 'name': ..."). */
+tdm_tensor *tdm_custom(tdm_tape *tp, const tdm_custom_op *op, void *user, int n, tdm_tensor *const *inputs);
+/* In forward: keeps t for backward (see ownership above); its index is the count of earlier
+ * saves. TDM_ERR_NO_MEMORY when the tape's arena is full. */
+tdm_status tdm_custom_save(tdm_custom_ctx *ctx, tdm_tensor *t);
+int tdm_custom_num_saved(const tdm_custom_ctx *ctx);
+tdm_tensor *tdm_custom_saved(const tdm_custom_ctx *ctx, int i); /* NULL when i is out of range */
+/* bytes from the tape's arena, 64-byte aligned, valid until the tape is reset (NULL when full):
+ * what forward keeps for backward besides tensors, and scratch in either. */
+void *tdm_custom_alloc(tdm_custom_ctx *ctx, size_t bytes);
+/* One pointer that forward leaves for backward (NULL until set): typically a struct made with
+ * tdm_custom_alloc holding the sizes and scalars backward needs. */
+void tdm_custom_set_state(tdm_custom_ctx *ctx, void *state);
+void *tdm_custom_state(const tdm_custom_ctx *ctx);
+tdm_tape *tdm_custom_tape(const tdm_custom_ctx *ctx);
+/* Sets the calling thread's error detail (printf-style) and returns st, for forward or backward
+ * to return: the op then fails with "op 'name': <detail>". */
+tdm_status tdm_custom_fail(tdm_custom_ctx *ctx, tdm_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* ---- gradient checking --------------------------------------------------------------------
  * Compares backward's gradients with central finite differences. fn builds the output from the

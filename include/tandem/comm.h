@@ -85,10 +85,14 @@ typedef struct tdm_comm_config {
   const char *store_dir;   /* instead of the TCP store: a directory shared by all ranks */
   const char *ifname;      /* tcp: interface to bind (TANDEM_SOCKET_IFNAME); NULL: automatic */
   void *thread_group;      /* thread transport: from tdm_comm_thread_group_create */
+  /* What every rank must see alike (under srun: job, step, tasks, node list; tandem/cluster.h);
+   * the store compares each rank's with rank 0's at rendezvous. NULL: nothing to check. */
+  const char *job_ident;
 } tdm_comm_config;
 
 /* Reads RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (torchrun), OMPI_COMM_WORLD_RANK/SIZE (Open MPI),
- * PMI_RANK/PMI_SIZE, SLURM_PROCID/SLURM_NTASKS, plus TANDEM_TRANSPORT, TANDEM_TIMEOUT,
+ * PMI_RANK/PMI_SIZE, a task of srun (tandem/cluster.h: rank 0's address from the node list, the
+ * port from the job id, the MPI transport under mpirun across nodes with no MASTER_ADDR), plus TANDEM_TRANSPORT, TANDEM_TIMEOUT,
  * TANDEM_JOB_TOKEN, TANDEM_STORE_DIR, TANDEM_SOCKET_IFNAME. Without any of them: rank 0 of 1.
  * A malformed value is TDM_ERR_INVALID_ARG naming the variable, its value and what is valid.
  * tdm_comm_create reads TANDEM_TIMEOUT (when cfg.timeout_s is 0), LOCAL_WORLD_SIZE (or
@@ -135,6 +139,38 @@ tdm_status tdm_comm_recv(tdm_comm_t c, int peer, int tag, void *buf, size_t nbyt
  * data with peers; a send followed by a receive on both sides may wait on each other. */
 tdm_status tdm_comm_sendrecv(tdm_comm_t c, int to, const void *sendbuf, size_t sendbytes, int from, void *recvbuf,
                              size_t recvbytes, int tag);
+
+/* Several sends and receives run together, none waiting for another (as MPI_Startall and
+ * Waitall, or a NCCL group): neighbours that exchange in both directions at once cannot wait on
+ * each other. Returns when all are done. Messages with one peer in one direction go in array order;
+ * each carries its tag and size, which the receiver checks (TDM_ERR_MISMATCH naming both). */
+typedef struct tdm_p2p_op {
+  int peer;
+  int is_send;
+  int tag;
+  void *buf; /* a send only reads it */
+  size_t nbytes;
+} tdm_p2p_op;
+tdm_status tdm_comm_p2p_batch(tdm_comm_t c, const tdm_p2p_op *ops, int n);
+/* ---- tagged messages (servers) ---------------------------------------------------------------
+ * Matched by (source, tag) as MPI does: a tagged receive takes the first tagged message with its
+ * tag from source, or from whichever rank has one first (TDM_ANY_SOURCE; *from gets the sender;
+ * ranks are served in turn, so a busy one cannot starve the others). Tagged messages it meets
+ * with other tags wait, in order, for the receive that names them. They never mix with other
+ * traffic on the communicator: a collective or plain receive that meets one keeps it for later;
+ * a tagged receive that meets a collective's message fails with TDM_ERR_MISMATCH naming both.
+ * capacity bounds the message: a larger one is TDM_ERR_MISMATCH naming both sizes (*nbytes
+ * gets the size received). Headers are checked as every message's; every wait has the timeout
+ * (TDM_ERR_TIMEOUT); a peer that dies fails the receive naming it (with any source: one that
+ * dies while nothing has arrived), and as every error, fails the communicator. Transports
+ * thread, shm and tcp (mpi: TDM_ERR_NOT_SUPPORTED). */
+#define TDM_ANY_SOURCE (-1)
+tdm_status tdm_comm_tsend(tdm_comm_t c, int peer, int tag, const void *buf, size_t nbytes);
+tdm_status tdm_comm_trecv(tdm_comm_t c, int source, int tag, void *buf, size_t capacity, int *from, size_t *nbytes);
+/* From whichever of ranks[0..n) sends first (a server that no longer waits for the clients that
+ * finished, whose connections may close). */
+tdm_status tdm_comm_trecv_among(tdm_comm_t c, const int *ranks, int n, int tag, void *buf, size_t capacity, int *from,
+                                size_t *nbytes);
 
 /* ---- collectives (blocking) ------------------------------------------------------------------
  * count is in elements. sendbuf == recvbuf works in place for allreduce, reduce, broadcast. */

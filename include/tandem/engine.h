@@ -16,6 +16,12 @@
  *   dp    every rank holds everything; gradient buckets are averaged while backward runs
  *   zero  ZeRO stages 1-3: optimizer state, then gradients, then parameters sharded over the
  *         data axis; at stage 3 parameters are gathered unit by unit just before use
+ *   tp    tensor parallelism (Megatron-style) for the GPT over the tensor axis: attention heads, the
+ *         MLP's hidden units and the vocabulary split across its ranks, custom autograd ops
+ *         all-reducing inside forward and backward; data parallelism over the data axis
+ *   pipeline  GPT's blocks cut into stages over the pipeline axis; each step runs a verified
+ *         schedule (tandem/pipeline.h) of forwards, backwards and exchanges between neighbours;
+ *         gradients averaged over the data axis as data parallelism does
  * Every engine gives the same result as every other at the same world size, bit for bit: the
  * gradients of all of them are reduced in the same order (rank order, whatever the transport),
  * and the gradient norm is formed from segment sums in a fixed order (tdm_grad_sumsq_segments).
@@ -31,6 +37,7 @@
 #include "tandem/comm.h"
 #include "tandem/nn.h"
 #include "tandem/optim.h"
+#include "tandem/pipeline.h"
 #include "tandem/safetensors.h"
 
 #ifdef __cplusplus
@@ -38,8 +45,9 @@ extern "C" {
 #endif
 
 /* ---- the process grid ------------------------------------------------------------------------
- * world = data x tensor x pipeline ranks; rank = (pipeline * data + data_index) * tensor +
- * tensor_index, so tensor-parallel peers are neighbours (on one node, as they talk most). Each
+ * world = data x tensor x pipeline ranks; rank = (data_index * pipeline + pipeline_index) * tensor +
+ * tensor_index, so tensor-parallel peers are neighbours (on one node, as they talk most), then the
+ * stages of one pipeline (activations every micro-batch), then the data replicas. Each
  * axis has its own communicator: the ranks that differ only in that coordinate. An axis that spans
  * the whole world is the world communicator itself. world NULL: one process, every axis of size 1. */
 typedef enum { TDM_AXIS_DATA = 0, TDM_AXIS_TENSOR, TDM_AXIS_PIPELINE, TDM_AXIS_COUNT } tdm_grid_axis;
@@ -56,7 +64,7 @@ int tdm_grid_size(const tdm_grid *g, tdm_grid_axis a);
 int tdm_grid_index(const tdm_grid *g, tdm_grid_axis a);
 
 /* ---- engines ---------------------------------------------------------------------------------- */
-typedef enum { TDM_ENGINE_DP = 0, TDM_ENGINE_ZERO, TDM_ENGINE_KIND_COUNT } tdm_engine_kind;
+typedef enum { TDM_ENGINE_DP = 0, TDM_ENGINE_ZERO, TDM_ENGINE_PIPELINE, TDM_ENGINE_TP, TDM_ENGINE_PS, TDM_ENGINE_KIND_COUNT } tdm_engine_kind;
 const char *tdm_engine_kind_name(tdm_engine_kind k);
 
 /* Data parallelism (stage 0). */
@@ -84,6 +92,49 @@ typedef struct tdm_loss_scale_config {
   float init;     /* the first scale (0: 65536) */
   int64_t window; /* clean steps before it doubles (0: 2000) */
 } tdm_loss_scale_config;
+/* Tensor parallelism over the grid's tensor axis (T ranks; the data axis, when larger than 1, runs
+ * data parallelism with the dp settings). The model's parameters stay the whole model's (names,
+ * shapes, offsets: tdm_engine_model, read_params, load and save are in its terms); each rank holds
+ * slices of them (src/parallel/tp_gpt.h). Replicated parameters (layer norms, the row-parallel
+ * projections' biases, the position embedding) must stay bitwise identical on every rank: every
+ * check_every steps a hash of each is compared across the world, and a difference fails the step
+ * with TDM_ERR_MISMATCH naming the parameter and the ranks. */
+typedef struct tdm_engine_tp_config {
+  int64_t check_every; /* 0: never (default 100) */
+} tdm_engine_tp_config;
+
+/* Pipeline parallelism (GPT): the micro-batches of a step are the engine's accumulation (accum). */
+#define TDM_PP_MAX_SPLIT 256
+typedef struct tdm_engine_pipeline_config {
+  tdm_pp_schedule_kind schedule; /* default 1F1B */
+  int virtual_stages;            /* chunks per rank (interleaved; 0: 2 for interleaved, else 1) */
+  int n_split;                   /* > 0: blocks per chunk, by hand (split[0..n_split)); 0: balanced by
+                                    the planner's cost per block */
+  int split[TDM_PP_MAX_SPLIT];
+} tdm_engine_pipeline_config;
+/* The parameter server (src/parallel/ps*.c): the world's last `servers` ranks are servers, the
+ * others workers (the grid's data axis is the workers' communicator). Parameters are sharded over
+ * the servers by key range, balanced by bytes (tdm_ps_shard); every step a worker pushes its
+ * gradient's shards and pulls the parameters' shards; the optimizer runs on the servers.
+ *   sync:  a server waits for every worker's push, sums them in worker-rank order and divides by
+ *          the number of workers (as data parallelism averages), steps once: bit for bit the
+ *          data-parallel engine with the same workers;
+ *   async: each push is one optimizer step, applied on arrival; the worker gets the parameters
+ *          back at once;
+ *   ssp:   as async, but a worker more than `staleness` steps ahead of the slowest waits for its
+ *          parameters until the slowest catches up.
+ * The gradient norm in the step's stats is the worker's own gradient's; clipping is refused. */
+typedef enum { TDM_PS_SYNC = 0, TDM_PS_ASYNC, TDM_PS_SSP, TDM_PS_MODE_COUNT } tdm_ps_mode;
+const char *tdm_ps_mode_name(tdm_ps_mode m);
+typedef struct tdm_engine_ps_config {
+  int servers;          /* S >= 1, fewer than the world's ranks */
+  tdm_ps_mode mode;
+  int staleness;        /* ssp: K >= 0 */
+  tdm_comm_t world;     /* workers and servers (tagged messages); not owned */
+  int delay_worker;     /* testing the bound: this worker sleeps delay_s per step (-1: none) */
+  double delay_s;
+  const char *log_dir;  /* servers: write the update log here (DIR/ps-server-K.log); NULL: none */
+} tdm_engine_ps_config;
 
 typedef struct tdm_engine_config {
   tdm_engine_kind kind;
@@ -103,6 +154,9 @@ typedef struct tdm_engine_config {
   void *overflow_ctx;
   tdm_engine_dp_config dp;
   tdm_engine_zero_config zero;
+  tdm_engine_tp_config tp;
+  tdm_engine_pipeline_config pp;
+  tdm_engine_ps_config ps;
 } tdm_engine_config;
 tdm_engine_config tdm_engine_config_default(void);
 
@@ -122,6 +176,13 @@ typedef struct tdm_step_stats {
   double loss_scale;  /* fp16: the scale this step's backward ran with (1 otherwise) */
   int skipped;        /* fp16: the gradients overflowed, the update was skipped (on every rank) */
 } tdm_step_stats;
+
+/* Before any rank computes (no communication): data x tensor x pipeline against the world size
+ * (data 0: what is left) and the engine's layout against the model (a pipeline: chunks and blocks,
+ * the split, the micro-batches its schedule needs). TDM_ERR_INVALID_ARG naming the values.
+ * Tensor x pipeline (both above 1) is TDM_ERR_NOT_SUPPORTED, whatever the rest: not yet built. */
+tdm_status tdm_engine_check(const tdm_model_config *model, const tdm_engine_config *cfg, int world, int data, int tensor,
+                            int pipeline);
 
 typedef struct tdm_engine tdm_engine;
 /* Builds the model (at stage 3 each rank holds and initialises only its shard, with the values
@@ -143,6 +204,14 @@ tdm_status tdm_engine_step(tdm_engine *e, tdm_batch_fn next, void *ctx, uint64_t
 void tdm_engine_loss_scale(const tdm_engine *e, double *scale, int64_t *good_steps);
 tdm_status tdm_engine_set_loss_scale(tdm_engine *e, double scale, int64_t good_steps);
 
+/* Evaluation of one batch (gradients and dropout off): the mean cross-entropy of the logits and
+ * the rows whose argmax is the target. Every rank of a pipeline gives x and y and gets the numbers
+ * (collective over the pipeline axis; over the tensor axis for tensor parallelism; ZeRO stage 3
+ * gathers as forward does). */
+tdm_status tdm_engine_eval(tdm_engine *e, tdm_tensor *x, tdm_tensor *y, double *loss, double *correct, double *rows);
+
+/* The whole model (tensor parallelism: its names, shapes and offsets, its values held in slices
+ * across the tensor axis; running it directly fails, naming the parameter: use the engine). */
 tdm_model *tdm_engine_model(const tdm_engine *e);
 tdm_tape *tdm_engine_tape(const tdm_engine *e);   /* the engine's tape (evaluation may use it) */
 tdm_optim *tdm_engine_optim(const tdm_engine *e);
@@ -150,6 +219,10 @@ const tdm_grid *tdm_engine_grid(const tdm_engine *e);
 /* Where this rank's optimizer state lies in the parameter buffer: the spans it updates. */
 int tdm_engine_shard(const tdm_engine *e, const tdm_optim_span **spans);
 const char *tdm_engine_describe(const tdm_engine *e); /* "zero stage 3, 4 ranks, 7 units" */
+/* How many ranks hold the same state as this one (its spans, the same values): the world for data
+ * parallelism, 1 for ZeRO, the data axis for a pipeline or tensor parallelism; *index gets this
+ * rank's place among them. */
+int tdm_engine_replicas(const tdm_engine *e, int *index);
 
 /* After the engine is created: every parameter takes the values of this safetensors file (each
  * rank reads only what it holds). */
@@ -176,6 +249,21 @@ int tdm_engine_params_whole(const tdm_engine *e);
  * each span, tdm_engine_shard's) and at stage 3 "model.shard" (f32: the parameter pieces, span after
  * span). *n gets their count (at most 3). */
 tdm_status tdm_engine_shard_state(tdm_engine *e, tdm_st_tensor *out, int *n);
+/* Engines whose state is not ranges of the whole parameter buffer (tensor parallelism: each rank
+ * holds slices) describe it as boxes of the whole model's parameters: for each, where its values
+ * and its optimizer state lie on this rank, and whether this rank is the one that writes it to a
+ * checkpoint (across the world, the boxes whose write is 1 tile every parameter exactly once).
+ * Returns their count and sets *pieces (owned by the engine, valid while it lives); 0 for engines
+ * whose state tdm_engine_shard and tdm_engine_shard_state describe. */
+typedef struct tdm_engine_piece {
+  int param;                      /* the parameter's index in tdm_engine_model's store */
+  int64_t start[TDM_MAX_DIMS];    /* the box, in the whole parameter's shape */
+  int64_t count[TDM_MAX_DIMS];
+  float *data;                    /* its values on this rank, row-major over the box */
+  int64_t state_at;               /* optimizer state s of its first element: tdm_optim_state + s x owned + state_at */
+  int write;                      /* 1: this rank writes it (replicas and data-parallel copies: one of them) */
+} tdm_engine_piece;
+int tdm_engine_pieces(const tdm_engine *e, const tdm_engine_piece **pieces);
 /* Loads a shard written by a rank of the same layout: the spans must match (TDM_ERR_MISMATCH naming
  * both otherwise); find(ctx, name) returns a tensor or NULL. Sets the optimizer's step count. */
 tdm_status tdm_engine_load_shard_state(tdm_engine *e, const tdm_st_tensor *(*find)(void *ctx, const char *name), void *ctx,
@@ -184,6 +272,46 @@ tdm_status tdm_engine_load_shard_state(tdm_engine *e, const tdm_st_tensor *(*fin
  * written in place (a checkpoint read into them, tandem/checkpoint.h): sets the optimizer's step
  * count and drops what derives from the old values (stage 3: gathered units). Not collective. */
 tdm_status tdm_engine_shard_loaded(tdm_engine *e, int64_t optim_steps);
+
+/* ---- the parameter server's side --------------------------------------------------------------
+ * Server s of S holds keys [lo, hi) of n parameters: S ranges of consecutive keys as equal in
+ * bytes as whole keys allow (f32: s * (n/S) + min(s, n%S), as tdm_comm_block). */
+void tdm_ps_shard(int64_t n, int S, int s, int64_t *lo, int64_t *hi);
+/* What a server did, for its report. */
+typedef struct tdm_ps_server_stats {
+  int server, rank;
+  int64_t lo, hi, pushes, updates;
+  uint64_t bytes_in, bytes_out;
+  int64_t staleness_hist[17]; /* pushes by staleness (updates of the shard between the worker's pull
+                                 and its push's application); the last bin: 16 or more */
+  int64_t max_staleness;
+  int64_t max_clock_gap;      /* ssp / async: the most steps a worker was ahead of the slowest when
+                                 it was given parameters (ssp: at most the staleness bound) */
+  double seconds;
+} tdm_ps_server_stats;
+/* Runs this rank as a server (world rank >= size - S) until every worker has finished: builds the
+ * model with the workers' seed (so the shard starts with their values) and the optimizer over its
+ * range, then answers pushes as the mode says. A dead worker, a malformed push or one for keys
+ * this server does not own fails it with the worker named (the job stops). */
+tdm_status tdm_ps_serve(const tdm_model_config *model, uint64_t seed, const tdm_optim_config *optim,
+                        const tdm_engine_ps_config *cfg, tdm_ps_server_stats *stats);
+/* The stats as one JSON object (no newline). */
+void tdm_ps_stats_json(const tdm_ps_server_stats *st, char *buf, size_t n);
+
+/* Replays the update logs in dir (ps-server-0.log .. as many as server 0's names) on the model
+ * built from seed, with the optimizer over each server's range: every update the servers applied,
+ * in their order, with the gradient and learning rate the optimizer got, so the parameters come
+ * out as the run left them, bit for bit (sync, async or ssp alike). until >= 0 stops each server
+ * after that many updates. Writes the parameters to save_path (NULL: nowhere). A log of another
+ * model, a truncated record or one that fails its checksum is named (TDM_ERR_MISMATCH /
+ * TDM_ERR_FORMAT). */
+typedef struct tdm_ps_replay_stats {
+  int servers;
+  int64_t updates[64]; /* per server, applied */
+} tdm_ps_replay_stats;
+tdm_status tdm_ps_replay(const char *dir, const tdm_model_config *model, uint64_t seed, const tdm_optim_config *optim,
+                         int64_t until, const char *save_path, int n_meta, const char *const *meta_kv,
+                         tdm_ps_replay_stats *stats);
 
 #ifdef __cplusplus
 }

@@ -55,6 +55,12 @@ int tdm_params_is_reserved(const tdm_params *p); /* the TDM_RESERVE_* bits */
 /* Writes into dst the hi - lo initial values tdm_params_finalize gives elements [lo, hi) (each
  * parameter's values come from its own stream, so any range can be made alone). */
 tdm_status tdm_params_init_range(const tdm_params *p, int64_t lo, int64_t hi, float *dst);
+/* The initial values of count runs of parameter i: run k is its elements [first + k * stride,
+ * first + k * stride + len), written one after another into dst (count x len floats). The
+ * parameter's stream is drawn once, so a tensor-parallel rank makes its slice of a parameter
+ * (rows or columns of it) with the values the whole model has, at the cost of the whole one. */
+tdm_status tdm_params_init_strided(const tdm_params *p, int i, int64_t first, int64_t len, int64_t stride, int64_t count,
+                                   float *dst);
 /* Reserved storage only: gives back the pages that lie wholly inside elements [lo, hi) of the
  * data (which = 0) or gradient (which = 1) buffer and zeroes the rest of the range; the range
  * reads as zeros afterwards. Not while another thread writes inside [lo, hi). */
@@ -186,6 +192,20 @@ const tdm_model_config *tdm_model_get_config(const tdm_model *m);
 /* MLP: x (B, in_features) f32; CNN: x (B, C, H, W) f32; GPT and Llama: token ids (B, T) i32/i64,
  * T <= block_size. Returns logits (B, classes) or (B, T, vocab); NULL with the tape's error set. */
 tdm_tensor *tdm_model_forward(tdm_model *m, tdm_tape *tp, tdm_tensor *x);
+
+/* A GPT's blocks [first, last) alone, as a pipeline stage runs them: with embed, x is the token
+ * ids (B, T) and the embeddings come first, else x is the activations (B, T, C) f32; with head,
+ * the final norm and the logits (B, T, vocab) come last, from head_weight when given (a stage that
+ * does not own the tied embedding passes its own view of it) or from wte; head_input gets the
+ * final norm's output. Dropout masks are those of tdm_model_forward: keyed by the block, not by
+ * the cut. Returns the activations or the logits; NULL with the tape's error set. */
+typedef struct tdm_gpt_range {
+  int64_t first, last;
+  int embed, head;
+  tdm_tensor *head_weight;
+  tdm_tensor *head_input; /* out */
+} tdm_gpt_range;
+tdm_tensor *tdm_gpt_forward_range(tdm_model *m, tdm_tape *tp, tdm_tensor *x, tdm_gpt_range *r);
 
 /* The MLP's forward and backward written against the kernels directly, with no tape (the
  * "low-level engine"). x (B, in) f32, y (B) i32. Gradients are ACCUMULATED into the model's

@@ -38,8 +38,19 @@ typedef struct tdm_plan_config {
   int64_t data_bytes;           /* the data sets as held in memory (tdm_dataset_bytes) */
   int prefetch;                 /* batches are assembled ahead on a thread (two batch buffers) */
   tdm_transport_kind transport; /* for the communication buffers */
+  int tensor;                   /* tensor-parallel ranks beside each data rank (0 or 1: none) */
+  int pipeline;                 /* pipeline stages (engine TDM_ENGINE_PIPELINE; 0 or 1: none) */
 } tdm_plan_config;
 tdm_plan_config tdm_plan_config_default(void);
+
+/* A pipeline stage's part of the plan. */
+#define TDM_PLAN_MAX_STAGES 64
+typedef struct tdm_plan_stage {
+  int64_t bytes[TDM_MEM_COUNT];
+  int64_t total;
+  int peak;                     /* chunk micro-batches its schedule holds at most */
+  int first_block, last_block;  /* its first chunk's blocks */
+} tdm_plan_stage;
 
 typedef struct tdm_plan {
   int64_t bytes[TDM_MEM_COUNT]; /* per rank, at the peak of a step or an evaluation */
@@ -51,10 +62,21 @@ typedef struct tdm_plan {
   int64_t act_train, act_eval;  /* tape bytes of a training micro-batch, of an evaluation batch */
   double comm_per_step;         /* bytes each rank sends per optimizer step */
   int stage;                    /* 0: data parallel; 1-3: ZeRO */
-  int world;
+  int world;                    /* ranks on the data axis */
+  int tensor;                   /* tensor-parallel ranks (1: none); owned is then the slices' elements */
+  /* a pipeline (pipeline > 1): the schedule's bubble from its simulation, each stage's memory; the
+   * per-rank bytes above are the stage that needs most */
+  int pipeline, virtual_stages, microbatches, n_stages;
+  double bubble, bubble_ratio;
+  char schedule[16];
+  tdm_plan_stage stages[TDM_PLAN_MAX_STAGES];
 } tdm_plan;
 
 tdm_status tdm_plan_compute(const tdm_plan_config *c, tdm_plan *out);
+/* A GPT's compute per token (forward multiply-adds x 2; backward is about twice that) in its
+ * parts: the embeddings, one transformer block (T tokens of context for attention), and the final
+ * norm, head and loss. The pipeline cuts blocks into stages by these costs. */
+void tdm_plan_gpt_costs(const tdm_model_config *m, int64_t T, double *embed, double *block, double *head);
 /* A table: per category, bytes and what they are. limit > 0 adds whether the total fits. */
 void tdm_plan_print(FILE *f, const tdm_plan *p, int64_t limit);
 /* TDM_ERR_INVALID_ARG when the total exceeds limit (> 0), saying by how much, naming the largest

@@ -19,5 +19,7 @@
 #include "tandem/sampler.h"
 #include "tandem/engine.h"
 #include "tandem/plan.h"
+#include "tandem/pipeline.h"
+#include "tandem/cluster.h"
 
 #endif

@@ -92,6 +92,16 @@ typedef struct tdm_train_config {
    * per optimizer step), clipping of the global gradient norm (engine.clip, 0: off), gradient
    * buckets, overlap and wire dtype (engine.dp), sharding (engine.zero). */
   tdm_engine_config engine;
+  /* The process grid: data-parallel replicas (0: the world over tensor x pipeline), tensor-parallel
+   * ranks splitting the model (gpt; engine.kind TDM_ENGINE_TP when > 1) and pipeline stages
+   * (engine.kind TDM_ENGINE_PIPELINE when > 1); 0 or 1: no such axis. Their product is the world
+   * size. A step consumes dp x accum x batch_size samples; batch_size is the micro-batch. */
+  int64_t dp, tp, pp;
+  /* Instead of training: replay the parameter server's update logs in this directory (written
+   * with engine.ps.log_dir) on the model these options describe, stopping each server after
+   * ps_replay_until updates (< 0: all), and write the parameters to save_weights. */
+  const char *ps_replay;
+  int64_t ps_replay_until;
   int64_t memory_limit;  /* bytes per rank; > 0: a plan above it is refused before step 1 */
   const char *last_batch; /* "auto" (partial for one process, pad otherwise), "partial", "pad", "drop" */
   int prefetch;          /* 1: a thread assembles the next batch while this one computes; 0: no;

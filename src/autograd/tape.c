@@ -70,6 +70,15 @@ tdm_tensor *tdm__fail(tdm_tape *tp, tdm_status st, const char *fmt, ...) {
   return NULL;
 }
 
+tdm_tensor *tdm_tape_fail(tdm_tape *tp, tdm_status st, const char *fmt, ...) {
+  char msg[480];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  return tdm__fail(tp, st == TDM_OK ? TDM_ERR_INTERNAL : st, "%s", msg);
+}
+
 const char *tdm__shp(const tdm_tensor *t) {
   static _Thread_local char bufs[4][96];
   static _Thread_local int k;
@@ -198,9 +207,14 @@ static tdm_dtype grad_dtype(const tdm_tensor *t) {
   return t->dtype == TDM_BF16 || t->dtype == TDM_F16 ? t->dtype : TDM_F32;
 }
 
+/* A split backward computes in each pass only its side's gradients (parameters, or the rest). */
+static int other_phase(const tdm_tape *tp, const tdm_tensor *t) {
+  return tp->grad_phase && ((t->flags & TDM_TF_PARAM) != 0) != (tp->grad_phase == 2);
+}
+
 void *tdm__grad_for_write(tdm_tape *tp, tdm_tensor *t, int *fresh) {
   *fresh = 0;
-  if (!tdm__requires_grad(t)) return NULL;
+  if (!tdm__requires_grad(t) || other_phase(tp, t)) return NULL;
   if (!t->grad && !((t->flags & TDM_TF_HEAP) && !t->node)) { /* a tape activation's first gradient */
     tdm_tensor *g = tdm__out(tp, grad_dtype(t), t->ndim, t->shape);
     if (!g) return NULL;
@@ -212,7 +226,7 @@ void *tdm__grad_for_write(tdm_tape *tp, tdm_tensor *t, int *fresh) {
 }
 
 void *tdm__grad(tdm_tape *tp, tdm_tensor *t) {
-  if (!tdm__requires_grad(t)) return NULL;
+  if (!tdm__requires_grad(t) || other_phase(tp, t)) return NULL;
   if (!t->grad) {
     if ((t->flags & TDM_TF_HEAP) && !t->node) {
       if (heap_grad(t) != TDM_OK) {
@@ -282,10 +296,22 @@ tdm_node *tdm__record(tdm_tape *tp, const char *op, tdm__backward_fn bw, tdm_ten
   return nd;
 }
 
+/* A leaf's hook fires in the pass that makes its gradient. */
+static void fire(tdm_tape *tp, tdm_tensor *t) {
+  if (t->hook && !other_phase(tp, t)) t->hook(t->hook_ctx, t);
+}
+
+static int has_param_input(const tdm_node *nd) {
+  for (int j = 0; j < nd->n_in; j++)
+    if (nd->in[j] && (nd->in[j]->flags & TDM_TF_PARAM)) return 1;
+  return 0;
+}
+
 tdm_status tdm__backward_nodes(tdm_tape *tp, int from, int to) {
   for (int i = to - 1; i >= from && tp->status == TDM_OK; i--) {
     tdm_node *nd = tp->nodes[i];
-    if (nd->out->grad && fetch_inputs(tp, nd->op, nd->n_in, nd->in, 1) == TDM_OK) nd->backward(tp, nd);
+    if (nd->out->grad && (tp->grad_phase != 2 || has_param_input(nd)) && fetch_inputs(tp, nd->op, nd->n_in, nd->in, 1) == TDM_OK)
+      nd->backward(tp, nd);
   }
   return tp->status;
 }
@@ -295,20 +321,15 @@ static tdm_status run_backward(tdm_tape *tp) {
   tp->in_backward = 1;
   for (int i = tp->n_nodes - 1; i >= 0; i--) {
     tdm_node *nd = tp->nodes[i];
-    if (nd->out->grad && fetch_inputs(tp, nd->op, nd->n_in, nd->in, 1) == TDM_OK) nd->backward(tp, nd);
+    if (nd->out->grad && (tp->grad_phase != 2 || has_param_input(nd)) && fetch_inputs(tp, nd->op, nd->n_in, nd->in, 1) == TDM_OK)
+      nd->backward(tp, nd);
     if (tp->status != TDM_OK) {
       tp->in_backward = 0;
       return tp->status;
     }
-    for (; k >= 0 && tp->leaves[k].first_use >= i; k--) {
-      tdm_tensor *t = tp->leaves[k].t;
-      if (t->hook) t->hook(t->hook_ctx, t);
-    }
+    for (; k >= 0 && tp->leaves[k].first_use >= i; k--) fire(tp, tp->leaves[k].t);
   }
-  for (; k >= 0; k--) {
-    tdm_tensor *t = tp->leaves[k].t;
-    if (t->hook) t->hook(t->hook_ctx, t);
-  }
+  for (; k >= 0; k--) fire(tp, tp->leaves[k].t);
   tp->in_backward = 0;
   return TDM_OK;
 }
@@ -342,4 +363,23 @@ tdm_status tdm_backward(tdm_tape *tp, tdm_tensor *loss) {
     return tdm__set_error(TDM_ERR_INVALID_ARG, "backward: loss has shape %s; expected one element (or use backward_with)",
                           tdm__shp(loss));
   return tdm_backward_with(tp, loss, NULL);
+}
+
+tdm_status tdm_backward_inputs(tdm_tape *tp, tdm_tensor *out, const tdm_tensor *gout) {
+  if (out && !gout && out->numel != 1)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "backward_inputs: output %s without a gradient; expected one element",
+                          tdm__shp(out));
+  tp->grad_phase = 1;
+  tdm_status st = tdm_backward_with(tp, out, gout);
+  tp->grad_phase = 0;
+  return st;
+}
+
+tdm_status tdm_backward_params(tdm_tape *tp) {
+  if (tp->status != TDM_OK) return tdm__set_error(tp->status, "%s", tp->error);
+  tp->grad_phase = 2; /* the nodes that have a parameter among their inputs, from the gradients pass 1 left */
+  tdm_status st = run_backward(tp);
+  tp->grad_phase = 0;
+  if (st != TDM_OK) return tdm__set_error(st, "%s", tp->error);
+  return TDM_OK;
 }

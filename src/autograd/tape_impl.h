@@ -43,6 +43,7 @@ struct tdm_tape {
   tdm_dtype autocast;   /* TDM_F32 (off), TDM_BF16 or TDM_F16: the dtype ops store activations in */
   int recompute;        /* tdm_recompute: what the models recompute in backward */
   int in_backward;      /* backward is running (recomputed forward ops fetch as backward does) */
+  int grad_phase; /* 0: every gradient; 1: all but the parameters'; 2: only the parameters' (tdm_backward_inputs / _params) */
   tdm_status status;
   char error[512];
 };

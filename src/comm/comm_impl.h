@@ -27,6 +27,7 @@ typedef enum {
   TDM_COLL_BARRIER,
   TDM_COLL_SPLIT,
   TDM_COLL_ABORT, /* payload: the reason text */
+  TDM_COLL_TAGGED, /* tdm_comm_tsend: matched by (source, tag); seq is the tag */
   TDM_COLL_KIND_COUNT
 } tdm__coll_kind;
 const char *tdm__coll_name(int kind);
@@ -54,7 +55,21 @@ typedef struct tdm__xfer {
   size_t done;        /* header + payload bytes moved */
   tdm__hdr got;       /* recv: the header as received */
   int complete;
+  /* tagged messages (p2p.c): a receive that meets a tagged message it does not want reads it into
+   * the transport's stash instead (user_buf / user_nbytes keep its own buffer meanwhile); a probe
+   * (any-source receive) ends after one message, matched or stashed */
+  int stashing, probe, matched;
+  void *user_buf;
+  size_t user_nbytes;
 } tdm__xfer;
+
+/* A tagged message read ahead of the receive that will take it. */
+typedef struct tdm__stashed {
+  struct tdm__stashed *next;
+  int peer; /* the transport's rank */
+  tdm__hdr hdr;
+  char data[];
+} tdm__stashed;
 
 typedef struct tdm__call {
   uint32_t kind, dtype, op;
@@ -85,6 +100,10 @@ typedef struct tdm__transport_ops {
    * (slots: one that moves no messages), so transports whose algorithms exchange no headers can
    * detect mismatches while waiting. */
   void (*announce)(tdm__transport *t, const struct tdm__call *call, int slots);
+  /* Optional (tagged receives from any source need it): whether peer has sent something not yet
+   * received, without blocking; also 1 when peer is gone or the job aborted, so that a receive
+   * from it reports why. slow: every few ms, the time for costlier checks (a process's life). */
+  int (*pending)(tdm__transport *t, int peer, int slow);
 } tdm__transport_ops;
 
 struct tdm__transport {
@@ -94,6 +113,7 @@ struct tdm__transport {
    * comm's transport (set by comm.c before every call; cleared when that communicator goes) */
   struct tdm_comm *active;
   int rank, size;
+  tdm__stashed *stash, *stash_tail; /* tagged messages read ahead, in arrival order (p2p.c) */
 };
 /* The communicator to name in errors and to fail: the one whose call is running. */
 static inline struct tdm_comm *tdm__active(tdm__transport *t) { return t->active ? t->active : t->comm; }
@@ -115,6 +135,7 @@ struct tdm_comm {
   tdm_algo algo_plain;
   uint64_t seq;
   tdm__call cur; /* the collective in progress */
+  int last_any;  /* the rank a tagged receive from any source took a message from last */
   _Atomic int failed;
   /* tdm_comm_bytes_sent: message payloads, plus what the shm collectives hand to peers */
   _Atomic uint64_t bytes_sent;
@@ -153,11 +174,27 @@ tdm_status tdm__check_call(struct tdm_comm *c, int peer, const tdm__call *want, 
 /* c's rank of the transport's rank q (sub-communicators map ranks); -1 if q is not in c. */
 int tdm__comm_rank_of(const struct tdm_comm *c, int q);
 
+/* What a transport calls when a receive's header has arrived (instead of tdm__check_header) and
+ * when its last byte has: the first checks it (tagged receives match it; a tagged message that
+ * another receive meets is redirected into a stash buffer), the second returns 1 when the
+ * transfer is complete, 0 when the message went to the stash and the receive starts again (a
+ * probe then completes with matched = 0). */
+tdm_status tdm__xfer_header(struct tdm_comm *c, tdm__xfer *x);
+int tdm__xfer_done(tdm__transport *t, tdm__xfer *x);
+/* Frees the stash (the transport's destroy). */
+void tdm__stash_free(tdm__transport *t);
+
 /* Point-to-point for algorithms: headers are filled from c->cur. Peers are communicator ranks. */
 tdm_status tdm__exchange(struct tdm_comm *c, tdm__xfer *x, int n);
 tdm_status tdm__send(struct tdm_comm *c, int peer, const void *buf, size_t nbytes);
 tdm_status tdm__recv(struct tdm_comm *c, int peer, void *buf, size_t nbytes);
 tdm_status tdm__sendrecv(struct tdm_comm *c, int to, const void *sbuf, size_t sn, int from, void *rbuf, size_t rn);
+/* The public send / recv as the progress thread runs them (p2p.c). */
+tdm_status tdm__p2p(struct tdm_comm *c, int peer, int tag, void *buf, size_t nbytes, int is_send);
+/* Non-blocking calls (progress.c): a blocking call first waits until c's queue is idle (so calls
+ * keep their order); destroy stops the progress thread and frees the handles never waited for. */
+tdm_status tdm__wait_queue_idle(struct tdm_comm *c);
+void tdm__progress_stop(struct tdm_comm *c);
 /* Scratch of at least n bytes owned by the communicator. */
 void *tdm__comm_scratch(struct tdm_comm *c, size_t n);
 
@@ -195,14 +232,15 @@ typedef struct {
 } tdm__backoff_t;
 int tdm__backoff(tdm__backoff_t *b);
 
-/* Transports. */
-tdm_status tdm__thread_transport_create(tdm__transport **out, struct tdm_comm *c, void *group);
-tdm_status tdm__tcp_transport_create(tdm__transport **out, struct tdm_comm *c, const tdm_comm_config *cfg);
-tdm_status tdm__mpi_transport_create(tdm__transport **out, struct tdm_comm *c);
+/* Transports: one creator each, in the table of comm.c (indexed by tdm_transport_kind). */
+typedef tdm_status tdm__transport_create_fn(tdm__transport **out, struct tdm_comm *c, const tdm_comm_config *cfg);
+tdm__transport_create_fn tdm__thread_transport_create; /* cfg->thread_group */
+tdm__transport_create_fn tdm__tcp_transport_create;
+tdm__transport_create_fn tdm__mpi_transport_create;
 /* The MPI transport sends a payload in pieces of at most this many bytes (1 GiB: MPI counts are
  * int); tests make it small to exercise the pieces. */
 extern size_t tdm__mpi_piece_bytes;
-tdm_status tdm__shm_transport_create(tdm__transport **out, struct tdm_comm *c, const tdm_comm_config *cfg);
+tdm__transport_create_fn tdm__shm_transport_create;
 /* The shared-memory collectives (no messages): need the communicator's transport to be shm and
  * the communicator to span all its ranks (tdm__shm_usable). They read sendbuf and write recvbuf,
  * which may be equal; every element is reduced in rank order 0..P-1, so the reduce-scatter's
@@ -253,6 +291,31 @@ tdm_status tdm__store_set(tdm__store *s, const char *key, const void *val, size_
 tdm_status tdm__store_get(tdm__store *s, const char *key, void **val, size_t *n, double timeout_s);
 tdm_status tdm__store_add(tdm__store *s, const char *key, int64_t delta, int64_t *result);
 void tdm__store_close(tdm__store *s);
+
+/* The algorithm table (algos.c): a row per tdm_algo, indexed by it, saying which collectives it
+ * runs and where, and how. Adding an algorithm is its file in algo/ and one row. Every entry
+ * point has the collective's whole signature, so the dispatcher (collective.c) has no switch:
+ *   allreduce:      sendbuf -> recvbuf (may be equal), count elements;
+ *   broadcast:      buf of nbytes from root;   reduce: in place on work (the root's recvbuf);
+ *   reduce_scatter: sendbuf of count elements -> recvbuf, block r (cnt[r] at off[r]) on rank r;
+ *   allgather:      sendbuf (block r) -> recvbuf of count elements. */
+typedef struct tdm__algo_row {
+  const char *name;
+  unsigned runs;        /* bit (1u << tdm__coll_kind) per collective it can run */
+  unsigned pow2_only;   /* of those, the ones it runs only on a power-of-two communicator */
+  unsigned blocks_only; /* of those, the ones it runs only on equal blocks (not the v forms) */
+  int needs_shm;        /* only where tdm__shm_usable */
+  tdm_status (*allreduce)(struct tdm_comm *c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt,
+                          tdm_redop op);
+  tdm_status (*broadcast)(struct tdm_comm *c, void *buf, size_t nbytes, int root);
+  tdm_status (*reduce)(struct tdm_comm *c, void *work, size_t count, tdm_dtype dt, tdm_redop op, int root);
+  tdm_status (*reduce_scatter)(struct tdm_comm *c, const void *sendbuf, void *recvbuf, size_t count, const size_t *cnt,
+                               const size_t *off, tdm_dtype dt, tdm_redop op);
+  tdm_status (*allgather)(struct tdm_comm *c, const void *sendbuf, void *recvbuf, size_t count, const size_t *cnt,
+                          const size_t *off, tdm_dtype dt);
+} tdm__algo_row;
+extern const tdm__algo_row tdm__algos[TDM_ALGO_COUNT];
+#define TDM__COLL_BIT(k) (1u << (k))
 
 /* Algorithms (src/comm/algo): all work on communicator ranks and c->cur. */
 tdm_status tdm__allreduce_ring(struct tdm_comm *c, void *buf, size_t count, tdm_dtype dt, tdm_redop op);

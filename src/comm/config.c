@@ -9,20 +9,26 @@
 #include <strings.h>
 
 #include "comm/comm_impl.h"
+#include "comm/launch_config.h"
 
 static const char *transport_names[] = {"auto", "thread", "shm", "tcp", "mpi"};
 _Static_assert(sizeof transport_names / sizeof transport_names[0] == TDM_TRANSPORT_COUNT, "one name per transport");
-static const char *algo_names[] = {"auto", "ring", "rd", "rhd", "tree", "chain", "direct", "shm"};
-_Static_assert(sizeof algo_names / sizeof algo_names[0] == TDM_ALGO_COUNT, "one name per algorithm");
 static const char *coll_names[] = {"send/recv", "all-reduce", "broadcast", "reduce", "reduce-scatter", "all-gather",
-                                   "gather", "scatter", "all-to-all", "barrier", "split", "abort"};
+                                   "gather", "scatter", "all-to-all", "barrier", "split", "abort", "tagged message"};
 _Static_assert(sizeof coll_names / sizeof coll_names[0] == TDM_COLL_KIND_COUNT, "one name per collective");
 
 const char *tdm_transport_name(tdm_transport_kind k) {
   return (unsigned)k < TDM_TRANSPORT_COUNT ? transport_names[k] : "?";
 }
-const char *tdm_algo_name(tdm_algo a) { return (unsigned)a < TDM_ALGO_COUNT ? algo_names[a] : "?"; }
+const char *tdm_algo_name(tdm_algo a) { return (unsigned)a < TDM_ALGO_COUNT ? tdm__algos[a].name : "?"; }
 const char *tdm__coll_name(int k) { return (unsigned)k < TDM_COLL_KIND_COUNT ? coll_names[k] : "?"; }
+
+/* The algorithm named s (the table's names); -1 if none. */
+static int find_algo(const char *s) {
+  for (int i = 0; s && i < TDM_ALGO_COUNT; i++)
+    if (!strcmp(s, tdm__algos[i].name)) return i;
+  return -1;
+}
 
 /* The index of s among n names (NULL entries never match); -1 if none. */
 static int find_name(const char *const *names, int n, const char *s) {
@@ -32,7 +38,7 @@ static int find_name(const char *const *names, int n, const char *s) {
 }
 
 tdm_status tdm_algo_parse(const char *name, tdm_algo *out) {
-  int i = find_name(algo_names, TDM_ALGO_COUNT, name);
+  int i = find_algo(name);
   if (i < 0)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "algorithm '%s'; expected one of auto ring rd rhd tree chain direct shm",
                           name ? name : "(null)");
@@ -83,13 +89,15 @@ tdm_status tdm__env_timeout(double *out) {
   return TDM_OK;
 }
 
-/* LOCAL_WORLD_SIZE (torchrun) or OMPI_COMM_WORLD_LOCAL_SIZE: ranks on this node; 0 when unset. */
+/* LOCAL_WORLD_SIZE (torchrun) or OMPI_COMM_WORLD_LOCAL_SIZE: ranks on this node; else Slurm's
+ * tasks on this node (launch_config.h); 0 when unknown. */
 tdm_status tdm__env_local_size(int *out) {
   static const char *vars[] = {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", NULL};
   const char *name, *v = env_first(vars, &name);
   long x = 0;
   *out = 0;
-  if (v && !parse_long(v, 1, MAX_RANKS, &x))
+  if (!v) return tdm__launch_local_size(out);
+  if (!parse_long(v, 1, MAX_RANKS, &x))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "environment: %s is '%s'; expected the number of ranks on this node, 1..%d",
                           name, v, MAX_RANKS);
   *out = (int)x;
@@ -136,7 +144,7 @@ tdm_status tdm_comm_config_from_env(tdm_comm_config *cfg) {
       return tdm__set_error(TDM_ERR_INVALID_ARG, "environment: TANDEM_TRANSPORT is '%s'; expected auto, thread, shm, tcp or mpi", tr);
     cfg->transport = (tdm_transport_kind)i;
   }
-  return TDM_OK;
+  return tdm__comm_config_from_launch(cfg); /* srun's and mpirun's facts fill in what is not set */
 }
 
 /* ---- TANDEM_ALGO ----------------------------------------------------------------------------
@@ -147,32 +155,6 @@ static const char *const algo_coll_names[TDM_COLL_KIND_COUNT] = {
     [TDM_COLL_REDUCE_SCATTER] = "reducescatter", [TDM_COLL_ALLGATHER] = "allgather", [TDM_COLL_GATHER] = "gather",
     [TDM_COLL_SCATTER] = "scatter",         [TDM_COLL_ALLTOALL] = "alltoall"};
 #define ALGO_UNSET TDM_ALGO_COUNT
-
-/* Whether algorithm a can run collective kind k on c. */
-int tdm__algo_applies(const struct tdm_comm *c, int k, tdm_algo a) {
-  int vector = k == TDM_COLL_ALLREDUCE || k == TDM_COLL_REDUCE_SCATTER || k == TDM_COLL_ALLGATHER;
-  switch (a) {
-  case TDM_ALGO_AUTO: return algo_coll_names[k] != NULL;
-  case TDM_ALGO_RING: return vector;
-  case TDM_ALGO_RD: return k == TDM_COLL_ALLREDUCE || (k == TDM_COLL_ALLGATHER && tdm__pow2(c->size));
-  case TDM_ALGO_RHD: return k == TDM_COLL_ALLREDUCE || (k == TDM_COLL_REDUCE_SCATTER && tdm__pow2(c->size));
-  case TDM_ALGO_TREE: return k == TDM_COLL_ALLREDUCE || k == TDM_COLL_BROADCAST || k == TDM_COLL_REDUCE;
-  case TDM_ALGO_CHAIN: return k == TDM_COLL_BROADCAST;
-  case TDM_ALGO_DIRECT: return vector || k == TDM_COLL_GATHER || k == TDM_COLL_SCATTER || k == TDM_COLL_ALLTOALL;
-  case TDM_ALGO_SHM: return vector && tdm__shm_usable(c);
-  default: return 0;
-  }
-}
-
-/* "ring, rd, rhd, tree, shm or auto": what can run kind k on c. */
-const char *tdm__algos_for(const struct tdm_comm *c, int k, char *buf, size_t n) {
-  size_t at = 0;
-  buf[0] = 0;
-  for (int a = 1; a < TDM_ALGO_COUNT; a++)
-    if (tdm__algo_applies(c, k, (tdm_algo)a)) at += (size_t)snprintf(buf + at, at < n ? n - at : 0, "%s, ", algo_names[a]);
-  if (at < n) snprintf(buf + at, n - at, "auto");
-  return buf;
-}
 
 tdm_status tdm__parse_algo_env(struct tdm_comm *c, const char *spec) {
   for (int k = 0; k < TDM_COLL_KIND_COUNT; k++) c->algo_for[k] = ALGO_UNSET;
@@ -186,7 +168,7 @@ tdm_status tdm__parse_algo_env(struct tdm_comm *c, const char *spec) {
   char *save = NULL;
   for (char *e = strtok_r(buf, ",", &save); e; e = strtok_r(NULL, ",", &save)) {
     char *eq = strchr(e, '='), *an = eq ? eq + 1 : e;
-    int ai = find_name(algo_names, TDM_ALGO_COUNT, an);
+    int ai = find_algo(an);
     tdm_algo a = (tdm_algo)ai;
     if (ai < 0)
       return tdm__set_error(TDM_ERR_INVALID_ARG, "TANDEM_ALGO '%s': unknown algorithm '%s'; expected one of auto ring rd rhd tree chain direct shm", spec, an);

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "core/internal.h"
+#include "tandem/cluster.h"
 
 void openblas_set_num_threads(int num_threads); /* from libopenblas */
 
@@ -79,8 +80,7 @@ tdm_status tdm_set_num_threads(int n) {
   if (n == 0) {
     const char *e = getenv("TANDEM_NUM_THREADS");
     n = e ? atoi(e) : 0;
-    if (n <= 0) n = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    if (n <= 0) n = 1;
+    if (n <= 0) n = tdm_launch_default_threads(); /* this node's cores divided among its ranks */
   }
   if (n > 256) return tdm__set_error(TDM_ERR_INVALID_ARG, "set_num_threads: %d threads; expected <= 256", n);
   openblas_set_num_threads(1);
@@ -107,8 +107,9 @@ tdm_status tdm_set_num_threads(int n) {
 int tdm_get_num_threads(void) { return pool.n_threads; }
 
 int tdm_spare_core(int ranks) {
-  const char *lws = getenv("LOCAL_WORLD_SIZE");
-  long cores = sysconf(_SC_NPROCESSORS_ONLN), local = lws && atoi(lws) > 0 ? atoi(lws) : (ranks > 0 ? ranks : 1);
+  tdm_launch_env e; /* the launcher's ranks on this node, whichever launcher it is */
+  long cores = sysconf(_SC_NPROCESSORS_ONLN), local = tdm_launch_env_read(&e) == TDM_OK && e.local_size > 0 ? e.local_size
+                                                                                                          : (ranks > 0 ? ranks : 1);
   return cores > (long)pool.n_threads * local;
 }
 

@@ -222,15 +222,8 @@ tdm_tensor *tdm_model_forward(tdm_model *m, tdm_tape *tp, tdm_tensor *x) {
     return tdm_linear_mod_forward(tp, &m->fc, x);
   }
   case TDM_MODEL_GPT: {
-    if (x->ndim != 2 || (x->dtype != TDM_I32 && x->dtype != TDM_I64) || x->shape[1] > c->block_size ||
-        x->shape[1] < 1)
-      return input_error(tp, "gpt", x, "(batch, T) i32/i64 token ids with 1 <= T <= block_size");
-    int64_t T = x->shape[1];
-    tdm_tensor *h = tdm_add(tp, tdm_embedding(tp, m->wte.weight, x), tdm_slice(tp, m->wpe.weight, 0, 0, T));
-    h = tdm_dropout(tp, h, c->dropout);
-    for (int64_t l = 0; l < c->n_layer; l++) h = gpt_block(tp, &m->blocks[l], h);
-    h = tdm_layernorm_mod_forward(tp, &m->ln_f, h);
-    return tdm_linear(tp, h, m->wte.weight, NULL); /* lm_head tied to wte */
+    tdm_gpt_range all = {0, c->n_layer, 1, 1, NULL, NULL};
+    return tdm_gpt_forward_range(m, tp, x, &all);
   }
   case TDM_MODEL_LLAMA:
     if (x->ndim != 2 || (x->dtype != TDM_I32 && x->dtype != TDM_I64) || x->shape[1] > c->block_size || x->shape[1] < 1)
@@ -239,4 +232,34 @@ tdm_tensor *tdm_model_forward(tdm_model *m, tdm_tape *tp, tdm_tensor *x) {
   default:
     return NULL;
   }
+}
+
+/* Dropout masks are keyed by the call's number in the step (tandem/autograd.h): the embeddings'
+ * is call 0, block l's two are 1 + 2l and 2 + 2l, however the blocks are spread over stages. */
+static void dropout_site(tdm_tape *tp, int64_t block) { tp->dropout_calls = (uint64_t)(1 + 2 * block); }
+
+tdm_tensor *tdm_gpt_forward_range(tdm_model *m, tdm_tape *tp, tdm_tensor *x, tdm_gpt_range *r) {
+  if (!x || !r || tdm_tape_status(tp) != TDM_OK) return NULL;
+  const tdm_model_config *c = &m->cfg;
+  if (c->kind != TDM_MODEL_GPT || r->first < 0 || r->last < r->first || r->last > c->n_layer)
+    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "gpt range: blocks [%lld, %lld) of a %s model with %lld blocks",
+                     (long long)r->first, (long long)r->last, tdm_model_kind_name(c->kind), (long long)c->n_layer);
+  tdm_tensor *h = x;
+  if (r->embed) {
+    if (x->ndim != 2 || (x->dtype != TDM_I32 && x->dtype != TDM_I64) || x->shape[1] > c->block_size || x->shape[1] < 1)
+      return input_error(tp, "gpt", x, "(batch, T) i32/i64 token ids with 1 <= T <= block_size");
+    tp->dropout_calls = 0;
+    h = tdm_add(tp, tdm_embedding(tp, m->wte.weight, x), tdm_slice(tp, m->wpe.weight, 0, 0, x->shape[1]));
+    h = tdm_dropout(tp, h, c->dropout);
+  } else if (x->ndim != 3 || x->dtype != TDM_F32 || x->shape[2] != c->n_embd || x->shape[1] > c->block_size) {
+    return input_error(tp, "gpt range", x, "(batch, T, width) f32 activations");
+  }
+  for (int64_t l = r->first; l < r->last; l++) {
+    dropout_site(tp, l);
+    h = gpt_block(tp, &m->blocks[l], h);
+  }
+  if (!r->head) return h;
+  h = tdm_layernorm_mod_forward(tp, &m->ln_f, h);
+  r->head_input = h;
+  return tdm_linear(tp, h, r->head_weight ? r->head_weight : m->wte.weight, NULL); /* lm_head tied to wte */
 }

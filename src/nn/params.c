@@ -126,6 +126,36 @@ static void init_values(const entry *e, uint64_t seed, int i, int64_t from, int6
   }
 }
 
+tdm_status tdm_params_init_strided(const tdm_params *p, int i, int64_t first, int64_t len, int64_t stride, int64_t count,
+                                   float *dst) {
+  int64_t numel = p->finalized && i >= 0 && i < p->n ? p->e[i]->t.numel : -1;
+  if (numel < 0 || first < 0 || len < 0 || count < 0 || (count > 1 && stride < len) ||
+      (count > 0 && first + (count - 1) * stride + len > numel))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "params_init_strided: parameter %d (%lld elements%s): %lld runs of %lld from "
+                          "%lld every %lld", i, (long long)numel, p->finalized ? "" : ", not finalized", (long long)count,
+                          (long long)len, (long long)first, (long long)stride);
+  const entry *e = p->e[i];
+  if (e->init.kind == TDM_INIT_ZEROS || e->init.kind == TDM_INIT_ONES) {
+    for (int64_t k = 0; k < count * len; k++) dst[k] = e->init.kind == TDM_INIT_ONES ? 1.0f : 0.0f;
+    return TDM_OK;
+  }
+  /* one pass over the parameter's stream: skip to each run, draw it */
+  tdm_rng r;
+  tdm_rng_seed(&r, tdm_hash64(p->seed, (uint64_t)i));
+  int normal = e->init.kind == TDM_INIT_NORMAL;
+  int64_t at = 0;
+  for (int64_t k = 0; k < count; k++) {
+    for (int64_t s = first + k * stride; at < s; at++) {
+      tdm_rng_next(&r);
+      if (normal) tdm_rng_next(&r);
+    }
+    for (int64_t j = 0; j < len; j++, at++)
+      dst[k * len + j] = normal ? e->init.a + e->init.b * tdm_rng_normal(&r)
+                                : e->init.a + (e->init.b - e->init.a) * tdm_rng_uniform(&r);
+  }
+  return TDM_OK;
+}
+
 static void bind_views(tdm_params *p) {
   for (int i = 0; i < p->n; i++) {
     entry *e = p->e[i];

@@ -9,7 +9,8 @@
 #include "tensor/tensor_impl.h"
 
 /* ---- the table: one row per strategy --------------------------------------------------------- */
-static const tdm__engine_ops *const engines[] = {&tdm__engine_dp_ops, &tdm__engine_zero_ops};
+static const tdm__engine_ops *const engines[] = {&tdm__engine_dp_ops, &tdm__engine_zero_ops, &tdm__engine_pipeline_ops,
+                                                 &tdm__engine_tp_ops, &tdm__engine_ps_ops};
 _Static_assert(sizeof engines / sizeof engines[0] == TDM_ENGINE_KIND_COUNT, "one row per engine");
 
 const char *tdm_engine_kind_name(tdm_engine_kind k) {
@@ -26,6 +27,8 @@ tdm_engine_config tdm_engine_config_default(void) {
   c.zero.unit_modules = 1;
   c.zero.prefetch = 1;
   c.precision = TDM_F32;
+  c.tp.check_every = 100;
+  c.pp.schedule = TDM_PP_1F1B;
   return c;
 }
 
@@ -56,10 +59,11 @@ tdm_status tdm_grid_create(tdm_grid **out, tdm_comm_t world, int data, int tenso
   if (!g) return tdm__set_error(TDM_ERR_NO_MEMORY, "grid_create: out of memory");
   g->world = world;
   g->size[TDM_AXIS_DATA] = data, g->size[TDM_AXIS_TENSOR] = tensor, g->size[TDM_AXIS_PIPELINE] = pipeline;
-  /* rank = (p * data + d) * tensor + t: tensor peers are neighbours */
+  /* rank = (d * pipeline + p) * tensor + t: tensor peers are neighbours, then a pipeline's stages
+   * (they talk every micro-batch), then the data replicas (once a step) */
   g->index[TDM_AXIS_TENSOR] = R % tensor;
-  g->index[TDM_AXIS_DATA] = (R / tensor) % data;
-  g->index[TDM_AXIS_PIPELINE] = R / (tensor * data);
+  g->index[TDM_AXIS_PIPELINE] = (R / tensor) % pipeline;
+  g->index[TDM_AXIS_DATA] = R / (tensor * pipeline);
   for (int a = 0; a < TDM_AXIS_COUNT; a++) {
     if (g->size[a] == 1 || !world) continue;
     if (g->size[a] == W) { /* the whole world: no split (keeps whole-communicator fast paths) */
@@ -93,6 +97,57 @@ tdm_comm_t tdm_grid_comm(const tdm_grid *g, tdm_grid_axis a) { return (unsigned)
 int tdm_grid_size(const tdm_grid *g, tdm_grid_axis a) { return (unsigned)a < TDM_AXIS_COUNT ? g->size[a] : 0; }
 int tdm_grid_index(const tdm_grid *g, tdm_grid_axis a) { return (unsigned)a < TDM_AXIS_COUNT ? g->index[a] : 0; }
 
+/* Precision and recomputation against what the engine honours (ops->mixed, ->recompute): an engine
+ * that does not is refused, naming the setting, rather than run in f32 or without recomputing. */
+static tdm_status check_model_side(const tdm_engine_config *cfg, const char *where) {
+  const tdm__engine_ops *ops = engines[cfg->kind];
+  if (cfg->precision != TDM_F32 && cfg->precision != TDM_BF16 && cfg->precision != TDM_F16)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: precision %s; expected f32, bf16 or f16", where, tdm_dtype_name(cfg->precision));
+  if (cfg->precision != TDM_F32 && !ops->mixed)
+    return tdm__set_error(TDM_ERR_NOT_SUPPORTED,
+                          "%s: the %s engine does not implement mixed precision (precision %s); use f32 with it, or the dp "
+                          "or zero engine",
+                          where, ops->name, tdm_dtype_name(cfg->precision));
+  if (cfg->precision == TDM_F16 && ops->cannot_skip)
+    return tdm__set_error(TDM_ERR_NOT_SUPPORTED,
+                          "%s: fp16 skips the steps whose gradients overflow, and the %s engine cannot skip a step; use bf16 (no loss scaling)",
+                          where, ops->name);
+  if (cfg->precision == TDM_F16 && (!(cfg->loss_scale.init >= 0) || !isfinite(cfg->loss_scale.init) || cfg->loss_scale.window < 0))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: loss scale %g, window %lld; expected a finite scale >= 0 (0: 65536) and a window >= 0 (0: 2000)",
+                          where, (double)cfg->loss_scale.init, (long long)cfg->loss_scale.window);
+  if (cfg->recompute != TDM_RECOMPUTE_NONE && !ops->recompute)
+    return tdm__set_error(TDM_ERR_NOT_SUPPORTED,
+                          "%s: the %s engine does not implement activation recomputation (recompute %s); use none with it, "
+                          "or the dp or zero engine",
+                          where, ops->name, tdm_recompute_name(cfg->recompute));
+  return TDM_OK;
+}
+
+tdm_status tdm_engine_check(const tdm_model_config *mc, const tdm_engine_config *cfg, int world, int data, int tensor,
+                            int pipeline) {
+  if (tensor > 1 && pipeline > 1) /* not yet, whatever the model: the pipeline's chunks run the whole model's blocks */
+    return tdm__set_error(TDM_ERR_NOT_SUPPORTED,
+                          "process grid: tensor %d x pipeline %d: pipeline stages running tensor-parallel blocks (the 3-D "
+                          "grid) are not implemented yet; use tensor x data or pipeline x data parallelism",
+                          tensor, pipeline);
+  if (!mc || !cfg) return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_check: NULL argument");
+  if ((unsigned)cfg->kind >= TDM_ENGINE_KIND_COUNT)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_check: engine %d; expected 0..%d", (int)cfg->kind, TDM_ENGINE_KIND_COUNT - 1);
+  if (tensor < 1 || pipeline < 1 || data < 0 || world < 1 || (data == 0 && world % (tensor * pipeline) != 0) ||
+      (data > 0 && data * tensor * pipeline != world))
+    return tdm__set_error(TDM_ERR_INVALID_ARG,
+                          "process grid: data %d x tensor %d x pipeline %d does not make the world size %d; expected sizes >= 1 "
+                          "whose product is %d (data 0: what is left)",
+                          data, tensor, pipeline, world, world);
+  TDM__TRY(check_model_side(cfg, "engine_check"));
+  int sizes[TDM_AXIS_COUNT] = {data ? data : world / (tensor * pipeline), tensor, pipeline};
+  for (int a = TDM_AXIS_TENSOR; a < TDM_AXIS_COUNT; a++)
+    if (sizes[a] != 1 && !(engines[cfg->kind]->axes & (1u << a)))
+      return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "the %s engine does not run on a %s axis (tensor %d, pipeline %d)",
+                            engines[cfg->kind]->name, tdm_grid_axis_name((tdm_grid_axis)a), tensor, pipeline);
+  return engines[cfg->kind]->check ? engines[cfg->kind]->check(mc, cfg, sizes) : TDM_OK;
+}
+
 /* ---- create / destroy ------------------------------------------------------------------------- */
 tdm_status tdm_engine_create(tdm_engine **out, const tdm_model_config *mc, uint64_t seed, const tdm_optim_config *oc,
                              tdm_grid *grid, const tdm_engine_config *cfg) {
@@ -104,19 +159,12 @@ tdm_status tdm_engine_create(tdm_engine **out, const tdm_model_config *mc, uint6
   if (cfg->accum < 0 || cfg->accum > (1 << 20) || !(cfg->clip >= 0))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_create: accumulation %lld, clip %g; expected 1..2^20 and >= 0",
                           (long long)cfg->accum, (double)cfg->clip);
-  if (tdm_grid_size(grid, TDM_AXIS_TENSOR) != 1 || tdm_grid_size(grid, TDM_AXIS_PIPELINE) != 1)
-    return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "engine_create: the %s engine runs on a data axis only (tensor %d, pipeline %d)",
-                          engines[cfg->kind]->name, tdm_grid_size(grid, TDM_AXIS_TENSOR),
-                          tdm_grid_size(grid, TDM_AXIS_PIPELINE));
-  if (cfg->precision != TDM_F32 && cfg->precision != TDM_BF16 && cfg->precision != TDM_F16)
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_create: precision %s; expected f32, bf16 or f16", tdm_dtype_name(cfg->precision));
-  if (cfg->precision == TDM_F16 && engines[cfg->kind]->cannot_skip)
-    return tdm__set_error(TDM_ERR_NOT_SUPPORTED,
-                          "engine_create: fp16 skips the steps whose gradients overflow, and the %s engine cannot skip a step; use bf16 (no loss scaling)",
-                          engines[cfg->kind]->name);
-  if (cfg->precision == TDM_F16 && (!(cfg->loss_scale.init >= 0) || !isfinite(cfg->loss_scale.init) || cfg->loss_scale.window < 0))
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_create: loss scale %g, window %lld; expected a finite scale >= 0 (0: 65536) and a window >= 0 (0: 2000)",
-                          (double)cfg->loss_scale.init, (long long)cfg->loss_scale.window);
+  for (int a = TDM_AXIS_TENSOR; a < TDM_AXIS_COUNT; a++) /* each engine spreads over the axes it knows */
+    if (tdm_grid_size(grid, (tdm_grid_axis)a) != 1 && !(engines[cfg->kind]->axes & (1u << a)))
+      return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "engine_create: the %s engine does not run on a %s axis (tensor %d, pipeline %d)",
+                            engines[cfg->kind]->name, tdm_grid_axis_name((tdm_grid_axis)a), tdm_grid_size(grid, TDM_AXIS_TENSOR),
+                            tdm_grid_size(grid, TDM_AXIS_PIPELINE));
+  TDM__TRY(check_model_side(cfg, "engine_create"));
   tdm_engine *e = tdm__calloc(1, sizeof *e);
   if (!e) return tdm__set_error(TDM_ERR_NO_MEMORY, "engine_create: out of memory");
   e->ls_scale = cfg->precision != TDM_F16 ? 1.0 : cfg->loss_scale.init > 0 ? cfg->loss_scale.init : 65536.0;
@@ -163,16 +211,36 @@ tdm_tape *tdm_engine_tape(const tdm_engine *e) { return e->tape; }
 tdm_optim *tdm_engine_optim(const tdm_engine *e) { return e->opt; }
 const tdm_grid *tdm_engine_grid(const tdm_engine *e) { return e->grid; }
 const char *tdm_engine_describe(const tdm_engine *e) { return e->desc; }
+int tdm_engine_replicas(const tdm_engine *e, int *index) {
+  static const tdm_grid_axis order[TDM_AXIS_COUNT] = {TDM_AXIS_DATA, TDM_AXIS_PIPELINE, TDM_AXIS_TENSOR}; /* as ranks are numbered */
+  int n = 1, at = 0;
+  for (int k = 0; k < TDM_AXIS_COUNT; k++)
+    if (!(e->ops->split & (1u << order[k]))) {
+      at = at * tdm_grid_size(e->grid, order[k]) + tdm_grid_index(e->grid, order[k]);
+      n *= tdm_grid_size(e->grid, order[k]);
+    }
+  if (index) *index = at;
+  return n;
+}
 int tdm_engine_shard(const tdm_engine *e, const tdm_optim_span **spans) {
   if (spans) *spans = e->spans;
   return e->n_spans;
 }
 
+int tdm_engine_pieces(const tdm_engine *e, const tdm_engine_piece **pieces) {
+  if (pieces) *pieces = NULL;
+  return e && e->ops->pieces ? e->ops->pieces(e, pieces) : 0;
+}
+
 /* ---- the step: zero_grad, forward, backward, update ------------------------------------------ */
-/* forward: the model, then the mean cross-entropy; logits for the accuracy. */
-static tdm_tensor *forward(tdm_engine *e, tdm_tensor *x, tdm_tensor *y, tdm_tensor **logits) {
-  *logits = tdm_model_forward(e->model, e->tape, x);
-  return tdm_cross_entropy(e->tape, *logits, y, -100);
+
+/* forward: the model, then the mean cross-entropy, and the accuracy (or the engine's own). */
+static tdm_tensor *forward(tdm_engine *e, tdm_tensor *x, tdm_tensor *y, tdm_step_stats *st) {
+  if (e->ops->loss) return e->ops->loss(e, x, y, st);
+  tdm_tensor *logits = tdm_model_forward(e->model, e->tape, x);
+  tdm_tensor *loss = tdm_cross_entropy(e->tape, logits, y, -100);
+  if (loss) tdm__engine_count_correct(logits, y, &st->correct, &st->rows);
+  return loss;
 }
 
 /* backward, seeded with 1/accum so that the step's gradient is the mean over its micro-batches,
@@ -216,6 +284,10 @@ static tdm_status scaler_update(tdm_engine *e, int overflow) {
 static tdm_status update(tdm_engine *e, float lr, tdm_step_stats *st) {
   double sumsq;
   TDM__TRY(e->ops->grad_sumsq(e, &sumsq));
+  return tdm__engine_update(e, sumsq, lr, st);
+}
+
+tdm_status tdm__engine_update(tdm_engine *e, double sumsq, float lr, tdm_step_stats *st) {
   double scale = e->ls_scale;
   st->loss_scale = scale;
   if (e->cfg.precision == TDM_F16) {
@@ -250,17 +322,18 @@ tdm_status tdm_engine_set_loss_scale(tdm_engine *e, double scale, int64_t good_s
   return TDM_OK;
 }
 
-static void count_correct(tdm_tensor *logits, tdm_tensor *y, tdm_step_stats *st) {
+void tdm__engine_count_correct(tdm_tensor *logits, tdm_tensor *y, double *correct, double *rows_out) {
   const int32_t *yy = tdm_tensor_data(y);
   int64_t C = tdm_tensor_dim(logits, -1), rows = tdm_tensor_numel(logits) / C;
-  for (int64_t i = 0; i < rows; i++) st->correct += tdm_tensor_row_argmax(logits, i) == yy[i]; /* f32 or 16-bit logits */
-  st->rows += (double)rows;
+  for (int64_t i = 0; i < rows; i++) *correct += tdm_tensor_row_argmax(logits, i) == yy[i]; /* f32 or 16-bit logits */
+  *rows_out += (double)rows;
 }
 
 tdm_status tdm_engine_step(tdm_engine *e, tdm_batch_fn next, void *ctx, uint64_t dropout_seed, float lr,
                            tdm_step_stats *st) {
   if (!e || !next || !st) return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_step: NULL argument");
   memset(st, 0, sizeof *st);
+  if (e->ops->step) return e->ops->step(e, next, ctx, dropout_seed, lr, st);
   tdm_tape *tp = e->tape;
   double loss_sum = 0;
   e->ops->zero_grad(e);
@@ -269,15 +342,16 @@ tdm_status tdm_engine_step(tdm_engine *e, tdm_batch_fn next, void *ctx, uint64_t
     double t0 = tdm_time_now();
     tdm_tape_reset(tp);
     tdm_tape_set_training(tp, 1);
-    tdm_tensor *x = NULL, *y = NULL, *logits;
+    tdm_tensor *x = NULL, *y = NULL;
     int64_t base = 0;
     TDM__TRY(next(ctx, tp, m, &x, &y, &base));
     if (!x || !y) return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_step: the batch source gave no tensors");
     tdm_tape_set_dropout_key(tp, dropout_seed, base);
-    tdm_tensor *loss = forward(e, x, y, &logits);
+    double comm0 = st->t_comm_wait;
+    tdm_tensor *loss = forward(e, x, y, st);
     if (!loss) return tdm__set_error(tdm_tape_status(tp), "forward: %s", tdm_tape_error(tp));
     loss_sum += *(const float *)tdm_tensor_data(loss); /* a non-finite loss is the caller's to judge: it is this rank's */
-    count_correct(logits, y, st);
+    double fwd_comm = st->t_comm_wait - comm0; /* collectives inside forward (tensor parallelism) */
     st->samples += tdm_tensor_dim(x, 0);
     double t1 = tdm_time_now();
     e->ops->begin_backward(e, last);
@@ -285,7 +359,7 @@ tdm_status tdm_engine_step(tdm_engine *e, tdm_batch_fn next, void *ctx, uint64_t
     double wait = 0;
     TDM__TRY(e->ops->end_backward(e, last, &wait));
     double t2 = tdm_time_now();
-    st->t_forward += t1 - t0;
+    st->t_forward += t1 - t0 - fwd_comm;
     st->t_backward += t2 - t1 - wait;
     st->t_comm_wait += wait;
   }
@@ -295,6 +369,24 @@ tdm_status tdm_engine_step(tdm_engine *e, tdm_batch_fn next, void *ctx, uint64_t
   e->steps++;
   TDM__TRY(us);
   st->t_update = tdm_time_now() - t3;
+  return TDM_OK;
+}
+
+tdm_status tdm_engine_eval(tdm_engine *e, tdm_tensor *x, tdm_tensor *y, double *loss, double *correct, double *rows) {
+  if (!e || !x || !y || !loss || !correct || !rows) return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_eval: NULL argument");
+  *loss = 0, *correct = 0, *rows = 0;
+  if (e->ops->eval) return e->ops->eval(e, x, y, loss, correct, rows);
+  tdm_tape *tp = e->tape;
+  int grad = tdm_tape_grad_enabled(tp);
+  tdm_tape_set_grad_enabled(tp, 0);
+  tdm_tape_set_training(tp, 0);
+  tdm_step_stats st;
+  memset(&st, 0, sizeof st);
+  tdm_tensor *l = forward(e, x, y, &st);
+  tdm_tape_set_grad_enabled(tp, grad);
+  if (!l) return tdm__set_error(tdm_tape_status(tp), "evaluation: %s", tdm_tape_error(tp));
+  *loss = *(const float *)tdm_tensor_data(l);
+  *correct = st.correct, *rows = st.rows;
   return TDM_OK;
 }
 
@@ -308,15 +400,18 @@ tdm_status tdm_engine_read_params(tdm_engine *e, int64_t lo, int64_t hi, float *
 
 /* Every rank learns rank 0's status (and, when it failed, its error): a file written by rank 0
  * alone must not leave the other ranks believing it worked. */
+static int world_rank(const tdm_engine *e) { return tdm_grid_world(e->grid) ? tdm_comm_rank(tdm_grid_world(e->grid)) : 0; }
+
 static tdm_status agree(tdm_engine *e, tdm_status st) {
-  if (!e->comm) return st;
+  tdm_comm_t w = tdm_grid_world(e->grid);
+  if (!w) return st;
   char msg[512] = "";
-  if (e->rank == 0 && st != TDM_OK) snprintf(msg, sizeof msg, "%s", tdm_last_error());
+  if (world_rank(e) == 0 && st != TDM_OK) snprintf(msg, sizeof msg, "%s", tdm_last_error());
   int32_t code = (int32_t)st;
-  TDM__TRY(tdm_comm_broadcast(e->comm, &code, 1, TDM_I32, 0, TDM_ALGO_AUTO));
-  TDM__TRY(tdm_comm_broadcast(e->comm, msg, sizeof msg, TDM_U8, 0, TDM_ALGO_AUTO));
+  TDM__TRY(tdm_comm_broadcast(w, &code, 1, TDM_I32, 0, TDM_ALGO_AUTO));
+  TDM__TRY(tdm_comm_broadcast(w, msg, sizeof msg, TDM_U8, 0, TDM_ALGO_AUTO));
   if (code == TDM_OK) return TDM_OK;
-  return e->rank == 0 ? st : tdm__set_error((tdm_status)code, "rank 0: %s", msg);
+  return world_rank(e) == 0 ? st : tdm__set_error((tdm_status)code, "rank 0: %s", msg);
 }
 
 static tdm_status write_chunk(void *ctx, const float *data, int64_t n) {
@@ -327,7 +422,7 @@ tdm_status tdm_engine_save_weights(tdm_engine *e, const char *path, int n_meta, 
   if (!e || !path) return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_save_weights: NULL argument");
   tdm_st_writer *w = NULL;
   tdm_status st = TDM_OK;
-  if (e->rank == 0) { /* the header from the shapes alone: the data follow in parameter order */
+  if (world_rank(e) == 0) { /* the header from the shapes alone: the data follow in parameter order */
     tdm_st_tensor *ts;
     st = tdm_params_st_tensors(e->params, &ts);
     if (st == TDM_OK) {
@@ -337,7 +432,7 @@ tdm_status tdm_engine_save_weights(tdm_engine *e, const char *path, int n_meta, 
   }
   TDM__TRY(agree(e, st)); /* every rank takes part in the stream, or none */
   st = e->ops->stream_params(e, write_chunk, w);
-  if (e->rank == 0) {
+  if (world_rank(e) == 0) {
     if (st == TDM_OK) st = tdm_safetensors_writer_commit(w);
     else tdm_safetensors_writer_abort(w);
   }
@@ -383,10 +478,11 @@ tdm_status tdm_engine_load_shard_state(tdm_engine *e, const tdm_st_tensor *(*fin
   if (!spans || spans->dtype != TDM_I64 || spans->nbytes != want[1].nbytes || memcmp(spans->data, want[1].data, (size_t)want[1].nbytes)) {
     const int64_t *s = spans && spans->dtype == TDM_I64 && spans->nbytes >= 16 ? spans->data : NULL;
     return tdm__set_error(TDM_ERR_MISMATCH,
-                          "the shard covers %lld span%s from [%lld, ...); this rank of %s holds %d from [%lld, ...): "
+                          "the shard covers %lld span%s from [%lld, %lld); this rank of %s holds %d from [%lld, %lld): "
                           "it was written by another layout",
                           spans ? (long long)(spans->nbytes / 16) : 0LL, spans && spans->nbytes == 16 ? "" : "s",
-                          s ? (long long)s[0] : -1LL, e->desc, e->n_spans, e->n_spans ? (long long)e->spans[0].lo : -1LL);
+                          s ? (long long)s[0] : -1LL, s ? (long long)s[1] : -1LL, e->desc, e->n_spans,
+                          e->n_spans ? (long long)e->spans[0].lo : -1LL, e->n_spans ? (long long)e->spans[0].hi : -1LL);
   }
   for (int i = 0; i < n; i++) { /* everything checked before anything changes */
     const tdm_st_tensor *t = find(ctx, want[i].name);
@@ -406,6 +502,7 @@ tdm_status tdm_engine_shard_loaded(tdm_engine *e, int64_t optim_steps) {
 }
 
 tdm_status tdm_engine_first_nonfinite(tdm_engine *e, int64_t *index) {
+  if (e->ops->first_nonfinite) return e->ops->first_nonfinite(e, index);
   int64_t first = -1;
   float *w = tdm_engine_is_sharded(e) ? e->ops->param_shard(e) : NULL;
   if (w) { /* stage 3: each rank looks at its pieces; the smallest index wins */
@@ -416,7 +513,8 @@ tdm_status tdm_engine_first_nonfinite(tdm_engine *e, int64_t *index) {
           break;
         }
     int64_t key = first < 0 ? INT64_MAX : first;
-    if (e->comm) TDM__TRY(tdm_comm_allreduce(e->comm, &key, &key, 1, TDM_I64, TDM_MIN, TDM_ALGO_AUTO));
+    tdm_comm_t w = tdm_grid_world(e->grid); /* every rank's pieces: the data axis, or the whole grid */
+    if (w) TDM__TRY(tdm_comm_allreduce(w, &key, &key, 1, TDM_I64, TDM_MIN, TDM_ALGO_AUTO));
     first = key == INT64_MAX ? -1 : key;
   } else { /* whole and the same on every rank */
     const float *p = tdm_params_data(e->params);

@@ -63,6 +63,17 @@ static tdm_status dp_stream_params(tdm_engine *e, tdm_status (*write)(void *, co
 /* Every rank reads the file (it must see it); the ranks then hold the same values. */
 static tdm_status dp_load_weights(tdm_engine *e, const char *path) { return tdm_params_load(e->params, path, 0); }
 
-const tdm__engine_ops tdm__engine_dp_ops = {
-    "dp",      dp_create,      dp_destroy,       dp_zero_grad,   dp_begin_backward, dp_end_backward,
-    dp_grad_sumsq, dp_update, dp_read_params, dp_stream_params, dp_load_weights, NULL, NULL, 0 /* can skip a step */};
+const tdm__engine_ops tdm__engine_dp_ops = {.name = "dp",
+                                            .create = dp_create,
+                                            .destroy = dp_destroy,
+                                            .zero_grad = dp_zero_grad,
+                                            .begin_backward = dp_begin_backward,
+                                            .end_backward = dp_end_backward,
+                                            .grad_sumsq = dp_grad_sumsq,
+                                            .update = dp_update,
+                                            .read_params = dp_read_params,
+                                            .stream_params = dp_stream_params,
+                                            .load_weights = dp_load_weights,
+                                            .mixed = 1,
+                                            .recompute = 1,
+                                            .cannot_skip = 0 /* a skipped step calls no update */};

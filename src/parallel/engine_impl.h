@@ -56,6 +56,32 @@ typedef struct tdm__engine_ops {
   float *(*param_shard)(tdm_engine *e);
   /* Sharded engines: after the shard's values changed (a checkpoint loaded): drop anything derived. */
   tdm_status (*shard_changed)(tdm_engine *e);
+  /* The grid axes besides data the engine spreads over (1 << TDM_AXIS_*; 0: data only). */
+  unsigned axes;
+  /* Optional: the whole step, for engines whose step is a schedule (NULL: engine.c's step with
+   * the hooks above). */
+  tdm_status (*step)(tdm_engine *e, tdm_batch_fn next, void *ctx, uint64_t dropout_seed, float lr, tdm_step_stats *st);
+  /* Optional: tdm_engine_eval (NULL: the model's forward and the cross-entropy on this rank). */
+  tdm_status (*eval)(tdm_engine *e, tdm_tensor *x, tdm_tensor *y, double *loss, double *correct, double *rows);
+  /* Optional: tdm_engine_check (the layout against the model, before anything is built). */
+  tdm_status (*check)(const tdm_model_config *mc, const tdm_engine_config *ec, const int *sizes);
+  /* The grid axes the state is split over (1 << TDM_AXIS_*): ranks that differ only in the other
+   * axes hold the same state (tdm_engine_replicas; checkpoints write each piece once). */
+  unsigned split;
+  /* Optional: forward and loss of its own (NULL: tdm_model_forward, then cross-entropy). Adds the
+   * correct predictions and rows to st, and the time its collectives took to st->t_comm_wait. */
+  tdm_tensor *(*loss)(tdm_engine *e, tdm_tensor *x, tdm_tensor *y, tdm_step_stats *st);
+  /* Optional: the first non-finite parameter value's index in the whole model, the same on every
+   * rank (NULL: the shard or the whole buffer, agreed over the data axis). Collective. */
+  tdm_status (*first_nonfinite)(tdm_engine *e, int64_t *index);
+  /* Optional: this rank's state as boxes of the whole model's parameters (tdm_engine_pieces). */
+  int (*pieces)(const tdm_engine *e, const tdm_engine_piece **pieces);
+  /* What the engine honours of the engine config's model-side settings (0, the default: refused by
+   * tdm_engine_check and tdm_engine_create, naming the engine and the setting, never run wrongly):
+   * mixed: precision bf16 / f16 (the engine's tape autocasts, the step unscales and skips);
+   * recompute: activation recomputation (the models' forward on the engine's tape). */
+  int mixed;
+  int recompute;
   /* 1: a step cannot be skipped once backward has run (an update applied elsewhere as gradients
    * arrive): fp16's loss scaling, which skips overflowing steps, is refused. 0 (default): a skipped
    * step simply does not call update, and the next zero_grad starts afresh. */
@@ -64,6 +90,15 @@ typedef struct tdm__engine_ops {
 
 extern const tdm__engine_ops tdm__engine_dp_ops;
 extern const tdm__engine_ops tdm__engine_zero_ops;
+extern const tdm__engine_ops tdm__engine_pipeline_ops;
+extern const tdm__engine_ops tdm__engine_tp_ops;
+
+/* Shared by the engines: the global norm from the sum of squares, the non-finite check, clipping
+ * and ops->update (stats->grad_norm set). */
+tdm_status tdm__engine_update(tdm_engine *e, double sumsq, float lr, tdm_step_stats *stats);
+/* Counts the rows of logits (..., C) whose argmax is y's entry into stats->correct and ->rows. */
+void tdm__engine_count_correct(tdm_tensor *logits, tdm_tensor *y, double *correct, double *rows);
+extern const tdm__engine_ops tdm__engine_ps_ops;
 
 /* Shared by the engines: builds e->seg_sums, and the sum of squares of the segments of a whole
  * gradient buffer that every rank holds (no communication). */

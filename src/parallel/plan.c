@@ -14,6 +14,8 @@
 #include "parallel/common.h"
 #include "parallel/layout.h"
 #include "parallel/plan_tape.h"
+#include "parallel/tp_gpt.h"
+#include "parallel/pipeline_impl.h"
 #include "tandem/kernels.h"
 
 tdm_plan_config tdm_plan_config_default(void) {
@@ -26,6 +28,138 @@ tdm_plan_config tdm_plan_config_default(void) {
   c.batch = 64;
   c.transport = TDM_TRANSPORT_AUTO;
   return c;
+}
+
+/* ---- activations: the tape's allocations, op by op ---------------------------------------------- */
+typedef struct {
+  int64_t fwd, bwd; /* bytes forward, bytes backward adds */
+  int train;        /* recording: nodes and gradients; dropout active */
+  int64_t nodes;    /* recorded ops */
+} tape_bytes;
+
+static int64_t al(int64_t b) {
+  b = (b + 63) / 64 * 64;
+  return b ? b : 64;
+}
+#define TENSOR al((int64_t)sizeof(tdm_tensor))
+#define NODE al((int64_t)sizeof(tdm_node))
+
+/* A tensor of `bytes` made in forward; when recording it gets a node, and in backward a gradient. */
+static void op_out(tape_bytes *a, int64_t bytes) {
+  a->fwd += TENSOR + al(bytes);
+  if (a->train) a->fwd += NODE, a->bwd += TENSOR + al(bytes), a->nodes++;
+}
+/* A view: only its struct; recorded and given a gradient like an op's output. */
+static void op_view(tape_bytes *a, int64_t bytes) {
+  a->fwd += TENSOR;
+  if (a->train) a->fwd += NODE, a->bwd += TENSOR + al(bytes), a->nodes++;
+}
+static void op_saved(tape_bytes *a, int64_t bytes) { a->fwd += al(bytes); }      /* kept for backward */
+static void bwd_scratch(tape_bytes *a, int64_t bytes) { if (a->train) a->bwd += al(bytes); }
+static void input(tape_bytes *a, int64_t bytes) { a->fwd += TENSOR + al(bytes); } /* the batch */
+
+static void linear(tape_bytes *a, int64_t N, int64_t out) { op_out(a, 4 * N * out); }
+static void dropout(tape_bytes *a, float p, int64_t n) {
+  if (a->train && p > 0) op_out(a, 4 * n);
+}
+static void layernorm(tape_bytes *a, int64_t N, int64_t C) {
+  op_out(a, 4 * N * C);
+  op_saved(a, 8 * N);
+}
+static void cross_entropy(tape_bytes *a, int64_t N) {
+  op_saved(a, 4 * N); /* log-sum-exp per row */
+  op_out(a, 4);       /* the loss; backward seeds its gradient */
+}
+
+/* A GPT's blocks [first, last), with the embeddings and the head as asked (a pipeline's chunk). */
+static void gpt_range_tape(const tdm_model_config *m, int64_t B, int64_t T, int64_t first, int64_t last, int embed, int head,
+                           tape_bytes *a) {
+  int64_t N = B * T, C = m->n_embd, NH = m->n_head;
+  if (embed) {
+    op_out(a, 4 * N * C);  /* token embedding */
+    op_view(a, 4 * T * C); /* position embedding rows */
+    op_out(a, 4 * N * C);  /* their sum */
+    dropout(a, m->dropout, N * C);
+  }
+  for (int64_t l = first; l < last; l++) {
+    layernorm(a, N, C);
+    linear(a, N, 3 * C);
+    op_out(a, 4 * N * C); /* attention */
+    op_saved(a, 4 * B * NH * T * T);
+    bwd_scratch(a, 4 * B * NH * T * T);
+    linear(a, N, C);
+    dropout(a, m->dropout, N * C);
+    op_out(a, 4 * N * C); /* residual */
+    layernorm(a, N, C);
+    linear(a, N, 4 * C);
+    op_out(a, 4 * N * 4 * C); /* gelu */
+    linear(a, N, C);
+    dropout(a, m->dropout, N * C);
+    op_out(a, 4 * N * C); /* residual */
+  }
+  if (head) {
+    layernorm(a, N, C);
+    linear(a, N, m->vocab_size);
+    cross_entropy(a, N);
+  }
+}
+
+/* ---- tensor parallelism: rank t's tape (src/parallel/tp_gpt.c), its ops custom ones ---------------
+ * A custom op makes its array of inputs and its context; backward its arrays of gradients; the
+ * vocabulary-parallel ops keep their state besides (tp_ops.c). */
+static void custom_op(tape_bytes *a, int n) {
+  a->fwd += al(8 * n) + al(48);
+  bwd_scratch(a, al(8 * n) + al(n));
+}
+
+static void tp_model_tape(const tdm_model_config *m, int64_t B, int64_t T, int64_t accum, int Tp, int64_t Vt,
+                          tape_bytes *a) {
+  int64_t N = B * T, C = m->n_embd, Ct = C / Tp, Ht = m->n_head / Tp, comm = Tp > 1;
+  input(a, 4 * N);
+  input(a, 4 * N);
+  custom_op(a, 2); /* the embedding rows this rank holds: its output, the lookup's start, the indices kept */
+  op_out(a, 4 * N * C);
+  op_saved(a, 64), op_saved(a, 64);
+  if (comm) custom_op(a, 1), op_out(a, 4 * N * C); /* g */
+  op_view(a, 4 * T * C);
+  op_out(a, 4 * N * C);
+  dropout(a, m->dropout, N * C);
+  for (int64_t l = 0; l < m->n_layer; l++) {
+    for (int k = 0; k < 2; k++) { /* attention, then the MLP */
+      layernorm(a, N, C);
+      if (comm) custom_op(a, 1), op_view(a, 4 * N * C); /* f: a header over the norm's output */
+      if (k == 0) {
+        linear(a, N, 3 * Ct);
+        op_out(a, 4 * N * Ct); /* attention over this rank's heads */
+        op_saved(a, 4 * B * Ht * T * T);
+        bwd_scratch(a, 4 * B * Ht * T * T);
+      } else {
+        linear(a, N, 4 * Ct);
+        op_out(a, 4 * N * 4 * Ct); /* gelu */
+      }
+      linear(a, N, C);          /* row-parallel: partial sums */
+      if (comm) custom_op(a, 1), op_out(a, 4 * N * C); /* g */
+      op_out(a, 4 * N * C);     /* the bias */
+      dropout(a, m->dropout, N * C);
+      op_out(a, 4 * N * C);     /* residual */
+    }
+  }
+  layernorm(a, N, C);
+  if (comm) custom_op(a, 1), op_view(a, 4 * N * C);
+  linear(a, N, Vt);
+  custom_op(a, 2); /* the cross-entropy: its state, the ranks' row maxima, the row sums, max and lse */
+  op_saved(a, al(80) + al(8 * (2 * N * Tp + 2 * N + 1)) + 2 * al(4 * (N + 1)) + 64);
+  op_out(a, 4);
+  if (a->train && accum > 1) a->fwd += TENSOR + al(4);
+}
+
+/* Tensor parallelism's tape (the other layouts': src/parallel/plan_tape.c). */
+static int64_t tp_tape_total(const tdm_model_config *m, int64_t B, int64_t T, int64_t accum, int train, int64_t *nodes, int Tp,
+                             int64_t Vt) {
+  tape_bytes a = {0, 0, train, 0};
+  tp_model_tape(m, B, T, accum, Tp, Vt, &a);
+  if (nodes) *nodes = a.nodes;
+  return a.fwd + a.bwd;
 }
 
 /* The tape's arrays of nodes and leaves double from 64 entries; at the last growth both the old
@@ -96,12 +230,103 @@ done:
   return out;
 }
 
+void tdm_plan_gpt_costs(const tdm_model_config *m, int64_t T, double *embed, double *block, double *head) {
+  double C = (double)m->n_embd, V = (double)m->vocab_size, t = (double)(T > 0 ? T : m->block_size);
+  *embed = 2 * C;                                    /* the sum of the two embeddings */
+  *block = 24 * C * C + 4 * t * C + 30 * C;          /* the four matmuls, attention's two, norms and GELU */
+  *head = 2 * C * V + 10 * V + 10 * C;               /* the logits, the loss, the final norm */
+}
+
+/* ---- a pipeline: each stage's chunks, and the activations its schedule holds at once ------------------
+ * A chunk micro-batch's tape lives from its first action (the receive of its input, or its forward)
+ * to its backward (weight pass, for zero-bubble); it holds the chunk's ops, the received input and
+ * its gradient, the received output gradient. The stage's batches live for the step. */
+static tape_bytes chunk_tape(const tdm_model_config *m, const tdm__pp_layout *L, int c, int64_t B, int64_t T, int64_t accum) {
+  tape_bytes a = {0, 0, 1, 0};
+  int64_t N = B * T;
+  gpt_range_tape(m, B, T, L->first_block[c], L->first_block[c + 1], c == 0, c == L->C - 1, &a);
+  if (c > 0) a.fwd += 2 * (TENSOR + al(4 * N * m->n_embd)); /* the input received, its gradient */
+  if (c < L->C - 1) a.fwd += TENSOR + al(4 * N * m->n_embd); /* the output's gradient received */
+  if (c == L->C - 1 && accum > 1) a.fwd += TENSOR + al(4);   /* backward's seed 1/M */
+  return a;
+}
+
+static tdm_status plan_pipeline(const tdm_plan_config *c, const tdm_params *params, tdm_plan *out) {
+  tdm_engine_config ec = c->engine;
+  tdm__pp_layout L;
+  TDM__TRY(tdm__pp_layout_make(&c->model, &ec, c->pipeline, &L));
+  const tdm_model_config *m = &c->model;
+  int64_t T = c->seq_len > 0 ? c->seq_len : m->block_size, B = c->batch, N = B * T;
+  int64_t *lo = tdm__malloc(sizeof(int64_t) * (size_t)(L.C + 1));
+  tape_bytes *bytes = tdm__malloc(sizeof(tape_bytes) * (size_t)L.C);
+  if (!lo || !bytes) {
+    tdm__free(lo), tdm__free(bytes), tdm__pp_layout_free(&L);
+    return tdm__set_error(TDM_ERR_NO_MEMORY, "plan: out of memory");
+  }
+  for (int k = 0; k < L.C; k++) { /* where chunk k starts: block first_block[k]'s first parameter */
+    char name[64];
+    snprintf(name, sizeof name, "transformer.h.%d.ln_1.weight", L.first_block[k]);
+    tdm_tensor *t = tdm_params_find(params, name);
+    lo[k] = k == 0 || !t ? 0 : (const float *)tdm_tensor_data(t) - tdm_params_data(params);
+    bytes[k] = chunk_tape(m, &L, k, B, T, L.M);
+  }
+  lo[L.C] = tdm_params_numel(params);
+  out->pipeline = L.P, out->virtual_stages = L.V, out->microbatches = L.M;
+  out->bubble = L.s->bubble, out->bubble_ratio = L.s->bubble_ratio;
+  snprintf(out->schedule, sizeof out->schedule, "%s", tdm_pp_schedule_name(L.s->kind));
+  int adam = c->optim.kind != TDM_OPT_SGD;
+  int64_t wte = m->vocab_size * m->n_embd;
+  for (int r = 0; r < L.P && r < TDM_PLAN_MAX_STAGES; r++) {
+    tdm_plan_stage *ps = &out->stages[r];
+    memset(ps, 0, sizeof *ps);
+    int64_t owned = 0;
+    for (int k = r; k < L.C; k += L.P) owned += lo[k + 1] - lo[k];
+    int last = (L.C - 1) % L.P == r;
+    ps->first_block = L.first_block[r], ps->last_block = L.first_block[r + 1] - 1;
+    ps->bytes[TDM_MEM_PARAMS] = 4 * (owned + (last && L.P > 1 ? wte : 0));
+    ps->bytes[TDM_MEM_GRADS] = 4 * owned;
+    ps->bytes[TDM_MEM_OPTIM] = 4 * owned * (adam ? 2 : c->optim.momentum > 0 ? 1 : 0);
+    /* the schedule's tapes as they come and go: a forward's bytes from the forward to the backward
+     * (the weight pass), a backward's while it runs (to the weight pass, for an input pass) */
+    int64_t held = 0, peak = 0;
+    int n = 0, most = 0;
+    for (int i = 0; i < L.s->n[r]; i++) {
+      const tdm_pp_action *a = &L.s->a[r][i];
+      const tape_bytes *tb = a->op == TDM_PP_OPTIM ? NULL : &bytes[a->chunk];
+      if (a->op == TDM_PP_FORWARD) held += tb->fwd, n++;
+      else if (a->op == TDM_PP_BACKWARD_INPUT) held += tb->bwd;
+      else if (a->op == TDM_PP_BACKWARD) peak = held + tb->bwd > peak ? held + tb->bwd : peak, held -= tb->fwd, n--;
+      else if (a->op == TDM_PP_BACKWARD_WEIGHT) held -= tb->fwd + tb->bwd, n--;
+      if (held > peak) peak = held;
+      if (n > most) most = n;
+    }
+    ps->peak = most;
+    ps->bytes[TDM_MEM_ACTIVATIONS] = peak + L.M * 2 * (TENSOR + al(4 * N)); /* and the step's batches */
+    /* messages: copies of the input gradients sent, and the tied head's part carried along */
+    ps->bytes[TDM_MEM_COMM] = (r > 0 || L.V > 1) && L.P > 1 ? 4 * N * (m->n_embd + (m->vocab_size + m->n_embd)) * 2 : 0;
+    int W = c->world * L.P; /* every rank's share of the world's segment */
+    if (c->world <= 1 && W > 1 && c->transport == TDM_TRANSPORT_SHM) ps->bytes[TDM_MEM_COMM] += (int64_t)(tdm__shm_segment_bytes(W) / (size_t)W);
+    for (int k = 0; k < TDM_MEM_COUNT; k++) ps->total += ps->bytes[k];
+  }
+  out->n_stages = L.P < TDM_PLAN_MAX_STAGES ? L.P : TDM_PLAN_MAX_STAGES;
+  tdm__free(lo), tdm__free(bytes);
+  tdm__pp_layout_free(&L);
+  return TDM_OK;
+}
+
 /* ---- the plan ---------------------------------------------------------------------------------- */
 tdm_status tdm_plan_compute(const tdm_plan_config *c, tdm_plan *out) {
   if (!c || !out) return tdm__set_error(TDM_ERR_INVALID_ARG, "plan: NULL argument");
   memset(out, 0, sizeof *out);
   int P = c->world > 0 ? c->world : 1;
   int stage = c->engine.kind == TDM_ENGINE_ZERO ? c->engine.zero.stage : 0;
+  int tp = c->engine.kind == TDM_ENGINE_TP, Tp = c->tensor > 1 ? c->tensor : 1, W = P * Tp;
+  if (Tp > 1 && !tp)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "plan: %d tensor-parallel ranks with the %s engine; expected the tp engine",
+                          Tp, tdm_engine_kind_name(c->engine.kind));
+  if (Tp > 1 && c->pipeline > 1) /* not yet: the same refusal as the engines' */
+    return tdm_engine_check(&c->model, &c->engine, W * c->pipeline, P, Tp, c->pipeline);
+  if (tp) TDM__TRY(tdm__tp_check(&c->model, Tp));
   if (stage < 0 || stage > 3) return tdm__set_error(TDM_ERR_INVALID_ARG, "plan: ZeRO stage %d; expected 0..3", stage);
   if (c->batch < 1) return tdm__set_error(TDM_ERR_INVALID_ARG, "plan: batch %lld; expected >= 1", (long long)c->batch);
   /* the model's parameters, in address space only: names, shapes and offsets without memory; what
@@ -117,10 +342,43 @@ tdm_status tdm_plan_compute(const tdm_plan_config *c, tdm_plan *out) {
     tdm_model_destroy(m);
     return tdm__set_error(TDM_ERR_NO_MEMORY, "plan: out of memory");
   }
-  tdm_mem_stats_get(&after);
-  int64_t metadata = after.current[TDM_MEM_WORKSPACE] - before.current[TDM_MEM_WORKSPACE];
   int n_param_tensors = tdm_params_count(params);
   int64_t n = tdm_params_numel(params), owned = n;
+  /* tensor parallelism: the rank holding the most (the largest block of the vocabulary), its store
+   * as the engine declares it (address space only), the pieces of its norm */
+  tdm_params *whole = params, *local = NULL;
+  int64_t Vt = 0, n_pieces = 0, n_rep = 0;
+  if (tp) {
+    int tmax = 0;
+    for (int t = 0; t < Tp; t++) {
+      int64_t ln = tdm__tp_local_numel(whole, Tp, t);
+      if (t == 0 || ln > owned) owned = ln, tmax = t;
+    }
+    Vt = c->model.vocab_size * (tmax + 1) / Tp - c->model.vocab_size * tmax / Tp;
+    tdm_status ls = tdm_params_create(&local);
+    for (int i = 0; ls == TDM_OK && i < n_param_tensors; i++) {
+      tdm__tp_slice sl;
+      int64_t shape[TDM_MAX_DIMS];
+      tdm_tensor *t;
+      tdm__tp_slice_of(whole, i, Tp, tmax, &sl, shape);
+      n_rep += !sl.sharded;
+      ls = tdm_params_declare(local, tdm_tensor_name(tdm_params_get(whole, i)), tdm_tensor_ndim(tdm_params_get(whole, i)), shape,
+                              (tdm_init){TDM_INIT_ZEROS, 0, 0}, tdm_params_decay(whole, i), &t);
+    }
+    if (ls == TDM_OK) ls = tdm_params_finalize_reserved(local, 0, TDM_RESERVE_DATA | TDM_RESERVE_GRAD);
+    if (ls == TDM_OK) ls = tdm__tp_norm_pieces(whole, Tp, tmax, NULL, &n_pieces);
+    const int64_t *lc;
+    int64_t ln;
+    if (ls == TDM_OK && P > 1) ls = tdm_params_segments(local, &lc, &ln); /* data parallelism's layout makes them */
+    if (ls != TDM_OK) {
+      tdm_params_destroy(local);
+      tdm_model_destroy(m);
+      return ls;
+    }
+    params = local; /* data parallelism's buckets are spans of the slices */
+  }
+  tdm_mem_stats_get(&after);
+  int64_t metadata = after.current[TDM_MEM_WORKSPACE] - before.current[TDM_MEM_WORKSPACE];
   tdm__layout L = {0};
   int inline_comm = 0;
   tdm_status st = tdm__inline_comm(P, &inline_comm);
@@ -157,42 +415,88 @@ tdm_status tdm_plan_compute(const tdm_plan_config *c, tdm_plan *out) {
                         c->engine.zero.prefetch && !inline_comm);
   }
   tdm__layout_free(&L);
+  if (st == TDM_OK && c->pipeline > 1) st = plan_pipeline(c, params, out);
+  tdm_params_destroy(local);
   tdm_model_destroy(m);
   TDM__TRY(st);
   out->n_params = n;
   out->owned = owned;
   out->stage = stage;
   out->world = P;
-  int64_t *b = out->bytes;
+  out->tensor = Tp;
+  int64_t *b = out->bytes, held = tp ? owned : n; /* tensor parallelism: this rank's slices */
   /* parameters: whole below stage 3; then the shard and the units gathered at once */
-  b[TDM_MEM_PARAMS] = 4 * (stage < 3 ? n : owned + u3.params);
+  b[TDM_MEM_PARAMS] = 4 * (stage < 3 ? held : owned + u3.params);
   /* gradients: whole at stages 0-1; at 2-3 the shard and what backward has written and not yet
    * reduced, or everything while micro-batches accumulate */
-  b[TDM_MEM_GRADS] = 4 * (stage < 2 ? n : owned + (accum > 1 ? n : stage == 2 ? G2 : u3.grads));
+  b[TDM_MEM_GRADS] = 4 * (stage < 2 ? held : owned + (accum > 1 ? n : stage == 2 ? G2 : u3.grads));
   int adam = c->optim.kind != TDM_OPT_SGD;
   b[TDM_MEM_OPTIM] = 4 * owned * (adam ? 2 : c->optim.momentum > 0 ? 1 : 0);
   int lm = c->model.kind == TDM_MODEL_GPT || c->model.kind == TDM_MODEL_LLAMA;
   int64_t T = lm ? (c->seq_len > 0 ? c->seq_len : c->model.block_size) : 1;
   tdm__tape_plan tr = {0, 0, 0}, ev = {0, 0, 0};
-  TDM__TRY(tdm__plan_tape(&c->model, c->batch, T, accum, 1, c->engine.recompute, c->engine.precision, &tr));
-  if (c->eval_batch > 0) TDM__TRY(tdm__plan_tape(&c->model, c->eval_batch, T, 1, 0, c->engine.recompute, c->engine.precision, &ev));
+  if (tp) { /* GPT in f32 without recomputation (tdm_engine_check refuses the rest) */
+    tr.bytes = tp_tape_total(&c->model, c->batch, T, accum, 1, &tr.nodes, Tp, Vt);
+    if (c->eval_batch > 0) ev.bytes = tp_tape_total(&c->model, c->eval_batch, T, 1, 0, NULL, Tp, Vt);
+  } else {
+    TDM__TRY(tdm__plan_tape(&c->model, c->batch, T, accum, 1, c->engine.recompute, c->engine.precision, &tr));
+    if (c->eval_batch > 0)
+      TDM__TRY(tdm__plan_tape(&c->model, c->eval_batch, T, 1, 0, c->engine.recompute, c->engine.precision, &ev));
+  }
   int64_t nodes = tr.nodes;
   out->act_train = tr.bytes;
   out->act_eval = ev.bytes;
   b[TDM_MEM_ACTIVATIONS] = out->act_train > out->act_eval ? out->act_train : out->act_eval;
   b[TDM_MEM_DATA] = c->data_bytes;
-  /* communication: on shared memory a P-th of the segment every rank maps; elsewhere the direct
-   * algorithms' scratch, P chunks of at most 1 MiB as large as the largest part */
-  if (P > 1 && c->transport == TDM_TRANSPORT_SHM) b[TDM_MEM_COMM] = (int64_t)(tdm__shm_segment_bytes(P) / (size_t)P) + wire;
-  else if (P > 1) b[TDM_MEM_COMM] = (int64_t)P * 4 * (part < (1 << 18) ? part : (1 << 18)) + 64 + wire;
+  /* communication: on shared memory a share of the segment every rank of the world maps; the
+   * direct algorithms' scratch (P chunks of at most 1 MiB as large as the largest part) on every
+   * communicator that sends messages: the data axis's unless it is the world on shared memory,
+   * the tensor axis's likewise (its all-reduces of activations, row statistics and the norm's
+   * segment sums are in rank order) */
+  int shm = c->transport == TDM_TRANSPORT_SHM;
+  if (W > 1 && shm) b[TDM_MEM_COMM] = (int64_t)(tdm__shm_segment_bytes(W) / (size_t)W) + wire;
+  if (P > 1 && !(shm && P == W)) b[TDM_MEM_COMM] += (int64_t)P * 4 * (part < (1 << 18) ? part : (1 << 18)) + 64 + wire * !shm;
+  if (Tp > 1 && !(shm && Tp == W)) {
+    int64_t NC = c->batch * T * c->model.n_embd, N2 = 2 * c->batch * T, most = 0;
+    int64_t need[3][2] = {{(NC + Tp - 1) / Tp, 4}, {(N2 + Tp - 1) / Tp, 8}, {(n_seg + Tp - 1) / Tp, 8}};
+    for (int k = 0; k < 3; k++) {
+      int64_t chunk = need[k][0] < (1 << 20) / need[k][1] ? need[k][0] : (1 << 20) / need[k][1];
+      most = Tp * chunk * need[k][1] + 64 > most ? Tp * chunk * need[k][1] + 64 : most;
+    }
+    b[TDM_MEM_COMM] += most;
+  }
   /* rank 0 hosts the rendezvous store for the whole run: its gate for strangers and a small
    * buffer per connected rank (src/comm/store/store.c) */
-  if (P > 1) b[TDM_MEM_COMM] += (int64_t)tdm__net_gate_bytes() + 4096 * (int64_t)P;
+  if (W > 1) b[TDM_MEM_COMM] += (int64_t)tdm__net_gate_bytes() + 4096 * (int64_t)W;
   /* workspace: the parameters' bookkeeping as measured, the engine's segment sums, the tape's
-   * arrays; the engine's own few structures are left out (a few KB) */
+   * arrays; the engine's own few structures are left out (a few KB), but for tensor parallelism's
+   * per-parameter ones: the norm's pieces and their sums, the replicas' hashes, the slices, the
+   * buffer that assembles parameters */
   b[TDM_MEM_WORKSPACE] = metadata + 8 * (n_seg + 1) + grown_array(nodes, 8) + grown_array(n_param_tensors + tr.leaves, 16);
-  /* traffic: stages 0-2 reduce-scatter and all-gather Ψ (2Ψ(N-1)/N), stage 3 gathers twice */
-  out->comm_per_step = 4.0 * (double)n * (double)(P - 1) / P * (stage == 3 ? 3 : 2);
+  if (tp)
+    b[TDM_MEM_WORKSPACE] += n_pieces * ((int64_t)sizeof(tdm__tp_piece) + 8) + 4 * (int64_t)n_param_tensors +
+                            8 * (int64_t)W * n_rep + tdm__tp_gpt_bookkeeping(n_param_tensors, c->model.n_layer) +
+                            (Tp > 1 ? TDM__TP_STAGE_BYTES : 0);
+  /* traffic: stages 0-2 reduce-scatter and all-gather Ψ (2Ψ(N-1)/N), stage 3 gathers twice; tensor
+   * parallelism all-reduces activations of B x T x C twice per block forward and backward, and
+   * once more for the embedding and the head (2(T-1)/T of each) */
+  out->comm_per_step = 4.0 * (double)held * (double)(P - 1) / P * (stage == 3 ? 3 : 2);
+  if (tp && Tp > 1)
+    out->comm_per_step += (double)accum * (4 * c->model.n_layer + 2) * 4.0 * (double)(c->batch * T * c->model.n_embd) *
+                          2.0 * (Tp - 1) / Tp;
+  if (out->pipeline > 1) { /* per rank: the stage that needs most, with what every rank holds besides */
+    int worst = 0;
+    for (int r = 0; r < out->n_stages; r++) {
+      tdm_plan_stage *ps = &out->stages[r];
+      ps->bytes[TDM_MEM_DATA] = b[TDM_MEM_DATA], ps->bytes[TDM_MEM_WORKSPACE] = b[TDM_MEM_WORKSPACE];
+      ps->bytes[TDM_MEM_COMM] += b[TDM_MEM_COMM];
+      ps->total = 0;
+      for (int k = 0; k < TDM_MEM_COUNT; k++) ps->total += ps->bytes[k];
+      if (ps->total > out->stages[worst].total) worst = r;
+    }
+    memcpy(b, out->stages[worst].bytes, sizeof out->stages[worst].bytes);
+    out->owned = out->stages[worst].bytes[TDM_MEM_GRADS] / 4;
+  }
   for (int k = 0; k < TDM_MEM_COUNT; k++) out->total += b[k];
   return TDM_OK;
 }
@@ -209,8 +513,28 @@ void tdm_plan_print(FILE *f, const tdm_plan *p, int64_t limit) {
       "parameters (fp32)", "gradients", "optimizer state", "activations (tape, peak of a step or an evaluation)",
       "communication buffers", "data sets and batches", "workspace"};
   char h[32];
-  fprintf(f, "memory plan per rank: %s, %d rank%s, %lld parameters", p->stage ? "ZeRO" : "data parallel", p->world,
-          p->world == 1 ? "" : "s", (long long)p->n_params);
+  if (p->pipeline > 1) {
+    fprintf(f, "pipeline: %s, %d stages%s x %d data, %d micro-batches: bubble %.3f of the step (idle/busy %.3f), simulated "
+               "with forward 1, backward 2\n",
+            p->schedule, p->pipeline, p->virtual_stages > 1 ? " (interleaved)" : "", p->world, p->microbatches, p->bubble,
+            p->bubble_ratio);
+    for (int r = 0; r < p->n_stages; r++) {
+      const tdm_plan_stage *ps = &p->stages[r];
+      char a[32], t[32];
+      human(a, sizeof a, (double)ps->bytes[TDM_MEM_ACTIVATIONS]);
+      human(t, sizeof t, (double)ps->total);
+      fprintf(f, "  stage %-3d blocks %d-%d%s  holds at most %d %smicro-batch%s: activations %s, total %s\n", r, ps->first_block,
+              ps->last_block, p->virtual_stages > 1 ? " and more" : "", ps->peak, p->virtual_stages > 1 ? "chunk " : "",
+              ps->peak == 1 ? "" : "es", a, t);
+    }
+  }
+  if (p->tensor > 1)
+    fprintf(f, "memory plan per rank: tensor parallel %d x data parallel %d, %lld parameters (this rank's slices: at most %lld)",
+            p->tensor, p->world, (long long)p->n_params, (long long)p->owned);
+  else
+    fprintf(f, "memory plan per rank: %s, %d rank%s, %lld parameters",
+            p->pipeline > 1 ? "pipeline (the stage that needs most)" : p->stage ? "ZeRO" : "data parallel", p->world * (p->pipeline > 1 ? p->pipeline : 1),
+            p->world * (p->pipeline > 1 ? p->pipeline : 1) == 1 ? "" : "s", (long long)p->n_params);
   if (p->stage) fprintf(f, ", stage %d (%d %s, this rank updates at most %lld)", p->stage, p->n_groups,
                         p->stage == 3 ? "units" : "buckets", (long long)p->owned);
   fprintf(f, "\n");

@@ -113,6 +113,49 @@ static int cmp_first_dim(const void *a, const void *b) {
   return (x->start[0] > y->start[0]) - (x->start[0] < y->start[0]);
 }
 
+typedef struct {
+  int64_t c[TDM_MAX_DIMS];
+  int sign;
+} corner;
+
+static int cmp_corner(const void *a, const void *b) { /* unused dimensions are 0 in both */
+  const corner *x = a, *y = b;
+  for (int d = 0; d < TDM_MAX_DIMS; d++)
+    if (x->c[d] != y->c[d]) return (x->c[d] > y->c[d]) - (x->c[d] < y->c[d]);
+  return 0;
+}
+
+/* *ok = 1 when the boxes' signed corners and the tensor's negated ones cancel everywhere. */
+static tdm_status corners_cancel(int nd, const int64_t *shape, int n, const tdm__box *const *boxes, const char *what, int *ok) {
+  size_t per = (size_t)1 << nd, m = ((size_t)n + 1) * per;
+  corner *v = tdm__malloc(sizeof *v * m);
+  if (!v) return tdm__set_error(TDM_ERR_NO_MEMORY, "%s: out of memory checking %d pieces", what, n);
+  for (int i = 0; i <= n; i++)
+    for (size_t k = 0; k < per; k++) {
+      corner *c = &v[(size_t)i * per + k];
+      int ends = 0;
+      memset(c->c, 0, sizeof c->c);
+      for (int d = 0; d < nd; d++) {
+        int64_t st = i < n ? boxes[i]->start[d] : 0, ct = i < n ? boxes[i]->count[d] : shape[d];
+        int end = (int)(k >> d) & 1;
+        c->c[d] = end ? st + ct : st;
+        ends += end;
+      }
+      c->sign = ((ends & 1) ? -1 : 1) * (i < n ? 1 : -1);
+    }
+  qsort(v, m, sizeof *v, cmp_corner);
+  *ok = 1;
+  for (size_t i = 0; i < m && *ok;) {
+    size_t j = i;
+    long long sum = 0;
+    while (j < m && cmp_corner(&v[i], &v[j]) == 0) sum += v[j++].sign;
+    if (sum) *ok = 0;
+    i = j;
+  }
+  tdm__free(v);
+  return TDM_OK;
+}
+
 tdm_status tdm__boxes_tile(int nd, const int64_t *shape, int n, const tdm__box *const *boxes, const char *what,
                            const char *tensor) {
   int64_t numel = 1, sum = 0;
@@ -127,15 +170,21 @@ tdm_status tdm__boxes_tile(int nd, const int64_t *shape, int n, const tdm__box *
                               tdm_shape_str(nd, shape, sh, sizeof sh));
       }
   }
-  /* none shared and as many elements as the tensor: every element once. Sorted by the first
-   * dimension, a box can only meet those that start before it ends there. */
+  /* Every element exactly once, in O(n 2^nd log n): a box's indicator is the signed sum of its
+   * 2^nd corners (sign -1 per end coordinate), so the pieces tile the tensor exactly when their
+   * corners, with the tensor's own corners negated, cancel at every point. Only when they do not
+   * is the (quadratic) search for the offending pair run, with a bounded amount of work. */
+  int ok = 0;
+  TDM__TRY(corners_cancel(nd, shape, n, boxes, what, &ok));
+  if (ok) return TDM_OK;
   tdm_status st = TDM_OK;
   const tdm__box **s = nd > 0 && n > 1 ? tdm__malloc(sizeof *s * (size_t)n) : NULL;
   if (nd > 0 && n > 1 && !s) return tdm__set_error(TDM_ERR_NO_MEMORY, "%s: out of memory", what);
   for (int i = 0; s && i < n; i++) s[i] = boxes[i];
   if (s) qsort(s, (size_t)n, sizeof *s, cmp_first_dim);
-  for (int i = 0; s && i < n && st == TDM_OK; i++)
-    for (int j = i + 1; j < n && s[j]->start[0] < s[i]->start[0] + s[i]->count[0]; j++) {
+  int64_t budget = 20000000; /* pairs compared: a few tenths of a second at most */
+  for (int i = 0; s && i < n && st == TDM_OK && budget > 0; i++)
+    for (int j = i + 1; j < n && s[j]->start[0] < s[i]->start[0] + s[i]->count[0] && budget-- > 0; j++) {
       tdm__box x;
       if (!tdm__box_intersect(nd, s[i], s[j], &x)) continue;
       tdm__box_name(tensor, nd, s[i], a, sizeof a);
@@ -145,11 +194,14 @@ tdm_status tdm__boxes_tile(int nd, const int64_t *shape, int n, const tdm__box *
     }
   tdm__free(s);
   TDM__TRY(st);
-  for (int i = 0; i < n; i++) sum += tdm__box_numel(nd, boxes[i]); /* disjoint boxes inside the shape: no overflow */
+  if (nd == 0 && n > 1)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: the scalar '%s' has %d pieces; expected one", what, tensor, n);
+  for (int i = 0; i < n; i++) sum += tdm__box_numel(nd, boxes[i]); /* each inside the shape: sum < n * numel */
   if (sum != numel)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: the pieces of '%s' hold %lld elements; the tensor has %lld", what, tensor,
                           (long long)sum, (long long)numel);
-  return TDM_OK;
+  return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: the %d pieces of '%s' overlap and leave elements out (too many to name "
+                        "the pair)", what, n, tensor);
 }
 
 /* ---- a growing string -------------------------------------------------------------------------- */
@@ -281,6 +333,9 @@ static tdm_status parse_files(tdm_ckpt *c, const tdm_json *files) {
   const char *path = c->path;
   if (!files || files->type != TDM_JSON_ARR || files->n < 1)
     return tdm__set_error(TDM_ERR_FORMAT, "%s: manifest: 'files' is not a non-empty array", path);
+  if (files->n != c->info.world_size) /* every rank writes its file, so a missing one is a manifest that lies */
+    return tdm__set_error(TDM_ERR_FORMAT, "%s: manifest: lists %d file%s; the world of %d rank%s that wrote it has one each", path,
+                          files->n, files->n == 1 ? "" : "s", c->info.world_size, c->info.world_size == 1 ? "" : "s");
   if (!(c->files = tdm__calloc((size_t)files->n, sizeof *c->files)))
     return tdm__set_error(TDM_ERR_NO_MEMORY, "%s: out of memory", path);
   char shards[64];
@@ -296,15 +351,13 @@ static tdm_status parse_files(tdm_ckpt *c, const tdm_json *files) {
     const tdm_json *p = tdm__json_get(f, "path");
     int64_t rank, bytes;
     char want[128];
-    if (!get_int(f, "rank", 0, c->info.world_size - 1, &rank))
-      return tdm__set_error(TDM_ERR_FORMAT, "%s: manifest: file %d's rank is not in 0..%d", path, i, c->info.world_size - 1);
+    if (!get_int(f, "rank", i, i, &rank)) /* in rank order */
+      return tdm__set_error(TDM_ERR_FORMAT, "%s: manifest: file %d's rank is not %d (one file per rank, in rank order)", path, i, i);
     /* only the names this tandem writes: a manifest never points outside its shards' directory */
     snprintf(want, sizeof want, "%s/rank-%lld.safetensors", shards, (long long)rank);
     if (p->type != TDM_JSON_STR || strcmp(p->str, want))
       return tdm__set_error(TDM_ERR_FORMAT, "%s: manifest: file %d is '%.80s'; expected %s", path, i,
                             p->type == TDM_JSON_STR ? p->str : "(not a string)", want);
-    for (int j = 0; j < i; j++)
-      if (!strcmp(c->files[j].name, want)) return tdm__set_error(TDM_ERR_FORMAT, "%s: manifest: %s is listed twice", path, want);
     if (!get_int(f, "bytes", 8, INT64_MAX, &bytes) || !get_crc(f, "header_crc32", &cf->header_crc))
       return tdm__set_error(TDM_ERR_FORMAT, "%s: manifest: file %s has no valid 'bytes' or 'header_crc32'", path, want);
     cf->bytes = bytes;

@@ -1,6 +1,8 @@
 /* An engine's state as a checkpoint of logical tensors, and back into an engine of any layout
- * (tandem/checkpoint.h). A rank writes the elements its optimizer updates (ZeRO: its spans; data
- * parallelism, where every rank holds everything: an even share of the buffer), as flat ranges of
+ * (tandem/checkpoint.h). A rank writes the elements its optimizer updates (ZeRO: its spans; a
+ * pipeline: its chunks', an even share of them per data replica; data parallelism, where every
+ * rank holds everything: an even share of the buffer; tensor parallelism: the boxes of its slices,
+ * tdm_engine_pieces), as flat ranges or boxes of
  * each parameter and of each of the optimizer's state tensors; loading reads the ranges a rank
  * holds, whatever ranges the writers held. Adam's and SGD's updates are elementwise, so a moment
  * moved to another rank continues exactly as it would have where it was. */
@@ -103,10 +105,21 @@ static tdm_status restore_loss_scale(tdm_engine *e, const tdm_ckpt *ck) {
   return tdm_engine_set_loss_scale(e, scale, good); /* ignored outside fp16 */
 }
 
+static tdm_status put_box(tdm_ckpt_writer *w, const held *h, const tdm_engine_piece *b) {
+  const char *pname = tdm_tensor_name(tdm_params_get(h->p, b->param));
+  char name[300];
+  snprintf(name, sizeof name, "model.%s", pname);
+  TDM__TRY(tdm_ckpt_writer_box(w, name, b->start, b->count, b->data));
+  for (int s = 0; s < h->k; s++) {
+    snprintf(name, sizeof name, "optim.%s.%s", h->names[s], pname);
+    TDM__TRY(tdm_ckpt_writer_box(w, name, b->start, b->count, h->state + s * h->owned + b->state_at));
+  }
+  return TDM_OK;
+}
+
 tdm_status tdm_ckpt_save_engine(const char *dir, tdm_engine *e, const tdm_ckpt_info *info, int keep) {
   if (!dir || !e || !info) return tdm__set_error(TDM_ERR_INVALID_ARG, "checkpoint: NULL argument");
   tdm_comm_t comm = tdm_grid_world(tdm_engine_grid(e));
-  int R = comm ? tdm_comm_rank(comm) : 0, W = comm ? tdm_comm_size(comm) : 1;
   held h;
   tdm_status st = held_of(e, &h);
   tdm_ckpt_info ci = *info;
@@ -142,11 +155,22 @@ tdm_status tdm_ckpt_save_engine(const char *dir, tdm_engine *e, const tdm_ckpt_i
       st = tdm_ckpt_writer_tensor(w, name, TDM_F32, tdm_tensor_ndim(t), tdm_tensor_shape(t));
     }
   }
-  if (st == TDM_OK && tdm_engine_is_sharded(e)) { /* what this rank updates */
-    for (int s = 0; st == TDM_OK && s < h.n_spans; s++) st = each_overlap(&h, h.spans[s].lo, h.spans[s].hi, put_overlap, w);
-  } else if (st == TDM_OK) { /* the same everywhere: each rank writes its share */
-    int64_t n = tdm_params_numel(h.p);
-    st = each_overlap(&h, n * R / W, n * (R + 1) / W, put_overlap, w);
+  const tdm_engine_piece *pc;
+  int n_pc = tdm_engine_pieces(e, &pc);
+  if (n_pc > 0) { /* boxes of the whole parameters (tensor parallelism's slices), each written by one rank */
+    for (int k = 0; st == TDM_OK && k < n_pc; k++)
+      if (pc[k].write) st = put_box(w, &h, &pc[k]);
+  } else {
+    /* what this rank updates, shared with the ranks that hold the same (data parallelism: every
+     * rank; a pipeline: its stage's data replicas): each writes an even part of it, once */
+    int at = 0, n = tdm_engine_replicas(e, &at);
+    int64_t owned = 0;
+    for (int s = 0; s < h.n_spans; s++) owned += h.spans[s].hi - h.spans[s].lo;
+    int64_t from = owned * at / n, to = owned * (at + 1) / n, pos = 0; /* in the spans' packed order */
+    for (int s = 0; st == TDM_OK && s < h.n_spans; pos += h.spans[s].hi - h.spans[s].lo, s++) {
+      int64_t a = from > pos ? from : pos, b = to < pos + h.spans[s].hi - h.spans[s].lo ? to : pos + h.spans[s].hi - h.spans[s].lo;
+      if (a < b) st = each_overlap(&h, h.spans[s].lo + a - pos, h.spans[s].lo + b - pos, put_overlap, w);
+    }
   }
   if (st != TDM_OK) tdm__ckpt_writer_fail(w, st);
   st = tdm_ckpt_writer_commit(w, keep);
@@ -170,7 +194,20 @@ static tdm_status get_overlap(void *ctx, const held *h, tdm_tensor *t, int64_t o
   return TDM_OK;
 }
 
-static tdm_status load(const held *h, tdm_ckpt *ck) {
+static tdm_status load(tdm_engine *e, const held *h, tdm_ckpt *ck) {
+  const tdm_engine_piece *pc;
+  int n_pc = tdm_engine_pieces(e, &pc);
+  for (int k = 0; k < n_pc; k++) { /* every box this rank holds, whoever writes it */
+    const char *pname = tdm_tensor_name(tdm_params_get(h->p, pc[k].param));
+    char name[300];
+    snprintf(name, sizeof name, "model.%s", pname);
+    TDM__TRY(tdm_ckpt_read_box(ck, name, pc[k].start, pc[k].count, pc[k].data));
+    for (int s = 0; s < h->k; s++) {
+      snprintf(name, sizeof name, "optim.%s.%s", h->names[s], pname);
+      TDM__TRY(tdm_ckpt_read_box(ck, name, pc[k].start, pc[k].count, h->state + s * h->owned + pc[k].state_at));
+    }
+  }
+  if (n_pc > 0) return TDM_OK;
   if (h->whole)
     for (int i = 0; i < tdm_params_count(h->p); i++) {
       tdm_tensor *t = tdm_params_get(h->p, i);
@@ -271,7 +308,7 @@ tdm_status tdm_ckpt_resume_engine(const char *dir, tdm_engine *e, tdm_ckpt_accep
     if (st == TDM_OK) st = tdm__ckpt_check_optim(ck, h.o, h.p);
     st = tdm__ckpt_agree(comm, st, "resume");
     int corrupt = 0; /* the checkpoint's files, not this run, are at fault: try the one before */
-    if (st == TDM_OK) corrupt = (st = tdm__ckpt_agree(comm, load(&h, ck), "resume")) == TDM_ERR_FORMAT;
+    if (st == TDM_OK) corrupt = (st = tdm__ckpt_agree(comm, load(e, &h, ck), "resume")) == TDM_ERR_FORMAT;
     if (st == TDM_OK) {
       if (tdm_engine_is_sharded(e)) st = tdm_engine_shard_loaded(e, ck->optim_steps);
       else tdm_optim_set_steps(h.o, ck->optim_steps);

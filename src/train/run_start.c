@@ -50,7 +50,7 @@ static tdm_status probe_file(const char *path, const char *option) {
 
 static tdm_status open_outputs(const tdm_train_config *c, tdm__start_out *out) {
   if (c->save_weights) TDM__TRY(probe_file(c->save_weights, "--save-weights"));
-  if (c->metrics && !(out->metrics = fopen(c->metrics, "w")))
+  if (c->metrics && !(out->metrics = fopen(c->metrics, "a"))) /* never truncated: restarts and resumes append */
     return tdm__set_error(TDM_ERR_IO, "train: cannot write metrics to %s: %s", c->metrics, strerror(errno));
   if (!c->checkpoint_dir) return TDM_OK;
   TDM__TRY(tdm_ckpt_lock(c->checkpoint_dir, &out->lock_fd));

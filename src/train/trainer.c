@@ -36,6 +36,7 @@ tdm_train_config tdm_train_config_default(void) {
   c.seed = 42;
   c.eval_batch = 1000;
   c.engine = tdm_engine_config_default();
+  c.ps_replay_until = -1;
   c.last_batch = "auto";
   c.prefetch = -1;
   c.gpt_config = "mini";
@@ -43,6 +44,7 @@ tdm_train_config tdm_train_config_default(void) {
   c.tie_embeddings = -1;
   c.lr_schedule = "constant";
   c.val_batches = 20;
+  c.pp = 1;
   return c;
 }
 
@@ -79,8 +81,11 @@ static int input_shape(const tdm_model_config *mc, int64_t n, int64_t per, int64
 /* Every rank runs the same number of forward passes (a sharded engine gathers parameters in each,
  * collectively): a rank whose shard of the set is smaller ends with a pass over one sample whose
  * result is not counted. */
-static tdm_status evaluate(tdm_model *m, tdm_tape *tp, const tdm_dataset *ds, int64_t eb, int64_t *idx_buf,
-                           tdm_comm_t comm, int64_t max_samples, double *loss_out, double *acc_out) {
+static tdm_status evaluate(tdm_engine *e, const tdm_dataset *ds, int64_t eb, int64_t *idx_buf, int64_t max_samples,
+                           double *loss_out, double *acc_out) {
+  /* the data axis shares the set out; the stages of a pipeline all take part in each pass */
+  tdm_comm_t comm = tdm_grid_comm(tdm_engine_grid(e), TDM_AXIS_DATA);
+  tdm_tape *tp = tdm_engine_tape(e);
   int W = comm ? tdm_comm_size(comm) : 1, R = comm ? tdm_comm_rank(comm) : 0;
   int64_t total = tdm_dataset_len(ds), per = tdm_dataset_sample_numel(ds), correct = 0, rows_total = 0;
   if (max_samples > 0 && max_samples < total) total = max_samples;
@@ -88,9 +93,7 @@ static tdm_status evaluate(tdm_model *m, tdm_tape *tp, const tdm_dataset *ds, in
   int64_t first = total * R / W, n = total * (R + 1) / W - first; /* this rank's shard */
   int64_t most = (total + W - 1) / W, passes = (most + eb - 1) / eb;
   double loss_sum = 0;
-  const tdm_model_config *mc = tdm_model_get_config(m);
-  tdm_tape_set_grad_enabled(tp, 0);
-  tdm_tape_set_training(tp, 0);
+  const tdm_model_config *mc = tdm_model_get_config(tdm_engine_model(e));
   for (int64_t k = 0; k < passes; k++) {
     int64_t b = k * eb, B = n - b < eb ? n - b : eb, counted = B > 0;
     if (!counted) B = 1, b = 0; /* a pass to keep in step with the other ranks */
@@ -102,17 +105,13 @@ static tdm_status evaluate(tdm_model *m, tdm_tape *tp, const tdm_dataset *ds, in
     if (!x || !y) return tdm__set_error(tdm_tape_status(tp), "%s", tdm_tape_error(tp));
     if (tokens) TDM__TRY(tdm_dataset_tokens(ds, idx_buf, B, tdm_tensor_data(x), tdm_tensor_data(y)));
     else TDM__TRY(tdm_dataset_batch(ds, idx_buf, B, tdm_tensor_data(x), tdm_tensor_data(y)));
-    tdm_tensor *logits = tdm_model_forward(m, tp, x);
-    tdm_tensor *loss = tdm_cross_entropy(tp, logits, y, -100);
-    if (!loss) return tdm__set_error(tdm_tape_status(tp), "evaluation: %s", tdm_tape_error(tp));
+    double l, ok, rows;
+    TDM__TRY(tdm_engine_eval(e, x, y, &l, &ok, &rows));
     if (!counted) continue;
-    const int32_t *yy = tdm_tensor_data(y);
-    int64_t C = tdm_tensor_dim(logits, -1), rows = tdm_tensor_numel(logits) / C;
-    loss_sum += (double)((float *)tdm_tensor_data(loss))[0] * (double)rows;
-    rows_total += rows;
-    for (int64_t i = 0; i < rows; i++) correct += tdm_tensor_row_argmax(logits, i) == yy[i]; /* f32 or 16-bit logits */
+    loss_sum += (double)(float)l * rows;
+    rows_total += (int64_t)rows;
+    correct += (int64_t)ok;
   }
-  tdm_tape_set_grad_enabled(tp, 1);
   double sums[3] = {loss_sum, (double)correct, (double)rows_total};
   if (comm) TDM__TRY(tdm_comm_allreduce(comm, sums, sums, 3, TDM_F64, TDM_SUM, TDM_ALGO_AUTO));
   *loss_out = sums[2] > 0 ? sums[0] / sums[2] : 0;
@@ -167,7 +166,8 @@ static tdm_status parse_kinds(const tdm_train_config *c, tdm_model_kind *mk, tdm
 }
 
 typedef struct {
-  tdm_comm_t comm;
+  tdm_comm_t comm;     /* the ranks that train (with a parameter server: the workers) */
+  tdm_comm_t ps_world; /* with a parameter server: workers and servers */
   tdm_grid *grid;
   tdm_engine *engine;
   tdm_sampler *sampler;
@@ -177,6 +177,7 @@ typedef struct {
   tdm_dataset *train, *test;
   int64_t *idx;
   FILE *metrics;
+  int64_t recorded; /* resumed: the last step the metrics file holds already (not written again); else -1 */
   tdm__start_out start; /* the checkpoint directory's lock */
 } run_state;
 
@@ -185,6 +186,7 @@ static void run_free(run_state *s) {
   tdm_engine_destroy(s->engine);
   tdm_grid_destroy(s->grid);
   tdm_comm_destroy(s->comm);
+  tdm_comm_destroy(s->ps_world); /* after the workers' communicator, which speaks through it */
   tdm_dataset_destroy(s->train);
   tdm_dataset_destroy(s->test);
   tdm__free(s->idx);
@@ -236,6 +238,23 @@ static tdm_status metrics_ok(run_state *s, const tdm_train_config *c) {
   return TDM_OK;
 }
 
+/* The last step whose record the metrics file holds, -1 if none: a run resumed from a checkpoint
+ * redoes the steps after it, and those an earlier attempt recorded already are not written again.
+ * Every record is in the file before the checkpoint that follows it is written (the file is
+ * flushed first), so a resumed run finds no gap either: each step once, whatever killed what. */
+static int64_t last_recorded_step(const char *path) {
+  FILE *f = fopen(path, "r");
+  if (!f) return -1;
+  int64_t last = -1;
+  char line[4096];
+  while (fgets(line, sizeof line, f)) {
+    long long k;
+    if (strstr(line, "\"step_time_ms\"") && sscanf(line, "{\"step\":%lld,", &k) == 1 && k > last) last = k;
+  }
+  fclose(f);
+  return last;
+}
+
 /* One step's numbers, kept until its all-reduced loss and accuracy arrive. */
 typedef struct {
   int pending;
@@ -267,14 +286,14 @@ static tdm_status flush_record(run_state *s, step_record *r, progress *pr, const
   if (r->loss_scale > 0) /* fp16: the scale's trajectory, and which steps were skipped */
     snprintf(tok + strlen(tok), sizeof tok - strlen(tok), ",\"loss_scale\":%.9g,\"skipped\":%d", r->loss_scale, r->skipped);
   int R = s->comm ? tdm_comm_rank(s->comm) : 0, W = s->comm ? tdm_comm_size(s->comm) : 1;
-  if (s->metrics)
+  if (s->metrics && r->step > s->recorded)
     fprintf(s->metrics,
             "{\"step\":%lld,\"epoch\":%lld,\"loss\":%s,\"grad_norm\":%s,\"samples_per_sec\":%.1f,\"step_time_ms\":%.4f,"
             "\"time_forward_ms\":%.4f,\"time_backward_ms\":%.4f,\"time_comm_wait_ms\":%.4f,\"time_optimizer_ms\":%.4f,"
-            "\"lr\":%g,\"rank\":%d,\"world_size\":%d,\"train_accuracy\":%.4f%s}\n",
+            "\"lr\":%g,\"rank\":%d,\"world_size\":%d,\"global_batch\":%lld,\"train_accuracy\":%.4f%s}\n",
             (long long)r->step, (long long)r->epoch, json_num(jl, sizeof jl, "%.6f", loss),
             json_num(jg, sizeof jg, "%.6g", r->grad_norm), r->samples / r->dt, r->dt * 1e3, r->t_fwd * 1e3, r->t_bwd * 1e3,
-            r->t_wait * 1e3, r->t_opt * 1e3, r->lr, R, W, acc, tok);
+            r->t_wait * 1e3, r->t_opt * 1e3, r->lr, R, W, (long long)r->G, acc, tok);
   if (s->metrics && ferror(s->metrics)) TDM__TRY(metrics_ok(s, c));
   double now = tdm_time_now();
   int last = r->step + 1 == r->total;
@@ -341,12 +360,13 @@ static int run_identity(tdm__run_identity *id, const tdm_train_config *c, const 
 static tdm_status eval_record(run_state *s, const tdm_train_config *c, int gpt, int64_t epoch, int64_t step, double loss,
                               double acc) {
   char jl[400];
-  if (s->metrics && gpt)
-    fprintf(s->metrics, "{\"step\":%lld,\"val_loss\":%s,\"val_accuracy\":%.6f}\n", (long long)step,
-            json_num(jl, sizeof jl, "%.6f", loss), acc);
-  else if (s->metrics)
-    fprintf(s->metrics, "{\"epoch\":%lld,\"step\":%lld,\"test_loss\":%s,\"test_accuracy\":%.6f}\n", (long long)epoch,
-            (long long)step, json_num(jl, sizeof jl, "%.6f", loss), acc);
+  int W = s->comm ? tdm_comm_size(s->comm) : 1, again = step - 1 <= s->recorded; /* an earlier attempt recorded it */
+  if (s->metrics && gpt && !again)
+    fprintf(s->metrics, "{\"step\":%lld,\"val_loss\":%s,\"val_accuracy\":%.6f,\"world_size\":%d}\n", (long long)step,
+            json_num(jl, sizeof jl, "%.6f", loss), acc, W);
+  else if (s->metrics && !again)
+    fprintf(s->metrics, "{\"epoch\":%lld,\"step\":%lld,\"test_loss\":%s,\"test_accuracy\":%.6f,\"world_size\":%d}\n",
+            (long long)epoch, (long long)step, json_num(jl, sizeof jl, "%.6f", loss), acc, W);
   TDM__TRY(metrics_ok(s, c));
   return finite_or_stop(c, loss, step - 1, gpt ? "the validation loss after it" : "the test loss after it", "");
 }
@@ -394,7 +414,38 @@ typedef struct {
   tdm_plan plan;
 } prepared;
 
-static tdm_status prepare(const tdm_train_config *c, int W, int R, tdm_transport_kind transport, run_state *s, prepared *p) {
+/* W ranks in all, D of them on the data axis and this one the R-th (the stages of a pipeline draw
+ * the same batches); P pipeline stages. */
+/* The grid's sizes from --dp, --tp and --pp against the world (dp 0: what is left), before any
+ * connection; the tensor and pipeline axes with the engines that run on them. */
+static tdm_status grid_of(const tdm_train_config *c, int W, int *D, int *TP, int *P) {
+  if (c->tp < 0 || c->tp > 1024 || c->pp < 1 || c->dp < 0 || c->dp > W)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --dp %lld --tp %lld --pp %lld; expected dp 0..%d (0: what is left), tp "
+                          "1..1024, pp >= 1", (long long)c->dp, (long long)c->tp, (long long)c->pp, W);
+  *TP = c->tp > 1 ? (int)c->tp : 1, *P = (int)c->pp;
+  if (*TP > 1 && *P > 1) /* before the engine kinds: say what is missing, not which engine */
+    return tdm_engine_check(NULL, NULL, W, 0, *TP, *P);
+  if (*P > 1 && c->engine.kind != TDM_ENGINE_PIPELINE)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: %lld pipeline stages with the %s engine; expected 1, or the pipeline engine",
+                          (long long)c->pp, tdm_engine_kind_name(c->engine.kind));
+  if (*TP > 1 && c->engine.kind != TDM_ENGINE_TP)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: %d tensor-parallel ranks with the %s engine; expected 1, or the tp engine",
+                          *TP, tdm_engine_kind_name(c->engine.kind));
+  int64_t rest = (int64_t)*TP * *P;
+  if ((c->dp > 0 && c->dp * rest != W) || (c->dp == 0 && W % rest != 0)) {
+    char tp[32] = "";
+    if (*TP > 1) snprintf(tp, sizeof tp, " x --tp %d", *TP);
+    return tdm__set_error(TDM_ERR_INVALID_ARG,
+                          "train: the process grid does not make the world: --dp %lld%s x --pp %d%s, but %d rank%s run%s "
+                          "(give --dp x --tp x --pp = the ranks of tandem run -n)",
+                          (long long)c->dp, tp, *P, c->dp == 0 ? " (dp: what is left)" : "", W, W == 1 ? "" : "s", W == 1 ? "s" : "");
+  }
+  *D = c->dp > 0 ? (int)c->dp : (int)(W / rest);
+  return TDM_OK;
+}
+
+static tdm_status prepare(const tdm_train_config *c, int W, int D, int R, int P, tdm_transport_kind transport, run_state *s,
+                          prepared *p) {
   tdm_optim_kind ok = TDM_OPT_ADAM;
   TDM__TRY(parse_kinds(c, &p->mk, &ok));
   tdm_model_kind mk = p->mk;
@@ -470,13 +521,13 @@ static tdm_status prepare(const tdm_train_config *c, int W, int R, tdm_transport
   int64_t N = tdm_dataset_len(s->train), B = c->batch_size;
   tdm_last_batch last = TDM_LAST_PARTIAL; /* one process: keep the smaller last batch, as DataLoader */
   if (c->last_batch && !strcmp(c->last_batch, "drop")) last = TDM_LAST_DROP;
-  else if ((c->last_batch && !strcmp(c->last_batch, "pad")) || W > 1 || K > 1) last = TDM_LAST_PAD;
-  if (c->last_batch && !strcmp(c->last_batch, "partial") && (W > 1 || K > 1))
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --last-batch partial needs one rank and no accumulation (%d ranks, accum %lld)",
-                          W, (long long)K);
+  else if ((c->last_batch && !strcmp(c->last_batch, "pad")) || D > 1 || K > 1) last = TDM_LAST_PAD;
+  if (c->last_batch && !strcmp(c->last_batch, "partial") && (D > 1 || K > 1))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --last-batch partial needs one data-parallel rank and no accumulation (%d ranks, accum %lld)",
+                          D, (long long)K);
   int prefetch = c->prefetch;
   if (prefetch < 0) prefetch = tdm_spare_core(W); /* auto: only beside compute, never instead of it */
-  tdm_sampler_config sc = {B, K, W, R, c->seed, last, prefetch};
+  tdm_sampler_config sc = {B, K, D, R, c->seed, last, prefetch};
   int64_t eb = c->eval_batch > B ? c->eval_batch : B;
   scope = tdm__mem_scope(TDM_MEM_DATA);
   st = tdm_sampler_create(&s->sampler, s->train, &sc);
@@ -490,10 +541,10 @@ static tdm_status prepare(const tdm_train_config *c, int W, int R, tdm_transport
             "every step is an epoch and %lld samples are repeated within it (--last-batch drop refuses this)\n",
             (long long)N, (long long)(B * W * K), W, (long long)K, (long long)B, (long long)(B * W * K - N));
   memset(p, 0, sizeof *p);
-  p->mk = mk, p->mc = mc, p->oc = oc, p->ec = ec, p->T = T, p->K = K, p->N = N, p->B = B, p->eb = eb, p->G = B * W * K;
+  p->mk = mk, p->mc = mc, p->oc = oc, p->ec = ec, p->T = T, p->K = K, p->N = N, p->B = B, p->eb = eb, p->G = B * D * K;
   p->per = tdm_dataset_sample_numel(s->train), p->prefetch = prefetch;
   /* the plan, before anything large exists */
-  tdm_plan_config pcfg = {mc, oc, ec, W, B, T, is_lm(mk) ? B : eb, 0, prefetch, transport};
+  tdm_plan_config pcfg = {mc, oc, ec, D, B, T, is_lm(mk) ? B : eb, 0, prefetch, transport, W / (D * P), P};
   tdm_mem_stats ms;
   tdm_mem_stats_get(&ms);
   pcfg.data_bytes = ms.current[TDM_MEM_DATA]; /* the data sets as opened, and their batches */
@@ -508,23 +559,107 @@ tdm_status tdm_train_plan(const tdm_train_config *c, int world, tdm_plan *out) {
   tdm_comm_config cc; /* the transport the ranks will use: TANDEM_TRANSPORT, else shm on one node */
   tdm_status st = tdm_comm_config_from_env(&cc);
   tdm_transport_kind tr = cc.transport == TDM_TRANSPORT_AUTO ? TDM_TRANSPORT_SHM : cc.transport;
-  if (st == TDM_OK) st = prepare(c, world, 0, world > 1 ? tr : TDM_TRANSPORT_AUTO, &s, &p);
+  int D = 0, TP = 1, P = 1;
+  if (st == TDM_OK) st = grid_of(c, world, &D, &TP, &P);
+  if (st == TDM_OK) st = prepare(c, world, D, 0, P, world > 1 ? tr : TDM_TRANSPORT_AUTO, &s, &p);
+  if (st == TDM_OK) st = tdm_engine_check(&p.mc, &p.ec, world, D, TP, P);
   if (st == TDM_OK) *out = p.plan;
   run_free(&s);
   return st;
 }
 
+/* A parameter server (tandem/engine.h): the last S ranks serve, the others train on a
+ * communicator of their own; *W becomes the number of workers. */
+static tdm_status ps_roles(const tdm_train_config *c, run_state *s, int *W, int R) {
+  int P = *W, S = c->engine.ps.servers;
+  if (S < 1 || S >= P)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --ps-servers %d with %d rank%s; expected 1..%d, so that at least one "
+                          "rank trains (tandem run -n N gives N-S workers and S servers)", S, P, P == 1 ? "" : "s", P - 1);
+  if (c->checkpoint_dir || c->init_weights)
+    return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "train: %s with a parameter server is not built yet (the servers' shards "
+                          "and optimizer state would have to be saved and loaded)",
+                          c->checkpoint_dir ? "--checkpoint-dir" : "--init-weights");
+  s->ps_world = s->comm;
+  s->comm = NULL;
+  int server = R >= P - S;
+  tdm_comm_t sub = NULL;
+  TDM__TRY(tdm_comm_split(s->ps_world, server, R, &sub));
+  if (server || P - S == 1) tdm_comm_destroy(sub); /* one worker trains alone; servers need none */
+  else s->comm = sub;
+  *W = P - S;
+  return TDM_OK;
+}
+
+/* A server rank: the model's configuration as the workers have it, then serve until they finish;
+ * its report (a JSON line) goes to the progress stream and, with --metrics, to METRICS.psK. */
+static tdm_status ps_server_rank(const tdm_train_config *c, tdm_train_result *res, run_state *s, int W, int R) {
+  prepared pp;
+  TDM__TRY(prepare(c, W, W, 0, 1, tdm_comm_transport(s->ps_world), s, &pp));
+  tdm_engine_ps_config pc = c->engine.ps;
+  pc.world = s->ps_world;
+  tdm_ps_server_stats st;
+  tdm_status r = tdm_ps_serve(&pp.mc, c->seed, &pp.oc, &pc, &st);
+  char js[640];
+  tdm_ps_stats_json(&st, js, sizeof js);
+  if (c->progress) fprintf(c->progress, "%s\n", js);
+  if (c->metrics) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s.ps%d", c->metrics, st.server);
+    FILE *f = fopen(path, "w");
+    if (!f || fprintf(f, "%s\n", js) < 0 || fclose(f) != 0) {
+      if (r == TDM_OK) r = tdm__set_error(TDM_ERR_IO, "train: writing the server's report to %s failed: %s", path, strerror(errno));
+    }
+  }
+  res->world_size = W;
+  res->rank = R;
+  res->steps = st.updates;
+  return r;
+}
+
+/* tandem ps-replay: the model and optimizer these options describe, the logs replayed on them. */
+static tdm_status ps_replay_run(const tdm_train_config *c, tdm_train_result *res, run_state *s) {
+  prepared pp;
+  TDM__TRY(prepare(c, 1, 1, 0, 1, TDM_TRANSPORT_AUTO, s, &pp));
+  tdm__run_identity id = {0};
+  int n_arch_meta = run_identity(&id, c, &pp.mc, pp.G, pp.T, pp.N);
+  const char *meta[2 + 2 * TDM__IDENTITY_MAX] = {"format", "pt"};
+  memcpy(meta + 2, id.kv, sizeof(char *) * 2 * (size_t)n_arch_meta);
+  tdm_ps_replay_stats rs;
+  TDM__TRY(tdm_ps_replay(c->ps_replay, &pp.mc, c->seed, &pp.oc, c->ps_replay_until, c->save_weights, 1 + n_arch_meta, meta,
+                         &rs));
+  for (int k = 0; k < rs.servers; k++) res->steps += rs.updates[k];
+  if (c->progress)
+    for (int k = 0; k < rs.servers; k++)
+      fprintf(c->progress, "ps-replay: server %d: %lld updates replayed\n", k, (long long)rs.updates[k]);
+  res->world_size = 1;
+  return TDM_OK;
+}
+
 static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_state *s) {
   TDM__TRY(tdm_set_num_threads(c->threads));
+  if (c->ps_replay) return ps_replay_run(c, res, s);
   tdm_comm_config cc;
   TDM__TRY(tdm_comm_config_from_env(&cc));
   int W = cc.size, R = cc.rank;
+  /* the grid before any connection: data x tensor x pipeline must make the world */
+  int D = 0, TP = 1, P = 1;
+  TDM__TRY(grid_of(c, W, &D, &TP, &P));
   if (W > 1) TDM__TRY(tdm_comm_create(&s->comm, &cc));
-  TDM__TRY(tdm_grid_create(&s->grid, s->comm, 0, 1, 1)); /* every rank on the data axis */
+  if (c->engine.kind == TDM_ENGINE_PS) { /* the last ranks serve; the workers, a world of their own, are the data axis */
+    TDM__TRY(ps_roles(c, s, &W, R));
+    if (R >= W) return ps_server_rank(c, res, s, W, R);
+    D = W, TP = 1, P = 1;
+  }
+  /* data x tensor x pipeline: the world split as asked (--dp, --tp, --pp), before anything else is made */
+  TDM__TRY(tdm_grid_create(&s->grid, s->comm, D, TP, P));
+  int DR = tdm_grid_index(s->grid, TDM_AXIS_DATA);
+  int split_axes = 0; /* axes with communicators of their own, beside the world */
+  for (int a = 0; a < TDM_AXIS_COUNT; a++) split_axes |= tdm_grid_size(s->grid, (tdm_grid_axis)a) != 1 && tdm_grid_size(s->grid, (tdm_grid_axis)a) != W;
   res->world_size = W;
   res->rank = R;
   prepared pp;
-  TDM__TRY(prepare(c, W, R, s->comm ? tdm_comm_transport(s->comm) : TDM_TRANSPORT_AUTO, s, &pp));
+  TDM__TRY(prepare(c, W, D, DR, P, s->comm ? tdm_comm_transport(s->comm) : TDM_TRANSPORT_AUTO, s, &pp));
+  TDM__TRY(tdm_engine_check(&pp.mc, &pp.ec, W, D, TP, P)); /* the layout against the model, before anything is built */
   tdm_model_kind mk = pp.mk;
   tdm_model_config mc = pp.mc;
   int64_t T = pp.T, K = pp.K, N = pp.N, B = pp.B, per = pp.per, eb = pp.eb, G = pp.G;
@@ -533,6 +668,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   progress pr = {pf, pf ? isatty(fileno(pf)) : 0, 0};
   if (pr.f) tdm_plan_print(pr.f, &pp.plan, c->memory_limit); /* refused here if it does not fit */
   TDM__TRY(tdm_plan_check(&pp.plan, c->memory_limit));
+  pp.ec.ps.world = s->ps_world;
   TDM__TRY(tdm_engine_create(&s->engine, &mc, c->seed, &pp.oc, s->grid, &pp.ec));
   tdm_params *params = tdm_model_params(tdm_engine_model(s->engine));
   if (c->init_weights) TDM__TRY(tdm_engine_load_weights(s->engine, c->init_weights));
@@ -542,9 +678,9 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   tdm_lr_schedule sched = {c->lr_schedule && !strcmp(c->lr_schedule, "cosine") ? TDM_LR_COSINE : TDM_LR_CONSTANT,
                            (float)c->lr, c->warmup_steps, total, (float)c->lr / 10, 0, 0};
   if (pr.f)
-    fprintf(pr.f, "tandem train: %s on %s (%lld train / %lld test samples), %lld parameters, %s lr %g, batch %lld x %d rank%s%s, %d thread%s per rank, %s%s%s\n",
+    fprintf(pr.f, "tandem train: %s on %s (%lld train / %lld test samples), %lld parameters, %s lr %g, batch %lld x %d data rank%s%s, %d thread%s per rank, %s%s%s\n",
             c->model, c->data, (long long)N, (long long)tdm_dataset_len(s->test), (long long)tdm_params_numel(params),
-            c->optimizer, c->lr, (long long)B, W, W == 1 ? "" : "s", K > 1 ? " x accum" : "", tdm_get_num_threads(),
+            c->optimizer, c->lr, (long long)B, D, D == 1 ? "" : "s", K > 1 ? " x accum" : "", tdm_get_num_threads(),
             tdm_get_num_threads() == 1 ? "" : "s", tdm_engine_describe(s->engine), s->comm ? ", transport " : "",
             s->comm ? tdm_transport_name(tdm_comm_transport(s->comm)) : "");
   tdm__run_identity id = {0};
@@ -555,6 +691,10 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   TDM__TRY(tdm__run_start(&si, &s->start));
   s->metrics = s->start.metrics;
   s->start.metrics = NULL;
+  s->recorded = s->metrics && s->start.resumed_from >= 0 ? last_recorded_step(c->metrics) : -1;
+  if (s->recorded >= s->start.step && pr.f)
+    fprintf(pr.f, "tandem train: %s holds steps up to %lld already: the steps redone from the checkpoint are not recorded again\n",
+            c->metrics, (long long)s->recorded);
   if (s->start.resumed_from >= 0) { /* the data stream goes on from the checkpoint's sample, whatever batch wrote it */
     int64_t at = s->start.data_offset < N ? s->start.data_offset : N; /* another data set (--resume-override data): its end */
     TDM__TRY(tdm_sampler_set_position(s->sampler, s->start.step, s->start.data_epoch, at));
@@ -583,17 +723,26 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
       if (st != TDM_OK && !isfinite(ss.grad_norm)) return grad_norm_error(c, ss.grad_norm, step, R, W);
       if (st != TDM_OK) return tdm__set_error(st, "step %lld: %s", (long long)step, tdm_last_error());
       double t3 = tdm_time_now();
-      if (!s->comm && !ss.skipped) TDM__TRY(finite_or_stop(c, ss.loss, step, "the loss", "")); /* several ranks: the mean, in flush_record */
+      /* a parameter server's async and ssp workers never wait for each other: each reports its own */
+      int own = s->ps_world && c->engine.ps.mode != TDM_PS_SYNC;
+      if ((!s->comm || own) && !ss.skipped) TDM__TRY(finite_or_stop(c, ss.loss, step, "the loss", "")); /* several ranks: the mean, in flush_record */
       /* the global loss and accuracy travel without blocking: started now, collected (and the
        * step's record written) during the next step, so they add no synchronisation point */
       TDM__TRY(flush_record(s, &rec, &pr, c));
       int time_up = c->max_time > 0 && train_time + (t3 - t0) >= c->max_time;
-      rec = (step_record){.pending = 1, .step = step, .epoch = epoch, .lr = lr, .stats = {ss.loss / W, ss.correct, ss.rows, time_up},
+      rec = (step_record){.pending = 1, .step = step, .epoch = epoch, .lr = lr, .stats = {own ? ss.loss : ss.loss / W, ss.correct, ss.rows, time_up},
                           .dt = t3 - t0, .t_fwd = ss.t_forward, .t_bwd = ss.t_backward, .t_wait = ss.t_comm_wait,
-                          .t_opt = ss.t_update, .samples = (double)ss.samples * W, .total = total, .G = G, .grad_norm = ss.grad_norm,
+                          .t_opt = ss.t_update, .samples = (double)ss.samples * D, .total = total, .G = G, .grad_norm = ss.grad_norm,
                           .loss_scale = c->engine.precision == TDM_F16 ? ss.loss_scale : 0, .skipped = ss.skipped};
-      if (s->comm) TDM__TRY(tdm_comm_iallreduce(s->comm, rec.stats, rec.stats, 4, TDM_F64, TDM_SUM, TDM_ALGO_AUTO, &rec.work));
-      if (!s->comm && time_up) s->stop = 1;
+      if (s->comm && !own) TDM__TRY(tdm_comm_iallreduce(s->comm, rec.stats, rec.stats, 4, TDM_F64, TDM_SUM, TDM_ALGO_AUTO, &rec.work));
+      /* an axis split from the world speaks through the world's transport, which serves one
+       * communicator at a time: the next step's collectives there must not meet this one */
+      if (s->comm && !own && split_axes) {
+        tdm_work_t w = rec.work;
+        rec.work = NULL;
+        TDM__TRY(tdm_work_wait(w));
+      }
+      if ((!s->comm || own) && time_up) s->stop = 1;
       if (s->stop) total = step + 1; /* a rank's time ran out (seen one step late, by all alike) */
       double dt = t3 - t0;
       train_time += dt;
@@ -603,6 +752,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
       if (c->checkpoint_dir && ((c->checkpoint_every > 0 && (step + 1) % c->checkpoint_every == 0) || step + 1 == total)) {
         TDM__TRY(flush_record(s, &rec, &pr, c)); /* on every rank: this step's mean loss is checked before it is saved */
         TDM__TRY(params_finite(s->engine, c, step + 1));
+        TDM__TRY(metrics_ok(s, c)); /* the records are in the file before the checkpoint that covers them */
         tdm_ckpt_info ci = {.step = step + 1, .world_size = W, .seed = c->seed, .n_meta = id.n - 1, .meta_kv = id.kv}; /* the seed is the checkpoint's own key */
         tdm_sampler_locate(s->sampler, step + 1, &ci.data_epoch, &ci.data_offset);
         TDM__TRY(tdm_ckpt_save_engine(c->checkpoint_dir, s->engine, &ci, 2));
@@ -610,8 +760,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
       if (is_lm(mk) && c->val_every > 0 && (step + 1) % c->val_every == 0 && step + 1 < total) {
         double vl, va;
         TDM__TRY(flush_record(s, &rec, &pr, c));
-        TDM__TRY(evaluate(tdm_engine_model(s->engine), tdm_engine_tape(s->engine), s->test, B, s->idx, s->comm,
-                          c->val_batches * B * W, &vl, &va));
+        TDM__TRY(evaluate(s->engine, s->test, B, s->idx, c->val_batches * B * D, &vl, &va));
         if (pr.f) fprintf(pr.f, "%sstep %lld: val loss %.4f\n", pr.tty ? "\n" : "", (long long)step + 1, vl);
         TDM__TRY(eval_record(s, c, 1, 0, step + 1, vl, va));
       }
@@ -623,8 +772,8 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
     if (epoch_done) {
       double tl = 0, ta = 0;
       TDM__TRY(params_finite(s->engine, c, step));
-      TDM__TRY(evaluate(tdm_engine_model(s->engine), tdm_engine_tape(s->engine), s->test, is_lm(mk) ? B : eb, s->idx,
-                        s->comm, is_lm(mk) ? c->val_batches * B * W : 0, &tl, &ta));
+      TDM__TRY(evaluate(s->engine, s->test, is_lm(mk) ? B : eb, s->idx, is_lm(mk) ? c->val_batches * B * D : 0,
+                        &tl, &ta));
       res->test_loss = tl;
       res->test_accuracy = ta;
       if (pr.f && is_lm(mk)) {
@@ -645,7 +794,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   if (s->metrics) { /* what the run held, measured: to set beside the plan printed at the start */
     char mem[600];
     mem_json(mem, sizeof mem);
-    fprintf(s->metrics, "{\"step\":%lld,\"memory_peak\":%s}\n", (long long)step, mem);
+    fprintf(s->metrics, "{\"step\":%lld,\"world_size\":%d,\"memory_peak\":%s}\n", (long long)step, W, mem);
   }
   TDM__TRY(metrics_ok(s, c));
   FILE *mf = s->metrics;

@@ -2,7 +2,7 @@
 # The memory plan against the memory a run really holds: `tandem plan --json` and the peaks per
 # category that `tandem train --metrics` records at the end (counted by the library as it
 # allocates: tandem/core.h), for data parallelism and ZeRO stages 1-3, one to three ranks, over
-# shared memory and TCP, with accumulation, for the MLP and the GPT. Every category that holds at
+# shared memory and TCP, with accumulation, for the MLP and the GPT, and tensor parallelism. Every category that holds at
 # least 1% of the total must be planned within 5%; the smaller ones (workspace, a one-process
 # run's communication) within 16 KiB.   tests/multirank/test_plan.sh path/to/tandem
 set -uo pipefail
@@ -64,6 +64,30 @@ done
 check "3 ranks over tcp, --zero 3: the GPT (units gathered, the tied embedding)" compare 3 tcp "${GPT[@]}" --zero 3
 check "2 ranks over tcp, --zero 2 with accumulation (gradients whole between micro-batches)" compare 2 tcp "${MLP[@]}" --zero 2 --accum 2
 check "2 ranks over shm, --zero 0 with bf16 on the wire and small buckets" compare 2 shm "${MLP[@]}" --compress bf16 --bucket-mb 0.25
+# tensor parallelism: each rank's slices, its tape (the split model's ops, custom ones among them),
+# the tensor axis's scratch beside the data axis's
+check "2 ranks over shm, --tp 2: the GPT's slices" compare 2 shm "${GPT[@]}" --tp 2
+check "4 ranks over tcp, --tp 2 --dp 2" compare 4 tcp "${GPT[@]}" --tp 2 --dp 2
+check "3 ranks over tcp, --tp 3 with a vocabulary of 257 (the blocks differ by a row)" compare 3 tcp \
+  --model gpt --layers 2 --heads 3 --width 48 --block 32 --batch-size 4 --val-batches 2 --tp 3 --vocab 257
+
+# tensor parallelism's closed form: a rank holds a T-th of what is split and all of what is
+# replicated (R: wpe, the layer norms, the row-parallel projections' biases; the vocabulary's
+# blocks differ by a row of C), and Adam's 16 bytes for each
+tp_closed_form() {
+  local L=4 C=64 V=256 B=32 n p o s R
+  n=$(value params "$("$TANDEM" plan --json --model gpt --layers $L --heads 4 --width $C --block $B)")
+  R=$(( B * C + L * 6 * C + 2 * C ))
+  for t in 2 4; do
+    p=$("$TANDEM" plan --tp $t --json --model gpt --layers $L --heads 4 --width $C --block $B) || return 1
+    o=$(value owned "$p")
+    s=$(($(value parameters "$p") + $(value gradients "$p") + $(value optimizer "$p")))
+    local lo=$(( (n - R) / t + R - C )) hi=$(( (n - R) / t + R + C ))
+    [[ $s -eq $((16 * o)) && $o -ge $lo && $o -le $hi ]] ||
+      { echo "  --tp $t: a rank holds $o of $n parameters (expected $lo..$hi), state $s bytes (expected $((16 * o)))"; return 1; }
+  done
+}
+check "--tp T: a rank holds (N - R)/T + R parameters, 16 bytes each with Adam" tp_closed_form
 
 # the closed forms, from the plan alone (Adam: 16 bytes a parameter whole; shards over N = 4;
 # small buckets, so that stage 2's gradients in flight are few)

@@ -224,6 +224,10 @@ static void test_metadata_is_parsed_strictly(void) {
   CHECK(signed_with("tandem.seed", "-5") == TDM_ERR_FORMAT);
   CHECK_ERR_HAS("tandem.seed is '-5'");
   CHECK(signed_with("tandem.optim_steps", "2.0") == TDM_ERR_FORMAT);
+  /* a manifest must list one file per rank of its world (caught by fuzz_ckpt's checks: a world of 2 with
+   * one file was accepted) */
+  CHECK(signed_with("tandem.world_size", "2") == TDM_ERR_FORMAT);
+  CHECK_ERR_HAS("manifest: lists 1 file; the world of 2 ranks that wrote it has one each");
   CHECK(signed_with("tandem.world_size", NULL) == TDM_ERR_FORMAT);
   CHECK_ERR_HAS("lacks tandem.world_size");
   CHECK(signed_with("duplicate", NULL) == TDM_ERR_FORMAT);

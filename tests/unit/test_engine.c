@@ -305,7 +305,7 @@ static void test_stage3_memory(void) {
 }
 
 /* The process grid on 8 ranks as data 2 x tensor 2 x pipeline 2: coordinates from the rank
- * (tensor fastest), and each axis's communicator holds exactly the ranks that differ only in that
+ * (tensor fastest, then pipeline, then data), and each axis's communicator holds exactly the ranks that differ only in that
  * coordinate, ordered by it (an all-gather of world ranks over each axis shows who is there). */
 static void *grid_rank(void *va) {
   rank_arg *a = va;
@@ -315,7 +315,7 @@ static void *grid_rank(void *va) {
   tdm_grid *g = NULL;
   CHECK_OK(tdm_comm_create(&w, &cc));
   CHECK_OK(tdm_grid_create(&g, w, 0, 2, 2));
-  int t = a->r % 2, d = (a->r / 2) % 2, p = a->r / 4;
+  int t = a->r % 2, p = (a->r / 2) % 2, d = a->r / 4; /* tensor, then pipeline, then data */
   CHECK(g && tdm_grid_size(g, TDM_AXIS_DATA) == 2 && tdm_grid_index(g, TDM_AXIS_TENSOR) == t &&
         tdm_grid_index(g, TDM_AXIS_DATA) == d && tdm_grid_index(g, TDM_AXIS_PIPELINE) == p);
   for (int ax = 0; g && ax < TDM_AXIS_COUNT; ax++) {
@@ -323,7 +323,7 @@ static void *grid_rank(void *va) {
     int32_t me = a->r, who[2] = {-1, -1};
     CHECK(c && tdm_comm_size(c) == 2 && tdm_comm_rank(c) == tdm_grid_index(g, (tdm_grid_axis)ax));
     if (c) CHECK_OK(tdm_comm_allgather(c, &me, who, 1, TDM_I32, TDM_ALGO_AUTO));
-    int stride = ax == TDM_AXIS_TENSOR ? 1 : ax == TDM_AXIS_DATA ? 2 : 4, base = a->r - tdm_grid_index(g, (tdm_grid_axis)ax) * stride;
+    int stride = ax == TDM_AXIS_TENSOR ? 1 : ax == TDM_AXIS_PIPELINE ? 2 : 4, base = a->r - tdm_grid_index(g, (tdm_grid_axis)ax) * stride;
     CHECK_MSG(who[0] == base && who[1] == base + stride, "rank %d, %s axis: members %d %d", a->r,
               tdm_grid_axis_name((tdm_grid_axis)ax), who[0], who[1]);
   }

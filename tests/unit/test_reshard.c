@@ -248,6 +248,77 @@ static void test_pieces_must_tile(void) {
   }
 }
 
+/* The tiling check itself: random grids of boxes in 1-3 dimensions tile; a box grown, shrunk or
+ * moved by one element does not (each named); tens of thousands of pieces are checked (once a
+ * pairwise search, quadratic: a crafted manifest stalled a resume). */
+static uint64_t rng_state = 88172645463325252ull;
+static int64_t rnd(int64_t n) {
+  rng_state ^= rng_state << 13, rng_state ^= rng_state >> 7, rng_state ^= rng_state << 17;
+  return (int64_t)(rng_state % (uint64_t)n);
+}
+
+static void test_tiling_check(void) {
+  enum { MAXB = 4096 };
+  static tdm__box boxes[MAXB];
+  static const tdm__box *bp[MAXB];
+  for (int trial = 0; trial < 60; trial++) {
+    int nd = 1 + trial % 3, n = 1, cuts[3][9], nc[3];
+    int64_t shape[3];
+    for (int d = 0; d < nd; d++) { /* each dimension cut at up to 7 random places */
+      shape[d] = 2 + rnd(12), nc[d] = 0, cuts[d][nc[d]++] = 0;
+      for (int64_t x = 1; x < shape[d]; x++)
+        if (rnd(3) == 0 && nc[d] < 8) cuts[d][nc[d]++] = (int)x;
+      cuts[d][nc[d]] = (int)shape[d];
+      n *= nc[d];
+    }
+    for (int i = 0; i < n; i++) {
+      int rem = i;
+      for (int d = 0; d < nd; d++) {
+        int k = rem % nc[d];
+        rem /= nc[d];
+        boxes[i].start[d] = cuts[d][k], boxes[i].count[d] = cuts[d][k + 1] - cuts[d][k];
+      }
+      bp[i] = &boxes[i];
+    }
+    CHECK_MSG(tdm__boxes_tile(nd, shape, n, bp, "test", "x") == TDM_OK, "trial %d: a grid of %d boxes: %s", trial, n, tdm_last_error());
+    /* one box changed by one element in one dimension, where it stays inside the shape */
+    int i = (int)rnd(n), d = (int)rnd(nd), how = (int)rnd(3);
+    tdm__box keep = boxes[i];
+    if (how == 0 && boxes[i].start[d] + boxes[i].count[d] < shape[d]) boxes[i].count[d]++;
+    else if (how == 1 && boxes[i].count[d] > 1) boxes[i].count[d]--;
+    else if (boxes[i].start[d] > 0) boxes[i].start[d]--;
+    else if (boxes[i].start[d] + boxes[i].count[d] < shape[d]) boxes[i].start[d]++;
+    if (memcmp(&keep, &boxes[i], sizeof keep) == 0) continue;
+    tdm_status st = tdm__boxes_tile(nd, shape, n, bp, "test", "x");
+    CHECK_MSG(st == TDM_ERR_INVALID_ARG && (strstr(tdm_last_error(), "overlap") || strstr(tdm_last_error(), "elements")),
+              "trial %d: box %d changed in dimension %d: %d, '%s'", trial, i, d, st, tdm_last_error());
+  }
+  /* as many elements as the tensor, but one shared and one left out: the pair is named */
+  tdm__box o[2] = {{{0}, {3}}, {{2}, {3}}};
+  const tdm__box *op[2] = {&o[0], &o[1]};
+  int64_t six = 6;
+  CHECK(tdm__boxes_tile(1, &six, 2, op, "test", "x") == TDM_ERR_INVALID_ARG && strstr(tdm_last_error(), "x[0:3] and x[2:5] overlap"));
+  /* a scalar has one piece */
+  CHECK(tdm__boxes_tile(0, NULL, 1, op, "test", "s") == TDM_OK);
+  CHECK(tdm__boxes_tile(0, NULL, 2, op, "test", "s") == TDM_ERR_INVALID_ARG && strstr(tdm_last_error(), "expected one"));
+  /* 40,000 one-element pieces of a (200, 200) tensor, then with the last one doubled */
+  int64_t sq[2] = {200, 200};
+  tdm__box *many = malloc(sizeof *many * 40000);
+  const tdm__box **mp = malloc(sizeof *mp * 40000);
+  CHECK(many && mp);
+  if (!many || !mp) return;
+  for (int k = 0; k < 40000; k++) {
+    memset(&many[k], 0, sizeof many[k]);
+    many[k].start[0] = k / 200, many[k].start[1] = k % 200, many[k].count[0] = many[k].count[1] = 1;
+    mp[k] = &many[k];
+  }
+  CHECK_MSG(tdm__boxes_tile(2, sq, 40000, mp, "test", "w") == TDM_OK, "%s", tdm_last_error());
+  mp[39999] = &many[0];
+  CHECK(tdm__boxes_tile(2, sq, 40000, mp, "test", "w") == TDM_ERR_INVALID_ARG && strstr(tdm_last_error(), "w[0:1,0:1] and w[0:1,0:1] overlap"));
+  free(many);
+  free(mp);
+}
+
 /* ---- files that do not verify ------------------------------------------------------------------------- */
 static void write_steps(int r, int P, tdm_comm_t comm, void *arg) {
   for (int64_t step = 4; step <= 8; step += 4) {
@@ -716,7 +787,7 @@ static void test_sampler_positions_carry_over(void) {
 int main(void) {
   snprintf(dir, sizeof dir, "/tmp/tandem-test-reshard-XXXXXX");
   if (!mkdtemp(dir)) return 1;
-  static const tdm_test_case cases[] = {T(test_flat_boxes), T(test_box_copy), T(test_any_split_reads_back), T(test_pieces_must_tile),
+  static const tdm_test_case cases[] = {T(test_flat_boxes), T(test_box_copy), T(test_any_split_reads_back), T(test_pieces_must_tile), T(test_tiling_check),
                                         T(test_corrupt_files_are_named), T(test_mlp_reshards), T(test_gpt_reshards),
                                         T(test_what_cannot_resume), T(test_corrupt_newest_falls_back),
                                         T(test_sampler_positions_carry_over)};

@@ -323,6 +323,31 @@ static void key_path(const tdm__store *s, const char *key, char *out, size_t n) 
   snprintf(out, n, "%s/%s", s->dir, k);
 }
 
+/* Every rank's job identity against rank 0's (cfg.job_ident; under srun the job, step, tasks and
+ * node list), so tasks that disagree stop here with both views named, not in a hang later. */
+static tdm_status opened(tdm__store **out, tdm__store *s, const tdm_comm_config *cfg) {
+  const char *me = cfg->job_ident;
+  if (me && *me) {
+    static const char key[] = "tandem/job_ident";
+    void *got = NULL;
+    size_t n = 0;
+    tdm_status st = cfg->rank == 0 ? tdm__store_set(s, key, me, strlen(me)) : tdm__store_get(s, key, &got, &n, s->timeout_s);
+    if (st == TDM_OK && cfg->rank != 0) {
+      ((char *)got)[n] = 0;
+      if (strcmp(got, me))
+        st = tdm__set_error(TDM_ERR_MISMATCH, "rank %d sees %s, but rank 0 sees %s: the tasks of one job disagree (every task "
+                            "must see the same job, step, task count and node list)", cfg->rank, me, (char *)got);
+    }
+    tdm__free(got);
+    if (st != TDM_OK) {
+      tdm__store_close(s);
+      return st;
+    }
+  }
+  *out = s;
+  return TDM_OK;
+}
+
 tdm_status tdm__store_open(tdm__store **out, const tdm_comm_config *cfg, double timeout_s) {
   tdm__store *s = tdm__calloc(1, sizeof *s);
   if (!s) return tdm__set_error(TDM_ERR_NO_MEMORY, "store: out of memory");
@@ -332,8 +357,7 @@ tdm_status tdm__store_open(tdm__store **out, const tdm_comm_config *cfg, double 
     s->dir = tdm__malloc(strlen(cfg->store_dir) + 1);
     strcpy(s->dir, cfg->store_dir);
     mkdir(s->dir, 0700);
-    *out = s;
-    return TDM_OK;
+    return opened(out, s, cfg);
   }
   const char *addr = cfg->master_addr ? cfg->master_addr : "127.0.0.1";
   int port = cfg->master_port ? cfg->master_port : 29500;
@@ -388,8 +412,7 @@ tdm_status tdm__store_open(tdm__store **out, const tdm_comm_config *cfg, double 
     tdm__store_close(s);
     return e;
   }
-  *out = s;
-  return TDM_OK;
+  return opened(out, s, cfg);
 }
 
 tdm_status tdm__store_set(tdm__store *s, const char *key, const void *val, size_t n) {

@@ -159,9 +159,10 @@ static void mpi_destroy(tdm__transport *tr) {
   tdm__free(t);
 }
 
-static const tdm__transport_ops mpi_ops = {"mpi", run, mpi_abort_tr, mpi_destroy, NULL};
+static const tdm__transport_ops mpi_ops = {"mpi", run, mpi_abort_tr, mpi_destroy, NULL, NULL};
 
-tdm_status tdm__mpi_transport_create(tdm__transport **out, struct tdm_comm *c) {
+tdm_status tdm__mpi_transport_create(tdm__transport **out, struct tdm_comm *c, const tdm_comm_config *cfg) {
+  (void)cfg;
   int inited = 0, size, rank;
   MPI_Initialized(&inited);
   mpi_tr *t = tdm__calloc(1, sizeof *t);
@@ -191,7 +192,8 @@ tdm_status tdm__mpi_transport_create(tdm__transport **out, struct tdm_comm *c) {
   return TDM_OK;
 }
 #else
-tdm_status tdm__mpi_transport_create(tdm__transport **out, struct tdm_comm *c) {
+tdm_status tdm__mpi_transport_create(tdm__transport **out, struct tdm_comm *c, const tdm_comm_config *cfg) {
+  (void)cfg;
   (void)out;
   (void)c;
   return tdm__set_error(TDM_ERR_NOT_SUPPORTED,

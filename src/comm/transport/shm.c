@@ -331,7 +331,7 @@ static int step(shm_tr *t, struct tdm_comm *c, tdm__xfer *x, tdm_status *st) {
           *st = tdm__set_error(TDM_ERR_REMOTE, "rank %d failed: %s", tdm__comm_rank_of(c, x->peer), reason);
           return -1;
         }
-        if ((*st = tdm__check_header(c, x->peer, &x->hdr, &x->got)) != TDM_OK) return -1;
+        if ((*st = tdm__xfer_header(c, x)) != TDM_OK) return -1;
       }
     }
     if (x->done >= H) {
@@ -340,7 +340,10 @@ static int step(shm_tr *t, struct tdm_comm *c, tdm__xfer *x, tdm_status *st) {
       moved += k;
     }
   }
-  if (x->done == H + x->nbytes) x->complete = 1;
+  if (x->done == H + x->nbytes) {
+    if (tdm__xfer_done(&t->base, x)) x->complete = 1;
+    else moved = 1; /* a tagged message went to the stash: read on */
+  }
   return moved > 0 || x->complete;
 }
 
@@ -379,7 +382,18 @@ static void shm_destroy(tdm__transport *tr) {
   tdm__free(t);
 }
 
-static const tdm__transport_ops shm_ops = {"shm", run, shm_abort, shm_destroy, shm_announce};
+/* Bytes in peer's ring, the job aborted, or (slow checks) peer's process gone: a receive from it
+ * will say which. */
+static int shm_pending(tdm__transport *tr, int peer, int slow) {
+  shm_tr *t = (shm_tr *)tr;
+  ring_ctl *r = &t->rctl[(size_t)peer * (size_t)tr->size + (size_t)tr->rank];
+  if (atomic_load_explicit(&r->head, memory_order_acquire) != atomic_load_explicit(&r->tail, memory_order_relaxed)) return 1;
+  if (atomic_load_explicit(&t->hdr->aborted, memory_order_acquire)) return 1;
+  int32_t pid = slow ? atomic_load(&t->ctl[peer].pid) : 0;
+  return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+static const tdm__transport_ops shm_ops = {"shm", run, shm_abort, shm_destroy, shm_announce, shm_pending};
 
 /* ---- slot collectives ------------------------------------------------------------------------
  * Rounds of at most slot_bytes per rank, double-buffered by parity. In round k a rank

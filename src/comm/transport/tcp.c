@@ -24,6 +24,7 @@ typedef struct {
   const char *token; /* while the mesh is made */
   char refusal[96];
   int closed;
+  char closed_why[256]; /* the abort's reason (a sub-communicator's failure closes its parent's links too) */
 } tcp_tr;
 
 static tdm_status peer_gone(tcp_tr *t, int peer, const char *how) {
@@ -89,14 +90,14 @@ static int step(tcp_tr *t, tdm__xfer *x, tdm_status *st) {
       *st = remote_abort(t, x->peer, &x->got);
       return -1;
     }
-    if ((*st = tdm__check_header(t->base.comm, x->peer, &x->hdr, &x->got)) != TDM_OK) return -1;
-    if (x->nbytes == 0) x->complete = 1;
+    if ((*st = tdm__xfer_header(tdm__active(&t->base), x)) != TDM_OK) return -1;
+    if (x->nbytes == 0) x->complete = tdm__xfer_done(&t->base, x);
     return 1;
   }
   size_t pd = x->done - sizeof(tdm__hdr);
   int r = recv_some(t, x, (char *)x->buf + pd, x->nbytes - pd, st);
   if (r <= 0) return r;
-  if (x->done == total) x->complete = 1;
+  if (x->done == total) x->complete = tdm__xfer_done(&t->base, x);
   return 1;
 }
 
@@ -114,7 +115,7 @@ static const char *waited_for(const tdm__xfer *x, const int *idx, int n) {
 static tdm_status run(tdm__transport *tr, tdm__xfer *x, int n, double deadline) {
   tcp_tr *t = (tcp_tr *)tr;
   struct tdm_comm *c = tr->comm;
-  if (t->closed) return tdm__set_error(TDM_ERR_REMOTE, "rank %d: the connections are closed", c->rank);
+  if (t->closed) return tdm__set_error(TDM_ERR_REMOTE, "rank %d: the connections are closed (%s)", c->rank, t->closed_why);
   struct pollfd pf[2 * n + 1];
   int idx[2 * n + 1];
   for (;;) {
@@ -155,6 +156,7 @@ static tdm_status run(tdm__transport *tr, tdm__xfer *x, int n, double deadline) 
 static void tcp_abort(tdm__transport *tr, const char *reason) {
   tcp_tr *t = (tcp_tr *)tr;
   if (t->closed) return;
+  snprintf(t->closed_why, sizeof t->closed_why, "%s", reason);
   size_t rl = strlen(reason);
   tdm__hdr h = {TDM_MSG_MAGIC, TDM_COLL_ABORT, 0, 0, (uint32_t)(-(int)tr->comm->fail_status), 0, tr->comm->comm_id, 0, rl};
   for (int p = 0; p < tr->size; p++) {
@@ -229,7 +231,17 @@ static tdm_status accept_higher(tcp_tr *t, int lfd, const char *token, double de
   return st;
 }
 
-static const tdm__transport_ops tcp_ops = {"tcp", run, tcp_abort, tcp_destroy, NULL};
+/* Something (or EOF, or an error) is waiting on peer's connection. */
+static int tcp_pending(tdm__transport *tr, int peer, int slow) {
+  (void)slow;
+  tcp_tr *t = (tcp_tr *)tr;
+  if (t->closed || t->fd[peer] < 0) return 1;
+  char b;
+  ssize_t k = recv(t->fd[peer], &b, 1, MSG_PEEK | MSG_DONTWAIT);
+  return k >= 0 || !(errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR);
+}
+
+static const tdm__transport_ops tcp_ops = {"tcp", run, tcp_abort, tcp_destroy, NULL, tcp_pending};
 
 tdm_status tdm__tcp_transport_create(tdm__transport **out, struct tdm_comm *c, const tdm_comm_config *cfg) {
   int P = c->size, me = c->rank;

@@ -129,10 +129,15 @@ static tdm_status run(tdm__transport *t, tdm__xfer *x, int n, double deadline) {
     }
     q->head = m->next;
     if (!q->head) q->tail = NULL;
-    st = tdm__check_header(c, x[i].peer, &x[i].hdr, &m->hdr);
-    if (st == TDM_OK && m->hdr.nbytes) memcpy(x[i].buf, m->data, m->hdr.nbytes);
-    x[i].complete = st == TDM_OK;
+    x[i].got = m->hdr;
+    st = tdm__xfer_header(c, &x[i]); /* the sizes now agree (or the message goes to the stash) */
+    if (st == TDM_OK && x[i].nbytes) memcpy(x[i].buf, m->data, x[i].nbytes);
     tdm__free(m);
+    if (st == TDM_OK && !tdm__xfer_done(t, &x[i])) { /* stashed: this receive reads on */
+      i--;
+      continue;
+    }
+    x[i].complete = st == TDM_OK;
   }
 out:
   pthread_mutex_unlock(&g->mu);
@@ -154,10 +159,20 @@ static void thread_abort(tdm__transport *t, const char *reason) {
 
 static void thread_destroy(tdm__transport *t) { tdm__free(t); }
 
-static const tdm__transport_ops thread_ops = {"thread", run, thread_abort, thread_destroy, NULL};
+static int thread_pending(tdm__transport *t, int peer, int slow) {
+  (void)slow;
+  group *g = ((thread_tr *)t)->g;
+  pthread_mutex_lock(&g->mu);
+  int r = g->failed || g->q[peer * g->size + t->rank].head != NULL;
+  pthread_mutex_unlock(&g->mu);
+  return r;
+}
 
-tdm_status tdm__thread_transport_create(tdm__transport **out, struct tdm_comm *c, void *vg) {
-  group *g = vg;
+static const tdm__transport_ops thread_ops = {"thread", run, thread_abort, thread_destroy, NULL, thread_pending};
+
+tdm_status tdm__thread_transport_create(tdm__transport **out, struct tdm_comm *c, const tdm_comm_config *cfg) {
+  group *g = cfg->thread_group;
+  if (!g) return tdm__set_error(TDM_ERR_INVALID_ARG, "comm_create: the thread transport needs cfg.thread_group");
   if (g->size != c->size)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "comm_create: the thread group has %d ranks but the config says %d",
                           g->size, c->size);

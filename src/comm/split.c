@@ -1,0 +1,60 @@
+/* Sub-communicators (tdm_comm_split): a child speaks through its parent's transport with its own
+ * id in every header and its own rank map. */
+#include <string.h>
+
+#include "comm/comm_impl.h"
+
+tdm_status tdm_comm_split(tdm_comm_t c, int color, int key, tdm_comm_t *out) {
+  if (!out) return tdm__set_error(TDM_ERR_INVALID_ARG, "split: out is NULL");
+  *out = NULL;
+  int32_t mine[2] = {color, key}, *all = tdm__malloc(sizeof(int32_t) * 2 * (size_t)c->size);
+  if (!all) return tdm__set_error(TDM_ERR_NO_MEMORY, "split: out of memory");
+  tdm_status st = tdm_comm_allgather(c, mine, all, 2, TDM_I32, TDM_ALGO_RING);
+  if (st != TDM_OK || color < 0) {
+    tdm__free(all);
+    return st;
+  }
+  int n = 0, me = 0, *members = tdm__malloc(sizeof(int) * (size_t)c->size);
+  if (!members) {
+    tdm__free(all);
+    return tdm__set_error(TDM_ERR_NO_MEMORY, "split: out of memory");
+  }
+  for (int i = 0; i < c->size; i++)
+    if (all[2 * i] == color) members[n++] = i;
+  for (int i = 1; i < n; i++) /* order by (key, old rank): insertion sort, groups are small */
+    for (int j = i; j > 0 && (all[2 * members[j - 1] + 1] > all[2 * members[j] + 1]); j--) {
+      int t = members[j];
+      members[j] = members[j - 1];
+      members[j - 1] = t;
+    }
+  for (int i = 0; i < n; i++)
+    if (members[i] == c->rank) me = i;
+  tdm__free(all);
+  struct tdm_comm *s = tdm__calloc(1, sizeof *s);
+  if (!s) {
+    tdm__free(members);
+    return tdm__set_error(TDM_ERR_NO_MEMORY, "split: out of memory");
+  }
+  /* the child speaks through the parent's transport, with its own id in every header */
+  for (int i = 0; i < n; i++) members[i] = c->map ? c->map[members[i]] : members[i];
+  s->rank = me;
+  s->size = n;
+  s->kind = c->kind;
+  s->tr = c->tr;
+  s->owns_transport = 0;
+  s->map = s->map_owned = members;
+  s->comm_id = (uint32_t)tdm_hash64(c->comm_id * 1000003ull + c->seq, (uint64_t)(uint32_t)color) | 2u;
+  s->timeout_s = c->timeout_s;
+  s->local_size = c->local_size;
+  memcpy(s->algo_for, c->algo_for, sizeof s->algo_for);
+  s->algo_plain = c->algo_plain;
+  if (c->emu_link_free) { /* the child's links are its parent's, emulated alike */
+    s->emu_latency_s = c->emu_latency_s;
+    s->emu_bytes_per_s = c->emu_bytes_per_s;
+    s->emu_link_free = tdm__calloc((size_t)n, sizeof(double));
+  }
+  pthread_mutex_init(&s->q_mu, NULL);
+  pthread_cond_init(&s->q_cv, NULL);
+  *out = s;
+  return TDM_OK;
+}

@@ -1,0 +1,810 @@
+/* The pipeline engine: a GPT's blocks cut into chunks over the grid's pipeline axis, each step a
+ * verified schedule (tandem/pipeline.h) run action by action.
+ *
+ * Parameters keep the whole model's names, order and offsets: every rank declares them all in
+ * reserved address space and touches only its chunks' spans (and, on the last rank, a copy of the
+ * tied embedding), so weights and checkpoints stay those of one process. Each chunk micro-batch in
+ * flight has its own tape (a slot), made at its first action and reset after its backward.
+ *
+ * Bit for bit what one process accumulating the same micro-batches computes:
+ *   - dropout masks are keyed by sample and block (tdm_gpt_forward_range), not by the cut;
+ *   - every chunk runs its backwards in micro-batch order (every generated schedule does; the
+ *     test checks it), so each gradient adds up in one process's order;
+ *   - the tied embedding: one process adds, for each micro-batch, the head's gradient (a GEMM
+ *     accumulating into wte's gradient) and then the embedding's; the sum of a first-stage part
+ *     and a last-stage part cannot give the same bits. So the last chunk does not differentiate
+ *     the head's weight (it uses a detached view); it sends the logits' gradient and the head's
+ *     input along with its input gradient, the chunks between pass them on with theirs, and chunk
+ *     0 runs the head's weight GEMM into wte's gradient right before its own backward (or weight
+ *     pass), as one process does. After the update the first rank sends wte to the last.
+ *   - the gradient norm from segment sums (optim.h), each segment held by one rank, summed over
+ *     the pipeline (exact), combined in segment order; the data axis averages gradients in rank
+ *     order as data parallelism does.
+ *
+ * Exchanges (runs of consecutive sends and receives in the list) go to the world communicator's
+ * progress thread, one at a time in order (so they never share the transport with another
+ * thread), while the main thread computes; a compute action waits for the exchange that brings
+ * its input. This is what the verifier simulates. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "comm/comm_impl.h"
+#include "nn/model_impl.h"
+#include "nn/params_impl.h"
+#include "parallel/common.h"
+#include "parallel/engine_impl.h"
+#include "parallel/pipeline_impl.h"
+#include "tandem/kernels.h"
+#include "tandem/plan.h"
+
+typedef struct {
+  tdm_tape *tape;
+  int chunk, mb;             /* -1: free */
+  tdm_tensor *in, *out, *gout, *logits, *head_in;
+  float *tied;               /* the tied head's (logits gradient, head input) received: chunks before the last */
+  int bwd_done, grad_sent;   /* its backward (weight pass) has run; its input's gradient has gone */
+} slot;
+
+typedef struct {
+  float *p;
+  size_t n;
+  int used;
+} buffer;
+
+typedef struct {
+  int lo, hi;                /* its actions */
+  tdm_p2p_op *ops;
+  int n_ops;
+  float **owned;             /* pool buffers it sends, given back when it ends */
+  int n_owned;
+  tdm_comm_t comm;
+  tdm_work_t work;
+  int state;                 /* 0 waiting to be issued, 1 issued, 2 ended and waited for */
+} exch;
+
+typedef struct {
+  tdm_pp_schedule *s;
+  int P, V, C, M, stage, D;
+  int *first_block;          /* C + 1 */
+  int tied;                  /* P > 1: the head's tied weight lives on another rank than the last chunk */
+  tdm_comm_t pp, world;
+  const tdm_pp_action *list; /* this rank's actions */
+  int n_list;
+  exch *ex;                  /* this rank's exchanges, in list order */
+  int n_ex;
+  int *ex_of;                /* per action: its exchange, or -1 */
+  int *input_ex;             /* per compute action: the exchange bringing its input, or -1 */
+  slot *slots;
+  int n_slots;
+  buffer *bufs;
+  int n_bufs;
+  tdm_tape *data;            /* the step's batches */
+  tdm_tensor **x, **y;
+  int64_t *base;
+  int fetched;
+  tdm_tape *eval;
+  float *packed;             /* checkpoints: the spans' values */
+  int64_t n_packed, wte_lo, wte_hi;
+  int64_t n_held;            /* parameters held: the spans and the tied copy */
+  int tied_stale;            /* the last rank's copy of the tied embedding awaits the first rank's */
+  double *red;               /* the segment sums and the step's numbers, summed over the pipeline */
+  double loss_sum, correct, rows;
+  int64_t samples;
+  double t_fwd, t_bwd, t_wait;
+} pp_state;
+
+/* ---- small helpers ---------------------------------------------------------------------------- */
+static float *buf_get(pp_state *q, size_t n) {
+  for (int i = 0; i < q->n_bufs; i++)
+    if (!q->bufs[i].used && q->bufs[i].n == n) {
+      q->bufs[i].used = 1;
+      return q->bufs[i].p;
+    }
+  buffer *nb = tdm__malloc(sizeof *nb * (size_t)(q->n_bufs + 1));
+  float *p = tdm__malloc_cat(sizeof(float) * (n ? n : 1), TDM_MEM_COMM);
+  if (!nb || !p) {
+    tdm__free(nb), tdm__free(p);
+    return NULL;
+  }
+  if (q->bufs) memcpy(nb, q->bufs, sizeof *nb * (size_t)q->n_bufs);
+  tdm__free(q->bufs);
+  q->bufs = nb;
+  q->bufs[q->n_bufs++] = (buffer){p, n, 1};
+  return p;
+}
+static void buf_put(pp_state *q, float *p) {
+  for (int i = 0; p && i < q->n_bufs; i++)
+    if (q->bufs[i].p == p) q->bufs[i].used = 0;
+}
+
+static int chunk_rank(const pp_state *q, int c) { return c % q->P; }
+static int tag_of(const pp_state *q, int kind, int chunk, int mb) { /* the receiver's chunk */
+  return (int)((((uint64_t)mb * 3 + (uint64_t)kind) * (uint64_t)q->C + (uint64_t)chunk) & 0x7fffffff);
+}
+
+static const char *act_str(const tdm_pp_action *a, char *b, size_t n) {
+  if (a->op == TDM_PP_OPTIM) snprintf(b, n, "optimizer");
+  else snprintf(b, n, "%s, chunk %d, micro-batch %d", tdm_pp_op_name(a->op), a->chunk, a->mb);
+  return b;
+}
+
+static slot *slot_find(pp_state *q, int c, int m) {
+  for (int i = 0; i < q->n_slots; i++)
+    if (q->slots[i].chunk == c && q->slots[i].mb == m) return &q->slots[i];
+  return NULL;
+}
+
+static tdm_status slot_get(pp_state *q, int c, int m, slot **out) {
+  slot *s = slot_find(q, c, m);
+  for (int i = 0; !s && i < q->n_slots; i++)
+    if (q->slots[i].chunk < 0) s = &q->slots[i];
+  if (!s) { /* a new tape: the schedule holds more chunk micro-batches than ever before */
+    slot *ns = tdm__malloc(sizeof *ns * (size_t)(q->n_slots + 1));
+    if (!ns) return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
+    if (q->slots) memcpy(ns, q->slots, sizeof *ns * (size_t)q->n_slots);
+    tdm__free(q->slots);
+    q->slots = ns;
+    s = &q->slots[q->n_slots];
+    memset(s, 0, sizeof *s);
+    TDM__TRY(tdm_tape_create(&s->tape, 1u << 20));
+    s->chunk = -1;
+    q->n_slots++;
+  }
+  if (s->chunk < 0) {
+    tdm_tape *t = s->tape;
+    memset(s, 0, sizeof *s);
+    s->tape = t;
+    s->chunk = c, s->mb = m;
+    tdm_tape_reset(t);
+  }
+  *out = s;
+  return TDM_OK;
+}
+
+static void slot_release_if_done(pp_state *q, slot *s) {
+  if (!s->bwd_done || !s->grad_sent) return;
+  buf_put(q, s->tied);
+  s->tied = NULL;
+  s->chunk = s->mb = -1;
+  tdm_tape_reset(s->tape);
+}
+
+/* The batches of micro-batches 0..m, fetched in order (every rank draws all of them, so the
+ * samplers of all stages stay in step). */
+static tdm_status need_batch(pp_state *q, tdm_batch_fn next, void *ctx, int m) {
+  for (; q->fetched <= m; q->fetched++) {
+    int k = q->fetched;
+    TDM__TRY(next(ctx, q->data, k, &q->x[k], &q->y[k], &q->base[k]));
+    if (!q->x[k] || !q->y[k]) return tdm__set_error(TDM_ERR_INVALID_ARG, "pipeline: the batch source gave no tensors");
+    if (tdm_tensor_ndim(q->x[k]) != 2)
+      return tdm__set_error(TDM_ERR_INVALID_ARG, "pipeline: micro-batch %d's input is %d-d; expected (batch, T) token ids", k,
+                            tdm_tensor_ndim(q->x[k]));
+  }
+  return TDM_OK;
+}
+
+static int64_t act_numel(const pp_state *q, const tdm_model *m, int mb) {
+  return tdm_tensor_numel(q->x[mb]) * m->cfg.n_embd;
+}
+static int64_t tied_numel(const pp_state *q, const tdm_model *m, int mb) {
+  return tdm_tensor_numel(q->x[mb]) * (m->cfg.vocab_size + m->cfg.n_embd);
+}
+
+/* ---- exchanges -------------------------------------------------------------------------------------- */
+static tdm_status run_exchange(void *ctx) {
+  exch *x = ctx;
+  return tdm_comm_p2p_batch(x->comm, x->ops, x->n_ops);
+}
+
+static tdm_status add_op(exch *x, int peer, int is_send, int tag, void *buf, size_t nbytes) {
+  x->ops[x->n_ops++] = (tdm_p2p_op){peer, is_send, tag, buf, nbytes};
+  return TDM_OK;
+}
+
+/* Prepares exchange k's messages (receive buffers on the slots' tapes, copies of what it sends)
+ * and hands it to the progress thread. */
+static tdm_status issue(tdm_engine *e, pp_state *q, int k, tdm_batch_fn next, void *ctx) {
+  exch *x = &q->ex[k];
+  x->n_ops = 0, x->n_owned = 0;
+  tdm_model *mdl = e->model;
+  int C = q->C;
+  for (int i = x->lo; i < x->hi; i++) {
+    const tdm_pp_action *a = &q->list[i];
+    int c = a->chunk, m = a->mb;
+    TDM__TRY(need_batch(q, next, ctx, m));
+    size_t an = (size_t)act_numel(q, mdl, m), tn = (size_t)tied_numel(q, mdl, m);
+    slot *s;
+    TDM__TRY(slot_get(q, c, m, &s));
+    int64_t shape[3] = {tdm_tensor_dim(q->x[m], 0), tdm_tensor_dim(q->x[m], 1), mdl->cfg.n_embd};
+    switch (a->op) {
+    case TDM_PP_RECV_ACT:
+      s->in = tdm_new(s->tape, TDM_F32, 3, shape);
+      if (!s->in) return tdm__set_error(tdm_tape_status(s->tape), "%s", tdm_tape_error(s->tape));
+      tdm_tensor_set_requires_grad(s->in, 1);
+      add_op(x, chunk_rank(q, c - 1), 0, tag_of(q, 0, c, m), tdm_tensor_data(s->in), an * 4);
+      break;
+    case TDM_PP_SEND_ACT: /* the slot's output lives until its backward, after this exchange has ended */
+      add_op(x, chunk_rank(q, c + 1), 1, tag_of(q, 0, c + 1, m), tdm_tensor_data(s->out), an * 4);
+      break;
+    case TDM_PP_RECV_GRAD:
+      s->gout = tdm_new(s->tape, TDM_F32, 3, shape);
+      if (!s->gout) return tdm__set_error(tdm_tape_status(s->tape), "%s", tdm_tape_error(s->tape));
+      add_op(x, chunk_rank(q, c + 1), 0, tag_of(q, 1, c, m), tdm_tensor_data(s->gout), an * 4);
+      if (q->tied) {
+        if (!(s->tied = buf_get(q, tn))) return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
+        add_op(x, chunk_rank(q, c + 1), 0, tag_of(q, 2, c, m), s->tied, tn * 4);
+      }
+      break;
+    case TDM_PP_SEND_GRAD: { /* copies: the slot goes before the exchange may end */
+      float *g = buf_get(q, an);
+      tdm_tensor *gin = s->in ? tdm_tensor_grad(s->in) : NULL;
+      if (!g) return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
+      if (gin) memcpy(g, tdm_tensor_data(gin), an * 4);
+      else memset(g, 0, an * 4); /* no path from the input to the output: its gradient is zero */
+      x->owned[x->n_owned++] = g;
+      add_op(x, chunk_rank(q, c - 1), 1, tag_of(q, 1, c - 1, m), g, an * 4);
+      if (q->tied) {
+        float *t = s->tied; /* the chunks between pass the last chunk's on */
+        if (c == C - 1) {
+          int64_t N = tdm_tensor_numel(q->x[m]);
+          if (!(t = buf_get(q, tn))) return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
+          memcpy(t, tdm_tensor_data(tdm_tensor_grad(s->logits)), sizeof(float) * (size_t)(N * mdl->cfg.vocab_size));
+          memcpy(t + N * mdl->cfg.vocab_size, tdm_tensor_data(s->head_in), sizeof(float) * (size_t)(N * mdl->cfg.n_embd));
+        }
+        s->tied = NULL;
+        x->owned[x->n_owned++] = t;
+        add_op(x, chunk_rank(q, c - 1), 1, tag_of(q, 2, c - 1, m), t, tn * 4);
+      }
+      s->grad_sent = 1;
+      slot_release_if_done(q, s);
+      break;
+    }
+    default:
+      return tdm__set_error(TDM_ERR_INTERNAL, "pipeline: action %d is no message", (int)a->op);
+    }
+  }
+  x->comm = q->pp;
+  x->state = 1;
+  return tdm__comm_icall(q->world, run_exchange, x, &x->work);
+}
+
+/* Waits for exchanges 0..k (they end in order) and gives their buffers back. */
+static tdm_status wait_through(pp_state *q, int k, double *waited) {
+  double t0 = tdm_time_now();
+  tdm_status first = TDM_OK;
+  for (int j = 0; j <= k && j < q->n_ex; j++) {
+    exch *x = &q->ex[j];
+    if (x->state != 1) continue;
+    tdm_status st = tdm_work_wait(x->work);
+    x->state = 2;
+    for (int b = 0; b < x->n_owned; b++) buf_put(q, x->owned[b]);
+    x->n_owned = 0;
+    if (st != TDM_OK && first == TDM_OK) {
+      char b[96];
+      first = tdm__set_error(st, "pipeline stage %d, exchange at its action %d (%s): %s", q->stage, x->lo,
+                             act_str(&q->list[x->lo], b, sizeof b), tdm_last_error());
+    }
+  }
+  if (waited) *waited += tdm_time_now() - t0;
+  return first;
+}
+
+/* After a failure: tell every rank (the world's connections close), let the issued exchanges end. */
+static tdm_status fail(pp_state *q, tdm_status st) {
+  tdm_status keep = tdm__set_error(st, "%s", tdm_last_error());
+  int any = 0;
+  for (int j = 0; j < q->n_ex; j++) any |= q->ex[j].state == 1;
+  if (any && q->world) tdm_comm_abort(q->world);
+  wait_through(q, q->n_ex - 1, NULL);
+  for (int i = 0; i < q->n_slots; i++) q->slots[i].chunk = -1;
+  for (int i = 0; i < q->n_bufs; i++) q->bufs[i].used = 0;
+  return tdm__set_error(keep, "%s", tdm_last_error()[0] ? tdm_last_error() : "pipeline step failed");
+}
+
+/* ---- compute ------------------------------------------------------------------------------------- */
+static tdm_status forward(tdm_engine *e, pp_state *q, slot *s, uint64_t seed) {
+  int c = s->chunk, m = s->mb;
+  tdm_tape *t = s->tape;
+  tdm_tape_set_training(t, 1);
+  tdm_tape_set_dropout_key(t, seed, q->base[m]);
+  tdm_gpt_range r = {q->first_block[c], q->first_block[c + 1], c == 0, c == q->C - 1, NULL, NULL};
+  if (r.head && q->tied) r.head_weight = tdm_detach(t, e->model->wte.weight); /* its gradient is chunk 0's to add */
+  tdm_tensor *h = tdm_gpt_forward_range(e->model, t, c == 0 ? q->x[m] : s->in, &r);
+  if (h && r.head) {
+    s->logits = h, s->head_in = r.head_input;
+    h = tdm_cross_entropy(t, h, q->y[m], -100);
+    if (h) {
+      q->loss_sum += *(const float *)tdm_tensor_data(h);
+      tdm__engine_count_correct(s->logits, q->y[m], &q->correct, &q->rows);
+    }
+  }
+  if (!h) return tdm__set_error(tdm_tape_status(t), "forward: %s", tdm_tape_error(t));
+  s->out = h;
+  return TDM_OK;
+}
+
+/* Chunk 0: the tied head's part of wte's gradient, from what the last chunk sent. */
+static void tied_grad(tdm_engine *e, pp_state *q, slot *s) {
+  if (!q->tied || s->chunk != 0) return;
+  const tdm_model_config *mc = &e->model->cfg;
+  int64_t N = tdm_tensor_numel(q->x[s->mb]);
+  tdm_tensor *w = e->model->wte.weight;
+  float *g = tdm_params_grad(e->params) + ((const float *)tdm_tensor_data(w) - tdm_params_data(e->params));
+  tdm_k_linear_bwd(NULL, g, NULL, s->tied, s->tied + N * mc->vocab_size, tdm_tensor_data(w), N, mc->n_embd, mc->vocab_size);
+}
+
+static tdm_status backward(tdm_engine *e, pp_state *q, slot *s, tdm_pp_op op) {
+  tdm_tape *t = s->tape;
+  tdm_tensor *g = s->gout;
+  if (s->chunk == q->C - 1) { /* seeded with 1/M, as one process accumulating M micro-batches */
+    g = NULL;
+    if (q->M > 1) {
+      int64_t one[1] = {1};
+      if (!(g = tdm_new(t, TDM_F32, 0, one))) return tdm__set_error(tdm_tape_status(t), "%s", tdm_tape_error(t));
+      *(float *)tdm_tensor_data(g) = 1.0f / (float)q->M;
+    }
+  }
+  tdm_status st;
+  if (op == TDM_PP_BACKWARD_WEIGHT) {
+    tied_grad(e, q, s);
+    st = tdm_backward_params(t);
+  } else if (op == TDM_PP_BACKWARD_INPUT) {
+    st = tdm_backward_inputs(t, s->out, g);
+  } else {
+    tied_grad(e, q, s);
+    st = g ? tdm_backward_with(t, s->out, g) : tdm_backward(t, s->out);
+  }
+  if (st != TDM_OK) return tdm__set_error(st, "backward: %s", tdm_last_error());
+  if (op != TDM_PP_BACKWARD_INPUT) s->bwd_done = 1;
+  if (s->chunk == 0) s->grad_sent = 1; /* nothing to send */
+  slot_release_if_done(q, s);
+  return TDM_OK;
+}
+
+/* ---- the step ------------------------------------------------------------------------------------- */
+/* The first rank's tied embedding to the last rank's copy, after an update or a checkpoint load. */
+static tdm_status sync_tied(tdm_engine *e, pp_state *q) {
+  if (!q->tied || !q->tied_stale) return TDM_OK;
+  float *w = tdm_params_data(e->params) + q->wte_lo;
+  size_t n = (size_t)(q->wte_hi - q->wte_lo) * 4;
+  if (q->stage == 0) TDM__TRY(tdm_comm_send(q->pp, chunk_rank(q, q->C - 1), 7, w, n));
+  else if (q->stage == chunk_rank(q, q->C - 1)) TDM__TRY(tdm_comm_recv(q->pp, 0, 7, w, n));
+  q->tied_stale = 0;
+  return TDM_OK;
+}
+
+static tdm_status finish(tdm_engine *e, pp_state *q, float lr, tdm_step_stats *st);
+
+static tdm_status run_list(tdm_engine *e, pp_state *q, tdm_batch_fn next, void *ctx, uint64_t seed, float lr,
+                           tdm_step_stats *st) {
+  char b[96];
+  for (int i = 0; i < q->n_list; i++) {
+    const tdm_pp_action *a = &q->list[i];
+    tdm_status s_ = TDM_OK;
+    if (q->ex_of[i] >= 0) { /* the start of an exchange: issue it and go on */
+      int k = q->ex_of[i];
+      s_ = issue(e, q, k, next, ctx);
+      if (s_ == TDM_OK) {
+        i = q->ex[k].hi - 1;
+        continue;
+      }
+    } else if (a->op == TDM_PP_OPTIM) {
+      s_ = wait_through(q, q->n_ex - 1, &q->t_wait);
+      if (s_ == TDM_OK) s_ = finish(e, q, lr, st);
+    } else {
+      if (q->input_ex[i] >= 0) s_ = wait_through(q, q->input_ex[i], &q->t_wait);
+      if (s_ == TDM_OK) s_ = need_batch(q, next, ctx, a->mb);
+      slot *s = NULL;
+      if (s_ == TDM_OK) s_ = slot_get(q, a->chunk, a->mb, &s);
+      double t0 = tdm_time_now();
+      if (s_ == TDM_OK && a->op == TDM_PP_FORWARD) {
+        s_ = forward(e, q, s, seed);
+        q->samples += a->chunk == q->C - 1 ? tdm_tensor_dim(q->x[a->mb], 0) : 0;
+        q->t_fwd += tdm_time_now() - t0;
+      } else if (s_ == TDM_OK) {
+        s_ = backward(e, q, s, a->op);
+        q->t_bwd += tdm_time_now() - t0;
+      }
+    }
+    if (s_ != TDM_OK) {
+      if (strncmp(tdm_last_error(), "pipeline stage", 14)) /* an exchange's failure names itself */
+        tdm__set_error(s_, "pipeline stage %d, action %d (%s): %s", q->stage, i, act_str(a, b, sizeof b), tdm_last_error());
+      return fail(q, s_);
+    }
+  }
+  return TDM_OK;
+}
+
+static void zero_owned_grads(tdm_engine *e) {
+  float *g = tdm_params_grad(e->params);
+  for (int i = 0; i < e->n_spans; i++) tdm_k_zero(g + e->spans[i].lo, e->spans[i].hi - e->spans[i].lo);
+}
+
+static tdm_status pp_step(tdm_engine *e, tdm_batch_fn next, void *ctx, uint64_t seed, float lr, tdm_step_stats *st) {
+  pp_state *q = e->impl;
+  tdm_tape_reset(q->data);
+  q->fetched = 0;
+  q->loss_sum = q->correct = q->rows = 0;
+  q->samples = 0;
+  q->t_fwd = q->t_bwd = q->t_wait = 0;
+  for (int k = 0; k < q->n_ex; k++) q->ex[k].state = 0;
+  zero_owned_grads(e);
+  TDM__TRY(sync_tied(e, q));
+  return run_list(e, q, next, ctx, seed, lr, st);
+}
+
+/* The schedule's last action: the data axis averages, the pipeline sums the norm's segments and
+ * the step's numbers, then clipping, the update, and the tied embedding to the last rank. */
+static tdm_status finish(tdm_engine *e, pp_state *q, float lr, tdm_step_stats *st) {
+  double t0 = tdm_time_now();
+  float *g = tdm_params_grad(e->params);
+  if (e->comm) /* as data parallelism averages: rank order, every element alike */
+    for (int i = 0; i < e->n_spans; i++)
+      TDM__TRY(tdm_comm_allreduce(e->comm, g + e->spans[i].lo, g + e->spans[i].lo, (size_t)(e->spans[i].hi - e->spans[i].lo),
+                                  TDM_F32, TDM_AVG, tdm_comm_rank_order_algo(e->comm)));
+  int64_t ns = e->n_seg;
+  memset(q->red, 0, sizeof(double) * (size_t)(ns + 4));
+  for (int i = 0; i < e->n_spans; i++)
+    TDM__TRY(tdm_grad_sumsq_segments(e->params, e->spans[i].lo, e->spans[i].hi, g + e->spans[i].lo, q->red));
+  if (q->stage == chunk_rank(q, q->C - 1)) q->red[ns] = q->loss_sum, q->red[ns + 1] = q->correct, q->red[ns + 2] = q->rows,
+                                           q->red[ns + 3] = (double)q->samples;
+  /* each entry has one rank's term: the sum is exact in any order */
+  if (q->pp) TDM__TRY(tdm_comm_allreduce(q->pp, q->red, q->red, (size_t)(ns + 4), TDM_F64, TDM_SUM, TDM_ALGO_AUTO));
+  double sumsq = tdm_grad_sumsq_combine(q->red, ns);
+  st->loss = q->red[ns] / q->M;
+  st->correct = q->red[ns + 1], st->rows = q->red[ns + 2], st->samples = (int64_t)q->red[ns + 3];
+  st->t_forward = q->t_fwd, st->t_backward = q->t_bwd;
+  double t1 = tdm_time_now();
+  st->t_comm_wait = q->t_wait + (t1 - t0);
+  TDM__TRY(tdm__engine_update(e, sumsq, lr, st));
+  q->tied_stale = 1;
+  TDM__TRY(sync_tied(e, q));
+  st->t_update = tdm_time_now() - t1;
+  return TDM_OK;
+}
+
+/* ---- the engine's hooks ---------------------------------------------------------------------------- */
+static void pp_zero_grad(tdm_engine *e) { zero_owned_grads(e); }
+static void pp_begin_backward(tdm_engine *e, int last) { (void)e, (void)last; }
+static tdm_status pp_end_backward(tdm_engine *e, int last, double *wait_s) { (void)e, (void)last, (void)wait_s; return TDM_OK; }
+static tdm_status pp_grad_sumsq(tdm_engine *e, double *sumsq) {
+  (void)e, (void)sumsq;
+  return tdm__set_error(TDM_ERR_INTERNAL, "pipeline: the step is the schedule's");
+}
+
+static tdm_status pp_update(tdm_engine *e, float lr, float coef) {
+  float *g = tdm_params_grad(e->params);
+  for (int i = 0; i < e->n_spans; i++) tdm_grad_scale(g + e->spans[i].lo, e->spans[i].hi - e->spans[i].lo, coef);
+  return tdm_optim_step(e->opt, lr);
+}
+
+static int owns(const tdm_engine *e, int64_t i) {
+  for (int k = 0; k < e->n_spans; k++)
+    if (i >= e->spans[k].lo && i < e->spans[k].hi) return 1;
+  return 0;
+}
+
+/* Every rank of the pipeline gets [lo, hi): each element from its owner (zeros elsewhere, summed:
+ * exact). */
+static tdm_status pp_read_params(tdm_engine *e, int64_t lo, int64_t hi, float *dst) {
+  pp_state *q = e->impl;
+  const float *w = tdm_params_data(e->params);
+  for (int64_t i = lo; i < hi; i++) dst[i - lo] = owns(e, i) ? w[i] : 0.0f;
+  if (q->pp && hi > lo) TDM__TRY(tdm_comm_allreduce(q->pp, dst, dst, (size_t)(hi - lo), TDM_F32, TDM_SUM, TDM_ALGO_AUTO));
+  return TDM_OK;
+}
+
+/* World rank 0 (stage 0 of data replica 0) writes, chunk after chunk in parameter order; the other
+ * stages of replica 0 send theirs. */
+static tdm_status pp_stream_params(tdm_engine *e, tdm_status (*write)(void *, const float *, int64_t), void *ctx) {
+  pp_state *q = e->impl;
+  if (e->rank != 0) return TDM_OK; /* another data replica: the same values */
+  tdm_params *p = e->params;
+  for (int c = 0; c < q->C; c++) {
+    int64_t lo = c == 0 ? 0 : tdm_params_offset(p, tdm__params_index_of(p, e->model->blocks[q->first_block[c]].ln_1.weight));
+    int64_t hi = c == q->C - 1 ? tdm_params_numel(p)
+                               : tdm_params_offset(p, tdm__params_index_of(p, e->model->blocks[q->first_block[c + 1]].ln_1.weight));
+    int owner = chunk_rank(q, c);
+    float *w = tdm_params_data(p) + lo;
+    if (owner == 0 && q->stage == 0) TDM__TRY(write(ctx, w, hi - lo));
+    else if (q->stage == 0) {
+      TDM__TRY(tdm_comm_recv(q->pp, owner, 11, w, (size_t)(hi - lo) * 4)); /* into the reserved pages, then gone */
+      tdm_status st = write(ctx, w, hi - lo);
+      tdm_params_release(p, 0, lo, hi);
+      TDM__TRY(st);
+    } else if (owner == q->stage) {
+      TDM__TRY(tdm_comm_send(q->pp, 0, 11, w, (size_t)(hi - lo) * 4));
+    }
+  }
+  return TDM_OK;
+}
+
+static tdm_status pp_load_weights(tdm_engine *e, const char *path) {
+  pp_state *q = e->impl;
+  int n = e->n_spans + 1;
+  int64_t *los = tdm__malloc(sizeof(int64_t) * (size_t)n), *his = tdm__malloc(sizeof(int64_t) * (size_t)n);
+  float **dst = tdm__malloc(sizeof(float *) * (size_t)n);
+  tdm_status st = los && his && dst ? TDM_OK : tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
+  int k = 0;
+  if (st == TDM_OK && q->tied && q->stage == chunk_rank(q, q->C - 1)) /* the tied copy first: it comes first */
+    los[k] = q->wte_lo, his[k] = q->wte_hi, dst[k] = tdm_params_data(e->params) + q->wte_lo, k++;
+  for (int i = 0; st == TDM_OK && i < e->n_spans; i++)
+    los[k] = e->spans[i].lo, his[k] = e->spans[i].hi, dst[k] = tdm_params_data(e->params) + e->spans[i].lo, k++;
+  if (st == TDM_OK) st = tdm_params_load_spans(e->params, path, 0, k, los, his, dst);
+  tdm__free(los), tdm__free(his), tdm__free(dst);
+  return st;
+}
+
+/* Checkpoints: this rank's spans, packed (the last rank's copy of the tied embedding is not part of
+ * its state: it comes from the first rank before it is next used). */
+static float *pp_param_shard(tdm_engine *e) {
+  pp_state *q = e->impl;
+  const float *w = tdm_params_data(e->params);
+  int64_t at = 0;
+  for (int i = 0; i < e->n_spans; i++) {
+    memcpy(q->packed + at, w + e->spans[i].lo, sizeof(float) * (size_t)(e->spans[i].hi - e->spans[i].lo));
+    at += e->spans[i].hi - e->spans[i].lo;
+  }
+  return q->packed;
+}
+
+static tdm_status pp_shard_changed(tdm_engine *e) {
+  pp_state *q = e->impl;
+  float *w = tdm_params_data(e->params);
+  int64_t at = 0;
+  for (int i = 0; i < e->n_spans; i++) {
+    memcpy(w + e->spans[i].lo, q->packed + at, sizeof(float) * (size_t)(e->spans[i].hi - e->spans[i].lo));
+    at += e->spans[i].hi - e->spans[i].lo;
+  }
+  q->tied_stale = 1; /* collective: at the next step or evaluation */
+  return TDM_OK;
+}
+
+/* Evaluation: the batch goes through the chunks in order, each rank running its own and passing
+ * the activations on; the last rank's numbers go to every rank of the pipeline. */
+static tdm_status pp_eval(tdm_engine *e, tdm_tensor *x, tdm_tensor *y, double *loss, double *correct, double *rows) {
+  pp_state *q = e->impl;
+  TDM__TRY(sync_tied(e, q));
+  tdm_tape *t = q->eval;
+  tdm_tape_reset(t);
+  tdm_tape_set_grad_enabled(t, 0);
+  tdm_tape_set_training(t, 0);
+  int64_t shape[3] = {tdm_tensor_dim(x, 0), tdm_tensor_dim(x, 1), e->model->cfg.n_embd};
+  size_t nbytes = (size_t)(shape[0] * shape[1] * shape[2]) * 4;
+  double num[3] = {0, 0, 0};
+  tdm_tensor *h = NULL;
+  for (int c = 0; c < q->C; c++) {
+    if (chunk_rank(q, c) != q->stage) continue;
+    if (c > 0) {
+      h = tdm_new(t, TDM_F32, 3, shape);
+      if (!h) break;
+      TDM__TRY(tdm_comm_recv(q->pp, chunk_rank(q, c - 1), 13, tdm_tensor_data(h), nbytes));
+    }
+    tdm_gpt_range r = {q->first_block[c], q->first_block[c + 1], c == 0, c == q->C - 1, NULL, NULL};
+    h = tdm_gpt_forward_range(e->model, t, c == 0 ? x : h, &r);
+    if (!h) break;
+    if (c < q->C - 1) {
+      TDM__TRY(tdm_comm_send(q->pp, chunk_rank(q, c + 1), 13, tdm_tensor_data(h), nbytes));
+    } else {
+      tdm_tensor *l = tdm_cross_entropy(t, h, y, -100);
+      if (!l) break;
+      num[0] = *(const float *)tdm_tensor_data(l);
+      tdm__engine_count_correct(h, y, &num[1], &num[2]);
+    }
+  }
+  tdm_tape_set_grad_enabled(t, 1);
+  if (tdm_tape_status(t) != TDM_OK) return tdm__set_error(tdm_tape_status(t), "evaluation: %s", tdm_tape_error(t));
+  if (q->pp) TDM__TRY(tdm_comm_allreduce(q->pp, num, num, 3, TDM_F64, TDM_SUM, TDM_ALGO_AUTO));
+  *loss = num[0], *correct = num[1], *rows = num[2];
+  return TDM_OK;
+}
+
+/* ---- create / destroy -------------------------------------------------------------------------------- */
+tdm_status tdm__pp_layout_make(const tdm_model_config *mc, const tdm_engine_config *ec, int P, tdm__pp_layout *out) {
+  memset(out, 0, sizeof *out);
+  const tdm_engine_pipeline_config *pc = &ec->pp;
+  if (mc->kind != TDM_MODEL_GPT)
+    return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "pipeline: the %s model; pipeline parallelism cuts GPT's blocks (use --model gpt)",
+                          tdm_model_kind_name(mc->kind));
+  if (pc->virtual_stages < 0 || pc->virtual_stages > 256 || (pc->virtual_stages > 1 && pc->schedule != TDM_PP_INTERLEAVED))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "pipeline: %d virtual stages per rank with the %s schedule; only interleaved takes "
+                          "more than 1 (up to 256)", pc->virtual_stages, tdm_pp_schedule_name(pc->schedule));
+  out->P = P;
+  out->V = pc->virtual_stages > 0 ? pc->virtual_stages : pc->schedule == TDM_PP_INTERLEAVED ? 2 : 1;
+  out->C = P * out->V;
+  out->M = (int)(ec->accum > 1 ? ec->accum : 1);
+  if (mc->n_layer < out->C)
+    return tdm__set_error(TDM_ERR_INVALID_ARG,
+                          "pipeline: %d stages x %d virtual stages = %d chunks for a model of %lld blocks; every chunk needs "
+                          "a block (at most %lld chunks)",
+                          P, out->V, out->C, (long long)mc->n_layer, (long long)mc->n_layer);
+  if (!(out->first_block = tdm__malloc(sizeof(int) * (size_t)(out->C + 1))))
+    return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
+  double ce, cb, ch;
+  tdm_plan_gpt_costs(mc, mc->block_size, &ce, &cb, &ch);
+  tdm_status st = tdm_pp_partition((int)mc->n_layer, out->C, pc->split, pc->n_split, ce, cb, ch, out->first_block);
+  if (st == TDM_OK) st = tdm_pp_schedule_create(&out->s, pc->schedule, P, out->V, out->M);
+  if (st != TDM_OK) tdm__pp_layout_free(out);
+  return st;
+}
+
+void tdm__pp_layout_free(tdm__pp_layout *l) {
+  tdm__free(l->first_block);
+  tdm_pp_schedule_destroy(l->s);
+  l->first_block = NULL, l->s = NULL;
+}
+
+static tdm_status pp_check(const tdm_model_config *mc, const tdm_engine_config *ec, const int *sizes) {
+  tdm__pp_layout L;
+  TDM__TRY(tdm__pp_layout_make(mc, ec, sizes[TDM_AXIS_PIPELINE], &L));
+  tdm__pp_layout_free(&L);
+  return TDM_OK;
+}
+
+static int64_t block_lo(const tdm_engine *e, int l) {
+  return tdm_params_offset(e->params, tdm__params_index_of(e->params, e->model->blocks[l].ln_1.weight));
+}
+
+/* The exchanges of this rank's list, and which one each compute action waits for. */
+static tdm_status index_list(pp_state *q) {
+  int n = q->n_list;
+  q->ex_of = tdm__malloc(sizeof(int) * (size_t)(n ? n : 1));
+  q->input_ex = tdm__malloc(sizeof(int) * (size_t)(n ? n : 1));
+  q->ex = tdm__calloc((size_t)(n ? n : 1), sizeof *q->ex);
+  if (!q->ex_of || !q->input_ex || !q->ex) return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
+  int *in_ex = tdm__malloc(sizeof(int) * (size_t)(n ? n : 1)); /* per action: its exchange */
+  if (!in_ex) return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
+  for (int i = 0; i < n; i++) {
+    q->ex_of[i] = q->input_ex[i] = in_ex[i] = -1;
+    tdm_pp_op op = q->list[i].op;
+    int comm = op >= TDM_PP_SEND_ACT && op <= TDM_PP_RECV_GRAD;
+    if (!comm) continue;
+    if (i > 0 && in_ex[i - 1] >= 0) {
+      in_ex[i] = in_ex[i - 1];
+      q->ex[in_ex[i]].hi = i + 1;
+    } else {
+      in_ex[i] = q->n_ex;
+      q->ex_of[i] = q->n_ex;
+      q->ex[q->n_ex].lo = i, q->ex[q->n_ex].hi = i + 1;
+      q->n_ex++;
+    }
+  }
+  int most = 0;
+  for (int k = 0; k < q->n_ex; k++) most = q->ex[k].hi - q->ex[k].lo > most ? q->ex[k].hi - q->ex[k].lo : most;
+  for (int k = 0; k < q->n_ex; k++)
+    if (!(q->ex[k].ops = tdm__malloc(sizeof(tdm_p2p_op) * (size_t)(2 * most))) ||
+        !(q->ex[k].owned = tdm__malloc(sizeof(float *) * (size_t)(2 * most)))) {
+      tdm__free(in_ex);
+      return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
+    }
+  for (int i = 0; i < n; i++) {
+    const tdm_pp_action *a = &q->list[i];
+    tdm_pp_op want = a->op == TDM_PP_FORWARD ? TDM_PP_RECV_ACT
+                     : a->op == TDM_PP_BACKWARD || a->op == TDM_PP_BACKWARD_INPUT ? TDM_PP_RECV_GRAD
+                                                                                  : TDM_PP_OP_COUNT;
+    for (int j = i - 1; want != TDM_PP_OP_COUNT && j >= 0; j--)
+      if (q->list[j].op == want && q->list[j].chunk == a->chunk && q->list[j].mb == a->mb) {
+        q->input_ex[i] = in_ex[j];
+        break;
+      }
+  }
+  tdm__free(in_ex);
+  return TDM_OK;
+}
+
+static tdm_status pp_create(tdm_engine *e, const tdm_model_config *mc, uint64_t seed) {
+  if (mc->kind != TDM_MODEL_GPT)
+    return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "pipeline: the %s model; pipeline parallelism cuts GPT's blocks (use --model gpt)",
+                          tdm_model_kind_name(mc->kind));
+  pp_state *q = tdm__calloc(1, sizeof *q);
+  if (!q) return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
+  e->impl = q;
+  const tdm_engine_pipeline_config *pc = &e->cfg.pp;
+  q->P = tdm_grid_size(e->grid, TDM_AXIS_PIPELINE);
+  q->stage = tdm_grid_index(e->grid, TDM_AXIS_PIPELINE);
+  q->D = e->size;
+  q->pp = tdm_grid_comm(e->grid, TDM_AXIS_PIPELINE);
+  q->world = tdm_grid_world(e->grid);
+  q->tied = q->P > 1;
+  tdm__pp_layout L;
+  TDM__TRY(tdm__pp_layout_make(mc, &e->cfg, q->P, &L));
+  q->s = L.s, q->first_block = L.first_block, q->V = L.V, q->C = L.C, q->M = L.M;
+  q->list = q->s->a[q->stage];
+  q->n_list = q->s->n[q->stage];
+  /* every parameter declared, in reserved address space; this rank's chunks initialised */
+  TDM__TRY(tdm_model_create_with(&e->model, mc, seed, TDM_RESERVE_DATA | TDM_RESERVE_GRAD));
+  e->params = tdm_model_params(e->model);
+  if (q->world) TDM__TRY(tdm__check_same_model(q->world, e->params)); /* names and shapes: the same everywhere */
+  e->n_spans = q->V;
+  if (!(e->spans = tdm__malloc(sizeof *e->spans * (size_t)q->V))) return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
+  int64_t owned = 0;
+  for (int k = 0; k < q->V; k++) {
+    int c = k * q->P + q->stage;
+    e->spans[k].lo = c == 0 ? 0 : block_lo(e, q->first_block[c]);
+    e->spans[k].hi = c == q->C - 1 ? tdm_params_numel(e->params) : block_lo(e, q->first_block[c + 1]);
+    TDM__TRY(tdm_params_init_range(e->params, e->spans[k].lo, e->spans[k].hi, tdm_params_data(e->params) + e->spans[k].lo));
+    owned += e->spans[k].hi - e->spans[k].lo;
+  }
+  tdm_tensor *wte = e->model->wte.weight;
+  q->wte_lo = (const float *)tdm_tensor_data(wte) - tdm_params_data(e->params);
+  q->wte_hi = q->wte_lo + tdm_tensor_numel(wte);
+  int last_rank = q->stage == chunk_rank(q, q->C - 1), copy = q->tied && last_rank;
+  if (copy) TDM__TRY(tdm_params_init_range(e->params, q->wte_lo, q->wte_hi, tdm_params_data(e->params) + q->wte_lo));
+  q->n_packed = owned;
+  q->n_held = owned + (copy ? q->wte_hi - q->wte_lo : 0);
+  tdm__mem_account(TDM_MEM_PARAMS, 4 * q->n_held);
+  tdm__mem_account(TDM_MEM_GRADS, 4 * owned);
+  if (e->comm) /* the data replicas start alike */
+    for (int k = 0; k < e->n_spans; k++)
+      TDM__TRY(tdm_comm_broadcast(e->comm, tdm_params_data(e->params) + e->spans[k].lo, (size_t)(e->spans[k].hi - e->spans[k].lo),
+                                  TDM_F32, 0, TDM_ALGO_AUTO));
+  TDM__TRY(tdm_optim_create_spans(&e->opt, &e->ocfg, e->params, e->n_spans, e->spans));
+  const int64_t *cut;
+  TDM__TRY(tdm_params_segments(e->params, &cut, &e->n_seg));
+  q->red = tdm__malloc(sizeof(double) * (size_t)(e->n_seg + 4));
+  q->packed = tdm__malloc(sizeof(float) * (size_t)(q->n_packed ? q->n_packed : 1));
+  q->x = tdm__calloc((size_t)q->M, sizeof(tdm_tensor *));
+  q->y = tdm__calloc((size_t)q->M, sizeof(tdm_tensor *));
+  q->base = tdm__calloc((size_t)q->M, sizeof(int64_t));
+  if (!q->red || !q->packed || !q->x || !q->y || !q->base) return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
+  TDM__TRY(tdm_tape_create(&q->data, 1u << 16));
+  TDM__TRY(tdm_tape_create(&q->eval, 1u << 20));
+  TDM__TRY(index_list(q));
+  char blocks[64] = "";
+  for (int k = 0, at = 0; k < q->V && at < (int)sizeof blocks; k++) {
+    int c = k * q->P + q->stage;
+    at += snprintf(blocks + at, sizeof blocks - (size_t)at, "%s%d-%d", k ? "," : "", q->first_block[c], q->first_block[c + 1] - 1);
+  }
+  snprintf(e->desc, sizeof e->desc, "pipeline %s, %d stage%s%s%.0d x %d data, %d micro-batches, bubble %.3f (stage %d: blocks %s)",
+           tdm_pp_schedule_name(pc->schedule), q->P, q->P == 1 ? "" : "s", q->V > 1 ? " x virtual " : "", q->V > 1 ? q->V : 0, q->D,
+           q->M, q->s->bubble, q->stage, blocks);
+  return TDM_OK;
+}
+
+static void pp_destroy(tdm_engine *e) {
+  pp_state *q = e->impl;
+  if (!q) return;
+  if (q->ex) { /* an error path may have left exchanges issued */
+    for (int k = 0; k < q->n_ex; k++)
+      if (q->ex[k].state == 1) tdm_work_wait(q->ex[k].work);
+    for (int k = 0; k < q->n_ex; k++) tdm__free(q->ex[k].ops), tdm__free(q->ex[k].owned);
+  }
+  for (int i = 0; i < q->n_slots; i++) tdm_tape_destroy(q->slots[i].tape);
+  for (int i = 0; i < q->n_bufs; i++) tdm__free(q->bufs[i].p);
+  if (e->params) {
+    tdm__mem_account(TDM_MEM_PARAMS, -4 * q->n_held);
+    int64_t owned = 0;
+    for (int k = 0; e->spans && k < e->n_spans; k++) owned += e->spans[k].hi - e->spans[k].lo;
+    tdm__mem_account(TDM_MEM_GRADS, -4 * owned);
+  }
+  tdm__free(q->slots), tdm__free(q->bufs), tdm__free(q->ex), tdm__free(q->ex_of), tdm__free(q->input_ex);
+  tdm_tape_destroy(q->data), tdm_tape_destroy(q->eval);
+  tdm__free(q->x), tdm__free(q->y), tdm__free(q->base), tdm__free(q->red), tdm__free(q->packed), tdm__free(q->first_block);
+  tdm_pp_schedule_destroy(q->s);
+  tdm__free(q);
+  e->impl = NULL;
+}
+
+const tdm__engine_ops tdm__engine_pipeline_ops = {.name = "pipeline",
+                                                  .create = pp_create,
+                                                  .destroy = pp_destroy,
+                                                  .zero_grad = pp_zero_grad,
+                                                  .begin_backward = pp_begin_backward,
+                                                  .end_backward = pp_end_backward,
+                                                  .grad_sumsq = pp_grad_sumsq,
+                                                  .update = pp_update,
+                                                  .read_params = pp_read_params,
+                                                  .stream_params = pp_stream_params,
+                                                  .load_weights = pp_load_weights,
+                                                  .param_shard = pp_param_shard,
+                                                  .shard_changed = pp_shard_changed,
+                                                  .axes = 1u << TDM_AXIS_PIPELINE,
+                                                  .step = pp_step,
+                                                  .eval = pp_eval,
+                                                  .check = pp_check,
+                                                  .split = 1u << TDM_AXIS_PIPELINE,
+                                                  /* f32 only, no recomputation: its stages pass f32
+                                                   * activations and split backward in two passes */
+                                                  .mixed = 0,
+                                                  .recompute = 0};

@@ -1,0 +1,205 @@
+/* The parameter server's worker side, an engine (one row of src/parallel/engine.c): every rank of
+ * the data axis holds the whole model and computes its gradient as data parallelism does; its
+ * update pushes the gradient's shards to the servers and pulls the parameters' shards back (the
+ * optimizer runs on the servers: ps_server.c). Workers are world ranks 0..W-1, servers W..W+S-1. */
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "parallel/engine_impl.h"
+#include "parallel/ps_msg.h"
+
+static const char *mode_names[] = {"sync", "async", "ssp"};
+_Static_assert(sizeof mode_names / sizeof mode_names[0] == TDM_PS_MODE_COUNT, "one name per mode");
+const char *tdm_ps_mode_name(tdm_ps_mode m) { return (unsigned)m < TDM_PS_MODE_COUNT ? mode_names[m] : "?"; }
+
+void tdm_ps_shard(int64_t n, int S, int s, int64_t *lo, int64_t *hi) {
+  size_t off, len;
+  tdm_comm_block((size_t)n, S, s, &off, &len);
+  *lo = (int64_t)off;
+  *hi = (int64_t)(off + len);
+}
+
+typedef struct {
+  tdm_comm_t world;
+  int S, W, done_sent;
+  int64_t *lo, *hi, *version; /* per server: its range and the version of what we pulled */
+  int64_t clock;              /* steps pushed */
+  char *buf;                  /* header + the largest shard */
+} ps_worker;
+
+static tdm_status ps_create(tdm_engine *e, const tdm_model_config *mc, uint64_t seed) {
+  const tdm_engine_ps_config *pc = &e->cfg.ps;
+  tdm_comm_t world = pc->world;
+  if (!world || pc->servers < 1 || pc->servers >= tdm_comm_size(world) || (unsigned)pc->mode >= TDM_PS_MODE_COUNT ||
+      pc->staleness < 0)
+    return tdm__set_error(TDM_ERR_INVALID_ARG,
+                          "engine_create: parameter server with %d servers of %d ranks, mode %d, staleness %d; expected "
+                          "1..ranks-1 servers, sync/async/ssp, staleness >= 0 (and the world communicator)",
+                          pc->servers, world ? tdm_comm_size(world) : 0, (int)pc->mode, pc->staleness);
+  if (tdm_comm_size(world) - pc->servers != e->size)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_create: %d workers on the data axis, but the world of %d has %d servers",
+                          e->size, tdm_comm_size(world), pc->servers);
+  if (e->cfg.clip > 0)
+    return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "engine_create: clipping (%g) with a parameter server: the servers see "
+                          "only their shards, so no rank knows the global norm; train without --clip", (double)e->cfg.clip);
+  TDM__TRY(tdm_model_create(&e->model, mc, seed));
+  e->params = tdm_model_params(e->model);
+  e->spans = tdm__malloc(sizeof *e->spans);
+  ps_worker *w = tdm__calloc(1, sizeof *w);
+  e->impl = w;
+  if (!e->spans || !w) return tdm__set_error(TDM_ERR_NO_MEMORY, "ps engine: out of memory");
+  int64_t n = tdm_params_numel(e->params);
+  e->spans[0] = (tdm_optim_span){0, n};
+  e->n_spans = 1;
+  /* the optimizer lives on the servers: the workers' holds no state (empty span list) */
+  TDM__TRY(tdm_optim_create_spans(&e->opt, &e->ocfg, e->params, 0, NULL));
+  w->world = world;
+  w->S = pc->servers;
+  w->W = e->size;
+  w->lo = tdm__calloc((size_t)w->S * 3, sizeof(int64_t));
+  if (!w->lo) return tdm__set_error(TDM_ERR_NO_MEMORY, "ps engine: out of memory");
+  w->hi = w->lo + w->S, w->version = w->hi + w->S;
+  int64_t most = 0;
+  for (int s = 0; s < w->S; s++) {
+    tdm_ps_shard(n, w->S, s, &w->lo[s], &w->hi[s]);
+    if (w->hi[s] - w->lo[s] > most) most = w->hi[s] - w->lo[s];
+  }
+  w->buf = tdm__malloc_cat(sizeof(tdm__ps_msg) + sizeof(float) * (size_t)most, TDM_MEM_COMM);
+  if (!w->buf) return tdm__set_error(TDM_ERR_NO_MEMORY, "ps engine: out of memory");
+  char k[32] = "";
+  if (pc->mode == TDM_PS_SSP) snprintf(k, sizeof k, ", staleness %d", pc->staleness);
+  snprintf(e->desc, sizeof e->desc, "parameter server (%s%s), %d worker%s, %d server%s", tdm_ps_mode_name(pc->mode), k,
+           w->W, w->W == 1 ? "" : "s", w->S, w->S == 1 ? "" : "s");
+  return TDM_OK;
+}
+
+/* Tells every server this worker is finished (they stop when all have). Not after a failure: the
+ * servers learn of that from the connection. */
+static void ps_destroy(tdm_engine *e) {
+  ps_worker *w = e->impl;
+  if (!w) return;
+  if (w->world && w->buf && tdm_comm_status(w->world) == TDM_OK)
+    for (int s = 0; s < w->S; s++) {
+      tdm__ps_msg m = {TDM_PS_MAGIC, TDM_PS_DONE, w->clock, 0, w->lo[s], w->lo[s], 0, 0, tdm__ps_sum(NULL, 0)};
+      if (tdm_comm_tsend(w->world, w->W + s, TDM_PS_TAG_TO_SERVER, &m, sizeof m) != TDM_OK) break;
+    }
+  tdm__free(w->buf);
+  tdm__free(w->lo);
+  tdm__free(w);
+}
+
+static void ps_zero_grad(tdm_engine *e) { tdm_params_zero_grad(e->params); }
+static void ps_begin_backward(tdm_engine *e, int last) {
+  (void)e;
+  (void)last;
+}
+static tdm_status ps_end_backward(tdm_engine *e, int last, double *wait_s) {
+  (void)e;
+  (void)last;
+  (void)wait_s;
+  return TDM_OK;
+}
+
+/* The worker's own gradient: the servers hold the combined one only in shards. */
+static tdm_status ps_grad_sumsq(tdm_engine *e, double *sumsq) {
+  return tdm__engine_sumsq_full(e, tdm_params_grad(e->params), sumsq);
+}
+
+static tdm_status server_error(tdm_status st, ps_worker *w, int s, const char *what) {
+  return tdm__set_error(st, "parameter server %d (rank %d) %s: %s", s, w->W + s, what, tdm_last_error());
+}
+
+static tdm_status pull_all(tdm_engine *e);
+
+/* Push every shard of the gradient, then pull every shard of the parameters. */
+static tdm_status ps_update(tdm_engine *e, float lr, float coef) {
+  (void)coef; /* clipping is refused at creation: always 1 */
+  ps_worker *w = e->impl;
+  const tdm_engine_ps_config *pc = &e->cfg.ps;
+  if (pc->delay_worker == e->rank && pc->delay_s > 0) { /* a slow worker, for the staleness tests */
+    struct timespec ts = {(time_t)pc->delay_s, (long)((pc->delay_s - (double)(time_t)pc->delay_s) * 1e9)};
+    nanosleep(&ts, NULL);
+  }
+  const float *g = tdm_params_grad(e->params);
+  for (int s = 0; s < w->S; s++) {
+    int64_t n = w->hi[s] - w->lo[s];
+    tdm__ps_msg m = {TDM_PS_MAGIC, TDM_PS_PUSH, w->clock, w->version[s], w->lo[s], w->hi[s], lr, 0, tdm__ps_sum(g + w->lo[s], n)};
+    memcpy(w->buf, &m, sizeof m);
+    memcpy(w->buf + sizeof m, g + w->lo[s], sizeof(float) * (size_t)n);
+    tdm_status st = tdm_comm_tsend(w->world, w->W + s, TDM_PS_TAG_TO_SERVER, w->buf, sizeof m + sizeof(float) * (size_t)n);
+    if (st != TDM_OK) return server_error(st, w, s, "did not take a push");
+  }
+  w->clock++;
+  return pull_all(e);
+}
+
+/* Receives every server's shard into the parameters (after a push, or a pull). */
+static tdm_status pull_all(tdm_engine *e) {
+  ps_worker *w = e->impl;
+  float *p = tdm_params_data(e->params);
+  for (int s = 0; s < w->S; s++) {
+    int64_t n = w->hi[s] - w->lo[s];
+    size_t got = 0;
+    tdm_status st = tdm_comm_trecv(w->world, w->W + s, TDM_PS_TAG_TO_WORKER, w->buf,
+                                   sizeof(tdm__ps_msg) + sizeof(float) * (size_t)n, NULL, &got);
+    if (st != TDM_OK) return server_error(st, w, s, "sent no parameters");
+    tdm__ps_msg m;
+    memcpy(&m, w->buf, sizeof m);
+    const float *v = (const float *)(w->buf + sizeof m);
+    if (got != sizeof m + sizeof(float) * (size_t)n || m.magic != TDM_PS_MAGIC || m.kind != TDM_PS_PARAMS ||
+        m.lo != w->lo[s] || m.hi != w->hi[s] || m.sum != tdm__ps_sum(v, n))
+      return tdm__set_error(TDM_ERR_REMOTE,
+                            "parameter server %d (rank %d) sent a malformed reply (%zu bytes, keys [%lld, %lld), kind %u); "
+                            "expected keys [%lld, %lld) with a matching checksum: not applied",
+                            s, w->W + s, got, (long long)m.lo, (long long)m.hi, m.kind, (long long)w->lo[s],
+                            (long long)w->hi[s]);
+    memcpy(p + w->lo[s], v, sizeof(float) * (size_t)n);
+    w->version[s] = m.version;
+  }
+  return TDM_OK;
+}
+
+/* The servers' parameters as they stand once every worker's last push is applied (async and ssp
+ * workers end at different moments, so the last pull of one is not the final state): the workers
+ * meet (each has had its last push answered), then this one asks every server for its shard.
+ * Collective over the workers. */
+static tdm_status final_pull(tdm_engine *e) {
+  ps_worker *w = e->impl;
+  if (e->comm) TDM__TRY(tdm_comm_barrier(e->comm));
+  for (int s = 0; s < w->S; s++) {
+    tdm__ps_msg m = {TDM_PS_MAGIC, TDM_PS_PULL, w->clock, 0, w->lo[s], w->hi[s], 0, 0, tdm__ps_sum(NULL, 0)};
+    tdm_status st = tdm_comm_tsend(w->world, w->W + s, TDM_PS_TAG_TO_SERVER, &m, sizeof m);
+    if (st != TDM_OK) return server_error(st, w, s, "did not take a pull");
+  }
+  return pull_all(e);
+}
+
+static tdm_status ps_read_params(tdm_engine *e, int64_t lo, int64_t hi, float *dst) {
+  TDM__TRY(final_pull(e));
+  if (hi > lo) memcpy(dst, tdm_params_data(e->params) + lo, sizeof(float) * (size_t)(hi - lo));
+  return TDM_OK;
+}
+
+static tdm_status ps_stream_params(tdm_engine *e, tdm_status (*write)(void *, const float *, int64_t), void *ctx) {
+  TDM__TRY(final_pull(e));
+  return e->rank == 0 ? write(ctx, tdm_params_data(e->params), tdm_params_numel(e->params)) : TDM_OK;
+}
+
+static tdm_status ps_load_weights(tdm_engine *e, const char *path) {
+  (void)e;
+  return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "parameter server: initial weights from %s: the servers start from the "
+                        "seed's values; not supported yet", path);
+}
+
+const tdm__engine_ops tdm__engine_ps_ops = {.name = "ps",
+                                            .create = ps_create,
+                                            .destroy = ps_destroy,
+                                            .zero_grad = ps_zero_grad,
+                                            .begin_backward = ps_begin_backward,
+                                            .end_backward = ps_end_backward,
+                                            .grad_sumsq = ps_grad_sumsq,
+                                            .update = ps_update,
+                                            .read_params = ps_read_params,
+                                            .stream_params = ps_stream_params,
+                                            .load_weights = ps_load_weights};

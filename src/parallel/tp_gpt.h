@@ -1,0 +1,85 @@
+/* The GPT split over the tensor axis (Megatron-LM, Shoeybi et al. 2019): each rank holds slices
+ * of the whole model's parameters, under the same names, in the same order.
+ *
+ *   transformer.wte.weight        rows [lo_v, hi_v) of the vocabulary (any V >= T: blocks of V/T
+ *                                 rows, the last ones one row longer when T does not divide V)
+ *   attn.c_attn.weight / .bias    this rank's heads: the same rows of each of q, k and v
+ *   attn.c_proj.weight            the columns of those heads (row-parallel: partial sums, then g)
+ *   mlp.c_fc.weight / .bias       rows [4C t/T, 4C (t+1)/T)
+ *   mlp.c_proj.weight             those columns
+ *   everything else               whole on every rank (replicated): wpe, the layer norms, the
+ *                                 biases of the two row-parallel projections
+ * Every slice is count runs of len elements of the whole parameter, run k starting at first +
+ * k * stride: whole-model weights load into it, a run saves them, and a rank initialises its
+ * slices with the values the whole model has (tdm_params_init_strided).
+ *
+ * Forward per block: ln_1, f, c_attn (column-parallel), attention over this rank's heads,
+ * c_proj (row-parallel), g, bias, dropout, residual; the MLP likewise; the embedding looks up
+ * this rank's rows and g sums them; the head multiplies by this rank's rows of wte and the
+ * vocabulary-parallel cross-entropy combines the ranks' row statistics. One all-reduce forward
+ * and one backward per sub-block. Dropout acts only on replicated tensors (the embedding sum and
+ * the outputs of g), in the order one process runs it, so its masks are the whole model's. */
+#ifndef TANDEM_PARALLEL_TP_GPT_H
+#define TANDEM_PARALLEL_TP_GPT_H
+
+#include "parallel/tp_ops.h"
+#include "tandem/nn.h"
+
+typedef struct {
+  int sharded;       /* 0: replicated (one run: the whole parameter) */
+  int dim;           /* the split dimension */
+  int64_t first, len, stride, count;
+  int64_t m, unit;   /* rows per chunk of the split dimension, elements per row of it (stride = m x unit);
+                        rank q's run is (q + 1) m / T - q m / T rows */
+} tdm__tp_slice;
+
+typedef struct tdm__tp_gpt tdm__tp_gpt;
+
+/* TDM_ERR_INVALID_ARG naming the values when the GPT cannot be split over T ranks: T larger than
+ * the head count, heads not divisible by T, a vocabulary smaller than T. */
+tdm_status tdm__tp_check(const tdm_model_config *mc, int T);
+/* The part of rank t of T: a parameter store laid out as `whole` (a GPT's parameters, which may be
+ * reserved: only names, shapes, decay flags and initial values are read), with each slice holding
+ * the whole model's initial values. comm: the tensor axis (NULL when T = 1). */
+tdm_status tdm__tp_gpt_create(tdm__tp_gpt **out, const tdm_params *whole, const tdm_model_config *mc, tdm_comm_t comm,
+                              int T, int t);
+void tdm__tp_gpt_destroy(tdm__tp_gpt *g);
+tdm_params *tdm__tp_gpt_params(const tdm__tp_gpt *g);
+/* Parameter i's slice (the same index in both stores). */
+const tdm__tp_slice *tdm__tp_gpt_slice(const tdm__tp_gpt *g, int i);
+tdm__tp_comm *tdm__tp_gpt_comm(tdm__tp_gpt *g);
+/* Without building anything (the planner): parameter i's slice on rank t of T and its shape there
+ * (shape: TDM_MAX_DIMS entries), and the elements rank t holds in all. */
+void tdm__tp_slice_of(const tdm_params *whole, int i, int T, int t, tdm__tp_slice *s, int64_t *shape);
+int64_t tdm__tp_local_numel(const tdm_params *whole, int T, int t);
+/* The runs of rank t's slices cut where the whole model's gradient-norm segments start (see
+ * tdm_params_segments), in parameter order, a replicated parameter's on rank 0 only: each piece
+ * adds its sum of squares to one segment's. out NULL: only *n, the count. */
+typedef struct {
+  int64_t local, len, seg; /* offset in this rank's store, length, the segment */
+} tdm__tp_piece;
+tdm_status tdm__tp_norm_pieces(const tdm_params *whole, int T, int t, tdm__tp_piece *out, int64_t *n);
+/* What the engine (src/parallel/tensor.c) holds beside the stores, for the planner: its buffer for
+ * assembling parameters when T > 1 (bytes), and the split model's own arrays per parameter and
+ * per layer (the slices, the block views). */
+#define TDM__TP_STAGE_BYTES ((int64_t)sizeof(float) * 2 * (1 << 16))
+int64_t tdm__tp_gpt_bookkeeping(int n_params, int64_t n_layer);
+/* Forward and the mean cross-entropy over the targets (ignore index -100), the same value on every
+ * rank; adds the correct predictions and rows to *correct and *rows. x, y (B, T) i32/i64. NULL
+ * with the tape's error set. */
+tdm_tensor *tdm__tp_gpt_loss(tdm__tp_gpt *g, tdm_tape *tp, tdm_tensor *x, tdm_tensor *y, double *correct, double *rows);
+/* A range of the split GPT (what a pipeline chunk of tensor-parallel blocks would run; the 3-D
+ * grid is not built yet): blocks [first, last); with embed the input is token ids (B, T) and the
+ * embeddings run first, else it is the hidden state (B, T, width) the range before made (the same
+ * on every tensor rank); with head the final norm, the tied head on this rank's vocabulary rows and
+ * the vocabulary-parallel cross-entropy over y follow, and the loss is returned, else the hidden
+ * state. Dropout masks are numbered as the whole model numbers them, so ranges chained give
+ * tdm__tp_gpt_loss's bits (tests/unit/test_tp.c). */
+typedef struct {
+  int64_t first, last;
+  int embed, head;
+} tdm__tp_range;
+tdm_tensor *tdm__tp_gpt_range(tdm__tp_gpt *g, tdm_tape *tp, tdm_tensor *in, const tdm__tp_range *r, tdm_tensor *y,
+                              double *correct, double *rows);
+
+#endif

@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# The parameter server (tandem train --ps-servers S --ps-mode sync|async|ssp) across real
+# processes: sync mode gives data parallelism's weights bit for bit (the servers sum the workers'
+# gradients in worker-rank order), with 1 or 2 servers, on shm and tcp, so the result does not
+# depend on the number of servers; async with one worker is sequential training bit for bit, and
+# with two it is not data parallelism (the comparison can fail); ssp holds a fast worker within
+# --staleness steps of one slowed by injected sleeps (async lets it run further ahead); the
+# servers' update logs replay an async run bit for bit (tandem ps-replay); a dead
+# worker is named by the server and a dead server by the workers, within seconds, when the ranks
+# are started one by one (as on several hosts); bad input is a clear error.
+# usage: test_ps.sh path/to/tandem
+set -u
+T=${1:?usage: test_ps.sh path/to/tandem}
+. "$(dirname "$0")/../harness.sh"
+
+job() { # job RANKS TRANSPORT ARGS...: tandem ARGS on RANKS processes under tandem run, bounded
+  local n=$1 tr=$2; shift 2
+  TANDEM_TRANSPORT=$tr timeout 120 "$T" run -n "$n" -- tandem "$@"
+}
+M=(train --model mlp --data synthetic --steps 5 --threads 1 --prefetch off --batch-size 16 --eval-batch-size 1000
+   --optimizer adamw --weight-decay 0.05 --dropout 0.3 --lr 0.002 --seed 3)
+
+sync_is_dp() {
+  job 2 shm "${M[@]}" --save-weights "$TMP/dp2.st" >"$TMP/o" 2>&1 &&
+    job 3 shm "${M[@]}" --ps-servers 1 --save-weights "$TMP/ps2_1.st" >"$TMP/o1" 2>&1 &&
+    job 4 tcp "${M[@]}" --ps-servers 2 --save-weights "$TMP/ps2_2.st" >"$TMP/o2" 2>&1 &&
+    job 3 shm "${M[@]}" --save-weights "$TMP/dp3.st" >"$TMP/o" 2>&1 &&
+    job 5 shm "${M[@]}" --ps-servers 2 --save-weights "$TMP/ps3_2.st" >"$TMP/o3" 2>&1 ||
+    { echo "  a job failed:"; tail -n 3 "$TMP"/o*; return 1; }
+  cmp "$TMP/dp2.st" "$TMP/ps2_1.st" && cmp "$TMP/dp2.st" "$TMP/ps2_2.st" && cmp "$TMP/dp3.st" "$TMP/ps3_2.st" &&
+    ! cmp -s "$TMP/dp2.st" "$TMP/dp3.st" || return 1
+  # the servers' loads: two halves of the keys, equal in bytes to within one key
+  grep -o '"keys":\[[0-9]*,[0-9]*\],"bytes":[0-9]*' "$TMP/o2" | sort
+  local b; b=$(grep -o '"bytes":[0-9]*' "$TMP/o2" | cut -d: -f2 | sort -n | tr '\n' ' ')
+  read -r lo hi <<<"$b"
+  [[ -n "$lo" && -n "$hi" && $((hi - lo)) -le 4 ]]
+}
+
+async_one_worker_is_sequential() {
+  timeout 60 "$T" "${M[@]}" --save-weights "$TMP/one.st" >"$TMP/o" 2>&1 &&
+    job 3 shm "${M[@]}" --ps-servers 2 --ps-mode async --save-weights "$TMP/a1.st" >"$TMP/o" 2>&1 &&
+    job 4 shm "${M[@]}" --ps-servers 2 --ps-mode async --save-weights "$TMP/a2.st" >"$TMP/o2" 2>&1 ||
+    { echo "  a job failed:"; tail -n 3 "$TMP/o" "$TMP/o2"; return 1; }
+  cmp "$TMP/one.st" "$TMP/a1.st" && ! cmp -s "$TMP/a2.st" "$TMP/dp2.st"
+}
+
+# 3 workers and 1 server; worker 1 sleeps 30 ms every step, the others run free
+gap() { sed -n 's/.*"max_clock_gap":\([0-9]*\).*/\1/p' "$1"; }
+stale() { sed -n 's/.*"max_staleness":\([0-9]*\).*/\1/p' "$1"; }
+ssp_bound_holds() {
+  local S=(train --model mlp --data synthetic --steps 12 --threads 1 --prefetch off --batch-size 8 --eval-batch-size 1000
+           --seed 4 --ps-servers 1 --ps-delay 1:0.03)
+  job 4 shm "${S[@]}" --ps-mode ssp --staleness 1 --metrics "$TMP/ssp1.jsonl" >"$TMP/o" 2>&1 &&
+    job 4 shm "${S[@]}" --ps-mode ssp --staleness 0 --metrics "$TMP/ssp0.jsonl" >"$TMP/o1" 2>&1 &&
+    job 4 shm "${S[@]}" --ps-mode async --metrics "$TMP/async.jsonl" >"$TMP/o2" 2>&1 ||
+    { echo "  a job failed:"; tail -n 3 "$TMP/o" "$TMP/o1" "$TMP/o2"; return 1; }
+  local g1 s1 g0 ga
+  g1=$(gap "$TMP/ssp1.jsonl.ps0") s1=$(stale "$TMP/ssp1.jsonl.ps0") g0=$(gap "$TMP/ssp0.jsonl.ps0") ga=$(gap "$TMP/async.jsonl.ps0")
+  echo "  max clock gap: ssp 1: $g1 (max staleness $s1), ssp 0: $g0, async: $ga"
+  # the bound holds; and it is the servers' doing: without it the fast workers run ahead
+  [[ -n "$g1" && -n "$g0" && -n "$ga" && "$g1" -le 1 && "$g0" -eq 0 && "$s1" -ge 1 && "$ga" -ge 1 ]]
+}
+
+# The update log: an async run of 2 workers and 2 servers replayed gives its weights bit for bit;
+# stopping early does not; a flipped byte in a logged gradient is named, not applied
+replay_reproduces_async() {
+  local R=(--model mlp --data synthetic --steps 4 --threads 1 --prefetch off --batch-size 16 --eval-batch-size 1000
+           --optimizer adamw --weight-decay 0.05 --dropout 0.3 --lr 0.002 --seed 3)
+  job 4 shm train "${R[@]}" --ps-servers 2 --ps-mode async --ps-log "$TMP/log" --save-weights "$TMP/run.st" >"$TMP/o" 2>&1 &&
+    timeout 60 "$T" ps-replay "${R[@]}" --ps-log "$TMP/log" --save-weights "$TMP/replay.st" >"$TMP/o2" 2>&1 &&
+    timeout 60 "$T" ps-replay "${R[@]}" --ps-log "$TMP/log" --until 5 --save-weights "$TMP/early.st" >"$TMP/o3" 2>&1 ||
+    { echo "  a step failed:"; tail -n 3 "$TMP/o" "$TMP/o2" "$TMP/o3"; return 1; }
+  cat "$TMP/o2"
+  # the values bit for bit (the data section: the two writers pad their headers differently)
+  local n=2143272
+  cmp <(tail -c $n "$TMP/run.st") <(tail -c $n "$TMP/replay.st") && "$T" weights-diff "$TMP/run.st" "$TMP/replay.st" --quiet &&
+    ! cmp -s <(tail -c $n "$TMP/run.st") <(tail -c $n "$TMP/early.st") || return 1
+  printf '\x55' | dd of="$TMP/log/ps-server-1.log" bs=1 seek=$((56 + 48 + 1000)) conv=notrunc 2>/dev/null
+  timeout 60 "$T" ps-replay "${R[@]}" --ps-log "$TMP/log" --save-weights "$TMP/bad.st" >"$TMP/o4" 2>&1
+  [[ $? -eq 1 ]] && grep -q "ps-server-1.log: update 0 (worker [01]) fails its checksum" "$TMP/o4" && [[ ! -e "$TMP/bad.st" ]] ||
+    { tail -n 2 "$TMP/o4"; return 1; }
+}
+
+# Ranks started one by one (as on several hosts): tcp, a store at a free port.
+start_rank() { # start_rank R N ARGS...: rank R of N in the background; its pid in PIDS[R]
+  local r=$1 n=$2; shift 2
+  RANK=$r WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT TANDEM_TRANSPORT=tcp TANDEM_TIMEOUT=30 \
+    "$T" "$@" >"$TMP/r$r" 2>&1 &
+  PIDS[$r]=$!
+}
+watchdog() { # whatever of PIDS still runs after $1 seconds is killed (a hang fails the case)
+  (sleep "$1"; for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done) >/dev/null 2>&1 &
+  WD=$!
+}
+unwatch() { kill $(pgrep -P "$WD") "$WD" 2>/dev/null; } # the watchdog and its sleep
+PIDS=()
+on_exit 'for p in "${PIDS[@]}"; do kill -9 $p 2>/dev/null; done'
+free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+dead_worker_named() {
+  PORT=$(free_port)
+  local t0=$SECONDS
+  for r in 0 1 2; do TANDEM_FAULT=1:3 start_rank $r 3 "${M[@]}" --steps 50 --ps-servers 1 --ps-mode async; done
+  watchdog 60
+  wait "${PIDS[2]}"; local s=$?
+  wait "${PIDS[0]}"; local w=$?
+  wait "${PIDS[1]}"
+  unwatch
+  echo "  after $((SECONDS - t0)) s: server: $(tail -1 "$TMP/r2")"
+  echo "  worker 0: $(tail -1 "$TMP/r0")"
+  # the server names the worker; worker 0 stops too (naming the server, or its peer's failure,
+  # whichever reaches it first)
+  [[ $s -ne 0 && $w -ne 0 && $((SECONDS - t0)) -lt 30 ]] && grep -q "parameter server 0 (rank 2.*rank 1 closed its connection" "$TMP/r2"
+}
+
+dead_server_named() {
+  PORT=$(free_port)
+  for r in 0 1 2 3; do start_rank $r 4 "${M[@]}" --steps 500 --ps-servers 2 --ps-delay 0:0.05; done
+  watchdog 60
+  sleep 3
+  kill -9 "${PIDS[3]}"
+  local t0=$SECONDS rc=0
+  for r in 0 1 2; do wait "${PIDS[$r]}" || rc=$((rc + 1)); done
+  unwatch
+  for r in 0 1 2; do echo "  after $((SECONDS - t0)) s: rank $r: $(tail -1 "$TMP/r$r")"; done
+  # every rank stops, and the first to see it names the server (the others may see a peer's abort first)
+  [[ $rc -eq 3 && $((SECONDS - t0)) -lt 20 ]] && cat "$TMP"/r[012] | grep -q "parameter server 1 (rank 3).*rank 3"
+}
+
+bad_input() {
+  local ok=0
+  job 2 shm "${M[@]}" --ps-servers 2 >"$TMP/o" 2>&1 && ok=1
+  grep -q -- "--ps-servers 2 with 2 ranks; expected 1..1" "$TMP/o" || ok=1
+  "$T" "${M[@]}" --ps-servers 1 >"$TMP/o" 2>&1 && ok=1
+  grep -q -- "--ps-servers 1 with 1 rank" "$TMP/o" || ok=1
+  "$T" "${M[@]}" --ps-servers 1 --staleness 2 >"$TMP/o" 2>&1; [[ $? -eq 2 ]] && grep -q "applies to --ps-mode ssp only" "$TMP/o" || ok=1
+  "$T" "${M[@]}" --ps-mode async >"$TMP/o" 2>&1; [[ $? -eq 2 ]] && grep -q "applies with --ps-servers only" "$TMP/o" || ok=1
+  "$T" "${M[@]}" --ps-servers 1 --ps-delay x >"$TMP/o" 2>&1; [[ $? -eq 2 ]] && grep -q "expected WORKER:SECONDS" "$TMP/o" || ok=1
+  job 3 shm "${M[@]}" --ps-servers 1 --clip 1 >"$TMP/o" 2>&1 && ok=1
+  grep -q "clipping (1) with a parameter server" "$TMP/o" || ok=1
+  job 3 shm "${M[@]}" --ps-servers 1 --checkpoint-dir "$TMP/ck" >"$TMP/o" 2>&1 && ok=1
+  grep -q "checkpoint-dir with a parameter server is not built yet" "$TMP/o" || ok=1
+  [[ $ok -eq 0 ]] || tail -2 "$TMP/o"
+  return $ok
+}
+
+check "sync == data parallel, bit for bit (1 and 2 servers, shm and tcp)" sync_is_dp
+check "async with one worker == one process; with two it differs" async_one_worker_is_sequential
+check "ssp: a worker at most --staleness steps ahead of a slowed one" ssp_bound_holds
+check "the update log replays an async run bit for bit" replay_reproduces_async
+check "a dead worker is named by the server" dead_worker_named
+check "a dead server is named by the workers" dead_server_named
+check "bad input is a clear error" bad_input
+finish

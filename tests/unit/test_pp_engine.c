@@ -1,0 +1,246 @@
+/* The pipeline engine in one process over the thread transport: for P = 2, 3, 4 stages, M = 1, P,
+ * 2P+1 micro-batches and every schedule, with dropout and clipping on, the weights after a few
+ * steps are those of one process accumulating the same M micro-batches in the same order, bit for
+ * bit; with a data axis (D replicas) those of data parallelism on D ranks. The loss, the gradient
+ * norm and an evaluation agree too, and a stage that fails is named by the others. */
+#include <pthread.h>
+
+#include "tdm_test.h"
+
+typedef struct {
+  tdm_model_config mc;
+  tdm_optim_config oc;
+  tdm_engine_config ec;
+  int D, P, steps;
+  int64_t B, T;
+  int die_rank;  /* >= 0: this rank stops before its second step (a stage that dies) */
+} job;
+
+typedef struct {
+  const job *j;
+  int r;
+  void *group;
+  float *out;
+  int64_t numel;
+  double loss[8], norm[8], eval_loss, eval_correct;
+  tdm_status st;
+  char err[512];
+} rank_arg;
+
+typedef struct {
+  const job *j;
+  int d;  /* data index */
+  int64_t step;
+} batch_ctx;
+
+/* Sample s of step t is a function of (t, s): every layout sees the same global batch, a data
+ * replica d taking the slices (micro * D + d) as the sampler does. */
+static tdm_status next_batch(void *vctx, tdm_tape *tp, int64_t micro, tdm_tensor **x, tdm_tensor **y, int64_t *base) {
+  batch_ctx *c = vctx;
+  const job *j = c->j;
+  int64_t first = (micro * j->D + c->d) * j->B;
+  *base = first;
+  int64_t xs[2] = {j->B, j->T};
+  *x = tdm_new(tp, TDM_I32, 2, xs);
+  *y = tdm_new(tp, TDM_I32, 2, xs);
+  if (!*x || !*y) return tdm_tape_status(tp);
+  int32_t *xd = tdm_tensor_data(*x), *yd = tdm_tensor_data(*y);
+  for (int64_t i = 0; i < j->B * j->T; i++) {
+    uint64_t h = tdm_hash64((uint64_t)c->step, (uint64_t)(first * j->T + i));
+    xd[i] = (int32_t)(h % (uint64_t)j->mc.vocab_size);
+    yd[i] = (int32_t)((h >> 20) % (uint64_t)j->mc.vocab_size);
+  }
+  return TDM_OK;
+}
+
+static void *rank_main(void *va) {
+  rank_arg *a = va;
+  const job *j = a->j;
+  int pipeline = j->ec.kind == TDM_ENGINE_PIPELINE ? j->P : 1, W = j->D * pipeline;
+  tdm_comm_t comm = NULL;
+  tdm_grid *grid = NULL;
+  tdm_engine *e = NULL;
+  tdm_status st = TDM_OK;
+  if (W > 1) {
+    tdm_comm_config cc = {0};
+    cc.rank = a->r, cc.size = W, cc.transport = TDM_TRANSPORT_THREAD, cc.thread_group = a->group, cc.timeout_s = 60;
+    st = tdm_comm_create(&comm, &cc);
+  }
+  if (st == TDM_OK) st = tdm_grid_create(&grid, comm, j->D, 1, pipeline);
+  if (st == TDM_OK) st = tdm_engine_create(&e, &j->mc, 42, &j->oc, grid, &j->ec);
+  for (int t = 0; st == TDM_OK && t < j->steps; t++) {
+    if (t == 1 && a->r == j->die_rank) { /* dies: its communicator closes, as a process's would */
+      tdm_comm_abort(comm);
+      st = TDM_ERR_REMOTE;
+      snprintf(a->err, sizeof a->err, "died on purpose");
+      break;
+    }
+    batch_ctx bc = {j, grid ? tdm_grid_index(grid, TDM_AXIS_DATA) : 0, t};
+    tdm_step_stats ss;
+    st = tdm_engine_step(e, next_batch, &bc, tdm_hash64(42, (uint64_t)t), j->oc.lr, &ss);
+    a->loss[t] = ss.loss, a->norm[t] = ss.grad_norm;
+  }
+  if (st == TDM_OK) { /* an evaluation of one batch */
+    tdm_tape *tp = tdm_engine_tape(e);
+    tdm_tape_reset(tp);
+    batch_ctx bc = {j, 0, 1000};
+    tdm_tensor *x, *y;
+    int64_t base;
+    double rows;
+    st = next_batch(&bc, tp, 0, &x, &y, &base);
+    if (st == TDM_OK) st = tdm_engine_eval(e, x, y, &a->eval_loss, &a->eval_correct, &rows);
+  }
+  if (st == TDM_OK) {
+    a->numel = tdm_params_numel(tdm_model_params(tdm_engine_model(e)));
+    float *buf = malloc(sizeof(float) * (size_t)a->numel);
+    st = tdm_engine_read_params(e, 0, a->numel, buf);
+    if (a->r == 0) a->out = buf;
+    else free(buf);
+  }
+  a->st = st;
+  if (st != TDM_OK) {
+    if (!a->err[0]) snprintf(a->err, sizeof a->err, "%s", tdm_last_error());
+    if (comm) tdm_comm_abort(comm);
+  }
+  tdm_engine_destroy(e);
+  tdm_grid_destroy(grid);
+  tdm_comm_destroy(comm);
+  return NULL;
+}
+
+static rank_arg args[16];
+
+/* Runs the job on D x P threads; returns rank 0's final parameters (malloc'd) or NULL. */
+static float *run_job(const job *j, int64_t *n, int expect_ok) {
+  int W = j->D * (j->ec.kind == TDM_ENGINE_PIPELINE ? j->P : 1);
+  void *group = NULL;
+  if (W > 1) CHECK_OK(tdm_comm_thread_group_create(&group, W));
+  pthread_t th[16];
+  for (int r = 0; r < W; r++) {
+    memset(&args[r], 0, sizeof args[r]);
+    args[r].j = j, args[r].r = r, args[r].group = group;
+    pthread_create(&th[r], NULL, rank_main, &args[r]);
+  }
+  for (int r = 0; r < W; r++) pthread_join(th[r], NULL);
+  for (int r = 0; expect_ok && r < W; r++)
+    CHECK_MSG(args[r].st == TDM_OK, "%s, D %d, P %d, M %lld: rank %d: %s", tdm_engine_kind_name(j->ec.kind), j->D, j->P,
+              (long long)j->ec.accum, r, args[r].err);
+  if (group) tdm_comm_thread_group_destroy(group);
+  *n = args[0].numel;
+  return args[0].st == TDM_OK ? args[0].out : (free(args[0].out), NULL);
+}
+
+static job gpt_job(int D, int P, int M, tdm_pp_schedule_kind sched, int V) {
+  job j;
+  memset(&j, 0, sizeof j);
+  j.mc = tdm_model_config_gpt_mini();
+  j.mc.n_layer = 8, j.mc.n_head = 2, j.mc.n_embd = 16, j.mc.block_size = 8, j.mc.vocab_size = 29, j.mc.dropout = 0.1f;
+  j.oc = tdm_optim_config_default(TDM_OPT_ADAMW);
+  j.oc.lr = 1e-2f, j.oc.weight_decay = 0.1f, j.oc.decay_matrices_only = 1;
+  j.ec = tdm_engine_config_default();
+  j.ec.kind = TDM_ENGINE_PIPELINE;
+  j.ec.accum = M;
+  j.ec.clip = 0.5f; /* small enough to clip: the norm must be the same everywhere */
+  j.ec.pp.schedule = sched;
+  j.ec.pp.virtual_stages = V;
+  j.D = D, j.P = P, j.steps = 3, j.B = 2, j.T = 8, j.die_rank = -1;
+  return j;
+}
+
+/* The reference: data parallelism on D ranks (one process when D = 1), accumulating M. */
+static float *reference(const job *pj, int64_t *n, double *loss, double *norm, double *eval_loss) {
+  job r = *pj;
+  r.ec.kind = TDM_ENGINE_DP;
+  float *w = run_job(&r, n, 1);
+  for (int t = 0; t < r.steps; t++) loss[t] = args[0].loss[t], norm[t] = args[0].norm[t];
+  *eval_loss = args[0].eval_loss;
+  return w;
+}
+
+static void check_equal(job j, const char *what) {
+  int64_t n1 = 0, n = 0;
+  double loss[8], norm[8], ev;
+  float *ref = reference(&j, &n1, loss, norm, &ev);
+  float *w = run_job(&j, &n, 1);
+  if (ref && w && n == n1) {
+    int64_t diff = -1;
+    for (int64_t i = 0; i < n && diff < 0; i++)
+      if (memcmp(&w[i], &ref[i], 4)) diff = i;
+    CHECK_MSG(diff < 0, "%s %s D %d P %d M %lld: parameter element %lld is %.9g, one process has %.9g", what,
+              tdm_pp_schedule_name(j.ec.pp.schedule), j.D, j.P, (long long)j.ec.accum, (long long)diff, diff >= 0 ? w[diff] : 0.0,
+              diff >= 0 ? ref[diff] : 0.0);
+    int W = j.D * j.P;
+    for (int r = 0; r < W; r++) { /* every rank reports the replica's numbers */
+      for (int t = 0; t < j.steps; t++)
+        CHECK_MSG(args[r].norm[t] == norm[t] && (j.D > 1 || args[r].loss[t] == loss[t]),
+                  "%s P %d M %lld rank %d step %d: loss %.9g norm %.9g; one process %.9g %.9g", what, j.P, (long long)j.ec.accum,
+                  r, t, args[r].loss[t], args[r].norm[t], loss[t], norm[t]);
+      CHECK(args[r].eval_loss == ev);
+    }
+  } else {
+    CHECK_MSG(0, "%s: no result (%lld vs %lld parameters)", what, (long long)n, (long long)n1);
+  }
+  free(ref);
+  free(w);
+}
+
+static void test_every_schedule(void) {
+  tdm_pp_schedule_kind ks[] = {TDM_PP_GPIPE, TDM_PP_1F1B, TDM_PP_ZB1P};
+  for (int P = 2; P <= 4; P++) {
+    int Ms[3] = {1, P, 2 * P + 1};
+    for (int k = 0; k < 3; k++)
+      for (int mi = 0; mi < 3; mi++) check_equal(gpt_job(1, P, Ms[mi], ks[k], 1), "pipeline");
+  }
+}
+
+static void test_interleaved(void) {
+  for (int P = 2; P <= 4; P++)
+    for (int M = P; M <= 2 * P; M += P) check_equal(gpt_job(1, P, M, TDM_PP_INTERLEAVED, 2), "interleaved");
+}
+
+/* A data axis: each of D replicas a pipeline; equal to data parallelism on D ranks. */
+static void test_data_axis(void) {
+  check_equal(gpt_job(2, 2, 3, TDM_PP_1F1B, 1), "2 x 2");
+  check_equal(gpt_job(2, 3, 3, TDM_PP_ZB1P, 1), "2 x 3");
+  check_equal(gpt_job(3, 2, 2, TDM_PP_INTERLEAVED, 2), "3 x 2");
+}
+
+/* Cut by hand: the same weights whatever the cut. */
+static void test_split_by_hand(void) {
+  job j = gpt_job(1, 3, 4, TDM_PP_1F1B, 1);
+  j.ec.pp.n_split = 3, j.ec.pp.split[0] = 1, j.ec.pp.split[1] = 5, j.ec.pp.split[2] = 2;
+  check_equal(j, "split 1,5,2");
+}
+
+/* A stage that dies before step 2: the others fail within the timeout, naming it. */
+static void test_dead_stage(void) {
+  job j = gpt_job(1, 3, 3, TDM_PP_1F1B, 1);
+  j.die_rank = 1;
+  int64_t n;
+  double t0 = tdm_time_now();
+  free(run_job(&j, &n, 0));
+  CHECK(tdm_time_now() - t0 < 30);
+  for (int r = 0; r < 3; r++) {
+    CHECK(args[r].st != TDM_OK);
+    if (r != 1) CHECK_MSG(strstr(args[r].err, "rank 1") != NULL, "rank %d's error does not name rank 1: %s", r, args[r].err);
+  }
+}
+
+/* Bad input: more chunks than blocks, a split that does not add up, too few micro-batches. */
+static void test_bad_layouts(void) {
+  job j = gpt_job(1, 2, 2, TDM_PP_1F1B, 1);
+  j.mc.n_layer = 1;
+  int64_t n;
+  free(run_job(&j, &n, 0));
+  CHECK_MSG(strstr(args[0].err, "2 stages x 1 virtual stages = 2 chunks for a model of 1 blocks") != NULL, "%s", args[0].err);
+  j = gpt_job(1, 2, 2, TDM_PP_1F1B, 1);
+  j.ec.pp.n_split = 2, j.ec.pp.split[0] = 3, j.ec.pp.split[1] = 3;
+  free(run_job(&j, &n, 0));
+  CHECK_MSG(strstr(args[0].err, "--pp-split adds up to 6 blocks; the model has 8") != NULL, "%s", args[0].err);
+  j = gpt_job(1, 4, 2, TDM_PP_INTERLEAVED, 2);
+  free(run_job(&j, &n, 0));
+  CHECK_MSG(strstr(args[0].err, "2 micro-batches for 4 pipeline ranks") != NULL, "%s", args[0].err);
+}
+
+TDM_TEST_MAIN(T(test_every_schedule), T(test_interleaved), T(test_data_axis), T(test_split_by_hand), T(test_dead_stage),
+              T(test_bad_layouts))
