@@ -259,19 +259,14 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
       at += len + (at[len] == ',');
     }
   }
-  /* the pipeline, tensor-parallel and parameter-server engines run f32 without recomputation, and
-   * tensor parallelism splits GPT's blocks only: refused here, before any rank starts */
+  /* the pipeline, tensor-parallel and parameter-server engines run f32 without recomputation: refused
+   * here, before any rank starts (a model --tp cannot split: tdm_engine_check) */
   const char *eng = ps_servers ? "--ps-servers" : pp > 1 ? "--pp" : tp > 1 ? "--tp" : NULL;
   if (eng && (strcmp(precision, "fp32") || strcmp(recompute, "none"))) {
     fprintf(stderr, "tandem %s: %s with --%s %s: that engine does not implement %s yet (use --%s %s, or data parallelism / --zero)\n",
             cmd, eng, strcmp(precision, "fp32") ? "precision" : "recompute", strcmp(precision, "fp32") ? precision : recompute,
             strcmp(precision, "fp32") ? "mixed precision" : "activation recomputation", strcmp(precision, "fp32") ? "precision" : "recompute",
             strcmp(precision, "fp32") ? "fp32" : "none");
-    return 2;
-  }
-  if (tp > 1 && strcmp(c->model, "gpt")) {
-    fprintf(stderr, "tandem %s: --tp %lld splits GPT's attention heads, MLP and vocabulary: it needs --model gpt (given --model %s)\n", cmd,
-            (long long)tp, c->model);
     return 2;
   }
 #undef SEEN

@@ -180,7 +180,9 @@ typedef struct tdm_step_stats {
 /* Before any rank computes (no communication): data x tensor x pipeline against the world size
  * (data 0: what is left) and the engine's layout against the model (a pipeline: chunks and blocks,
  * the split, the micro-batches its schedule needs). TDM_ERR_INVALID_ARG naming the values.
- * Tensor x pipeline (both above 1) is TDM_ERR_NOT_SUPPORTED, whatever the rest: not yet built. */
+ * Tensor x pipeline (both above 1) is TDM_ERR_NOT_SUPPORTED, whatever the rest: not yet built; so is
+ * a precision other than f32, or recomputation, on an engine that does not implement it (pipeline,
+ * tp, ps: only dp and zero do), naming the engine and the setting. */
 tdm_status tdm_engine_check(const tdm_model_config *model, const tdm_engine_config *cfg, int world, int data, int tensor,
                             int pipeline);
 

@@ -353,4 +353,40 @@ static void test_process_grid(void) {
   tdm_grid_destroy(one);
 }
 
-TDM_TEST_MAIN(T(test_mlp_every_layout), T(test_gpt_every_layout), T(test_llama_every_layout), T(test_recompute_keeps_the_bits), T(test_stage3_memory), T(test_process_grid))
+/* The pipeline, tensor-parallel and parameter-server engines run f32 without recomputation: asking
+ * them for either is refused before anything is built, naming the engine and the setting (never run
+ * in f32 or without recomputing behind the caller's back); data parallelism and ZeRO accept both. */
+static void test_model_side_refusals(void) {
+  tdm_model_config mc = tdm_model_config_gpt_mini();
+  struct {
+    tdm_engine_kind kind;
+    const char *name;
+    int tensor, pipeline;
+  } eng[] = {{TDM_ENGINE_PIPELINE, "pipeline", 1, 2}, {TDM_ENGINE_TP, "tp", 2, 1}, {TDM_ENGINE_PS, "ps", 1, 1}};
+  for (int k = 0; k < 3; k++)
+    for (int what = 0; what < 3; what++) {
+      tdm_engine_config ec = tdm_engine_config_default();
+      ec.kind = eng[k].kind;
+      if (what == 0) ec.precision = TDM_BF16;
+      if (what == 1) ec.precision = TDM_F16;
+      if (what == 2) ec.recompute = TDM_RECOMPUTE_BLOCK;
+      ec.accum = 4;
+      tdm_status st = tdm_engine_check(&mc, &ec, 2, 0, eng[k].tensor, eng[k].pipeline);
+      CHECK_MSG(st == TDM_ERR_NOT_SUPPORTED, "%s engine, case %d: status %d", eng[k].name, what, (int)st);
+      const char *err = tdm_last_error();
+      CHECK_MSG(strstr(err, eng[k].name) && strstr(err, what < 2 ? "mixed precision" : "activation recomputation") &&
+                    strstr(err, what == 0 ? "bf16" : what == 1 ? "f16" : "block"),
+                "%s engine, case %d: %s", eng[k].name, what, err);
+      ec.precision = TDM_F32, ec.recompute = TDM_RECOMPUTE_NONE; /* the same layout in f32 passes */
+      st = tdm_engine_check(&mc, &ec, 2, 0, eng[k].tensor, eng[k].pipeline);
+      CHECK_MSG(st == TDM_OK, "%s engine in f32: %s", eng[k].name, tdm_last_error());
+    }
+  for (int kind = TDM_ENGINE_DP; kind <= TDM_ENGINE_ZERO; kind++) {
+    tdm_engine_config ec = tdm_engine_config_default();
+    ec.kind = (tdm_engine_kind)kind, ec.precision = TDM_F16, ec.recompute = TDM_RECOMPUTE_SELECTIVE;
+    CHECK_MSG(tdm_engine_check(&mc, &ec, 2, 0, 1, 1) == TDM_OK, "engine %d: %s", kind, tdm_last_error());
+  }
+}
+
+TDM_TEST_MAIN(T(test_mlp_every_layout), T(test_gpt_every_layout), T(test_llama_every_layout), T(test_recompute_keeps_the_bits), T(test_stage3_memory), T(test_process_grid),
+              T(test_model_side_refusals))
