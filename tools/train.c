@@ -33,8 +33,8 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
                   const cli_opt *extra) {
   *c = tdm_train_config_default();
   int64_t epochs, steps, batch, seed, threads, eval_batch, accum, ckpt_every, layers, heads, width, block, vocab, seq_len,
-      warmup, val_every, val_batches, zero, zero_unit, memory_limit, kv_heads, ffn_width, tp, tp_check, dp, pp, microbatches,
-      vstages;
+      warmup, val_every, val_batches, zero, zero_unit, memory_limit, kv_heads, ffn_width, compress_start, tp, tp_check, dp, pp,
+      microbatches, vstages;
   double rope_theta;
   const char *rope_scaling, *tie;
   double clip, max_time, bucket_mb;
@@ -78,7 +78,8 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
       {"ps-log", CLI_STRING, &ps_log, NULL, "--ps-servers: each server writes every update it applies to DIR/ps-server-K.log (tandem ps-replay reproduces the run from them; a gradient per update: large)", NULL, 0, 0, 0},
       {"ps-delay", CLI_STRING, &ps_delay, NULL, "--ps-servers, for testing: WORKER:SECONDS makes that worker sleep so long every step", NULL, 0, 0, 0},
       {"memory-limit", CLI_SIZE, &memory_limit, "0", "refuse to start when the memory plan per rank exceeds this (like 8G; 0: no limit)", NULL, 0, 0, 0},
-      {"compress", CLI_CHOICE, &compress, "none", "gradient dtype on the wire between ranks", "none|bf16|fp16", 0, 0, 0},
+      {"compress", CLI_STRING, &compress, "none", "gradients on the wire between ranks: none|bf16|fp16 (the dtype), topk:RATIO (the largest RATIO of each bucket, 0 < RATIO <= 1) or powersgd:RANK (low-rank factors), both with error feedback", NULL, 0, 0, 0},
+      {"compress-start", CLI_INT, &compress_start, "0", "with topk/powersgd: optimizer steps sent uncompressed first (warm-up)", NULL, 0, 1e12, 0},
       {"precision", CLI_CHOICE, &precision, "fp32", "mlp, gpt, llama: activations and products in bf16 or fp16 (fp16 with dynamic loss scaling), parameters and optimizer state f32 (master weights)", "fp32|bf16|fp16", 0, 0, 0},
       {"loss-scale-init", CLI_FLOAT, &ls_init, "65536", "--precision fp16: the first loss scale (halved on an overflow, the step skipped)", NULL, 1e-30, 1e30, 0},
       {"loss-scale-window", CLI_INT, &ls_window, "2000", "--precision fp16: clean steps in a row before the loss scale doubles", NULL, 1, 1e12, 0},
@@ -157,6 +158,20 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
   }
   if (strcmp(precision, "fp16") && (SEEN("loss-scale-init") || SEEN("loss-scale-window"))) {
     fprintf(stderr, "tandem %s: --loss-scale-init and --loss-scale-window apply to --precision fp16 only (given --precision %s)\n", cmd, precision);
+    return 2;
+  }
+  if (tdm_compress_check(compress) != TDM_OK) {
+    fprintf(stderr, "tandem %s: --compress: %s\n", cmd, tdm_last_error());
+    return 2;
+  }
+  if (SEEN("compress-start") && !tdm_compress_is_hook(compress)) {
+    fprintf(stderr, "tandem %s: --compress-start applies to --compress topk:RATIO or powersgd:RANK (given --compress %s)\n", cmd, compress);
+    return 2;
+  }
+  if ((tp > 1 || pp > 1) && tdm_compress_is_hook(compress)) { /* the compressors live in the data-parallel engine */
+    fprintf(stderr, "tandem %s: --compress %s with --%s %lld: error-feedback compression runs with data parallelism only (--tp 1 "
+            "--pp 1): the %s engine reduces gradients without a compressor\n",
+            cmd, compress, tp > 1 ? "tp" : "pp", (long long)(tp > 1 ? tp : pp), tp > 1 ? "tensor-parallel" : "pipeline");
     return 2;
   }
   if (tp > 1 && zero > 0) {
@@ -309,6 +324,8 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
   e->dp.bucket_bytes = e->zero.bucket_bytes = (size_t)(bucket_mb * 1048576.0);
   e->dp.no_overlap = no_overlap;
   e->dp.wire_dtype = !strcmp(compress, "bf16") ? TDM_BF16 : !strcmp(compress, "fp16") ? TDM_F16 : TDM_F32;
+  e->dp.compress = tdm_compress_is_hook(compress) ? compress : NULL;
+  e->dp.compress_start = compress_start;
   e->zero.stage = zero ? (int)zero : 1;
   e->zero.unit_modules = (int)zero_unit;
   e->zero.prefetch = !strcmp(zero_prefetch, "on");

@@ -33,6 +33,7 @@
 #include <stddef.h>
 
 #include "tandem/comm.h"
+#include "tandem/compress.h"
 #include "tandem/nn.h"
 
 #ifdef __cplusplus
@@ -44,6 +45,10 @@ typedef struct tdm_dp_config {
   size_t first_bucket_bytes; /* 0: 1 MiB */
   tdm_dtype wire_dtype;      /* TDM_F32, or TDM_BF16 / TDM_F16 to compress gradients on the wire */
   int no_overlap;            /* 1: start all buckets after backward (to measure what overlap hides) */
+  const char *compress;      /* NULL or "none", or a compressor with error feedback: "topk:RATIO",
+                                "powersgd:RANK" (tandem/compress.h); needs wire_dtype f32 */
+  int64_t compress_start;    /* optimizer steps sent uncompressed first */
+  uint64_t compress_seed;    /* PowerSGD's first Q: the same on every rank */
 } tdm_dp_config;
 
 typedef struct tdm_dp tdm_dp;
@@ -61,6 +66,19 @@ void tdm_dp_set_sync(tdm_dp *dp, int sync);
  * waiting here: communication that backward did not hide. */
 tdm_status tdm_dp_finish(tdm_dp *dp, double *wait_ms);
 int tdm_dp_num_buckets(const tdm_dp *dp);
+/* The optimizer step about to be reduced (0-based): a compressor starts at compress_start. */
+void tdm_dp_set_step(tdm_dp *dp, int64_t step);
+/* The last compressed step's per-bucket stats (tandem/compress.h); returns their count (0 when
+ * no compressor ran yet). */
+int tdm_dp_compress_stats(const tdm_dp *dp, const tdm_compress_stats **out);
+/* Bytes this rank sent on the communicator from the step's last backward to the end of
+ * tdm_dp_finish: the gradient exchange (plus whatever else used the communicator meanwhile). */
+uint64_t tdm_dp_step_bytes(const tdm_dp *dp);
+/* For checkpoints: bucket k's span [lo, hi) of the gradient buffer, its residual (this rank's,
+ * hi - lo floats) and its shared state (PowerSGD's Q: the same on every rank; NULL and 0 for
+ * none), all writable. Returns the bucket count, 0 without a compressor. k = -1: the residuals
+ * were written in place (a checkpoint loaded), the telescoping check starts over from them. */
+int tdm_dp_compress_state(tdm_dp *dp, int k, int64_t *lo, int64_t *hi, float **residual, float **shared, int64_t *n_shared);
 
 #ifdef __cplusplus
 }

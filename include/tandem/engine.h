@@ -35,6 +35,7 @@
 #include <stdint.h>
 
 #include "tandem/comm.h"
+#include "tandem/compress.h"
 #include "tandem/nn.h"
 #include "tandem/optim.h"
 #include "tandem/pipeline.h"
@@ -73,6 +74,9 @@ typedef struct tdm_engine_dp_config {
   size_t first_bucket_bytes; /* 0: 1 MiB */
   tdm_dtype wire_dtype;      /* TDM_F32, or TDM_BF16 / TDM_F16 to compress gradients on the wire */
   int no_overlap;            /* 1: average only after backward (to measure what overlap hides) */
+  const char *compress;      /* NULL/"none", or "topk:RATIO" / "powersgd:RANK": error-feedback
+                                compressors (tandem/compress.h); the string must outlive the engine */
+  int64_t compress_start;    /* optimizer steps sent uncompressed before compression starts */
 } tdm_engine_dp_config;
 
 /* ZeRO stages 1-3. */
@@ -238,6 +242,17 @@ tdm_status tdm_engine_read_params(tdm_engine *e, int64_t lo, int64_t hi, float *
 /* The index (in the parameter buffer) of the first parameter value that is not finite, or -1; the
  * same on every rank. Collective. */
 tdm_status tdm_engine_first_nonfinite(tdm_engine *e, int64_t *index);
+
+/* The last step's gradient exchange: *grad_bytes (optional) the bytes this rank sent for it
+ * (data parallelism; 0 otherwise), *out the per-bucket stats of the last compressed step; returns
+ * their count (0 without a compressor, or before it starts). */
+int tdm_engine_compress_stats(const tdm_engine *e, const tdm_compress_stats **out, uint64_t *grad_bytes);
+/* The compressor's state, for checkpoints (tdm_dp_compress_state): bucket k's span of the
+ * gradient buffer, this rank's residual there and the state shared by all ranks (PowerSGD's Q).
+ * Returns the bucket count; 0 without a compressor (or on one rank, where nothing is compressed).
+ * k = -1 after writing residuals in place: the telescoping check starts over from them. */
+int tdm_engine_compress_state(tdm_engine *e, int k, int64_t *lo, int64_t *hi, float **residual, float **shared,
+                              int64_t *n_shared);
 
 /* ---- state for checkpoints (what src/train/engine_ckpt.c writes) ------------------------------
  * Data parallelism's state is the parameters and the optimizer, the same on every rank. A sharded

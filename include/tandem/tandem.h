@@ -18,6 +18,7 @@
 #include "tandem/checkpoint.h"
 #include "tandem/sampler.h"
 #include "tandem/engine.h"
+#include "tandem/compress.h"
 #include "tandem/plan.h"
 #include "tandem/pipeline.h"
 #include "tandem/cluster.h"

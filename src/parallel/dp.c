@@ -6,6 +6,7 @@
 
 #include "comm/comm_impl.h"
 #include "parallel/common.h"
+#include "parallel/compress.h"
 #include "parallel/layout.h"
 #include "core/internal.h"
 #include "tensor/tensor_impl.h"
@@ -30,7 +31,12 @@ struct tdm_dp {
   /* shm transport: the gradients live in a shared region and are averaged in place there */
   tdm__shm_region *region;
   int spare_core; /* a core is left over after every local rank's compute threads */
+  tdm__compress *cz; /* --compress topk / powersgd: buckets reduced after backward */
+  int64_t step;
+  uint64_t bytes0, step_bytes;
 };
+
+static int compressing(const tdm_dp *dp) { return dp->cz && tdm__compress_active(dp->cz, dp->step); }
 
 static tdm_status region_bucket(void *ctx) {
   bucket *b = ctx;
@@ -41,6 +47,7 @@ static tdm_status launch(tdm_dp *dp, bucket *b) {
   float *g = tdm_params_grad(dp->params) + b->lo;
   size_t n = (size_t)(b->hi - b->lo);
   b->launched = 1;
+  if (compressing(dp)) return TDM_OK; /* the compressor takes the whole bucket in tdm_dp_finish */
   if (dp->region) return tdm__comm_icall(dp->comm, region_bucket, b, &b->work);
   if (dp->cfg.wire_dtype != TDM_F32) { /* compress, reduce in the wire dtype, expand in finish */
     tdm_convert(b->wire, dp->cfg.wire_dtype, g, TDM_F32, (int64_t)n);
@@ -82,15 +89,32 @@ tdm_status tdm_dp_create(tdm_dp **out, tdm_comm_t comm, tdm_params *params, cons
   int zero_copy, inline_avg; /* parsed first: a bad value fails before any collective */
   TDM__TRY(tdm__env_switch("TANDEM_DP_ZERO_COPY", &zero_copy));
   TDM__TRY(tdm__inline_comm(tdm_comm_size(comm), &inline_avg));
-  tdm_dp_config c = cfg ? *cfg : (tdm_dp_config){0, 0, TDM_F32, 0};
+  tdm_dp_config c = cfg ? *cfg : (tdm_dp_config){0, 0, TDM_F32, 0, NULL, 0, 0};
   if (!c.bucket_bytes) c.bucket_bytes = 25u << 20;
   if (!c.first_bucket_bytes) c.first_bucket_bytes = 1u << 20;
   if (c.first_bucket_bytes > c.bucket_bytes) c.first_bucket_bytes = c.bucket_bytes;
   if (c.wire_dtype != TDM_F32 && c.wire_dtype != TDM_BF16 && c.wire_dtype != TDM_F16)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "dp_create: wire dtype %s; expected f32, bf16 or f16",
                           tdm_dtype_name(c.wire_dtype));
-  TDM__TRY(tdm__check_same_model(comm, params));
-  TDM__TRY(tdm_comm_broadcast(comm, tdm_params_data(params), (size_t)tdm_params_numel(params), TDM_F32, 0, TDM_ALGO_AUTO));
+  tdm__compress *cz = NULL;
+  if (tdm_compress_is_hook(c.compress)) {
+    if (c.wire_dtype != TDM_F32)
+      return tdm__set_error(TDM_ERR_INVALID_ARG, "dp_create: compress %s with gradients as %s on the wire; expected one of them",
+                            c.compress, tdm_dtype_name(c.wire_dtype));
+    TDM__TRY(tdm__compress_create(&cz, c.compress, c.compress_start, c.compress_seed));
+  } else {
+    TDM__TRY(tdm_compress_check(c.compress));
+  }
+  tdm_status ms = tdm__check_same_model(comm, params);
+  if (ms != TDM_OK) {
+    tdm__compress_destroy(cz);
+    return ms;
+  }
+  ms = tdm_comm_broadcast(comm, tdm_params_data(params), (size_t)tdm_params_numel(params), TDM_F32, 0, TDM_ALGO_AUTO);
+  if (ms != TDM_OK) {
+    tdm__compress_destroy(cz);
+    return ms;
+  }
   tdm_dp *dp = tdm__calloc(1, sizeof *dp);
   int n = tdm_params_count(params);
   if (!dp || !(dp->b = tdm__calloc((size_t)(n ? n : 1), sizeof(bucket)))) {
@@ -98,8 +122,10 @@ tdm_status tdm_dp_create(tdm_dp **out, tdm_comm_t comm, tdm_params *params, cons
       tdm__free(dp->b);
       tdm__free(dp);
     }
+    tdm__compress_destroy(cz);
     return tdm__set_error(TDM_ERR_NO_MEMORY, "dp_create: out of memory");
   }
+  dp->cz = cz;
   dp->comm = comm;
   dp->params = params;
   dp->cfg = c;
@@ -115,6 +141,22 @@ tdm_status tdm_dp_create(tdm_dp **out, tdm_comm_t comm, tdm_params *params, cons
   for (int k = 0; k < L.ng; k++) {
     bucket *b = &dp->b[dp->nb++];
     b->lo = L.g[k].lo, b->hi = L.g[k].hi, b->n_params = L.g[k].n_params;
+    if (cz) { /* the compressor sees each parameter of the bucket as a matrix (PowerSGD's unit) */
+      tdm__cmat *mats = tdm__malloc(sizeof *mats * (size_t)(b->n_params ? b->n_params : 1));
+      tdm_status cs = mats ? TDM_OK : tdm__set_error(TDM_ERR_NO_MEMORY, "dp_create: out of memory");
+      for (int i = 0; cs == TDM_OK && i < b->n_params; i++) {
+        tdm_tensor *t = tdm_params_get(params, L.g[k].first + i);
+        int64_t numel = tdm_tensor_numel(t), rows = tdm_tensor_ndim(t) >= 2 ? tdm_tensor_dim(t, 0) : 1;
+        mats[i] = (tdm__cmat){tdm_params_offset(params, L.g[k].first + i) - b->lo, rows, rows ? numel / rows : 0};
+      }
+      if (cs == TDM_OK) cs = tdm__compress_add_bucket(cz, b->hi - b->lo, b->n_params, mats);
+      tdm__free(mats);
+      if (cs != TDM_OK) {
+        tdm__layout_free(&L);
+        tdm_dp_destroy(dp);
+        return cs;
+      }
+    }
     if (c.wire_dtype != TDM_F32 && !(b->wire = tdm__malloc_cat((size_t)(b->hi - b->lo) * 2 + 64, TDM_MEM_COMM))) {
       tdm__layout_free(&L);
       tdm_dp_destroy(dp);
@@ -126,7 +168,7 @@ tdm_status tdm_dp_create(tdm_dp **out, tdm_comm_t comm, tdm_params *params, cons
   /* One node over shared memory, f32 on the wire: keep the gradients in a shared region, so a
    * bucket is averaged in place with no copy in or out (TANDEM_DP_ZERO_COPY=0 turns it off, for
    * comparison; it must be the same on all ranks). */
-  if (c.wire_dtype == TDM_F32 && tdm_comm_transport(comm) == TDM_TRANSPORT_SHM && tdm_comm_size(comm) > 1 &&
+  if (c.wire_dtype == TDM_F32 && !cz && tdm_comm_transport(comm) == TDM_TRANSPORT_SHM && tdm_comm_size(comm) > 1 &&
       zero_copy != 0) {
     tdm_status rs = tdm__shm_region_create(comm, (size_t)total, &dp->region);
     if (rs == TDM_OK) rs = tdm_params_set_grad_buffer(params, tdm__shm_region_mine(dp->region));
@@ -158,11 +200,26 @@ void tdm_dp_destroy(tdm_dp *dp) {
     tdm__mem_account(TDM_MEM_GRADS, -(int64_t)sizeof(float) * tdm_params_numel(dp->params));
     tdm__shm_region_destroy(dp->region);
   }
+  tdm__compress_destroy(dp->cz);
   tdm__free(dp->b);
   tdm__free(dp);
 }
 
-void tdm_dp_set_sync(tdm_dp *dp, int sync) { dp->sync = sync != 0; }
+void tdm_dp_set_sync(tdm_dp *dp, int sync) {
+  dp->sync = sync != 0;
+  if (dp->sync) dp->bytes0 = tdm_comm_bytes_sent(dp->comm);
+}
+void tdm_dp_set_step(tdm_dp *dp, int64_t step) { dp->step = step; }
+int tdm_dp_compress_stats(const tdm_dp *dp, const tdm_compress_stats **out) { return tdm__compress_stats(dp->cz, out); }
+uint64_t tdm_dp_step_bytes(const tdm_dp *dp) { return dp->step_bytes; }
+int tdm_dp_compress_state(tdm_dp *dp, int k, int64_t *lo, int64_t *hi, float **residual, float **shared, int64_t *n_shared) {
+  if (dp->cz && k == -1) tdm__compress_rebase(dp->cz);
+  if (!dp->cz || k < 0 || k >= dp->nb) return dp->cz ? dp->nb : 0;
+  *lo = dp->b[k].lo, *hi = dp->b[k].hi;
+  *residual = tdm__compress_residual(dp->cz, k);
+  *shared = tdm__compress_shared(dp->cz, k, n_shared);
+  return dp->nb;
+}
 int tdm_dp_num_buckets(const tdm_dp *dp) { return dp->nb; }
 
 tdm_status tdm_dp_finish(tdm_dp *dp, double *wait_ms) {
@@ -178,7 +235,7 @@ tdm_status tdm_dp_finish(tdm_dp *dp, double *wait_ms) {
   launch_ready(dp);
   for (int k = 0; k < dp->nb; k++) {
     bucket *b = &dp->b[k];
-    if (b->launched) {
+    if (b->launched && b->work) {
       tdm_status s = tdm_work_wait(b->work);
       if (st == TDM_OK) st = s;
       if (s == TDM_OK && dp->cfg.wire_dtype != TDM_F32)
@@ -188,6 +245,8 @@ tdm_status tdm_dp_finish(tdm_dp *dp, double *wait_ms) {
     b->work = NULL;
     b->pending = b->n_params;
   }
+  for (int k = 0; compressing(dp) && st == TDM_OK && k < dp->nb; k++) /* in bucket order on every rank */
+    st = tdm__compress_bucket(dp->cz, k, dp->comm, tdm_params_grad(dp->params) + dp->b[k].lo);
   for (int k = n_async(dp); dp->region && st == TDM_OK && k < dp->nb; k++) { /* in order, after the others */
     bucket *b = &dp->b[k];
     tdm_status s = tdm__shm_region_allreduce(dp->region, (size_t)b->lo, (size_t)b->hi, 1);
@@ -195,6 +254,7 @@ tdm_status tdm_dp_finish(tdm_dp *dp, double *wait_ms) {
   }
   dp->next_launch = 0;
   dp->hook_status = TDM_OK;
+  dp->step_bytes = tdm_comm_bytes_sent(dp->comm) - dp->bytes0;
   if (wait_ms) *wait_ms = (tdm_time_now() - t0) * 1e3;
   return st;
 }

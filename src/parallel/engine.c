@@ -164,7 +164,18 @@ tdm_status tdm_engine_create(tdm_engine **out, const tdm_model_config *mc, uint6
       return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "engine_create: the %s engine does not run on a %s axis (tensor %d, pipeline %d)",
                             engines[cfg->kind]->name, tdm_grid_axis_name((tdm_grid_axis)a), tdm_grid_size(grid, TDM_AXIS_TENSOR),
                             tdm_grid_size(grid, TDM_AXIS_PIPELINE));
+  TDM__TRY(tdm_compress_check(cfg->dp.compress)); /* before anything collective */
+  if (cfg->kind != TDM_ENGINE_DP && cfg->dp.compress && strcmp(cfg->dp.compress, "none"))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_create: compress %s with the %s engine; expected the data-parallel "
+                          "engine (dp): only it reduces gradients through a compressor", cfg->dp.compress, engines[cfg->kind]->name);
+  if (cfg->dp.compress_start < 0)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_create: compress start %lld; expected >= 0", (long long)cfg->dp.compress_start);
   TDM__TRY(check_model_side(cfg, "engine_create"));
+  if (cfg->precision == TDM_F16 && tdm_compress_is_hook(cfg->dp.compress)) /* a skipped step would feed inf into the residuals */
+    return tdm__set_error(TDM_ERR_NOT_SUPPORTED,
+                          "engine_create: compress %s with precision f16: error feedback would keep an overflowing step's "
+                          "gradients, which fp16 skips; use bf16 (no skipped steps) or --compress none|bf16|fp16",
+                          cfg->dp.compress);
   tdm_engine *e = tdm__calloc(1, sizeof *e);
   if (!e) return tdm__set_error(TDM_ERR_NO_MEMORY, "engine_create: out of memory");
   e->ls_scale = cfg->precision != TDM_F16 ? 1.0 : cfg->loss_scale.init > 0 ? cfg->loss_scale.init : 65536.0;
@@ -442,6 +453,16 @@ tdm_status tdm_engine_save_weights(tdm_engine *e, const char *path, int n_meta, 
 tdm_status tdm_engine_load_weights(tdm_engine *e, const char *path) {
   if (!e || !path) return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_load_weights: NULL argument");
   return e->ops->load_weights(e, path);
+}
+
+int tdm_engine_compress_stats(const tdm_engine *e, const tdm_compress_stats **out, uint64_t *grad_bytes) {
+  if (grad_bytes) *grad_bytes = 0;
+  return e && e->ops->compress_stats ? e->ops->compress_stats(e, out, grad_bytes) : 0;
+}
+
+int tdm_engine_compress_state(tdm_engine *e, int k, int64_t *lo, int64_t *hi, float **residual, float **shared,
+                              int64_t *n_shared) {
+  return e && e->ops->compress_state ? e->ops->compress_state(e, k, lo, hi, residual, shared, n_shared) : 0;
 }
 
 /* ---- state for checkpoints ---------------------------------------------------------------------- */

@@ -17,12 +17,14 @@ static tdm_status dp_create(tdm_engine *e, const tdm_model_config *mc, uint64_t 
   tdm_dp *dp = NULL;
   if (e->comm && e->size > 1) {
     const tdm_engine_dp_config *c = &e->cfg.dp;
-    tdm_dp_config dc = {c->bucket_bytes, c->first_bucket_bytes, c->wire_dtype ? c->wire_dtype : TDM_F32, c->no_overlap};
+    tdm_dp_config dc = {c->bucket_bytes, c->first_bucket_bytes, c->wire_dtype ? c->wire_dtype : TDM_F32, c->no_overlap,
+                        c->compress, c->compress_start, seed ^ 0x70777273ull};
     TDM__TRY(tdm_dp_create(&dp, e->comm, e->params, &dc));
   }
   e->impl = dp;
-  snprintf(e->desc, sizeof e->desc, "data parallel, %d rank%s%s", e->size, e->size == 1 ? "" : "s",
-           dp ? "" : " (no communication)");
+  snprintf(e->desc, sizeof e->desc, "data parallel, %d rank%s%s%s%s", e->size, e->size == 1 ? "" : "s",
+           dp ? "" : " (no communication)", dp && tdm_compress_is_hook(e->cfg.dp.compress) ? ", compress " : "",
+           dp && tdm_compress_is_hook(e->cfg.dp.compress) ? e->cfg.dp.compress : "");
   return TDM_OK;
 }
 
@@ -32,6 +34,7 @@ static void dp_zero_grad(tdm_engine *e) { tdm_params_zero_grad(e->params); }
 
 static void dp_begin_backward(tdm_engine *e, int last) {
   if (e->impl) tdm_dp_set_sync(e->impl, last);
+  if (e->impl) tdm_dp_set_step(e->impl, tdm_optim_steps(e->opt));
 }
 
 static tdm_status dp_end_backward(tdm_engine *e, int last, double *wait_s) {
@@ -63,17 +66,31 @@ static tdm_status dp_stream_params(tdm_engine *e, tdm_status (*write)(void *, co
 /* Every rank reads the file (it must see it); the ranks then hold the same values. */
 static tdm_status dp_load_weights(tdm_engine *e, const char *path) { return tdm_params_load(e->params, path, 0); }
 
-const tdm__engine_ops tdm__engine_dp_ops = {.name = "dp",
-                                            .create = dp_create,
-                                            .destroy = dp_destroy,
-                                            .zero_grad = dp_zero_grad,
-                                            .begin_backward = dp_begin_backward,
-                                            .end_backward = dp_end_backward,
-                                            .grad_sumsq = dp_grad_sumsq,
-                                            .update = dp_update,
-                                            .read_params = dp_read_params,
-                                            .stream_params = dp_stream_params,
-                                            .load_weights = dp_load_weights,
-                                            .mixed = 1,
-                                            .recompute = 1,
-                                            .cannot_skip = 0 /* a skipped step calls no update */};
+static int dp_compress_stats(const tdm_engine *e, const tdm_compress_stats **out, uint64_t *grad_bytes) {
+  if (!e->impl) return 0;
+  if (grad_bytes) *grad_bytes = tdm_dp_step_bytes(e->impl);
+  return tdm_dp_compress_stats(e->impl, out);
+}
+
+static int dp_compress_state(tdm_engine *e, int k, int64_t *lo, int64_t *hi, float **residual, float **shared, int64_t *n_shared) {
+  return e->impl ? tdm_dp_compress_state(e->impl, k, lo, hi, residual, shared, n_shared) : 0;
+}
+
+const tdm__engine_ops tdm__engine_dp_ops = {
+    .name = "dp",
+    .create = dp_create,
+    .destroy = dp_destroy,
+    .zero_grad = dp_zero_grad,
+    .begin_backward = dp_begin_backward,
+    .end_backward = dp_end_backward,
+    .grad_sumsq = dp_grad_sumsq,
+    .update = dp_update,
+    .read_params = dp_read_params,
+    .stream_params = dp_stream_params,
+    .load_weights = dp_load_weights,
+    .compress_stats = dp_compress_stats,
+    .compress_state = dp_compress_state,
+    .mixed = 1,
+    .recompute = 1,
+    .cannot_skip = 0, /* a skipped step calls no update */
+};

@@ -29,6 +29,8 @@ struct tdm_engine {
   int64_t ls_good;  /* fp16: clean steps in a row since the scale last changed */
 };
 
+/* Rows are written with designated initializers: an optional operation an engine lacks is left
+ * out (NULL), so adding one touches only the engines that have it. */
 typedef struct tdm__engine_ops {
   const char *name;
   /* Builds e->model, e->params, e->opt (and e->spans) and the strategy's state. */
@@ -86,6 +88,10 @@ typedef struct tdm__engine_ops {
    * arrive): fp16's loss scaling, which skips overflowing steps, is refused. 0 (default): a skipped
    * step simply does not call update, and the next zero_grad starts afresh. */
   int cannot_skip;
+  /* Optional: the last step's compression stats and gradient bytes (tdm_engine_compress_stats). */
+  int (*compress_stats)(const tdm_engine *e, const tdm_compress_stats **out, uint64_t *grad_bytes);
+  /* Optional: the compressor's state for checkpoints (tdm_engine_compress_state). */
+  int (*compress_state)(tdm_engine *e, int k, int64_t *lo, int64_t *hi, float **residual, float **shared, int64_t *n_shared);
 } tdm__engine_ops;
 
 extern const tdm__engine_ops tdm__engine_dp_ops;

@@ -786,25 +786,25 @@ static void pp_destroy(tdm_engine *e) {
   e->impl = NULL;
 }
 
-const tdm__engine_ops tdm__engine_pipeline_ops = {.name = "pipeline",
-                                                  .create = pp_create,
-                                                  .destroy = pp_destroy,
-                                                  .zero_grad = pp_zero_grad,
-                                                  .begin_backward = pp_begin_backward,
-                                                  .end_backward = pp_end_backward,
-                                                  .grad_sumsq = pp_grad_sumsq,
-                                                  .update = pp_update,
-                                                  .read_params = pp_read_params,
-                                                  .stream_params = pp_stream_params,
-                                                  .load_weights = pp_load_weights,
-                                                  .param_shard = pp_param_shard,
-                                                  .shard_changed = pp_shard_changed,
-                                                  .axes = 1u << TDM_AXIS_PIPELINE,
-                                                  .step = pp_step,
-                                                  .eval = pp_eval,
-                                                  .check = pp_check,
-                                                  .split = 1u << TDM_AXIS_PIPELINE,
-                                                  /* f32 only, no recomputation: its stages pass f32
-                                                   * activations and split backward in two passes */
-                                                  .mixed = 0,
-                                                  .recompute = 0};
+const tdm__engine_ops tdm__engine_pipeline_ops = {
+    .name = "pipeline",
+    .create = pp_create,
+    .destroy = pp_destroy,
+    .zero_grad = pp_zero_grad,
+    .begin_backward = pp_begin_backward,
+    .end_backward = pp_end_backward,
+    .grad_sumsq = pp_grad_sumsq,
+    .update = pp_update,
+    .read_params = pp_read_params,
+    .stream_params = pp_stream_params,
+    .load_weights = pp_load_weights,
+    .param_shard = pp_param_shard,
+    .shard_changed = pp_shard_changed,
+    .axes = 1u << TDM_AXIS_PIPELINE,
+    .step = pp_step,
+    .eval = pp_eval,
+    .check = pp_check,
+    .split = 1u << TDM_AXIS_PIPELINE,
+    /* f32 only, no recomputation (.mixed, .recompute 0): its stages pass f32 activations and split
+     * backward in two passes */
+};

@@ -264,7 +264,8 @@ static tdm_status tp_create(tdm_engine *e, const tdm_model_config *mc, uint64_t 
     /* when both axes are split from the world they share its transport, which serves one
      * communicator at a time: the buckets are averaged after backward, not beside its all-reduces */
     int shared = z->tcomm && z->tcomm != z->world && e->comm != z->world;
-    tdm_dp_config dc = {c->bucket_bytes, c->first_bucket_bytes, c->wire_dtype ? c->wire_dtype : TDM_F32, c->no_overlap || shared};
+    tdm_dp_config dc = {.bucket_bytes = c->bucket_bytes, .first_bucket_bytes = c->first_bucket_bytes,
+                        .wire_dtype = c->wire_dtype ? c->wire_dtype : TDM_F32, .no_overlap = c->no_overlap || shared};
     TDM__TRY(tdm_dp_create(&z->dp, e->comm, z->local, &dc));
   }
   int n = tdm_params_count(z->local);
@@ -449,25 +450,25 @@ static tdm_status tp_check(const tdm_model_config *mc, const tdm_engine_config *
   return tdm__tp_check(mc, sizes[TDM_AXIS_TENSOR]);
 }
 
-const tdm__engine_ops tdm__engine_tp_ops = {.name = "tp",
-                                            .create = tp_create,
-                                            .destroy = tp_destroy,
-                                            .zero_grad = tp_zero_grad,
-                                            .begin_backward = tp_begin_backward,
-                                            .end_backward = tp_end_backward,
-                                            .grad_sumsq = tp_grad_sumsq,
-                                            .update = tp_update,
-                                            .read_params = tp_read_params,
-                                            .stream_params = tp_stream_params,
-                                            .load_weights = tp_load_weights,
-                                            .param_shard = tp_param_shard,
-                                            .shard_changed = tp_shard_changed,
-                                            .axes = 1u << TDM_AXIS_TENSOR,
-                                            .check = tp_check,
-                                            .split = 1u << TDM_AXIS_TENSOR,
-                                            .loss = tp_loss,
-                                            .first_nonfinite = tp_first_nonfinite,
-                                            .pieces = tp_pieces,
-                                            /* GPT in f32 only: its sliced ops (tp_ops.c) are f32 */
-                                            .mixed = 0,
-                                            .recompute = 0};
+const tdm__engine_ops tdm__engine_tp_ops = {
+    .name = "tp",
+    .create = tp_create,
+    .destroy = tp_destroy,
+    .zero_grad = tp_zero_grad,
+    .begin_backward = tp_begin_backward,
+    .end_backward = tp_end_backward,
+    .grad_sumsq = tp_grad_sumsq,
+    .update = tp_update,
+    .read_params = tp_read_params,
+    .stream_params = tp_stream_params,
+    .load_weights = tp_load_weights,
+    .param_shard = tp_param_shard,
+    .shard_changed = tp_shard_changed,
+    .axes = 1u << TDM_AXIS_TENSOR,
+    .check = tp_check,
+    .split = 1u << TDM_AXIS_TENSOR,
+    .loss = tp_loss,
+    .first_nonfinite = tp_first_nonfinite,
+    .pieces = tp_pieces,
+    /* GPT in f32 only, no recomputation (.mixed, .recompute 0): its sliced ops (tp_ops.c) are f32 */
+};

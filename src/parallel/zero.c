@@ -440,20 +440,22 @@ static tdm_status zero_shard_changed(tdm_engine *e) {
   return z->stage == 3 ? drop_units(z) : TDM_OK;
 }
 
-const tdm__engine_ops tdm__engine_zero_ops = {.name = "zero",
-                                              .create = zero_create,
-                                              .destroy = zero_destroy,
-                                              .zero_grad = zero_zero_grad,
-                                              .begin_backward = zero_begin_backward,
-                                              .end_backward = zero_end_backward,
-                                              .grad_sumsq = zero_grad_sumsq,
-                                              .update = zero_update,
-                                              .read_params = zero_read_params,
-                                              .stream_params = zero_stream_params,
-                                              .load_weights = zero_load_weights,
-                                              .param_shard = zero_param_shard,
-                                              .shard_changed = zero_shard_changed,
-                                              .split = 1u << TDM_AXIS_DATA,
-                                              .mixed = 1,
-                                              .recompute = 1,
-                                              .cannot_skip = 0 /* a skipped step calls no update */};
+const tdm__engine_ops tdm__engine_zero_ops = {
+    .name = "zero",
+    .create = zero_create,
+    .destroy = zero_destroy,
+    .zero_grad = zero_zero_grad,
+    .begin_backward = zero_begin_backward,
+    .end_backward = zero_end_backward,
+    .grad_sumsq = zero_grad_sumsq,
+    .update = zero_update,
+    .read_params = zero_read_params,
+    .stream_params = zero_stream_params,
+    .load_weights = zero_load_weights,
+    .param_shard = zero_param_shard,
+    .shard_changed = zero_shard_changed,
+    .split = 1u << TDM_AXIS_DATA,
+    .mixed = 1,
+    .recompute = 1,
+    .cannot_skip = 0, /* a skipped step calls no update */
+};

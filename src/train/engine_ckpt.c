@@ -105,6 +105,31 @@ static tdm_status restore_loss_scale(tdm_engine *e, const tdm_ckpt *ck) {
   return tdm_engine_set_loss_scale(e, scale, good); /* ignored outside fp16 */
 }
 
+/* A compressor's state (tandem/compress.h): "compress.residual" (W x the gradient buffer, W the
+ * data axis' size, the only axis a compressing engine runs on; row r is data rank r's residuals,
+ * which differ between ranks) and "compress.shared" (PowerSGD's Q, bucket after bucket; the same
+ * on every rank, written by rank 0). A resumed run with as many ranks continues bit-identically;
+ * another rank count or a checkpoint without them starts afresh. */
+static tdm_status put_compress(tdm_ckpt_writer *w, tdm_engine *e) {
+  int R = tdm_grid_index(tdm_engine_grid(e), TDM_AXIS_DATA), W = tdm_grid_size(tdm_engine_grid(e), TDM_AXIS_DATA);
+  int64_t lo, hi, ns, total = 0;
+  float *res, *sh;
+  int nb = tdm_engine_compress_state(e, 0, &lo, &hi, &res, &sh, &ns);
+  if (nb <= 0) return TDM_OK;
+  for (int k = 0; k < nb; k++) tdm_engine_compress_state(e, k, &lo, &hi, &res, &sh, &ns), total += ns;
+  int64_t shape[2] = {W, tdm_params_numel(tdm_model_params(tdm_engine_model(e)))};
+  TDM__TRY(tdm_ckpt_writer_tensor(w, "compress.residual", TDM_F32, 2, shape));
+  if (total) TDM__TRY(tdm_ckpt_writer_tensor(w, "compress.shared", TDM_F32, 1, &total));
+  for (int k = 0, at = 0; k < nb; k++) {
+    tdm_engine_compress_state(e, k, &lo, &hi, &res, &sh, &ns);
+    int64_t start[2] = {R, lo}, count[2] = {1, hi - lo};
+    if (hi > lo) TDM__TRY(tdm_ckpt_writer_box(w, "compress.residual", start, count, res));
+    if (R == 0 && ns) TDM__TRY(tdm_ckpt_writer_flat(w, "compress.shared", at, at + ns, sh));
+    at += (int)ns;
+  }
+  return TDM_OK;
+}
+
 static tdm_status put_box(tdm_ckpt_writer *w, const held *h, const tdm_engine_piece *b) {
   const char *pname = tdm_tensor_name(tdm_params_get(h->p, b->param));
   char name[300];
@@ -114,6 +139,42 @@ static tdm_status put_box(tdm_ckpt_writer *w, const held *h, const tdm_engine_pi
     snprintf(name, sizeof name, "optim.%s.%s", h->names[s], pname);
     TDM__TRY(tdm_ckpt_writer_box(w, name, b->start, b->count, h->state + s * h->owned + b->state_at));
   }
+  return TDM_OK;
+}
+
+/* Reads it back when the checkpoint has it for as many ranks and the same buckets; else the
+ * compressor starts afresh (residuals zero, Q from the seed), with a warning. */
+static tdm_status get_compress(tdm_ckpt *ck, tdm_engine *e) {
+  int R = tdm_grid_index(tdm_engine_grid(e), TDM_AXIS_DATA), W = tdm_grid_size(tdm_engine_grid(e), TDM_AXIS_DATA);
+  int64_t lo, hi, ns, total = 0;
+  float *res, *sh;
+  int nb = tdm_engine_compress_state(e, 0, &lo, &hi, &res, &sh, &ns);
+  if (nb <= 0) return TDM_OK;
+  for (int k = 0; k < nb; k++) tdm_engine_compress_state(e, k, &lo, &hi, &res, &sh, &ns), total += ns;
+  const tdm_ckpt_tensor *tr = tdm_ckpt_tensor_find(ck, "compress.residual"), *ts = tdm_ckpt_tensor_find(ck, "compress.shared");
+  int64_t numel = tdm_params_numel(tdm_model_params(tdm_engine_model(e)));
+  char msg[256] = "";
+  if (!tr) snprintf(msg, sizeof msg, "the checkpoint holds no compression residuals (written without --compress)");
+  else if (tr->ndim != 2 || tr->shape[0] != W || tr->shape[1] != numel)
+    snprintf(msg, sizeof msg, "the checkpoint's compression residuals are for %lld ranks; this run has %d", tr->ndim == 2 ? (long long)tr->shape[0] : -1LL, W);
+  else if (total && (!ts || ts->ndim != 1 || ts->shape[0] != total))
+    snprintf(msg, sizeof msg, "the checkpoint's compressor state does not fit this compressor (%lld values; %lld expected)",
+             ts && ts->ndim == 1 ? (long long)ts->shape[0] : 0LL, (long long)total);
+  if (msg[0]) { /* zero, whatever a checkpoint tried before this one left half read */
+    for (int k = 0; k < nb; k++)
+      if (tdm_engine_compress_state(e, k, &lo, &hi, &res, &sh, &ns) > 0 && hi > lo) memset(res, 0, sizeof(float) * (size_t)(hi - lo));
+    tdm_engine_compress_state(e, -1, &lo, &hi, &res, &sh, &ns);
+    if (R == 0) tdm_log(TDM_LOG_WARN, "resume: %s: they start at zero (and PowerSGD's Q from the seed)", msg);
+    return TDM_OK;
+  }
+  for (int k = 0, at = 0; k < nb; k++) {
+    tdm_engine_compress_state(e, k, &lo, &hi, &res, &sh, &ns);
+    int64_t start[2] = {R, lo}, count[2] = {1, hi - lo};
+    if (hi > lo) TDM__TRY(tdm_ckpt_read_box(ck, "compress.residual", start, count, res));
+    if (ns) TDM__TRY(tdm_ckpt_read_flat(ck, "compress.shared", at, at + ns, sh));
+    at += (int)ns;
+  }
+  tdm_engine_compress_state(e, -1, &lo, &hi, &res, &sh, &ns); /* the check starts from what was read */
   return TDM_OK;
 }
 
@@ -172,6 +233,7 @@ tdm_status tdm_ckpt_save_engine(const char *dir, tdm_engine *e, const tdm_ckpt_i
       if (a < b) st = each_overlap(&h, h.spans[s].lo + a - pos, h.spans[s].lo + b - pos, put_overlap, w);
     }
   }
+  if (st == TDM_OK) st = put_compress(w, e);
   if (st != TDM_OK) tdm__ckpt_writer_fail(w, st);
   st = tdm_ckpt_writer_commit(w, keep);
   tdm__free(kv); /* the writer read the pairs until its commit */
@@ -308,7 +370,11 @@ tdm_status tdm_ckpt_resume_engine(const char *dir, tdm_engine *e, tdm_ckpt_accep
     if (st == TDM_OK) st = tdm__ckpt_check_optim(ck, h.o, h.p);
     st = tdm__ckpt_agree(comm, st, "resume");
     int corrupt = 0; /* the checkpoint's files, not this run, are at fault: try the one before */
-    if (st == TDM_OK) corrupt = (st = tdm__ckpt_agree(comm, load(e, &h, ck), "resume")) == TDM_ERR_FORMAT;
+    if (st == TDM_OK) {
+      tdm_status ls = load(e, &h, ck);
+      if (ls == TDM_OK) ls = get_compress(ck, e);
+      corrupt = (st = tdm__ckpt_agree(comm, ls, "resume")) == TDM_ERR_FORMAT;
+    }
     if (st == TDM_OK) {
       if (tdm_engine_is_sharded(e)) st = tdm_engine_shard_loaded(e, ck->optim_steps);
       else tdm_optim_set_steps(h.o, ck->optim_steps);

@@ -144,6 +144,14 @@ static tdm_status parse_kinds(const tdm_train_config *c, tdm_model_kind *mk, tdm
   if (e->dp.wire_dtype != TDM_F32 && e->dp.wire_dtype != TDM_BF16 && e->dp.wire_dtype != TDM_F16)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "train: gradients on the wire as %s; expected f32, bf16 or f16",
                           tdm_dtype_name(e->dp.wire_dtype));
+  TDM__TRY(tdm_compress_check(e->dp.compress));
+  if (e->kind == TDM_ENGINE_ZERO && tdm_compress_is_hook(e->dp.compress))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --compress %s with --zero %d: ZeRO reduces gradients in f32 only; expected --zero 0",
+                          e->dp.compress, e->zero.stage);
+  if ((e->kind == TDM_ENGINE_PIPELINE || e->kind == TDM_ENGINE_TP) && tdm_compress_is_hook(e->dp.compress))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --compress %s with the %s engine (--%s %lld): error-feedback compression runs "
+                          "with data parallelism only; expected --tp 1 --pp 1", e->dp.compress, tdm_engine_kind_name(e->kind),
+                          e->kind == TDM_ENGINE_TP ? "tp" : "pp", (long long)(e->kind == TDM_ENGINE_TP ? c->tp : c->pp));
   if (e->kind == TDM_ENGINE_ZERO && e->dp.wire_dtype != TDM_F32)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --compress %s with --zero %d: ZeRO reduces gradients in f32 only",
                           tdm_dtype_name(e->dp.wire_dtype), e->zero.stage);
@@ -267,7 +275,28 @@ typedef struct {
   int64_t total, G;
   int64_t samples_so_far;
   double train_time, lr;
+  char grad[1536]; /* the gradient exchange: bytes sent, and per-bucket compression stats (JSON members) */
 } step_record;
+
+/* ,"grad_bytes":N and, with a compressor, per bucket its ratio and relative error, and the worst
+ * telescoping error (tandem/compress.h). */
+static void grad_record(tdm_engine *e, char *out, size_t cap) {
+  const tdm_compress_stats *cs;
+  uint64_t bytes = 0;
+  int n = tdm_engine_compress_stats(e, &cs, &bytes);
+  size_t at = (size_t)snprintf(out, cap, ",\"grad_bytes\":%llu", (unsigned long long)bytes);
+  if (n <= 0 || at >= cap) return;
+  double tel = 0;
+  unsigned long long payload = 0;
+  for (int k = 0; k < n; k++) tel = cs[k].telescope_err > tel ? cs[k].telescope_err : tel, payload += cs[k].payload_bytes;
+  at += (size_t)snprintf(out + at, cap - at, ",\"compress_payload_bytes\":%llu,\"compress_telescope_err\":%.3g,\"compress_ratio\":[",
+                         payload, tel);
+  for (int k = 0; k < n && at < cap; k++) at += (size_t)snprintf(out + at, cap - at, "%s%.4g", k ? "," : "", cs[k].ratio);
+  if (at < cap) at += (size_t)snprintf(out + at, cap - at, "],\"compress_rel_err\":[");
+  for (int k = 0; k < n && at < cap; k++) at += (size_t)snprintf(out + at, cap - at, "%s%.4g", k ? "," : "", cs[k].rel_err);
+  if (at < cap) at += (size_t)snprintf(out + at, cap - at, "]");
+  if (at >= cap) snprintf(out, cap, ",\"grad_bytes\":%llu", (unsigned long long)bytes); /* too many buckets: bytes only */
+}
 
 static tdm_status flush_record(run_state *s, step_record *r, progress *pr, const tdm_train_config *c) {
   if (!r->pending) return TDM_OK;
@@ -290,10 +319,10 @@ static tdm_status flush_record(run_state *s, step_record *r, progress *pr, const
     fprintf(s->metrics,
             "{\"step\":%lld,\"epoch\":%lld,\"loss\":%s,\"grad_norm\":%s,\"samples_per_sec\":%.1f,\"step_time_ms\":%.4f,"
             "\"time_forward_ms\":%.4f,\"time_backward_ms\":%.4f,\"time_comm_wait_ms\":%.4f,\"time_optimizer_ms\":%.4f,"
-            "\"lr\":%g,\"rank\":%d,\"world_size\":%d,\"global_batch\":%lld,\"train_accuracy\":%.4f%s}\n",
+            "\"lr\":%g,\"rank\":%d,\"world_size\":%d,\"global_batch\":%lld,\"train_accuracy\":%.4f%s%s}\n",
             (long long)r->step, (long long)r->epoch, json_num(jl, sizeof jl, "%.6f", loss),
             json_num(jg, sizeof jg, "%.6g", r->grad_norm), r->samples / r->dt, r->dt * 1e3, r->t_fwd * 1e3, r->t_bwd * 1e3,
-            r->t_wait * 1e3, r->t_opt * 1e3, r->lr, R, W, (long long)r->G, acc, tok);
+            r->t_wait * 1e3, r->t_opt * 1e3, r->lr, R, W, (long long)r->G, acc, tok, r->grad);
   if (s->metrics && ferror(s->metrics)) TDM__TRY(metrics_ok(s, c));
   double now = tdm_time_now();
   int last = r->step + 1 == r->total;
@@ -734,6 +763,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
                           .dt = t3 - t0, .t_fwd = ss.t_forward, .t_bwd = ss.t_backward, .t_wait = ss.t_comm_wait,
                           .t_opt = ss.t_update, .samples = (double)ss.samples * D, .total = total, .G = G, .grad_norm = ss.grad_norm,
                           .loss_scale = c->engine.precision == TDM_F16 ? ss.loss_scale : 0, .skipped = ss.skipped};
+      grad_record(s->engine, rec.grad, sizeof rec.grad);
       if (s->comm && !own) TDM__TRY(tdm_comm_iallreduce(s->comm, rec.stats, rec.stats, 4, TDM_F64, TDM_SUM, TDM_ALGO_AUTO, &rec.work));
       /* an axis split from the world speaks through the world's transport, which serves one
        * communicator at a time: the next step's collectives there must not meet this one */
