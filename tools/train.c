@@ -38,22 +38,24 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
   double rope_theta;
   const char *rope_scaling, *tie;
   double clip, max_time, bucket_mb;
-  int resume, no_overlap, allow_nonfinite;
+  int resume, no_overlap, allow_nonfinite, nesterov, sync_bn, flip;
+  int64_t lr_step, crop_pad;
+  double lr_gamma, label_smoothing;
   const char *prefetch, *compress, *zero_prefetch, *recompute, *precision, *schedule, *lr_schedule, *pp_split;
   const char *ps_mode, *ps_delay, *ps_log;
   int64_t ps_servers, staleness;
   double ls_init;
   int64_t ls_window;
   double lr, dropout, wd, momentum;
-  cli_opt opts[96] = {
-      {"model", CLI_CHOICE, &c->model, "mlp", "model to train", "mlp|cnn|gpt|llama", 0, 0, 0},
-      {"data", CLI_CHOICE, &c->data, "fashion-mnist", "data set (synthetic: generated, Fashion-MNIST's shape; tinyshakespeare for gpt, the default there)", "fashion-mnist|mnist|synthetic|tinyshakespeare", 0, 0, 0},
+  cli_opt opts[112] = {
+      {"model", CLI_CHOICE, &c->model, "mlp", "model to train", "mlp|cnn|gpt|llama|resnet", 0, 0, 0},
+      {"data", CLI_CHOICE, &c->data, "fashion-mnist", "data set (synthetic: generated, Fashion-MNIST's shape; cifar-bin: CIFAR-10's binary batches in --data-dir; tinyshakespeare for gpt, the default there)", "fashion-mnist|mnist|synthetic|cifar-bin|tinyshakespeare", 0, 0, 0},
       {"data-path", CLI_STRING, &c->data_path, "data/tinyshakespeare.txt", "gpt: the text file (bytes are the tokens)", NULL, 0, 0, 0},
-      {"config", CLI_CHOICE, &c->gpt_config, "mini", "gpt, llama: the architecture (mini: 4 layers, 4 heads, 256 wide, block 128, vocab 256; llama-mini the same size, 2 key/value heads; llama3.2-1B: Meta's 1.24 B; llama's default: llama-mini)", "mini|gpt2-124M|llama-mini|llama3.2-1B", 0, 0, 0},
+      {"config", CLI_CHOICE, &c->gpt_config, "mini", "gpt, llama: the architecture (mini: 4 layers, 4 heads, 256 wide, block 128, vocab 256; llama-mini the same size, 2 key/value heads; llama3.2-1B: Meta's 1.24 B; llama's default: llama-mini; resnet20 (the resnet default) or resnet18)", "mini|gpt2-124M|llama-mini|llama3.2-1B|resnet20|resnet18", 0, 0, 0},
       {"layers", CLI_INT, &layers, "0", "gpt, llama: transformer blocks (0: from --config)", NULL, 0, 1000, 0},
       {"heads", CLI_INT, &heads, "0", "gpt, llama: attention heads (0: from --config)", NULL, 0, 1000, 0},
       {"kv-heads", CLI_INT, &kv_heads, "0", "llama: key/value heads, dividing --heads (grouped-query attention; 0: from --config)", NULL, 0, 1000, 0},
-      {"width", CLI_INT, &width, "0", "gpt, llama: embedding width (0: from --config)", NULL, 0, 1e6, 0},
+      {"width", CLI_INT, &width, "0", "gpt, llama: embedding width; resnet: the first stage's channels (0: from --config)", NULL, 0, 1e6, 0},
       {"ffn-width", CLI_INT, &ffn_width, "0", "llama: SwiGLU hidden width (0: from --config)", NULL, 0, 1e7, 0},
       {"block", CLI_INT, &block, "0", "gpt, llama: context length (0: from --config)", NULL, 0, 1e7, 0},
       {"vocab", CLI_INT, &vocab, "0", "gpt, llama: vocabulary size (0: from --config)", NULL, 0, 1e7, 0},
@@ -89,7 +91,14 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
       {"weight-decay", CLI_FLOAT, &wd, "-1", "weight decay (-1: the optimizer's default, 0.01 for adamw, else 0)",
        NULL, -1, 10, 0},
       {"momentum", CLI_FLOAT, &momentum, "0", "SGD momentum", NULL, 0, 1, 0},
-      {"lr-schedule", CLI_CHOICE, &lr_schedule, "constant", "learning-rate schedule (gpt default: cosine to lr/10)", "constant|cosine", 0, 0, 0},
+      {"lr-schedule", CLI_CHOICE, &lr_schedule, "constant", "learning-rate schedule (gpt default: cosine to lr/10; resnet: cosine to 0; step: times --lr-gamma every --lr-step steps)", "constant|cosine|step", 0, 0, 0},
+      {"lr-step", CLI_INT, &lr_step, "0", "--lr-schedule step: steps between decays (0: a third of the run)", NULL, 0, 1e12, 0},
+      {"lr-gamma", CLI_FLOAT, &lr_gamma, "0.1", "--lr-schedule step: the factor at each decay", NULL, 1e-9, 1, 0},
+      {"nesterov", CLI_FLAG, &nesterov, NULL, "SGD: Nesterov momentum (needs --momentum > 0)", NULL, 0, 0, 0},
+      {"crop-pad", CLI_INT, &crop_pad, "0", "cnn, resnet: random crop of the image zero-padded by this many pixels (0: none), per (seed, epoch, sample)", NULL, 0, 64, 0},
+      {"flip", CLI_FLAG, &flip, NULL, "cnn, resnet: random horizontal flip, per (seed, epoch, sample)", NULL, 0, 0, 0},
+      {"label-smoothing", CLI_FLOAT, &label_smoothing, "0", "mlp, cnn, resnet: cross-entropy with label smoothing (PyTorch's label_smoothing)", NULL, 0, 0.999, 0},
+      {"sync-bn", CLI_FLAG, &sync_bn, NULL, "resnet: batch-norm statistics over all data-parallel ranks (SyncBatchNorm); one rank: no effect", NULL, 0, 0, 0},
       {"schedule", CLI_CHOICE, &schedule, "1f1b", "--pp: the pipeline schedule (constant or cosine: as --lr-schedule, kept for old scripts)", "gpipe|1f1b|interleaved|zb1p|constant|cosine", 0, 0, 0},
       {"dp", CLI_INT, &dp, "0", "data-parallel replicas of the process grid (0: the ranks left after --tp x --pp); --dp x --tp x --pp = the ranks", NULL, 0, 1 << 20, 0},
       {"pp", CLI_INT, &pp, "1", "pipeline stages: gpt's blocks cut over this many ranks (needs --model gpt)", NULL, 1, 4096, 0},
@@ -291,6 +300,18 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
   c->rope_scaling = !strcmp(rope_scaling, "auto") ? -1 : !strcmp(rope_scaling, "llama3");
   c->tie_embeddings = !strcmp(tie, "auto") ? -1 : !strcmp(tie, "on");
   c->warmup_steps = warmup;
+  c->crop_pad = (int)crop_pad, c->flip = flip, c->label_smoothing = label_smoothing;
+  c->nesterov = nesterov, c->sync_bn = sync_bn, c->lr_step_size = lr_step, c->lr_gamma = lr_gamma;
+  if (!strcmp(c->model, "resnet") && !cli_seen(opts, n, "config")) c->gpt_config = "resnet20";
+  if (!strcmp(c->model, "resnet") != (!strcmp(c->gpt_config, "resnet20") || !strcmp(c->gpt_config, "resnet18")) &&
+      cli_seen(opts, n, "config")) {
+    fprintf(stderr, "tandem %s: --config %s does not fit --model %s\n", cmd, c->gpt_config, c->model);
+    return 2;
+  }
+  if (nesterov && (strcmp(c->optimizer, "sgd") || !(momentum > 0))) {
+    fprintf(stderr, "tandem %s: --nesterov needs --optimizer sgd and --momentum > 0 (given %s, momentum %g)\n", cmd, c->optimizer, momentum);
+    return 2;
+  }
   c->max_time = max_time;
   c->val_every = val_every;
   c->val_batches = val_batches;

@@ -32,6 +32,7 @@ extern "C" {
 #endif
 
 typedef struct tdm_tape tdm_tape;
+struct tdm_comm; /* tandem/comm.h */
 
 /* ---- the tape ---------------------------------------------------------------------------- */
 tdm_status tdm_tape_create(tdm_tape **out, size_t arena_bytes);
@@ -150,6 +151,10 @@ tdm_tensor *tdm_log_softmax(tdm_tape *tp, tdm_tensor *x, int axis);
 /* Mean over rows of -log softmax(logits)[target]; logits (..., C), targets (...) i32/i64;
  * rows whose target is ignore_index do not count (PyTorch's default is -100). -> () */
 tdm_tensor *tdm_cross_entropy(tdm_tape *tp, tdm_tensor *logits, tdm_tensor *targets, int64_t ignore_index);
+/* As tdm_cross_entropy with label smoothing eps in [0, 1] (PyTorch's label_smoothing): each row's
+ * target is (1 - eps) one-hot + eps / C uniform. logits (N, C), targets (N). -> () */
+tdm_tensor *tdm_cross_entropy_smooth(tdm_tape *tp, tdm_tensor *logits, tdm_tensor *targets, int64_t ignore_index,
+                                     float eps);
 /* mean((a - b)^2) over all elements; a and b of one shape. -> () */
 tdm_tensor *tdm_mse(tdm_tape *tp, tdm_tensor *a, tdm_tensor *b);
 
@@ -189,6 +194,20 @@ tdm_tensor *tdm_avgpool2d(tdm_tape *tp, tdm_tensor *x, int k, int stride, int pa
 typedef tdm_tensor *(*tdm_checkpoint_fn)(tdm_tape *tp, tdm_tensor *x, const void *ctx);
 tdm_tensor *tdm_checkpoint(tdm_tape *tp, tdm_checkpoint_fn fn, const void *ctx, tdm_tensor *x, int n_params,
                            tdm_tensor *const *params);
+/* Batch normalization per channel of x (N, C, ...), as nn.BatchNorm2d: weight and bias (C);
+ * running_mean / running_var (C) f32 or both NULL (track_running_stats=False). When the tape is
+ * training, the batch's statistics normalise (biased variance) and the running ones are updated
+ * in place, r = (1 - momentum) r + momentum * batch (unbiased variance); fewer than 2 values per
+ * channel is PyTorch's error. Otherwise the running statistics normalise (the batch's when NULL).
+ * sync (a communicator, or NULL): in training, the statistics and in backward the gradient sums
+ * are all-reduced over its ranks in rank order (nn.SyncBatchNorm), so N ranks of batch b
+ * normalise as one process of batch N*b; the weight and bias gradients stay this rank's (data
+ * parallelism averages them). Every rank must call it in the same order; evaluation never
+ * communicates. PyTorch's defaults: momentum 0.1, eps 1e-5. */
+tdm_tensor *tdm_batchnorm(tdm_tape *tp, tdm_tensor *x, tdm_tensor *weight, tdm_tensor *bias, tdm_tensor *running_mean,
+                          tdm_tensor *running_var, float momentum, float eps, struct tdm_comm *sync);
+/* (N, C, H, W) -> (N, C): the mean over each channel's plane (nn.AdaptiveAvgPool2d(1) + flatten). */
+tdm_tensor *tdm_global_avgpool2d(tdm_tape *tp, tdm_tensor *x);
 
 /* Joins n tensors of equal shape but for axis. */
 tdm_tensor *tdm_concat(tdm_tape *tp, int n, tdm_tensor *const *xs, int axis);

@@ -53,6 +53,21 @@ int tdm_dataset_is_tokens(const tdm_dataset *ds);
 tdm_status tdm_dataset_open_tokens_u16(tdm_dataset **out, const char *path, int64_t T, int vocab);
 /* Token windows x (n, T) and targets y (n, T) of a token data set. */
 tdm_status tdm_dataset_tokens(const tdm_dataset *ds, const int64_t *idx, int64_t n, int32_t *x, int32_t *y);
+/* CIFAR-style binary batches in dir (CIFAR-10's binary version): records of a label byte and a
+ * channels x height x width image (channel-major, row by row); training reads data_batch_1.bin,
+ * data_batch_2.bin, ... as far as they go, test reads test_batch.bin. A file that is not a whole
+ * number of records, or a label >= classes, is TDM_ERR_FORMAT naming the file and the sizes. */
+tdm_status tdm_dataset_open_cifar(tdm_dataset **out, const char *dir, int train, int channels, int height, int width,
+                                  int classes);
+/* Augments images x (n, C, H, W) in place: a random crop of the image zero-padded by pad on every
+ * side (a shift of -pad..pad in each direction) and, with flip, a horizontal flip with probability
+ * 1/2 (applied to the crop), as torchvision's RandomCrop(H, padding=pad) + RandomHorizontalFlip.
+ * Image i's draw depends only on (seed, epoch, first + i): give first the position of the batch's
+ * first sample in the epoch's order (tdm_sampler_next's) and N ranks augment exactly as one
+ * process. scratch holds C*H*W floats. tdm_augment_draw gives the draw: shifts dy, dx, flipped. */
+tdm_status tdm_augment_images(float *x, int64_t n, int64_t C, int64_t H, int64_t W, int pad, int flip, uint64_t seed,
+                              int64_t epoch, int64_t first, float *scratch);
+void tdm_augment_draw(uint64_t seed, int64_t epoch, int64_t position, int pad, int flip, int *dy, int *dx, int *flipped);
 void tdm_dataset_destroy(tdm_dataset *ds);
 int64_t tdm_dataset_len(const tdm_dataset *ds);
 int tdm_dataset_num_classes(const tdm_dataset *ds);

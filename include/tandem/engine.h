@@ -156,6 +156,7 @@ typedef struct tdm_engine_config {
    * overflow (fp16 only). NULL: none. */
   int (*overflow_hook)(void *ctx, int64_t step);
   void *overflow_ctx;
+  float label_smoothing;  /* > 0: the classifiers' cross-entropy with label smoothing (training and evaluation) */
   tdm_engine_dp_config dp;
   tdm_engine_zero_config zero;
   tdm_engine_tp_config tp;

@@ -145,6 +145,28 @@ void tdm_k_conv2d_fwd(float *out, const float *x, const float *w, const float *b
 void tdm_k_conv2d_bwd(float *dx, float *dw, float *db, const float *dout, const float *x, const float *w, float *col,
                       const tdm_conv_shape *s);
 
+/* The same convolution on the whole batch: chunks of tdm_k_conv2d_chunk(s) images, each one
+ * im2col and one GEMM over all of its images' pixels (no per-image product). ws is scratch of
+ * tdm_k_conv2d_ws_floats(s) floats. Backward accumulates into dx, dw, db (NULL: not needed). */
+int64_t tdm_k_conv2d_chunk(const tdm_conv_shape *s);
+int64_t tdm_k_conv2d_ws_floats(const tdm_conv_shape *s);
+void tdm_k_conv2d_fwd_batched(float *out, const float *x, const float *w, const float *b, float *ws,
+                              const tdm_conv_shape *s);
+void tdm_k_conv2d_bwd_batched(float *dx, float *dw, float *db, const float *dout, const float *x, const float *w,
+                              float *ws, const tdm_conv_shape *s);
+
+/* Batch normalization over x (N, C, HW), per channel. sums: sum[c] and sumsq[c] of x (double,
+ * written). fwd: y = (x - mean) * rstd * w + b. bwd_sums: sdy[c] = sum dy, sdyx[c] = sum dy *
+ * xhat (written). bwd_dx: dx += w rstd (dy - (sdy + xhat sdyx) / M), with M the values per
+ * channel the statistics came from (M = 0: fixed statistics, dx += w rstd dy). */
+void tdm_k_bn_sums(const float *x, int64_t N, int64_t C, int64_t HW, double *sum, double *sumsq);
+void tdm_k_bn_fwd(float *y, const float *x, const float *w, const float *b, const float *mean, const float *rstd,
+                  int64_t N, int64_t C, int64_t HW);
+void tdm_k_bn_bwd_sums(const float *dy, const float *x, const float *mean, const float *rstd, int64_t N, int64_t C,
+                       int64_t HW, double *sdy, double *sdyx);
+void tdm_k_bn_bwd_dx(float *dx, const float *dy, const float *x, const float *w, const float *mean, const float *rstd,
+                     const double *sdy, const double *sdyx, double M, int64_t N, int64_t C, int64_t HW);
+
 /* Pooling over (N, C, H, W) with a K x K window; pad counts as -inf for max and as zeros for avg
  * (count_include_pad, as PyTorch's default). argmax (N, C, OH, OW) records the max's index. */
 void tdm_k_maxpool2d_fwd(float *out, int32_t *argmax, const float *x, int64_t N, int64_t C, int64_t H, int64_t W,

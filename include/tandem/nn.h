@@ -145,7 +145,7 @@ tdm_status tdm_llama_block_mod_init(tdm_llama_block_mod *m, tdm_params *p, const
 tdm_tensor *tdm_llama_block_mod_forward(tdm_tape *tp, const tdm_llama_block_mod *m, tdm_tensor *x); /* (B, T, C) */
 
 /* ---- models -------------------------------------------------------------------------------- */
-typedef enum { TDM_MODEL_MLP, TDM_MODEL_CNN, TDM_MODEL_GPT, TDM_MODEL_LLAMA, TDM_MODEL_KIND_COUNT } tdm_model_kind;
+typedef enum { TDM_MODEL_MLP, TDM_MODEL_CNN, TDM_MODEL_GPT, TDM_MODEL_LLAMA, TDM_MODEL_RESNET, TDM_MODEL_KIND_COUNT } tdm_model_kind;
 
 typedef struct tdm_model_config {
   tdm_model_kind kind;
@@ -164,6 +164,12 @@ typedef struct tdm_model_config {
   tdm_rope_config rope;
   float norm_eps;
   int tie_embeddings;
+  /* ResNet (src/nn/resnet.c), on (in_channels, height, width) images: a 3x3 stem conv of
+   * base_width channels, BN, ReLU; n_stages stages of stage_blocks[s] basic blocks of base_width
+   * << s channels (stride 2 entering every stage but the first, with a 1x1 conv + BN projection
+   * where the shape changes); global average pooling; a linear layer to n_classes. */
+  int n_stages;
+  int64_t stage_blocks[4], base_width;
 } tdm_model_config;
 
 tdm_model_config tdm_model_config_mlp(void); /* 784-512-256-10, dropout 0.3 */
@@ -180,6 +186,11 @@ tdm_status tdm_model_config_gpt(const char *name, const int64_t override[5], tdm
  * 1.24 B parameters); NULL: llama-mini. TDM_ERR_INVALID_ARG for another name. */
 tdm_status tdm_model_config_llama(const char *name, tdm_model_config *out);
 const char *tdm_model_kind_name(tdm_model_kind k);
+/* ResNet by name: "resnet20" (CIFAR-style: 3 stages of 3 blocks, width 16, 0.27 M parameters)
+ * or "resnet18" (4 stages of 2 blocks, width 64, with a 3x3 stride-1 stem and no max-pool, as
+ * adapted to small images); width > 0 overrides the base width. For 1x28x28 images and 10
+ * classes (the trainer sets them from the data). TDM_ERR_INVALID_ARG for another name. */
+tdm_status tdm_model_config_resnet(const char *name, int64_t width, tdm_model_config *out);
 
 typedef struct tdm_model tdm_model;
 tdm_status tdm_model_create(tdm_model **out, const tdm_model_config *cfg, uint64_t seed);
@@ -192,6 +203,10 @@ const tdm_model_config *tdm_model_get_config(const tdm_model *m);
 /* MLP: x (B, in_features) f32; CNN: x (B, C, H, W) f32; GPT and Llama: token ids (B, T) i32/i64,
  * T <= block_size. Returns logits (B, classes) or (B, T, vocab); NULL with the tape's error set. */
 tdm_tensor *tdm_model_forward(tdm_model *m, tdm_tape *tp, tdm_tensor *x);
+/* Batch norm synchronised over comm's ranks (nn.SyncBatchNorm; comm NULL or of one rank: per-rank
+ * statistics). The model keeps comm, which must outlive its use; every rank's forward and
+ * backward then take part in collectives on it, in the same order. */
+void tdm_model_set_bn_sync(tdm_model *m, struct tdm_comm *comm);
 
 /* A GPT's blocks [first, last) alone, as a pipeline stage runs them: with embed, x is the token
  * ids (B, T) and the embeddings come first, else x is the activations (B, T, C) f32; with head,

@@ -92,6 +92,16 @@ typedef struct tdm_train_config {
    * per optimizer step), clipping of the global gradient norm (engine.clip, 0: off), gradient
    * buckets, overlap and wire dtype (engine.dp), sharding (engine.zero). */
   tdm_engine_config engine;
+  /* resnet: gpt_config names it ("resnet20" or "resnet18"; "mini": resnet20) and n_embd > 0 its
+   * base width; sync_bn: batch statistics over the data-parallel ranks (nn.SyncBatchNorm; one
+   * rank: no-op); without it each rank normalises with its own batch's statistics, so N ranks
+   * then differ from one process of the N-times batch (and so may their running statistics). */
+  int sync_bn;
+  int nesterov;           /* SGD: Nesterov momentum */
+  int64_t lr_step_size;   /* lr_schedule "step": multiply by lr_gamma every this many steps (0: a third of the run) */
+  double lr_gamma;        /* 0: 0.1 */
+  double label_smoothing; /* classifiers: cross-entropy with label smoothing (0: none) */
+  int crop_pad, flip;     /* images: random crop with this zero padding (0: none), random horizontal flip (tandem/data.h) */
   /* The process grid: data-parallel replicas (0: the world over tensor x pipeline), tensor-parallel
    * ranks splitting the model (gpt; engine.kind TDM_ENGINE_TP when > 1) and pipeline stages
    * (engine.kind TDM_ENGINE_PIPELINE when > 1); 0 or 1: no such axis. Their product is the world

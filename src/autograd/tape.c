@@ -27,6 +27,7 @@ tdm_status tdm_tape_create(tdm_tape **out, size_t arena_bytes) {
 void tdm_tape_destroy(tdm_tape *tp) {
   if (!tp) return;
   tdm_arena_destroy(tp->arena);
+  tdm__free(tp->ws);
   tdm__free(tp->nodes);
   tdm__free(tp->leaves);
   tdm__free(tp);
@@ -131,6 +132,22 @@ void *tdm__scratch(tdm_tape *tp, size_t bytes) {
   void *p = tdm_arena_alloc(tp->arena, bytes);
   if (!p) tdm__fail(tp, TDM_ERR_NO_MEMORY, "tape: out of memory allocating %zu bytes", bytes);
   return p;
+}
+
+void *tdm__workspace(tdm_tape *tp, size_t bytes) {
+  if (bytes > tp->ws_cap) {
+    tdm__free(tp->ws);
+    tp->ws_cap = 0;
+    tdm_mem_category scope = tdm__mem_scope(TDM_MEM_WORKSPACE);
+    tp->ws = tdm__aligned_alloc(bytes);
+    tdm__mem_scope(scope);
+    if (!tp->ws) {
+      tdm__fail(tp, TDM_ERR_NO_MEMORY, "tape: out of memory allocating a %zu-byte workspace", bytes);
+      return NULL;
+    }
+    tp->ws_cap = bytes;
+  }
+  return tp->ws;
 }
 
 tdm_tensor *tdm__out(tdm_tape *tp, tdm_dtype dt, int ndim, const int64_t *shape) {

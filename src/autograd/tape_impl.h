@@ -46,6 +46,8 @@ struct tdm_tape {
   int grad_phase; /* 0: every gradient; 1: all but the parameters'; 2: only the parameters' (tdm_backward_inputs / _params) */
   tdm_status status;
   char error[512];
+  void *ws; /* tdm__workspace's buffer (kept across resets) */
+  size_t ws_cap;
 };
 
 /* Records the first error on the tape and returns NULL. */
@@ -58,6 +60,10 @@ int tdm__check_f32(tdm_tape *tp, const char *op, const char *what, const tdm_ten
 /* Arena tensor, contiguous, uninitialised (zeroed with tdm__out_zero). */
 tdm_tensor *tdm__out(tdm_tape *tp, tdm_dtype dt, int ndim, const int64_t *shape);
 void *tdm__scratch(tdm_tape *tp, size_t bytes);
+/* A buffer of at least bytes that stays the tape's across resets: valid until the next call (an
+ * op's temporary, used and done within one forward or backward call). Grows only when a larger
+ * one is asked for, so a steady-state step allocates nothing. */
+void *tdm__workspace(tdm_tape *tp, size_t bytes);
 /* If grad is on and an input requires grad: records a node producing out and returns it. */
 tdm_node *tdm__record(tdm_tape *tp, const char *op, tdm__backward_fn bw, tdm_tensor *out, int n,
                       tdm_tensor *const *ins);

@@ -6,8 +6,9 @@
 #include "core/internal.h"
 #include "nn/model_impl.h"
 #include "autograd/tape_impl.h"
+#include "tandem/comm.h"
 
-static const char *kind_names[] = {"mlp", "cnn", "gpt", "llama"};
+static const char *kind_names[] = {"mlp", "cnn", "gpt", "llama", "resnet"};
 _Static_assert(sizeof kind_names / sizeof kind_names[0] == TDM_MODEL_KIND_COUNT, "one name per model kind");
 
 const char *tdm_model_kind_name(tdm_model_kind k) {
@@ -102,6 +103,8 @@ static tdm_status check_config(const tdm_model_config *c) {
     return TDM_OK;
   case TDM_MODEL_LLAMA:
     return tdm__llama_check(c);
+  case TDM_MODEL_RESNET:
+    return tdm__resnet_check(c);
   default:
     return tdm__set_error(TDM_ERR_INVALID_ARG, "model: unknown kind %d", (int)c->kind);
   }
@@ -144,6 +147,8 @@ static tdm_status build(tdm_model *m) {
   }
   case TDM_MODEL_LLAMA:
     return tdm__llama_build(m);
+  case TDM_MODEL_RESNET:
+    return tdm__resnet_build(m);
   default:
     return tdm__set_error(TDM_ERR_INTERNAL, "model: unknown kind");
   }
@@ -175,11 +180,13 @@ void tdm_model_destroy(tdm_model *m) {
   tdm_params_destroy(m->params);
   tdm__free(m->blocks);
   tdm__free(m->lblocks);
+  tdm__resnet_free(m);
   tdm__free(m);
 }
 
 tdm_params *tdm_model_params(const tdm_model *m) { return m->params; }
 const tdm_model_config *tdm_model_get_config(const tdm_model *m) { return &m->cfg; }
+void tdm_model_set_bn_sync(tdm_model *m, struct tdm_comm *comm) { m->bn_sync = comm && tdm_comm_size(comm) > 1 ? comm : NULL; }
 
 /* A GPT block as tdm_checkpoint runs it (activation recomputation: the tape says when). */
 static tdm_tensor *gpt_block_fn(tdm_tape *tp, tdm_tensor *x, const void *ctx) { return tdm_block_mod_forward(tp, ctx, x); }
@@ -229,6 +236,8 @@ tdm_tensor *tdm_model_forward(tdm_model *m, tdm_tape *tp, tdm_tensor *x) {
     if (x->ndim != 2 || (x->dtype != TDM_I32 && x->dtype != TDM_I64) || x->shape[1] > c->block_size || x->shape[1] < 1)
       return input_error(tp, "llama", x, "(batch, T) i32/i64 token ids with 1 <= T <= block_size");
     return tdm__llama_forward(m, tp, x);
+  case TDM_MODEL_RESNET:
+    return tdm__resnet_forward(m, tp, x);
   default:
     return NULL;
   }

@@ -245,11 +245,13 @@ int tdm_engine_pieces(const tdm_engine *e, const tdm_engine_piece **pieces) {
 
 /* ---- the step: zero_grad, forward, backward, update ------------------------------------------ */
 
-/* forward: the model, then the mean cross-entropy, and the accuracy (or the engine's own). */
+/* forward: the model, then the mean cross-entropy (label-smoothed when asked), and the accuracy
+ * (or the engine's own). */
 static tdm_tensor *forward(tdm_engine *e, tdm_tensor *x, tdm_tensor *y, tdm_step_stats *st) {
   if (e->ops->loss) return e->ops->loss(e, x, y, st);
   tdm_tensor *logits = tdm_model_forward(e->model, e->tape, x);
-  tdm_tensor *loss = tdm_cross_entropy(e->tape, logits, y, -100);
+  tdm_tensor *loss = e->cfg.label_smoothing > 0 ? tdm_cross_entropy_smooth(e->tape, logits, y, -100, e->cfg.label_smoothing)
+                                                : tdm_cross_entropy(e->tape, logits, y, -100);
   if (loss) tdm__engine_count_correct(logits, y, &st->correct, &st->rows);
   return loss;
 }

@@ -70,7 +70,7 @@ static int input_shape(const tdm_model_config *mc, int64_t n, int64_t per, int64
     xs[0] = n, xs[1] = per;
     return 2;
   }
-  if (mc->kind == TDM_MODEL_CNN) {
+  if (mc->kind == TDM_MODEL_CNN || mc->kind == TDM_MODEL_RESNET) {
     xs[0] = n, xs[1] = mc->in_channels, xs[2] = mc->height, xs[3] = mc->width;
     return 4;
   }
@@ -120,10 +120,11 @@ static tdm_status evaluate(tdm_engine *e, const tdm_dataset *ds, int64_t eb, int
 }
 
 static tdm_status parse_kinds(const tdm_train_config *c, tdm_model_kind *mk, tdm_optim_kind *ok) {
-  if (!c->model || (strcmp(c->model, "mlp") && strcmp(c->model, "cnn") && strcmp(c->model, "gpt") && strcmp(c->model, "llama")))
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: model '%s'; expected mlp, cnn, gpt or llama", c->model ? c->model : "(null)");
+  if (!c->model || (strcmp(c->model, "mlp") && strcmp(c->model, "cnn") && strcmp(c->model, "gpt") && strcmp(c->model, "llama") &&
+                    strcmp(c->model, "resnet")))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: model '%s'; expected mlp, cnn, gpt, llama or resnet", c->model ? c->model : "(null)");
   *mk = !strcmp(c->model, "mlp") ? TDM_MODEL_MLP : !strcmp(c->model, "cnn") ? TDM_MODEL_CNN
-      : !strcmp(c->model, "gpt") ? TDM_MODEL_GPT : TDM_MODEL_LLAMA;
+      : !strcmp(c->model, "gpt") ? TDM_MODEL_GPT : !strcmp(c->model, "resnet") ? TDM_MODEL_RESNET : TDM_MODEL_LLAMA;
   int text = c->data && !strcmp(c->data, "tinyshakespeare");
   if (is_lm(*mk) != text)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "train: model %s with data %s; the gpt model trains on tinyshakespeare (as does llama), the others on image data",
@@ -134,10 +135,22 @@ static tdm_status parse_kinds(const tdm_train_config *c, tdm_model_kind *mk, tdm
   else if (!strcmp(c->optimizer, "adamw")) *ok = TDM_OPT_ADAMW;
   else return tdm__set_error(TDM_ERR_INVALID_ARG, "train: optimizer '%s'; expected sgd, adam or adamw", c->optimizer);
   if (!c->data || (strcmp(c->data, "fashion-mnist") && strcmp(c->data, "mnist") && strcmp(c->data, "synthetic") &&
-                   strcmp(c->data, "tinyshakespeare")))
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: data set '%s'; expected fashion-mnist, mnist, synthetic or tinyshakespeare",
+                   strcmp(c->data, "tinyshakespeare") && strcmp(c->data, "cifar-bin")))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: data set '%s'; expected fashion-mnist, mnist, synthetic, cifar-bin or tinyshakespeare",
                           c->data ? c->data : "(null)");
   const tdm_engine_config *e = &c->engine;
+  if (*mk == TDM_MODEL_RESNET && e->kind == TDM_ENGINE_ZERO && e->zero.stage == 3)
+    return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "train: resnet with --zero 3: batch norm writes its running statistics "
+                                                 "into the parameters in forward, which stage 3 does not hold; use --zero 0, 1 or 2");
+  if (*mk == TDM_MODEL_RESNET && e->kind == TDM_ENGINE_PS)
+    return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "train: resnet with --ps-servers: batch norm writes its running statistics "
+                                                 "into the parameters in forward, and each pull from the servers would overwrite "
+                                                 "them; use data parallelism (--zero 0, 1 or 2)");
+  if ((c->crop_pad > 0 || c->flip) && (*mk == TDM_MODEL_MLP || *mk == TDM_MODEL_GPT))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --crop-pad %d / --flip with model %s: augmentation needs image inputs (cnn, resnet)",
+                          c->crop_pad, c->model);
+  if (c->sync_bn && *mk != TDM_MODEL_RESNET)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --sync-bn with model %s, which has no batch norm; it applies to resnet", c->model);
   if ((unsigned)e->kind >= TDM_ENGINE_KIND_COUNT || (e->kind == TDM_ENGINE_ZERO && (e->zero.stage < 1 || e->zero.stage > 3)))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "train: parallelism %s stage %d; expected dp, or zero with stage 1, 2 or 3",
                           tdm_engine_kind_name(e->kind), e->zero.stage);
@@ -375,6 +388,12 @@ static int run_identity(tdm__run_identity *id, const tdm_train_config *c, const 
     tdm__identity_add(id, "block_size", "block_size", NULL, "%lld", (long long)mc->block_size);
     tdm__identity_add(id, "vocab_size", "vocab_size", NULL, "%lld", (long long)mc->vocab_size);
   }
+  if (mc->kind == TDM_MODEL_RESNET) {
+    tdm__identity_add(id, "n_stages", "n_stages", NULL, "%d", mc->n_stages);
+    tdm__identity_add(id, "stage_blocks", "stage_blocks", NULL, "%lld,%lld,%lld,%lld", (long long)mc->stage_blocks[0],
+                      (long long)mc->stage_blocks[1], (long long)mc->stage_blocks[2], (long long)mc->stage_blocks[3]);
+    tdm__identity_add(id, "base_width", "base_width", NULL, "%lld", (long long)mc->base_width);
+  }
   int n_arch = id->n;
   tdm__identity_add(id, "tandem.optimizer", "optimizer", NULL, "%s", c->optimizer);
   tdm__identity_add(id, "tandem.global_batch", "global batch (ranks x batch size x accumulation)", "batch", "%lld", (long long)G);
@@ -405,6 +424,8 @@ typedef struct {
   tdm_sampler *sampler;
   const tdm_model_config *mc;
   int64_t per; /* features, or tokens, per sample */
+  int crop_pad, flip;
+  uint64_t seed;
 } batch_src;
 
 static tdm_status next_batch(void *ctx, tdm_tape *tp, int64_t micro, tdm_tensor **x, tdm_tensor **y, int64_t *base) {
@@ -412,12 +433,18 @@ static tdm_status next_batch(void *ctx, tdm_tape *tp, int64_t micro, tdm_tensor 
   batch_src *b = ctx;
   const float *bx;
   const int32_t *by;
-  int64_t n;
+  int64_t n, epoch = tdm_sampler_epoch(b->sampler);
   TDM__TRY(tdm_sampler_next(b->sampler, &bx, &by, &n, base));
   int64_t xs[4], ys[2] = {n, b->per};
   int nd = input_shape(b->mc, n, b->per, xs), tokens = is_lm(b->mc->kind);
   *x = tdm_from_data(tp, tokens ? TDM_I32 : TDM_F32, nd, xs, bx);
   *y = tdm_from_data(tp, TDM_I32, tokens ? 2 : 1, ys, by);
+  if (*x && (b->crop_pad > 0 || b->flip) && nd == 4) { /* keyed by the sample's position: N ranks == 1 process */
+    tdm_tensor *scratch = tdm_new(tp, TDM_F32, 3, xs + 1);
+    if (scratch)
+      TDM__TRY(tdm_augment_images(tdm_tensor_data(*x), n, xs[1], xs[2], xs[3], b->crop_pad, b->flip, b->seed, epoch, *base,
+                                  tdm_tensor_data(scratch)));
+  }
   return *x && *y ? TDM_OK : tdm__set_error(tdm_tape_status(tp), "%s", tdm_tape_error(tp));
 }
 
@@ -505,6 +532,8 @@ static tdm_status prepare(const tdm_train_config *c, int W, int D, int R, int P,
       return tdm__set_error(TDM_ERR_INVALID_ARG, "train: vocabulary %lld is smaller than the 256 byte tokens of the text",
                             (long long)mc.vocab_size);
   }
+  if (mk == TDM_MODEL_RESNET) /* --config and --width name the architecture; the data set gives the rest */
+    TDM__TRY(tdm_model_config_resnet(c->gpt_config && strcmp(c->gpt_config, "mini") ? c->gpt_config : "resnet20", c->n_embd, &mc));
   int64_t T = c->seq_len > 0 ? c->seq_len : mc.block_size;
   if (is_lm(mk) && (T < 1 || T > mc.block_size))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --seq-len %lld; expected 1..block size %lld", (long long)T,
@@ -519,6 +548,9 @@ static tdm_status prepare(const tdm_train_config *c, int W, int D, int R, int P,
     int64_t shp[3] = {1, 28, 28};
     st = tdm_dataset_open_synthetic(&s->train, 60000, 3, shp, 10, 0x5eed, 0);
     if (st == TDM_OK) st = tdm_dataset_open_synthetic(&s->test, 10000, 3, shp, 10, 0x5eed, 1ull << 40);
+  } else if (!strcmp(c->data, "cifar-bin")) { /* CIFAR-10's binary batches in --data-dir */
+    st = tdm_dataset_open_cifar(&s->train, c->data_dir, 1, 3, 32, 32, 10);
+    if (st == TDM_OK) st = tdm_dataset_open_cifar(&s->test, c->data_dir, 0, 3, 32, 32, 10);
   } else {
     st = tdm_dataset_open_idx(&s->train, c->data_dir, 1);
     if (st == TDM_OK) st = tdm_dataset_open_idx(&s->test, c->data_dir, 0);
@@ -534,7 +566,7 @@ static tdm_status prepare(const tdm_train_config *c, int W, int D, int R, int P,
   mc.n_classes = tdm_dataset_num_classes(s->train);
   if (mk == TDM_MODEL_MLP) {
     mc.in_features = tdm_dataset_sample_numel(s->train);
-  } else if (mk == TDM_MODEL_CNN) {
+  } else if (mk == TDM_MODEL_CNN || mk == TDM_MODEL_RESNET) {
     mc.in_channels = shape[0];
     mc.height = shape[1];
     mc.width = shape[2];
@@ -543,9 +575,14 @@ static tdm_status prepare(const tdm_train_config *c, int W, int D, int R, int P,
   oc.lr = (float)c->lr;
   if (c->weight_decay >= 0) oc.weight_decay = (float)c->weight_decay;
   oc.momentum = (float)c->momentum;
-  oc.decay_matrices_only = c->decay_matrices_only;
+  oc.decay_matrices_only = c->decay_matrices_only || mk == TDM_MODEL_RESNET; /* never BN, biases or running statistics */
+  oc.nesterov = c->nesterov;
   tdm_engine_config ec = c->engine;
   ec.allow_nonfinite = c->allow_nonfinite;
+  if (c->label_smoothing > 0 && (mk == TDM_MODEL_GPT || !(c->label_smoothing < 1)))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --label-smoothing %g with model %s; expected 0 <= eps < 1, for the image classifiers",
+                          c->label_smoothing, c->model);
+  ec.label_smoothing = (float)c->label_smoothing;
   int64_t K = ec.accum > 1 ? ec.accum : 1;
   int64_t N = tdm_dataset_len(s->train), B = c->batch_size;
   tdm_last_batch last = TDM_LAST_PARTIAL; /* one process: keep the smaller last batch, as DataLoader */
@@ -700,12 +737,17 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   pp.ec.ps.world = s->ps_world;
   TDM__TRY(tdm_engine_create(&s->engine, &mc, c->seed, &pp.oc, s->grid, &pp.ec));
   tdm_params *params = tdm_model_params(tdm_engine_model(s->engine));
+  if (c->sync_bn) tdm_model_set_bn_sync(tdm_engine_model(s->engine), tdm_grid_comm(s->grid, TDM_AXIS_DATA)); /* one rank: no-op */
   if (c->init_weights) TDM__TRY(tdm_engine_load_weights(s->engine, c->init_weights));
   int64_t steps_per_epoch = tdm_sampler_steps_per_epoch(s->sampler);
   int64_t total = c->steps > 0 ? c->steps : c->epochs * steps_per_epoch;
   s->tokens_per_sample = is_lm(mk) ? T : 0;
-  tdm_lr_schedule sched = {c->lr_schedule && !strcmp(c->lr_schedule, "cosine") ? TDM_LR_COSINE : TDM_LR_CONSTANT,
-                           (float)c->lr, c->warmup_steps, total, (float)c->lr / 10, 0, 0};
+  tdm_lr_schedule sched = {c->lr_schedule && !strcmp(c->lr_schedule, "cosine") ? TDM_LR_COSINE
+                           : c->lr_schedule && !strcmp(c->lr_schedule, "step") ? TDM_LR_STEP : TDM_LR_CONSTANT,
+                           (float)c->lr, c->warmup_steps, total, (float)c->lr / 10, c->lr_step_size, (float)c->lr_gamma};
+  if (mk == TDM_MODEL_RESNET && sched.kind == TDM_LR_COSINE) sched.min_lr = 0; /* as CosineAnnealingLR's default */
+  if (sched.kind == TDM_LR_STEP && sched.step_size <= 0) sched.step_size = total / 3 > 0 ? total / 3 : 1;
+  if (sched.kind == TDM_LR_STEP && !(sched.gamma > 0)) sched.gamma = 0.1f;
   if (pr.f)
     fprintf(pr.f, "tandem train: %s on %s (%lld train / %lld test samples), %lld parameters, %s lr %g, batch %lld x %d data rank%s%s, %d thread%s per rank, %s%s%s\n",
             c->model, c->data, (long long)N, (long long)tdm_dataset_len(s->test), (long long)tdm_params_numel(params),
@@ -739,7 +781,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   int64_t epoch, offset;
   tdm_sampler_locate(s->sampler, step, &epoch, &offset);
   step_record rec = {0};
-  batch_src bs = {s->sampler, &mc, per};
+  batch_src bs = {s->sampler, &mc, per, c->crop_pad, c->flip, c->seed};
   tdm_mem_peak_reset(); /* the peaks from here on are the training's */
   while (step < total) {
     TDM__TRY(tdm_sampler_seek(s->sampler, step));

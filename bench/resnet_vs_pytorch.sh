@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# tandem vs PyTorch 1.13: the training step of resnet20 (width 16) and of the small CNN on 1x28x28
+# images, batch 128, at 1 and 2 threads. Both sides run in turn, REPS times; medians and their
+# ratio, and the share of the machine's FMA peak (cores used x GHz x 32 flop/cycle: AVX2, two FMA
+# units of 8 floats) and of the measured single-core sgemm rate that the step reaches, counting the
+# step's flop as PyTorch's hooks count them (bench/resnet_pytorch.py: forward, input and weight
+# gradients of every conv and linear layer).
+#
+#   bench/resnet_vs_pytorch.sh [REPS=3] [STEPS=8]
+#
+# tandem trains on a generated IDX set of Fashion-MNIST's shape (1280 training images, 10 test
+# images, so the closing evaluation costs nothing); samples/s from its per-step metrics after 2
+# warm-up steps. PyTorch runs the same step on one fixed batch.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPS=${1:-3}
+STEPS=${2:-8}
+make build >/dev/null
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+PY=/usr/bin/python3
+$PY - "$TMP" <<'PYEOF'
+import random, struct, sys
+random.seed(1)
+def idx(path, dims, data):
+    with open(path, "wb") as f:
+        f.write(struct.pack(">HBB", 0, 8, len(dims)) + b"".join(struct.pack(">I", d) for d in dims) + bytes(data))
+for pre, n in (("train", 1280), ("t10k", 10)):
+    idx(f"{sys.argv[1]}/{pre}-images-idx3-ubyte", (n, 28, 28), (random.randrange(256) for _ in range(n * 784)))
+    idx(f"{sys.argv[1]}/{pre}-labels-idx1-ubyte", (n,), (i % 10 for i in range(n)))
+PYEOF
+WARM=2
+tandem_sps() { # model threads
+  ./build/tandem train --model "$1" --data-dir "$TMP" --steps $((STEPS + WARM)) --batch-size 128 --threads "$2" \
+    --optimizer sgd --momentum 0.9 --lr 0.05 --prefetch off --metrics "$TMP/m.jsonl" >/dev/null 2>&1
+  $PY - "$TMP/m.jsonl" <<'PYEOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"step_time_ms"' in l][2:]
+print(len(rows) * 128 / (sum(r["step_time_ms"] for r in rows) / 1e3))
+PYEOF
+}
+torch_sps() { # model threads
+  $PY bench/resnet_pytorch.py --model "$1" --batch 128 --threads "$2" --steps "$STEPS" --warmup $WARM >"$TMP/p.json"
+  $PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["samples_per_sec"])' "$TMP/p.json"
+}
+FLOP_resnet=$($PY bench/resnet_pytorch.py --model resnet --steps 1 --warmup 0 --batch 2 | $PY -c 'import json,sys; print(json.load(sys.stdin)["flop_per_sample"])')
+FLOP_cnn=$($PY bench/resnet_pytorch.py --model cnn --steps 1 --warmup 0 --batch 2 | $PY -c 'import json,sys; print(json.load(sys.stdin)["flop_per_sample"])')
+for r in $(seq 1 "$REPS"); do
+  for m in resnet cnn; do
+    for t in 1 2; do
+      tandem_sps $m $t >>"$TMP/t.$m.$t"
+      torch_sps $m $t >>"$TMP/p.$m.$t"
+    done
+  done
+  echo "rep $r/$REPS done" >&2
+done
+GHZ=$(awk -F: '/cpu MHz/ { print $2 / 1000; exit }' /proc/cpuinfo)
+SGEMM=$(./build/bench/sgemm_peak | $PY -c 'import json,sys; print(json.load(sys.stdin)["sgemm_gflops"])')
+median() { sort -g "$1" | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
+printf "\nTraining step, batch 128, medians of %s runs of %s steps (samples/s); load average: %s\n" "$REPS" "$STEPS" "$(cut -d' ' -f1-3 /proc/loadavg)"
+printf "%7s %7s %10s %10s %7s %12s %12s\n" model threads tandem pytorch ratio "% FMA peak" "% sgemm"
+for m in resnet cnn; do
+  for t in 1 2; do
+    f=FLOP_$m
+    awk -v m=$m -v th=$t -v a="$(median "$TMP/t.$m.$t")" -v b="$(median "$TMP/p.$m.$t")" -v f="${!f}" -v g="$GHZ" -v s="$SGEMM" 'BEGIN {
+      printf "%7s %7d %10.0f %10.0f %6.2fx %11.1f%% %11.1f%%\n", m, th, a, b, a / b, 100 * a * f / (th * g * 32e9), 100 * a * f / (th * s * 1e9) }'
+  done
+done
+echo "(flop per sample: resnet20 $FLOP_resnet, cnn $FLOP_cnn; FMA peak: $GHZ GHz x 32 flop/cycle per core; sgemm: $SGEMM GFLOP/s on one core; ratio = tandem / PyTorch)"

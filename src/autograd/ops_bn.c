@@ -1,0 +1,131 @@
+/* Batch normalization (nn.BatchNorm2d / nn.SyncBatchNorm) and global average pooling.
+ *
+ * Training: the statistics are the batch's, per channel, formed from double sums; with a
+ * communicator the sums (and, in backward, the sums of dy and dy * xhat) are all-reduced in rank
+ * order first, so N ranks normalise with the statistics of the N-times batch. Evaluation uses the
+ * running statistics and never communicates (pytorch/pytorch#48988). */
+#include <math.h>
+#include <string.h>
+
+#include "autograd/tape_impl.h"
+#include "tandem/comm.h"
+#include "tandem/kernels.h"
+
+/* i: [0] N, [1] C, [2] HW, [3] batch statistics?; f: none; saved: [0] mean, [1] rstd, [2] comm;
+ * the values per channel M (global with a communicator) in a double after mean/rstd */
+static void bn_bw(tdm_tape *tp, tdm_node *n) {
+  tdm_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
+  int64_t N = n->i[0], C = n->i[1], HW = n->i[2];
+  const float *mean = n->saved[0], *rstd = n->saved[1];
+  tdm_comm_t comm = n->saved[2];
+  const float *dy = n->out->grad->data;
+  double *sums = tdm__scratch(tp, sizeof(double) * (size_t)(2 * C + 1));
+  if (!sums) return;
+  tdm_k_bn_bwd_sums(dy, x->data, mean, rstd, N, C, HW, sums, sums + C);
+  float *gw = tdm__grad(tp, w), *gb = tdm__grad(tp, b);
+  for (int64_t c = 0; c < C; c++) { /* the parameters' gradients: this rank's share, as SyncBatchNorm */
+    if (gw) gw[c] += (float)sums[C + c];
+    if (gb) gb[c] += (float)sums[c];
+  }
+  float *gx = tdm__grad(tp, x);
+  double M = 0;
+  if (n->i[3]) {
+    memcpy(&M, (const char *)n->saved[1] + sizeof(float) * (size_t)C, sizeof M);
+    if (comm) { /* every rank reaches this node in the same order: the collective matches */
+      tdm_status st = tdm_comm_allreduce(comm, sums, sums, (size_t)(2 * C), TDM_F64, TDM_SUM, tdm_comm_rank_order_algo(comm));
+      if (st != TDM_OK) {
+        tdm__fail(tp, st, "batchnorm backward: all-reducing the gradient sums of %lld channels: %s", (long long)C,
+                  tdm_last_error());
+        return;
+      }
+    }
+  }
+  if (gx) tdm_k_bn_bwd_dx(gx, dy, x->data, w->data, mean, rstd, sums, sums + C, M, N, C, HW);
+}
+
+tdm_tensor *tdm_batchnorm(tdm_tape *tp, tdm_tensor *x, tdm_tensor *w, tdm_tensor *b, tdm_tensor *running_mean,
+                          tdm_tensor *running_var, float momentum, float eps, tdm_comm_t sync) {
+  tdm_tensor *in[3] = {x, w, b};
+  if (!tdm__inputs_ok(tp, "batchnorm", 3, in)) return NULL;
+  for (int k = 0; k < 3; k++)
+    if (!tdm__check_f32(tp, "batchnorm", k == 0 ? "input" : k == 1 ? "weight" : "bias", in[k])) return NULL;
+  if (x->ndim < 2 || x->ndim > 4)
+    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "batchnorm: input %s; expected (N, C), (N, C, L) or (N, C, H, W)", tdm__shp(x));
+  int64_t N = x->shape[0], C = x->shape[1], HW = 1;
+  for (int d = 2; d < x->ndim; d++) HW *= x->shape[d];
+  if (w->ndim != 1 || b->ndim != 1 || w->shape[0] != C || b->shape[0] != C)
+    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "batchnorm: weight %s and bias %s for input %s; expected (%lld) each",
+                     tdm__shp(w), tdm__shp(b), tdm__shp(x), (long long)C);
+  if ((running_mean == NULL) != (running_var == NULL))
+    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "batchnorm: a running mean without a running variance, or the reverse; expected both or neither");
+  for (int k = 0; running_mean && k < 2; k++) {
+    tdm_tensor *r = k ? running_var : running_mean;
+    if (r->dtype != TDM_F32 || r->ndim != 1 || r->shape[0] != C || !tdm_tensor_is_contiguous(r))
+      return tdm__fail(tp, TDM_ERR_INVALID_ARG, "batchnorm: running %s %s %s; expected (%lld) f32, contiguous",
+                       k ? "variance" : "mean", tdm__shp(r), tdm_dtype_name(r->dtype), (long long)C);
+  }
+  if (!(eps > 0.0f) || !(momentum >= 0.0f && momentum <= 1.0f))
+    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "batchnorm: eps %g, momentum %g; expected eps > 0 and 0 <= momentum <= 1",
+                     (double)eps, (double)momentum);
+  x = tdm__contig(tp, x);
+  tdm_tensor *y = x ? tdm__out(tp, TDM_F32, x->ndim, x->shape) : NULL;
+  /* mean (C) and rstd (C), then the values per channel M as a double */
+  float *st = y ? tdm__scratch(tp, sizeof(float) * (size_t)(2 * C) + sizeof(double)) : NULL;
+  double *sums = st ? tdm__scratch(tp, sizeof(double) * (size_t)(2 * C + 1)) : NULL;
+  if (!sums) return NULL;
+  float *mean = st, *rstd = st + C;
+  int batch_stats = tp->training || !running_mean;
+  double M = 0;
+  if (batch_stats) {
+    tdm_k_bn_sums(x->data, N, C, HW, sums, sums + C);
+    sums[2 * C] = (double)(N * HW);
+    if (sync && tp->training) {
+      tdm_status s = tdm_comm_allreduce(sync, sums, sums, (size_t)(2 * C + 1), TDM_F64, TDM_SUM, tdm_comm_rank_order_algo(sync));
+      if (s != TDM_OK)
+        return tdm__fail(tp, s, "batchnorm: all-reducing the statistics of %lld channels over %d ranks: %s", (long long)C,
+                         tdm_comm_size(sync), tdm_last_error());
+    }
+    M = sums[2 * C];
+    if (tp->training && M <= 1) /* PyTorch's check, on the values every rank normalises together */
+      return tdm__fail(tp, TDM_ERR_INVALID_ARG,
+                       "batchnorm: expected more than 1 value per channel when training, got input size %s (%.0f value%s per "
+                       "channel%s): use a batch of at least 2, or evaluation mode",
+                       tdm__shp(x), M, M == 1 ? "" : "s", sync ? " over all ranks" : "");
+    for (int64_t c = 0; c < C; c++) {
+      double m = M > 0 ? sums[c] / M : 0.0, v = M > 0 ? sums[C + c] / M - m * m : 0.0;
+      if (v < 0) v = 0;
+      mean[c] = (float)m;
+      rstd[c] = (float)(1.0 / sqrt(v + (double)eps));
+      if (tp->training && running_mean) { /* PyTorch: the unbiased variance goes into the running one */
+        float *rm = running_mean->data, *rv = running_var->data;
+        rm[c] = (1.0f - momentum) * rm[c] + momentum * (float)m;
+        rv[c] = (1.0f - momentum) * rv[c] + momentum * (float)(v * M / (M - 1));
+      }
+    }
+  } else {
+    const float *rm = running_mean->data, *rv = running_var->data;
+    for (int64_t c = 0; c < C; c++) {
+      mean[c] = rm[c];
+      rstd[c] = (float)(1.0 / sqrt((double)rv[c] + (double)eps));
+    }
+  }
+  memcpy(st + 2 * C, &M, sizeof M);
+  tdm_k_bn_fwd(y->data, x->data, w->data, b->data, mean, rstd, N, C, HW);
+  tdm_tensor *ins[3] = {x, w, b};
+  tdm_node *n = tdm__record(tp, "batchnorm", bn_bw, y, 3, ins);
+  if (n) {
+    n->i[0] = N, n->i[1] = C, n->i[2] = HW, n->i[3] = batch_stats;
+    n->saved[0] = mean;
+    n->saved[1] = rstd;
+    n->saved[2] = batch_stats && tp->training ? sync : NULL;
+  }
+  return y;
+}
+
+tdm_tensor *tdm_global_avgpool2d(tdm_tape *tp, tdm_tensor *x) {
+  if (!tdm__inputs_ok(tp, "global_avgpool2d", 1, &x)) return NULL;
+  if (x->ndim != 4)
+    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "global_avgpool2d: input %s; expected (N, C, H, W)", tdm__shp(x));
+  int axes[2] = {2, 3};
+  return tdm_mean(tp, x, 2, axes, 0);
+}

@@ -1,0 +1,97 @@
+/* Batch-normalization kernels over (N, C, HW): each runs on the intra-op pool over channels,
+ * and each channel's sums run in one fixed order (image by image), in double. */
+#include <string.h>
+
+#include "tandem/core.h"
+#include "tandem/kernels.h"
+
+typedef struct {
+  float *out;
+  const float *x, *dy, *w, *b, *mean, *rstd;
+  const double *csdy, *csdyx;
+  double *s0, *s1, M;
+  int64_t N, C, HW;
+} bn_ctx;
+
+static void sums_range(void *vc, int64_t c0, int64_t c1) {
+  bn_ctx *k = vc;
+  for (int64_t c = c0; c < c1; c++) {
+    double s = 0, q = 0;
+    for (int64_t n = 0; n < k->N; n++) {
+      const float *p = k->x + (n * k->C + c) * k->HW;
+      for (int64_t i = 0; i < k->HW; i++) {
+        double v = p[i];
+        s += v;
+        q += v * v;
+      }
+    }
+    k->s0[c] = s;
+    k->s1[c] = q;
+  }
+}
+
+void tdm_k_bn_sums(const float *x, int64_t N, int64_t C, int64_t HW, double *sum, double *sumsq) {
+  bn_ctx k = {.x = x, .s0 = sum, .s1 = sumsq, .N = N, .C = C, .HW = HW};
+  tdm_parallel_for(C, 1, sums_range, &k);
+}
+
+static void fwd_range(void *vc, int64_t c0, int64_t c1) {
+  bn_ctx *k = vc;
+  for (int64_t c = c0; c < c1; c++) {
+    float sc = k->rstd[c] * k->w[c], sh = k->b[c] - k->mean[c] * sc;
+    for (int64_t n = 0; n < k->N; n++) {
+      const float *p = k->x + (n * k->C + c) * k->HW;
+      float *o = k->out + (n * k->C + c) * k->HW;
+      for (int64_t i = 0; i < k->HW; i++) o[i] = p[i] * sc + sh;
+    }
+  }
+}
+
+void tdm_k_bn_fwd(float *y, const float *x, const float *w, const float *b, const float *mean, const float *rstd,
+                  int64_t N, int64_t C, int64_t HW) {
+  bn_ctx k = {.out = y, .x = x, .w = w, .b = b, .mean = mean, .rstd = rstd, .N = N, .C = C, .HW = HW};
+  tdm_parallel_for(C, 1, fwd_range, &k);
+}
+
+static void bwd_sums_range(void *vc, int64_t c0, int64_t c1) {
+  bn_ctx *k = vc;
+  for (int64_t c = c0; c < c1; c++) {
+    double s = 0, q = 0;
+    float m = k->mean[c], r = k->rstd[c];
+    for (int64_t n = 0; n < k->N; n++) {
+      const float *p = k->x + (n * k->C + c) * k->HW, *g = k->dy + (n * k->C + c) * k->HW;
+      for (int64_t i = 0; i < k->HW; i++) {
+        s += g[i];
+        q += (double)g[i] * (double)((p[i] - m) * r);
+      }
+    }
+    k->s0[c] = s;
+    k->s1[c] = q;
+  }
+}
+
+void tdm_k_bn_bwd_sums(const float *dy, const float *x, const float *mean, const float *rstd, int64_t N, int64_t C,
+                       int64_t HW, double *sdy, double *sdyx) {
+  bn_ctx k = {.x = x, .dy = dy, .mean = mean, .rstd = rstd, .s0 = sdy, .s1 = sdyx, .N = N, .C = C, .HW = HW};
+  tdm_parallel_for(C, 1, bwd_sums_range, &k);
+}
+
+static void bwd_dx_range(void *vc, int64_t c0, int64_t c1) {
+  bn_ctx *k = vc;
+  for (int64_t c = c0; c < c1; c++) {
+    float m = k->mean[c], r = k->rstd[c], wr = k->w[c] * r;
+    float a = k->M > 0 ? (float)(k->csdy[c] / k->M) : 0.0f, bq = k->M > 0 ? (float)(k->csdyx[c] / k->M) : 0.0f;
+    for (int64_t n = 0; n < k->N; n++) {
+      const float *p = k->x + (n * k->C + c) * k->HW, *g = k->dy + (n * k->C + c) * k->HW;
+      float *o = k->out + (n * k->C + c) * k->HW;
+      for (int64_t i = 0; i < k->HW; i++) o[i] += wr * (g[i] - a - (p[i] - m) * r * bq);
+    }
+  }
+}
+
+void tdm_k_bn_bwd_dx(float *dx, const float *dy, const float *x, const float *w, const float *mean, const float *rstd,
+                     const double *sdy, const double *sdyx, double M, int64_t N, int64_t C, int64_t HW) {
+  bn_ctx k = {.out = dx, .x = x, .dy = dy, .w = w, .mean = mean, .rstd = rstd, .csdy = sdy, .csdyx = sdyx, .M = M,
+              .N = N, .C = C, .HW = HW};
+  tdm_parallel_for(C, 1, bwd_dx_range, &k);
+}

@@ -1,0 +1,484 @@
+/* Batched convolution, batch normalization (and its synchronised form over real ranks), global
+ * average pooling and the ResNet model: against the per-image reference kernel, finite
+ * differences, closed forms, and one process of the whole batch. */
+#include <pthread.h>
+
+#include "tdm_test.h"
+#include "tandem/kernels.h"
+
+static void fill(float *p, int64_t n, uint64_t seed, float scale) {
+  tdm_rng r;
+  tdm_rng_seed(&r, seed);
+  for (int64_t i = 0; i < n; i++) p[i] = scale * tdm_rng_normal(&r);
+}
+
+static double max_abs_diff(const float *a, const float *b, int64_t n) {
+  double m = 0;
+  for (int64_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - (double)b[i]));
+  return m;
+}
+
+/* The batched kernels equal the per-image im2col reference (the old kernel), forward and every
+ * gradient, including shapes cut into several chunks. */
+static void test_conv_batched_matches_reference(void) {
+  const int64_t cases[][8] = {/* N, Ci, H, W, Co, K, stride, pad */
+                              {5, 3, 7, 6, 4, 3, 1, 1}, {4, 2, 9, 8, 3, 3, 2, 1}, {3, 4, 6, 6, 5, 1, 2, 0},
+                              {2, 1, 5, 5, 2, 5, 1, 2}, {20, 16, 28, 28, 4, 3, 1, 1}, {3, 2, 4, 4, 3, 3, 1, 0}};
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    const int64_t *k = cases[c];
+    tdm_conv_shape s = {k[0], k[1], k[2], k[3], k[4], k[5], k[5], k[6], k[7], 0, 0};
+    s.OH = (s.H + 2 * s.pad - s.KH) / s.stride + 1;
+    s.OW = (s.W + 2 * s.pad - s.KW) / s.stride + 1;
+    int64_t nx = s.N * s.Ci * s.H * s.W, nw = s.Co * s.Ci * s.KH * s.KW, ny = s.N * s.Co * s.OH * s.OW;
+    float *x = malloc(sizeof(float) * nx), *w = malloc(sizeof(float) * nw), *b = malloc(sizeof(float) * s.Co);
+    float *y0 = malloc(sizeof(float) * ny), *y1 = malloc(sizeof(float) * ny), *dy = malloc(sizeof(float) * ny);
+    float *dx0 = calloc(nx, 4), *dx1 = calloc(nx, 4), *dw0 = calloc(nw, 4), *dw1 = calloc(nw, 4), *db0 = calloc(s.Co, 4),
+          *db1 = calloc(s.Co, 4);
+    float *col = malloc(sizeof(float) * s.Ci * s.KH * s.KW * s.OH * s.OW);
+    float *ws = malloc(sizeof(float) * tdm_k_conv2d_ws_floats(&s));
+    fill(x, nx, 1 + c, 1), fill(w, nw, 2 + c, 0.3f), fill(b, s.Co, 3 + c, 1), fill(dy, ny, 4 + c, 1);
+    tdm_k_conv2d_fwd(y0, x, w, b, col, &s);
+    tdm_k_conv2d_fwd_batched(y1, x, w, b, ws, &s);
+    tdm_k_conv2d_bwd(dx0, dw0, db0, dy, x, w, col, &s);
+    tdm_k_conv2d_bwd_batched(dx1, dw1, db1, dy, x, w, ws, &s);
+    double tol = 1e-4 * sqrt((double)(s.Ci * s.KH * s.KW + s.N * s.OH * s.OW));
+    CHECK_MSG(max_abs_diff(y0, y1, ny) < tol, "case %zu: out differs by %g", c, max_abs_diff(y0, y1, ny));
+    CHECK_MSG(max_abs_diff(dx0, dx1, nx) < tol, "case %zu: dx differs by %g", c, max_abs_diff(dx0, dx1, nx));
+    CHECK_MSG(max_abs_diff(dw0, dw1, nw) < tol, "case %zu: dw differs by %g", c, max_abs_diff(dw0, dw1, nw));
+    CHECK_MSG(max_abs_diff(db0, db1, s.Co) < tol, "case %zu: db differs by %g", c, max_abs_diff(db0, db1, s.Co));
+    if (c == 4) CHECK_MSG(tdm_k_conv2d_chunk(&s) < s.N, "case 4 should span several chunks (chunk %lld)", (long long)tdm_k_conv2d_chunk(&s));
+    free(x), free(w), free(b), free(y0), free(y1), free(dy), free(dx0), free(dx1), free(dw0), free(dw1), free(db0), free(db1),
+        free(col), free(ws);
+  }
+}
+
+/* ---- batch norm: finite differences ---------------------------------------------------------- */
+static tdm_tensor *g_bn_train(tdm_tape *tp, tdm_tensor *const *x, void *c) {
+  (void)c;
+  tdm_tape_set_training(tp, 1);
+  return tdm_batchnorm(tp, x[0], x[1], x[2], NULL, NULL, 0.1f, 1e-5f, NULL);
+}
+static tdm_tensor *g_bn_eval(tdm_tape *tp, tdm_tensor *const *x, void *c) {
+  tdm_tensor **rs = c;
+  tdm_tape_set_training(tp, 0);
+  return tdm_batchnorm(tp, x[0], x[1], x[2], rs[0], rs[1], 0.1f, 1e-5f, NULL);
+}
+static tdm_tensor *g_gap(tdm_tape *tp, tdm_tensor *const *x, void *c) {
+  (void)c;
+  return tdm_global_avgpool2d(tp, x[0]);
+}
+/* BN then a conv and a product with itself: the gradient reaches x through a non-linear loss */
+static tdm_tensor *g_bn_chain(tdm_tape *tp, tdm_tensor *const *x, void *c) {
+  (void)c;
+  tdm_tape_set_training(tp, 1);
+  tdm_tensor *h = tdm_batchnorm(tp, tdm_conv2d(tp, x[0], x[3], NULL, 1, 1), x[1], x[2], NULL, NULL, 0.1f, 1e-5f, NULL);
+  return tdm_mul(tp, h, tdm_relu(tp, h));
+}
+
+static tdm_tensor *heap(int nd, const int64_t *shape, uint64_t seed, float scale, float shift, int grad) {
+  tdm_tensor *t;
+  if (tdm_tensor_create(&t, TDM_F32, nd, shape) != TDM_OK) return NULL;
+  float *p = tdm_tensor_data(t);
+  fill(p, tdm_tensor_numel(t), seed, scale);
+  for (int64_t i = 0; i < tdm_tensor_numel(t); i++) p[i] += shift;
+  tdm_tensor_set_requires_grad(t, grad);
+  return t;
+}
+
+static void test_bn_gradcheck(void) {
+  int64_t xs4[4] = {3, 2, 2, 3}, xs2[2] = {5, 3}, c2[1] = {2}, c3[1] = {3}, ws[4] = {2, 2, 3, 3};
+  tdm_gradcheck_opts o = {1e-2, 2e-3, 2e-2};
+  double err;
+  for (int d = 0; d < 2; d++) { /* (N, C, H, W) and (N, C) */
+    int64_t *c = d ? c3 : c2;
+    tdm_tensor *in[3] = {d ? heap(2, xs2, 11, 1.5f, 0.5f, 1) : heap(4, xs4, 11, 1.5f, 0.5f, 1), heap(1, c, 12, 0.5f, 1.0f, 1),
+                         heap(1, c, 13, 0.5f, 0, 1)};
+    CHECK_OK(tdm_gradcheck(g_bn_train, NULL, 3, in, &o, &err));
+    tdm_tensor *rs[2] = {heap(1, c, 14, 0.3f, 0, 0), heap(1, c, 15, 0.1f, 1.2f, 0)};
+    CHECK_OK(tdm_gradcheck(g_bn_eval, rs, 3, in, &o, &err));
+    for (int k = 0; k < 3; k++) tdm_tensor_destroy(in[k]);
+    tdm_tensor_destroy(rs[0]), tdm_tensor_destroy(rs[1]);
+  }
+  tdm_tensor *in[4] = {heap(4, xs4, 21, 1, 0, 1), heap(1, c2, 22, 0.5f, 1, 1), heap(1, c2, 23, 0.5f, 0, 1), heap(4, ws, 24, 0.4f, 0, 1)};
+  CHECK_OK(tdm_gradcheck(g_bn_chain, NULL, 4, in, &o, &err));
+  CHECK_OK(tdm_gradcheck(g_gap, NULL, 1, in, &o, &err));
+  for (int k = 0; k < 4; k++) tdm_tensor_destroy(in[k]);
+}
+
+/* Closed forms: the output of training mode has mean b and standard deviation w per channel;
+ * the running statistics move by momentum towards the batch mean and the unbiased variance;
+ * evaluation mode uses them. */
+static void test_bn_statistics(void) {
+  tdm_tape *tp;
+  CHECK_OK(tdm_tape_create(&tp, 0));
+  int64_t xs[4] = {4, 3, 5, 2}, cs[1] = {3};
+  tdm_tensor *x = heap(4, xs, 31, 2.0f, 3.0f, 0), *w = heap(1, cs, 32, 0.2f, 1.0f, 1), *b = heap(1, cs, 33, 1, 0, 1);
+  tdm_tensor *rm = heap(1, cs, 34, 0, 0.5f, 0), *rv = heap(1, cs, 35, 0, 2.0f, 0);
+  tdm_tape_set_training(tp, 1);
+  tdm_tensor *y = tdm_batchnorm(tp, x, w, b, rm, rv, 0.25f, 1e-5f, NULL);
+  CHECK(y != NULL);
+  const float *px = tdm_tensor_data(x), *py = tdm_tensor_data(y), *pw = tdm_tensor_data(w), *pb = tdm_tensor_data(b);
+  for (int c = 0; c < 3 && y; c++) {
+    double s = 0, q = 0, ys = 0, yq = 0, M = 40;
+    for (int n = 0; n < 4; n++)
+      for (int i = 0; i < 10; i++) {
+        double v = px[(n * 3 + c) * 10 + i], u = py[(n * 3 + c) * 10 + i];
+        s += v, q += v * v, ys += u, yq += u * u;
+      }
+    double mean = s / M, var = q / M - mean * mean, ym = ys / M, yv = yq / M - ym * ym;
+    CHECK_NEAR(ym, pb[c], 1e-5);
+    CHECK_NEAR(sqrt(yv), fabs(pw[c]) * sqrt(var / (var + 1e-5)), 1e-5);
+    CHECK_NEAR(((float *)tdm_tensor_data(rm))[c], 0.75 * 0.5 + 0.25 * mean, 1e-5);
+    CHECK_NEAR(((float *)tdm_tensor_data(rv))[c], 0.75 * 2.0 + 0.25 * var * M / (M - 1), 1e-4);
+  }
+  tdm_tape_reset(tp);
+  tdm_tape_set_training(tp, 0);
+  float rm0 = ((float *)tdm_tensor_data(rm))[1], rv0 = ((float *)tdm_tensor_data(rv))[1];
+  y = tdm_batchnorm(tp, x, w, b, rm, rv, 0.25f, 1e-5f, NULL);
+  CHECK(y != NULL);
+  if (y)
+    CHECK_NEAR(((float *)tdm_tensor_data(y))[10 + 3], (px[10 + 3] - rm0) / sqrt(rv0 + 1e-5) * pw[1] + pb[1], 1e-5);
+  CHECK(((float *)tdm_tensor_data(rm))[1] == rm0); /* evaluation leaves them alone */
+  tdm_tensor_destroy(x), tdm_tensor_destroy(w), tdm_tensor_destroy(b), tdm_tensor_destroy(rm), tdm_tensor_destroy(rv);
+  tdm_tape_destroy(tp);
+}
+
+/* One value per channel in training is PyTorch's error; evaluation mode takes it; bad shapes. */
+static void test_bn_bad_input(void) {
+  tdm_tape *tp;
+  CHECK_OK(tdm_tape_create(&tp, 0));
+  int64_t xs[4] = {1, 3, 1, 1}, cs[1] = {3}, c4[1] = {4};
+  tdm_tensor *x = heap(4, xs, 41, 1, 0, 1), *w = heap(1, cs, 42, 1, 0, 1), *b = heap(1, cs, 43, 1, 0, 1);
+  tdm_tensor *rm = heap(1, cs, 44, 0, 0, 0), *rv = heap(1, cs, 45, 0, 1, 0), *w4 = heap(1, c4, 46, 1, 0, 1);
+  tdm_tape_set_training(tp, 1);
+  CHECK(tdm_batchnorm(tp, x, w, b, rm, rv, 0.1f, 1e-5f, NULL) == NULL);
+  CHECK_ERR_HAS("expected more than 1 value per channel when training, got input size (1, 3, 1, 1)");
+  tdm_tape_reset(tp);
+  tdm_tape_set_training(tp, 0);
+  CHECK(tdm_batchnorm(tp, x, w, b, rm, rv, 0.1f, 1e-5f, NULL) != NULL);
+  tdm_tape_reset(tp);
+  CHECK(tdm_batchnorm(tp, x, w4, b, rm, rv, 0.1f, 1e-5f, NULL) == NULL);
+  CHECK_ERR_HAS("weight (4) and bias (3) for input (1, 3, 1, 1); expected (3) each");
+  tdm_tape_reset(tp);
+  CHECK(tdm_batchnorm(tp, x, w, b, rm, NULL, 0.1f, 1e-5f, NULL) == NULL);
+  CHECK_ERR_HAS("running mean without a running variance");
+  tdm_tape_reset(tp);
+  CHECK(tdm_batchnorm(tp, x, w, b, rm, rv, 0.1f, 0.0f, NULL) == NULL);
+  CHECK_ERR_HAS("eps 0");
+  tdm_tensor_destroy(x), tdm_tensor_destroy(w), tdm_tensor_destroy(b), tdm_tensor_destroy(rm), tdm_tensor_destroy(rv),
+      tdm_tensor_destroy(w4);
+  tdm_tape_destroy(tp);
+}
+
+/* ---- the model --------------------------------------------------------------------------------- */
+static tdm_model_config tiny(const char *name, int64_t width) {
+  tdm_model_config c;
+  CHECK_OK(tdm_model_config_resnet(name, width, &c));
+  c.height = c.width = 12;
+  return c;
+}
+
+/* Parameter counts and names as torchvision's (closed form for the CIFAR-style resnet20 with 1x1
+ * projection shortcuts), and bad configurations named. */
+static void test_resnet_shapes(void) {
+  tdm_model_config c;
+  CHECK_OK(tdm_model_config_resnet("resnet20", 0, &c));
+  tdm_model *m;
+  CHECK_OK(tdm_model_create(&m, &c, 1));
+  if (m) {
+    /* stem 9*16 + bn; per stage s (w = 16 << s): 3 blocks of 2 convs 9 w^2 (the first's input
+     * w/2) + 2 bn; projections w/2 * w + bn in stages 2 and 3; fc 64*10 + 10; bn = 4 w */
+    int64_t n = 9 * 16 + 4 * 16;
+    for (int s = 0; s < 3; s++) {
+      int64_t w = 16 << s, in = s ? w / 2 : w;
+      n += 9 * in * w + 9 * w * w + 8 * w + 2 * (9 * w * w * 2 + 8 * w);
+      if (s) n += in * w + 4 * w;
+    }
+    n += 64 * 10 + 10;
+    CHECK_MSG(tdm_params_numel(tdm_model_params(m)) == n, "resnet20: %lld values; expected %lld",
+              (long long)tdm_params_numel(tdm_model_params(m)), (long long)n);
+    CHECK(tdm_params_find(tdm_model_params(m), "layer2.0.downsample.1.running_var") != NULL);
+    CHECK(tdm_params_find(tdm_model_params(m), "layer3.2.bn2.weight") != NULL);
+    CHECK(tdm_params_find(tdm_model_params(m), "layer1.0.downsample.0.weight") == NULL);
+    tdm_model_destroy(m);
+  }
+  CHECK(tdm_model_config_resnet("resnet50", 0, &c) != TDM_OK);
+  CHECK_ERR_HAS("config 'resnet50'; expected resnet20 or resnet18");
+  c.n_stages = 5;
+  CHECK(tdm_model_create(&m, &c, 1) != TDM_OK);
+  CHECK_ERR_HAS("5 stages");
+}
+
+/* A steady-state training step (forward, backward, SGD) allocates nothing, with the batched
+ * convolution's workspace and batch norm in it. */
+static void test_resnet_steady_state(void) {
+  tdm_model_config c = tiny("resnet18", 4);
+  tdm_model *m;
+  CHECK_OK(tdm_model_create(&m, &c, 3));
+  tdm_optim_config oc = tdm_optim_config_default(TDM_OPT_SGD);
+  oc.momentum = 0.9f, oc.nesterov = 1, oc.weight_decay = 5e-4f, oc.decay_matrices_only = 1;
+  tdm_optim *opt;
+  CHECK_OK(tdm_optim_create(&opt, &oc, tdm_model_params(m)));
+  tdm_tape *tp;
+  CHECK_OK(tdm_tape_create(&tp, 1 << 16));
+  uint64_t before = 0;
+  for (int step = 0; step < 6; step++) {
+    if (step == 3) before = tdm__malloc_count();
+    tdm_tape_reset(tp);
+    tdm_tape_set_training(tp, 1);
+    int64_t xs[4] = {4, 1, 12, 12}, ys[1] = {4};
+    tdm_tensor *x = tdm_new(tp, TDM_F32, 4, xs), *y = tdm_zeros(tp, TDM_I32, 1, ys);
+    if (x) fill(tdm_tensor_data(x), tdm_tensor_numel(x), (uint64_t)step, 1);
+    tdm_tensor *loss = tdm_cross_entropy(tp, tdm_model_forward(m, tp, x), y, -100);
+    tdm_params_zero_grad(tdm_model_params(m));
+    CHECK_OK(tdm_backward(tp, loss));
+    CHECK_OK(tdm_optim_step(opt, 0.05f));
+  }
+  CHECK_MSG(tdm__malloc_count() == before, "%llu allocations in 3 steady-state steps", (unsigned long long)(tdm__malloc_count() - before));
+  /* running statistics: untouched by the optimizer (weight decay skips them), moved by forward */
+  const float *rv = tdm_tensor_data(tdm_params_find(tdm_model_params(m), "bn1.running_var"));
+  CHECK(rv[0] != 1.0f);
+  tdm_tape_destroy(tp);
+  tdm_optim_destroy(opt);
+  tdm_model_destroy(m);
+}
+
+/* ---- synchronised batch norm over real ranks (the thread transport) ------------------------- */
+#define SB 3  /* samples per rank */
+#define SMAXR 4
+typedef struct {
+  int R, W;
+  void *group;
+  const float *x; /* the global batch */
+  const int32_t *y;
+  float *logits, *grads, *params; /* this rank's logits slice; its averaged gradients; its parameters after */
+  int eval_calls_ok;
+  int nosync; /* the control: per-rank statistics */
+} sync_arg;
+
+static tdm_model_config sync_cfg(void) { return tiny("resnet20", 3); }
+
+static void *sync_rank(void *v) {
+  sync_arg *a = v;
+  tdm_comm_config cfg = {0};
+  cfg.rank = a->R, cfg.size = a->W, cfg.transport = TDM_TRANSPORT_THREAD, cfg.thread_group = a->group, cfg.timeout_s = 60;
+  tdm_comm_t comm = NULL;
+  CHECK_OK(tdm_comm_create(&comm, &cfg));
+  if (!comm) return NULL;
+  tdm_model_config c = sync_cfg();
+  tdm_model *m;
+  CHECK_OK(tdm_model_create(&m, &c, 9));
+  if (!a->nosync) tdm_model_set_bn_sync(m, comm);
+  tdm_tape *tp;
+  CHECK_OK(tdm_tape_create(&tp, 0));
+  tdm_params *p = tdm_model_params(m);
+  int64_t per = 144, P = tdm_params_numel(p);
+  for (int step = 0; step < 2; step++) { /* two steps: the second starts from moved running statistics */
+    tdm_tape_reset(tp);
+    tdm_tape_set_training(tp, 1);
+    int64_t xs[4] = {SB, 1, 12, 12}, ys[1] = {SB};
+    tdm_tensor *x = tdm_from_data(tp, TDM_F32, 4, xs, a->x + (int64_t)a->R * SB * per);
+    tdm_tensor *y = tdm_from_data(tp, TDM_I32, 1, ys, a->y + a->R * SB);
+    tdm_tensor *logits = tdm_model_forward(m, tp, x);
+    tdm_tensor *loss = tdm_cross_entropy(tp, logits, y, -100);
+    tdm_params_zero_grad(p);
+    CHECK_OK(tdm_backward(tp, loss));
+    if (!logits) break;
+    memcpy(a->logits, tdm_tensor_data(logits), sizeof(float) * SB * 10);
+    /* data parallelism's average, in rank order */
+    CHECK_OK(tdm_comm_allreduce(comm, tdm_params_grad(p), tdm_params_grad(p), (size_t)P, TDM_F32, TDM_AVG,
+                                tdm_comm_rank_order_algo(comm)));
+    memcpy(a->grads, tdm_params_grad(p), sizeof(float) * (size_t)P);
+    float *w = tdm_params_data(p), *g = tdm_params_grad(p);
+    for (int64_t i = 0; i < P; i++) w[i] -= 0.1f * g[i]; /* plain SGD: the running statistics have no gradient */
+  }
+  memcpy(a->params, tdm_params_data(p), sizeof(float) * (size_t)P);
+  /* evaluation never communicates */
+  uint64_t sent = tdm_comm_bytes_sent(comm);
+  tdm_tape_reset(tp);
+  tdm_tape_set_training(tp, 0);
+  tdm_tape_set_grad_enabled(tp, 0);
+  int64_t xs[4] = {2, 1, 12, 12};
+  tdm_tensor *x = tdm_from_data(tp, TDM_F32, 4, xs, a->x);
+  a->eval_calls_ok = tdm_model_forward(m, tp, x) != NULL && tdm_comm_bytes_sent(comm) == sent;
+  tdm_tape_destroy(tp);
+  tdm_model_destroy(m);
+  tdm_comm_destroy(comm);
+  return NULL;
+}
+
+/* N ranks of batch b with --sync-bn equal one process of batch N*b within 1e-5: logits, every
+ * averaged gradient, and the parameters and running statistics after two steps, which are also
+ * bit-identical on every rank; evaluation sends nothing. */
+static void test_sync_bn_ranks(void) {
+  tdm_model_config c = sync_cfg();
+  tdm_model *m0;
+  CHECK_OK(tdm_model_create(&m0, &c, 9));
+  if (!m0) return;
+  int64_t P = tdm_params_numel(tdm_model_params(m0));
+  tdm_model_destroy(m0);
+  for (int W = 1; W <= SMAXR + 1; W++) {
+    int nosync = W == SMAXR + 1; /* last: 2 ranks without sync must differ (so the test can fail) */
+    if (nosync) W = 2;
+    int64_t per = 144;
+    float *x = malloc(sizeof(float) * W * SB * per);
+    int32_t y[SMAXR * SB];
+    fill(x, W * SB * per, 77, 1);
+    for (int i = 0; i < W * SB; i++) y[i] = (i * 7) % 10;
+    /* one process of the whole batch, as rank 0 of a world of one */
+    float *ref_logits = malloc(sizeof(float) * W * SB * 10), *ref_grads = malloc(sizeof(float) * P), *ref_params = malloc(sizeof(float) * P);
+    {
+      tdm_model *m;
+      CHECK_OK(tdm_model_create(&m, &c, 9));
+      tdm_tape *tp;
+      CHECK_OK(tdm_tape_create(&tp, 0));
+      tdm_params *p = tdm_model_params(m);
+      for (int step = 0; step < 2; step++) {
+        tdm_tape_reset(tp);
+        tdm_tape_set_training(tp, 1);
+        int64_t xs[4] = {W * SB, 1, 12, 12}, ys[1] = {W * SB};
+        tdm_tensor *logits = tdm_model_forward(m, tp, tdm_from_data(tp, TDM_F32, 4, xs, x));
+        tdm_tensor *loss = tdm_cross_entropy(tp, logits, tdm_from_data(tp, TDM_I32, 1, ys, y), -100);
+        tdm_params_zero_grad(p);
+        CHECK_OK(tdm_backward(tp, loss));
+        if (logits) memcpy(ref_logits, tdm_tensor_data(logits), sizeof(float) * W * SB * 10);
+        memcpy(ref_grads, tdm_params_grad(p), sizeof(float) * (size_t)P);
+        float *w = tdm_params_data(p), *g = tdm_params_grad(p);
+        for (int64_t i = 0; i < P; i++) w[i] -= 0.1f * g[i];
+      }
+      memcpy(ref_params, tdm_params_data(p), sizeof(float) * (size_t)P);
+      tdm_tape_destroy(tp);
+      tdm_model_destroy(m);
+    }
+    void *g;
+    CHECK_OK(tdm_comm_thread_group_create(&g, W));
+    pthread_t th[SMAXR];
+    sync_arg args[SMAXR];
+    for (int r = 0; r < W; r++) {
+      args[r] = (sync_arg){r, W, g, x, y, malloc(sizeof(float) * SB * 10), malloc(sizeof(float) * P), malloc(sizeof(float) * P), 0, nosync};
+      pthread_create(&th[r], NULL, sync_rank, &args[r]);
+    }
+    for (int r = 0; r < W; r++) pthread_join(th[r], NULL);
+    tdm_comm_thread_group_destroy(g);
+    if (nosync) {
+      double dl = max_abs_diff(args[0].logits, ref_logits, SB * 10);
+      CHECK_MSG(dl > 1e-3, "2 ranks without sync differ from one process by only %g", dl);
+      W = SMAXR + 1; /* back to the loop's end */
+    }
+    for (int r = 0; r < W && !nosync; r++) {
+      double dl = max_abs_diff(args[r].logits, ref_logits + r * SB * 10, SB * 10), dg = max_abs_diff(args[r].grads, ref_grads, P),
+             dp = max_abs_diff(args[r].params, ref_params, P);
+      CHECK_MSG(dl <= 1e-5 && dg <= 1e-5 && dp <= 1e-5, "%d ranks, rank %d: logits differ by %g, gradients by %g, parameters by %g", W, r,
+                dl, dg, dp);
+      int64_t at = 0;
+      while (at < P && args[r].params[at] == args[0].params[at]) at++;
+      CHECK_MSG(at == P, "%d ranks: rank %d's parameters (running statistics included) differ from rank 0's at %lld: %.9g vs %.9g", W, r,
+                (long long)at, at < P ? args[r].params[at] : 0, at < P ? args[0].params[at] : 0);
+      CHECK_MSG(args[r].eval_calls_ok, "%d ranks, rank %d: evaluation failed or communicated", W, r);
+    }
+    for (int r = 0; r < (nosync ? 2 : W); r++) free(args[r].logits), free(args[r].grads), free(args[r].params);
+    free(x), free(ref_logits), free(ref_grads), free(ref_params);
+  }
+}
+
+/* ---- augmentation ------------------------------------------------------------------------------- */
+/* Each image equals its draw applied by hand (pad with zeros, crop, flip); the draw depends on the
+ * position alone (a batch at first == its images one by one); every shift and both flips occur. */
+static void test_augment(void) {
+  enum { C = 2, H = 5, W = 6, N = 4, PAD = 2 };
+  float x[N * C * H * W], one[C * H * W], scratch[C * H * W];
+  fill(x, N * C * H * W, 91, 1);
+  float orig[N * C * H * W];
+  memcpy(orig, x, sizeof x);
+  CHECK_OK(tdm_augment_images(x, N, C, H, W, PAD, 1, 7, 3, 10, scratch));
+  for (int i = 0; i < N; i++) {
+    int dy, dx, fl;
+    tdm_augment_draw(7, 3, 10 + i, PAD, 1, &dy, &dx, &fl);
+    float padded[C][H + 2 * PAD][W + 2 * PAD];
+    memset(padded, 0, sizeof padded);
+    for (int c = 0; c < C; c++)
+      for (int yy = 0; yy < H; yy++)
+        for (int xx = 0; xx < W; xx++) padded[c][yy + PAD][xx + PAD] = orig[((i * C + c) * H + yy) * W + xx];
+    int bad = 0;
+    for (int c = 0; c < C; c++)
+      for (int yy = 0; yy < H; yy++)
+        for (int xx = 0; xx < W; xx++) {
+          float want = padded[c][yy + PAD + dy][(fl ? W - 1 - xx : xx) + PAD + dx];
+          bad += x[((i * C + c) * H + yy) * W + xx] != want;
+        }
+    CHECK_MSG(!bad, "image %d (shift %d, %d, flip %d): %d values differ from the hand-made crop", i, dy, dx, fl, bad);
+    memcpy(one, orig + i * C * H * W, sizeof one);
+    CHECK_OK(tdm_augment_images(one, 1, C, H, W, PAD, 1, 7, 3, 10 + i, scratch));
+    CHECK_MSG(!memcmp(one, x + i * C * H * W, sizeof one), "image %d alone differs from its place in the batch", i);
+  }
+  int seen_dy[2 * PAD + 1] = {0}, seen_dx[2 * PAD + 1] = {0}, flips = 0;
+  for (int pos = 0; pos < 400; pos++) {
+    int dy, dx, fl;
+    tdm_augment_draw(7, 0, pos, PAD, 1, &dy, &dx, &fl);
+    seen_dy[dy + PAD]++, seen_dx[dx + PAD]++, flips += fl;
+  }
+  for (int k = 0; k <= 2 * PAD; k++) CHECK_MSG(seen_dy[k] > 40 && seen_dx[k] > 40, "shift %d drawn %d / %d times in 400", k - PAD, seen_dy[k], seen_dx[k]);
+  CHECK_MSG(flips > 150 && flips < 250, "%d flips in 400", flips);
+  CHECK(tdm_augment_images(x, N, C, H, W, 7, 1, 7, 3, 10, scratch) != TDM_OK);
+  CHECK_ERR_HAS("padding 7; expected padding 0..5");
+}
+
+/* ---- label smoothing ------------------------------------------------------------------------------ */
+static tdm_tensor *g_ls(tdm_tape *tp, tdm_tensor *const *x, void *c) {
+  int32_t y[4] = {2, 0, -100, 4};
+  int64_t ys[1] = {4};
+  return tdm_cross_entropy_smooth(tp, x[0], tdm_from_data(tp, TDM_I32, 1, ys, y), -100, *(float *)c);
+}
+
+/* The loss against PyTorch's definition written out in double, eps 0 == tdm_cross_entropy, the
+ * gradient against finite differences, a bad eps named. */
+static void test_label_smoothing(void) {
+  int64_t xs[2] = {4, 5};
+  tdm_tensor *x = heap(2, xs, 51, 2, 0, 1);
+  int32_t y[4] = {2, 0, -100, 4};
+  float eps = 0.1f;
+  tdm_tape *tp;
+  CHECK_OK(tdm_tape_create(&tp, 0));
+  int64_t ys[1] = {4};
+  tdm_tensor *l = tdm_cross_entropy_smooth(tp, x, tdm_from_data(tp, TDM_I32, 1, ys, y), -100, eps);
+  const float *px = tdm_tensor_data(x);
+  double want = 0;
+  for (int i = 0; i < 4; i++) {
+    if (y[i] == -100) continue;
+    double m = -1e30, s = 0, sum_lp = 0;
+    for (int c = 0; c < 5; c++) m = fmax(m, px[i * 5 + c]);
+    for (int c = 0; c < 5; c++) s += exp(px[i * 5 + c] - m);
+    double lse = m + log(s);
+    for (int c = 0; c < 5; c++) sum_lp += px[i * 5 + c] - lse;
+    want += -(1 - eps) * (px[i * 5 + y[i]] - lse) - eps * sum_lp / 5;
+  }
+  want /= 3;
+  CHECK(l != NULL);
+  if (l) CHECK_NEAR(*(float *)tdm_tensor_data(l), want, 1e-6);
+  tdm_tensor *l0 = tdm_cross_entropy_smooth(tp, x, tdm_from_data(tp, TDM_I32, 1, ys, y), -100, 0.0f);
+  tdm_tensor *lr = tdm_cross_entropy(tp, x, tdm_from_data(tp, TDM_I32, 1, ys, y), -100);
+  if (l0 && lr) CHECK_NEAR(*(float *)tdm_tensor_data(l0), *(float *)tdm_tensor_data(lr), 1e-6);
+  tdm_gradcheck_opts o = {1e-2, 1e-3, 1e-2};
+  double err;
+  CHECK_OK(tdm_gradcheck(g_ls, &eps, 1, &x, &o, &err));
+  tdm_tape_reset(tp);
+  CHECK(tdm_cross_entropy_smooth(tp, x, tdm_from_data(tp, TDM_I32, 1, ys, y), -100, 1.5f) == NULL);
+  CHECK_ERR_HAS("label smoothing 1.5; expected 0 <= eps <= 1");
+  tdm_tape_destroy(tp);
+  tdm_tensor_destroy(x);
+}
+
+int main(void) {
+  tdm_test_case cases[] = {
+      {"conv_batched_matches_reference", test_conv_batched_matches_reference},
+      {"bn_gradcheck", test_bn_gradcheck},
+      {"bn_statistics", test_bn_statistics},
+      {"bn_bad_input", test_bn_bad_input},
+      {"resnet_shapes", test_resnet_shapes},
+      {"resnet_steady_state", test_resnet_steady_state},
+      {"sync_bn_ranks", test_sync_bn_ranks},
+      {"augment", test_augment},
+      {"label_smoothing", test_label_smoothing},
+  };
+  return tdm_test_main(cases, sizeof cases / sizeof cases[0]);
+}
