@@ -480,8 +480,15 @@ int tool_plan(int argc, char **argv) {
                (long long)p.stages[k].bytes[TDM_MEM_ACTIVATIONS], (long long)p.stages[k].total);
       printf("]");
     }
-    for (int k = 0; k < TDM_MEM_COUNT; k++) printf(",\"%s\":%lld", tdm_mem_category_name((tdm_mem_category)k), (long long)p.bytes[k]);
-    printf(",\"total\":%lld,\"fits\":%s}\n", (long long)p.total, c.memory_limit <= 0 || p.total <= c.memory_limit ? "true" : "false");
+    for (int k = 0; k < TDM_MEM_COUNT; k++) {
+      if (k == TDM_MEM_ACTIVATIONS && p.act_unknown) /* not estimated (resnet): null, never a wrong number */
+        printf(",\"%s\":null", tdm_mem_category_name((tdm_mem_category)k));
+      else
+        printf(",\"%s\":%lld", tdm_mem_category_name((tdm_mem_category)k), (long long)p.bytes[k]);
+    }
+    printf(",\"activations_estimated\":%s", p.act_unknown ? "false" : "true");
+    printf(",\"total\":%lld,\"fits\":%s}\n", (long long)p.total,
+           c.memory_limit > 0 && p.total > c.memory_limit ? "false" : c.memory_limit > 0 && p.act_unknown ? "null" : "true");
   } else {
     tdm_plan_print(stdout, &p, c.memory_limit);
     if (c.pp > 1 && plan_schedule(&c, trace)) return 1;

@@ -438,6 +438,8 @@ tdm_status tdm_plan_compute(const tdm_plan_config *c, tdm_plan *out) {
   if (tp) { /* GPT in f32 without recomputation (tdm_engine_check refuses the rest) */
     tr.bytes = tp_tape_total(&c->model, c->batch, T, accum, 1, &tr.nodes, Tp, Vt);
     if (c->eval_batch > 0) ev.bytes = tp_tape_total(&c->model, c->eval_batch, T, 1, 0, NULL, Tp, Vt);
+  } else if (c->model.kind == TDM_MODEL_RESNET) { /* no walk yet: said, never a wrong number */
+    out->act_unknown = 1;
   } else {
     TDM__TRY(tdm__plan_tape(&c->model, c->batch, T, accum, 1, c->engine.recompute, c->engine.precision, &tr));
     if (c->eval_batch > 0)
@@ -540,14 +542,18 @@ void tdm_plan_print(FILE *f, const tdm_plan *p, int64_t limit) {
   fprintf(f, "\n");
   for (int k = 0; k < TDM_MEM_COUNT; k++) {
     human(h, sizeof h, (double)p->bytes[k]);
-    fprintf(f, "  %-14s %12s  %s\n", tdm_mem_category_name((tdm_mem_category)k), h, what[k]);
+    if (k == TDM_MEM_ACTIVATIONS && p->act_unknown)
+      fprintf(f, "  %-14s %12s  %s\n", tdm_mem_category_name((tdm_mem_category)k), "?", "NOT ESTIMATED for this model (resnet): left out of the total");
+    else
+      fprintf(f, "  %-14s %12s  %s\n", tdm_mem_category_name((tdm_mem_category)k), h, what[k]);
   }
   human(h, sizeof h, (double)p->total);
-  fprintf(f, "  %-14s %12s\n", "total", h);
+  fprintf(f, "  %-14s %12s%s\n", "total", h, p->act_unknown ? "  without the activations" : "");
   if (limit > 0) {
     char l[32];
     human(l, sizeof l, (double)limit);
-    fprintf(f, "  %s the memory limit of %s\n", p->total <= limit ? "fits" : "EXCEEDS", l);
+    fprintf(f, "  %s the memory limit of %s%s\n", p->total <= limit ? "fits" : "EXCEEDS", l,
+            p->act_unknown && p->total <= limit ? " without the activations, which are not estimated" : "");
   }
 }
 

@@ -382,6 +382,9 @@ static void model(sim *s, const tdm_model_config *m, int64_t B, int64_t T, int64
 
 tdm_status tdm__plan_tape(const tdm_model_config *m, int64_t B, int64_t T, int64_t accum, int train, tdm_recompute recompute,
                           tdm_dtype precision, tdm__tape_plan *out) {
+  if (m->kind != TDM_MODEL_MLP && m->kind != TDM_MODEL_CNN && m->kind != TDM_MODEL_GPT && m->kind != TDM_MODEL_LLAMA)
+    return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "plan: the activations of --model %s are not estimated (no walk of its tape)",
+                          tdm_model_kind_name(m->kind));
   sim s;
   memset(&s, 0, sizeof s);
   s.train = train;

@@ -11,6 +11,7 @@ typedef struct {
   int64_t leaves; /* leaves beyond the parameters (a recomputed block's input) */
 } tdm__tape_plan;
 
+/* TDM_ERR_NOT_SUPPORTED for a model whose walk is not written (resnet). */
 /* B samples of T tokens (T: language models only); train: gradients recorded, dropout on, then
  * backward (seeded by a tensor of its own when accum > 1); recompute and precision (the autocast
  * dtype) as the tape would. */

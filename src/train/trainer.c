@@ -146,7 +146,7 @@ static tdm_status parse_kinds(const tdm_train_config *c, tdm_model_kind *mk, tdm
     return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "train: resnet with --ps-servers: batch norm writes its running statistics "
                                                  "into the parameters in forward, and each pull from the servers would overwrite "
                                                  "them; use data parallelism (--zero 0, 1 or 2)");
-  if ((c->crop_pad > 0 || c->flip) && (*mk == TDM_MODEL_MLP || *mk == TDM_MODEL_GPT))
+  if ((c->crop_pad > 0 || c->flip) && (*mk == TDM_MODEL_MLP || is_lm(*mk)))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --crop-pad %d / --flip with model %s: augmentation needs image inputs (cnn, resnet)",
                           c->crop_pad, c->model);
   if (c->sync_bn && *mk != TDM_MODEL_RESNET)
@@ -168,9 +168,9 @@ static tdm_status parse_kinds(const tdm_train_config *c, tdm_model_kind *mk, tdm
   if (e->kind == TDM_ENGINE_ZERO && e->dp.wire_dtype != TDM_F32)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --compress %s with --zero %d: ZeRO reduces gradients in f32 only",
                           tdm_dtype_name(e->dp.wire_dtype), e->zero.stage);
-  if (e->precision != TDM_F32 && *mk == TDM_MODEL_CNN)
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --precision %s with --model cnn: its convolution and pooling are f32 only; mixed precision runs mlp, gpt and llama",
-                          e->precision == TDM_BF16 ? "bf16" : "fp16");
+  if (e->precision != TDM_F32 && (*mk == TDM_MODEL_CNN || *mk == TDM_MODEL_RESNET))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --precision %s with --model %s: its convolution%s are f32 only; mixed precision runs mlp, gpt and llama",
+                          e->precision == TDM_BF16 ? "bf16" : "fp16", c->model, *mk == TDM_MODEL_CNN ? " and pooling" : ", batch norm and pooling");
   if ((unsigned)e->recompute >= TDM_RECOMPUTE_COUNT || (e->recompute != TDM_RECOMPUTE_NONE && !is_lm(*mk)))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --recompute %s with --model %s; recomputation applies to the transformer blocks of gpt and llama",
                           tdm_recompute_name(e->recompute), c->model);
@@ -579,7 +579,7 @@ static tdm_status prepare(const tdm_train_config *c, int W, int D, int R, int P,
   oc.nesterov = c->nesterov;
   tdm_engine_config ec = c->engine;
   ec.allow_nonfinite = c->allow_nonfinite;
-  if (c->label_smoothing > 0 && (mk == TDM_MODEL_GPT || !(c->label_smoothing < 1)))
+  if (c->label_smoothing > 0 && (is_lm(mk) || !(c->label_smoothing < 1)))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --label-smoothing %g with model %s; expected 0 <= eps < 1, for the image classifiers",
                           c->label_smoothing, c->model);
   ec.label_smoothing = (float)c->label_smoothing;

@@ -129,4 +129,12 @@ check "bad input: loss-scale flags without fp16" expect_fail 2 "apply to --preci
   "$TANDEM" train "${SMALL[@]}" --precision bf16 --loss-scale-window 10 --steps 1
 check "bad input: --precision with the CNN" expect_fail 1 "--precision bf16 with --model cnn" \
   "$TANDEM" train --model cnn --data synthetic --precision bf16 --steps 1
+check "bad input: --precision with the ResNet" expect_fail 1 "--precision fp16 with --model resnet" \
+  "$TANDEM" train --model resnet --width 4 --data synthetic --precision fp16 --steps 1
+check "bad input: --recompute with the ResNet" expect_fail 1 "--recompute block with --model resnet" \
+  "$TANDEM" train --model resnet --width 4 --data synthetic --recompute block --steps 1
+check "bad input: image augmentation with Llama" expect_fail 1 "--flip with model llama: augmentation needs image inputs" \
+  "$TANDEM" train "${SMALL[@]}" --flip --steps 1
+check "bad input: label smoothing with Llama" expect_fail 1 "--label-smoothing 0.1 with model llama" \
+  "$TANDEM" train "${SMALL[@]}" --label-smoothing 0.1 --steps 1
 finish

@@ -125,4 +125,16 @@ limit_refused() {
   "$TANDEM" plan --memory-limit 1G "${MLP[@]}" | grep -q "fits the memory limit of 1.00 GiB"
 }
 check "a run the plan does not fit is refused before step 1, naming the excess and the largest part" limit_refused
+
+resnet_unestimated() { # no walk of the ResNet's tape: the plan says so rather than print a number
+  local t j
+  t=$("$TANDEM" plan --model resnet --width 4 --data synthetic --memory-limit 1G) || { echo "  plan failed: $t"; return 1; }
+  grep -q "activations .*NOT ESTIMATED" <<<"$t" && grep -q "total .*without the activations" <<<"$t" &&
+    grep -q "fits the memory limit of 1.00 GiB without the activations" <<<"$t" || { echo "$t"; return 1; }
+  j=$("$TANDEM" plan --model resnet --width 4 --data synthetic --json --memory-limit 1G) || return 1
+  [[ $j == *'"activations":null'* && $j == *'"activations_estimated":false'* && $j == *'"fits":null'* ]] || { echo "  $j"; return 1; }
+  j=$("$TANDEM" plan "${MLP[@]}" --json) || return 1
+  [[ $j == *'"activations_estimated":true'* && $j != *null* ]] || { echo "  mlp: $j"; return 1; }
+}
+check "resnet: the plan says its activations are not estimated (text and JSON: null), never a number" resnet_unestimated
 finish
