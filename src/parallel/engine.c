@@ -250,6 +250,8 @@ int tdm_engine_pieces(const tdm_engine *e, const tdm_engine_piece **pieces) {
 static tdm_tensor *forward(tdm_engine *e, tdm_tensor *x, tdm_tensor *y, tdm_step_stats *st) {
   if (e->ops->loss) return e->ops->loss(e, x, y, st);
   tdm_tensor *logits = tdm_model_forward(e->model, e->tape, x);
+  /* label smoothing's op reads f32: 16-bit logits widened (exact), as the plain loss reads them */
+  if (logits && e->cfg.label_smoothing > 0 && logits->dtype != TDM_F32) logits = tdm_cast(e->tape, logits, TDM_F32);
   tdm_tensor *loss = e->cfg.label_smoothing > 0 ? tdm_cross_entropy_smooth(e->tape, logits, y, -100, e->cfg.label_smoothing)
                                                 : tdm_cross_entropy(e->tape, logits, y, -100);
   if (loss) tdm__engine_count_correct(logits, y, &st->correct, &st->rows);

@@ -135,6 +135,20 @@ check "bad input: --recompute with the ResNet" expect_fail 1 "--recompute block 
   "$TANDEM" train --model resnet --width 4 --data synthetic --recompute block --steps 1
 check "bad input: image augmentation with Llama" expect_fail 1 "--flip with model llama: augmentation needs image inputs" \
   "$TANDEM" train "${SMALL[@]}" --flip --steps 1
+smooth_16() { # label smoothing under bf16 / fp16 (its op reads f32: the logits widened) trains as f32 does
+  local p l0 l
+  for p in fp32 bf16 fp16; do
+    "$TANDEM" train --model mlp --data synthetic --label-smoothing 0.1 --precision $p --steps 2 --metrics "$TMP/ls_$p.jsonl" \
+      >"$TMP/out" 2>"$TMP/err" || { echo "  $p:"; tail -3 "$TMP/err"; return 1; }
+  done
+  l0=$(head -1 "$TMP/ls_fp32.jsonl" | grep -o '"loss":[0-9.e+-]*' | cut -d: -f2)
+  for p in bf16 fp16; do
+    l=$(head -1 "$TMP/ls_$p.jsonl" | grep -o '"loss":[0-9.e+-]*' | cut -d: -f2)
+    echo "  step 0 loss: fp32 $l0, $p $l"
+    awk -v a="$l0" -v b="$l" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0 && d <= 0.01 * a) }' || return 1
+  done
+}
+check "mlp: --label-smoothing with --precision bf16 and fp16: step 0's loss within 1% of fp32's" smooth_16
 check "bad input: label smoothing with Llama" expect_fail 1 "--label-smoothing 0.1 with model llama" \
   "$TANDEM" train "${SMALL[@]}" --label-smoothing 0.1 --steps 1
 finish
