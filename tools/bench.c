@@ -172,6 +172,7 @@ static int64_t check(tdm_comm_t c, bctx *b, void *sbuf, void *rbuf, size_t count
 
 int tool_bench(int argc, char **argv) {
   if (argc >= 1 && !strcmp(argv[0], "gpt")) return tool_bench_gpt(argc - 1, argv + 1);
+  if (argc >= 1 && !strcmp(argv[0], "llama")) return tool_bench_llama(argc - 1, argv + 1);
   int64_t minb, maxb, factor, iters, warmup, checkv, root;
   const char *dtype, *redop, *algo_s, *json, *transport;
   cli_opt opts[] = {
@@ -193,7 +194,8 @@ int tool_bench(int argc, char **argv) {
     if (argc >= 1 && (!strcmp(argv[0], "--help") || !strcmp(argv[0], "-h"))) {
       cli_help(stdout, "bench", USAGE, opts, nopt);
       printf("\nRun under the launcher: tandem run -n 2 -- tandem bench allreduce -b 8 -e 64M\n"
-             "A GPT training step: tandem bench gpt [options] (tandem bench gpt --help)\n");
+             "A GPT training step: tandem bench gpt [options] (tandem bench gpt --help)\n"
+             "A Llama training step: tandem bench llama [options] (tandem bench llama --help)\n");
       return 0;
     }
     fprintf(stderr, "tandem bench: name a collective first (tandem bench --help)\n");

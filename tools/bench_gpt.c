@@ -1,14 +1,15 @@
-/* tandem bench gpt: the speed of one GPT training step (forward, backward, AdamW; fp32) on random
- * tokens, as bench/gpt_vs_pytorch.sh compares it with PyTorch. The step is tdm_engine_step, the
- * one tandem train runs: on one process, or under tandem run on several with data parallelism,
- * ZeRO (--zero), tensor parallelism (--tp) or a pipeline (--pp, with the bubble each stage measured
- * against its schedule's). Prints the median time of each phase, model FLOP/s as a share of the FMA peak, the
+/* tandem bench gpt | llama: the speed of one GPT or Llama training step (forward, backward, AdamW;
+ * fp32 unless --precision) on random tokens, as bench/gpt_vs_pytorch.sh compares it with PyTorch. The step is
+ * tdm_engine_step, the one tandem train runs: on one process, or under tandem run on several with data
+ * parallelism, ZeRO (--zero), tensor parallelism (--tp, GPT) or a pipeline (--pp, GPT, with the bubble each
+ * stage measured against its schedule's). Prints the median time of each phase, model FLOP/s as a share of the FMA peak, the
  * optimizer against its memory-traffic floor, allocations in the steady state, the memory held
  * per category and the peak resident memory (the largest of any rank). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/resource.h>
 
 #include "cli.h"
@@ -51,6 +52,11 @@ static double floor_ms(int64_t n, int reps) {
   floor_ctx c = {n, NULL, NULL, NULL, NULL};
   float **arr[4] = {&c.p, &c.g, &c.m, &c.v};
   double t[16], out = NAN;
+  /* four arrays of n floats beside the engine's state: calloc succeeds whatever the size (the
+   * kernel overcommits) and touching them would bring the OOM killer (Llama 3.2 1B: 20 GB), so
+   * measure only within the free memory */
+  long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page > 0 && 16.0 * (double)n > 0.8 * (double)pages * (double)page) return NAN;
   for (int k = 0; k < 4; k++)
     if (!(*arr[k] = calloc((size_t)n, sizeof(float)))) goto done;
   if (reps > 16) reps = 16;
@@ -97,20 +103,27 @@ static tdm_status random_tokens(void *ctx, tdm_tape *tp, int64_t micro, tdm_tens
   return TDM_OK;
 }
 
-int tool_bench_gpt(int argc, char **argv) {
-  const char *config = NULL;
+static int bench_lm(int argc, char **argv, int llama) {
+  const char *config = NULL, *optimizer = NULL, *recompute = NULL, *precision = NULL;
   /* the ranges keep every size of the step (parameters, B x heads x T x T attention scores) inside
    * int64 bytes: what does not fit in memory fails to allocate, nothing overflows */
   int64_t layers = 0, heads = 0, width = 0, block = 0, vocab = 0, B = 4, T = 64, steps = 10, warmup = 3, threads = 1,
-          seed = 1;
+          seed = 1, kv_heads = 0, ffn = 0;
   int64_t zero = 0, zero_unit = 1, tp = 1, pp = 1, accum = 1;
   const char *schedule = NULL;
   double peak = 102.5, bucket_mb = 25;
   int json = 0;
+  cli_opt gpt_config = {"config", CLI_CHOICE, &config, "mini", "architecture (mini: 4 layers, 4 heads, 256 wide, block 128, vocab 256)", "mini|gpt2-124M", 0, 0, 0};
+  cli_opt llama_config = {"config", CLI_CHOICE, &config, "llama-mini", "architecture (llama-mini: GPT mini's size, 2 key/value heads; llama3.2-1B: Meta's, 1.24 B parameters)", "llama-mini|llama3.2-1B", 0, 0, 0};
   cli_opt opts[] = {
-      {"config", CLI_CHOICE, &config, "mini", "architecture (mini: 4 layers, 4 heads, 256 wide, block 128, vocab 256)", "mini|gpt2-124M", 0, 0, 0},
+      gpt_config,
       {"layers", CLI_INT, &layers, "0", "transformer blocks (0: from --config)", NULL, 0, 1000, 0},
       {"heads", CLI_INT, &heads, "0", "attention heads (0: from --config)", NULL, 0, 1000, 0},
+      {"kv-heads", CLI_INT, &kv_heads, "0", "llama: key/value heads (0: from --config)", NULL, 0, 1000, 0},
+      {"ffn-width", CLI_INT, &ffn, "0", "llama: SwiGLU width (0: from --config)", NULL, 0, 1e6, 0},
+      {"optimizer", CLI_CHOICE, &optimizer, "adamw", "the update (sgd: no state, for a model whose Adam moments do not fit)", "adamw|sgd", 0, 0, 0},
+      {"recompute", CLI_CHOICE, &recompute, "none", "activation recomputation (block: each transformer block again in backward; selective: the attention probabilities)", "none|block|selective", 0, 0, 0},
+      {"precision", CLI_CHOICE, &precision, "fp32", "activations and products in bf16 or fp16 (master weights f32; fp16 with loss scaling)", "fp32|bf16|fp16", 0, 0, 0},
       {"width", CLI_INT, &width, "0", "embedding width (0: from --config)", NULL, 0, 65536, 0},
       {"block", CLI_INT, &block, "0", "context length (0: from --config)", NULL, 0, 65536, 0},
       {"vocab", CLI_INT, &vocab, "0", "vocabulary size (0: from --config)", NULL, 0, 1e7, 0},
@@ -131,11 +144,25 @@ int tool_bench_gpt(int argc, char **argv) {
       {"accum", CLI_INT, &accum, "1", "micro-batches per step (of --batch-size each; a pipeline's micro-batches)", NULL, 1, 1 << 20, 0},
   };
   int n = (int)(sizeof opts / sizeof opts[0]);
-  int pr = cli_parse("bench gpt", "[options]", opts, n, argc, argv);
+  if (llama) opts[0] = llama_config;
+  int pr = cli_parse(llama ? "bench llama" : "bench gpt", "[options]", opts, n, argc, argv);
   if (pr) return pr == 1 ? 0 : 2;
+  if (!llama && (kv_heads || ffn)) {
+    fprintf(stderr, "tandem bench gpt: --kv-heads and --ffn-width apply to tandem bench llama\n");
+    return 2;
+  }
   tdm_model_config mc;
   int64_t given[5] = {layers, heads, width, block, vocab};
-  if (tdm_model_config_gpt(config, given, &mc) != TDM_OK) { /* the option table admits only the two names */
+  if (llama) {
+    if (tdm_model_config_llama(config, &mc) != TDM_OK) {
+      fprintf(stderr, "tandem bench llama: %s\n", tdm_last_error());
+      return 2;
+    }
+    int64_t g7[7] = {layers, heads, kv_heads, width, ffn, block, vocab};
+    int64_t *field[7] = {&mc.n_layer, &mc.n_head, &mc.n_kv_head, &mc.n_embd, &mc.ffn_hidden, &mc.block_size, &mc.vocab_size};
+    for (int i = 0; i < 7; i++)
+      if (g7[i] > 0) *field[i] = g7[i];
+  } else if (tdm_model_config_gpt(config, given, &mc) != TDM_OK) { /* the option table admits only the two names */
     fprintf(stderr, "tandem bench gpt: %s\n", tdm_last_error());
     return 2;
   }
@@ -156,15 +183,15 @@ int tool_bench_gpt(int argc, char **argv) {
          *t_wait = calloc((size_t)total, sizeof(double));
   int rc = 1, R = 0, W = 1;
   if (!t_fwd || !t_bwd || !t_opt || !t_all || !t_wait) {
-    fprintf(stderr, "tandem bench gpt: out of memory\n");
+    fprintf(stderr, "tandem bench: out of memory\n");
     goto out;
   }
   tdm_comm_config cc;
   tdm_status st = tdm_comm_config_from_env(&cc);
   if (st == TDM_OK && cc.size > 1) st = tdm_comm_create(&comm, &cc);
   R = comm ? tdm_comm_rank(comm) : 0, W = comm ? tdm_comm_size(comm) : 1;
-  tdm_optim_config oc = tdm_optim_config_default(TDM_OPT_ADAMW);
-  oc.lr = 3e-4f, oc.beta2 = 0.95f, oc.weight_decay = 0.1f, oc.decay_matrices_only = 1;
+  tdm_optim_config oc = tdm_optim_config_default(strcmp(optimizer, "sgd") ? TDM_OPT_ADAMW : TDM_OPT_SGD);
+  if (oc.kind == TDM_OPT_ADAMW) oc.lr = 3e-4f, oc.beta2 = 0.95f, oc.weight_decay = 0.1f, oc.decay_matrices_only = 1;
   tdm_engine_config ec = tdm_engine_config_default();
   ec.kind = pp > 1 ? TDM_ENGINE_PIPELINE : tp > 1 ? TDM_ENGINE_TP : zero ? TDM_ENGINE_ZERO : TDM_ENGINE_DP;
   if ((tp > 1 || pp > 1) && zero) {
@@ -176,11 +203,13 @@ int tool_bench_gpt(int argc, char **argv) {
   ec.zero.stage = zero ? (int)zero : 1;
   ec.zero.unit_modules = (int)zero_unit;
   ec.dp.bucket_bytes = ec.zero.bucket_bytes = (size_t)(bucket_mb * 1048576.0);
+  ec.precision = !strcmp(precision, "bf16") ? TDM_BF16 : !strcmp(precision, "fp16") ? TDM_F16 : TDM_F32;
+  ec.recompute = !strcmp(recompute, "block") ? TDM_RECOMPUTE_BLOCK : !strcmp(recompute, "selective") ? TDM_RECOMPUTE_SELECTIVE : TDM_RECOMPUTE_NONE;
   if (st == TDM_OK) st = tdm_engine_check(&mc, &ec, W, 0, (int)tp, (int)pp);
   if (st == TDM_OK) st = tdm_grid_create(&grid, comm, 0, (int)tp, (int)pp);
   if (st == TDM_OK) st = tdm_engine_create(&eng, &mc, (uint64_t)seed, &oc, grid, &ec);
   if (st != TDM_OK) {
-    fprintf(stderr, "tandem bench gpt: %s\n", tdm_last_error());
+    fprintf(stderr, "tandem bench: %s\n", tdm_last_error());
     goto out;
   }
   tdm_params *params = tdm_model_params(tdm_engine_model(eng));
@@ -195,7 +224,7 @@ int tool_bench_gpt(int argc, char **argv) {
     double t0 = tdm_time_now();
     tdm_step_stats ss;
     if (tdm_engine_step(eng, random_tokens, &bt, (uint64_t)s, oc.lr, &ss) != TDM_OK) {
-      fprintf(stderr, "tandem bench gpt: step %lld: %s\n", (long long)s, tdm_last_error());
+      fprintf(stderr, "tandem bench: step %lld: %s\n", (long long)s, tdm_last_error());
       goto out;
     }
     t_all[s] = (tdm_time_now() - t0) * 1e3;
@@ -209,8 +238,10 @@ int tool_bench_gpt(int argc, char **argv) {
   int nt = tdm_get_num_threads();
   int64_t np = tdm_params_numel(params), C = mc.n_embd, L = mc.n_layer;
   /* nanoGPT's convention: 6 FLOPs per parameter and token (position embeddings excluded, the tied
-   * lm_head counted once) plus 12 L C T per token for attention (full T x T, as if unmasked) */
-  double flops = (6.0 * (double)(np - mc.block_size * C) + 12.0 * (double)(L * C * T)) * (double)(B * T * accum) / (double)pp; /* per rank */
+   * lm_head counted once; a Llama's untied input embedding excluded: a lookup) plus 12 L C T per
+   * token for attention (full T x T, as if unmasked) */
+  int64_t lookup = llama ? (mc.tie_embeddings ? 0 : mc.vocab_size * C) : mc.block_size * C;
+  double flops = (6.0 * (double)(np - lookup) + 12.0 * (double)(L * C * T)) * (double)(B * T * accum) / (double)pp; /* per rank */
   double ms = median(t_all + warmup, (int)steps), fwd = median(t_fwd + warmup, (int)steps),
          bwd = median(t_bwd + warmup, (int)steps), optm = median(t_opt + warmup, (int)steps),
          wait = median(t_wait + warmup, (int)steps);
@@ -236,7 +267,7 @@ int tool_bench_gpt(int argc, char **argv) {
   if (comm) { /* the largest of any rank; the step time is rank 0's */
     double mx[2] = {rss_mib, held};
     if (tdm_comm_allreduce(comm, mx, mx, 2, TDM_F64, TDM_MAX, TDM_ALGO_AUTO) != TDM_OK) {
-      fprintf(stderr, "tandem bench gpt: %s\n", tdm_last_error());
+      fprintf(stderr, "tandem bench: %s\n", tdm_last_error());
       goto out;
     }
     rss_mib = mx[0], held = mx[1];
@@ -251,14 +282,14 @@ int tool_bench_gpt(int argc, char **argv) {
   double sent_psi = W > 1 && tp == 1 ? sent / (4.0 * (double)np * (double)(W - 1) / (double)W) : 0;
   double frac = flops / (double)tp / (ms * 1e-3) / (peak * 1e9 * nt); /* tensor parallelism: a T-th each */
   if (json) {
-    printf("{\"config\":\"%s\",\"layers\":%lld,\"heads\":%lld,\"width\":%lld,\"vocab\":%lld,\"batch\":%lld,\"seq\":%lld,"
+    printf("{\"model\":\"%s\",\"config\":\"%s\",\"layers\":%lld,\"heads\":%lld,\"width\":%lld,\"vocab\":%lld,\"batch\":%lld,\"seq\":%lld,"
            "\"threads\":%d,\"params\":%lld,\"ms\":%.3f,\"fwd_ms\":%.3f,\"bwd_ms\":%.3f,\"opt_ms\":%.3f,\"gflop\":%.4f,"
            "\"peak_fraction\":%.4f,\"opt_floor_ms\":%.3f,\"allocs_per_step\":%.3f,\"peak_rss_mib\":%.1f,"
            "\"ranks\":%d,\"zero\":%lld,\"tp\":%lld,\"comm_wait_ms\":%.3f,\"cpu_ms\":%.3f,\"sent_bytes_per_step\":%.0f,"
-           "\"sent_psi\":%.4f,\"held_mib\":%.2f",
-           config, (long long)L, (long long)mc.n_head, (long long)C, (long long)mc.vocab_size, (long long)B, (long long)T, nt,
-           (long long)np, ms, fwd, bwd, optm, flops * 1e-9, frac, fl_ms, (double)allocs / (double)steps, rss_mib, W,
-           (long long)zero, (long long)tp, wait, cpu_ms, sent, sent_psi, held / 1048576.0);
+           "\"sent_psi\":%.4f,\"held_mib\":%.2f,\"recompute\":\"%s\",\"precision\":\"%s\"",
+           llama ? "llama" : "gpt", config, (long long)L, (long long)mc.n_head, (long long)C, (long long)mc.vocab_size, (long long)B,
+           (long long)T, nt, (long long)np, ms, fwd, bwd, optm, flops * 1e-9, frac, fl_ms, (double)allocs / (double)steps, rss_mib, W,
+           (long long)zero, (long long)tp, wait, cpu_ms, sent, sent_psi, held / 1048576.0, recompute, precision);
     for (int k = 0; k < TDM_MEM_COUNT; k++)
       printf(",\"%s_mib\":%.2f", tdm_mem_category_name((tdm_mem_category)k), (double)mem.peak[k] / 1048576.0);
     printf(",\"pp\":%lld,\"accum\":%lld,\"schedule\":\"%s\",\"ranks_detail\":[", (long long)pp, (long long)accum,
@@ -268,9 +299,9 @@ int tool_bench_gpt(int argc, char **argv) {
              stage[4 * r + 1], stage[4 * r + 2], stage[4 * r + 3]);
     printf("]}\n");
   } else {
-    printf("# tandem GPT step: %lld layers, %lld heads, width %lld, vocab %lld (%lld parameters), B=%lld T=%lld, %d thread%s; %s\n",
-           (long long)L, (long long)mc.n_head, (long long)C, (long long)mc.vocab_size, (long long)np, (long long)B,
-           (long long)T, nt, nt == 1 ? "" : "s", tdm_engine_describe(eng));
+    printf("# tandem %s step: %lld layers, %lld heads, width %lld, vocab %lld (%lld parameters), B=%lld T=%lld, %d thread%s; %s; recompute %s, precision %s\n",
+           llama ? "Llama" : "GPT", (long long)L, (long long)mc.n_head, (long long)C, (long long)mc.vocab_size, (long long)np, (long long)B,
+           (long long)T, nt, nt == 1 ? "" : "s", tdm_engine_describe(eng), recompute, precision);
     printf("step        %9.2f ms (median of %lld)\n", ms, (long long)steps);
     printf("  CPU time  %9.2f ms per step, every thread of rank 0 (mean)\n", cpu_ms);
     if (W > 1)
@@ -280,8 +311,8 @@ int tool_bench_gpt(int argc, char **argv) {
       printf("  sent      %9.2f MiB per step by rank 0: %.3f x 4 bytes x Ψ(N-1)/N\n", sent / 1048576.0, sent_psi);
     else if (W > 1)
       printf("  sent      %9.2f MiB per step by rank 0 (world and axes)\n", sent / 1048576.0);
-    printf("  forward   %9.2f ms\n  backward  %9.2f ms\n  optimizer %9.2f ms (AdamW; memory-traffic floor %.2f ms, %.2fx)\n",
-           fwd, bwd, optm, fl_ms, optm / fl_ms);
+    printf("  forward   %9.2f ms\n  backward  %9.2f ms\n  optimizer %9.2f ms (%s; memory-traffic floor %.2f ms, %.2fx; nan: no memory to measure it)\n",
+           fwd, bwd, optm, oc.kind == TDM_OPT_SGD ? "SGD" : "AdamW", fl_ms, optm / fl_ms);
     printf("model FLOPs %9.2f GFLOP per step: %.1f GFLOP/s, %.1f%% of the FMA peak (%g GFLOP/s x %d)\n", flops * 1e-9,
            flops / (ms * 1e-3) * 1e-9, 100 * frac, peak, nt);
     printf("allocations %9.2f per steady-state step\npeak RSS    %9.1f MiB%s\n", (double)allocs / (double)steps, rss_mib,
@@ -302,3 +333,6 @@ out:
   free(t_fwd), free(t_bwd), free(t_opt), free(t_all), free(t_wait);
   return rc;
 }
+
+int tool_bench_gpt(int argc, char **argv) { return bench_lm(argc, argv, 0); }
+int tool_bench_llama(int argc, char **argv) { return bench_lm(argc, argv, 1); }

@@ -47,6 +47,7 @@ int tool_ps_replay(int argc, char **argv);
 int tool_run(int argc, char **argv);
 int tool_bench(int argc, char **argv);
 int tool_bench_gpt(int argc, char **argv);
+int tool_bench_llama(int argc, char **argv);
 int tool_weights_diff(int argc, char **argv);
 int tool_generate(int argc, char **argv);
 int tool_checkpoint(int argc, char **argv);

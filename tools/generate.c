@@ -1,9 +1,9 @@
-/* tandem generate: sample text from a GPT weights file or the newest valid checkpoint of a
- * training run with a key/value cache. Bytes are tokens. The architecture comes from the file's
- * metadata (written by tandem train --model gpt) or, for files without it (nanoGPT's weights
- * saved as safetensors), from --layers --heads --width --block --vocab; flags that contradict the
- * metadata are an error, and either way it must match the file's tensor shapes before anything
- * is allocated. */
+/* tandem generate: sample text from a GPT or Llama weights file or the newest valid checkpoint of
+ * a training run with a key/value cache. Bytes are tokens. The architecture comes from the file's
+ * metadata (written by tandem train --model gpt|llama) or, for files without it, from flags:
+ * nanoGPT's weights saved as safetensors take --layers --heads --width --block --vocab, Hugging
+ * Face's Llama weights --model llama --config NAME. Flags that contradict the metadata are an
+ * error, and either way it must match the file's tensor shapes before anything is allocated. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -141,13 +141,98 @@ static int nanogpt_extras(const tdm_safetensors *f, const char *path, tdm_params
   return extras;
 }
 
+/* A metadata value as an integer in [lo, hi] or a float in (lo, hi]; 0, or 1 after printing why. */
+static int meta_int(const source *f, const char *path, const char *key, int64_t lo, int64_t hi, int64_t *out) {
+  const char *v = src_meta(f, key);
+  if (v && !cli_parse_int(v, lo, hi, out)) return 0;
+  fprintf(stderr, "tandem generate: %s: metadata %s = '%s'; expected an integer in %lld..%lld\n", path, key, v ? v : "(missing)",
+          (long long)lo, (long long)hi);
+  return 1;
+}
+
+static int meta_float(const source *f, const char *path, const char *key, double lo, double hi, float *out) {
+  const char *v = src_meta(f, key);
+  double d;
+  if (v && !cli_parse_float(v, lo, hi, &d)) {
+    *out = (float)d;
+    return 0;
+  }
+  fprintf(stderr, "tandem generate: %s: metadata %s = '%s'; expected a number in %g..%g\n", path, key, v ? v : "(missing)", lo, hi);
+  return 1;
+}
+
+/* A Llama's architecture from the metadata (Hugging Face's config.json names, as tandem train
+ * writes them), or from --config for a file without it. Returns 0, or the exit code. */
+static int llama_architecture(const source *f, const char *path, const char *config, tdm_model_config *mc) {
+  if (!src_meta(f, "architectures")) {
+    if (!config || tdm_model_config_llama(config, mc) != TDM_OK) {
+      fprintf(stderr, "tandem generate: %s has no architecture in its metadata: give --config llama-mini or llama3.2-1B%s%s%s\n",
+              path, config ? " (" : "", config ? tdm_last_error() : "", config ? ")" : "");
+      return 2;
+    }
+    return 0;
+  }
+  tdm_model_config_llama(NULL, mc);
+  int64_t v[7];
+  const char *keys[7] = {"num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size",
+                         "intermediate_size", "max_position_embeddings", "vocab_size"};
+  int64_t *field[7] = {&mc->n_layer, &mc->n_head, &mc->n_kv_head, &mc->n_embd, &mc->ffn_hidden, &mc->block_size, &mc->vocab_size};
+  for (int i = 0; i < 7; i++) {
+    if (meta_int(f, path, keys[i], 1, i == 5 ? (int64_t)1 << 24 : (int64_t)1e7, &v[i])) return 1;
+    *field[i] = v[i];
+  }
+  if (meta_float(f, path, "rope_theta", 1, 1e12, &mc->rope.theta) || meta_float(f, path, "rms_norm_eps", 0, 1, &mc->norm_eps))
+    return 1;
+  const char *sc = src_meta(f, "rope_scaling"), *tie = src_meta(f, "tie_word_embeddings");
+  double fa, lo, hi;
+  long long orig;
+  int end = 0;
+  if (sc && !strcmp(sc, "none")) {
+    mc->rope.factor = 0;
+  } else if (sc && sscanf(sc, "llama3,%lf,%lf,%lf,%lld%n", &fa, &lo, &hi, &orig, &end) == 4 && !sc[end]) {
+    mc->rope = (tdm_rope_config){mc->rope.theta, (float)fa, (float)lo, (float)hi, orig};
+  } else {
+    fprintf(stderr, "tandem generate: %s: metadata rope_scaling = '%s'; expected none or llama3,FACTOR,LOW,HIGH,CONTEXT\n", path,
+            sc ? sc : "(missing)");
+    return 1;
+  }
+  if (!tie || (strcmp(tie, "true") && strcmp(tie, "false"))) {
+    fprintf(stderr, "tandem generate: %s: metadata tie_word_embeddings = '%s'; expected true or false\n", path, tie ? tie : "(missing)");
+    return 1;
+  }
+  mc->tie_embeddings = !strcmp(tie, "true");
+  return 0; /* tdm_model_create judges the combination */
+}
+
+/* The Llama's embedding and layer count against the file's tensors (tdm_params_load checks the rest). */
+static int llama_matches_file(const source *f, const char *path, const tdm_model_config *mc) {
+  const char *prefix = f->ck ? "model." : "";
+  shape_of sh;
+  const shape_of *t = find(f, "model.embed_tokens.weight", &sh);
+  if (!t || t->ndim != 2 || t->shape[0] != mc->vocab_size || t->shape[1] != mc->n_embd) {
+    char got[96];
+    fprintf(stderr, "tandem generate: %s: %smodel.embed_tokens.weight is %s; the architecture needs (%lld, %lld)\n", path, prefix,
+            t ? tdm_shape_str(t->ndim, t->shape, got, sizeof got) : "missing", (long long)mc->vocab_size, (long long)mc->n_embd);
+    return 2;
+  }
+  char last[80], next[80];
+  snprintf(last, sizeof last, "model.layers.%lld.input_layernorm.weight", (long long)(mc->n_layer - 1));
+  snprintf(next, sizeof next, "model.layers.%lld.input_layernorm.weight", (long long)mc->n_layer);
+  if (!find(f, last, &sh) || find(f, next, &sh)) {
+    fprintf(stderr, "tandem generate: %s does not hold %lld layers (%s%s %s)\n", path, (long long)mc->n_layer, prefix,
+            find(f, next, &sh) ? next : last, find(f, next, &sh) ? "exists" : "is missing");
+    return 2;
+  }
+  return 0;
+}
+
 static int fail(const char *what) {
   fprintf(stderr, "tandem generate: %s%s\n", what, tdm_last_error());
   return 1;
 }
 
 int tool_generate(int argc, char **argv) {
-  const char *weights, *ckpt_dir, *prompt, *logits_out;
+  const char *weights, *ckpt_dir, *prompt, *logits_out, *model, *config;
   int64_t tokens, top_k, seed, flag[ARCH_N];
   double temperature;
   cli_opt opts[] = {
@@ -159,6 +244,8 @@ int tool_generate(int argc, char **argv) {
       {"top-k", CLI_INT, &top_k, "40", "sample among the k most likely tokens (1: greedy, 0: all)", NULL, 0, 1e7, 0},
       {"seed", CLI_INT, &seed, "1337", "random seed", NULL, 0, 9.2e18, 0},
       {"logits-out", CLI_STRING, &logits_out, NULL, "also write the prompt's logits, (positions, vocab), as safetensors", NULL, 0, 0, 0},
+      {"model", CLI_CHOICE, &model, "auto", "the architecture of a file without metadata (auto: from the metadata, else gpt)", "auto|gpt|llama", 0, 0, 0},
+      {"config", CLI_STRING, &config, NULL, "--model llama, a file without metadata: llama-mini or llama3.2-1B", NULL, 0, 0, 0},
       {"layers", CLI_INT, &flag[ARCH_LAYERS], "0", "transformer blocks: needed without metadata, else must agree", NULL, 0, flag_max[ARCH_LAYERS], 0},
       {"heads", CLI_INT, &flag[ARCH_HEADS], "0", "attention heads: needed without metadata, else must agree", NULL, 0, flag_max[ARCH_HEADS], 0},
       {"width", CLI_INT, &flag[ARCH_WIDTH], "0", "embedding width: needed without metadata, else must agree", NULL, 0, flag_max[ARCH_WIDTH], 0},
@@ -197,11 +284,32 @@ int tool_generate(int argc, char **argv) {
   }
   src.f = f;
   int64_t arch[ARCH_N];
-  int rc = architecture(&src, weights, flag, arch);
-  if (!rc) rc = matches_file(&src, weights, arch);
+  const char *archs = src_meta(&src, "architectures");
+  int llama = archs ? !strcmp(archs, "LlamaForCausalLM") : !strcmp(model, "llama"), rc = 0;
   tdm_model_config mc = tdm_model_config_gpt_mini();
-  mc.n_layer = arch[ARCH_LAYERS], mc.n_head = arch[ARCH_HEADS], mc.n_embd = arch[ARCH_WIDTH];
-  mc.block_size = arch[ARCH_BLOCK], mc.vocab_size = arch[ARCH_VOCAB], mc.dropout = 0;
+  if (archs && !llama) {
+    fprintf(stderr, "tandem generate: %s: metadata architectures = '%s'; tandem generates with LlamaForCausalLM or a GPT\n", weights, archs);
+    rc = 2;
+  } else if (llama) {
+    int given = 0;
+    for (int i = 0; i < ARCH_N; i++) given |= flag[i] > 0;
+    if (given || !strcmp(model, "gpt")) {
+      fprintf(stderr, "tandem generate: %s holds a Llama: --layers --heads --width --block --vocab and --model gpt apply to GPT files only\n", weights);
+      rc = 2;
+    }
+    if (!rc) rc = llama_architecture(&src, weights, config, &mc);
+    if (!rc) rc = llama_matches_file(&src, weights, &mc);
+  } else {
+    if (config) {
+      fprintf(stderr, "tandem generate: --config applies to --model llama (a Llama file without metadata)\n");
+      rc = 2;
+    }
+    if (!rc) rc = architecture(&src, weights, flag, arch);
+    if (!rc) rc = matches_file(&src, weights, arch);
+    mc.n_layer = arch[ARCH_LAYERS], mc.n_head = arch[ARCH_HEADS], mc.n_embd = arch[ARCH_WIDTH];
+    mc.block_size = arch[ARCH_BLOCK], mc.vocab_size = arch[ARCH_VOCAB];
+  }
+  mc.dropout = 0;
   for (size_t i = 0; !rc && i < plen; i++)
     if ((unsigned char)prompt[i] >= mc.vocab_size) {
       fprintf(stderr, "tandem generate: --prompt: byte %u (0x%02x) at position %zu is outside the model's vocabulary of %lld tokens (0..%lld)\n",
@@ -217,11 +325,12 @@ int tool_generate(int argc, char **argv) {
   tdm_kv_cache *kv = NULL;
   int extras = 0;
   if (!rc && tdm_model_create(&m, &mc, 0) != TDM_OK) rc = fail("");
-  if (!rc && !ckpt_dir && (extras = nanogpt_extras(f, weights, tdm_model_params(m))) < 0) rc = 1;
+  if (!rc && !ckpt_dir && !llama && (extras = nanogpt_extras(f, weights, tdm_model_params(m))) < 0) rc = 1;
   tdm_safetensors_destroy(f);
   if (!rc && (src.ck ? tdm_ckpt_restore(src.ck, tdm_model_params(m), NULL) : tdm_params_load(tdm_model_params(m), weights, extras)) != TDM_OK)
     rc = fail("");
-  if (!rc && tdm_kv_cache_create(&kv, m) != TDM_OK) rc = fail("");
+  /* the cache holds what this run decodes (a long-context model's block would not fit) */
+  if (!rc && tdm_kv_cache_create_len(&kv, m, (int64_t)plen + tokens) != TDM_OK) rc = fail("");
   int64_t V = mc.vocab_size, len = (int64_t)plen;
   int32_t *seq = rc ? NULL : malloc(sizeof(int32_t) * (size_t)(len + tokens + 1));
   float *all = NULL;
@@ -248,9 +357,10 @@ int tool_generate(int argc, char **argv) {
     seq[len++] = t;
     putchar(t < 256 ? t : '?');
     fflush(stdout);
-    if (tdm_kv_cache_len(kv) == mc.block_size) { /* full: keep the latest half block as context */
+    int64_t cap = tdm_kv_cache_capacity(kv);
+    if (tdm_kv_cache_len(kv) == cap) { /* full: keep the latest half of it as context */
       tdm_kv_cache_reset(kv);
-      for (int64_t i = len - mc.block_size / 2; i < len - 1 && !rc; i++)
+      for (int64_t i = len - cap / 2; i < len - 1 && !rc; i++)
         if (tdm_kv_cache_step(kv, seq[i], &logits) != TDM_OK) rc = fail("\n");
     }
     if (!rc && tdm_kv_cache_step(kv, t, &logits) != TDM_OK) rc = fail("\n");

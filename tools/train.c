@@ -33,26 +33,36 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
                   const cli_opt *extra) {
   *c = tdm_train_config_default();
   int64_t epochs, steps, batch, seed, threads, eval_batch, accum, ckpt_every, layers, heads, width, block, vocab, seq_len,
-      warmup, val_every, val_batches, zero, zero_unit, memory_limit, compress_start, tp, tp_check, dp, pp, microbatches, vstages;
+      warmup, val_every, val_batches, zero, zero_unit, memory_limit, kv_heads, ffn_width, compress_start, tp, tp_check, dp, pp,
+      microbatches, vstages;
+  double rope_theta;
+  const char *rope_scaling, *tie;
   double clip, max_time, bucket_mb;
   int resume, no_overlap, allow_nonfinite, nesterov, sync_bn, flip;
   int64_t lr_step, crop_pad;
   double lr_gamma, label_smoothing;
-  const char *prefetch, *compress, *zero_prefetch, *schedule, *lr_schedule, *pp_split;
+  const char *prefetch, *compress, *zero_prefetch, *recompute, *precision, *schedule, *lr_schedule, *pp_split;
   const char *ps_mode, *ps_delay, *ps_log;
   int64_t ps_servers, staleness;
+  double ls_init;
+  int64_t ls_window;
   double lr, dropout, wd, momentum;
-  cli_opt opts[80] = {
-      {"model", CLI_CHOICE, &c->model, "mlp", "model to train", "mlp|cnn|gpt|resnet", 0, 0, 0},
+  cli_opt opts[112] = {
+      {"model", CLI_CHOICE, &c->model, "mlp", "model to train", "mlp|cnn|gpt|llama|resnet", 0, 0, 0},
       {"data", CLI_CHOICE, &c->data, "fashion-mnist", "data set (synthetic: generated, Fashion-MNIST's shape; cifar-bin: CIFAR-10's binary batches in --data-dir; tinyshakespeare for gpt, the default there)", "fashion-mnist|mnist|synthetic|cifar-bin|tinyshakespeare", 0, 0, 0},
       {"data-path", CLI_STRING, &c->data_path, "data/tinyshakespeare.txt", "gpt: the text file (bytes are the tokens)", NULL, 0, 0, 0},
-      {"config", CLI_CHOICE, &c->gpt_config, "mini", "the architecture: gpt mini (4 layers, 4 heads, 256 wide, block 128, vocab 256) or gpt2-124M; resnet20 (the resnet default) or resnet18", "mini|gpt2-124M|resnet20|resnet18", 0, 0, 0},
-      {"layers", CLI_INT, &layers, "0", "gpt: transformer blocks (0: from --config)", NULL, 0, 1000, 0},
-      {"heads", CLI_INT, &heads, "0", "gpt: attention heads (0: from --config)", NULL, 0, 1000, 0},
-      {"width", CLI_INT, &width, "0", "gpt: embedding width; resnet: the first stage's channels (0: from --config)", NULL, 0, 1e6, 0},
-      {"block", CLI_INT, &block, "0", "gpt: context length (0: from --config)", NULL, 0, 1e6, 0},
-      {"vocab", CLI_INT, &vocab, "0", "gpt: vocabulary size (0: from --config)", NULL, 0, 1e7, 0},
-      {"seq-len", CLI_INT, &seq_len, "0", "gpt: training sequence length (0: the block size)", NULL, 0, 1e6, 0},
+      {"config", CLI_CHOICE, &c->gpt_config, "mini", "gpt, llama: the architecture (mini: 4 layers, 4 heads, 256 wide, block 128, vocab 256; llama-mini the same size, 2 key/value heads; llama3.2-1B: Meta's 1.24 B; llama's default: llama-mini; resnet20 (the resnet default) or resnet18)", "mini|gpt2-124M|llama-mini|llama3.2-1B|resnet20|resnet18", 0, 0, 0},
+      {"layers", CLI_INT, &layers, "0", "gpt, llama: transformer blocks (0: from --config)", NULL, 0, 1000, 0},
+      {"heads", CLI_INT, &heads, "0", "gpt, llama: attention heads (0: from --config)", NULL, 0, 1000, 0},
+      {"kv-heads", CLI_INT, &kv_heads, "0", "llama: key/value heads, dividing --heads (grouped-query attention; 0: from --config)", NULL, 0, 1000, 0},
+      {"width", CLI_INT, &width, "0", "gpt, llama: embedding width; resnet: the first stage's channels (0: from --config)", NULL, 0, 1e6, 0},
+      {"ffn-width", CLI_INT, &ffn_width, "0", "llama: SwiGLU hidden width (0: from --config)", NULL, 0, 1e7, 0},
+      {"block", CLI_INT, &block, "0", "gpt, llama: context length (0: from --config)", NULL, 0, 1e7, 0},
+      {"vocab", CLI_INT, &vocab, "0", "gpt, llama: vocabulary size (0: from --config)", NULL, 0, 1e7, 0},
+      {"rope-theta", CLI_FLOAT, &rope_theta, "0", "llama: base of the rotary frequencies (0: from --config: 10000, llama3.2-1B 500000)", NULL, 0, 1e12, 0},
+      {"rope-scaling", CLI_CHOICE, &rope_scaling, "auto", "llama: Llama 3's frequency scaling for long context (factor 32, 1, 4, context 8192; auto: from --config)", "auto|none|llama3", 0, 0, 0},
+      {"tie-embeddings", CLI_CHOICE, &tie, "auto", "llama: the output head is the token embedding (auto: from --config, tied for llama3.2-1B)", "auto|on|off", 0, 0, 0},
+      {"seq-len", CLI_INT, &seq_len, "0", "gpt, llama: training sequence length (0: the block size)", NULL, 0, 1e7, 0},
       {"data-dir", CLI_STRING, &c->data_dir, "/usr/share/datasets/fashion-mnist",
        "directory of the IDX files (gzip'd or not)", NULL, 0, 0, 0},
       {"epochs", CLI_INT, &epochs, "1", "passes over the training set", NULL, 1, 1e6, 0},
@@ -72,6 +82,10 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
       {"memory-limit", CLI_SIZE, &memory_limit, "0", "refuse to start when the memory plan per rank exceeds this (like 8G; 0: no limit)", NULL, 0, 0, 0},
       {"compress", CLI_STRING, &compress, "none", "gradients on the wire between ranks: none|bf16|fp16 (the dtype), topk:RATIO (the largest RATIO of each bucket, 0 < RATIO <= 1) or powersgd:RANK (low-rank factors), both with error feedback", NULL, 0, 0, 0},
       {"compress-start", CLI_INT, &compress_start, "0", "with topk/powersgd: optimizer steps sent uncompressed first (warm-up)", NULL, 0, 1e12, 0},
+      {"precision", CLI_CHOICE, &precision, "fp32", "mlp, gpt, llama: activations and products in bf16 or fp16 (fp16 with dynamic loss scaling), parameters and optimizer state f32 (master weights)", "fp32|bf16|fp16", 0, 0, 0},
+      {"loss-scale-init", CLI_FLOAT, &ls_init, "65536", "--precision fp16: the first loss scale (halved on an overflow, the step skipped)", NULL, 1e-30, 1e30, 0},
+      {"loss-scale-window", CLI_INT, &ls_window, "2000", "--precision fp16: clean steps in a row before the loss scale doubles", NULL, 1, 1e12, 0},
+      {"recompute", CLI_CHOICE, &recompute, "none", "gpt, llama: activation recomputation (block: keep each transformer block's input, run the block again in backward; selective: recompute only the attention probabilities); gradients stay bit for bit", "none|block|selective", 0, 0, 0},
       {"lr", CLI_FLOAT, &lr, "0.001", "learning rate", NULL, 0, 1e3, 0},
       {"optimizer", CLI_CHOICE, &c->optimizer, "adam", "optimizer", "sgd|adam|adamw", 0, 0, 0},
       {"weight-decay", CLI_FLOAT, &wd, "-1", "weight decay (-1: the optimizer's default, 0.01 for adamw, else 0)",
@@ -122,8 +136,14 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
     fprintf(stderr, "tandem %s: give --epochs or --steps, not both\n", cmd);
     return 2;
   }
-  int gpt = !strcmp(c->model, "gpt");
+  int llama = !strcmp(c->model, "llama"), gpt = !strcmp(c->model, "gpt") || llama;
 #define SEEN(name) cli_seen(opts, n, name)
+  if (!llama && (SEEN("kv-heads") || SEEN("ffn-width") || SEEN("rope-theta") || SEEN("rope-scaling") || SEEN("tie-embeddings"))) {
+    fprintf(stderr, "tandem %s: --kv-heads, --ffn-width, --rope-theta, --rope-scaling and --tie-embeddings apply to --model llama only (given --model %s)\n",
+            cmd, c->model);
+    return 2;
+  }
+  if (llama && !SEEN("config")) c->gpt_config = "llama-mini";
   if (gpt) { /* nanoGPT-like defaults for what the user left unset */
     if (!SEEN("data")) c->data = "tinyshakespeare";
     if (!SEEN("optimizer")) c->optimizer = "adamw";
@@ -143,6 +163,10 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
   if (zero < 3 && (SEEN("zero-unit") || SEEN("zero-prefetch"))) {
     fprintf(stderr, "tandem %s: --%s applies to --zero 3 only (given --zero %lld)\n", cmd,
             SEEN("zero-unit") ? "zero-unit" : "zero-prefetch", (long long)zero);
+    return 2;
+  }
+  if (strcmp(precision, "fp16") && (SEEN("loss-scale-init") || SEEN("loss-scale-window"))) {
+    fprintf(stderr, "tandem %s: --loss-scale-init and --loss-scale-window apply to --precision fp16 only (given --precision %s)\n", cmd, precision);
     return 2;
   }
   if (tdm_compress_check(compress) != TDM_OK) {
@@ -220,7 +244,7 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
     return 2;
   }
   if (microbatches > 0) accum = microbatches;
-  if (pp > 1 && !gpt) {
+  if (pp > 1 && strcmp(c->model, "gpt")) {
     fprintf(stderr, "tandem %s: --pp %lld cuts a transformer's blocks: it needs --model gpt (given --model %s)\n", cmd, (long long)pp,
             c->model);
     return 2;
@@ -259,9 +283,22 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
       at += len + (at[len] == ',');
     }
   }
+  /* the pipeline, tensor-parallel and parameter-server engines run f32 without recomputation: refused
+   * here, before any rank starts (a model --tp cannot split: tdm_engine_check) */
+  const char *eng = ps_servers ? "--ps-servers" : pp > 1 ? "--pp" : tp > 1 ? "--tp" : NULL;
+  if (eng && (strcmp(precision, "fp32") || strcmp(recompute, "none"))) {
+    fprintf(stderr, "tandem %s: %s with --%s %s: that engine does not implement %s yet (use --%s %s, or data parallelism / --zero)\n",
+            cmd, eng, strcmp(precision, "fp32") ? "precision" : "recompute", strcmp(precision, "fp32") ? precision : recompute,
+            strcmp(precision, "fp32") ? "mixed precision" : "activation recomputation", strcmp(precision, "fp32") ? "precision" : "recompute",
+            strcmp(precision, "fp32") ? "fp32" : "none");
+    return 2;
+  }
 #undef SEEN
   c->dp = dp, c->pp = pp;
   c->n_layer = layers, c->n_head = heads, c->n_embd = width, c->block_size = block, c->vocab_size = vocab, c->seq_len = seq_len;
+  c->n_kv_head = kv_heads, c->ffn_hidden = ffn_width, c->rope_theta = rope_theta;
+  c->rope_scaling = !strcmp(rope_scaling, "auto") ? -1 : !strcmp(rope_scaling, "llama3");
+  c->tie_embeddings = !strcmp(tie, "auto") ? -1 : !strcmp(tie, "on");
   c->warmup_steps = warmup;
   c->crop_pad = (int)crop_pad, c->flip = flip, c->label_smoothing = label_smoothing;
   c->nesterov = nesterov, c->sync_bn = sync_bn, c->lr_step_size = lr_step, c->lr_gamma = lr_gamma;
@@ -313,6 +350,10 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
   e->zero.stage = zero ? (int)zero : 1;
   e->zero.unit_modules = (int)zero_unit;
   e->zero.prefetch = !strcmp(zero_prefetch, "on");
+  e->precision = !strcmp(precision, "bf16") ? TDM_BF16 : !strcmp(precision, "fp16") ? TDM_F16 : TDM_F32;
+  e->loss_scale.init = (float)ls_init;
+  e->loss_scale.window = ls_window;
+  e->recompute = !strcmp(recompute, "block") ? TDM_RECOMPUTE_BLOCK : !strcmp(recompute, "selective") ? TDM_RECOMPUTE_SELECTIVE : TDM_RECOMPUTE_NONE;
   if (resume && !c->checkpoint_dir) {
     fprintf(stderr, "tandem %s: --resume needs --checkpoint-dir\n", cmd);
     return 2;
@@ -339,7 +380,7 @@ int tool_train(int argc, char **argv) {
     return 1;
   }
   if (res.rank != 0) return 0; /* rank 0 reports for everyone */
-  if (!strcmp(c.model, "gpt"))
+  if (!strcmp(c.model, "gpt") || !strcmp(c.model, "llama"))
     printf("val loss: %.4f nats per byte  next-byte accuracy: %.4f  throughput: %.0f tokens/s  (%lld steps of %lld tokens, %.1f s training)\n",
            res.test_loss, res.test_accuracy, res.tokens_per_sec, (long long)res.steps, (long long)res.tokens_per_step,
            res.train_seconds);
@@ -439,8 +480,15 @@ int tool_plan(int argc, char **argv) {
                (long long)p.stages[k].bytes[TDM_MEM_ACTIVATIONS], (long long)p.stages[k].total);
       printf("]");
     }
-    for (int k = 0; k < TDM_MEM_COUNT; k++) printf(",\"%s\":%lld", tdm_mem_category_name((tdm_mem_category)k), (long long)p.bytes[k]);
-    printf(",\"total\":%lld,\"fits\":%s}\n", (long long)p.total, c.memory_limit <= 0 || p.total <= c.memory_limit ? "true" : "false");
+    for (int k = 0; k < TDM_MEM_COUNT; k++) {
+      if (k == TDM_MEM_ACTIVATIONS && p.act_unknown) /* not estimated (resnet): null, never a wrong number */
+        printf(",\"%s\":null", tdm_mem_category_name((tdm_mem_category)k));
+      else
+        printf(",\"%s\":%lld", tdm_mem_category_name((tdm_mem_category)k), (long long)p.bytes[k]);
+    }
+    printf(",\"activations_estimated\":%s", p.act_unknown ? "false" : "true");
+    printf(",\"total\":%lld,\"fits\":%s}\n", (long long)p.total,
+           c.memory_limit > 0 && p.total > c.memory_limit ? "false" : c.memory_limit > 0 && p.act_unknown ? "null" : "true");
   } else {
     tdm_plan_print(stdout, &p, c.memory_limit);
     if (c.pp > 1 && plan_schedule(&c, trace)) return 1;

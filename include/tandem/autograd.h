@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "tandem/core.h"
+#include "tandem/kernels.h"
 #include "tandem/tensor.h"
 
 #ifdef __cplusplus
@@ -51,6 +52,21 @@ void tdm_tape_set_training(tdm_tape *tp, int training);
  * step and sample_base to the global index of the batch's first sample, and N ranks drop
  * exactly what one process on the N-times batch would. */
 void tdm_tape_set_dropout_key(tdm_tape *tp, uint64_t seed, int64_t sample_base);
+/* Mixed precision, as torch.autocast: with dt = TDM_BF16 or TDM_F16 the ops store their outputs,
+ * and the gradients of those, in dt while computing in f32 (norms, softmax and losses reduce in
+ * f32); parameters stay f32 and matrix products round them to dt, so a product sees dt inputs and
+ * accumulates in f32. TDM_F32 (the default) turns it off. Ops that do not support it refuse 16-bit
+ * inputs naming themselves. */
+tdm_status tdm_tape_set_autocast(tdm_tape *tp, tdm_dtype dt);
+tdm_dtype tdm_tape_autocast(const tdm_tape *tp);
+/* Activation recomputation, as the models apply it in training (tdm_model_forward): BLOCK keeps
+ * only each transformer block's input and runs the block again in backward; SELECTIVE keeps all
+ * but the attention probabilities (B x heads x T x T), which the attention backward rebuilds from
+ * q and k (Korthikanti et al. 2022). Gradients are bit for bit those of NONE (the default). */
+typedef enum { TDM_RECOMPUTE_NONE = 0, TDM_RECOMPUTE_BLOCK, TDM_RECOMPUTE_SELECTIVE, TDM_RECOMPUTE_COUNT } tdm_recompute;
+const char *tdm_recompute_name(tdm_recompute r); /* "none", "block", "selective" */
+tdm_status tdm_tape_set_recompute(tdm_tape *tp, tdm_recompute r);
+tdm_recompute tdm_tape_recompute(const tdm_tape *tp);
 tdm_arena *tdm_tape_arena(tdm_tape *tp);
 /* Records an error on the tape as a failing op does (the first error stays) and returns NULL: for
  * code that builds a model from ops and refuses an input itself. */
@@ -152,12 +168,32 @@ tdm_tensor *tdm_dropout(tdm_tape *tp, tdm_tensor *x, float p);
 /* Causal self-attention: qkv (B, T, 3C) packed [q | k | v], n_head dividing C -> (B, T, C). */
 tdm_tensor *tdm_attention(tdm_tape *tp, tdm_tensor *qkv, int n_head);
 
+/* The Llama family. RMSNorm: x (..., C), weight (C) -> x / sqrt(mean(x^2) + eps) * weight. */
+tdm_tensor *tdm_rmsnorm(tdm_tape *tp, tdm_tensor *x, tdm_tensor *weight, float eps);
+/* Rotary position embeddings in Hugging Face's layout (each head's two halves rotate together,
+ * rotate_half), for positions pos0 .. pos0 + T - 1: x (B, T, n_head x hs), hs even -> the same. */
+typedef tdm_k_rope_params tdm_rope_config;
+tdm_tensor *tdm_rope(tdm_tape *tp, tdm_tensor *x, int n_head, const tdm_rope_config *rc, int64_t pos0);
+/* silu(gate) * up, element-wise (SwiGLU's gate); gate and up of one shape. */
+tdm_tensor *tdm_swiglu(tdm_tape *tp, tdm_tensor *gate, tdm_tensor *up);
+/* Causal grouped-query attention: q (B, T, n_head x hs), k and v (B, T, n_kv_head x hs), n_kv_head
+ * dividing n_head; query head h uses key/value head h / (n_head / n_kv_head) -> (B, T, n_head x hs). */
+tdm_tensor *tdm_attention_gqa(tdm_tape *tp, tdm_tensor *q, tdm_tensor *k, tdm_tensor *v, int n_head, int n_kv_head);
+
 /* x (N, Ci, H, W), w (Co, Ci, KH, KW), b (Co) or NULL -> (N, Co, OH, OW). */
 tdm_tensor *tdm_conv2d(tdm_tape *tp, tdm_tensor *x, tdm_tensor *w, tdm_tensor *b, int stride, int pad);
 /* (N, C, H, W) -> (N, C, OH, OW) with a k x k window. */
 tdm_tensor *tdm_maxpool2d(tdm_tape *tp, tdm_tensor *x, int k, int stride, int pad);
 tdm_tensor *tdm_avgpool2d(tdm_tape *tp, tdm_tensor *x, int k, int stride, int pad);
 
+/* Runs fn(tp, x, ctx) keeping only x and the result: backward runs fn again (drawing the same
+ * dropout masks) and backpropagates through what it records there, then gives it all back. fn
+ * must return a contiguous tensor of x's shape and dtype (a transformer block); params are the
+ * parameters it reads (their gradient hooks fire, and ZeRO stage 3 gathers them, at this node).
+ * With gradients off, or nothing to differentiate, it is fn itself. */
+typedef tdm_tensor *(*tdm_checkpoint_fn)(tdm_tape *tp, tdm_tensor *x, const void *ctx);
+tdm_tensor *tdm_checkpoint(tdm_tape *tp, tdm_checkpoint_fn fn, const void *ctx, tdm_tensor *x, int n_params,
+                           tdm_tensor *const *params);
 /* Batch normalization per channel of x (N, C, ...), as nn.BatchNorm2d: weight and bias (C);
  * running_mean / running_var (C) f32 or both NULL (track_running_stats=False). When the tape is
  * training, the batch's statistics normalise (biased variance) and the running ones are updated

@@ -88,6 +88,14 @@ typedef struct tdm_engine_zero_config {
   int prefetch;          /* stage 3: gather the next unit while this one computes (default 1) */
 } tdm_engine_zero_config;
 
+/* fp16's dynamic loss scaling (as PyTorch's GradScaler): backward is seeded with the scale, the
+ * gradients are unscaled before clipping and the update; a step whose gradients overflow (any
+ * rank's: the flag is all-reduced over the data axis, so every rank skips the same steps) is
+ * skipped and the scale halved; after `window` clean steps in a row it doubles. */
+typedef struct tdm_loss_scale_config {
+  float init;     /* the first scale (0: 65536) */
+  int64_t window; /* clean steps before it doubles (0: 2000) */
+} tdm_loss_scale_config;
 /* Tensor parallelism over the grid's tensor axis (T ranks; the data axis, when larger than 1, runs
  * data parallelism with the dp settings). The model's parameters stay the whole model's (names,
  * shapes, offsets: tdm_engine_model, read_params, load and save are in its terms); each rank holds
@@ -137,6 +145,17 @@ typedef struct tdm_engine_config {
   int64_t accum;          /* micro-batches per optimizer step (0 or 1: none) */
   float clip;             /* clip the global gradient norm to this (0: only measure it) */
   int allow_nonfinite;    /* 0: a non-finite loss or gradient norm fails the step */
+  tdm_recompute recompute; /* activation recomputation in the models' forward (tandem/autograd.h) */
+  /* Mixed precision: TDM_F32 (default), or TDM_BF16 / TDM_F16: activations, their gradients and the
+   * products' inputs in 16 bits (the tape's autocast), while the parameters (master weights),
+   * their gradients and the optimizer state stay f32. */
+  tdm_dtype precision;
+  tdm_loss_scale_config loss_scale; /* TDM_F16 only */
+  /* A fault-injection seam for tests (as the CLI's TANDEM_FAULT): called on every rank after each
+   * step's backward with the engine's step count (0-based); non-zero makes this rank alone see an
+   * overflow (fp16 only). NULL: none. */
+  int (*overflow_hook)(void *ctx, int64_t step);
+  void *overflow_ctx;
   float label_smoothing;  /* > 0: the classifiers' cross-entropy with label smoothing (training and evaluation) */
   tdm_engine_dp_config dp;
   tdm_engine_zero_config zero;
@@ -159,12 +178,16 @@ typedef struct tdm_step_stats {
   int64_t samples;    /* this rank's samples */
   double grad_norm;   /* the global gradient norm before clipping (the same on every rank) */
   double t_forward, t_backward, t_comm_wait, t_update; /* seconds */
+  double loss_scale;  /* fp16: the scale this step's backward ran with (1 otherwise) */
+  int skipped;        /* fp16: the gradients overflowed, the update was skipped (on every rank) */
 } tdm_step_stats;
 
 /* Before any rank computes (no communication): data x tensor x pipeline against the world size
  * (data 0: what is left) and the engine's layout against the model (a pipeline: chunks and blocks,
  * the split, the micro-batches its schedule needs). TDM_ERR_INVALID_ARG naming the values.
- * Tensor x pipeline (both above 1) is TDM_ERR_NOT_SUPPORTED, whatever the rest: not yet built. */
+ * Tensor x pipeline (both above 1) is TDM_ERR_NOT_SUPPORTED, whatever the rest: not yet built; so is
+ * a precision other than f32, or recomputation, on an engine that does not implement it (pipeline,
+ * tp, ps: only dp and zero do), naming the engine and the setting. */
 tdm_status tdm_engine_check(const tdm_model_config *model, const tdm_engine_config *cfg, int world, int data, int tensor,
                             int pipeline);
 
@@ -182,6 +205,11 @@ void tdm_engine_destroy(tdm_engine *e);
  * clipping; update. dropout_seed keys this step's dropout masks. Collective over the world. */
 tdm_status tdm_engine_step(tdm_engine *e, tdm_batch_fn next, void *ctx, uint64_t dropout_seed, float lr,
                            tdm_step_stats *stats);
+
+/* fp16's loss scaler: the scale the next step uses and the clean steps in a row since it last
+ * changed (for checkpoints; set restores them). */
+void tdm_engine_loss_scale(const tdm_engine *e, double *scale, int64_t *good_steps);
+tdm_status tdm_engine_set_loss_scale(tdm_engine *e, double scale, int64_t good_steps);
 
 /* Evaluation of one batch (gradients and dropout off): the mean cross-entropy of the logits and
  * the rows whose argmax is the target. Every rank of a pipeline gives x and y and gets the numbers

@@ -86,6 +86,56 @@ void tdm_k_attention_fwd(float *out, float *att, const float *qkv, int64_t B, in
 void tdm_k_attention_bwd(float *dqkv, float *scratch, const float *dout, const float *att, const float *qkv, int64_t B,
                          int64_t T, int64_t C, int64_t NH, int accumulate);
 
+/* Grouped-query attention (Llama): q (B, T, NH*hs), k and v (B, T, NKV*hs), NKV dividing NH; query
+ * head h attends with key/value head h / (NH / NKV). out (B, T, NH*hs); att (B, NH, T, T) as above.
+ * Backward: scratch of B*NH*T*T floats; dq, dk, dv as accumulate says. */
+void tdm_k_attention_gqa_fwd(float *out, float *att, const float *q, const float *k, const float *v, int64_t B,
+                             int64_t T, int64_t NH, int64_t NKV, int64_t hs);
+void tdm_k_attention_gqa_bwd(float *dq, float *dk, float *dv, float *scratch, const float *dout, const float *att,
+                             const float *q, const float *k, const float *v, int64_t B, int64_t T, int64_t NH,
+                             int64_t NKV, int64_t hs, int accumulate);
+/* Only the probabilities att (B, NH, T, T), bit for bit what the forward kernels store (selective
+ * recomputation rebuilds them in backward); ldq and ldkv are the row strides of q and k. */
+void tdm_k_attention_probs(float *att, const float *q, const float *k, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                           int64_t hs, int64_t ldq, int64_t ldkv);
+
+/* RMSNorm over the last axis of x (N, C) with weight (C), as Llama: x / sqrt(mean(x^2) + eps) * w.
+ * Saves rstd (N). Backward: dx and dw (either may be NULL) accumulate. */
+void tdm_k_rmsnorm_fwd(float *out, float *rstd, const float *x, const float *w, int64_t N, int64_t C, float eps);
+void tdm_k_rmsnorm_bwd(float *dx, float *dw, const float *dout, const float *x, const float *w, const float *rstd,
+                       int64_t N, int64_t C);
+
+/* Rotary position embeddings in Hugging Face's layout (rotate_half: each head's first and second
+ * halves pair up, so Hugging Face's q/k weights load unpermuted). The table holds cos and sin of
+ * position x frequency, (T, hs/2) each, for positions pos0 .. pos0 + T - 1. */
+typedef struct tdm_k_rope_params {
+  float theta;              /* base of the frequencies (Llama 3: 500000) */
+  float factor;             /* Llama 3's scaling of long wavelengths: 0 = none, else the factor (32) */
+  float low_freq_factor, high_freq_factor; /* (1, 4) */
+  int64_t original_max_pos; /* the context the model was first trained for (8192) */
+} tdm_k_rope_params;
+void tdm_k_rope_table(float *cos_t, float *sin_t, int64_t pos0, int64_t T, int64_t hs, const tdm_k_rope_params *p);
+/* x (B, T, H*hs) -> out (B, T, H*hs), not in place. Backward rotates back; accumulate: dx += ... */
+void tdm_k_rope_fwd(float *out, const float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t T, int64_t H,
+                    int64_t hs);
+void tdm_k_rope_bwd(float *dx, const float *dout, const float *cos_t, const float *sin_t, int64_t B, int64_t T,
+                    int64_t H, int64_t hs, int accumulate);
+
+/* SwiGLU's gate: out = silu(gate) * up, element-wise over n. Backward writes (acc 0) or adds
+ * (acc 1) dgate and dup (either may be NULL). */
+void tdm_k_swiglu_fwd(float *out, const float *gate, const float *up, int64_t n);
+void tdm_k_swiglu_bwd(float *dgate, float *dup, const float *dout, const float *gate, const float *up, int64_t n,
+                      int acc_gate, int acc_up);
+
+/* f32 <-> bf16 / f16 (16-bit values as uint16_t), round to nearest even; round_*: f32 values
+ * rounded to the 16-bit type's precision, kept as f32 (in place allowed). */
+void tdm_k_f32_to_bf16(uint16_t *dst, const float *src, int64_t n);
+void tdm_k_bf16_to_f32(float *dst, const uint16_t *src, int64_t n);
+void tdm_k_f32_to_f16(uint16_t *dst, const float *src, int64_t n);
+void tdm_k_f16_to_f32(float *dst, const uint16_t *src, int64_t n);
+void tdm_k_round_bf16(float *dst, const float *src, int64_t n);
+void tdm_k_round_f16(float *dst, const float *src, int64_t n);
+
 /* conv2d on x (N, Ci, H, W) with w (Co, Ci, KH, KW), b (Co) -> out (N, Co, OH, OW), where
  * OH = (H + 2 pad - KH) / stride + 1. col is scratch of Ci*KH*KW * OH*OW floats. */
 typedef struct tdm_conv_shape {

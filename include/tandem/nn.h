@@ -130,8 +130,22 @@ tdm_status tdm_block_mod_init(tdm_block_mod *m, tdm_params *p, const char *prefi
                               int n_layer, float dropout);
 tdm_tensor *tdm_block_mod_forward(tdm_tape *tp, const tdm_block_mod *m, tdm_tensor *x); /* (B, T, C) */
 
+/* Llama's decoder layer, Hugging Face's LlamaDecoderLayer: x + o(attn(rope(q(n1(x))), rope(k(..)),
+ * v(..))), then x + down(silu(gate(n2(x))) * up(n2(x))); RMSNorms, no biases. Names under prefix:
+ * input_layernorm, self_attn.{q,k,v,o}_proj, post_attention_layernorm, mlp.{gate,up,down}_proj. */
+typedef struct tdm_llama_block_mod {
+  tdm_tensor *attn_norm, *q, *k, *v, *o, *mlp_norm, *gate, *up, *down;
+  int n_head, n_kv_head;
+  float eps, dropout;
+  tdm_rope_config rope;
+} tdm_llama_block_mod;
+struct tdm_model_config;
+tdm_status tdm_llama_block_mod_init(tdm_llama_block_mod *m, tdm_params *p, const char *prefix,
+                                    const struct tdm_model_config *c);
+tdm_tensor *tdm_llama_block_mod_forward(tdm_tape *tp, const tdm_llama_block_mod *m, tdm_tensor *x); /* (B, T, C) */
+
 /* ---- models -------------------------------------------------------------------------------- */
-typedef enum { TDM_MODEL_MLP, TDM_MODEL_CNN, TDM_MODEL_GPT, TDM_MODEL_RESNET, TDM_MODEL_KIND_COUNT } tdm_model_kind;
+typedef enum { TDM_MODEL_MLP, TDM_MODEL_CNN, TDM_MODEL_GPT, TDM_MODEL_LLAMA, TDM_MODEL_RESNET, TDM_MODEL_KIND_COUNT } tdm_model_kind;
 
 typedef struct tdm_model_config {
   tdm_model_kind kind;
@@ -142,8 +156,14 @@ typedef struct tdm_model_config {
   int64_t hidden[8];
   /* CNN: (in_channels, height, width) images, conv(c1, 5x5) pool conv(c2, 5x5) pool linear */
   int64_t in_channels, height, width, c1, c2;
-  /* GPT */
+  /* GPT and Llama */
   int64_t n_layer, n_head, n_embd, block_size, vocab_size;
+  /* Llama: key/value heads (grouped-query attention; dividing n_head), the SwiGLU hidden width,
+   * rotary embeddings, RMSNorm's eps, and whether the output head is the token embedding (tied) */
+  int64_t n_kv_head, ffn_hidden;
+  tdm_rope_config rope;
+  float norm_eps;
+  int tie_embeddings;
   /* ResNet (src/nn/resnet.c), on (in_channels, height, width) images: a 3x3 stem conv of
    * base_width channels, BN, ReLU; n_stages stages of stage_blocks[s] basic blocks of base_width
    * << s channels (stride 2 entering every stage but the first, with a 1x1 conv + BN projection
@@ -159,6 +179,12 @@ tdm_model_config tdm_model_config_gpt2_124m(void); /* GPT-2 small: 12 layers, 12
 /* A GPT config by name ("mini" or "gpt2-124M"; NULL: mini) with the fields given > 0 overriding
  * it (the order: layers, heads, width, block, vocab). TDM_ERR_INVALID_ARG for another name. */
 tdm_status tdm_model_config_gpt(const char *name, const int64_t override[5], tdm_model_config *out);
+/* A Llama config by name: "llama-mini" (4 layers, 4 heads, 2 key/value heads, 256 wide, SwiGLU
+ * 688, block 128, vocab 256, theta 10000, untied head: GPT mini's size) or "llama3.2-1B" (Meta's
+ * Llama 3.2 1B: 16 layers, 32 heads, 8 key/value heads, 2048 wide, SwiGLU 8192, context 131072,
+ * vocab 128256, theta 500000 with Llama 3's frequency scaling (32, 1, 4, 8192), tied head:
+ * 1.24 B parameters); NULL: llama-mini. TDM_ERR_INVALID_ARG for another name. */
+tdm_status tdm_model_config_llama(const char *name, tdm_model_config *out);
 const char *tdm_model_kind_name(tdm_model_kind k);
 /* ResNet by name: "resnet20" (CIFAR-style: 3 stages of 3 blocks, width 16, 0.27 M parameters)
  * or "resnet18" (4 stages of 2 blocks, width 64, with a 3x3 stride-1 stem and no max-pool, as
@@ -174,8 +200,8 @@ tdm_status tdm_model_create_with(tdm_model **out, const tdm_model_config *cfg, u
 void tdm_model_destroy(tdm_model *m);
 tdm_params *tdm_model_params(const tdm_model *m);
 const tdm_model_config *tdm_model_get_config(const tdm_model *m);
-/* MLP: x (B, in_features) f32; CNN: x (B, C, H, W) f32; GPT: token ids (B, T) i32/i64, T <=
- * block_size. Returns logits (B, classes) or (B, T, vocab); NULL with the tape's error set. */
+/* MLP: x (B, in_features) f32; CNN: x (B, C, H, W) f32; GPT and Llama: token ids (B, T) i32/i64,
+ * T <= block_size. Returns logits (B, classes) or (B, T, vocab); NULL with the tape's error set. */
 tdm_tensor *tdm_model_forward(tdm_model *m, tdm_tape *tp, tdm_tensor *x);
 /* Batch norm synchronised over comm's ranks (nn.SyncBatchNorm; comm NULL or of one rank: per-rank
  * statistics). The model keeps comm, which must outlive its use; every rank's forward and
@@ -203,13 +229,18 @@ tdm_tensor *tdm_gpt_forward_range(tdm_model *m, tdm_tape *tp, tdm_tensor *x, tdm
 tdm_status tdm_mlp_lowlevel_step(tdm_model *m, tdm_arena *arena, const float *x, const int32_t *y, int64_t B,
                                  int training, uint64_t dropout_seed, int64_t sample_base, float *loss);
 
-/* ---- generation (GPT) ------------------------------------------------------------------------
+/* ---- generation (GPT, Llama) -----------------------------------------------------------------
  * A key/value cache for incremental decoding: tdm_kv_cache_step feeds one token at the next
  * position and returns the logits (vocab) for the token after it; the keys and values of every
  * earlier position are reused, so each step costs O(context), not O(context^2). The cache holds
- * 2 x layers x block x width floats. One thread per cache. */
+ * 2 x layers x positions x width floats (Llama: the width of its key/value heads only). One
+ * thread per cache. */
 typedef struct tdm_kv_cache tdm_kv_cache;
-tdm_status tdm_kv_cache_create(tdm_kv_cache **out, tdm_model *m);
+tdm_status tdm_kv_cache_create(tdm_kv_cache **out, tdm_model *m); /* positions: the block size */
+/* A cache of at most max_len positions (<= 0 or beyond the block size: the block size), so a long
+ * context model (Llama 3.2: 131072) decodes a short text without holding its whole context. */
+tdm_status tdm_kv_cache_create_len(tdm_kv_cache **out, tdm_model *m, int64_t max_len);
+int64_t tdm_kv_cache_capacity(const tdm_kv_cache *c);
 void tdm_kv_cache_destroy(tdm_kv_cache *c);
 void tdm_kv_cache_reset(tdm_kv_cache *c);
 int64_t tdm_kv_cache_len(const tdm_kv_cache *c);

@@ -60,6 +60,9 @@ typedef struct tdm_plan {
   int n_groups;                 /* gradient buckets, or stage 3's gather units */
   int64_t max_group;            /* elements of the largest */
   int64_t act_train, act_eval;  /* tape bytes of a training micro-batch, of an evaluation batch */
+  /* 1: the model's activations are not estimated (resnet: its walk is not written yet): act_*
+   * and bytes[TDM_MEM_ACTIVATIONS] are 0, total leaves them out, and the print says so */
+  int act_unknown;
   double comm_per_step;         /* bytes each rank sends per optimizer step */
   int stage;                    /* 0: data parallel; 1-3: ZeRO */
   int world;                    /* ranks on the data axis */

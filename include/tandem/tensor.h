@@ -67,7 +67,8 @@ int64_t tdm_tensor_numel(const tdm_tensor *t);
 int tdm_tensor_is_contiguous(const tdm_tensor *t);
 /* Pointer to the first element (strides apply from there). */
 void *tdm_tensor_data(const tdm_tensor *t);
-/* The gradient (f32, contiguous, same shape) after backward; NULL if none flowed here. */
+/* The gradient (contiguous, same shape; f32, or bf16 / f16 for a 16-bit activation under mixed
+ * precision) after backward; NULL if none flowed here. */
 tdm_tensor *tdm_tensor_grad(const tdm_tensor *t);
 const char *tdm_tensor_name(const tdm_tensor *t);
 /* Formats "(2, 3, 4)" into buf; returns buf. */
@@ -79,6 +80,10 @@ tdm_status tdm_tensor_copy(tdm_tensor *dst, const tdm_tensor *src);
 /* Element (flattened logical index i) as double, whatever the dtype and strides. */
 double tdm_tensor_get(const tdm_tensor *t, int64_t i);
 void tdm_tensor_fill(tdm_tensor *t, double v);
+
+/* The index of the largest element along the last axis in row `row` of a contiguous f32, bf16 or
+ * f16 tensor (the first of equals), or -1 for another dtype: a prediction from logits. */
+int64_t tdm_tensor_row_argmax(const tdm_tensor *t, int64_t row);
 
 /* Converts n contiguous elements from one dtype to another (any pair of the dtypes above). */
 tdm_status tdm_convert(void *dst, tdm_dtype dst_dt, const void *src, tdm_dtype src_dt, int64_t n);

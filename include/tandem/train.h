@@ -53,13 +53,20 @@ extern "C" {
 #endif
 
 typedef struct tdm_train_config {
-  const char *model;     /* "mlp" | "cnn" | "gpt" */
+  const char *model;     /* "mlp" | "cnn" | "gpt" | "llama" */
   const char *data;      /* "fashion-mnist" | "mnist" | "synthetic" | "tinyshakespeare" (gpt) */
   const char *data_dir;
   const char *data_path; /* gpt: the text file (default data/tinyshakespeare.txt) */
-  /* gpt: the architecture (0: from gpt_config, "mini" or "gpt2-124M") and the sequence length */
+  /* gpt, llama: the architecture (0: from gpt_config: "mini" or "gpt2-124M" for gpt; "llama-mini"
+   * (also for "mini") or "llama3.2-1B" for llama) and the sequence length */
   const char *gpt_config;
   int64_t n_layer, n_head, n_embd, block_size, vocab_size, seq_len;
+  /* llama: key/value heads and SwiGLU width (0: from the config), rope theta (0: the config's),
+   * rope scaling (-1: the config's; 0: none; 1: Llama 3's, factor 32, 1, 4, context 8192) and a
+   * head tied to the embedding (-1: the config's; 0: untied; 1: tied) */
+  int64_t n_kv_head, ffn_hidden;
+  double rope_theta;
+  int rope_scaling, tie_embeddings;
   /* schedule and regularisation: warm-up steps, "constant" | "cosine" (to lr / 10 at the end),
    * clipping of the global gradient norm (0: off), weight decay on matrices only */
   int64_t warmup_steps;

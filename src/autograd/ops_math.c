@@ -70,20 +70,78 @@ tdm_tensor *tdm_matmul(tdm_tape *tp, tdm_tensor *a, tdm_tensor *b, int ta, int t
 }
 
 /* ---- linear ------------------------------------------------------------------------------- */
+/* Under autocast a product rounds its f32 weight to the 16-bit precision in scratch. A weight
+ * larger than TDM_LP_PANEL floats (an embedding-sized output head) is rounded panel by panel, so
+ * the scratch stays at TDM_LP_PANEL floats: output rows in forward, input columns in backward;
+ * every element of the result is still one product's whole sum. */
+static void round_to(float *dst, const float *src, int64_t n, tdm_dtype ac) {
+  if (ac == TDM_BF16) tdm_k_round_bf16(dst, src, n);
+  else tdm_k_round_f16(dst, src, n);
+}
+
+/* y (N, O) = x (N, In) w^T + b, w rounded to ac panel by panel (y, x f32). */
+static int linear_fwd_panels(tdm_tape *tp, float *y, const float *x, const float *w, const float *b, int64_t N, int64_t In,
+                             int64_t O, tdm_dtype ac) {
+  int64_t rows = TDM_LP_PANEL / In > 0 ? TDM_LP_PANEL / In : 1;
+  float *wp = tdm__scratch(tp, sizeof(float) * (size_t)(rows * In));
+  if (!wp) return 0;
+  if (b)
+    for (int64_t n = 0; n < N; n++) memcpy(y + n * O, b, (size_t)O * sizeof(float));
+  for (int64_t o0 = 0; o0 < O; o0 += rows) {
+    int64_t r = O - o0 < rows ? O - o0 : rows;
+    round_to(wp, w + o0 * In, r * In, ac);
+    tdm_k_gemm(0, 1, N, r, In, 1.0f, x, In, wp, In, b ? 1.0f : 0.0f, y + o0, O);
+  }
+  return 1;
+}
+
+/* dx (N, In) (+)= dy (N, O) w, w rounded to ac in panels of input columns. */
+static int linear_dx_panels(tdm_tape *tp, float *dx, const float *dy, const float *w, int64_t N, int64_t In, int64_t O,
+                            tdm_dtype ac, float beta) {
+  int64_t cols = TDM_LP_PANEL / O > 0 ? TDM_LP_PANEL / O : 1;
+  float *wp = tdm__scratch(tp, sizeof(float) * (size_t)(cols * O));
+  if (!wp) return 0;
+  for (int64_t i0 = 0; i0 < In; i0 += cols) {
+    int64_t c = In - i0 < cols ? In - i0 : cols;
+    for (int64_t o = 0; o < O; o++) memcpy(wp + o * c, w + o * In + i0, sizeof(float) * (size_t)c);
+    round_to(wp, wp, O * c, ac);
+    tdm_k_gemm(0, 0, N, c, O, 1.0f, dy, O, wp, c, beta, dx + i0, In);
+  }
+  return 1;
+}
+
+/* i[0]: the autocast dtype of the forward: under bf16 / f16 the product's inputs (x and the f32
+ * weight) are rounded to it, and its f32 result stored in it (convert-and-sgemm: this CPU has no
+ * 16-bit arithmetic, see docs/PERFORMANCE.md). */
 static void linear_bw(tdm_tape *tp, tdm_node *n) {
   tdm_tensor *x = n->in[0], *w = n->in[1], *b = n->n_in > 2 ? n->in[2] : NULL;
   int64_t In = w->shape[1], O = w->shape[0], N = x->numel / In;
+  tdm_dtype ac = (tdm_dtype)n->i[0];
   int fresh;
-  float *dx = tdm__grad_for_write(tp, x, &fresh);
-  const float *dout = n->out->grad->data;
-  if (dx) tdm_k_gemm(0, 0, N, In, O, 1.0f, dout, O, w->data, In, fresh ? 0.0f : 1.0f, dx, In);
-  tdm_k_linear_bwd(NULL, tdm__grad(tp, w), b ? tdm__grad(tp, b) : NULL, dout, x->data, w->data, N, In, O);
+  void *dx = tdm__grad_for_write(tp, x, &fresh);
+  float *dw = tdm__grad(tp, w), *db = b ? tdm__grad(tp, b) : NULL;
+  tdm__arena_pos pos = tdm__arena_mark(tp->arena);
+  const float *dout = tdm__f32(tp, n->out->grad);
+  if (dx && dout) {
+    int panels = ac != TDM_F32 && w->numel > TDM_LP_PANEL;
+    const float *wf = panels ? w->data : tdm__f32_round(tp, w, ac);
+    float *dxf = wf ? tdm__grad_f32(tp, x, dx, fresh) : NULL;
+    if (dxf && panels) {
+      if (linear_dx_panels(tp, dxf, dout, w->data, N, In, O, ac, fresh ? 0.0f : 1.0f)) tdm__grad_commit(x, dx, dxf);
+    } else if (dxf) {
+      tdm_k_gemm(0, 0, N, In, O, 1.0f, dout, O, wf, In, fresh ? 0.0f : 1.0f, dxf, In);
+      tdm__grad_commit(x, dx, dxf);
+    }
+  }
+  const float *xf = dout && (dw || db) ? tdm__f32_round(tp, x, ac) : NULL;
+  if (xf) tdm_k_linear_bwd(NULL, dw, db, dout, xf, w->data, N, In, O);
+  tdm__arena_rewind(tp->arena, pos);
 }
 
 tdm_tensor *tdm_linear(tdm_tape *tp, tdm_tensor *x, tdm_tensor *w, tdm_tensor *b) {
   tdm_tensor *in[3] = {x, w, b};
   if (!tdm__inputs_ok(tp, "linear", 2, in)) return NULL;
-  if (!tdm__check_f32(tp, "linear", "input", x) || !tdm__check_f32(tp, "linear", "weight", w)) return NULL;
+  if (!tdm__check_act(tp, "linear", "input", x) || !tdm__check_f32(tp, "linear", "weight", w)) return NULL;
   if (w->ndim != 2 || x->ndim < 1 || x->shape[x->ndim - 1] != w->shape[1])
     return tdm__fail(tp, TDM_ERR_INVALID_ARG, "linear: input %s and weight %s; expected input (..., %lld) for a weight (out, in)",
                      tdm__shp(x), tdm__shp(w), (long long)(w->ndim == 2 ? w->shape[1] : -1));
@@ -96,12 +154,26 @@ tdm_tensor *tdm_linear(tdm_tape *tp, tdm_tensor *x, tdm_tensor *w, tdm_tensor *b
   int64_t shape[TDM_MAX_DIMS];
   memcpy(shape, x->shape, sizeof shape);
   shape[x->ndim - 1] = w->shape[0];
-  tdm_tensor *y = tdm__out(tp, TDM_F32, x->ndim, shape);
+  tdm_dtype ac = tdm__act_dtype(tp);
+  tdm_tensor *y = tdm__out(tp, ac, x->ndim, shape);
   if (!y) return NULL;
   int64_t In = w->shape[1], O = w->shape[0];
-  tdm_k_linear_fwd(y->data, x->data, w->data, b ? b->data : NULL, x->numel / (In ? In : 1), In, O);
+  tdm__arena_pos pos = tdm__arena_mark(tp->arena);
+  int panels = ac != TDM_F32 && w->numel > TDM_LP_PANEL;
+  const float *xf = tdm__f32_round(tp, x, ac), *wf = xf ? (panels ? w->data : tdm__f32_round(tp, w, ac)) : NULL;
+  float *yf = wf ? tdm__f32_out(tp, y) : NULL;
+  if (yf && panels) {
+    if (linear_fwd_panels(tp, yf, xf, w->data, b ? b->data : NULL, x->numel / (In ? In : 1), In, O, ac)) tdm__store_f32(y, yf);
+    else yf = NULL;
+  } else if (yf) {
+    tdm_k_linear_fwd(yf, xf, wf, b ? b->data : NULL, x->numel / (In ? In : 1), In, O);
+    tdm__store_f32(y, yf);
+  }
+  tdm__arena_rewind(tp->arena, pos);
+  if (!yf) return NULL;
   tdm_tensor *ins[3] = {x, w, b};
-  tdm__record(tp, "linear", linear_bw, y, b ? 3 : 2, ins);
+  tdm_node *n = tdm__record(tp, "linear", linear_bw, y, b ? 3 : 2, ins);
+  if (n) n->i[0] = ac;
   return y;
 }
 
@@ -135,24 +207,40 @@ static void bcast_strides(const tdm_tensor *x, int ndim, const int64_t *oshape, 
     }                                                                         \
   } while (0)
 
+/* 16-bit operands and gradients go through f32 scratch (the values and the order of every sum are
+ * those of the f32 path on the same values). */
 static void binary_bw(tdm_tape *tp, tdm_node *n) {
   tdm_tensor *A = n->in[0], *B = n->in[1], *y = n->out;
   int op = (int)n->i[0];
   int64_t sa[TDM_MAX_DIMS], sb[TDM_MAX_DIMS];
   bcast_strides(A, y->ndim, y->shape, sa);
   bcast_strides(B, y->ndim, y->shape, sb);
-  const float *a = A->data, *b = B->data, *g = y->grad->data;
   float *ga, *gb;
   if ((op == OP_ADD || op == OP_SUB) && tdm__shape_equal(A, B) && A != B) { /* residual adds */
     int fa, fb;
-    ga = tdm__grad_for_write(tp, A, &fa);
-    gb = tdm__grad_for_write(tp, B, &fb);
-    float sb = op == OP_ADD ? 1.0f : -1.0f;
-    if (ga) fa ? tdm_k_scale(ga, 1.0f, g, y->numel) : tdm_k_axpy(ga, 1.0f, g, y->numel);
-    if (gb) fb ? tdm_k_scale(gb, sb, g, y->numel) : tdm_k_axpy(gb, sb, g, y->numel);
+    void *ra = tdm__grad_for_write(tp, A, &fa), *rb = tdm__grad_for_write(tp, B, &fb);
+    tdm__arena_pos pos = tdm__arena_mark(tp->arena);
+    const float *g = tdm__f32(tp, y->grad);
+    ga = tdm__grad_f32(tp, A, ra, fa), gb = tdm__grad_f32(tp, B, rb, fb);
+    float sgn = op == OP_ADD ? 1.0f : -1.0f;
+    if (g && ga) fa ? tdm_k_scale(ga, 1.0f, g, y->numel) : tdm_k_axpy(ga, 1.0f, g, y->numel);
+    if (g && gb) fb ? tdm_k_scale(gb, sgn, g, y->numel) : tdm_k_axpy(gb, sgn, g, y->numel);
+    if (g) {
+      tdm__grad_commit(A, ra, ga);
+      tdm__grad_commit(B, rb, gb);
+    }
+    tdm__arena_rewind(tp->arena, pos);
     return;
   }
-  ga = tdm__grad(tp, A), gb = tdm__grad(tp, B);
+  void *ra = tdm__grad(tp, A), *rb = tdm__grad(tp, B);
+  tdm__arena_pos pos = tdm__arena_mark(tp->arena);
+  const float *g = tdm__f32(tp, y->grad);
+  const float *a = op >= OP_MUL ? tdm__f32(tp, A) : NULL, *b = op >= OP_MUL ? tdm__f32(tp, B) : NULL;
+  ga = tdm__grad_f32(tp, A, ra, 0), gb = tdm__grad_f32(tp, B, rb, 0);
+  if (!g || (op >= OP_MUL && (!a || !b)) || (ra && !ga) || (rb && !gb)) {
+    tdm__arena_rewind(tp->arena, pos);
+    return;
+  }
   switch (op) {
   case OP_ADD:
   case OP_SUB: {
@@ -176,13 +264,16 @@ static void binary_bw(tdm_tape *tp, tdm_node *n) {
     });
     break;
   }
+  tdm__grad_commit(A, ra, ga);
+  tdm__grad_commit(B, rb, gb);
+  tdm__arena_rewind(tp->arena, pos);
 }
 
 static tdm_tensor *binary(tdm_tape *tp, int op, tdm_tensor *a, tdm_tensor *b) {
   const char *name = bin_names[op];
   tdm_tensor *in[2] = {a, b};
   if (!tdm__inputs_ok(tp, name, 2, in)) return NULL;
-  if (!tdm__check_f32(tp, name, "a", a) || !tdm__check_f32(tp, name, "b", b)) return NULL;
+  if (!tdm__check_act(tp, name, "a", a) || !tdm__check_act(tp, name, "b", b)) return NULL;
   int ndim = a->ndim > b->ndim ? a->ndim : b->ndim;
   int64_t shape[TDM_MAX_DIMS];
   for (int d = 0; d < ndim; d++) {
@@ -195,10 +286,15 @@ static tdm_tensor *binary(tdm_tape *tp, int op, tdm_tensor *a, tdm_tensor *b) {
   }
   a = tdm__contig(tp, a);
   b = tdm__contig(tp, b);
-  tdm_tensor *y = a && b ? tdm__out(tp, TDM_F32, ndim, shape) : NULL;
+  tdm_tensor *y = a && b ? tdm__out(tp, tdm__act_dtype(tp), ndim, shape) : NULL;
   if (!y) return NULL;
-  float *o = y->data;
-  const float *pa = a->data, *pb = b->data;
+  tdm__arena_pos pos = tdm__arena_mark(tp->arena);
+  const float *pa = tdm__f32(tp, a), *pb = tdm__f32(tp, b);
+  float *o = pa && pb ? tdm__f32_out(tp, y) : NULL;
+  if (!o) {
+    tdm__arena_rewind(tp->arena, pos);
+    return NULL;
+  }
   if (tdm__shape_equal(a, b)) { /* the common case, vectorisable */
     int64_t n = y->numel;
     switch (op) {
@@ -218,6 +314,8 @@ static tdm_tensor *binary(tdm_tape *tp, int op, tdm_tensor *a, tdm_tensor *b) {
     case OP_DIV: ND_LOOP(ndim, shape, y->numel, o[i] = pa[oa] / pb[ob]); break;
     }
   }
+  tdm__store_f32(y, o);
+  tdm__arena_rewind(tp->arena, pos);
   tdm_tensor *ins[2] = {a, b};
   tdm_node *n = tdm__record(tp, name, binary_bw, y, 2, ins);
   if (n) n->i[0] = op;

@@ -25,20 +25,34 @@ static const struct {
 
 static void unary_bw(tdm_tape *tp, tdm_node *n) {
   int k = (int)n->i[0], fresh = 0;
-  float *gx = unary_ops[k].bwd_set ? tdm__grad_for_write(tp, n->in[0], &fresh) : tdm__grad(tp, n->in[0]);
-  if (gx)
-    (fresh ? unary_ops[k].bwd_set : unary_ops[k].bwd)(gx, n->out->grad->data,
-                                                      unary_ops[k].bwd_uses_output ? n->out->data : n->in[0]->data,
-                                                      n->out->numel);
+  tdm_tensor *x = n->in[0];
+  void *graw = unary_ops[k].bwd_set ? tdm__grad_for_write(tp, x, &fresh) : tdm__grad(tp, x);
+  if (!graw) return;
+  tdm__arena_pos pos = tdm__arena_mark(tp->arena); /* 16-bit tensors go through f32 scratch */
+  float *gx = tdm__grad_f32(tp, x, graw, fresh);
+  const float *dy = tdm__f32(tp, n->out->grad), *v = tdm__f32(tp, unary_ops[k].bwd_uses_output ? n->out : x);
+  if (gx && dy && v) {
+    (fresh ? unary_ops[k].bwd_set : unary_ops[k].bwd)(gx, dy, v, n->out->numel);
+    tdm__grad_commit(x, graw, gx);
+  }
+  tdm__arena_rewind(tp->arena, pos);
 }
 
 static tdm_tensor *unary(tdm_tape *tp, int k, tdm_tensor *x) {
   const char *name = unary_ops[k].name;
-  if (!tdm__inputs_ok(tp, name, 1, &x) || !tdm__check_f32(tp, name, "input", x)) return NULL;
+  if (!tdm__inputs_ok(tp, name, 1, &x) || !tdm__check_act(tp, name, "input", x)) return NULL;
   x = tdm__contig(tp, x);
-  tdm_tensor *y = x ? tdm__out(tp, TDM_F32, x->ndim, x->shape) : NULL;
+  tdm_tensor *y = x ? tdm__out(tp, tdm__act_dtype(tp), x->ndim, x->shape) : NULL;
   if (!y) return NULL;
-  unary_ops[k].fwd(y->data, x->data, x->numel);
+  tdm__arena_pos pos = tdm__arena_mark(tp->arena);
+  const float *xf = tdm__f32(tp, x);
+  float *yf = xf ? tdm__f32_out(tp, y) : NULL;
+  if (yf) {
+    unary_ops[k].fwd(yf, xf, x->numel);
+    tdm__store_f32(y, yf);
+  }
+  tdm__arena_rewind(tp->arena, pos);
+  if (!yf) return NULL;
   tdm_node *n = tdm__record(tp, name, unary_bw, y, 1, &x);
   if (n) n->i[0] = k;
   return y;
@@ -93,18 +107,25 @@ tdm_tensor *tdm_log_softmax(tdm_tape *tp, tdm_tensor *x, int axis) { return soft
 /* ---- cross-entropy ------------------------------------------------------------------------ */
 /* i: [0] N, [1] C, [2] ignore, [3] count; saved[0]: lse */
 static void ce_bw(tdm_tape *tp, tdm_node *n) {
-  float *gx = tdm__grad(tp, n->in[0]);
-  if (!gx || n->i[3] == 0) return;
+  tdm_tensor *x = n->in[0];
+  void *graw = tdm__grad(tp, x);
+  if (!graw || n->i[3] == 0) return;
   float scale = ((float *)n->out->grad->data)[0] / (float)n->i[3];
   tdm_tensor *t = n->in[1];
-  tdm_k_cross_entropy_bwd(gx, n->in[0]->data, t->data, t->dtype == TDM_I64, n->i[0], n->i[1], n->i[2], n->saved[0],
-                          scale);
+  tdm__arena_pos pos = tdm__arena_mark(tp->arena); /* 16-bit logits and their gradient in f32 scratch */
+  float *gx = tdm__grad_f32(tp, x, graw, 0);
+  const float *lg = tdm__f32(tp, x);
+  if (gx && lg) {
+    tdm_k_cross_entropy_bwd(gx, lg, t->data, t->dtype == TDM_I64, n->i[0], n->i[1], n->i[2], n->saved[0], scale);
+    tdm__grad_commit(x, graw, gx);
+  }
+  tdm__arena_rewind(tp->arena, pos);
 }
 
 tdm_tensor *tdm_cross_entropy(tdm_tape *tp, tdm_tensor *logits, tdm_tensor *targets, int64_t ignore_index) {
   tdm_tensor *in[2] = {logits, targets};
   if (!tdm__inputs_ok(tp, "cross_entropy", 2, in)) return NULL;
-  if (!tdm__check_f32(tp, "cross_entropy", "logits", logits)) return NULL;
+  if (!tdm__check_act(tp, "cross_entropy", "logits", logits)) return NULL;
   if (targets->dtype != TDM_I32 && targets->dtype != TDM_I64)
     return tdm__fail(tp, TDM_ERR_INVALID_ARG, "cross_entropy: targets have dtype %s; expected i32 or i64",
                      tdm_dtype_name(targets->dtype));
@@ -122,8 +143,11 @@ tdm_tensor *tdm_cross_entropy(tdm_tape *tp, tdm_tensor *logits, tdm_tensor *targ
   tdm_tensor *y = lse ? tdm__out(tp, TDM_F32, 0, NULL) : NULL;
   if (!y) return NULL;
   int64_t count, bad;
-  float loss = tdm_k_cross_entropy_fwd(logits->data, targets->data, targets->dtype == TDM_I64, N, C, ignore_index, lse,
-                                       &count, &bad);
+  tdm__arena_pos pos = tdm__arena_mark(tp->arena); /* the loss reduces in f32, whatever the logits' dtype */
+  const float *lg = tdm__f32(tp, logits);
+  float loss = lg ? tdm_k_cross_entropy_fwd(lg, targets->data, targets->dtype == TDM_I64, N, C, ignore_index, lse, &count, &bad) : 0;
+  tdm__arena_rewind(tp->arena, pos);
+  if (!lg) return NULL;
   if (bad >= 0)
     return tdm__fail(tp, TDM_ERR_INVALID_ARG, "cross_entropy: target %lld at row %lld is outside [0, %lld) and is not the ignore index %lld",
                      (long long)tdm_tensor_get(targets, bad), (long long)bad, (long long)C, (long long)ignore_index);
@@ -176,25 +200,42 @@ tdm_tensor *tdm_mse(tdm_tape *tp, tdm_tensor *a, tdm_tensor *b) {
 static void layernorm_bw(tdm_tape *tp, tdm_node *n) {
   tdm_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
   int64_t C = x->shape[x->ndim - 1];
-  tdm_k_layernorm_bwd(tdm__grad(tp, x), tdm__grad(tp, w), tdm__grad(tp, b), n->out->grad->data, x->data, w->data,
-                      n->saved[0], n->saved[1], x->numel / C, C);
+  void *graw = tdm__grad(tp, x);
+  float *gw = tdm__grad(tp, w), *gb = tdm__grad(tp, b);
+  tdm__arena_pos pos = tdm__arena_mark(tp->arena); /* 16-bit tensors go through f32 scratch */
+  float *gx = tdm__grad_f32(tp, x, graw, 0);
+  const float *dy = tdm__f32(tp, n->out->grad), *xf = tdm__f32(tp, x);
+  if (dy && xf && (gx || !graw)) {
+    tdm_k_layernorm_bwd(gx, gw, gb, dy, xf, w->data, n->saved[0], n->saved[1], x->numel / C, C);
+    tdm__grad_commit(x, graw, gx);
+  }
+  tdm__arena_rewind(tp->arena, pos);
 }
 
 tdm_tensor *tdm_layernorm(tdm_tape *tp, tdm_tensor *x, tdm_tensor *w, tdm_tensor *b, float eps) {
   tdm_tensor *in[3] = {x, w, b};
   if (!tdm__inputs_ok(tp, "layernorm", 3, in)) return NULL;
-  for (int k = 0; k < 3; k++)
-    if (!tdm__check_f32(tp, "layernorm", k == 0 ? "input" : k == 1 ? "weight" : "bias", in[k])) return NULL;
+  if (!tdm__check_act(tp, "layernorm", "input", x)) return NULL;
+  for (int k = 1; k < 3; k++)
+    if (!tdm__check_f32(tp, "layernorm", k == 1 ? "weight" : "bias", in[k])) return NULL;
   int64_t C = x->ndim ? x->shape[x->ndim - 1] : 0;
   if (x->ndim < 1 || C == 0 || w->ndim != 1 || b->ndim != 1 || w->shape[0] != C || b->shape[0] != C)
     return tdm__fail(tp, TDM_ERR_INVALID_ARG, "layernorm: input %s, weight %s, bias %s; expected (..., C), (C), (C) with C > 0",
                      tdm__shp(x), tdm__shp(w), tdm__shp(b));
   x = tdm__contig(tp, x);
   int64_t N = x ? x->numel / C : 0;
-  tdm_tensor *y = x ? tdm__out(tp, TDM_F32, x->ndim, x->shape) : NULL;
+  tdm_tensor *y = x ? tdm__out(tp, tdm__act_dtype(tp), x->ndim, x->shape) : NULL;
   float *stats = y ? tdm__scratch(tp, sizeof(float) * 2 * (size_t)(N ? N : 1)) : NULL;
   if (!stats) return NULL;
-  tdm_k_layernorm_fwd(y->data, stats, stats + N, x->data, w->data, b->data, N, C, eps);
+  tdm__arena_pos pos = tdm__arena_mark(tp->arena);
+  const float *xf = tdm__f32(tp, x);
+  float *yf = xf ? tdm__f32_out(tp, y) : NULL;
+  if (yf) {
+    tdm_k_layernorm_fwd(yf, stats, stats + N, xf, w->data, b->data, N, C, eps);
+    tdm__store_f32(y, yf);
+  }
+  tdm__arena_rewind(tp->arena, pos);
+  if (!yf) return NULL;
   tdm_tensor *ins[3] = {x, w, b};
   tdm_node *n = tdm__record(tp, "layernorm", layernorm_bw, y, 3, ins);
   if (n) {
@@ -208,7 +249,11 @@ tdm_tensor *tdm_layernorm(tdm_tape *tp, tdm_tensor *x, tdm_tensor *w, tdm_tensor
 static void embedding_bw(tdm_tape *tp, tdm_node *n) {
   tdm_tensor *table = n->in[0], *idx = n->in[1];
   float *g = tdm__grad(tp, table);
-  if (g) tdm_k_embedding_bwd(g, n->out->grad->data, idx->data, idx->dtype == TDM_I64, idx->numel, table->shape[1]);
+  if (!g) return;
+  tdm__arena_pos pos = tdm__arena_mark(tp->arena);
+  const float *dy = tdm__f32(tp, n->out->grad);
+  if (dy) tdm_k_embedding_bwd(g, dy, idx->data, idx->dtype == TDM_I64, idx->numel, table->shape[1]);
+  tdm__arena_rewind(tp->arena, pos);
 }
 
 tdm_tensor *tdm_embedding(tdm_tape *tp, tdm_tensor *table, tdm_tensor *idx) {
@@ -234,9 +279,16 @@ tdm_tensor *tdm_embedding(tdm_tape *tp, tdm_tensor *table, tdm_tensor *idx) {
   int64_t shape[TDM_MAX_DIMS];
   memcpy(shape, idx->shape, sizeof(int64_t) * (size_t)idx->ndim);
   shape[idx->ndim] = table->shape[1];
-  tdm_tensor *y = tdm__out(tp, TDM_F32, idx->ndim + 1, shape);
+  tdm_tensor *y = tdm__out(tp, tdm__act_dtype(tp), idx->ndim + 1, shape);
   if (!y) return NULL;
-  tdm_k_embedding_fwd(y->data, table->data, idx->data, idx->dtype == TDM_I64, idx->numel, table->shape[1]);
+  tdm__arena_pos pos = tdm__arena_mark(tp->arena);
+  float *yf = tdm__f32_out(tp, y);
+  if (yf) {
+    tdm_k_embedding_fwd(yf, table->data, idx->data, idx->dtype == TDM_I64, idx->numel, table->shape[1]);
+    tdm__store_f32(y, yf);
+  }
+  tdm__arena_rewind(tp->arena, pos);
+  if (!yf) return NULL;
   tdm_tensor *ins[2] = {table, idx};
   tdm__record(tp, "embedding", embedding_bw, y, 2, ins);
   return y;
@@ -245,22 +297,39 @@ tdm_tensor *tdm_embedding(tdm_tape *tp, tdm_tensor *table, tdm_tensor *idx) {
 /* ---- dropout -------------------------------------------------------------------------------- */
 /* i: [0] seed, [1] base; f[0]: p */
 static void dropout_bw(tdm_tape *tp, tdm_node *n) {
-  float *gx = tdm__grad(tp, n->in[0]);
-  if (gx) tdm_k_dropout_bwd(gx, n->out->grad->data, n->out->numel, n->f[0], (uint64_t)n->i[0], (uint64_t)n->i[1]);
+  tdm_tensor *x = n->in[0];
+  void *graw = tdm__grad(tp, x);
+  if (!graw) return;
+  tdm__arena_pos pos = tdm__arena_mark(tp->arena);
+  float *gx = tdm__grad_f32(tp, x, graw, 0);
+  const float *dy = tdm__f32(tp, n->out->grad);
+  if (gx && dy) {
+    tdm_k_dropout_bwd(gx, dy, n->out->numel, n->f[0], (uint64_t)n->i[0], (uint64_t)n->i[1]);
+    tdm__grad_commit(x, graw, gx);
+  }
+  tdm__arena_rewind(tp->arena, pos);
 }
 
 tdm_tensor *tdm_dropout(tdm_tape *tp, tdm_tensor *x, float p) {
-  if (!tdm__inputs_ok(tp, "dropout", 1, &x) || !tdm__check_f32(tp, "dropout", "input", x)) return NULL;
+  if (!tdm__inputs_ok(tp, "dropout", 1, &x) || !tdm__check_act(tp, "dropout", "input", x)) return NULL;
   if (!(p >= 0.0f && p < 1.0f))
     return tdm__fail(tp, TDM_ERR_INVALID_ARG, "dropout: probability %g; expected 0 <= p < 1", (double)p);
   if (!tp->training || p == 0.0f) return x;
   x = tdm__contig(tp, x);
-  tdm_tensor *y = x ? tdm__out(tp, TDM_F32, x->ndim, x->shape) : NULL;
+  tdm_tensor *y = x ? tdm__out(tp, tdm__act_dtype(tp), x->ndim, x->shape) : NULL;
   if (!y) return NULL;
   int64_t per_sample = x->ndim && x->shape[0] ? x->numel / x->shape[0] : x->numel;
   uint64_t seed = tdm_hash64(tp->dropout_seed, tp->dropout_calls++);
   uint64_t base = (uint64_t)(tp->sample_base * per_sample);
-  tdm_k_dropout_fwd(y->data, x->data, x->numel, p, seed, base);
+  tdm__arena_pos pos = tdm__arena_mark(tp->arena);
+  const float *xf = tdm__f32(tp, x);
+  float *yf = xf ? tdm__f32_out(tp, y) : NULL;
+  if (yf) {
+    tdm_k_dropout_fwd(yf, xf, x->numel, p, seed, base);
+    tdm__store_f32(y, yf);
+  }
+  tdm__arena_rewind(tp->arena, pos);
+  if (!yf) return NULL;
   tdm_node *n = tdm__record(tp, "dropout", dropout_bw, y, 1, &x);
   if (n) {
     n->i[0] = (int64_t)seed;
@@ -271,19 +340,36 @@ tdm_tensor *tdm_dropout(tdm_tape *tp, tdm_tensor *x, float p) {
 }
 
 /* ---- attention ------------------------------------------------------------------------------ */
-/* i: [0] B, [1] T, [2] C, [3] NH; saved[0]: att */
+/* i: [0] B, [1] T, [2] C, [3] NH, [4] dtype of the saved probabilities; saved[0]: att, or NULL
+ * under selective recomputation (rebuilt here from q and k, rounded as the stored ones would be).
+ * Batches go through the kernels a chunk at a time (tdm__attn_batches), so the backward's scratch
+ * and f32 copies of the probabilities hold one chunk's, and are given back when it returns. */
 static void attention_bw(tdm_tape *tp, tdm_node *n) {
+  tdm_tensor *qkv = n->in[0];
   int fresh;
-  float *g = tdm__grad_for_write(tp, n->in[0], &fresh);
+  void *g = tdm__grad_for_write(tp, qkv, &fresh);
   if (!g) return;
-  int64_t B = n->i[0], T = n->i[1], C = n->i[2], NH = n->i[3];
-  float *scratch = tdm__scratch(tp, sizeof(float) * (size_t)(B * NH * T * T));
-  if (scratch) tdm_k_attention_bwd(g, scratch, n->out->grad->data, n->saved[0], n->in[0]->data, B, T, C, NH, !fresh);
-  else if (fresh) tdm_k_zero(g, n->in[0]->numel); /* the tape has failed; leave no garbage behind */
+  int64_t B = n->i[0], T = n->i[1], C = n->i[2], NH = n->i[3], bc = tdm__attn_batches(B, NH), HTT = NH * T * T;
+  tdm_dtype dt = (tdm_dtype)n->i[4];
+  tdm__arena_pos pos = tdm__arena_mark(tp->arena);
+  float *gf = tdm__grad_f32(tp, qkv, g, fresh);
+  const float *x = tdm__f32(tp, qkv), *dy = tdm__f32(tp, n->out->grad);
+  float *scratch = tdm__scratch(tp, sizeof(float) * (size_t)(bc * HTT > 0 ? bc * HTT : 1));
+  float *buf = n->saved[0] && dt == TDM_F32 ? NULL : tdm__scratch(tp, sizeof(float) * (size_t)(bc * HTT > 0 ? bc * HTT : 1));
+  int ok = gf && x && dy && scratch && (buf || (n->saved[0] && dt == TDM_F32));
+  for (int64_t b0 = 0; ok && b0 < B; b0 += bc) {
+    int64_t nb = B - b0 < bc ? B - b0 : bc;
+    const float *xb = x + b0 * T * 3 * C;
+    const float *att = tdm__probs_chunk(buf, n->saved[0], dt, b0 * HTT, nb * HTT, xb, xb + C, nb, T, NH, NH, C / NH, 3 * C, 3 * C);
+    tdm_k_attention_bwd(gf + b0 * T * 3 * C, scratch, dy + b0 * T * C, att, xb, nb, T, C, NH, !fresh);
+  }
+  if (ok) tdm__grad_commit(qkv, g, gf);
+  else if (fresh && qkv->grad->dtype == TDM_F32) tdm_k_zero(g, qkv->numel); /* the tape has failed; leave no garbage behind */
+  tdm__arena_rewind(tp->arena, pos);
 }
 
 tdm_tensor *tdm_attention(tdm_tape *tp, tdm_tensor *qkv, int n_head) {
-  if (!tdm__inputs_ok(tp, "attention", 1, &qkv) || !tdm__check_f32(tp, "attention", "qkv", qkv)) return NULL;
+  if (!tdm__inputs_ok(tp, "attention", 1, &qkv) || !tdm__check_act(tp, "attention", "qkv", qkv)) return NULL;
   if (qkv->ndim != 3 || qkv->shape[2] % 3 != 0)
     return tdm__fail(tp, TDM_ERR_INVALID_ARG, "attention: qkv is %s; expected (B, T, 3C)", tdm__shp(qkv));
   int64_t B = qkv->shape[0], T = qkv->shape[1], C = qkv->shape[2] / 3;
@@ -291,14 +377,29 @@ tdm_tensor *tdm_attention(tdm_tape *tp, tdm_tensor *qkv, int n_head) {
     return tdm__fail(tp, TDM_ERR_INVALID_ARG, "attention: %d heads do not divide the width %lld of qkv %s", n_head,
                      (long long)C, tdm__shp(qkv));
   qkv = tdm__contig(tp, qkv);
-  int64_t shape[3] = {B, T, C};
-  tdm_tensor *y = qkv ? tdm__out(tp, TDM_F32, 3, shape) : NULL;
-  float *att = y ? tdm__scratch(tp, sizeof(float) * (size_t)(B * n_head * T * T)) : NULL;
-  if (!att) return NULL;
-  tdm_k_attention_fwd(y->data, att, qkv->data, B, T, C, n_head);
+  int64_t shape[3] = {B, T, C}, HTT = n_head * T * T, PT = B * HTT, bc = tdm__attn_batches(B, n_head);
+  tdm_dtype dt = tdm__act_dtype(tp);
+  tdm_tensor *y = qkv ? tdm__out(tp, dt, 3, shape) : NULL;
+  int keep = !tdm__selective(tp, 1, &qkv); /* selective recomputation rebuilds them in backward */
+  void *att = y && keep ? tdm__scratch(tp, tdm_dtype_size(dt) * (size_t)(PT ? PT : 1)) : NULL;
+  if (!y || (keep && !att)) return NULL;
+  tdm__arena_pos pos = tdm__arena_mark(tp->arena);
+  const float *x = tdm__f32(tp, qkv);
+  float *yf = x ? tdm__f32_out(tp, y) : NULL;
+  float *buf = yf && (dt != TDM_F32 || !keep) ? tdm__scratch(tp, sizeof(float) * (size_t)(bc * HTT > 0 ? bc * HTT : 1)) : NULL;
+  int ok = yf && (buf || (dt == TDM_F32 && keep));
+  for (int64_t b0 = 0; ok && b0 < B; b0 += bc) {
+    int64_t nb = B - b0 < bc ? B - b0 : bc;
+    float *attc = buf ? buf : (float *)att + b0 * HTT;
+    tdm_k_attention_fwd(yf + b0 * T * C, attc, x + b0 * T * 3 * C, nb, T, C, n_head);
+    if (keep) tdm__store_probs(att, dt, b0 * HTT, attc, nb * HTT);
+  }
+  if (ok) tdm__store_f32(y, yf);
+  tdm__arena_rewind(tp->arena, pos);
+  if (!ok) return NULL;
   tdm_node *n = tdm__record(tp, "attention", attention_bw, y, 1, &qkv);
   if (n) {
-    int64_t v[4] = {B, T, C, n_head};
+    int64_t v[5] = {B, T, C, n_head, dt};
     memcpy(n->i, v, sizeof v);
     n->saved[0] = att;
   }

@@ -46,10 +46,17 @@ static tdm_tensor *view_of(tdm_tape *tp, tdm_tensor *x) {
 
 /* ---- contiguous -------------------------------------------------------------------------- */
 static void flat_add_bw(tdm_tape *tp, tdm_node *n) { /* gin += gout, same number of elements */
-  float *gx = tdm__grad(tp, n->in[0]);
-  const float *g = n->out->grad->data;
-  if (gx)
+  tdm_tensor *x = n->in[0];
+  void *graw = tdm__grad(tp, x);
+  if (!graw) return;
+  tdm__arena_pos pos = tdm__arena_mark(tp->arena); /* 16-bit gradients (a cast) go through f32 */
+  float *gx = tdm__grad_f32(tp, x, graw, 0);
+  const float *g = tdm__f32(tp, n->out->grad);
+  if (gx && g) {
     for (int64_t i = 0; i < n->out->numel; i++) gx[i] += g[i];
+    tdm__grad_commit(x, graw, gx);
+  }
+  tdm__arena_rewind(tp->arena, pos);
 }
 
 tdm_tensor *tdm_contiguous(tdm_tape *tp, tdm_tensor *x) {
@@ -76,7 +83,7 @@ tdm_tensor *tdm_cast(tdm_tape *tp, tdm_tensor *x, tdm_dtype dt) {
   tdm_tensor *y = tdm__out(tp, dt, x->ndim, x->shape);
   if (!y) return NULL;
   tdm_tensor_copy(y, x);
-  tdm__record(tp, "cast", flat_add_bw, y, 1, &x); /* gradients are f32 on both sides */
+  tdm__record(tp, "cast", flat_add_bw, y, 1, &x); /* each side's gradient has its own dtype */
   return y;
 }
 
@@ -125,12 +132,19 @@ tdm_tensor *tdm_reshape(tdm_tape *tp, tdm_tensor *x, int ndim, const int64_t *sh
 /* ---- permute ------------------------------------------------------------------------------ */
 static void permute_bw(tdm_tape *tp, tdm_node *n) {
   tdm_tensor *x = n->in[0];
-  float *gx = tdm__grad(tp, x);
-  if (!gx) return;
-  int64_t xs[TDM_MAX_DIMS], ds[TDM_MAX_DIMS];
-  contig_strides(x->ndim, x->shape, xs);
-  for (int d = 0; d < x->ndim; d++) ds[d] = xs[n->i[d]]; /* output axis d is input axis perm[d] */
-  strided_acc(n->out->ndim, n->out->shape, gx, ds, n->out->grad->data, n->out->numel);
+  void *graw = tdm__grad(tp, x);
+  if (!graw) return;
+  tdm__arena_pos pos = tdm__arena_mark(tp->arena); /* 16-bit gradients go through f32 scratch */
+  float *gx = tdm__grad_f32(tp, x, graw, 0);
+  const float *g = tdm__f32(tp, n->out->grad);
+  if (gx && g) {
+    int64_t xs[TDM_MAX_DIMS], ds[TDM_MAX_DIMS];
+    contig_strides(x->ndim, x->shape, xs);
+    for (int d = 0; d < x->ndim; d++) ds[d] = xs[n->i[d]]; /* output axis d is input axis perm[d] */
+    strided_acc(n->out->ndim, n->out->shape, gx, ds, g, n->out->numel);
+    tdm__grad_commit(x, graw, gx);
+  }
+  tdm__arena_rewind(tp->arena, pos);
 }
 
 tdm_tensor *tdm_permute(tdm_tape *tp, tdm_tensor *x, const int *perm) {
@@ -167,11 +181,18 @@ tdm_tensor *tdm_transpose(tdm_tape *tp, tdm_tensor *x, int axis0, int axis1) {
 /* ---- slice -------------------------------------------------------------------------------- */
 static void slice_bw(tdm_tape *tp, tdm_node *n) {
   tdm_tensor *x = n->in[0];
-  float *gx = tdm__grad(tp, x);
-  if (!gx) return;
-  int64_t xs[TDM_MAX_DIMS];
-  contig_strides(x->ndim, x->shape, xs);
-  strided_acc(n->out->ndim, n->out->shape, gx + n->i[1] * xs[n->i[0]], xs, n->out->grad->data, n->out->numel);
+  void *graw = tdm__grad(tp, x);
+  if (!graw) return;
+  tdm__arena_pos pos = tdm__arena_mark(tp->arena); /* 16-bit gradients go through f32 scratch */
+  float *gx = tdm__grad_f32(tp, x, graw, 0);
+  const float *g = tdm__f32(tp, n->out->grad);
+  if (gx && g) {
+    int64_t xs[TDM_MAX_DIMS];
+    contig_strides(x->ndim, x->shape, xs);
+    strided_acc(n->out->ndim, n->out->shape, gx + n->i[1] * xs[n->i[0]], xs, g, n->out->numel);
+    tdm__grad_commit(x, graw, gx);
+  }
+  tdm__arena_rewind(tp->arena, pos);
 }
 
 tdm_tensor *tdm_slice(tdm_tape *tp, tdm_tensor *x, int axis, int64_t start, int64_t len) {

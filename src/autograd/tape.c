@@ -108,7 +108,7 @@ int tdm__inputs_ok(tdm_tape *tp, const char *op, int n, tdm_tensor *const *ins) 
       tdm__fail(tp, TDM_ERR_INVALID_ARG, "%s: input %d is NULL", op, i);
       return 0;
     }
-  return fetch_inputs(tp, op, n, ins, 0) == TDM_OK;
+  return fetch_inputs(tp, op, n, ins, tp->in_backward) == TDM_OK;
 }
 
 int tdm__check_f32(tdm_tape *tp, const char *op, const char *what, const tdm_tensor *t) {
@@ -199,10 +199,12 @@ void tdm_tensor_set_fetch_hook(tdm_tensor *param, tdm_fetch_hook_fn fn, void *ct
   param->fetch_ctx = ctx;
 }
 
-/* Heap leaves get a heap gradient that outlives tape resets. */
+static tdm_dtype grad_dtype(const tdm_tensor *t);
+
+/* Heap leaves get a heap gradient that outlives tape resets (16-bit for a 16-bit leaf). */
 static tdm_status heap_grad(tdm_tensor *t) {
   tdm_tensor *g;
-  TDM__TRY(tdm_tensor_create(&g, TDM_F32, t->ndim, t->shape));
+  TDM__TRY(tdm_tensor_create(&g, grad_dtype(t), t->ndim, t->shape));
   t->grad = g;
   return TDM_OK;
 }
@@ -213,8 +215,13 @@ tdm_status tdm_tensor_zero_grad(tdm_tensor *t) {
       return tdm__set_error(TDM_ERR_INVALID_USAGE, "zero_grad: tensor %s has no gradient yet", tdm_tensor_name(t));
     return heap_grad(t); /* created zeroed */
   }
-  memset(t->grad->data, 0, (size_t)t->grad->numel * sizeof(float));
+  memset(t->grad->data, 0, (size_t)t->grad->numel * tdm_dtype_size(t->grad->dtype));
   return TDM_OK;
+}
+
+/* Gradients have the tensor's dtype when it is 16-bit (mixed precision), else f32. */
+static tdm_dtype grad_dtype(const tdm_tensor *t) {
+  return t->dtype == TDM_BF16 || t->dtype == TDM_F16 ? t->dtype : TDM_F32;
 }
 
 /* A split backward computes in each pass only its side's gradients (parameters, or the rest). */
@@ -222,11 +229,11 @@ static int other_phase(const tdm_tape *tp, const tdm_tensor *t) {
   return tp->grad_phase && ((t->flags & TDM_TF_PARAM) != 0) != (tp->grad_phase == 2);
 }
 
-float *tdm__grad_for_write(tdm_tape *tp, tdm_tensor *t, int *fresh) {
+void *tdm__grad_for_write(tdm_tape *tp, tdm_tensor *t, int *fresh) {
   *fresh = 0;
   if (!tdm__requires_grad(t) || other_phase(tp, t)) return NULL;
   if (!t->grad && !((t->flags & TDM_TF_HEAP) && !t->node)) { /* a tape activation's first gradient */
-    tdm_tensor *g = tdm__out(tp, TDM_F32, t->ndim, t->shape);
+    tdm_tensor *g = tdm__out(tp, grad_dtype(t), t->ndim, t->shape);
     if (!g) return NULL;
     t->grad = g;
     *fresh = 1;
@@ -235,7 +242,7 @@ float *tdm__grad_for_write(tdm_tape *tp, tdm_tensor *t, int *fresh) {
   return tdm__grad(tp, t);
 }
 
-float *tdm__grad(tdm_tape *tp, tdm_tensor *t) {
+void *tdm__grad(tdm_tape *tp, tdm_tensor *t) {
   if (!tdm__requires_grad(t) || other_phase(tp, t)) return NULL;
   if (!t->grad) {
     if ((t->flags & TDM_TF_HEAP) && !t->node) {
@@ -244,9 +251,10 @@ float *tdm__grad(tdm_tape *tp, tdm_tensor *t) {
         return NULL;
       }
     } else {
-      tdm_tensor *g = tdm__out(tp, TDM_F32, t->ndim, t->shape);
+      tdm_tensor *g = tdm__out(tp, grad_dtype(t), t->ndim, t->shape);
       if (!g) return NULL;
-      tdm_k_zero(g->data, g->numel);
+      if (g->dtype == TDM_F32) tdm_k_zero(g->data, g->numel);
+      else memset(g->data, 0, (size_t)g->numel * 2);
       t->grad = g;
     }
   }
@@ -316,16 +324,30 @@ static int has_param_input(const tdm_node *nd) {
   return 0;
 }
 
+tdm_status tdm__backward_nodes(tdm_tape *tp, int from, int to) {
+  for (int i = to - 1; i >= from && tp->status == TDM_OK; i--) {
+    tdm_node *nd = tp->nodes[i];
+    if (nd->out->grad && (tp->grad_phase != 2 || has_param_input(nd)) && fetch_inputs(tp, nd->op, nd->n_in, nd->in, 1) == TDM_OK)
+      nd->backward(tp, nd);
+  }
+  return tp->status;
+}
+
 static tdm_status run_backward(tdm_tape *tp) {
   int k = tp->n_leaves - 1;
+  tp->in_backward = 1;
   for (int i = tp->n_nodes - 1; i >= 0; i--) {
     tdm_node *nd = tp->nodes[i];
     if (nd->out->grad && (tp->grad_phase != 2 || has_param_input(nd)) && fetch_inputs(tp, nd->op, nd->n_in, nd->in, 1) == TDM_OK)
       nd->backward(tp, nd);
-    if (tp->status != TDM_OK) return tp->status;
+    if (tp->status != TDM_OK) {
+      tp->in_backward = 0;
+      return tp->status;
+    }
     for (; k >= 0 && tp->leaves[k].first_use >= i; k--) fire(tp, tp->leaves[k].t);
   }
   for (; k >= 0; k--) fire(tp, tp->leaves[k].t);
+  tp->in_backward = 0;
   return TDM_OK;
 }
 
@@ -339,14 +361,14 @@ tdm_status tdm_backward_with(tdm_tape *tp, tdm_tensor *out, const tdm_tensor *go
   if (gout && (!tdm__shape_equal(out, gout) || gout->dtype != TDM_F32))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "backward: gradient %s %s does not match output %s f32",
                           tdm__shp(gout), tdm_dtype_name(gout->dtype), tdm__shp(out));
-  float *g = tdm__grad(tp, out);
+  void *g = tdm__grad(tp, out);
   if (!g) return tdm__set_error(tp->status, "%s", tp->error);
   if (gout) {
     tdm_tensor *gv = out->grad;
     tdm_status st = tdm_tensor_copy(gv, gout);
     if (st != TDM_OK) return st;
   } else {
-    for (int64_t i = 0; i < out->numel; i++) g[i] = 1.0f;
+    tdm_tensor_fill(out->grad, 1.0);
   }
   tdm_status st = run_backward(tp);
   if (st != TDM_OK) return tdm__set_error(st, "%s", tp->error);

@@ -40,6 +40,9 @@ struct tdm_tape {
   uint64_t dropout_seed;
   int64_t sample_base;
   uint64_t dropout_calls;
+  tdm_dtype autocast;   /* TDM_F32 (off), TDM_BF16 or TDM_F16: the dtype ops store activations in */
+  int recompute;        /* tdm_recompute: what the models recompute in backward */
+  int in_backward;      /* backward is running (recomputed forward ops fetch as backward does) */
   int grad_phase; /* 0: every gradient; 1: all but the parameters'; 2: only the parameters' (tdm_backward_inputs / _params) */
   tdm_status status;
   char error[512];
@@ -64,16 +67,58 @@ void *tdm__workspace(tdm_tape *tp, size_t bytes);
 /* If grad is on and an input requires grad: records a node producing out and returns it. */
 tdm_node *tdm__record(tdm_tape *tp, const char *op, tdm__backward_fn bw, tdm_tensor *out, int n,
                       tdm_tensor *const *ins);
-/* Gradient buffer of t (allocated zeroed on first use); NULL when t does not require grad. */
-float *tdm__grad(tdm_tape *tp, tdm_tensor *t);
+/* Gradient buffer of t (allocated zeroed on first use); NULL when t does not require grad. Its
+ * dtype is t's (16-bit activations have 16-bit gradients); parameters' are f32. */
+void *tdm__grad(tdm_tape *tp, tdm_tensor *t);
 /* As tdm__grad, but when t is a tape activation without a gradient yet, the buffer is returned
  * uninitialised with *fresh = 1, and the caller must write every element (not accumulate): this
  * spares zeroing, then reading, every activation gradient that has a single producer. */
-float *tdm__grad_for_write(tdm_tape *tp, tdm_tensor *t, int *fresh);
+void *tdm__grad_for_write(tdm_tape *tp, tdm_tensor *t, int *fresh);
+/* Attention (src/autograd/ops_llama.c). Whether this op skips keeping its probabilities (selective
+ * recomputation); how many batches go through the kernels at once (scratch holds that many
+ * batches' probabilities; at least 8 tasks per call, whatever the thread count, so that the planner
+ * knows it); the probabilities of a chunk stored in dt (f32: already in place); in backward, a
+ * chunk of them as f32: the saved ones, converted into buf, or rebuilt from q and k (row strides
+ * ldq, ldkv) into buf and rounded to dt as storing them would have. */
+int tdm__selective(const tdm_tape *tp, int n, tdm_tensor *const *ins);
+int64_t tdm__attn_batches(int64_t B, int64_t groups);
+void tdm__store_probs(void *att, tdm_dtype dt, int64_t off, const float *src, int64_t n);
+const float *tdm__probs_chunk(float *buf, const void *saved, tdm_dtype dt, int64_t off, int64_t n, const float *q, const float *k,
+                              int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hs, int64_t ldq, int64_t ldkv);
+/* Runs the backward of nodes [from, to) in reverse, fetching their parameters, without the leaf
+ * hooks (a recomputed block's nodes, inside the node that recorded them). */
+tdm_status tdm__backward_nodes(tdm_tape *tp, int from, int to);
 /* x itself if contiguous, else a recorded contiguous copy. */
 tdm_tensor *tdm__contig(tdm_tape *tp, tdm_tensor *x);
 /* Normalises a possibly negative axis; -1 if out of range (and records the error). */
 int tdm__axis(tdm_tape *tp, const char *op, const tdm_tensor *x, int axis);
+/* ---- mixed precision (src/autograd/mixed.c) ----------------------------------------------------
+ * Ops compute in f32 through their f32 kernels; activations and their gradients may be stored in
+ * bf16 or f16. Conversions go to arena scratch taken between a mark and a rewind, so they are
+ * transient: a backward function first takes its inputs' gradients (tdm__grad / _for_write, which
+ * persist), then marks, converts, computes, commits and rewinds. */
+/* A weight larger than this many floats is rounded for a 16-bit product panel by panel. */
+#define TDM_LP_PANEL ((int64_t)1 << 20)
+/* Input is an activation dtype (f32, bf16, f16). */
+int tdm__check_act(tdm_tape *tp, const char *op, const char *what, const tdm_tensor *t);
+/* The dtype an op stores its activations in: the autocast dtype, else f32. */
+tdm_dtype tdm__act_dtype(const tdm_tape *tp);
+/* t's values (contiguous) as f32: t->data when f32, else a converted copy in scratch; NULL after a
+ * failure (the tape's error is set). */
+const float *tdm__f32(tdm_tape *tp, const tdm_tensor *t);
+/* t's values as f32 rounded to dt's precision (a product's input under autocast: parameters are
+ * f32 and round to the activation dtype); dt f32, or t already of dt: as tdm__f32. */
+const float *tdm__f32_round(tdm_tape *tp, const tdm_tensor *t, tdm_dtype dt);
+/* Where an op writes y's values in f32: y->data when f32, else scratch for tdm__store_f32. */
+float *tdm__f32_out(tdm_tape *tp, tdm_tensor *y);
+/* Puts f32 values into y (a no-op when buf is y->data); for a 16-bit y, rounds to nearest even. */
+void tdm__store_f32(tdm_tensor *y, const float *buf);
+/* t's gradient as an f32 buffer: grad itself (from tdm__grad or _for_write) when t is f32; else
+ * scratch holding its current values (or, fresh, garbage to be overwritten), which
+ * tdm__grad_commit then stores into grad. */
+float *tdm__grad_f32(tdm_tape *tp, const tdm_tensor *t, void *grad, int fresh);
+void tdm__grad_commit(const tdm_tensor *t, void *grad, const float *buf);
+
 /* "(2, 3)" for t, in a rotating set of static-per-thread buffers (valid for a few calls). */
 const char *tdm__shp(const tdm_tensor *t);
 

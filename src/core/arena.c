@@ -102,6 +102,25 @@ void tdm_arena_reset(tdm_arena *a) {
   a->used_total = 0;
 }
 
+tdm__arena_pos tdm__arena_mark(const tdm_arena *a) {
+  tdm__arena_pos p = {a->head, a->head->used, a->used_total};
+  return p;
+}
+
+void tdm__arena_rewind(tdm_arena *a, tdm__arena_pos pos) {
+  while (a->head != pos.block) { /* blocks made after the mark */
+    block *b = a->head;
+    TDM_ASSERT(b->next != NULL);
+    a->head = b->next;
+    tdm__free(b->data);
+    tdm__free(b);
+  }
+  a->head->used = pos.used;
+  TDM_ASSERT(a->used_total >= pos.used_total);
+  tdm__mem_account((tdm_mem_category)a->usage_cat, -(int64_t)(a->used_total - pos.used_total));
+  a->used_total = pos.used_total;
+}
+
 size_t tdm_arena_used(const tdm_arena *a) { return a->used_total; }
 size_t tdm_arena_peak(const tdm_arena *a) { return a->peak; }
 uint64_t tdm_arena_mallocs(const tdm_arena *a) { return a->mallocs; }

@@ -32,6 +32,15 @@ void tdm__mem_account(tdm_mem_category c, int64_t delta);
  * not at all; TDM_MEM_COUNT: the blocks are counted as allocated, as tdm_arena_create does. */
 tdm_status tdm__arena_create_cat(tdm_arena **out, size_t initial_bytes, tdm_mem_category usage_cat);
 uint64_t tdm__malloc_count(void);
+/* A position in an arena, and a rewind to it: everything allocated since is given back at once
+ * (transient scratch of one op, a recomputed block). Blocks made since are freed; the peak keeps
+ * the high-water mark, so after the next reset one block holds it all and no malloc recurs. */
+typedef struct {
+  void *block;
+  size_t used, used_total;
+} tdm__arena_pos;
+tdm__arena_pos tdm__arena_mark(const tdm_arena *a);
+void tdm__arena_rewind(tdm_arena *a, tdm__arena_pos pos);
 
 #define TDM__TRY(expr)                   \
   do {                                   \

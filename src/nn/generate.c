@@ -1,7 +1,9 @@
-/* Text generation for the GPT model with a key/value cache: each new token runs through the
- * blocks as one position, attending to the cached keys and values of every earlier position, so
- * the cost per token grows linearly with the context, not with its square. Written against the
- * kernels (no tape): inference needs no gradients. */
+/* Text generation for the GPT and Llama models with a key/value cache: each new token runs through
+ * the blocks as one position, attending to the cached keys and values of every earlier position,
+ * so the cost per token grows linearly with the context, not with its square. Llama's cache holds
+ * only its key/value heads (grouped-query attention: a group of query heads reads one), keys
+ * already rotated to their positions. Written against the kernels (no tape): inference needs no
+ * gradients. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -14,22 +16,28 @@
 struct tdm_kv_cache {
   tdm_model *m;
   int64_t L, C, NH, block, pos;
-  float *k, *v;          /* (L, block, C) each */
+  int64_t KV;            /* cached width per position: C (GPT), key/value heads x head size (Llama) */
+  float *k, *v;          /* (L, block, KV) each */
   float *x, *h, *qkv, *att_out, *fc, *att, *logits, *stats;
+  float *rope; /* Llama: cos and sin of this position (hs / 2 each) */
 };
 
-tdm_status tdm_kv_cache_create(tdm_kv_cache **out, tdm_model *m) {
-  if (!out || !m || m->cfg.kind != TDM_MODEL_GPT)
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "kv_cache: needs a gpt model");
+tdm_status tdm_kv_cache_create(tdm_kv_cache **out, tdm_model *m) { return tdm_kv_cache_create_len(out, m, 0); }
+
+tdm_status tdm_kv_cache_create_len(tdm_kv_cache **out, tdm_model *m, int64_t max_len) {
+  if (!out || !m || (m->cfg.kind != TDM_MODEL_GPT && m->cfg.kind != TDM_MODEL_LLAMA))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "kv_cache: needs a gpt or llama model");
   tdm_kv_cache *c = tdm__calloc(1, sizeof *c);
   if (!c) return tdm__set_error(TDM_ERR_NO_MEMORY, "kv_cache: out of memory");
   c->m = m;
   c->L = m->cfg.n_layer;
   c->C = m->cfg.n_embd;
   c->NH = m->cfg.n_head;
-  c->block = m->cfg.block_size;
+  int llama = m->cfg.kind == TDM_MODEL_LLAMA;
+  c->KV = llama ? m->cfg.n_kv_head * (c->C / c->NH) : c->C;
+  c->block = max_len > 0 && max_len < m->cfg.block_size ? max_len : m->cfg.block_size;
   int64_t kv64;
-  if (__builtin_mul_overflow(c->L, c->block, &kv64) || __builtin_mul_overflow(kv64, c->C, &kv64) ||
+  if (__builtin_mul_overflow(c->L, c->block, &kv64) || __builtin_mul_overflow(kv64, c->KV, &kv64) ||
       kv64 > (int64_t)(SIZE_MAX / (2 * sizeof(float)))) {
     tdm__free(c);
     return tdm__set_error(TDM_ERR_NO_MEMORY, "kv_cache: %lld layers x %lld positions x %lld wide overflow the memory",
@@ -42,11 +50,12 @@ tdm_status tdm_kv_cache_create(tdm_kv_cache **out, tdm_model *m) {
   c->h = tdm__malloc(sizeof(float) * (size_t)c->C);
   c->qkv = tdm__malloc(sizeof(float) * (size_t)(3 * c->C));
   c->att_out = tdm__malloc(sizeof(float) * (size_t)c->C);
-  c->fc = tdm__malloc(sizeof(float) * (size_t)(8 * c->C));
+  c->fc = tdm__malloc(sizeof(float) * (size_t)(llama ? 2 * m->cfg.ffn_hidden : 8 * c->C)); /* gate and up; GPT's 4C */
+  c->rope = tdm__malloc(sizeof(float) * (size_t)(c->C / c->NH + 1));
   c->att = tdm__malloc(sizeof(float) * (size_t)c->block);
   c->logits = tdm__malloc(sizeof(float) * (size_t)m->cfg.vocab_size);
   c->stats = tdm__malloc(sizeof(float) * 2);
-  if (!c->k || !c->v || !c->x || !c->h || !c->qkv || !c->att_out || !c->fc || !c->att || !c->logits || !c->stats) {
+  if (!c->k || !c->v || !c->x || !c->h || !c->qkv || !c->att_out || !c->fc || !c->att || !c->logits || !c->stats || !c->rope) {
     tdm_kv_cache_destroy(c);
     return tdm__set_error(TDM_ERR_NO_MEMORY, "kv_cache: cannot hold %zu floats of keys and values", 2 * kv);
   }
@@ -56,27 +65,88 @@ tdm_status tdm_kv_cache_create(tdm_kv_cache **out, tdm_model *m) {
 
 void tdm_kv_cache_destroy(tdm_kv_cache *c) {
   if (!c) return;
-  void *p[] = {c->k, c->v, c->x, c->h, c->qkv, c->att_out, c->fc, c->att, c->logits, c->stats};
+  void *p[] = {c->k, c->v, c->x, c->h, c->qkv, c->att_out, c->fc, c->att, c->logits, c->stats, c->rope};
   for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) tdm__free(p[i]);
   tdm__free(c);
 }
 
 void tdm_kv_cache_reset(tdm_kv_cache *c) { c->pos = 0; }
 int64_t tdm_kv_cache_len(const tdm_kv_cache *c) { return c->pos; }
+int64_t tdm_kv_cache_capacity(const tdm_kv_cache *c) { return c->block; }
 
 static float *W(tdm_tensor *t) { return t ? (float *)t->data : NULL; }
+
+/* One query row q (hs) of head hd against the cached keys and values of its key/value head at
+ * positions 0..pos: a numerically stable softmax, the weighted sum into o (hs). */
+static void attend(tdm_kv_cache *c, const float *q, const float *K, const float *Vv, int64_t g, int64_t pos, float *o) {
+  int64_t hs = c->C / c->NH, KV = c->KV;
+  float scale = 1.0f / sqrtf((float)hs), mx = -INFINITY, sum = 0;
+  for (int64_t t = 0; t <= pos; t++) {
+    const float *kt = K + t * KV + g * hs;
+    float s = 0;
+    for (int64_t d = 0; d < hs; d++) s += q[d] * kt[d];
+    c->att[t] = s * scale;
+    if (c->att[t] > mx) mx = c->att[t];
+  }
+  for (int64_t t = 0; t <= pos; t++) sum += (c->att[t] = expf(c->att[t] - mx));
+  for (int64_t d = 0; d < hs; d++) o[d] = 0;
+  for (int64_t t = 0; t <= pos; t++) {
+    float p = c->att[t] / sum;
+    const float *vt = Vv + t * KV + g * hs;
+    for (int64_t d = 0; d < hs; d++) o[d] += p * vt[d];
+  }
+}
+
+/* Llama: RMSNorm, q/k/v projections, rotary embeddings at this position, grouped-query
+ * attention over the cache, o; RMSNorm, SwiGLU. */
+static void llama_step(tdm_kv_cache *c, int32_t token) {
+  tdm_model *m = c->m;
+  const tdm_model_config *mc = &m->cfg;
+  int64_t C = c->C, NH = c->NH, hs = C / NH, KV = c->KV, NKV = mc->n_kv_head, F = mc->ffn_hidden, pos = c->pos;
+  float *q = c->qkv, *kk = c->qkv + C, *vv = kk + KV, *cs = c->rope, *sn = cs + hs / 2;
+  memcpy(c->x, W(m->wte.weight) + (int64_t)token * C, sizeof(float) * (size_t)C);
+  tdm_k_rope_table(cs, sn, pos, 1, hs, &mc->rope);
+  for (int64_t l = 0; l < c->L; l++) {
+    tdm_llama_block_mod *b = &m->lblocks[l];
+    float *K = c->k + (l * c->block) * KV, *Vv = c->v + (l * c->block) * KV;
+    tdm_k_rmsnorm_fwd(c->h, c->stats, c->x, W(b->attn_norm), 1, C, b->eps);
+    tdm_k_linear_fwd(q, c->h, W(b->q), NULL, 1, C, C);
+    tdm_k_linear_fwd(kk, c->h, W(b->k), NULL, 1, C, KV);
+    tdm_k_linear_fwd(vv, c->h, W(b->v), NULL, 1, C, KV);
+    tdm_k_rope_fwd(c->att_out, q, cs, sn, 1, 1, NH, hs); /* rotated q into att_out, then back */
+    memcpy(q, c->att_out, sizeof(float) * (size_t)C);
+    tdm_k_rope_fwd(K + pos * KV, kk, cs, sn, 1, 1, NKV, hs); /* the cache keeps keys rotated */
+    memcpy(Vv + pos * KV, vv, sizeof(float) * (size_t)KV);
+    for (int64_t hd = 0; hd < NH; hd++) attend(c, q + hd * hs, K, Vv, hd / (NH / NKV), pos, c->att_out + hd * hs);
+    tdm_k_linear_fwd(c->h, c->att_out, W(b->o), NULL, 1, C, C);
+    for (int64_t i = 0; i < C; i++) c->x[i] += c->h[i];
+    tdm_k_rmsnorm_fwd(c->h, c->stats, c->x, W(b->mlp_norm), 1, C, b->eps);
+    tdm_k_linear_fwd(c->fc, c->h, W(b->gate), NULL, 1, C, F);
+    tdm_k_linear_fwd(c->fc + F, c->h, W(b->up), NULL, 1, C, F);
+    tdm_k_swiglu_fwd(c->fc, c->fc, c->fc + F, F);
+    tdm_k_linear_fwd(c->h, c->fc, W(b->down), NULL, 1, F, C);
+    for (int64_t i = 0; i < C; i++) c->x[i] += c->h[i];
+  }
+  tdm_k_rmsnorm_fwd(c->h, c->stats, c->x, W(m->norm), 1, C, mc->norm_eps);
+  tdm_k_linear_fwd(c->logits, c->h, W(m->lm_head), NULL, 1, C, mc->vocab_size);
+}
 
 tdm_status tdm_kv_cache_step(tdm_kv_cache *c, int32_t token, const float **logits) {
   tdm_model *m = c->m;
   int64_t C = c->C, NH = c->NH, hs = C / NH, pos = c->pos, V = m->cfg.vocab_size;
   if (pos >= c->block)
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "generate: the context is full (block size %lld); it holds %lld tokens",
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "generate: the context is full (%lld positions); it holds %lld tokens",
                           (long long)c->block, (long long)pos);
   if (token < 0 || token >= V)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "generate: token %d is outside the vocabulary [0, %lld)", token, (long long)V);
+  if (m->cfg.kind == TDM_MODEL_LLAMA) {
+    llama_step(c, token);
+    c->pos++;
+    *logits = c->logits;
+    return TDM_OK;
+  }
   const float *wte = W(m->wte.weight), *wpe = W(m->wpe.weight);
   for (int64_t i = 0; i < C; i++) c->x[i] = wte[(int64_t)token * C + i] + wpe[pos * C + i];
-  float scale = 1.0f / sqrtf((float)hs);
   for (int64_t l = 0; l < c->L; l++) {
     tdm_block_mod *b = &m->blocks[l];
     tdm_k_layernorm_fwd(c->h, c->stats, c->stats + 1, c->x, W(b->ln_1.weight), W(b->ln_1.bias), 1, C, b->ln_1.eps);
@@ -84,25 +154,7 @@ tdm_status tdm_kv_cache_step(tdm_kv_cache *c, int32_t token, const float **logit
     float *K = c->k + (l * c->block) * C, *Vv = c->v + (l * c->block) * C;
     memcpy(K + pos * C, c->qkv + C, sizeof(float) * (size_t)C);
     memcpy(Vv + pos * C, c->qkv + 2 * C, sizeof(float) * (size_t)C);
-    for (int64_t hd = 0; hd < NH; hd++) { /* one query against every cached key, stable softmax */
-      const float *q = c->qkv + hd * hs;
-      float mx = -INFINITY, sum = 0;
-      for (int64_t t = 0; t <= pos; t++) {
-        const float *kt = K + t * C + hd * hs;
-        float s = 0;
-        for (int64_t d = 0; d < hs; d++) s += q[d] * kt[d];
-        c->att[t] = s * scale;
-        if (c->att[t] > mx) mx = c->att[t];
-      }
-      for (int64_t t = 0; t <= pos; t++) sum += (c->att[t] = expf(c->att[t] - mx));
-      float *o = c->att_out + hd * hs;
-      for (int64_t d = 0; d < hs; d++) o[d] = 0;
-      for (int64_t t = 0; t <= pos; t++) {
-        float p = c->att[t] / sum;
-        const float *vt = Vv + t * C + hd * hs;
-        for (int64_t d = 0; d < hs; d++) o[d] += p * vt[d];
-      }
-    }
+    for (int64_t hd = 0; hd < NH; hd++) attend(c, c->qkv + hd * hs, K, Vv, hd, pos, c->att_out + hd * hs);
     tdm_k_linear_fwd(c->h, c->att_out, W(b->attn_proj.weight), W(b->attn_proj.bias), 1, C, C);
     for (int64_t i = 0; i < C; i++) c->x[i] += c->h[i];
     tdm_k_layernorm_fwd(c->h, c->stats, c->stats + 1, c->x, W(b->ln_2.weight), W(b->ln_2.bias), 1, C, b->ln_2.eps);

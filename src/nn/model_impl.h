@@ -19,10 +19,18 @@ struct tdm_model {
   tdm_embedding_mod wte, wpe;
   tdm_block_mod *blocks;
   tdm_layernorm_mod ln_f;
+  /* Llama (wte: model.embed_tokens) */
+  tdm_llama_block_mod *lblocks;
+  tdm_tensor *norm, *lm_head; /* lm_head: wte's weight when tied */
   /* ResNet (resnet.c) */
   struct tdm__resnet *resnet;
   struct tdm_comm *bn_sync; /* batch norm's communicator (tdm_model_set_bn_sync), or NULL */
 };
+
+/* src/nn/llama.c */
+tdm_status tdm__llama_check(const tdm_model_config *c);
+tdm_status tdm__llama_build(tdm_model *m);
+tdm_tensor *tdm__llama_forward(tdm_model *m, tdm_tape *tp, tdm_tensor *x);
 
 tdm_status tdm__resnet_check(const tdm_model_config *c);
 tdm_status tdm__resnet_build(tdm_model *m);

@@ -1,4 +1,5 @@
-/* The model zoo: MLP, CNN and a GPT-2-style language model, behind one interface. */
+/* The model zoo: MLP, CNN, a GPT-2-style language model and Llama (src/nn/llama.c), behind one
+ * interface. */
 #include <stdio.h>
 #include <string.h>
 
@@ -7,7 +8,7 @@
 #include "autograd/tape_impl.h"
 #include "tandem/comm.h"
 
-static const char *kind_names[] = {"mlp", "cnn", "gpt", "resnet"};
+static const char *kind_names[] = {"mlp", "cnn", "gpt", "llama", "resnet"};
 _Static_assert(sizeof kind_names / sizeof kind_names[0] == TDM_MODEL_KIND_COUNT, "one name per model kind");
 
 const char *tdm_model_kind_name(tdm_model_kind k) {
@@ -100,6 +101,8 @@ static tdm_status check_config(const tdm_model_config *c) {
       return tdm__set_error(TDM_ERR_INVALID_ARG, "gpt: %lld heads do not divide the width %lld",
                             (long long)c->n_head, (long long)c->n_embd);
     return TDM_OK;
+  case TDM_MODEL_LLAMA:
+    return tdm__llama_check(c);
   case TDM_MODEL_RESNET:
     return tdm__resnet_check(c);
   default:
@@ -142,6 +145,8 @@ static tdm_status build(tdm_model *m) {
     }
     return tdm_layernorm_mod_init(&m->ln_f, p, "transformer.ln_f", c->n_embd);
   }
+  case TDM_MODEL_LLAMA:
+    return tdm__llama_build(m);
   case TDM_MODEL_RESNET:
     return tdm__resnet_build(m);
   default:
@@ -174,6 +179,7 @@ void tdm_model_destroy(tdm_model *m) {
   if (!m) return;
   tdm_params_destroy(m->params);
   tdm__free(m->blocks);
+  tdm__free(m->lblocks);
   tdm__resnet_free(m);
   tdm__free(m);
 }
@@ -181,6 +187,17 @@ void tdm_model_destroy(tdm_model *m) {
 tdm_params *tdm_model_params(const tdm_model *m) { return m->params; }
 const tdm_model_config *tdm_model_get_config(const tdm_model *m) { return &m->cfg; }
 void tdm_model_set_bn_sync(tdm_model *m, struct tdm_comm *comm) { m->bn_sync = comm && tdm_comm_size(comm) > 1 ? comm : NULL; }
+
+/* A GPT block as tdm_checkpoint runs it (activation recomputation: the tape says when). */
+static tdm_tensor *gpt_block_fn(tdm_tape *tp, tdm_tensor *x, const void *ctx) { return tdm_block_mod_forward(tp, ctx, x); }
+
+static tdm_tensor *gpt_block(tdm_tape *tp, const tdm_block_mod *b, tdm_tensor *x) {
+  if (tdm_tape_recompute(tp) != TDM_RECOMPUTE_BLOCK) return tdm_block_mod_forward(tp, b, x);
+  tdm_tensor *ps[12] = {b->ln_1.weight,    b->ln_1.bias,    b->c_attn.weight, b->c_attn.bias,
+                        b->attn_proj.weight, b->attn_proj.bias, b->ln_2.weight, b->ln_2.bias,
+                        b->c_fc.weight,    b->c_fc.bias,    b->mlp_proj.weight, b->mlp_proj.bias};
+  return tdm_checkpoint(tp, gpt_block_fn, b, x, 12, ps);
+}
 
 static tdm_tensor *input_error(tdm_tape *tp, const char *kind, const tdm_tensor *x, const char *expected) {
   char b[96];
@@ -215,6 +232,10 @@ tdm_tensor *tdm_model_forward(tdm_model *m, tdm_tape *tp, tdm_tensor *x) {
     tdm_gpt_range all = {0, c->n_layer, 1, 1, NULL, NULL};
     return tdm_gpt_forward_range(m, tp, x, &all);
   }
+  case TDM_MODEL_LLAMA:
+    if (x->ndim != 2 || (x->dtype != TDM_I32 && x->dtype != TDM_I64) || x->shape[1] > c->block_size || x->shape[1] < 1)
+      return input_error(tp, "llama", x, "(batch, T) i32/i64 token ids with 1 <= T <= block_size");
+    return tdm__llama_forward(m, tp, x);
   case TDM_MODEL_RESNET:
     return tdm__resnet_forward(m, tp, x);
   default:
@@ -244,7 +265,7 @@ tdm_tensor *tdm_gpt_forward_range(tdm_model *m, tdm_tape *tp, tdm_tensor *x, tdm
   }
   for (int64_t l = r->first; l < r->last; l++) {
     dropout_site(tp, l);
-    h = tdm_block_mod_forward(tp, &m->blocks[l], h);
+    h = gpt_block(tp, &m->blocks[l], h);
   }
   if (!r->head) return h;
   h = tdm_layernorm_mod_forward(tp, &m->ln_f, h);

@@ -26,6 +26,7 @@ tdm_engine_config tdm_engine_config_default(void) {
   c.zero.stage = 1;
   c.zero.unit_modules = 1;
   c.zero.prefetch = 1;
+  c.precision = TDM_F32;
   c.tp.check_every = 100;
   c.pp.schedule = TDM_PP_1F1B;
   return c;
@@ -96,6 +97,32 @@ tdm_comm_t tdm_grid_comm(const tdm_grid *g, tdm_grid_axis a) { return (unsigned)
 int tdm_grid_size(const tdm_grid *g, tdm_grid_axis a) { return (unsigned)a < TDM_AXIS_COUNT ? g->size[a] : 0; }
 int tdm_grid_index(const tdm_grid *g, tdm_grid_axis a) { return (unsigned)a < TDM_AXIS_COUNT ? g->index[a] : 0; }
 
+/* Precision and recomputation against what the engine honours (ops->mixed, ->recompute): an engine
+ * that does not is refused, naming the setting, rather than run in f32 or without recomputing. */
+static tdm_status check_model_side(const tdm_engine_config *cfg, const char *where) {
+  const tdm__engine_ops *ops = engines[cfg->kind];
+  if (cfg->precision != TDM_F32 && cfg->precision != TDM_BF16 && cfg->precision != TDM_F16)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: precision %s; expected f32, bf16 or f16", where, tdm_dtype_name(cfg->precision));
+  if (cfg->precision != TDM_F32 && !ops->mixed)
+    return tdm__set_error(TDM_ERR_NOT_SUPPORTED,
+                          "%s: the %s engine does not implement mixed precision (precision %s); use f32 with it, or the dp "
+                          "or zero engine",
+                          where, ops->name, tdm_dtype_name(cfg->precision));
+  if (cfg->precision == TDM_F16 && ops->cannot_skip)
+    return tdm__set_error(TDM_ERR_NOT_SUPPORTED,
+                          "%s: fp16 skips the steps whose gradients overflow, and the %s engine cannot skip a step; use bf16 (no loss scaling)",
+                          where, ops->name);
+  if (cfg->precision == TDM_F16 && (!(cfg->loss_scale.init >= 0) || !isfinite(cfg->loss_scale.init) || cfg->loss_scale.window < 0))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: loss scale %g, window %lld; expected a finite scale >= 0 (0: 65536) and a window >= 0 (0: 2000)",
+                          where, (double)cfg->loss_scale.init, (long long)cfg->loss_scale.window);
+  if (cfg->recompute != TDM_RECOMPUTE_NONE && !ops->recompute)
+    return tdm__set_error(TDM_ERR_NOT_SUPPORTED,
+                          "%s: the %s engine does not implement activation recomputation (recompute %s); use none with it, "
+                          "or the dp or zero engine",
+                          where, ops->name, tdm_recompute_name(cfg->recompute));
+  return TDM_OK;
+}
+
 tdm_status tdm_engine_check(const tdm_model_config *mc, const tdm_engine_config *cfg, int world, int data, int tensor,
                             int pipeline) {
   if (tensor > 1 && pipeline > 1) /* not yet, whatever the model: the pipeline's chunks run the whole model's blocks */
@@ -112,6 +139,7 @@ tdm_status tdm_engine_check(const tdm_model_config *mc, const tdm_engine_config 
                           "process grid: data %d x tensor %d x pipeline %d does not make the world size %d; expected sizes >= 1 "
                           "whose product is %d (data 0: what is left)",
                           data, tensor, pipeline, world, world);
+  TDM__TRY(check_model_side(cfg, "engine_check"));
   int sizes[TDM_AXIS_COUNT] = {data ? data : world / (tensor * pipeline), tensor, pipeline};
   for (int a = TDM_AXIS_TENSOR; a < TDM_AXIS_COUNT; a++)
     if (sizes[a] != 1 && !(engines[cfg->kind]->axes & (1u << a)))
@@ -142,8 +170,15 @@ tdm_status tdm_engine_create(tdm_engine **out, const tdm_model_config *mc, uint6
                           "engine (dp): only it reduces gradients through a compressor", cfg->dp.compress, engines[cfg->kind]->name);
   if (cfg->dp.compress_start < 0)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_create: compress start %lld; expected >= 0", (long long)cfg->dp.compress_start);
+  TDM__TRY(check_model_side(cfg, "engine_create"));
+  if (cfg->precision == TDM_F16 && tdm_compress_is_hook(cfg->dp.compress)) /* a skipped step would feed inf into the residuals */
+    return tdm__set_error(TDM_ERR_NOT_SUPPORTED,
+                          "engine_create: compress %s with precision f16: error feedback would keep an overflowing step's "
+                          "gradients, which fp16 skips; use bf16 (no skipped steps) or --compress none|bf16|fp16",
+                          cfg->dp.compress);
   tdm_engine *e = tdm__calloc(1, sizeof *e);
   if (!e) return tdm__set_error(TDM_ERR_NO_MEMORY, "engine_create: out of memory");
+  e->ls_scale = cfg->precision != TDM_F16 ? 1.0 : cfg->loss_scale.init > 0 ? cfg->loss_scale.init : 65536.0;
   e->ops = engines[cfg->kind];
   e->cfg = *cfg;
   if (e->cfg.accum < 1) e->cfg.accum = 1;
@@ -153,6 +188,8 @@ tdm_status tdm_engine_create(tdm_engine **out, const tdm_model_config *mc, uint6
   e->size = tdm_grid_size(grid, TDM_AXIS_DATA);
   e->rank = tdm_grid_index(grid, TDM_AXIS_DATA);
   tdm_status st = tdm_tape_create(&e->tape, 1u << 20);
+  if (st == TDM_OK) st = tdm_tape_set_recompute(e->tape, cfg->recompute);
+  if (st == TDM_OK) st = tdm_tape_set_autocast(e->tape, cfg->precision);
   if (st == TDM_OK) st = e->ops->create(e, mc, seed);
   if (st == TDM_OK && !e->seg_sums) {
     const int64_t *cut;
@@ -213,23 +250,52 @@ int tdm_engine_pieces(const tdm_engine *e, const tdm_engine_piece **pieces) {
 static tdm_tensor *forward(tdm_engine *e, tdm_tensor *x, tdm_tensor *y, tdm_step_stats *st) {
   if (e->ops->loss) return e->ops->loss(e, x, y, st);
   tdm_tensor *logits = tdm_model_forward(e->model, e->tape, x);
+  /* label smoothing's op reads f32: 16-bit logits widened (exact), as the plain loss reads them */
+  if (logits && e->cfg.label_smoothing > 0 && logits->dtype != TDM_F32) logits = tdm_cast(e->tape, logits, TDM_F32);
   tdm_tensor *loss = e->cfg.label_smoothing > 0 ? tdm_cross_entropy_smooth(e->tape, logits, y, -100, e->cfg.label_smoothing)
                                                 : tdm_cross_entropy(e->tape, logits, y, -100);
   if (loss) tdm__engine_count_correct(logits, y, &st->correct, &st->rows);
   return loss;
 }
 
-/* backward, seeded with 1/accum so that the step's gradient is the mean over its micro-batches. */
+/* backward, seeded with 1/accum so that the step's gradient is the mean over its micro-batches,
+ * times the loss scale (fp16: small gradients stay above f16's smallest values). */
 static tdm_status backward(tdm_engine *e, tdm_tensor *loss) {
-  if (e->cfg.accum == 1) return tdm_backward(e->tape, loss);
+  if (e->cfg.accum == 1 && e->ls_scale == 1.0) return tdm_backward(e->tape, loss);
   int64_t one[1] = {1};
   tdm_tensor *g = tdm_new(e->tape, TDM_F32, 0, one);
   if (!g) return tdm__set_error(tdm_tape_status(e->tape), "%s", tdm_tape_error(e->tape));
-  *(float *)tdm_tensor_data(g) = 1.0f / (float)e->cfg.accum;
+  *(float *)tdm_tensor_data(g) = (float)(e->ls_scale / (double)e->cfg.accum);
   return tdm_backward_with(e->tape, loss, g);
 }
 
-/* update: the global norm, the non-finite check, clipping and the optimizer. */
+/* fp16: whether any rank's gradients overflowed (the flag all-reduced: every rank skips alike). */
+static tdm_status overflowed(tdm_engine *e, double sumsq, int *any) {
+  int32_t flag = !isfinite(sumsq) || (e->cfg.overflow_hook && e->cfg.overflow_hook(e->cfg.overflow_ctx, e->steps));
+  if (e->comm) TDM__TRY(tdm_comm_allreduce(e->comm, &flag, &flag, 1, TDM_I32, TDM_MAX, TDM_ALGO_AUTO));
+  *any = flag != 0;
+  return TDM_OK;
+}
+
+/* The scaler after a step: halved on an overflow, doubled after window clean steps in a row. A
+ * scale below f16's smallest subnormal means every step overflows whatever the scale: the model
+ * has diverged. */
+static tdm_status scaler_update(tdm_engine *e, int overflow) {
+  int64_t window = e->cfg.loss_scale.window > 0 ? e->cfg.loss_scale.window : 2000;
+  if (overflow) {
+    e->ls_scale *= 0.5, e->ls_good = 0;
+    if (e->ls_scale < 0x1p-24)
+      return tdm__set_error(TDM_ERR_INVALID_ARG,
+                            "fp16: the gradients overflowed at every loss scale down to %g (step %lld): the model diverged",
+                            e->ls_scale * 2, (long long)e->steps);
+  } else if (++e->ls_good == window) {
+    e->ls_scale *= 2.0, e->ls_good = 0;
+  }
+  return TDM_OK;
+}
+
+/* update: the global norm, the non-finite check (fp16: an overflow skips the step), clipping of the
+ * unscaled gradients and the optimizer. */
 static tdm_status update(tdm_engine *e, float lr, tdm_step_stats *st) {
   double sumsq;
   TDM__TRY(e->ops->grad_sumsq(e, &sumsq));
@@ -237,23 +303,44 @@ static tdm_status update(tdm_engine *e, float lr, tdm_step_stats *st) {
 }
 
 tdm_status tdm__engine_update(tdm_engine *e, double sumsq, float lr, tdm_step_stats *st) {
-  float norm = (float)sqrt(sumsq);
+  double scale = e->ls_scale;
+  st->loss_scale = scale;
+  if (e->cfg.precision == TDM_F16) {
+    int any;
+    TDM__TRY(overflowed(e, sumsq, &any));
+    if (any) { /* nothing is applied; the next zero_grad clears the gradients */
+      st->skipped = 1;
+      st->grad_norm = NAN;
+      return scaler_update(e, 1);
+    }
+  }
+  float norm = (float)(sqrt(sumsq) / scale);
   st->grad_norm = norm;
   if (!isfinite(norm) && !e->cfg.allow_nonfinite)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "the gradient norm is %g (a NaN or Inf gradient)", (double)norm);
-  return e->ops->update(e, lr, isfinite(norm) ? tdm_clip_coef(norm, e->cfg.clip) : 1.0f);
+  float coef = isfinite(norm) ? tdm_clip_coef(norm, e->cfg.clip) : 1.0f;
+  TDM__TRY(e->ops->update(e, lr, (float)(coef / scale)));
+  return e->cfg.precision == TDM_F16 ? scaler_update(e, 0) : TDM_OK;
+}
+
+void tdm_engine_loss_scale(const tdm_engine *e, double *scale, int64_t *good_steps) {
+  if (scale) *scale = e->ls_scale;
+  if (good_steps) *good_steps = e->ls_good;
+}
+
+tdm_status tdm_engine_set_loss_scale(tdm_engine *e, double scale, int64_t good_steps) {
+  if (!(scale > 0) || !isfinite(scale) || good_steps < 0)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_set_loss_scale: scale %g, clean steps %lld; expected > 0 and >= 0", scale,
+                          (long long)good_steps);
+  if (e->cfg.precision != TDM_F16) return TDM_OK; /* nothing scales outside fp16 */
+  e->ls_scale = scale, e->ls_good = good_steps;
+  return TDM_OK;
 }
 
 void tdm__engine_count_correct(tdm_tensor *logits, tdm_tensor *y, double *correct, double *rows_out) {
-  const float *lg = tdm_tensor_data(logits);
   const int32_t *yy = tdm_tensor_data(y);
   int64_t C = tdm_tensor_dim(logits, -1), rows = tdm_tensor_numel(logits) / C;
-  for (int64_t i = 0; i < rows; i++) {
-    int64_t best = 0;
-    for (int64_t c = 1; c < C; c++)
-      if (lg[i * C + c] > lg[i * C + best]) best = c;
-    *correct += best == yy[i];
-  }
+  for (int64_t i = 0; i < rows; i++) *correct += tdm_tensor_row_argmax(logits, i) == yy[i]; /* f32 or 16-bit logits */
   *rows_out += (double)rows;
 }
 
@@ -293,7 +380,9 @@ tdm_status tdm_engine_step(tdm_engine *e, tdm_batch_fn next, void *ctx, uint64_t
   }
   st->loss = loss_sum / (double)e->cfg.accum;
   double t3 = tdm_time_now();
-  TDM__TRY(update(e, lr, st));
+  tdm_status us = update(e, lr, st);
+  e->steps++;
+  TDM__TRY(us);
   st->t_update = tdm_time_now() - t3;
   return TDM_OK;
 }

@@ -90,4 +90,7 @@ const tdm__engine_ops tdm__engine_dp_ops = {
     .load_weights = dp_load_weights,
     .compress_stats = dp_compress_stats,
     .compress_state = dp_compress_state,
+    .mixed = 1,
+    .recompute = 1,
+    .cannot_skip = 0, /* a skipped step calls no update */
 };

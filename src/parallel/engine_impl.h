@@ -24,6 +24,9 @@ struct tdm_engine {
   int64_t n_seg;
   void *impl;       /* the strategy's own state */
   char desc[160];
+  int64_t steps;    /* optimizer steps run (skipped ones included) */
+  double ls_scale;  /* fp16: the loss scale of the next step */
+  int64_t ls_good;  /* fp16: clean steps in a row since the scale last changed */
 };
 
 /* Rows are written with designated initializers: an optional operation an engine lacks is left
@@ -75,6 +78,16 @@ typedef struct tdm__engine_ops {
   tdm_status (*first_nonfinite)(tdm_engine *e, int64_t *index);
   /* Optional: this rank's state as boxes of the whole model's parameters (tdm_engine_pieces). */
   int (*pieces)(const tdm_engine *e, const tdm_engine_piece **pieces);
+  /* What the engine honours of the engine config's model-side settings (0, the default: refused by
+   * tdm_engine_check and tdm_engine_create, naming the engine and the setting, never run wrongly):
+   * mixed: precision bf16 / f16 (the engine's tape autocasts, the step unscales and skips);
+   * recompute: activation recomputation (the models' forward on the engine's tape). */
+  int mixed;
+  int recompute;
+  /* 1: a step cannot be skipped once backward has run (an update applied elsewhere as gradients
+   * arrive): fp16's loss scaling, which skips overflowing steps, is refused. 0 (default): a skipped
+   * step simply does not call update, and the next zero_grad starts afresh. */
+  int cannot_skip;
   /* Optional: the last step's compression stats and gradient bytes (tdm_engine_compress_stats). */
   int (*compress_stats)(const tdm_engine *e, const tdm_compress_stats **out, uint64_t *grad_bytes);
   /* Optional: the compressor's state for checkpoints (tdm_engine_compress_state). */

@@ -805,4 +805,6 @@ const tdm__engine_ops tdm__engine_pipeline_ops = {
     .eval = pp_eval,
     .check = pp_check,
     .split = 1u << TDM_AXIS_PIPELINE,
+    /* f32 only, no recomputation (.mixed, .recompute 0): its stages pass f32 activations and split
+     * backward in two passes */
 };

@@ -1,7 +1,6 @@
 /* The memory planner (include/tandem/plan.h). Parameters, gradients and optimizer state follow
  * from the layout the engines use; activations from walking the model's ops with the tape's rules
- * of allocation (every arena block is rounded up to 64 bytes: a tensor is its struct and its data,
- * a recorded op adds a node, backward adds a gradient per activation that needs one). */
+ * of allocation (src/parallel/plan_tape.c). */
 #include "tandem/plan.h"
 
 #include <math.h>
@@ -14,6 +13,7 @@
 #include "comm/net.h"
 #include "parallel/common.h"
 #include "parallel/layout.h"
+#include "parallel/plan_tape.h"
 #include "parallel/tp_gpt.h"
 #include "parallel/pipeline_impl.h"
 #include "tandem/kernels.h"
@@ -104,53 +104,6 @@ static void gpt_range_tape(const tdm_model_config *m, int64_t B, int64_t T, int6
   }
 }
 
-static void model_tape(const tdm_model_config *m, int64_t B, int64_t T, int64_t accum, tape_bytes *a) {
-  switch (m->kind) {
-  case TDM_MODEL_MLP: {
-    input(a, 4 * B * m->in_features);
-    input(a, 4 * B);
-    for (int i = 0; i <= m->n_hidden; i++) {
-      int64_t out = i < m->n_hidden ? m->hidden[i] : m->n_classes;
-      linear(a, B, out);
-      if (i < m->n_hidden) {
-        op_out(a, 4 * B * out); /* relu */
-        dropout(a, m->dropout, B * out);
-      }
-    }
-    cross_entropy(a, B);
-    break;
-  }
-  case TDM_MODEL_CNN: {
-    input(a, 4 * B * m->in_channels * m->height * m->width);
-    input(a, 4 * B);
-    int64_t H = m->height, W = m->width, ci = m->in_channels;
-    int64_t ch[2] = {m->c1, m->c2};
-    for (int k = 0; k < 2; k++) { /* conv 5x5 pad 2, relu, maxpool 2 */
-      op_out(a, 4 * B * ch[k] * H * W);
-      op_saved(a, (int64_t)sizeof(tdm_conv_shape)); /* the columns: the tape's workspace, not the arena */
-      op_out(a, 4 * B * ch[k] * H * W); /* relu */
-      H /= 2, W /= 2;
-      op_out(a, 4 * B * ch[k] * H * W); /* maxpool */
-      op_saved(a, 4 * B * ch[k] * H * W); /* argmax */
-      ci = ch[k];
-    }
-    op_view(a, 4 * B * ci * H * W); /* flatten */
-    dropout(a, m->dropout, B * ci * H * W);
-    linear(a, B, m->n_classes);
-    cross_entropy(a, B);
-    break;
-  }
-  case TDM_MODEL_GPT:
-    input(a, 4 * B * T);
-    input(a, 4 * B * T);
-    gpt_range_tape(m, B, T, 0, m->n_layer, 1, 1, a);
-    break;
-  default:
-    break;
-  }
-  if (a->train && accum > 1) a->fwd += TENSOR + al(4); /* backward's seed 1/accum */
-}
-
 /* ---- tensor parallelism: rank t's tape (src/parallel/tp_gpt.c), its ops custom ones ---------------
  * A custom op makes its array of inputs and its context; backward its arrays of gradients; the
  * vocabulary-parallel ops keep their state besides (tp_ops.c). */
@@ -200,11 +153,11 @@ static void tp_model_tape(const tdm_model_config *m, int64_t B, int64_t T, int64
   if (a->train && accum > 1) a->fwd += TENSOR + al(4);
 }
 
-static int64_t tape_total(const tdm_model_config *m, int64_t B, int64_t T, int64_t accum, int train, int64_t *nodes,
-                          int Tp, int64_t Vt) {
+/* Tensor parallelism's tape (the other layouts': src/parallel/plan_tape.c). */
+static int64_t tp_tape_total(const tdm_model_config *m, int64_t B, int64_t T, int64_t accum, int train, int64_t *nodes, int Tp,
+                             int64_t Vt) {
   tape_bytes a = {0, 0, train, 0};
-  if (Tp > 0) tp_model_tape(m, B, T, accum, Tp, Vt, &a);
-  else model_tape(m, B, T, accum, &a);
+  tp_model_tape(m, B, T, accum, Tp, Vt, &a);
   if (nodes) *nodes = a.nodes;
   return a.fwd + a.bwd;
 }
@@ -458,7 +411,8 @@ tdm_status tdm_plan_compute(const tdm_plan_config *c, tdm_plan *out) {
     }
     out->n_groups = L.ng;
     if (st == TDM_OK && stage == 3)
-      u3 = stage3_peaks(&L, c->model.kind == TDM_MODEL_GPT, c->engine.zero.prefetch && !inline_comm);
+      u3 = stage3_peaks(&L, c->model.kind == TDM_MODEL_GPT || (c->model.kind == TDM_MODEL_LLAMA && c->model.tie_embeddings),
+                        c->engine.zero.prefetch && !inline_comm);
   }
   tdm__layout_free(&L);
   if (st == TDM_OK && c->pipeline > 1) st = plan_pipeline(c, params, out);
@@ -478,10 +432,22 @@ tdm_status tdm_plan_compute(const tdm_plan_config *c, tdm_plan *out) {
   b[TDM_MEM_GRADS] = 4 * (stage < 2 ? held : owned + (accum > 1 ? n : stage == 2 ? G2 : u3.grads));
   int adam = c->optim.kind != TDM_OPT_SGD;
   b[TDM_MEM_OPTIM] = 4 * owned * (adam ? 2 : c->optim.momentum > 0 ? 1 : 0);
-  int64_t T = c->model.kind == TDM_MODEL_GPT ? (c->seq_len > 0 ? c->seq_len : c->model.block_size) : 1;
-  int64_t nodes = 0;
-  out->act_train = tape_total(&c->model, c->batch, T, accum, 1, &nodes, tp ? Tp : 0, Vt);
-  out->act_eval = c->eval_batch > 0 ? tape_total(&c->model, c->eval_batch, T, 1, 0, NULL, tp ? Tp : 0, Vt) : 0;
+  int lm = c->model.kind == TDM_MODEL_GPT || c->model.kind == TDM_MODEL_LLAMA;
+  int64_t T = lm ? (c->seq_len > 0 ? c->seq_len : c->model.block_size) : 1;
+  tdm__tape_plan tr = {0, 0, 0}, ev = {0, 0, 0};
+  if (tp) { /* GPT in f32 without recomputation (tdm_engine_check refuses the rest) */
+    tr.bytes = tp_tape_total(&c->model, c->batch, T, accum, 1, &tr.nodes, Tp, Vt);
+    if (c->eval_batch > 0) ev.bytes = tp_tape_total(&c->model, c->eval_batch, T, 1, 0, NULL, Tp, Vt);
+  } else if (c->model.kind == TDM_MODEL_RESNET) { /* no walk yet: said, never a wrong number */
+    out->act_unknown = 1;
+  } else {
+    TDM__TRY(tdm__plan_tape(&c->model, c->batch, T, accum, 1, c->engine.recompute, c->engine.precision, &tr));
+    if (c->eval_batch > 0)
+      TDM__TRY(tdm__plan_tape(&c->model, c->eval_batch, T, 1, 0, c->engine.recompute, c->engine.precision, &ev));
+  }
+  int64_t nodes = tr.nodes;
+  out->act_train = tr.bytes;
+  out->act_eval = ev.bytes;
   b[TDM_MEM_ACTIVATIONS] = out->act_train > out->act_eval ? out->act_train : out->act_eval;
   b[TDM_MEM_DATA] = c->data_bytes;
   /* communication: on shared memory a share of the segment every rank of the world maps; the
@@ -508,7 +474,7 @@ tdm_status tdm_plan_compute(const tdm_plan_config *c, tdm_plan *out) {
    * arrays; the engine's own few structures are left out (a few KB), but for tensor parallelism's
    * per-parameter ones: the norm's pieces and their sums, the replicas' hashes, the slices, the
    * buffer that assembles parameters */
-  b[TDM_MEM_WORKSPACE] = metadata + 8 * (n_seg + 1) + grown_array(nodes, 8) + grown_array(n_param_tensors, 16);
+  b[TDM_MEM_WORKSPACE] = metadata + 8 * (n_seg + 1) + grown_array(nodes, 8) + grown_array(n_param_tensors + tr.leaves, 16);
   if (tp)
     b[TDM_MEM_WORKSPACE] += n_pieces * ((int64_t)sizeof(tdm__tp_piece) + 8) + 4 * (int64_t)n_param_tensors +
                             8 * (int64_t)W * n_rep + tdm__tp_gpt_bookkeeping(n_param_tensors, c->model.n_layer) +
@@ -576,14 +542,18 @@ void tdm_plan_print(FILE *f, const tdm_plan *p, int64_t limit) {
   fprintf(f, "\n");
   for (int k = 0; k < TDM_MEM_COUNT; k++) {
     human(h, sizeof h, (double)p->bytes[k]);
-    fprintf(f, "  %-14s %12s  %s\n", tdm_mem_category_name((tdm_mem_category)k), h, what[k]);
+    if (k == TDM_MEM_ACTIVATIONS && p->act_unknown)
+      fprintf(f, "  %-14s %12s  %s\n", tdm_mem_category_name((tdm_mem_category)k), "?", "NOT ESTIMATED for this model (resnet): left out of the total");
+    else
+      fprintf(f, "  %-14s %12s  %s\n", tdm_mem_category_name((tdm_mem_category)k), h, what[k]);
   }
   human(h, sizeof h, (double)p->total);
-  fprintf(f, "  %-14s %12s\n", "total", h);
+  fprintf(f, "  %-14s %12s%s\n", "total", h, p->act_unknown ? "  without the activations" : "");
   if (limit > 0) {
     char l[32];
     human(l, sizeof l, (double)limit);
-    fprintf(f, "  %s the memory limit of %s\n", p->total <= limit ? "fits" : "EXCEEDS", l);
+    fprintf(f, "  %s the memory limit of %s%s\n", p->total <= limit ? "fits" : "EXCEEDS", l,
+            p->act_unknown && p->total <= limit ? " without the activations, which are not estimated" : "");
   }
 }
 

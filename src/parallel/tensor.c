@@ -470,4 +470,5 @@ const tdm__engine_ops tdm__engine_tp_ops = {
     .loss = tp_loss,
     .first_nonfinite = tp_first_nonfinite,
     .pieces = tp_pieces,
+    /* GPT in f32 only, no recomputation (.mixed, .recompute 0): its sliced ops (tp_ops.c) are f32 */
 };

@@ -48,8 +48,10 @@ tdm_status tdm__tp_check(const tdm_model_config *mc, int T) {
   if (T < 1) return tdm__set_error(TDM_ERR_INVALID_ARG, "tensor parallelism: %d ranks; expected >= 1", T);
   if (T == 1) return TDM_OK;
   if (mc->kind != TDM_MODEL_GPT)
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "tensor parallelism (--tp %d) splits the gpt model; the %s model has no "
-                          "heads to split: use --tp 1", T, tdm_model_kind_name(mc->kind));
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "tensor parallelism (--tp %d) splits the gpt model; the %s model %s: use --tp 1", T,
+                          tdm_model_kind_name(mc->kind),
+                          mc->kind == TDM_MODEL_LLAMA ? "is not split yet (its grouped-query attention and SwiGLU have no sliced ops)"
+                                                      : "has no heads to split");
   if (T > mc->n_head)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "tensor parallelism: --tp %d is larger than the %lld attention heads; "
                           "expected a divisor of %lld", T, (long long)mc->n_head, (long long)mc->n_head);

@@ -455,4 +455,7 @@ const tdm__engine_ops tdm__engine_zero_ops = {
     .param_shard = zero_param_shard,
     .shard_changed = zero_shard_changed,
     .split = 1u << TDM_AXIS_DATA,
+    .mixed = 1,
+    .recompute = 1,
+    .cannot_skip = 0, /* a skipped step calls no update */
 };

@@ -7,6 +7,7 @@
  * holds, whatever ranges the writers held. Adam's and SGD's updates are elementwise, so a moment
  * moved to another rank continues exactly as it would have where it was. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "train/ckpt_impl.h"
@@ -82,6 +83,26 @@ static tdm_status put_overlap(void *ctx, const held *h, tdm_tensor *t, int64_t o
     TDM__TRY(tdm_ckpt_writer_flat(w, name, a - off, b - off, h->state + s * h->owned + pos_of(h, a)));
   }
   return TDM_OK;
+}
+
+/* fp16's loss scaler is engine state beside the tensors: saved as two metadata values (the scale
+ * and the clean steps since it last changed), so that a resumed run, in any layout, goes on with
+ * the same scale and doubles it at the same step. */
+#define LS_SCALE "tandem.loss_scale"
+#define LS_GOOD "tandem.loss_scale_good"
+
+static int is_fp16(tdm_engine *e) { return tdm_tape_autocast(tdm_engine_tape(e)) == TDM_F16; }
+
+static tdm_status restore_loss_scale(tdm_engine *e, const tdm_ckpt *ck) {
+  const char *sv = tdm_ckpt_meta(ck, LS_SCALE), *gv = tdm_ckpt_meta(ck, LS_GOOD);
+  if (!sv || !gv) return TDM_OK; /* written without fp16: the run's initial scale */
+  char *end1, *end2;
+  double scale = strtod(sv, &end1);
+  long long good = strtoll(gv, &end2, 10);
+  if (end1 == sv || *end1 || end2 == gv || *end2 || !(scale > 0) || good < 0)
+    return tdm__set_error(TDM_ERR_FORMAT, "%s: metadata %s = '%s', %s = '%s'; expected a positive number and a count",
+                          tdm_ckpt_path(ck), LS_SCALE, sv, LS_GOOD, gv);
+  return tdm_engine_set_loss_scale(e, scale, good); /* ignored outside fp16 */
 }
 
 /* A compressor's state (tandem/compress.h): "compress.residual" (W x the gradient buffer, W the
@@ -165,9 +186,26 @@ tdm_status tdm_ckpt_save_engine(const char *dir, tdm_engine *e, const tdm_ckpt_i
   tdm_ckpt_info ci = *info;
   if (!ci.layout) ci.layout = tdm_engine_describe(e);
   if (!ci.optimizer) ci.optimizer = tdm_optim_kind_name(tdm_optim_get_config(h.o)->kind);
+  char ls[2][32];
+  const char **kv = NULL;
+  if (is_fp16(e)) { /* the caller's pairs, then the scaler's */
+    kv = tdm__malloc(sizeof(char *) * (size_t)(2 * ci.n_meta + 4));
+    if (!kv) return tdm__ckpt_agree(comm, tdm__set_error(TDM_ERR_NO_MEMORY, "checkpoint: out of memory"), "checkpoint");
+    if (ci.n_meta) memcpy(kv, ci.meta_kv, sizeof(char *) * 2 * (size_t)ci.n_meta);
+    double scale;
+    int64_t good;
+    tdm_engine_loss_scale(e, &scale, &good);
+    snprintf(ls[0], sizeof ls[0], "%.17g", scale);
+    snprintf(ls[1], sizeof ls[1], "%lld", (long long)good);
+    kv[2 * ci.n_meta] = LS_SCALE, kv[2 * ci.n_meta + 1] = ls[0], kv[2 * ci.n_meta + 2] = LS_GOOD, kv[2 * ci.n_meta + 3] = ls[1];
+    ci.meta_kv = kv, ci.n_meta += 2;
+  }
   tdm_ckpt_writer *w;
   tdm_status cs = tdm_ckpt_writer_create(&w, dir, &ci, tdm_optim_steps(h.o), comm);
-  if (!w) return tdm__ckpt_agree(comm, cs, "checkpoint"); /* out of memory: still answer the others */
+  if (!w) {
+    tdm__free(kv);
+    return tdm__ckpt_agree(comm, cs, "checkpoint"); /* out of memory: still answer the others */
+  }
   for (int i = 0; st == TDM_OK && i < tdm_params_count(h.p); i++) {
     tdm_tensor *t = tdm_params_get(h.p, i);
     char name[300];
@@ -197,7 +235,9 @@ tdm_status tdm_ckpt_save_engine(const char *dir, tdm_engine *e, const tdm_ckpt_i
   }
   if (st == TDM_OK) st = put_compress(w, e);
   if (st != TDM_OK) tdm__ckpt_writer_fail(w, st);
-  return tdm_ckpt_writer_commit(w, keep);
+  st = tdm_ckpt_writer_commit(w, keep);
+  tdm__free(kv); /* the writer read the pairs until its commit */
+  return st;
 }
 
 /* ---- loading ---------------------------------------------------------------------------------- */
@@ -338,6 +378,7 @@ tdm_status tdm_ckpt_resume_engine(const char *dir, tdm_engine *e, tdm_ckpt_accep
     if (st == TDM_OK) {
       if (tdm_engine_is_sharded(e)) st = tdm_engine_shard_loaded(e, ck->optim_steps);
       else tdm_optim_set_steps(h.o, ck->optim_steps);
+      if (st == TDM_OK) st = restore_loss_scale(e, ck);
       st = tdm__ckpt_agree(comm, st, "resume");
       out->found = 1;
       out->step = ck->info.step, out->optim_steps = ck->optim_steps;

@@ -15,7 +15,7 @@
 
 /* The settings a resumed run must share with its checkpoint, stored in the checkpoint's metadata.
  * group: the name --resume-override takes to allow a change (NULL: never allowed). */
-enum { TDM__IDENTITY_MAX = 16 };
+enum { TDM__IDENTITY_MAX = 24 };
 typedef struct {
   int n;
   const char *key[TDM__IDENTITY_MAX], *what[TDM__IDENTITY_MAX], *group[TDM__IDENTITY_MAX];

@@ -40,6 +40,8 @@ tdm_train_config tdm_train_config_default(void) {
   c.last_batch = "auto";
   c.prefetch = -1;
   c.gpt_config = "mini";
+  c.rope_scaling = -1;
+  c.tie_embeddings = -1;
   c.lr_schedule = "constant";
   c.val_batches = 20;
   c.pp = 1;
@@ -58,10 +60,13 @@ static void fmt_eta(char *b, size_t n, double s) {
   else snprintf(b, n, "%dm%02ds", (int)(s / 60), (int)fmod(s, 60));
 }
 
+/* The language models: token windows in, next-token logits out. */
+static int is_lm(tdm_model_kind k) { return k == TDM_MODEL_GPT || k == TDM_MODEL_LLAMA; }
+
 /* Evaluates on the whole set with gradients and dropout off. */
 /* The input tensor's shape for n samples: (n, features) for the MLP, (n, C, H, W) for the CNN. */
 static int input_shape(const tdm_model_config *mc, int64_t n, int64_t per, int64_t *xs) {
-  if (mc->kind == TDM_MODEL_GPT) { /* token windows (n, T) */
+  if (is_lm(mc->kind)) { /* token windows (n, T) */
     xs[0] = n, xs[1] = per;
     return 2;
   }
@@ -115,12 +120,14 @@ static tdm_status evaluate(tdm_engine *e, const tdm_dataset *ds, int64_t eb, int
 }
 
 static tdm_status parse_kinds(const tdm_train_config *c, tdm_model_kind *mk, tdm_optim_kind *ok) {
-  if (!c->model || (strcmp(c->model, "mlp") && strcmp(c->model, "cnn") && strcmp(c->model, "gpt") && strcmp(c->model, "resnet")))
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: model '%s'; expected mlp, cnn, gpt or resnet", c->model ? c->model : "(null)");
-  *mk = !strcmp(c->model, "mlp") ? TDM_MODEL_MLP : !strcmp(c->model, "cnn") ? TDM_MODEL_CNN : !strcmp(c->model, "resnet") ? TDM_MODEL_RESNET : TDM_MODEL_GPT;
+  if (!c->model || (strcmp(c->model, "mlp") && strcmp(c->model, "cnn") && strcmp(c->model, "gpt") && strcmp(c->model, "llama") &&
+                    strcmp(c->model, "resnet")))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: model '%s'; expected mlp, cnn, gpt, llama or resnet", c->model ? c->model : "(null)");
+  *mk = !strcmp(c->model, "mlp") ? TDM_MODEL_MLP : !strcmp(c->model, "cnn") ? TDM_MODEL_CNN
+      : !strcmp(c->model, "gpt") ? TDM_MODEL_GPT : !strcmp(c->model, "resnet") ? TDM_MODEL_RESNET : TDM_MODEL_LLAMA;
   int text = c->data && !strcmp(c->data, "tinyshakespeare");
-  if ((*mk == TDM_MODEL_GPT) != text)
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: model %s with data %s; the gpt model trains on tinyshakespeare, the others on image data",
+  if (is_lm(*mk) != text)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: model %s with data %s; the gpt model trains on tinyshakespeare (as does llama), the others on image data",
                           c->model, c->data ? c->data : "(null)");
   if (!c->optimizer) return tdm__set_error(TDM_ERR_INVALID_ARG, "train: no optimizer");
   if (!strcmp(c->optimizer, "sgd")) *ok = TDM_OPT_SGD;
@@ -139,7 +146,7 @@ static tdm_status parse_kinds(const tdm_train_config *c, tdm_model_kind *mk, tdm
     return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "train: resnet with --ps-servers: batch norm writes its running statistics "
                                                  "into the parameters in forward, and each pull from the servers would overwrite "
                                                  "them; use data parallelism (--zero 0, 1 or 2)");
-  if ((c->crop_pad > 0 || c->flip) && (*mk == TDM_MODEL_MLP || *mk == TDM_MODEL_GPT))
+  if ((c->crop_pad > 0 || c->flip) && (*mk == TDM_MODEL_MLP || is_lm(*mk)))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --crop-pad %d / --flip with model %s: augmentation needs image inputs (cnn, resnet)",
                           c->crop_pad, c->model);
   if (c->sync_bn && *mk != TDM_MODEL_RESNET)
@@ -161,6 +168,12 @@ static tdm_status parse_kinds(const tdm_train_config *c, tdm_model_kind *mk, tdm
   if (e->kind == TDM_ENGINE_ZERO && e->dp.wire_dtype != TDM_F32)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --compress %s with --zero %d: ZeRO reduces gradients in f32 only",
                           tdm_dtype_name(e->dp.wire_dtype), e->zero.stage);
+  if (e->precision != TDM_F32 && (*mk == TDM_MODEL_CNN || *mk == TDM_MODEL_RESNET))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --precision %s with --model %s: its convolution%s are f32 only; mixed precision runs mlp, gpt and llama",
+                          e->precision == TDM_BF16 ? "bf16" : "fp16", c->model, *mk == TDM_MODEL_CNN ? " and pooling" : ", batch norm and pooling");
+  if ((unsigned)e->recompute >= TDM_RECOMPUTE_COUNT || (e->recompute != TDM_RECOMPUTE_NONE && !is_lm(*mk)))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --recompute %s with --model %s; recomputation applies to the transformer blocks of gpt and llama",
+                          tdm_recompute_name(e->recompute), c->model);
   if (e->accum < 0 || e->accum > 1 << 20 || !(e->clip >= 0))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "train: accumulation %lld, clip %g; expected 1..2^20 and >= 0",
                           (long long)e->accum, (double)e->clip);
@@ -270,6 +283,8 @@ typedef struct {
   double stats[4]; /* loss / world, correct, rows of this rank, "time is up": summed over ranks */
   tdm_work_t work;
   double dt, t_fwd, t_bwd, t_wait, t_opt, samples, grad_norm;
+  double loss_scale; /* fp16: the step's loss scale (0: not fp16) */
+  int skipped;       /* fp16: the step overflowed and was skipped (on every rank) */
   int64_t total, G;
   int64_t samples_so_far;
   double train_time, lr;
@@ -308,8 +323,10 @@ static tdm_status flush_record(run_state *s, step_record *r, progress *pr, const
   double loss = r->stats[0], acc = r->stats[2] > 0 ? r->stats[1] / r->stats[2] : 0;
   s->last_loss = loss;
   if (r->stats[3] > 0) s->stop = 1;
-  char tok[64] = "", jl[400], jg[400];
+  char tok[128] = "", jl[400], jg[400];
   if (s->tokens_per_sample) snprintf(tok, sizeof tok, ",\"tokens_per_sec\":%.1f", r->samples * (double)s->tokens_per_sample / r->dt);
+  if (r->loss_scale > 0) /* fp16: the scale's trajectory, and which steps were skipped */
+    snprintf(tok + strlen(tok), sizeof tok - strlen(tok), ",\"loss_scale\":%.9g,\"skipped\":%d", r->loss_scale, r->skipped);
   int R = s->comm ? tdm_comm_rank(s->comm) : 0, W = s->comm ? tdm_comm_size(s->comm) : 1;
   if (s->metrics && r->step > s->recorded)
     fprintf(s->metrics,
@@ -334,6 +351,7 @@ static tdm_status flush_record(run_state *s, step_record *r, progress *pr, const
   }
   char where[64] = "";
   if (W > 1) snprintf(where, sizeof where, " (the mean over %d ranks)", W);
+  if (r->skipped) return TDM_OK; /* fp16 skipped the step: nothing was applied, and the scale went down */
   return finite_or_stop(c, loss, r->step, "the loss", where);
 }
 
@@ -344,6 +362,25 @@ static int run_identity(tdm__run_identity *id, const tdm_train_config *c, const 
                         int64_t N) {
   int gpt = mc->kind == TDM_MODEL_GPT;
   tdm__identity_add(id, "tandem.model", "model", NULL, "%s", c->model);
+  if (mc->kind == TDM_MODEL_LLAMA) { /* Hugging Face's config.json names */
+    const tdm_rope_config *r = &mc->rope;
+    tdm__identity_add(id, "architectures", "architecture", NULL, "LlamaForCausalLM");
+    tdm__identity_add(id, "num_hidden_layers", "layers", NULL, "%lld", (long long)mc->n_layer);
+    tdm__identity_add(id, "num_attention_heads", "heads", NULL, "%lld", (long long)mc->n_head);
+    tdm__identity_add(id, "num_key_value_heads", "key/value heads", NULL, "%lld", (long long)mc->n_kv_head);
+    tdm__identity_add(id, "hidden_size", "width", NULL, "%lld", (long long)mc->n_embd);
+    tdm__identity_add(id, "intermediate_size", "SwiGLU width", NULL, "%lld", (long long)mc->ffn_hidden);
+    tdm__identity_add(id, "max_position_embeddings", "block size", NULL, "%lld", (long long)mc->block_size);
+    tdm__identity_add(id, "vocab_size", "vocab_size", NULL, "%lld", (long long)mc->vocab_size);
+    tdm__identity_add(id, "rope_theta", "rope theta", NULL, "%.9g", (double)r->theta);
+    if (r->factor > 0)
+      tdm__identity_add(id, "rope_scaling", "rope scaling", NULL, "llama3,%.9g,%.9g,%.9g,%lld", (double)r->factor,
+                        (double)r->low_freq_factor, (double)r->high_freq_factor, (long long)r->original_max_pos);
+    else
+      tdm__identity_add(id, "rope_scaling", "rope scaling", NULL, "none");
+    tdm__identity_add(id, "rms_norm_eps", "RMSNorm eps", NULL, "%.9g", (double)mc->norm_eps);
+    tdm__identity_add(id, "tie_word_embeddings", "tied head", NULL, "%s", mc->tie_embeddings ? "true" : "false");
+  }
   if (gpt) {
     tdm__identity_add(id, "n_layer", "n_layer", NULL, "%lld", (long long)mc->n_layer);
     tdm__identity_add(id, "n_head", "n_head", NULL, "%lld", (long long)mc->n_head);
@@ -360,7 +397,7 @@ static int run_identity(tdm__run_identity *id, const tdm_train_config *c, const 
   int n_arch = id->n;
   tdm__identity_add(id, "tandem.optimizer", "optimizer", NULL, "%s", c->optimizer);
   tdm__identity_add(id, "tandem.global_batch", "global batch (ranks x batch size x accumulation)", "batch", "%lld", (long long)G);
-  if (gpt) tdm__identity_add(id, "tandem.seq_len", "sequence length", "batch", "%lld", (long long)T);
+  if (is_lm(mc->kind)) tdm__identity_add(id, "tandem.seq_len", "sequence length", "batch", "%lld", (long long)T);
   tdm__identity_add(id, "tandem.data", "data set", "data", "%s", c->data);
   tdm__identity_add(id, "tandem.train_samples", "training samples", "data", "%lld", (long long)N);
   tdm__identity_add(id, "tandem.seed", "seed", "seed", "%llu", (unsigned long long)c->seed);
@@ -399,7 +436,7 @@ static tdm_status next_batch(void *ctx, tdm_tape *tp, int64_t micro, tdm_tensor 
   int64_t n, epoch = tdm_sampler_epoch(b->sampler);
   TDM__TRY(tdm_sampler_next(b->sampler, &bx, &by, &n, base));
   int64_t xs[4], ys[2] = {n, b->per};
-  int nd = input_shape(b->mc, n, b->per, xs), tokens = b->mc->kind == TDM_MODEL_GPT;
+  int nd = input_shape(b->mc, n, b->per, xs), tokens = is_lm(b->mc->kind);
   *x = tdm_from_data(tp, tokens ? TDM_I32 : TDM_F32, nd, xs, bx);
   *y = tdm_from_data(tp, TDM_I32, tokens ? 2 : 1, ys, by);
   if (*x && (b->crop_pad > 0 || b->flip) && nd == 4) { /* keyed by the sample's position: N ranks == 1 process */
@@ -469,10 +506,27 @@ static tdm_status prepare(const tdm_train_config *c, int W, int D, int R, int P,
   TDM__TRY(parse_kinds(c, &p->mk, &ok));
   tdm_model_kind mk = p->mk;
   tdm_model_config mc = mk == TDM_MODEL_MLP ? tdm_model_config_mlp() : mk == TDM_MODEL_CNN ? tdm_model_config_cnn() : tdm_model_config_gpt_mini();
+  if (mk == TDM_MODEL_LLAMA) {
+    const char *name = !c->gpt_config || !strcmp(c->gpt_config, "mini") ? "llama-mini" : c->gpt_config;
+    if (tdm_model_config_llama(name, &mc) != TDM_OK)
+      return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --config '%s' with --model llama; expected llama-mini or llama3.2-1B", name);
+    int64_t given[7] = {c->n_layer, c->n_head, c->n_kv_head, c->n_embd, c->ffn_hidden, c->block_size, c->vocab_size};
+    int64_t *field[7] = {&mc.n_layer, &mc.n_head, &mc.n_kv_head, &mc.n_embd, &mc.ffn_hidden, &mc.block_size, &mc.vocab_size};
+    for (int i = 0; i < 7; i++)
+      if (given[i] > 0) *field[i] = given[i];
+    if (c->rope_theta > 0) mc.rope.theta = (float)c->rope_theta;
+    if (c->rope_scaling == 0) mc.rope.factor = 0;
+    if (c->rope_scaling == 1) mc.rope.factor = 32.0f, mc.rope.low_freq_factor = 1.0f, mc.rope.high_freq_factor = 4.0f, mc.rope.original_max_pos = 8192;
+    if (c->tie_embeddings >= 0) mc.tie_embeddings = c->tie_embeddings;
+    mc.dropout = (float)c->dropout;
+    if (mc.vocab_size < 256)
+      return tdm__set_error(TDM_ERR_INVALID_ARG, "train: vocabulary %lld is smaller than the 256 byte tokens of the text",
+                            (long long)mc.vocab_size);
+  }
   if (mk == TDM_MODEL_GPT) {
     int64_t given[5] = {c->n_layer, c->n_head, c->n_embd, c->block_size, c->vocab_size};
     if (tdm_model_config_gpt(c->gpt_config, given, &mc) != TDM_OK)
-      return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --config '%s'; expected mini or gpt2-124M", c->gpt_config);
+      return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --config '%s' with --model gpt; expected mini or gpt2-124M", c->gpt_config);
     mc.dropout = (float)c->dropout;
     if (mc.vocab_size < 256)
       return tdm__set_error(TDM_ERR_INVALID_ARG, "train: vocabulary %lld is smaller than the 256 byte tokens of the text",
@@ -481,12 +535,12 @@ static tdm_status prepare(const tdm_train_config *c, int W, int D, int R, int P,
   if (mk == TDM_MODEL_RESNET) /* --config and --width name the architecture; the data set gives the rest */
     TDM__TRY(tdm_model_config_resnet(c->gpt_config && strcmp(c->gpt_config, "mini") ? c->gpt_config : "resnet20", c->n_embd, &mc));
   int64_t T = c->seq_len > 0 ? c->seq_len : mc.block_size;
-  if (mk == TDM_MODEL_GPT && (T < 1 || T > mc.block_size))
+  if (is_lm(mk) && (T < 1 || T > mc.block_size))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --seq-len %lld; expected 1..block size %lld", (long long)T,
                           (long long)mc.block_size);
   tdm_mem_category scope = tdm__mem_scope(TDM_MEM_DATA); /* the data sets and the sampler's batches */
   tdm_status st = TDM_OK;
-  if (mk == TDM_MODEL_GPT) { /* the first 90% of the text trains, the rest validates */
+  if (is_lm(mk)) { /* the first 90% of the text trains, the rest validates */
     const char *path = c->data_path ? c->data_path : "data/tinyshakespeare.txt";
     st = tdm_dataset_open_text_part(&s->train, path, T, 0.0, 0.9);
     if (st == TDM_OK) st = tdm_dataset_open_text_part(&s->test, path, T, 0.9, 1.0);
@@ -505,10 +559,10 @@ static tdm_status prepare(const tdm_train_config *c, int W, int D, int R, int P,
   TDM__TRY(st);
   int64_t shape[4], tshape[4];
   int nd = tdm_dataset_sample_shape(s->train, shape), tnd = tdm_dataset_sample_shape(s->test, tshape);
-  if (mk != TDM_MODEL_GPT && (nd != tnd || memcmp(shape, tshape, sizeof(int64_t) * (size_t)nd) != 0))
+  if (!is_lm(mk) && (nd != tnd || memcmp(shape, tshape, sizeof(int64_t) * (size_t)nd) != 0))
     return tdm__set_error(TDM_ERR_MISMATCH, "%s: training samples are %lldx%lld but test samples are %lldx%lld",
                           c->data_dir, (long long)shape[1], (long long)shape[2], (long long)tshape[1], (long long)tshape[2]);
-  if (mk != TDM_MODEL_GPT) mc.dropout = (float)c->dropout;
+  if (!is_lm(mk)) mc.dropout = (float)c->dropout;
   mc.n_classes = tdm_dataset_num_classes(s->train);
   if (mk == TDM_MODEL_MLP) {
     mc.in_features = tdm_dataset_sample_numel(s->train);
@@ -525,7 +579,7 @@ static tdm_status prepare(const tdm_train_config *c, int W, int D, int R, int P,
   oc.nesterov = c->nesterov;
   tdm_engine_config ec = c->engine;
   ec.allow_nonfinite = c->allow_nonfinite;
-  if (c->label_smoothing > 0 && (mk == TDM_MODEL_GPT || !(c->label_smoothing < 1)))
+  if (c->label_smoothing > 0 && (is_lm(mk) || !(c->label_smoothing < 1)))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --label-smoothing %g with model %s; expected 0 <= eps < 1, for the image classifiers",
                           c->label_smoothing, c->model);
   ec.label_smoothing = (float)c->label_smoothing;
@@ -556,7 +610,7 @@ static tdm_status prepare(const tdm_train_config *c, int W, int D, int R, int P,
   p->mk = mk, p->mc = mc, p->oc = oc, p->ec = ec, p->T = T, p->K = K, p->N = N, p->B = B, p->eb = eb, p->G = B * D * K;
   p->per = tdm_dataset_sample_numel(s->train), p->prefetch = prefetch;
   /* the plan, before anything large exists */
-  tdm_plan_config pcfg = {mc, oc, ec, D, B, T, mk == TDM_MODEL_GPT ? B : eb, 0, prefetch, transport, W / (D * P), P};
+  tdm_plan_config pcfg = {mc, oc, ec, D, B, T, is_lm(mk) ? B : eb, 0, prefetch, transport, W / (D * P), P};
   tdm_mem_stats ms;
   tdm_mem_stats_get(&ms);
   pcfg.data_bytes = ms.current[TDM_MEM_DATA]; /* the data sets as opened, and their batches */
@@ -687,7 +741,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   if (c->init_weights) TDM__TRY(tdm_engine_load_weights(s->engine, c->init_weights));
   int64_t steps_per_epoch = tdm_sampler_steps_per_epoch(s->sampler);
   int64_t total = c->steps > 0 ? c->steps : c->epochs * steps_per_epoch;
-  s->tokens_per_sample = mk == TDM_MODEL_GPT ? T : 0;
+  s->tokens_per_sample = is_lm(mk) ? T : 0;
   tdm_lr_schedule sched = {c->lr_schedule && !strcmp(c->lr_schedule, "cosine") ? TDM_LR_COSINE
                            : c->lr_schedule && !strcmp(c->lr_schedule, "step") ? TDM_LR_STEP : TDM_LR_CONSTANT,
                            (float)c->lr, c->warmup_steps, total, (float)c->lr / 10, c->lr_step_size, (float)c->lr_gamma};
@@ -742,14 +796,15 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
       double t3 = tdm_time_now();
       /* a parameter server's async and ssp workers never wait for each other: each reports its own */
       int own = s->ps_world && c->engine.ps.mode != TDM_PS_SYNC;
-      if (!s->comm || own) TDM__TRY(finite_or_stop(c, ss.loss, step, "the loss", "")); /* several ranks: the mean, in flush_record */
+      if ((!s->comm || own) && !ss.skipped) TDM__TRY(finite_or_stop(c, ss.loss, step, "the loss", "")); /* several ranks: the mean, in flush_record */
       /* the global loss and accuracy travel without blocking: started now, collected (and the
        * step's record written) during the next step, so they add no synchronisation point */
       TDM__TRY(flush_record(s, &rec, &pr, c));
       int time_up = c->max_time > 0 && train_time + (t3 - t0) >= c->max_time;
       rec = (step_record){.pending = 1, .step = step, .epoch = epoch, .lr = lr, .stats = {own ? ss.loss : ss.loss / W, ss.correct, ss.rows, time_up},
                           .dt = t3 - t0, .t_fwd = ss.t_forward, .t_bwd = ss.t_backward, .t_wait = ss.t_comm_wait,
-                          .t_opt = ss.t_update, .samples = (double)ss.samples * D, .total = total, .G = G, .grad_norm = ss.grad_norm};
+                          .t_opt = ss.t_update, .samples = (double)ss.samples * D, .total = total, .G = G, .grad_norm = ss.grad_norm,
+                          .loss_scale = c->engine.precision == TDM_F16 ? ss.loss_scale : 0, .skipped = ss.skipped};
       grad_record(s->engine, rec.grad, sizeof rec.grad);
       if (s->comm && !own) TDM__TRY(tdm_comm_iallreduce(s->comm, rec.stats, rec.stats, 4, TDM_F64, TDM_SUM, TDM_ALGO_AUTO, &rec.work));
       /* an axis split from the world speaks through the world's transport, which serves one
@@ -774,7 +829,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
         tdm_sampler_locate(s->sampler, step + 1, &ci.data_epoch, &ci.data_offset);
         TDM__TRY(tdm_ckpt_save_engine(c->checkpoint_dir, s->engine, &ci, 2));
       }
-      if (mk == TDM_MODEL_GPT && c->val_every > 0 && (step + 1) % c->val_every == 0 && step + 1 < total) {
+      if (is_lm(mk) && c->val_every > 0 && (step + 1) % c->val_every == 0 && step + 1 < total) {
         double vl, va;
         TDM__TRY(flush_record(s, &rec, &pr, c));
         TDM__TRY(evaluate(s->engine, s->test, B, s->idx, c->val_batches * B * D, &vl, &va));
@@ -789,11 +844,11 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
     if (epoch_done) {
       double tl = 0, ta = 0;
       TDM__TRY(params_finite(s->engine, c, step));
-      TDM__TRY(evaluate(s->engine, s->test, mk == TDM_MODEL_GPT ? B : eb, s->idx, mk == TDM_MODEL_GPT ? c->val_batches * B * D : 0,
+      TDM__TRY(evaluate(s->engine, s->test, is_lm(mk) ? B : eb, s->idx, is_lm(mk) ? c->val_batches * B * D : 0,
                         &tl, &ta));
       res->test_loss = tl;
       res->test_accuracy = ta;
-      if (pr.f && mk == TDM_MODEL_GPT) {
+      if (pr.f && is_lm(mk)) {
         fprintf(pr.f, "%sstep %lld: val loss %.4f (%.3f nats per byte), next-byte accuracy %.2f%%\n", pr.tty ? "\n" : "",
                 (long long)step, tl, tl, 100 * ta);
       } else if (pr.f) {
@@ -801,7 +856,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
                 tl, 100 * ta);
         fflush(pr.f);
       }
-      TDM__TRY(eval_record(s, c, mk == TDM_MODEL_GPT, epoch + 1, step, tl, ta));
+      TDM__TRY(eval_record(s, c, is_lm(mk), epoch + 1, step, tl, ta));
     }
     epoch++;
   }

@@ -12,6 +12,12 @@ Each fixture is a safetensors file (written here by hand, no extra package neede
                          and every gradient
   gpt_tiny.safetensors   a 2-layer GPT in nanoGPT's names (lm_head tied): weights, tokens,
                          targets, logits, loss and every parameter gradient
+  llama_tiny.safetensors a 2-layer Llama in Hugging Face's LlamaForCausalLM names (grouped-query
+                         attention, untied head): weights, tokens, targets, logits, loss, every
+                         gradient, 3 AdamW steps; and (prefix "tied.") one with a tied head and
+                         Llama 3's rope scaling: logits, loss and every gradient
+The Llama reference below is written here from Hugging Face's conventions (rotate_half, rsqrt
+RMSNorm, repeat_kv, Llama 3's inv_freq scaling), since transformers is not installed.
 The C tests need only the committed files, not PyTorch.
 """
 import json
@@ -64,6 +70,56 @@ def attention_ref(qkv, n_head):
     mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
     att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
     return (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+
+
+def rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def rope_inv_freq(hs, theta, scaling=None):
+    inv = 1.0 / (theta ** (torch.arange(0, hs, 2, dtype=torch.int64).float() / hs))
+    if scaling:  # transformers' _compute_llama3_parameters
+        factor, low, high, old = scaling
+        low_wl, high_wl = old / low, old / high
+        wl = 2 * math.pi / inv
+        inv_l = torch.where(wl > low_wl, inv / factor, inv)
+        smooth = (old / wl - low) / (high - low)
+        smoothed = (1 - smooth) * inv_l / factor + smooth * inv_l
+        medium = ~(wl < high_wl) * ~(wl > low_wl)
+        inv = torch.where(medium, smoothed, inv_l)
+    return inv
+
+
+def rope_ref(x, n_head, theta, pos0=0, scaling=None):
+    B, T, W = x.shape
+    hs = W // n_head
+    inv = rope_inv_freq(hs, theta, scaling)
+    pos = torch.arange(pos0, pos0 + T).float()
+    freqs = (inv[:, None] @ pos[None, :]).t()  # as LlamaRotaryEmbedding: a float32 product
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos()[None, :, None, :], emb.sin()[None, :, None, :]
+    xh = x.view(B, T, n_head, hs)
+    return (xh * cos + rotate_half(xh) * sin).reshape(B, T, W)
+
+
+def rmsnorm_ref(x, w, eps=1e-5):
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def gqa_ref(q, k, v, n_head, n_kv):
+    B, T, W = q.shape
+    hs = W // n_head
+    q = q.view(B, T, n_head, hs).transpose(1, 2)
+    k = k.view(B, T, n_kv, hs).transpose(1, 2)
+    v = v.view(B, T, n_kv, hs).transpose(1, 2)
+    g = n_head // n_kv  # repeat_kv: query head h reads key/value head h // g
+    k = k[:, :, None].expand(B, n_kv, g, T, hs).reshape(B, n_head, T, hs)
+    v = v[:, :, None].expand(B, n_kv, g, T, hs).reshape(B, n_head, T, hs)
+    att = (q @ k.transpose(-2, -1)) / math.sqrt(hs)
+    mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+    return (att @ v).transpose(1, 2).contiguous().view(B, T, W)
 
 
 def op_fixtures():
@@ -119,6 +175,11 @@ def op_fixtures():
     case("transpose", lambda a: a.transpose(0, 2).contiguous() * 1.0, rnd(2, 3, 4))
     case("slice", lambda a: a[:, 1:3] * 1.0, rnd(3, 5))
     case("reshape", lambda a: a.reshape(6, 4) * 1.0, rnd(2, 3, 4))
+    case("rmsnorm", lambda x, w: rmsnorm_ref(x, w), rnd(2, 3, 8, scale=2), (1 + 0.1 * torch.randn(8)).requires_grad_(True))
+    case("rope", lambda x: rope_ref(x, 2, 10000.0), rnd(2, 5, 12))
+    case("rope_llama3", lambda x: rope_ref(x, 2, 500000.0, 1000, (32.0, 1.0, 4.0, 8192)), rnd(1, 5, 16))
+    case("swiglu", lambda g, u: F.silu(g) * u, rnd(3, 7, scale=3), rnd(3, 7))
+    case("attention_gqa", lambda q, k, v: gqa_ref(q, k, v, 4, 2), rnd(2, 5, 16), rnd(2, 5, 8), rnd(2, 5, 8))
     return out
 
 
@@ -256,10 +317,103 @@ def gpt_tiny_fixture():
     return out
 
 
+class RMSNorm(torch.nn.Module):
+    def __init__(self, C):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(C))
+
+    def forward(self, x):
+        return rmsnorm_ref(x, self.weight)
+
+
+class Llama(torch.nn.Module):
+    """LlamaForCausalLM's layout (names and shapes), no dropout; lm_head untied unless tied."""
+
+    def __init__(self, L, NH, NKV, C, F, V, theta, scaling=None, tied=False):
+        super().__init__()
+        self.NH, self.NKV, self.theta, self.scaling, self.tied = NH, NKV, theta, scaling, tied
+        hs = C // NH
+        self.model = torch.nn.Module()
+        self.model.embed_tokens = torch.nn.Embedding(V, C)
+        self.model.layers = torch.nn.ModuleList()
+        for _ in range(L):
+            b = torch.nn.Module()
+            b.input_layernorm = RMSNorm(C)
+            b.self_attn = torch.nn.Module()
+            b.self_attn.q_proj = torch.nn.Linear(C, NH * hs, bias=False)
+            b.self_attn.k_proj = torch.nn.Linear(C, NKV * hs, bias=False)
+            b.self_attn.v_proj = torch.nn.Linear(C, NKV * hs, bias=False)
+            b.self_attn.o_proj = torch.nn.Linear(NH * hs, C, bias=False)
+            b.post_attention_layernorm = RMSNorm(C)
+            b.mlp = torch.nn.Module()
+            b.mlp.gate_proj = torch.nn.Linear(C, F, bias=False)
+            b.mlp.up_proj = torch.nn.Linear(C, F, bias=False)
+            b.mlp.down_proj = torch.nn.Linear(F, C, bias=False)
+            self.model.layers.append(b)
+        self.model.norm = RMSNorm(C)
+        if not tied:
+            self.lm_head = torch.nn.Linear(C, V, bias=False)
+
+    def forward(self, idx):
+        x = self.model.embed_tokens(idx)
+        for b in self.model.layers:
+            h = b.input_layernorm(x)
+            q = rope_ref(b.self_attn.q_proj(h), self.NH, self.theta, 0, self.scaling)
+            k = rope_ref(b.self_attn.k_proj(h), self.NKV, self.theta, 0, self.scaling)
+            x = x + b.self_attn.o_proj(gqa_ref(q, k, b.self_attn.v_proj(h), self.NH, self.NKV))
+            h = b.post_attention_layernorm(x)
+            x = x + b.mlp.down_proj(F.silu(b.mlp.gate_proj(h)) * b.mlp.up_proj(h))
+        h = self.model.norm(x)
+        return h @ (self.model.embed_tokens.weight if self.tied else self.lm_head.weight).t()
+
+
+def llama_case(m, V, B, T, prefix, out, adamw):
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            p.copy_(torch.randn_like(p) * 0.2 + (1.0 if n.endswith("layernorm.weight") or n == "model.norm.weight" else 0.0))
+    for n, p in m.named_parameters():
+        out[prefix + n] = p.detach().clone()
+    idx = torch.randint(0, V, (B, T))
+    tgt = torch.randint(0, V, (B, T))
+    logits = m(idx)
+    loss = F.cross_entropy(logits.view(-1, V), tgt.view(-1))
+    loss.backward()
+    out[prefix + "idx"], out[prefix + "targets"] = idx, tgt
+    out[prefix + "logits"], out[prefix + "loss"] = logits.detach(), loss.detach().reshape(1)
+    for n, p in m.named_parameters():
+        out[prefix + "grad." + n] = p.grad.clone()
+    if not adamw:
+        return
+    decay = [p for p in m.parameters() if p.dim() >= 2]
+    no_decay = [p for p in m.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=3e-3, betas=(0.9, 0.95))
+    losses = []
+    for _ in range(3):
+        opt.zero_grad()
+        l = F.cross_entropy(m(idx).view(-1, V), tgt.view(-1))
+        l.backward()
+        losses.append(l.item())
+        opt.step()
+    out[prefix + "adamw.losses"] = torch.tensor(losses)
+    for n, p in m.named_parameters():
+        out[prefix + "adamw.final." + n] = p.detach().clone()
+
+
+def llama_tiny_fixture():
+    torch.manual_seed(17)
+    out = {}
+    # 2 layers, 4 heads sharing 2 key/value heads, width 32 (head size 8), SwiGLU 48, vocab 40
+    llama_case(Llama(2, 4, 2, 32, 48, 40, 10000.0), 40, 2, 8, "", out, True)
+    llama_case(Llama(2, 4, 1, 32, 40, 40, 500000.0, (32.0, 1.0, 4.0, 8192), tied=True), 40, 2, 8, "tied.", out, False)
+    return out
+
+
 if __name__ == "__main__":
     os.makedirs(OUT, exist_ok=True)
     save(os.path.join(OUT, "ops.safetensors"), op_fixtures())
     save(os.path.join(OUT, "mlp_adamw.safetensors"), mlp_fixture())
     save(os.path.join(OUT, "gpt_block.safetensors"), gpt_block_fixture())
     save(os.path.join(OUT, "gpt_tiny.safetensors"), gpt_tiny_fixture())
+    save(os.path.join(OUT, "llama_tiny.safetensors"), llama_tiny_fixture())
     sys.exit(0)

@@ -85,6 +85,18 @@ static tdm_tensor *f_reshape(tdm_tape *tp, tdm_tensor **in) {
   return tdm_scale(tp, tdm_reshape(tp, in[0], 2, s), 1.0f);
 }
 
+static tdm_tensor *f_rmsnorm(tdm_tape *tp, tdm_tensor **in) { return tdm_rmsnorm(tp, in[0], in[1], 1e-5f); }
+static tdm_tensor *f_rope(tdm_tape *tp, tdm_tensor **in) {
+  tdm_rope_config rc = {10000.0f, 0, 0, 0, 0};
+  return tdm_rope(tp, in[0], 2, &rc, 0);
+}
+static tdm_tensor *f_rope_llama3(tdm_tape *tp, tdm_tensor **in) {
+  tdm_rope_config rc = {500000.0f, 32.0f, 1.0f, 4.0f, 8192};
+  return tdm_rope(tp, in[0], 2, &rc, 1000);
+}
+static tdm_tensor *f_swiglu(tdm_tape *tp, tdm_tensor **in) { return tdm_swiglu(tp, in[0], in[1]); }
+static tdm_tensor *f_gqa(tdm_tape *tp, tdm_tensor **in) { return tdm_attention_gqa(tp, in[0], in[1], in[2], 4, 2); }
+
 static const struct {
   const char *name;
   op_fn fn;
@@ -100,7 +112,9 @@ static const struct {
     {"layernorm", f_layernorm}, {"embedding", f_embedding},     {"attention", f_attention},
     {"conv2d", f_conv},         {"conv2d_k5", f_conv_k5},       {"maxpool2d", f_maxpool},
     {"avgpool2d", f_avgpool},   {"concat", f_concat},           {"transpose", f_transpose},
-    {"slice", f_slice},         {"reshape", f_reshape},
+    {"slice", f_slice},         {"reshape", f_reshape},         {"rmsnorm", f_rmsnorm},
+    {"rope", f_rope},           {"rope_llama3", f_rope_llama3}, {"swiglu", f_swiglu},
+    {"attention_gqa", f_gqa},
 };
 
 static void test_ops(void) {
@@ -317,4 +331,79 @@ static void test_gpt_tiny(void) {
   tdm_safetensors_destroy(f);
 }
 
-TDM_TEST_MAIN(T(test_ops), T(test_mlp_adamw), T(test_gpt_block), T(test_gpt_tiny))
+/* A Llama in Hugging Face's names against the PyTorch reference: logits, loss, every gradient and
+ * (untied) three AdamW steps; the tied one also exercises Llama 3's rope scaling and one
+ * key/value head shared by four. */
+static void llama_case(const tdm_safetensors *f, const char *prefix, tdm_model_config mc, int adamw) {
+  tdm_model *m;
+  CHECK_OK(tdm_model_create(&m, &mc, 1));
+  if (!m) return;
+  tdm_params *p = tdm_model_params(m);
+  CHECK(tdm_params_find(p, "model.layers.1.self_attn.k_proj.weight") != NULL);
+  CHECK((tdm_params_find(p, "lm_head.weight") != NULL) == !mc.tie_embeddings);
+  copy_params(p, f, prefix);
+  tdm_tape *tp;
+  CHECK_OK(tdm_tape_create(&tp, 0));
+  char nm[64];
+  snprintf(nm, sizeof nm, "%sidx", prefix);
+  const tdm_st_tensor *is = tdm_safetensors_find(f, nm);
+  snprintf(nm, sizeof nm, "%stargets", prefix);
+  const tdm_st_tensor *ts = tdm_safetensors_find(f, nm);
+  tdm_tensor *logits = tdm_model_forward(m, tp, tdm_from_data(tp, TDM_I64, 2, is->shape, is->data));
+  tdm_tensor *loss = tdm_cross_entropy(tp, logits, tdm_from_data(tp, TDM_I64, 2, ts->shape, ts->data), -100);
+  CHECK_MSG(loss != NULL, "%s", tdm_tape_error(tp));
+  if (loss) {
+    snprintf(nm, sizeof nm, "%slogits", prefix);
+    CHECK(compare("logits", logits, tdm_safetensors_find(f, nm)));
+    snprintf(nm, sizeof nm, "%sloss", prefix);
+    CHECK(compare("loss", loss, tdm_safetensors_find(f, nm)));
+    CHECK_OK(tdm_backward(tp, loss));
+    snprintf(nm, sizeof nm, "%sgrad.", prefix);
+    compare_params(p, f, nm, 1);
+  }
+  if (adamw) {
+    copy_params(p, f, prefix);
+    tdm_optim_config oc = tdm_optim_config_default(TDM_OPT_ADAMW);
+    oc.lr = 3e-3f, oc.beta2 = 0.95f, oc.weight_decay = 0.1f, oc.decay_matrices_only = 1;
+    tdm_optim *opt;
+    CHECK_OK(tdm_optim_create(&opt, &oc, p));
+    snprintf(nm, sizeof nm, "%sadamw.losses", prefix);
+    const tdm_st_tensor *ls = tdm_safetensors_find(f, nm);
+    for (int step = 0; ls && step < 3; step++) {
+      tdm_tape_reset(tp);
+      tdm_tensor *l2 = tdm_cross_entropy(tp, tdm_model_forward(m, tp, tdm_from_data(tp, TDM_I64, 2, is->shape, is->data)),
+                                         tdm_from_data(tp, TDM_I64, 2, ts->shape, ts->data), -100);
+      CHECK(l2 != NULL);
+      if (!l2) break;
+      float got = *(float *)tdm_tensor_data(l2), ref = ((const float *)ls->data)[step];
+      printf("    AdamW step %d loss %.7f (PyTorch %.7f)\n", step, got, ref);
+      CHECK_NEAR(got, ref, 1e-5 + 1e-5 * fabs(ref));
+      tdm_params_zero_grad(p);
+      CHECK_OK(tdm_backward(tp, l2));
+      CHECK_OK(tdm_optim_step(opt, oc.lr));
+    }
+    snprintf(nm, sizeof nm, "%sadamw.final.", prefix);
+    compare_params(p, f, nm, 0);
+    tdm_optim_destroy(opt);
+  }
+  tdm_tape_destroy(tp);
+  tdm_model_destroy(m);
+}
+
+static void test_llama_tiny(void) {
+  tdm_safetensors *f = NULL;
+  CHECK_OK(tdm_safetensors_load(&f, FIX "llama_tiny.safetensors"));
+  if (!f) return;
+  tdm_model_config mc;
+  CHECK_OK(tdm_model_config_llama("llama-mini", &mc));
+  mc.n_layer = 2, mc.n_head = 4, mc.n_kv_head = 2, mc.n_embd = 32, mc.ffn_hidden = 48, mc.block_size = 8, mc.vocab_size = 40;
+  printf("  untied, 2 key/value heads\n");
+  llama_case(f, "", mc, 1);
+  mc.n_kv_head = 1, mc.ffn_hidden = 40, mc.tie_embeddings = 1;
+  mc.rope = (tdm_rope_config){500000.0f, 32.0f, 1.0f, 4.0f, 8192};
+  printf("  tied, 1 key/value head, Llama 3 rope scaling\n");
+  llama_case(f, "tied.", mc, 0);
+  tdm_safetensors_destroy(f);
+}
+
+TDM_TEST_MAIN(T(test_ops), T(test_mlp_adamw), T(test_gpt_block), T(test_gpt_tiny), T(test_llama_tiny))

@@ -51,6 +51,13 @@ MLP=(--model mlp --data synthetic --optimizer adam --eval-batch-size 500)
 GPT=(--model gpt --layers 3 --heads 2 --width 64 --block 32 --seq-len 32 --batch-size 4 --val-batches 2)
 check "one process: the MLP" compare 1 shm "${MLP[@]}"
 check "one process: the GPT" compare 1 shm "${GPT[@]}"
+LLAMA=(--model llama --layers 3 --heads 4 --kv-heads 2 --width 64 --ffn-width 96 --block 32 --seq-len 32 --batch-size 4 --val-batches 2)
+check "one process: the Llama" compare 1 shm "${LLAMA[@]}"
+check "2 ranks over shm, --zero 3: the Llama with a tied head" compare 2 shm "${LLAMA[@]}" --zero 3 --tie-embeddings on
+check "one process: the GPT with block recomputation" compare 1 shm "${GPT[@]}" --recompute block
+check "2 ranks over tcp, --zero 3: the Llama with selective recomputation and accumulation" compare 2 tcp "${LLAMA[@]}" --zero 3 --recompute selective --accum 2
+check "one process: the GPT in bf16 (16-bit activations, their f32 scratch)" compare 1 shm "${GPT[@]}" --precision bf16
+check "2 ranks over shm, --zero 2: the Llama in fp16 with block recomputation (the loss scale's seed)" compare 2 shm "${LLAMA[@]}" --zero 2 --precision fp16 --recompute block
 for z in 0 1 2 3; do
   check "2 ranks over shm, --zero $z: the MLP" compare 2 shm "${MLP[@]}" --zero $z
 done
@@ -118,4 +125,16 @@ limit_refused() {
   "$TANDEM" plan --memory-limit 1G "${MLP[@]}" | grep -q "fits the memory limit of 1.00 GiB"
 }
 check "a run the plan does not fit is refused before step 1, naming the excess and the largest part" limit_refused
+
+resnet_unestimated() { # no walk of the ResNet's tape: the plan says so rather than print a number
+  local t j
+  t=$("$TANDEM" plan --model resnet --width 4 --data synthetic --memory-limit 1G) || { echo "  plan failed: $t"; return 1; }
+  grep -q "activations .*NOT ESTIMATED" <<<"$t" && grep -q "total .*without the activations" <<<"$t" &&
+    grep -q "fits the memory limit of 1.00 GiB without the activations" <<<"$t" || { echo "$t"; return 1; }
+  j=$("$TANDEM" plan --model resnet --width 4 --data synthetic --json --memory-limit 1G) || return 1
+  [[ $j == *'"activations":null'* && $j == *'"activations_estimated":false'* && $j == *'"fits":null'* ]] || { echo "  $j"; return 1; }
+  j=$("$TANDEM" plan "${MLP[@]}" --json) || return 1
+  [[ $j == *'"activations_estimated":true'* && $j != *null* ]] || { echo "  mlp: $j"; return 1; }
+}
+check "resnet: the plan says its activations are not estimated (text and JSON: null), never a number" resnet_unestimated
 finish

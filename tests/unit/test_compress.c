@@ -333,4 +333,31 @@ static void engines_refuse(void) {
   tdm_grid_destroy(g);
 }
 
-TDM_TEST_MAIN(T(topk_large), T(telescope_catches), T(parse_errors), T(powersgd_exact_low_rank), T(powersgd_approaches_svd), T(topk_two_ranks), T(engines_refuse))
+/* fp16 skips a step whose gradients overflow; error feedback would keep them in its residuals, so
+ * the data-parallel engine refuses fp16 with topk or powersgd, naming both, and takes bf16 with them
+ * and fp16 with a wire dtype. */
+static void fp16_refused(void) {
+  tdm_grid *g = NULL;
+  CHECK_OK(tdm_grid_create(&g, NULL, 0, 1, 1));
+  tdm_model_config mc = tdm_model_config_gpt_mini();
+  tdm_optim_config oc = tdm_optim_config_default(TDM_OPT_ADAMW);
+  const char *spec[4] = {"topk:0.1", "powersgd:2", "topk:0.1", "bf16"};
+  tdm_dtype prec[4] = {TDM_F16, TDM_F16, TDM_BF16, TDM_F16};
+  for (int k = 0; g && k < 4; k++) {
+    tdm_engine_config ec = tdm_engine_config_default();
+    ec.dp.compress = spec[k], ec.precision = prec[k];
+    tdm_engine *e = NULL;
+    tdm_status st = tdm_engine_create(&e, &mc, 1, &oc, g, &ec);
+    if (k < 2) {
+      CHECK_MSG(st == TDM_ERR_NOT_SUPPORTED && !e, "%s with f16 was taken", spec[k]);
+      CHECK_ERR_HAS(spec[k]);
+      CHECK_ERR_HAS("precision f16");
+    } else {
+      CHECK_MSG(st == TDM_OK && e, "%s with %s: %s", spec[k], tdm_dtype_name(prec[k]), tdm_last_error());
+    }
+    tdm_engine_destroy(e);
+  }
+  tdm_grid_destroy(g);
+}
+
+TDM_TEST_MAIN(T(topk_large), T(telescope_catches), T(parse_errors), T(powersgd_exact_low_rank), T(powersgd_approaches_svd), T(topk_two_ranks), T(engines_refuse), T(fp16_refused))

@@ -39,7 +39,7 @@ static tdm_status next_batch(void *vctx, tdm_tape *tp, int64_t micro, tdm_tensor
   const job *j = c->j;
   int64_t first = (micro * j->P + c->r) * j->B; /* as the sampler slices a global batch */
   *base = first;
-  if (j->mc.kind == TDM_MODEL_GPT) {
+  if (j->mc.kind == TDM_MODEL_GPT || j->mc.kind == TDM_MODEL_LLAMA) {
     int64_t xs[2] = {j->B, j->T};
     *x = tdm_new(tp, TDM_I32, 2, xs);
     *y = tdm_new(tp, TDM_I32, 2, xs);
@@ -169,6 +169,20 @@ static job gpt_job(int P, int64_t accum, int64_t B) {
   return j;
 }
 
+/* Llama through the same engines: grouped-query attention, rotary embeddings, SwiGLU, RMSNorm, an
+ * untied head; dropout on, so its masks must follow the samples across layouts too. */
+static job llama_job(int P, int64_t accum, int64_t B) {
+  job j = gpt_job(P, accum, B);
+  CHECK_OK(tdm_model_config_llama("llama-mini", &j.mc));
+  j.mc.n_layer = 2, j.mc.n_head = 4, j.mc.n_kv_head = 2, j.mc.n_embd = 16, j.mc.ffn_hidden = 24, j.mc.block_size = 8;
+  j.mc.vocab_size = 37, j.mc.dropout = 0.1f;
+  return j;
+}
+
+static const char *job_name(job (*make)(int, int64_t, int64_t)) {
+  return make == mlp_job ? "mlp" : make == gpt_job ? "gpt" : "llama";
+}
+
 /* ||a - b|| / ||b|| over the elements not skipped. */
 static double norm_rel_diff(const float *a, const float *b, int64_t n) {
   double d = 0, r = 0;
@@ -204,13 +218,13 @@ static void check_layouts(job (*make)(int, int64_t, int64_t), int64_t B, double 
           continue;
         }
         double d = normwise ? norm_rel_diff(w, ref, n) : max_rel_diff(w, ref, n);
-        CHECK_MSG(d <= tol, "%s accum %lld, %d ranks, stage %d vs 1 process: %.3g relative%s", make == mlp_job ? "mlp" : "gpt",
+        CHECK_MSG(d <= tol, "%s accum %lld, %d ranks, stage %d vs 1 process: %.3g relative%s", job_name(make),
                   (long long)accum, P, stage, d, normwise ? " (norm of the difference)" : "");
         if (stage == 0) stage0 = w;
         else {
           if (stage0)
             CHECK_MSG(!memcmp(w, stage0, sizeof(float) * (size_t)n), "%s accum %lld, %d ranks: stage %d differs from stage 0 (%.3g)",
-                      make == mlp_job ? "mlp" : "gpt", (long long)accum, P, stage, max_rel_diff(w, stage0, n));
+                      job_name(make), (long long)accum, P, stage, max_rel_diff(w, stage0, n));
           free(w);
         }
       }
@@ -243,6 +257,31 @@ static void test_gpt_every_layout(void) {
   check_layouts(gpt_job, 2, 1e-4, 1);
   free(skip);
   skip = NULL;
+}
+
+/* Llama as GPT: every ZeRO stage gives data parallelism's bits, and each layout equals one process. */
+static void test_llama_every_layout(void) { check_layouts(llama_job, 2, 1e-4, 1); }
+
+/* Activation recomputation through the engines: block and selective recomputation leave every bit
+ * of the weights after a few steps unchanged, with data parallelism and at ZeRO stage 3 (whose
+ * units are gathered again for the recomputed blocks), for the GPT and the Llama. */
+static void test_recompute_keeps_the_bits(void) {
+  job (*makes[2])(int, int64_t, int64_t) = {gpt_job, llama_job};
+  for (int k = 0; k < 2; k++)
+    for (int stage = 0; stage <= 3; stage += 3) {
+      int64_t n;
+      job j = makes[k](2, 2, 2);
+      set_stage(&j, stage);
+      float *ref = run_job(&j, &n, NULL);
+      for (int mode = TDM_RECOMPUTE_BLOCK; ref && mode < TDM_RECOMPUTE_COUNT; mode++) {
+        j.ec.recompute = (tdm_recompute)mode;
+        float *w = run_job(&j, &n, NULL);
+        CHECK_MSG(w && !memcmp(w, ref, sizeof(float) * (size_t)n), "%s stage %d, recompute %s: weights differ (%.3g)",
+                  job_name(makes[k]), stage, tdm_recompute_name((tdm_recompute)mode), w ? max_rel_diff(w, ref, n) : -1.0);
+        free(w);
+      }
+      free(ref);
+    }
 }
 
 /* Stage 3 on 4 ranks never holds the whole model: the parameter bytes of its 4 ranks together
@@ -314,4 +353,40 @@ static void test_process_grid(void) {
   tdm_grid_destroy(one);
 }
 
-TDM_TEST_MAIN(T(test_mlp_every_layout), T(test_gpt_every_layout), T(test_stage3_memory), T(test_process_grid))
+/* The pipeline, tensor-parallel and parameter-server engines run f32 without recomputation: asking
+ * them for either is refused before anything is built, naming the engine and the setting (never run
+ * in f32 or without recomputing behind the caller's back); data parallelism and ZeRO accept both. */
+static void test_model_side_refusals(void) {
+  tdm_model_config mc = tdm_model_config_gpt_mini();
+  struct {
+    tdm_engine_kind kind;
+    const char *name;
+    int tensor, pipeline;
+  } eng[] = {{TDM_ENGINE_PIPELINE, "pipeline", 1, 2}, {TDM_ENGINE_TP, "tp", 2, 1}, {TDM_ENGINE_PS, "ps", 1, 1}};
+  for (int k = 0; k < 3; k++)
+    for (int what = 0; what < 3; what++) {
+      tdm_engine_config ec = tdm_engine_config_default();
+      ec.kind = eng[k].kind;
+      if (what == 0) ec.precision = TDM_BF16;
+      if (what == 1) ec.precision = TDM_F16;
+      if (what == 2) ec.recompute = TDM_RECOMPUTE_BLOCK;
+      ec.accum = 4;
+      tdm_status st = tdm_engine_check(&mc, &ec, 2, 0, eng[k].tensor, eng[k].pipeline);
+      CHECK_MSG(st == TDM_ERR_NOT_SUPPORTED, "%s engine, case %d: status %d", eng[k].name, what, (int)st);
+      const char *err = tdm_last_error();
+      CHECK_MSG(strstr(err, eng[k].name) && strstr(err, what < 2 ? "mixed precision" : "activation recomputation") &&
+                    strstr(err, what == 0 ? "bf16" : what == 1 ? "f16" : "block"),
+                "%s engine, case %d: %s", eng[k].name, what, err);
+      ec.precision = TDM_F32, ec.recompute = TDM_RECOMPUTE_NONE; /* the same layout in f32 passes */
+      st = tdm_engine_check(&mc, &ec, 2, 0, eng[k].tensor, eng[k].pipeline);
+      CHECK_MSG(st == TDM_OK, "%s engine in f32: %s", eng[k].name, tdm_last_error());
+    }
+  for (int kind = TDM_ENGINE_DP; kind <= TDM_ENGINE_ZERO; kind++) {
+    tdm_engine_config ec = tdm_engine_config_default();
+    ec.kind = (tdm_engine_kind)kind, ec.precision = TDM_F16, ec.recompute = TDM_RECOMPUTE_SELECTIVE;
+    CHECK_MSG(tdm_engine_check(&mc, &ec, 2, 0, 1, 1) == TDM_OK, "engine %d: %s", kind, tdm_last_error());
+  }
+}
+
+TDM_TEST_MAIN(T(test_mlp_every_layout), T(test_gpt_every_layout), T(test_llama_every_layout), T(test_recompute_keeps_the_bits), T(test_stage3_memory), T(test_process_grid),
+              T(test_model_side_refusals))

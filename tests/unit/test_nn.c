@@ -249,5 +249,102 @@ static void test_kv_cache_equals_full_forward(void) {
   tdm_model_destroy(m);
 }
 
-TDM_TEST_MAIN(T(test_kv_cache_equals_full_forward), T(test_lowlevel_mlp_equals_autograd), T(test_names_and_shapes), T(test_initialisation),
+/* Llama: the cache holds the rotated keys of the key/value heads only (GQA) and a capacity below
+ * the block; its logits equal the full forward's at every position, tied and untied, with and
+ * without Llama 3's rope scaling (at positions past the short wavelengths). */
+static void test_llama_kv_cache_equals_full_forward(void) {
+  for (int variant = 0; variant < 2; variant++) {
+    tdm_model_config mc;
+    CHECK_OK(tdm_model_config_llama("llama-mini", &mc));
+    mc.n_layer = 2, mc.n_head = 4, mc.n_kv_head = variant ? 1 : 2, mc.n_embd = 32, mc.ffn_hidden = 40, mc.block_size = 64;
+    if (variant) mc.tie_embeddings = 1, mc.rope = (tdm_rope_config){500000.0f, 32.0f, 1.0f, 4.0f, 16};
+    tdm_model *m;
+    CHECK_OK(tdm_model_create(&m, &mc, 5));
+    if (!m) return;
+    enum { N = 40 };
+    int32_t toks[N];
+    for (int i = 0; i < N; i++) toks[i] = (int32_t)((i * 71 + 13) % 256);
+    tdm_tape *tp;
+    CHECK_OK(tdm_tape_create(&tp, 0));
+    tdm_tape_set_grad_enabled(tp, 0);
+    int64_t shape[2] = {1, N};
+    tdm_tensor *full = tdm_model_forward(m, tp, tdm_from_data(tp, TDM_I32, 2, shape, toks));
+    CHECK_MSG(full != NULL, "%s", tdm_tape_error(tp));
+    tdm_kv_cache *kv;
+    CHECK_OK(tdm_kv_cache_create_len(&kv, m, N));
+    CHECK(tdm_kv_cache_capacity(kv) == N);
+    double worst = 0;
+    for (int t = 0; full && t < N; t++) {
+      const float *lg;
+      CHECK_OK(tdm_kv_cache_step(kv, toks[t], &lg));
+      const float *ref = (const float *)tdm_tensor_data(full) + (size_t)t * 256;
+      for (int v = 0; v < 256; v++) worst = fmax(worst, fabs((double)lg[v] - ref[v]));
+    }
+    printf("  llama (%s) kv cache vs full forward: max |logit diff| %.3g over %d positions\n",
+           variant ? "tied, 1 key/value head, scaled rope" : "2 key/value heads", worst, N);
+    CHECK(worst < 1e-4);
+    const float *lg;
+    CHECK(tdm_kv_cache_step(kv, 1, &lg) == TDM_ERR_INVALID_ARG); /* the capacity is reached */
+    CHECK_ERR_HAS("context is full");
+    tdm_kv_cache_destroy(kv);
+    tdm_tape_destroy(tp);
+    tdm_model_destroy(m);
+  }
+}
+
+/* Hugging Face's names and shapes; Llama 3.2 1B has 1.24 B parameters with its tied head (built in
+ * reserved address space: nothing is touched); configurations that cannot work are refused. */
+static void test_llama_config(void) {
+  tdm_model_config mc;
+  CHECK_OK(tdm_model_config_llama("llama-mini", &mc));
+  tdm_model *m;
+  CHECK_OK(tdm_model_create(&m, &mc, 1));
+  tdm_params *p = tdm_model_params(m);
+  int64_t C = 256, F = 688, KV = 128, L = 4, V = 256;
+  CHECK(tdm_params_numel(p) == 2 * V * C + L * (2 * C + 2 * C * C + 2 * KV * C + 3 * C * F) + C);
+  const char *names[] = {"model.embed_tokens.weight", "model.layers.0.input_layernorm.weight",
+                         "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
+                         "model.layers.0.self_attn.v_proj.weight", "model.layers.0.self_attn.o_proj.weight",
+                         "model.layers.0.post_attention_layernorm.weight", "model.layers.0.mlp.gate_proj.weight",
+                         "model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.down_proj.weight"};
+  for (int i = 0; i < 10; i++) CHECK_MSG(!strcmp(tdm_tensor_name(tdm_params_get(p, i)), names[i]), "%d: %s", i, tdm_tensor_name(tdm_params_get(p, i)));
+  CHECK(tdm_tensor_dim(tdm_params_find(p, "model.layers.3.self_attn.k_proj.weight"), 0) == KV);
+  CHECK(tdm_tensor_dim(tdm_params_find(p, "model.layers.3.mlp.down_proj.weight"), 1) == F);
+  CHECK(tdm_params_find(p, "model.norm.weight") && tdm_params_find(p, "lm_head.weight"));
+  double mean;
+  tdm_tensor *w = tdm_params_find(p, "model.layers.1.mlp.up_proj.weight");
+  CHECK_NEAR(stddev(tdm_tensor_data(w), tdm_tensor_numel(w), &mean), 0.02, 0.0005);
+  CHECK(tdm_tensor_get(tdm_params_find(p, "model.layers.2.input_layernorm.weight"), 5) == 1.0);
+  tdm_model_destroy(m);
+
+  CHECK_OK(tdm_model_config_llama("llama3.2-1B", &mc));
+  CHECK_OK(tdm_model_create_with(&m, &mc, 1, TDM_RESERVE_DATA | TDM_RESERVE_GRAD));
+  if (m) {
+    printf("  llama3.2-1B: %lld parameters\n", (long long)tdm_params_numel(tdm_model_params(m)));
+    CHECK(tdm_params_numel(tdm_model_params(m)) == 1235814400LL); /* Meta's figure, tied */
+    CHECK(!tdm_params_find(tdm_model_params(m), "lm_head.weight"));
+    tdm_model_destroy(m);
+  }
+  CHECK(tdm_model_config_llama("llama-7B", &mc) == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("llama-7B");
+  struct {
+    int64_t heads, kv, width;
+    const char *err;
+  } bad[] = {{4, 3, 256, "3 key/value heads do not divide the 4 query heads"},
+             {3, 1, 256, "3 heads do not divide the width 256"},
+             {4, 2, 4 * 33, "head size 33"},
+             {4, 0, 256, "expected all > 0"}};
+  for (int i = 0; i < 4; i++) {
+    CHECK_OK(tdm_model_config_llama("llama-mini", &mc));
+    mc.n_head = bad[i].heads, mc.n_kv_head = bad[i].kv, mc.n_embd = bad[i].width;
+    CHECK(tdm_model_create(&m, &mc, 1) == TDM_ERR_INVALID_ARG);
+    CHECK_ERR_HAS(bad[i].err);
+  }
+  CHECK_OK(tdm_model_config_llama("llama-mini", &mc));
+  mc.rope.theta = 0.5f;
+  CHECK(tdm_model_create(&m, &mc, 1) == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("rope theta 0.5");
+}
+
+TDM_TEST_MAIN(T(test_llama_kv_cache_equals_full_forward), T(test_llama_config), T(test_kv_cache_equals_full_forward), T(test_lowlevel_mlp_equals_autograd), T(test_names_and_shapes), T(test_initialisation),
               T(test_dropout_is_keyed_by_sample), T(test_model_forward_shapes_and_errors))
