@@ -55,23 +55,6 @@ tdm_status tdm_custom_fail(tdm_custom_ctx *c, tdm_status st, const char *fmt, ..
 
 /* A new header over x's data: what an identity forward returns, so that the node's output is not
  * one of its inputs. */
-static tdm_tensor *alias_of(tdm_tape *tp, tdm_tensor *x) {
-  tdm_tensor *v = tdm__scratch(tp, sizeof *v);
-  if (!v) return NULL;
-  *v = *x;
-  v->grad = NULL;
-  v->node = NULL;
-  v->flags = 0;
-  v->hook = NULL;
-  v->hook_ctx = NULL;
-  v->fetch = NULL;
-  v->fetch_ctx = NULL;
-  v->alias = x->alias ? x->alias : ((x->flags & TDM_TF_PARAM) ? x : NULL);
-  v->tape_epoch = 0;
-  v->name = NULL;
-  return v;
-}
-
 static void custom_bw(tdm_tape *tp, tdm_node *nd) {
   tdm_custom_ctx *c = nd->saved[0];
   int n = nd->n_in;
@@ -147,7 +130,7 @@ tdm_tensor *tdm_custom(tdm_tape *tp, const tdm_custom_op *op, void *user, int n,
   if (!out) return tdm__fail(tp, TDM_ERR_INVALID_USAGE, "op '%s': forward returned TDM_OK but no output", name);
   int reuse = out->node || (out->flags & (TDM_TF_REQUIRES_GRAD | TDM_TF_PARAM | TDM_TF_HEAP));
   for (int i = 0; i < n; i++) reuse |= out == ins[i] || out == inputs[i];
-  if (reuse && !(out = alias_of(tp, out))) return NULL;
+  if (reuse && !(out = tdm__alias_header(tp, out))) return NULL;
   if (!record) return out;
   if (out->dtype != TDM_F32)
     return tdm__fail(tp, TDM_ERR_INVALID_ARG, "op '%s': output %s has dtype %s; a differentiable output must be f32", name,

@@ -29,21 +29,6 @@ static void contig_strides(int ndim, const int64_t *shape, int64_t *stride) {
   }
 }
 
-static tdm_tensor *view_of(tdm_tape *tp, tdm_tensor *x) {
-  tdm_tensor *v = tdm__scratch(tp, sizeof *v);
-  if (!v) return NULL;
-  *v = *x;
-  v->grad = NULL;
-  v->node = NULL;
-  v->flags = 0;
-  v->hook = NULL;
-  v->fetch = NULL;
-  v->alias = x->alias ? x->alias : ((x->flags & TDM_TF_PARAM) ? x : NULL); /* ZeRO stage 3: fetch the parameter */
-  v->tape_epoch = 0;
-  v->name = NULL;
-  return v;
-}
-
 /* ---- contiguous -------------------------------------------------------------------------- */
 static void flat_add_bw(tdm_tape *tp, tdm_node *n) { /* gin += gout, same number of elements */
   tdm_tensor *x = n->in[0];
@@ -89,7 +74,7 @@ tdm_tensor *tdm_cast(tdm_tape *tp, tdm_tensor *x, tdm_dtype dt) {
 
 tdm_tensor *tdm_detach(tdm_tape *tp, tdm_tensor *x) {
   if (!tdm__inputs_ok(tp, "detach", 1, &x)) return NULL;
-  return view_of(tp, x);
+  return tdm__alias_header(tp, x);
 }
 
 /* ---- reshape ------------------------------------------------------------------------------ */
@@ -120,7 +105,7 @@ tdm_tensor *tdm_reshape(tdm_tape *tp, tdm_tensor *x, int ndim, const int64_t *sh
   }
   tdm_tensor *c = tdm__contig(tp, x);
   if (!c) return NULL;
-  tdm_tensor *y = view_of(tp, c);
+  tdm_tensor *y = tdm__alias_header(tp, c);
   if (!y) return NULL;
   y->ndim = ndim;
   memcpy(y->shape, sh, sizeof(int64_t) * (size_t)ndim);
@@ -155,7 +140,7 @@ tdm_tensor *tdm_permute(tdm_tape *tp, tdm_tensor *x, const int *perm) {
       return tdm__fail(tp, TDM_ERR_INVALID_ARG, "permute: entry %d (%d) does not make a permutation of %d axes of %s",
                        d, perm[d], x->ndim, tdm__shp(x));
   }
-  tdm_tensor *y = view_of(tp, x);
+  tdm_tensor *y = tdm__alias_header(tp, x);
   if (!y) return NULL;
   for (int d = 0; d < x->ndim; d++) {
     y->shape[d] = x->shape[perm[d]];
@@ -202,7 +187,7 @@ tdm_tensor *tdm_slice(tdm_tape *tp, tdm_tensor *x, int axis, int64_t start, int6
   if (start < 0 || len < 0 || start + len > x->shape[a])
     return tdm__fail(tp, TDM_ERR_INVALID_ARG, "slice: [%lld, %lld) is outside axis %d of %s", (long long)start,
                      (long long)(start + len), a, tdm__shp(x));
-  tdm_tensor *y = view_of(tp, x);
+  tdm_tensor *y = tdm__alias_header(tp, x);
   if (!y) return NULL;
   y->shape[a] = len;
   y->numel = x->shape[a] ? x->numel / x->shape[a] * len : 0;

@@ -150,6 +150,23 @@ void *tdm__workspace(tdm_tape *tp, size_t bytes) {
   return tp->ws;
 }
 
+tdm_tensor *tdm__alias_header(tdm_tape *tp, tdm_tensor *x) {
+  tdm_tensor *v = tdm__scratch(tp, sizeof *v);
+  if (!v) return NULL;
+  *v = *x;
+  v->grad = NULL;
+  v->node = NULL;
+  v->flags = 0;
+  v->hook = NULL;
+  v->hook_ctx = NULL;
+  v->fetch = NULL;
+  v->fetch_ctx = NULL;
+  v->alias = x->alias ? x->alias : ((x->flags & TDM_TF_PARAM) ? x : NULL);
+  v->tape_epoch = 0;
+  v->name = NULL;
+  return v;
+}
+
 tdm_tensor *tdm__out(tdm_tape *tp, tdm_dtype dt, int ndim, const int64_t *shape) {
   if (ndim < 0 || ndim > TDM_MAX_DIMS)
     return tdm__fail(tp, TDM_ERR_INVALID_ARG, "tensor: %d dimensions; expected 0..%d", ndim, TDM_MAX_DIMS);

@@ -60,6 +60,10 @@ int tdm__check_f32(tdm_tape *tp, const char *op, const char *what, const tdm_ten
 /* Arena tensor, contiguous, uninitialised (zeroed with tdm__out_zero). */
 tdm_tensor *tdm__out(tdm_tape *tp, tdm_dtype dt, int ndim, const int64_t *shape);
 void *tdm__scratch(tdm_tape *tp, size_t bytes);
+/* A new header over x's data on the tape's scratch: no gradient, node, hooks or name of its own;
+   it remembers the parameter whose memory it shares, so ZeRO stage 3 fetches that parameter
+   before the view is read. Used by views and by custom ops that return an input. */
+tdm_tensor *tdm__alias_header(tdm_tape *tp, tdm_tensor *x);
 /* A buffer of at least bytes that stays the tape's across resets: valid until the next call (an
  * op's temporary, used and done within one forward or backward call). Grows only when a larger
  * one is asked for, so a steady-state step allocates nothing. */
