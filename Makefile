@@ -1,9 +1,12 @@
 # Thin wrapper over CMake for the README's commands.
 #   make run    set up, build, and run the main training job
 #   make test   set up, build, and run every test, and again under ASan+UBSan all but the
-#               slow real-data training test, the mpirun test (Open MPI's own leaks) and the Slurm cluster test
-#               (its library code runs under the sanitizers in test_cluster); then
-#               each fuzz target for FUZZ_TEST_SECONDS (when clang is installed)
+#               slow real-data training test, the mpirun test (Open MPI's own leaks), the Slurm cluster test
+#               (its library code runs under the sanitizers in test_cluster) and the tests labelled
+#               'heavy' (many multi-process trainings; their library code runs under the sanitizers
+#               in the unit and lighter multirank tests); then each fuzz target for FUZZ_TEST_SECONDS
+#               (when clang is installed). Keeps make test within 10 minutes on 2 cores.
+#   make test-san-full   every test under ASan+UBSan, the heavy ones included (tens of minutes)
 #   make fuzz   build the libFuzzer targets (fuzz/, in build-fuzz/) and run each for FUZZ_SECONDS
 BUILD ?= build
 BUILD_SAN ?= build-san
@@ -13,7 +16,7 @@ RUN_ARGS ?=
 FUZZ_SECONDS ?= 60
 FUZZ_TEST_SECONDS ?= 5
 
-.PHONY: all setup build build-san build-fuzz run test test-san fuzz clean
+.PHONY: all setup build build-san build-fuzz run test test-san-full fuzz clean
 
 all: build
 
@@ -47,8 +50,11 @@ run: build
 
 test: build build-san build-fuzz
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
-	cd $(BUILD_SAN) && ctest --output-on-failure -j $(JOBS) -E 'test_train$$|test_mpi|test_slurm'
+	cd $(BUILD_SAN) && ctest --output-on-failure -j $(JOBS) -LE heavy -E 'test_train$$|test_mpi|test_slurm'
 	@if [ -d $(BUILD_FUZZ)/fuzz ]; then cd $(BUILD_FUZZ) && ctest --output-on-failure -j $(JOBS); fi
+
+test-san-full: build-san
+	cd $(BUILD_SAN) && ctest --output-on-failure -j $(JOBS) -E 'test_mpi|test_slurm'
 
 clean:
 	rm -rf $(BUILD) $(BUILD_SAN) $(BUILD_FUZZ)
