@@ -11,46 +11,16 @@ gradients of every conv and linear layer), so both sides are set against the sam
 """
 import argparse
 import json
+import os
+import sys
 import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-
-class Block(nn.Module):
-    def __init__(self, cin, cout, stride):
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.downsample = None
-        if stride != 1 or cin != cout:
-            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-
-    def forward(self, x):
-        o = F.relu(self.bn1(self.conv1(x)))
-        o = self.bn2(self.conv2(o))
-        return F.relu(o + (self.downsample(x) if self.downsample is not None else x))
-
-
-class ResNet20(nn.Module):
-    def __init__(self, w=16):
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, w, 3, 1, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(w)
-        layers, cin = [], w
-        for s in range(3):
-            for b in range(3):
-                layers.append(Block(cin, w << s, 2 if s > 0 and b == 0 else 1))
-                cin = w << s
-        self.layers = nn.Sequential(*layers)
-        self.fc = nn.Linear(cin, 10)
-
-    def forward(self, x):
-        h = self.layers(F.relu(self.bn1(self.conv1(x))))
-        return self.fc(F.adaptive_avg_pool2d(h, 1).flatten(1))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "golden"))
+from torch_resnet import ResNet  # noqa: E402  (the same model the golden test is made with)
 
 
 def cnn():
@@ -86,7 +56,7 @@ ap.add_argument("--warmup", type=int, default=3)
 a = ap.parse_args()
 torch.set_num_threads(a.threads)
 torch.manual_seed(0)
-model = ResNet20() if a.model == "resnet" else cnn()
+model = ResNet(1, 16, [3, 3, 3], 10) if a.model == "resnet" else cnn()
 fps = flop_per_sample(model)
 opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 model.train()

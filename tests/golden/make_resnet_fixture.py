@@ -22,40 +22,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from torch_resnet import ResNet
+
 torch.manual_seed(4321)
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "resnet_small.safetensors")
 
 
-class Block(nn.Module):
-    def __init__(self, cin, cout, stride):
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.downsample = None
-        if stride != 1 or cin != cout:
-            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-
-    def forward(self, x):
-        o = F.relu(self.bn1(self.conv1(x)))
-        o = self.bn2(self.conv2(o))
-        return F.relu(o + (self.downsample(x) if self.downsample is not None else x))
-
-
-class Net(nn.Module):  # stages of 2 and 1 blocks, width 4: identity and projection shortcuts both
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 4, 3, 1, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(4)
-        self.layer1 = nn.Sequential(Block(4, 4, 1), Block(4, 4, 1))
-        self.layer2 = nn.Sequential(Block(4, 8, 2))
-        self.fc = nn.Linear(8, 5)
-
-    def forward(self, x):
-        h = F.relu(self.bn1(self.conv1(x)))
-        h = self.layer2(self.layer1(h))
-        return self.fc(F.adaptive_avg_pool2d(h, 1).flatten(1))
+def Net():  # stages of 2 and 1 blocks, width 4: identity and projection shortcuts both
+    return ResNet(1, 4, [2, 1], 5)
 
 
 def state(m):
