@@ -1,7 +1,7 @@
 # Sourced by the shell tests: a temporary directory removed on exit, `check NAME CMD...` that runs
 # a case and records ok/FAIL, and `finish`, which prints "N passed, N failed" and sets the status.
 # `on_exit CMD` adds a command to run on exit (before the directory is removed), e.g. to kill
-# processes a failed case left behind.
+# processes a failed case left behind. TANDEM_TEST_ONLY=REGEX runs only the matching cases.
 TMP=$(mktemp -d /tmp/tandem-test-XXXXXX)
 _exit_cmds='rm -rf "$TMP"'
 trap 'eval "$_exit_cmds"' EXIT
@@ -9,6 +9,8 @@ on_exit() { _exit_cmds="$1; $_exit_cmds"; }
 passed=0 failed=0
 check() {
   local name=$1; shift
+  # TANDEM_TEST_ONLY=REGEX runs only the cases whose name matches (to rerun one case by hand)
+  [[ -n ${TANDEM_TEST_ONLY:-} && ! $name =~ $TANDEM_TEST_ONLY ]] && return 0
   if "$@"; then passed=$((passed + 1)); echo "ok   $name"; else failed=$((failed + 1)); echo "FAIL $name"; fi
 }
 finish() {

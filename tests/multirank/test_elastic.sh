@@ -166,10 +166,14 @@ ranks_fail() { # a node's ranks fail (its launcher lives): the same nodes restar
 }
 check "a node's ranks fail: both nodes restart (restart 1), then finish" ranks_fail
 
-below_min() { # --nnodes 2:2 loses a node: fails after --rdzv-timeout naming it
+# lose_node_expect FLAGS MESSAGE: two launchers with FLAGS start a 2-node job, the one that does not
+# host the rendezvous is killed -9, and the survivor must exit 1 with MESSAGE (a grep pattern in
+# which VICTIM stands for the lost node's name)
+lose_node_expect() {
+  local flags=($1) message=$2
   PORT=$(free_port)
-  launch NA --nnodes 2:2 --rdzv-timeout 2 -- "${SH[@]}"
-  launch NB --nnodes 2:2 --rdzv-timeout 2 -- "${SH[@]}"
+  launch NA "${flags[@]}" -- "${SH[@]}"
+  launch NB "${flags[@]}" -- "${SH[@]}"
   wait_for 20 grep -q "up: rank 1 of 2" "$TMP/NA.out" "$TMP/NB.out" || return 1
   local victim=$NB
   grep -q "hosts the rendezvous" "$TMP/NB.out" && victim=$NA
@@ -177,27 +181,19 @@ below_min() { # --nnodes 2:2 loses a node: fails after --rdzv-timeout naming it
   kill -9 "$victim"; wait "$victim" 2>/dev/null
   ended "$survivor" 30
   local out="$TMP/NA.out"; [[ $survivor == "$NB" ]] && out="$TMP/NB.out"
-  [[ $RC -eq 1 ]] && grep -q "the job needs at least 2 nodes (--nnodes 2:2); after 2 s (--rdzv-timeout) 1 is here .*; missing: $(hostname):$victim" "$out" ||
+  [[ $RC -eq 1 ]] && grep -q "${message//VICTIM/$(hostname):$victim}" "$out" ||
     { echo "  exit $RC"; cat "$out"; return 1; }
   ended "$victim" 1
   none_left "$NA" "$NB"
 }
+below_min() { # --nnodes 2:2 loses a node: fails after --rdzv-timeout naming it
+  lose_node_expect "--nnodes 2:2 --rdzv-timeout 2" \
+    "the job needs at least 2 nodes (--nnodes 2:2); after 2 s (--rdzv-timeout) 1 is here .*; missing: VICTIM"
+}
 check "below --nnodes MIN after a loss: fails after --rdzv-timeout naming the lost node, exit 1" below_min
 
 max_restarts() {
-  PORT=$(free_port)
-  launch NA --nnodes 1:2 --max-restarts 0 -- "${SH[@]}"
-  launch NB --nnodes 1:2 --max-restarts 0 -- "${SH[@]}"
-  wait_for 20 grep -q "up: rank 1 of 2" "$TMP/NA.out" "$TMP/NB.out" || return 1
-  local victim=$NB
-  grep -q "hosts the rendezvous" "$TMP/NB.out" && victim=$NA
-  local survivor=$(( victim == NA ? NB : NA ))
-  kill -9 "$victim"; wait "$victim" 2>/dev/null
-  ended "$survivor" 30
-  local out="$TMP/NA.out"; [[ $survivor == "$NB" ]] && out="$TMP/NB.out"
-  [[ $RC -eq 1 ]] && grep -q "the job failed: node $(hostname):$victim was lost .*; --max-restarts 0 reached" "$out" ||
-    { echo "  exit $RC"; cat "$out"; return 1; }
-  ended "$victim" 1
+  lose_node_expect "--nnodes 1:2 --max-restarts 0" "the job failed: node VICTIM was lost .*; --max-restarts 0 reached"
 }
 check "--max-restarts 0: a lost node ends the job, naming it" max_restarts
 
