@@ -195,6 +195,7 @@ static void bcast_strides(const tdm_tensor *x, int ndim, const int64_t *oshape, 
     int64_t idx_[TDM_MAX_DIMS] = {0}, oa = 0, ob = 0;                         \
     for (int64_t i = 0; i < (n); i++) {                                       \
       BODY;                                                                   \
+      (void)ob; /* the reductions walk one operand only */                    \
       for (int d = (ndim) - 1; d >= 0; d--) {                                 \
         idx_[d]++;                                                            \
         oa += sa[d];                                                          \

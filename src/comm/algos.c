@@ -75,8 +75,9 @@ static tdm_status rs_direct(struct tdm_comm *c, const void *s, void *r, size_t c
 
 /* ---- the table ------------------------------------------------------------------------------ */
 const tdm__algo_row tdm__algos[TDM_ALGO_COUNT] = {
-    [TDM_ALGO_AUTO] = {"auto", VECTOR | BIT(TDM_COLL_BROADCAST) | BIT(TDM_COLL_REDUCE) | BIT(TDM_COLL_GATHER) |
-                                   BIT(TDM_COLL_SCATTER) | BIT(TDM_COLL_ALLTOALL)},
+    [TDM_ALGO_AUTO] = {.name = "auto",
+                       .runs = VECTOR | BIT(TDM_COLL_BROADCAST) | BIT(TDM_COLL_REDUCE) | BIT(TDM_COLL_GATHER) |
+                               BIT(TDM_COLL_SCATTER) | BIT(TDM_COLL_ALLTOALL)},
     [TDM_ALGO_RING] = {"ring", VECTOR, 0, 0, 0, ar_ring, NULL, NULL, rs_ring, ag_ring},
     [TDM_ALGO_RD] = {"rd", BIT(TDM_COLL_ALLREDUCE) | BIT(TDM_COLL_ALLGATHER), BIT(TDM_COLL_ALLGATHER),
                      BIT(TDM_COLL_ALLGATHER), 0, ar_rd, NULL, NULL, NULL, ag_rd},
