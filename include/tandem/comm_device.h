@@ -101,8 +101,9 @@ tdm_status tdm_dcomm_reduce_scatter(tdm_dcomm_t d, const void *sendbuf, void *re
 tdm_status tdm_dcomm_allgather(tdm_dcomm_t d, const void *sendbuf, void *recvbuf, size_t sendcount, tdm_dtype dt,
                                void *stream);
 tdm_status tdm_dcomm_broadcast(tdm_dcomm_t d, void *buf, size_t count, tdm_dtype dt, int root, void *stream);
-/* Waits until stream has run everything enqueued on it, within the timeout; returns d's error if
- * a collective failed meanwhile. */
+/* Waits until stream has run everything enqueued on it; returns d's error if a collective failed
+ * meanwhile (the watchdog fails a stuck one at the timeout). Gives up itself after 2 x timeout + 1 s
+ * (the stream's other work counts too), aborting NCCL. */
 tdm_status tdm_dcomm_synchronize(tdm_dcomm_t d, void *stream);
 
 #ifdef __cplusplus

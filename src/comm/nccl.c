@@ -291,8 +291,11 @@ static tdm_status exchange(struct tdm_dcomm *d, const tdm__dcall *call, int tag,
 /* After the watchdog aborted NCCL: every rank that is still there answers (its own watchdog fires
  * too, or its next call finds the peers' answers); those that do not are named. */
 static tdm_status run_probe(struct tdm_dcomm *d) {
-  if (!d->probe_pending) return TDM_OK;
+  pthread_mutex_lock(&d->mu); /* the watchdog sets it just after failing d */
+  int pending = d->probe_pending;
   d->probe_pending = 0;
+  pthread_mutex_unlock(&d->mu);
+  if (!pending) return TDM_OK;
   tdm__dcall probe = {DCALL_MAGIC, TDM__DCOLL_PROBE, 0, 0, 0, 0, d->probe_seq, 0};
   char keep[sizeof d->error];
   tdm_status was = d->fail_status;
@@ -700,7 +703,8 @@ tdm_status tdm_dcomm_synchronize(tdm_dcomm_t d, void *stream) {
   if (!d) return tdm__set_error(TDM_ERR_INVALID_ARG, "device synchronize: communicator is NULL");
   if (atomic_load(&d->failed)) return failed_status(d);
   cudaSetDevice(d->device);
-  double deadline = tdm_time_now() + d->timeout_s;
+  /* a backstop: the watchdog fails a stuck collective at the timeout, naming it, well before */
+  double deadline = tdm_time_now() + 2 * d->timeout_s + 1;
   for (unsigned spins = 0;; spins++) {
     cudaError_t e = cudaStreamQuery((cudaStream_t)stream);
     if (e == cudaSuccess) break;
@@ -708,7 +712,7 @@ tdm_status tdm_dcomm_synchronize(tdm_dcomm_t d, void *stream) {
     if (atomic_load(&d->failed)) break; /* aborted: the stream drains; report it below */
     if (tdm_time_now() > deadline) {
       tdm__dcomm_fail(d, TDM_ERR_TIMEOUT, "rank %d: device synchronize: the stream did not finish within %.3g s",
-                      d->rank, d->timeout_s);
+                      d->rank, 2 * d->timeout_s + 1);
       pthread_mutex_lock(&d->mu);
       abort_nccl_locked(d);
       pthread_mutex_unlock(&d->mu);

@@ -5,11 +5,18 @@
  * the CPU collective's on the same data, whatever the number of ranks. */
 #ifdef TANDEM_HAVE_NCCL
 #include <string.h>
+#include <time.h>
 
 #include "comm/nccl_impl.h"
 
 void tdm__dstage_free(struct tdm_dcomm *d) {
-  if (d->h2d_pending) cudaEventSynchronize(d->h2d_ev); /* the last copy back reads the buffer */
+  if (d->h2d_pending) { /* the last copy back reads the buffer: wait for it (bounded) */
+    double until = tdm_time_now() + d->timeout_s;
+    while (cudaEventQuery(d->h2d_ev) == cudaErrorNotReady && tdm_time_now() < until) {
+      struct timespec ts = {0, 200000};
+      nanosleep(&ts, NULL);
+    }
+  }
   if (d->stage) cudaFreeHost(d->stage);
   if (d->stage_ev) cudaEventDestroy(d->stage_ev);
   if (d->h2d_ev) cudaEventDestroy(d->h2d_ev);

@@ -238,6 +238,14 @@ static int ranks_main(void) {
   tdm_dcomm_t d = NULL;
   tdm_dcomm_config cfg = tdm_dcomm_config_default();
   cfg.timeout_s = 2.0;
+  /* NCCL asked for where ranks share a GPU: refused on every rank, naming them */
+  cfg.mode = TDM_DCOMM_NCCL;
+  tdm_status st = tdm_dcomm_create(host, &cfg, &d);
+  CHECK_MSG(st == TDM_ERR_NOT_SUPPORTED && d == NULL, "rank %d: NCCL on a shared GPU gave %s", r, tdm_status_str(st));
+  CHECK_ERR_HAS("ranks 0 and 1 share GPU");
+  CHECK_ERR_HAS("TANDEM_DEVICE_COLL=stage");
+  if (r == 0) printf("     nccl on a shared GPU: %s\n", tdm_last_error());
+  cfg.mode = TDM_DCOMM_AUTO;
   CHECK_OK(tdm_dcomm_create(host, &cfg, &d));
   if (!d) return 1;
   CHECK_MSG(tdm_dcomm_mode_of(d) == TDM_DCOMM_STAGE, "%d ranks on one GPU chose %s", P,
@@ -260,14 +268,17 @@ static int ranks_main(void) {
                 tdm_dtype_name(dt), tdm_redop_name((tdm_redop)op));
       if (dt == TDM_F32) { /* and the closed form: every element summed in rank order 0..P-1 */
         size_t bad = 0;
+        float *x[P];
+        for (int q = 0; q < P; q++) x[q] = host_data(q, n, TDM_F32); /* every rank's data, as made there */
         for (size_t i = 0; i < n; i++) {
-          float acc = value(0, i);
-          for (int q = 1; q < P; q++) acc += value(q, i);
+          float acc = x[0][i];
+          for (int q = 1; q < P; q++) acc += x[q][i];
           if (op == TDM_AVG) acc /= (float)P;
           if (memcmp(&acc, (float *)got + i, 4)) bad++;
         }
         CHECK_MSG(bad == 0, "rank %d: %zu of %zu elements differ from the rank-order %s", r, bad, n,
                   tdm_redop_name((tdm_redop)op));
+        for (int q = 0; q < P; q++) free(x[q]);
       }
       free(got), free(cpu);
     }
@@ -297,7 +308,7 @@ static int ranks_main(void) {
   }
   /* a rank with another count: every rank fails naming both calls, before any data moves */
   void *p = to_device(NULL, 4096);
-  tdm_status st = tdm_dcomm_allreduce(d, p, p, r == 1 ? 101 : 100, TDM_F32, TDM_SUM, s);
+  st = tdm_dcomm_allreduce(d, p, p, r == 1 ? 101 : 100, TDM_F32, TDM_SUM, s);
   CHECK_MSG(st == TDM_ERR_MISMATCH, "rank %d: a mismatched count gave %s: %s", r, tdm_status_str(st), tdm_last_error());
   CHECK_ERR_HAS("device collective mismatch");
   CHECK_ERR_HAS(r == 1 ? "(101 x f32, sum)" : "(100 x f32, sum)");

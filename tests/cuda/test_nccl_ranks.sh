@@ -19,7 +19,7 @@ for n in 2 3 4; do
   if [ $rc -ne 0 ] || [ "$(grep -c ': passed$' "$out")" -ne "$n" ]; then
     echo "FAIL: $n ranks on one GPU (exit $rc):"; cat "$out"; fail=1
   else
-    echo "ok   $n ranks on one GPU"; grep -E 'mismatch:|missing rank:' "$out"
+    echo "ok   $n ranks on one GPU"; grep -E 'shared GPU:|mismatch:|missing rank:' "$out"
   fi
   rm -f "$out"
 done
