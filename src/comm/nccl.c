@@ -138,7 +138,7 @@ static void nap(void) {
 
 tdm_status tdm__dcomm_wait_event(struct tdm_dcomm *d, cudaEvent_t ev, const char *what) {
   double deadline = tdm_time_now() + d->timeout_s;
-  for (unsigned spins = 0;; spins++) {
+  for (tdm__backoff_t b = {0};; tdm__backoff(&b)) { /* spin first: copies take microseconds */
     cudaError_t e = cudaEventQuery(ev);
     if (e == cudaSuccess) return TDM_OK;
     if (e != cudaErrorNotReady) return tdm__dcomm_cuda_fail(d, e, what);
@@ -146,18 +146,17 @@ tdm_status tdm__dcomm_wait_event(struct tdm_dcomm *d, cudaEvent_t ev, const char
     if (tdm_time_now() > deadline)
       return tdm__dcomm_fail(d, TDM_ERR_TIMEOUT, "rank %d: %s did not finish within %.3g s (the stream is stuck)",
                              d->rank, what, d->timeout_s);
-    if (spins > 100) nap();
   }
 }
 
 /* ---- the watchdog ------------------------------------------------------------------------------ */
 /* Under d->mu: ends NCCL's kernels and frees the communicator; releases an injected stall. */
 static void abort_nccl_locked(struct tdm_dcomm *d) {
+  atomic_store(&d->stall_release, 1); /* first: the abort may wait for the stream */
   if (d->nccl) {
     ncclCommAbort(d->nccl);
     d->nccl = NULL;
   }
-  atomic_store(&d->stall_release, 1);
 }
 
 static void fail_locked(struct tdm_dcomm *d, tdm_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -379,7 +378,7 @@ static void local_setup(struct tdm_dcomm *d, const tdm_dcomm_config *cfg, rank_i
       st = TDM_ERR_SYSTEM, snprintf(why, sizeof why, "device %d: %s", dev, cudaGetErrorString(e));
     else if ((e = cudaDeviceGetPCIBusId(info->bus, sizeof info->bus, dev)) != cudaSuccess)
       st = TDM_ERR_SYSTEM, snprintf(why, sizeof why, "device %d: PCI bus id: %s", dev, cudaGetErrorString(e));
-    d->device = dev;
+    if (st == TDM_OK) d->device = dev;
   }
   if (cfg->mode != TDM_DCOMM_AUTO && st == TDM_OK) d->mode = cfg->mode;
   if (cfg->timeout_s > 0) d->timeout_s = cfg->timeout_s;
@@ -395,7 +394,7 @@ static void local_setup(struct tdm_dcomm *d, const tdm_dcomm_config *cfg, rank_i
  * watchdog from aborting the communicator under us. */
 static tdm_status nccl_wait_ready(struct tdm_dcomm *d, const char *what) {
   double deadline = tdm_time_now() + d->timeout_s;
-  for (;;) {
+  for (tdm__backoff_t b = {0};; tdm__backoff(&b)) {
     pthread_mutex_lock(&d->mu);
     if (!d->nccl) {
       pthread_mutex_unlock(&d->mu);
@@ -414,7 +413,6 @@ static tdm_status nccl_wait_ready(struct tdm_dcomm *d, const char *what) {
                              ncclGetErrorString(r != ncclSuccess ? r : async), last);
     if (tdm_time_now() > deadline)
       return tdm__dcomm_fail(d, TDM_ERR_TIMEOUT, "rank %d: %s did not finish within %.3g s", d->rank, what, d->timeout_s);
-    nap();
   }
 }
 
@@ -705,7 +703,7 @@ tdm_status tdm_dcomm_synchronize(tdm_dcomm_t d, void *stream) {
   cudaSetDevice(d->device);
   /* a backstop: the watchdog fails a stuck collective at the timeout, naming it, well before */
   double deadline = tdm_time_now() + 2 * d->timeout_s + 1;
-  for (unsigned spins = 0;; spins++) {
+  for (tdm__backoff_t b = {0};; tdm__backoff(&b)) {
     cudaError_t e = cudaStreamQuery((cudaStream_t)stream);
     if (e == cudaSuccess) break;
     if (e != cudaErrorNotReady) return tdm__dcomm_cuda_fail(d, e, "device synchronize");
@@ -718,7 +716,6 @@ tdm_status tdm_dcomm_synchronize(tdm_dcomm_t d, void *stream) {
       pthread_mutex_unlock(&d->mu);
       break;
     }
-    if (spins > 100) nap();
   }
   if (atomic_load(&d->failed)) {
     /* the watchdog's abort unblocks the stream; wait for it (bounded) so buffers are free again */

@@ -41,7 +41,7 @@ static void *host_data(int r, size_t n, tdm_dtype dt) {
 static void *to_device(const void *h, size_t bytes) {
   void *p = NULL;
   CUDA_OK(cudaMalloc(&p, bytes ? bytes : 1));
-  if (bytes) CUDA_OK(cudaMemcpy(p, h, bytes, cudaMemcpyHostToDevice));
+  if (h && bytes) CUDA_OK(cudaMemcpy(p, h, bytes, cudaMemcpyHostToDevice));
   return p;
 }
 
