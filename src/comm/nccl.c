@@ -614,11 +614,14 @@ static tdm_status run_nccl(struct tdm_dcomm *d, const tdm__dcall *call, const vo
   }
   size_t n = call->count;
   ncclDataType_t t = nccl_type((tdm_dtype)call->dtype);
+  /* One rank: an average is the sum. NCCL before 2.29.7 leaves the last count % blocks elements
+   * of a one-rank average unwritten (NVIDIA/nccl#1950; test_nccl caught it with 2.28.3 on an
+   * H100), while its one-rank sum is a plain copy. */
+  tdm_redop rop = d->size == 1 && call->op == TDM_AVG ? TDM_SUM : (tdm_redop)call->op;
   ncclResult_t r;
   switch (call->kind) {
-  case TDM__DCOLL_ALLREDUCE: r = ncclAllReduce(sendbuf, recvbuf, n, t, nccl_op((tdm_redop)call->op), d->nccl, stream); break;
-  case TDM__DCOLL_REDUCE_SCATTER:
-    r = ncclReduceScatter(sendbuf, recvbuf, n, t, nccl_op((tdm_redop)call->op), d->nccl, stream);
+  case TDM__DCOLL_ALLREDUCE: r = ncclAllReduce(sendbuf, recvbuf, n, t, nccl_op(rop), d->nccl, stream); break;
+  case TDM__DCOLL_REDUCE_SCATTER: r = ncclReduceScatter(sendbuf, recvbuf, n, t, nccl_op(rop), d->nccl, stream);
     break;
   case TDM__DCOLL_ALLGATHER: r = ncclAllGather(sendbuf, recvbuf, n, t, d->nccl, stream); break;
   default: r = ncclBroadcast(recvbuf, recvbuf, n, t, call->root, d->nccl, stream); break;
