@@ -14,6 +14,7 @@
 #include "tandem/data.h"
 #include "tandem/train.h"
 #include "tandem/comm.h"
+#include "tandem/comm_device.h"
 #include "tandem/dp.h"
 #include "tandem/checkpoint.h"
 #include "tandem/sampler.h"
