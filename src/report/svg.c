@@ -156,20 +156,27 @@ void tdm__svg_lines(FILE *f, const char *title, const char *xlabel, const char *
     fprintf(f, "<g class=\"series\" data-name=\"");
     tdm__html_text(f, s[k].name);
     fprintf(f, "\">");
-    int open = 0, pts = 0;
-    for (int i = 0; i < s[k].n; i++) {
-      double x = s[k].x[i], y = s[k].y[i];
-      int ok = isfinite(x) && isfinite(y) && (!logy || y > 0);
-      if (!ok) {
-        if (open) fprintf(f, "\"/>"), open = 0;
+    int pts = 0;
+    for (int i = 0; i < s[k].n;) { /* runs of drawable points: a line each, a lone point as a dot */
+#define OK_AT(j) (isfinite(s[k].x[j]) && isfinite(s[k].y[j]) && (!logy || s[k].y[j] > 0))
+      if (!OK_AT(i)) {
+        i++;
         continue;
       }
-      if (!open) fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"", palette[k % NPAL]), open = 1;
-      fprintf(f, "%.1f,%.1f ", px(&fr, x), py(&fr, y));
-      pts++;
+      int j = i;
+      while (j < s[k].n && OK_AT(j)) j++;
+#undef OK_AT
+      if (j - i == 1) {
+        fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>", px(&fr, s[k].x[i]), py(&fr, s[k].y[i]), palette[k % NPAL]);
+      } else {
+        fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"", palette[k % NPAL]);
+        for (int q = i; q < j; q++) fprintf(f, "%.1f,%.1f ", px(&fr, s[k].x[q]), py(&fr, s[k].y[q]));
+        fprintf(f, "\"/>");
+      }
+      pts += j - i;
+      i = j;
     }
-    if (open) fprintf(f, "\"/>");
-    if (pts <= 3) /* a line of a few points: show the points themselves */
+    if (pts > 1 && pts <= 3) /* a line of a few points: show the points themselves too */
       for (int i = 0; i < s[k].n; i++)
         if (isfinite(s[k].x[i]) && isfinite(s[k].y[i]) && (!logy || s[k].y[i] > 0))
           fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>", px(&fr, s[k].x[i]), py(&fr, s[k].y[i]), palette[k % NPAL]);
