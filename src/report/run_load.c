@@ -317,12 +317,12 @@ static int ends_with(const char *s, const char *suf) {
   return a >= b && !strcmp(s + a - b, suf);
 }
 
-static int is_ps_file(const char *name) { /* METRICS.psK */
-  const char *p = strstr(name, ".ps");
-  if (!p) return 0;
+static int is_ps_file(const char *name) { /* METRICS.psK: the parameter servers' reports */
+  const char *base = strrchr(name, '/'), *p = strrchr(base ? base : name, '.');
+  if (!p || strncmp(p, ".ps", 3) || !p[3]) return 0;
   for (p += 3; *p; p++)
     if (*p < '0' || *p > '9') return 0;
-  return p[-1] != 's';
+  return 1;
 }
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }

@@ -156,9 +156,11 @@ static void test_directories(void) {
              "{\"ph\":\"X\",\"name\":\"step\",\"ts\":0,\"dur\":500,\"pid\":0,\"tid\":1},"
              "{\"ph\":\"B\",\"name\":\"forward\",\"ts\":0,\"pid\":0,\"tid\":1}]}");
   write_file(tmp_path("one/trace/junk.json"), "not json");
+  write_file(tmp_path("one/metrics.jsonl.ps0"), "{\"ps_server\":0,\"rank\":2,\"updates\":7,\"max_staleness\":2,\"staleness_hist\":[3,2,2]}\n");
   CHECK_OK(tdm__run_load(tmp_path("one"), NULL, &r));
   if (r) {
     CHECK(r->n_steps == 2 && r->trace && r->trace->n_procs == 1);
+    CHECK(r->n_ps == 1); /* the server's report beside the metrics, not a second run */
     if (r->trace && r->trace->n_procs == 1) {
       const tdm__trace_proc *p = &r->trace->procs[0];
       CHECK_NEAR(p->us[TDM__TK_BWD], 100, 1e-9);      /* the layer span inside backward counts once */
@@ -176,6 +178,7 @@ static void test_directories(void) {
     CHECK_OK(tdm__report_html(f, r));
     fclose(f);
     CHECK(page && strstr(page, "ran while backward did (hidden)") && strstr(page, "communication hidden by backward"));
+    CHECK(page && strstr(page, "Parameter servers") && strstr(page, "Staleness of the applied gradients"));
     free(page);
   }
   tdm__run_free(r);
