@@ -45,6 +45,7 @@ static void fmt_num(char *b, size_t n, double v) {
 typedef struct {
   double x0, x1, y0, y1;
   int logy;
+  int int_x; /* every x is a whole number (ranks, steps): no ticks between them */
 } frame;
 
 static double px(const frame *fr, double x) { return ML + (x - fr->x0) / (fr->x1 - fr->x0) * (W - ML - MR); }
@@ -92,7 +93,7 @@ static void axes(FILE *f, const frame *fr, const char *xlabel, const char *ylabe
   } else {
     n = tdm__nice_ticks(fr->x0, fr->x1, 8, t);
     for (int i = 0; i < n; i++) {
-      if (t[i] < fr->x0 || t[i] > fr->x1) continue;
+      if (t[i] < fr->x0 || t[i] > fr->x1 || (fr->int_x && t[i] != floor(t[i]))) continue;
       fmt_num(b, sizeof b, t[i]);
       fprintf(f, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%d\" y2=\"%d\" stroke=\"#333\"/><text class=\"tick\" x=\"%.1f\" y=\"%d\" "
                  "text-anchor=\"middle\">%s</text>",
@@ -130,17 +131,18 @@ static void no_data(FILE *f) {
 }
 
 void tdm__svg_lines(FILE *f, const char *title, const char *xlabel, const char *ylabel, const tdm__series *s, int ns, int logy) {
-  frame fr = {INFINITY, -INFINITY, INFINITY, -INFINITY, logy};
+  frame fr = {INFINITY, -INFINITY, INFINITY, -INFINITY, logy, 1};
   for (int k = 0; k < ns; k++)
     for (int i = 0; i < s[k].n; i++) {
       double x = s[k].x[i], y = s[k].y[i];
       if (!isfinite(x) || !isfinite(y) || (logy && !(y > 0))) continue;
       if (logy) y = log10(y);
+      fr.int_x &= x == floor(x);
       fr.x0 = fmin(fr.x0, x), fr.x1 = fmax(fr.x1, x), fr.y0 = fmin(fr.y0, y), fr.y1 = fmax(fr.y1, y);
     }
   open_svg(f, title);
   if (!(fr.x0 <= fr.x1)) {
-    fr = (frame){0, 1, 0, 1, 0};
+    fr = (frame){0, 1, 0, 1, 0, 0};
     axes(f, &fr, xlabel, ylabel, NULL, 0);
     no_data(f);
     fprintf(f, "</svg></figure>\n");
@@ -199,7 +201,7 @@ void tdm__svg_bars(FILE *f, const char *title, const char *xlabel, const char *y
     if (stacked) hi = fmax(hi, pos);
   }
   open_svg(f, title);
-  frame fr = {0, 1, lo, hi > lo ? hi * 1.05 : 1, 0};
+  frame fr = {0, 1, lo, hi > lo ? hi * 1.05 : 1, 0, 0};
   axes(f, &fr, xlabel, ylabel, cats, ncat > 0 ? ncat : 1);
   if (ncat < 1 || ns < 1) no_data(f);
   double cw = (double)(W - ML - MR) / (ncat > 0 ? ncat : 1), bw = stacked ? cw * 0.6 : cw * 0.8 / (ns > 0 ? ns : 1);
