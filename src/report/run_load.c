@@ -364,6 +364,7 @@ static tdm_status read_traces(tdm__run *r, names *files, FILE *err) {
     if (!r->trace && !(r->trace = calloc(1, sizeof *r->trace))) return tdm__set_error(TDM_ERR_NO_MEMORY, "report: out of memory");
     if (tdm__trace_add_file(r->trace, files->v[i]) != TDM_OK) note(r, err, "%s", tdm_last_error());
   }
+  for (int k = 0; r->trace && k < r->trace->n_notes; k++) note(r, err, "%s", r->trace->notes[k]);
   if (r->trace && r->trace->n_procs == 0) tdm__trace_free(r->trace), free(r->trace), r->trace = NULL;
   return TDM_OK;
 }

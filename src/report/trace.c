@@ -143,8 +143,16 @@ tdm_status tdm__trace_add_file(tdm__trace *t, const char *path) {
       at = t->n_procs++;
       memset(&t->procs[at], 0, sizeof t->procs[at]);
       t->procs[at].pid = s[i].pid;
+      t->procs[at].file = t->files;
       for (int q = 0; q < n_names; q++)
         if (names[q].pid == s[i].pid) memcpy(t->procs[at].name, names[q].name, sizeof names[q].name);
+    }
+    if (t->procs[at].file != t->files) { /* read already */
+      if (t->n_notes < 4)
+        snprintf(t->notes[t->n_notes++], sizeof t->notes[0], "%s: process %lld was read from an earlier trace file (a merged "
+                 "trace beside the per-rank ones?): its events here are not counted again", path, (long long)s[i].pid);
+      i = j;
+      continue;
     }
     tdm__trace_proc *pr = &t->procs[at];
     span *kind_at[TDM__TK_COUNT] = {0};

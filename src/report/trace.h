@@ -19,6 +19,7 @@ typedef struct {
   double comm_hidden_us;    /* communication time inside backward spans of the same process */
   int64_t events;
   char name[64]; /* the process_name metadata event's ("rank 0"), or "" */
+  int file;      /* which file (in reading order) gave its events: a process is read from one file only */
 } tdm__trace_proc;
 
 struct tdm__trace {
@@ -30,7 +31,8 @@ struct tdm__trace {
 };
 typedef struct tdm__trace tdm__trace;
 
-/* Adds the events of one trace file. A file that is not a trace (not JSON, no events) is
+/* Adds the events of one trace file. A process (pid) already read from an earlier file is
+ * skipped and noted: a merged trace beside the per-rank files must not count twice. A file that is not a trace (not JSON, no events) is
  * TDM_ERR_FORMAT naming it; the caller may note it and go on. */
 tdm_status tdm__trace_add_file(tdm__trace *t, const char *path);
 /* Kind of an event from its name and category. */
