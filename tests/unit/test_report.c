@@ -199,6 +199,11 @@ static void test_kinds(void) {
   CHECK(tdm__trace_kind("optimizer", "compute") == TDM__TK_OPT);
   CHECK(tdm__trace_kind("data", "io") == TDM__TK_OTHER);
   CHECK(tdm__trace_kind("step", "train") == -1);
+  /* the names tandem train --trace writes (name, category) */
+  CHECK(tdm__trace_kind("forward", "compute") == TDM__TK_FWD && tdm__trace_kind("backward", "compute") == TDM__TK_BWD);
+  CHECK(tdm__trace_kind("bucket all-reduce", "comm") == TDM__TK_COMM && tdm__trace_kind("optimizer", "optimizer") == TDM__TK_OPT);
+  CHECK(tdm__trace_kind("step", "step") == -1 && tdm__trace_kind("validation", "evaluation") == TDM__TK_OTHER);
+  CHECK(tdm__trace_kind("recv gradient", "pipeline") == TDM__TK_COMM && tdm__trace_kind("data", "data") == TDM__TK_OTHER);
 }
 
 /* The heights of the bars ("height=\"...\"" of class bar), in order. */
