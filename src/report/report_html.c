@@ -290,7 +290,7 @@ static void communication(FILE *f, const tdm__run *r) {
     fprintf(f, "</table>\n");
     const tdm_json *h = tdm__json_get(r->ps[0], "staleness_hist");
     if (h && h->type == TDM_JSON_ARR && h->n > 0 && h->n <= 64) {
-      char nm[64][8];
+      char nm[64][12];
       const char *cats[64];
       double y[64];
       for (int i = 0; i < h->n; i++) {

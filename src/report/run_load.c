@@ -255,7 +255,7 @@ static int eval_order(const void *a, const void *b) {
 
 /* One record per step (the latest attempt's), the training time summed in step order. */
 static void settle(tdm__run *r, FILE *err) {
-  qsort(r->steps, (size_t)r->n_steps, sizeof *r->steps, by_step); /* stable enough: attempts break ties */
+  if (r->n_steps > 1) qsort(r->steps, (size_t)r->n_steps, sizeof *r->steps, by_step); /* stable enough: attempts break ties */
   int w = 0;
   for (int i = 0; i < r->n_steps; i++) {
     if (w > 0 && r->steps[w - 1].step == r->steps[i].step) {
@@ -273,7 +273,7 @@ static void settle(tdm__run *r, FILE *err) {
     t += isfinite(r->steps[i].step_ms) ? r->steps[i].step_ms / 1e3 : 0;
     r->steps[i].time_s = t;
   }
-  qsort(r->evals, (size_t)r->n_evals, sizeof *r->evals, eval_order);
+  if (r->n_evals > 1) qsort(r->evals, (size_t)r->n_evals, sizeof *r->evals, eval_order);
   int k = 0;
   for (int i = 0; i < r->n_evals; i++) {
     while (k < r->n_steps && r->steps[k].step < r->evals[i].step) k++; /* evaluated after step k - 1 */
@@ -349,7 +349,7 @@ static tdm_status list_dir(const char *dir, names *out, int want_dirs) {
     else out->n++;
   }
   closedir(d);
-  qsort(out->v, (size_t)out->n, sizeof *out->v, cmp_str);
+  if (out->n > 1) qsort(out->v, (size_t)out->n, sizeof *out->v, cmp_str);
   return st;
 }
 

@@ -126,7 +126,7 @@ tdm_status tdm__trace_add_file(tdm__trace *t, const char *path) {
     s[n++] = (span){(int64_t)num(e, "pid", 0), k, ts, ts + dur};
   }
   tdm__json_free(doc);
-  qsort(s, (size_t)n, sizeof *s, span_order);
+  if (n > 1) qsort(s, (size_t)n, sizeof *s, span_order);
   for (int i = 0; i < n;) { /* one process at a time */
     int j = i;
     while (j < n && s[j].pid == s[i].pid) j++;
