@@ -117,7 +117,7 @@ tdm_status tdm__trace_add_file(tdm__trace *t, const char *path) {
       continue;
     }
     double ts = num(e, "ts", NAN), dur = num(e, "dur", NAN);
-    if (!ph || strcmp(ph, "X") || !isfinite(ts) || !(dur >= 0)) {
+    if (!ph || strcmp(ph, "X") || !isfinite(ts) || !(dur >= 0) || !isfinite(ts + dur)) {
       t->ignored++;
       continue;
     }
