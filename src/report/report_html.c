@@ -147,6 +147,7 @@ static int rank_means(const tdm__run *r, double (*m)[TDM__RT_COUNT], int max, in
   int W = 0;
   for (int i = 0; i < r->n_steps; i++) W = r->steps[i].n_ranks > W ? r->steps[i].n_ranks : W;
   if (W > max) W = max;
+  if (W == 0) return 0; /* no record has per-rank times (their slowest rank is -1) */
   int cnt[64] = {0};
   for (int k = 0; k < W; k++)
     for (int q = 0; q < TDM__RT_COUNT; q++) m[k][q] = 0;
@@ -157,7 +158,7 @@ static int rank_means(const tdm__run *r, double (*m)[TDM__RT_COUNT], int max, in
       for (int q = 0; q < TDM__RT_COUNT; q++) m[k][q] += s->rank_ms[k * TDM__RT_COUNT + q];
       cnt[k]++;
     }
-    slowest_count[s->slowest]++;
+    if (s->slowest >= 0 && s->slowest < W) slowest_count[s->slowest]++;
   }
   for (int k = 0; k < W; k++)
     for (int q = 0; q < TDM__RT_COUNT; q++) m[k][q] = cnt[k] ? m[k][q] / cnt[k] : NAN;

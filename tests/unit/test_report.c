@@ -83,6 +83,27 @@ static void test_truncated_line(void) {
   tdm__run_free(r);
 }
 
+/* One process: no per-rank arrays; the page shows rank 0 from its own fields (before the fix,
+ * the slowest-rank count was indexed by -1: found by fuzz_metrics). */
+static void test_one_rank(void) {
+  tdm__run *r;
+  CHECK_OK(parse_text(HDR("aaaa", "h1", "0000000000000000", 0, -1, "1")
+                      "{\"step\":0,\"loss\":2,\"step_time_ms\":4,\"time_forward_ms\":1,\"time_backward_ms\":2,\"time_comm_wait_ms\":0,\"time_optimizer_ms\":0.5}\n"
+                      "{\"step\":1,\"loss\":1,\"step_time_ms\":6,\"time_forward_ms\":1,\"time_backward_ms\":2,\"time_comm_wait_ms\":0,\"time_optimizer_ms\":0.5}\n",
+                      &r));
+  CHECK(r->n_steps == 2 && r->steps[1].n_ranks == 0 && r->steps[1].slowest == -1);
+  char *page = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&page, &len);
+  CHECK_OK(tdm__report_html(f, r));
+  fclose(f);
+  /* rank 0's mean over the steps after the first: step 6, forward 1, backward 2, other 2.5 */
+  CHECK(page && strstr(page, "<tr><td>0</td><td>6.00</td><td>1.00</td><td>2.00</td><td>0.00</td><td>0.50</td>"));
+  CHECK(page && strstr(page, "One rank, or no per-rank times"));
+  free(page);
+  tdm__run_free(r);
+}
+
 static void test_mixed_in_one_file(void) {
   tdm__run *r;
   /* another run appended to the same file: fresh start, another job, another seed */
@@ -254,6 +275,7 @@ int main(void) {
   if (!mkdtemp(tmp_root)) return 1;
   static const tdm_test_case cases[] = {
       {"truncated_line", test_truncated_line},
+      {"one_rank", test_one_rank},
       {"mixed_in_one_file", test_mixed_in_one_file},
       {"restart_and_resume", test_restart_and_resume},
       {"directories", test_directories},
