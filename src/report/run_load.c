@@ -44,6 +44,11 @@ static void note(tdm__run *r, FILE *err, const char *fmt, ...) {
   if (r->n_notes < (int)(sizeof r->notes / sizeof r->notes[0])) snprintf(r->notes[r->n_notes++], sizeof r->notes[0], "%s", b);
 }
 
+/* A number of the file as an integer: def when absent, not finite or out of range (a cast would
+ * be undefined behaviour; found by fuzz_metrics). */
+static int64_t to_i64(double v, int64_t def) { return v >= -9.2e18 && v <= 9.2e18 ? (int64_t)v : def; }
+static int to_int(double v, int def) { return v >= -2e9 && v <= 2e9 ? (int)v : def; }
+
 static double num(const tdm_json *o, const char *k) {
   const tdm_json *v = tdm__json_get(o, k);
   return v && v->type == TDM_JSON_NUM ? v->num : NAN;
@@ -109,9 +114,9 @@ static tdm_status add_header(tdm__run *r, const tdm_json *h, tdm_json *doc, docs
   snprintf(x.started, sizeof x.started, "%s", str(h, "started") ? str(h, "started") : "?");
   snprintf(x.where, sizeof x.where, "%s:%d", name, line);
   double a = num(h, "attempt"), rf = num(h, "resumed_from"), ss = num(h, "start_step");
-  x.attempt = isfinite(a) ? (int)a : 0;
-  x.resumed_from = isfinite(rf) ? (int64_t)rf : -1;
-  x.start_step = isfinite(ss) ? (int64_t)ss : 0;
+  x.attempt = to_int(a, 0);
+  x.resumed_from = to_i64(rf, -1);
+  x.start_step = to_i64(ss, 0);
   if (r->n_headers == 0 && steps_before > 0) {
     tdm__run_header none = {0};
     snprintf(none.run_id, sizeof none.run_id, "(no header)");
@@ -144,17 +149,17 @@ static tdm_status add_step(tdm__run *r, const tdm_json *o, int *cap) {
   if (grow((void **)&r->steps, r->n_steps, cap, sizeof *r->steps)) return tdm__set_error(TDM_ERR_NO_MEMORY, "report: out of memory");
   tdm__step_rec s;
   memset(&s, 0, sizeof s);
-  s.step = (int64_t)num(o, "step");
+  s.step = to_i64(num(o, "step"), 0);
   double e = num(o, "epoch");
-  s.epoch = isfinite(e) ? (int64_t)e : 0;
+  s.epoch = to_i64(e, 0);
   s.loss = num(o, "loss"), s.grad_norm = num(o, "grad_norm"), s.samples_per_sec = num(o, "samples_per_sec");
   s.tokens_per_sec = num(o, "tokens_per_sec"), s.lr = num(o, "lr"), s.train_accuracy = num(o, "train_accuracy");
   s.step_ms = num(o, "step_time_ms"), s.fwd_ms = num(o, "time_forward_ms"), s.bwd_ms = num(o, "time_backward_ms");
   s.wait_ms = num(o, "time_comm_wait_ms"), s.opt_ms = num(o, "time_optimizer_ms");
   double w = num(o, "world_size"), gb = num(o, "global_batch"), bytes = num(o, "grad_bytes");
-  s.world = isfinite(w) ? (int)w : 1;
-  s.global_batch = isfinite(gb) ? (int64_t)gb : 0;
-  s.grad_bytes = isfinite(bytes) ? (int64_t)bytes : 0;
+  s.world = to_int(w, 1);
+  s.global_batch = to_i64(gb, 0);
+  s.grad_bytes = to_i64(bytes, 0);
   s.compress_ratio = NAN;
   const tdm_json *cr = tdm__json_get(o, "compress_ratio");
   if (cr && cr->type == TDM_JSON_ARR && cr->n > 0) {
@@ -218,17 +223,17 @@ static tdm_status parse_stream(tdm__run *r, FILE *in, const char *name, FILE *er
       if (grow((void **)&r->evals, r->n_evals, &eval_cap, sizeof *r->evals)) st = tdm__set_error(TDM_ERR_NO_MEMORY, "report: out of memory");
       else {
         int val = tdm__json_get(j, "val_loss") != NULL;
-        r->evals[r->n_evals++] = (tdm__eval_rec){(int64_t)num(j, "step"), val, num(j, val ? "val_loss" : "test_loss"),
+        r->evals[r->n_evals++] = (tdm__eval_rec){to_i64(num(j, "step"), 0), val, num(j, val ? "val_loss" : "test_loss"),
                                                  num(j, val ? "val_accuracy" : "test_accuracy"), NAN};
       }
     } else if (tdm__json_get(j, "memory_peak")) {
       const tdm_json *m = tdm__json_get(j, "memory_peak");
       for (int k = 0; k < TDM_MEM_COUNT; k++) {
         double v = num(m, tdm_mem_category_name((tdm_mem_category)k));
-        r->mem_peak[k] = isfinite(v) ? (int64_t)v : -1;
+        r->mem_peak[k] = to_i64(v, -1);
       }
       double t = num(m, "total");
-      r->mem_peak[TDM_MEM_COUNT] = isfinite(t) ? (int64_t)t : -1;
+      r->mem_peak[TDM_MEM_COUNT] = to_i64(t, -1);
     } else if (tdm__json_get(j, "ps_server")) {
       tdm_json **p = realloc(r->ps, sizeof *p * (size_t)(r->n_ps + 1));
       if (!p) st = tdm__set_error(TDM_ERR_NO_MEMORY, "report: out of memory");

@@ -78,6 +78,11 @@ static double num(const tdm_json *o, const char *k, double def) {
   return v && v->type == TDM_JSON_NUM ? v->num : def;
 }
 
+static int64_t pid_of(const tdm_json *e) { /* out of range: 0 (a cast would be undefined) */
+  double v = num(e, "pid", 0);
+  return v >= -9.2e18 && v <= 9.2e18 ? (int64_t)v : 0;
+}
+
 static const char *str(const tdm_json *o, const char *k) {
   const tdm_json *v = tdm__json_get(o, k);
   return v && v->type == TDM_JSON_STR ? v->str : NULL;
@@ -113,7 +118,7 @@ tdm_status tdm__trace_add_file(tdm__trace *t, const char *path) {
     if (ph && !strcmp(ph, "M") && str(e, "name") && !strcmp(str(e, "name"), "process_name") && n_names < 64) {
       const tdm_json *args = tdm__json_get(e, "args");
       const char *nm = args ? str(args, "name") : NULL;
-      if (nm) names[n_names].pid = (int64_t)num(e, "pid", 0), snprintf(names[n_names++].name, 64, "%s", nm);
+      if (nm) names[n_names].pid = pid_of(e), snprintf(names[n_names++].name, 64, "%s", nm);
       continue;
     }
     double ts = num(e, "ts", NAN), dur = num(e, "dur", NAN);
@@ -123,7 +128,7 @@ tdm_status tdm__trace_add_file(tdm__trace *t, const char *path) {
     }
     int k = tdm__trace_kind(str(e, "name"), str(e, "cat"));
     if (k < 0) continue;
-    s[n++] = (span){(int64_t)num(e, "pid", 0), k, ts, ts + dur};
+    s[n++] = (span){pid_of(e), k, ts, ts + dur};
   }
   tdm__json_free(doc);
   if (n > 1) qsort(s, (size_t)n, sizeof *s, span_order);
