@@ -17,6 +17,8 @@ static void usage(FILE *f) {
           "  weights-diff A B [--rtol R]   compare two safetensors weight files\n"
           "  ps-replay --log DIR   replay a parameter server's update logs into weights (tandem train's options)\n"
           "  checkpoint info|consolidate   a checkpoint's contents, or its weights as one file (tandem checkpoint --help)\n"
+          "  report RUN_DIR [-o FILE]   an HTML report (plots, per-rank times, memory) from a run's metrics and trace\n"
+          "  scale --ranks 1,2,4 -- tandem train ...   the same job at each world size: throughput, speed-up, efficiency\n"
           "  help      show this text\n");
 }
 
@@ -35,6 +37,8 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "generate")) return tool_generate(argc - 2, argv + 2);
   if (!strcmp(cmd, "checkpoint")) return tool_checkpoint(argc - 2, argv + 2);
   if (!strcmp(cmd, "ps-replay")) return tool_ps_replay(argc - 2, argv + 2);
+  if (!strcmp(cmd, "report")) return tool_report(argc - 2, argv + 2);
+  if (!strcmp(cmd, "scale")) return tool_scale(argc - 2, argv + 2);
   if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
     usage(stdout);
     return 0;

@@ -24,6 +24,7 @@
 #include "cli.h"
 #include "comm/net.h"
 #include "run.h"
+#include "run_status.h"
 #include "tandem/core.h"
 #include "watch.h"
 
@@ -201,7 +202,7 @@ int tool_run(int argc, char **argv) {
     }
   int64_t n = 0, port = 0, nnodes = 1, node_rank = 0, max_restarts = 0, nproc_per_node = 0;
   const char *log_dir = NULL, *master = NULL, *nnodes_s = NULL, *endpoint = NULL, *rdzv_id = NULL, *elastic_batch = NULL;
-  double rdzv_timeout = 0, last_call = 0;
+  double rdzv_timeout = 0, last_call = 0, status_every = 0;
   cli_opt opts[] = {
       {"nproc", CLI_INT, &n, "1", "ranks to start on this node (also -n)", NULL, 1, MAX_RANKS, 0},
       {"nnodes", CLI_STRING, &nnodes_s, "1", "nodes in the job: N, or MIN:MAX for an elastic job (with --rdzv-endpoint)", NULL, 0, 0, 0},
@@ -215,6 +216,7 @@ int tool_run(int argc, char **argv) {
       {"master-addr", CLI_STRING, &master, "127.0.0.1", "address of the node that hosts rank 0 (the store listens there only)", NULL, 0, 0, 0},
       {"master-port", CLI_INT, &port, "0", "rendezvous port (0: a free port; set it for several nodes)", NULL, 0, 65535, 0},
       {"log-dir", CLI_STRING, &log_dir, NULL, "also write each rank's output to DIR/rank-N.log", NULL, 0, 0, 0},
+      {"status-every", CLI_FLOAT, &status_every, "0", "every SEC seconds, print one line per rank (step, loss, throughput, step time and its parts, communication share) and the slowest rank (0: off)", NULL, 0, 86400, 0},
       {"max-restarts", CLI_INT, &max_restarts, "0", "restart the whole group this many times after a failure (the program resumes from its checkpoint); elastic: restarts for any reason (a node lost or joining, ranks failing), default 3", NULL, 0, 1000, 0},
   };
   int nopt = (int)(sizeof opts / sizeof opts[0]);
@@ -238,6 +240,10 @@ int tool_run(int argc, char **argv) {
     run_elastic_opts eo = {0};
     for (int i = 0; i < nopt; i++) {
       const char *nm = opts[i].name;
+      if (opts[i].seen && !strcmp(nm, "status-every")) {
+        fprintf(stderr, "tandem run: --status-every is not built for an elastic job yet (--nnodes MIN:MAX, --rdzv-endpoint)\n");
+        return 2;
+      }
       if (opts[i].seen && (!strcmp(nm, "node-rank") || !strcmp(nm, "master-addr") || !strcmp(nm, "master-port") || !strcmp(nm, "log-dir"))) {
         fprintf(stderr, "tandem run: --%s does not apply to an elastic job (--nnodes MIN:MAX, --rdzv-endpoint): the "
                         "rendezvous assigns node ranks and the master\n", nm);
@@ -283,6 +289,8 @@ int tool_run(int argc, char **argv) {
   }
   static rank_t ranks[MAX_RANKS];
   int N = (int)n;
+  static run_status rstat;
+  if (run_status_open(&rstat, status_every)) return 2;
   memset(ranks, 0, sizeof ranks);
   if (log_dir && open_logs(log_dir, ranks, N, node_rank * n)) return 2;
   int store_fd = -1;
@@ -402,6 +410,7 @@ int tool_run(int argc, char **argv) {
         stop_at = tdm_time_now() + 5;
       }
       if (stopping && tdm_time_now() > stop_at) run_signal_ranks(ranks, started, SIGKILL, 1);
+      if (alive > 0) run_status_tick(&rstat, node_rank * n, started, 0);
     }
     if (start_fail >= 0 || first_fail < 0 || got_signal || attempt >= max_restarts) break;
     rank_t *f = &ranks[first_fail];
@@ -410,6 +419,7 @@ int tool_run(int argc, char **argv) {
             (long long)attempt + 1, (long long)max_restarts);
   }
   if (store_fd >= 0) close(store_fd);
+  run_status_close(&rstat);
   int log_failed = 0;
   for (int i = 0; i < N; i++)
     if (ranks[i].log) {

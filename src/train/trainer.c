@@ -20,6 +20,7 @@
 #include "tandem/optim.h"
 #include "tandem/tensor.h"
 #include "tandem/train.h"
+#include "train/observe.h"
 #include "train/run_start.h"
 
 tdm_train_config tdm_train_config_default(void) {
@@ -52,6 +53,7 @@ typedef struct {
   FILE *f;
   int tty;
   double last;
+  double comm_s, step_s; /* this rank's communication wait and step time so far: the progress line's share */
 } progress;
 
 static void fmt_eta(char *b, size_t n, double s) {
@@ -277,10 +279,15 @@ static int64_t last_recorded_step(const char *path) {
 }
 
 /* One step's numbers, kept until its all-reduced loss and accuracy arrive. */
+enum { RANK_TIMES = 64 };
 typedef struct {
   int pending;
   int64_t step, epoch;
-  double stats[4]; /* loss / world, correct, rows of this rank, "time is up": summed over ranks */
+  /* loss / world, correct, rows of this rank, "time is up": summed over ranks; then, up to
+   * RANK_TIMES ranks, each rank's step, forward, backward, comm wait and optimizer times in its
+   * own slots (zero elsewhere: the sum gathers them exactly) for the report's per-rank view */
+  double stats[4 + 5 * RANK_TIMES];
+  int n_stats;
   tdm_work_t work;
   double dt, t_fwd, t_bwd, t_wait, t_opt, samples, grad_norm;
   double loss_scale; /* fp16: the step's loss scale (0: not fp16) */
@@ -311,6 +318,24 @@ static void grad_record(tdm_engine *e, char *out, size_t cap) {
   if (at >= cap) snprintf(out, cap, ",\"grad_bytes\":%llu", (unsigned long long)bytes); /* too many buckets: bytes only */
 }
 
+/* ,"rank_step_ms":[...] ... and the slowest rank: each rank's times as the all-reduce gathered
+ * them (a world of at most RANK_TIMES ranks; nothing otherwise). */
+static void rank_times(const step_record *r, char *out, size_t cap) {
+  int W = (r->n_stats - 4) / 5;
+  if (W < 1) return;
+  static const char *const names[5] = {"step", "forward", "backward", "comm_wait", "optimizer"};
+  size_t at = 0;
+  int slow = 0;
+  for (int q = 0; q < 5 && at < cap; q++) {
+    at += (size_t)snprintf(out + at, cap - at, ",\"rank_%s_ms\":[", names[q]);
+    for (int k = 0; k < W && at < cap; k++) at += (size_t)snprintf(out + at, cap - at, "%s%.3f", k ? "," : "", r->stats[4 + 5 * k + q] * 1e3);
+    if (at < cap) at += (size_t)snprintf(out + at, cap - at, "]");
+  }
+  for (int k = 1; k < W; k++) slow = r->stats[4 + 5 * k] > r->stats[4 + 5 * slow] ? k : slow;
+  if (at < cap) snprintf(out + at, cap - at, ",\"slowest_rank\":%d", slow);
+  if (at >= cap) out[0] = 0;
+}
+
 static tdm_status flush_record(run_state *s, step_record *r, progress *pr, const tdm_train_config *c) {
   if (!r->pending) return TDM_OK;
   r->pending = 0;
@@ -328,24 +353,31 @@ static tdm_status flush_record(run_state *s, step_record *r, progress *pr, const
   if (r->loss_scale > 0) /* fp16: the scale's trajectory, and which steps were skipped */
     snprintf(tok + strlen(tok), sizeof tok - strlen(tok), ",\"loss_scale\":%.9g,\"skipped\":%d", r->loss_scale, r->skipped);
   int R = s->comm ? tdm_comm_rank(s->comm) : 0, W = s->comm ? tdm_comm_size(s->comm) : 1;
+  char ranks[5 * RANK_TIMES * 16 + 200] = "";
+  if (s->metrics) rank_times(r, ranks, sizeof ranks);
   if (s->metrics && r->step > s->recorded)
     fprintf(s->metrics,
             "{\"step\":%lld,\"epoch\":%lld,\"loss\":%s,\"grad_norm\":%s,\"samples_per_sec\":%.1f,\"step_time_ms\":%.4f,"
             "\"time_forward_ms\":%.4f,\"time_backward_ms\":%.4f,\"time_comm_wait_ms\":%.4f,\"time_optimizer_ms\":%.4f,"
-            "\"lr\":%g,\"rank\":%d,\"world_size\":%d,\"global_batch\":%lld,\"train_accuracy\":%.4f%s%s}\n",
+            "\"lr\":%g,\"rank\":%d,\"world_size\":%d,\"global_batch\":%lld,\"train_accuracy\":%.4f%s%s%s}\n",
             (long long)r->step, (long long)r->epoch, json_num(jl, sizeof jl, "%.6f", loss),
             json_num(jg, sizeof jg, "%.6g", r->grad_norm), r->samples / r->dt, r->dt * 1e3, r->t_fwd * 1e3, r->t_bwd * 1e3,
-            r->t_wait * 1e3, r->t_opt * 1e3, r->lr, R, W, (long long)r->G, acc, tok, r->grad);
+            r->t_wait * 1e3, r->t_opt * 1e3, r->lr, R, W, (long long)r->G, acc, tok, r->grad, ranks);
   if (s->metrics && ferror(s->metrics)) TDM__TRY(metrics_ok(s, c));
   double now = tdm_time_now();
   int last = r->step + 1 == r->total;
+  pr->comm_s += r->t_wait, pr->step_s += r->dt;
+  double share = pr->step_s > 0 ? pr->comm_s / pr->step_s : 0;
+  tdm__status_publish(&(tdm__status){R, W, r->step + 1, r->total, loss, (double)r->samples_so_far / r->train_time, r->dt * 1e3,
+                                     r->t_fwd * 1e3, r->t_bwd * 1e3, r->t_wait * 1e3, r->t_opt * 1e3, share}, last);
   int due = pr->tty ? (now - pr->last > 0.2) : ((r->step + 1) % (r->total / 10 > 0 ? r->total / 10 : 1) == 0);
   if (pr->f && (due || last)) {
     char eta[32];
     double sps = (double)r->samples_so_far / r->train_time;
     fmt_eta(eta, sizeof eta, (double)(r->total - r->step - 1) * (double)r->G / sps);
-    fprintf(pr->f, "%sepoch %lld step %lld/%lld  loss %.4f  acc %.3f  %.0f samples/s  ETA %s%s", pr->tty ? "\r" : "",
-            (long long)r->epoch + 1, (long long)r->step + 1, (long long)r->total, loss, acc, sps, eta, pr->tty ? "   " : "\n");
+    fprintf(pr->f, "%sepoch %lld step %lld/%lld  loss %.4f  acc %.3f  %.0f samples/s  comm %.0f%%  ETA %s%s", pr->tty ? "\r" : "",
+            (long long)r->epoch + 1, (long long)r->step + 1, (long long)r->total, loss, acc, sps, 100 * share, eta,
+            pr->tty ? "   " : "\n");
     fflush(pr->f);
     pr->last = now;
   }
@@ -731,7 +763,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   int64_t T = pp.T, K = pp.K, N = pp.N, B = pp.B, per = pp.per, eb = pp.eb, G = pp.G;
   tdm_status st;
   FILE *pf = R == 0 ? c->progress : NULL;
-  progress pr = {pf, pf ? isatty(fileno(pf)) : 0, 0};
+  progress pr = {pf, pf ? isatty(fileno(pf)) : 0, 0, 0, 0};
   if (pr.f) tdm_plan_print(pr.f, &pp.plan, c->memory_limit); /* refused here if it does not fit */
   TDM__TRY(tdm_plan_check(&pp.plan, c->memory_limit));
   pp.ec.ps.world = s->ps_world;
@@ -771,6 +803,13 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
     TDM__TRY(tdm_sampler_set_position(s->sampler, s->start.step, s->start.data_epoch, at));
     if (c->steps <= 0) total = sched.total_steps = tdm_sampler_epoch_start(s->sampler, c->epochs);
   }
+  if (s->metrics) { /* who writes the records that follow (tandem report tells runs apart by it) */
+    tdm__header_in hi = {c, &id, &pp.plan, W, D, TP, P, B, K, G, total, s->start.step, s->start.resumed_from,
+                         tdm_params_numel(params), tdm_get_num_threads(), tdm_engine_describe(s->engine),
+                         s->comm ? tdm_transport_name(tdm_comm_transport(s->comm)) : "none"};
+    tdm__metrics_header(s->metrics, &hi);
+    TDM__TRY(metrics_ok(s, c));
+  }
   double train_time = 0;
   int64_t step = s->start.step, samples = 0;
   float loss_v = NAN;
@@ -806,7 +845,14 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
                           .t_opt = ss.t_update, .samples = (double)ss.samples * D, .total = total, .G = G, .grad_norm = ss.grad_norm,
                           .loss_scale = c->engine.precision == TDM_F16 ? ss.loss_scale : 0, .skipped = ss.skipped};
       grad_record(s->engine, rec.grad, sizeof rec.grad);
-      if (s->comm && !own) TDM__TRY(tdm_comm_iallreduce(s->comm, rec.stats, rec.stats, 4, TDM_F64, TDM_SUM, TDM_ALGO_AUTO, &rec.work));
+      rec.n_stats = 4;
+      if (s->comm && !own && W <= RANK_TIMES) { /* this rank's times in its slots, gathered by the sum */
+        double *t = rec.stats + 4 + 5 * R, mine[5] = {t3 - t0, ss.t_forward, ss.t_backward, ss.t_comm_wait, ss.t_update};
+        memcpy(t, mine, sizeof mine);
+        rec.n_stats = 4 + 5 * W;
+      }
+      if (s->comm && !own)
+        TDM__TRY(tdm_comm_iallreduce(s->comm, rec.stats, rec.stats, rec.n_stats, TDM_F64, TDM_SUM, TDM_ALGO_AUTO, &rec.work));
       /* an axis split from the world speaks through the world's transport, which serves one
        * communicator at a time: the next step's collectives there must not meet this one */
       if (s->comm && !own && split_axes) {

@@ -141,9 +141,9 @@ smooth_16() { # label smoothing under bf16 / fp16 (its op reads f32: the logits 
     "$TANDEM" train --model mlp --data synthetic --label-smoothing 0.1 --precision $p --steps 2 --metrics "$TMP/ls_$p.jsonl" \
       >"$TMP/out" 2>"$TMP/err" || { echo "  $p:"; tail -3 "$TMP/err"; return 1; }
   done
-  l0=$(head -1 "$TMP/ls_fp32.jsonl" | grep -o '"loss":[0-9.e+-]*' | cut -d: -f2)
+  l0=$(grep -m1 '"step_time_ms"' "$TMP/ls_fp32.jsonl" | grep -o '"loss":[0-9.e+-]*' | cut -d: -f2)
   for p in bf16 fp16; do
-    l=$(head -1 "$TMP/ls_$p.jsonl" | grep -o '"loss":[0-9.e+-]*' | cut -d: -f2)
+    l=$(grep -m1 '"step_time_ms"' "$TMP/ls_$p.jsonl" | grep -o '"loss":[0-9.e+-]*' | cut -d: -f2)
     echo "  step 0 loss: fp32 $l0, $p $l"
     awk -v a="$l0" -v b="$l" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0 && d <= 0.01 * a) }' || return 1
   done
