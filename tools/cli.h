@@ -51,5 +51,6 @@ int tool_bench_llama(int argc, char **argv);
 int tool_weights_diff(int argc, char **argv);
 int tool_generate(int argc, char **argv);
 int tool_checkpoint(int argc, char **argv);
+int tool_trace(int argc, char **argv);
 
 #endif

@@ -17,6 +17,7 @@ static void usage(FILE *f) {
           "  weights-diff A B [--rtol R]   compare two safetensors weight files\n"
           "  ps-replay --log DIR   replay a parameter server's update logs into weights (tandem train's options)\n"
           "  checkpoint info|consolidate   a checkpoint's contents, or its weights as one file (tandem checkpoint --help)\n"
+          "  trace merge DIR OUT   the per-rank timelines of tandem train --trace DIR as one Chrome trace\n"
           "  help      show this text\n");
 }
 
@@ -35,6 +36,7 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "generate")) return tool_generate(argc - 2, argv + 2);
   if (!strcmp(cmd, "checkpoint")) return tool_checkpoint(argc - 2, argv + 2);
   if (!strcmp(cmd, "ps-replay")) return tool_ps_replay(argc - 2, argv + 2);
+  if (!strcmp(cmd, "trace")) return tool_trace(argc - 2, argv + 2);
   if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
     usage(stdout);
     return 0;

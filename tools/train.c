@@ -367,7 +367,12 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
 
 int tool_train(int argc, char **argv) {
   tdm_train_config c;
-  int r = train_options("train", "[options]", argc, argv, &c, 0, NULL);
+  const char *trace = NULL;
+  cli_opt extra[] = {
+      {"trace", CLI_STRING, &trace, NULL, "write a timeline per rank in this directory (Chrome trace JSON; tandem trace merge DIR OUT lines the ranks up)", NULL, 0, 0, 0},
+  };
+  int r = train_options("train", "[options]", argc, argv, &c, 1, extra);
+  c.trace_dir = trace;
   if (r == 1) return 0;
   if (r) return 2;
   if (run_elastic_batch(&c)) return 2; /* under tandem run --nnodes MIN:MAX: this round's batch */
