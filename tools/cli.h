@@ -52,5 +52,9 @@ int tool_weights_diff(int argc, char **argv);
 int tool_generate(int argc, char **argv);
 int tool_checkpoint(int argc, char **argv);
 int tool_trace(int argc, char **argv);
+/* tandem train --emulate-ranks N (tools/emulate.c): 0, 1 (a rank failed) or 2 (usage). */
+struct tdm_train_config;
+struct tdm_train_result;
+int emulate_ranks(const struct tdm_train_config *c, int n, struct tdm_train_result *res);
 
 #endif

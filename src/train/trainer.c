@@ -721,7 +721,8 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   TDM__TRY(tdm_set_num_threads(c->threads));
   if (c->ps_replay) return ps_replay_run(c, res, s);
   tdm_comm_config cc;
-  TDM__TRY(tdm_comm_config_from_env(&cc));
+  if (c->comm) cc = *c->comm; /* a rank emulated as a thread */
+  else TDM__TRY(tdm_comm_config_from_env(&cc));
   int W = cc.size, R = cc.rank;
   if (c->trace_dir) { /* a directory that cannot be written fails here, before anything runs */
     TDM__TRY(tdm_trace_open(&s->trace, c->trace_dir, R, W));

@@ -4,7 +4,7 @@
 # its buckets; ZeRO-3 over TCP on 3 ranks with its parameter gathers; a 2-stage pipeline); the
 # clock offsets of ranks on this machine are zero within their stated uncertainty; the merged file
 # is valid JSON with one process row per rank; a trace directory that cannot be written fails
-# before any step.
+# before any step; --emulate-ranks N equals N real ranks bit for bit, each rank its own row.
 # usage: test_trace.sh path/to/tandem   (run from the repository root: the GPT reads data/)
 set -u
 T=${1:?usage: test_trace.sh path/to/tandem}
@@ -49,4 +49,23 @@ merge_errors() {
     ! "$T" trace merge "$TMP/half" >/dev/null 2>&1 || { cat "$TMP/half.out"; return 1; }
 }
 check "trace merge refuses a rank missing, and a missing argument" merge_errors
+# --emulate-ranks N: N ranks as threads of one process equal N real ranks bit for bit (the data
+# parallel sums run in rank order on every transport), and each is its own row in the trace
+emulated() { # emulated NAME RANKS ARGS...: the emulated run (traced) against tandem run over tcp
+  local name=$1 n=$2; shift 2
+  TANDEM_TIMEOUT=60 timeout 120 "$T" "$@" --emulate-ranks "$n" --trace "$TMP/$name" --save-weights "$TMP/$name.emu" \
+    >"$TMP/$name.out" 2>&1 || { echo "  the emulated run failed:"; tail -3 "$TMP/$name.out" | sed 's/^/    /'; return 1; }
+  job "$n" tcp "$TMP/$name.real.out" "$@" --save-weights "$TMP/$name.real" || return 1
+  cmp -s "$TMP/$name.emu" "$TMP/$name.real" || { echo "  $n emulated ranks differ from $n real ones"; return 1; }
+  "$T" trace merge "$TMP/$name" "$TMP/$name.json" >/dev/null && /usr/bin/python3 "$CHECK_PY" "$TMP/$name" "$TMP/$name.json" "$n" step
+}
+check "--emulate-ranks 2 (MLP, dropout) equals 2 real ranks; a row per rank" emulated emu2 2 "${MLP[@]}" --dropout 0.3
+check "--emulate-ranks 3 with ZeRO-3 (GPT) equals 3 real ranks" emulated emu3 3 "${GPT[@]}" --zero 3
+emulate_refused() {
+  "$T" "${MLP[@]}" --emulate-ranks 2 --threads 2 >"$TMP/e1" 2>&1; local a=$?
+  WORLD_SIZE=2 "$T" "${MLP[@]}" --emulate-ranks 2 >"$TMP/e2" 2>&1; local b=$?
+  [[ $a -eq 2 && $b -eq 2 ]] && grep -q "give --threads 1 (given 2)" "$TMP/e1" && grep -q "not under a launcher" "$TMP/e2" ||
+    { cat "$TMP/e1" "$TMP/e2"; return 1; }
+}
+check "--emulate-ranks with --threads 2, or under a launcher, is refused" emulate_refused
 finish
