@@ -61,11 +61,17 @@ emulated() { # emulated NAME RANKS ARGS...: the emulated run (traced) against ta
 }
 check "--emulate-ranks 2 (MLP, dropout) equals 2 real ranks; a row per rank" emulated emu2 2 "${MLP[@]}" --dropout 0.3
 check "--emulate-ranks 3 with ZeRO-3 (GPT) equals 3 real ranks" emulated emu3 3 "${GPT[@]}" --zero 3
+straggler() { # a straggler changes the timing, never the result
+  timeout 120 "$T" "${MLP[@]}" --dropout 0.3 --emulate-ranks 2 --emulate-slow 1:2 --save-weights "$TMP/slow.emu" >"$TMP/slow.out" 2>&1 &&
+    cmp -s "$TMP/emu2.emu" "$TMP/slow.emu" || { echo "  the straggler's run differs or failed:"; tail -2 "$TMP/slow.out"; return 1; }
+}
+check "--emulate-slow 1:2 gives the same weights" straggler
 emulate_refused() {
   "$T" "${MLP[@]}" --emulate-ranks 2 --threads 2 >"$TMP/e1" 2>&1; local a=$?
   WORLD_SIZE=2 "$T" "${MLP[@]}" --emulate-ranks 2 >"$TMP/e2" 2>&1; local b=$?
-  [[ $a -eq 2 && $b -eq 2 ]] && grep -q "give --threads 1 (given 2)" "$TMP/e1" && grep -q "not under a launcher" "$TMP/e2" ||
-    { cat "$TMP/e1" "$TMP/e2"; return 1; }
+  "$T" "${MLP[@]}" --emulate-ranks 2 --emulate-slow 2:2 >"$TMP/e3" 2>&1; local c=$?
+  [[ $a -eq 2 && $b -eq 2 && $c -eq 2 ]] && grep -q "give --threads 1 (given 2)" "$TMP/e1" && grep -q "not under a launcher" "$TMP/e2" &&
+    grep -q "emulate-slow '2:2'; expected RANK:FACTOR with a rank 0..1" "$TMP/e3" || { cat "$TMP/e1" "$TMP/e2" "$TMP/e3"; return 1; }
 }
-check "--emulate-ranks with --threads 2, or under a launcher, is refused" emulate_refused
+check "--emulate-ranks with --threads 2, under a launcher, or a straggler that is no rank, is refused" emulate_refused
 finish
