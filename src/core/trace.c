@@ -90,8 +90,9 @@ static tbuf *ring_of(tdm_trace **tout) {
   if (!t) return NULL;
   *tout = t;
   if (tl.buf && tl.buf_gen == t->gen) return tl.buf;
-  tbuf *b = tdm__calloc(1, sizeof *b);
+  tbuf *b = tdm__malloc_cat(sizeof *b, TDM_MEM_WORKSPACE); /* not the category of whatever the thread does */
   if (!b) return NULL;
+  memset(b, 0, sizeof *b);
   pthread_mutex_lock(&t->mu);
   b->tid = ++t->next_tid;
   b->name = tl.name;
