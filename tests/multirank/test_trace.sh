@@ -31,7 +31,7 @@ check "dp over shm: every collective on every rank, buckets, clocks, merge" \
 check "dp over tcp, 3 ranks: bucket all-reduces launched and completed" \
   traced dp3 3 tcp "all-reduce wait_for_buckets" -- "${MLP[@]}" --checkpoint-dir "$TMP/ck3" --checkpoint-every 2
 check "zero-3 over tcp, 3 ranks: parameter gathers" \
-  traced zero 3 tcp "all-gather reduce-scatter checkpoint wait_for_parameters" -- "${GPT[@]}" --zero 3 --checkpoint-dir "$TMP/ckz"
+  traced zero 3 tcp "all-gather reduce-scatter checkpoint wait_for_parameters forward_block backward_block" -- "${GPT[@]}" --zero 3 --checkpoint-dir "$TMP/ckz"
 check "pipeline, 2 stages: its actions" traced pp 2 shm "forward backward optimizer wait_for_exchange" -- "${GPT[@]}" --pp 2 --microbatches 2
 
 bad_dir() { # a file where the directory should be: refused at the start, before any step
