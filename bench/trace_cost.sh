@@ -2,7 +2,9 @@
 # What --trace costs a training step: the same run with and without a timeline, alternating,
 # REPS times each. Per run the median step time after a warm-up of 10 steps (metrics), and the
 # CPU time per step of all ranks (GNU time: the figure that other jobs on the machine disturb
-# least); then the medians over the runs, and the ratio on/off (goal: at most 1.02).
+# least); then the medians over the runs, and the ratio on/off (goal: at most 1.02). The recorder's
+# own cost per span (bench/trace_span_cost.c, CPU time) times the spans a step records gives its
+# share of a step without the noise of whole runs.
 #
 #   bench/trace_cost.sh [MODEL=mlp|gpt] [RANKS=2] [STEPS=60] [REPS=5]
 #
@@ -19,6 +21,9 @@ make build >/dev/null
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 cp build/tandem "$TMP/tandem" # a rebuild meanwhile does not change what is measured
+# the recorder alone, in CPU time: ns per span off, on, and written by the flush
+cc -O2 -std=gnu11 -Iinclude -Isrc bench/trace_span_cost.c build/libtandem.a -lopenblas -lz -lm -lpthread -o "$TMP/span_cost"
+mkdir -p "$TMP/span" && "$TMP/span_cost" "$TMP/span" >"$TMP/span_ns"
 case $MODEL in
 mlp) ARGS=(--model mlp --data synthetic --batch-size 64 --bucket-mb 0.25) ;;
 gpt) ARGS=(--model gpt --config mini --batch-size 4 --seq-len 64 --val-every 0 --val-batches 1) ;;
@@ -55,5 +60,9 @@ print(f"{'':10} {'step (ms)':>10} {'CPU/step (ms, all ranks)':>26}")
 for m in ("off", "on"):
     print(f"{'trace ' + m:10} {med(m, 0):10.3f} {med(m, 1):26.3f}")
 print(f"{'on/off':10} {med('on', 0) / med('off', 0):10.3f} {med('on', 1) / med('off', 1):26.3f}")
-print(f"spans per step on rank 0: {ev / steps:.0f}")
+off_ns, on_ns, flush_ns = map(float, open(os.path.join(d, "span_ns")).read().split())
+per_rank_cpu = med("on", 1) / int(ranks)
+print(f"spans per step on rank 0: {ev / steps:.0f}; a span costs {off_ns:.1f} ns off, {on_ns:.0f} ns on + {flush_ns:.0f} ns "
+      f"to write (CPU time, bench/trace_span_cost.c)")
+print(f"recorder's share of a rank's CPU time per step: {ev / steps * (on_ns + flush_ns) / 1e6 / per_rank_cpu * 100:.3f}%")
 PYEOF
