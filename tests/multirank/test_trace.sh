@@ -27,9 +27,10 @@ MLP=(train --data synthetic --steps 4 --threads 1 --batch-size 16 --bucket-mb 0.
 GPT=(train --model gpt --layers 2 --heads 2 --width 32 --block 16 --seq-len 16 --steps 3 --threads 1 --val-batches 1
      --val-every 0 --batch-size 2 --seed 5)
 check "dp over shm: every collective on every rank, buckets, clocks, merge" \
-  traced dp 2 shm "step data forward backward optimizer evaluation" -- "${MLP[@]}"
+  traced dp 2 shm "step data forward backward optimizer evaluation bucket_all-reduce wait_for_buckets checkpoint" -- \
+  "${MLP[@]}" --checkpoint-dir "$TMP/ck2" --checkpoint-every 2
 check "dp over tcp, 3 ranks: bucket all-reduces launched and completed" \
-  traced dp3 3 tcp "all-reduce wait_for_buckets" -- "${MLP[@]}" --checkpoint-dir "$TMP/ck3" --checkpoint-every 2
+  traced dp3 3 tcp "all-reduce wait_for_buckets" -- "${MLP[@]}" --steps 2
 check "zero-3 over tcp, 3 ranks: parameter gathers" \
   traced zero 3 tcp "all-gather reduce-scatter checkpoint wait_for_parameters forward_block backward_block" -- "${GPT[@]}" --zero 3 --checkpoint-dir "$TMP/ckz"
 check "pipeline, 2 stages: its actions" traced pp 2 shm "forward backward optimizer wait_for_exchange" -- "${GPT[@]}" --pp 2 --microbatches 2
