@@ -26,7 +26,7 @@ int tool_trace(int argc, char **argv) {
   int ranks = 0;
   tdm_status st = tdm_trace_merge(argv[1], argv[2], &ranks);
   if (st != TDM_OK) {
-    fprintf(stderr, "tandem trace merge: %s\n", tdm_last_error());
+    fprintf(stderr, "tandem %s\n", tdm_last_error()); /* the detail starts with "trace merge: " */
     return 1;
   }
   printf("merged %d rank%s into %s (open in https://ui.perfetto.dev or chrome://tracing)\n", ranks, ranks == 1 ? "" : "s",
