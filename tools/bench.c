@@ -167,6 +167,15 @@ static int64_t check(tdm_comm_t c, bctx *b, void *sbuf, void *rbuf, size_t count
   return 0;
 }
 
+/* --trace: this rank's clock against rank 0's at the start (0) or the end (1). */
+static tdm_status bench_clock(tdm_trace *tr, tdm_comm_t c, int which) {
+  double off, unc;
+  if (!tr) return TDM_OK;
+  tdm_status st = tdm_comm_clock_offset(c, 32, &off, &unc);
+  if (st != TDM_OK) return st;
+  return tdm_trace_set_clock(tr, which, tdm_time_now(), off, unc);
+}
+
 #define MAX_BYTES ((int64_t)1 << 40)
 #define USAGE "allreduce|broadcast|reduce|reducescatter|allgather|alltoall|sendrecv [options]"
 
@@ -174,7 +183,7 @@ int tool_bench(int argc, char **argv) {
   if (argc >= 1 && !strcmp(argv[0], "gpt")) return tool_bench_gpt(argc - 1, argv + 1);
   if (argc >= 1 && !strcmp(argv[0], "llama")) return tool_bench_llama(argc - 1, argv + 1);
   int64_t minb, maxb, factor, iters, warmup, checkv, root;
-  const char *dtype, *redop, *algo_s, *json, *transport;
+  const char *dtype, *redop, *algo_s, *json, *transport, *trace_dir;
   cli_opt opts[] = {
       {"b", CLI_SIZE, &minb, "8", "smallest size in bytes (K, M, G, T suffixes: powers of 1024)", NULL, 0, (double)MAX_BYTES, 0},
       {"e", CLI_SIZE, &maxb, "32M", "largest size in bytes", NULL, 0, (double)MAX_BYTES, 0},
@@ -188,6 +197,7 @@ int tool_bench(int argc, char **argv) {
       {"a", CLI_STRING, &algo_s, "auto", "algorithm: auto|ring|rd|rhd|tree|chain", NULL, 0, 0, 0},
       {"transport", CLI_STRING, &transport, NULL, "thread|tcp|shm|mpi (default: TANDEM_TRANSPORT or tcp)", NULL, 0, 0, 0},
       {"J", CLI_STRING, &json, NULL, "also write the rows as JSON to this file", NULL, 0, 0, 0},
+      {"trace", CLI_STRING, &trace_dir, NULL, "write a timeline per rank in this directory (as tandem train --trace)", NULL, 0, 0, 0},
   };
   int nopt = (int)(sizeof opts / sizeof opts[0]);
   if (argc < 1 || argv[0][0] == '-') {
@@ -231,9 +241,17 @@ int tool_bench(int argc, char **argv) {
     return 2;
   }
   if (transport) setenv("TANDEM_TRANSPORT", transport, 1);
-  tdm_comm_t c;
-  if (tdm_comm_create_from_env(&c) != TDM_OK) {
+  tdm_trace *tr = NULL;
+  tdm_comm_config tcc;
+  if (trace_dir && (tdm_comm_config_from_env(&tcc) != TDM_OK || tdm_trace_open(&tr, trace_dir, tcc.rank, tcc.size) != TDM_OK)) {
     fprintf(stderr, "tandem bench: %s\n", tdm_last_error());
+    return 1;
+  }
+  tdm_trace_name_thread("training");
+  tdm_comm_t c;
+  if (tdm_comm_create_from_env(&c) != TDM_OK || bench_clock(tr, c, 0) != TDM_OK) {
+    fprintf(stderr, "tandem bench: %s\n", tdm_last_error());
+    tdm_trace_close(tr);
     return 1;
   }
   int P = tdm_comm_size(c), me = tdm_comm_rank(c);
@@ -265,6 +283,7 @@ int tool_bench(int argc, char **argv) {
     free(sbuf);
     free(rbuf);
     tdm_comm_destroy(c);
+    tdm_trace_close(tr);
     return 1;
   }
   if (me == 0) {
@@ -348,6 +367,11 @@ int tool_bench(int argc, char **argv) {
   }
   free(sbuf);
   free(rbuf);
+  if (!failed && bench_clock(tr, c, 1) != TDM_OK) failed = 1;
   tdm_comm_destroy(c);
+  if (tdm_trace_close(tr) != TDM_OK) {
+    fprintf(stderr, "tandem bench: --trace: %s\n", tdm_last_error());
+    failed = 1;
+  }
   return failed ? 1 : total_wrong ? 3 : 0;
 }

@@ -53,5 +53,10 @@ int tool_generate(int argc, char **argv);
 int tool_checkpoint(int argc, char **argv);
 int tool_report(int argc, char **argv);
 int tool_scale(int argc, char **argv);
+int tool_trace(int argc, char **argv);
+/* tandem train --emulate-ranks N (tools/emulate.c): 0, 1 (a rank failed) or 2 (usage). */
+struct tdm_train_config;
+struct tdm_train_result;
+int emulate_ranks(const struct tdm_train_config *c, int n, const char *slow, struct tdm_train_result *res);
 
 #endif

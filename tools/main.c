@@ -19,6 +19,7 @@ static void usage(FILE *f) {
           "  checkpoint info|consolidate   a checkpoint's contents, or its weights as one file (tandem checkpoint --help)\n"
           "  report RUN_DIR [-o FILE]   an HTML report (plots, per-rank times, memory) from a run's metrics and trace\n"
           "  scale --ranks 1,2,4 -- tandem train ...   the same job at each world size: throughput, speed-up, efficiency\n"
+          "  trace merge DIR OUT   the per-rank timelines of tandem train --trace DIR as one Chrome trace\n"
           "  help      show this text\n");
 }
 
@@ -39,6 +40,7 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "ps-replay")) return tool_ps_replay(argc - 2, argv + 2);
   if (!strcmp(cmd, "report")) return tool_report(argc - 2, argv + 2);
   if (!strcmp(cmd, "scale")) return tool_scale(argc - 2, argv + 2);
+  if (!strcmp(cmd, "trace")) return tool_trace(argc - 2, argv + 2);
   if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
     usage(stdout);
     return 0;

@@ -367,14 +367,35 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
 
 int tool_train(int argc, char **argv) {
   tdm_train_config c;
-  int r = train_options("train", "[options]", argc, argv, &c, 0, NULL);
+  const char *trace = NULL, *slow = NULL;
+  int64_t emulate = 0;
+  cli_opt extra[] = {
+      {"trace", CLI_STRING, &trace, NULL, "write a timeline per rank in this directory (Chrome trace JSON; tandem trace merge DIR OUT lines the ranks up)", NULL, 0, 0, 0},
+      {"emulate-ranks", CLI_INT, &emulate, "0", "run N data-parallel ranks as threads of this process (thread transport; TANDEM_NET_EMULATE for link costs)", NULL, 0, 1024, 0},
+      {"emulate-slow", CLI_STRING, &slow, NULL, "with --emulate-ranks: RANK:FACTOR makes that rank a straggler whose steps take FACTOR times as long", NULL, 0, 0, 0},
+  };
+  int r = train_options("train", "[options]", argc, argv, &c, 3, extra);
+  c.trace_dir = trace;
   if (r == 1) return 0;
   if (r) return 2;
   if (run_elastic_batch(&c)) return 2; /* under tandem run --nnodes MIN:MAX: this round's batch */
   c.on_step = fault_hook;
   c.progress = stderr;
   tdm_train_result res;
-  tdm_status st = tdm_train_run(&c, &res);
+  if (slow && emulate <= 0) {
+    fprintf(stderr, "tandem train: --emulate-slow needs --emulate-ranks N\n");
+    return 2;
+  }
+  if (emulate > 0) {
+    if (getenv("WORLD_SIZE") && atoi(getenv("WORLD_SIZE")) > 1) {
+      fprintf(stderr, "tandem train: --emulate-ranks makes its own ranks: run it as one process, not under a launcher (WORLD_SIZE=%s)\n",
+              getenv("WORLD_SIZE"));
+      return 2;
+    }
+    int er = emulate_ranks(&c, (int)emulate, slow, &res);
+    if (er) return er;
+  }
+  tdm_status st = emulate > 0 ? TDM_OK : tdm_train_run(&c, &res);
   if (st != TDM_OK) {
     fprintf(stderr, "tandem train: %s%s: %s\n", tdm_status_str(st), res.world_size > 1 ? " (this rank)" : "", tdm_last_error());
     return 1;

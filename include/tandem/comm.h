@@ -120,6 +120,11 @@ void tdm_comm_set_timeout(tdm_comm_t c, double seconds);
  * send. On 2 ranks an all-reduce of n bytes counts n, a reduce-scatter or all-gather n/2, as a
  * ring. A sub-communicator counts its own calls, not its parent's. Any thread may read it. */
 uint64_t tdm_comm_bytes_sent(tdm_comm_t c);
+/* This rank's clock (tdm_time_now) against rank 0's, by `rounds` ping-pongs with rank 0 (the one
+ * with the shortest round trip counts): rank 0's clock reads now + *offset, within
+ * +- *uncertainty (half that round trip), in seconds. Rank 0 gets 0 and 0. Collective over c;
+ * the traces use it (tandem/trace.h). */
+tdm_status tdm_comm_clock_offset(tdm_comm_t c, int rounds, double *offset, double *uncertainty);
 
 /* The thread transport: n ranks as threads of this process share a group. Create it once,
  * then each thread creates its communicator with cfg.thread_group = group. */

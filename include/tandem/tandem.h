@@ -23,5 +23,6 @@
 #include "tandem/plan.h"
 #include "tandem/pipeline.h"
 #include "tandem/cluster.h"
+#include "tandem/trace.h"
 
 #endif

@@ -126,6 +126,13 @@ typedef struct tdm_train_config {
   int (*on_step)(void *ctx, int64_t steps_done);
   void *on_step_ctx;
   FILE *progress;        /* live progress and evaluation lines (rank 0 only); NULL for silence */
+  /* A timeline per rank in this directory (trace.rank<R>.json, Chrome trace JSON; tandem/trace.h),
+   * with the clock offsets against rank 0 measured at the start and the end; NULL: none. A
+   * directory that cannot be written fails the run before anything else. */
+  const char *trace_dir;
+  /* The rank's communicator settings; NULL: from the environment (tdm_comm_config_from_env).
+   * tandem train --emulate-ranks N gives each of N threads its rank over the thread transport. */
+  const struct tdm_comm_config *comm;
 } tdm_train_config;
 
 typedef struct tdm_train_result {

@@ -6,6 +6,7 @@
 
 #include "autograd/tape_impl.h"
 #include "tandem/kernels.h"
+#include "tandem/trace.h"
 
 static atomic_uint_fast64_t epoch_counter = 1; /* unique per reset across every tape */
 
@@ -41,6 +42,7 @@ void tdm_tape_reset(tdm_tape *tp) {
   tdm_arena_reset(tp->arena);
   tp->n_nodes = 0;
   tp->n_leaves = 0;
+  tp->n_sec = 0;
   tp->status = TDM_OK;
   tp->error[0] = 0;
   tp->dropout_calls = 0;
@@ -350,10 +352,33 @@ tdm_status tdm__backward_nodes(tdm_tape *tp, int from, int to) {
   return tp->status;
 }
 
+void tdm__tape_section(tdm_tape *tp, int index) {
+  if (!tdm_trace_on() || tp->n_sec == TDM__TAPE_SECTIONS) return;
+  if (tp->n_sec && tp->sec_node[tp->n_sec - 1] == tp->n_nodes) tp->n_sec--; /* an empty section: replaced */
+  tp->sec_node[tp->n_sec] = tp->n_nodes, tp->sec_index[tp->n_sec++] = index;
+}
+
+/* Backward through the sections: a span per block from its last node to its first. */
+static void section_span(tdm_tape *tp, int *s, int i, double *t_in) {
+  while (*s >= 0 && i < tp->sec_node[*s]) {
+    double now = tdm_trace_now();
+    if (tp->sec_index[*s] >= 0 && *t_in > 0) {
+      tdm_trace_args a = TDM_TRACE_ARGS_INIT;
+      a.index = tp->sec_index[*s];
+      tdm_trace_span("compute", "backward block", *t_in, now, &a);
+    }
+    *t_in = now;
+    (*s)--;
+  }
+}
+
 static tdm_status run_backward(tdm_tape *tp) {
   int k = tp->n_leaves - 1;
   tp->in_backward = 1;
+  int sec = tdm_trace_on() ? tp->n_sec - 1 : -1;
+  double t_sec = sec >= 0 ? tdm_trace_now() : 0;
   for (int i = tp->n_nodes - 1; i >= 0; i--) {
+    if (sec >= 0) section_span(tp, &sec, i, &t_sec);
     tdm_node *nd = tp->nodes[i];
     if (nd->out->grad && (tp->grad_phase != 2 || has_param_input(nd)) && fetch_inputs(tp, nd->op, nd->n_in, nd->in, 1) == TDM_OK)
       nd->backward(tp, nd);
@@ -364,6 +389,7 @@ static tdm_status run_backward(tdm_tape *tp) {
     for (; k >= 0 && tp->leaves[k].first_use >= i; k--) fire(tp, tp->leaves[k].t);
   }
   for (; k >= 0; k--) fire(tp, tp->leaves[k].t);
+  if (sec >= 0) section_span(tp, &sec, -1, &t_sec);
   tp->in_backward = 0;
   return TDM_OK;
 }

@@ -7,6 +7,7 @@
 #include "tensor/tensor_impl.h"
 
 typedef struct tdm_node tdm_node;
+#define TDM__TAPE_SECTIONS 260
 typedef void (*tdm__backward_fn)(tdm_tape *tp, tdm_node *n);
 
 #define TDM_NODE_MAX_IN 4
@@ -48,7 +49,16 @@ struct tdm_tape {
   char error[512];
   void *ws; /* tdm__workspace's buffer (kept across resets) */
   size_t ws_cap;
+  /* Tracing only: where the model's blocks start on the tape (first node, block index; -1: not a
+   * block), so backward can time each block (tdm__tape_section). */
+  int sec_node[TDM__TAPE_SECTIONS];
+  int sec_index[TDM__TAPE_SECTIONS];
+  int n_sec;
 };
+
+/* Marks the nodes recorded from now on as block `index` (-1: none) for the trace: a span per
+ * block in forward is the model's; in backward, the tape's. Does nothing when tracing is off. */
+void tdm__tape_section(tdm_tape *tp, int index);
 
 /* Records the first error on the tape and returns NULL. */
 tdm_tensor *tdm__fail(tdm_tape *tp, tdm_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "comm/comm_impl.h"
+#include "tandem/trace.h"
 
 /* ---- argument checks and dispatch ---------------------------------------------------------- */
 static tdm_status begin(struct tdm_comm *c, tdm__coll_kind kind, size_t count, tdm_dtype dt, tdm_redop op, int root) {
@@ -20,6 +21,8 @@ static tdm_status begin(struct tdm_comm *c, tdm__coll_kind kind, size_t count, t
   if (count > ((size_t)1 << 40))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: count %zu is implausibly large", tdm__coll_name(kind), count);
   c->cur = (tdm__call){kind, (uint32_t)dt, (uint32_t)op, root, count, ++c->seq};
+  c->tr_t0 = tdm_trace_begin();
+  c->tr_algo = TDM_ALGO_AUTO;
   c->tr->active = c; /* sub-communicators too: their calls are checked like any other */
   return TDM_OK;
 }
@@ -27,7 +30,24 @@ static tdm_status begin(struct tdm_comm *c, tdm__coll_kind kind, size_t count, t
 /* Publishes the call and how it runs, once the algorithm is chosen (before, a peer could see
  * this call with the wrong algorithm). */
 static void announce(struct tdm_comm *c, tdm_algo algo) {
+  c->tr_algo = algo;
   if (c->tr->ops->announce) c->tr->ops->announce(c->tr, &c->cur, algo == TDM_ALGO_SHM);
+}
+
+/* The collective that just ended as a span on the calling thread's row: what matches it across
+ * ranks is (comm, seq). */
+static tdm_status traced(struct tdm_comm *c, tdm_status st) {
+  if (c && c->tr_t0 > 0) {
+    if (tdm_trace_on()) {
+      tdm_trace_args a = TDM_TRACE_ARGS_INIT;
+      a.bytes = (int64_t)(c->cur.count * tdm_dtype_size((tdm_dtype)c->cur.dtype));
+      a.seq = (int64_t)c->cur.seq, a.ranks = c->size, a.comm = c->comm_id;
+      a.algo = tdm_algo_name((tdm_algo)c->tr_algo);
+      tdm_trace_span("comm", tdm__coll_name((int)c->cur.kind), c->tr_t0, tdm_trace_now(), &a);
+    }
+    c->tr_t0 = 0;
+  }
+  return st;
 }
 
 static tdm_status null_buf(struct tdm_comm *c, const char *what) {
@@ -53,7 +73,7 @@ static tdm_status agree(struct tdm_comm *c) {
 }
 
 
-tdm_status tdm_comm_allreduce(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt,
+static tdm_status allreduce_(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt,
                               tdm_redop op, tdm_algo algo) {
   TDM__TRY(tdm__wait_queue_idle(c));
   TDM__TRY(begin(c, TDM_COLL_ALLREDUCE, count, dt, op, 0));
@@ -71,8 +91,12 @@ tdm_status tdm_comm_allreduce(tdm_comm_t c, const void *sendbuf, void *recvbuf, 
   if (st == TDM_OK && op == TDM_AVG) tdm__scale_avg(recvbuf, count, dt, c->size);
   return st;
 }
+tdm_status tdm_comm_allreduce(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt, tdm_redop op,
+                              tdm_algo algo) {
+  return traced(c, allreduce_(c, sendbuf, recvbuf, count, dt, op, algo));
+}
 
-tdm_status tdm_comm_broadcast(tdm_comm_t c, void *buf, size_t count, tdm_dtype dt, int root, tdm_algo algo) {
+static tdm_status broadcast_(tdm_comm_t c, void *buf, size_t count, tdm_dtype dt, int root, tdm_algo algo) {
   TDM__TRY(tdm__wait_queue_idle(c));
   TDM__TRY(begin(c, TDM_COLL_BROADCAST, count, dt, TDM_SUM, root));
   if (count && !buf) return null_buf(c, "buf");
@@ -85,8 +109,11 @@ tdm_status tdm_comm_broadcast(tdm_comm_t c, void *buf, size_t count, tdm_dtype d
   TDM__TRY(agree(c));
   return tdm__algos[algo].broadcast(c, buf, nbytes, root);
 }
+tdm_status tdm_comm_broadcast(tdm_comm_t c, void *buf, size_t count, tdm_dtype dt, int root, tdm_algo algo) {
+  return traced(c, broadcast_(c, buf, count, dt, root, algo));
+}
 
-tdm_status tdm_comm_reduce(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt, tdm_redop op,
+static tdm_status reduce_(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt, tdm_redop op,
                            int root, tdm_algo algo) {
   TDM__TRY(tdm__wait_queue_idle(c));
   TDM__TRY(begin(c, TDM_COLL_REDUCE, count, dt, op, root));
@@ -108,6 +135,10 @@ tdm_status tdm_comm_reduce(tdm_comm_t c, const void *sendbuf, void *recvbuf, siz
   if (c->rank != root) tdm__free(work);
   if (st == TDM_OK && op == TDM_AVG && c->rank == root) tdm__scale_avg(recvbuf, count, dt, c->size);
   return st;
+}
+tdm_status tdm_comm_reduce(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt, tdm_redop op,
+                           int root, tdm_algo algo) {
+  return traced(c, reduce_(c, sendbuf, recvbuf, count, dt, op, root, algo));
 }
 
 /* ---- blocks: reduce-scatter and all-gather -------------------------------------------------- */
@@ -153,7 +184,7 @@ static int32_t parts_hash(const size_t *parts, int P) {
 /* The reduce-scatter of count elements split by tdm__blocks, or by parts; the identity's count
  * is the whole buffer, so the plain form (equal blocks) and the blocks form of one buffer are the
  * same call. */
-static tdm_status reduce_scatter(struct tdm_comm *c, const void *sendbuf, void *recvbuf, size_t count, const size_t *parts,
+static tdm_status reduce_scatter_(struct tdm_comm *c, const void *sendbuf, void *recvbuf, size_t count, const size_t *parts,
                                  tdm_dtype dt, tdm_redop op, tdm_algo algo) {
   TDM__TRY(tdm__wait_queue_idle(c));
   if (!c) return tdm__set_error(TDM_ERR_INVALID_ARG, "reduce-scatter: communicator is NULL");
@@ -175,6 +206,10 @@ static tdm_status reduce_scatter(struct tdm_comm *c, const void *sendbuf, void *
   if (st == TDM_OK && op == TDM_AVG) tdm__scale_avg(recvbuf, len, dt, c->size);
   return st;
 }
+static tdm_status reduce_scatter(struct tdm_comm *c, const void *sendbuf, void *recvbuf, size_t count, const size_t *parts,
+                                 tdm_dtype dt, tdm_redop op, tdm_algo algo) {
+  return traced(c, reduce_scatter_(c, sendbuf, recvbuf, count, parts, dt, op, algo));
+}
 
 tdm_status tdm_comm_reduce_scatter(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t recvcount, tdm_dtype dt,
                                    tdm_redop op, tdm_algo algo) {
@@ -194,7 +229,7 @@ tdm_status tdm_comm_reduce_scatter_v(tdm_comm_t c, const void *sendbuf, void *re
   return reduce_scatter(c, sendbuf, recvbuf, count, parts, dt, op, algo);
 }
 
-static tdm_status allgather(struct tdm_comm *c, const void *sendbuf, void *recvbuf, size_t count, const size_t *parts,
+static tdm_status allgather_(struct tdm_comm *c, const void *sendbuf, void *recvbuf, size_t count, const size_t *parts,
                             tdm_dtype dt, tdm_algo algo) {
   TDM__TRY(tdm__wait_queue_idle(c));
   if (!c) return tdm__set_error(TDM_ERR_INVALID_ARG, "all-gather: communicator is NULL");
@@ -213,6 +248,10 @@ static tdm_status allgather(struct tdm_comm *c, const void *sendbuf, void *recvb
     return not_applicable(c, algo);
   announce(c, algo);
   return tdm__algos[algo].allgather(c, sendbuf, recvbuf, count, cnt, off, dt);
+}
+static tdm_status allgather(struct tdm_comm *c, const void *sendbuf, void *recvbuf, size_t count, const size_t *parts,
+                            tdm_dtype dt, tdm_algo algo) {
+  return traced(c, allgather_(c, sendbuf, recvbuf, count, parts, dt, algo));
 }
 
 tdm_status tdm_comm_allgather(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t sendcount, tdm_dtype dt,
@@ -235,7 +274,7 @@ tdm_status tdm_comm_allgather_v(tdm_comm_t c, const void *sendbuf, void *recvbuf
 
 tdm_algo tdm_comm_rank_order_algo(tdm_comm_t c) { return tdm__shm_usable(c) ? TDM_ALGO_SHM : TDM_ALGO_DIRECT; }
 
-tdm_status tdm_comm_gather(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t sendcount, tdm_dtype dt, int root) {
+static tdm_status gather_(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t sendcount, tdm_dtype dt, int root) {
   TDM__TRY(tdm__wait_queue_idle(c));
   TDM__TRY(begin(c, TDM_COLL_GATHER, sendcount, dt, TDM_SUM, root));
   if (sendcount && (!sendbuf || (c->rank == root && !recvbuf))) return null_buf(c, "a buffer");
@@ -251,8 +290,11 @@ tdm_status tdm_comm_gather(tdm_comm_t c, const void *sendbuf, void *recvbuf, siz
     if (i != root) x[n++] = (tdm__xfer){.peer = i, .is_send = 0, .buf = out + (size_t)i * block, .nbytes = block};
   return n ? tdm__exchange(c, x, n) : TDM_OK;
 }
+tdm_status tdm_comm_gather(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t sendcount, tdm_dtype dt, int root) {
+  return traced(c, gather_(c, sendbuf, recvbuf, sendcount, dt, root));
+}
 
-tdm_status tdm_comm_scatter(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t recvcount, tdm_dtype dt, int root) {
+static tdm_status scatter_(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t recvcount, tdm_dtype dt, int root) {
   TDM__TRY(tdm__wait_queue_idle(c));
   TDM__TRY(begin(c, TDM_COLL_SCATTER, recvcount, dt, TDM_SUM, root));
   if (recvcount && (!recvbuf || (c->rank == root && !sendbuf))) return null_buf(c, "a buffer");
@@ -268,8 +310,11 @@ tdm_status tdm_comm_scatter(tdm_comm_t c, const void *sendbuf, void *recvbuf, si
     if (i != root) x[n++] = (tdm__xfer){.peer = i, .is_send = 1, .buf = (void *)(in + (size_t)i * block), .nbytes = block};
   return n ? tdm__exchange(c, x, n) : TDM_OK;
 }
+tdm_status tdm_comm_scatter(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t recvcount, tdm_dtype dt, int root) {
+  return traced(c, scatter_(c, sendbuf, recvbuf, recvcount, dt, root));
+}
 
-tdm_status tdm_comm_alltoall(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt) {
+static tdm_status alltoall_(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt) {
   TDM__TRY(tdm__wait_queue_idle(c));
   TDM__TRY(begin(c, TDM_COLL_ALLTOALL, count, dt, TDM_SUM, 0));
   if (count && (!sendbuf || !recvbuf)) return null_buf(c, "a buffer");
@@ -290,11 +335,17 @@ tdm_status tdm_comm_alltoall(tdm_comm_t c, const void *sendbuf, void *recvbuf, s
   }
   return n ? tdm__exchange(c, x, n) : TDM_OK;
 }
+tdm_status tdm_comm_alltoall(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt) {
+  return traced(c, alltoall_(c, sendbuf, recvbuf, count, dt));
+}
 
-tdm_status tdm_comm_barrier(tdm_comm_t c) {
+static tdm_status barrier_(tdm_comm_t c) {
   TDM__TRY(tdm__wait_queue_idle(c));
   TDM__TRY(begin(c, TDM_COLL_BARRIER, 0, TDM_U8, TDM_SUM, 0));
   announce(c, TDM_ALGO_AUTO);
   return agree(c);
+}
+tdm_status tdm_comm_barrier(tdm_comm_t c) {
+  return traced(c, barrier_(c));
 }
 

@@ -135,6 +135,9 @@ struct tdm_comm {
   tdm_algo algo_plain;
   uint64_t seq;
   tdm__call cur; /* the collective in progress */
+  double tr_t0;  /* tracing: when cur began (0: not traced) */
+  int tr_algo;   /* tracing: the algorithm cur runs */
+  void *tr_rec;  /* tracing: the recorder the progress thread records into */
   int last_any;  /* the rank a tagged receive from any source took a message from last */
   _Atomic int failed;
   /* tdm_comm_bytes_sent: message payloads, plus what the shm collectives hand to peers */

@@ -3,6 +3,7 @@
 #include <stdio.h>
 
 #include "comm/comm_impl.h"
+#include "tandem/trace.h"
 
 /* ---- non-blocking work ---------------------------------------------------------------------- */
 typedef enum {
@@ -42,6 +43,7 @@ struct tdm_work {
   tdm_status st;
   char error[512];
   int done;
+  double t_launch; /* tracing: when it was queued (0: not traced) */
 };
 
 
@@ -68,11 +70,30 @@ static tdm_status run_work(struct tdm_work *w) {
   return TDM_ERR_INTERNAL;
 }
 
+static const char *const work_names[] = {"all-reduce", "broadcast", "reduce", "reduce-scatter", "all-gather",
+                                         "reduce-scatter", "all-gather", "reduce-scatter", "all-gather", "gather",
+                                         "scatter", "all-to-all", "barrier", "call", "send", "recv"};
+_Static_assert(sizeof work_names / sizeof *work_names == W_RECV + 1, "a name per kind of work");
+
+/* A queued call from its launch to its completion, on a track of its own (calls overlap the
+ * computation that launched them, and each other's queueing). */
+static void trace_work(struct tdm_comm *c, struct tdm_work *w) {
+  tdm_trace_args a = TDM_TRACE_ARGS_INIT;
+  a.comm = c->comm_id;
+  if (w->kind < W_CALL) {
+    a.seq = (int64_t)c->cur.seq, a.bytes = (int64_t)(w->count * tdm_dtype_size(w->dt));
+    a.algo = tdm_algo_name((tdm_algo)c->tr_algo);
+  }
+  tdm_trace_async("comm.async", work_names[w->kind], w->t_launch, tdm_trace_now(), &a);
+}
+
 static _Thread_local int on_progress_thread;
 
 static void *progress_main(void *arg) {
   struct tdm_comm *c = arg;
   on_progress_thread = 1;
+  tdm_trace_attach(c->tr_rec); /* the recorder of the thread that started this one */
+  tdm_trace_name_thread("communication");
   tdm__mem_scope(TDM_MEM_COMM); /* what the queued calls allocate */
   pthread_mutex_lock(&c->q_mu);
   for (;;) {
@@ -84,6 +105,7 @@ static void *progress_main(void *arg) {
     c->q_busy = 1;
     pthread_mutex_unlock(&c->q_mu);
     tdm_status st = run_work(w);
+    if (w->t_launch > 0 && tdm_trace_on()) trace_work(c, w);
     pthread_mutex_lock(&c->q_mu);
     w->st = st;
     if (st != TDM_OK) snprintf(w->error, sizeof w->error, "%s", tdm_last_error());
@@ -112,8 +134,10 @@ static tdm_status enqueue(struct tdm_comm *c, struct tdm_work *tmpl, tdm_work_t 
   w->c = c;
   w->next = NULL;
   w->done = 0;
+  w->t_launch = tdm_trace_begin();
   pthread_mutex_lock(&c->q_mu);
   if (!c->q_started) {
+    c->tr_rec = tdm_trace_current();
     if (pthread_create(&c->q_thread, NULL, progress_main, c) != 0) {
       pthread_mutex_unlock(&c->q_mu);
       tdm__free(w);

@@ -7,6 +7,8 @@
 #include <string.h>
 
 #include "core/internal.h"
+#include "autograd/tape_impl.h"
+#include "tandem/trace.h"
 #include "nn/model_impl.h"
 
 tdm_status tdm_model_config_llama(const char *name, tdm_model_config *out) {
@@ -138,6 +140,12 @@ static tdm_tensor *block(tdm_tape *tp, const tdm_llama_block_mod *b, tdm_tensor 
 tdm_tensor *tdm__llama_forward(tdm_model *m, tdm_tape *tp, tdm_tensor *x) {
   const tdm_model_config *c = &m->cfg;
   tdm_tensor *h = tdm_dropout(tp, tdm_embedding(tp, m->wte.weight, x), c->dropout);
-  for (int64_t l = 0; l < c->n_layer; l++) h = block(tp, &m->lblocks[l], h);
+  for (int64_t l = 0; l < c->n_layer; l++) {
+    double t0 = tdm_trace_begin();
+    tdm__tape_section(tp, (int)l);
+    h = block(tp, &m->lblocks[l], h);
+    if (t0 > 0) tdm__trace_block(t0, l);
+  }
+  tdm__tape_section(tp, -1);
   return tdm_linear(tp, tdm_rmsnorm(tp, h, m->norm, c->norm_eps), m->lm_head, NULL);
 }

@@ -31,6 +31,8 @@ struct tdm_model {
 tdm_status tdm__llama_check(const tdm_model_config *c);
 tdm_status tdm__llama_build(tdm_model *m);
 tdm_tensor *tdm__llama_forward(tdm_model *m, tdm_tape *tp, tdm_tensor *x);
+/* --trace: transformer block l's forward as a span from t0 (models.c). */
+void tdm__trace_block(double t0, int64_t l);
 
 tdm_status tdm__resnet_check(const tdm_model_config *c);
 tdm_status tdm__resnet_build(tdm_model *m);

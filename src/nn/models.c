@@ -7,6 +7,7 @@
 #include "nn/model_impl.h"
 #include "autograd/tape_impl.h"
 #include "tandem/comm.h"
+#include "tandem/trace.h"
 
 static const char *kind_names[] = {"mlp", "cnn", "gpt", "llama", "resnet"};
 _Static_assert(sizeof kind_names / sizeof kind_names[0] == TDM_MODEL_KIND_COUNT, "one name per model kind");
@@ -245,6 +246,13 @@ tdm_tensor *tdm_model_forward(tdm_model *m, tdm_tape *tp, tdm_tensor *x) {
 
 /* Dropout masks are keyed by the call's number in the step (tandem/autograd.h): the embeddings'
  * is call 0, block l's two are 1 + 2l and 2 + 2l, however the blocks are spread over stages. */
+/* --trace: a span per transformer block in forward (backward's are the tape's). */
+void tdm__trace_block(double t0, int64_t l) {
+  tdm_trace_args a = TDM_TRACE_ARGS_INIT;
+  a.index = l;
+  tdm_trace_span("compute", "forward block", t0, tdm_trace_now(), &a);
+}
+
 static void dropout_site(tdm_tape *tp, int64_t block) { tp->dropout_calls = (uint64_t)(1 + 2 * block); }
 
 tdm_tensor *tdm_gpt_forward_range(tdm_model *m, tdm_tape *tp, tdm_tensor *x, tdm_gpt_range *r) {
@@ -265,8 +273,12 @@ tdm_tensor *tdm_gpt_forward_range(tdm_model *m, tdm_tape *tp, tdm_tensor *x, tdm
   }
   for (int64_t l = r->first; l < r->last; l++) {
     dropout_site(tp, l);
+    double t0 = tdm_trace_begin();
+    tdm__tape_section(tp, (int)l);
     h = gpt_block(tp, &m->blocks[l], h);
+    if (t0 > 0) tdm__trace_block(t0, l);
   }
+  tdm__tape_section(tp, -1);
   if (!r->head) return h;
   h = tdm_layernorm_mod_forward(tp, &m->ln_f, h);
   r->head_input = h;

@@ -10,6 +10,7 @@
 #include "parallel/layout.h"
 #include "core/internal.h"
 #include "tensor/tensor_impl.h"
+#include "tandem/trace.h"
 
 typedef struct {
   int64_t lo, hi;    /* element span of the gradient buffer */
@@ -18,6 +19,8 @@ typedef struct {
   int launched;
   void *wire;        /* compressed copy when the wire dtype is not f32 */
   tdm__shm_region *region;
+  int k;         /* its index */
+  int64_t seq;   /* tracing: the shared-region reduction's number (the same on every rank) */
 } bucket;
 
 struct tdm_dp {
@@ -34,21 +37,34 @@ struct tdm_dp {
   tdm__compress *cz; /* --compress topk / powersgd: buckets reduced after backward */
   int64_t step;
   uint64_t bytes0, step_bytes;
+  int64_t region_seq; /* shared-region reductions so far: they are no collectives, so count them here */
 };
+
+/* A bucket averaged in the shared region (no collective, so no sequence number of the
+ * communicator's): a span with the region's own count, on the thread that ran it. */
+static tdm_status region_reduce(bucket *b, double t0) {
+  tdm_status st = tdm__shm_region_allreduce(b->region, (size_t)b->lo, (size_t)b->hi, 1);
+  if (t0 > 0) {
+    tdm_trace_args a = TDM_TRACE_ARGS_INIT;
+    a.bytes = (b->hi - b->lo) * (int64_t)sizeof(float), a.seq = b->seq, a.index = b->k, a.algo = "shm-region";
+    tdm_trace_span("comm", "bucket all-reduce", t0, tdm_trace_now(), &a);
+  }
+  return st;
+}
 
 static int compressing(const tdm_dp *dp) { return dp->cz && tdm__compress_active(dp->cz, dp->step); }
 
-static tdm_status region_bucket(void *ctx) {
-  bucket *b = ctx;
-  return tdm__shm_region_allreduce(b->region, (size_t)b->lo, (size_t)b->hi, 1);
-}
+static tdm_status region_bucket(void *ctx) { return region_reduce(ctx, tdm_trace_begin()); }
 
 static tdm_status launch(tdm_dp *dp, bucket *b) {
   float *g = tdm_params_grad(dp->params) + b->lo;
   size_t n = (size_t)(b->hi - b->lo);
   b->launched = 1;
   if (compressing(dp)) return TDM_OK; /* the compressor takes the whole bucket in tdm_dp_finish */
-  if (dp->region) return tdm__comm_icall(dp->comm, region_bucket, b, &b->work);
+  if (dp->region) {
+    b->seq = ++dp->region_seq;
+    return tdm__comm_icall(dp->comm, region_bucket, b, &b->work);
+  }
   if (dp->cfg.wire_dtype != TDM_F32) { /* compress, reduce in the wire dtype, expand in finish */
     tdm_convert(b->wire, dp->cfg.wire_dtype, g, TDM_F32, (int64_t)n);
     return tdm_comm_iallreduce(dp->comm, b->wire, b->wire, n, dp->cfg.wire_dtype, TDM_AVG, tdm_comm_rank_order_algo(dp->comm), &b->work);
@@ -140,6 +156,7 @@ tdm_status tdm_dp_create(tdm_dp **out, tdm_comm_t comm, tdm_params *params, cons
   }
   for (int k = 0; k < L.ng; k++) {
     bucket *b = &dp->b[dp->nb++];
+    b->k = k;
     b->lo = L.g[k].lo, b->hi = L.g[k].hi, b->n_params = L.g[k].n_params;
     if (cz) { /* the compressor sees each parameter of the bucket as a matrix (PowerSGD's unit) */
       tdm__cmat *mats = tdm__malloc(sizeof *mats * (size_t)(b->n_params ? b->n_params : 1));
@@ -249,12 +266,19 @@ tdm_status tdm_dp_finish(tdm_dp *dp, double *wait_ms) {
     st = tdm__compress_bucket(dp->cz, k, dp->comm, tdm_params_grad(dp->params) + dp->b[k].lo);
   for (int k = n_async(dp); dp->region && st == TDM_OK && k < dp->nb; k++) { /* in order, after the others */
     bucket *b = &dp->b[k];
-    tdm_status s = tdm__shm_region_allreduce(dp->region, (size_t)b->lo, (size_t)b->hi, 1);
+    b->seq = ++dp->region_seq;
+    tdm_status s = region_reduce(b, tdm_trace_begin());
     if (st == TDM_OK) st = s;
   }
   dp->next_launch = 0;
   dp->hook_status = TDM_OK;
   dp->step_bytes = tdm_comm_bytes_sent(dp->comm) - dp->bytes0;
-  if (wait_ms) *wait_ms = (tdm_time_now() - t0) * 1e3;
+  double t1 = tdm_time_now();
+  if (tdm_trace_on()) { /* what backward did not hide: the buckets still running, the ones run here */
+    tdm_trace_args a = TDM_TRACE_ARGS_INIT;
+    a.index = dp->nb, a.bytes = (int64_t)dp->step_bytes; /* buckets, bytes this rank sent */
+    tdm_trace_span("idle", "wait for buckets", t0, t1, &a);
+  }
+  if (wait_ms) *wait_ms = (t1 - t0) * 1e3;
   return st;
 }

@@ -6,6 +6,7 @@
 
 #include "nn/params_impl.h"
 #include "parallel/engine_impl.h"
+#include "tandem/trace.h"
 #include "tensor/tensor_impl.h"
 
 /* ---- the table: one row per strategy --------------------------------------------------------- */
@@ -362,15 +363,20 @@ tdm_status tdm_engine_step(tdm_engine *e, tdm_batch_fn next, void *ctx, uint64_t
     TDM__TRY(next(ctx, tp, m, &x, &y, &base));
     if (!x || !y) return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_step: the batch source gave no tensors");
     tdm_tape_set_dropout_key(tp, dropout_seed, base);
-    double comm0 = st->t_comm_wait;
+    double comm0 = st->t_comm_wait, tf = tdm_trace_begin();
+    tdm_trace_args ma = TDM_TRACE_ARGS_INIT;
+    ma.index = m; /* the micro-batch */
+    if (tf > 0) tdm_trace_span("data", "data", t0, tf, &ma);
     tdm_tensor *loss = forward(e, x, y, st);
     if (!loss) return tdm__set_error(tdm_tape_status(tp), "forward: %s", tdm_tape_error(tp));
+    if (tf > 0) tdm_trace_span("compute", "forward", tf, tdm_trace_now(), &ma);
     loss_sum += *(const float *)tdm_tensor_data(loss); /* a non-finite loss is the caller's to judge: it is this rank's */
     double fwd_comm = st->t_comm_wait - comm0; /* collectives inside forward (tensor parallelism) */
     st->samples += tdm_tensor_dim(x, 0);
     double t1 = tdm_time_now();
     e->ops->begin_backward(e, last);
     TDM__TRY(backward(e, loss));
+    if (tf > 0) tdm_trace_span("compute", "backward", t1, tdm_trace_now(), &ma);
     double wait = 0;
     TDM__TRY(e->ops->end_backward(e, last, &wait));
     double t2 = tdm_time_now();
@@ -384,6 +390,7 @@ tdm_status tdm_engine_step(tdm_engine *e, tdm_batch_fn next, void *ctx, uint64_t
   e->steps++;
   TDM__TRY(us);
   st->t_update = tdm_time_now() - t3;
+  if (tdm_trace_on()) tdm_trace_span("optimizer", "optimizer", t3, t3 + st->t_update, NULL);
   return TDM_OK;
 }
 

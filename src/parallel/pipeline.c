@@ -37,6 +37,7 @@
 #include "parallel/pipeline_impl.h"
 #include "tandem/kernels.h"
 #include "tandem/plan.h"
+#include "tandem/trace.h"
 
 typedef struct {
   tdm_tape *tape;
@@ -286,7 +287,13 @@ static tdm_status wait_through(pp_state *q, int k, double *waited) {
                              act_str(&q->list[x->lo], b, sizeof b), tdm_last_error());
     }
   }
-  if (waited) *waited += tdm_time_now() - t0;
+  double t1 = tdm_time_now();
+  if (waited) *waited += t1 - t0;
+  if (tdm_trace_on()) {
+    tdm_trace_args ta = TDM_TRACE_ARGS_INIT;
+    ta.index = k;
+    tdm_trace_span("idle", "wait for exchange", t0, t1, &ta);
+  }
   return first;
 }
 
@@ -406,6 +413,11 @@ static tdm_status run_list(tdm_engine *e, pp_state *q, tdm_batch_fn next, void *
         s_ = backward(e, q, s, a->op);
         q->t_bwd += tdm_time_now() - t0;
       }
+      if (s_ == TDM_OK && tdm_trace_on()) { /* the schedule's action, as tandem plan --trace draws it */
+        tdm_trace_args ta = TDM_TRACE_ARGS_INIT;
+        ta.index = a->mb, ta.chunk = a->chunk;
+        tdm_trace_span("pipeline", tdm_pp_op_name(a->op), t0, tdm_trace_now(), &ta);
+      }
     }
     if (s_ != TDM_OK) {
       if (strncmp(tdm_last_error(), "pipeline stage", 14)) /* an exchange's failure names itself */
@@ -461,6 +473,10 @@ static tdm_status finish(tdm_engine *e, pp_state *q, float lr, tdm_step_stats *s
   q->tied_stale = 1;
   TDM__TRY(sync_tied(e, q));
   st->t_update = tdm_time_now() - t1;
+  if (tdm_trace_on()) {
+    tdm_trace_span("sync", "average gradients", t0, t1, NULL);
+    tdm_trace_span("optimizer", "optimizer", t1, t1 + st->t_update, NULL);
+  }
   return TDM_OK;
 }
 

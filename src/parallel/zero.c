@@ -28,6 +28,7 @@
 #include "parallel/engine_impl.h"
 #include "parallel/layout.h"
 #include "tensor/tensor_impl.h"
+#include "tandem/trace.h"
 
 #define MAX_RESIDENT 2 /* stage 3: gathered units kept (the current one and the one before) */
 
@@ -199,8 +200,14 @@ static tdm_status fetch(void *ctx, tdm_tensor *p, int backward) {
   if (backward) count_grads(g, 1); /* its gradients are written from now on */
   if (g->resident) return TDM_OK;
   evict(z, u, MAX_RESIDENT - 1); /* room first: at most MAX_RESIDENT gathered (plus one arriving) */
+  double t0 = tdm_trace_begin();
   if (!g->gather) TDM__TRY(start_gather(z, g)); /* not prefetched: gather now */
   TDM__TRY(finish_gather(g));
+  if (t0 > 0) { /* the unit's parameters arriving (all of the gather, or what prefetch did not hide) */
+    tdm_trace_args a = TDM_TRACE_ARGS_INIT;
+    a.index = u, a.bytes = (int64_t)sizeof(float) * (g->hi - g->lo);
+    tdm_trace_span("idle", "wait for parameters", t0, tdm_trace_now(), &a);
+  }
   /* the unit that comes next: groups are in reverse parameter order, so forward walks down the
    * indices and backward up */
   int next = backward ? u + 1 : u - 1;
@@ -356,7 +363,13 @@ static tdm_status zero_end_backward(tdm_engine *e, int last, double *wait_s) {
       }
     }
     z->next_launch = 0;
-    *wait_s += tdm_time_now() - t0;
+    double t1 = tdm_time_now();
+    *wait_s += t1 - t0;
+    if (tdm_trace_on()) {
+      tdm_trace_args a = TDM_TRACE_ARGS_INIT;
+      a.index = z->ng;
+      tdm_trace_span("idle", "wait for gradient pieces", t0, t1, &a);
+    }
   }
   for (int k = 0; k < z->ng; k++) z->g[k].pending = z->g[k].n_params;
   z->hook_status = TDM_OK;

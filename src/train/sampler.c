@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/internal.h"
+#include "tandem/trace.h"
 
 typedef struct {
   float *x;
@@ -20,6 +21,7 @@ typedef struct {
 
 struct tdm_sampler {
   const tdm_dataset *ds;
+  tdm_trace *trace; /* the prefetch thread records into the creator's recorder */
   tdm_sampler_config cfg;
   int64_t N, G, steps_per_epoch;
   int64_t *order, order_epoch;
@@ -93,6 +95,8 @@ static void assemble(tdm_sampler *s, slot *sl, int64_t pos) {
  * consumer, holding batch pos - 1 in the other slot, has let go of slot q & 1 once q <= pos. */
 static void *prefetch_main(void *arg) {
   tdm_sampler *s = arg;
+  tdm_trace_attach(s->trace);
+  tdm_trace_name_thread("prefetch");
   pthread_mutex_lock(&s->mu);
   for (;;) {
     while (!s->stop && s->want > s->pos) pthread_cond_wait(&s->cv, &s->mu);
@@ -100,7 +104,13 @@ static void *prefetch_main(void *arg) {
     int64_t q = s->want;
     s->busy = 1;
     pthread_mutex_unlock(&s->mu);
+    double t0 = tdm_trace_begin();
     assemble(s, &s->slots[q & 1], q);
+    if (t0 > 0) {
+      tdm_trace_args a = TDM_TRACE_ARGS_INIT;
+      a.index = q; /* the batch */
+      tdm_trace_span("data", "assemble batch", t0, tdm_trace_now(), &a);
+    }
     pthread_mutex_lock(&s->mu);
     s->busy = 0;
     if (s->want == q) { /* otherwise a seek moved on meanwhile: this batch is stale */
@@ -154,6 +164,7 @@ tdm_status tdm_sampler_create(tdm_sampler **out, const tdm_dataset *ds, const td
     return tdm__set_error(TDM_ERR_NO_MEMORY, "sampler: out of memory");
   }
   if (cfg->prefetch) {
+    s->trace = tdm_trace_current();
     if (pthread_create(&s->th, NULL, prefetch_main, s) != 0) {
       tdm_sampler_destroy(s);
       return tdm__set_error(TDM_ERR_SYSTEM, "sampler: cannot start the prefetch thread");

@@ -21,6 +21,7 @@
 #include "tandem/tensor.h"
 #include "tandem/train.h"
 #include "train/observe.h"
+#include "tandem/trace.h"
 #include "train/run_start.h"
 
 tdm_train_config tdm_train_config_default(void) {
@@ -202,6 +203,7 @@ typedef struct {
   FILE *metrics;
   int64_t recorded; /* resumed: the last step the metrics file holds already (not written again); else -1 */
   tdm__start_out start; /* the checkpoint directory's lock */
+  tdm_trace *trace;     /* --trace: this rank's timeline */
 } run_state;
 
 static void run_free(run_state *s) {
@@ -733,16 +735,36 @@ static tdm_status ps_replay_run(const tdm_train_config *c, tdm_train_result *res
   return TDM_OK;
 }
 
+/* --trace: this rank's clock against rank 0's, at the start (which 0) or the end (1) of the run. */
+static tdm_status trace_clock(run_state *s, int which) {
+  if (!s->trace) return TDM_OK;
+  double off = 0, unc = 0;
+  if (s->comm) TDM__TRY(tdm_comm_clock_offset(s->comm, 32, &off, &unc));
+  return tdm_trace_set_clock(s->trace, which, tdm_time_now(), off, unc);
+}
+
+static void trace_span(const char *cat, const char *name, double t0, int64_t step) {
+  tdm_trace_args a = TDM_TRACE_ARGS_INIT;
+  a.step = step;
+  tdm_trace_span(cat, name, t0, tdm_trace_now(), &a);
+}
+
 static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_state *s) {
   TDM__TRY(tdm_set_num_threads(c->threads));
   if (c->ps_replay) return ps_replay_run(c, res, s);
   tdm_comm_config cc;
-  TDM__TRY(tdm_comm_config_from_env(&cc));
+  if (c->comm) cc = *c->comm; /* a rank emulated as a thread */
+  else TDM__TRY(tdm_comm_config_from_env(&cc));
   int W = cc.size, R = cc.rank;
+  if (c->trace_dir) { /* a directory that cannot be written fails here, before anything runs */
+    TDM__TRY(tdm_trace_open(&s->trace, c->trace_dir, R, W));
+    tdm_trace_name_thread("training");
+  }
   /* the grid before any connection: data x tensor x pipeline must make the world */
   int D = 0, TP = 1, P = 1;
   TDM__TRY(grid_of(c, W, &D, &TP, &P));
   if (W > 1) TDM__TRY(tdm_comm_create(&s->comm, &cc));
+  TDM__TRY(trace_clock(s, 0));
   if (c->engine.kind == TDM_ENGINE_PS) { /* the last ranks serve; the workers, a world of their own, are the data axis */
     TDM__TRY(ps_roles(c, s, &W, R));
     if (R >= W) return ps_server_rank(c, res, s, W, R);
@@ -833,6 +855,10 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
       if (st != TDM_OK && !isfinite(ss.grad_norm)) return grad_norm_error(c, ss.grad_norm, step, R, W);
       if (st != TDM_OK) return tdm__set_error(st, "step %lld: %s", (long long)step, tdm_last_error());
       double t3 = tdm_time_now();
+      if (s->trace) {
+        trace_span("step", "step", t0, step);
+        TDM__TRY(tdm_trace_flush_if_needed(s->trace)); /* the rings stay bounded */
+      }
       /* a parameter server's async and ssp workers never wait for each other: each reports its own */
       int own = s->ps_world && c->engine.ps.mode != TDM_PS_SYNC;
       if ((!s->comm || own) && !ss.skipped) TDM__TRY(finite_or_stop(c, ss.loss, step, "the loss", "")); /* several ranks: the mean, in flush_record */
@@ -873,12 +899,19 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
         TDM__TRY(metrics_ok(s, c)); /* the records are in the file before the checkpoint that covers them */
         tdm_ckpt_info ci = {.step = step + 1, .world_size = W, .seed = c->seed, .n_meta = id.n - 1, .meta_kv = id.kv}; /* the seed is the checkpoint's own key */
         tdm_sampler_locate(s->sampler, step + 1, &ci.data_epoch, &ci.data_offset);
+        double tc = tdm_trace_begin();
         TDM__TRY(tdm_ckpt_save_engine(c->checkpoint_dir, s->engine, &ci, 2));
+        if (s->trace) {
+          trace_span("checkpoint", "checkpoint", tc, step + 1);
+          TDM__TRY(tdm_trace_flush(s->trace)); /* what led up to a checkpoint survives a crash after it */
+        }
       }
       if (is_lm(mk) && c->val_every > 0 && (step + 1) % c->val_every == 0 && step + 1 < total) {
         double vl, va;
         TDM__TRY(flush_record(s, &rec, &pr, c));
+        double te = tdm_trace_begin();
         TDM__TRY(evaluate(s->engine, s->test, B, s->idx, c->val_batches * B * D, &vl, &va));
+        if (te > 0) trace_span("evaluation", "validation", te, step + 1);
         if (pr.f) fprintf(pr.f, "%sstep %lld: val loss %.4f\n", pr.tty ? "\n" : "", (long long)step + 1, vl);
         TDM__TRY(eval_record(s, c, 1, 0, step + 1, vl, va));
       }
@@ -890,8 +923,10 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
     if (epoch_done) {
       double tl = 0, ta = 0;
       TDM__TRY(params_finite(s->engine, c, step));
+      double te = tdm_trace_begin();
       TDM__TRY(evaluate(s->engine, s->test, is_lm(mk) ? B : eb, s->idx, is_lm(mk) ? c->val_batches * B * D : 0,
                         &tl, &ta));
+      if (te > 0) trace_span("evaluation", "evaluation", te, step);
       res->test_loss = tl;
       res->test_accuracy = ta;
       if (pr.f && is_lm(mk)) {
@@ -918,6 +953,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   FILE *mf = s->metrics;
   s->metrics = NULL;
   if (mf && fclose(mf) != 0) return tdm__set_error(TDM_ERR_IO, "train: writing metrics to %s failed: %s", c->metrics, strerror(errno));
+  if (c->engine.kind != TDM_ENGINE_PS) TDM__TRY(trace_clock(s, 1)); /* (the servers left the loop on their own) */
   loss_v = (float)s->last_loss;
   res->steps = step;
   res->final_loss = loss_v;
@@ -933,6 +969,8 @@ tdm_status tdm_train_run(const tdm_train_config *c, tdm_train_result *res) {
   run_state s = {0};
   s.start.lock_fd = -1;
   tdm_status st = run(c, res, &s);
+  tdm_trace *tr = s.trace; /* closed once no thread of the run records any more */
   run_free(&s);
-  return st;
+  tdm_status ts = tdm_trace_close(tr);
+  return st != TDM_OK ? st : ts;
 }

@@ -1,0 +1,204 @@
+/* tandem trace merge: the ranks' trace files as one, each rank's clock moved onto rank 0's. */
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/file.h"
+#include "core/internal.h"
+#include "core/json.h"
+#include "tandem/trace.h"
+
+typedef struct {
+  int rank, world;
+  tdm_json *doc;
+  const tdm_json *events;
+  double at[2], off[2], unc[2]; /* microseconds */
+  int have[2];
+} rank_trace;
+
+static void put_str(FILE *f, const char *s) {
+  fputc('"', f);
+  for (; *s; s++) {
+    unsigned char ch = (unsigned char)*s;
+    if (ch == '"' || ch == '\\') fprintf(f, "\\%c", ch);
+    else if (ch < 0x20) fprintf(f, "\\u%04x", ch);
+    else fputc(ch, f);
+  }
+  fputc('"', f);
+}
+
+static void put_value(FILE *f, const tdm_json *v) {
+  switch (v->type) {
+  case TDM_JSON_NULL: fputs("null", f); break;
+  case TDM_JSON_BOOL: fputs(v->num != 0 ? "true" : "false", f); break;
+  case TDM_JSON_NUM:
+    if (v->is_int) fprintf(f, "%lld", (long long)v->inum);
+    else fprintf(f, "%.17g", v->num);
+    break;
+  case TDM_JSON_STR: put_str(f, v->str); break;
+  case TDM_JSON_ARR:
+    fputc('[', f);
+    for (int i = 0; i < v->n; i++) {
+      if (i) fputc(',', f);
+      put_value(f, &v->items[i]);
+    }
+    fputc(']', f);
+    break;
+  case TDM_JSON_OBJ:
+    fputc('{', f);
+    for (int i = 0; i < v->n; i++) {
+      if (i) fputc(',', f);
+      put_str(f, v->keys[i]);
+      fputc(':', f);
+      put_value(f, &v->items[i]);
+    }
+    fputc('}', f);
+    break;
+  }
+}
+
+static double num_of(const tdm_json *o, const char *key, int *ok) {
+  const tdm_json *v = o ? tdm__json_get(o, key) : NULL;
+  if (!v || v->type != TDM_JSON_NUM) {
+    *ok = 0;
+    return 0;
+  }
+  return v->num;
+}
+
+/* Rank 0's clock at local time ts (us): the offsets measured at the start and the end, linear
+ * between them (drift), held outside. */
+static double offset_at(const rank_trace *r, double ts) {
+  if (r->have[0] && r->have[1] && r->at[1] > r->at[0]) {
+    double u = (ts - r->at[0]) / (r->at[1] - r->at[0]);
+    u = u < 0 ? 0 : u > 1 ? 1 : u;
+    return r->off[0] + u * (r->off[1] - r->off[0]);
+  }
+  return r->have[0] ? r->off[0] : r->have[1] ? r->off[1] : 0;
+}
+
+static tdm_status load(const char *path, int rank, rank_trace *r) {
+  unsigned char *text = NULL;
+  int64_t n = 0;
+  TDM__TRY(tdm__file_read(path, (int64_t)1 << 34, "trace file", &text, &n));
+  tdm_status st = tdm__json_parse((const char *)text, (size_t)n, &r->doc);
+  tdm__free(text);
+  if (st != TDM_OK)
+    return tdm__set_error(TDM_ERR_FORMAT, "trace merge: %s is not complete JSON (%s): did the run stop before closing its trace?",
+                          path, tdm_last_error());
+  const tdm_json *other = tdm__json_get(r->doc, "otherData"), *fmt = other ? tdm__json_get(other, "format") : NULL;
+  r->events = tdm__json_get(r->doc, "traceEvents");
+  if (!fmt || fmt->type != TDM_JSON_STR || strcmp(fmt->str, "tandem-trace") != 0 || !r->events ||
+      r->events->type != TDM_JSON_ARR)
+    return tdm__set_error(TDM_ERR_FORMAT, "trace merge: %s is not a tandem trace (no traceEvents, or otherData.format is not "
+                          "\"tandem-trace\")", path);
+  int ok = 1;
+  r->rank = (int)num_of(other, "rank", &ok);
+  r->world = (int)num_of(other, "world", &ok);
+  if (!ok || r->rank != rank)
+    return tdm__set_error(TDM_ERR_FORMAT, "trace merge: %s says it is rank %d; its name says rank %d", path, r->rank, rank);
+  static const char *const which[2] = {"clock_start", "clock_end"};
+  for (int k = 0; k < 2; k++) {
+    const tdm_json *c = tdm__json_get(other, which[k]);
+    if (!c) continue;
+    int cok = 1;
+    r->at[k] = num_of(c, "at_us", &cok), r->off[k] = num_of(c, "offset_us", &cok), r->unc[k] = num_of(c, "uncertainty_us", &cok);
+    if (!cok) return tdm__set_error(TDM_ERR_FORMAT, "trace merge: %s: otherData.%s lacks at_us, offset_us or uncertainty_us", path, which[k]);
+    r->have[k] = 1;
+  }
+  return TDM_OK;
+}
+
+static int by_rank(const void *a, const void *b) { return ((const rank_trace *)a)->rank - ((const rank_trace *)b)->rank; }
+
+static tdm_status merge(const char *dir, const char *out, rank_trace *rs, int *nr, int cap) {
+  DIR *d = opendir(dir);
+  if (!d) return tdm__set_error(TDM_ERR_IO, "trace merge: cannot read the directory %s: %s", dir, strerror(errno));
+  struct dirent *de;
+  tdm_status st = TDM_OK;
+  while (st == TDM_OK && (de = readdir(d))) {
+    int rank, len = 0;
+    if (sscanf(de->d_name, "trace.rank%d.json%n", &rank, &len) != 1 || len != (int)strlen(de->d_name) || rank < 0) continue;
+    if (*nr == cap) {
+      st = tdm__set_error(TDM_ERR_INVALID_ARG, "trace merge: %s holds more than %d rank traces", dir, cap);
+      break;
+    }
+    char path[4400];
+    snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+    st = load(path, rank, &rs[(*nr)++]);
+  }
+  closedir(d);
+  TDM__TRY(st);
+  if (*nr == 0) return tdm__set_error(TDM_ERR_INVALID_ARG, "trace merge: %s holds no trace.rank<R>.json files (written by --trace %s)", dir, dir);
+  qsort(rs, (size_t)*nr, sizeof *rs, by_rank);
+  int W = rs[0].world;
+  for (int i = 0; i < *nr; i++) {
+    if (rs[i].world != W)
+      return tdm__set_error(TDM_ERR_MISMATCH, "trace merge: %s mixes runs: rank %d was one of %d ranks, rank %d one of %d", dir,
+                            rs[0].rank, W, rs[i].rank, rs[i].world);
+    if (rs[i].rank != i)
+      return tdm__set_error(TDM_ERR_INVALID_ARG, "trace merge: %s lacks the trace of rank %d (of %d ranks)", dir, i, W);
+  }
+  if (*nr != W) return tdm__set_error(TDM_ERR_INVALID_ARG, "trace merge: %s holds %d of the %d ranks' traces", dir, *nr, W);
+  /* the earliest event, on rank 0's clock, becomes time 0 */
+  double base = 0;
+  int any = 0;
+  for (int i = 0; i < *nr; i++)
+    for (int k = 0; k < rs[i].events->n; k++) {
+      const tdm_json *ts = tdm__json_get(&rs[i].events->items[k], "ts");
+      if (!ts || ts->type != TDM_JSON_NUM) continue;
+      double t = ts->num + offset_at(&rs[i], ts->num);
+      if (!any || t < base) base = t, any = 1;
+    }
+  FILE *f = fopen(out, "w");
+  if (!f) return tdm__set_error(TDM_ERR_IO, "trace merge: cannot write %s: %s", out, strerror(errno));
+  fputs("{\"traceEvents\":[", f);
+  int first = 1;
+  for (int i = 0; i < *nr; i++)
+    for (int k = 0; k < rs[i].events->n; k++) {
+      const tdm_json *e = &rs[i].events->items[k];
+      if (e->type != TDM_JSON_OBJ) continue;
+      fputs(first ? "\n{" : ",\n{", f);
+      first = 0;
+      for (int j = 0; j < e->n; j++) {
+        if (j) fputc(',', f);
+        put_str(f, e->keys[j]);
+        fputc(':', f);
+        if (!strcmp(e->keys[j], "ts") && e->items[j].type == TDM_JSON_NUM)
+          fprintf(f, "%.3f", e->items[j].num + offset_at(&rs[i], e->items[j].num) - base);
+        else put_value(f, &e->items[j]);
+      }
+      fputc('}', f);
+    }
+  fprintf(f, "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{\"format\":\"tandem-trace-merged\",\"version\":1,\"world\":%d,"
+             "\"t0_us\":%.3f,\"tandem_clock\":[",
+          W, base);
+  for (int i = 0; i < *nr; i++) {
+    fprintf(f, "%s{\"rank\":%d", i ? "," : "", i);
+    static const char *const which[2] = {"start", "end"};
+    for (int k = 0; k < 2; k++)
+      if (rs[i].have[k])
+        fprintf(f, ",\"%s\":{\"at_us\":%.3f,\"offset_us\":%.3f,\"uncertainty_us\":%.3f}", which[k], rs[i].at[k], rs[i].off[k],
+                rs[i].unc[k]);
+    fputc('}', f);
+  }
+  fputs("]}}\n", f);
+  int bad = ferror(f) != 0;
+  if (fclose(f) != 0) bad = 1;
+  if (bad) return tdm__set_error(TDM_ERR_IO, "trace merge: writing %s failed", out);
+  return TDM_OK;
+}
+
+tdm_status tdm_trace_merge(const char *dir, const char *out, int *ranks) {
+  if (!dir || !out) return tdm__set_error(TDM_ERR_INVALID_ARG, "trace merge: NULL argument");
+  enum { CAP = 4096 };
+  rank_trace *rs = tdm__calloc(CAP, sizeof *rs);
+  if (!rs) return tdm__set_error(TDM_ERR_NO_MEMORY, "trace merge: out of memory");
+  int nr = 0;
+  tdm_status st = merge(dir, out, rs, &nr, CAP);
+  for (int i = 0; i < nr; i++) tdm__json_free(rs[i].doc);
+  tdm__free(rs);
+  if (st == TDM_OK && ranks) *ranks = nr;
+  return st;
+}
