@@ -1,0 +1,46 @@
+# The optional CUDA backend (src/cuda/, include/tandem/cuda.h), included from CMakeLists.txt after
+# the tandem library is defined.
+#   TANDEM_CUDA=AUTO (default): built when a CUDA compiler and the toolkit are found; ON: required;
+#   OFF: never. Sets the CMake variable TANDEM_HAVE_CUDA (ON/OFF) for other parts of the build (the
+#   NCCL backend keys on it), and when ON builds the static library tandem_cuda (the .cu kernels),
+#   links it, cudart and cuBLAS into tandem and defines TANDEM_HAVE_CUDA for tandem's C sources.
+# Without a GPU the backend still builds; its tests skip (exit 77) and --device cuda names the cause.
+set(TANDEM_CUDA AUTO CACHE STRING "Build the CUDA backend: AUTO (when nvcc is found), ON (required) or OFF")
+set_property(CACHE TANDEM_CUDA PROPERTY STRINGS AUTO ON OFF)
+set(TANDEM_HAVE_CUDA OFF)
+if(NOT TANDEM_CUDA STREQUAL "OFF" AND NOT TANDEM_FUZZ)
+  if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc) # the toolkit's usual home, when nvcc is not on PATH
+  endif()
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 90) # H100; -DCMAKE_CUDA_ARCHITECTURES=80;90 for others
+    endif()
+    enable_language(CUDA)
+    find_package(CUDAToolkit QUIET)
+  endif()
+  if(CMAKE_CUDA_COMPILER AND CUDAToolkit_FOUND)
+    set(TANDEM_HAVE_CUDA ON)
+  elseif(TANDEM_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "TANDEM_CUDA=ON but no CUDA compiler/toolkit was found (set CUDACXX or -DCMAKE_CUDA_COMPILER=/path/to/nvcc)")
+  endif()
+endif()
+
+if(TANDEM_HAVE_CUDA)
+  file(GLOB TANDEM_CUDA_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/cuda/*.cu)
+  add_library(tandem_cuda STATIC ${TANDEM_CUDA_SOURCES})
+  # the C flags added by add_compile_options (-Wall, -march=native, sanitizers) are not nvcc's
+  set_property(TARGET tandem_cuda PROPERTY COMPILE_OPTIONS -O3 -Xcompiler=-fPIC)
+  set_target_properties(tandem_cuda PROPERTIES CUDA_STANDARD 17 POSITION_INDEPENDENT_CODE ON)
+  target_include_directories(tandem_cuda PRIVATE ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src)
+  target_link_libraries(tandem_cuda PUBLIC CUDA::cudart CUDA::cublas)
+  target_link_libraries(tandem PUBLIC tandem_cuda)
+  # tandem was made before CUDA was enabled: give it the architectures too (it links device code)
+  set_target_properties(tandem PROPERTIES CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}")
+  target_compile_definitions(tandem PUBLIC TANDEM_HAVE_CUDA)
+  message(STATUS "tandem: CUDA backend enabled (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, architectures ${CMAKE_CUDA_ARCHITECTURES})")
+else()
+  message(STATUS "tandem: CUDA backend not built (TANDEM_CUDA=${TANDEM_CUDA}); --device cuda says so")
+endif()
