@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "cuda_tools.h"
 #include "run.h"
 #include "tandem/tandem.h"
 
@@ -367,9 +368,20 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
 
 int tool_train(int argc, char **argv) {
   tdm_train_config c;
-  int r = train_options("train", "[options]", argc, argv, &c, 0, NULL);
+  const char *device = NULL;
+  int tf32 = 0;
+  cli_opt extra[] = {
+      {"device", CLI_CHOICE, &device, "cpu", "where to train (cuda: --model gpt on one GPU, fp32 or --tf32; see README)", "cpu|cuda", 0, 0, 0},
+      {"tf32", CLI_FLAG, &tf32, NULL, "--device cuda: TF32 tensor cores for the fp32 products", NULL, 0, 0, 0},
+  };
+  int r = train_options("train", "[options]", argc, argv, &c, 2, extra);
   if (r == 1) return 0;
   if (r) return 2;
+  if (!strcmp(device, "cuda")) return train_cuda(&c, tf32);
+  if (tf32) {
+    fprintf(stderr, "tandem train: --tf32 applies to --device cuda\n");
+    return 2;
+  }
   if (run_elastic_batch(&c)) return 2; /* under tandem run --nnodes MIN:MAX: this round's batch */
   c.on_step = fault_hook;
   c.progress = stderr;
