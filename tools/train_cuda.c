@@ -97,7 +97,7 @@ int train_cuda(const tdm_train_config *c, int tf32) {
       fprintf(stderr, "tandem train --device cuda: step %lld: %s\n", (long long)s + 1, tdm_last_error());
       goto out;
     }
-    if (c->progress && ((s + 1) % 10 == 0 || s == 0 || s + 1 == steps))
+    if ((s + 1) % 10 == 0 || s == 0 || s + 1 == steps) /* progress on stderr, as tandem train prints it */
       fprintf(stderr, "step %lld/%lld  loss %.4f  grad norm %.3f  lr %.3g\n", (long long)s + 1, (long long)steps, loss, norm,
               (double)tdm_lr_at(&sched, s));
   }

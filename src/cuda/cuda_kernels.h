@@ -35,7 +35,7 @@ int tdm_cu_gemm_batched(int ta, int tb, int64_t M, int64_t N, int64_t K, float a
 
 /* ---- bias.cu ------------------------------------------------------------------------------------- */
 void tdm_cu_bias_fwd(float *out, const float *b, int64_t N, int64_t O);  /* out (N, O) += b (O) per row */
-void tdm_cu_bias_bwd(float *db, const float *dout, int64_t N, int64_t O); /* db (O) += column sums of dout */
+void tdm_cu_bias_bwd(float *db, const float *dout, int64_t N, int64_t O); /* db (O) += column sums of dout (atomics per chunk of rows) */
 
 /* ---- residual.cu ------------------------------------------------------------------------------- */
 void tdm_cu_add(float *out, const float *x, const float *y, int64_t n); /* out = x + y */
