@@ -73,7 +73,7 @@ int main(int argc, char **argv) {
     for (int r = 0; r < 9; r++) {
       tdm_cuda_sync("bench");
       double t0 = tdm_time_now();
-      tdm_cu_attention_fwd(out, qkvr, att, y, qkv, B, T, C, NH);
+      tdm_cu_attention_fwd(out, qkvr, att, y, qkv, NULL, B, T, C, NH);
       tdm_cuda_sync("attention forward");
       double t1 = tdm_time_now();
       tdm_cu_attention_bwd(dqkv, dqkvr, datt, dy, dout, qkvr, att, B, T, C, NH);

@@ -6,12 +6,14 @@
 
 #include "cu_common.cuh"
 
-// (B, T, nparts, NH, hs) -> nparts tensors (B, NH, T, hs) one after another: qkv -> q, k, v
-__global__ void split_heads_k(float *parts, const float *x, int64_t B, int64_t T, int64_t NH, int64_t hs, int nparts) {
+// (B, T, nparts, NH, hs) -> nparts tensors (B, NH, T, hs) one after another: qkv -> q, k, v;
+// bias (nparts C, or NULL) added on the way (c_attn's bias: its output is never stored unbiased)
+__global__ void split_heads_k(float *parts, const float *x, const float *bias, int64_t B, int64_t T, int64_t NH,
+                              int64_t hs, int nparts) {
   int64_t C = NH * hs, n = B * T * nparts * C;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     int64_t d = i % hs, h = (i / hs) % NH, which = (i / C) % nparts, t = (i / (nparts * C)) % T, b = i / (nparts * C * T);
-    parts[which * B * T * C + ((b * NH + h) * T + t) * hs + d] = x[i];
+    parts[which * B * T * C + ((b * NH + h) * T + t) * hs + d] = bias ? x[i] + bias[i % (nparts * C)] : x[i];
   }
 }
 // the reverse: parts (3 of (B, NH, T, hs)) -> (B, T, 3, NH, hs); nparts 1 for a single tensor
@@ -63,10 +65,10 @@ extern "C" void tdm_cu_causal_softmax_bwd(float *datt, const float *att, int64_t
   causal_softmax_bwd_k<<<(unsigned)((BH * T + 7) / 8), 256>>>(datt, att, BH * T, T, scale);
 }
 
-extern "C" void tdm_cu_attention_fwd(float *out, float *qkvr, float *att, float *y, const float *qkv, int64_t B, int64_t T,
-                                     int64_t C, int64_t NH) {
+extern "C" void tdm_cu_attention_fwd(float *out, float *qkvr, float *att, float *y, const float *qkv, const float *bias,
+                                     int64_t B, int64_t T, int64_t C, int64_t NH) {
   int64_t hs = C / NH, BH = B * NH, n = B * T * C;
-  split_heads_k<<<tdm_cu_blocks(3 * n, 256), 256>>>(qkvr, qkv, B, T, NH, hs, 3);
+  split_heads_k<<<tdm_cu_blocks(3 * n, 256), 256>>>(qkvr, qkv, bias, B, T, NH, hs, 3);
   const float *q = qkvr, *k = qkvr + n, *v = qkvr + 2 * n;
   // att = q k^T per (b, h): (T, hs) x (hs, T); the scale is applied inside the softmax
   tdm_cu_gemm_batched(0, 1, T, T, hs, 1.0f, q, hs, T * hs, k, hs, T * hs, 0.0f, att, T, T * T, BH, TDM_CU_F32, 0);
@@ -80,7 +82,7 @@ extern "C" void tdm_cu_attention_bwd(float *dqkv, float *dqkvr, float *datt, flo
   int64_t hs = C / NH, BH = B * NH, n = B * T * C;
   const float *q = qkvr, *k = qkvr + n, *v = qkvr + 2 * n;
   float *dq = dqkvr, *dk = dqkvr + n, *dv = dqkvr + 2 * n;
-  split_heads_k<<<tdm_cu_blocks(n, 256), 256>>>(dy, dout, B, T, NH, hs, 1); // dout (B, T, NH, hs) -> (B, NH, T, hs)
+  split_heads_k<<<tdm_cu_blocks(n, 256), 256>>>(dy, dout, NULL, B, T, NH, hs, 1); // dout (B, T, NH, hs) -> (B, NH, T, hs)
   // datt = dy v^T: (T, hs) x (hs, T)
   tdm_cu_gemm_batched(0, 1, T, T, hs, 1.0f, dy, hs, T * hs, v, hs, T * hs, 0.0f, datt, T, T * T, BH, TDM_CU_F32, 0);
   // dv = att^T dy: (T, T)^T x (T, hs)

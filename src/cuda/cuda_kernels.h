@@ -64,14 +64,17 @@ void tdm_cu_layernorm_bwd(float *dx, float *dw, float *db, const float *dout, co
 /* ---- gelu.cu (tanh approximation, as GPT-2) ----------------------------------------------------- */
 void tdm_cu_gelu_fwd(float *out, const float *x, int64_t n);
 void tdm_cu_gelu_bwd(float *dx, const float *dout, const float *x, int64_t n); /* dx = ... (set; may be dout) */
+/* x (N, O) += b per row, then out = gelu(x): a linear layer's bias and the activation in one pass */
+void tdm_cu_bias_gelu_fwd(float *out, float *x, const float *b, int64_t N, int64_t O);
 
 /* ---- attention.cu: causal multi-head self-attention on packed qkv (B, T, 3C), NH heads ----------
- * Forward: qkvr (3 B T C) receives q, k, v as (B, NH, T, hs) each, att (B, NH, T, T) the
+ * Forward: qkvr (3 B T C) receives q, k, v as (B, NH, T, hs) each (plus bias (3C), when not NULL:
+ * c_attn's bias, fused here), att (B, NH, T, T) the
  * probabilities (zeros above the diagonal, as tdm_k_attention_fwd), y (B, NH, T, hs) scratch, out
  * (B, T, C). Backward writes dqkv (set), using scratch datt (B NH T T) and dqkvr (3 B T C) and dy
  * (B T C), reading qkvr and att from forward. Products through cuBLAS (dtype as tdm_cu_gemm's). */
-void tdm_cu_attention_fwd(float *out, float *qkvr, float *att, float *y, const float *qkv, int64_t B, int64_t T,
-                          int64_t C, int64_t NH);
+void tdm_cu_attention_fwd(float *out, float *qkvr, float *att, float *y, const float *qkv, const float *bias, int64_t B,
+                          int64_t T, int64_t C, int64_t NH);
 void tdm_cu_attention_bwd(float *dqkv, float *dqkvr, float *datt, float *dy, const float *dout, const float *qkvr,
                           const float *att, int64_t B, int64_t T, int64_t C, int64_t NH);
 /* the softmax alone: att (rows of T, row r of a (T, T) block masked after column r % T), in place,

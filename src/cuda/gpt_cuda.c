@@ -20,12 +20,12 @@ static const char *block_names[NBLOCK_PARAMS] = {"ln_1.weight", "ln_1.bias", "at
 
 /* A layer's saved activations (offsets into the arena, in floats). */
 typedef struct {
-  int64_t ln1, ln1_mean, ln1_rstd, qkv, qkvr, att, atty, res2, ln2, ln2_mean, ln2_rstd, fch, fchg, res3;
+  int64_t ln1, ln1_mean, ln1_rstd, qkvr, att, atty, res2, ln2, ln2_mean, ln2_rstd, fch, fchg, res3;
 } layer_acts;
 
 /* The arena's layout: every offset in floats, each aligned to 64 floats (256 bytes). */
 typedef struct {
-  int64_t enc, lnf, lnf_mean, lnf_rstd, logits, losses, loss, proj, y, dres, dbuf4, dln, datt, dqkvr, dy, dqkv, sumsq,
+  int64_t enc, lnf, lnf_mean, lnf_rstd, logits, losses, loss, qkv, proj, y, dres, dbuf4, dln, datt, dqkvr, dy, dqkv, sumsq,
       idx, tgt, total;
   int64_t n_layer;
 } arena_plan;
@@ -58,7 +58,7 @@ static void plan_arena(const tdm_model_config *mc, int64_t B, int64_t T, arena_p
   for (int64_t l = 0; l < mc->n_layer; l++) {
     layer_acts a;
     a.ln1 = take(&at, N * C), a.ln1_mean = take(&at, N), a.ln1_rstd = take(&at, N);
-    a.qkv = take(&at, 3 * N * C), a.qkvr = take(&at, 3 * N * C), a.att = take(&at, B * NH * T * T);
+    a.qkvr = take(&at, 3 * N * C), a.att = take(&at, B * NH * T * T); /* q, k, v by head: what backward reads */
     a.atty = take(&at, N * C), a.res2 = take(&at, N * C);
     a.ln2 = take(&at, N * C), a.ln2_mean = take(&at, N), a.ln2_rstd = take(&at, N);
     a.fch = take(&at, 4 * N * C), a.fchg = take(&at, 4 * N * C), a.res3 = take(&at, N * C);
@@ -66,7 +66,7 @@ static void plan_arena(const tdm_model_config *mc, int64_t B, int64_t T, arena_p
   }
   ap->lnf = take(&at, N * C), ap->lnf_mean = take(&at, N), ap->lnf_rstd = take(&at, N);
   ap->logits = take(&at, N * V), ap->losses = take(&at, N), ap->loss = take(&at, 1);
-  ap->proj = take(&at, N * C), ap->y = take(&at, N * C);
+  ap->qkv = take(&at, 3 * N * C), ap->proj = take(&at, N * C), ap->y = take(&at, N * C); /* scratch of forward */
   ap->dres = take(&at, N * C), ap->dbuf4 = take(&at, 4 * N * C), ap->dln = take(&at, N * C);
   ap->datt = take(&at, B * NH * T * T), ap->dqkvr = take(&at, 3 * N * C), ap->dy = take(&at, N * C);
   ap->dqkv = take(&at, 3 * N * C);
@@ -252,15 +252,14 @@ tdm_status tdm_cuda_gpt_forward(tdm_cuda_gpt *g, const int32_t *idx, const int32
   for (int64_t l = 0; l < mc->n_layer; l++) {
     const layer_acts *a = &g->la[l];
     tdm_cu_layernorm_fwd(A(a->ln1), A(a->ln1_mean), A(a->ln1_rstd), res, P(l, LN_1W), P(l, LN_1B), N, C, 1e-5f);
-    mm_fwd(g, A(a->qkv), A(a->ln1), P(l, ATTN_W), N, C, 3 * C);
-    tdm_cu_bias_fwd(A(a->qkv), P(l, ATTN_B), N, 3 * C);
-    tdm_cu_attention_fwd(A(a->atty), A(a->qkvr), A(a->att), A(ap->y), A(a->qkv), B, T, C, NH);
+    mm_fwd(g, A(ap->qkv), A(a->ln1), P(l, ATTN_W), N, C, 3 * C);
+    /* c_attn's bias is added as q, k, v are split by head (the unsplit qkv is not kept) */
+    tdm_cu_attention_fwd(A(a->atty), A(a->qkvr), A(a->att), A(ap->y), A(ap->qkv), P(l, ATTN_B), B, T, C, NH);
     mm_fwd(g, A(ap->proj), A(a->atty), P(l, PROJ_W), N, C, C);
     tdm_cu_residual_bias_add(A(a->res2), res, A(ap->proj), P(l, PROJ_B), N, C);
     tdm_cu_layernorm_fwd(A(a->ln2), A(a->ln2_mean), A(a->ln2_rstd), A(a->res2), P(l, LN_2W), P(l, LN_2B), N, C, 1e-5f);
     mm_fwd(g, A(a->fch), A(a->ln2), P(l, FC_W), N, C, 4 * C);
-    tdm_cu_bias_fwd(A(a->fch), P(l, FC_B), N, 4 * C);
-    tdm_cu_gelu_fwd(A(a->fchg), A(a->fch), 4 * N * C);
+    tdm_cu_bias_gelu_fwd(A(a->fchg), A(a->fch), P(l, FC_B), N, 4 * C); /* fch += bias; fchg = gelu(fch) */
     mm_fwd(g, A(ap->proj), A(a->fchg), P(l, FCPROJ_W), N, 4 * C, C);
     tdm_cu_residual_bias_add(A(a->res3), A(a->res2), A(ap->proj), P(l, FCPROJ_B), N, C);
     res = A(a->res3);

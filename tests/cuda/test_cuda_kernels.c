@@ -235,14 +235,29 @@ static void test_gelu(void) {
   g = from_dev(d_dx, n);
   close_to("gelu backward", g, dx, n, 1e-5, 1e-4);
   free(g);
-  tdm_cuda_free(d_x), tdm_cuda_free(d_y), tdm_cuda_free(d_dout), tdm_cuda_free(d_dx);
-  free(x), free(dout), free(y), free(dx);
+  /* bias + GELU in one pass: x (N, O) += b, y = gelu(x) */
+  int64_t O = 1001, N = n / O;
+  float *b = host_rand(O, 1), *xb = malloc((size_t)(N * O) * 4), *d_b = dev_from(b, (size_t)O * 4);
+  for (int64_t i = 0; i < N * O; i++) xb[i] = x[i] + b[i % O];
+  tdm_k_gelu_fwd(y, xb, N * O);
+  CHECK_OK(tdm_cuda_to_device(d_x, x, (size_t)n * 4));
+  tdm_cu_bias_gelu_fwd(d_y, d_x, d_b, N, O);
+  g = from_dev(d_x, N * O);
+  close_to("bias + gelu: biased input", g, xb, N * O, 1e-30, 1e-7);
+  free(g);
+  g = from_dev(d_y, N * O);
+  close_to("bias + gelu: output", g, y, N * O, 1e-5, 1e-4);
+  free(g);
+  tdm_cuda_free(d_x), tdm_cuda_free(d_y), tdm_cuda_free(d_dout), tdm_cuda_free(d_dx), tdm_cuda_free(d_b);
+  free(x), free(dout), free(y), free(dx), free(b), free(xb);
 }
 
 static void attention_case(int64_t B, int64_t T, int64_t C, int64_t NH) {
   int64_t n = B * T * C, na = B * NH * T * T;
   float *qkv = host_rand(3 * n, 1), *dout = host_rand(n, 1), *out = malloc((size_t)n * 4), *att = malloc((size_t)na * 4);
-  float *dqkv = calloc((size_t)(3 * n), 4), *scratch = malloc((size_t)na * 4);
+  float *dqkv = calloc((size_t)(3 * n), 4), *scratch = malloc((size_t)na * 4), *bias = host_rand(3 * C, 1);
+  float *d_qkv_unbiased = dev_from(qkv, (size_t)(3 * n) * 4);
+  for (int64_t i = 0; i < 3 * n; i++) qkv[i] += bias[i % (3 * C)]; /* the CPU gets qkv + bias, the GPU adds it */
   tdm_k_attention_fwd(out, att, qkv, B, T, C, NH);
   tdm_k_attention_bwd(dqkv, scratch, dout, att, qkv, B, T, C, NH, 0);
   float *d_qkv = dev_from(qkv, (size_t)(3 * n) * 4), *d_out = dev_from(NULL, (size_t)n * 4),
@@ -250,7 +265,8 @@ static void attention_case(int64_t B, int64_t T, int64_t C, int64_t NH) {
         *d_y = dev_from(NULL, (size_t)n * 4), *d_dout = dev_from(dout, (size_t)n * 4),
         *d_dqkv = dev_from(NULL, (size_t)(3 * n) * 4), *d_dqkvr = dev_from(NULL, (size_t)(3 * n) * 4),
         *d_datt = dev_from(NULL, (size_t)na * 4), *d_dy = dev_from(NULL, (size_t)n * 4);
-  tdm_cu_attention_fwd(d_out, d_qkvr, d_att, d_y, d_qkv, B, T, C, NH);
+  float *d_bias = dev_from(bias, (size_t)(3 * C) * 4);
+  tdm_cu_attention_fwd(d_out, d_qkvr, d_att, d_y, d_qkv_unbiased, d_bias, B, T, C, NH);
   tdm_cu_attention_bwd(d_dqkv, d_dqkvr, d_datt, d_dy, d_dout, d_qkvr, d_att, B, T, C, NH);
   char label[80];
   float *g = from_dev(d_out, n);
@@ -263,9 +279,9 @@ static void attention_case(int64_t B, int64_t T, int64_t C, int64_t NH) {
   g = from_dev(d_dqkv, 3 * n);
   close_to("attention backward dqkv", g, dqkv, 3 * n, 1e-4, 1e-4);
   free(g);
-  void *ds[] = {d_qkv, d_out, d_qkvr, d_att, d_y, d_dout, d_dqkv, d_dqkvr, d_datt, d_dy};
-  for (int k = 0; k < 10; k++) tdm_cuda_free(ds[k]);
-  free(qkv), free(dout), free(out), free(att), free(dqkv), free(scratch);
+  void *ds[] = {d_qkv, d_out, d_qkvr, d_att, d_y, d_dout, d_dqkv, d_dqkvr, d_datt, d_dy, d_qkv_unbiased, d_bias};
+  for (int k = 0; k < 12; k++) tdm_cuda_free(ds[k]);
+  free(qkv), free(dout), free(out), free(att), free(dqkv), free(scratch), free(bias);
 }
 
 static void test_attention(void) {
