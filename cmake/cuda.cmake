@@ -3,7 +3,7 @@
 #   TANDEM_CUDA=AUTO (default): built when a CUDA compiler and the toolkit are found; ON: required;
 #   OFF: never. Sets the CMake variable TANDEM_HAVE_CUDA (ON/OFF) for other parts of the build (the
 #   NCCL backend keys on it), and when ON builds the static library tandem_cuda (the .cu kernels),
-#   links it, cudart and cuBLAS into tandem and defines TANDEM_HAVE_CUDA for tandem's C sources.
+#   links it and cudart into tandem (cuBLAS is opened at first use) and defines TANDEM_HAVE_CUDA for tandem's C sources.
 # Without a GPU the backend still builds; its tests skip (exit 77) and --device cuda names the cause.
 set(TANDEM_CUDA AUTO CACHE STRING "Build the CUDA backend: AUTO (when nvcc is found), ON (required) or OFF")
 set_property(CACHE TANDEM_CUDA PROPERTY STRINGS AUTO ON OFF)
@@ -35,7 +35,14 @@ if(TANDEM_HAVE_CUDA)
   set_property(TARGET tandem_cuda PROPERTY COMPILE_OPTIONS -O3 -Xcompiler=-fPIC)
   set_target_properties(tandem_cuda PROPERTIES CUDA_STANDARD 17 POSITION_INDEPENDENT_CODE ON)
   target_include_directories(tandem_cuda PRIVATE ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src)
-  target_link_libraries(tandem_cuda PUBLIC CUDA::cudart CUDA::cublas)
+  # cuBLAS is opened with dlopen at first use (src/cuda/gemm.cu: linking it costs every process
+  # ~1.5 s at start); the toolkit's copy is tried first, then the loader's search path
+  target_link_libraries(tandem_cuda PUBLIC CUDA::cudart ${CMAKE_DL_LIBS})
+  get_target_property(TANDEM_CUBLAS_LIB CUDA::cublas IMPORTED_LOCATION)
+  if(TANDEM_CUBLAS_LIB)
+    get_filename_component(TANDEM_CUBLAS_LIB "${TANDEM_CUBLAS_LIB}" REALPATH)
+    target_compile_definitions(tandem_cuda PRIVATE TDM_CUBLAS_PATH="${TANDEM_CUBLAS_LIB}")
+  endif()
   target_link_libraries(tandem PUBLIC tandem_cuda)
   # tandem was made before CUDA was enabled: give it the architectures too (it links device code)
   set_target_properties(tandem PROPERTIES CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}")

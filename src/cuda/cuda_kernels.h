@@ -23,7 +23,8 @@ int tdm_cu_check(const char **msg);
  * TDM_CU_F32 (fp32, or TF32 tensor cores after tdm_cu_gemm_set_tf32(1)) or TDM_CU_BF16 (bf16
  * inputs, fp32 accumulation); C is f32, or bf16 when c_bf16. Returns 0 or a cublasStatus_t. */
 enum { TDM_CU_F32 = 0, TDM_CU_BF16 = 1 };
-int tdm_cu_blas_init(void); /* creates the handle (once); 0 or a cublasStatus_t */
+int tdm_cu_blas_init(void); /* loads cuBLAS (dlopen) and creates the handle (once); 0 or not (tdm_cu_blas_load_error says why) */
+const char *tdm_cu_blas_load_error(void);
 void tdm_cu_blas_shutdown(void);
 void tdm_cu_gemm_set_tf32(int on);
 int tdm_cu_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const void *A, int64_t lda, const void *B,

@@ -22,7 +22,7 @@ tdm_status tdm_cuda_init(void) {
   if (e == cudaSuccess) e = cudaFree(NULL); /* creates the context now, so its failure is named here */
   if (e != cudaSuccess) return tdm__set_error(TDM_ERR_SYSTEM, "cuda: device 0 unusable: %s", cudaGetErrorString(e));
   int s = tdm_cu_blas_init();
-  if (s) return tdm__set_error(TDM_ERR_SYSTEM, "cuda: cublasCreate failed (status %d)", s);
+  if (s) return tdm__set_error(TDM_ERR_SYSTEM, "cuda: %s", tdm_cu_blas_load_error());
   ready = 1;
   return TDM_OK;
 }
