@@ -13,6 +13,7 @@
 #include <sys/resource.h>
 
 #include "cli.h"
+#include "cuda_tools.h"
 #include "tandem/tandem.h"
 
 typedef struct {
@@ -112,7 +113,9 @@ static int bench_lm(int argc, char **argv, int llama) {
   int64_t zero = 0, zero_unit = 1, tp = 1, pp = 1, accum = 1;
   const char *schedule = NULL;
   double peak = 102.5, bucket_mb = 25;
-  int json = 0;
+  int json = 0, tf32 = 0;
+  const char *device = NULL;
+  double peak_tflops = 989.4;
   cli_opt gpt_config = {"config", CLI_CHOICE, &config, "mini", "architecture (mini: 4 layers, 4 heads, 256 wide, block 128, vocab 256)", "mini|gpt2-124M", 0, 0, 0};
   cli_opt llama_config = {"config", CLI_CHOICE, &config, "llama-mini", "architecture (llama-mini: GPT mini's size, 2 key/value heads; llama3.2-1B: Meta's, 1.24 B parameters)", "llama-mini|llama3.2-1B", 0, 0, 0};
   cli_opt opts[] = {
@@ -142,6 +145,9 @@ static int bench_lm(int argc, char **argv, int llama) {
       {"pp", CLI_INT, &pp, "1", "pipeline stages across the ranks of tandem run (the rest: data replicas)", NULL, 1, 4096, 0},
       {"schedule", CLI_CHOICE, &schedule, "1f1b", "--pp: the pipeline schedule", "gpipe|1f1b|interleaved|zb1p", 0, 0, 0},
       {"accum", CLI_INT, &accum, "1", "micro-batches per step (of --batch-size each; a pipeline's micro-batches)", NULL, 1, 1 << 20, 0},
+      {"device", CLI_CHOICE, &device, "cpu", "where the step runs (cuda: one GPU, gpt only, fp32 (--tf32), single process)", "cpu|cuda", 0, 0, 0},
+      {"tf32", CLI_FLAG, &tf32, NULL, "--device cuda: TF32 tensor cores for the fp32 products", NULL, 0, 0, 0},
+      {"peak-tflops", CLI_FLOAT, &peak_tflops, "989.4", "--device cuda: the peak for MFU (default H100 SXM dense bf16)", NULL, 1e-3, 1e6, 0},
   };
   int n = (int)(sizeof opts / sizeof opts[0]);
   if (llama) opts[0] = llama_config;
@@ -168,6 +174,19 @@ static int bench_lm(int argc, char **argv, int llama) {
   }
   if (T > mc.block_size) {
     fprintf(stderr, "tandem bench gpt: --seq-len %lld exceeds the block size %lld\n", (long long)T, (long long)mc.block_size);
+    return 2;
+  }
+  if (!strcmp(device, "cuda")) { /* one GPU: its own step (tools/bench_gpt_cuda.c) */
+    const char *bad = llama ? "llama" : zero ? "--zero" : tp > 1 ? "--tp" : pp > 1 ? "--pp" : accum > 1 ? "--accum" : strcmp(precision, "fp32") ? "--precision bf16/fp16" : strcmp(recompute, "none") ? "--recompute" : strcmp(optimizer, "adamw") ? "--optimizer sgd" : getenv("WORLD_SIZE") && atoi(getenv("WORLD_SIZE")) > 1 ? "several ranks" : NULL;
+    if (bad) {
+      fprintf(stderr, "tandem bench %s --device cuda: %s is not on the CUDA backend yet (it runs one GPT on one GPU, fp32 or --tf32, AdamW)\n",
+              llama ? "llama" : "gpt", bad);
+      return 2;
+    }
+    return bench_gpt_cuda(&mc, B, T, steps, warmup, (uint64_t)seed, tf32, peak_tflops, json);
+  }
+  if (tf32) {
+    fprintf(stderr, "tandem bench gpt: --tf32 applies to --device cuda\n");
     return 2;
   }
   if (tdm_set_num_threads((int)threads) != TDM_OK) {

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "cuda_tools.h"
 #include "run.h"
 #include "tandem/tandem.h"
 
@@ -367,17 +368,32 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
 
 int tool_train(int argc, char **argv) {
   tdm_train_config c;
-  const char *trace = NULL, *slow = NULL;
+  const char *trace = NULL, *slow = NULL, *device = NULL;
   int64_t emulate = 0;
+  int tf32 = 0;
   cli_opt extra[] = {
       {"trace", CLI_STRING, &trace, NULL, "write a timeline per rank in this directory (Chrome trace JSON; tandem trace merge DIR OUT lines the ranks up)", NULL, 0, 0, 0},
       {"emulate-ranks", CLI_INT, &emulate, "0", "run N data-parallel ranks as threads of this process (thread transport; TANDEM_NET_EMULATE for link costs)", NULL, 0, 1024, 0},
       {"emulate-slow", CLI_STRING, &slow, NULL, "with --emulate-ranks: RANK:FACTOR makes that rank a straggler whose steps take FACTOR times as long", NULL, 0, 0, 0},
+      {"device", CLI_CHOICE, &device, "cpu", "where to train (cuda: --model gpt on one GPU, fp32 or --tf32; see README)", "cpu|cuda", 0, 0, 0},
+      {"tf32", CLI_FLAG, &tf32, NULL, "--device cuda: TF32 tensor cores for the fp32 products", NULL, 0, 0, 0},
   };
-  int r = train_options("train", "[options]", argc, argv, &c, 3, extra);
+  int r = train_options("train", "[options]", argc, argv, &c, 5, extra);
   c.trace_dir = trace;
   if (r == 1) return 0;
   if (r) return 2;
+  if (!strcmp(device, "cuda")) {
+    if (trace || emulate > 0) {
+      fprintf(stderr, "tandem train: --device cuda does not take %s yet (it trains one process on one GPU)\n",
+              trace ? "--trace" : "--emulate-ranks");
+      return 2;
+    }
+    return train_cuda(&c, tf32);
+  }
+  if (tf32) {
+    fprintf(stderr, "tandem train: --tf32 applies to --device cuda\n");
+    return 2;
+  }
   if (run_elastic_batch(&c)) return 2; /* under tandem run --nnodes MIN:MAX: this round's batch */
   c.on_step = fault_hook;
   c.progress = stderr;
