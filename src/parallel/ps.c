@@ -25,6 +25,7 @@ typedef struct {
   int S, W, done_sent;
   int64_t *lo, *hi, *version; /* per server: its range and the version of what we pulled */
   int64_t clock;              /* steps pushed */
+  int64_t lost;               /* workers lost, as server 0's last answer said */
   char *buf;                  /* header + the largest shard */
 } ps_worker;
 
@@ -117,7 +118,7 @@ static tdm_status ps_update(tdm_engine *e, float lr, float coef) {
   (void)coef; /* clipping is refused at creation: always 1 */
   ps_worker *w = e->impl;
   const tdm_engine_ps_config *pc = &e->cfg.ps;
-  if (pc->delay_worker == e->rank && pc->delay_s > 0) { /* a slow worker, for the staleness tests */
+  if (pc->delay_worker == tdm_comm_rank(w->world) && pc->delay_s > 0) { /* a slow worker, for the staleness tests */
     struct timespec ts = {(time_t)pc->delay_s, (long)((pc->delay_s - (double)(time_t)pc->delay_s) * 1e9)};
     nanosleep(&ts, NULL);
   }
@@ -156,23 +157,74 @@ static tdm_status pull_all(tdm_engine *e) {
                             (long long)w->hi[s]);
     memcpy(p + w->lo[s], v, sizeof(float) * (size_t)n);
     w->version[s] = m.version;
+    if (s == 0) w->lost = m.lost;
   }
   return TDM_OK;
 }
 
 /* The servers' parameters as they stand once every worker's last push is applied (async and ssp
  * workers end at different moments, so the last pull of one is not the final state): the workers
- * meet (each has had its last push answered), then this one asks every server for its shard.
- * Collective over the workers. */
+ * meet at the servers (each answers once every live worker has asked, so every last push is in;
+ * a lost worker is not waited for). Collective over the live workers. */
 static tdm_status final_pull(tdm_engine *e) {
   ps_worker *w = e->impl;
-  if (e->comm) TDM__TRY(tdm_comm_barrier(e->comm));
   for (int s = 0; s < w->S; s++) {
     tdm__ps_msg m = {TDM_PS_MAGIC, TDM_PS_PULL, w->clock, 0, w->lo[s], w->hi[s], 0, 0, tdm__ps_sum(NULL, 0)};
     tdm_status st = tdm_comm_tsend(w->world, w->W + s, TDM_PS_TAG_TO_SERVER, &m, sizeof m);
     if (st != TDM_OK) return server_error(st, w, s, "did not take a pull");
   }
   return pull_all(e);
+}
+
+tdm_status tdm_ps_workers_meet(tdm_engine *e, int *n_lost, int *ranks, int cap) {
+  if (!e || !n_lost || (cap > 0 && !ranks) || strcmp(e->ops->name, "ps"))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "ps_workers_meet: %s", e ? "not a parameter server's engine" : "NULL engine");
+  ps_worker *w = e->impl;
+  *n_lost = 0;
+  TDM__TRY(final_pull(e));
+  if (w->lost == 0) return TDM_OK;
+  /* the list, as long as server 0's answer to the meeting said: the same for every survivor */
+  int64_t n = w->lost;
+  tdm__ps_msg m = {TDM_PS_MAGIC, TDM_PS_LOST, n, 0, 0, 0, 0, 0, tdm__ps_sum(NULL, 0)};
+  tdm_status st = tdm_comm_tsend(w->world, w->W, TDM_PS_TAG_TO_SERVER, &m, sizeof m);
+  if (st != TDM_OK) return server_error(st, w, 0, "did not take a question");
+  size_t cap_b = sizeof m + sizeof(int32_t) * (size_t)w->W, got = 0;
+  char *b = tdm__malloc(cap_b);
+  if (!b) return tdm__set_error(TDM_ERR_NO_MEMORY, "ps_workers_meet: out of memory");
+  st = tdm_comm_trecv(w->world, w->W, TDM_PS_TAG_TO_WORKER, b, cap_b, NULL, &got);
+  if (st != TDM_OK) {
+    tdm__free(b);
+    return server_error(st, w, 0, "sent no list of lost workers");
+  }
+  memcpy(&m, b, sizeof m);
+  const int32_t *r = (const int32_t *)(b + sizeof m);
+  if (got < sizeof m || m.magic != TDM_PS_MAGIC || m.kind != TDM_PS_LOST || m.hi != n ||
+      got != sizeof m + sizeof(int32_t) * (size_t)n || m.sum != tdm__ps_sum((const float *)r, n)) {
+    tdm__free(b);
+    return tdm__set_error(TDM_ERR_REMOTE, "parameter server 0 (rank %d) sent a malformed list of lost workers (%zu bytes, %lld "
+                          "entries where %lld were expected)", w->W, got, (long long)m.hi, (long long)n);
+  }
+  for (int64_t i = 0; i < n; i++) {
+    if (r[i] < 0 || r[i] >= w->W) {
+      tdm__free(b);
+      return tdm__set_error(TDM_ERR_REMOTE, "parameter server 0 (rank %d) named worker %d as lost; there are %d", w->W,
+                            (int)r[i], w->W);
+    }
+    if (i < cap) ranks[i] = r[i];
+  }
+  *n_lost = (int)n;
+  tdm__free(b);
+  return TDM_OK;
+}
+
+tdm_status tdm_ps_workers_regrid(tdm_engine *e, tdm_grid *g) {
+  if (!e || !g || strcmp(e->ops->name, "ps"))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "ps_workers_regrid: %s", e && g ? "not a parameter server's engine" : "NULL argument");
+  e->grid = g;
+  e->comm = tdm_grid_comm(g, TDM_AXIS_DATA);
+  e->rank = e->comm ? tdm_comm_rank(e->comm) : 0;
+  e->size = e->comm ? tdm_comm_size(e->comm) : 1;
+  return TDM_OK;
 }
 
 static tdm_status ps_read_params(tdm_engine *e, int64_t lo, int64_t hi, float *dst) {

@@ -189,6 +189,8 @@ static tdm_status parse_kinds(const tdm_train_config *c, tdm_model_kind *mk, tdm
 typedef struct {
   tdm_comm_t comm;     /* the ranks that train (with a parameter server: the workers) */
   tdm_comm_t ps_world; /* with a parameter server: workers and servers */
+  tdm_comm_t ps_workers; /* the workers' communicator as made (comm is a subset of it once workers are lost) */
+  int ps_lost;           /* workers lost so far */
   tdm_grid *grid;
   tdm_engine *engine;
   tdm_sampler *sampler;
@@ -206,8 +208,9 @@ static void run_free(run_state *s) {
   tdm_sampler_destroy(s->sampler);
   tdm_engine_destroy(s->engine);
   tdm_grid_destroy(s->grid);
-  tdm_comm_destroy(s->comm);
-  tdm_comm_destroy(s->ps_world); /* after the workers' communicator, which speaks through it */
+  if (s->comm != s->ps_workers) tdm_comm_destroy(s->comm); /* the survivors' */
+  tdm_comm_destroy(s->ps_workers);
+  tdm_comm_destroy(s->ps_world); /* after the workers' communicators, which speak through it */
   tdm_dataset_destroy(s->train);
   tdm_dataset_destroy(s->test);
   tdm__free(s->idx);
@@ -651,8 +654,57 @@ static tdm_status ps_roles(const tdm_train_config *c, run_state *s, int *W, int 
   tdm_comm_t sub = NULL;
   TDM__TRY(tdm_comm_split(s->ps_world, server, R, &sub));
   if (server || P - S == 1) tdm_comm_destroy(sub); /* one worker trains alone; servers need none */
-  else s->comm = sub;
+  else s->comm = s->ps_workers = sub;
   *W = P - S;
+  return TDM_OK;
+}
+
+/* A parameter server's async and ssp workers meet at the servers before a collective (an
+ * evaluation, the saving): when some were lost on the way, the survivors go on with a
+ * communicator and grid of their own (a lost worker answers no collective). The list comes from
+ * server 0, the same for every survivor. */
+static tdm_status ps_survivors(run_state *s, const tdm_train_config *c, progress *pr, tdm_train_result *res) {
+  if (!s->ps_world || c->engine.ps.mode == TDM_PS_SYNC || !s->ps_workers) return TDM_OK;
+  int W0 = tdm_comm_size(s->ps_workers), n_lost = 0;
+  int *lost = tdm__malloc(sizeof(int) * 2 * (size_t)W0);
+  if (!lost) return tdm__set_error(TDM_ERR_NO_MEMORY, "train: out of memory");
+  int *keep = lost + W0;
+  tdm_status st = tdm_ps_workers_meet(s->engine, &n_lost, lost, W0);
+  if (st != TDM_OK || n_lost <= s->ps_lost) {
+    tdm__free(lost);
+    return st;
+  }
+  int n = 0;
+  char names[256] = "";
+  size_t k = 0;
+  for (int r = 0; r < W0; r++) {
+    int gone = 0;
+    for (int i = 0; i < n_lost; i++) gone |= lost[i] == r;
+    if (!gone) keep[n++] = r;
+    else if (k < sizeof names) k += (size_t)snprintf(names + k, sizeof names - k, "%s%d", k ? ", " : "", r);
+  }
+  tdm_comm_t sub = NULL;
+  tdm_grid *g = NULL;
+  st = tdm_comm_subset(s->ps_workers, keep, n, &sub);
+  if (st == TDM_OK && n == 1) tdm_comm_destroy(sub), sub = NULL; /* one survivor trains alone */
+  if (st == TDM_OK) st = tdm_grid_create(&g, sub, n, 1, 1);
+  if (st == TDM_OK) st = tdm_ps_workers_regrid(s->engine, g);
+  if (st != TDM_OK) {
+    tdm_grid_destroy(g);
+    tdm_comm_destroy(sub);
+    tdm__free(lost);
+    return st;
+  }
+  tdm_grid_destroy(s->grid);
+  if (s->comm != s->ps_workers) tdm_comm_destroy(s->comm);
+  s->grid = g, s->comm = sub, s->ps_lost = n_lost;
+  int me = sub ? tdm_comm_rank(sub) : 0;
+  pr->f = me == 0 ? c->progress : NULL; /* the first survivor reports */
+  res->rank = me, res->world_size = n;
+  if (pr->f)
+    fprintf(pr->f, "%standem train: worker%s %s lost (named by the servers); %d worker%s go%s on without %s\n",
+            pr->tty ? "\n" : "", n_lost == 1 ? "" : "s", names, n, n == 1 ? "" : "s", n == 1 ? "es" : "", n_lost == 1 ? "it" : "them");
+  tdm__free(lost);
   return TDM_OK;
 }
 
@@ -663,6 +715,7 @@ static tdm_status ps_server_rank(const tdm_train_config *c, tdm_train_result *re
   TDM__TRY(prepare(c, W, W, 0, 1, tdm_comm_transport(s->ps_world), s, &pp));
   tdm_engine_ps_config pc = c->engine.ps;
   pc.world = s->ps_world;
+  pc.notes = c->progress;
   tdm_ps_server_stats st;
   tdm_status r = tdm_ps_serve(&pp.mc, c->seed, &pp.oc, &pc, &st);
   char js[640];
@@ -832,6 +885,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
       if (is_lm(mk) && c->val_every > 0 && (step + 1) % c->val_every == 0 && step + 1 < total) {
         double vl, va;
         TDM__TRY(flush_record(s, &rec, &pr, c));
+        TDM__TRY(ps_survivors(s, c, &pr, res));
         TDM__TRY(evaluate(s->engine, s->test, B, s->idx, c->val_batches * B * D, &vl, &va));
         if (pr.f) fprintf(pr.f, "%sstep %lld: val loss %.4f\n", pr.tty ? "\n" : "", (long long)step + 1, vl);
         TDM__TRY(eval_record(s, c, 1, 0, step + 1, vl, va));
@@ -843,6 +897,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
     TDM__TRY(flush_record(s, &rec, &pr, c));
     if (epoch_done) {
       double tl = 0, ta = 0;
+      TDM__TRY(ps_survivors(s, c, &pr, res));
       TDM__TRY(params_finite(s->engine, c, step));
       TDM__TRY(evaluate(s->engine, s->test, is_lm(mk) ? B : eb, s->idx, is_lm(mk) ? c->val_batches * B * D : 0,
                         &tl, &ta));

@@ -5,9 +5,11 @@
 # depend on the number of servers; async with one worker is sequential training bit for bit, and
 # with two it is not data parallelism (the comparison can fail); ssp holds a fast worker within
 # --staleness steps of one slowed by injected sleeps (async lets it run further ahead); the
-# servers' update logs replay an async run bit for bit (tandem ps-replay); a dead
-# worker is named by the server and a dead server by the workers, within seconds, when the ranks
-# are started one by one (as on several hosts); bad input is a clear error.
+# servers' update logs replay an async run bit for bit (tandem ps-replay); a worker killed
+# mid-run is dropped by async and ssp servers, which go on (the survivors finish on a
+# communicator of their own), and stops sync ones naming it; a dead server is named by the
+# workers, within seconds, when the ranks are started one by one (as on several hosts); bad input
+# is a clear error.
 # usage: test_ps.sh path/to/tandem
 set -u
 T=${1:?usage: test_ps.sh path/to/tandem}
@@ -97,20 +99,73 @@ PIDS=()
 on_exit 'for p in "${PIDS[@]}"; do kill -9 $p 2>/dev/null; done'
 free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
+# A worker killed mid-run (TANDEM_FAULT: exit 3 after 3 steps) under tandem run --keep-going:
+# async and ssp servers name it and go on; the survivors finish, evaluate and save on a
+# communicator of their own; every push that arrived is in the saved weights (the update log
+# replays to them bit for bit, the dead worker's 3 pushes included); sync stops naming it.
+ps_json() { grep -o '{"ps_server".*}' "$1"; }
+lost_worker_async_goes_on() {
+  local A=(--model mlp --data synthetic --steps 20 --threads 1 --prefetch off --batch-size 16 --eval-batch-size 1000
+           --optimizer adamw --lr 0.002 --seed 3)
+  TANDEM_FAULT=1:3 TANDEM_TRANSPORT=tcp timeout 120 "$T" run --keep-going -n 4 -- tandem train "${A[@]}" --ps-servers 1 \
+    --ps-mode async --ps-log "$TMP/llog" --save-weights "$TMP/lost.st" >"$TMP/o" 2>&1
+  local rc=$?
+  timeout 60 "$T" ps-replay "${A[@]}" --ps-log "$TMP/llog" --save-weights "$TMP/lost_replay.st" >"$TMP/o2" 2>&1 ||
+    { tail -n 3 "$TMP/o" "$TMP/o2"; return 1; }
+  grep "lost" "$TMP/o" | head -3
+  local js; js=$(ps_json "$TMP/o")
+  echo "  server: $(grep -o '"pushes":[0-9]*' <<<"$js"), $(grep -o '"lost_workers":\[[0-9,]*\]' <<<"$js"); launcher exit $rc"
+  # workers 0 and 2 pushed 20 steps each, worker 1 three before it died
+  [[ $rc -eq 3 ]] && grep -q '"pushes":43,' <<<"$js" && grep -q '"lost_workers":\[1\]' <<<"$js" &&
+    grep -q "parameter server 0 (rank 3, keys \[0, 535818)): worker 1 lost (rank 1 closed its connection" "$TMP/o" &&
+    grep -q "\[rank 0\] tandem train: worker 1 lost (named by the servers); 2 workers go on without it" "$TMP/o" &&
+    grep -q "\[rank 0\] epoch 1: test loss" "$TMP/o" && grep -q "ps-replay: server 0: 43 updates replayed" "$TMP/o2" &&
+    cmp <(tail -c 2143272 "$TMP/lost.st") <(tail -c 2143272 "$TMP/lost_replay.st") || { tail -n 5 "$TMP/o"; return 1; }
+}
+
+# ssp over shm, 2 servers, worker 0 (the reporting rank) lost: the first survivor (rank 1) reports,
+# and the bound holds for the others
+lost_worker_ssp_goes_on() {
+  local A=(--model mlp --data synthetic --steps 16 --threads 1 --prefetch off --batch-size 8 --eval-batch-size 1000 --seed 4)
+  TANDEM_FAULT=0:2 TANDEM_TRANSPORT=shm timeout 120 "$T" run --keep-going -n 5 -- tandem train "${A[@]}" --ps-servers 2 \
+    --ps-mode ssp --staleness 1 --ps-delay 2:0.03 --metrics "$TMP/lssp.jsonl" --save-weights "$TMP/lssp.st" >"$TMP/o" 2>&1
+  local rc=$? g0 g1
+  g0=$(gap "$TMP/lssp.jsonl.ps0") g1=$(gap "$TMP/lssp.jsonl.ps1")
+  echo "  launcher exit $rc; max clock gap $g0 / $g1"
+  [[ $rc -eq 3 && -s "$TMP/lssp.st" && -n "$g0" && "$g0" -le 1 && "$g1" -le 1 ]] &&
+    grep -q '"lost_workers":\[0\]' "$TMP/lssp.jsonl.ps0" && grep -q '"lost_workers":\[0\]' "$TMP/lssp.jsonl.ps1" &&
+    grep -q '"pushes":34,' "$TMP/lssp.jsonl.ps1" &&
+    grep -q "\[rank 1\] tandem train: worker 0 lost (named by the servers); 2 workers go on without it" "$TMP/o" &&
+    grep -q "\[rank 1\] weights written to" "$TMP/o" || { tail -n 5 "$TMP/o"; return 1; }
+}
+
+# sync: a round needs every worker, so the servers stop naming the lost one, and the workers
+# stop naming the server (one waiting for its parameters gets the server's reason; one caught
+# sending, only that the server closed); under a plain tandem run the job stops at once
+lost_worker_sync_stops() {
+  TANDEM_FAULT=1:3 TANDEM_TRANSPORT=tcp timeout 120 "$T" run --keep-going -n 4 -- tandem "${M[@]}" --steps 30 \
+    --ps-servers 2 >"$TMP/o" 2>&1
+  local rc=$?
+  grep "\[rank [02]\].*was lost" "$TMP/o" | head -2 | cut -c1-200
+  [[ $rc -eq 3 ]] && grep -q "\[rank 2\].*parameter server 0 (rank 2, keys \[0, 267909)): worker 1 was lost: rank 1 closed its connection.*a synchronous round needs every worker's gradient, so the servers stop" "$TMP/o" &&
+    grep -q "\[rank 0\].*step [34]: parameter server [01] (rank [23])" "$TMP/o" &&
+    ! grep -q "weights written\|test loss" "$TMP/o"
+}
+
+# Ranks started one by one (no launcher), sync: the server names the killed worker within seconds
 dead_worker_named() {
   PORT=$(free_port)
   local t0=$SECONDS
-  for r in 0 1 2; do TANDEM_FAULT=1:3 start_rank $r 3 "${M[@]}" --steps 50 --ps-servers 1 --ps-mode async; done
+  for r in 0 1 2; do TANDEM_FAULT=1:3 start_rank $r 3 "${M[@]}" --steps 50 --ps-servers 1 --ps-mode sync; done
   watchdog 60
   wait "${PIDS[2]}"; local s=$?
   wait "${PIDS[0]}"; local w=$?
   wait "${PIDS[1]}"
   unwatch
-  echo "  after $((SECONDS - t0)) s: server: $(tail -1 "$TMP/r2")"
-  echo "  worker 0: $(tail -1 "$TMP/r0")"
-  # the server names the worker; worker 0 stops too (naming the server, or its peer's failure,
-  # whichever reaches it first)
-  [[ $s -ne 0 && $w -ne 0 && $((SECONDS - t0)) -lt 30 ]] && grep -q "parameter server 0 (rank 2.*rank 1 closed its connection" "$TMP/r2"
+  echo "  after $((SECONDS - t0)) s: server: $(tail -1 "$TMP/r2" | cut -c1-160)"
+  echo "  worker 0: $(tail -1 "$TMP/r0" | cut -c1-160)"
+  [[ $s -ne 0 && $w -ne 0 && $((SECONDS - t0)) -lt 30 ]] && grep -q "parameter server 0 (rank 2.*worker 1 was lost: rank 1 closed its connection" "$TMP/r2" &&
+    grep -q "parameter server 0 (rank 2)" "$TMP/r0"
 }
 
 dead_server_named() {
@@ -148,7 +203,10 @@ check "sync == data parallel, bit for bit (1 and 2 servers, shm and tcp)" sync_i
 check "async with one worker == one process; with two it differs" async_one_worker_is_sequential
 check "ssp: a worker at most --staleness steps ahead of a slowed one" ssp_bound_holds
 check "the update log replays an async run bit for bit" replay_reproduces_async
-check "a dead worker is named by the server" dead_worker_named
+check "a lost worker: async goes on without it, its pushes kept (tandem run --keep-going)" lost_worker_async_goes_on
+check "a lost worker: ssp goes on, the first survivor reports, the bound holds" lost_worker_ssp_goes_on
+check "a lost worker: sync stops, naming it on every rank" lost_worker_sync_stops
+check "a dead worker is named by the server (ranks started one by one)" dead_worker_named
 check "a dead server is named by the workers" dead_server_named
 check "bad input is a clear error" bad_input
 finish
