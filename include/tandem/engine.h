@@ -140,6 +140,7 @@ typedef struct tdm_engine_ps_config {
   double delay_s;
   const char *log_dir;  /* servers: write the update log here (DIR/ps-server-K.log); NULL: none */
   FILE *notes;          /* servers: a line for each worker lost (NULL: none) */
+  const char *ckpt_dir; /* servers: where the workers' checkpoints are written (NULL: none) */
 } tdm_engine_ps_config;
 
 typedef struct tdm_engine_config {

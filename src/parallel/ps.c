@@ -8,6 +8,7 @@
 
 #include "parallel/engine_impl.h"
 #include "parallel/ps_msg.h"
+#include "tandem/checkpoint.h"
 
 static const char *mode_names[] = {"sync", "async", "ssp"};
 _Static_assert(sizeof mode_names / sizeof mode_names[0] == TDM_PS_MODE_COUNT, "one name per mode");
@@ -52,7 +53,7 @@ static tdm_status ps_create(tdm_engine *e, const tdm_model_config *mc, uint64_t 
   if (!e->spans || !w) return tdm__set_error(TDM_ERR_NO_MEMORY, "ps engine: out of memory");
   int64_t n = tdm_params_numel(e->params);
   e->spans[0] = (tdm_optim_span){0, n};
-  e->n_spans = 1;
+  e->n_spans = 0; /* updates nothing itself: a checkpoint reads the whole parameters, no optimizer state, here */
   /* the optimizer lives on the servers: the workers' holds no state (empty span list) */
   TDM__TRY(tdm_optim_create_spans(&e->opt, &e->ocfg, e->params, 0, NULL));
   w->world = world;
@@ -215,6 +216,65 @@ tdm_status tdm_ps_workers_meet(tdm_engine *e, int *n_lost, int *ranks, int cap) 
   *n_lost = (int)n;
   tdm__free(b);
   return TDM_OK;
+}
+
+static tdm_status not_ps(const tdm_engine *e, const char *what) {
+  return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: %s", what, e ? "not a parameter server's engine" : "NULL engine");
+}
+
+tdm_status tdm_ps_workers_checkpoint(tdm_engine *e, const char *dir, const tdm_ckpt_info *info, int keep) {
+  if (!e || !dir || !info || strcmp(e->ops->name, "ps")) return not_ps(e, "ps_workers_checkpoint");
+  ps_worker *w = e->impl;
+  if (w->lost)
+    return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "checkpoint at step %lld: %lld worker%s lost; a checkpoint is written by every "
+                          "rank of the job, so none is written after a loss (the last one before it stands)",
+                          (long long)info->step, (long long)w->lost, w->lost == 1 ? " was" : "s were");
+  for (int s = 0; s < w->S; s++) { /* the servers answer once every worker asked: every push before is in */
+    tdm__ps_msg m = {TDM_PS_MAGIC, TDM_PS_CKPT, info->step, 0, w->lo[s], w->hi[s], 0, 0, tdm__ps_sum(NULL, 0)};
+    tdm_status st = tdm_comm_tsend(w->world, w->W + s, TDM_PS_TAG_TO_SERVER, &m, sizeof m);
+    if (st != TDM_OK) return server_error(st, w, s, "did not take a checkpoint request");
+  }
+  TDM__TRY(pull_all(e));
+  tdm_ckpt_info ci = *info;
+  ci.world_size = 0; /* the job's: workers and servers each write a file (the workers' empty) */
+  if (!ci.layout) ci.layout = e->desc;
+  if (!ci.optimizer) ci.optimizer = tdm_optim_kind_name(tdm_optim_get_config(e->opt)->kind);
+  tdm_ckpt_writer *cw = NULL;
+  tdm_status cs = tdm_ckpt_writer_create(&cw, dir, &ci, w->version[0], w->world); /* version: the servers' optimizer steps */
+  if (!cw) return cs;
+  return tdm_ckpt_writer_commit(cw, keep);
+}
+
+tdm_status tdm_ps_workers_resumed(tdm_engine *e, const char *manifest, uint32_t crc, int64_t step) {
+  if (!e || !manifest || strcmp(e->ops->name, "ps")) return not_ps(e, "ps_workers_resumed");
+  ps_worker *w = e->impl;
+  size_t len = strlen(manifest) + 1, words = (len + 3) / 4;
+  if (words * 4 > TDM_PS_PATH_MAX)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "resume: the checkpoint's path (%zu bytes) is longer than %d", len, TDM_PS_PATH_MAX - 1);
+  char *b = tdm__calloc(1, sizeof(tdm__ps_msg) + words * 4);
+  if (!b) return tdm__set_error(TDM_ERR_NO_MEMORY, "resume: out of memory");
+  memcpy(b + sizeof(tdm__ps_msg), manifest, len);
+  tdm__ps_msg m = {TDM_PS_MAGIC, TDM_PS_RESUME, step, 0, 0, (int64_t)words, 0, crc,
+                   tdm__ps_sum((const float *)(b + sizeof(tdm__ps_msg)), (int64_t)words)};
+  memcpy(b, &m, sizeof m);
+  tdm_status st = TDM_OK;
+  for (int s = 0; s < w->S && st == TDM_OK; s++)
+    if ((st = tdm_comm_tsend(w->world, w->W + s, TDM_PS_TAG_TO_SERVER, b, sizeof m + words * 4)) != TDM_OK)
+      st = server_error(st, w, s, "did not take the checkpoint to resume from");
+  tdm__free(b);
+  TDM__TRY(st);
+  /* each server answers with its shard as it read it: the same values this worker read */
+  int64_t n = tdm_params_numel(e->params);
+  float *mine = tdm__malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+  if (!mine) return tdm__set_error(TDM_ERR_NO_MEMORY, "resume: out of memory");
+  memcpy(mine, tdm_params_data(e->params), sizeof(float) * (size_t)n);
+  st = pull_all(e);
+  for (int s = 0; st == TDM_OK && s < w->S; s++)
+    if (memcmp(mine + w->lo[s], tdm_params_data(e->params) + w->lo[s], sizeof(float) * (size_t)(w->hi[s] - w->lo[s])))
+      st = tdm__set_error(TDM_ERR_MISMATCH, "resume: parameter server %d (rank %d) read other parameters from %s than worker "
+                          "%d did", s, w->W + s, manifest, tdm_comm_rank(w->world));
+  tdm__free(mine);
+  return st;
 }
 
 tdm_status tdm_ps_workers_regrid(tdm_engine *e, tdm_grid *g) {

@@ -15,7 +15,11 @@
 
 /* PULL: the shard once every live worker has asked (the workers' final meeting); LOST: server 0's
  * list of the workers lost (the answer: int32 ranks, hi of them) */
-typedef enum { TDM_PS_PUSH = 1, TDM_PS_DONE, TDM_PS_PARAMS, TDM_PS_PULL, TDM_PS_LOST } tdm__ps_kind;
+/* CKPT: a checkpoint of step clock once every live worker asks (answered as PULL, then written
+ * by all together); RESUME: load the shard from the checkpoint the workers resumed from (payload:
+ * its manifest's path, NUL-padded to hi 4-byte words; lost: the manifest's checksum; clock: its step) */
+typedef enum { TDM_PS_PUSH = 1, TDM_PS_DONE, TDM_PS_PARAMS, TDM_PS_PULL, TDM_PS_LOST, TDM_PS_CKPT, TDM_PS_RESUME } tdm__ps_kind;
+#define TDM_PS_PATH_MAX 4096
 
 typedef struct tdm__ps_msg {
   uint32_t magic, kind;

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "parallel/engine_impl.h"
+#include "parallel/ps_ckpt.h"
 #include "parallel/ps_log.h"
 #include "parallel/ps_msg.h"
 
@@ -31,6 +32,9 @@ typedef struct {
   int *lost_order;            /* the lost workers, in the order found */
   int *active, n_active;      /* the workers not done: whose connections must stay up */
   int64_t *clock;
+  int64_t *ckpt_at;           /* per worker: the step of the checkpoint it waits for, or -1 */
+  int64_t resumed_step;       /* the checkpoint loaded (-1: none) */
+  uint32_t resumed_crc;
   tdm__ps_log *log;           /* NULL: no update log */
   float round_lr;
   int n_round, n_done;
@@ -83,6 +87,55 @@ static tdm_status meet(server *v) {
       TDM__TRY(reply(v, w, sum));
     }
   return TDM_OK;
+}
+
+/* A checkpoint: once every live worker has asked for the same step, each gets the shard (its
+ * version: the optimizer's steps, which the manifest records), then all write it together. */
+static tdm_status checkpoint(server *v) {
+  int64_t step = -1;
+  for (int w = 0; w < v->W; w++) {
+    if (v->done[w]) continue;
+    if (v->ckpt_at[w] < 0) return TDM_OK;
+    if (step >= 0 && v->ckpt_at[w] != step)
+      return fail(v, TDM_ERR_MISMATCH, "worker %d asked for a checkpoint of another step than the others", NULL, w);
+    step = v->ckpt_at[w];
+  }
+  if (step < 0) return TDM_OK;
+  if (!v->pc->ckpt_dir)
+    return fail(v, TDM_ERR_INVALID_ARG, "the workers asked for a checkpoint, but this server has no --checkpoint-dir", NULL, 0);
+  uint64_t sum = shard_sum(v);
+  for (int w = 0; w < v->W; w++)
+    if (v->ckpt_at[w] >= 0) {
+      v->ckpt_at[w] = -1;
+      TDM__TRY(reply(v, w, sum));
+    }
+  tdm_status st = tdm__ps_ckpt_save(v->pc->ckpt_dir, v->world, v->params, v->opt, v->lo, v->hi, step, 2);
+  if (st != TDM_OK) return fail(v, st, "could not write its part of the checkpoint", tdm_last_error(), 0);
+  return TDM_OK;
+}
+
+/* The checkpoint a worker resumed from: loaded by the first worker's word, checked against the
+ * others'; every worker gets the shard (to compare with what it read). */
+static tdm_status resume(server *v, int w, const tdm__ps_msg *m, const char *payload, size_t bytes) {
+  if (m->hi < 1 || bytes != sizeof(int32_t) * (size_t)m->hi || m->sum != tdm__ps_sum((const float *)payload, m->hi) ||
+      memchr(payload, 0, bytes) == NULL)
+    return fail(v, TDM_ERR_REMOTE, "worker %d sent a malformed resume message (not applied)", NULL, w);
+  if (v->resumed_step < 0) {
+    if (v->version > 0)
+      return fail(v, TDM_ERR_MISMATCH, "worker %d asked to resume after updates were applied", NULL, w);
+    int64_t steps = 0;
+    tdm_status st = tdm__ps_ckpt_load(payload, m->lost, v->params, v->opt, v->lo, v->hi, &steps);
+    if (st != TDM_OK) return fail(v, st, "could not resume (worker %d's checkpoint)", tdm_last_error(), w);
+    v->version = steps;
+    v->resumed_step = m->clock, v->resumed_crc = m->lost;
+  } else if (v->resumed_step != m->clock || v->resumed_crc != m->lost) {
+    char d[200];
+    snprintf(d, sizeof d, "step %lld (checksum %08x), where another resumed from step %lld (%08x)", (long long)m->clock,
+             m->lost, (long long)v->resumed_step, v->resumed_crc);
+    return fail(v, TDM_ERR_MISMATCH, "worker %d resumed from another checkpoint", d, w);
+  }
+  for (int q = 0; q < v->W; q++) v->clock[q] = m->clock; /* the steps done: the ssp bound counts on */
+  return reply(v, w, shard_sum(v));
 }
 
 /* Server 0's list of the lost workers, the first n (the count its meeting's answer gave). */
@@ -188,19 +241,21 @@ static tdm_status on_lost(server *v, int w, tdm_status why) {
     fflush(v->pc->notes);
   }
   TDM__TRY(meet(v));
+  TDM__TRY(checkpoint(v));
   return release(v);
 }
 
 /* Receives and checks one message; acts on it. */
 static tdm_status serve_one(server *v) {
   size_t cap = sizeof(tdm__ps_msg) + sizeof(float) * (size_t)v->n, got = 0;
+  size_t room = cap > sizeof(tdm__ps_msg) + TDM_PS_PATH_MAX ? cap : sizeof(tdm__ps_msg) + TDM_PS_PATH_MAX;
   int from = -1;
   v->n_active = 0;
   for (int w = 0; w < v->W; w++)
     if (!v->done[w]) v->active[v->n_active++] = w;
   int gone = -1;
   tdm_status st =
-      tdm_comm_trecv_among_lossy(v->world, v->active, v->n_active, TDM_PS_TAG_TO_SERVER, v->buf, cap, &from, &got, &gone);
+      tdm_comm_trecv_among_lossy(v->world, v->active, v->n_active, TDM_PS_TAG_TO_SERVER, v->buf, room, &from, &got, &gone);
   if (st != TDM_OK && gone >= 0 && gone < v->W) return on_lost(v, gone, st);
   if (st != TDM_OK) return fail(v, st, "stopped waiting for the workers (ranks 0..%d)", tdm_last_error(), v->W - 1);
   v->st->bytes_in += got;
@@ -209,7 +264,8 @@ static tdm_status serve_one(server *v) {
   if (got >= sizeof m) memcpy(&m, v->buf, sizeof m);
   const float *pay = (const float *)(v->buf + sizeof m);
   if (got < sizeof m || m.magic != TDM_PS_MAGIC ||
-      (m.kind != TDM_PS_PUSH && m.kind != TDM_PS_DONE && m.kind != TDM_PS_PULL && m.kind != TDM_PS_LOST))
+      (m.kind != TDM_PS_PUSH && m.kind != TDM_PS_DONE && m.kind != TDM_PS_PULL && m.kind != TDM_PS_LOST &&
+       m.kind != TDM_PS_CKPT && m.kind != TDM_PS_RESUME))
     return fail(v, TDM_ERR_REMOTE, "worker %d sent a malformed message (not a push): not applied", NULL, from);
   if (v->done[from]) return fail(v, TDM_ERR_MISMATCH, "worker %d sent a message after it said it was done", NULL, from);
   if (m.kind == TDM_PS_PULL) { /* the shard as it stands once every live worker asks (the final weights) */
@@ -217,6 +273,12 @@ static tdm_status serve_one(server *v) {
     return meet(v);
   }
   if (m.kind == TDM_PS_LOST) return send_lost(v, from, m.clock);
+  if (m.kind == TDM_PS_CKPT) {
+    if (m.clock < 0) return fail(v, TDM_ERR_REMOTE, "worker %d asked for a checkpoint of a negative step", NULL, from);
+    v->ckpt_at[from] = m.clock;
+    return checkpoint(v);
+  }
+  if (m.kind == TDM_PS_RESUME) return resume(v, from, &m, v->buf + sizeof m, got - sizeof m);
   if (m.kind == TDM_PS_DONE) {
     if (v->pc->mode == TDM_PS_SYNC && v->n_round > 0)
       return fail(v, TDM_ERR_MISMATCH, "worker %d finished while others were in a synchronous round (the workers ran "
@@ -224,6 +286,7 @@ static tdm_status serve_one(server *v) {
     v->done[from] = 1;
     v->n_done++;
     TDM__TRY(meet(v));
+    TDM__TRY(checkpoint(v));
     return v->pc->mode == TDM_PS_SYNC ? TDM_OK : release(v);
   }
   if (m.lo != v->lo || m.hi != v->hi) {
@@ -269,10 +332,16 @@ tdm_status tdm_ps_serve(const tdm_model_config *mc, uint64_t seed, const tdm_opt
     /* room for a shard, or for the list of lost workers */
     size_t room = sizeof(float) * (size_t)v.n > sizeof(int32_t) * (size_t)v.W ? sizeof(float) * (size_t)v.n
                                                                                 : sizeof(int32_t) * (size_t)v.W;
+    if (room < TDM_PS_PATH_MAX) room = TDM_PS_PATH_MAX;
     v.buf = tdm__malloc_cat(sizeof(tdm__ps_msg) + room, TDM_MEM_COMM);
     v.slots = pc->mode == TDM_PS_SYNC ? tdm__malloc_cat(sizeof(float) * (size_t)v.n * (size_t)v.W + 4, TDM_MEM_GRADS) : NULL;
     v.in_round = tdm__calloc((size_t)v.W * 7, sizeof(int));
-    v.clock = tdm__calloc((size_t)v.W, sizeof(int64_t));
+    v.clock = tdm__calloc((size_t)v.W * 2, sizeof(int64_t));
+    v.resumed_step = -1;
+    if (v.clock) {
+      v.ckpt_at = v.clock + v.W;
+      for (int w = 0; w < v.W; w++) v.ckpt_at[w] = -1;
+    }
     if (!v.buf || (pc->mode == TDM_PS_SYNC && !v.slots) || !v.in_round || !v.clock)
       st = tdm__set_error(TDM_ERR_NO_MEMORY, "parameter server %d: out of memory for a shard of %lld floats", v.s,
                           (long long)v.n);

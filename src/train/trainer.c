@@ -644,10 +644,9 @@ static tdm_status ps_roles(const tdm_train_config *c, run_state *s, int *W, int 
   if (S < 1 || S >= P)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --ps-servers %d with %d rank%s; expected 1..%d, so that at least one "
                           "rank trains (tandem run -n N gives N-S workers and S servers)", S, P, P == 1 ? "" : "s", P - 1);
-  if (c->checkpoint_dir || c->init_weights)
-    return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "train: %s with a parameter server is not built yet (the servers' shards "
-                          "and optimizer state would have to be saved and loaded)",
-                          c->checkpoint_dir ? "--checkpoint-dir" : "--init-weights");
+  if (c->init_weights)
+    return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "train: --init-weights with a parameter server is not built yet (the "
+                          "servers start from the seed's values; a checkpoint of any layout resumes with --resume)");
   s->ps_world = s->comm;
   s->comm = NULL;
   int server = R >= P - S;
@@ -716,6 +715,7 @@ static tdm_status ps_server_rank(const tdm_train_config *c, tdm_train_result *re
   tdm_engine_ps_config pc = c->engine.ps;
   pc.world = s->ps_world;
   pc.notes = c->progress;
+  pc.ckpt_dir = c->checkpoint_dir;
   tdm_ps_server_stats st;
   tdm_status r = tdm_ps_serve(&pp.mc, c->seed, &pp.oc, &pc, &st);
   char js[640];
@@ -819,6 +819,8 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   if (s->recorded >= s->start.step && pr.f)
     fprintf(pr.f, "tandem train: %s holds steps up to %lld already: the steps redone from the checkpoint are not recorded again\n",
             c->metrics, (long long)s->recorded);
+  if (s->start.resumed_from >= 0 && s->ps_world) /* the servers load their shards and moments from the same checkpoint */
+    TDM__TRY(tdm_ps_workers_resumed(s->engine, s->start.ckpt_path, s->start.ckpt_crc, s->start.step));
   if (s->start.resumed_from >= 0) { /* the data stream goes on from the checkpoint's sample, whatever batch wrote it */
     int64_t at = s->start.data_offset < N ? s->start.data_offset : N; /* another data set (--resume-override data): its end */
     TDM__TRY(tdm_sampler_set_position(s->sampler, s->start.step, s->start.data_epoch, at));
@@ -880,7 +882,8 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
         TDM__TRY(metrics_ok(s, c)); /* the records are in the file before the checkpoint that covers them */
         tdm_ckpt_info ci = {.step = step + 1, .world_size = W, .seed = c->seed, .n_meta = id.n - 1, .meta_kv = id.kv}; /* the seed is the checkpoint's own key */
         tdm_sampler_locate(s->sampler, step + 1, &ci.data_epoch, &ci.data_offset);
-        TDM__TRY(tdm_ckpt_save_engine(c->checkpoint_dir, s->engine, &ci, 2));
+        if (s->ps_world) TDM__TRY(tdm_ps_workers_checkpoint(s->engine, c->checkpoint_dir, &ci, 2)); /* with the servers */
+        else TDM__TRY(tdm_ckpt_save_engine(c->checkpoint_dir, s->engine, &ci, 2));
       }
       if (is_lm(mk) && c->val_every > 0 && (step + 1) % c->val_every == 0 && step + 1 < total) {
         double vl, va;
