@@ -15,6 +15,7 @@ static void usage(FILE *f) {
           "  bench     benchmark collectives, nccl-tests style (tandem bench --help)\n"
           "  generate  sample text from GPT weights (tandem generate --help)\n"
           "  weights-diff A B [--rtol R]   compare two safetensors weight files\n"
+          "  ps-server, ps-worker  one rank of a parameter-server job started on its own (--rank R --world N --master HOST:PORT)\n"
           "  ps-replay --log DIR   replay a parameter server's update logs into weights (tandem train's options)\n"
           "  checkpoint info|consolidate   a checkpoint's contents, or its weights as one file (tandem checkpoint --help)\n"
           "  help      show this text\n");
@@ -35,6 +36,8 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "generate")) return tool_generate(argc - 2, argv + 2);
   if (!strcmp(cmd, "checkpoint")) return tool_checkpoint(argc - 2, argv + 2);
   if (!strcmp(cmd, "ps-replay")) return tool_ps_replay(argc - 2, argv + 2);
+  if (!strcmp(cmd, "ps-server")) return tool_ps_server(argc - 2, argv + 2);
+  if (!strcmp(cmd, "ps-worker")) return tool_ps_worker(argc - 2, argv + 2);
   if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
     usage(stdout);
     return 0;

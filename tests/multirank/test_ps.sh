@@ -196,8 +196,39 @@ dead_worker_named() {
   unwatch
   echo "  after $((SECONDS - t0)) s: server: $(tail -1 "$TMP/r2" | cut -c1-160)"
   echo "  worker 0: $(tail -1 "$TMP/r0" | cut -c1-160)"
-  [[ $s -ne 0 && $w -ne 0 && $((SECONDS - t0)) -lt 30 ]] && grep -q "parameter server 0 (rank 2.*worker 1 was lost: rank 1 closed its connection" "$TMP/r2" &&
-    grep -q "parameter server 0 (rank 2)" "$TMP/r0"
+  # (worker 0 all-reduces each step's loss with worker 1: it may fail first, naming rank 1, and be
+  # the worker the server finds lost, naming rank 1's connection in its turn)
+  [[ $s -ne 0 && $w -ne 0 && $((SECONDS - t0)) -lt 30 ]] &&
+    grep -Eq "parameter server 0 \(rank 2.*worker [01] was lost: .*rank 1 (closed|reset) its connection" "$TMP/r2" &&
+    grep -Eq "parameter server 0 \(rank 2\)|rank 1 (closed|reset) its connection" "$TMP/r0"
+}
+
+# tandem ps-worker / ps-server started as separate commands (as on several hosts: --rank, --world,
+# --master): sync gives data parallelism's weights byte for byte; a rank started with the wrong
+# role, and a server whose --master does not answer, are clear errors
+started_apart() {
+  PORT=$(free_port)
+  local t0=$SECONDS rc=0
+  for r in 0 1 2; do
+    local role=ps-worker; [[ $r -eq 2 ]] && role=ps-server
+    TANDEM_TIMEOUT=30 "$T" $role --rank $r --world 3 --master 127.0.0.1:$PORT "${M[@]:1}" --ps-servers 1 \
+      --save-weights "$TMP/apart.st" >"$TMP/r$r" 2>&1 &
+    PIDS[$r]=$!
+  done
+  watchdog 60
+  for r in 0 1 2; do wait "${PIDS[$r]}" || rc=1; done
+  unwatch
+  echo "  3 commands done after $((SECONDS - t0)) s (exit statuses $rc)"
+  [[ $rc -eq 0 ]] && cmp "$TMP/dp2.st" "$TMP/apart.st" || { tail -n 2 "$TMP"/r[012]; return 1; }
+  "$T" ps-server --rank 1 --world 3 --master 127.0.0.1:$PORT "${M[@]:1}" --ps-servers 1 >"$TMP/o" 2>&1
+  [[ $? -eq 2 ]] && grep -q "rank 1 of 3 with 1 server is a worker (servers are ranks 2..2): start it with tandem ps-worker" "$TMP/o" ||
+    { cat "$TMP/o"; return 1; }
+  "$T" ps-worker --rank 0 --world 3 --master localhost "${M[@]:1}" --ps-servers 1 >"$TMP/o" 2>&1
+  [[ $? -eq 2 ]] && grep -q "expected HOST:PORT" "$TMP/o" || { cat "$TMP/o"; return 1; }
+  t0=$SECONDS
+  TANDEM_TIMEOUT=2 timeout 30 "$T" ps-server --rank 2 --world 3 --master 127.0.0.1:$(free_port) "${M[@]:1}" --ps-servers 1 >"$TMP/o" 2>&1
+  [[ $? -eq 1 && $((SECONDS - t0)) -lt 15 ]] && grep -q "rank 2 cannot reach the store at 127.0.0.1:[0-9]* (MASTER_ADDR:MASTER_PORT)" "$TMP/o" ||
+    { cat "$TMP/o"; return 1; }
 }
 
 dead_server_named() {
@@ -240,6 +271,7 @@ check "a lost worker: async goes on without it, its pushes kept (tandem run --ke
 check "a lost worker: ssp goes on, the first survivor reports, the bound holds" lost_worker_ssp_goes_on
 check "a lost worker: sync stops, naming it on every rank" lost_worker_sync_stops
 check "a dead worker is named by the server (ranks started one by one)" dead_worker_named
+check "tandem ps-worker / ps-server started apart == data parallel; wrong role, silent address" started_apart
 check "a dead server is named by the workers" dead_server_named
 check "bad input is a clear error" bad_input
 finish
