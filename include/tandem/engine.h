@@ -332,6 +332,11 @@ tdm_status tdm_ps_workers_meet(tdm_engine *e, int *n_lost, int *ranks, int cap);
  * workers' communicator; g must outlive the engine). A ps engine only: its state does not depend
  * on the layout. */
 tdm_status tdm_ps_workers_regrid(tdm_engine *e, tdm_grid *g);
+/* The last step's exchange as this worker saw it: staleness[s] (s < cap) of its push to server s
+ * (the shard's updates between its pull and the push's application, as the server's answer said;
+ * sync: 0), the bytes it pushed and pulled (headers included). Returns the number of servers, or
+ * -1 for an engine that is not a parameter server's worker. */
+int tdm_ps_worker_step_stats(const tdm_engine *e, int64_t *staleness, int cap, uint64_t *pushed, uint64_t *pulled);
 
 /* Replays the update logs in dir (ps-server-0.log .. as many as server 0's names) on the model
  * built from seed, with the optimizer over each server's range: every update the servers applied,

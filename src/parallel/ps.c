@@ -27,6 +27,8 @@ typedef struct {
   int64_t *lo, *hi, *version; /* per server: its range and the version of what we pulled */
   int64_t clock;              /* steps pushed */
   int64_t lost;               /* workers lost, as server 0's last answer said */
+  int64_t *stale;             /* per server: the staleness of this step's push, as its answer said */
+  uint64_t pushed, pulled;    /* this step's bytes, headers included */
   char *buf;                  /* header + the largest shard */
 } ps_worker;
 
@@ -59,9 +61,9 @@ static tdm_status ps_create(tdm_engine *e, const tdm_model_config *mc, uint64_t 
   w->world = world;
   w->S = pc->servers;
   w->W = e->size;
-  w->lo = tdm__calloc((size_t)w->S * 3, sizeof(int64_t));
+  w->lo = tdm__calloc((size_t)w->S * 4, sizeof(int64_t));
   if (!w->lo) return tdm__set_error(TDM_ERR_NO_MEMORY, "ps engine: out of memory");
-  w->hi = w->lo + w->S, w->version = w->hi + w->S;
+  w->hi = w->lo + w->S, w->version = w->hi + w->S, w->stale = w->version + w->S;
   int64_t most = 0;
   for (int s = 0; s < w->S; s++) {
     tdm_ps_shard(n, w->S, s, &w->lo[s], &w->hi[s]);
@@ -124,6 +126,7 @@ static tdm_status ps_update(tdm_engine *e, float lr, float coef) {
     nanosleep(&ts, NULL);
   }
   const float *g = tdm_params_grad(e->params);
+  w->pushed = w->pulled = 0;
   for (int s = 0; s < w->S; s++) {
     int64_t n = w->hi[s] - w->lo[s];
     tdm__ps_msg m = {TDM_PS_MAGIC, TDM_PS_PUSH, w->clock, w->version[s], w->lo[s], w->hi[s], lr, 0, tdm__ps_sum(g + w->lo[s], n)};
@@ -131,6 +134,7 @@ static tdm_status ps_update(tdm_engine *e, float lr, float coef) {
     memcpy(w->buf + sizeof m, g + w->lo[s], sizeof(float) * (size_t)n);
     tdm_status st = tdm_comm_tsend(w->world, w->W + s, TDM_PS_TAG_TO_SERVER, w->buf, sizeof m + sizeof(float) * (size_t)n);
     if (st != TDM_OK) return server_error(st, w, s, "did not take a push");
+    w->pushed += sizeof m + sizeof(float) * (size_t)n;
   }
   w->clock++;
   return pull_all(e);
@@ -158,6 +162,8 @@ static tdm_status pull_all(tdm_engine *e) {
                             (long long)w->hi[s]);
     memcpy(p + w->lo[s], v, sizeof(float) * (size_t)n);
     w->version[s] = m.version;
+    w->stale[s] = (int64_t)m.lr;
+    w->pulled += got;
     if (s == 0) w->lost = m.lost;
   }
   return TDM_OK;
@@ -216,6 +222,15 @@ tdm_status tdm_ps_workers_meet(tdm_engine *e, int *n_lost, int *ranks, int cap) 
   *n_lost = (int)n;
   tdm__free(b);
   return TDM_OK;
+}
+
+int tdm_ps_worker_step_stats(const tdm_engine *e, int64_t *staleness, int cap, uint64_t *pushed, uint64_t *pulled) {
+  if (!e || strcmp(e->ops->name, "ps")) return -1;
+  const ps_worker *w = e->impl;
+  for (int s = 0; s < w->S && s < cap; s++) staleness[s] = w->stale[s];
+  if (pushed) *pushed = w->pushed;
+  if (pulled) *pulled = w->pulled;
+  return w->S;
 }
 
 static tdm_status not_ps(const tdm_engine *e, const char *what) {

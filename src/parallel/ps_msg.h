@@ -26,7 +26,7 @@ typedef struct tdm__ps_msg {
   int64_t clock;   /* push: the worker's step; params: pushes of this worker applied */
   int64_t version; /* push: the shard version its gradient was computed on; params: the version now */
   int64_t lo, hi;  /* the key range of the payload */
-  float lr;        /* push: the step's learning rate */
+  float lr;        /* push: the step's learning rate; params: the staleness of this worker's last push */
   uint32_t lost;   /* params: the workers this server has lost so far */
   uint64_t sum;    /* tdm__ps_sum of the payload */
 } tdm__ps_msg;

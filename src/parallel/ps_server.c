@@ -33,6 +33,7 @@ typedef struct {
   int *active, n_active;      /* the workers not done: whose connections must stay up */
   int64_t *clock;
   int64_t *ckpt_at;           /* per worker: the step of the checkpoint it waits for, or -1 */
+  int64_t *last_stale;        /* per worker: the staleness of its last push (told in the answer) */
   int64_t resumed_step;       /* the checkpoint loaded (-1: none) */
   uint32_t resumed_crc;
   tdm__ps_log *log;           /* NULL: no update log */
@@ -51,7 +52,8 @@ static tdm_status fail(server *v, tdm_status st, const char *fmt, const char *de
 /* Sends the shard's parameters to worker w. */
 static tdm_status reply(server *v, int w, uint64_t sum) {
   float *p = tdm_params_data(v->params) + v->lo;
-  tdm__ps_msg m = {TDM_PS_MAGIC, TDM_PS_PARAMS, v->clock[w], v->version, v->lo, v->hi, 0, (uint32_t)v->st->n_lost, sum};
+  tdm__ps_msg m = {TDM_PS_MAGIC, TDM_PS_PARAMS, v->clock[w], v->version, v->lo, v->hi, (float)v->last_stale[w],
+                   (uint32_t)v->st->n_lost, sum};
   memcpy(v->buf, &m, sizeof m);
   memcpy(v->buf + sizeof m, p, sizeof(float) * (size_t)v->n);
   size_t bytes = sizeof m + sizeof(float) * (size_t)v->n;
@@ -200,6 +202,7 @@ static tdm_status on_push(server *v, int w, const tdm__ps_msg *m, const float *g
   if (stale < 0) stale = 0;
   v->st->staleness_hist[stale < 16 ? stale : 16]++;
   if (stale > v->st->max_staleness) v->st->max_staleness = stale;
+  v->last_stale[w] = stale;
   v->st->pushes++;
   if (v->pc->mode == TDM_PS_SYNC) {
     if (v->in_round[w]) return fail(v, TDM_ERR_MISMATCH, "worker %d pushed twice in one synchronous round", NULL, w);
@@ -336,10 +339,10 @@ tdm_status tdm_ps_serve(const tdm_model_config *mc, uint64_t seed, const tdm_opt
     v.buf = tdm__malloc_cat(sizeof(tdm__ps_msg) + room, TDM_MEM_COMM);
     v.slots = pc->mode == TDM_PS_SYNC ? tdm__malloc_cat(sizeof(float) * (size_t)v.n * (size_t)v.W + 4, TDM_MEM_GRADS) : NULL;
     v.in_round = tdm__calloc((size_t)v.W * 7, sizeof(int));
-    v.clock = tdm__calloc((size_t)v.W * 2, sizeof(int64_t));
+    v.clock = tdm__calloc((size_t)v.W * 3, sizeof(int64_t));
     v.resumed_step = -1;
     if (v.clock) {
-      v.ckpt_at = v.clock + v.W;
+      v.ckpt_at = v.clock + v.W, v.last_stale = v.ckpt_at + v.W;
       for (int w = 0; w < v.W; w++) v.ckpt_at[w] = -1;
     }
     if (!v.buf || (pc->mode == TDM_PS_SYNC && !v.slots) || !v.in_round || !v.clock)

@@ -297,6 +297,16 @@ typedef struct {
 /* ,"grad_bytes":N and, with a compressor, per bucket its ratio and relative error, and the worst
  * telescoping error (tandem/compress.h). */
 static void grad_record(tdm_engine *e, char *out, size_t cap) {
+  int64_t stale[64];
+  uint64_t pushed = 0, pulled = 0;
+  int S = tdm_ps_worker_step_stats(e, stale, 64, &pushed, &pulled);
+  if (S > 0) { /* a parameter server's worker: its pushes' staleness per server, and its bytes */
+    size_t at = (size_t)snprintf(out, cap, ",\"ps_bytes_pushed\":%llu,\"ps_bytes_pulled\":%llu,\"ps_staleness\":[",
+                                 (unsigned long long)pushed, (unsigned long long)pulled);
+    for (int s = 0; s < S && s < 64 && at < cap; s++) at += (size_t)snprintf(out + at, cap - at, "%s%lld", s ? "," : "", (long long)stale[s]);
+    if (at < cap) snprintf(out + at, cap - at, "]");
+    return;
+  }
   const tdm_compress_stats *cs;
   uint64_t bytes = 0;
   int n = tdm_engine_compress_stats(e, &cs, &bytes);
