@@ -15,6 +15,7 @@ static void usage(FILE *f) {
           "  bench     benchmark collectives, nccl-tests style (tandem bench --help)\n"
           "  generate  sample text from GPT weights (tandem generate --help)\n"
           "  weights-diff A B [--rtol R]   compare two safetensors weight files\n"
+          "  ps-server, ps-worker  one rank of a parameter-server job started on its own (--rank R --world N --master HOST:PORT)\n"
           "  ps-replay --log DIR   replay a parameter server's update logs into weights (tandem train's options)\n"
           "  checkpoint info|consolidate   a checkpoint's contents, or its weights as one file (tandem checkpoint --help)\n"
           "  report RUN_DIR [-o FILE]   an HTML report (plots, per-rank times, memory) from a run's metrics and trace\n"
@@ -41,6 +42,8 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "report")) return tool_report(argc - 2, argv + 2);
   if (!strcmp(cmd, "scale")) return tool_scale(argc - 2, argv + 2);
   if (!strcmp(cmd, "trace")) return tool_trace(argc - 2, argv + 2);
+  if (!strcmp(cmd, "ps-server")) return tool_ps_server(argc - 2, argv + 2);
+  if (!strcmp(cmd, "ps-worker")) return tool_ps_worker(argc - 2, argv + 2);
   if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
     usage(stdout);
     return 0;

@@ -203,6 +203,7 @@ int tool_run(int argc, char **argv) {
   int64_t n = 0, port = 0, nnodes = 1, node_rank = 0, max_restarts = 0, nproc_per_node = 0;
   const char *log_dir = NULL, *master = NULL, *nnodes_s = NULL, *endpoint = NULL, *rdzv_id = NULL, *elastic_batch = NULL;
   double rdzv_timeout = 0, last_call = 0, status_every = 0;
+  int keep_going = 0;
   cli_opt opts[] = {
       {"nproc", CLI_INT, &n, "1", "ranks to start on this node (also -n)", NULL, 1, MAX_RANKS, 0},
       {"nnodes", CLI_STRING, &nnodes_s, "1", "nodes in the job: N, or MIN:MAX for an elastic job (with --rdzv-endpoint)", NULL, 0, 0, 0},
@@ -217,6 +218,7 @@ int tool_run(int argc, char **argv) {
       {"master-port", CLI_INT, &port, "0", "rendezvous port (0: a free port; set it for several nodes)", NULL, 0, 65535, 0},
       {"log-dir", CLI_STRING, &log_dir, NULL, "also write each rank's output to DIR/rank-N.log", NULL, 0, 0, 0},
       {"status-every", CLI_FLOAT, &status_every, "0", "every SEC seconds, print one line per rank (step, loss, throughput, step time and its parts, communication share) and the slowest rank (0: off)", NULL, 0, 86400, 0},
+      {"keep-going", CLI_FLAG, &keep_going, NULL, "a rank that fails does not stop the others (a parameter server's async or ssp workers go on without a lost one); the exit status is still the first failure's", NULL, 0, 0, 0},
       {"max-restarts", CLI_INT, &max_restarts, "0", "restart the whole group this many times after a failure (the program resumes from its checkpoint); elastic: restarts for any reason (a node lost or joining, ranks failing), default 3", NULL, 0, 1000, 0},
   };
   int nopt = (int)(sizeof opts / sizeof opts[0]);
@@ -404,7 +406,7 @@ int tool_run(int argc, char **argv) {
         stopping = 1;
         stop_at = tdm_time_now() + 5;
       }
-      if (first_fail >= 0 && !stopping) {
+      if (first_fail >= 0 && !stopping && !keep_going) {
         run_signal_ranks(ranks, started, SIGTERM, 0);
         stopping = 1;
         stop_at = tdm_time_now() + 5;
@@ -450,6 +452,6 @@ int tool_run(int argc, char **argv) {
   int from = f->ntail > TAIL_LINES ? f->ntail - TAIL_LINES : 0;
   if (f->ntail) fprintf(stderr, "its last %d line%s:\n", f->ntail - from, f->ntail - from == 1 ? "" : "s");
   for (int j = from; j < f->ntail; j++) fprintf(stderr, "  | %s\n", f->tail[j % TAIL_LINES]);
-  fprintf(stderr, "the other ranks were stopped.\n");
+  fprintf(stderr, keep_going ? "the other ranks went on (--keep-going).\n" : "the other ranks were stopped.\n");
   return f->sig ? 128 + f->sig : (f->code ? f->code : 1);
 }

@@ -181,6 +181,20 @@ tdm_status tdm_ckpt_consolidate(tdm_ckpt *c, const char *out_path, int with_opti
  * info->optimizer are taken from the engine when NULL. */
 tdm_status tdm_ckpt_save_engine(const char *dir, tdm_engine *e, const tdm_ckpt_info *info, int keep);
 
+/* A parameter server's checkpoint (src/parallel/ps*.c), called by every worker at the same step:
+ * the servers answer once every live worker asked (so every push before it is in), then workers
+ * and servers write it together over the job's world: the servers their key ranges of the
+ * parameters and the optimizer state, worker 0 the manifest (info: the run's step, data position,
+ * settings; the optimizer's step count is the servers'). The same logical tensors as every engine
+ * writes: data parallelism resumes it, and it resumes data parallelism's. Refused after a worker
+ * was lost (a checkpoint needs every rank of the job). */
+tdm_status tdm_ps_workers_checkpoint(tdm_engine *e, const char *dir, const tdm_ckpt_info *info, int keep);
+/* After the workers resumed the parameters from the manifest at path (checksum crc, step): every
+ * server loads its range of the parameters and the optimizer state from it, and answers with its
+ * shard, which must equal what this worker read (TDM_ERR_MISMATCH otherwise). Every worker calls
+ * it before its first step. */
+tdm_status tdm_ps_workers_resumed(tdm_engine *e, const char *manifest, uint32_t crc, int64_t step);
+
 typedef struct tdm_ckpt_resumed {
   int found;                   /* 0: DIR held no checkpoint (nothing was loaded) */
   int64_t step, optim_steps;   /* of the checkpoint loaded */

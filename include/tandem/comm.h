@@ -105,6 +105,10 @@ void tdm_comm_destroy(tdm_comm_t c);
 /* Marks the communicator failed and wakes every blocked call on it (from any thread); peers see
  * the connection close. The handle must still be destroyed. */
 void tdm_comm_abort(tdm_comm_t c);
+/* As tdm_comm_abort, with the reason the peers are told (their failing call names it) and the
+ * status they fail with (MISMATCH and TIMEOUT as given, anything else REMOTE). Not thread-safe
+ * against calls on c. */
+void tdm_comm_abort_why(tdm_comm_t c, tdm_status st, const char *why);
 
 int tdm_comm_rank(tdm_comm_t c);
 int tdm_comm_size(tdm_comm_t c);
@@ -134,6 +138,11 @@ void tdm_comm_thread_group_destroy(void *group);
 /* Sub-communicators (MPI_Comm_split): ranks with the same color form a group, ordered by key
  * then old rank. Collective over c. color < 0: this rank joins none (*out = NULL). */
 tdm_status tdm_comm_split(tdm_comm_t c, int color, int key, tdm_comm_t *out);
+/* A sub-communicator of ranks[0..n) of c (increasing; the child's rank order), made without any
+ * message: every member calls it with the same list, knowing it from elsewhere (the survivors of a
+ * parameter server's lost workers, told by the servers). A non-member gets *out = NULL. Lives
+ * inside c's transport as a split's child does: destroy it before c. */
+tdm_status tdm_comm_subset(tdm_comm_t c, const int *ranks, int n, tdm_comm_t *out);
 
 /* ---- point to point ------------------------------------------------------------------------
  * Messages between two ranks arrive in the order sent; a receive names its tag and size, and a
@@ -176,6 +185,14 @@ tdm_status tdm_comm_trecv(tdm_comm_t c, int source, int tag, void *buf, size_t c
  * finished, whose connections may close). */
 tdm_status tdm_comm_trecv_among(tdm_comm_t c, const int *ranks, int n, int tag, void *buf, size_t capacity, int *from,
                                 size_t *nbytes);
+/* As tdm_comm_trecv_among, but a candidate that is lost (its connection closed or reset, its
+ * process gone, or it aborted) fails only this receive: *lost gets its rank (else -1), the status
+ * (TDM_ERR_REMOTE mostly) and tdm_last_error() say why, and the communicator stays usable with the
+ * other ranks; the caller must not exchange with the lost rank again (its stream stopped at an
+ * unknown point). Any other failure (a corrupt header, a timeout with none sending) fails the
+ * communicator as usual. How a parameter server goes on without a dead worker. */
+tdm_status tdm_comm_trecv_among_lossy(tdm_comm_t c, const int *ranks, int n, int tag, void *buf, size_t capacity, int *from,
+                                      size_t *nbytes, int *lost);
 
 /* ---- collectives (blocking) ------------------------------------------------------------------
  * count is in elements. sendbuf == recvbuf works in place for allreduce, reduce, broadcast. */

@@ -33,6 +33,7 @@
 #define TANDEM_ENGINE_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "tandem/comm.h"
 #include "tandem/compress.h"
@@ -138,6 +139,8 @@ typedef struct tdm_engine_ps_config {
   int delay_worker;     /* testing the bound: this worker sleeps delay_s per step (-1: none) */
   double delay_s;
   const char *log_dir;  /* servers: write the update log here (DIR/ps-server-K.log); NULL: none */
+  FILE *notes;          /* servers: a line for each worker lost (NULL: none) */
+  const char *ckpt_dir; /* servers: where the workers' checkpoints are written (NULL: none) */
 } tdm_engine_ps_config;
 
 typedef struct tdm_engine_config {
@@ -306,15 +309,34 @@ typedef struct tdm_ps_server_stats {
   int64_t max_clock_gap;      /* ssp / async: the most steps a worker was ahead of the slowest when
                                  it was given parameters (ssp: at most the staleness bound) */
   double seconds;
+  int n_lost;                 /* workers lost (their connection closed, their process gone) */
+  int lost[16];               /* the first 16 of them, in the order they were found */
 } tdm_ps_server_stats;
 /* Runs this rank as a server (world rank >= size - S) until every worker has finished: builds the
  * model with the workers' seed (so the shard starts with their values) and the optimizer over its
- * range, then answers pushes as the mode says. A dead worker, a malformed push or one for keys
- * this server does not own fails it with the worker named (the job stops). */
+ * range, then answers pushes as the mode says. A malformed push or one for keys this server does
+ * not own fails it with the worker named (the job stops). A lost worker (dead) is named: in sync
+ * mode that fails the server (a round needs every worker); in async and ssp modes the server goes
+ * on without it (it no longer counts for the staleness bound or the final barrier). */
 tdm_status tdm_ps_serve(const tdm_model_config *model, uint64_t seed, const tdm_optim_config *optim,
                         const tdm_engine_ps_config *cfg, tdm_ps_server_stats *stats);
 /* The stats as one JSON object (no newline). */
 void tdm_ps_stats_json(const tdm_ps_server_stats *st, char *buf, size_t n);
+
+/* ---- the parameter server's workers -------------------------------------------------------------
+ * The workers meet at the servers (each server answers when every live worker has asked) and learn
+ * from server 0 which workers were lost: ranks[0..*n_lost) of the workers' communicator (at most
+ * cap named). Collective over the surviving workers; a ps engine only. */
+tdm_status tdm_ps_workers_meet(tdm_engine *e, int *n_lost, int *ranks, int cap);
+/* After a loss: the engine goes on with the survivors' grid g (made by tdm_comm_subset of the
+ * workers' communicator; g must outlive the engine). A ps engine only: its state does not depend
+ * on the layout. */
+tdm_status tdm_ps_workers_regrid(tdm_engine *e, tdm_grid *g);
+/* The last step's exchange as this worker saw it: staleness[s] (s < cap) of its push to server s
+ * (the shard's updates between its pull and the push's application, as the server's answer said;
+ * sync: 0), the bytes it pushed and pulled (headers included). Returns the number of servers, or
+ * -1 for an engine that is not a parameter server's worker. */
+int tdm_ps_worker_step_stats(const tdm_engine *e, int64_t *staleness, int cap, uint64_t *pushed, uint64_t *pulled);
 
 /* Replays the update logs in dir (ps-server-0.log .. as many as server 0's names) on the model
  * built from seed, with the optimizer over each server's range: every update the servers applied,

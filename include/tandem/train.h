@@ -144,7 +144,7 @@ typedef struct tdm_train_result {
   int64_t tokens_per_step;  /* gpt: samples_per_step x sequence length; 0 for the classifiers */
   double tokens_per_sec;    /* gpt: training tokens of all ranks / training wall time; 0 otherwise */
   double train_seconds;
-  int world_size, rank;
+  int world_size, rank;     /* a parameter server's workers that lost some: among the survivors (0 reports) */
   int64_t resumed_from; /* the checkpoint's step, or -1 */
 } tdm_train_result;
 

@@ -218,6 +218,13 @@ void tdm_comm_abort(tdm_comm_t c) {
   }
 }
 
+void tdm_comm_abort_why(tdm_comm_t c, tdm_status st, const char *why) {
+  if (!c) return;
+  tdm__comm_fail(c, st == TDM_OK ? TDM_ERR_REMOTE : st, "%s", why ? why : "aborted");
+  c->tr->active = c; /* a child's abort closes its parent's links too: they are one transport */
+  c->tr->ops->abort(c->tr, c->error);
+}
+
 void tdm_comm_destroy(tdm_comm_t c) {
   if (!c) return;
   tdm__progress_stop(c); /* and frees the handles abandoned on some error path */

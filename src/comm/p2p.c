@@ -37,8 +37,12 @@ static void emulate(struct tdm_comm *c, const tdm__xfer *x, int n) {
 }
 
 /* Runs transfers whose headers are set: emulation, rank mapping, the transport, and on failure
- * the abort that tells every peer why. */
-static tdm_status run_xfers(struct tdm_comm *c, tdm__xfer *x, int n) {
+ * the abort that tells every peer why. keep_peer: a failure the transport blames on the peer (its
+ * connection closed or reset, its process gone, its abort) leaves the communicator as it is: the
+ * caller drops that peer (tdm_comm_trecv_among_lossy). */
+static tdm_status run_xfers_keep(struct tdm_comm *c, tdm__xfer *x, int n, int keep_peer);
+static tdm_status run_xfers(struct tdm_comm *c, tdm__xfer *x, int n) { return run_xfers_keep(c, x, n, 0); }
+static tdm_status run_xfers_keep(struct tdm_comm *c, tdm__xfer *x, int n, int keep_peer) {
   if (atomic_load(&c->failed)) return tdm__set_error(c->fail_status, "%s", c->error);
   c->tr->active = c;
   if (c->emu_link_free) emulate(c, x, n);
@@ -52,6 +56,8 @@ static tdm_status run_xfers(struct tdm_comm *c, tdm__xfer *x, int n) {
   tdm__count_sent(c, sent);
   tdm_status st = c->tr->ops->run(c->tr, x, n, tdm_time_now() + c->timeout_s);
   if (st != TDM_OK) {
+    /* a header check that failed has failed the communicator already; what is left is the peer's */
+    if (keep_peer && !atomic_load(&c->failed) && st != TDM_ERR_NO_MEMORY && st != TDM_ERR_SYSTEM) return st;
     /* c->error names the cause; tell the peers and close, so none of them waits for us */
     if (!atomic_load(&c->failed)) tdm__comm_fail(c, st, "%s", tdm_last_error());
     c->tr->ops->abort(c->tr, c->error);
@@ -282,7 +288,7 @@ tdm_status tdm_comm_tsend(tdm_comm_t c, int peer, int tag, const void *buf, size
 
 /* source: a rank, or TDM_ANY_SOURCE with the candidates in among (NULL: every other rank). */
 static tdm_status trecv(struct tdm_comm *c, int source, const int *among, int n_among, int tag, void *buf, size_t capacity,
-                        int *from, size_t *nbytes) {
+                        int *from, size_t *nbytes, int *lost) {
   int who = -1;
   size_t got = 0;
   tdm_status st = TDM_OK;
@@ -311,7 +317,10 @@ static tdm_status trecv(struct tdm_comm *c, int source, const int *among, int n_
       int q = among ? among[(c->last_any + k) % n] : (c->last_any + k) % n;
       if (q == c->rank || !c->tr->ops->pending(c->tr, c->map ? c->map[q] : q, slow)) continue;
       tdm__xfer x = {.peer = q, .is_send = 0, .buf = buf, .nbytes = capacity, .hdr = want, .probe = 1};
-      if ((st = run_xfers(c, &x, 1)) != TDM_OK) goto out;
+      if ((st = run_xfers_keep(c, &x, 1, lost != NULL)) != TDM_OK) {
+        if (lost && !atomic_load(&c->failed)) *lost = q; /* its stream is in an unknown state: never read again */
+        goto out;
+      }
       if (x.matched) {
         c->last_any = among ? (c->last_any + k) % n : q;
         who = q, got = x.nbytes;
@@ -338,7 +347,7 @@ out:
 tdm_status tdm_comm_trecv(tdm_comm_t c, int source, int tag, void *buf, size_t capacity, int *from, size_t *nbytes) {
   TDM__TRY(tdm__wait_queue_idle(c));
   TDM__TRY(tagged_args(c, "tagged receive", source, 1, tag, buf, capacity));
-  return trecv(c, source, NULL, 0, tag, buf, capacity, from, nbytes);
+  return trecv(c, source, NULL, 0, tag, buf, capacity, from, nbytes, NULL);
 }
 
 tdm_status tdm_comm_trecv_among(tdm_comm_t c, const int *ranks, int n, int tag, void *buf, size_t capacity, int *from,
@@ -351,5 +360,20 @@ tdm_status tdm_comm_trecv_among(tdm_comm_t c, const int *ranks, int n, int tag, 
       return tdm__set_error(TDM_ERR_INVALID_ARG, "tagged receive: rank %d (entry %d) is not another rank of this communicator (size %d, rank %d)",
                             ranks[i], i, c->size, c->rank);
   if (c->last_any >= n) c->last_any = 0;
-  return trecv(c, TDM_ANY_SOURCE, ranks, n, tag, buf, capacity, from, nbytes);
+  return trecv(c, TDM_ANY_SOURCE, ranks, n, tag, buf, capacity, from, nbytes, NULL);
+}
+
+tdm_status tdm_comm_trecv_among_lossy(tdm_comm_t c, const int *ranks, int n, int tag, void *buf, size_t capacity, int *from,
+                                      size_t *nbytes, int *lost) {
+  if (!lost) return tdm__set_error(TDM_ERR_INVALID_ARG, "tagged receive: lost is NULL");
+  *lost = -1;
+  TDM__TRY(tdm__wait_queue_idle(c));
+  TDM__TRY(tagged_args(c, "tagged receive", TDM_ANY_SOURCE, 1, tag, buf, capacity));
+  if (!ranks || n < 1 || n > c->size) return tdm__set_error(TDM_ERR_INVALID_ARG, "tagged receive: %d ranks to hear from; expected 1..%d", n, c->size);
+  for (int i = 0; i < n; i++)
+    if (ranks[i] < 0 || ranks[i] >= c->size || ranks[i] == c->rank)
+      return tdm__set_error(TDM_ERR_INVALID_ARG, "tagged receive: rank %d (entry %d) is not another rank of this communicator (size %d, rank %d)",
+                            ranks[i], i, c->size, c->rank);
+  if (c->last_any >= n) c->last_any = 0;
+  return trecv(c, TDM_ANY_SOURCE, ranks, n, tag, buf, capacity, from, nbytes, lost);
 }

@@ -4,6 +4,8 @@
 
 #include "comm/comm_impl.h"
 
+static tdm_status child(tdm_comm_t c, int *members, int n, int me, uint32_t id, tdm_comm_t *out);
+
 tdm_status tdm_comm_split(tdm_comm_t c, int color, int key, tdm_comm_t *out) {
   if (!out) return tdm__set_error(TDM_ERR_INVALID_ARG, "split: out is NULL");
   *out = NULL;
@@ -30,6 +32,12 @@ tdm_status tdm_comm_split(tdm_comm_t c, int color, int key, tdm_comm_t *out) {
   for (int i = 0; i < n; i++)
     if (members[i] == c->rank) me = i;
   tdm__free(all);
+  return child(c, members, n, me, (uint32_t)tdm_hash64(c->comm_id * 1000003ull + c->seq, (uint64_t)(uint32_t)color) | 2u, out);
+}
+
+/* A child of c over members[0..n) (c's ranks, in the child's order; takes members), whose rank me
+ * is this one, with the given id. */
+static tdm_status child(tdm_comm_t c, int *members, int n, int me, uint32_t id, tdm_comm_t *out) {
   struct tdm_comm *s = tdm__calloc(1, sizeof *s);
   if (!s) {
     tdm__free(members);
@@ -43,7 +51,7 @@ tdm_status tdm_comm_split(tdm_comm_t c, int color, int key, tdm_comm_t *out) {
   s->tr = c->tr;
   s->owns_transport = 0;
   s->map = s->map_owned = members;
-  s->comm_id = (uint32_t)tdm_hash64(c->comm_id * 1000003ull + c->seq, (uint64_t)(uint32_t)color) | 2u;
+  s->comm_id = id;
   s->timeout_s = c->timeout_s;
   s->local_size = c->local_size;
   memcpy(s->algo_for, c->algo_for, sizeof s->algo_for);
@@ -57,4 +65,26 @@ tdm_status tdm_comm_split(tdm_comm_t c, int color, int key, tdm_comm_t *out) {
   pthread_cond_init(&s->q_cv, NULL);
   *out = s;
   return TDM_OK;
+}
+
+tdm_status tdm_comm_subset(tdm_comm_t c, const int *ranks, int n, tdm_comm_t *out) {
+  if (!out) return tdm__set_error(TDM_ERR_INVALID_ARG, "comm_subset: out is NULL");
+  *out = NULL;
+  if (!c || !ranks || n < 1 || n > c->size)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "comm_subset: %d ranks of a communicator of %d; expected 1..%d", n,
+                          c ? c->size : 0, c ? c->size : 0);
+  int me = -1;
+  uint64_t h = 0x5355425345540000ull ^ (uint64_t)n;
+  for (int i = 0; i < n; i++) {
+    if (ranks[i] < 0 || ranks[i] >= c->size || (i && ranks[i] <= ranks[i - 1]))
+      return tdm__set_error(TDM_ERR_INVALID_ARG, "comm_subset: rank %d (entry %d); expected ranks of 0..%d in increasing order",
+                            ranks[i], i, c->size - 1);
+    if (ranks[i] == c->rank) me = i;
+    h = tdm_hash64(h, (uint64_t)ranks[i]);
+  }
+  if (me < 0) return TDM_OK; /* not a member */
+  int *members = tdm__malloc(sizeof(int) * (size_t)n);
+  if (!members) return tdm__set_error(TDM_ERR_NO_MEMORY, "comm_subset: out of memory");
+  for (int i = 0; i < n; i++) members[i] = c->map ? c->map[ranks[i]] : ranks[i];
+  return child(c, members, n, me, (uint32_t)tdm_hash64(c->comm_id, h) | 2u, out);
 }

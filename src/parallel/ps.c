@@ -8,6 +8,7 @@
 
 #include "parallel/engine_impl.h"
 #include "parallel/ps_msg.h"
+#include "tandem/checkpoint.h"
 
 static const char *mode_names[] = {"sync", "async", "ssp"};
 _Static_assert(sizeof mode_names / sizeof mode_names[0] == TDM_PS_MODE_COUNT, "one name per mode");
@@ -25,6 +26,9 @@ typedef struct {
   int S, W, done_sent;
   int64_t *lo, *hi, *version; /* per server: its range and the version of what we pulled */
   int64_t clock;              /* steps pushed */
+  int64_t lost;               /* workers lost, as server 0's last answer said */
+  int64_t *stale;             /* per server: the staleness of this step's push, as its answer said */
+  uint64_t pushed, pulled;    /* this step's bytes, headers included */
   char *buf;                  /* header + the largest shard */
 } ps_worker;
 
@@ -51,15 +55,15 @@ static tdm_status ps_create(tdm_engine *e, const tdm_model_config *mc, uint64_t 
   if (!e->spans || !w) return tdm__set_error(TDM_ERR_NO_MEMORY, "ps engine: out of memory");
   int64_t n = tdm_params_numel(e->params);
   e->spans[0] = (tdm_optim_span){0, n};
-  e->n_spans = 1;
+  e->n_spans = 0; /* updates nothing itself: a checkpoint reads the whole parameters, no optimizer state, here */
   /* the optimizer lives on the servers: the workers' holds no state (empty span list) */
   TDM__TRY(tdm_optim_create_spans(&e->opt, &e->ocfg, e->params, 0, NULL));
   w->world = world;
   w->S = pc->servers;
   w->W = e->size;
-  w->lo = tdm__calloc((size_t)w->S * 3, sizeof(int64_t));
+  w->lo = tdm__calloc((size_t)w->S * 4, sizeof(int64_t));
   if (!w->lo) return tdm__set_error(TDM_ERR_NO_MEMORY, "ps engine: out of memory");
-  w->hi = w->lo + w->S, w->version = w->hi + w->S;
+  w->hi = w->lo + w->S, w->version = w->hi + w->S, w->stale = w->version + w->S;
   int64_t most = 0;
   for (int s = 0; s < w->S; s++) {
     tdm_ps_shard(n, w->S, s, &w->lo[s], &w->hi[s]);
@@ -117,11 +121,12 @@ static tdm_status ps_update(tdm_engine *e, float lr, float coef) {
   (void)coef; /* clipping is refused at creation: always 1 */
   ps_worker *w = e->impl;
   const tdm_engine_ps_config *pc = &e->cfg.ps;
-  if (pc->delay_worker == e->rank && pc->delay_s > 0) { /* a slow worker, for the staleness tests */
+  if (pc->delay_worker == tdm_comm_rank(w->world) && pc->delay_s > 0) { /* a slow worker, for the staleness tests */
     struct timespec ts = {(time_t)pc->delay_s, (long)((pc->delay_s - (double)(time_t)pc->delay_s) * 1e9)};
     nanosleep(&ts, NULL);
   }
   const float *g = tdm_params_grad(e->params);
+  w->pushed = w->pulled = 0;
   for (int s = 0; s < w->S; s++) {
     int64_t n = w->hi[s] - w->lo[s];
     tdm__ps_msg m = {TDM_PS_MAGIC, TDM_PS_PUSH, w->clock, w->version[s], w->lo[s], w->hi[s], lr, 0, tdm__ps_sum(g + w->lo[s], n)};
@@ -129,6 +134,7 @@ static tdm_status ps_update(tdm_engine *e, float lr, float coef) {
     memcpy(w->buf + sizeof m, g + w->lo[s], sizeof(float) * (size_t)n);
     tdm_status st = tdm_comm_tsend(w->world, w->W + s, TDM_PS_TAG_TO_SERVER, w->buf, sizeof m + sizeof(float) * (size_t)n);
     if (st != TDM_OK) return server_error(st, w, s, "did not take a push");
+    w->pushed += sizeof m + sizeof(float) * (size_t)n;
   }
   w->clock++;
   return pull_all(e);
@@ -156,23 +162,144 @@ static tdm_status pull_all(tdm_engine *e) {
                             (long long)w->hi[s]);
     memcpy(p + w->lo[s], v, sizeof(float) * (size_t)n);
     w->version[s] = m.version;
+    w->stale[s] = (int64_t)m.lr;
+    w->pulled += got;
+    if (s == 0) w->lost = m.lost;
   }
   return TDM_OK;
 }
 
 /* The servers' parameters as they stand once every worker's last push is applied (async and ssp
  * workers end at different moments, so the last pull of one is not the final state): the workers
- * meet (each has had its last push answered), then this one asks every server for its shard.
- * Collective over the workers. */
+ * meet at the servers (each answers once every live worker has asked, so every last push is in;
+ * a lost worker is not waited for). Collective over the live workers. */
 static tdm_status final_pull(tdm_engine *e) {
   ps_worker *w = e->impl;
-  if (e->comm) TDM__TRY(tdm_comm_barrier(e->comm));
   for (int s = 0; s < w->S; s++) {
     tdm__ps_msg m = {TDM_PS_MAGIC, TDM_PS_PULL, w->clock, 0, w->lo[s], w->hi[s], 0, 0, tdm__ps_sum(NULL, 0)};
     tdm_status st = tdm_comm_tsend(w->world, w->W + s, TDM_PS_TAG_TO_SERVER, &m, sizeof m);
     if (st != TDM_OK) return server_error(st, w, s, "did not take a pull");
   }
   return pull_all(e);
+}
+
+tdm_status tdm_ps_workers_meet(tdm_engine *e, int *n_lost, int *ranks, int cap) {
+  if (!e || !n_lost || (cap > 0 && !ranks) || strcmp(e->ops->name, "ps"))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "ps_workers_meet: %s", e ? "not a parameter server's engine" : "NULL engine");
+  ps_worker *w = e->impl;
+  *n_lost = 0;
+  TDM__TRY(final_pull(e));
+  if (w->lost == 0) return TDM_OK;
+  /* the list, as long as server 0's answer to the meeting said: the same for every survivor */
+  int64_t n = w->lost;
+  tdm__ps_msg m = {TDM_PS_MAGIC, TDM_PS_LOST, n, 0, 0, 0, 0, 0, tdm__ps_sum(NULL, 0)};
+  tdm_status st = tdm_comm_tsend(w->world, w->W, TDM_PS_TAG_TO_SERVER, &m, sizeof m);
+  if (st != TDM_OK) return server_error(st, w, 0, "did not take a question");
+  size_t cap_b = sizeof m + sizeof(int32_t) * (size_t)w->W, got = 0;
+  char *b = tdm__malloc(cap_b);
+  if (!b) return tdm__set_error(TDM_ERR_NO_MEMORY, "ps_workers_meet: out of memory");
+  st = tdm_comm_trecv(w->world, w->W, TDM_PS_TAG_TO_WORKER, b, cap_b, NULL, &got);
+  if (st != TDM_OK) {
+    tdm__free(b);
+    return server_error(st, w, 0, "sent no list of lost workers");
+  }
+  memcpy(&m, b, sizeof m);
+  const int32_t *r = (const int32_t *)(b + sizeof m);
+  if (got < sizeof m || m.magic != TDM_PS_MAGIC || m.kind != TDM_PS_LOST || m.hi != n ||
+      got != sizeof m + sizeof(int32_t) * (size_t)n || m.sum != tdm__ps_sum((const float *)r, n)) {
+    tdm__free(b);
+    return tdm__set_error(TDM_ERR_REMOTE, "parameter server 0 (rank %d) sent a malformed list of lost workers (%zu bytes, %lld "
+                          "entries where %lld were expected)", w->W, got, (long long)m.hi, (long long)n);
+  }
+  for (int64_t i = 0; i < n; i++) {
+    if (r[i] < 0 || r[i] >= w->W) {
+      tdm__free(b);
+      return tdm__set_error(TDM_ERR_REMOTE, "parameter server 0 (rank %d) named worker %d as lost; there are %d", w->W,
+                            (int)r[i], w->W);
+    }
+    if (i < cap) ranks[i] = r[i];
+  }
+  *n_lost = (int)n;
+  tdm__free(b);
+  return TDM_OK;
+}
+
+int tdm_ps_worker_step_stats(const tdm_engine *e, int64_t *staleness, int cap, uint64_t *pushed, uint64_t *pulled) {
+  if (!e || strcmp(e->ops->name, "ps")) return -1;
+  const ps_worker *w = e->impl;
+  for (int s = 0; s < w->S && s < cap; s++) staleness[s] = w->stale[s];
+  if (pushed) *pushed = w->pushed;
+  if (pulled) *pulled = w->pulled;
+  return w->S;
+}
+
+static tdm_status not_ps(const tdm_engine *e, const char *what) {
+  return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: %s", what, e ? "not a parameter server's engine" : "NULL engine");
+}
+
+tdm_status tdm_ps_workers_checkpoint(tdm_engine *e, const char *dir, const tdm_ckpt_info *info, int keep) {
+  if (!e || !dir || !info || strcmp(e->ops->name, "ps")) return not_ps(e, "ps_workers_checkpoint");
+  ps_worker *w = e->impl;
+  if (w->lost)
+    return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "checkpoint at step %lld: %lld worker%s lost; a checkpoint is written by every "
+                          "rank of the job, so none is written after a loss (the last one before it stands)",
+                          (long long)info->step, (long long)w->lost, w->lost == 1 ? " was" : "s were");
+  for (int s = 0; s < w->S; s++) { /* the servers answer once every worker asked: every push before is in */
+    tdm__ps_msg m = {TDM_PS_MAGIC, TDM_PS_CKPT, info->step, 0, w->lo[s], w->hi[s], 0, 0, tdm__ps_sum(NULL, 0)};
+    tdm_status st = tdm_comm_tsend(w->world, w->W + s, TDM_PS_TAG_TO_SERVER, &m, sizeof m);
+    if (st != TDM_OK) return server_error(st, w, s, "did not take a checkpoint request");
+  }
+  TDM__TRY(pull_all(e));
+  tdm_ckpt_info ci = *info;
+  ci.world_size = 0; /* the job's: workers and servers each write a file (the workers' empty) */
+  if (!ci.layout) ci.layout = e->desc;
+  if (!ci.optimizer) ci.optimizer = tdm_optim_kind_name(tdm_optim_get_config(e->opt)->kind);
+  tdm_ckpt_writer *cw = NULL;
+  tdm_status cs = tdm_ckpt_writer_create(&cw, dir, &ci, w->version[0], w->world); /* version: the servers' optimizer steps */
+  if (!cw) return cs;
+  return tdm_ckpt_writer_commit(cw, keep);
+}
+
+tdm_status tdm_ps_workers_resumed(tdm_engine *e, const char *manifest, uint32_t crc, int64_t step) {
+  if (!e || !manifest || strcmp(e->ops->name, "ps")) return not_ps(e, "ps_workers_resumed");
+  ps_worker *w = e->impl;
+  size_t len = strlen(manifest) + 1, words = (len + 3) / 4;
+  if (words * 4 > TDM_PS_PATH_MAX)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "resume: the checkpoint's path (%zu bytes) is longer than %d", len, TDM_PS_PATH_MAX - 1);
+  char *b = tdm__calloc(1, sizeof(tdm__ps_msg) + words * 4);
+  if (!b) return tdm__set_error(TDM_ERR_NO_MEMORY, "resume: out of memory");
+  memcpy(b + sizeof(tdm__ps_msg), manifest, len);
+  tdm__ps_msg m = {TDM_PS_MAGIC, TDM_PS_RESUME, step, 0, 0, (int64_t)words, 0, crc,
+                   tdm__ps_sum((const float *)(b + sizeof(tdm__ps_msg)), (int64_t)words)};
+  memcpy(b, &m, sizeof m);
+  tdm_status st = TDM_OK;
+  for (int s = 0; s < w->S && st == TDM_OK; s++)
+    if ((st = tdm_comm_tsend(w->world, w->W + s, TDM_PS_TAG_TO_SERVER, b, sizeof m + words * 4)) != TDM_OK)
+      st = server_error(st, w, s, "did not take the checkpoint to resume from");
+  tdm__free(b);
+  TDM__TRY(st);
+  /* each server answers with its shard as it read it: the same values this worker read */
+  int64_t n = tdm_params_numel(e->params);
+  float *mine = tdm__malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+  if (!mine) return tdm__set_error(TDM_ERR_NO_MEMORY, "resume: out of memory");
+  memcpy(mine, tdm_params_data(e->params), sizeof(float) * (size_t)n);
+  st = pull_all(e);
+  for (int s = 0; st == TDM_OK && s < w->S; s++)
+    if (memcmp(mine + w->lo[s], tdm_params_data(e->params) + w->lo[s], sizeof(float) * (size_t)(w->hi[s] - w->lo[s])))
+      st = tdm__set_error(TDM_ERR_MISMATCH, "resume: parameter server %d (rank %d) read other parameters from %s than worker "
+                          "%d did", s, w->W + s, manifest, tdm_comm_rank(w->world));
+  tdm__free(mine);
+  return st;
+}
+
+tdm_status tdm_ps_workers_regrid(tdm_engine *e, tdm_grid *g) {
+  if (!e || !g || strcmp(e->ops->name, "ps"))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "ps_workers_regrid: %s", e && g ? "not a parameter server's engine" : "NULL argument");
+  e->grid = g;
+  e->comm = tdm_grid_comm(g, TDM_AXIS_DATA);
+  e->rank = e->comm ? tdm_comm_rank(e->comm) : 0;
+  e->size = e->comm ? tdm_comm_size(e->comm) : 1;
+  return TDM_OK;
 }
 
 static tdm_status ps_read_params(tdm_engine *e, int64_t lo, int64_t hi, float *dst) {

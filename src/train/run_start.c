@@ -185,7 +185,7 @@ static tdm_status check_shared(const tdm__start_in *in, const char *dir) {
 
 tdm_status tdm__run_start(const tdm__start_in *in, tdm__start_out *out) {
   const tdm_train_config *c = in->cfg;
-  *out = (tdm__start_out){-1, NULL, 0, -1, 0, 0};
+  *out = (tdm__start_out){-1, NULL, 0, -1, 0, 0, "", 0};
   tdm_status st = c->resume ? check_overrides(c->resume_override) : TDM_OK;
   if (st == TDM_OK && in->rank == 0) st = open_outputs(c, out);
   if (in->comm) st = agree_start(in, st);
@@ -204,6 +204,8 @@ tdm_status tdm__run_start(const tdm__start_in *in, tdm__start_out *out) {
   }
   out->step = out->resumed_from = res.step;
   out->data_epoch = res.data_epoch, out->data_offset = res.data_offset;
+  snprintf(out->ckpt_path, sizeof out->ckpt_path, "%s", res.path);
+  out->ckpt_crc = res.crc;
   if (in->progress) {
     fprintf(in->progress, "tandem train: resumed from step %lld of %s", (long long)res.step, c->checkpoint_dir);
     if (strcmp(res.layout, tdm_engine_describe(in->engine)))

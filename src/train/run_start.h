@@ -42,6 +42,8 @@ typedef struct {
   int64_t step;      /* the step training starts from */
   int64_t resumed_from; /* the checkpoint's step, or -1 */
   int64_t data_epoch, data_offset; /* where the checkpoint's data stream stood (tandem/sampler.h) */
+  char ckpt_path[4096]; /* resumed: the manifest, and its checksum (a parameter server's servers load it too) */
+  uint32_t ckpt_crc;
 } tdm__start_out;
 
 /* Rank 0 opens its outputs (weights' directory probed, metrics opened, checkpoint directory

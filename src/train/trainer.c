@@ -192,6 +192,8 @@ static tdm_status parse_kinds(const tdm_train_config *c, tdm_model_kind *mk, tdm
 typedef struct {
   tdm_comm_t comm;     /* the ranks that train (with a parameter server: the workers) */
   tdm_comm_t ps_world; /* with a parameter server: workers and servers */
+  tdm_comm_t ps_workers; /* the workers' communicator as made (comm is a subset of it once workers are lost) */
+  int ps_lost;           /* workers lost so far */
   tdm_grid *grid;
   tdm_engine *engine;
   tdm_sampler *sampler;
@@ -210,8 +212,9 @@ static void run_free(run_state *s) {
   tdm_sampler_destroy(s->sampler);
   tdm_engine_destroy(s->engine);
   tdm_grid_destroy(s->grid);
-  tdm_comm_destroy(s->comm);
-  tdm_comm_destroy(s->ps_world); /* after the workers' communicator, which speaks through it */
+  if (s->comm != s->ps_workers) tdm_comm_destroy(s->comm); /* the survivors' */
+  tdm_comm_destroy(s->ps_workers);
+  tdm_comm_destroy(s->ps_world); /* after the workers' communicators, which speak through it */
   tdm_dataset_destroy(s->train);
   tdm_dataset_destroy(s->test);
   tdm__free(s->idx);
@@ -303,6 +306,16 @@ typedef struct {
 /* ,"grad_bytes":N and, with a compressor, per bucket its ratio and relative error, and the worst
  * telescoping error (tandem/compress.h). */
 static void grad_record(tdm_engine *e, char *out, size_t cap) {
+  int64_t stale[64];
+  uint64_t pushed = 0, pulled = 0;
+  int S = tdm_ps_worker_step_stats(e, stale, 64, &pushed, &pulled);
+  if (S > 0) { /* a parameter server's worker: its pushes' staleness per server, and its bytes */
+    size_t at = (size_t)snprintf(out, cap, ",\"ps_bytes_pushed\":%llu,\"ps_bytes_pulled\":%llu,\"ps_staleness\":[",
+                                 (unsigned long long)pushed, (unsigned long long)pulled);
+    for (int s = 0; s < S && s < 64 && at < cap; s++) at += (size_t)snprintf(out + at, cap - at, "%s%lld", s ? "," : "", (long long)stale[s]);
+    if (at < cap) snprintf(out + at, cap - at, "]");
+    return;
+  }
   const tdm_compress_stats *cs;
   uint64_t bytes = 0;
   int n = tdm_engine_compress_stats(e, &cs, &bytes);
@@ -675,18 +688,66 @@ static tdm_status ps_roles(const tdm_train_config *c, run_state *s, int *W, int 
   if (S < 1 || S >= P)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --ps-servers %d with %d rank%s; expected 1..%d, so that at least one "
                           "rank trains (tandem run -n N gives N-S workers and S servers)", S, P, P == 1 ? "" : "s", P - 1);
-  if (c->checkpoint_dir || c->init_weights)
-    return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "train: %s with a parameter server is not built yet (the servers' shards "
-                          "and optimizer state would have to be saved and loaded)",
-                          c->checkpoint_dir ? "--checkpoint-dir" : "--init-weights");
+  if (c->init_weights)
+    return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "train: --init-weights with a parameter server is not built yet (the "
+                          "servers start from the seed's values; a checkpoint of any layout resumes with --resume)");
   s->ps_world = s->comm;
   s->comm = NULL;
   int server = R >= P - S;
   tdm_comm_t sub = NULL;
   TDM__TRY(tdm_comm_split(s->ps_world, server, R, &sub));
   if (server || P - S == 1) tdm_comm_destroy(sub); /* one worker trains alone; servers need none */
-  else s->comm = sub;
+  else s->comm = s->ps_workers = sub;
   *W = P - S;
+  return TDM_OK;
+}
+
+/* A parameter server's async and ssp workers meet at the servers before a collective (an
+ * evaluation, the saving): when some were lost on the way, the survivors go on with a
+ * communicator and grid of their own (a lost worker answers no collective). The list comes from
+ * server 0, the same for every survivor. */
+static tdm_status ps_survivors(run_state *s, const tdm_train_config *c, progress *pr, tdm_train_result *res) {
+  if (!s->ps_world || c->engine.ps.mode == TDM_PS_SYNC || !s->ps_workers) return TDM_OK;
+  int W0 = tdm_comm_size(s->ps_workers), n_lost = 0;
+  int *lost = tdm__malloc(sizeof(int) * 2 * (size_t)W0);
+  if (!lost) return tdm__set_error(TDM_ERR_NO_MEMORY, "train: out of memory");
+  int *keep = lost + W0;
+  tdm_status st = tdm_ps_workers_meet(s->engine, &n_lost, lost, W0);
+  if (st != TDM_OK || n_lost <= s->ps_lost) {
+    tdm__free(lost);
+    return st;
+  }
+  int n = 0;
+  char names[256] = "";
+  size_t k = 0;
+  for (int r = 0; r < W0; r++) {
+    int gone = 0;
+    for (int i = 0; i < n_lost; i++) gone |= lost[i] == r;
+    if (!gone) keep[n++] = r;
+    else if (k < sizeof names) k += (size_t)snprintf(names + k, sizeof names - k, "%s%d", k ? ", " : "", r);
+  }
+  tdm_comm_t sub = NULL;
+  tdm_grid *g = NULL;
+  st = tdm_comm_subset(s->ps_workers, keep, n, &sub);
+  if (st == TDM_OK && n == 1) tdm_comm_destroy(sub), sub = NULL; /* one survivor trains alone */
+  if (st == TDM_OK) st = tdm_grid_create(&g, sub, n, 1, 1);
+  if (st == TDM_OK) st = tdm_ps_workers_regrid(s->engine, g);
+  if (st != TDM_OK) {
+    tdm_grid_destroy(g);
+    tdm_comm_destroy(sub);
+    tdm__free(lost);
+    return st;
+  }
+  tdm_grid_destroy(s->grid);
+  if (s->comm != s->ps_workers) tdm_comm_destroy(s->comm);
+  s->grid = g, s->comm = sub, s->ps_lost = n_lost;
+  int me = sub ? tdm_comm_rank(sub) : 0;
+  pr->f = me == 0 ? c->progress : NULL; /* the first survivor reports */
+  res->rank = me, res->world_size = n;
+  if (pr->f)
+    fprintf(pr->f, "%standem train: worker%s %s lost (named by the servers); %d worker%s go%s on without %s\n",
+            pr->tty ? "\n" : "", n_lost == 1 ? "" : "s", names, n, n == 1 ? "" : "s", n == 1 ? "es" : "", n_lost == 1 ? "it" : "them");
+  tdm__free(lost);
   return TDM_OK;
 }
 
@@ -697,6 +758,8 @@ static tdm_status ps_server_rank(const tdm_train_config *c, tdm_train_result *re
   TDM__TRY(prepare(c, W, W, 0, 1, tdm_comm_transport(s->ps_world), s, &pp));
   tdm_engine_ps_config pc = c->engine.ps;
   pc.world = s->ps_world;
+  pc.notes = c->progress;
+  pc.ckpt_dir = c->checkpoint_dir;
   tdm_ps_server_stats st;
   tdm_status r = tdm_ps_serve(&pp.mc, c->seed, &pp.oc, &pc, &st);
   char js[640];
@@ -820,6 +883,8 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   if (s->recorded >= s->start.step && pr.f)
     fprintf(pr.f, "tandem train: %s holds steps up to %lld already: the steps redone from the checkpoint are not recorded again\n",
             c->metrics, (long long)s->recorded);
+  if (s->start.resumed_from >= 0 && s->ps_world) /* the servers load their shards and moments from the same checkpoint */
+    TDM__TRY(tdm_ps_workers_resumed(s->engine, s->start.ckpt_path, s->start.ckpt_crc, s->start.step));
   if (s->start.resumed_from >= 0) { /* the data stream goes on from the checkpoint's sample, whatever batch wrote it */
     int64_t at = s->start.data_offset < N ? s->start.data_offset : N; /* another data set (--resume-override data): its end */
     TDM__TRY(tdm_sampler_set_position(s->sampler, s->start.step, s->start.data_epoch, at));
@@ -900,7 +965,8 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
         tdm_ckpt_info ci = {.step = step + 1, .world_size = W, .seed = c->seed, .n_meta = id.n - 1, .meta_kv = id.kv}; /* the seed is the checkpoint's own key */
         tdm_sampler_locate(s->sampler, step + 1, &ci.data_epoch, &ci.data_offset);
         double tc = tdm_trace_begin();
-        TDM__TRY(tdm_ckpt_save_engine(c->checkpoint_dir, s->engine, &ci, 2));
+        if (s->ps_world) TDM__TRY(tdm_ps_workers_checkpoint(s->engine, c->checkpoint_dir, &ci, 2)); /* with the servers */
+        else TDM__TRY(tdm_ckpt_save_engine(c->checkpoint_dir, s->engine, &ci, 2));
         if (s->trace) {
           trace_span("checkpoint", "checkpoint", tc, step + 1);
           TDM__TRY(tdm_trace_flush(s->trace)); /* what led up to a checkpoint survives a crash after it */
@@ -909,6 +975,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
       if (is_lm(mk) && c->val_every > 0 && (step + 1) % c->val_every == 0 && step + 1 < total) {
         double vl, va;
         TDM__TRY(flush_record(s, &rec, &pr, c));
+        TDM__TRY(ps_survivors(s, c, &pr, res));
         double te = tdm_trace_begin();
         TDM__TRY(evaluate(s->engine, s->test, B, s->idx, c->val_batches * B * D, &vl, &va));
         if (te > 0) trace_span("evaluation", "validation", te, step + 1);
@@ -922,6 +989,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
     TDM__TRY(flush_record(s, &rec, &pr, c));
     if (epoch_done) {
       double tl = 0, ta = 0;
+      TDM__TRY(ps_survivors(s, c, &pr, res));
       TDM__TRY(params_finite(s->engine, c, step));
       double te = tdm_trace_begin();
       TDM__TRY(evaluate(s->engine, s->test, is_lm(mk) ? B : eb, s->idx, is_lm(mk) ? c->val_batches * B * D : 0,

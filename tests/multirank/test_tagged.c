@@ -173,6 +173,45 @@ static int among(tdm_comm_t c, int rank, int P) {
   return 0;
 }
 
+/* Rank 3 dies; ranks 1 and 2 each send one message. Rank 0's lossy receives from {1, 2, 3} give
+ * both messages and rank 3 lost (in whatever order), the communicator still fine; then ranks 0-2
+ * make a communicator of themselves without a message (tdm_comm_subset) and all-reduce on it. */
+static int lossy(tdm_comm_t c, int rank, int P) {
+  (void)P;
+  int32_t x = 200 + rank;
+  if (rank == 3) raise(SIGKILL);
+  if (rank != 0) {
+    FAILIF(tdm_comm_tsend(c, 0, 7, &x, sizeof x) != TDM_OK, "tsend");
+    FAILIF(tdm_comm_trecv(c, 0, 7, &x, sizeof x, NULL, NULL) != TDM_OK, "the answer");
+  } else {
+    int live[3] = {1, 2, 3}, n = 3, got = 0, lost = -1, seen = 0;
+    while (got < 2 || lost < 0) {
+      int from = -1, gone = -1;
+      tdm_status st = tdm_comm_trecv_among_lossy(c, live, n, 7, &x, sizeof x, &from, NULL, &gone);
+      if (st == TDM_OK) {
+        FAILIF(x != 200 + from, "%d from %d", (int)x, from);
+        got++, seen |= 1 << from;
+        continue;
+      }
+      FAILIF(gone != 3 || !strstr(tdm_last_error(), "rank 3") || tdm_comm_status(c) != TDM_OK, "%s: lost %d: %s",
+             tdm_status_str(st), gone, tdm_last_error());
+      fprintf(stderr, "  rank 0: rank 3 lost: %s\n", tdm_last_error());
+      lost = gone, n = 2;
+    }
+    FAILIF(seen != 6, "messages from %x", seen);
+    for (int q = 1; q <= 2; q++) FAILIF(tdm_comm_tsend(c, q, 7, &x, sizeof x) != TDM_OK, "answer %d", q);
+  }
+  int three[3] = {0, 1, 2};
+  tdm_comm_t sub = NULL;
+  FAILIF(tdm_comm_subset(c, three, 3, &sub) != TDM_OK || !sub || tdm_comm_size(sub) != 3 || tdm_comm_rank(sub) != rank,
+         "subset: %s", tdm_last_error());
+  int64_t v = rank + 1;
+  tdm_status st = tdm_comm_allreduce(sub, &v, &v, 1, TDM_I64, TDM_SUM, TDM_ALGO_AUTO);
+  tdm_comm_destroy(sub);
+  FAILIF(st != TDM_OK || v != 6, "all-reduce on the survivors: %lld (%s)", (long long)v, tdm_last_error());
+  return 0;
+}
+
 /* Nobody sends: a receive from any source times out, saying so. */
 static int silent(tdm_comm_t c, int rank, int P) {
   (void)P;
@@ -286,6 +325,12 @@ static void test_dead_peer_named_closed_ignored_silence_timed_out(void) {
               tdm_transport_name(TRANSPORTS[t]), codes[0], codes[1], codes[2]);
     CHECK(took < 10);
   }
+  for (int t = 1; t < 3; t++) { /* a lost peer, and the others going on without it */
+    int codes[4];
+    run_job(TRANSPORTS[t], 4, lossy, 20, codes);
+    CHECK_MSG(codes[0] == 0 && codes[1] == 0 && codes[2] == 0 && codes[3] == 128 + SIGKILL, "%s: lossy: exits %d %d %d %d",
+              tdm_transport_name(TRANSPORTS[t]), codes[0], codes[1], codes[2], codes[3]);
+  }
   for (int t = 0; t < 3; t++) {
     int codes[3];
     run_job(TRANSPORTS[t], 3, among, 10, codes);
@@ -311,6 +356,14 @@ static void test_bad_arguments(void) {
   CHECK(tdm_comm_trecv(c, 3, 1, &x, 4, NULL, NULL) == TDM_ERR_INVALID_ARG);
   CHECK(tdm_comm_trecv(c, TDM_ANY_SOURCE, -2, &x, 4, NULL, NULL) == TDM_ERR_INVALID_ARG);
   CHECK_ERR_HAS("tag -2");
+  int lost = 5, one[1] = {0}, bad[2] = {0, 0};
+  CHECK(tdm_comm_trecv_among_lossy(c, one, 1, 1, &x, 4, NULL, NULL, &lost) == TDM_ERR_INVALID_ARG && lost == -1);
+  tdm_comm_t sub = NULL;
+  CHECK(tdm_comm_subset(c, bad, 2, &sub) == TDM_ERR_INVALID_ARG && !sub);
+  CHECK_ERR_HAS("2 ranks of a communicator of 1");
+  CHECK_OK(tdm_comm_subset(c, one, 1, &sub));
+  CHECK(sub && tdm_comm_size(sub) == 1);
+  tdm_comm_destroy(sub);
   CHECK(tdm_comm_status(c) == TDM_OK); /* argument errors do not fail the communicator */
   tdm_comm_destroy(c);
   tdm_comm_thread_group_destroy(g);
