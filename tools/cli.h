@@ -43,6 +43,7 @@ int cli_parse_size(const char *s, int64_t max, int64_t *out);
 
 int tool_train(int argc, char **argv);
 int tool_plan(int argc, char **argv);
+int tool_simulate(int argc, char **argv);
 int tool_ps_replay(int argc, char **argv);
 int tool_run(int argc, char **argv);
 int tool_bench(int argc, char **argv);

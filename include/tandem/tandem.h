@@ -22,5 +22,6 @@
 #include "tandem/plan.h"
 #include "tandem/pipeline.h"
 #include "tandem/cluster.h"
+#include "tandem/sim.h"
 
 #endif
