@@ -126,9 +126,10 @@ tdm_status tdm_sim_step(const tdm_sim_model *m, const tdm_sim_cluster *k, int ra
 const double *tdm_sim_last_buckets(const tdm_sim_model *m, int *n);
 
 /* ---- calibration --------------------------------------------------------------------------------
- * Fits alpha and beta of a communicator's links from exchanges of 8 B .. max_bytes between ranks 0
- * and 1 (both send and receive at once, as every step of the algorithms does; the fit minimises
- * the relative error), and gamma from tdm_reduce_local on 4 MiB. Collective over c: every rank
+ * Fits alpha and beta of a communicator's links from exchanges of 8 B .. max_bytes around the ring
+ * of all its ranks (each sends to the next while receiving from the one before, as every step of
+ * the algorithms does, so ranks that share cores are measured sharing them, and waiting on each
+ * other; the fit minimises the relative error), and gamma from tdm_reduce_local on 4 MiB. Collective over c: every rank
  * calls it; rank 0's *out is the fit (others get it too). pingpong: the one-way time of the
  * smallest message, as a ping-pong measures it. */
 tdm_status tdm_sim_calibrate_link(tdm_comm_t c, size_t max_bytes, tdm_sim_link *out, double *pingpong);
