@@ -64,6 +64,24 @@ static void *calib_thread(void *p) {
   return NULL;
 }
 
+/* The model's step measured on this process alone: the compute rate, optimizer and overhead. */
+static int measure_compute(const tdm_train_config *tc, int steps, tdm_sim_cluster *k, char *detail, size_t n) {
+  tdm_plan plan;
+  tdm_plan_config pc;
+  tdm_sim_model *m = NULL;
+  tdm_status st = tdm_train_plan_config(tc, 1, &plan, &pc);
+  if (st == TDM_OK) st = tdm_sim_model_create(&m, &pc);
+  double fl = m ? tdm_sim_model_flops(m) * (double)(pc.engine.accum > 1 ? pc.engine.accum : 1) : 0;
+  int64_t np = m ? tdm_sim_model_params(m) : 0;
+  tdm_sim_model_destroy(m);
+  if (st == TDM_OK) st = tdm_sim_calibrate_compute(tc, steps, fl, np, k, detail, n);
+  if (st != TDM_OK) {
+    fprintf(stderr, "tandem simulate --calibrate: %s\n", tdm_last_error());
+    return 1;
+  }
+  return 0;
+}
+
 static int calibrate(const tdm_train_config *tc, const char *out_path, const char *base, int64_t max_bytes, int ppn, int steps,
                      int compute) {
   tdm_sim_cluster k;
@@ -86,6 +104,17 @@ static int calibrate(const tdm_train_config *tc, const char *out_path, const cha
   tdm_sim_link link;
   double pp = 0;
   if (env.size > 1) { /* under a launcher: the world's transport (and TANDEM_NET_EMULATE's links) */
+    if (compute) { /* every rank measures the model's step alone, all at once: sharing the node as they will */
+      char rank_s[32], world_s[32];
+      snprintf(rank_s, sizeof rank_s, "%s", getenv("RANK") ? getenv("RANK") : "");
+      snprintf(world_s, sizeof world_s, "%s", getenv("WORLD_SIZE") ? getenv("WORLD_SIZE") : "");
+      unsetenv("RANK"), unsetenv("WORLD_SIZE");
+      int rc = measure_compute(tc, steps, &k, detail, sizeof detail);
+      setenv("RANK", rank_s, 1), setenv("WORLD_SIZE", world_s, 1);
+      if (rc) return rc;
+      const char *lws = getenv("LOCAL_WORLD_SIZE");
+      k.compute_ranks = lws && atoi(lws) > 0 ? atoi(lws) : env.size;
+    }
     tdm_comm_t c;
     if (tdm_comm_create(&c, &env) != TDM_OK) {
       fprintf(stderr, "tandem simulate --calibrate: %s\n", tdm_last_error());
@@ -100,24 +129,12 @@ static int calibrate(const tdm_train_config *tc, const char *out_path, const cha
       return 1;
     }
     k.shm = !strcmp(transport, "shm");
-    if (compute && rank == 0)
-      fprintf(stderr, "tandem simulate --calibrate: under a launcher only the links are measured (run it alone for the compute rate)\n");
-    compute = 0;
+    if (compute && rank == 0) printf("%s (on each of %d ranks at once; rank 0's)\n", detail, k.compute_ranks);
   } else {
     if (compute) { /* the model's step, measured on this process */
-      tdm_plan plan;
-      tdm_plan_config pc;
-      tdm_sim_model *m = NULL;
-      tdm_status st = tdm_train_plan_config(tc, 1, &plan, &pc);
-      if (st == TDM_OK) st = tdm_sim_model_create(&m, &pc);
-      double fl = m ? tdm_sim_model_flops(m) * (double)(pc.engine.accum > 1 ? pc.engine.accum : 1) : 0;
-      int64_t np = m ? tdm_sim_model_params(m) : 0;
-      tdm_sim_model_destroy(m);
-      if (st == TDM_OK) st = tdm_sim_calibrate_compute(tc, steps, fl, np, &k, detail, sizeof detail);
-      if (st != TDM_OK) {
-        fprintf(stderr, "tandem simulate --calibrate: %s\n", tdm_last_error());
-        return 1;
-      }
+      int rc = measure_compute(tc, steps, &k, detail, sizeof detail);
+      if (rc) return rc;
+      k.compute_ranks = 1;
       printf("%s\n", detail);
     }
     thread_arg a[2];
@@ -195,7 +212,7 @@ int tool_simulate(int argc, char **argv) {
       {"collectives", CLI_FLAG, &coll, NULL, "print every all-reduce algorithm's cost from --min-bytes to --max-bytes instead", NULL, 0, 0, 0},
       {"min-bytes", CLI_SIZE, &lo, "1K", "--collectives: the smallest size", NULL, 0, 0, 0},
       {"max-bytes", CLI_SIZE, &hi, "64M", "--collectives: the largest size", NULL, 0, 0, 0},
-      {"calibrate", CLI_FLAG, &do_calib, NULL, "measure: the compute rate from this run's steps (alone), the links of this transport (under tandem run -n N: the world's; alone: threads)", NULL, 0, 0, 0},
+      {"calibrate", CLI_FLAG, &do_calib, NULL, "measure the compute rate from this run's steps and the links of this transport (under tandem run -n N: every rank's step at once, the world's links; alone: one process, threads)", NULL, 0, 0, 0},
       {"o", CLI_STRING, &out, NULL, "--calibrate: write the cluster file here", NULL, 0, 0, 0},
       {"calibrate-max", CLI_SIZE, &calib_max, "4M", "--calibrate: the largest message timed", NULL, 0, 0, 0},
       {"calibrate-steps", CLI_INT, &steps, "10", "--calibrate: training steps timed for the compute rate", NULL, 4, 10000, 0},

@@ -51,7 +51,8 @@ typedef struct tdm_sim_cluster {
   int threads;          /* intra-op threads per rank (compute is slowed when ranks x threads > cores) */
   tdm_sim_link intra, inter;
   int shm;              /* 1: ranks of one node reduce through shared memory (tandem's shm algorithm) */
-  double flops;         /* forward and backward FLOP/s of one rank */
+  double flops;         /* forward and backward FLOP/s of one rank, measured with compute_ranks ranks computing on its node */
+  int compute_ranks;    /* >= 1: the rate is scaled by how ranks x threads share cores_per_node here and then */
   double optim_rate;    /* parameter elements per second the optimizer updates */
   double overhead;      /* seconds per step besides (data, zero_grad, bookkeeping) */
   char compute_model[32]; /* what the compute rate was measured on ("" unknown) */

@@ -14,6 +14,7 @@ void tdm_sim_cluster_default(tdm_sim_cluster *k) {
   k->ranks_per_node = 8;
   k->cores_per_node = 0;
   k->threads = 1;
+  k->compute_ranks = 1;
   k->intra = (tdm_sim_link){2e-6, 1.0 / 100e9, 1.0 / 10e9};
   k->inter = (tdm_sim_link){10e-6, 1.0 / 12.5e9, 1.0 / 10e9};
   k->shm = 0;
@@ -32,6 +33,7 @@ tdm_status tdm_sim_cluster_check(const tdm_sim_cluster *k, const char *where) {
   if (k->ranks_per_node < 1) return bad(where, "ranks_per_node", k->ranks_per_node, "an integer >= 1");
   if (k->cores_per_node < 0) return bad(where, "cores_per_node", k->cores_per_node, "an integer >= 0 (0: unlimited)");
   if (k->threads < 1) return bad(where, "threads", k->threads, "an integer >= 1");
+  if (k->compute_ranks < 1) return bad(where, "compute.ranks", k->compute_ranks, "an integer >= 1 (ranks computing on a node when the rate was measured)");
   const tdm_sim_link *l[2] = {&k->intra, &k->inter};
   const char *ln[2] = {"intra", "inter"};
   char f[64];
@@ -118,6 +120,11 @@ tdm_status tdm_sim_cluster_load(const char *path, tdm_sim_cluster *k) {
   if (st == TDM_OK) st = num(comp, path, "compute", "flops", &c.flops);
   if (st == TDM_OK) st = num(comp, path, "compute", "optimizer", &c.optim_rate);
   if (st == TDM_OK) st = num(comp, path, "compute", "overhead", &c.overhead);
+  double cr = 1;
+  if (st == TDM_OK) st = num(comp, path, "compute", "ranks", &cr);
+  if (st == TDM_OK && (cr != (int)cr || cr < 1 || cr > 1e6))
+    st = tdm__set_error(TDM_ERR_INVALID_ARG, "%s: compute.ranks is %g; expected an integer >= 1", path, cr);
+  c.compute_ranks = (int)cr;
   if (st == TDM_OK) {
     const tdm_json *m = tdm__json_get(comp, "model");
     if (m && m->type == TDM_JSON_STR) snprintf(c.compute_model, sizeof c.compute_model, "%s", m->str);
@@ -141,8 +148,8 @@ tdm_status tdm_sim_cluster_save(const char *path, const tdm_sim_cluster *k, cons
           k->cores_per_node, k->threads, k->shm);
   fprintf(f, "  \"intra\": {\"alpha\": %.6e, \"beta\": %.6e, \"gamma\": %.6e},\n", k->intra.alpha, k->intra.beta, k->intra.gamma);
   fprintf(f, "  \"inter\": {\"alpha\": %.6e, \"beta\": %.6e, \"gamma\": %.6e},\n", k->inter.alpha, k->inter.beta, k->inter.gamma);
-  fprintf(f, "  \"compute\": {\"flops\": %.6e, \"optimizer\": %.6e, \"overhead\": %.6e, \"model\": \"%s\"}%s\n", k->flops,
-          k->optim_rate, k->overhead, k->compute_model, extra && *extra ? "," : "");
+  fprintf(f, "  \"compute\": {\"flops\": %.6e, \"optimizer\": %.6e, \"overhead\": %.6e, \"ranks\": %d, \"model\": \"%s\"}%s\n",
+          k->flops, k->optim_rate, k->overhead, k->compute_ranks, k->compute_model, extra && *extra ? "," : "");
   if (extra && *extra) fprintf(f, "  %s\n", extra);
   fprintf(f, "}\n");
   int bad_write = ferror(f);

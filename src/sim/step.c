@@ -200,6 +200,12 @@ static tdm_status pipeline_step(sim *s, const tdm_sim_model *m, const tdm_sim_cl
   return st;
 }
 
+/* The share of a core each rank's thread gets with `ranks` ranks computing on a node. */
+static double share(const tdm_sim_cluster *k, int ranks) {
+  double want = (double)ranks * k->threads;
+  return k->cores_per_node > 0 && want > k->cores_per_node ? k->cores_per_node / want : 1;
+}
+
 tdm_status tdm_sim_step(const tdm_sim_model *cm, const tdm_sim_cluster *k, int ranks, tdm_sim_result *out) {
   if (!cm || !k || !out) return tdm__set_error(TDM_ERR_INVALID_ARG, "simulate: NULL argument");
   TDM__TRY(tdm_sim_cluster_check(k, "cluster"));
@@ -215,8 +221,7 @@ tdm_status tdm_sim_step(const tdm_sim_model *cm, const tdm_sim_cluster *k, int r
   s.kd = *k, s.kt = *k;
   s.kd.ranks_per_node = k->ranks_per_node / grid > 0 ? k->ranks_per_node / grid : 1; /* data peers: grid apart */
   int on_node = ranks < k->ranks_per_node ? ranks : k->ranks_per_node;
-  double slow = k->cores_per_node > 0 && (double)on_node * k->threads > k->cores_per_node
-                    ? (double)k->cores_per_node / ((double)on_node * k->threads) : 1;
+  double slow = share(k, on_node) / share(k, k->compute_ranks); /* the rate was measured with compute_ranks computing */
   s.rate = k->flops * slow * m->tp; /* each tensor-parallel rank does 1/tp of the model's FLOPs */
   s.orate = k->optim_rate * slow;
   s.overlap = k->cores_per_node == 0 || k->cores_per_node > k->threads * on_node;
@@ -244,10 +249,8 @@ tdm_status tdm_sim_step(const tdm_sim_model *cm, const tdm_sim_cluster *k, int r
   out->exposed = out->step - out->compute;
   if (out->exposed < 0) out->exposed = 0;
   /* weak scaling: one rank alone (the whole model, no slow-down) against this step, per rank */
-  double one = (double)m->accum * 3 * m->fwd_total / k->flops + (double)m->n_params / k->optim_rate + k->overhead;
-  if (k->cores_per_node > 0 && k->threads > k->cores_per_node)
-    one = (double)m->accum * 3 * m->fwd_total / (k->flops * k->cores_per_node / k->threads) +
-          (double)m->n_params / (k->optim_rate * k->cores_per_node / k->threads) + k->overhead;
+  double s1 = share(k, 1) / share(k, k->compute_ranks);
+  double one = (double)m->accum * 3 * m->fwd_total / (k->flops * s1) + (double)m->n_params / (k->optim_rate * s1) + k->overhead;
   out->efficiency = one / (grid * out->step);
   out->bytes = s.bytes;
   out->buckets = m->has_layout ? m->L.ng : m->has_pl ? m->PL.C : 0;

@@ -197,13 +197,13 @@ static void test_bad_input(void) {
   CHECK(back.cores_per_node == 3 && fabs(back.intra.alpha - 1.25e-5) < 1e-12 && back.ranks_per_node == 8);
   FILE *f = fopen(path, "w");
   fprintf(f, "{\"ranks_per_node\": 8, \"cores_per_node\": 0, \"threads\": 1, \"shm\": 0, \"intra\": {\"alpha\": 1e-6, \"beta\": 1e-10},"
-             " \"inter\": {\"alpha\": 1e-6, \"beta\": 1e-10, \"gamma\": 0}, \"compute\": {\"flops\": 1e9, \"optimizer\": 1e9, \"overhead\": 0}}");
+             " \"inter\": {\"alpha\": 1e-6, \"beta\": 1e-10, \"gamma\": 0}, \"compute\": {\"flops\": 1e9, \"optimizer\": 1e9, \"overhead\": 0, \"ranks\": 1}}");
   fclose(f);
   CHECK(tdm_sim_cluster_load(path, &back) == TDM_ERR_INVALID_ARG);
   CHECK_ERR_HAS("intra.gamma is missing");
   f = fopen(path, "w");
   fprintf(f, "{\"ranks_per_node\": 0, \"cores_per_node\": 0, \"threads\": 1, \"shm\": 0, \"intra\": {\"alpha\": 1e-6, \"beta\": 1e-10, \"gamma\": 0},"
-             " \"inter\": {\"alpha\": 1e-6, \"beta\": 1e-10, \"gamma\": 0}, \"compute\": {\"flops\": 1e9, \"optimizer\": 1e9, \"overhead\": 0}}");
+             " \"inter\": {\"alpha\": 1e-6, \"beta\": 1e-10, \"gamma\": 0}, \"compute\": {\"flops\": 1e9, \"optimizer\": 1e9, \"overhead\": 0, \"ranks\": 1}}");
   fclose(f);
   CHECK(tdm_sim_cluster_load(path, &back) == TDM_ERR_INVALID_ARG);
   CHECK_ERR_HAS("ranks_per_node is 0");
