@@ -193,9 +193,9 @@ static void collectives(const tdm_sim_cluster *k, const int *ranks, int nr, int6
 
 int tool_simulate(int argc, char **argv) {
   tdm_train_config c;
-  const char *ranks_s, *cluster = NULL, *out = NULL;
+  const char *ranks_s, *cluster = NULL, *out = NULL, *algo_s;
   int64_t ppn, cores, calib_max, lo, hi, steps;
-  double intra_lat, intra_bw, inter_lat, inter_bw, flops, orate;
+  double intra_lat, intra_bw, inter_lat, inter_bw, reduce_bw, flops, orate;
   int do_calib = 0, json = 0, coll = 0, no_compute = 0;
   cli_opt extra[] = {
       {"ranks", CLI_STRING, &ranks_s, "1,2,4,8,64,1024", "world sizes to predict, comma-separated", NULL, 0, 0, 0},
@@ -206,8 +206,10 @@ int tool_simulate(int argc, char **argv) {
       {"intra-bw", CLI_FLOAT, &intra_bw, "-1", "bandwidth inside a node, GB/s (-1: the file's, else 100)", NULL, -1, 1e9, 0},
       {"inter-lat", CLI_FLOAT, &inter_lat, "-1", "latency between nodes, microseconds (-1: the file's, else 10)", NULL, -1, 1e9, 0},
       {"inter-bw", CLI_FLOAT, &inter_bw, "-1", "bandwidth between nodes, GB/s (-1: the file's, else 12.5)", NULL, -1, 1e9, 0},
+      {"reduce-bw", CLI_FLOAT, &reduce_bw, "-1", "rate of the reductions, GB/s of data reduced (gamma; -1: the file's, else 10)", NULL, -1, 1e9, 0},
       {"flops", CLI_FLOAT, &flops, "-1", "compute rate of one rank, FLOP/s (-1: the file's, else 1e12)", NULL, -1, 1e20, 0},
       {"optimizer-rate", CLI_FLOAT, &orate, "-1", "parameters the optimizer updates per second (-1: the file's, else 1e9)", NULL, -1, 1e20, 0},
+      {"allreduce", CLI_CHOICE, &algo_s, "auto", "the data axis's all-reduce algorithm (auto: tandem's rule; hier: the hierarchical composition, a what-if)", "auto|ring|rd|rhd|tree|direct|shm|hier", 0, 0, 0},
       {"json", CLI_FLAG, &json, NULL, "one JSON object per line", NULL, 0, 0, 0},
       {"collectives", CLI_FLAG, &coll, NULL, "print every all-reduce algorithm's cost from --min-bytes to --max-bytes instead", NULL, 0, 0, 0},
       {"min-bytes", CLI_SIZE, &lo, "1K", "--collectives: the smallest size", NULL, 0, 0, 0},
@@ -250,7 +252,13 @@ int tool_simulate(int argc, char **argv) {
       }
       lk[i]->beta = 1e-9 / *bw[i];
     }
+  if (reduce_bw == 0) {
+    fprintf(stderr, "tandem simulate: --reduce-bw 0: expected a rate > 0 GB/s\n");
+    return 2;
+  }
+  if (reduce_bw > 0) k.intra.gamma = k.inter.gamma = 1e-9 / reduce_bw;
   if (flops >= 0) k.flops = flops;
+  k.allreduce_algo = tdm_sim_algo_parse(algo_s);
   if (orate >= 0) k.optim_rate = orate;
   if (tdm_sim_cluster_check(&k, cluster ? cluster : "the options") != TDM_OK) {
     fprintf(stderr, "tandem simulate: %s\n", tdm_last_error());

@@ -56,6 +56,8 @@ typedef struct tdm_sim_cluster {
   double optim_rate;    /* parameter elements per second the optimizer updates */
   double overhead;      /* seconds per step besides (data, zero_grad, bookkeeping) */
   char compute_model[32]; /* what the compute rate was measured on ("" unknown) */
+  int allreduce_algo;   /* the data axis's all-reduces: TDM_ALGO_AUTO (0: tandem's rule) or a row of the
+                           cost table, such as TDM_SIM_ALGO_HIER (what-if; not in the file) */
 } tdm_sim_cluster;
 
 /* A cluster of 8-rank nodes: 2 us / 100 GB/s inside a node, 10 us / 12.5 GB/s (100 Gb/s)

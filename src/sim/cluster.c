@@ -46,6 +46,8 @@ tdm_status tdm_sim_cluster_check(const tdm_sim_cluster *k, const char *where) {
         return bad(where, f, v[j], "a finite number >= 0 (seconds, per byte for beta and gamma)");
       }
   }
+  if (k->allreduce_algo < 0 || k->allreduce_algo >= TDM_SIM_ALGO_COUNT || k->allreduce_algo == TDM_ALGO_CHAIN)
+    return bad(where, "the all-reduce algorithm", k->allreduce_algo, "one of the table's rows that all-reduce");
   if (!(k->flops > 0) || !isfinite(k->flops)) return bad(where, "compute.flops", k->flops, "FLOP/s > 0");
   if (!(k->optim_rate > 0) || !isfinite(k->optim_rate)) return bad(where, "compute.optimizer", k->optim_rate, "elements/s > 0");
   if (!(k->overhead >= 0) || !isfinite(k->overhead)) return bad(where, "compute.overhead", k->overhead, "seconds >= 0");

@@ -28,11 +28,12 @@ typedef struct {
 /* Issues a collective of n bytes at the training thread's present time; returns its end. */
 static double issue(sim *s, tdm_sim_kind kind, double n, double ready) {
   if (s->D < 2 || n <= 0) return ready;
-  double c = tdm_sim_coll_cost(&s->kd, TDM_ALGO_AUTO, kind, n, s->D);
-  if (c < 0) c = tdm_sim_coll_cost(&s->kd, TDM_ALGO_RING, kind, n, s->D);
+  int algo = kind == TDM_SIM_ALLREDUCE ? s->kd.allreduce_algo : TDM_ALGO_AUTO;
+  double c = tdm_sim_coll_cost(&s->kd, algo, kind, n, s->D);
+  if (c < 0) algo = TDM_ALGO_RING, c = tdm_sim_coll_cost(&s->kd, TDM_ALGO_RING, kind, n, s->D); /* where it cannot run */
   s->comm += c;
   s->bytes += (kind == TDM_SIM_ALLREDUCE ? 2.0 : 1.0) * (s->D - 1) / s->D * n;
-  if (n > s->big_n) s->big_n = n, s->big_algo = tdm_sim_auto_algo(&s->kd, kind, n, s->D);
+  if (n > s->big_n) s->big_n = n, s->big_algo = algo ? algo : tdm_sim_auto_algo(&s->kd, kind, n, s->D);
   if (!s->overlap) { /* the training thread runs it */
     double start = s->t > s->chan ? s->t : s->chan;
     s->t = s->chan = start + c;
