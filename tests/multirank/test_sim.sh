@@ -2,9 +2,10 @@
 # tandem simulate against measurement: the links of an emulated network (TANDEM_NET_EMULATE
 # 100us,1gbps over tcp) calibrated under tandem run -n 2, then the all-reduce of the ring and of
 # recursive doubling at 2 and 4 ranks (64 KiB and 1 MiB) measured with tandem bench and predicted
-# from the calibration: each within a factor of 2 (generous: this 2-core machine is shared, and
-# 4 ranks oversubscribe it; the emulated link's sleeps dominate, which is what makes the bound
-# hold under load; docs/PERFORMANCE.md has the full table). The compute calibration on a tiny
+# from the calibration at the same world size: each within a factor of 2 (generous: this 2-core
+# machine is shared, and 4 ranks oversubscribe it; the emulated link's sleeps dominate, which is
+# what makes the bound hold under load; a pair outside it is measured once more, as a burst of
+# other jobs can triple one measurement; docs/PERFORMANCE.md has the full table). The compute calibration on a tiny
 # MLP; the refusals of bad input.
 # usage: test_sim.sh path/to/tandem
 set -u
@@ -21,16 +22,13 @@ calibrate() { # at each world size: ranks that share the 2 cores are measured sh
   done
 }
 
-predicted_vs_measured() {
-  [[ -s $TMP/c2.json && -s $TMP/c4.json ]] || return 1
-  local ok=0
-  for n in 2 4; do
-    for a in ring rd; do
-      TANDEM_TRANSPORT=tcp TANDEM_NET_EMULATE=$EMU timeout 120 "$T" run -n $n -- "$T" bench allreduce -b 64K -e 1M -f 16 \
-        -n 5 -w 2 -c 0 -a $a -J "$TMP/m-$n-$a.json" >"$TMP/bench.out" 2>&1 || { tail -5 "$TMP/bench.out"; ok=1; continue; }
-      "$T" simulate --collectives --cluster "$TMP/c$n.json" --ranks $n --min-bytes 64K --max-bytes 1M --json \
-        >"$TMP/p-$n.json" || { ok=1; continue; }
-      /usr/bin/python3 - "$TMP/m-$n-$a.json" "$TMP/p-$n.json" $a $n <<'EOF' || ok=1
+compare() { # compare N ALGO: tandem bench's all-reduce against the prediction, every ratio in [0.5, 2]
+  local n=$1 a=$2
+  TANDEM_TRANSPORT=tcp TANDEM_NET_EMULATE=$EMU timeout 120 "$T" run -n $n -- "$T" bench allreduce -b 64K -e 1M -f 16 \
+    -n 5 -w 2 -c 0 -a $a -J "$TMP/m-$n-$a.json" >"$TMP/bench.out" 2>&1 || { tail -5 "$TMP/bench.out"; return 1; }
+  "$T" simulate --collectives --cluster "$TMP/c$n.json" --ranks $n --min-bytes 64K --max-bytes 1M --json \
+    >"$TMP/p-$n.json" || return 1
+  /usr/bin/python3 - "$TMP/m-$n-$a.json" "$TMP/p-$n.json" $a $n <<'EOF'
 import json, sys
 meas = {r["size"]: r["time_us"] * 1e-6 for r in json.load(open(sys.argv[1]))}
 pred = {}
@@ -45,6 +43,14 @@ for size, t in sorted(meas.items()):
     bad |= not (0.5 <= ratio <= 2.0)
 sys.exit(1 if bad or not meas else 0)
 EOF
+}
+
+predicted_vs_measured() { # a pair out of bounds is measured once more: a burst of other jobs is not a wrong model
+  [[ -s $TMP/c2.json && -s $TMP/c4.json ]] || return 1
+  local ok=0
+  for n in 2 4; do
+    for a in ring rd; do
+      compare $n $a || { echo "  again:"; compare $n $a; } || ok=1
     done
   done
   return $ok
