@@ -27,9 +27,10 @@ collectives() {
   local emu=100us,1gbps
   : >"$OUT/coll.tsv"
   for n in 2 3 4 8; do
-    calibrate $n $emu "$OUT/coll-c$n.json"
-    N "$T" simulate --collectives --cluster "$OUT/coll-c$n.json" --ranks $n --min-bytes 1K --max-bytes 64M --json >"$OUT/coll-p$n.json"
     for a in ring rd rhd tree direct; do
+      # calibrated just before: the machine's load drifts over the minutes a world size takes
+      calibrate $n $emu "$OUT/coll-c$n.json"
+      N "$T" simulate --collectives --cluster "$OUT/coll-c$n.json" --ranks $n --min-bytes 1K --max-bytes 64M --json >"$OUT/coll-p$n.json"
       TANDEM_TRANSPORT=tcp TANDEM_NET_EMULATE=$emu N timeout 900 "$T" run -n $n -- "$T" bench allreduce -b 1K -e 64M -f 4 \
         -n 3 -w 1 -c 0 -a $a -J "$OUT/coll-m$n-$a.json" >/dev/null 2>&1 || { echo "bench $a at $n ranks failed"; continue; }
       /usr/bin/python3 - "$OUT/coll-m$n-$a.json" "$OUT/coll-p$n.json" $a $n >>"$OUT/coll.tsv" <<'EOF'
