@@ -43,6 +43,7 @@ int cli_parse_size(const char *s, int64_t max, int64_t *out);
 
 int tool_train(int argc, char **argv);
 int tool_plan(int argc, char **argv);
+int tool_simulate(int argc, char **argv);
 int tool_ps_replay(int argc, char **argv);
 int tool_ps_server(int argc, char **argv); /* ps_role.c */
 int tool_ps_worker(int argc, char **argv);

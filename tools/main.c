@@ -11,6 +11,7 @@ static void usage(FILE *f) {
           "commands:\n"
           "  train     train a model (tandem train --help)\n"
           "  plan      the memory a training run will need per rank (tandem train's options, --world N)\n"
+          "  simulate  predicted step time and scaling on a described cluster, --ranks 8,64,1024 (tandem simulate --help)\n"
           "  run       start N ranks of a program on this node (tandem run --help)\n"
           "  bench     benchmark collectives, nccl-tests style (tandem bench --help)\n"
           "  generate  sample text from GPT weights (tandem generate --help)\n"
@@ -33,6 +34,7 @@ int main(int argc, char **argv) {
   const char *cmd = argv[1];
   if (!strcmp(cmd, "train")) return tool_train(argc - 2, argv + 2);
   if (!strcmp(cmd, "plan")) return tool_plan(argc - 2, argv + 2);
+  if (!strcmp(cmd, "simulate")) return tool_simulate(argc - 2, argv + 2);
   if (!strcmp(cmd, "run")) return tool_run(argc - 2, argv + 2);
   if (!strcmp(cmd, "bench")) return tool_bench(argc - 2, argv + 2);
   if (!strcmp(cmd, "weights-diff")) return tool_weights_diff(argc - 2, argv + 2);

@@ -24,5 +24,6 @@
 #include "tandem/pipeline.h"
 #include "tandem/cluster.h"
 #include "tandem/trace.h"
+#include "tandem/sim.h"
 
 #endif

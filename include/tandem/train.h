@@ -156,6 +156,9 @@ tdm_status tdm_train_run(const tdm_train_config *cfg, tdm_train_result *res);
  * prints it before step 1: it opens the data sets (their size is part of the plan), builds nothing
  * else. What tandem plan prints. */
 tdm_status tdm_train_plan(const tdm_train_config *cfg, int world, tdm_plan *out);
+/* As tdm_train_plan, and the planner's input besides (model, batch, sequence length, engine,
+ * grid): what tandem simulate describes a run from. */
+tdm_status tdm_train_plan_config(const tdm_train_config *cfg, int world, tdm_plan *plan, tdm_plan_config *out);
 
 #ifdef __cplusplus
 }

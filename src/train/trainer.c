@@ -515,6 +515,7 @@ typedef struct {
   int64_t T, K, N, B, per, eb, G;
   int prefetch;
   tdm_plan plan;
+  tdm_plan_config pcfg; /* what the plan was computed from (tandem simulate reads it) */
 } prepared;
 
 /* W ranks in all, D of them on the data axis and this one the R-th (the stages of a pipeline draw
@@ -661,10 +662,18 @@ static tdm_status prepare(const tdm_train_config *c, int W, int D, int R, int P,
   tdm_mem_stats ms;
   tdm_mem_stats_get(&ms);
   pcfg.data_bytes = ms.current[TDM_MEM_DATA]; /* the data sets as opened, and their batches */
+  p->pcfg = pcfg;
   return tdm_plan_compute(&pcfg, &p->plan);
 }
 
-tdm_status tdm_train_plan(const tdm_train_config *c, int world, tdm_plan *out) {
+static tdm_status train_plan(const tdm_train_config *c, int world, tdm_plan *out, tdm_plan_config *cfg_out);
+tdm_status tdm_train_plan(const tdm_train_config *c, int world, tdm_plan *out) { return train_plan(c, world, out, NULL); }
+tdm_status tdm_train_plan_config(const tdm_train_config *c, int world, tdm_plan *plan, tdm_plan_config *out) {
+  if (!out) return tdm__set_error(TDM_ERR_INVALID_ARG, "train_plan_config: NULL argument");
+  return train_plan(c, world, plan, out);
+}
+
+static tdm_status train_plan(const tdm_train_config *c, int world, tdm_plan *out, tdm_plan_config *cfg_out) {
   if (!c || !out || world < 1) return tdm__set_error(TDM_ERR_INVALID_ARG, "train_plan: NULL argument or world %d", world);
   run_state s = {0};
   s.start.lock_fd = -1;
@@ -677,6 +686,7 @@ tdm_status tdm_train_plan(const tdm_train_config *c, int world, tdm_plan *out) {
   if (st == TDM_OK) st = prepare(c, world, D, 0, P, world > 1 ? tr : TDM_TRANSPORT_AUTO, &s, &p);
   if (st == TDM_OK) st = tdm_engine_check(&p.mc, &p.ec, world, D, TP, P);
   if (st == TDM_OK) *out = p.plan;
+  if (st == TDM_OK && cfg_out) *cfg_out = p.pcfg;
   run_free(&s);
   return st;
 }

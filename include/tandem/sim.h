@@ -1,0 +1,153 @@
+/* tandem — the simulator: predicted step time and scaling of a training run on a described
+ * cluster, from 1 to many thousands of ranks, before (or instead of) running it.
+ *
+ * Three parts, each checked against measurement (docs/simulator.md, docs/PERFORMANCE.md):
+ *   costs     every collective algorithm of tandem's table (tdm_algo) costed with the
+ *             alpha-beta-gamma model: a message of n bytes takes alpha + n beta on a link, a
+ *             reduction n gamma; a step of an algorithm that crosses nodes uses the inter-node
+ *             link. Ring all-reduce: 2(p-1) alpha + 2(p-1)/p n beta + (p-1)/p n gamma.
+ *   a model   the parameters in backward order with their compute (FLOPs per sample from the
+ *             model's shapes), and the gradient buckets tandem would make (src/parallel/layout.c,
+ *             the same code the engines run).
+ *   a step    simulated event by event: backward produces gradients layer by layer, a bucket
+ *             launches when its last gradient is final, one communication channel per rank runs
+ *             buckets in order (or the training thread runs them, when no core is spare, as
+ *             tandem does), the optimizer starts after the last bucket; ZeRO's reduce-scatters
+ *             and gathers, a pipeline schedule's action lists (the generator's, with per-chunk
+ *             costs and messages), tensor parallelism's all-reduces per block.
+ *
+ *   tdm_sim_cluster k;  tdm_sim_cluster_default(&k);          // or tdm_sim_cluster_load
+ *   tdm_sim_model *m;   tdm_sim_model_create(&m, &plan_config); // model, batch, strategy
+ *   tdm_sim_result r;   tdm_sim_step(m, &k, 64, &r);           // 64 ranks in all
+ *   printf("%.1f ms, efficiency %.2f\n", r.step * 1e3, r.efficiency);
+ *   tdm_sim_model_destroy(m);
+ *
+ * Times are seconds, sizes bytes. Thread safety: a model is read-only after creation; calls on
+ * distinct models, or the cost functions, may run on any threads.
+ */
+#ifndef TANDEM_SIM_H
+#define TANDEM_SIM_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "tandem/comm.h"
+#include "tandem/plan.h"
+#include "tandem/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A link: per message alpha (s), per byte beta (s/B); the reduction's gamma (s/B) of the ranks
+ * at its ends. */
+typedef struct tdm_sim_link {
+  double alpha, beta, gamma;
+} tdm_sim_link;
+
+typedef struct tdm_sim_cluster {
+  int ranks_per_node;   /* >= 1 */
+  int cores_per_node;   /* 0: as many as needed (communication always beside compute) */
+  int threads;          /* intra-op threads per rank (compute is slowed when ranks x threads > cores) */
+  tdm_sim_link intra, inter;
+  int shm;              /* 1: ranks of one node reduce through shared memory (tandem's shm algorithm) */
+  double flops;         /* forward and backward FLOP/s of one rank, measured with compute_ranks ranks computing on its node */
+  int compute_ranks;    /* >= 1: the rate is scaled by how ranks x threads share cores_per_node here and then */
+  double optim_rate;    /* parameter elements per second the optimizer updates */
+  double overhead;      /* seconds per step besides (data, zero_grad, bookkeeping) */
+  char compute_model[32]; /* what the compute rate was measured on ("" unknown) */
+  int allreduce_algo;   /* the data axis's all-reduces: TDM_ALGO_AUTO (0: tandem's rule) or a row of the
+                           cost table, such as TDM_SIM_ALGO_HIER (what-if; not in the file) */
+} tdm_sim_cluster;
+
+/* A cluster of 8-rank nodes: 2 us / 100 GB/s inside a node, 10 us / 12.5 GB/s (100 Gb/s)
+ * between nodes, 10 GB/s reductions, 1 TFLOP/s per rank. */
+void tdm_sim_cluster_default(tdm_sim_cluster *k);
+/* Reads a cluster file (JSON, docs/simulator.md): every field must be present and valid, else
+ * TDM_ERR_INVALID_ARG / TDM_ERR_FORMAT naming the file and the field. */
+tdm_status tdm_sim_cluster_load(const char *path, tdm_sim_cluster *k);
+/* Writes one (atomically: a temporary file renamed). extra: a JSON object's members to add
+ * (calibration's measurements), or NULL. */
+tdm_status tdm_sim_cluster_save(const char *path, const tdm_sim_cluster *k, const char *extra);
+/* TDM_ERR_INVALID_ARG naming the first field out of range (where: the file or "--option"). */
+tdm_status tdm_sim_cluster_check(const tdm_sim_cluster *k, const char *where);
+
+/* ---- collective costs -------------------------------------------------------------------------
+ * The kinds costed: all-reduce, reduce-scatter, all-gather, broadcast (n: the whole buffer). The
+ * table has one row per tdm_algo (ring, rd, rhd, tree, chain, direct, shm) and a hierarchical
+ * row: reduce-scatter inside each node, the operation across nodes on 1/ranks_per_node of the
+ * data, all-gather inside each node. */
+typedef enum { TDM_SIM_ALLREDUCE = 0, TDM_SIM_REDUCE_SCATTER, TDM_SIM_ALLGATHER, TDM_SIM_BROADCAST, TDM_SIM_KIND_COUNT } tdm_sim_kind;
+#define TDM_SIM_ALGO_HIER TDM_ALGO_COUNT /* the hierarchical row, after tandem's algorithms */
+#define TDM_SIM_ALGO_COUNT (TDM_ALGO_COUNT + 1)
+const char *tdm_sim_algo_name(int algo); /* tdm_algo_name's, and "hier" */
+int tdm_sim_algo_parse(const char *name); /* -1 when unknown */
+/* Seconds for `kind` of n bytes over p ranks laid out ranks_per_node to a node. algo
+ * TDM_ALGO_AUTO: the rule tandem applies (collective.c). A negative value when the algorithm
+ * does not run that kind. */
+double tdm_sim_coll_cost(const tdm_sim_cluster *k, int algo, tdm_sim_kind kind, double n, int p);
+/* The algorithm the AUTO rule picks (for printing). */
+int tdm_sim_auto_algo(const tdm_sim_cluster *k, tdm_sim_kind kind, double n, int p);
+/* A point-to-point message of n bytes between ranks a and b. */
+double tdm_sim_p2p_cost(const tdm_sim_cluster *k, double n, int a, int b);
+
+/* ---- a model and a step ----------------------------------------------------------------------- */
+typedef struct tdm_sim_model tdm_sim_model;
+
+/* From what `tandem plan` works out of the train options (tdm_train_plan_config): model, batch,
+ * sequence length, engine (dp buckets and overlap, ZeRO stage, accumulation), tensor and pipeline
+ * axes. TDM_ERR_NOT_SUPPORTED for a model whose compute per layer is not described (cnn, resnet)
+ * and for engines the simulator does not model (parameter server), naming them. */
+tdm_status tdm_sim_model_create(tdm_sim_model **out, const tdm_plan_config *pc);
+void tdm_sim_model_destroy(tdm_sim_model *m);
+int64_t tdm_sim_model_params(const tdm_sim_model *m);
+double tdm_sim_model_flops(const tdm_sim_model *m); /* forward + backward FLOPs of one rank's micro-batch, one replica */
+
+/* A hand-made model (tests): n layers in forward order, layer i with params[i] f32 elements and
+ * fwd[i] forward FLOPs (backward: twice); buckets of bucket_bytes, the first first_bytes, over
+ * whole layers in backward order as tandem's layout cuts them. */
+tdm_status tdm_sim_model_custom(tdm_sim_model **out, int n, const int64_t *params, const double *fwd, size_t bucket_bytes,
+                                size_t first_bytes, int overlap_off);
+
+typedef struct tdm_sim_result {
+  int ranks, dp, tp, pp;
+  double step;          /* seconds per optimizer step */
+  double compute;       /* forward + backward + optimizer + overhead on the critical rank, as if alone */
+  double comm;          /* communication busy time per step (all of it) */
+  double exposed;       /* step - compute: communication and waits not hidden */
+  double efficiency;    /* compute / step: the step of one rank, per rank, over this step */
+  double bytes;         /* bytes each rank sends per step */
+  int buckets;          /* groups (buckets, units) */
+  int algo;             /* the all-reduce's algorithm for the largest bucket */
+} tdm_sim_result;
+
+/* One optimizer step on `ranks` ranks in all (dp = ranks / (tp x pp)). */
+tdm_status tdm_sim_step(const tdm_sim_model *m, const tdm_sim_cluster *k, int ranks, tdm_sim_result *out);
+
+/* Event timeline of the last tdm_sim_step on this model (tests): the time each bucket's
+ * communication starts and ends, in bucket order; n: how many. NULL if none. */
+const double *tdm_sim_last_buckets(const tdm_sim_model *m, int *n);
+
+/* ---- calibration --------------------------------------------------------------------------------
+ * Fits alpha and beta of a communicator's links from exchanges of 8 B .. max_bytes around the ring
+ * of all its ranks (each sends to the next while receiving from the one before, as every step of
+ * the algorithms does, so ranks that share cores are measured sharing them, and waiting on each
+ * other; the fit minimises the relative error), and gamma from tdm_reduce_local on 4 MiB. Collective over c: every rank
+ * calls it; rank 0's *out is the fit (others get it too). pingpong: the one-way time of the
+ * smallest message, as a ping-pong measures it. */
+tdm_status tdm_sim_calibrate_link(tdm_comm_t c, size_t max_bytes, tdm_sim_link *out, double *pingpong);
+/* The compute rate from a measured run: trains `steps` steps of the run c describes on this
+ * process alone (metrics to a temporary file), and from the medians of steps 3.. sets k->flops
+ * (fwd_bwd_flops, the model's forward + backward FLOPs per step, over the forward and backward
+ * time), k->optim_rate (n_params over the optimizer's time) and k->overhead (the rest of the step).
+ * detail gets a line of what was measured. */
+struct tdm_train_config;
+tdm_status tdm_sim_calibrate_compute(const struct tdm_train_config *c, int steps, double fwd_bwd_flops, int64_t n_params,
+                                     tdm_sim_cluster *k, char *detail, size_t n);
+/* Measured all-reduce seconds (median of iters after warm-up) of n bytes with algo on c. */
+tdm_status tdm_sim_measure_allreduce(tdm_comm_t c, tdm_algo algo, size_t n, int iters, double *seconds);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,311 @@
+/* tandem simulate: predicted step time and scaling of a training run (tandem/sim.h), the
+ * collectives' costs, and calibration of the cluster description from measurements. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <pthread.h>
+
+#include "cli.h"
+#include "tandem/tandem.h"
+
+int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm_train_config *c, int n_extra,
+                  const cli_opt *extra);
+
+#define MAX_RANKS 64
+
+/* "8,64,1024": positive integers, comma-separated. */
+static int parse_ranks(const char *s, int *out, int *n) {
+  *n = 0;
+  size_t len = s ? strlen(s) : 0;
+  if (!len || s[len - 1] == ',') goto bad;
+  for (const char *at = s; *at;) {
+    char num[32];
+    size_t k = strcspn(at, ",");
+    int64_t v;
+    if (k == 0 || k >= sizeof num || *n == MAX_RANKS) goto bad;
+    memcpy(num, at, k);
+    num[k] = 0;
+    if (cli_parse_int(num, 1, 1 << 24, &v)) {
+      fprintf(stderr, "tandem simulate: --ranks '%s': '%s' is not a rank count (an integer 1..16777216)\n", s, num);
+      return 2;
+    }
+    out[(*n)++] = (int)v;
+    at += k + (at[k] == ',');
+  }
+  return 0;
+bad:
+  fprintf(stderr, "tandem simulate: --ranks '%s': expected positive rank counts, comma-separated, at most %d (like 8,64,1024)\n",
+          s ? s : "", MAX_RANKS);
+  return 2;
+}
+
+/* ---- calibration over threads of this process ---------------------------------------------------- */
+typedef struct {
+  void *group;
+  int rank, size;
+  size_t max_bytes;
+  tdm_sim_link link;
+  double pingpong;
+  tdm_status st;
+  char err[512];
+} thread_arg;
+
+static void *calib_thread(void *p) {
+  thread_arg *a = p;
+  tdm_comm_config cc;
+  memset(&cc, 0, sizeof cc);
+  cc.rank = a->rank, cc.size = a->size, cc.transport = TDM_TRANSPORT_THREAD, cc.thread_group = a->group, cc.timeout_s = 120;
+  tdm_comm_t c = NULL;
+  a->st = tdm_comm_create(&c, &cc);
+  if (a->st == TDM_OK) a->st = tdm_sim_calibrate_link(c, a->max_bytes, &a->link, &a->pingpong);
+  if (a->st != TDM_OK) snprintf(a->err, sizeof a->err, "%s", tdm_last_error());
+  tdm_comm_destroy(c);
+  return NULL;
+}
+
+/* The model's step measured on this process alone: the compute rate, optimizer and overhead. */
+static int measure_compute(const tdm_train_config *tc, int steps, tdm_sim_cluster *k, char *detail, size_t n) {
+  tdm_plan plan;
+  tdm_plan_config pc;
+  tdm_sim_model *m = NULL;
+  tdm_status st = tdm_train_plan_config(tc, 1, &plan, &pc);
+  if (st == TDM_OK) st = tdm_sim_model_create(&m, &pc);
+  double fl = m ? tdm_sim_model_flops(m) * (double)(pc.engine.accum > 1 ? pc.engine.accum : 1) : 0;
+  int64_t np = m ? tdm_sim_model_params(m) : 0;
+  tdm_sim_model_destroy(m);
+  if (st == TDM_OK) st = tdm_sim_calibrate_compute(tc, steps, fl, np, k, detail, n);
+  if (st != TDM_OK) {
+    fprintf(stderr, "tandem simulate --calibrate: %s\n", tdm_last_error());
+    return 1;
+  }
+  return 0;
+}
+
+static int calibrate(const tdm_train_config *tc, const char *out_path, const char *base, int64_t max_bytes, int ppn, int steps,
+                     int compute) {
+  tdm_sim_cluster k;
+  tdm_sim_cluster_default(&k);
+  if (base && tdm_sim_cluster_load(base, &k) != TDM_OK) {
+    fprintf(stderr, "tandem simulate --calibrate: %s\n", tdm_last_error());
+    return 1;
+  }
+  tdm_comm_config env;
+  if (tdm_comm_config_from_env(&env) != TDM_OK) {
+    fprintf(stderr, "tandem simulate --calibrate: %s\n", tdm_last_error());
+    return 1;
+  }
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  k.cores_per_node = (int)(cores > 0 ? cores : 1);
+  k.threads = tc->threads > 0 ? tc->threads : 1;
+  if (ppn > 0) k.ranks_per_node = ppn;
+  char detail[512] = "", transport[32] = "thread";
+  int rank = 0;
+  tdm_sim_link link;
+  double pp = 0;
+  if (env.size > 1) { /* under a launcher: the world's transport (and TANDEM_NET_EMULATE's links) */
+    if (compute) { /* every rank measures the model's step alone, all at once: sharing the node as they will */
+      char rank_s[32], world_s[32];
+      snprintf(rank_s, sizeof rank_s, "%s", getenv("RANK") ? getenv("RANK") : "");
+      snprintf(world_s, sizeof world_s, "%s", getenv("WORLD_SIZE") ? getenv("WORLD_SIZE") : "");
+      unsetenv("RANK"), unsetenv("WORLD_SIZE");
+      int rc = measure_compute(tc, steps, &k, detail, sizeof detail);
+      setenv("RANK", rank_s, 1), setenv("WORLD_SIZE", world_s, 1);
+      if (rc) return rc;
+      const char *lws = getenv("LOCAL_WORLD_SIZE");
+      k.compute_ranks = lws && atoi(lws) > 0 ? atoi(lws) : env.size;
+    }
+    tdm_comm_t c;
+    if (tdm_comm_create(&c, &env) != TDM_OK) {
+      fprintf(stderr, "tandem simulate --calibrate: %s\n", tdm_last_error());
+      return 1;
+    }
+    rank = tdm_comm_rank(c);
+    snprintf(transport, sizeof transport, "%s", tdm_transport_name(tdm_comm_transport(c)));
+    tdm_status st = tdm_sim_calibrate_link(c, (size_t)max_bytes, &link, &pp);
+    tdm_comm_destroy(c);
+    if (st != TDM_OK) {
+      fprintf(stderr, "tandem simulate --calibrate: rank %d: %s\n", rank, tdm_last_error());
+      return 1;
+    }
+    k.shm = !strcmp(transport, "shm");
+    if (compute && rank == 0) printf("%s (on each of %d ranks at once; rank 0's)\n", detail, k.compute_ranks);
+  } else {
+    if (compute) { /* the model's step, measured on this process */
+      int rc = measure_compute(tc, steps, &k, detail, sizeof detail);
+      if (rc) return rc;
+      k.compute_ranks = 1;
+      printf("%s\n", detail);
+    }
+    thread_arg a[2];
+    pthread_t th[2];
+    void *g = NULL;
+    if (tdm_comm_thread_group_create(&g, 2) != TDM_OK) {
+      fprintf(stderr, "tandem simulate --calibrate: %s\n", tdm_last_error());
+      return 1;
+    }
+    for (int r = 0; r < 2; r++) {
+      memset(&a[r], 0, sizeof a[r]);
+      a[r].group = g, a[r].rank = r, a[r].size = 2, a[r].max_bytes = (size_t)max_bytes;
+      pthread_create(&th[r], NULL, calib_thread, &a[r]);
+    }
+    for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+    tdm_comm_thread_group_destroy(g);
+    for (int r = 0; r < 2; r++)
+      if (a[r].st != TDM_OK) {
+        fprintf(stderr, "tandem simulate --calibrate: thread rank %d: %s\n", r, a[r].err);
+        return 1;
+      }
+    link = a[0].link, pp = a[0].pingpong;
+    k.shm = 0;
+  }
+  if (rank != 0) return 0;
+  const char *emu = getenv("TANDEM_NET_EMULATE");
+  k.intra = k.inter = link; /* one machine: every link is the one measured */
+  printf("link: %s%s%s: alpha %.3g us, beta %.4g ns/B (%.3g GB/s), gamma %.4g ns/B, ping-pong %.3g us\n", transport,
+         emu && *emu ? " emulated " : "", emu && *emu ? emu : "", link.alpha * 1e6, link.beta * 1e9,
+         link.beta > 0 ? 1e-9 / link.beta : 0, link.gamma * 1e9, pp * 1e6);
+  char extra[512];
+  snprintf(extra, sizeof extra, "\"measured\": {\"transport\": \"%s\", \"emulate\": \"%s\", \"pingpong\": %.6e}", transport,
+           emu ? emu : "", pp);
+  if (out_path && tdm_sim_cluster_save(out_path, &k, extra) != TDM_OK) {
+    fprintf(stderr, "tandem simulate --calibrate: %s\n", tdm_last_error());
+    return 1;
+  }
+  if (out_path) printf("wrote %s\n", out_path);
+  return 0;
+}
+
+/* ---- the collectives' costs, per algorithm -------------------------------------------------------- */
+static void collectives(const tdm_sim_cluster *k, const int *ranks, int nr, int64_t lo, int64_t hi, int json) {
+  if (!json) printf("%8s %10s %6s %12s\n", "ranks", "bytes", "algo", "all-reduce");
+  for (int i = 0; i < nr; i++)
+    for (int64_t n = lo; n <= hi; n *= 2)
+      for (int a = 1; a < TDM_SIM_ALGO_COUNT; a++) {
+        double t = tdm_sim_coll_cost(k, a, TDM_SIM_ALLREDUCE, (double)n, ranks[i]);
+        if (t < 0) continue;
+        if (json)
+          printf("{\"ranks\":%d,\"bytes\":%lld,\"algo\":\"%s\",\"allreduce_s\":%.6e}\n", ranks[i], (long long)n, tdm_sim_algo_name(a), t);
+        else
+          printf("%8d %10lld %6s %10.3f ms\n", ranks[i], (long long)n, tdm_sim_algo_name(a), t * 1e3);
+      }
+}
+
+int tool_simulate(int argc, char **argv) {
+  tdm_train_config c;
+  const char *ranks_s, *cluster = NULL, *out = NULL, *algo_s;
+  int64_t ppn, cores, calib_max, lo, hi, steps;
+  double intra_lat, intra_bw, inter_lat, inter_bw, reduce_bw, flops, orate;
+  int do_calib = 0, json = 0, coll = 0, no_compute = 0;
+  cli_opt extra[] = {
+      {"ranks", CLI_STRING, &ranks_s, "1,2,4,8,64,1024", "world sizes to predict, comma-separated", NULL, 0, 0, 0},
+      {"cluster", CLI_STRING, &cluster, NULL, "the cluster file (tandem simulate --calibrate -o writes one; docs/simulator.md)", NULL, 0, 0, 0},
+      {"ranks-per-node", CLI_INT, &ppn, "0", "ranks on one node (0: the cluster file's, else 8)", NULL, 0, 1 << 20, 0},
+      {"cores-per-node", CLI_INT, &cores, "-1", "cores on one node: communication overlaps only with a core spare, compute slows past them (-1: the file's, else unlimited)", NULL, -1, 1 << 20, 0},
+      {"intra-lat", CLI_FLOAT, &intra_lat, "-1", "latency inside a node, microseconds (-1: the file's, else 2)", NULL, -1, 1e9, 0},
+      {"intra-bw", CLI_FLOAT, &intra_bw, "-1", "bandwidth inside a node, GB/s (-1: the file's, else 100)", NULL, -1, 1e9, 0},
+      {"inter-lat", CLI_FLOAT, &inter_lat, "-1", "latency between nodes, microseconds (-1: the file's, else 10)", NULL, -1, 1e9, 0},
+      {"inter-bw", CLI_FLOAT, &inter_bw, "-1", "bandwidth between nodes, GB/s (-1: the file's, else 12.5)", NULL, -1, 1e9, 0},
+      {"reduce-bw", CLI_FLOAT, &reduce_bw, "-1", "rate of the reductions, GB/s of data reduced (gamma; -1: the file's, else 10)", NULL, -1, 1e9, 0},
+      {"flops", CLI_FLOAT, &flops, "-1", "compute rate of one rank, FLOP/s (-1: the file's, else 1e12)", NULL, -1, 1e20, 0},
+      {"optimizer-rate", CLI_FLOAT, &orate, "-1", "parameters the optimizer updates per second (-1: the file's, else 1e9)", NULL, -1, 1e20, 0},
+      {"allreduce", CLI_CHOICE, &algo_s, "auto", "the data axis's all-reduce algorithm (auto: tandem's rule; hier: the hierarchical composition, a what-if)", "auto|ring|rd|rhd|tree|direct|shm|hier", 0, 0, 0},
+      {"json", CLI_FLAG, &json, NULL, "one JSON object per line", NULL, 0, 0, 0},
+      {"collectives", CLI_FLAG, &coll, NULL, "print every all-reduce algorithm's cost from --min-bytes to --max-bytes instead", NULL, 0, 0, 0},
+      {"min-bytes", CLI_SIZE, &lo, "1K", "--collectives: the smallest size", NULL, 0, 0, 0},
+      {"max-bytes", CLI_SIZE, &hi, "64M", "--collectives: the largest size", NULL, 0, 0, 0},
+      {"calibrate", CLI_FLAG, &do_calib, NULL, "measure the compute rate from this run's steps and the links of this transport (under tandem run -n N: every rank's step at once, the world's links; alone: one process, threads)", NULL, 0, 0, 0},
+      {"o", CLI_STRING, &out, NULL, "--calibrate: write the cluster file here", NULL, 0, 0, 0},
+      {"calibrate-max", CLI_SIZE, &calib_max, "4M", "--calibrate: the largest message timed", NULL, 0, 0, 0},
+      {"calibrate-steps", CLI_INT, &steps, "10", "--calibrate: training steps timed for the compute rate", NULL, 4, 10000, 0},
+      {"no-compute", CLI_FLAG, &no_compute, NULL, "--calibrate: the links only (keep --cluster's compute)", NULL, 0, 0, 0},
+  };
+  int r = train_options("simulate", "[tandem train's options] [--ranks 8,64,1024] [--cluster FILE | --ranks-per-node N --intra-lat US ...] [--calibrate -o FILE]",
+                        argc, argv, &c, (int)(sizeof extra / sizeof extra[0]), extra);
+  if (r == 1) return 0;
+  if (r) return 2;
+  int ranks[MAX_RANKS], nr = 0;
+  if (parse_ranks(ranks_s, ranks, &nr)) return 2;
+  if (do_calib) return calibrate(&c, out, cluster, calib_max, (int)ppn, (int)steps, !no_compute);
+  if (out) {
+    fprintf(stderr, "tandem simulate: -o writes a calibrated cluster file: give it with --calibrate\n");
+    return 2;
+  }
+  tdm_sim_cluster k;
+  tdm_sim_cluster_default(&k);
+  if (cluster && tdm_sim_cluster_load(cluster, &k) != TDM_OK) {
+    fprintf(stderr, "tandem simulate: --cluster: %s\n", tdm_last_error());
+    return 2;
+  }
+  if (ppn > 0) k.ranks_per_node = (int)ppn;
+  if (cores >= 0) k.cores_per_node = (int)cores;
+  if (c.threads > 0) k.threads = c.threads;
+  if (intra_lat >= 0) k.intra.alpha = intra_lat * 1e-6;
+  if (inter_lat >= 0) k.inter.alpha = inter_lat * 1e-6;
+  const double *bw[2] = {&intra_bw, &inter_bw};
+  tdm_sim_link *lk[2] = {&k.intra, &k.inter};
+  for (int i = 0; i < 2; i++)
+    if (*bw[i] >= 0) {
+      if (!(*bw[i] > 0)) {
+        fprintf(stderr, "tandem simulate: --%s-bw 0: expected a bandwidth > 0 GB/s\n", i ? "inter" : "intra");
+        return 2;
+      }
+      lk[i]->beta = 1e-9 / *bw[i];
+    }
+  if (reduce_bw == 0) {
+    fprintf(stderr, "tandem simulate: --reduce-bw 0: expected a rate > 0 GB/s\n");
+    return 2;
+  }
+  if (reduce_bw > 0) k.intra.gamma = k.inter.gamma = 1e-9 / reduce_bw;
+  if (flops >= 0) k.flops = flops;
+  k.allreduce_algo = tdm_sim_algo_parse(algo_s);
+  if (orate >= 0) k.optim_rate = orate;
+  if (tdm_sim_cluster_check(&k, cluster ? cluster : "the options") != TDM_OK) {
+    fprintf(stderr, "tandem simulate: %s\n", tdm_last_error());
+    return 2;
+  }
+  if (coll) {
+    if (lo < 1 || hi < lo) {
+      fprintf(stderr, "tandem simulate: --min-bytes %lld --max-bytes %lld; expected 1 <= min <= max\n", (long long)lo, (long long)hi);
+      return 2;
+    }
+    collectives(&k, ranks, nr, lo, hi, json);
+    return 0;
+  }
+  if (!json)
+    printf("cluster: %d ranks/node, %d cores/node%s, intra %.3g us %.3g GB/s, inter %.3g us %.3g GB/s, %.3g FLOP/s per rank%s%s\n",
+           k.ranks_per_node, k.cores_per_node, k.cores_per_node ? "" : " (unlimited)", k.intra.alpha * 1e6,
+           k.intra.beta > 0 ? 1e-9 / k.intra.beta : 0, k.inter.alpha * 1e6, k.inter.beta > 0 ? 1e-9 / k.inter.beta : 0, k.flops,
+           *k.compute_model ? " measured on " : "", k.compute_model);
+  int header = 0;
+  for (int i = 0; i < nr; i++) {
+    tdm_plan plan;
+    tdm_plan_config pc;
+    tdm_sim_model *m = NULL;
+    tdm_sim_result res;
+    tdm_status st = tdm_train_plan_config(&c, ranks[i], &plan, &pc);
+    if (st == TDM_OK) st = tdm_sim_model_create(&m, &pc);
+    if (st == TDM_OK) st = tdm_sim_step(m, &k, ranks[i], &res);
+    int64_t np = tdm_sim_model_params(m);
+    tdm_sim_model_destroy(m);
+    if (st != TDM_OK) {
+      fprintf(stderr, "tandem simulate: %d ranks: %s\n", ranks[i], tdm_last_error());
+      return 1;
+    }
+    if (json) {
+      printf("{\"ranks\":%d,\"dp\":%d,\"tp\":%d,\"pp\":%d,\"params\":%lld,\"step_s\":%.6e,\"compute_s\":%.6e,\"comm_s\":%.6e,"
+             "\"exposed_s\":%.6e,\"efficiency\":%.4f,\"bytes_per_rank\":%.0f,\"groups\":%d,\"algo\":\"%s\"}\n",
+             res.ranks, res.dp, res.tp, res.pp, (long long)np, res.step, res.compute, res.comm, res.exposed, res.efficiency,
+             res.bytes, res.buckets, tdm_sim_algo_name(res.algo));
+      continue;
+    }
+    if (!header++)
+      printf("%-7s %-10s %12s %12s %12s %12s %10s %12s %7s\n", "ranks", "dp x tp x pp", "step", "compute", "comm", "exposed",
+             "efficiency", "bytes/rank", "algo");
+    char grid[32];
+    snprintf(grid, sizeof grid, "%dx%dx%d", res.dp, res.tp, res.pp);
+    printf("%-7d %-10s %9.3f ms %9.3f ms %9.3f ms %9.3f ms %9.1f%% %12.3g %7s\n", res.ranks, grid, res.step * 1e3, res.compute * 1e3,
+           res.comm * 1e3, res.exposed * 1e3, res.efficiency * 100, res.bytes, tdm_sim_algo_name(res.algo));
+  }
+  return 0;
+}
