@@ -119,6 +119,7 @@ typedef struct {
   tdm__tp_piece *np;         /* the norm's pieces in this rank's chunks */
   int64_t n_np;
   tdm_engine_piece *boxes;   /* checkpoints: this rank's slices as boxes */
+  int64_t steps_done;        /* optimizer steps run (the drift check's cadence) */
   int n_boxes;
 } pp_state;
 
@@ -468,8 +469,56 @@ static void zero_owned_grads(tdm_engine *e) {
   for (int i = 0; i < e->n_spans; i++) tdm_k_zero(g + e->spans[i].lo, e->spans[i].hi - e->spans[i].lo);
 }
 
+/* The 3-D grid: the replicated parameters of this rank's chunks (layer norms, the row-parallel
+ * projections' biases, wpe) must be bitwise identical on every tensor rank of its stage, as the
+ * tensor-parallel engine checks them: every cfg.tp.check_every steps, before the step's first
+ * forward, their hashes are all-gathered over the tensor axis and a difference fails the step,
+ * naming the parameter (the world is aborted, so the other stages stop too). */
+static uint64_t hash_floats(const float *x, int64_t n) {
+  uint64_t h = 0x7470647269667400ull;
+  const uint32_t *u = (const uint32_t *)(const void *)x;
+  for (int64_t i = 0; i < n; i++) h = tdm_hash64(h, u[i]);
+  return h;
+}
+
+static tdm_status check_replicas(tdm_engine *e, pp_state *q) {
+  int64_t every = e->cfg.tp.check_every;
+  if (!q->tg || every <= 0 || q->steps_done % every != 0) return TDM_OK;
+  int n = 0, np = tdm_params_count(q->work);
+  for (int i = 0; i < np; i++) n += q->held_at[i] >= 0 && !tdm__tp_gpt_slice(q->tg, i)->sharded;
+  uint64_t *h = tdm__malloc(sizeof(uint64_t) * (size_t)(n ? n : 1) * (size_t)(q->T + 1));
+  if (!h) return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
+  uint64_t *all = h + n;
+  for (int i = 0, k = 0; i < np; i++)
+    if (q->held_at[i] >= 0 && !tdm__tp_gpt_slice(q->tg, i)->sharded) {
+      tdm_tensor *t = tdm_params_get(q->work, i);
+      h[k++] = hash_floats(tdm_tensor_data(t), tdm_tensor_numel(t));
+    }
+  tdm_status st = tdm_comm_allgather(q->tcomm, h, all, (size_t)n, TDM_I64, TDM_ALGO_AUTO);
+  for (int i = 0, k = 0; st == TDM_OK && i < np; i++) {
+    if (q->held_at[i] < 0 || tdm__tp_gpt_slice(q->tg, i)->sharded) continue;
+    for (int r = 1; r < q->T && st == TDM_OK; r++)
+      if (all[(size_t)r * (size_t)n + (size_t)k] != all[k])
+        st = tdm__set_error(TDM_ERR_MISMATCH,
+                            "tensor parallelism: the replicated parameter '%s' has drifted: tensor rank %d's copy differs from "
+                            "tensor rank 0's on pipeline stage %d after %lld steps; it must be bitwise identical on every tensor "
+                            "rank (a nondeterministic kernel, or a rank given other weights)",
+                            tdm_tensor_name(tdm_params_get(q->work, i)), r, q->stage, (long long)q->steps_done);
+    k++;
+  }
+  tdm__free(h);
+  if (st != TDM_OK && q->world) { /* the other stages are waiting for this one: stop them */
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", tdm_last_error());
+    tdm_comm_abort(q->world);
+    return tdm__set_error(st, "%s", msg);
+  }
+  return st;
+}
+
 static tdm_status pp_step(tdm_engine *e, tdm_batch_fn next, void *ctx, uint64_t seed, float lr, tdm_step_stats *st) {
   pp_state *q = e->impl;
+  TDM__TRY(check_replicas(e, q));
   tdm_tape_reset(q->data);
   q->fetched = 0;
   q->loss_sum = q->correct = q->rows = 0;
@@ -516,6 +565,7 @@ static tdm_status finish(tdm_engine *e, pp_state *q, float lr, tdm_step_stats *s
   st->t_comm_wait = q->t_wait + (t1 - t0);
   TDM__TRY(tdm__engine_update(e, sumsq, lr, st));
   q->tied_stale = 1;
+  q->steps_done++;
   TDM__TRY(sync_tied(e, q));
   st->t_update = tdm_time_now() - t1;
   return TDM_OK;
@@ -895,6 +945,9 @@ static tdm_status pp_create(tdm_engine *e, const tdm_model_config *mc, uint64_t 
   q->t = tdm_grid_index(e->grid, TDM_AXIS_TENSOR);
   q->tcomm = tdm_grid_comm(e->grid, TDM_AXIS_TENSOR);
   q->work = e->params;
+  if (q->T > 1 && e->cfg.tp.check_every < 0)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "tensor parallelism: check_every %lld; expected >= 0 (0: never)",
+                          (long long)e->cfg.tp.check_every);
   if (q->T > 1) {
     TDM__TRY(tdm__tp_gpt_create(&q->tg, e->params, mc, q->tcomm, q->T, q->t));
     q->work = tdm__tp_gpt_params(q->tg);
