@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Pipeline parallelism on 2 ranks of this machine, tandem vs PyTorch 1.13 (CPU), in alternating
 # runs: the same GPT step (one optimizer step over M micro-batches of B sequences) by
-#   tandem:  one process (accumulating M), data parallel on 2 ranks (each accumulating M/2), and a
+#   tandem:  one process (accumulating M), data parallel on 2 ranks (each accumulating M/2), tensor
+#            parallel on 2 ranks (accumulating M), and a
 #            2-stage pipeline with each schedule (gpipe, 1f1b, zb1p, interleaved with 2 chunks per rank)
 #   PyTorch: one process (one batch of M x B), a hand-written 2-stage pipeline over gloo (gpipe,
 #            1f1b; bench/pp_pytorch.py) and torch.distributed.pipeline.sync.Pipe (one process)
@@ -36,6 +37,7 @@ for r in $(seq 1 "$REPS"); do
   tandem one ./build/tandem "${TB[@]}" --accum "$M"
   torch one bench/gpt_pytorch.py "${ARCH[@]}" --batch $((B * M)) --seq "$T" --steps "$STEPS" --warmup 2
   tandem dp2 ./build/tandem run -n 2 -- tandem "${TB[@]}" --accum $((M / 2))
+  tandem tp2 ./build/tandem run -n 2 -- tandem "${TB[@]}" --tp 2 --accum "$M"
   for s in gpipe 1f1b zb1p interleaved; do
     tandem "pp_$s" ./build/tandem run -n 2 -- tandem "${TB[@]}" --pp 2 --accum "$M" --schedule "$s"
     [[ $s == gpipe || $s == 1f1b ]] && torch "pp_$s" bench/pp_pytorch.py --mode "$s" "${ARCH[@]}" --batch "$B" --seq "$T" \
@@ -55,7 +57,7 @@ theory = {"gpipe": 1 / (M + 1), "1f1b": 1 / (M + 1), "zb1p": 1 / (3 * M + 1), "i
 print(f"\nGPT step, {M} micro-batches, 2 ranks (1 thread each) or 1 process; medians of {len(rows('t_one'))} runs")
 print(f"{'':28s} {'step ms':>9s} {'bubble 0':>9s} {'bubble 1':>9s} {'theory':>7s} {'act. MiB 0':>11s} {'act. MiB 1':>11s}")
 one = med([r["ms"] for r in rows("t_one")])
-for name, label in (("t_one", "tandem 1 process"), ("t_dp2", "tandem dp=2"), ("t_pp_gpipe", "tandem pp=2 gpipe"),
+for name, label in (("t_one", "tandem 1 process"), ("t_dp2", "tandem dp=2"), ("t_tp2", "tandem tp=2"), ("t_pp_gpipe", "tandem pp=2 gpipe"),
                     ("t_pp_1f1b", "tandem pp=2 1f1b"), ("t_pp_zb1p", "tandem pp=2 zb1p"),
                     ("t_pp_interleaved", "tandem pp=2 interleaved V=2")):
     rs = rows(name)

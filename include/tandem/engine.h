@@ -21,7 +21,8 @@
  *         all-reducing inside forward and backward; data parallelism over the data axis
  *   pipeline  GPT's blocks cut into stages over the pipeline axis; each step runs a verified
  *         schedule (tandem/pipeline.h) of forwards, backwards and exchanges between neighbours;
- *         gradients averaged over the data axis as data parallelism does
+ *         gradients averaged over the data axis as data parallelism does; with a tensor axis (the
+ *         3-D grid) each stage's blocks run tensor-parallel as the tp engine's do
  * Every engine gives the same result as every other at the same world size, bit for bit: the
  * gradients of all of them are reduced in the same order (rank order, whatever the transport),
  * and the gradient norm is formed from segment sums in a fixed order (tdm_grad_sumsq_segments).
@@ -188,9 +189,10 @@ typedef struct tdm_step_stats {
 /* Before any rank computes (no communication): data x tensor x pipeline against the world size
  * (data 0: what is left) and the engine's layout against the model (a pipeline: chunks and blocks,
  * the split, the micro-batches its schedule needs). TDM_ERR_INVALID_ARG naming the values.
- * Tensor x pipeline (both above 1) is TDM_ERR_NOT_SUPPORTED, whatever the rest: not yet built; so is
- * a precision other than f32, or recomputation, on an engine that does not implement it (pipeline,
- * tp, ps: only dp and zero do), naming the engine and the setting. */
+ * Tensor x pipeline (both above 1: the 3-D grid) runs on the pipeline engine, checked against the
+ * heads and the blocks both. A precision other than f32, or recomputation, on an engine that does
+ * not implement it (pipeline, tp, ps: only dp and zero do) is TDM_ERR_NOT_SUPPORTED, naming the
+ * engine and the setting. */
 tdm_status tdm_engine_check(const tdm_model_config *model, const tdm_engine_config *cfg, int world, int data, int tensor,
                             int pipeline);
 

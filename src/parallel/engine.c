@@ -126,11 +126,6 @@ static tdm_status check_model_side(const tdm_engine_config *cfg, const char *whe
 
 tdm_status tdm_engine_check(const tdm_model_config *mc, const tdm_engine_config *cfg, int world, int data, int tensor,
                             int pipeline) {
-  if (tensor > 1 && pipeline > 1) /* not yet, whatever the model: the pipeline's chunks run the whole model's blocks */
-    return tdm__set_error(TDM_ERR_NOT_SUPPORTED,
-                          "process grid: tensor %d x pipeline %d: pipeline stages running tensor-parallel blocks (the 3-D "
-                          "grid) are not implemented yet; use tensor x data or pipeline x data parallelism",
-                          tensor, pipeline);
   if (!mc || !cfg) return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_check: NULL argument");
   if ((unsigned)cfg->kind >= TDM_ENGINE_KIND_COUNT)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_check: engine %d; expected 0..%d", (int)cfg->kind, TDM_ENGINE_KIND_COUNT - 1);

@@ -24,7 +24,21 @@
  * Exchanges (runs of consecutive sends and receives in the list) go to the world communicator's
  * progress thread, one at a time in order (so they never share the transport with another
  * thread), while the main thread computes; a compute action waits for the exchange that brings
- * its input. This is what the verifier simulates. */
+ * its input. This is what the verifier simulates.
+ *
+ * The 3-D grid (a tensor axis of T > 1 beside the pipeline): each chunk's blocks run split over
+ * the tensor axis (tp_gpt.c: tdm__tp_gpt_range); this rank computes with its own store of slices
+ * (q->work) and the whole model stays in address space only, as the tensor-parallel engine keeps
+ * it. The activations between stages are replicated over the tensor axis: tensor rank t of one
+ * stage talks to tensor rank t of the next (the pipeline axis' communicator). The tied head's
+ * message carries the logits' gradient of this rank's vocabulary rows, so chunk 0 on tensor rank t
+ * adds the head's part of its own rows of wte's gradient. The tensor axis' collectives run on the
+ * calling thread through the world's transport, which serves one call at a time: the exchanges
+ * run there too, in list order (q->sync; a verified schedule cannot deadlock so either: an
+ * exchange's messages depend only on the exchanges before it), without overlap. The norm's
+ * segments sum the tensor ranks' pieces in rank order (as the tensor-parallel engine does), then
+ * the pipeline's (one rank's term each); so a 3-D grid gives the tensor-parallel engine's weights
+ * at the same tensor and data sizes bit for bit, and one process's within rounding. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -35,6 +49,7 @@
 #include "parallel/common.h"
 #include "parallel/engine_impl.h"
 #include "parallel/pipeline_impl.h"
+#include "parallel/tp_gpt.h"
 #include "tandem/kernels.h"
 #include "tandem/plan.h"
 #include "tandem/trace.h"
@@ -86,13 +101,27 @@ typedef struct {
   int fetched;
   tdm_tape *eval;
   float *packed;             /* checkpoints: the spans' values */
-  int64_t n_packed, wte_lo, wte_hi;
+  int64_t n_packed, wte_lo, wte_hi; /* wte: in the work store */
+  int wte_i;
   int64_t n_held;            /* parameters held: the spans and the tied copy */
   int tied_stale;            /* the last rank's copy of the tied embedding awaits the first rank's */
   double *red;               /* the segment sums and the step's numbers, summed over the pipeline */
   double loss_sum, correct, rows;
   int64_t samples;
   double t_fwd, t_bwd, t_wait;
+  /* the 3-D grid (T > 1); with T = 1: work is the model's store, tg NULL */
+  tdm_params *work;          /* the store compute, gradients, spans and the optimizer use */
+  tdm_tensor *wte;           /* its token embedding (this rank's vocabulary rows) */
+  int64_t vt;                /* and their count */
+  tdm__tp_gpt *tg;
+  tdm_comm_t tcomm;
+  int T, t, sync;
+  int64_t *held_at;          /* per parameter: the optimizer-state index of its first local element, or -1 */
+  tdm__tp_piece *np;         /* the norm's pieces in this rank's chunks */
+  int64_t n_np;
+  tdm_engine_piece *boxes;   /* checkpoints: this rank's slices as boxes */
+  int64_t steps_done;        /* optimizer steps run (the drift check's cadence) */
+  int n_boxes;
 } pp_state;
 
 /* ---- small helpers ---------------------------------------------------------------------------- */
@@ -189,7 +218,7 @@ static int64_t act_numel(const pp_state *q, const tdm_model *m, int mb) {
   return tdm_tensor_numel(q->x[mb]) * m->cfg.n_embd;
 }
 static int64_t tied_numel(const pp_state *q, const tdm_model *m, int mb) {
-  return tdm_tensor_numel(q->x[mb]) * (m->cfg.vocab_size + m->cfg.n_embd);
+  return tdm_tensor_numel(q->x[mb]) * (q->vt + m->cfg.n_embd);
 }
 
 /* ---- exchanges -------------------------------------------------------------------------------------- */
@@ -250,8 +279,8 @@ static tdm_status issue(tdm_engine *e, pp_state *q, int k, tdm_batch_fn next, vo
         if (c == C - 1) {
           int64_t N = tdm_tensor_numel(q->x[m]);
           if (!(t = buf_get(q, tn))) return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
-          memcpy(t, tdm_tensor_data(tdm_tensor_grad(s->logits)), sizeof(float) * (size_t)(N * mdl->cfg.vocab_size));
-          memcpy(t + N * mdl->cfg.vocab_size, tdm_tensor_data(s->head_in), sizeof(float) * (size_t)(N * mdl->cfg.n_embd));
+          memcpy(t, tdm_tensor_data(tdm_tensor_grad(s->logits)), sizeof(float) * (size_t)(N * q->vt));
+          memcpy(t + N * q->vt, tdm_tensor_data(s->head_in), sizeof(float) * (size_t)(N * mdl->cfg.n_embd));
         }
         s->tied = NULL;
         x->owned[x->n_owned++] = t;
@@ -267,7 +296,17 @@ static tdm_status issue(tdm_engine *e, pp_state *q, int k, tdm_batch_fn next, vo
   }
   x->comm = q->pp;
   x->state = 1;
-  return tdm__comm_icall(q->world, run_exchange, x, &x->work);
+  if (!q->sync) return tdm__comm_icall(q->world, run_exchange, x, &x->work);
+  tdm_status st = run_exchange(x); /* the 3-D grid: here, in list order */
+  x->state = 2;
+  for (int b = 0; b < x->n_owned; b++) buf_put(q, x->owned[b]);
+  x->n_owned = 0;
+  if (st != TDM_OK) {
+    char b[96];
+    return tdm__set_error(st, "pipeline stage %d, exchange at its action %d (%s): %s", q->stage, x->lo,
+                          act_str(&q->list[x->lo], b, sizeof b), tdm_last_error());
+  }
+  return TDM_OK;
 }
 
 /* Waits for exchanges 0..k (they end in order) and gives their buffers back. */
@@ -315,6 +354,15 @@ static tdm_status forward(tdm_engine *e, pp_state *q, slot *s, uint64_t seed) {
   tdm_tape *t = s->tape;
   tdm_tape_set_training(t, 1);
   tdm_tape_set_dropout_key(t, seed, q->base[m]);
+  if (q->tg) { /* the 3-D grid: the chunk's blocks split over the tensor axis, the loss vocabulary-parallel */
+    tdm__tp_range r = {q->first_block[c], q->first_block[c + 1], c == 0, c == q->C - 1, NULL, NULL, NULL};
+    if (r.head && q->tied) r.head_weight = tdm_detach(t, q->wte);
+    tdm_tensor *h = tdm__tp_gpt_range(q->tg, t, c == 0 ? q->x[m] : s->in, &r, q->y[m], &q->correct, &q->rows);
+    if (h && r.head) s->logits = r.logits, s->head_in = r.head_input, q->loss_sum += *(const float *)tdm_tensor_data(h);
+    if (!h) return tdm__set_error(tdm_tape_status(t), "forward: %s", tdm_tape_error(t));
+    s->out = h;
+    return TDM_OK;
+  }
   tdm_gpt_range r = {q->first_block[c], q->first_block[c + 1], c == 0, c == q->C - 1, NULL, NULL};
   if (r.head && q->tied) r.head_weight = tdm_detach(t, e->model->wte.weight); /* its gradient is chunk 0's to add */
   tdm_tensor *h = tdm_gpt_forward_range(e->model, t, c == 0 ? q->x[m] : s->in, &r);
@@ -336,9 +384,8 @@ static void tied_grad(tdm_engine *e, pp_state *q, slot *s) {
   if (!q->tied || s->chunk != 0) return;
   const tdm_model_config *mc = &e->model->cfg;
   int64_t N = tdm_tensor_numel(q->x[s->mb]);
-  tdm_tensor *w = e->model->wte.weight;
-  float *g = tdm_params_grad(e->params) + ((const float *)tdm_tensor_data(w) - tdm_params_data(e->params));
-  tdm_k_linear_bwd(NULL, g, NULL, s->tied, s->tied + N * mc->vocab_size, tdm_tensor_data(w), N, mc->n_embd, mc->vocab_size);
+  float *g = tdm_params_grad(q->work) + q->wte_lo;
+  tdm_k_linear_bwd(NULL, g, NULL, s->tied, s->tied + N * q->vt, tdm_tensor_data(q->wte), N, mc->n_embd, q->vt);
 }
 
 static tdm_status backward(tdm_engine *e, pp_state *q, slot *s, tdm_pp_op op) {
@@ -373,7 +420,8 @@ static tdm_status backward(tdm_engine *e, pp_state *q, slot *s, tdm_pp_op op) {
 /* The first rank's tied embedding to the last rank's copy, after an update or a checkpoint load. */
 static tdm_status sync_tied(tdm_engine *e, pp_state *q) {
   if (!q->tied || !q->tied_stale) return TDM_OK;
-  float *w = tdm_params_data(e->params) + q->wte_lo;
+  (void)e;
+  float *w = tdm_params_data(q->work) + q->wte_lo;
   size_t n = (size_t)(q->wte_hi - q->wte_lo) * 4;
   if (q->stage == 0) TDM__TRY(tdm_comm_send(q->pp, chunk_rank(q, q->C - 1), 7, w, n));
   else if (q->stage == chunk_rank(q, q->C - 1)) TDM__TRY(tdm_comm_recv(q->pp, 0, 7, w, n));
@@ -429,12 +477,60 @@ static tdm_status run_list(tdm_engine *e, pp_state *q, tdm_batch_fn next, void *
 }
 
 static void zero_owned_grads(tdm_engine *e) {
-  float *g = tdm_params_grad(e->params);
+  float *g = tdm_params_grad(((pp_state *)e->impl)->work);
   for (int i = 0; i < e->n_spans; i++) tdm_k_zero(g + e->spans[i].lo, e->spans[i].hi - e->spans[i].lo);
+}
+
+/* The 3-D grid: the replicated parameters of this rank's chunks (layer norms, the row-parallel
+ * projections' biases, wpe) must be bitwise identical on every tensor rank of its stage, as the
+ * tensor-parallel engine checks them: every cfg.tp.check_every steps, before the step's first
+ * forward, their hashes are all-gathered over the tensor axis and a difference fails the step,
+ * naming the parameter (the world is aborted, so the other stages stop too). */
+static uint64_t hash_floats(const float *x, int64_t n) {
+  uint64_t h = 0x7470647269667400ull;
+  const uint32_t *u = (const uint32_t *)(const void *)x;
+  for (int64_t i = 0; i < n; i++) h = tdm_hash64(h, u[i]);
+  return h;
+}
+
+static tdm_status check_replicas(tdm_engine *e, pp_state *q) {
+  int64_t every = e->cfg.tp.check_every;
+  if (!q->tg || every <= 0 || q->steps_done % every != 0) return TDM_OK;
+  int n = 0, np = tdm_params_count(q->work);
+  for (int i = 0; i < np; i++) n += q->held_at[i] >= 0 && !tdm__tp_gpt_slice(q->tg, i)->sharded;
+  uint64_t *h = tdm__malloc(sizeof(uint64_t) * (size_t)(n ? n : 1) * (size_t)(q->T + 1));
+  if (!h) return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
+  uint64_t *all = h + n;
+  for (int i = 0, k = 0; i < np; i++)
+    if (q->held_at[i] >= 0 && !tdm__tp_gpt_slice(q->tg, i)->sharded) {
+      tdm_tensor *t = tdm_params_get(q->work, i);
+      h[k++] = hash_floats(tdm_tensor_data(t), tdm_tensor_numel(t));
+    }
+  tdm_status st = tdm_comm_allgather(q->tcomm, h, all, (size_t)n, TDM_I64, TDM_ALGO_AUTO);
+  for (int i = 0, k = 0; st == TDM_OK && i < np; i++) {
+    if (q->held_at[i] < 0 || tdm__tp_gpt_slice(q->tg, i)->sharded) continue;
+    for (int r = 1; r < q->T && st == TDM_OK; r++)
+      if (all[(size_t)r * (size_t)n + (size_t)k] != all[k])
+        st = tdm__set_error(TDM_ERR_MISMATCH,
+                            "tensor parallelism: the replicated parameter '%s' has drifted: tensor rank %d's copy differs from "
+                            "tensor rank 0's on pipeline stage %d after %lld steps; it must be bitwise identical on every tensor "
+                            "rank (a nondeterministic kernel, or a rank given other weights)",
+                            tdm_tensor_name(tdm_params_get(q->work, i)), r, q->stage, (long long)q->steps_done);
+    k++;
+  }
+  tdm__free(h);
+  if (st != TDM_OK && q->world) { /* the other stages are waiting for this one: stop them */
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", tdm_last_error());
+    tdm_comm_abort(q->world);
+    return tdm__set_error(st, "%s", msg);
+  }
+  return st;
 }
 
 static tdm_status pp_step(tdm_engine *e, tdm_batch_fn next, void *ctx, uint64_t seed, float lr, tdm_step_stats *st) {
   pp_state *q = e->impl;
+  TDM__TRY(check_replicas(e, q));
   tdm_tape_reset(q->data);
   q->fetched = 0;
   q->loss_sum = q->correct = q->rows = 0;
@@ -450,18 +546,28 @@ static tdm_status pp_step(tdm_engine *e, tdm_batch_fn next, void *ctx, uint64_t 
  * the step's numbers, then clipping, the update, and the tied embedding to the last rank. */
 static tdm_status finish(tdm_engine *e, pp_state *q, float lr, tdm_step_stats *st) {
   double t0 = tdm_time_now();
-  float *g = tdm_params_grad(e->params);
+  float *g = tdm_params_grad(q->work);
   if (e->comm) /* as data parallelism averages: rank order, every element alike */
     for (int i = 0; i < e->n_spans; i++)
       TDM__TRY(tdm_comm_allreduce(e->comm, g + e->spans[i].lo, g + e->spans[i].lo, (size_t)(e->spans[i].hi - e->spans[i].lo),
                                   TDM_F32, TDM_AVG, tdm_comm_rank_order_algo(e->comm)));
   int64_t ns = e->n_seg;
   memset(q->red, 0, sizeof(double) * (size_t)(ns + 4));
-  for (int i = 0; i < e->n_spans; i++)
-    TDM__TRY(tdm_grad_sumsq_segments(e->params, e->spans[i].lo, e->spans[i].hi, g + e->spans[i].lo, q->red));
-  if (q->stage == chunk_rank(q, q->C - 1)) q->red[ns] = q->loss_sum, q->red[ns + 1] = q->correct, q->red[ns + 2] = q->rows,
-                                           q->red[ns + 3] = (double)q->samples;
-  /* each entry has one rank's term: the sum is exact in any order */
+  if (q->tg) /* each piece's sum, added in piece order (as the tensor-parallel engine adds them) */
+    for (int64_t k = 0; k < q->n_np; k++) {
+      const float *x = g + q->np[k].local;
+      double sq = 0;
+      for (int64_t j = 0; j < q->np[k].len; j++) sq += (double)x[j] * x[j];
+      q->red[q->np[k].seg] += sq;
+    }
+  else
+    for (int i = 0; i < e->n_spans; i++)
+      TDM__TRY(tdm_grad_sumsq_segments(e->params, e->spans[i].lo, e->spans[i].hi, g + e->spans[i].lo, q->red));
+  if (q->stage == chunk_rank(q, q->C - 1) && q->t == 0)
+    q->red[ns] = q->loss_sum, q->red[ns + 1] = q->correct, q->red[ns + 2] = q->rows, q->red[ns + 3] = (double)q->samples;
+  if (q->tcomm) /* the tensor ranks' parts of each segment, in rank order */
+    TDM__TRY(tdm_comm_allreduce(q->tcomm, q->red, q->red, (size_t)(ns + 4), TDM_F64, TDM_SUM, tdm_comm_rank_order_algo(q->tcomm)));
+  /* over the pipeline each entry has one rank's term: the sum is exact in any order */
   if (q->pp) TDM__TRY(tdm_comm_allreduce(q->pp, q->red, q->red, (size_t)(ns + 4), TDM_F64, TDM_SUM, TDM_ALGO_AUTO));
   double sumsq = tdm_grad_sumsq_combine(q->red, ns);
   st->loss = q->red[ns] / q->M;
@@ -471,6 +577,7 @@ static tdm_status finish(tdm_engine *e, pp_state *q, float lr, tdm_step_stats *s
   st->t_comm_wait = q->t_wait + (t1 - t0);
   TDM__TRY(tdm__engine_update(e, sumsq, lr, st));
   q->tied_stale = 1;
+  q->steps_done++;
   TDM__TRY(sync_tied(e, q));
   st->t_update = tdm_time_now() - t1;
   if (tdm_trace_on()) {
@@ -490,7 +597,7 @@ static tdm_status pp_grad_sumsq(tdm_engine *e, double *sumsq) {
 }
 
 static tdm_status pp_update(tdm_engine *e, float lr, float coef) {
-  float *g = tdm_params_grad(e->params);
+  float *g = tdm_params_grad(((pp_state *)e->impl)->work);
   for (int i = 0; i < e->n_spans; i++) tdm_grad_scale(g + e->spans[i].lo, e->spans[i].hi - e->spans[i].lo, coef);
   return tdm_optim_step(e->opt, lr);
 }
@@ -501,10 +608,116 @@ static int owns(const tdm_engine *e, int64_t i) {
   return 0;
 }
 
+/* ---- the 3-D grid's parameters: the slices of this rank's chunks ----------------------------------- */
+/* [lo, hi) of the whole model to every rank of this data replica: each element from the one rank
+ * that holds it (its chunk's stage; tensor rank 0 for a replicated parameter), zeros elsewhere,
+ * summed over the tensor axis, then the pipeline (one term each: exact). */
+static tdm_status tp3_read(tdm_engine *e, pp_state *q, int64_t lo, int64_t hi, float *dst) {
+  memset(dst, 0, sizeof(float) * (size_t)(hi - lo));
+  for (int i = 0; i < tdm_params_count(e->params); i++) {
+    int64_t off = tdm_params_offset(e->params, i), n = tdm_tensor_numel(tdm_params_get(e->params, i));
+    const tdm__tp_slice *s = tdm__tp_gpt_slice(q->tg, i);
+    if (off + n <= lo || off >= hi || q->held_at[i] < 0 || (!s->sharded && q->t != 0)) continue;
+    const float *v = tdm_tensor_data(tdm_params_get(q->work, i));
+    for (int64_t r = 0; r < s->count; r++) {
+      int64_t a = off + s->first + r * s->stride, b = a + s->len, x0 = a > lo ? a : lo, x1 = b < hi ? b : hi;
+      if (x0 < x1) memcpy(dst + (x0 - lo), v + r * s->len + (x0 - a), sizeof(float) * (size_t)(x1 - x0));
+    }
+  }
+  if (q->tcomm) TDM__TRY(tdm_comm_allreduce(q->tcomm, dst, dst, (size_t)(hi - lo), TDM_F32, TDM_SUM, TDM_ALGO_AUTO));
+  if (q->pp) TDM__TRY(tdm_comm_allreduce(q->pp, dst, dst, (size_t)(hi - lo), TDM_F32, TDM_SUM, TDM_ALGO_AUTO));
+  return TDM_OK;
+}
+
+/* World rank 0 writes the whole model, window after window read as above by its data replica. */
+static tdm_status tp3_stream(tdm_engine *e, pp_state *q, tdm_status (*write)(void *, const float *, int64_t), void *ctx) {
+  if (e->rank != 0) return TDM_OK; /* another data replica: the same values */
+  int64_t n = tdm_params_numel(e->params), K = (int64_t)1 << 18;
+  float *buf = tdm__malloc_cat(sizeof(float) * (size_t)K, TDM_MEM_WORKSPACE);
+  if (!buf) return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
+  tdm_status st = TDM_OK;
+  int writer = q->stage == 0 && q->t == 0;
+  for (int64_t x = 0; st == TDM_OK && x < n; x += K) {
+    int64_t y = x + K < n ? x + K : n;
+    st = tp3_read(e, q, x, y, buf);
+    if (st == TDM_OK && writer) st = write(ctx, buf, y - x);
+  }
+  tdm__free(buf);
+  return st;
+}
+
+/* Every rank reads its slices of its chunks' parameters (and the last rank its tied embedding's). */
+static tdm_status tp3_load(tdm_engine *e, pp_state *q, const char *path) {
+  int last = q->tied && q->stage == chunk_rank(q, q->C - 1);
+  int64_t n = 0;
+  for (int i = 0; i < tdm_params_count(q->work); i++)
+    if (q->held_at[i] >= 0 || (last && i == q->wte_i)) n += tdm__tp_gpt_slice(q->tg, i)->count;
+  if (n > (int64_t)1 << 30) return tdm__set_error(TDM_ERR_INVALID_ARG, "pipeline: %lld slices", (long long)n);
+  int64_t *lo = tdm__malloc(sizeof(int64_t) * 2 * (size_t)(n ? n : 1));
+  float **dst = tdm__malloc(sizeof(float *) * (size_t)(n ? n : 1));
+  tdm_status st = lo && dst ? TDM_OK : tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
+  for (int i = 0, k = 0; st == TDM_OK && i < tdm_params_count(q->work); i++) {
+    if (!(q->held_at[i] >= 0 || (last && i == q->wte_i))) continue;
+    const tdm__tp_slice *s = tdm__tp_gpt_slice(q->tg, i);
+    int64_t off = tdm_params_offset(e->params, i);
+    float *mine = tdm_tensor_data(tdm_params_get(q->work, i));
+    for (int64_t r = 0; r < s->count; r++, k++) {
+      lo[k] = off + s->first + r * s->stride;
+      lo[n + k] = lo[k] + s->len;
+      dst[k] = mine + r * s->len;
+    }
+  }
+  if (st == TDM_OK) st = tdm_params_load_spans(e->params, path, 0, (int)n, lo, lo + n, dst);
+  tdm__free(lo), tdm__free(dst);
+  return st;
+}
+
+static int tp3_held(void *ctx, int i, int64_t *state_at) {
+  const pp_state *q = ctx;
+  *state_at = q->held_at[i];
+  return q->held_at[i] >= 0;
+}
+
+/* Checkpoints: the 3-D grid's state as boxes of the whole parameters (its slices of its chunks). */
+static int pp_pieces(const tdm_engine *e, const tdm_engine_piece **pieces) {
+  const pp_state *q = e->impl;
+  if (pieces) *pieces = q->boxes;
+  return q->tg ? q->n_boxes : 0;
+}
+
+/* The first non-finite parameter value of any rank's chunks, as an index into the whole model. */
+static tdm_status pp_first_nonfinite(tdm_engine *e, int64_t *index) {
+  pp_state *q = e->impl;
+  int64_t key = INT64_MAX;
+  if (!q->tg) {
+    const float *w = tdm_params_data(q->work);
+    for (int k = 0; k < e->n_spans && key == INT64_MAX; k++)
+      for (int64_t i = e->spans[k].lo; i < e->spans[k].hi; i++)
+        if (!isfinite(w[i])) {
+          key = i;
+          break;
+        }
+  }
+  for (int i = 0; q->tg && i < tdm_params_count(q->work) && key == INT64_MAX; i++) {
+    if (q->held_at[i] < 0) continue;
+    const tdm__tp_slice *s = tdm__tp_gpt_slice(q->tg, i);
+    const float *v = tdm_tensor_data(tdm_params_get(q->work, i));
+    for (int64_t k = 0; k < s->count * s->len; k++)
+      if (!isfinite(v[k])) {
+        key = tdm_params_offset(e->params, i) + s->first + (k / s->len) * s->stride + k % s->len;
+        break;
+      }
+  }
+  if (q->world) TDM__TRY(tdm_comm_allreduce(q->world, &key, &key, 1, TDM_I64, TDM_MIN, TDM_ALGO_AUTO));
+  *index = key == INT64_MAX ? -1 : key;
+  return TDM_OK;
+}
+
 /* Every rank of the pipeline gets [lo, hi): each element from its owner (zeros elsewhere, summed:
  * exact). */
 static tdm_status pp_read_params(tdm_engine *e, int64_t lo, int64_t hi, float *dst) {
   pp_state *q = e->impl;
+  if (q->tg) return tp3_read(e, q, lo, hi, dst);
   const float *w = tdm_params_data(e->params);
   for (int64_t i = lo; i < hi; i++) dst[i - lo] = owns(e, i) ? w[i] : 0.0f;
   if (q->pp && hi > lo) TDM__TRY(tdm_comm_allreduce(q->pp, dst, dst, (size_t)(hi - lo), TDM_F32, TDM_SUM, TDM_ALGO_AUTO));
@@ -515,6 +728,7 @@ static tdm_status pp_read_params(tdm_engine *e, int64_t lo, int64_t hi, float *d
  * stages of replica 0 send theirs. */
 static tdm_status pp_stream_params(tdm_engine *e, tdm_status (*write)(void *, const float *, int64_t), void *ctx) {
   pp_state *q = e->impl;
+  if (q->tg) return tp3_stream(e, q, write, ctx);
   if (e->rank != 0) return TDM_OK; /* another data replica: the same values */
   tdm_params *p = e->params;
   for (int c = 0; c < q->C; c++) {
@@ -538,6 +752,7 @@ static tdm_status pp_stream_params(tdm_engine *e, tdm_status (*write)(void *, co
 
 static tdm_status pp_load_weights(tdm_engine *e, const char *path) {
   pp_state *q = e->impl;
+  if (q->tg) return tp3_load(e, q, path);
   int n = e->n_spans + 1;
   int64_t *los = tdm__malloc(sizeof(int64_t) * (size_t)n), *his = tdm__malloc(sizeof(int64_t) * (size_t)n);
   float **dst = tdm__malloc(sizeof(float *) * (size_t)n);
@@ -556,6 +771,7 @@ static tdm_status pp_load_weights(tdm_engine *e, const char *path) {
  * its state: it comes from the first rank before it is next used). */
 static float *pp_param_shard(tdm_engine *e) {
   pp_state *q = e->impl;
+  if (q->tg) return tdm_params_data(q->work); /* the 3-D grid: its boxes (pp_pieces) say where */
   const float *w = tdm_params_data(e->params);
   int64_t at = 0;
   for (int i = 0; i < e->n_spans; i++) {
@@ -569,7 +785,7 @@ static tdm_status pp_shard_changed(tdm_engine *e) {
   pp_state *q = e->impl;
   float *w = tdm_params_data(e->params);
   int64_t at = 0;
-  for (int i = 0; i < e->n_spans; i++) {
+  for (int i = 0; !q->tg && i < e->n_spans; i++) {
     memcpy(w + e->spans[i].lo, q->packed + at, sizeof(float) * (size_t)(e->spans[i].hi - e->spans[i].lo));
     at += e->spans[i].hi - e->spans[i].lo;
   }
@@ -596,6 +812,15 @@ static tdm_status pp_eval(tdm_engine *e, tdm_tensor *x, tdm_tensor *y, double *l
       h = tdm_new(t, TDM_F32, 3, shape);
       if (!h) break;
       TDM__TRY(tdm_comm_recv(q->pp, chunk_rank(q, c - 1), 13, tdm_tensor_data(h), nbytes));
+    }
+    if (q->tg) { /* the 3-D grid: the last chunk's range ends with the loss */
+      tdm__tp_range r = {q->first_block[c], q->first_block[c + 1], c == 0, c == q->C - 1, NULL, NULL, NULL};
+      double cr = 0, rw = 0;
+      h = tdm__tp_gpt_range(q->tg, t, c == 0 ? x : h, &r, y, &cr, &rw);
+      if (!h) break;
+      if (c < q->C - 1) TDM__TRY(tdm_comm_send(q->pp, chunk_rank(q, c + 1), 13, tdm_tensor_data(h), nbytes));
+      else num[0] = *(const float *)tdm_tensor_data(h), num[1] = cr, num[2] = rw;
+      continue;
     }
     tdm_gpt_range r = {q->first_block[c], q->first_block[c + 1], c == 0, c == q->C - 1, NULL, NULL};
     h = tdm_gpt_forward_range(e->model, t, c == 0 ? x : h, &r);
@@ -652,15 +877,14 @@ void tdm__pp_layout_free(tdm__pp_layout *l) {
 }
 
 static tdm_status pp_check(const tdm_model_config *mc, const tdm_engine_config *ec, const int *sizes) {
+  TDM__TRY(tdm__tp_check(mc, sizes[TDM_AXIS_TENSOR])); /* the 3-D grid: the heads over the tensor axis */
   tdm__pp_layout L;
   TDM__TRY(tdm__pp_layout_make(mc, ec, sizes[TDM_AXIS_PIPELINE], &L));
   tdm__pp_layout_free(&L);
   return TDM_OK;
 }
 
-static int64_t block_lo(const tdm_engine *e, int l) {
-  return tdm_params_offset(e->params, tdm__params_index_of(e->params, e->model->blocks[l].ln_1.weight));
-}
+static int block_param(const tdm_engine *e, int l) { return tdm__params_index_of(e->params, e->model->blocks[l].ln_1.weight); }
 
 /* The exchanges of this rank's list, and which one each compute action waits for. */
 static tdm_status index_list(pp_state *q) {
@@ -728,34 +952,71 @@ static tdm_status pp_create(tdm_engine *e, const tdm_model_config *mc, uint64_t 
   q->s = L.s, q->first_block = L.first_block, q->V = L.V, q->C = L.C, q->M = L.M;
   q->list = q->s->a[q->stage];
   q->n_list = q->s->n[q->stage];
-  /* every parameter declared, in reserved address space; this rank's chunks initialised */
+  /* every parameter declared, in reserved address space; this rank's chunks initialised (the 3-D
+   * grid: the whole model in address space only, its slices in a store of their own) */
   TDM__TRY(tdm_model_create_with(&e->model, mc, seed, TDM_RESERVE_DATA | TDM_RESERVE_GRAD));
   e->params = tdm_model_params(e->model);
   if (q->world) TDM__TRY(tdm__check_same_model(q->world, e->params)); /* names and shapes: the same everywhere */
+  q->T = tdm_grid_size(e->grid, TDM_AXIS_TENSOR);
+  q->t = tdm_grid_index(e->grid, TDM_AXIS_TENSOR);
+  q->tcomm = tdm_grid_comm(e->grid, TDM_AXIS_TENSOR);
+  q->work = e->params;
+  if (q->T > 1 && e->cfg.tp.check_every < 0)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "tensor parallelism: check_every %lld; expected >= 0 (0: never)",
+                          (long long)e->cfg.tp.check_every);
+  if (q->T > 1) {
+    TDM__TRY(tdm__tp_gpt_create(&q->tg, e->params, mc, q->tcomm, q->T, q->t));
+    q->work = tdm__tp_gpt_params(q->tg);
+    q->sync = 1;
+  }
+  q->wte_i = tdm__params_index_of(e->params, e->model->wte.weight);
+  q->wte = tdm_params_get(q->work, q->wte_i);
+  q->vt = tdm_tensor_dim(q->wte, 0);
+  q->wte_lo = (const float *)tdm_tensor_data(q->wte) - tdm_params_data(q->work);
+  q->wte_hi = q->wte_lo + tdm_tensor_numel(q->wte);
+  int np = tdm_params_count(e->params);
   e->n_spans = q->V;
-  if (!(e->spans = tdm__malloc(sizeof *e->spans * (size_t)q->V))) return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
+  if (!(e->spans = tdm__malloc(sizeof *e->spans * (size_t)q->V)) || !(q->held_at = tdm__malloc(sizeof(int64_t) * (size_t)(np ? np : 1))))
+    return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
+  for (int i = 0; i < np; i++) q->held_at[i] = -1;
   int64_t owned = 0;
-  for (int k = 0; k < q->V; k++) {
+  for (int k = 0; k < q->V; k++) { /* chunk c: parameters [i0, i1) of the store */
     int c = k * q->P + q->stage;
-    e->spans[k].lo = c == 0 ? 0 : block_lo(e, q->first_block[c]);
-    e->spans[k].hi = c == q->C - 1 ? tdm_params_numel(e->params) : block_lo(e, q->first_block[c + 1]);
-    TDM__TRY(tdm_params_init_range(e->params, e->spans[k].lo, e->spans[k].hi, tdm_params_data(e->params) + e->spans[k].lo));
+    int i0 = c == 0 ? 0 : block_param(e, q->first_block[c]), i1 = c == q->C - 1 ? np : block_param(e, q->first_block[c + 1]);
+    e->spans[k].lo = tdm_params_offset(q->work, i0);
+    e->spans[k].hi = i1 == np ? tdm_params_numel(q->work) : tdm_params_offset(q->work, i1);
+    for (int i = i0; i < i1; i++) q->held_at[i] = owned + tdm_params_offset(q->work, i) - e->spans[k].lo;
+    if (!q->tg)
+      TDM__TRY(tdm_params_init_range(e->params, e->spans[k].lo, e->spans[k].hi, tdm_params_data(e->params) + e->spans[k].lo));
     owned += e->spans[k].hi - e->spans[k].lo;
   }
-  tdm_tensor *wte = e->model->wte.weight;
-  q->wte_lo = (const float *)tdm_tensor_data(wte) - tdm_params_data(e->params);
-  q->wte_hi = q->wte_lo + tdm_tensor_numel(wte);
   int last_rank = q->stage == chunk_rank(q, q->C - 1), copy = q->tied && last_rank;
-  if (copy) TDM__TRY(tdm_params_init_range(e->params, q->wte_lo, q->wte_hi, tdm_params_data(e->params) + q->wte_lo));
-  q->n_packed = owned;
-  q->n_held = owned + (copy ? q->wte_hi - q->wte_lo : 0);
+  if (copy && !q->tg) TDM__TRY(tdm_params_init_range(e->params, q->wte_lo, q->wte_hi, tdm_params_data(e->params) + q->wte_lo));
+  q->n_packed = q->tg ? 0 : owned;
+  q->n_held = q->tg ? 0 : owned + (copy ? q->wte_hi - q->wte_lo : 0); /* the slices' store counts itself */
   tdm__mem_account(TDM_MEM_PARAMS, 4 * q->n_held);
-  tdm__mem_account(TDM_MEM_GRADS, 4 * owned);
+  tdm__mem_account(TDM_MEM_GRADS, q->tg ? 0 : 4 * owned);
   if (e->comm) /* the data replicas start alike */
     for (int k = 0; k < e->n_spans; k++)
-      TDM__TRY(tdm_comm_broadcast(e->comm, tdm_params_data(e->params) + e->spans[k].lo, (size_t)(e->spans[k].hi - e->spans[k].lo),
+      TDM__TRY(tdm_comm_broadcast(e->comm, tdm_params_data(q->work) + e->spans[k].lo, (size_t)(e->spans[k].hi - e->spans[k].lo),
                                   TDM_F32, 0, TDM_ALGO_AUTO));
-  TDM__TRY(tdm_optim_create_spans(&e->opt, &e->ocfg, e->params, e->n_spans, e->spans));
+  TDM__TRY(tdm_optim_create_spans(&e->opt, &e->ocfg, q->work, e->n_spans, e->spans));
+  if (q->tg) { /* the norm's pieces and the checkpoints' boxes of this rank's chunks */
+    int64_t n_all;
+    TDM__TRY(tdm__tp_norm_pieces(e->params, q->T, q->t, NULL, &n_all));
+    if (!(q->np = tdm__malloc(sizeof *q->np * (size_t)(n_all ? n_all : 1)))) return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
+    TDM__TRY(tdm__tp_norm_pieces(e->params, q->T, q->t, q->np, &n_all));
+    for (int64_t k = 0; k < n_all; k++) /* in this rank's spans: kept, in order */
+      for (int v = 0; v < e->n_spans; v++)
+        if (q->np[k].local >= e->spans[v].lo && q->np[k].local < e->spans[v].hi) {
+          q->np[q->n_np++] = q->np[k];
+          break;
+        }
+    q->n_boxes = tdm__tp_gpt_boxes(q->tg, e->params, e->size, e->rank, tp3_held, q, NULL);
+    if (!(q->boxes = tdm__malloc(sizeof *q->boxes * (size_t)(q->n_boxes ? q->n_boxes : 1))))
+      return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
+    tdm__tp_gpt_boxes(q->tg, e->params, e->size, e->rank, tp3_held, q, q->boxes);
+  }
   const int64_t *cut;
   TDM__TRY(tdm_params_segments(e->params, &cut, &e->n_seg));
   q->red = tdm__malloc(sizeof(double) * (size_t)(e->n_seg + 4));
@@ -772,9 +1033,11 @@ static tdm_status pp_create(tdm_engine *e, const tdm_model_config *mc, uint64_t 
     int c = k * q->P + q->stage;
     at += snprintf(blocks + at, sizeof blocks - (size_t)at, "%s%d-%d", k ? "," : "", q->first_block[c], q->first_block[c + 1] - 1);
   }
-  snprintf(e->desc, sizeof e->desc, "pipeline %s, %d stage%s%s%.0d x %d data, %d micro-batches, bubble %.3f (stage %d: blocks %s)",
-           tdm_pp_schedule_name(pc->schedule), q->P, q->P == 1 ? "" : "s", q->V > 1 ? " x virtual " : "", q->V > 1 ? q->V : 0, q->D,
-           q->M, q->s->bubble, q->stage, blocks);
+  char tensor[32] = "";
+  if (q->T > 1) snprintf(tensor, sizeof tensor, " x %d tensor", q->T);
+  snprintf(e->desc, sizeof e->desc, "pipeline %s, %d stage%s%s%.0d%s x %d data, %d micro-batches, bubble %.3f (stage %d: blocks %.40s)",
+           tdm_pp_schedule_name(pc->schedule), q->P, q->P == 1 ? "" : "s", q->V > 1 ? " x virtual " : "", q->V > 1 ? q->V : 0, tensor,
+           q->D, q->M, q->s->bubble, q->stage, blocks);
   return TDM_OK;
 }
 
@@ -798,6 +1061,12 @@ static void pp_destroy(tdm_engine *e) {
   tdm_tape_destroy(q->data), tdm_tape_destroy(q->eval);
   tdm__free(q->x), tdm__free(q->y), tdm__free(q->base), tdm__free(q->red), tdm__free(q->packed), tdm__free(q->first_block);
   tdm_pp_schedule_destroy(q->s);
+  if (q->tg) { /* the optimizer points at the slices' store: it goes first */
+    tdm_optim_destroy(e->opt);
+    e->opt = NULL;
+    tdm__tp_gpt_destroy(q->tg);
+  }
+  tdm__free(q->held_at), tdm__free(q->np), tdm__free(q->boxes);
   tdm__free(q);
   e->impl = NULL;
 }
@@ -816,11 +1085,13 @@ const tdm__engine_ops tdm__engine_pipeline_ops = {
     .load_weights = pp_load_weights,
     .param_shard = pp_param_shard,
     .shard_changed = pp_shard_changed,
-    .axes = 1u << TDM_AXIS_PIPELINE,
+    .axes = 1u << TDM_AXIS_PIPELINE | 1u << TDM_AXIS_TENSOR, /* the tensor axis: the 3-D grid */
     .step = pp_step,
     .eval = pp_eval,
     .check = pp_check,
-    .split = 1u << TDM_AXIS_PIPELINE,
+    .split = 1u << TDM_AXIS_PIPELINE | 1u << TDM_AXIS_TENSOR,
+    .first_nonfinite = pp_first_nonfinite,
+    .pieces = pp_pieces,
     /* f32 only, no recomputation (.mixed, .recompute 0): its stages pass f32 activations and split
      * backward in two passes */
 };

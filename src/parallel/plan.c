@@ -321,11 +321,12 @@ tdm_status tdm_plan_compute(const tdm_plan_config *c, tdm_plan *out) {
   int P = c->world > 0 ? c->world : 1;
   int stage = c->engine.kind == TDM_ENGINE_ZERO ? c->engine.zero.stage : 0;
   int tp = c->engine.kind == TDM_ENGINE_TP, Tp = c->tensor > 1 ? c->tensor : 1, W = P * Tp;
-  if (Tp > 1 && !tp)
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "plan: %d tensor-parallel ranks with the %s engine; expected the tp engine",
-                          Tp, tdm_engine_kind_name(c->engine.kind));
-  if (Tp > 1 && c->pipeline > 1) /* not yet: the same refusal as the engines' */
-    return tdm_engine_check(&c->model, &c->engine, W * c->pipeline, P, Tp, c->pipeline);
+  /* the 3-D grid: the pipeline engine with a tensor axis, planned as the pipeline (see below) */
+  int grid3 = Tp > 1 && c->pipeline > 1 && c->engine.kind == TDM_ENGINE_PIPELINE;
+  if (Tp > 1 && !tp && !grid3)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "plan: %d tensor-parallel ranks with the %s engine; expected the tp engine, or the "
+                          "pipeline engine with more than one stage", Tp, tdm_engine_kind_name(c->engine.kind));
+  if (grid3) TDM__TRY(tdm_engine_check(&c->model, &c->engine, W * c->pipeline, P, Tp, c->pipeline));
   if (tp) TDM__TRY(tdm__tp_check(&c->model, Tp));
   if (stage < 0 || stage > 3) return tdm__set_error(TDM_ERR_INVALID_ARG, "plan: ZeRO stage %d; expected 0..3", stage);
   if (c->batch < 1) return tdm__set_error(TDM_ERR_INVALID_ARG, "plan: batch %lld; expected >= 1", (long long)c->batch);
@@ -416,6 +417,17 @@ tdm_status tdm_plan_compute(const tdm_plan_config *c, tdm_plan *out) {
   }
   tdm__layout_free(&L);
   if (st == TDM_OK && c->pipeline > 1) st = plan_pipeline(c, params, out);
+  if (st == TDM_OK && grid3) { /* each rank keeps a store of its slices of the whole model (parameters and gradients)
+                                  and the optimizer state of its chunks' slices; the activations are the pipeline's
+                                  (an upper bound: the split heads and MLP units hold less) */
+    int64_t most = 0;
+    for (int t = 0; t < Tp; t++) most = tdm__tp_local_numel(params, Tp, t) > most ? tdm__tp_local_numel(params, Tp, t) : most;
+    for (int r = 0; r < out->n_stages; r++) {
+      tdm_plan_stage *ps = &out->stages[r];
+      ps->bytes[TDM_MEM_PARAMS] = ps->bytes[TDM_MEM_GRADS] = 4 * most;
+      ps->bytes[TDM_MEM_OPTIM] = (ps->bytes[TDM_MEM_OPTIM] + Tp - 1) / Tp;
+    }
+  }
   tdm_params_destroy(local);
   tdm_model_destroy(m);
   TDM__TRY(st);

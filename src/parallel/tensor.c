@@ -187,41 +187,16 @@ static tdm_status each_chunk(tdm_engine *e, int i, tdm_status (*emit)(void *, co
 }
 
 /* ---- the slices as boxes of the whole parameters (checkpoints of logical tensors) ------------------ */
-/* A slice is count runs: along its dimension, rows [lo, lo + rows) of each of `chunks` blocks of m
- * rows, for every index of the dimensions before it. One box when there is one block (a column
- * split: all of them at once), else one box per run. Each parameter is written by one rank of the
- * data axis (i mod D), a replicated one by one rank of the tensor axis too (i mod T). */
-static tdm_status make_boxes(tdm_engine *e, tp_state *z, int count_only) {
-  int n = 0;
-  for (int i = 0; i < tdm_params_count(z->local); i++) {
-    const tdm__tp_slice *s = tdm__tp_gpt_slice(z->g, i);
-    const tdm_tensor *w = tdm_params_get(e->params, i);
-    int nd = tdm_tensor_ndim(w);
-    const int64_t *shape = tdm_tensor_shape(w);
-    int64_t A = 1;
-    for (int q = 0; q < s->dim; q++) A *= shape[q];
-    int64_t chunks = s->sharded ? s->count / A : 1, runs = !s->sharded || chunks == 1 ? 1 : s->count;
-    int write = i % e->size == e->rank && (s->sharded || i % z->T == z->t);
-    float *data = tdm_tensor_data(tdm_params_get(z->local, i));
-    int64_t at = tdm_params_offset(z->local, i);
-    for (int64_t r = 0; r < runs; r++, n++) {
-      if (count_only) continue;
-      tdm_engine_piece *b = &z->boxes[n];
-      memset(b, 0, sizeof *b);
-      b->param = i, b->write = write, b->data = data + r * s->len, b->state_at = at + r * s->len;
-      for (int q = 0; q < nd; q++) b->count[q] = shape[q];
-      if (!s->sharded) continue;
-      int64_t o = r / chunks, c = r % chunks, rows = s->len / s->unit, lo = s->first / s->unit;
-      if (runs > 1) /* this run's index in the dimensions before the split one */
-        for (int q = s->dim - 1; q >= 0; q--) b->start[q] = o % shape[q], b->count[q] = 1, o /= shape[q];
-      b->start[s->dim] = c * s->m + lo, b->count[s->dim] = rows;
-    }
-  }
-  if (count_only) {
-    z->n_boxes = n;
-    if (!(z->boxes = tdm__malloc(sizeof *z->boxes * (size_t)(n ? n : 1))))
-      return tdm__set_error(TDM_ERR_NO_MEMORY, "tensor parallelism: out of memory");
-  }
+static int held_all(void *ctx, int i, int64_t *state_at) { /* every parameter: its slices' state lies as they do */
+  *state_at = tdm_params_offset(ctx, i);
+  return 1;
+}
+
+static tdm_status make_boxes(tdm_engine *e, tp_state *z) {
+  z->n_boxes = tdm__tp_gpt_boxes(z->g, e->params, e->size, e->rank, held_all, z->local, NULL);
+  if (!(z->boxes = tdm__malloc(sizeof *z->boxes * (size_t)(z->n_boxes ? z->n_boxes : 1))))
+    return tdm__set_error(TDM_ERR_NO_MEMORY, "tensor parallelism: out of memory");
+  tdm__tp_gpt_boxes(z->g, e->params, e->size, e->rank, held_all, z->local, z->boxes);
   return TDM_OK;
 }
 
@@ -276,8 +251,7 @@ static tdm_status tp_create(tdm_engine *e, const tdm_model_config *mc, uint64_t 
   if (!(z->hashes = tdm__malloc(sizeof(uint64_t) * (size_t)z->W * (size_t)(z->n_rep ? z->n_rep : 1))))
     return tdm__set_error(TDM_ERR_NO_MEMORY, "tensor parallelism: out of memory");
   TDM__TRY(make_pieces(e, z));
-  TDM__TRY(make_boxes(e, z, 1));
-  TDM__TRY(make_boxes(e, z, 0));
+  TDM__TRY(make_boxes(e, z));
   if (z->tcomm && !(z->stage = tdm__malloc_cat(sizeof(float) * 2 * STAGE_FLOATS, TDM_MEM_WORKSPACE)))
     return tdm__set_error(TDM_ERR_NO_MEMORY, "tensor parallelism: out of memory");
   TDM__TRY(check_replicas(e)); /* every rank made its replicas alike (the same seed, the same code) */

@@ -224,7 +224,7 @@ static tdm_tensor *join(tdm__tp_gpt *g, tdm_tape *tp, tdm_tensor *x, tdm_tensor 
  * blocks are spread over ranges. */
 static void dropout_site(tdm_tape *tp, int64_t call) { tp->dropout_calls = (uint64_t)call; }
 
-tdm_tensor *tdm__tp_gpt_range(tdm__tp_gpt *g, tdm_tape *tp, tdm_tensor *in, const tdm__tp_range *r, tdm_tensor *y,
+tdm_tensor *tdm__tp_gpt_range(tdm__tp_gpt *g, tdm_tape *tp, tdm_tensor *in, tdm__tp_range *r, tdm_tensor *y,
                               double *correct, double *rows) {
   if (!in || !r || tdm_tape_status(tp) != TDM_OK) return NULL;
   const tdm_model_config *c = &g->cfg;
@@ -261,11 +261,46 @@ tdm_tensor *tdm__tp_gpt_range(tdm__tp_gpt *g, tdm_tape *tp, tdm_tensor *in, cons
   }
   if (!r->head) return h;
   h = tdm__tp_copy(tp, &g->comm, tdm_layernorm(tp, h, g->lnf_w, g->lnf_b, 1e-5f));
-  tdm_tensor *logits = tdm_linear(tp, h, g->wte, NULL); /* (B, T, V_t): the head tied to this rank's rows of wte */
+  tdm_tensor *logits = tdm_linear(tp, h, r->head_weight ? r->head_weight : g->wte, NULL); /* (B, T, V_t): the head tied to this rank's rows of wte */
+  r->logits = logits, r->head_input = h;
   return tdm__tp_cross_entropy(tp, &g->comm, logits, y, g->vlo, c->vocab_size, -100, correct, rows);
 }
 
 tdm_tensor *tdm__tp_gpt_loss(tdm__tp_gpt *g, tdm_tape *tp, tdm_tensor *x, tdm_tensor *y, double *correct, double *rows) {
-  tdm__tp_range whole = {0, g->cfg.n_layer, 1, 1};
+  tdm__tp_range whole = {0, g->cfg.n_layer, 1, 1, NULL, NULL, NULL};
   return tdm__tp_gpt_range(g, tp, x, &whole, y, correct, rows);
+}
+
+/* A slice is count runs: along its dimension, rows [lo, lo + rows) of each of `chunks` blocks of m
+ * rows, for every index of the dimensions before it. One box when there is one block (a column
+ * split: all of them at once), else one box per run. */
+int tdm__tp_gpt_boxes(const tdm__tp_gpt *g, const tdm_params *whole, int D, int d, int (*held)(void *ctx, int i, int64_t *state_at),
+                      void *ctx, tdm_engine_piece *out) {
+  int n = 0;
+  for (int i = 0; i < tdm_params_count(g->local); i++) {
+    int64_t at;
+    if (!held(ctx, i, &at)) continue;
+    const tdm__tp_slice *s = &g->slice[i];
+    const tdm_tensor *w = tdm_params_get(whole, i);
+    int nd = tdm_tensor_ndim(w);
+    const int64_t *shape = tdm_tensor_shape(w);
+    int64_t A = 1;
+    for (int q = 0; q < s->dim; q++) A *= shape[q];
+    int64_t chunks = s->sharded ? s->count / A : 1, runs = !s->sharded || chunks == 1 ? 1 : s->count;
+    int write = i % D == d && (s->sharded || i % g->T == g->t);
+    float *data = tdm_tensor_data(tdm_params_get(g->local, i));
+    for (int64_t r = 0; r < runs; r++, n++) {
+      if (!out) continue;
+      tdm_engine_piece *b = &out[n];
+      memset(b, 0, sizeof *b);
+      b->param = i, b->write = write, b->data = data + r * s->len, b->state_at = at + r * s->len;
+      for (int q = 0; q < nd; q++) b->count[q] = shape[q];
+      if (!s->sharded) continue;
+      int64_t o = r / chunks, c = r % chunks, rows = s->len / s->unit, lo = s->first / s->unit;
+      if (runs > 1) /* this run's index in the dimensions before the split one */
+        for (int q = s->dim - 1; q >= 0; q--) b->start[q] = o % shape[q], b->count[q] = 1, o /= shape[q];
+      b->start[s->dim] = c * s->m + lo, b->count[s->dim] = rows;
+    }
+  }
+  return n;
 }

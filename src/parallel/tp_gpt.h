@@ -23,6 +23,7 @@
 #define TANDEM_PARALLEL_TP_GPT_H
 
 #include "parallel/tp_ops.h"
+#include "tandem/engine.h"
 #include "tandem/nn.h"
 
 typedef struct {
@@ -68,18 +69,31 @@ int64_t tdm__tp_gpt_bookkeeping(int n_params, int64_t n_layer);
  * rank; adds the correct predictions and rows to *correct and *rows. x, y (B, T) i32/i64. NULL
  * with the tape's error set. */
 tdm_tensor *tdm__tp_gpt_loss(tdm__tp_gpt *g, tdm_tape *tp, tdm_tensor *x, tdm_tensor *y, double *correct, double *rows);
-/* A range of the split GPT (what a pipeline chunk of tensor-parallel blocks would run; the 3-D
- * grid is not built yet): blocks [first, last); with embed the input is token ids (B, T) and the
+/* A range of the split GPT (what a pipeline chunk of tensor-parallel blocks runs: the 3-D grid,
+ * src/parallel/pipeline.c): blocks [first, last); with embed the input is token ids (B, T) and the
  * embeddings run first, else it is the hidden state (B, T, width) the range before made (the same
  * on every tensor rank); with head the final norm, the tied head on this rank's vocabulary rows and
  * the vocabulary-parallel cross-entropy over y follow, and the loss is returned, else the hidden
  * state. Dropout masks are numbered as the whole model numbers them, so ranges chained give
- * tdm__tp_gpt_loss's bits (tests/unit/test_tp.c). */
+ * tdm__tp_gpt_loss's bits (tests/unit/test_tp.c).
+ * head_weight (optional, in): the head's weight in place of this rank's rows of wte (a pipeline's
+ * last stage passes a detached copy: the tied gradient is the first stage's to add); logits and
+ * head_input (out, with head): this rank's logits (B, T, V_t) and the head's input (B, T, width). */
 typedef struct {
   int64_t first, last;
   int embed, head;
+  tdm_tensor *head_weight;
+  tdm_tensor *logits, *head_input;
 } tdm__tp_range;
-tdm_tensor *tdm__tp_gpt_range(tdm__tp_gpt *g, tdm_tape *tp, tdm_tensor *in, const tdm__tp_range *r, tdm_tensor *y,
+tdm_tensor *tdm__tp_gpt_range(tdm__tp_gpt *g, tdm_tape *tp, tdm_tensor *in, tdm__tp_range *r, tdm_tensor *y,
                               double *correct, double *rows);
+/* This rank's slices as boxes of the whole model's parameters (checkpoints of logical tensors,
+ * tdm_engine_pieces): for each parameter i that held(ctx, i, &state_at) says this rank holds
+ * (state_at: the optimizer-state index of its first local element), one box per run of its slice,
+ * or one for all of them when they make one box. Each parameter is written by one rank of the data
+ * axis (i mod D = d), a replicated one by one rank of the tensor axis too (i mod T = t). out NULL:
+ * only the count. Returns the count. */
+int tdm__tp_gpt_boxes(const tdm__tp_gpt *g, const tdm_params *whole, int D, int d, int (*held)(void *ctx, int i, int64_t *state_at),
+                      void *ctx, tdm_engine_piece *out);
 
 #endif

@@ -527,13 +527,11 @@ static tdm_status grid_of(const tdm_train_config *c, int W, int *D, int *TP, int
     return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --dp %lld --tp %lld --pp %lld; expected dp 0..%d (0: what is left), tp "
                           "1..1024, pp >= 1", (long long)c->dp, (long long)c->tp, (long long)c->pp, W);
   *TP = c->tp > 1 ? (int)c->tp : 1, *P = (int)c->pp;
-  if (*TP > 1 && *P > 1) /* before the engine kinds: say what is missing, not which engine */
-    return tdm_engine_check(NULL, NULL, W, 0, *TP, *P);
   if (*P > 1 && c->engine.kind != TDM_ENGINE_PIPELINE)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "train: %lld pipeline stages with the %s engine; expected 1, or the pipeline engine",
                           (long long)c->pp, tdm_engine_kind_name(c->engine.kind));
-  if (*TP > 1 && c->engine.kind != TDM_ENGINE_TP)
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: %d tensor-parallel ranks with the %s engine; expected 1, or the tp engine",
+  if (*TP > 1 && c->engine.kind != TDM_ENGINE_TP && c->engine.kind != TDM_ENGINE_PIPELINE) /* the pipeline's: the 3-D grid */
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: %d tensor-parallel ranks with the %s engine; expected 1, or the tp or pipeline engine",
                           *TP, tdm_engine_kind_name(c->engine.kind));
   int64_t rest = (int64_t)*TP * *P;
   if ((c->dp > 0 && c->dp * rest != W) || (c->dp == 0 && W % rest != 0)) {

@@ -4,8 +4,8 @@
 # data x tensor ranks, ends with the weights of one process on the same global batch (within 1e-5
 # of each tensor's largest value); a checkpoint of a tensor-parallel run resumes bit for bit at the
 # same split, and on one process, ZeRO stage 3, another split and a pipeline (and theirs at --tp 2)
-# within 1e-5; bad layouts (and --tp with --pp, not built yet) stop every rank before any step,
-# naming the values.
+# within 1e-5; bad layouts stop every rank before any step, naming the values (the 3-D grid,
+# --tp with --pp: tests/multirank/test_grid.sh).
 # usage: test_tp.sh path/to/tandem
 set -u
 T=${1:?usage: test_tp.sh path/to/tandem}
@@ -78,13 +78,6 @@ bad() { # bad N WANT ARGS...: every rank stops before step 1, the message names 
 }
 check "a world that is not data x tensor: refused" bad 3 "--dp 0 x --tp 2 x --pp 1 (dp: what is left), but 3 ranks run" --tp 2
 check "--dp x --tp not the world: refused" bad 4 "--dp 3 x --tp 2 x --pp 1, but 4 ranks run" --tp 2 --dp 3
-check "--tp with --pp (the 3-D grid): refused as not yet built" bad 4 \
-  "tensor 2 x pipeline 2: pipeline stages running tensor-parallel blocks (the 3-D grid) are not implemented yet" --tp 2 --pp 2
-plan_3d() {
-  "$T" plan --model gpt --layers 2 --heads 6 --width 48 --vocab 257 --tp 2 --pp 2 >"$TMP/plan.out" 2>&1
-  [[ $? -ne 0 ]] && grep -q "the 3-D grid) are not implemented yet" "$TMP/plan.out" || { echo "  $(tail -2 "$TMP/plan.out")"; return 1; }
-}
-check "tandem plan --tp 2 --pp 2: refused as not yet built" plan_3d
 check "heads not divisible by --tp: refused" bad 4 "6 attention heads do not divide over --tp 4 ranks" --tp 4
 check "--tp larger than the heads: refused" bad 8 "--tp 8 is larger than the 6 attention heads" --tp 8
 check "--tp with another model: refused" bad 2 "the mlp model has no heads to split" --model mlp --data synthetic --tp 2

@@ -199,7 +199,7 @@ static void *range_rank(void *va) {
     }
     /* blocks [0, cut) with the embeddings on one tape, [cut, L) with the head on another, the
      * hidden state and its gradient passed between them as copies (as messages would carry them) */
-    tdm__tp_range r1 = {0, a->cut, 1, 0}, r2 = {a->cut, a->mc->n_layer, 0, 1};
+    tdm__tp_range r1 = {.first = 0, .last = a->cut, .embed = 1}, r2 = {.first = a->cut, .last = a->mc->n_layer, .head = 1};
     tdm_tensor *h = tdm__tp_gpt_range(g, t1, x, &r1, NULL, NULL, NULL);
     tdm_tensor *h2 = h ? tdm_new(t2, TDM_F32, 3, tdm_tensor_shape(h)) : NULL, *y2 = NULL;
     if (h2) {
@@ -264,13 +264,13 @@ static void test_ranges_chain(void) {
   tdm_tape *tp;
   CHECK_OK(tdm_tape_create(&tp, 0));
   tdm_tensor *y, *x = tokens(tp, &y, &mc);
-  tdm__tp_range bad = {2, 1, 1, 0};
+  tdm__tp_range bad = {.first = 2, .last = 1, .embed = 1};
   CHECK(tdm__tp_gpt_range(g, tp, x, &bad, NULL, NULL, NULL) == NULL);
   CHECK_MSG(strstr(tdm_tape_error(tp), "a range of blocks [2, 1) of 3"), "%s", tdm_tape_error(tp));
   tdm_tape_destroy(tp);
   CHECK_OK(tdm_tape_create(&tp, 0));
   x = tokens(tp, &y, &mc);
-  tdm__tp_range mid = {1, 2, 0, 0}; /* token ids where activations are expected */
+  tdm__tp_range mid = {.first = 1, .last = 2}; /* token ids where activations are expected */
   CHECK(tdm__tp_gpt_range(g, tp, x, &mid, NULL, NULL, NULL) == NULL);
   CHECK_MSG(strstr(tdm_tape_error(tp), "expected (batch, T, width) f32 activations"), "%s", tdm_tape_error(tp));
   tdm_tape_destroy(tp);
