@@ -57,9 +57,13 @@ int tool_checkpoint(int argc, char **argv);
 int tool_report(int argc, char **argv);
 int tool_scale(int argc, char **argv);
 int tool_trace(int argc, char **argv);
-/* tandem train --emulate-ranks N (tools/emulate.c): 0, 1 (a rank failed) or 2 (usage). */
 struct tdm_train_config;
 struct tdm_train_result;
+/* The options of tandem train (tools/train.c), shared by plan, ps-replay and simulate, which add their
+ * own n_extra: parses argv into *c. Returns 0, 1 (--help printed) or 2 (a usage error, printed). */
+int train_options(const char *cmd, const char *usage, int argc, char **argv, struct tdm_train_config *c, int n_extra,
+                  const cli_opt *extra);
+/* tandem train --emulate-ranks N (tools/emulate.c): 0, 1 (a rank failed) or 2 (usage). */
 int emulate_ranks(const struct tdm_train_config *c, int n, const char *slow, struct tdm_train_result *res);
 
 #endif

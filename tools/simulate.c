@@ -9,9 +9,6 @@
 #include "cli.h"
 #include "tandem/tandem.h"
 
-int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm_train_config *c, int n_extra,
-                  const cli_opt *extra);
-
 #define MAX_RANKS 64
 
 /* "8,64,1024": positive integers, comma-separated. */

@@ -48,7 +48,7 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
   double ls_init;
   int64_t ls_window;
   double lr, dropout, wd, momentum;
-  cli_opt opts[112] = {
+  cli_opt opts[128] = {
       {"model", CLI_CHOICE, &c->model, "mlp", "model to train", "mlp|cnn|gpt|llama|resnet", 0, 0, 0},
       {"data", CLI_CHOICE, &c->data, "fashion-mnist", "data set (synthetic: generated, Fashion-MNIST's shape; cifar-bin: CIFAR-10's binary batches in --data-dir; tinyshakespeare for gpt, the default there)", "fashion-mnist|mnist|synthetic|cifar-bin|tinyshakespeare", 0, 0, 0},
       {"data-path", CLI_STRING, &c->data_path, "data/tinyshakespeare.txt", "gpt: the text file (bytes are the tokens)", NULL, 0, 0, 0},
@@ -130,7 +130,12 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
   };
   int n = 0;
   while (opts[n].name) n++;
-  for (int i = 0; i < n_extra && n < (int)(sizeof opts / sizeof opts[0]); i++) opts[n++] = extra[i];
+  if (n + n_extra >= (int)(sizeof opts / sizeof opts[0])) { /* a programming error: never drop an option silently */
+    fprintf(stderr, "tandem %s: internal error: %d options and %d of the command's own exceed the table of %d in tools/train.c\n",
+            cmd, n, n_extra, (int)(sizeof opts / sizeof opts[0]));
+    return 2;
+  }
+  for (int i = 0; i < n_extra; i++) opts[n++] = extra[i];
   int r = cli_parse(cmd, usage, opts, n, argc, argv);
   if (r) return r;
   if (cli_seen(opts, n, "epochs") && cli_seen(opts, n, "steps") && steps > 0) {
