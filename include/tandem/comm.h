@@ -68,6 +68,9 @@ typedef enum {
                         all-gather straight between every pair, reducing in rank order */
   TDM_ALGO_SHM,      /* single-node shared memory, reduce from peers' buffers (shm transport):
                         all-reduce, reduce-scatter, all-gather */
+  TDM_ALGO_HIER,     /* hierarchical all-reduce for ranks on several nodes (a whole tcp / mpi
+                        communicator): reduce-scatter in each node over shared memory, all-reduce
+                        between nodes, all-gather in the node; AUTO's choice there (see below) */
   TDM_ALGO_COUNT
 } tdm_algo;
 const char *tdm_algo_name(tdm_algo a);

@@ -53,6 +53,8 @@ tdm_status tdm_comm_split(tdm_comm_t c, int color, int key, tdm_comm_t *out) {
     s->emu_bytes_per_s = c->emu_bytes_per_s;
     s->emu_link_free = tdm__calloc((size_t)n, sizeof(double));
   }
+  if (c->node_of && (s->node_of = tdm__malloc(sizeof(int) * (size_t)n))) /* emulation knows the child's nodes */
+    for (int i = 0; i < n; i++) s->node_of[i] = c->node_of[tdm__comm_rank_of(c, members[i])];
   pthread_mutex_init(&s->q_mu, NULL);
   pthread_cond_init(&s->q_cv, NULL);
   *out = s;
