@@ -1,5 +1,6 @@
-/* topk:RATIO — each rank sends the k = ceil(RATIO x n) values of largest magnitude of its bucket
- * (gradient plus residual) with their indices, 8k bytes; the ranks all-gather them and every rank
+/* topk:RATIO — each rank sends the k = floor(RATIO x n) values (at least 1) of largest magnitude
+ * of its bucket (gradient plus residual) with their indices, 8k bytes: at most 2 RATIO of the f32
+ * bytes, so topk:0.01 sends at least 50x fewer (rounding k up, one value a bucket more, did not); the ranks all-gather them and every rank
  * adds the sparse parts in rank order, then divides by the rank count. The rest stays in the
  * residual for the next step (error feedback). */
 #include <math.h>
@@ -48,7 +49,7 @@ static tdm_status create(void **out, double ratio, int64_t n, int n_mats, const 
   topk *t = tdm__calloc(1, sizeof *t);
   if (!t) return tdm__set_error(TDM_ERR_NO_MEMORY, "topk: out of memory");
   t->n = n;
-  t->k = (int64_t)ceil(ratio * (double)n - 1e-9); /* 0.01 x 100 is 1, not 2 */
+  t->k = (int64_t)floor(ratio * (double)n + 1e-9); /* 0.013 x 1000 is 13, not 12 */
   if (t->k < 1) t->k = 1;
   if (t->k > n) t->k = n;
   if (t->k > INT32_MAX || n > INT32_MAX) {

@@ -307,6 +307,31 @@ static void topk_large(void) {
   free(g), free(in), free(m);
 }
 
+/* k = floor(RATIO x n), at least 1: 8k bytes never exceed 2 RATIO of the f32 bytes (topk:0.01:
+ * at least 50x fewer), where rounding up sent one value more a bucket (1050 values: 11, 47.7x). */
+static void topk_k_rounds_down(void) {
+  struct { int64_t n; int k; } cases[] = {{1050, 10}, {1099, 10}, {1100, 11}, {100, 1}, {50, 1}, {1, 1}};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    int64_t n = cases[i].n;
+    float *g = calloc((size_t)n, sizeof(float));
+    for (int64_t j = 0; j < n; j++) g[j] = (float)(j % 13) - 6.5f;
+    tdm__compress *cz;
+    CHECK_OK(tdm__compress_create(&cz, "topk:0.01", 0, 1));
+    tdm__cmat mats[1] = {{0, 1, n}};
+    CHECK_OK(tdm__compress_add_bucket(cz, n, 1, mats));
+    CHECK_OK(tdm__compress_bucket(cz, 0, NULL, g));
+    int64_t nz = 0;
+    for (int64_t j = 0; j < n; j++) nz += g[j] != 0;
+    const tdm_compress_stats *st;
+    CHECK(tdm__compress_stats(cz, &st) == 1);
+    CHECK_MSG(nz == cases[i].k && st[0].payload_bytes == 8 * (uint64_t)cases[i].k, "n %lld: %lld values, %llu bytes; expected k = %d",
+              (long long)n, (long long)nz, (unsigned long long)st[0].payload_bytes, cases[i].k);
+    if (n >= 100) CHECK(4.0 * (double)n / (double)st[0].payload_bytes >= 50.0);
+    tdm__compress_destroy(cz);
+    free(g);
+  }
+}
+
 /* The compressors live in the data-parallel engine: any other engine given one is refused by
  * name before anything is built (one process, a 1 x 1 x 1 grid); dp takes it. */
 static void engines_refuse(void) {
@@ -360,4 +385,4 @@ static void fp16_refused(void) {
   tdm_grid_destroy(g);
 }
 
-TDM_TEST_MAIN(T(topk_large), T(telescope_catches), T(parse_errors), T(powersgd_exact_low_rank), T(powersgd_approaches_svd), T(topk_two_ranks), T(engines_refuse), T(fp16_refused))
+TDM_TEST_MAIN(T(topk_large), T(topk_k_rounds_down), T(telescope_catches), T(parse_errors), T(powersgd_exact_low_rank), T(powersgd_approaches_svd), T(topk_two_ranks), T(engines_refuse), T(fp16_refused))
