@@ -139,6 +139,21 @@ static int sums(tdm_comm_t c, int rank, const int *node) {
   return 0;
 }
 
+/* Until the communicator fails; 42 when it names the cause (a rank that died or closed). */
+static int loop_until_error(tdm_comm_t c, int rank, const int *node) {
+  (void)node;
+  float v[4096];
+  for (;;) {
+    for (int j = 0; j < 4096; j++) v[j] = (float)rank;
+    tdm_status st = tdm_comm_allreduce(c, v, v, 4096, TDM_F32, TDM_SUM, TDM_ALGO_AUTO);
+    if (st != TDM_OK) {
+      fprintf(stderr, "  rank %d: %s: %s\n", rank, tdm_status_str(st), tdm_last_error());
+      return (st == TDM_ERR_REMOTE || st == TDM_ERR_TIMEOUT) && strstr(tdm_last_error(), "hierarchical all-reduce") ? 42 : 1;
+    }
+    if (v[0] != 6.0f) return 2;
+  }
+}
+
 static void check_codes(const char *what, const int *codes) {
   for (int r = 0; r < P; r++) CHECK_MSG(codes[r] == 0, "%s: rank %d exit %d", what, r, codes[r]);
 }
@@ -161,6 +176,39 @@ static void test_uneven_nodes(void) { /* 3 + 1: one lane; and 1 + 3 */
   check_codes("3 ranks on node A, 1 on B", codes);
   run(b, NULL, sums, codes);
   check_codes("1 rank on node A, 3 on B", codes);
+}
+
+/* A rank killed in the middle: every survivor, on its node and on the other, fails within
+ * seconds naming the hierarchical all-reduce, none waits for the 30 s timeout. */
+static void test_killed_rank(void) {
+  int node[P] = {0, 0, 1, 1}, codes[P];
+  int port = procs_free_port();
+  pid_t pids[P];
+  for (int r = 0; r < P; r++) {
+    pids[r] = fork();
+    if (pids[r] == 0) {
+      char id[16];
+      snprintf(id, sizeof id, "n%d", node[r]);
+      setenv("TANDEM_NODE_ID", id, 1);
+      unsetenv("LOCAL_WORLD_SIZE");
+      tdm_comm_config cfg = {.rank = r, .size = P, .transport = TDM_TRANSPORT_TCP, .master_addr = "127.0.0.1",
+                             .master_port = port, .job_token = TOKEN, .timeout_s = 30};
+      tdm_comm_t c;
+      if (tdm_comm_create(&c, &cfg) != TDM_OK) _exit(90);
+      int rc = loop_until_error(c, r, node);
+      tdm_comm_destroy(c);
+      _exit(rc);
+    }
+  }
+  usleep(1500000); /* set up and looping */
+  kill(pids[3], SIGKILL);
+  double t0 = tdm_time_now();
+  procs_wait_all(P, pids, codes, 25);
+  double t = tdm_time_now() - t0;
+  printf("  survivors stopped %.2f s after the kill\n", t);
+  CHECK(codes[3] == 128 + SIGKILL);
+  for (int r = 0; r < 3; r++) CHECK_MSG(codes[r] == 42, "rank %d exit %d", r, codes[r]);
+  CHECK(t < 15);
 }
 
 static int one_node(tdm_comm_t c, int rank, const int *node) {
@@ -218,7 +266,7 @@ static void test_refusals(void) {
 
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
-  static const tdm_test_case cases[] = {T(test_two_nodes_of_two), T(test_interleaved_nodes), T(test_uneven_nodes),
+  static const tdm_test_case cases[] = {T(test_two_nodes_of_two), T(test_interleaved_nodes), T(test_uneven_nodes), T(test_killed_rank),
                                         T(test_one_node_is_flat), T(test_refusals)};
   return tdm_test_main(cases, (int)(sizeof cases / sizeof cases[0]));
 }

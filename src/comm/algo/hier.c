@@ -170,7 +170,7 @@ tdm_status tdm__allreduce_hier(struct tdm_comm *c, const void *sendbuf, void *re
   size_t len = h->parts[h->local];
   uint64_t before = tdm_comm_bytes_sent(h->node_comm) + tdm_comm_bytes_sent(h->lane);
   tdm_status st = TDM_OK;
-  const char *phase = "the all-reduce between nodes";
+  const char *phase = "the all-reduce between nodes (ranks below: node numbers)";
   void *piece = recvbuf; /* a node of one rank: its piece is the whole buffer */
   if (h->node_comm) {
     if (len * es > h->scratch_bytes) {
@@ -180,19 +180,27 @@ tdm_status tdm__allreduce_hier(struct tdm_comm *c, const void *sendbuf, void *re
       if (!h->scratch) return tdm__comm_fail(c, TDM_ERR_NO_MEMORY, "hierarchical all-reduce: out of memory for %zu bytes", len * es);
     }
     piece = h->scratch;
-    phase = "the reduce-scatter in the node";
+    phase = "the reduce-scatter in the node (ranks below: local ranks)";
     st = tdm_comm_reduce_scatter_v(h->node_comm, recvbuf, piece, count, h->parts, dt, sub, TDM_ALGO_AUTO);
   }
   if (st == TDM_OK && h->lane) {
-    phase = "the all-reduce between nodes";
+    phase = "the all-reduce between nodes (ranks below: node numbers)";
     st = tdm_comm_allreduce(h->lane, piece, piece, len, dt, sub, TDM_ALGO_DIRECT); /* node order */
   }
   if (st == TDM_OK && h->node_comm) {
-    phase = "the all-gather in the node";
+    phase = "the all-gather in the node (ranks below: local ranks)";
     st = tdm_comm_allgather_v(h->node_comm, piece, recvbuf, count, h->parts, dt, TDM_ALGO_AUTO);
   }
   tdm__count_sent(c, tdm_comm_bytes_sent(h->node_comm) + tdm_comm_bytes_sent(h->lane) - before);
-  if (st != TDM_OK) return tdm__comm_fail(c, st, "hierarchical all-reduce #%llu (%zu x %s), %s on node %d: %s",
-                                          (unsigned long long)c->cur.seq, count, tdm_dtype_name(dt), phase, h->node, tdm_last_error());
+  if (st != TDM_OK) {
+    tdm__comm_fail(c, st, "hierarchical all-reduce #%llu (%zu x %s), %s on node %d: %s", (unsigned long long)c->cur.seq, count,
+                   tdm_dtype_name(dt), phase, h->node, tdm_last_error());
+    /* tell everyone, as a failed message does: the node's peers through its segment, the other
+     * nodes through c's connections (a peer waiting in the other communicator would wait for its
+     * timeout) */
+    tdm_comm_abort(h->node_comm);
+    c->tr->ops->abort(c->tr, c->error);
+    return tdm__set_error(c->fail_status, "%s", c->error);
+  }
   return TDM_OK;
 }
