@@ -89,7 +89,7 @@ static float flat_sum(size_t j, int integers) {
 }
 
 static int sums(tdm_comm_t c, int rank, const int *node) {
-  size_t counts[] = {0, 1, 3, 1001, (1u << 20) + 7}; /* none, fewer than the lanes, odd, past the shm slots */
+  size_t counts[] = {0, 1, 3, 1001, (1u << 18) + 7}; /* none, fewer than the lanes, odd, past a 1 MiB shm slot */
   size_t most = counts[4];
   float *x = malloc(most * sizeof(float)), *y = malloc(most * sizeof(float));
   uint64_t b0 = tdm_comm_bytes_sent(c);
