@@ -4,9 +4,9 @@
  * wire:
  *   none            f32, averaged by the all-reduce (the default)
  *   bf16 | fp16     the all-reduce in a 16-bit dtype (tdm_engine_dp_config.wire_dtype)
- *   topk:RATIO      0 < RATIO <= 1: each rank sends the k = floor(RATIO x n) values (at least
- *                   1) of largest magnitude of its bucket (n values) with their indices, 8k bytes
- *                   (i32 index, f32 value; at most 2 RATIO of the f32 bytes); the ranks all-gather them and every rank sums the sparse parts in
+ *   topk:RATIO      0 < RATIO <= 1: each rank sends the k = ceil(RATIO x n) values of largest
+ *                   magnitude of its bucket (n values) with their offsets in it, 7k bytes (f32
+ *                   value, 3-byte offset; 8k for buckets of more than 2^24 values); the ranks all-gather them and every rank sums the sparse parts in
  *                   rank order, then divides by the rank count: the same bits on every rank,
  *                   whatever the transport.
  *   powersgd:RANK   RANK >= 1 (Vogels et al. 2019): each matrix M (a parameter of 2 or more
