@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Gradient compression under tandem run (tandem/compress.h): the MLP on Fashion-MNIST trains on 2
 # ranks with topk:0.01 (shm) and powersgd:4 (tcp) to a stated test loss; each step's gradient
-# exchange sends what the compressor says (top-k: 8k bytes a bucket, measured, about 50x fewer
+# exchange sends what the compressor says (top-k: 7k bytes a bucket, measured, about 57x fewer
 # than f32) and error feedback telescopes; --compress-start sends the first steps whole; a spec
 # that does not parse, and compression with ZeRO, --pp or --tp, exit 2 naming the value and what is expected; a
 # compressed run killed and resumed from a checkpoint ends bit-identical (residuals saved).
