@@ -7,8 +7,9 @@
  *   topk:RATIO      0 < RATIO <= 1: each rank sends the k = ceil(RATIO x n) values of largest
  *                   magnitude of its bucket (n values) with their offsets in it, 7k bytes (f32
  *                   value, 3-byte offset; 8k for buckets of more than 2^24 values); the ranks
- *                   all-gather them and every rank sums the sparse parts in rank order, then divides by the rank count: the same bits on every rank,
- *                   whatever the transport.
+ *                   all-gather them and every rank sums the sparse parts in rank order, then
+ *                   divides by the rank count: the same bits on every rank, whatever the
+ *                   transport.
  *   powersgd:RANK   RANK >= 1 (Vogels et al. 2019): each matrix M (a parameter of 2 or more
  *                   dimensions, as rows = its first dimension x the rest) is sent as two thin
  *                   factors: P = M Q, all-reduced (mean) and orthonormalised; Q = Mᵀ P, all-reduced;
