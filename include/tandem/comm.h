@@ -68,6 +68,9 @@ typedef enum {
                         all-gather straight between every pair, reducing in rank order */
   TDM_ALGO_SHM,      /* single-node shared memory, reduce from peers' buffers (shm transport):
                         all-reduce, reduce-scatter, all-gather */
+  TDM_ALGO_HIER,     /* hierarchical all-reduce for ranks on several nodes (a whole tcp / mpi
+                        communicator): reduce-scatter in each node over shared memory, all-reduce
+                        between nodes, all-gather in the node; AUTO's choice there (see below) */
   TDM_ALGO_COUNT
 } tdm_algo;
 const char *tdm_algo_name(tdm_algo a);
@@ -96,7 +99,11 @@ typedef struct tdm_comm_config {
  * TANDEM_JOB_TOKEN, TANDEM_STORE_DIR, TANDEM_SOCKET_IFNAME. Without any of them: rank 0 of 1.
  * A malformed value is TDM_ERR_INVALID_ARG naming the variable, its value and what is valid.
  * tdm_comm_create reads TANDEM_TIMEOUT (when cfg.timeout_s is 0), LOCAL_WORLD_SIZE (or
- * OMPI_COMM_WORLD_LOCAL_SIZE), TANDEM_ALGO and TANDEM_NET_EMULATE itself, as strictly. */
+ * OMPI_COMM_WORLD_LOCAL_SIZE), TANDEM_ALGO and TANDEM_NET_EMULATE itself, as strictly, and over
+ * tcp / mpi, when the ranks may be on several nodes (LOCAL_WORLD_SIZE is not the world size, or
+ * TANDEM_NODE_ID is set: on every rank or none), learns each rank's node (TANDEM_NODE_ID, else the
+ * host name) with one all-gather; ranks on several nodes get TDM_ALGO_HIER's plan, and
+ * TANDEM_NET_EMULATE then slows only the links between nodes. */
 tdm_status tdm_comm_config_from_env(tdm_comm_config *cfg);
 tdm_status tdm_comm_create(tdm_comm_t *out, const tdm_comm_config *cfg);
 tdm_status tdm_comm_create_from_env(tdm_comm_t *out);

@@ -5,10 +5,11 @@
  *   none            f32, averaged by the all-reduce (the default)
  *   bf16 | fp16     the all-reduce in a 16-bit dtype (tdm_engine_dp_config.wire_dtype)
  *   topk:RATIO      0 < RATIO <= 1: each rank sends the k = ceil(RATIO x n) values of largest
- *                   magnitude of its bucket (n values) with their indices, 8k bytes (i32 index,
- *                   f32 value); the ranks all-gather them and every rank sums the sparse parts in
- *                   rank order, then divides by the rank count: the same bits on every rank,
- *                   whatever the transport.
+ *                   magnitude of its bucket (n values) with their offsets in it, 7k bytes (f32
+ *                   value, 3-byte offset; 8k for buckets of more than 2^24 values); the ranks
+ *                   all-gather them and every rank sums the sparse parts in rank order, then
+ *                   divides by the rank count: the same bits on every rank, whatever the
+ *                   transport.
  *   powersgd:RANK   RANK >= 1 (Vogels et al. 2019): each matrix M (a parameter of 2 or more
  *                   dimensions, as rows = its first dimension x the rest) is sent as two thin
  *                   factors: P = M Q, all-reduced (mean) and orthonormalised; Q = Mᵀ P, all-reduced;
@@ -52,7 +53,7 @@ int tdm_compress_is_hook(const char *spec);
 /* One bucket's numbers for the last compressed step. */
 typedef struct tdm_compress_stats {
   int64_t elements;        /* the bucket's gradient values */
-  uint64_t payload_bytes;  /* what this rank put on the wire for it (topk: 8k; powersgd: the factors and vectors) */
+  uint64_t payload_bytes;  /* what this rank put on the wire for it (topk: 7k; powersgd: the factors and vectors) */
   uint64_t bytes_sent;     /* measured: the growth of tdm_comm_bytes_sent over the bucket's exchange */
   double ratio;            /* 4 x elements / payload_bytes */
   double rel_err;          /* ||g - ĝ|| / ||g||: g this rank's gradient plus its residual, ĝ what it sent */

@@ -89,6 +89,7 @@ const tdm__algo_row tdm__algos[TDM_ALGO_COUNT] = {
     [TDM_ALGO_DIRECT] = {"direct", VECTOR | BIT(TDM_COLL_GATHER) | BIT(TDM_COLL_SCATTER) | BIT(TDM_COLL_ALLTOALL), 0, 0, 0,
                          ar_direct, NULL, NULL, rs_direct, ag_direct},
     [TDM_ALGO_SHM] = {"shm", VECTOR, 0, 0, 1, tdm__allreduce_shm, NULL, NULL, tdm__reduce_scatter_shm, tdm__allgather_shm},
+    [TDM_ALGO_HIER] = {"hier", BIT(TDM_COLL_ALLREDUCE), 0, 0, 0, tdm__allreduce_hier, NULL, NULL, NULL, NULL, .needs_nodes = 1},
 };
 
 int tdm__algo_applies(const struct tdm_comm *c, int k, tdm_algo a) {
@@ -96,6 +97,7 @@ int tdm__algo_applies(const struct tdm_comm *c, int k, tdm_algo a) {
   const tdm__algo_row *r = &tdm__algos[a];
   if (!(r->runs & BIT(k))) return 0;
   if ((r->pow2_only & BIT(k)) && !tdm__pow2(c->size)) return 0;
+  if (r->needs_nodes && !tdm__hier_usable(c)) return 0;
   return !r->needs_shm || tdm__shm_usable(c);
 }
 

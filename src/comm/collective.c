@@ -82,6 +82,7 @@ static tdm_status allreduce_(tdm_comm_t c, const void *sendbuf, void *recvbuf, s
   algo = tdm__algo_pick(c, TDM_COLL_ALLREDUCE, algo);
   if (algo == TDM_ALGO_AUTO) {
     if (tdm__shm_usable(c)) algo = TDM_ALGO_SHM; /* reduce straight from shared memory */
+    else if (tdm__hier_usable(c)) algo = TDM_ALGO_HIER; /* ranks on several nodes: shm inside each */
     else /* latency-bound: fewest steps; bandwidth-bound: ring */
       algo = nbytes <= 4096 ? TDM_ALGO_RD : (nbytes <= (256u << 10) ? TDM_ALGO_RHD : TDM_ALGO_RING);
   }

@@ -131,7 +131,7 @@ int tdm__backoff(tdm__backoff_t *b) {
 
 
 /* ---- create / destroy ---------------------------------------------------------------------- */
-static tdm_status comm_create(tdm_comm_t *out, const tdm_comm_config *cfg);
+static tdm_status comm_create(tdm_comm_t *out, const tdm_comm_config *cfg, struct tdm_comm *via);
 
 /* The transports, by kind: adding one is its file in transport/ and a row here. */
 static tdm__transport_create_fn *const transports[TDM_TRANSPORT_COUNT] = {
@@ -145,12 +145,23 @@ static tdm__transport_create_fn *const transports[TDM_TRANSPORT_COUNT] = {
  * communication memory (tandem/core.h). */
 tdm_status tdm_comm_create(tdm_comm_t *out, const tdm_comm_config *cfg) {
   tdm_mem_category was = tdm__mem_scope(TDM_MEM_COMM);
-  tdm_status st = comm_create(out, cfg);
+  tdm_status st = comm_create(out, cfg, NULL);
   tdm__mem_scope(was);
   return st;
 }
 
-static tdm_status comm_create(tdm_comm_t *out, const tdm_comm_config *cfg) {
+/* A node's group of a job that spans nodes: via's ranks over shared memory, the segment's name
+ * broadcast over via; no emulated network (the links inside a node are not the slow ones); via's
+ * TANDEM_ALGO choices (where they apply). */
+tdm_status tdm__comm_create_node(struct tdm_comm *via, tdm_comm_t *out) {
+  tdm_comm_config cfg = {.rank = via->rank, .size = via->size, .transport = TDM_TRANSPORT_SHM, .timeout_s = via->timeout_s};
+  tdm_mem_category was = tdm__mem_scope(TDM_MEM_COMM);
+  tdm_status st = comm_create(out, &cfg, via);
+  tdm__mem_scope(was);
+  return st;
+}
+
+static tdm_status comm_create(tdm_comm_t *out, const tdm_comm_config *cfg, struct tdm_comm *via) {
   if (!out || !cfg) return tdm__set_error(TDM_ERR_INVALID_ARG, "comm_create: NULL argument");
   *out = NULL;
   if (cfg->size < 1 || cfg->rank < 0 || cfg->rank >= cfg->size)
@@ -163,9 +174,11 @@ static tdm_status comm_create(tdm_comm_t *out, const tdm_comm_config *cfg) {
   c->timeout_s = cfg->timeout_s > 0 ? cfg->timeout_s : 300.0;
   tdm_status est = cfg->timeout_s > 0 ? TDM_OK : tdm__env_timeout(&c->timeout_s);
   if (est == TDM_OK) est = tdm__env_local_size(&c->local_size);
-  c->comm_id = 1;
+  if (via) c->local_size = cfg->size;
+  c->comm_id = via ? (via->comm_id ^ 0x5a5a0000u) | 1u : 1;
   c->owns_transport = 1;
-  const char *emu = getenv("TANDEM_NET_EMULATE");
+  c->rdzv = via;
+  const char *emu = via ? NULL : getenv("TANDEM_NET_EMULATE");
   if (est == TDM_OK && emu && *emu) {
     est = tdm__parse_net_emulate(emu, &c->emu_latency_s, &c->emu_bytes_per_s);
     if (est == TDM_OK) {
@@ -188,9 +201,23 @@ static tdm_status comm_create(tdm_comm_t *out, const tdm_comm_config *cfg) {
   tdm_status st = (unsigned)k < TDM_TRANSPORT_COUNT && transports[k]
                       ? transports[k](&c->tr, c, cfg)
                       : tdm__set_error(TDM_ERR_NOT_SUPPORTED, "comm_create: transport %d is unknown; use thread, shm, tcp or mpi", (int)k);
-  if (st == TDM_OK && (st = tdm__parse_algo_env(c, getenv("TANDEM_ALGO"))) != TDM_OK) {
-    c->tr->ops->destroy(c->tr); /* every rank parses the same value: all fail alike */
-    tdm__set_error(st, "environment: %s", tdm_last_error());
+  c->rdzv = NULL;
+  if (st == TDM_OK && via) { /* its parent's choices, where they apply */
+    memcpy(c->algo_for, via->algo_for, sizeof c->algo_for);
+    c->algo_plain = via->algo_plain;
+  } else if (st == TDM_OK) {
+    for (int i = 0; i < TDM_COLL_KIND_COUNT; i++) c->algo_for[i] = TDM_ALGO_AUTO; /* until TANDEM_ALGO is read */
+    /* before TANDEM_ALGO: it may name hier, which applies only once the nodes are known */
+    if ((k == TDM_TRANSPORT_TCP || k == TDM_TRANSPORT_MPI) && cfg->size > 1 && (st = tdm__hier_setup(c)) != TDM_OK) {
+      tdm__hier_destroy(c->hier);
+      tdm__free(c->node_of);
+      c->tr->ops->destroy(c->tr);
+    } else if ((st = tdm__parse_algo_env(c, getenv("TANDEM_ALGO"))) != TDM_OK) {
+      tdm__hier_destroy(c->hier);
+      tdm__free(c->node_of);
+      c->tr->ops->destroy(c->tr); /* every rank parses the same value: all fail alike */
+      tdm__set_error(st, "environment: %s", tdm_last_error());
+    }
   }
   if (st != TDM_OK) {
     pthread_mutex_destroy(&c->q_mu);
@@ -228,6 +255,8 @@ void tdm_comm_abort_why(tdm_comm_t c, tdm_status st, const char *why) {
 void tdm_comm_destroy(tdm_comm_t c) {
   if (!c) return;
   tdm__progress_stop(c); /* and frees the handles abandoned on some error path */
+  tdm__hier_destroy(c->hier); /* its communicators first: one speaks through c's transport */
+  tdm__free(c->node_of);
   if (c->tr && c->owns_transport) {
     tdm__stash_free(c->tr);
     c->tr->ops->destroy(c->tr);

@@ -149,6 +149,14 @@ struct tdm_comm {
   void *scratch; /* reused between calls: no allocation in steady state */
   size_t scratch_bytes;
   struct tdm__store *store;
+  /* jobs that span nodes (algo/hier.c): the hierarchical all-reduce's plan, made at creation of
+   * a whole tcp / mpi communicator whose ranks are on several nodes; node_of[r]: the node of
+   * rank r (TANDEM_NET_EMULATE then slows only the links between nodes); NULL on one node */
+  struct tdm__hier *hier;
+  int *node_of;
+  /* set while a node's shm communicator is created: its transport exchanges the segment's name
+   * by a broadcast over this communicator instead of the store */
+  struct tdm_comm *rdzv;
   /* non-blocking calls: a progress thread runs queued work in order */
   pthread_mutex_t q_mu;
   pthread_cond_t q_cv;
@@ -316,9 +324,25 @@ typedef struct tdm__algo_row {
                                const size_t *off, tdm_dtype dt, tdm_redop op);
   tdm_status (*allgather)(struct tdm_comm *c, const void *sendbuf, void *recvbuf, size_t count, const size_t *cnt,
                           const size_t *off, tdm_dtype dt);
+  int needs_nodes; /* only where tdm__hier_usable (ranks on several nodes) */
 } tdm__algo_row;
 extern const tdm__algo_row tdm__algos[TDM_ALGO_COUNT];
 #define TDM__COLL_BIT(k) (1u << (k))
+
+/* The hierarchical all-reduce (algo/hier.c). tdm__hier_setup runs at the end of creating a whole
+ * tcp / mpi communicator (collective over it): it learns every rank's node (TANDEM_NODE_ID, else
+ * the host name) when ranks may be on several nodes, and if they are, makes the plan: a shared-
+ * memory communicator of the node's ranks and a sub-communicator of the ranks with the same
+ * index on every node. Returns an error only for a bad TANDEM_NODE_ID or a failed communicator;
+ * a node whose shared memory cannot be set up leaves every rank on the flat algorithms (logged).
+ * tdm__hier_destroy frees the plan (NULL: nothing). tdm__comm_create_node (comm.c) makes the
+ * shm communicator of via's ranks, rendezvous over via, without TANDEM_NET_EMULATE. */
+tdm_status tdm__hier_setup(struct tdm_comm *c);
+void tdm__hier_destroy(struct tdm__hier *h);
+int tdm__hier_usable(const struct tdm_comm *c);
+tdm_status tdm__allreduce_hier(struct tdm_comm *c, const void *sendbuf, void *recvbuf, size_t count, tdm_dtype dt,
+                               tdm_redop op);
+tdm_status tdm__comm_create_node(struct tdm_comm *via, tdm_comm_t *out);
 
 /* Algorithms (src/comm/algo): all work on communicator ranks and c->cur. */
 tdm_status tdm__allreduce_ring(struct tdm_comm *c, void *buf, size_t count, tdm_dtype dt, tdm_redop op);

@@ -40,7 +40,7 @@ static int find_name(const char *const *names, int n, const char *s) {
 tdm_status tdm_algo_parse(const char *name, tdm_algo *out) {
   int i = find_algo(name);
   if (i < 0)
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "algorithm '%s'; expected one of auto ring rd rhd tree chain direct shm",
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "algorithm '%s'; expected one of auto ring rd rhd tree chain direct shm hier",
                           name ? name : "(null)");
   *out = (tdm_algo)i;
   return TDM_OK;
@@ -171,7 +171,7 @@ tdm_status tdm__parse_algo_env(struct tdm_comm *c, const char *spec) {
     int ai = find_algo(an);
     tdm_algo a = (tdm_algo)ai;
     if (ai < 0)
-      return tdm__set_error(TDM_ERR_INVALID_ARG, "TANDEM_ALGO '%s': unknown algorithm '%s'; expected one of auto ring rd rhd tree chain direct shm", spec, an);
+      return tdm__set_error(TDM_ERR_INVALID_ARG, "TANDEM_ALGO '%s': unknown algorithm '%s'; expected one of auto ring rd rhd tree chain direct shm hier", spec, an);
     if (!eq) { /* a plain name: every collective it can run */
       if (plain_set)
         return tdm__set_error(TDM_ERR_INVALID_ARG, "TANDEM_ALGO '%s': two plain algorithms; name the collective of the second (e.g. broadcast=chain)", spec);
@@ -197,8 +197,10 @@ tdm_status tdm__parse_algo_env(struct tdm_comm *c, const char *spec) {
     if (c->algo_for[k] != ALGO_UNSET)
       return tdm__set_error(TDM_ERR_INVALID_ARG, "TANDEM_ALGO '%s': %s is named twice", spec, algo_coll_names[k]);
     if (!tdm__algo_applies(c, k, a))
-      return tdm__set_error(TDM_ERR_INVALID_ARG, "TANDEM_ALGO '%s': %s cannot run %s on this %d-rank %s communicator; expected %s", spec,
-                            an, algo_coll_names[k], c->size, tdm_transport_name(c->kind), tdm__algos_for(c, k, list, sizeof list));
+      return tdm__set_error(TDM_ERR_INVALID_ARG, "TANDEM_ALGO '%s': %s cannot run %s on this %d-rank %s communicator%s; expected %s", spec,
+                            an, algo_coll_names[k], c->size, tdm_transport_name(c->kind),
+                            a == TDM_ALGO_HIER ? " (hier needs a tcp or mpi job whose ranks are on several nodes: host names or TANDEM_NODE_ID)" : "",
+                            tdm__algos_for(c, k, list, sizeof list));
     c->algo_for[k] = a;
   }
   return TDM_OK;

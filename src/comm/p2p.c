@@ -16,13 +16,14 @@ void *tdm__comm_scratch(struct tdm_comm *c, size_t n) {
   return c->scratch;
 }
 
-/* Emulated network: each send first waits for its link (serialised per peer at the emulated
- * bandwidth), then for the latency. The wait happens before the real transfer, so the receiver
+/* Emulated network (between nodes when ranks span several, else between all ranks): each send
+ * first waits for its link (serialised per peer at the emulated bandwidth), then for the latency. The wait happens before the real transfer, so the receiver
  * sees the data no earlier than a real link of that speed would deliver it. */
 static void emulate(struct tdm_comm *c, const tdm__xfer *x, int n) {
   double now = tdm_time_now(), until = now;
   for (int i = 0; i < n; i++) {
     if (!x[i].is_send) continue;
+    if (c->node_of && c->node_of[x[i].peer] == c->node_of[c->rank]) continue; /* ranks span nodes: only links between them */
     double *free_at = &c->emu_link_free[x[i].peer];
     double start = *free_at > now ? *free_at : now;
     double wire = c->emu_bytes_per_s > 0 ? (double)(x[i].nbytes + sizeof(tdm__hdr)) / c->emu_bytes_per_s : 0;

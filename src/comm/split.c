@@ -61,6 +61,8 @@ static tdm_status child(tdm_comm_t c, int *members, int n, int me, uint32_t id, 
     s->emu_bytes_per_s = c->emu_bytes_per_s;
     s->emu_link_free = tdm__calloc((size_t)n, sizeof(double));
   }
+  if (c->node_of && (s->node_of = tdm__malloc(sizeof(int) * (size_t)n))) /* emulation knows the child's nodes */
+    for (int i = 0; i < n; i++) s->node_of[i] = c->node_of[tdm__comm_rank_of(c, members[i])];
   pthread_mutex_init(&s->q_mu, NULL);
   pthread_cond_init(&s->q_cv, NULL);
   *out = s;

@@ -56,6 +56,15 @@ static int compressing(const tdm_dp *dp) { return dp->cz && tdm__compress_active
 
 static tdm_status region_bucket(void *ctx) { return region_reduce(ctx, tdm_trace_begin()); }
 
+/* The gradients' all-reduce: rank order, the sums of every other layout (tandem/engine.h), except
+ * where ranks span nodes: there the hierarchical all-reduce keeps most bytes inside the nodes,
+ * summing node by node (a fixed order of its own, src/comm/algo/hier.c) unless TANDEM_ALGO names
+ * another all-reduce (allreduce=direct: rank order again). */
+static tdm_algo grad_algo(tdm_comm_t c) {
+  tdm_algo a = tdm__algo_pick(c, TDM_COLL_ALLREDUCE, TDM_ALGO_AUTO);
+  return tdm__hier_usable(c) && (a == TDM_ALGO_AUTO || a == TDM_ALGO_HIER) ? TDM_ALGO_HIER : tdm_comm_rank_order_algo(c);
+}
+
 static tdm_status launch(tdm_dp *dp, bucket *b) {
   float *g = tdm_params_grad(dp->params) + b->lo;
   size_t n = (size_t)(b->hi - b->lo);
@@ -67,10 +76,10 @@ static tdm_status launch(tdm_dp *dp, bucket *b) {
   }
   if (dp->cfg.wire_dtype != TDM_F32) { /* compress, reduce in the wire dtype, expand in finish */
     tdm_convert(b->wire, dp->cfg.wire_dtype, g, TDM_F32, (int64_t)n);
-    return tdm_comm_iallreduce(dp->comm, b->wire, b->wire, n, dp->cfg.wire_dtype, TDM_AVG, tdm_comm_rank_order_algo(dp->comm), &b->work);
+    return tdm_comm_iallreduce(dp->comm, b->wire, b->wire, n, dp->cfg.wire_dtype, TDM_AVG, grad_algo(dp->comm), &b->work);
   }
   /* rank order: the sums ZeRO's reduce-scatters form too, whatever their pieces (tandem/engine.h) */
-  return tdm_comm_iallreduce(dp->comm, g, g, n, TDM_F32, TDM_AVG, tdm_comm_rank_order_algo(dp->comm), &b->work);
+  return tdm_comm_iallreduce(dp->comm, g, g, n, TDM_F32, TDM_AVG, grad_algo(dp->comm), &b->work);
 }
 
 /* Buckets handed to the communication thread; tdm_dp_finish averages the rest on the calling
@@ -200,6 +209,7 @@ tdm_status tdm_dp_create(tdm_dp **out, tdm_comm_t comm, tdm_params *params, cons
     if (dp->region) tdm__mem_account(TDM_MEM_GRADS, (int64_t)sizeof(float) * total);
     if (dp->region) tdm_log(TDM_LOG_INFO, "dp: gradients in a shared region, averaged in place (zero-copy)");
   }
+  if (grad_algo(comm) == TDM_ALGO_HIER) tdm_log(TDM_LOG_INFO, "dp: gradients averaged by the hierarchical all-reduce (ranks on several nodes)");
   for (int i = 0; i < n; i++) tdm_tensor_set_grad_hook(tdm_params_get(params, i), on_grad_ready, dp);
   *out = dp;
   return TDM_OK;

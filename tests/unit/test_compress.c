@@ -211,9 +211,9 @@ static void topk_two_ranks(void) {
     CHECK(nz > TK && nz <= 2 * TK);
     for (int r = 0; r < 2; r++) {
       /* 8k bytes: k i32 indices and k f32 values; an all-gather on 2 ranks sends one part */
-      CHECK_MSG(a[r].bytes[t] == 8 * TK && a[r].st[t].bytes_sent == 8 * TK && a[r].st[t].payload_bytes == 8 * TK,
-                "rank %d step %d: %llu bytes sent; expected %d", r, t, (unsigned long long)a[r].bytes[t], 8 * TK);
-      CHECK_NEAR(a[r].st[t].ratio, 4.0 * TN / (8 * TK), 1e-12);
+      CHECK_MSG(a[r].bytes[t] == 7 * TK && a[r].st[t].bytes_sent == 7 * TK && a[r].st[t].payload_bytes == 7 * TK,
+                "rank %d step %d: %llu bytes sent; expected %d", r, t, (unsigned long long)a[r].bytes[t], 7 * TK);
+      CHECK_NEAR(a[r].st[t].ratio, 4.0 * TN / (7 * TK), 1e-12);
       double e2 = 0, a2 = 0; /* what stayed behind, against the whole */
       for (int i = 0; i < TN; i++) e2 += (double)acc[r][i] * acc[r][i], a2 += ((double)acc[r][i] + sparse[r][i]) * ((double)acc[r][i] + sparse[r][i]);
       CHECK_NEAR(a[r].st[t].rel_err, sqrt(e2 / a2), 1e-6);
@@ -301,10 +301,40 @@ static void topk_large(void) {
     }
     CHECK_MSG(ok && taken == K, "kind %d: not exactly the %d largest (%d taken)", kind, K, taken);
     const tdm_compress_stats *st;
-    CHECK(tdm__compress_stats(cz, &st) == 1 && st[0].payload_bytes == 8 * K);
+    CHECK(tdm__compress_stats(cz, &st) == 1 && st[0].payload_bytes == 7 * K);
     tdm__compress_destroy(cz);
   }
   free(g), free(in), free(m);
+}
+
+/* k = ceil(RATIO x n), at least 1, each sent as a 4-byte value and a 3-byte offset in the
+ * bucket: 7k bytes, so topk:0.01 sends at least 50x fewer bytes than f32 from 700 values up
+ * (8 bytes a value, 1050 values sent 11: 47.7x); the values land at their offsets. */
+static void topk_k_and_bytes(void) {
+  struct { int64_t n; int k; } cases[] = {{1050, 11}, {1099, 11}, {1100, 11}, {100, 1}, {50, 1}, {1, 1}, {70000, 700}};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    int64_t n = cases[i].n;
+    float *g = calloc((size_t)n, sizeof(float)), *in = calloc((size_t)n, sizeof(float));
+    for (int64_t j = 0; j < n; j++) in[j] = g[j] = (float)(j % 13) - 6.5f + (float)j * 1e-6f; /* the last of each 13 largest */
+    tdm__compress *cz;
+    CHECK_OK(tdm__compress_create(&cz, "topk:0.01", 0, 1));
+    tdm__cmat mats[1] = {{0, 1, n}};
+    CHECK_OK(tdm__compress_add_bucket(cz, n, 1, mats));
+    CHECK_OK(tdm__compress_bucket(cz, 0, NULL, g));
+    int64_t nz = 0, bad = 0;
+    for (int64_t j = 0; j < n; j++) {
+      nz += g[j] != 0;
+      bad += g[j] != 0 && g[j] != in[j]; /* what was sent arrives at its offset */
+    }
+    const tdm_compress_stats *st;
+    CHECK(tdm__compress_stats(cz, &st) == 1);
+    CHECK_MSG(nz == cases[i].k && !bad && st[0].payload_bytes == 7 * (uint64_t)cases[i].k,
+              "n %lld: %lld values (%lld misplaced), %llu bytes; expected k = %d", (long long)n, (long long)nz, (long long)bad,
+              (unsigned long long)st[0].payload_bytes, cases[i].k);
+    if (n >= 700) CHECK(4.0 * (double)n / (double)st[0].payload_bytes >= 50.0);
+    tdm__compress_destroy(cz);
+    free(g), free(in);
+  }
 }
 
 /* The compressors live in the data-parallel engine: any other engine given one is refused by
@@ -360,4 +390,4 @@ static void fp16_refused(void) {
   tdm_grid_destroy(g);
 }
 
-TDM_TEST_MAIN(T(topk_large), T(telescope_catches), T(parse_errors), T(powersgd_exact_low_rank), T(powersgd_approaches_svd), T(topk_two_ranks), T(engines_refuse), T(fp16_refused))
+TDM_TEST_MAIN(T(topk_large), T(topk_k_and_bytes), T(telescope_catches), T(parse_errors), T(powersgd_exact_low_rank), T(powersgd_approaches_svd), T(topk_two_ranks), T(engines_refuse), T(fp16_refused))

@@ -594,8 +594,11 @@ tdm_status tdm__shm_transport_create(tdm__transport **out, struct tdm_comm *c, c
   t->total = sl.total;
   double deadline = tdm_time_now() + c->timeout_s;
   char name[128];
-  tdm_status st = tdm__store_open(&t->store, cfg, c->timeout_s);
+  /* the segment's name goes through the store, or (a node's group of a job that spans nodes,
+   * algo/hier.c) through a broadcast over the group's communicator on the job's transport */
+  tdm_status st = c->rdzv ? TDM_OK : tdm__store_open(&t->store, cfg, c->timeout_s);
   int fd = -1;
+  char why[600];
   if (st == TDM_OK && me == 0) {
     snprintf(name, sizeof name, "/tandem-%d-%llx", (int)getpid(), (unsigned long long)tdm_hash64((uint64_t)getpid(), (uint64_t)(tdm_time_now() * 1e9)));
     fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
@@ -606,17 +609,27 @@ tdm_status tdm__shm_transport_create(tdm__transport **out, struct tdm_comm *c, c
       st = tdm__set_error(TDM_ERR_SYSTEM,
                           "shm: cannot reserve %zu bytes in /dev/shm: %s (a container's /dev/shm may be too small: "
                           "docker run --shm-size; or use TANDEM_TRANSPORT=tcp)", t->total, strerror(fa));
-    if (st == TDM_OK) st = tdm__store_set(t->store, "shm/name", name, strlen(name));
+    if (st == TDM_OK && c->rdzv) {
+      snprintf(why, sizeof why, "%s", name);
+      st = tdm_comm_broadcast(c->rdzv, why, sizeof why, TDM_U8, 0, TDM_ALGO_AUTO);
+    } else if (st == TDM_OK) st = tdm__store_set(t->store, "shm/name", name, strlen(name));
     else { /* tell the others why, so every rank reports the cause rather than a closed store */
-      char why[600];
       snprintf(why, sizeof why, "!%s", tdm_last_error());
-      tdm__store_set(t->store, "shm/name", why, strlen(why));
+      if (c->rdzv) tdm_comm_broadcast(c->rdzv, why, sizeof why, TDM_U8, 0, TDM_ALGO_AUTO);
+      else tdm__store_set(t->store, "shm/name", why, strlen(why));
       tdm__set_error(st, "%s", why + 1);
     }
   } else if (st == TDM_OK) {
     void *v;
     size_t n;
-    st = tdm__store_get(t->store, "shm/name", &v, &n, c->timeout_s);
+    if (c->rdzv) { /* the same shape as the store's answer */
+      st = tdm_comm_broadcast(c->rdzv, why, sizeof why, TDM_U8, 0, TDM_ALGO_AUTO);
+      why[sizeof why - 1] = 0;
+      n = strlen(why);
+      v = st == TDM_OK ? tdm__malloc(n + 1) : NULL;
+      if (v) memcpy(v, why, n + 1);
+      else if (st == TDM_OK) st = tdm__set_error(TDM_ERR_NO_MEMORY, "shm: out of memory");
+    } else st = tdm__store_get(t->store, "shm/name", &v, &n, c->timeout_s);
     if (st == TDM_OK && n > 0 && ((char *)v)[0] == '!') {
       st = tdm__set_error(TDM_ERR_REMOTE, "rank 0 could not set up shared memory: %.*s", (int)n - 1, (char *)v + 1);
       tdm__free(v);
