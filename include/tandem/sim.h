@@ -78,8 +78,8 @@ tdm_status tdm_sim_cluster_check(const tdm_sim_cluster *k, const char *where);
  * row: reduce-scatter inside each node, the operation across nodes on 1/ranks_per_node of the
  * data, all-gather inside each node. */
 typedef enum { TDM_SIM_ALLREDUCE = 0, TDM_SIM_REDUCE_SCATTER, TDM_SIM_ALLGATHER, TDM_SIM_BROADCAST, TDM_SIM_KIND_COUNT } tdm_sim_kind;
-#define TDM_SIM_ALGO_HIER TDM_ALGO_COUNT /* the hierarchical row, after tandem's algorithms */
-#define TDM_SIM_ALGO_COUNT (TDM_ALGO_COUNT + 1)
+#define TDM_SIM_ALGO_HIER TDM_ALGO_HIER /* tandem's hierarchical all-reduce (src/comm/algo/hier.c) */
+#define TDM_SIM_ALGO_COUNT TDM_ALGO_COUNT
 const char *tdm_sim_algo_name(int algo); /* tdm_algo_name's, and "hier" */
 int tdm_sim_algo_parse(const char *name); /* -1 when unknown */
 /* Seconds for `kind` of n bytes over p ranks laid out ranks_per_node to a node. algo

@@ -215,7 +215,9 @@ int tdm_sim_algo_parse(const char *s) {
 int tdm_sim_auto_algo(const tdm_sim_cluster *k, tdm_sim_kind kind, double n, int p) {
   int shm_ok = k->shm && p <= k->ranks_per_node;
   switch (kind) {
-  case TDM_SIM_ALLREDUCE: return shm_ok ? TDM_ALGO_SHM : n <= 4096 ? TDM_ALGO_RD : n <= 262144 ? TDM_ALGO_RHD : TDM_ALGO_RING;
+  case TDM_SIM_ALLREDUCE: /* a world on several nodes of several ranks gets the hierarchical plan */
+    if (p > k->ranks_per_node && k->ranks_per_node > 1) return TDM_ALGO_HIER;
+    return shm_ok ? TDM_ALGO_SHM : n <= 4096 ? TDM_ALGO_RD : n <= 262144 ? TDM_ALGO_RHD : TDM_ALGO_RING;
   case TDM_SIM_REDUCE_SCATTER: return shm_ok ? TDM_ALGO_SHM : pow2(p) && n <= 1048576 ? TDM_ALGO_RHD : TDM_ALGO_RING;
   case TDM_SIM_ALLGATHER: return shm_ok ? TDM_ALGO_SHM : pow2(p) && n <= 1048576 ? TDM_ALGO_RD : TDM_ALGO_RING;
   case TDM_SIM_BROADCAST: return n >= 4194304 && p > 2 ? TDM_ALGO_CHAIN : TDM_ALGO_TREE;

@@ -83,13 +83,18 @@ static void test_nodes(void) {
   double want = 2 * ((q - 1) * a + (q - 1) / q * n * b) + inter;
   CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_SIM_ALGO_HIER, TDM_SIM_ALLREDUCE, n, 16), want, 1e-15);
   CHECK(strcmp(tdm_sim_algo_name(TDM_SIM_ALGO_HIER), "hier") == 0 && tdm_sim_algo_parse("rhd") == TDM_ALGO_RHD);
-  /* AUTO follows tandem's rule: rd to 4 KiB, rhd to 256 KiB, ring above; shm on one node when usable */
-  CHECK(tdm_sim_auto_algo(&k, TDM_SIM_ALLREDUCE, 4096, 8) == TDM_ALGO_RD);
-  CHECK(tdm_sim_auto_algo(&k, TDM_SIM_ALLREDUCE, 8192, 8) == TDM_ALGO_RHD);
-  CHECK(tdm_sim_auto_algo(&k, TDM_SIM_ALLREDUCE, 1 << 20, 8) == TDM_ALGO_RING);
+  /* AUTO follows tandem's rule: on one node rd to 4 KiB, rhd to 256 KiB, ring above, shm when
+   * usable; a world on several nodes of several ranks gets the hierarchical plan, whatever the size */
+  CHECK(tdm_sim_auto_algo(&k, TDM_SIM_ALLREDUCE, 4096, 4) == TDM_ALGO_RD);
+  CHECK(tdm_sim_auto_algo(&k, TDM_SIM_ALLREDUCE, 8192, 4) == TDM_ALGO_RHD);
+  CHECK(tdm_sim_auto_algo(&k, TDM_SIM_ALLREDUCE, 1 << 20, 4) == TDM_ALGO_RING);
+  CHECK(tdm_sim_auto_algo(&k, TDM_SIM_ALLREDUCE, 4096, 8) == TDM_SIM_ALGO_HIER);
+  CHECK(tdm_sim_auto_algo(&k, TDM_SIM_ALLREDUCE, 1 << 20, 8) == TDM_SIM_ALGO_HIER);
   k.shm = 1;
   CHECK(tdm_sim_auto_algo(&k, TDM_SIM_ALLREDUCE, 1 << 20, 4) == TDM_ALGO_SHM);
-  CHECK(tdm_sim_auto_algo(&k, TDM_SIM_ALLREDUCE, 1 << 20, 8) == TDM_ALGO_RING); /* two nodes: no shared memory */
+  CHECK(tdm_sim_auto_algo(&k, TDM_SIM_ALLREDUCE, 1 << 20, 8) == TDM_SIM_ALGO_HIER); /* two nodes */
+  k.ranks_per_node = 1; /* one rank a node: no node to share, the flat rule */
+  CHECK(tdm_sim_auto_algo(&k, TDM_SIM_ALLREDUCE, 1 << 20, 8) == TDM_ALGO_RING);
 }
 
 /* Three layers of 100,000 parameters, forward 1, 2, 3 MFLOP at 1 GFLOP/s (6 ms; backward 6, 4, 2 ms
