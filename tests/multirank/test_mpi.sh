@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The MPI transport under Open MPI's mpirun: collectives on 2 and 3 ranks with checked values;
-# payloads in pieces; mismatched calls named on both ranks.
+# payloads in pieces; mismatched calls named on both ranks; tagged messages and any-source receives.
 # usage: test_mpi.sh path/to/tandem   (exit 77 = skipped when mpirun or the transport is missing)
 set -u
 TANDEM=${1:?usage: test_mpi.sh path/to/tandem}
@@ -46,5 +46,19 @@ if [[ $bad -eq 0 && $cases -gt 20 ]]; then
 else
   failed=$((failed + 1)); echo "FAIL mpirun -np 2: $bad of $cases mismatched calls not named on both ranks"
 fi
+# Tagged messages and receives from any source (test_tagged's cases on the MPI transport, in
+# 1000-byte pieces): each case prints "rank R: CASE: ok" on every rank.
+TAGGED=$(dirname "$TANDEM")/tests/test_tagged
+for c in "basic 2" "basic 3" "orders 2" "too-big 2" "among 3" "silent 2" "quiet-peer 2"; do
+  read -r name np <<<"$c"
+  dir=$(mktemp -d /tmp/tandem-mpi-XXXXXX)
+  out=$(timeout 60 mpirun -np "$np" "$TAGGED" mpi "$name" "$dir" 2>&1 </dev/null)
+  rm -rf "$dir"
+  if [[ $(grep -c "^rank [0-9]: $name: ok$" <<<"$out") -eq $np ]]; then
+    passed=$((passed + 1)); echo "ok   mpirun -np $np: tagged messages, $name"
+  else
+    failed=$((failed + 1)); echo "FAIL mpirun -np $np: tagged messages, $name"; grep -v "^\s*$" <<<"$out" | tail -6
+  fi
+done
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]
