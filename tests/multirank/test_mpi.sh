@@ -50,7 +50,7 @@ fi
 # Tagged messages and receives from any source (test_tagged's cases on the MPI transport, in
 # 1000-byte pieces): each case prints "rank R: CASE: ok" on every rank.
 TAGGED=$(dirname "$TANDEM")/tests/test_tagged
-for c in "basic 2" "basic 3" "orders 2" "too-big 2" "among 3" "silent 2" "quiet-peer 2"; do
+for c in "basic 2" "basic 3" "orders 2" "too-big 2" "among 3" "silent 2" "quiet-peer 2" "collective-met 2"; do
   read -r name np <<<"$c"
   dir=$(mktemp -d /tmp/tandem-mpi-XXXXXX)
   out=$(timeout 60 mpirun -np "$np" "$TAGGED" mpi "$name" "$dir" 2>&1 </dev/null)

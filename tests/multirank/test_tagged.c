@@ -283,6 +283,22 @@ static int quiet_peer(tdm_comm_t c, int rank, int P) {
   return 0;
 }
 
+/* MPI: rank 1 runs an all-reduce where rank 0 waits for a tagged message from it. Tagged traffic
+ * has its own MPI tag there, so the receive never meets the all-reduce's message: both time out,
+ * each naming the other (whichever gives up first tells the other why). */
+static int collective_met_mpi(tdm_comm_t c, int rank, int P) {
+  (void)P;
+  float v[4] = {0};
+  tdm_status st = rank == 0 ? tdm_comm_trecv(c, 1, 3, v, sizeof v, NULL, NULL)
+                            : tdm_comm_allreduce(c, v, v, 4, TDM_F32, TDM_SUM, TDM_ALGO_RING);
+  if (rank == 0)
+    FAILIF(st != TDM_ERR_TIMEOUT || !strstr(tdm_last_error(), "rank 1"), "expected a timeout naming rank 1, got %s",
+           tdm_status_str(st));
+  else FAILIF(st == TDM_OK || !strstr(tdm_last_error(), "rank 0"), "the all-reduce: %s", tdm_status_str(st));
+  fprintf(stderr, "  rank %d: %s\n", rank, tdm_last_error());
+  return 0;
+}
+
 /* ---- running ranks ------------------------------------------------------------------------------ */
 typedef struct {
   void *group;
@@ -434,7 +450,8 @@ static int mpi_main(char **argv) {
     rank_fn fn;
     double timeout;
   } cases[] = {{"basic", basic, 20}, {"orders", orders, 20}, {"too-big", too_big, 5}, {"among", among, 10},
-               {"silent", silent, 0.5}, {"quiet-peer", quiet_peer, 1}};
+               {"silent", silent, 0.5}, {"quiet-peer", quiet_peer, 1},
+               {"collective-met", collective_met_mpi, 1}};
   int k = 0, n = (int)(sizeof cases / sizeof cases[0]);
   while (k < n && strcmp(cases[k].name, argv[2])) k++;
   if (k == n) return 2;
