@@ -268,7 +268,7 @@ static tdm_status tagged_args(struct tdm_comm *c, const char *what, int peer, in
   if (!c) return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: communicator is NULL", what);
   if (atomic_load(&c->failed)) return tdm__set_error(c->fail_status, "%s", c->error);
   if (!c->tr->ops->pending)
-    return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "%s: the %s transport has no tagged messages; use thread, shm or tcp", what,
+    return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "%s: the %s transport has no tagged messages", what,
                           tdm_transport_name(c->kind));
   if (!(any_ok && peer == TDM_ANY_SOURCE) && (peer < 0 || peer >= c->size || peer == c->rank))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: peer %d is not another rank of this communicator (size %d, rank %d)%s",

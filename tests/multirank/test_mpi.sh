@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The MPI transport under Open MPI's mpirun: collectives on 2 and 3 ranks with checked values;
-# payloads in pieces; mismatched calls named on both ranks.
+# payloads in pieces; mismatched calls named on both ranks; tagged messages and any-source receives;
+# the parameter server in sync mode over MPI equals data parallelism bit for bit.
 # usage: test_mpi.sh path/to/tandem   (exit 77 = skipped when mpirun or the transport is missing)
 set -u
 TANDEM=${1:?usage: test_mpi.sh path/to/tandem}
@@ -46,5 +47,38 @@ if [[ $bad -eq 0 && $cases -gt 20 ]]; then
 else
   failed=$((failed + 1)); echo "FAIL mpirun -np 2: $bad of $cases mismatched calls not named on both ranks"
 fi
+# Tagged messages and receives from any source (test_tagged's cases on the MPI transport, in
+# 1000-byte pieces): each case prints "rank R: CASE: ok" on every rank.
+TAGGED=$(dirname "$TANDEM")/tests/test_tagged
+for c in "basic 2" "basic 3" "orders 2" "too-big 2" "among 3" "silent 2" "quiet-peer 2" "collective-met 2"; do
+  read -r name np <<<"$c"
+  dir=$(mktemp -d /tmp/tandem-mpi-XXXXXX)
+  out=$(timeout 60 mpirun -np "$np" "$TAGGED" mpi "$name" "$dir" 2>&1 </dev/null)
+  rm -rf "$dir"
+  if [[ $(grep -c "^rank [0-9]: $name: ok$" <<<"$out") -eq $np ]]; then
+    passed=$((passed + 1)); echo "ok   mpirun -np $np: tagged messages, $name"
+  else
+    failed=$((failed + 1)); echo "FAIL mpirun -np $np: tagged messages, $name"; grep -v "^\s*$" <<<"$out" | tail -6
+  fi
+done
+# The parameter server over the MPI transport (its traffic is tagged messages and any-source
+# receives): sync mode with 1 and 2 servers ends with data parallelism's weights bit for bit.
+dir=$(mktemp -d /tmp/tandem-mpi-XXXXXX)
+M=(train --model mlp --data synthetic --steps 5 --threads 1 --prefetch off --batch-size 16 --eval-batch-size 1000
+   --optimizer adamw --weight-decay 0.05 --dropout 0.3 --lr 0.002 --seed 3)
+ps_ok=1
+for c in "2 0 dp" "3 1 ps1" "4 2 ps2"; do
+  read -r np servers name <<<"$c"
+  extra=(); [[ $servers -gt 0 ]] && extra=(--ps-servers "$servers")
+  TANDEM_TRANSPORT=mpi timeout 120 mpirun -np "$np" -x TANDEM_TRANSPORT "$TANDEM" "${M[@]}" "${extra[@]}" \
+    --save-weights "$dir/$name.st" >"$dir/$name.out" 2>&1 </dev/null && grep -q "transport mpi" "$dir/$name.out" ||
+    { ps_ok=0; echo "  $name (mpirun -np $np):"; tail -n 4 "$dir/$name.out"; }
+done
+if [[ $ps_ok -eq 1 ]] && cmp "$dir/dp.st" "$dir/ps1.st" && cmp "$dir/dp.st" "$dir/ps2.st"; then
+  passed=$((passed + 1)); echo "ok   mpirun: parameter server (sync, 1 and 2 servers) over MPI == data parallelism bit for bit"
+else
+  failed=$((failed + 1)); echo "FAIL mpirun: parameter server over MPI"
+fi
+rm -rf "$dir"
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

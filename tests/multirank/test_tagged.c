@@ -3,10 +3,13 @@
  * collectives and sub-communicators on the same connections undisturbed, a collective met by a
  * tagged receive and a message larger than the buffer named as mismatches, a dead peer named and
  * a silent one timed out. Ranks are threads (thread) or forked processes (shm, tcp) that exit
- * with 0 or a code; the parent kills whoever is left at its deadline. */
+ * with 0 or a code; the parent kills whoever is left at its deadline. Under mpirun,
+ * `test_tagged mpi CASE DIR` runs a case on the MPI transport (tests/multirank/test_mpi.sh). */
 #include <pthread.h>
 #include <string.h>
+#include <sys/stat.h>
 
+#include "comm/comm_impl.h" /* tdm__mpi_piece_bytes */
 #include "multirank/procs.h"
 #include "tdm_test.h"
 
@@ -225,6 +228,77 @@ static int silent(tdm_comm_t c, int rank, int P) {
   return 0;
 }
 
+/* Rank 1 sends tags 1 then 2 (3000 and 5000 bytes); rank 0 takes 2 first (1 waits in the
+ * stash), then 1; then rank 0 sends tags 3 and 4, which rank 1 takes in their order; then rank 1's
+ * tag 5 arrives at a receive from any source, which names rank 1. Pieces of 1000 bytes under MPI. */
+static int orders(tdm_comm_t c, int rank, int P) {
+  (void)P;
+  unsigned char a[5000], want[5000];
+  size_t n = 0;
+  int from = -1;
+  if (rank > 1) return 0;
+  if (rank == 1) {
+    for (int t = 1; t <= 2; t++) {
+      memset(a, 10 * t, sizeof a);
+      FAILIF(tdm_comm_tsend(c, 0, t, a, t == 1 ? 3000 : 5000) != TDM_OK, "tsend %d", t);
+    }
+    for (int t = 3; t <= 4; t++) {
+      FAILIF(tdm_comm_trecv(c, 0, t, a, sizeof a, &from, &n) != TDM_OK || from != 0 || n != (size_t)(t * 1000),
+             "trecv %d: %zu bytes from %d", t, n, from);
+      memset(want, 10 * t, n);
+      FAILIF(memcmp(a, want, n), "tag %d: wrong bytes", t);
+    }
+    int32_t x = 555;
+    FAILIF(tdm_comm_tsend(c, 0, 5, &x, sizeof x) != TDM_OK, "tsend 5");
+  } else {
+    for (int t = 2; t >= 1; t--) {
+      FAILIF(tdm_comm_trecv(c, 1, t, a, sizeof a, &from, &n) != TDM_OK || from != 1 || n != (t == 1 ? 3000u : 5000u),
+             "trecv %d: %zu bytes from %d", t, n, from);
+      memset(want, 10 * t, n);
+      FAILIF(memcmp(a, want, n), "tag %d: wrong bytes", t);
+    }
+    for (int t = 3; t <= 4; t++) {
+      memset(a, 10 * t, sizeof a);
+      FAILIF(tdm_comm_tsend(c, 1, t, a, (size_t)t * 1000) != TDM_OK, "tsend %d", t);
+    }
+    int32_t x = 0;
+    FAILIF(tdm_comm_trecv(c, TDM_ANY_SOURCE, 5, &x, sizeof x, &from, &n) != TDM_OK || from != 1 || x != 555 || n != 4,
+           "any source: %d from %d", (int)x, from);
+  }
+  int64_t v = rank + 1; /* the collective traffic after it is undisturbed */
+  FAILIF(tdm_comm_allreduce(c, &v, &v, 1, TDM_I64, TDM_SUM, TDM_ALGO_AUTO) != TDM_OK || v != 3, "all-reduce %lld",
+         (long long)v);
+  return 0;
+}
+
+/* Rank 1 is alive and sends nothing: rank 0's receive from it times out, naming it. */
+static int quiet_peer(tdm_comm_t c, int rank, int P) {
+  (void)P;
+  if (rank != 0) return 0;
+  int32_t x;
+  tdm_status st = tdm_comm_trecv(c, 1, 2, &x, sizeof x, NULL, NULL);
+  FAILIF(st != TDM_ERR_TIMEOUT || !strstr(tdm_last_error(), "waiting for rank 1"), "expected a timeout naming rank 1, got %s",
+         tdm_status_str(st));
+  fprintf(stderr, "  rank 0: %s\n", tdm_last_error());
+  return 0;
+}
+
+/* MPI: rank 1 runs an all-reduce where rank 0 waits for a tagged message from it. Tagged traffic
+ * has its own MPI tag there, so the receive never meets the all-reduce's message: both time out,
+ * each naming the other (whichever gives up first tells the other why). */
+static int collective_met_mpi(tdm_comm_t c, int rank, int P) {
+  (void)P;
+  float v[4] = {0};
+  tdm_status st = rank == 0 ? tdm_comm_trecv(c, 1, 3, v, sizeof v, NULL, NULL)
+                            : tdm_comm_allreduce(c, v, v, 4, TDM_F32, TDM_SUM, TDM_ALGO_RING);
+  if (rank == 0)
+    FAILIF(st != TDM_ERR_TIMEOUT || !strstr(tdm_last_error(), "rank 1"), "expected a timeout naming rank 1, got %s",
+           tdm_status_str(st));
+  else FAILIF(st == TDM_OK || !strstr(tdm_last_error(), "rank 0"), "the all-reduce: %s", tdm_status_str(st));
+  fprintf(stderr, "  rank %d: %s\n", rank, tdm_last_error());
+  return 0;
+}
+
 /* ---- running ranks ------------------------------------------------------------------------------ */
 typedef struct {
   void *group;
@@ -369,7 +443,53 @@ static void test_bad_arguments(void) {
   tdm_comm_thread_group_destroy(g);
 }
 
-int main(void) {
+/* ---- under mpirun: test_tagged mpi CASE DIR; prints "rank R: CASE: ok" ---- */
+static int mpi_main(char **argv) {
+  static const struct {
+    const char *name;
+    rank_fn fn;
+    double timeout;
+  } cases[] = {{"basic", basic, 20}, {"orders", orders, 20}, {"too-big", too_big, 5}, {"among", among, 10},
+               {"silent", silent, 0.5}, {"quiet-peer", quiet_peer, 1},
+               {"collective-met", collective_met_mpi, 1}};
+  int k = 0, n = (int)(sizeof cases / sizeof cases[0]);
+  while (k < n && strcmp(cases[k].name, argv[2])) k++;
+  if (k == n) return 2;
+  tdm_comm_config cfg;
+  if (tdm_comm_config_from_env(&cfg) != TDM_OK) return 90;
+  cfg.transport = TDM_TRANSPORT_MPI;
+  cfg.timeout_s = cases[k].timeout;
+  tdm__mpi_piece_bytes = 1000; /* messages in several pieces, read ahead into the stash too */
+  tdm_comm_t c;
+  if (tdm_comm_create(&c, &cfg) != TDM_OK) {
+    fprintf(stderr, "create: %s\n", tdm_last_error());
+    return 90;
+  }
+  int rank = tdm_comm_rank(c), P = tdm_comm_size(c);
+  int rc = cases[k].fn(c, rank, P);
+  printf("rank %d: %s: %s\n", rank, argv[2], rc ? "FAIL" : "ok");
+  fflush(stdout);
+  /* a failed MPI transport aborts the job when destroyed: first let every rank report */
+  char path[512];
+  snprintf(path, sizeof path, "%s/done.%d", argv[3], rank);
+  FILE *f = fopen(path, "w");
+  if (f) fclose(f);
+  for (double t0 = tdm_time_now(); tdm_time_now() - t0 < 10;) {
+    int m = 0;
+    for (int r = 0; r < P; r++) {
+      struct stat sb;
+      snprintf(path, sizeof path, "%s/done.%d", argv[3], r);
+      m += stat(path, &sb) == 0;
+    }
+    if (m == P) break;
+    usleep(10000);
+  }
+  tdm_comm_destroy(c);
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  if (argc == 4 && !strcmp(argv[1], "mpi")) return mpi_main(argv);
   static const tdm_test_case cases[] = {T(test_matching_any_source_collectives_split), T(test_mismatches_are_named),
                                         T(test_dead_peer_named_closed_ignored_silence_timed_out), T(test_bad_arguments)};
   return tdm_test_main(cases, (int)(sizeof cases / sizeof cases[0]));

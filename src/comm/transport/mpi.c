@@ -4,19 +4,24 @@
  * their order, and transfers to one peer in one direction start one after the other so their
  * pieces never interleave); the header is checked before the payload is received. Every wait is
  * an MPI_Test loop bounded by the communicator's deadline; it spins and yields rather than
- * sleeps, because MPI moves data only while it is polled. Built only when CMake finds MPI
- * (TANDEM_HAVE_MPI). */
+ * sleeps, because MPI moves data only while it is polled. Tagged messages (tdm_comm_tsend) travel
+ * on their own MPI tag, so collective traffic never meets them and MPI keeps each sender's tagged
+ * messages in order; a tagged receive that meets one it does not want reads it into the stash
+ * (p2p.c), and any-source receives ask MPI_Iprobe which peer has one waiting. Built only when
+ * CMake finds MPI (TANDEM_HAVE_MPI). */
 #include "comm/comm_impl.h"
 
 size_t tdm__mpi_piece_bytes = (size_t)1 << 30;
 
 #ifdef TANDEM_HAVE_MPI
 #include <mpi.h>
+#include <stddef.h>
 #include <sched.h>
 #include <stdio.h>
 #include <string.h>
 
 #define TAG_DATA 7
+#define TAG_TAGGED 8 /* tdm_comm_tsend's messages; an abort goes on both tags */
 
 typedef struct {
   tdm__transport base;
@@ -42,15 +47,19 @@ static void drop(MPI_Request *req, const tdm__xfer *x, int n) {
       if (x[i].is_send) MPI_Request_free(r);
       else MPI_Wait(r, MPI_STATUS_IGNORE);
     }
+  for (int i = 0; i < n; i++) /* a message half read into the stash is in no list yet */
+    if (x[i].stashing) tdm__free((char *)x[i].buf - offsetof(tdm__stashed, data));
 }
+
+static int mpi_tag(const tdm__xfer *x) { return x->hdr.kind == TDM_COLL_TAGGED ? TAG_TAGGED : TAG_DATA; }
 
 /* Posts the next piece of x's payload into *r. */
 static int post_piece(tdm__xfer *x, size_t *posted, MPI_Request *r) {
   size_t k = x->nbytes - *posted < tdm__mpi_piece_bytes ? x->nbytes - *posted : tdm__mpi_piece_bytes;
   char *at = (char *)x->buf + *posted;
   *posted += k;
-  return x->is_send ? MPI_Isend(at, (int)k, MPI_BYTE, x->peer, TAG_DATA, MPI_COMM_WORLD, r)
-                    : MPI_Irecv(at, (int)k, MPI_BYTE, x->peer, TAG_DATA, MPI_COMM_WORLD, r);
+  return x->is_send ? MPI_Isend(at, (int)k, MPI_BYTE, x->peer, mpi_tag(x), MPI_COMM_WORLD, r)
+                    : MPI_Irecv(at, (int)k, MPI_BYTE, x->peer, mpi_tag(x), MPI_COMM_WORLD, r);
 }
 
 static tdm_status run_posted(tdm__transport *tr, tdm__xfer *x, int n, double deadline, MPI_Request *req) {
@@ -67,8 +76,9 @@ static tdm_status run_posted(tdm__transport *tr, tdm__xfer *x, int n, double dea
       MPI_Request *hr = &req[2 * i], *pr = &req[2 * i + 1];
       if (!started[i]) {
         if (!tdm__xfer_turn(x, i)) continue;
-        int rc = x[i].is_send ? MPI_Isend(&x[i].hdr, (int)sizeof(tdm__hdr), MPI_BYTE, x[i].peer, TAG_DATA, MPI_COMM_WORLD, hr)
-                              : MPI_Irecv(&x[i].got, (int)sizeof(tdm__hdr), MPI_BYTE, x[i].peer, TAG_DATA, MPI_COMM_WORLD, hr);
+        int tag = mpi_tag(&x[i]);
+        int rc = x[i].is_send ? MPI_Isend(&x[i].hdr, (int)sizeof(tdm__hdr), MPI_BYTE, x[i].peer, tag, MPI_COMM_WORLD, hr)
+                              : MPI_Irecv(&x[i].got, (int)sizeof(tdm__hdr), MPI_BYTE, x[i].peer, tag, MPI_COMM_WORLD, hr);
         if (rc == MPI_SUCCESS && x[i].is_send && x[i].nbytes) rc = post_piece(&x[i], &posted[i], pr);
         if (rc != MPI_SUCCESS) return mpi_err(rc, "posting a transfer");
         started[i] = progressed = 1;
@@ -81,12 +91,13 @@ static tdm_status run_posted(tdm__transport *tr, tdm__xfer *x, int n, double dea
           if (x[i].got.magic == TDM_MSG_MAGIC && x[i].got.kind == TDM_COLL_ABORT) {
             char reason[600] = {0};
             int len = x[i].got.nbytes < sizeof reason - 1 ? (int)x[i].got.nbytes : (int)sizeof reason - 1;
-            MPI_Recv(reason, len, MPI_BYTE, x[i].peer, TAG_DATA, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            MPI_Recv(reason, len, MPI_BYTE, x[i].peer, mpi_tag(&x[i]), MPI_COMM_WORLD, MPI_STATUS_IGNORE);
             tdm_status st = x[i].got.op ? (tdm_status)(-(int)x[i].got.op) : TDM_ERR_REMOTE;
             if (st != TDM_ERR_MISMATCH && st != TDM_ERR_TIMEOUT) st = TDM_ERR_REMOTE;
             return tdm__set_error(st, "rank %d failed: %s", tdm__comm_rank_of(c, x[i].peer), reason);
           }
-          TDM__TRY(tdm__check_header(c, x[i].peer, &x[i].hdr, &x[i].got));
+          /* checked, or (a tagged message another receive wants) redirected into the stash */
+          TDM__TRY(tdm__xfer_header(c, &x[i]));
         }
       }
       if (*pr != MPI_REQUEST_NULL) {
@@ -98,9 +109,13 @@ static tdm_status run_posted(tdm__transport *tr, tdm__xfer *x, int n, double dea
         if (rc != MPI_SUCCESS) return mpi_err(rc, "posting a transfer");
       }
       if (*hr == MPI_REQUEST_NULL && *pr == MPI_REQUEST_NULL && posted[i] == x[i].nbytes) {
+        progressed = 1;
+        if (!tdm__xfer_done(tr, &x[i])) { /* it went to the stash: this receive starts again */
+          started[i] = 0, posted[i] = 0;
+          continue;
+        }
         x[i].complete = 1;
         left--;
-        progressed = 1;
       }
     }
     if (progressed) {
@@ -140,11 +155,13 @@ static void mpi_abort_tr(tdm__transport *tr, const char *reason) {
                 tdm__active(tr)->comm_id, 0, rl};
   for (int p = 0; p < tr->size; p++) { /* best effort: buffered sends nobody waits for */
     if (p == tr->rank) continue;
-    MPI_Request r[2];
-    MPI_Isend(&h, (int)sizeof h, MPI_BYTE, p, TAG_DATA, MPI_COMM_WORLD, &r[0]);
-    MPI_Isend((void *)reason, (int)rl, MPI_BYTE, p, TAG_DATA, MPI_COMM_WORLD, &r[1]);
-    MPI_Request_free(&r[0]);
-    MPI_Request_free(&r[1]);
+    for (int tag = TAG_DATA; tag <= TAG_TAGGED; tag++) { /* whichever kind of receive the peer waits in */
+      MPI_Request r[2];
+      MPI_Isend(&h, (int)sizeof h, MPI_BYTE, p, tag, MPI_COMM_WORLD, &r[0]);
+      MPI_Isend((void *)reason, (int)rl, MPI_BYTE, p, tag, MPI_COMM_WORLD, &r[1]);
+      MPI_Request_free(&r[0]);
+      MPI_Request_free(&r[1]);
+    }
   }
 }
 
@@ -159,7 +176,16 @@ static void mpi_destroy(tdm__transport *tr) {
   tdm__free(t);
 }
 
-static const tdm__transport_ops mpi_ops = {"mpi", run, mpi_abort_tr, mpi_destroy, NULL, NULL};
+/* Whether peer has a tagged message (or an abort) waiting; 1 once aborted, so the receive says why. */
+static int mpi_pending(tdm__transport *tr, int peer, int slow) {
+  (void)slow;
+  if (((mpi_tr *)tr)->closed) return 1;
+  int flag = 0;
+  if (MPI_Iprobe(peer, TAG_TAGGED, MPI_COMM_WORLD, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) return 1;
+  return flag;
+}
+
+static const tdm__transport_ops mpi_ops = {"mpi", run, mpi_abort_tr, mpi_destroy, NULL, mpi_pending};
 
 tdm_status tdm__mpi_transport_create(tdm__transport **out, struct tdm_comm *c, const tdm_comm_config *cfg) {
   (void)cfg;
