@@ -266,13 +266,13 @@ static void test_bad_grids(void) {
   CHECK_MSG(strstr(tdm_last_error(), "8 stages x 1 virtual stages = 8 chunks for a model of 4 blocks") != NULL, "%s", tdm_last_error());
 }
 
-/* ZeRO stage 1 on the data axis of the pipeline (D = 2, P = 2; Adam, whose moments are the state
+/* ZeRO stage 1 on the data axis of the pipeline (D = 2, P = 2, also interleaved; Adam, whose moments are the state
  * that shrinks): the weights, losses and norms after a few steps equal --zero 0's bit for bit,
  * every data rank keeps the state of half its stage's elements (the two halves add up to it), and
  * beside tensor parallelism stage 1 is refused naming the tensor ranks (as stage 2 is, by name). */
 static void test_zero1(void) {
-  for (int sched = 0; sched < 2; sched++) {
-    job j = grid_job(2, 1, 2, sched ? 3 : 2, sched ? TDM_PP_ZB1P : TDM_PP_1F1B, 1);
+  for (int sched = 0; sched < 3; sched++) { /* interleaved: two spans a rank, cut across */
+    job j = sched == 2 ? grid_job(2, 1, 2, 2, TDM_PP_INTERLEAVED, 2) : grid_job(2, 1, 2, sched ? 3 : 2, sched ? TDM_PP_ZB1P : TDM_PP_1F1B, 1);
     j.oc = tdm_optim_config_default(TDM_OPT_ADAMW);
     j.oc.lr = 0.01f;
     int64_t n0 = 0, n1 = 0, owned0[4], owned1[4];
