@@ -239,9 +239,9 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
     fprintf(stderr, "tandem %s: --schedule, --microbatches, --virtual-stages and --pp-split are for a pipeline (--pp 2 or more)\n", cmd);
     return 2;
   }
-  if (pp > 1 && zero > 0) {
-    fprintf(stderr, "tandem %s: --pp %lld with --zero %lld: the pipeline's data axis averages as data parallelism does (--zero 0)\n",
-            cmd, (long long)pp, (long long)zero);
+  if (pp > 1 && zero > 1) {
+    fprintf(stderr, "tandem %s: --pp %lld with --zero %lld: the pipeline's data axis runs ZeRO stage 1 at most (its stages keep "
+            "gradients and parameters whole; use --zero 0 or 1)\n", cmd, (long long)pp, (long long)zero);
     return 2;
   }
   if (SEEN("microbatches") && SEEN("accum") && microbatches != accum) {
@@ -260,6 +260,7 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
     tdm_pp_schedule_kind sk = TDM_PP_1F1B;
     if (SEEN("schedule") && !lr_named && tdm_pp_schedule_parse(schedule, &sk) != TDM_OK) return 2;
     pc->schedule = sk;
+    pc->zero_stage = (int)zero;
     if (vstages > 1 && sk != TDM_PP_INTERLEAVED) {
       fprintf(stderr, "tandem %s: --virtual-stages %lld needs --schedule interleaved (given %s)\n", cmd, (long long)vstages,
               tdm_pp_schedule_name(sk));

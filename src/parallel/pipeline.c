@@ -116,6 +116,10 @@ typedef struct {
   tdm__tp_gpt *tg;
   tdm_comm_t tcomm;
   int T, t, sync;
+  tdm_optim_span *full;      /* this rank's chunks' spans of the store (e->spans: the optimizer's) */
+  int n_full;
+  int zero1;                 /* ZeRO stage 1 on the data axis: e->spans is this data rank's 1/D of full */
+  int64_t *zcut;             /* zero1: data rank d updates [zcut[d], zcut[d+1]) of full, packed */
   int64_t *held_at;          /* per parameter: the optimizer-state index of its first local element, or -1 */
   tdm__tp_piece *np;         /* the norm's pieces in this rank's chunks */
   int64_t n_np;
@@ -477,8 +481,9 @@ static tdm_status run_list(tdm_engine *e, pp_state *q, tdm_batch_fn next, void *
 }
 
 static void zero_owned_grads(tdm_engine *e) {
+  const pp_state *q = e->impl;
   float *g = tdm_params_grad(((pp_state *)e->impl)->work);
-  for (int i = 0; i < e->n_spans; i++) tdm_k_zero(g + e->spans[i].lo, e->spans[i].hi - e->spans[i].lo);
+  for (int i = 0; i < q->n_full; i++) tdm_k_zero(g + q->full[i].lo, q->full[i].hi - q->full[i].lo);
 }
 
 /* The 3-D grid: the replicated parameters of this rank's chunks (layer norms, the row-parallel
@@ -548,8 +553,8 @@ static tdm_status finish(tdm_engine *e, pp_state *q, float lr, tdm_step_stats *s
   double t0 = tdm_time_now();
   float *g = tdm_params_grad(q->work);
   if (e->comm) /* as data parallelism averages: rank order, every element alike */
-    for (int i = 0; i < e->n_spans; i++)
-      TDM__TRY(tdm_comm_allreduce(e->comm, g + e->spans[i].lo, g + e->spans[i].lo, (size_t)(e->spans[i].hi - e->spans[i].lo),
+    for (int i = 0; i < q->n_full; i++)
+      TDM__TRY(tdm_comm_allreduce(e->comm, g + q->full[i].lo, g + q->full[i].lo, (size_t)(q->full[i].hi - q->full[i].lo),
                                   TDM_F32, TDM_AVG, tdm_comm_rank_order_algo(e->comm)));
   int64_t ns = e->n_seg;
   memset(q->red, 0, sizeof(double) * (size_t)(ns + 4));
@@ -561,8 +566,8 @@ static tdm_status finish(tdm_engine *e, pp_state *q, float lr, tdm_step_stats *s
       q->red[q->np[k].seg] += sq;
     }
   else
-    for (int i = 0; i < e->n_spans; i++)
-      TDM__TRY(tdm_grad_sumsq_segments(e->params, e->spans[i].lo, e->spans[i].hi, g + e->spans[i].lo, q->red));
+    for (int i = 0; i < q->n_full; i++)
+      TDM__TRY(tdm_grad_sumsq_segments(e->params, q->full[i].lo, q->full[i].hi, g + q->full[i].lo, q->red));
   if (q->stage == chunk_rank(q, q->C - 1) && q->t == 0)
     q->red[ns] = q->loss_sum, q->red[ns + 1] = q->correct, q->red[ns + 2] = q->rows, q->red[ns + 3] = (double)q->samples;
   if (q->tcomm) /* the tensor ranks' parts of each segment, in rank order */
@@ -587,6 +592,8 @@ static tdm_status finish(tdm_engine *e, pp_state *q, float lr, tdm_step_stats *s
   return TDM_OK;
 }
 
+static const tdm__engine_ops pipeline_zero1_ops;
+
 /* ---- the engine's hooks ---------------------------------------------------------------------------- */
 static void pp_zero_grad(tdm_engine *e) { zero_owned_grads(e); }
 static void pp_begin_backward(tdm_engine *e, int last) { (void)e, (void)last; }
@@ -596,15 +603,37 @@ static tdm_status pp_grad_sumsq(tdm_engine *e, double *sumsq) {
   return tdm__set_error(TDM_ERR_INTERNAL, "pipeline: the step is the schedule's");
 }
 
+/* ZeRO stage 1 on the data axis: data rank d keeps the optimizer state of (and updates) the d-th
+ * even part of its chunks' spans, packed in order; then every data rank's updated part goes to
+ * every rank of the data axis. The gradients are still averaged whole (the same all-reduce, so
+ * the norm's segment sums and every update are the bits of --zero 0). */
+static tdm_status gather_zero1(tdm_engine *e, pp_state *q) {
+  if (!q->zero1 || !e->comm) return TDM_OK;
+  float *w = tdm_params_data(q->work);
+  int64_t at = q->zcut[e->rank], all = q->zcut[q->D];
+  for (int i = 0; i < e->n_spans; at += e->spans[i].hi - e->spans[i].lo, i++)
+    memcpy(q->packed + at, w + e->spans[i].lo, sizeof(float) * (size_t)(e->spans[i].hi - e->spans[i].lo));
+  size_t parts[q->D];
+  for (int r = 0; r < q->D; r++) parts[r] = (size_t)(q->zcut[r + 1] - q->zcut[r]);
+  TDM__TRY(tdm_comm_allgather_v(e->comm, q->packed + q->zcut[e->rank], q->packed, (size_t)all, parts, TDM_F32,
+                                tdm_comm_rank_order_algo(e->comm)));
+  at = 0;
+  for (int i = 0; i < q->n_full; at += q->full[i].hi - q->full[i].lo, i++)
+    memcpy(w + q->full[i].lo, q->packed + at, sizeof(float) * (size_t)(q->full[i].hi - q->full[i].lo));
+  return TDM_OK;
+}
+
 static tdm_status pp_update(tdm_engine *e, float lr, float coef) {
   float *g = tdm_params_grad(((pp_state *)e->impl)->work);
   for (int i = 0; i < e->n_spans; i++) tdm_grad_scale(g + e->spans[i].lo, e->spans[i].hi - e->spans[i].lo, coef);
-  return tdm_optim_step(e->opt, lr);
+  TDM__TRY(tdm_optim_step(e->opt, lr));
+  return gather_zero1(e, (pp_state *)e->impl);
 }
 
 static int owns(const tdm_engine *e, int64_t i) {
-  for (int k = 0; k < e->n_spans; k++)
-    if (i >= e->spans[k].lo && i < e->spans[k].hi) return 1;
+  const pp_state *q = e->impl;
+  for (int k = 0; k < q->n_full; k++)
+    if (i >= q->full[k].lo && i < q->full[k].hi) return 1;
   return 0;
 }
 
@@ -691,8 +720,8 @@ static tdm_status pp_first_nonfinite(tdm_engine *e, int64_t *index) {
   int64_t key = INT64_MAX;
   if (!q->tg) {
     const float *w = tdm_params_data(q->work);
-    for (int k = 0; k < e->n_spans && key == INT64_MAX; k++)
-      for (int64_t i = e->spans[k].lo; i < e->spans[k].hi; i++)
+    for (int k = 0; k < q->n_full && key == INT64_MAX; k++)
+      for (int64_t i = q->full[k].lo; i < q->full[k].hi; i++)
         if (!isfinite(w[i])) {
           key = i;
           break;
@@ -753,15 +782,15 @@ static tdm_status pp_stream_params(tdm_engine *e, tdm_status (*write)(void *, co
 static tdm_status pp_load_weights(tdm_engine *e, const char *path) {
   pp_state *q = e->impl;
   if (q->tg) return tp3_load(e, q, path);
-  int n = e->n_spans + 1;
+  int n = q->n_full + 1;
   int64_t *los = tdm__malloc(sizeof(int64_t) * (size_t)n), *his = tdm__malloc(sizeof(int64_t) * (size_t)n);
   float **dst = tdm__malloc(sizeof(float *) * (size_t)n);
   tdm_status st = los && his && dst ? TDM_OK : tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
   int k = 0;
   if (st == TDM_OK && q->tied && q->stage == chunk_rank(q, q->C - 1)) /* the tied copy first: it comes first */
     los[k] = q->wte_lo, his[k] = q->wte_hi, dst[k] = tdm_params_data(e->params) + q->wte_lo, k++;
-  for (int i = 0; st == TDM_OK && i < e->n_spans; i++)
-    los[k] = e->spans[i].lo, his[k] = e->spans[i].hi, dst[k] = tdm_params_data(e->params) + e->spans[i].lo, k++;
+  for (int i = 0; st == TDM_OK && i < q->n_full; i++)
+    los[k] = q->full[i].lo, his[k] = q->full[i].hi, dst[k] = tdm_params_data(e->params) + q->full[i].lo, k++;
   if (st == TDM_OK) st = tdm_params_load_spans(e->params, path, 0, k, los, his, dst);
   tdm__free(los), tdm__free(his), tdm__free(dst);
   return st;
@@ -790,7 +819,7 @@ static tdm_status pp_shard_changed(tdm_engine *e) {
     at += e->spans[i].hi - e->spans[i].lo;
   }
   q->tied_stale = 1; /* collective: at the next step or evaluation */
-  return TDM_OK;
+  return gather_zero1(e, q); /* zero1: the other data ranks' parts of the chunks (collective too) */
 }
 
 /* Evaluation: the batch goes through the chunks in order, each rank running its own and passing
@@ -933,6 +962,40 @@ static tdm_status index_list(pp_state *q) {
   return TDM_OK;
 }
 
+/* Before anything collective, so that every rank stops alike. */
+static tdm_status check_zero(const tdm_engine *e, int T) {
+  int stage = e->cfg.pp.zero_stage;
+  if (stage < 0 || stage > 1)
+    return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "pipeline: ZeRO stage %d on the data axis; expected 0 or 1 (stages 2 and 3 shard the "
+                          "gradients and parameters, which each stage keeps whole for its micro-batches)", stage);
+  if (stage == 1 && T > 1)
+    return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "pipeline: ZeRO stage 1 beside tensor parallelism (%d tensor ranks); expected 1 tensor "
+                          "rank (the 3-D grid's checkpoint boxes describe whole slices)", T);
+  return TDM_OK;
+}
+
+/* The optimizer's spans (e->spans): this rank's chunks' spans, or with ZeRO stage 1 the d-th even
+ * part of them in packed order (data rank d; what a checkpoint's replica d would write). */
+static tdm_status make_zero1(tdm_engine *e, pp_state *q, int64_t owned) {
+  q->zero1 = e->cfg.pp.zero_stage == 1; /* checked by check_zero */
+  if (!q->zero1) {
+    e->spans = q->full, e->n_spans = q->n_full;
+    return TDM_OK;
+  }
+  int D = e->comm ? q->D : 1, d = e->comm ? e->rank : 0;
+  if (!(q->zcut = tdm__malloc(sizeof(int64_t) * (size_t)(D + 1))) || !(e->spans = tdm__malloc(sizeof *e->spans * (size_t)q->n_full)))
+    return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
+  for (int r = 0; r <= D; r++) q->zcut[r] = owned * r / D;
+  int64_t lo = q->zcut[d], hi = q->zcut[d + 1], pos = 0;
+  e->n_spans = 0;
+  for (int k = 0; k < q->n_full; pos += q->full[k].hi - q->full[k].lo, k++) {
+    int64_t a = lo > pos ? lo : pos, b = hi < pos + q->full[k].hi - q->full[k].lo ? hi : pos + q->full[k].hi - q->full[k].lo;
+    if (a < b) e->spans[e->n_spans++] = (tdm_optim_span){q->full[k].lo + a - pos, q->full[k].lo + b - pos};
+  }
+  e->ops = &pipeline_zero1_ops; /* each data rank writes its own part of a checkpoint */
+  return TDM_OK;
+}
+
 static tdm_status pp_create(tdm_engine *e, const tdm_model_config *mc, uint64_t seed) {
   if (mc->kind != TDM_MODEL_GPT)
     return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "pipeline: the %s model; pipeline parallelism cuts GPT's blocks (use --model gpt)",
@@ -958,6 +1021,7 @@ static tdm_status pp_create(tdm_engine *e, const tdm_model_config *mc, uint64_t 
   e->params = tdm_model_params(e->model);
   if (q->world) TDM__TRY(tdm__check_same_model(q->world, e->params)); /* names and shapes: the same everywhere */
   q->T = tdm_grid_size(e->grid, TDM_AXIS_TENSOR);
+  TDM__TRY(check_zero(e, q->T));
   q->t = tdm_grid_index(e->grid, TDM_AXIS_TENSOR);
   q->tcomm = tdm_grid_comm(e->grid, TDM_AXIS_TENSOR);
   q->work = e->params;
@@ -975,20 +1039,20 @@ static tdm_status pp_create(tdm_engine *e, const tdm_model_config *mc, uint64_t 
   q->wte_lo = (const float *)tdm_tensor_data(q->wte) - tdm_params_data(q->work);
   q->wte_hi = q->wte_lo + tdm_tensor_numel(q->wte);
   int np = tdm_params_count(e->params);
-  e->n_spans = q->V;
-  if (!(e->spans = tdm__malloc(sizeof *e->spans * (size_t)q->V)) || !(q->held_at = tdm__malloc(sizeof(int64_t) * (size_t)(np ? np : 1))))
+  q->n_full = q->V;
+  if (!(q->full = tdm__malloc(sizeof *q->full * (size_t)q->V)) || !(q->held_at = tdm__malloc(sizeof(int64_t) * (size_t)(np ? np : 1))))
     return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
   for (int i = 0; i < np; i++) q->held_at[i] = -1;
   int64_t owned = 0;
   for (int k = 0; k < q->V; k++) { /* chunk c: parameters [i0, i1) of the store */
     int c = k * q->P + q->stage;
     int i0 = c == 0 ? 0 : block_param(e, q->first_block[c]), i1 = c == q->C - 1 ? np : block_param(e, q->first_block[c + 1]);
-    e->spans[k].lo = tdm_params_offset(q->work, i0);
-    e->spans[k].hi = i1 == np ? tdm_params_numel(q->work) : tdm_params_offset(q->work, i1);
-    for (int i = i0; i < i1; i++) q->held_at[i] = owned + tdm_params_offset(q->work, i) - e->spans[k].lo;
+    q->full[k].lo = tdm_params_offset(q->work, i0);
+    q->full[k].hi = i1 == np ? tdm_params_numel(q->work) : tdm_params_offset(q->work, i1);
+    for (int i = i0; i < i1; i++) q->held_at[i] = owned + tdm_params_offset(q->work, i) - q->full[k].lo;
     if (!q->tg)
-      TDM__TRY(tdm_params_init_range(e->params, e->spans[k].lo, e->spans[k].hi, tdm_params_data(e->params) + e->spans[k].lo));
-    owned += e->spans[k].hi - e->spans[k].lo;
+      TDM__TRY(tdm_params_init_range(e->params, q->full[k].lo, q->full[k].hi, tdm_params_data(e->params) + q->full[k].lo));
+    owned += q->full[k].hi - q->full[k].lo;
   }
   int last_rank = q->stage == chunk_rank(q, q->C - 1), copy = q->tied && last_rank;
   if (copy && !q->tg) TDM__TRY(tdm_params_init_range(e->params, q->wte_lo, q->wte_hi, tdm_params_data(e->params) + q->wte_lo));
@@ -997,9 +1061,10 @@ static tdm_status pp_create(tdm_engine *e, const tdm_model_config *mc, uint64_t 
   tdm__mem_account(TDM_MEM_PARAMS, 4 * q->n_held);
   tdm__mem_account(TDM_MEM_GRADS, q->tg ? 0 : 4 * owned);
   if (e->comm) /* the data replicas start alike */
-    for (int k = 0; k < e->n_spans; k++)
-      TDM__TRY(tdm_comm_broadcast(e->comm, tdm_params_data(q->work) + e->spans[k].lo, (size_t)(e->spans[k].hi - e->spans[k].lo),
+    for (int k = 0; k < q->n_full; k++)
+      TDM__TRY(tdm_comm_broadcast(e->comm, tdm_params_data(q->work) + q->full[k].lo, (size_t)(q->full[k].hi - q->full[k].lo),
                                   TDM_F32, 0, TDM_ALGO_AUTO));
+  TDM__TRY(make_zero1(e, q, owned));
   TDM__TRY(tdm_optim_create_spans(&e->opt, &e->ocfg, q->work, e->n_spans, e->spans));
   if (q->tg) { /* the norm's pieces and the checkpoints' boxes of this rank's chunks */
     int64_t n_all;
@@ -1007,8 +1072,8 @@ static tdm_status pp_create(tdm_engine *e, const tdm_model_config *mc, uint64_t 
     if (!(q->np = tdm__malloc(sizeof *q->np * (size_t)(n_all ? n_all : 1)))) return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
     TDM__TRY(tdm__tp_norm_pieces(e->params, q->T, q->t, q->np, &n_all));
     for (int64_t k = 0; k < n_all; k++) /* in this rank's spans: kept, in order */
-      for (int v = 0; v < e->n_spans; v++)
-        if (q->np[k].local >= e->spans[v].lo && q->np[k].local < e->spans[v].hi) {
+      for (int v = 0; v < q->n_full; v++)
+        if (q->np[k].local >= q->full[v].lo && q->np[k].local < q->full[v].hi) {
           q->np[q->n_np++] = q->np[k];
           break;
         }
@@ -1054,7 +1119,7 @@ static void pp_destroy(tdm_engine *e) {
   if (e->params) {
     tdm__mem_account(TDM_MEM_PARAMS, -4 * q->n_held);
     int64_t owned = 0;
-    for (int k = 0; e->spans && k < e->n_spans; k++) owned += e->spans[k].hi - e->spans[k].lo;
+    for (int k = 0; q->full && k < q->n_full; k++) owned += q->full[k].hi - q->full[k].lo;
     tdm__mem_account(TDM_MEM_GRADS, -4 * owned);
   }
   tdm__free(q->slots), tdm__free(q->bufs), tdm__free(q->ex), tdm__free(q->ex_of), tdm__free(q->input_ex);
@@ -1066,32 +1131,38 @@ static void pp_destroy(tdm_engine *e) {
     e->opt = NULL;
     tdm__tp_gpt_destroy(q->tg);
   }
-  tdm__free(q->held_at), tdm__free(q->np), tdm__free(q->boxes);
+  tdm__free(q->held_at), tdm__free(q->np), tdm__free(q->boxes), tdm__free(q->zcut);
+  if (q->full != e->spans) tdm__free(q->full); /* zero1 (or a failed create): its own array */
   tdm__free(q);
   e->impl = NULL;
 }
 
-const tdm__engine_ops tdm__engine_pipeline_ops = {
-    .name = "pipeline",
-    .create = pp_create,
-    .destroy = pp_destroy,
-    .zero_grad = pp_zero_grad,
-    .begin_backward = pp_begin_backward,
-    .end_backward = pp_end_backward,
-    .grad_sumsq = pp_grad_sumsq,
-    .update = pp_update,
-    .read_params = pp_read_params,
-    .stream_params = pp_stream_params,
-    .load_weights = pp_load_weights,
-    .param_shard = pp_param_shard,
-    .shard_changed = pp_shard_changed,
-    .axes = 1u << TDM_AXIS_PIPELINE | 1u << TDM_AXIS_TENSOR, /* the tensor axis: the 3-D grid */
-    .step = pp_step,
-    .eval = pp_eval,
-    .check = pp_check,
-    .split = 1u << TDM_AXIS_PIPELINE | 1u << TDM_AXIS_TENSOR,
-    .first_nonfinite = pp_first_nonfinite,
-    .pieces = pp_pieces,
-    /* f32 only, no recomputation (.mixed, .recompute 0): its stages pass f32 activations and split
-     * backward in two passes */
-};
+/* The row, and the same engine with ZeRO stage 1 on the data axis (pp_create picks it): the
+ * optimizer state is split over the data axis too, so each data rank writes its part of a
+ * checkpoint (tdm_engine_replicas). f32 only, no recomputation (.mixed, .recompute 0): its stages
+ * pass f32 activations and split backward in two passes. */
+#define PP_OPS(SPLIT) \
+  { \
+    .name = "pipeline", \
+    .create = pp_create, \
+    .destroy = pp_destroy, \
+    .zero_grad = pp_zero_grad, \
+    .begin_backward = pp_begin_backward, \
+    .end_backward = pp_end_backward, \
+    .grad_sumsq = pp_grad_sumsq, \
+    .update = pp_update, \
+    .read_params = pp_read_params, \
+    .stream_params = pp_stream_params, \
+    .load_weights = pp_load_weights, \
+    .param_shard = pp_param_shard, \
+    .shard_changed = pp_shard_changed, \
+    .axes = 1u << TDM_AXIS_PIPELINE | 1u << TDM_AXIS_TENSOR, /* the tensor axis: the 3-D grid */ \
+    .step = pp_step, \
+    .eval = pp_eval, \
+    .check = pp_check, \
+    .split = 1u << TDM_AXIS_PIPELINE | 1u << TDM_AXIS_TENSOR | (SPLIT), \
+    .first_nonfinite = pp_first_nonfinite, \
+    .pieces = pp_pieces, \
+  }
+const tdm__engine_ops tdm__engine_pipeline_ops = PP_OPS(0);
+static const tdm__engine_ops pipeline_zero1_ops = PP_OPS(1u << TDM_AXIS_DATA);

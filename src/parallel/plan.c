@@ -285,7 +285,8 @@ static tdm_status plan_pipeline(const tdm_plan_config *c, const tdm_params *para
     ps->first_block = L.first_block[r], ps->last_block = L.first_block[r + 1] - 1;
     ps->bytes[TDM_MEM_PARAMS] = 4 * (owned + (last && L.P > 1 ? wte : 0));
     ps->bytes[TDM_MEM_GRADS] = 4 * owned;
-    ps->bytes[TDM_MEM_OPTIM] = 4 * owned * (adam ? 2 : c->optim.momentum > 0 ? 1 : 0);
+    int64_t D = c->engine.pp.zero_stage == 1 && c->world > 1 ? c->world : 1; /* ZeRO-1: the largest data rank's part */
+    ps->bytes[TDM_MEM_OPTIM] = 4 * ((owned + D - 1) / D) * (adam ? 2 : c->optim.momentum > 0 ? 1 : 0);
     /* the schedule's tapes as they come and go: a forward's bytes from the forward to the backward
      * (the weight pass), a backward's while it runs (to the weight pass, for an input pass) */
     int64_t held = 0, peak = 0;

@@ -9,6 +9,9 @@
 # weights within 1e-5 of one process's; checkpoints of one process, --pp 2 and --tp 2 resume at
 # --tp 2 --pp 2 likewise. Grids that do not fit the world or the model stop every rank before
 # step 1, naming the values; --zero with the 3-D grid is refused, naming what is not supported.
+# ZeRO stage 1 on the data axis of --dp 2 --pp 2 gives --zero 0's weights bit for bit, its
+# checkpoint resumes on --zero 0 (and --zero 0's on --zero 1) bit-identically to a straight run;
+# --pp 2 --zero 2 is refused.
 # usage: test_grid.sh path/to/tandem
 set -u
 T=${1:?usage: test_grid.sh path/to/tandem}
@@ -94,6 +97,22 @@ check "--pp larger than the blocks with --tp: refused" bad 8 "4 stages x 1 virtu
 check "heads not divisible by --tp with --pp: refused" bad 8 "6 attention heads do not divide over --tp 4 ranks" \
   --tp 4 --pp 2 --microbatches 2 --batch-size 4
 check "--zero with the 3-D grid: refused" bad 8 "with --zero 1" --dp 2 --zero 1 "${G[@]}"
+check "--pp 2 --zero 2: refused" bad 4 "runs ZeRO stage 1 at most" --dp 2 --zero 2 "${PP2[@]}"
+
+DPP=(--dp 2 --pp 2 --microbatches 2 --batch-size 2)
+zero1() { # ZeRO stage 1 on the pipeline's data axis: the same bits as --zero 0, checkpoints either way
+  run 4 "$TMP/z0.out" --steps 4 "${DPP[@]}" --save-weights "$TMP/z0.st" &&
+    run 4 "$TMP/z1.out" --steps 3 "${DPP[@]}" --zero 1 --save-weights "$TMP/z13.st" --checkpoint-dir "$TMP/ck-z1" &&
+    run 4 "$TMP/z03.out" --steps 3 "${DPP[@]}" --save-weights "$TMP/z03.st" --checkpoint-dir "$TMP/ck-z0" &&
+    { cmp -s "$TMP/z13.st" "$TMP/z03.st" || { echo "  --zero 1 after 3 steps: not --zero 0's weights"; return 1; }; } &&
+    run 4 "$TMP/z1r.out" --steps 4 "${DPP[@]}" --checkpoint-dir "$TMP/ck-z1" --resume --save-weights "$TMP/z1r.st" &&
+    grep -q "resumed from step 3" "$TMP/z1r.out" &&
+    { cmp -s "$TMP/z1r.st" "$TMP/z0.st" || { echo "  --zero 1 checkpoint resumed on --zero 0: not the straight run's weights"; return 1; }; } &&
+    run 4 "$TMP/z0r.out" --steps 4 "${DPP[@]}" --zero 1 --checkpoint-dir "$TMP/ck-z0" --resume --save-weights "$TMP/z0r.st" &&
+    grep -q "resumed from step 3" "$TMP/z0r.out" &&
+    { cmp -s "$TMP/z0r.st" "$TMP/z0.st" || { echo "  --zero 0 checkpoint resumed on --zero 1: not the straight run's weights"; return 1; }; }
+}
+check "--dp 2 --pp 2 --zero 1 == --zero 0 bit for bit; its checkpoint resumes on --zero 0 (and back) bit-identically" zero1
 plan_3d() {
   "$T" plan --model gpt --layers 2 --heads 6 --width 48 --vocab 257 --tp 2 --pp 2 --microbatches 2 >"$TMP/plan.out" 2>&1 &&
     grep -q "pipeline: 1f1b, 2 stages" "$TMP/plan.out" && grep -q "tensor parallel 2" "$TMP/plan.out" ||

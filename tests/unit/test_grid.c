@@ -26,6 +26,8 @@ typedef struct {
   float *out;
   int64_t numel;
   double loss[4], norm[4], eval_loss, eval_correct;
+  int64_t opt_owned; /* elements whose optimizer state this rank keeps */
+  int stage;
   tdm_status st;
   char err[512];
 } rank_arg;
@@ -72,6 +74,7 @@ static void *rank_main(void *va) {
   }
   if (st == TDM_OK) st = tdm_grid_create(&grid, comm, j->D, j->T, j->P);
   if (st == TDM_OK) st = tdm_engine_create(&e, &j->mc, 42, &j->oc, grid, &j->ec);
+  if (st == TDM_OK) a->opt_owned = tdm_optim_owned(tdm_engine_optim(e)), a->stage = tdm_grid_index(grid, TDM_AXIS_PIPELINE);
   if (st == TDM_OK && a->r == j->perturb_rank) { /* through the engine's boxes: where its values live */
     const tdm_engine_piece *pc;
     int n = tdm_engine_pieces(e, &pc);
@@ -263,4 +266,59 @@ static void test_bad_grids(void) {
   CHECK_MSG(strstr(tdm_last_error(), "8 stages x 1 virtual stages = 8 chunks for a model of 4 blocks") != NULL, "%s", tdm_last_error());
 }
 
-TDM_TEST_MAIN(T(test_tp2_pp2), T(test_tp2_pp2_dp2), T(test_drift), T(test_bad_grids))
+/* ZeRO stage 1 on the data axis of the pipeline (D = 2, P = 2, also interleaved; Adam, whose moments are the state
+ * that shrinks): the weights, losses and norms after a few steps equal --zero 0's bit for bit,
+ * every data rank keeps the state of half its stage's elements (the two halves add up to it), and
+ * beside tensor parallelism stage 1 is refused naming the tensor ranks (as stage 2 is, by name). */
+static void test_zero1(void) {
+  for (int sched = 0; sched < 3; sched++) { /* interleaved: two spans a rank, cut across */
+    job j = sched == 2 ? grid_job(2, 1, 2, 2, TDM_PP_INTERLEAVED, 2) : grid_job(2, 1, 2, sched ? 3 : 2, sched ? TDM_PP_ZB1P : TDM_PP_1F1B, 1);
+    j.oc = tdm_optim_config_default(TDM_OPT_ADAMW);
+    j.oc.lr = 0.01f;
+    int64_t n0 = 0, n1 = 0, owned0[4], owned1[4];
+    double norm0[4], loss0[4];
+    float *w0 = run_job(&j, &n0);
+    for (int r = 0; r < 4; r++) owned0[r] = args[r].opt_owned;
+    for (int t = 0; t < j.steps; t++) norm0[t] = args[0].norm[t], loss0[t] = args[0].loss[t];
+    j.ec.pp.zero_stage = 1;
+    float *w1 = run_job(&j, &n1);
+    for (int r = 0; r < 4; r++) owned1[r] = args[r].opt_owned;
+    CHECK_MSG(w0 && w1 && n0 == n1, "no result");
+    int64_t diff = -1;
+    for (int64_t i = 0; w0 && w1 && i < n0 && diff < 0; i++)
+      if (memcmp(&w0[i], &w1[i], 4)) diff = i;
+    CHECK_MSG(diff < 0, "schedule %d: element %lld is %.9g with --zero 1, %.9g with --zero 0", sched, (long long)diff,
+              diff >= 0 ? w1[diff] : 0.0, diff >= 0 ? w0[diff] : 0.0);
+    for (int t = 0; t < j.steps; t++)
+      CHECK_MSG(args[0].norm[t] == norm0[t] && args[0].loss[t] == loss0[t], "step %d: norm %.9g loss %.9g; --zero 0 %.9g %.9g", t,
+                args[0].norm[t], args[0].loss[t], norm0[t], loss0[t]);
+    for (int s = 0; s < 2; s++) { /* stage s's two data ranks */
+      int r0 = -1, r1 = -1;
+      for (int r = 0; r < 4; r++)
+        if (args[r].stage == s) *(r0 < 0 ? &r0 : &r1) = r;
+      CHECK(r0 >= 0 && r1 >= 0);
+      if (r0 < 0 || r1 < 0) continue;
+      int64_t a = owned1[r0], b = owned1[r1], whole = owned0[r0];
+      CHECK_MSG(owned0[r1] == whole && a + b == whole && (a == whole / 2 || b == whole / 2) && a > 0 && b > 0,
+                "stage %d: optimizer elements %lld + %lld with --zero 1, %lld with --zero 0", s, (long long)a, (long long)b,
+                (long long)whole);
+    }
+    free(w0), free(w1);
+  }
+  job j = grid_job(2, 2, 1, 2, TDM_PP_1F1B, 1);
+  j.P = 2;
+  int64_t n;
+  for (int stage = 1; stage <= 2; stage++) { /* every rank stops; the message is the checking rank's */
+    j.ec.pp.zero_stage = stage;
+    free(run_job_(&j, &n, 0));
+    const char *want = stage == 1 ? "ZeRO stage 1 beside tensor parallelism (2 tensor ranks)" : "ZeRO stage 2 on the data axis; expected 0 or 1";
+    int named = 0;
+    for (int r = 0; r < 8; r++) {
+      CHECK_MSG(args[r].st != TDM_OK, "stage %d: rank %d went on", stage, r);
+      named |= strstr(args[r].err, want) != NULL;
+    }
+    CHECK_MSG(named, "stage %d: no rank said '%s' (rank 0: %s)", stage, want, args[0].err);
+  }
+}
+
+TDM_TEST_MAIN(T(test_tp2_pp2), T(test_tp2_pp2_dp2), T(test_drift), T(test_bad_grids), T(test_zero1))
