@@ -27,8 +27,10 @@ build: setup
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
+# The sanitizer and fuzz builds leave the CUDA backend out: no GPU runs there, nvcc adds minutes to
+# make test, and the built-without-CUDA paths get sanitized instead (the Release build has CUDA).
 build-san: setup
-	@cmake -S . -B $(BUILD_SAN) -DCMAKE_BUILD_TYPE=Debug -DTANDEM_SANITIZE=ON >/dev/null
+	@cmake -S . -B $(BUILD_SAN) -DCMAKE_BUILD_TYPE=Debug -DTANDEM_SANITIZE=ON -DTANDEM_CUDA=OFF >/dev/null
 	@cmake --build $(BUILD_SAN) -j $(JOBS)
 
 # clang's libFuzzer; without it (clang and libclang-rt-14-dev on Debian 12) the fuzz targets are
@@ -38,7 +40,7 @@ HAVE_LIBFUZZER = $(shell printf 'int LLVMFuzzerTestOneInput(const char *d, unsig
 build-fuzz: setup
 	@TANDEM_SETUP_FUZZ=1 ./scripts/setup.sh
 	@if [ "$(HAVE_LIBFUZZER)" = yes ]; then \
-	  CC=clang cmake -S . -B $(BUILD_FUZZ) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTANDEM_FUZZ=ON -DTANDEM_MPI=OFF \
+	  CC=clang cmake -S . -B $(BUILD_FUZZ) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTANDEM_FUZZ=ON -DTANDEM_MPI=OFF -DTANDEM_CUDA=OFF \
 	    -DTANDEM_FUZZ_SECONDS=$(FUZZ_TEST_SECONDS) >/dev/null && cmake --build $(BUILD_FUZZ) -j $(JOBS); \
 	else echo "make: no clang with libFuzzer, so no fuzz targets (apt-get install clang libclang-rt-14-dev)"; fi
 
