@@ -5,7 +5,7 @@
 #               (its library code runs under the sanitizers in test_cluster) and the tests labelled
 #               'heavy' (many multi-process trainings; their library code runs under the sanitizers
 #               in the unit and lighter multirank tests); then each fuzz target for FUZZ_TEST_SECONDS
-#               (when clang is installed). Keeps make test within 10 minutes on 2 cores.
+#               (when clang is installed). Keeps make test within 10 minutes on 2 cores, builds included.
 #   make test-san-full   every test under ASan+UBSan, the heavy ones included (tens of minutes)
 #   make fuzz   build the libFuzzer targets (fuzz/, in build-fuzz/) and run each for FUZZ_SECONDS
 BUILD ?= build
@@ -14,7 +14,7 @@ BUILD_FUZZ ?= build-fuzz
 JOBS ?= $(shell nproc)
 RUN_ARGS ?=
 FUZZ_SECONDS ?= 60
-FUZZ_TEST_SECONDS ?= 5
+FUZZ_TEST_SECONDS ?= 3
 
 .PHONY: all setup build build-san build-fuzz run test test-san-full fuzz clean
 
