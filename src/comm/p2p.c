@@ -351,23 +351,10 @@ tdm_status tdm_comm_trecv(tdm_comm_t c, int source, int tag, void *buf, size_t c
   return trecv(c, source, NULL, 0, tag, buf, capacity, from, nbytes, NULL);
 }
 
-tdm_status tdm_comm_trecv_among(tdm_comm_t c, const int *ranks, int n, int tag, void *buf, size_t capacity, int *from,
-                                size_t *nbytes) {
-  TDM__TRY(tdm__wait_queue_idle(c));
-  TDM__TRY(tagged_args(c, "tagged receive", TDM_ANY_SOURCE, 1, tag, buf, capacity));
-  if (!ranks || n < 1 || n > c->size) return tdm__set_error(TDM_ERR_INVALID_ARG, "tagged receive: %d ranks to hear from; expected 1..%d", n, c->size);
-  for (int i = 0; i < n; i++)
-    if (ranks[i] < 0 || ranks[i] >= c->size || ranks[i] == c->rank)
-      return tdm__set_error(TDM_ERR_INVALID_ARG, "tagged receive: rank %d (entry %d) is not another rank of this communicator (size %d, rank %d)",
-                            ranks[i], i, c->size, c->rank);
-  if (c->last_any >= n) c->last_any = 0;
-  return trecv(c, TDM_ANY_SOURCE, ranks, n, tag, buf, capacity, from, nbytes, NULL);
-}
-
-tdm_status tdm_comm_trecv_among_lossy(tdm_comm_t c, const int *ranks, int n, int tag, void *buf, size_t capacity, int *from,
-                                      size_t *nbytes, int *lost) {
-  if (!lost) return tdm__set_error(TDM_ERR_INVALID_ARG, "tagged receive: lost is NULL");
-  *lost = -1;
+/* Both any-source receives among a set of ranks; lost (may be NULL) asks for a dead peer to be
+ * reported rather than failed. */
+static tdm_status trecv_among(tdm_comm_t c, const int *ranks, int n, int tag, void *buf, size_t capacity, int *from,
+                              size_t *nbytes, int *lost) {
   TDM__TRY(tdm__wait_queue_idle(c));
   TDM__TRY(tagged_args(c, "tagged receive", TDM_ANY_SOURCE, 1, tag, buf, capacity));
   if (!ranks || n < 1 || n > c->size) return tdm__set_error(TDM_ERR_INVALID_ARG, "tagged receive: %d ranks to hear from; expected 1..%d", n, c->size);
@@ -377,4 +364,16 @@ tdm_status tdm_comm_trecv_among_lossy(tdm_comm_t c, const int *ranks, int n, int
                             ranks[i], i, c->size, c->rank);
   if (c->last_any >= n) c->last_any = 0;
   return trecv(c, TDM_ANY_SOURCE, ranks, n, tag, buf, capacity, from, nbytes, lost);
+}
+
+tdm_status tdm_comm_trecv_among(tdm_comm_t c, const int *ranks, int n, int tag, void *buf, size_t capacity, int *from,
+                                size_t *nbytes) {
+  return trecv_among(c, ranks, n, tag, buf, capacity, from, nbytes, NULL);
+}
+
+tdm_status tdm_comm_trecv_among_lossy(tdm_comm_t c, const int *ranks, int n, int tag, void *buf, size_t capacity, int *from,
+                                      size_t *nbytes, int *lost) {
+  if (!lost) return tdm__set_error(TDM_ERR_INVALID_ARG, "tagged receive: lost is NULL");
+  *lost = -1;
+  return trecv_among(c, ranks, n, tag, buf, capacity, from, nbytes, lost);
 }
