@@ -4,6 +4,7 @@
 #include <pthread.h>
 
 #include "tdm_test.h"
+#include "token_batch.h"
 
 typedef struct {
   tdm_model_config mc;
@@ -39,19 +40,8 @@ static tdm_status next_batch(void *vctx, tdm_tape *tp, int64_t micro, tdm_tensor
   const job *j = c->j;
   int64_t first = (micro * j->P + c->r) * j->B; /* as the sampler slices a global batch */
   *base = first;
-  if (j->mc.kind == TDM_MODEL_GPT || j->mc.kind == TDM_MODEL_LLAMA) {
-    int64_t xs[2] = {j->B, j->T};
-    *x = tdm_new(tp, TDM_I32, 2, xs);
-    *y = tdm_new(tp, TDM_I32, 2, xs);
-    if (!*x || !*y) return tdm_tape_status(tp);
-    int32_t *xd = tdm_tensor_data(*x), *yd = tdm_tensor_data(*y);
-    for (int64_t i = 0; i < j->B * j->T; i++) {
-      uint64_t h = tdm_hash64((uint64_t)c->step, (uint64_t)(first * j->T + i));
-      xd[i] = (int32_t)(h % (uint64_t)j->mc.vocab_size);
-      yd[i] = (int32_t)((h >> 20) % (uint64_t)j->mc.vocab_size);
-    }
-    return TDM_OK;
-  }
+  if (j->mc.kind == TDM_MODEL_GPT || j->mc.kind == TDM_MODEL_LLAMA)
+    return tdm_test_token_batch(tp, c->step, first, j->B, j->T, j->mc.vocab_size, x, y);
   int64_t F = j->mc.in_features, xs[2] = {j->B, F}, ys[1] = {j->B};
   *x = tdm_new(tp, TDM_F32, 2, xs);
   *y = tdm_new(tp, TDM_I32, 1, ys);

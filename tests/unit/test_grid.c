@@ -9,6 +9,7 @@
 #include <pthread.h>
 
 #include "tdm_test.h"
+#include "token_batch.h"
 
 typedef struct {
   tdm_model_config mc;
@@ -44,17 +45,7 @@ static tdm_status next_batch(void *vctx, tdm_tape *tp, int64_t micro, tdm_tensor
   const job *j = c->j;
   int64_t first = (micro * j->D + c->d) * j->B;
   *base = first;
-  int64_t xs[2] = {j->B, j->S};
-  *x = tdm_new(tp, TDM_I32, 2, xs);
-  *y = tdm_new(tp, TDM_I32, 2, xs);
-  if (!*x || !*y) return tdm_tape_status(tp);
-  int32_t *xd = tdm_tensor_data(*x), *yd = tdm_tensor_data(*y);
-  for (int64_t i = 0; i < j->B * j->S; i++) {
-    uint64_t h = tdm_hash64((uint64_t)c->step, (uint64_t)(first * j->S + i));
-    xd[i] = (int32_t)(h % (uint64_t)j->mc.vocab_size);
-    yd[i] = (int32_t)((h >> 20) % (uint64_t)j->mc.vocab_size);
-  }
-  return TDM_OK;
+  return tdm_test_token_batch(tp, c->step, first, j->B, j->S, j->mc.vocab_size, x, y);
 }
 
 static int world_of(const job *j) { return j->D * j->T * j->P; }

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "tdm_test.h"
+#include "token_batch.h"
 
 static const tdm_dtype DTS[2] = {TDM_BF16, TDM_F16};
 
@@ -210,17 +211,8 @@ static tdm_status next_batch(void *vctx, tdm_tape *tp, int64_t micro, tdm_tensor
   const job *j = c->j;
   int64_t B = 4, first = (micro * j->P + c->r) * B;
   *base = first;
-  if (j->mc.kind == TDM_MODEL_GPT || j->mc.kind == TDM_MODEL_LLAMA) {
-    int64_t s[2] = {B, 8};
-    *x = tdm_new(tp, TDM_I32, 2, s), *y = tdm_new(tp, TDM_I32, 2, s);
-    if (!*x || !*y) return tdm_tape_status(tp);
-    for (int64_t i = 0; i < B * 8; i++) {
-      uint64_t h = tdm_hash64((uint64_t)c->step, (uint64_t)(first * 8 + i));
-      ((int32_t *)tdm_tensor_data(*x))[i] = (int32_t)(h % (uint64_t)j->mc.vocab_size);
-      ((int32_t *)tdm_tensor_data(*y))[i] = (int32_t)((h >> 20) % (uint64_t)j->mc.vocab_size);
-    }
-    return TDM_OK;
-  }
+  if (j->mc.kind == TDM_MODEL_GPT || j->mc.kind == TDM_MODEL_LLAMA)
+    return tdm_test_token_batch(tp, c->step, first, B, 8, j->mc.vocab_size, x, y);
   int64_t F = j->mc.in_features, xs[2] = {B, F}, ys[1] = {B};
   *x = tdm_new(tp, TDM_F32, 2, xs), *y = tdm_new(tp, TDM_I32, 1, ys);
   if (!*x || !*y) return tdm_tape_status(tp);

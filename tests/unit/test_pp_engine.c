@@ -6,6 +6,7 @@
 #include <pthread.h>
 
 #include "tdm_test.h"
+#include "token_batch.h"
 
 typedef struct {
   tdm_model_config mc;
@@ -40,17 +41,7 @@ static tdm_status next_batch(void *vctx, tdm_tape *tp, int64_t micro, tdm_tensor
   const job *j = c->j;
   int64_t first = (micro * j->D + c->d) * j->B;
   *base = first;
-  int64_t xs[2] = {j->B, j->T};
-  *x = tdm_new(tp, TDM_I32, 2, xs);
-  *y = tdm_new(tp, TDM_I32, 2, xs);
-  if (!*x || !*y) return tdm_tape_status(tp);
-  int32_t *xd = tdm_tensor_data(*x), *yd = tdm_tensor_data(*y);
-  for (int64_t i = 0; i < j->B * j->T; i++) {
-    uint64_t h = tdm_hash64((uint64_t)c->step, (uint64_t)(first * j->T + i));
-    xd[i] = (int32_t)(h % (uint64_t)j->mc.vocab_size);
-    yd[i] = (int32_t)((h >> 20) % (uint64_t)j->mc.vocab_size);
-  }
-  return TDM_OK;
+  return tdm_test_token_batch(tp, c->step, first, j->B, j->T, j->mc.vocab_size, x, y);
 }
 
 static void *rank_main(void *va) {
