@@ -57,4 +57,16 @@ static inline double procs_wait_all(int n, const pid_t *pids, int *codes, double
   return tdm_time_now() - t0;
 }
 
+/* In a forked rank's function (a local `rank` in scope): on cond, print the rank, the message and
+ * tandem's last error, and return 1 (the rank's exit code). */
+#define FAILIF(cond, ...)                           \
+  do {                                              \
+    if (cond) {                                     \
+      fprintf(stderr, "  rank %d: ", rank);         \
+      fprintf(stderr, __VA_ARGS__);                 \
+      fprintf(stderr, " (%s)\n", tdm_last_error()); \
+      return 1;                                     \
+    }                                               \
+  } while (0)
+
 #endif

@@ -47,16 +47,6 @@ static void run(const int *node, const char *algo_env, rank_fn fn, int *codes) {
   procs_wait_all(P, pids, codes, 90);
 }
 
-#define FAILIF(cond, ...)                                \
-  do {                                                   \
-    if (cond) {                                          \
-      fprintf(stderr, "  rank %d: ", rank);              \
-      fprintf(stderr, __VA_ARGS__);                      \
-      fprintf(stderr, " (%s)\n", tdm_last_error());      \
-      return 1;                                          \
-    }                                                    \
-  } while (0)
-
 /* Rank q's element j: a float with a full mantissa (sums round), or an integer-valued one. Not
  * inlined: a sum of its products would be contracted into fused multiply-adds (-march=native). */
 __attribute__((noinline)) static float input(int q, size_t j, int integers) {

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "multirank/mismatch.h"
+#include "multirank/procs.h"
 #include "tdm_test.h"
 
 /* Defined by LeakSanitizer in the sanitizer build, absent (NULL) otherwise. */
@@ -112,16 +113,6 @@ static double wait_all(int size, pid_t *pids, int *codes, double timeout) {
 }
 
 /* ---- collectives over TCP ------------------------------------------------------------------ */
-#define FAILIF(cond, ...)                                \
-  do {                                                   \
-    if (cond) {                                          \
-      fprintf(stderr, "  rank %d: ", rank);              \
-      fprintf(stderr, __VA_ARGS__);                      \
-      fprintf(stderr, " (%s)\n", tdm_last_error());      \
-      return 1;                                          \
-    }                                                    \
-  } while (0)
-
 static int collectives(tdm_comm_t c, int rank, int P) {
   size_t counts[] = {0, 1, 1003, (1u << 20) + 3};
   tdm_algo algos[] = {TDM_ALGO_RING, TDM_ALGO_RD, TDM_ALGO_RHD, TDM_ALGO_TREE, TDM_ALGO_AUTO};

@@ -13,16 +13,6 @@
 #include "multirank/procs.h"
 #include "tdm_test.h"
 
-#define FAILIF(cond, ...)                                                                                              \
-  do {                                                                                                                 \
-    if (cond) {                                                                                                        \
-      fprintf(stderr, "  rank %d: ", rank);                                                                            \
-      fprintf(stderr, __VA_ARGS__);                                                                                    \
-      fprintf(stderr, " (%s)\n", tdm_last_error());                                                                    \
-      return 1;                                                                                                        \
-    }                                                                                                                  \
-  } while (0)
-
 /* Defined by LeakSanitizer in the sanitizer build, absent (NULL) otherwise: a forked rank checks
  * for leaks itself before _exit (failure paths included). */
 extern int __lsan_do_recoverable_leak_check(void) __attribute__((weak));
