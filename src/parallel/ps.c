@@ -30,6 +30,8 @@ typedef struct {
   int64_t *stale;             /* per server: the staleness of this step's push, as its answer said */
   uint64_t pushed, pulled;    /* this step's bytes, headers included */
   char *buf;                  /* header + the largest shard */
+  size_t cap;                 /* its bytes */
+  int *left;                  /* per server: the ranks not yet heard from in this round */
 } ps_worker;
 
 static tdm_status ps_create(tdm_engine *e, const tdm_model_config *mc, uint64_t seed) {
@@ -62,14 +64,16 @@ static tdm_status ps_create(tdm_engine *e, const tdm_model_config *mc, uint64_t 
   w->S = pc->servers;
   w->W = e->size;
   w->lo = tdm__calloc((size_t)w->S * 4, sizeof(int64_t));
-  if (!w->lo) return tdm__set_error(TDM_ERR_NO_MEMORY, "ps engine: out of memory");
+  w->left = tdm__calloc((size_t)w->S, sizeof(int));
+  if (!w->lo || !w->left) return tdm__set_error(TDM_ERR_NO_MEMORY, "ps engine: out of memory");
   w->hi = w->lo + w->S, w->version = w->hi + w->S, w->stale = w->version + w->S;
   int64_t most = 0;
   for (int s = 0; s < w->S; s++) {
     tdm_ps_shard(n, w->S, s, &w->lo[s], &w->hi[s]);
     if (w->hi[s] - w->lo[s] > most) most = w->hi[s] - w->lo[s];
   }
-  w->buf = tdm__malloc_cat(sizeof(tdm__ps_msg) + sizeof(float) * (size_t)most, TDM_MEM_COMM);
+  w->cap = sizeof(tdm__ps_msg) + sizeof(float) * (size_t)most;
+  w->buf = tdm__malloc_cat(w->cap, TDM_MEM_COMM);
   if (!w->buf) return tdm__set_error(TDM_ERR_NO_MEMORY, "ps engine: out of memory");
   char k[32] = "";
   if (pc->mode == TDM_PS_SSP) snprintf(k, sizeof k, ", staleness %d", pc->staleness);
@@ -90,6 +94,7 @@ static void ps_destroy(tdm_engine *e) {
     }
   tdm__free(w->buf);
   tdm__free(w->lo);
+  tdm__free(w->left);
   tdm__free(w);
 }
 
@@ -140,18 +145,35 @@ static tdm_status ps_update(tdm_engine *e, float lr, float coef) {
   return pull_all(e);
 }
 
-/* Receives every server's shard into the parameters (after a push, or a pull). */
+/* Receives every server's shard into the parameters (after a push, or a pull), from whichever
+ * server answers first. A fixed order could deadlock: a server's answer bigger than the
+ * transport's buffer blocks it until this worker reads, and if this worker were waiting for
+ * another server, itself blocked answering a worker that is still pushing to the first, no one
+ * would move (seen under load with two servers and ssp). Reading any server's answer, and pushing
+ * to the servers in one order on every worker, leaves no cycle of waits. */
 static tdm_status pull_all(tdm_engine *e) {
   ps_worker *w = e->impl;
   float *p = tdm_params_data(e->params);
-  for (int s = 0; s < w->S; s++) {
-    int64_t n = w->hi[s] - w->lo[s];
+  int *left = w->left, n_left = w->S;
+  for (int s = 0; s < w->S; s++) left[s] = w->W + s;
+  while (n_left > 0) {
     size_t got = 0;
-    tdm_status st = tdm_comm_trecv(w->world, w->W + s, TDM_PS_TAG_TO_WORKER, w->buf,
-                                   sizeof(tdm__ps_msg) + sizeof(float) * (size_t)n, NULL, &got);
-    if (st != TDM_OK) return server_error(st, w, s, "sent no parameters");
+    int from = -1, gone = -1;
+    tdm_status st = tdm_comm_trecv_among_lossy(w->world, left, n_left, TDM_PS_TAG_TO_WORKER, w->buf, w->cap, &from, &got,
+                                               &gone);
+    if (st != TDM_OK && gone >= w->W) { /* a dead server: the job stops, and every peer learns why */
+      char why[1024];
+      snprintf(why, sizeof why, "parameter server %d (rank %d) sent no parameters: %s", gone - w->W, gone, tdm_last_error());
+      tdm_comm_abort_why(w->world, st, why);
+      return tdm__set_error(st, "%s", why);
+    }
+    if (st != TDM_OK) return tdm__set_error(st, "the parameter servers (ranks %d..%d) sent no parameters: %s", w->W,
+                                            w->W + w->S - 1, tdm_last_error());
+    int s = from - w->W;
+    int64_t n = w->hi[s] - w->lo[s];
     tdm__ps_msg m;
-    memcpy(&m, w->buf, sizeof m);
+    memset(&m, 0, sizeof m);
+    if (got >= sizeof m) memcpy(&m, w->buf, sizeof m);
     const float *v = (const float *)(w->buf + sizeof m);
     if (got != sizeof m + sizeof(float) * (size_t)n || m.magic != TDM_PS_MAGIC || m.kind != TDM_PS_PARAMS ||
         m.lo != w->lo[s] || m.hi != w->hi[s] || m.sum != tdm__ps_sum(v, n))
@@ -165,6 +187,11 @@ static tdm_status pull_all(tdm_engine *e) {
     w->stale[s] = (int64_t)m.lr;
     w->pulled += got;
     if (s == 0) w->lost = m.lost;
+    for (int i = 0; i < n_left; i++) /* one answer per server: it is not heard from again this round */
+      if (left[i] == from) {
+        left[i] = left[--n_left];
+        break;
+      }
   }
   return TDM_OK;
 }
