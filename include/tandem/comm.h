@@ -298,6 +298,45 @@ tdm_status tdm_work_wait(tdm_work_t w);
 /* Reduces n elements: dst[i] = dst[i] op src[i] (avg accumulates as sum). Thread-safe. */
 tdm_status tdm_reduce_local(void *dst, const void *src, size_t n, tdm_dtype dt, tdm_redop op);
 
+
+/* ---- shared buffers ---------------------------------------------------------------------------
+ * One f32 area per rank in memory that every rank of the communicator maps (the shm transport's
+ * ranks on one node, the thread transport's in one process), for collectives on data that lives
+ * there, with no copy in or out: data parallelism keeps its gradients in one and averages each
+ * bucket in place, ZeRO stage 1 reduce-scatters them in place.
+ *   tdm_shared_t s;
+ *   tdm_shared_create(comm, n, &s);            // collective; fails alike on every rank
+ *   float *g = tdm_shared_mine(s);             // this rank's n floats
+ *   ... write g ...
+ *   tdm_shared_allreduce(s, 0, n, 1);          // every area holds the average, summed in rank order
+ *   tdm_shared_destroy(s);
+ * Create needs a communicator over all of its transport's ranks (not a sub-communicator of one)
+ * and no emulated network (TANDEM_NET_EMULATE, whose links the data would bypass); elsewhere
+ * TDM_ERR_NOT_SUPPORTED, the same on every rank, and the caller falls back to a collective.
+ * The operations are collective, in the same order on all ranks, and may run on another thread
+ * than the communicator's other calls (they use none of its call state; not two at once on one
+ * buffer). Each publishes its identity (operation, round, span, pieces, average) and checks every
+ * peer's before it reads a peer's area: a rank in another operation or span fails with
+ * TDM_ERR_MISMATCH naming both; every wait has the communicator's timeout and notices a dead peer;
+ * a failure fails the communicator and wakes every peer. Elements [lo, hi) of the areas are cut
+ * into one piece per rank: cut[q] .. cut[q+1] (cut: size+1 ascending offsets from lo to hi), or
+ * with cut NULL the blocks of tdm_comm_block(hi - lo, size, q) from lo. Rank q owns piece q.
+ *   allreduce:      each rank sums its piece across all areas in rank order 0..P-1 (average: then
+ *                   divides by P) and writes the result into every area;
+ *   reduce_scatter: the same sum, written only into its own area (other areas keep their data);
+ *   allgather:      copies every rank's piece from its owner's area into its own.
+ * So reduce_scatter then allgather leaves every area bit for bit as allreduce does, and as the
+ * rank-order collectives (tdm_comm_rank_order_algo) would. Each returns when no peer reads this
+ * rank's area any more: it may be written at once. */
+typedef struct tdm_shared *tdm_shared_t;
+tdm_status tdm_shared_create(tdm_comm_t c, size_t floats_per_rank, tdm_shared_t *out);
+void tdm_shared_destroy(tdm_shared_t s); /* this rank's view; not collective; NULL is fine */
+float *tdm_shared_mine(tdm_shared_t s);
+size_t tdm_shared_floats(tdm_shared_t s);
+tdm_status tdm_shared_allreduce(tdm_shared_t s, size_t lo, size_t hi, int average);
+tdm_status tdm_shared_reduce_scatter(tdm_shared_t s, size_t lo, size_t hi, const int64_t *cut, int average);
+tdm_status tdm_shared_allgather(tdm_shared_t s, size_t lo, size_t hi, const int64_t *cut);
+
 #ifdef __cplusplus
 }
 #endif

@@ -86,6 +86,7 @@ static inline int tdm__xfer_turn(const tdm__xfer *x, int i) {
 }
 
 typedef struct tdm__transport tdm__transport;
+struct tdm__waiter;
 typedef struct tdm__transport_ops {
   const char *name;
   /* Runs every transfer to completion, making progress on all at once (a ring's send and
@@ -104,6 +105,16 @@ typedef struct tdm__transport_ops {
    * received, without blocking; also 1 when peer is gone or the job aborted, so that a receive
    * from it reports why. slow: every few ms, the time for costlier checks (a process's life). */
   int (*pending)(tdm__transport *t, int peer, int slow);
+  /* Optional (shared buffers, shared.c): memory every rank of the transport maps. shared_map is
+   * collective over the transport's ranks through c (a communicator over all of them): *base gets
+   * `bytes` of it, zero-filled, or every rank gets an error alike. shared_unmap gives back this
+   * rank's view (the memory goes with the last). shared_wait is one pause of a wait on peer (a
+   * transport rank; -1: none in particular): TDM_OK to look again, or why the wait must stop
+   * (the job aborted, the peer's process is gone, the deadline passed), naming `what`. */
+  tdm_status (*shared_map)(tdm__transport *t, struct tdm_comm *c, size_t bytes, void **base);
+  void (*shared_unmap)(tdm__transport *t, void *base, size_t bytes);
+  tdm_status (*shared_wait)(tdm__transport *t, struct tdm__waiter *w, struct tdm_comm *c, int peer, double deadline,
+                            const char *what);
 } tdm__transport_ops;
 
 struct tdm__transport {
@@ -166,7 +177,7 @@ struct tdm_comm {
   pthread_t q_thread;
 };
 
-/* Adds n to c's tdm_comm_bytes_sent (any thread: the progress thread and shared regions count too). */
+/* Adds n to c's tdm_comm_bytes_sent (any thread: the progress thread and shared buffers count too). */
 static inline void tdm__count_sent(struct tdm_comm *c, uint64_t n) {
   atomic_fetch_add_explicit(&c->bytes_sent, n, memory_order_relaxed);
 }
@@ -243,6 +254,15 @@ typedef struct {
 } tdm__backoff_t;
 int tdm__backoff(tdm__backoff_t *b);
 
+/* The state of one wait in a transport's waiting loop (shm's and the shared buffers'): the
+ * back-off, and what the last slow check found, reported at the next one (after the caller has
+ * looked again at what it waits for: a peer that did its part and then exited has not failed). */
+typedef struct tdm__waiter {
+  tdm__backoff_t b;
+  int dead;    /* 1 + the peer whose process was gone at the last check */
+  int aborted; /* a peer had failed the job at the last check */
+} tdm__waiter;
+
 /* Transports: one creator each, in the table of comm.c (indexed by tdm_transport_kind). */
 typedef tdm_status tdm__transport_create_fn(tdm__transport **out, struct tdm_comm *c, const tdm_comm_config *cfg);
 tdm__transport_create_fn tdm__thread_transport_create; /* cfg->thread_group */
@@ -268,29 +288,9 @@ tdm_status tdm__reduce_scatter_shm(struct tdm_comm *c, const void *sendbuf, void
 tdm_status tdm__allgather_shm(struct tdm_comm *c, const void *sendbuf, void *recvbuf, size_t count, const size_t *cnt,
                               const size_t *off, tdm_dtype dt);
 
-/* A shared region (transport/shm.c): one f32 area per rank in one segment that every rank maps,
- * for zero-copy collectives of data that lives there (data-parallel gradients on one node).
- * Create is collective over c (shm transport, whole communicator) and fails the same way on all
- * ranks. The operations are collective too, in the same order on all ranks, and may run on
- * another thread than c's other calls (they use none of c's call state): each publishes its
- * identity (operation, round, lo, hi, average) and checks every peer's before it reads a peer's
- * data, so a rank in another operation or span fails with TDM_ERR_MISMATCH naming both; every
- * wait has c's timeout and notices a dead peer. A failure fails c and wakes every peer.
- * Elements [lo, hi) are split into P shares exactly as tdm__blocks(hi - lo, P): share q starts
- * at lo + q*base + min(q, extra) and holds base + (q < extra) elements (base = (hi-lo)/P, extra =
- * (hi-lo)%P); rank q owns share q.
- *   allreduce:      each rank sums its share across all areas in rank order 0..P-1 (average: then
- *                   divides by P) and writes the result into every area;
- *   reduce_scatter: the same sum, written only into its own area (other areas keep their data);
- *   allgather:      copies every rank's share of [lo, hi) from its owner's area into its own.
- * So reduce_scatter followed by allgather leaves every area bit for bit as allreduce does. */
-typedef struct tdm__shm_region tdm__shm_region;
-tdm_status tdm__shm_region_create(struct tdm_comm *c, size_t floats_per_rank, tdm__shm_region **out);
-void tdm__shm_region_destroy(tdm__shm_region *r);
-float *tdm__shm_region_mine(tdm__shm_region *r);
-tdm_status tdm__shm_region_allreduce(tdm__shm_region *r, size_t lo, size_t hi, int average);
-tdm_status tdm__shm_region_reduce_scatter(tdm__shm_region *r, size_t lo, size_t hi, int average);
-tdm_status tdm__shm_region_allgather(tdm__shm_region *r, size_t lo, size_t hi);
+/* Whether c can have shared buffers (tdm_shared_create): all of a transport's ranks that map
+ * shared memory, and no emulated network. */
+int tdm__shared_usable(const struct tdm_comm *c);
 /* Runs fn(ctx) on c's progress thread, in line with the non-blocking collectives. */
 tdm_status tdm__comm_icall(struct tdm_comm *c, tdm_status (*fn)(void *ctx), void *ctx, tdm_work_t *work);
 

@@ -18,9 +18,9 @@ typedef struct {
   tdm_work_t work;
   int launched;
   void *wire;        /* compressed copy when the wire dtype is not f32 */
-  tdm__shm_region *region;
+  tdm_shared_t region;
   int k;         /* its index */
-  int64_t seq;   /* tracing: the shared-region reduction's number (the same on every rank) */
+  int64_t seq;   /* tracing: the shared-buffer reduction's number (the same on every rank) */
 } bucket;
 
 struct tdm_dp {
@@ -31,22 +31,22 @@ struct tdm_dp {
   int nb, next_launch; /* buckets start strictly in index order */
   int sync;
   tdm_status hook_status;
-  /* shm transport: the gradients live in a shared region and are averaged in place there */
-  tdm__shm_region *region;
+  /* ranks that share memory: the gradients live in a shared buffer and are averaged in place there */
+  tdm_shared_t region;
   int spare_core; /* a core is left over after every local rank's compute threads */
   tdm__compress *cz; /* --compress topk / powersgd: buckets reduced after backward */
   int64_t step;
   uint64_t bytes0, step_bytes;
-  int64_t region_seq; /* shared-region reductions so far: they are no collectives, so count them here */
+  int64_t region_seq; /* shared-buffer reductions so far: they are no collectives, so count them here */
 };
 
-/* A bucket averaged in the shared region (no collective, so no sequence number of the
- * communicator's): a span with the region's own count, on the thread that ran it. */
+/* A bucket averaged in the shared buffer (no collective, so no sequence number of the
+ * communicator's): a span with the buffer's own count, on the thread that ran it. */
 static tdm_status region_reduce(bucket *b, double t0) {
-  tdm_status st = tdm__shm_region_allreduce(b->region, (size_t)b->lo, (size_t)b->hi, 1);
+  tdm_status st = tdm_shared_allreduce(b->region, (size_t)b->lo, (size_t)b->hi, 1);
   if (t0 > 0) {
     tdm_trace_args a = TDM_TRACE_ARGS_INIT;
-    a.bytes = (b->hi - b->lo) * (int64_t)sizeof(float), a.seq = b->seq, a.index = b->k, a.algo = "shm-region";
+    a.bytes = (b->hi - b->lo) * (int64_t)sizeof(float), a.seq = b->seq, a.index = b->k, a.algo = "shared-buffer";
     tdm_trace_span("comm", "bucket all-reduce", t0, tdm_trace_now(), &a);
   }
   return st;
@@ -83,7 +83,7 @@ static tdm_status launch(tdm_dp *dp, bucket *b) {
 }
 
 /* Buckets handed to the communication thread; tdm_dp_finish averages the rest on the calling
- * thread, in order. With a shared region the last bucket always stays here (backward has nothing
+ * thread, in order. With a shared buffer the last bucket always stays here (backward has nothing
  * left to overlap it with, and two thread switches are saved), and when no core is spare (ranks x
  * threads >= cores) all of them do: the communication thread could only take turns with backward
  * on the same core, and in-place averaging is cheap enough that the switches cost more than
@@ -191,23 +191,22 @@ tdm_status tdm_dp_create(tdm_dp **out, tdm_comm_t comm, tdm_params *params, cons
   }
   tdm__layout_free(&L);
   for (int k = 0; k < dp->nb; k++) dp->b[k].pending = dp->b[k].n_params;
-  /* One node over shared memory, f32 on the wire: keep the gradients in a shared region, so a
-   * bucket is averaged in place with no copy in or out (TANDEM_DP_ZERO_COPY=0 turns it off, for
-   * comparison; it must be the same on all ranks). */
-  if (c.wire_dtype == TDM_F32 && !cz && tdm_comm_transport(comm) == TDM_TRANSPORT_SHM && tdm_comm_size(comm) > 1 &&
-      zero_copy != 0) {
-    tdm_status rs = tdm__shm_region_create(comm, (size_t)total, &dp->region);
-    if (rs == TDM_OK) rs = tdm_params_set_grad_buffer(params, tdm__shm_region_mine(dp->region));
+  /* Ranks that share memory (one node over shm, or threads), f32 on the wire: keep the gradients
+   * in a shared buffer, so a bucket is averaged in place with no copy in or out
+   * (TANDEM_DP_ZERO_COPY=0 turns it off, for comparison; it must be the same on all ranks). */
+  if (c.wire_dtype == TDM_F32 && !cz && tdm__shared_usable(comm) && tdm_comm_size(comm) > 1 && zero_copy != 0) {
+    tdm_status rs = tdm_shared_create(comm, (size_t)total, &dp->region);
+    if (rs == TDM_OK) rs = tdm_params_set_grad_buffer(params, tdm_shared_mine(dp->region));
     if (rs != TDM_OK) { /* the same outcome on every rank: fall back to the all-reduce */
       tdm_log(TDM_LOG_WARN, "dp: gradients stay private (%s); averaging them by copying", tdm_last_error());
-      tdm__shm_region_destroy(dp->region);
+      tdm_shared_destroy(dp->region);
       dp->region = NULL;
     }
     for (int k = 0; k < dp->nb; k++) dp->b[k].region = dp->region;
     dp->spare_core = !inline_avg;
-    /* the gradients now live in this rank's area of the region (mapped, not allocated) */
+    /* the gradients now live in this rank's area of the buffer (mapped, not allocated) */
     if (dp->region) tdm__mem_account(TDM_MEM_GRADS, (int64_t)sizeof(float) * total);
-    if (dp->region) tdm_log(TDM_LOG_INFO, "dp: gradients in a shared region, averaged in place (zero-copy)");
+    if (dp->region) tdm_log(TDM_LOG_INFO, "dp: gradients in a shared buffer, averaged in place (zero-copy)");
   }
   if (grad_algo(comm) == TDM_ALGO_HIER) tdm_log(TDM_LOG_INFO, "dp: gradients averaged by the hierarchical all-reduce (ranks on several nodes)");
   for (int i = 0; i < n; i++) tdm_tensor_set_grad_hook(tdm_params_get(params, i), on_grad_ready, dp);
@@ -225,7 +224,7 @@ void tdm_dp_destroy(tdm_dp *dp) {
   if (dp->region) { /* the gradients move back into the parameters' own buffer */
     tdm_params_set_grad_buffer(dp->params, NULL);
     tdm__mem_account(TDM_MEM_GRADS, -(int64_t)sizeof(float) * tdm_params_numel(dp->params));
-    tdm__shm_region_destroy(dp->region);
+    tdm_shared_destroy(dp->region);
   }
   tdm__compress_destroy(dp->cz);
   tdm__free(dp->b);

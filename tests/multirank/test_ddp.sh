@@ -74,7 +74,7 @@ small_shm() { # a /dev/shm too small for the gradients: a warning and the copyin
               # too small for the transport: a clear error, no bus error
   unshare -m bash -c "mount -t tmpfs -o size=10m tmpfs /dev/shm && TANDEM_TRANSPORT=shm \"$T\" run -n 2 -- tandem ${A[*]} \
       --batch-size 48 --save-weights $TMP/small.st" >"$TMP/small.out" 2>&1 &&
-    grep -q "gradients stay private (shared region: some rank could not reserve" "$TMP/small.out" &&
+    grep -q "gradients stay private (shared buffer: some rank could not reserve" "$TMP/small.out" &&
     cmp -s "$TMP/small.st" "$TMP/two.st" &&
     ! unshare -m bash -c "mount -t tmpfs -o size=4m tmpfs /dev/shm && TANDEM_TRANSPORT=shm \"$T\" run -n 2 -- tandem ${A[*]} \
       --batch-size 48" >"$TMP/tiny.out" 2>&1 && grep -q "cannot reserve [0-9]* bytes in /dev/shm" "$TMP/tiny.out" &&

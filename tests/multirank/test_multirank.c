@@ -469,9 +469,9 @@ static int slots_rsag(tdm_comm_t c, int rank, int P) {
  * P; the reduce-scatter alone leaves the rest of my area as it was. */
 static int region_rsag(tdm_comm_t c, int rank, int P) {
   enum { N = 100003 };
-  tdm__shm_region *reg;
-  FAILIF(tdm__shm_region_create(c, N, &reg) != TDM_OK, "region");
-  float *mine = tdm__shm_region_mine(reg), *orig = malloc(4 * N), *ar = malloc(4 * N);
+  tdm_shared_t reg;
+  FAILIF(tdm_shared_create(c, N, &reg) != TDM_OK, "shared buffer");
+  float *mine = tdm_shared_mine(reg), *orig = malloc(4 * N), *ar = malloc(4 * N);
   for (size_t j = 0; j < N; j++) orig[j] = rnd(rank, j);
   static const size_t spans[][2] = {{0, N}, {17, 17 + 1001}, {5, 6}, {300, 300}};
   for (int si = 0; si < 4; si++)
@@ -480,26 +480,53 @@ static int region_rsag(tdm_comm_t c, int rank, int P) {
       tdm_comm_block(hi - lo, P, rank, &off, &len);
       memcpy(mine, orig, 4 * N);
       FAILIF(tdm_comm_barrier(c) != TDM_OK, "barrier");
-      FAILIF(tdm__shm_region_allreduce(reg, lo, hi, avg) != TDM_OK, "region all-reduce");
+      FAILIF(tdm_shared_allreduce(reg, lo, hi, avg) != TDM_OK, "region all-reduce");
       memcpy(ar, mine, 4 * N);
       FAILIF(tdm_comm_barrier(c) != TDM_OK, "barrier"); /* everyone read my area before I rewrite it */
       memcpy(mine, orig, 4 * N);
       FAILIF(tdm_comm_barrier(c) != TDM_OK, "barrier");
-      FAILIF(tdm__shm_region_reduce_scatter(reg, lo, hi, avg) != TDM_OK, "region reduce-scatter");
+      FAILIF(tdm_shared_reduce_scatter(reg, lo, hi, NULL, avg) != TDM_OK, "region reduce-scatter");
       FAILIF(memcmp(mine + lo + off, ar + lo + off, 4 * len), "[%zu, %zu): my share differs after the reduce-scatter", lo, hi);
       FAILIF(memcmp(mine, orig, 4 * (lo + off)) || memcmp(mine + lo + off + len, orig + lo + off + len, 4 * (N - lo - off - len)),
              "[%zu, %zu): the reduce-scatter wrote outside my share", lo, hi);
-      FAILIF(tdm__shm_region_allgather(reg, lo, hi) != TDM_OK, "region all-gather");
+      FAILIF(tdm_shared_allgather(reg, lo, hi, NULL) != TDM_OK, "region all-gather");
       FAILIF(memcmp(mine, ar, 4 * N), "[%zu, %zu) %s: region reduce-scatter + all-gather differs from the region all-reduce",
              lo, hi, avg ? "average" : "sum");
     }
+  /* uneven pieces (ZeRO's cuts): my piece of the reduce-scatter equals the rank-order
+   * reduce-scatter_v's, bit for bit, and the all-gather then gives the all-reduce's bits */
+  {
+    size_t lo = 11, hi = 11 + 5000, counts[8];
+    int64_t cut[9];
+    cut[0] = (int64_t)lo;
+    for (int q = 0; q < P; q++) { /* piece q: 3 + 1000q elements, the last takes the rest */
+      size_t want = q == P - 1 ? hi - (size_t)cut[q] : 3 + 1000 * (size_t)q;
+      counts[q] = want, cut[q + 1] = cut[q] + (int64_t)want;
+    }
+    float *rs = malloc(4 * counts[rank] + 4);
+    memcpy(mine, orig, 4 * N);
+    FAILIF(tdm_comm_reduce_scatter_v(c, orig + lo, rs, hi - lo, counts, TDM_F32, TDM_AVG, tdm_comm_rank_order_algo(c)) != TDM_OK,
+           "reduce_scatter_v");
+    FAILIF(tdm_comm_barrier(c) != TDM_OK, "barrier");
+    FAILIF(tdm_shared_reduce_scatter(reg, lo, hi, cut, 1) != TDM_OK, "uneven shared reduce-scatter");
+    FAILIF(memcmp(mine + cut[rank], rs, 4 * counts[rank]), "uneven pieces: my piece differs from reduce_scatter_v's");
+    FAILIF(tdm_shared_allgather(reg, lo, hi, cut) != TDM_OK, "uneven shared all-gather");
+    FAILIF(tdm_comm_barrier(c) != TDM_OK, "barrier");
+    memcpy(ar, mine, 4 * N);
+    FAILIF(tdm_comm_barrier(c) != TDM_OK, "barrier");
+    memcpy(mine, orig, 4 * N);
+    FAILIF(tdm_comm_barrier(c) != TDM_OK, "barrier");
+    FAILIF(tdm_shared_allreduce(reg, lo, hi, 1) != TDM_OK, "shared all-reduce");
+    FAILIF(memcmp(mine + lo, ar + lo, 4 * (hi - lo)), "uneven pieces: reduce-scatter + all-gather differs from the all-reduce");
+    free(rs);
+  }
   /* a span or an operation that differs between ranks: both named on every rank */
-  tdm_status st = rank == P - 1 ? tdm__shm_region_allreduce(reg, 0, 999, 1) : tdm__shm_region_allreduce(reg, 0, 1000, 1);
-  /* round 25: the 8 cases above took 3 rounds each */
-  int named = st == TDM_ERR_MISMATCH && strstr(tdm_last_error(), "shared-region all-reduce round 25 (elements [0, 1000), average)") &&
-              strstr(tdm_last_error(), "shared-region all-reduce round 25 (elements [0, 999), average)");
+  tdm_status st = rank == P - 1 ? tdm_shared_allreduce(reg, 0, 999, 1) : tdm_shared_allreduce(reg, 0, 1000, 1);
+  /* round 28: the 8 cases above took 3 rounds each, the uneven pieces 3 */
+  int named = st == TDM_ERR_MISMATCH && strstr(tdm_last_error(), "shared-buffer all-reduce round 28 (elements [0, 1000), average)") &&
+              strstr(tdm_last_error(), "shared-buffer all-reduce round 28 (elements [0, 999), average)");
   if (!named) fprintf(stderr, "  rank %d: %s: %s\n", rank, tdm_status_str(st), tdm_last_error());
-  tdm__shm_region_destroy(reg);
+  tdm_shared_destroy(reg);
   free(orig);
   free(ar);
   return named ? 0 : 1;
@@ -507,13 +534,13 @@ static int region_rsag(tdm_comm_t c, int rank, int P) {
 
 static int region_op_mismatch(tdm_comm_t c, int rank, int P) {
   (void)P;
-  tdm__shm_region *reg;
-  FAILIF(tdm__shm_region_create(c, 64, &reg) != TDM_OK, "region");
-  tdm_status st = rank ? tdm__shm_region_reduce_scatter(reg, 0, 64, 1) : tdm__shm_region_allgather(reg, 0, 64);
-  int named = st == TDM_ERR_MISMATCH && strstr(tdm_last_error(), "shared-region all-gather round 1 (elements [0, 64))") &&
-              strstr(tdm_last_error(), "shared-region reduce-scatter round 1 (elements [0, 64), average)");
+  tdm_shared_t reg;
+  FAILIF(tdm_shared_create(c, 64, &reg) != TDM_OK, "region");
+  tdm_status st = rank ? tdm_shared_reduce_scatter(reg, 0, 64, NULL, 1) : tdm_shared_allgather(reg, 0, 64, NULL);
+  int named = st == TDM_ERR_MISMATCH && strstr(tdm_last_error(), "shared-buffer all-gather round 1 (elements [0, 64))") &&
+              strstr(tdm_last_error(), "shared-buffer reduce-scatter round 1 (elements [0, 64), average)");
   if (!named) fprintf(stderr, "  rank %d: %s: %s\n", rank, tdm_status_str(st), tdm_last_error());
-  tdm__shm_region_destroy(reg);
+  tdm_shared_destroy(reg);
   return named ? 42 : 1;
 }
 
@@ -565,12 +592,12 @@ static int bytes_sent(tdm_comm_t c, int rank, int P) {
   SENT(shm ? 4 * 6 * (P - 1) : 0, "barrier, then a 6-float all-reduce",
        tdm_comm_barrier(c) != TDM_OK ? TDM_ERR_INTERNAL : tdm_comm_allreduce(c, a, a, shm ? 6 : 0, TDM_F32, TDM_SUM, ro));
   if (shm) {
-    tdm__shm_region *reg;
-    FAILIF(tdm__shm_region_create(c, N, &reg) != TDM_OK, "region");
-    SENT(2 * part, "region all-reduce", tdm__shm_region_allreduce(reg, 0, N, 1));
-    SENT(part, "region reduce-scatter", tdm__shm_region_reduce_scatter(reg, 0, N, 1));
-    SENT(part, "region all-gather", tdm__shm_region_allgather(reg, 0, N));
-    tdm__shm_region_destroy(reg);
+    tdm_shared_t reg;
+    FAILIF(tdm_shared_create(c, N, &reg) != TDM_OK, "shared buffer");
+    SENT(2 * part, "region all-reduce", tdm_shared_allreduce(reg, 0, N, 1));
+    SENT(part, "region reduce-scatter", tdm_shared_reduce_scatter(reg, 0, N, NULL, 1));
+    SENT(part, "region all-gather", tdm_shared_allgather(reg, 0, N, NULL));
+    tdm_shared_destroy(reg);
   }
   /* a sub-communicator counts its own calls, its parent none of them */
   tdm_comm_t sub;

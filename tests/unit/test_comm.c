@@ -655,6 +655,70 @@ static void test_rank_order_any_partition(void) {
   run_world(2, parts_args_body, 10);
 }
 
+/* ---- shared buffers over the thread transport ----------------------------------------------------
+ * The operations against the rank-order sum (the same bits as the direct collectives), with even
+ * and uneven pieces; a buffer is refused on a sub-communicator (a clear error, the same on every
+ * rank); a span that differs between ranks is named on every rank. */
+static void shared_body(ctx_t *x) {
+  enum { N = 40007 };
+  tdm_shared_t s = NULL;
+  CHECK_OK(tdm_shared_create(x->c, N, &s));
+  if (!s) return;
+  CHECK(tdm_shared_floats(s) == N);
+  float *mine = tdm_shared_mine(s), *want = malloc(4 * N), *ar = malloc(4 * N);
+  for (int op = 0; op < 2; op++) {
+    for (size_t j = 0; j < N; j++) {
+      volatile float term = rank_input(0, j); /* stored: no multiply-add contracted into the sum */
+      float acc = term;
+      for (int q = 1; q < x->P; q++) term = rank_input(q, j), acc += term;
+      want[j] = op ? acc / (float)x->P : acc;
+      mine[j] = rank_input(x->r, j);
+    }
+    CHECK_OK(tdm_shared_allreduce(s, 0, N, op));
+    CHECK_MSG(!memcmp(mine, want, 4 * N), "P=%d: the shared all-reduce (%s) is not the rank-order sum", x->P,
+              op ? "average" : "sum");
+    memcpy(ar, mine, 4 * N);
+    CHECK_OK(tdm_comm_barrier(x->c)); /* everyone has its copy before the areas are rewritten */
+    for (size_t j = 0; j < N; j++) mine[j] = rank_input(x->r, j);
+    int64_t cut[9];
+    cut[0] = 5; /* uneven: piece 1 empty, the last what is left */
+    for (int q = 0; q < x->P; q++) cut[q + 1] = q == x->P - 1 ? N - 3 : cut[q] + (q == 1 ? 0 : 7001);
+    CHECK_OK(tdm_comm_barrier(x->c));
+    CHECK_OK(tdm_shared_reduce_scatter(s, 5, N - 3, cut, op));
+    CHECK_MSG(!memcmp(mine + cut[x->r], want + cut[x->r], 4 * (size_t)(cut[x->r + 1] - cut[x->r])),
+              "P=%d rank %d: my piece of the shared reduce-scatter is not the rank-order sum", x->P, x->r);
+    CHECK_OK(tdm_shared_allgather(s, 5, N - 3, cut));
+    CHECK_MSG(!memcmp(mine + 5, ar + 5, 4 * (N - 8)), "P=%d: shared reduce-scatter + all-gather differs from the all-reduce", x->P);
+    CHECK_MSG(mine[0] == rank_input(x->r, 0) && mine[N - 1] == rank_input(x->r, N - 1),
+              "P=%d: the operations wrote outside [5, N-3)", x->P);
+    CHECK_OK(tdm_comm_barrier(x->c));
+  }
+  int64_t bad[9] = {0, 10};
+  for (int q = 2; q <= x->P; q++) bad[q] = 5;
+  CHECK(tdm_shared_reduce_scatter(s, 0, 5, bad, 1) == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS(x->P > 1 ? "piece 1 ends at 5 before it starts at 10" : "the pieces run from 0 to 10; expected them to cover [0, 5)");
+  CHECK(tdm_shared_allreduce(s, 0, N + 1, 1) == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("do not lie within");
+  if (x->P > 1) {
+    tdm_comm_t sub = NULL;
+    CHECK_OK(tdm_comm_split(x->c, 0, x->r, &sub));
+    tdm_shared_t t = NULL;
+    CHECK(tdm_shared_create(sub, 8, &t) == TDM_ERR_NOT_SUPPORTED && !t);
+    CHECK_ERR_HAS("sub-communicator");
+    tdm_comm_destroy(sub);
+    tdm_status st = tdm_shared_allreduce(s, 0, x->r == x->P - 1 ? 99 : 100, 1);
+    CHECK(st == TDM_ERR_MISMATCH || st == TDM_ERR_REMOTE);
+    CHECK_MSG(strstr(tdm_last_error(), "elements [0, 100)") && strstr(tdm_last_error(), "elements [0, 99)"), "rank %d: %s", x->r,
+              tdm_last_error());
+  }
+  tdm_shared_destroy(s);
+  free(want), free(ar);
+}
+
+static void test_shared_buffers_threads(void) {
+  for (int P = 1; P <= 4; P++) run_world(P, shared_body, 30);
+}
+
 /* ---- non-blocking handles abandoned on an error path ------------------------------------------
  * Rank 1 aborts while rank 0 has an all-reduce queued that it never waits for, as a training loop
  * that fails mid-step does; destroying the communicator frees it (the sanitizer build's leak check
@@ -793,5 +857,5 @@ static void test_reduce_local_and_names(void) {
 TDM_TEST_MAIN(T(test_reduce_local_and_names), T(test_allreduce_matrix), T(test_broadcast_reduce_matrix),
               T(test_scatter_gather_matrix), T(test_barrier_p2p_nonblocking_split), T(test_mismatch_and_timeout),
               T(test_mismatch_matrix), T(test_sub_communicator_mismatch), T(test_algo_env),
-              T(test_block_offsets_beyond_2_31), T(test_reduce_scatter_allgather_equal_allreduce), T(test_rank_order_any_partition),
+              T(test_block_offsets_beyond_2_31), T(test_reduce_scatter_allgather_equal_allreduce), T(test_rank_order_any_partition), T(test_shared_buffers_threads),
               T(test_abandoned_handles_freed), T(test_env_errors), T(test_network_emulation))

@@ -87,7 +87,7 @@ tdm_status tdm__allgather_rd(struct tdm_comm *c, void *buf, size_t count, tdm_dt
 
 /* Directly: every rank sends each other rank its part, then sums the P contributions to its own
  * part in rank order 0..P-1 (its own in its place), a chunk at a time so the scratch stays at P
- * chunks: the same bits as the shm algorithms and the shared regions, whatever the partition and
+ * chunks: the same bits as the shm algorithms and the shared buffers, whatever the partition and
  * the transport. recvbuf may be sendbuf + off[rank] (the rank's own chunk is set aside first). */
 #define DIRECT_CHUNK_BYTES ((size_t)1 << 20)
 tdm_status tdm__reduce_scatter_direct(struct tdm_comm *c, const void *sendbuf, void *recvbuf, const size_t *cnt,

@@ -185,7 +185,7 @@ static int mpi_pending(tdm__transport *tr, int peer, int slow) {
   return flag;
 }
 
-static const tdm__transport_ops mpi_ops = {"mpi", run, mpi_abort_tr, mpi_destroy, NULL, mpi_pending};
+static const tdm__transport_ops mpi_ops = {"mpi", run, mpi_abort_tr, mpi_destroy, NULL, mpi_pending, NULL, NULL, NULL};
 
 tdm_status tdm__mpi_transport_create(tdm__transport **out, struct tdm_comm *c, const tdm_comm_config *cfg) {
   (void)cfg;

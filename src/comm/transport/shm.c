@@ -1,6 +1,7 @@
 /* The shared-memory transport for ranks on one node, the collectives built on it without
- * messages (all-reduce, reduce-scatter, all-gather through per-rank slots), and shared regions
- * for data parallelism's zero-copy gradient averaging (at the end).
+ * messages (all-reduce, reduce-scatter, all-gather through per-rank slots), and the memory of
+ * shared buffers (src/comm/shared.c: data parallelism's zero-copy gradients), one more segment
+ * each (at the end).
  *
  * One segment per communicator, created by rank 0 under a fresh name that it publishes through
  * the store, and unlinked as soon as everyone has mapped it (so a crash leaves nothing in
@@ -197,11 +198,7 @@ static tdm_status check_peers(shm_tr *t, struct tdm_comm *c) {
 }
 
 /* ---- waiting ----------------------------------------------------------------------------- */
-typedef struct {
-  tdm__backoff_t b;
-  int dead;    /* 1 + the peer whose process was gone at the last check */
-  int aborted; /* a peer had failed the job at the last check */
-} waiter;
+typedef tdm__waiter waiter;
 
 /* Called when a wait of c's call makes no progress; returns TDM_OK to keep waiting. peer: the
  * transport rank awaited (-1: none in particular). what names the wait in errors; NULL: c's
@@ -393,7 +390,12 @@ static int shm_pending(tdm__transport *tr, int peer, int slow) {
   return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH;
 }
 
-static const tdm__transport_ops shm_ops = {"shm", run, shm_abort, shm_destroy, shm_announce, shm_pending};
+static tdm_status shm_shared_map(tdm__transport *tr, struct tdm_comm *c, size_t bytes, void **base);
+static void shm_shared_unmap(tdm__transport *tr, void *base, size_t bytes);
+static tdm_status shm_shared_wait(tdm__transport *tr, tdm__waiter *w, struct tdm_comm *c, int peer, double deadline,
+                                  const char *what);
+static const tdm__transport_ops shm_ops = {"shm",        run,          shm_abort,        shm_destroy,    shm_announce,
+                                           shm_pending, shm_shared_map, shm_shared_unmap, shm_shared_wait};
 
 /* ---- slot collectives ------------------------------------------------------------------------
  * Rounds of at most slot_bytes per rank, double-buffered by parity. In round k a rank
@@ -697,176 +699,49 @@ tdm_status tdm__shm_transport_create(tdm__transport **out, struct tdm_comm *c, c
   return TDM_OK;
 }
 
-/* ---- shared regions: zero-copy collectives of data that lives in shared memory -------------
- * A region is one extra segment holding P equal areas, one per rank, plus per rank two progress
- * counters and the identity of the operation it is in. Data parallelism keeps each rank's
- * gradients in its area, so averaging a bucket needs no copy in or out: each rank sums its share
- * of the bucket across all areas (in rank order, as every other reduction here) and writes the
- * result into all of them. Per rank that reads and writes the bucket once, where the slot
- * all-reduce above copies it in, reduces and copies it out (about 8 bytes of loads and stores
- * per byte against 3, by count). Region operations keep their own rounds and use none of the
- * communicator's call state, so data parallelism may run them beside its other collectives. */
-enum { R_ALLREDUCE, R_REDUCE_SCATTER, R_ALLGATHER };
-static const char *const region_op_names[] = {"shared-region all-reduce", "shared-region reduce-scatter",
-                                              "shared-region all-gather"};
-
-typedef struct {
-  uint64_t round, lo, hi;
-  uint32_t op, average;
-  char pad[LINE - 32];
-} region_id;
-
-struct tdm__shm_region {
-  shm_tr *t;
-  struct tdm_comm *c;
-  unsigned char *base;
-  size_t total, area_bytes, floats;
-  counter *ready, *done; /* [P] each */
-  region_id *id;         /* [P] */
-  uint64_t round;
-};
-
-static float *area(tdm__shm_region *r, int q) {
-  return (float *)(r->base + 3 * sizeof(counter) * (size_t)r->t->base.size + (size_t)q * r->area_bytes);
-}
-
-static const char *region_str(const region_id *id, char *buf, size_t n) {
-  snprintf(buf, n, "%s round %llu (elements [%llu, %llu)%s)", region_op_names[id->op], (unsigned long long)id->round,
-           (unsigned long long)id->lo, (unsigned long long)id->hi,
-           id->op == R_ALLGATHER ? "" : (id->average ? ", average" : ", sum"));
-  return buf;
-}
-
-/* Waits until every rank's counter reaches want, with idle()'s back-off and checks. */
-static tdm_status region_wait(tdm__shm_region *r, counter *ctr, uint64_t want, double deadline, const char *what) {
-  for (int q = 0; q < r->t->base.size; q++) TDM__TRY(wait_counter(r->t, r->c, &ctr[q], want, q, deadline, what));
-  return TDM_OK;
-}
-
-tdm_status tdm__shm_region_create(struct tdm_comm *c, size_t floats_per_rank, tdm__shm_region **out) {
-  *out = NULL;
-  if (!tdm__shm_usable(c))
-    return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "shared region: needs the shm transport on a whole communicator");
-  shm_tr *t = (shm_tr *)c->tr;
-  int P = c->size, me = c->rank;
-  tdm__shm_region *r = tdm__calloc(1, sizeof *r);
-  if (!r) return tdm__set_error(TDM_ERR_NO_MEMORY, "shared region: out of memory");
-  r->t = t;
-  r->c = c;
-  r->floats = floats_per_rank;
-  r->area_bytes = align_up(floats_per_rank * sizeof(float), 4096);
-  r->total = 3 * sizeof(counter) * (size_t)P + (size_t)P * r->area_bytes;
+/* ---- shared buffers (src/comm/shared.c): one more segment that every rank maps --------------- */
+static tdm_status shm_shared_map(tdm__transport *tr, struct tdm_comm *c, size_t bytes, void **base) {
+  (void)tr;
+  *base = NULL;
+  int me = c->rank;
   char name[128] = {0};
   int fd = -1, ok = 1;
+  void *m = NULL;
   if (me == 0) {
     snprintf(name, sizeof name, "/tandem-r-%d-%llx", (int)getpid(),
              (unsigned long long)tdm_hash64((uint64_t)getpid(), (uint64_t)(tdm_time_now() * 1e9)));
     fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
     /* reserve the pages now: a tmpfs too small for them (a container's 64 MB /dev/shm) then fails
-     * here, and every rank falls back to the copying all-reduce, instead of SIGBUS on first touch */
-    if (fd < 0 || ftruncate(fd, (off_t)r->total) != 0 || posix_fallocate(fd, 0, (off_t)r->total) != 0) ok = 0;
+     * here, and every rank falls back to a copying collective, instead of SIGBUS on first touch */
+    if (fd < 0 || ftruncate(fd, (off_t)bytes) != 0 || posix_fallocate(fd, 0, (off_t)bytes) != 0) ok = 0;
   }
   /* every rank learns the name, maps it, and all agree before anyone relies on it */
   tdm_status st = tdm_comm_broadcast(c, name, sizeof name, TDM_U8, 0, TDM_ALGO_AUTO);
   if (st == TDM_OK && me != 0 && name[0]) fd = shm_open(name, O_RDWR, 0600);
   if (st == TDM_OK && fd >= 0) {
-    r->base = mmap(NULL, r->total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (r->base == MAP_FAILED) r->base = NULL;
+    m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) m = NULL;
   }
   if (fd >= 0) close(fd);
-  int32_t mapped = st == TDM_OK && ok && r->base != NULL, all = 0;
+  int32_t mapped = st == TDM_OK && ok && m != NULL, all = 0;
   if (st == TDM_OK) st = tdm_comm_allreduce(c, &mapped, &all, 1, TDM_I32, TDM_MIN, TDM_ALGO_AUTO);
   if (me == 0 && name[0]) shm_unlink(name); /* mapped by all (or given up): nothing left behind */
   if (st == TDM_OK && !all)
-    st = tdm__set_error(TDM_ERR_SYSTEM, "shared region: some rank could not reserve %zu bytes in /dev/shm (too small?)",
-                        r->total);
+    st = tdm__set_error(TDM_ERR_SYSTEM, "shared buffer: some rank could not reserve %zu bytes in /dev/shm (too small?)", bytes);
   if (st != TDM_OK) {
-    tdm__shm_region_destroy(r);
+    if (m) munmap(m, bytes);
     return st;
   }
-  r->ready = (counter *)r->base;
-  r->done = r->ready + P;
-  r->id = (region_id *)(r->done + P);
-  *out = r;
+  *base = m;
   return TDM_OK;
 }
 
-void tdm__shm_region_destroy(tdm__shm_region *r) {
-  if (!r) return;
-  if (r->base) munmap(r->base, r->total);
-  tdm__free(r);
+static void shm_shared_unmap(tdm__transport *tr, void *base, size_t bytes) {
+  (void)tr;
+  munmap(base, bytes);
 }
 
-float *tdm__shm_region_mine(tdm__shm_region *r) { return area(r, r->t->base.rank); }
-
-/* One region operation: publish what I do, wait for everyone, compare every rank's identity with
- * mine before touching a peer's area, do my part on my share, then wait until nobody reads my
- * area any more (the caller may write it as soon as this returns). */
-static tdm_status region_op(tdm__shm_region *r, int op, size_t lo, size_t hi, int average) {
-  shm_tr *t = r->t;
-  struct tdm_comm *c = r->c;
-  int P = t->base.size, me = t->base.rank;
-  if (atomic_load(&c->failed)) return tdm__set_error(c->fail_status, "%s", c->error);
-  if (lo > hi || hi > r->floats)
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: elements [%zu, %zu) do not lie within the %zu of an area",
-                          region_op_names[op], lo, hi, r->floats);
-  double deadline = tdm_time_now() + c->timeout_s;
-  region_id *my = &r->id[me];
-  *my = (region_id){.round = ++r->round, .lo = lo, .hi = hi, .op = (uint32_t)op, .average = average != 0};
-  char what[160], theirs[160];
-  region_str(my, what, sizeof what);
-  uint64_t k = my->round;
-  atomic_store_explicit(&r->ready[me].v, k, memory_order_release);
-  tdm_status st = region_wait(r, r->ready, k, deadline, what);
-  for (int q = 0; q < P && st == TDM_OK; q++) { /* nobody rewrites its identity before my done = k */
-    const region_id *id = &r->id[q];
-    if (q != me && (id->round != k || id->op != my->op || id->lo != lo || id->hi != hi || id->average != my->average))
-      st = tdm__comm_fail(c, TDM_ERR_MISMATCH, "shared-region mismatch: rank %d called %s but rank %d called %s", me, what, q,
-                          region_str(id, theirs, sizeof theirs));
-  }
-  if (st != TDM_OK) return fail(t, c, st);
-  size_t off, len;
-  tdm_comm_block(hi - lo, P, me, &off, &len);
-  size_t s0 = lo + off;
-  /* as tdm_comm_bytes_sent counts: the peers' shares of my area (reductions), my sums written
-   * into every peer's area (all-reduce), my share copied by every peer (all-gather) */
-  size_t peers_read = op == R_ALLGATHER ? 0 : hi - lo - len, mine_out = op == R_REDUCE_SCATTER ? 0 : (size_t)(P - 1) * len;
-  tdm__count_sent(c, (peers_read + mine_out) * sizeof(float));
-  if (op == R_ALLGATHER) {
-    for (int q = 0; q < P; q++) {
-      size_t qoff, qlen;
-      tdm_comm_block(hi - lo, P, q, &qoff, &qlen);
-      if (q != me && qlen) memcpy(area(r, me) + lo + qoff, area(r, q) + lo + qoff, qlen * sizeof(float));
-    }
-  } else { /* my share, in blocks that stay in L1 */
-    float ranks = (float)P;
-    enum { BLK = 2048 };
-    float acc[BLK];
-    for (size_t b = s0; b < s0 + len; b += BLK) {
-      size_t m = s0 + len - b < BLK ? s0 + len - b : BLK;
-      const float *a0 = area(r, 0) + b;
-      for (size_t i = 0; i < m; i++) acc[i] = a0[i];
-      for (int q = 1; q < P; q++) {
-        const float *aq = area(r, q) + b;
-        for (size_t i = 0; i < m; i++) acc[i] += aq[i];
-      }
-      if (average)
-        for (size_t i = 0; i < m; i++) acc[i] /= ranks; /* as tdm__scale_avg: sum, then divide */
-      if (op == R_ALLREDUCE)
-        for (int q = 0; q < P; q++) memcpy(area(r, q) + b, acc, m * sizeof(float));
-      else
-        memcpy(area(r, me) + b, acc, m * sizeof(float));
-    }
-  }
-  atomic_store_explicit(&r->done[me].v, k, memory_order_release);
-  st = region_wait(r, r->done, k, deadline, what);
-  return st == TDM_OK ? TDM_OK : fail(t, c, st);
+static tdm_status shm_shared_wait(tdm__transport *tr, tdm__waiter *w, struct tdm_comm *c, int peer, double deadline,
+                                  const char *what) {
+  return idle((shm_tr *)tr, w, c, peer, deadline, what);
 }
-
-tdm_status tdm__shm_region_allreduce(tdm__shm_region *r, size_t lo, size_t hi, int average) {
-  return region_op(r, R_ALLREDUCE, lo, hi, average);
-}
-tdm_status tdm__shm_region_reduce_scatter(tdm__shm_region *r, size_t lo, size_t hi, int average) {
-  return region_op(r, R_REDUCE_SCATTER, lo, hi, average);
-}
-tdm_status tdm__shm_region_allgather(tdm__shm_region *r, size_t lo, size_t hi) { return region_op(r, R_ALLGATHER, lo, hi, 0); }

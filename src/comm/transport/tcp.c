@@ -241,7 +241,7 @@ static int tcp_pending(tdm__transport *tr, int peer, int slow) {
   return k >= 0 || !(errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR);
 }
 
-static const tdm__transport_ops tcp_ops = {"tcp", run, tcp_abort, tcp_destroy, NULL, tcp_pending};
+static const tdm__transport_ops tcp_ops = {"tcp", run, tcp_abort, tcp_destroy, NULL, tcp_pending, NULL, NULL, NULL};
 
 tdm_status tdm__tcp_transport_create(tdm__transport **out, struct tdm_comm *c, const tdm_comm_config *cfg) {
   int P = c->size, me = c->rank;

@@ -3,8 +3,11 @@
  * waits on the group's condition variable until its message is at the head of the queue.
  * One mutex guards the group: this transport is for tests and simulation, not for speed. */
 #include <errno.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "comm/comm_impl.h"
@@ -168,7 +171,52 @@ static int thread_pending(tdm__transport *t, int peer, int slow) {
   return r;
 }
 
-static const tdm__transport_ops thread_ops = {"thread", run, thread_abort, thread_destroy, NULL, thread_pending};
+/* ---- shared buffers: the ranks are threads of one process, so any memory is shared ------------
+ * Rank 0 maps it and hands the address to the others through a broadcast; a count in the page in
+ * front of the buffer says how many views are left, and the last one unmapped frees it. */
+#define SHARED_HEAD 4096
+static tdm_status thread_shared_map(tdm__transport *t, struct tdm_comm *c, size_t bytes, void **base) {
+  (void)t;
+  *base = NULL;
+  int64_t at = 0;
+  if (c->rank == 0) {
+    void *m = mmap(NULL, bytes + SHARED_HEAD, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m != MAP_FAILED) {
+      atomic_store((_Atomic int *)m, c->size);
+      at = (int64_t)(uintptr_t)m;
+    }
+  }
+  TDM__TRY(tdm_comm_broadcast(c, &at, 1, TDM_I64, 0, TDM_ALGO_AUTO));
+  if (!at) return tdm__set_error(TDM_ERR_NO_MEMORY, "shared buffer: rank 0 could not map %zu bytes", bytes);
+  *base = (char *)(uintptr_t)at + SHARED_HEAD;
+  return TDM_OK;
+}
+
+static void thread_shared_unmap(tdm__transport *t, void *base, size_t bytes) {
+  (void)t;
+  char *m = (char *)base - SHARED_HEAD;
+  if (atomic_fetch_sub((_Atomic int *)m, 1) == 1) munmap(m, bytes + SHARED_HEAD);
+}
+
+static tdm_status thread_shared_wait(tdm__transport *t, tdm__waiter *w, struct tdm_comm *c, int peer, double deadline,
+                                     const char *what) {
+  group *g = ((thread_tr *)t)->g;
+  if (!tdm__backoff(&w->b)) return TDM_OK;
+  pthread_mutex_lock(&g->mu);
+  tdm_status st = g->failed ? tdm__set_error(g->fail_status, "%s", g->reason) : TDM_OK;
+  pthread_mutex_unlock(&g->mu);
+  if (st == TDM_OK && tdm_time_now() > deadline) {
+    if (peer >= 0)
+      return tdm__set_error(TDM_ERR_TIMEOUT, "rank %d: %s timed out after %.0f s waiting for rank %d", c->rank, what,
+                            c->timeout_s, tdm__comm_rank_of(c, peer));
+    return tdm__set_error(TDM_ERR_TIMEOUT, "rank %d: %s timed out after %.0f s", c->rank, what, c->timeout_s);
+  }
+  return st;
+}
+
+static const tdm__transport_ops thread_ops = {"thread",         run,           thread_abort,        thread_destroy,
+                                              NULL,             thread_pending, thread_shared_map, thread_shared_unmap,
+                                              thread_shared_wait};
 
 tdm_status tdm__thread_transport_create(tdm__transport **out, struct tdm_comm *c, const tdm_comm_config *cfg) {
   group *g = cfg->thread_group;
