@@ -63,6 +63,7 @@ struct zero_state {
   int in_backward;
   float **span_g;        /* per optimizer span: where its gradients are (for the norm) */
   float *shard_w, *shard_g;
+  tdm_shared_t shared;   /* stage 1: the gradients in a shared buffer, reduce-scattered in place */
   tdm_engine *e;
 };
 
@@ -79,6 +80,8 @@ static size_t piece_counts(const zero_state *z, const group *g, size_t *counts) 
 static tdm_status reduce_group(zero_state *z, group *g, float *out) {
   tdm_engine *e = z->e;
   const float *span = tdm_params_grad(e->params) + g->lo;
+  if (z->shared) /* stage 1, ranks that share memory: in place, my piece where out is */
+    return tdm_shared_reduce_scatter(z->shared, (size_t)g->lo, (size_t)g->hi, g->cut, 1);
   if (!e->comm) {
     memmove(out, span, sizeof(float) * (size_t)(g->hi - g->lo));
     return TDM_OK;
@@ -284,6 +287,24 @@ static tdm_status zero_create(tdm_engine *e, const tdm_model_config *mc, uint64_
   if (!(z->g = tdm__calloc((size_t)z->ng, sizeof(group)))) return tdm__set_error(TDM_ERR_NO_MEMORY, "zero: out of memory");
   for (int k = 0; k < z->ng; k++)
     z->g[k] = (group){.lo = z->L.g[k].lo, .hi = z->L.g[k].hi, .cut = z->L.g[k].cut, .n_params = z->L.g[k].n_params, .z = z};
+  /* stage 1 on ranks that share memory (one node over shm, or threads): the gradients live in a
+   * shared buffer, so a bucket's reduce-scatter reads the peers' areas with no copy in or out, as
+   * data parallelism's average does (TANDEM_DP_ZERO_COPY=0 turns it off, as there). Stages 2-3
+   * give gradient pages back after each bucket, which shared memory cannot do cheaply: they keep
+   * the copying reduce-scatter. */
+  int zero_copy;
+  TDM__TRY(tdm__env_switch("TANDEM_DP_ZERO_COPY", &zero_copy));
+  if (stage == 1 && e->comm && e->size > 1 && zero_copy != 0 && tdm__shared_usable(e->comm)) {
+    tdm_status ss = tdm_shared_create(e->comm, (size_t)tdm_params_numel(e->params), &z->shared);
+    if (ss == TDM_OK) ss = tdm_params_set_grad_buffer(e->params, tdm_shared_mine(z->shared));
+    if (ss != TDM_OK) { /* the same outcome on every rank: the copying reduce-scatter */
+      tdm_log(TDM_LOG_WARN, "zero: gradients stay private (%s); reduce-scattering them by copying", tdm_last_error());
+      tdm_shared_destroy(z->shared);
+      z->shared = NULL;
+    } else {
+      tdm__mem_account(TDM_MEM_GRADS, (int64_t)sizeof(float) * tdm_params_numel(e->params)); /* mapped, not allocated */
+    }
+  }
   TDM__TRY(make_shard(z));
   int r = e->rank, n = tdm_params_count(e->params);
   if (stage == 3) { /* each rank makes only its pieces, with the values the whole model would have */
@@ -318,6 +339,11 @@ static void zero_destroy(tdm_engine *e) {
       tdm_tensor_set_grad_hook(tdm_params_get(e->params, i), NULL, NULL);
       tdm_tensor_set_fetch_hook(tdm_params_get(e->params, i), NULL, NULL);
     }
+  }
+  if (z->shared) { /* the gradients move back into the parameters' own buffer */
+    tdm_params_set_grad_buffer(e->params, NULL);
+    tdm__mem_account(TDM_MEM_GRADS, -(int64_t)sizeof(float) * tdm_params_numel(e->params));
+    tdm_shared_destroy(z->shared);
   }
   tdm__free(z->g);
   tdm__layout_free(&z->L);
