@@ -11,9 +11,9 @@
  *   - dropout masks are keyed by sample and block (tdm_model_forward_range), not by the cut;
  *   - every chunk runs its backwards in micro-batch order (every generated schedule does; the
  *     test checks it), so each gradient adds up in one process's order;
- *   - the tied embedding (GPT's always, Llama's when tie_embeddings; an untied head is a parameter
- *     of the last chunk like any other): one process adds, for each micro-batch, the head's gradient (a GEMM
- *     accumulating into wte's gradient) and then the embedding's; the sum of a first-stage part
+ *   - the tied embedding (GPT's always, Llama's when tie_embeddings; an untied head is a
+ *     parameter of the last chunk like any other): one process adds, for each micro-batch, the
+ *     head's gradient (a GEMM accumulating into wte's gradient) and then the embedding's; the sum of a first-stage part
  *     and a last-stage part cannot give the same bits. So the last chunk does not differentiate
  *     the head's weight (it uses a detached view); it sends the logits' gradient and the head's
  *     input along with its input gradient, the chunks between pass them on with theirs, and chunk
@@ -28,10 +28,10 @@
  * thread), while the main thread computes; a compute action waits for the exchange that brings
  * its input. This is what the verifier simulates.
  *
- * The 3-D grid (a tensor axis of T > 1 beside the pipeline; GPT only): each chunk's blocks run split over
- * the tensor axis (tp_gpt.c: tdm__tp_gpt_range); this rank computes with its own store of slices
- * (q->work) and the whole model stays in address space only, as the tensor-parallel engine keeps
- * it. The activations between stages are replicated over the tensor axis: tensor rank t of one
+ * The 3-D grid (a tensor axis of T > 1 beside the pipeline; GPT only): each chunk's blocks run
+ * split over the tensor axis (tp_gpt.c: tdm__tp_gpt_range); this rank computes with its own store
+ * of slices (q->work) and the whole model stays in address space only, as the tensor-parallel
+ * engine keeps it. The activations between stages are replicated over the tensor axis: tensor rank t of one
  * stage talks to tensor rank t of the next (the pipeline axis' communicator). The tied head's
  * message carries the logits' gradient of this rank's vocabulary rows, so chunk 0 on tensor rank t
  * adds the head's part of its own rows of wte's gradient. The tensor axis' collectives run on the
