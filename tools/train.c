@@ -102,7 +102,7 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
       {"sync-bn", CLI_FLAG, &sync_bn, NULL, "resnet: batch-norm statistics over all data-parallel ranks (SyncBatchNorm); one rank: no effect", NULL, 0, 0, 0},
       {"schedule", CLI_CHOICE, &schedule, "1f1b", "--pp: the pipeline schedule (constant or cosine: as --lr-schedule, kept for old scripts)", "gpipe|1f1b|interleaved|zb1p|constant|cosine", 0, 0, 0},
       {"dp", CLI_INT, &dp, "0", "data-parallel replicas of the process grid (0: the ranks left after --tp x --pp); --dp x --tp x --pp = the ranks", NULL, 0, 1 << 20, 0},
-      {"pp", CLI_INT, &pp, "1", "pipeline stages: gpt's blocks cut over this many ranks (needs --model gpt)", NULL, 1, 4096, 0},
+      {"pp", CLI_INT, &pp, "1", "pipeline stages: the transformer's blocks cut over this many ranks (--model gpt or llama)", NULL, 1, 4096, 0},
       {"microbatches", CLI_INT, &microbatches, "0", "--pp: micro-batches per step (each --batch-size samples; 0: as --accum)", NULL, 0, 1 << 20, 0},
       {"virtual-stages", CLI_INT, &vstages, "0", "--schedule interleaved: chunks per pipeline rank (0: 2)", NULL, 0, 256, 0},
       {"pp-split", CLI_STRING, &pp_split, NULL, "--pp: transformer blocks per chunk, comma-separated (default: balanced by the planner's cost per block)", NULL, 0, 0, 0},
@@ -250,9 +250,9 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
     return 2;
   }
   if (microbatches > 0) accum = microbatches;
-  if (pp > 1 && strcmp(c->model, "gpt")) {
-    fprintf(stderr, "tandem %s: --pp %lld cuts a transformer's blocks: it needs --model gpt (given --model %s)\n", cmd, (long long)pp,
-            c->model);
+  if (pp > 1 && strcmp(c->model, "gpt") && strcmp(c->model, "llama")) {
+    fprintf(stderr, "tandem %s: --pp %lld cuts a transformer's blocks: it needs --model gpt or llama (given --model %s)\n", cmd,
+            (long long)pp, c->model);
     return 2;
   }
   tdm_engine_pipeline_config *pc = &c->engine.pp;

@@ -221,6 +221,16 @@ typedef struct tdm_gpt_range {
   tdm_tensor *head_input; /* out */
 } tdm_gpt_range;
 tdm_tensor *tdm_gpt_forward_range(tdm_model *m, tdm_tape *tp, tdm_tensor *x, tdm_gpt_range *r);
+/* A Llama's decoder layers [first, last) alone, with the same range and conventions: with embed
+ * the token embedding (and its dropout) first; with head the final RMSNorm and the logits come
+ * last, from head_weight when given, else from lm_head (the embedding's weight when tied);
+ * head_input gets the norm's output. Dropout masks are keyed by the layer as GPT's are (the
+ * embedding's call 0, layer l's 1 + 2l and 2 + 2l), and --recompute block reruns each layer in
+ * backward alike. tdm_model_forward is this range over every layer. */
+tdm_tensor *tdm_llama_forward_range(tdm_model *m, tdm_tape *tp, tdm_tensor *x, tdm_gpt_range *r);
+/* The range of whichever transformer m is (gpt or llama; others: NULL with the tape's error set).
+ * What a pipeline stage runs. */
+tdm_tensor *tdm_model_forward_range(tdm_model *m, tdm_tape *tp, tdm_tensor *x, tdm_gpt_range *r);
 
 /* The MLP's forward and backward written against the kernels directly, with no tape (the
  * "low-level engine"). x (B, in) f32, y (B) i32. Gradients are ACCUMULATED into the model's

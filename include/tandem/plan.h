@@ -80,6 +80,12 @@ tdm_status tdm_plan_compute(const tdm_plan_config *c, tdm_plan *out);
  * parts: the embeddings, one transformer block (T tokens of context for attention), and the final
  * norm, head and loss. The pipeline cuts blocks into stages by these costs. */
 void tdm_plan_gpt_costs(const tdm_model_config *m, int64_t T, double *embed, double *block, double *head);
+/* The same parts of a Llama: the token embedding, one decoder layer (its seven matrices, attention
+ * over T tokens with its key/value heads shared, RoPE, the RMSNorms and SwiGLU) and the final
+ * RMSNorm, head and loss. */
+void tdm_plan_llama_costs(const tdm_model_config *m, int64_t T, double *embed, double *block, double *head);
+/* Whichever of the two m is (GPT's for another kind): what the pipeline's cut balances. */
+void tdm_plan_layer_costs(const tdm_model_config *m, int64_t T, double *embed, double *block, double *head);
 /* A table: per category, bytes and what they are. limit > 0 adds whether the total fits. */
 void tdm_plan_print(FILE *f, const tdm_plan *p, int64_t limit);
 /* TDM_ERR_INVALID_ARG when the total exceeds limit (> 0), saying by how much, naming the largest

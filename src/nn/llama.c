@@ -137,15 +137,36 @@ static tdm_tensor *block(tdm_tape *tp, const tdm_llama_block_mod *b, tdm_tensor 
   return tdm_checkpoint(tp, block_fn, b, x, 9, ps);
 }
 
-tdm_tensor *tdm__llama_forward(tdm_model *m, tdm_tape *tp, tdm_tensor *x) {
+/* Dropout masks are keyed by the call's number in the step, as GPT's (models.c): the embedding's
+ * is call 0, layer l's two are 1 + 2l and 2 + 2l, however the layers are spread over stages. */
+tdm_tensor *tdm_llama_forward_range(tdm_model *m, tdm_tape *tp, tdm_tensor *x, tdm_gpt_range *r) {
+  if (!x || !r || tdm_tape_status(tp) != TDM_OK) return NULL;
   const tdm_model_config *c = &m->cfg;
-  tdm_tensor *h = tdm_dropout(tp, tdm_embedding(tp, m->wte.weight, x), c->dropout);
-  for (int64_t l = 0; l < c->n_layer; l++) {
+  if (c->kind != TDM_MODEL_LLAMA || r->first < 0 || r->last < r->first || r->last > c->n_layer)
+    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "llama range: layers [%lld, %lld) of a %s model with %lld layers",
+                     (long long)r->first, (long long)r->last, tdm_model_kind_name(c->kind), (long long)c->n_layer);
+  tdm_tensor *h = x;
+  char b[96];
+  if (r->embed) {
+    if (x->ndim != 2 || (x->dtype != TDM_I32 && x->dtype != TDM_I64) || x->shape[1] > c->block_size || x->shape[1] < 1)
+      return tdm__fail(tp, TDM_ERR_INVALID_ARG, "llama: input is %s %s; expected (batch, T) i32/i64 token ids with 1 <= T <= block_size",
+                       tdm_shape_str(x->ndim, x->shape, b, sizeof b), tdm_dtype_name(x->dtype));
+    tp->dropout_calls = 0;
+    h = tdm_dropout(tp, tdm_embedding(tp, m->wte.weight, x), c->dropout);
+  } else if (x->ndim != 3 || x->dtype != TDM_F32 || x->shape[2] != c->n_embd || x->shape[1] > c->block_size) {
+    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "llama range: input is %s %s; expected (batch, T, width %lld) f32 activations",
+                     tdm_shape_str(x->ndim, x->shape, b, sizeof b), tdm_dtype_name(x->dtype), (long long)c->n_embd);
+  }
+  for (int64_t l = r->first; l < r->last; l++) {
+    tp->dropout_calls = (uint64_t)(1 + 2 * l);
     double t0 = tdm_trace_begin();
     tdm__tape_section(tp, (int)l);
     h = block(tp, &m->lblocks[l], h);
     if (t0 > 0) tdm__trace_block(t0, l);
   }
   tdm__tape_section(tp, -1);
-  return tdm_linear(tp, tdm_rmsnorm(tp, h, m->norm, c->norm_eps), m->lm_head, NULL);
+  if (!r->head) return h;
+  h = tdm_rmsnorm(tp, h, m->norm, c->norm_eps);
+  r->head_input = h;
+  return tdm_linear(tp, h, r->head_weight ? r->head_weight : m->lm_head, NULL); /* lm_head: wte's weight when tied */
 }

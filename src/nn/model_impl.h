@@ -30,7 +30,6 @@ struct tdm_model {
 /* src/nn/llama.c */
 tdm_status tdm__llama_check(const tdm_model_config *c);
 tdm_status tdm__llama_build(tdm_model *m);
-tdm_tensor *tdm__llama_forward(tdm_model *m, tdm_tape *tp, tdm_tensor *x);
 /* --trace: transformer block l's forward as a span from t0 (models.c). */
 void tdm__trace_block(double t0, int64_t l);
 

@@ -233,10 +233,10 @@ tdm_tensor *tdm_model_forward(tdm_model *m, tdm_tape *tp, tdm_tensor *x) {
     tdm_gpt_range all = {0, c->n_layer, 1, 1, NULL, NULL};
     return tdm_gpt_forward_range(m, tp, x, &all);
   }
-  case TDM_MODEL_LLAMA:
-    if (x->ndim != 2 || (x->dtype != TDM_I32 && x->dtype != TDM_I64) || x->shape[1] > c->block_size || x->shape[1] < 1)
-      return input_error(tp, "llama", x, "(batch, T) i32/i64 token ids with 1 <= T <= block_size");
-    return tdm__llama_forward(m, tp, x);
+  case TDM_MODEL_LLAMA: {
+    tdm_gpt_range all = {0, c->n_layer, 1, 1, NULL, NULL};
+    return tdm_llama_forward_range(m, tp, x, &all);
+  }
   case TDM_MODEL_RESNET:
     return tdm__resnet_forward(m, tp, x);
   default:
@@ -283,4 +283,17 @@ tdm_tensor *tdm_gpt_forward_range(tdm_model *m, tdm_tape *tp, tdm_tensor *x, tdm
   h = tdm_layernorm_mod_forward(tp, &m->ln_f, h);
   r->head_input = h;
   return tdm_linear(tp, h, r->head_weight ? r->head_weight : m->wte.weight, NULL); /* lm_head tied to wte */
+}
+
+tdm_tensor *tdm_model_forward_range(tdm_model *m, tdm_tape *tp, tdm_tensor *x, tdm_gpt_range *r) {
+  if (!m || !x || !r || tdm_tape_status(tp) != TDM_OK) return NULL;
+  switch (m->cfg.kind) {
+  case TDM_MODEL_GPT:
+    return tdm_gpt_forward_range(m, tp, x, r);
+  case TDM_MODEL_LLAMA:
+    return tdm_llama_forward_range(m, tp, x, r);
+  default:
+    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "model range: the %s model has no transformer blocks to run by range (gpt and llama do)",
+                     tdm_model_kind_name(m->cfg.kind));
+  }
 }

@@ -1,5 +1,6 @@
-/* The pipeline engine: a GPT's blocks cut into chunks over the grid's pipeline axis, each step a
- * verified schedule (tandem/pipeline.h) run action by action.
+/* The pipeline engine: a transformer's blocks (GPT's or Llama's decoder layers) cut into chunks
+ * over the grid's pipeline axis, each step a verified schedule (tandem/pipeline.h) run action by
+ * action.
  *
  * Parameters keep the whole model's names, order and offsets: every rank declares them all in
  * reserved address space and touches only its chunks' spans (and, on the last rank, a copy of the
@@ -7,11 +8,12 @@
  * flight has its own tape (a slot), made at its first action and reset after its backward.
  *
  * Bit for bit what one process accumulating the same micro-batches computes:
- *   - dropout masks are keyed by sample and block (tdm_gpt_forward_range), not by the cut;
+ *   - dropout masks are keyed by sample and block (tdm_model_forward_range), not by the cut;
  *   - every chunk runs its backwards in micro-batch order (every generated schedule does; the
  *     test checks it), so each gradient adds up in one process's order;
- *   - the tied embedding: one process adds, for each micro-batch, the head's gradient (a GEMM
- *     accumulating into wte's gradient) and then the embedding's; the sum of a first-stage part
+ *   - the tied embedding (GPT's always, Llama's when tie_embeddings; an untied head is a
+ *     parameter of the last chunk like any other): one process adds, for each micro-batch, the
+ *     head's gradient (a GEMM accumulating into wte's gradient) and then the embedding's; the sum of a first-stage part
  *     and a last-stage part cannot give the same bits. So the last chunk does not differentiate
  *     the head's weight (it uses a detached view); it sends the logits' gradient and the head's
  *     input along with its input gradient, the chunks between pass them on with theirs, and chunk
@@ -26,10 +28,10 @@
  * thread), while the main thread computes; a compute action waits for the exchange that brings
  * its input. This is what the verifier simulates.
  *
- * The 3-D grid (a tensor axis of T > 1 beside the pipeline): each chunk's blocks run split over
- * the tensor axis (tp_gpt.c: tdm__tp_gpt_range); this rank computes with its own store of slices
- * (q->work) and the whole model stays in address space only, as the tensor-parallel engine keeps
- * it. The activations between stages are replicated over the tensor axis: tensor rank t of one
+ * The 3-D grid (a tensor axis of T > 1 beside the pipeline; GPT only): each chunk's blocks run
+ * split over the tensor axis (tp_gpt.c: tdm__tp_gpt_range); this rank computes with its own store
+ * of slices (q->work) and the whole model stays in address space only, as the tensor-parallel
+ * engine keeps it. The activations between stages are replicated over the tensor axis: tensor rank t of one
  * stage talks to tensor rank t of the next (the pipeline axis' communicator). The tied head's
  * message carries the logits' gradient of this rank's vocabulary rows, so chunk 0 on tensor rank t
  * adds the head's part of its own rows of wte's gradient. The tensor axis' collectives run on the
@@ -153,6 +155,11 @@ static void buf_put(pp_state *q, float *p) {
 }
 
 static int chunk_rank(const pp_state *q, int c) { return c % q->P; }
+/* Block l's first parameter: where its chunk's span starts. */
+static tdm_tensor *block_first(const tdm_model *m, int l) {
+  return m->cfg.kind == TDM_MODEL_LLAMA ? m->lblocks[l].attn_norm : m->blocks[l].ln_1.weight;
+}
+static int block_param(const tdm_engine *e, int l) { return tdm__params_index_of(e->params, block_first(e->model, l)); }
 static int tag_of(const pp_state *q, int kind, int chunk, int mb) { /* the receiver's chunk */
   return (int)((((uint64_t)mb * 3 + (uint64_t)kind) * (uint64_t)q->C + (uint64_t)chunk) & 0x7fffffff);
 }
@@ -369,7 +376,7 @@ static tdm_status forward(tdm_engine *e, pp_state *q, slot *s, uint64_t seed) {
   }
   tdm_gpt_range r = {q->first_block[c], q->first_block[c + 1], c == 0, c == q->C - 1, NULL, NULL};
   if (r.head && q->tied) r.head_weight = tdm_detach(t, e->model->wte.weight); /* its gradient is chunk 0's to add */
-  tdm_tensor *h = tdm_gpt_forward_range(e->model, t, c == 0 ? q->x[m] : s->in, &r);
+  tdm_tensor *h = tdm_model_forward_range(e->model, t, c == 0 ? q->x[m] : s->in, &r);
   if (h && r.head) {
     s->logits = h, s->head_in = r.head_input;
     h = tdm_cross_entropy(t, h, q->y[m], -100);
@@ -761,9 +768,8 @@ static tdm_status pp_stream_params(tdm_engine *e, tdm_status (*write)(void *, co
   if (e->rank != 0) return TDM_OK; /* another data replica: the same values */
   tdm_params *p = e->params;
   for (int c = 0; c < q->C; c++) {
-    int64_t lo = c == 0 ? 0 : tdm_params_offset(p, tdm__params_index_of(p, e->model->blocks[q->first_block[c]].ln_1.weight));
-    int64_t hi = c == q->C - 1 ? tdm_params_numel(p)
-                               : tdm_params_offset(p, tdm__params_index_of(p, e->model->blocks[q->first_block[c + 1]].ln_1.weight));
+    int64_t lo = c == 0 ? 0 : tdm_params_offset(p, block_param(e, q->first_block[c]));
+    int64_t hi = c == q->C - 1 ? tdm_params_numel(p) : tdm_params_offset(p, block_param(e, q->first_block[c + 1]));
     int owner = chunk_rank(q, c);
     float *w = tdm_params_data(p) + lo;
     if (owner == 0 && q->stage == 0) TDM__TRY(write(ctx, w, hi - lo));
@@ -852,7 +858,7 @@ static tdm_status pp_eval(tdm_engine *e, tdm_tensor *x, tdm_tensor *y, double *l
       continue;
     }
     tdm_gpt_range r = {q->first_block[c], q->first_block[c + 1], c == 0, c == q->C - 1, NULL, NULL};
-    h = tdm_gpt_forward_range(e->model, t, c == 0 ? x : h, &r);
+    h = tdm_model_forward_range(e->model, t, c == 0 ? x : h, &r);
     if (!h) break;
     if (c < q->C - 1) {
       TDM__TRY(tdm_comm_send(q->pp, chunk_rank(q, c + 1), 13, tdm_tensor_data(h), nbytes));
@@ -871,12 +877,25 @@ static tdm_status pp_eval(tdm_engine *e, tdm_tensor *x, tdm_tensor *y, double *l
 }
 
 /* ---- create / destroy -------------------------------------------------------------------------------- */
+/* Whether the output head is the token embedding: GPT's always, Llama's when tie_embeddings. */
+static int head_tied(const tdm_model_config *mc) { return mc->kind == TDM_MODEL_GPT || mc->tie_embeddings; }
+
+/* The models a pipeline cuts, and the 3-D grid's (the tensor axis splits GPT's blocks only). */
+static tdm_status check_model(const tdm_model_config *mc, int T, int P) {
+  if (mc->kind == TDM_MODEL_LLAMA && T > 1)
+    return tdm__set_error(TDM_ERR_NOT_SUPPORTED,
+                          "pipeline: --tp %d beside --pp %d with the llama model: the 3-D grid runs each stage's blocks "
+                          "tensor-parallel, and Llama's are not split yet (grouped-query attention, RoPE and SwiGLU have no "
+                          "tensor-parallel ops); use --tp 1 (the pipeline alone runs llama) or --model gpt", T, P);
+  return tdm__tp_check(mc, T); /* the 3-D grid: the heads over the tensor axis */
+}
+
 tdm_status tdm__pp_layout_make(const tdm_model_config *mc, const tdm_engine_config *ec, int P, tdm__pp_layout *out) {
   memset(out, 0, sizeof *out);
   const tdm_engine_pipeline_config *pc = &ec->pp;
-  if (mc->kind != TDM_MODEL_GPT)
-    return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "pipeline: the %s model; pipeline parallelism cuts GPT's blocks (use --model gpt)",
-                          tdm_model_kind_name(mc->kind));
+  if (mc->kind != TDM_MODEL_GPT && mc->kind != TDM_MODEL_LLAMA)
+    return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "pipeline: the %s model; pipeline parallelism cuts a transformer's blocks (use --model "
+                          "gpt or llama)", tdm_model_kind_name(mc->kind));
   if (pc->virtual_stages < 0 || pc->virtual_stages > 256 || (pc->virtual_stages > 1 && pc->schedule != TDM_PP_INTERLEAVED))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "pipeline: %d virtual stages per rank with the %s schedule; only interleaved takes "
                           "more than 1 (up to 256)", pc->virtual_stages, tdm_pp_schedule_name(pc->schedule));
@@ -892,7 +911,7 @@ tdm_status tdm__pp_layout_make(const tdm_model_config *mc, const tdm_engine_conf
   if (!(out->first_block = tdm__malloc(sizeof(int) * (size_t)(out->C + 1))))
     return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
   double ce, cb, ch;
-  tdm_plan_gpt_costs(mc, mc->block_size, &ce, &cb, &ch);
+  tdm_plan_layer_costs(mc, mc->block_size, &ce, &cb, &ch);
   tdm_status st = tdm_pp_partition((int)mc->n_layer, out->C, pc->split, pc->n_split, ce, cb, ch, out->first_block);
   if (st == TDM_OK) st = tdm_pp_schedule_create(&out->s, pc->schedule, P, out->V, out->M);
   if (st != TDM_OK) tdm__pp_layout_free(out);
@@ -906,14 +925,12 @@ void tdm__pp_layout_free(tdm__pp_layout *l) {
 }
 
 static tdm_status pp_check(const tdm_model_config *mc, const tdm_engine_config *ec, const int *sizes) {
-  TDM__TRY(tdm__tp_check(mc, sizes[TDM_AXIS_TENSOR])); /* the 3-D grid: the heads over the tensor axis */
+  TDM__TRY(check_model(mc, sizes[TDM_AXIS_TENSOR], sizes[TDM_AXIS_PIPELINE]));
   tdm__pp_layout L;
   TDM__TRY(tdm__pp_layout_make(mc, ec, sizes[TDM_AXIS_PIPELINE], &L));
   tdm__pp_layout_free(&L);
   return TDM_OK;
 }
-
-static int block_param(const tdm_engine *e, int l) { return tdm__params_index_of(e->params, e->model->blocks[l].ln_1.weight); }
 
 /* The exchanges of this rank's list, and which one each compute action waits for. */
 static tdm_status index_list(pp_state *q) {
@@ -997,9 +1014,7 @@ static tdm_status make_zero1(tdm_engine *e, pp_state *q, int64_t owned) {
 }
 
 static tdm_status pp_create(tdm_engine *e, const tdm_model_config *mc, uint64_t seed) {
-  if (mc->kind != TDM_MODEL_GPT)
-    return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "pipeline: the %s model; pipeline parallelism cuts GPT's blocks (use --model gpt)",
-                          tdm_model_kind_name(mc->kind));
+  TDM__TRY(check_model(mc, tdm_grid_size(e->grid, TDM_AXIS_TENSOR), tdm_grid_size(e->grid, TDM_AXIS_PIPELINE)));
   pp_state *q = tdm__calloc(1, sizeof *q);
   if (!q) return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
   e->impl = q;
@@ -1009,7 +1024,7 @@ static tdm_status pp_create(tdm_engine *e, const tdm_model_config *mc, uint64_t 
   q->D = e->size;
   q->pp = tdm_grid_comm(e->grid, TDM_AXIS_PIPELINE);
   q->world = tdm_grid_world(e->grid);
-  q->tied = q->P > 1;
+  q->tied = q->P > 1 && head_tied(mc);
   tdm__pp_layout L;
   TDM__TRY(tdm__pp_layout_make(mc, &e->cfg, q->P, &L));
   q->s = L.s, q->first_block = L.first_block, q->V = L.V, q->C = L.C, q->M = L.M;

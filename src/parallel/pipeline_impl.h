@@ -9,7 +9,7 @@
  * tdm_pp_schedule_create and without verifying: the tests show what the verifier catches. */
 tdm_status tdm__pp_schedule_generate(tdm_pp_schedule *s);
 
-/* How the pipeline engine lays a GPT out: P ranks x V chunks, the cut (chunk c holds blocks
+/* How the pipeline engine lays a transformer (GPT, Llama) out: P ranks x V chunks, the cut (chunk c holds blocks
  * [first_block[c], first_block[c + 1])) and the verified schedule for M micro-batches. Refuses,
  * naming the values, more chunks than blocks, a --pp-split that does not add up, and fewer
  * micro-batches than the schedule needs. */

@@ -66,6 +66,10 @@ static void layernorm(tape_bytes *a, int64_t N, int64_t C) {
   op_out(a, 4 * N * C);
   op_saved(a, 8 * N);
 }
+static void rmsnorm(tape_bytes *a, int64_t N, int64_t C) {
+  op_out(a, 4 * N * C);
+  op_saved(a, 4 * N);
+}
 static void cross_entropy(tape_bytes *a, int64_t N) {
   op_saved(a, 4 * N); /* log-sum-exp per row */
   op_out(a, 4);       /* the loss; backward seeds its gradient */
@@ -99,6 +103,39 @@ static void gpt_range_tape(const tdm_model_config *m, int64_t B, int64_t T, int6
   }
   if (head) {
     layernorm(a, N, C);
+    linear(a, N, m->vocab_size);
+    cross_entropy(a, N);
+  }
+}
+
+/* A Llama's decoder layers [first, last), with the embedding and the head as asked. */
+static void llama_range_tape(const tdm_model_config *m, int64_t B, int64_t T, int64_t first, int64_t last, int embed, int head,
+                             tape_bytes *a) {
+  int64_t N = B * T, C = m->n_embd, NH = m->n_head, hs = C / NH, KV = m->n_kv_head * hs, F = m->ffn_hidden;
+  if (embed) {
+    op_out(a, 4 * N * C); /* token embedding */
+    dropout(a, m->dropout, N * C);
+  }
+  for (int64_t l = first; l < last; l++) {
+    rmsnorm(a, N, C);
+    linear(a, N, C), op_out(a, 4 * N * C), op_saved(a, 4 * (2 * T * (hs / 2) + 1));   /* q, RoPE */
+    linear(a, N, KV), op_out(a, 4 * N * KV), op_saved(a, 4 * (2 * T * (hs / 2) + 1)); /* k, RoPE */
+    linear(a, N, KV);                                                                  /* v */
+    op_out(a, 4 * N * C); /* attention */
+    op_saved(a, 4 * B * NH * T * T);
+    bwd_scratch(a, 4 * B * NH * T * T);
+    linear(a, N, C);
+    dropout(a, m->dropout, N * C);
+    op_out(a, 4 * N * C); /* residual */
+    rmsnorm(a, N, C);
+    linear(a, N, F), linear(a, N, F);
+    op_out(a, 4 * N * F); /* SwiGLU */
+    linear(a, N, C);
+    dropout(a, m->dropout, N * C);
+    op_out(a, 4 * N * C); /* residual */
+  }
+  if (head) {
+    rmsnorm(a, N, C);
     linear(a, N, m->vocab_size);
     cross_entropy(a, N);
   }
@@ -237,6 +274,20 @@ void tdm_plan_gpt_costs(const tdm_model_config *m, int64_t T, double *embed, dou
   *head = 2 * C * V + 10 * V + 10 * C;               /* the logits, the loss, the final norm */
 }
 
+void tdm_plan_llama_costs(const tdm_model_config *m, int64_t T, double *embed, double *block, double *head) {
+  double C = (double)m->n_embd, V = (double)m->vocab_size, t = (double)(T > 0 ? T : m->block_size), F = (double)m->ffn_hidden;
+  double KV = m->n_head > 0 ? C / (double)m->n_head * (double)m->n_kv_head : C;
+  *embed = C;                                        /* the lookup */
+  *block = 4 * C * C + 4 * C * KV + 6 * C * F        /* q and o, k and v, gate, up and down */
+           + 4 * t * C + 6 * (C + KV) + 5 * F + 10 * C; /* attention's two products, RoPE, SwiGLU, the norms */
+  *head = 2 * C * V + 10 * V + 5 * C;                /* the logits, the loss, the final norm */
+}
+
+void tdm_plan_layer_costs(const tdm_model_config *m, int64_t T, double *embed, double *block, double *head) {
+  if (m->kind == TDM_MODEL_LLAMA) tdm_plan_llama_costs(m, T, embed, block, head);
+  else tdm_plan_gpt_costs(m, T, embed, block, head);
+}
+
 /* ---- a pipeline: each stage's chunks, and the activations its schedule holds at once ------------------
  * A chunk micro-batch's tape lives from its first action (the receive of its input, or its forward)
  * to its backward (weight pass, for zero-bubble); it holds the chunk's ops, the received input and
@@ -244,7 +295,8 @@ void tdm_plan_gpt_costs(const tdm_model_config *m, int64_t T, double *embed, dou
 static tape_bytes chunk_tape(const tdm_model_config *m, const tdm__pp_layout *L, int c, int64_t B, int64_t T, int64_t accum) {
   tape_bytes a = {0, 0, 1, 0};
   int64_t N = B * T;
-  gpt_range_tape(m, B, T, L->first_block[c], L->first_block[c + 1], c == 0, c == L->C - 1, &a);
+  if (m->kind == TDM_MODEL_LLAMA) llama_range_tape(m, B, T, L->first_block[c], L->first_block[c + 1], c == 0, c == L->C - 1, &a);
+  else gpt_range_tape(m, B, T, L->first_block[c], L->first_block[c + 1], c == 0, c == L->C - 1, &a);
   if (c > 0) a.fwd += 2 * (TENSOR + al(4 * N * m->n_embd)); /* the input received, its gradient */
   if (c < L->C - 1) a.fwd += TENSOR + al(4 * N * m->n_embd); /* the output's gradient received */
   if (c == L->C - 1 && accum > 1) a.fwd += TENSOR + al(4);   /* backward's seed 1/M */
@@ -265,7 +317,8 @@ static tdm_status plan_pipeline(const tdm_plan_config *c, const tdm_params *para
   }
   for (int k = 0; k < L.C; k++) { /* where chunk k starts: block first_block[k]'s first parameter */
     char name[64];
-    snprintf(name, sizeof name, "transformer.h.%d.ln_1.weight", L.first_block[k]);
+    if (m->kind == TDM_MODEL_LLAMA) snprintf(name, sizeof name, "model.layers.%d.input_layernorm.weight", L.first_block[k]);
+    else snprintf(name, sizeof name, "transformer.h.%d.ln_1.weight", L.first_block[k]);
     tdm_tensor *t = tdm_params_find(params, name);
     lo[k] = k == 0 || !t ? 0 : (const float *)tdm_tensor_data(t) - tdm_params_data(params);
     bytes[k] = chunk_tape(m, &L, k, B, T, L.M);
@@ -275,7 +328,8 @@ static tdm_status plan_pipeline(const tdm_plan_config *c, const tdm_params *para
   out->bubble = L.s->bubble, out->bubble_ratio = L.s->bubble_ratio;
   snprintf(out->schedule, sizeof out->schedule, "%s", tdm_pp_schedule_name(L.s->kind));
   int adam = c->optim.kind != TDM_OPT_SGD;
-  int64_t wte = m->vocab_size * m->n_embd;
+  int tied = m->kind == TDM_MODEL_GPT || m->tie_embeddings; /* the last stage keeps a copy of the embedding */
+  int64_t wte = tied ? m->vocab_size * m->n_embd : 0;
   for (int r = 0; r < L.P && r < TDM_PLAN_MAX_STAGES; r++) {
     tdm_plan_stage *ps = &out->stages[r];
     memset(ps, 0, sizeof *ps);
@@ -304,7 +358,7 @@ static tdm_status plan_pipeline(const tdm_plan_config *c, const tdm_params *para
     ps->peak = most;
     ps->bytes[TDM_MEM_ACTIVATIONS] = peak + L.M * 2 * (TENSOR + al(4 * N)); /* and the step's batches */
     /* messages: copies of the input gradients sent, and the tied head's part carried along */
-    ps->bytes[TDM_MEM_COMM] = (r > 0 || L.V > 1) && L.P > 1 ? 4 * N * (m->n_embd + (m->vocab_size + m->n_embd)) * 2 : 0;
+    ps->bytes[TDM_MEM_COMM] = (r > 0 || L.V > 1) && L.P > 1 ? 4 * N * (m->n_embd + (tied ? m->vocab_size + m->n_embd : 0)) * 2 : 0;
     int W = c->world * L.P; /* every rank's share of the world's segment */
     if (c->world <= 1 && W > 1 && c->transport == TDM_TRANSPORT_SHM) ps->bytes[TDM_MEM_COMM] += (int64_t)(tdm__shm_segment_bytes(W) / (size_t)W);
     for (int k = 0; k < TDM_MEM_COUNT; k++) ps->total += ps->bytes[k];

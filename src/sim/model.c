@@ -6,7 +6,8 @@
  *   an embedding table              nothing (a lookup), but a tied output head: 2 V C per token
  *   attention, per block            4 T C per token (Q K^T and the weighted sum), charged to the
  *                                   block's query projection
- * which are tdm_plan_gpt_costs' terms (the pipeline's partitioner uses them too). */
+ * which are tdm_plan_gpt_costs' terms (a pipeline's chunks are charged by tdm_plan_layer_costs, GPT's
+ * or Llama's, as the partitioner cuts them). */
 #include <string.h>
 
 #include "core/internal.h"
@@ -48,7 +49,7 @@ static tdm_status pipeline_of(tdm_sim_model *m, const tdm_plan_config *pc, const
   if (!m->chunk_fwd || !m->chunk_params) return tdm__set_error(TDM_ERR_NO_MEMORY, "simulate: out of memory");
   double ce, cb, ch;
   int64_t T = pc->seq_len > 0 ? pc->seq_len : pc->model.block_size;
-  tdm_plan_gpt_costs(&pc->model, T, &ce, &cb, &ch);
+  tdm_plan_layer_costs(&pc->model, T, &ce, &cb, &ch);
   int64_t lo_prev = 0;
   for (int c = 0; c < C; c++) {
     int nb = m->PL.first_block[c + 1] - m->PL.first_block[c];
@@ -56,7 +57,8 @@ static tdm_status pipeline_of(tdm_sim_model *m, const tdm_plan_config *pc, const
     int64_t hi = tdm_params_numel(params);
     if (c + 1 < C) {
       char name[64];
-      snprintf(name, sizeof name, "transformer.h.%d.ln_1.weight", m->PL.first_block[c + 1]);
+      if (pc->model.kind == TDM_MODEL_LLAMA) snprintf(name, sizeof name, "model.layers.%d.input_layernorm.weight", m->PL.first_block[c + 1]);
+      else snprintf(name, sizeof name, "transformer.h.%d.ln_1.weight", m->PL.first_block[c + 1]);
       const tdm_tensor *t = tdm_params_find(params, name);
       for (int i = 0; t && i < tdm_params_count(params); i++)
         if (tdm_params_get(params, i) == t) hi = tdm_params_offset(params, i);

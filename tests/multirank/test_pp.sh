@@ -3,7 +3,8 @@
 # are one process's bit for bit (the same micro-batches accumulated, dropout on); a data axis gives
 # data parallelism's; a stage that dies is named by the other and the group restarts from a
 # checkpoint to the same weights; checkpoints reshard between a pipeline and any other layout; bad layouts are refused before any rank computes; tandem plan
-# draws and writes the schedule.
+# draws and writes the schedule. The Llama alike (its head untied and tied): one process's weights,
+# checkpoints from --pp 2 into one process and back, its bad layouts refused.
 # usage: test_pp.sh path/to/tandem
 set -u
 T=${1:?usage: test_pp.sh path/to/tandem}
@@ -126,5 +127,49 @@ plan_trace() {
       "$TMP/t.json"
 }
 check "tandem plan: the bubble, what each stage holds, the timeline, a Chrome trace with 2 x 8 x 4 boxes" plan_trace
+
+# the Llama: GQA, RoPE, SwiGLU; llama-mini's head is untied, --tie-embeddings on ties it (as llama3.2-1B's)
+L=(train --model llama --layers 4 --heads 2 --kv-heads 1 --width 32 --ffn-width 48 --block 16 --batch-size 2 --steps 3 --threads 1
+   --dropout 0.1 --lr-schedule constant --warmup 0 --val-batches 2)
+"$T" "${L[@]}" --accum 4 --save-weights "$TMP/l4.st" >/dev/null 2>&1 || echo "  llama reference M 4 failed"
+"$T" "${L[@]}" --accum 5 --tie-embeddings on --save-weights "$TMP/lt5.st" >/dev/null 2>&1 || echo "  llama reference M 5 tied failed"
+llama_as_one() { # REFERENCE P M SCHEDULE [options...]
+  local ref=$1 P=$2 M=$3 S=$4; shift 4
+  "$T" run -n "$P" -- tandem "${L[@]}" --pp "$P" --microbatches "$M" --schedule "$S" "$@" --save-weights "$TMP/lpp.st" \
+    >"$TMP/out" 2>&1 || { tail -3 "$TMP/out"; return 1; }
+  cmp -s "$TMP/$ref.st" "$TMP/lpp.st" || { echo "  the weights differ from one process's"; return 1; }
+}
+check "llama, 1f1b, 3 stages, 4 micro-batches: one process's weights" llama_as_one l4 3 4 1f1b
+check "llama, interleaved, 2 stages x 2 chunks, 4 micro-batches: one process's weights" llama_as_one l4 2 4 interleaved
+check "llama with a tied head, zb1p, 2 stages, 5 micro-batches: one process's weights" llama_as_one lt5 2 5 zb1p --tie-embeddings on
+check "llama with a tied head, gpipe cut by hand (--pp-split 1,3): one process's weights" \
+  llama_as_one lt5 2 5 gpipe --pp-split 1,3 --tie-embeddings on
+
+llama_reshard() { # --pp 2 into one process and back: the uninterrupted run's bits (the tied head's copy is not saved)
+  local one=("$T" "${L[@]}" --accum 2 --tie-embeddings on) pp=("$T" run -n 2 -- tandem "${L[@]}" --pp 2 --microbatches 2 --tie-embeddings on)
+  rm -rf "$TMP/lc1" "$TMP/lcp"
+  "${one[@]}" --steps 6 --save-weights "$TMP/lref6.st" >/dev/null 2>&1 &&
+    "${one[@]}" --checkpoint-every 3 --checkpoint-dir "$TMP/lc1" >/dev/null 2>&1 &&
+    "${pp[@]}" --checkpoint-every 3 --checkpoint-dir "$TMP/lcp" >"$TMP/out" 2>&1 || { tail -3 "$TMP/out"; return 1; }
+  "$T" checkpoint consolidate "$TMP/lc1" "$TMP/lc1.st" --optimizer 2>/dev/null &&
+    "$T" checkpoint consolidate "$TMP/lcp" "$TMP/lcp.st" --optimizer 2>/dev/null && cmp -s "$TMP/lc1.st" "$TMP/lcp.st" ||
+    { echo "  consolidated, the --pp 2 checkpoint differs from one process's"; return 1; }
+  "${one[@]}" --steps 6 --checkpoint-dir "$TMP/lcp" --resume --save-weights "$TMP/la.st" >"$TMP/out" 2>&1 &&
+    grep -q "resharded to data parallel, 1 rank" "$TMP/out" && cmp -s "$TMP/la.st" "$TMP/lref6.st" ||
+    { echo "  --pp 2 resumed on 1 process: not the uninterrupted run's weights"; tail -2 "$TMP/out"; return 1; }
+  "${pp[@]}" --steps 6 --checkpoint-dir "$TMP/lc1" --resume --save-weights "$TMP/lb.st" >"$TMP/out" 2>&1 &&
+    grep -q "resharded to pipeline 1f1b, 2 stages" "$TMP/out" && cmp -s "$TMP/lb.st" "$TMP/lref6.st" ||
+    { echo "  1 process resumed at --pp 2: not the uninterrupted run's weights"; tail -2 "$TMP/out"; return 1; }
+}
+check "llama checkpoints: --pp 2 into 1 process and back (a tied head), the uninterrupted run's bits; consolidated, one process's state" \
+  llama_reshard
+check "llama: more stages than layers" refused "5 stages x 1 virtual stages = 5 chunks for a model of 4 blocks" \
+  "$T" run -n 5 -- tandem "${L[@]}" --pp 5 --microbatches 5
+check "llama: a --pp-split that does not add up" refused "--pp-split adds up to 5 blocks; the model has 4" \
+  "$T" run -n 2 -- tandem "${L[@]}" --pp 2 --pp-split 2,3
+check "llama: --tp beside --pp, named as not built" refused "--tp 2 beside --pp 2 with the llama model" \
+  "$T" run -n 4 -- tandem "${L[@]}" --tp 2 --pp 2 --microbatches 2
+check "a model with no blocks to cut" refused "--pp 2 cuts a transformer's blocks: it needs --model gpt or llama (given --model mlp)" \
+  "$T" train --model mlp --data synthetic --pp 2
 
 finish

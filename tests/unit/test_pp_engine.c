@@ -2,7 +2,9 @@
  * 2P+1 micro-batches and every schedule, with dropout and clipping on, the weights after a few
  * steps are those of one process accumulating the same M micro-batches in the same order, bit for
  * bit; with a data axis (D replicas) those of data parallelism on D ranks. The loss, the gradient
- * norm and an evaluation agree too, and a stage that fails is named by the others. */
+ * norm and an evaluation agree too, and a stage that fails is named by the others. The same for
+ * a Llama (P = 2, 3, every schedule, its head tied to the embedding and not), whose bad layouts
+ * are refused alike. */
 #include <pthread.h>
 
 #include "tdm_test.h"
@@ -138,6 +140,16 @@ static job gpt_job(int D, int P, int M, tdm_pp_schedule_kind sched, int V) {
   return j;
 }
 
+/* A small Llama (grouped-query attention: 2 heads share 1 key/value head), dropout on; tied: its
+ * head is the embedding (as llama3.2-1B's; llama-mini's is not). */
+static job llama_job(int D, int P, int M, tdm_pp_schedule_kind sched, int V, int tied) {
+  job j = gpt_job(D, P, M, sched, V);
+  if (tdm_model_config_llama("llama-mini", &j.mc) != TDM_OK) return j;
+  j.mc.n_layer = 6, j.mc.n_head = 2, j.mc.n_kv_head = 1, j.mc.n_embd = 16, j.mc.ffn_hidden = 24, j.mc.block_size = 8;
+  j.mc.vocab_size = 29, j.mc.dropout = 0.1f, j.mc.tie_embeddings = tied;
+  return j;
+}
+
 /* The reference: data parallelism on D ranks (one process when D = 1), accumulating M. */
 static float *reference(const job *pj, int64_t *n, double *loss, double *norm, double *eval_loss) {
   job r = *pj;
@@ -233,5 +245,44 @@ static void test_bad_layouts(void) {
   CHECK_MSG(strstr(args[0].err, "2 micro-batches for 4 pipeline ranks") != NULL, "%s", args[0].err);
 }
 
+/* Llama: P = 2, 3, every schedule, M = 1, P, 2P+1 (interleaved: P, 2P), its head untied and tied
+ * (alternately, and both for the first M); a data axis; a cut by hand. */
+static void test_llama(void) {
+  tdm_pp_schedule_kind ks[] = {TDM_PP_GPIPE, TDM_PP_1F1B, TDM_PP_ZB1P};
+  for (int P = 2; P <= 3; P++) {
+    int Ms[3] = {1, P, 2 * P + 1};
+    for (int k = 0; k < 3; k++)
+      for (int mi = 0; mi < 3; mi++) {
+        check_equal(llama_job(1, P, Ms[mi], ks[k], 1, (k + mi) % 2), "llama");
+        if (mi == 0) check_equal(llama_job(1, P, Ms[mi], ks[k], 1, 1 - (k + mi) % 2), "llama");
+      }
+    check_equal(llama_job(1, P, P, TDM_PP_INTERLEAVED, 2, 0), "llama interleaved untied");
+    check_equal(llama_job(1, P, 2 * P, TDM_PP_INTERLEAVED, 2, 1), "llama interleaved tied");
+  }
+  check_equal(llama_job(2, 2, 3, TDM_PP_1F1B, 1, 1), "llama 2 x 2 tied");
+  job j = llama_job(1, 3, 4, TDM_PP_ZB1P, 1, 1);
+  j.ec.pp.n_split = 3, j.ec.pp.split[0] = 1, j.ec.pp.split[1] = 4, j.ec.pp.split[2] = 1;
+  check_equal(j, "llama split 1,4,1");
+}
+
+/* Llama's bad layouts: more stages than layers, a split that does not add up, a tensor axis. */
+static void test_llama_bad_layouts(void) {
+  job j = llama_job(1, 2, 2, TDM_PP_1F1B, 1, 0);
+  j.mc.n_layer = 1;
+  int64_t n;
+  free(run_job(&j, &n, 0));
+  CHECK_MSG(strstr(args[0].err, "2 stages x 1 virtual stages = 2 chunks for a model of 1 blocks") != NULL, "%s", args[0].err);
+  j = llama_job(1, 2, 2, TDM_PP_1F1B, 1, 1);
+  j.ec.pp.n_split = 2, j.ec.pp.split[0] = 2, j.ec.pp.split[1] = 3;
+  free(run_job(&j, &n, 0));
+  CHECK_MSG(strstr(args[0].err, "--pp-split adds up to 5 blocks; the model has 6") != NULL, "%s", args[0].err);
+  j = llama_job(1, 2, 2, TDM_PP_1F1B, 1, 0);
+  CHECK(tdm_engine_check(&j.mc, &j.ec, 4, 1, 2, 2) == TDM_ERR_NOT_SUPPORTED);
+  CHECK_MSG(strstr(tdm_last_error(), "--tp 2 beside --pp 2 with the llama model") != NULL, "%s", tdm_last_error());
+  j.mc = tdm_model_config_mlp();
+  CHECK(tdm_engine_check(&j.mc, &j.ec, 2, 1, 1, 2) == TDM_ERR_NOT_SUPPORTED);
+  CHECK_MSG(strstr(tdm_last_error(), "use --model gpt or llama") != NULL, "%s", tdm_last_error());
+}
+
 TDM_TEST_MAIN(T(test_every_schedule), T(test_interleaved), T(test_data_axis), T(test_split_by_hand), T(test_dead_stage),
-              T(test_bad_layouts))
+              T(test_bad_layouts), T(test_llama), T(test_llama_bad_layouts))
