@@ -42,8 +42,10 @@ static tdm_status next_batch(void *vctx, tdm_tape *tp, int64_t micro, tdm_tensor
   *base = first;
   if (j->mc.kind == TDM_MODEL_GPT || j->mc.kind == TDM_MODEL_LLAMA)
     return tdm_test_token_batch(tp, c->step, first, j->B, j->T, j->mc.vocab_size, x, y);
-  int64_t F = j->mc.in_features, xs[2] = {j->B, F}, ys[1] = {j->B};
-  *x = tdm_new(tp, TDM_F32, 2, xs);
+  int cnn = j->mc.kind == TDM_MODEL_CNN;
+  int64_t F = cnn ? j->mc.in_channels * j->mc.height * j->mc.width : j->mc.in_features, xs[4] = {j->B, F}, ys[1] = {j->B};
+  if (cnn) xs[1] = j->mc.in_channels, xs[2] = j->mc.height, xs[3] = j->mc.width;
+  *x = tdm_new(tp, TDM_F32, cnn ? 4 : 2, xs);
   *y = tdm_new(tp, TDM_I32, 1, ys);
   if (!*x || !*y) return tdm_tape_status(tp);
   float *xd = tdm_tensor_data(*x);
@@ -144,6 +146,22 @@ static job mlp_job(int P, int64_t accum, int64_t B) {
   return j;
 }
 
+/* Adam: the 1e-4 relative, element by element. */
+static job mlp_adam_job(int P, int64_t accum, int64_t B) {
+  job j = mlp_job(P, accum, B);
+  j.oc = tdm_optim_config_default(TDM_OPT_ADAM);
+  j.oc.lr = 1e-3f;
+  return j;
+}
+/* The small CNN (two convolutions with pooling, dropout, a linear head) on 8x8 images. */
+static job cnn_job(int P, int64_t accum, int64_t B) {
+  job j = mlp_job(P, accum, B);
+  j.mc = tdm_model_config_cnn();
+  j.mc.height = 8, j.mc.width = 8, j.mc.c1 = 4, j.mc.c2 = 6, j.mc.n_classes = 5, j.mc.dropout = 0.2f;
+  j.ec.zero.bucket_bytes = 1024; /* several buckets */
+  return j;
+}
+
 static job gpt_job(int P, int64_t accum, int64_t B) {
   job j;
   memset(&j, 0, sizeof j);
@@ -170,7 +188,7 @@ static job llama_job(int P, int64_t accum, int64_t B) {
 }
 
 static const char *job_name(job (*make)(int, int64_t, int64_t)) {
-  return make == mlp_job ? "mlp" : make == gpt_job ? "gpt" : "llama";
+  return make == mlp_job ? "mlp" : make == mlp_adam_job ? "mlp (adam)" : make == cnn_job ? "cnn" : make == gpt_job ? "gpt" : "llama";
 }
 
 /* ||a - b|| / ||b|| over the elements not skipped. */
@@ -225,6 +243,9 @@ static void check_layouts(job (*make)(int, int64_t, int64_t), int64_t B, double 
 }
 
 static void test_mlp_every_layout(void) { check_layouts(mlp_job, 6, 1e-5, 0); }
+static void test_cnn_every_layout(void) { check_layouts(cnn_job, 3, 1e-5, 0); }
+
+static void test_mlp_adam_every_layout(void) { check_layouts(mlp_adam_job, 6, 1e-4, 0); }
 
 /* With AdamW the GPT's key bias (the middle third of c_attn.bias) is left out of the comparison
  * with one process: its gradient is exactly zero in exact arithmetic (softmax ignores a shift of
@@ -378,5 +399,5 @@ static void test_model_side_refusals(void) {
   }
 }
 
-TDM_TEST_MAIN(T(test_mlp_every_layout), T(test_gpt_every_layout), T(test_llama_every_layout), T(test_recompute_keeps_the_bits), T(test_stage3_memory), T(test_process_grid),
+TDM_TEST_MAIN(T(test_mlp_every_layout), T(test_cnn_every_layout), T(test_mlp_adam_every_layout), T(test_gpt_every_layout), T(test_llama_every_layout), T(test_recompute_keeps_the_bits), T(test_stage3_memory), T(test_process_grid),
               T(test_model_side_refusals))
