@@ -173,6 +173,7 @@ struct tdm_comm {
   pthread_cond_t q_cv;
   struct tdm_work *q_head, *q_tail;
   struct tdm_work *handles; /* every handle not yet waited for: destroy frees the abandoned ones */
+  struct tdm_work *q_free;  /* handles waited for, kept for the next calls (linked by next) */
   int q_busy, q_stop, q_started;
   pthread_t q_thread;
 };

@@ -128,8 +128,13 @@ tdm_status tdm__wait_queue_idle(struct tdm_comm *c) {
 
 static tdm_status enqueue(struct tdm_comm *c, struct tdm_work *tmpl, tdm_work_t *out) {
   if (!c || !out) return tdm__set_error(TDM_ERR_INVALID_ARG, "non-blocking call: NULL argument");
-  struct tdm_work *w = tdm__malloc_cat(sizeof *w, TDM_MEM_COMM);
-  if (!w) return tdm__set_error(TDM_ERR_NO_MEMORY, "non-blocking call: out of memory");
+  /* a handle waited for before is used again: the steady state allocates nothing */
+  pthread_mutex_lock(&c->q_mu);
+  struct tdm_work *w = c->q_free;
+  if (w) c->q_free = w->next;
+  pthread_mutex_unlock(&c->q_mu);
+  if (!w && !(w = tdm__malloc_cat(sizeof *w, TDM_MEM_COMM)))
+    return tdm__set_error(TDM_ERR_NO_MEMORY, "non-blocking call: out of memory");
   *w = *tmpl;
   w->c = c;
   w->next = NULL;
@@ -253,10 +258,11 @@ tdm_status tdm_work_wait(tdm_work_t w) {
       *p = w->all_next;
       break;
     }
-  pthread_mutex_unlock(&c->q_mu);
   tdm_status st = w->st;
   if (st != TDM_OK) tdm__set_error(st, "%s", w->error);
-  tdm__free(w);
+  w->next = c->q_free; /* kept for the next call */
+  c->q_free = w;
+  pthread_mutex_unlock(&c->q_mu);
   return st;
 }
 
@@ -273,4 +279,9 @@ void tdm__progress_stop(struct tdm_comm *c) {
     tdm__free(w);
   }
   c->handles = NULL;
+  for (struct tdm_work *w = c->q_free, *next; w; w = next) {
+    next = w->next;
+    tdm__free(w);
+  }
+  c->q_free = NULL;
 }

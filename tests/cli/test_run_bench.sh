@@ -48,9 +48,13 @@ bench_gpt() { # runs, reports a step with no steady-state allocation, rejects a 
     --warmup 2 --threads 2 --json >"$TMP/g.json" 2>&1 || { cat "$TMP/g.json"; return 1; }
   grep -q '"params":15328,' "$TMP/g.json" && grep -q '"allocs_per_step":0.000,' "$TMP/g.json" &&
     grep -Eq '"ms":[0-9]+\.[0-9]+,' "$TMP/g.json" && ! grep -q '"ms":0.000,' "$TMP/g.json" || { cat "$TMP/g.json"; return 1; }
-  "$TANDEM" bench gpt --seq-len 500 2>&1 | grep -q "seq-len 500 exceeds the block size 128"
+  "$TANDEM" bench gpt --seq-len 500 2>&1 | grep -q "seq-len 500 exceeds the block size 128" || return 1
+  # a pipeline's step allocates nothing either (before: a work handle per exchange, 5-11 a step)
+  "$TANDEM" run -n 2 -- tandem bench gpt --layers 4 --heads 2 --width 32 --block 16 --vocab 64 --batch-size 2 --seq-len 16 \
+    --pp 2 --accum 4 --schedule interleaved --steps 2 --warmup 2 --json >"$TMP/p.json" 2>&1 &&
+    grep -q '"allocs_per_step":0.000,' "$TMP/p.json" || { cat "$TMP/p.json"; return 1; }
 }
-check "tandem bench gpt: a timed step, parameter count, no steady-state allocation, clear errors" bench_gpt
+check "tandem bench gpt: a timed step, parameter count, no steady-state allocation (one process, a pipeline), clear errors" bench_gpt
 check "tandem bench: bad option" bash -c "\"$TANDEM\" bench allreduce -d complex 2>&1 | grep -q 'not one of float'"
 
 finish
