@@ -218,6 +218,7 @@ static int bench_lm(int argc, char **argv, int llama) {
     goto out;
   }
   ec.accum = accum;
+  ec.pp.seq_len = T; /* a pipeline's cut balanced for these sequences */
   if (pp > 1 && tdm_pp_schedule_parse(schedule, &ec.pp.schedule) != TDM_OK) st = TDM_ERR_INVALID_ARG;
   ec.zero.stage = zero ? (int)zero : 1;
   ec.zero.unit_modules = (int)zero_unit;

@@ -117,6 +117,8 @@ typedef struct tdm_engine_pipeline_config {
   int n_split;                   /* > 0: blocks per chunk, by hand (split[0..n_split)); 0: balanced by
                                     the planner's cost per block */
   int split[TDM_PP_MAX_SPLIT];
+  int64_t seq_len; /* tokens per sample the balanced cut is costed at (0: the model's block size;
+                      attention's cost grows with it, the head's does not) */
   int zero_stage; /* ZeRO on the data axis: 0 (default) or 1 (each data rank keeps and updates 1/D of
                      its stage's optimizer state; the same bits as 0); not beside tensor parallelism */
 } tdm_engine_pipeline_config;

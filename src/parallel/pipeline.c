@@ -911,7 +911,8 @@ tdm_status tdm__pp_layout_make(const tdm_model_config *mc, const tdm_engine_conf
   if (!(out->first_block = tdm__malloc(sizeof(int) * (size_t)(out->C + 1))))
     return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
   double ce, cb, ch;
-  tdm_plan_layer_costs(mc, mc->block_size, &ce, &cb, &ch);
+  int64_t T = ec->pp.seq_len > 0 && ec->pp.seq_len < mc->block_size ? ec->pp.seq_len : mc->block_size;
+  tdm_plan_layer_costs(mc, T, &ce, &cb, &ch);
   tdm_status st = tdm_pp_partition((int)mc->n_layer, out->C, pc->split, pc->n_split, ce, cb, ch, out->first_block);
   if (st == TDM_OK) st = tdm_pp_schedule_create(&out->s, pc->schedule, P, out->V, out->M);
   if (st != TDM_OK) tdm__pp_layout_free(out);

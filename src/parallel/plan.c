@@ -305,6 +305,7 @@ static tape_bytes chunk_tape(const tdm_model_config *m, const tdm__pp_layout *L,
 
 static tdm_status plan_pipeline(const tdm_plan_config *c, const tdm_params *params, tdm_plan *out) {
   tdm_engine_config ec = c->engine;
+  if (!ec.pp.seq_len) ec.pp.seq_len = c->seq_len; /* the cut the engine makes for this length */
   tdm__pp_layout L;
   TDM__TRY(tdm__pp_layout_make(&c->model, &ec, c->pipeline, &L));
   const tdm_model_config *m = &c->model;

@@ -41,7 +41,9 @@ static tdm_status alloc_tensors(tdm_sim_model *m, int n) {
 
 /* Pipeline: the engine's cut and verified schedule, each chunk's FLOPs by the planner's costs. */
 static tdm_status pipeline_of(tdm_sim_model *m, const tdm_plan_config *pc, const tdm_params *params, int64_t tokens) {
-  TDM__TRY(tdm__pp_layout_make(&pc->model, &pc->engine, pc->pipeline, &m->PL));
+  tdm_engine_config ec = pc->engine;
+  if (!ec.pp.seq_len) ec.pp.seq_len = pc->seq_len; /* the cut the engine makes for this length */
+  TDM__TRY(tdm__pp_layout_make(&pc->model, &ec, pc->pipeline, &m->PL));
   m->has_pl = 1;
   int C = m->PL.C;
   m->chunk_fwd = tdm__calloc((size_t)C, sizeof(double));

@@ -625,6 +625,7 @@ static tdm_status prepare(const tdm_train_config *c, int W, int D, int R, int P,
   oc.nesterov = c->nesterov;
   tdm_engine_config ec = c->engine;
   ec.allow_nonfinite = c->allow_nonfinite;
+  if (is_lm(mk)) ec.pp.seq_len = T; /* a pipeline's cut balanced for the sequences it will see */
   if (c->label_smoothing > 0 && (is_lm(mk) || !(c->label_smoothing < 1)))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --label-smoothing %g with model %s; expected 0 <= eps < 1, for the image classifiers",
                           c->label_smoothing, c->model);
