@@ -10,7 +10,8 @@
 #                                                MLP step time over TCP with TANDEM_NET_EMULATE at
 #                                                100us,1gbps and 100us,100mbps: medians of steps
 #                                                10.. of REPS alternating runs
-# SPECS default: none topk:0.01 powersgd:4 (any --compress value). BUILD: the build directory. Shared machines are noisy:
+# SPECS default: none topk:0.01 powersgd:4 (any --compress value). BUILD: the build directory. EXTRA: more
+# train options for mlp and gpt (e.g. EXTRA="--compress-start 30"). Shared machines are noisy:
 # compare the step times of one invocation (alternating runs), not across invocations.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,7 +43,8 @@ mlp | gpt)
   base=
   for s in "${SPECS[@]}"; do
     t0=$(date +%s.%N)
-    out=$(./$B/tandem run -n 2 -- tandem train "${ARGS[@]}" --threads 1 --compress "$s" --metrics "$TMP/$s.m" 2>&1)
+    # shellcheck disable=SC2086
+    out=$(./$B/tandem run -n 2 -- tandem train "${ARGS[@]}" --threads 1 --compress "$s" ${EXTRA:-} --metrics "$TMP/$s.m" 2>&1)
     t1=$(date +%s.%N)
     if [[ $MODE == mlp ]]; then
       a=$(grep -o 'test accuracy: [0-9.]*' <<<"$out" | awk '{print $3}'); l=$(grep -o 'test loss: [0-9.]*' <<<"$out" | tail -1 | awk '{print $3}')
