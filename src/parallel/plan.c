@@ -14,7 +14,7 @@
 #include "parallel/common.h"
 #include "parallel/layout.h"
 #include "parallel/plan_tape.h"
-#include "parallel/tp_gpt.h"
+#include "parallel/tp_model.h"
 #include "parallel/pipeline_impl.h"
 #include "tandem/kernels.h"
 
@@ -544,7 +544,7 @@ tdm_status tdm_plan_compute(const tdm_plan_config *c, tdm_plan *out) {
   b[TDM_MEM_WORKSPACE] = metadata + 8 * (n_seg + 1) + grown_array(nodes, 8) + grown_array(n_param_tensors + tr.leaves, 16);
   if (tp)
     b[TDM_MEM_WORKSPACE] += n_pieces * ((int64_t)sizeof(tdm__tp_piece) + 8) + 4 * (int64_t)n_param_tensors +
-                            8 * (int64_t)W * n_rep + tdm__tp_gpt_bookkeeping(n_param_tensors, c->model.n_layer) +
+                            8 * (int64_t)W * n_rep + tdm__tp_model_bookkeeping(&c->model, n_param_tensors) +
                             (Tp > 1 ? TDM__TP_STAGE_BYTES : 0);
   /* traffic: stages 0-2 reduce-scatter and all-gather Ψ (2Ψ(N-1)/N), stage 3 gathers twice; tensor
    * parallelism all-reduces activations of B x T x C twice per block forward and backward, and
