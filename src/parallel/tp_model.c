@@ -135,10 +135,11 @@ static tdm_status find(tdm__tp_model *g, tdm_tensor **out, const char *prefix, c
   return TDM_OK;
 }
 
-/* The model's parameters by name, in this rank's store. */
+/* The model's parameters by name, in this rank's store (an untied head's is required too). */
 static tdm_status bind(tdm__tp_model *g) {
   const tdm__tp_kind *k = g->kind;
-  for (int i = 0; i < k->n_top; i++) TDM__TRY(find(g, &g->top[i], "", k->top[i], i < k->n_required));
+  for (int i = 0; i < k->n_top; i++)
+    TDM__TRY(find(g, &g->top[i], "", k->top[i], i < k->n_required || (i == k->head && !g->cfg.tie_embeddings)));
   for (int64_t l = 0; l < g->cfg.n_layer; l++) {
     char prefix[96];
     snprintf(prefix, sizeof prefix, k->block, (long long)l);
@@ -163,7 +164,7 @@ tdm_status tdm__tp_model_create(tdm__tp_model **out, const tdm_params *whole, co
   g->comm.comm = T > 1 ? comm : NULL;
   g->n = tdm_params_count(whole);
   g->slice = tdm__calloc((size_t)(g->n ? g->n : 1), sizeof *g->slice);
-  g->blocks = tdm__calloc((size_t)(mc->n_layer * g->kind->n_leaf), sizeof *g->blocks);
+  g->blocks = tdm__calloc((size_t)(mc->n_layer > 0 ? mc->n_layer * g->kind->n_leaf : 1), sizeof *g->blocks);
   tdm_status st = g->slice && g->blocks ? tdm_params_create(&g->local) : tdm__set_error(TDM_ERR_NO_MEMORY, "tensor parallelism: out of memory");
   /* the whole model's parameters, in order, each as this rank's slice of it */
   for (int i = 0; st == TDM_OK && i < g->n; i++) {

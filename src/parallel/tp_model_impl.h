@@ -17,7 +17,8 @@ typedef struct {
   tdm_model_kind kind;
   const char *top[TDM__TP_TOP_MAX]; /* whole-model parameters (top[0]: the token embedding) */
   int n_top, n_required;            /* the first n_required must exist, the others may not */
-  int head;                         /* top[head]: the output head; the embedding when absent (tied) */
+  int head;                         /* top[head]: the output head (required unless the model's
+                                       tie_embeddings: then absent, and the embedding serves) */
   const char *block;                /* a block's prefix, %lld its index: "transformer.h.%lld." */
   const char *const *leaf;          /* a block's parameters after the prefix, n_leaf of them */
   int n_leaf;
