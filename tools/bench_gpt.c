@@ -1,7 +1,7 @@
 /* tandem bench gpt | llama: the speed of one GPT or Llama training step (forward, backward, AdamW;
  * fp32 unless --precision) on random tokens, as bench/gpt_vs_pytorch.sh compares it with PyTorch. The step is
  * tdm_engine_step, the one tandem train runs: on one process, or under tandem run on several with data
- * parallelism, ZeRO (--zero), tensor parallelism (--tp, GPT) or a pipeline (--pp, GPT, with the bubble each
+ * parallelism, ZeRO (--zero), tensor parallelism (--tp) or a pipeline (--pp, with the bubble each
  * stage measured against its schedule's). Prints the median time of each phase, model FLOP/s as a share of the FMA peak, the
  * optimizer against its memory-traffic floor, allocations in the steady state, the memory held
  * per category and the peak resident memory (the largest of any rank). */

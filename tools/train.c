@@ -73,7 +73,7 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
       {"zero", CLI_INT, &zero, "0", "ZeRO stage: 0 data parallel (every rank holds everything); 1 optimizer state, 2 and gradients, 3 and parameters sharded over the ranks", NULL, 0, 3, 0},
       {"zero-unit", CLI_INT, &zero_unit, "1", "--zero 3: modules (transformer blocks, layers) per gathered unit", NULL, 1, 1e6, 0},
       {"zero-prefetch", CLI_CHOICE, &zero_prefetch, "on", "--zero 3: gather the next unit while this one computes", "on|off", 0, 0, 0},
-      {"tp", CLI_INT, &tp, "1", "gpt: tensor-parallel ranks (Megatron-style: attention heads, MLP units and the vocabulary split across them)", NULL, 1, 1024, 0},
+      {"tp", CLI_INT, &tp, "1", "gpt, llama: tensor-parallel ranks (Megatron-style: attention heads (a Llama's with their key/value heads), MLP units and the vocabulary split across them)", NULL, 1, 1024, 0},
       {"tp-check-every", CLI_INT, &tp_check, "100", "--tp: steps between checks that replicated parameters are bitwise identical on every rank (0: never)", NULL, 0, 1e12, 0},
       {"ps-servers", CLI_INT, &ps_servers, "0", "parameter server: the last S ranks serve the parameters (sharded by key range) and run the optimizer; the others train (0: no server)", NULL, 0, 1 << 20, 0},
       {"ps-mode", CLI_CHOICE, &ps_mode, "sync", "--ps-servers: sync (every worker's gradient, summed in rank order: as data parallelism), async (each push applied on arrival), ssp (async, a worker at most --staleness steps ahead of the slowest)", "sync|async|ssp", 0, 0, 0},

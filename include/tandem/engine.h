@@ -101,10 +101,10 @@ typedef struct tdm_loss_scale_config {
 /* Tensor parallelism over the grid's tensor axis (T ranks; the data axis, when larger than 1, runs
  * data parallelism with the dp settings). The model's parameters stay the whole model's (names,
  * shapes, offsets: tdm_engine_model, read_params, load and save are in its terms); each rank holds
- * slices of them (src/parallel/tp_gpt.h). Replicated parameters (layer norms, the row-parallel
- * projections' biases, the position embedding) must stay bitwise identical on every rank: every
- * check_every steps a hash of each is compared across the world, and a difference fails the step
- * with TDM_ERR_MISMATCH naming the parameter and the ranks. */
+ * slices of them (src/parallel/tp_model.h: a GPT's or a Llama's). Replicated parameters (layer
+ * norms and RMSNorms, GPT's row-parallel projections' biases and position embedding) must stay
+ * bitwise identical on every rank: every check_every steps a hash of each is compared across the
+ * world, and a difference fails the step with TDM_ERR_MISMATCH naming the parameter and the ranks. */
 typedef struct tdm_engine_tp_config {
   int64_t check_every; /* 0: never (default 100) */
 } tdm_engine_tp_config;

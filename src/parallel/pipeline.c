@@ -28,8 +28,8 @@
  * thread), while the main thread computes; a compute action waits for the exchange that brings
  * its input. This is what the verifier simulates.
  *
- * The 3-D grid (a tensor axis of T > 1 beside the pipeline; GPT only): each chunk's blocks run
- * split over the tensor axis (tp_gpt.c: tdm__tp_gpt_range); this rank computes with its own store
+ * The 3-D grid (a tensor axis of T > 1 beside the pipeline; GPT or Llama): each chunk's blocks
+ * run split over the tensor axis (tp_model.c: tdm__tp_model_range); this rank computes with its own store
  * of slices (q->work) and the whole model stays in address space only, as the tensor-parallel
  * engine keeps it. The activations between stages are replicated over the tensor axis: tensor rank t of one
  * stage talks to tensor rank t of the next (the pipeline axis' communicator). The tied head's
@@ -51,7 +51,7 @@
 #include "parallel/common.h"
 #include "parallel/engine_impl.h"
 #include "parallel/pipeline_impl.h"
-#include "parallel/tp_gpt.h"
+#include "parallel/tp_model.h"
 #include "tandem/kernels.h"
 #include "tandem/plan.h"
 #include "tandem/trace.h"
@@ -115,7 +115,7 @@ typedef struct {
   tdm_params *work;          /* the store compute, gradients, spans and the optimizer use */
   tdm_tensor *wte;           /* its token embedding (this rank's vocabulary rows) */
   int64_t vt;                /* and their count */
-  tdm__tp_gpt *tg;
+  tdm__tp_model *tg;
   tdm_comm_t tcomm;
   int T, t, sync;
   tdm_optim_span *full;      /* this rank's chunks' spans of the store (e->spans: the optimizer's) */
@@ -368,7 +368,7 @@ static tdm_status forward(tdm_engine *e, pp_state *q, slot *s, uint64_t seed) {
   if (q->tg) { /* the 3-D grid: the chunk's blocks split over the tensor axis, the loss vocabulary-parallel */
     tdm__tp_range r = {q->first_block[c], q->first_block[c + 1], c == 0, c == q->C - 1, NULL, NULL, NULL};
     if (r.head && q->tied) r.head_weight = tdm_detach(t, q->wte);
-    tdm_tensor *h = tdm__tp_gpt_range(q->tg, t, c == 0 ? q->x[m] : s->in, &r, q->y[m], &q->correct, &q->rows);
+    tdm_tensor *h = tdm__tp_model_range(q->tg, t, c == 0 ? q->x[m] : s->in, &r, q->y[m], &q->correct, &q->rows);
     if (h && r.head) s->logits = r.logits, s->head_in = r.head_input, q->loss_sum += *(const float *)tdm_tensor_data(h);
     if (!h) return tdm__set_error(tdm_tape_status(t), "forward: %s", tdm_tape_error(t));
     s->out = h;
@@ -509,18 +509,18 @@ static tdm_status check_replicas(tdm_engine *e, pp_state *q) {
   int64_t every = e->cfg.tp.check_every;
   if (!q->tg || every <= 0 || q->steps_done % every != 0) return TDM_OK;
   int n = 0, np = tdm_params_count(q->work);
-  for (int i = 0; i < np; i++) n += q->held_at[i] >= 0 && !tdm__tp_gpt_slice(q->tg, i)->sharded;
+  for (int i = 0; i < np; i++) n += q->held_at[i] >= 0 && !tdm__tp_model_slice(q->tg, i)->sharded;
   uint64_t *h = tdm__malloc(sizeof(uint64_t) * (size_t)(n ? n : 1) * (size_t)(q->T + 1));
   if (!h) return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
   uint64_t *all = h + n;
   for (int i = 0, k = 0; i < np; i++)
-    if (q->held_at[i] >= 0 && !tdm__tp_gpt_slice(q->tg, i)->sharded) {
+    if (q->held_at[i] >= 0 && !tdm__tp_model_slice(q->tg, i)->sharded) {
       tdm_tensor *t = tdm_params_get(q->work, i);
       h[k++] = hash_floats(tdm_tensor_data(t), tdm_tensor_numel(t));
     }
   tdm_status st = tdm_comm_allgather(q->tcomm, h, all, (size_t)n, TDM_I64, TDM_ALGO_AUTO);
   for (int i = 0, k = 0; st == TDM_OK && i < np; i++) {
-    if (q->held_at[i] < 0 || tdm__tp_gpt_slice(q->tg, i)->sharded) continue;
+    if (q->held_at[i] < 0 || tdm__tp_model_slice(q->tg, i)->sharded) continue;
     for (int r = 1; r < q->T && st == TDM_OK; r++)
       if (all[(size_t)r * (size_t)n + (size_t)k] != all[k])
         st = tdm__set_error(TDM_ERR_MISMATCH,
@@ -652,7 +652,7 @@ static tdm_status tp3_read(tdm_engine *e, pp_state *q, int64_t lo, int64_t hi, f
   memset(dst, 0, sizeof(float) * (size_t)(hi - lo));
   for (int i = 0; i < tdm_params_count(e->params); i++) {
     int64_t off = tdm_params_offset(e->params, i), n = tdm_tensor_numel(tdm_params_get(e->params, i));
-    const tdm__tp_slice *s = tdm__tp_gpt_slice(q->tg, i);
+    const tdm__tp_slice *s = tdm__tp_model_slice(q->tg, i);
     if (off + n <= lo || off >= hi || q->held_at[i] < 0 || (!s->sharded && q->t != 0)) continue;
     const float *v = tdm_tensor_data(tdm_params_get(q->work, i));
     for (int64_t r = 0; r < s->count; r++) {
@@ -687,14 +687,14 @@ static tdm_status tp3_load(tdm_engine *e, pp_state *q, const char *path) {
   int last = q->tied && q->stage == chunk_rank(q, q->C - 1);
   int64_t n = 0;
   for (int i = 0; i < tdm_params_count(q->work); i++)
-    if (q->held_at[i] >= 0 || (last && i == q->wte_i)) n += tdm__tp_gpt_slice(q->tg, i)->count;
+    if (q->held_at[i] >= 0 || (last && i == q->wte_i)) n += tdm__tp_model_slice(q->tg, i)->count;
   if (n > (int64_t)1 << 30) return tdm__set_error(TDM_ERR_INVALID_ARG, "pipeline: %lld slices", (long long)n);
   int64_t *lo = tdm__malloc(sizeof(int64_t) * 2 * (size_t)(n ? n : 1));
   float **dst = tdm__malloc(sizeof(float *) * (size_t)(n ? n : 1));
   tdm_status st = lo && dst ? TDM_OK : tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
   for (int i = 0, k = 0; st == TDM_OK && i < tdm_params_count(q->work); i++) {
     if (!(q->held_at[i] >= 0 || (last && i == q->wte_i))) continue;
-    const tdm__tp_slice *s = tdm__tp_gpt_slice(q->tg, i);
+    const tdm__tp_slice *s = tdm__tp_model_slice(q->tg, i);
     int64_t off = tdm_params_offset(e->params, i);
     float *mine = tdm_tensor_data(tdm_params_get(q->work, i));
     for (int64_t r = 0; r < s->count; r++, k++) {
@@ -736,7 +736,7 @@ static tdm_status pp_first_nonfinite(tdm_engine *e, int64_t *index) {
   }
   for (int i = 0; q->tg && i < tdm_params_count(q->work) && key == INT64_MAX; i++) {
     if (q->held_at[i] < 0) continue;
-    const tdm__tp_slice *s = tdm__tp_gpt_slice(q->tg, i);
+    const tdm__tp_slice *s = tdm__tp_model_slice(q->tg, i);
     const float *v = tdm_tensor_data(tdm_params_get(q->work, i));
     for (int64_t k = 0; k < s->count * s->len; k++)
       if (!isfinite(v[k])) {
@@ -851,7 +851,7 @@ static tdm_status pp_eval(tdm_engine *e, tdm_tensor *x, tdm_tensor *y, double *l
     if (q->tg) { /* the 3-D grid: the last chunk's range ends with the loss */
       tdm__tp_range r = {q->first_block[c], q->first_block[c + 1], c == 0, c == q->C - 1, NULL, NULL, NULL};
       double cr = 0, rw = 0;
-      h = tdm__tp_gpt_range(q->tg, t, c == 0 ? x : h, &r, y, &cr, &rw);
+      h = tdm__tp_model_range(q->tg, t, c == 0 ? x : h, &r, y, &cr, &rw);
       if (!h) break;
       if (c < q->C - 1) TDM__TRY(tdm_comm_send(q->pp, chunk_rank(q, c + 1), 13, tdm_tensor_data(h), nbytes));
       else num[0] = *(const float *)tdm_tensor_data(h), num[1] = cr, num[2] = rw;
@@ -879,16 +879,6 @@ static tdm_status pp_eval(tdm_engine *e, tdm_tensor *x, tdm_tensor *y, double *l
 /* ---- create / destroy -------------------------------------------------------------------------------- */
 /* Whether the output head is the token embedding: GPT's always, Llama's when tie_embeddings. */
 static int head_tied(const tdm_model_config *mc) { return mc->kind == TDM_MODEL_GPT || mc->tie_embeddings; }
-
-/* The models a pipeline cuts, and the 3-D grid's (the tensor axis splits GPT's blocks only). */
-static tdm_status check_model(const tdm_model_config *mc, int T, int P) {
-  if (mc->kind == TDM_MODEL_LLAMA && T > 1)
-    return tdm__set_error(TDM_ERR_NOT_SUPPORTED,
-                          "pipeline: --tp %d beside --pp %d with the llama model: the 3-D grid runs each stage's blocks "
-                          "tensor-parallel, and Llama's are not split yet (grouped-query attention, RoPE and SwiGLU have no "
-                          "tensor-parallel ops); use --tp 1 (the pipeline alone runs llama) or --model gpt", T, P);
-  return tdm__tp_check(mc, T); /* the 3-D grid: the heads over the tensor axis */
-}
 
 tdm_status tdm__pp_layout_make(const tdm_model_config *mc, const tdm_engine_config *ec, int P, tdm__pp_layout *out) {
   memset(out, 0, sizeof *out);
@@ -926,7 +916,7 @@ void tdm__pp_layout_free(tdm__pp_layout *l) {
 }
 
 static tdm_status pp_check(const tdm_model_config *mc, const tdm_engine_config *ec, const int *sizes) {
-  TDM__TRY(check_model(mc, sizes[TDM_AXIS_TENSOR], sizes[TDM_AXIS_PIPELINE]));
+  TDM__TRY(tdm__tp_check(mc, sizes[TDM_AXIS_TENSOR])); /* the 3-D grid: the heads over the tensor axis */
   tdm__pp_layout L;
   TDM__TRY(tdm__pp_layout_make(mc, ec, sizes[TDM_AXIS_PIPELINE], &L));
   tdm__pp_layout_free(&L);
@@ -1015,7 +1005,7 @@ static tdm_status make_zero1(tdm_engine *e, pp_state *q, int64_t owned) {
 }
 
 static tdm_status pp_create(tdm_engine *e, const tdm_model_config *mc, uint64_t seed) {
-  TDM__TRY(check_model(mc, tdm_grid_size(e->grid, TDM_AXIS_TENSOR), tdm_grid_size(e->grid, TDM_AXIS_PIPELINE)));
+  TDM__TRY(tdm__tp_check(mc, tdm_grid_size(e->grid, TDM_AXIS_TENSOR)));
   pp_state *q = tdm__calloc(1, sizeof *q);
   if (!q) return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
   e->impl = q;
@@ -1045,8 +1035,8 @@ static tdm_status pp_create(tdm_engine *e, const tdm_model_config *mc, uint64_t 
     return tdm__set_error(TDM_ERR_INVALID_ARG, "tensor parallelism: check_every %lld; expected >= 0 (0: never)",
                           (long long)e->cfg.tp.check_every);
   if (q->T > 1) {
-    TDM__TRY(tdm__tp_gpt_create(&q->tg, e->params, mc, q->tcomm, q->T, q->t));
-    q->work = tdm__tp_gpt_params(q->tg);
+    TDM__TRY(tdm__tp_model_create(&q->tg, e->params, mc, q->tcomm, q->T, q->t));
+    q->work = tdm__tp_model_params(q->tg);
     q->sync = 1;
   }
   q->wte_i = tdm__params_index_of(e->params, e->model->wte.weight);
@@ -1093,10 +1083,10 @@ static tdm_status pp_create(tdm_engine *e, const tdm_model_config *mc, uint64_t 
           q->np[q->n_np++] = q->np[k];
           break;
         }
-    q->n_boxes = tdm__tp_gpt_boxes(q->tg, e->params, e->size, e->rank, tp3_held, q, NULL);
+    q->n_boxes = tdm__tp_model_boxes(q->tg, e->params, e->size, e->rank, tp3_held, q, NULL);
     if (!(q->boxes = tdm__malloc(sizeof *q->boxes * (size_t)(q->n_boxes ? q->n_boxes : 1))))
       return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
-    tdm__tp_gpt_boxes(q->tg, e->params, e->size, e->rank, tp3_held, q, q->boxes);
+    tdm__tp_model_boxes(q->tg, e->params, e->size, e->rank, tp3_held, q, q->boxes);
   }
   const int64_t *cut;
   TDM__TRY(tdm_params_segments(e->params, &cut, &e->n_seg));
@@ -1145,7 +1135,7 @@ static void pp_destroy(tdm_engine *e) {
   if (q->tg) { /* the optimizer points at the slices' store: it goes first */
     tdm_optim_destroy(e->opt);
     e->opt = NULL;
-    tdm__tp_gpt_destroy(q->tg);
+    tdm__tp_model_destroy(q->tg);
   }
   tdm__free(q->held_at), tdm__free(q->np), tdm__free(q->boxes), tdm__free(q->zcut);
   if (q->full != e->spans) tdm__free(q->full); /* zero1 (or a failed create): its own array */

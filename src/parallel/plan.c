@@ -14,7 +14,7 @@
 #include "parallel/common.h"
 #include "parallel/layout.h"
 #include "parallel/plan_tape.h"
-#include "parallel/tp_gpt.h"
+#include "parallel/tp_model.h"
 #include "parallel/pipeline_impl.h"
 #include "tandem/kernels.h"
 
@@ -141,7 +141,8 @@ static void llama_range_tape(const tdm_model_config *m, int64_t B, int64_t T, in
   }
 }
 
-/* ---- tensor parallelism: rank t's tape (src/parallel/tp_gpt.c), its ops custom ones ---------------
+/* ---- tensor parallelism: rank t's tape (src/parallel/tp_model.c, tp_gpt.c, tp_llama.c), its ops
+ * custom ones --------------------------------------------------------------------------------------
  * A custom op makes its array of inputs and its context; backward its arrays of gradients; the
  * vocabulary-parallel ops keep their state besides (tp_ops.c). */
 static void custom_op(tape_bytes *a, int n) {
@@ -149,44 +150,62 @@ static void custom_op(tape_bytes *a, int n) {
   bwd_scratch(a, al(8 * n) + al(n));
 }
 
+/* GPT's or Llama's; Ft: a Llama's SwiGLU units on this rank (the most any rank has). */
 static void tp_model_tape(const tdm_model_config *m, int64_t B, int64_t T, int64_t accum, int Tp, int64_t Vt,
                           tape_bytes *a) {
-  int64_t N = B * T, C = m->n_embd, Ct = C / Tp, Ht = m->n_head / Tp, comm = Tp > 1;
+  int llama = m->kind == TDM_MODEL_LLAMA;
+  int64_t N = B * T, C = m->n_embd, Ct = C / Tp, Ht = m->n_head / Tp, comm = Tp > 1, hs = C / m->n_head;
+  int64_t KVt = llama ? m->n_kv_head / Tp * hs : 0, Ft = llama ? (m->ffn_hidden + Tp - 1) / Tp : 0, rope = 4 * (2 * T * (hs / 2) + 1);
+  int64_t mark = 0;
   input(a, 4 * N);
   input(a, 4 * N);
   custom_op(a, 2); /* the embedding rows this rank holds: its output, the lookup's start, the indices kept */
   op_out(a, 4 * N * C);
   op_saved(a, 64), op_saved(a, 64);
   if (comm) custom_op(a, 1), op_out(a, 4 * N * C); /* g */
-  op_view(a, 4 * T * C);
-  op_out(a, 4 * N * C);
+  if (!llama) op_view(a, 4 * T * C), op_out(a, 4 * N * C); /* GPT: the position embedding's rows, added */
   dropout(a, m->dropout, N * C);
   for (int64_t l = 0; l < m->n_layer; l++) {
     for (int k = 0; k < 2; k++) { /* attention, then the MLP */
-      layernorm(a, N, C);
+      if (llama) rmsnorm(a, N, C);
+      else layernorm(a, N, C);
       if (comm) custom_op(a, 1), op_view(a, 4 * N * C); /* f: a header over the norm's output */
+      if (k == 0 && l == 0) mark = a->bwd; /* backward has not yet made these gradients at block 0's attention */
       if (k == 0) {
-        linear(a, N, 3 * Ct);
+        if (llama) { /* this rank's query heads and key/value heads, RoPE on q and k */
+          linear(a, N, Ct), op_out(a, 4 * N * Ct), op_saved(a, rope);
+          linear(a, N, KVt), op_out(a, 4 * N * KVt), op_saved(a, rope);
+          linear(a, N, KVt);
+        } else {
+          linear(a, N, 3 * Ct);
+        }
         op_out(a, 4 * N * Ct); /* attention over this rank's heads */
-        op_saved(a, 4 * B * Ht * T * T);
-        bwd_scratch(a, 4 * B * Ht * T * T);
+        op_saved(a, 4 * B * Ht * T * T); /* the probabilities (backward's scores: scratch, below) */
+      } else if (llama) {
+        linear(a, N, Ft), linear(a, N, Ft);
+        op_out(a, 4 * N * Ft); /* SwiGLU */
       } else {
         linear(a, N, 4 * Ct);
         op_out(a, 4 * N * 4 * Ct); /* gelu */
       }
       linear(a, N, C);          /* row-parallel: partial sums */
       if (comm) custom_op(a, 1), op_out(a, 4 * N * C); /* g */
-      op_out(a, 4 * N * C);     /* the bias */
+      if (!llama) op_out(a, 4 * N * C); /* GPT: the bias */
       dropout(a, m->dropout, N * C);
       op_out(a, 4 * N * C);     /* residual */
     }
   }
-  layernorm(a, N, C);
+  if (llama) rmsnorm(a, N, C);
+  else layernorm(a, N, C);
   if (comm) custom_op(a, 1), op_view(a, 4 * N * C);
   linear(a, N, Vt);
   custom_op(a, 2); /* the cross-entropy: its state, the ranks' row maxima, the row sums, max and lse */
   op_saved(a, al(80) + al(8 * (2 * N * Tp + 2 * N + 1)) + 2 * al(4 * (N + 1)) + 64);
   op_out(a, 4);
+  /* an attention backward takes the scores (B, Ht, T, T) as scratch and gives them back: the peak
+   * is the end of backward, or block 0's attention with the gradients made until then */
+  int64_t scores = al(4 * B * Ht * T * T);
+  if (a->train && m->n_layer > 0 && scores > mark) a->bwd += scores - mark;
   if (a->train && accum > 1) a->fwd += TENSOR + al(4);
 }
 
@@ -503,7 +522,7 @@ tdm_status tdm_plan_compute(const tdm_plan_config *c, tdm_plan *out) {
   int lm = c->model.kind == TDM_MODEL_GPT || c->model.kind == TDM_MODEL_LLAMA;
   int64_t T = lm ? (c->seq_len > 0 ? c->seq_len : c->model.block_size) : 1;
   tdm__tape_plan tr = {0, 0, 0}, ev = {0, 0, 0};
-  if (tp) { /* GPT in f32 without recomputation (tdm_engine_check refuses the rest) */
+  if (tp) { /* GPT or Llama in f32 without recomputation (tdm_engine_check refuses the rest) */
     tr.bytes = tp_tape_total(&c->model, c->batch, T, accum, 1, &tr.nodes, Tp, Vt);
     if (c->eval_batch > 0) ev.bytes = tp_tape_total(&c->model, c->eval_batch, T, 1, 0, NULL, Tp, Vt);
   } else if (c->model.kind == TDM_MODEL_RESNET) { /* no walk yet: said, never a wrong number */
@@ -545,7 +564,7 @@ tdm_status tdm_plan_compute(const tdm_plan_config *c, tdm_plan *out) {
   b[TDM_MEM_WORKSPACE] = metadata + 8 * (n_seg + 1) + grown_array(nodes, 8) + grown_array(n_param_tensors + tr.leaves, 16);
   if (tp)
     b[TDM_MEM_WORKSPACE] += n_pieces * ((int64_t)sizeof(tdm__tp_piece) + 8) + 4 * (int64_t)n_param_tensors +
-                            8 * (int64_t)W * n_rep + tdm__tp_gpt_bookkeeping(n_param_tensors, c->model.n_layer) +
+                            8 * (int64_t)W * n_rep + tdm__tp_model_bookkeeping(&c->model, n_param_tensors) +
                             (Tp > 1 ? TDM__TP_STAGE_BYTES : 0);
   /* traffic: stages 0-2 reduce-scatter and all-gather Ψ (2Ψ(N-1)/N), stage 3 gathers twice; tensor
    * parallelism all-reduces activations of B x T x C twice per block forward and backward, and

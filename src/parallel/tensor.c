@@ -1,10 +1,10 @@
 /* The tensor-parallel engine (Megatron-LM style) over the grid's tensor axis, with data
  * parallelism over its data axis.
  *
- * The engine's model is the whole GPT's parameter store in address space only (names, shapes,
- * offsets, the gradient-norm segments: reserved, never touched), so everything said in the whole
- * model's terms stays so: tdm_engine_read_params, load and save, the index of a non-finite value,
- * the norm. Each rank computes with its slices (tp_gpt.c): its own parameter store, optimizer and
+ * The engine's model is the whole GPT's or Llama's parameter store in address space only (names,
+ * shapes, offsets, the gradient-norm segments: reserved, never touched), so everything said in the
+ * whole model's terms stays so: tdm_engine_read_params, load and save, the index of a non-finite value,
+ * the norm. Each rank computes with its slices (tp_model.c): its own parameter store, optimizer and
  * gradients; data parallelism averages those over the data axis (tdm_dp). A rank's state for
  * checkpoints is its slices and their optimizer state: the engine is "sharded".
  *
@@ -22,13 +22,13 @@
 
 #include "core/internal.h"
 #include "parallel/engine_impl.h"
-#include "parallel/tp_gpt.h"
+#include "parallel/tp_model.h"
 #include "tandem/dp.h"
 
 #define STAGE_FLOATS (TDM__TP_STAGE_BYTES / 8) /* what assembling a parameter holds at once (two of them) */
 
 typedef struct {
-  tdm__tp_gpt *g;
+  tdm__tp_model *g;
   tdm_params *local;
   tdm_comm_t tcomm, world;
   int T, t, W, R;
@@ -137,7 +137,7 @@ static int64_t len_of(const tdm__tp_slice *s, int T, int q) {
  * parameter lays them out (each rank's part of a run, in rank order). To every tensor rank. */
 static tdm_status gather_runs(tdm_engine *e, int i, int64_t r0, int64_t r1, float *tmp, float *out) {
   tp_state *z = S(e);
-  const tdm__tp_slice *s = tdm__tp_gpt_slice(z->g, i);
+  const tdm__tp_slice *s = tdm__tp_model_slice(z->g, i);
   const float *mine = tdm_tensor_data(tdm_params_get(z->local, i));
   size_t parts[64];
   int64_t at[65];
@@ -160,7 +160,7 @@ static tdm_status gather_runs(tdm_engine *e, int i, int64_t r0, int64_t r1, floa
 /* Calls emit(ctx, data, n) with parameter i in whole order, a chunk at a time, on every tensor rank. */
 static tdm_status each_chunk(tdm_engine *e, int i, tdm_status (*emit)(void *, const float *, int64_t), void *ctx) {
   tp_state *z = S(e);
-  const tdm__tp_slice *s = tdm__tp_gpt_slice(z->g, i);
+  const tdm__tp_slice *s = tdm__tp_model_slice(z->g, i);
   tdm_tensor *mine = tdm_params_get(z->local, i);
   if (!s->sharded || !z->tcomm) return emit(ctx, tdm_tensor_data(mine), tdm_tensor_numel(mine));
   if (s->stride <= STAGE_FLOATS) { /* whole runs, as many as fit */
@@ -193,10 +193,10 @@ static int held_all(void *ctx, int i, int64_t *state_at) { /* every parameter: i
 }
 
 static tdm_status make_boxes(tdm_engine *e, tp_state *z) {
-  z->n_boxes = tdm__tp_gpt_boxes(z->g, e->params, e->size, e->rank, held_all, z->local, NULL);
+  z->n_boxes = tdm__tp_model_boxes(z->g, e->params, e->size, e->rank, held_all, z->local, NULL);
   if (!(z->boxes = tdm__malloc(sizeof *z->boxes * (size_t)(z->n_boxes ? z->n_boxes : 1))))
     return tdm__set_error(TDM_ERR_NO_MEMORY, "tensor parallelism: out of memory");
-  tdm__tp_gpt_boxes(z->g, e->params, e->size, e->rank, held_all, z->local, z->boxes);
+  tdm__tp_model_boxes(z->g, e->params, e->size, e->rank, held_all, z->local, z->boxes);
   return TDM_OK;
 }
 
@@ -221,15 +221,15 @@ static tdm_status tp_create(tdm_engine *e, const tdm_model_config *mc, uint64_t 
     return tdm__set_error(TDM_ERR_INVALID_ARG, "tensor parallelism: check_every %lld; expected >= 0 (0: never)",
                           (long long)e->cfg.tp.check_every);
   TDM__TRY(tdm__tp_check(mc, z->T));
-  if (mc->kind != TDM_MODEL_GPT)
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "tensor parallelism splits the gpt model; the %s model is not one",
+  if (mc->kind != TDM_MODEL_GPT && mc->kind != TDM_MODEL_LLAMA)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "tensor parallelism splits the gpt and llama models; the %s model is neither",
                           tdm_model_kind_name(mc->kind));
   /* the whole model in address space only: its names, shapes, offsets and initial values */
   TDM__TRY(tdm_model_create_with(&e->model, mc, seed, TDM_RESERVE_DATA | TDM_RESERVE_GRAD));
   e->params = tdm_model_params(e->model);
   for (int i = 0; i < tdm_params_count(e->params); i++) tdm_tensor_set_fetch_hook(tdm_params_get(e->params, i), refuse, NULL);
-  TDM__TRY(tdm__tp_gpt_create(&z->g, e->params, mc, z->tcomm, z->T, z->t));
-  z->local = tdm__tp_gpt_params(z->g);
+  TDM__TRY(tdm__tp_model_create(&z->g, e->params, mc, z->tcomm, z->T, z->t));
+  z->local = tdm__tp_model_params(z->g);
   TDM__TRY(tdm_optim_create(&e->opt, &e->ocfg, z->local));
   if (!(e->spans = tdm__malloc(sizeof *e->spans))) return tdm__set_error(TDM_ERR_NO_MEMORY, "tensor parallelism: out of memory");
   e->spans[0] = (tdm_optim_span){0, tdm_params_numel(z->local)}; /* in this rank's own store */
@@ -247,7 +247,7 @@ static tdm_status tp_create(tdm_engine *e, const tdm_model_config *mc, uint64_t 
   z->rep = tdm__malloc(sizeof(int) * (size_t)(n ? n : 1));
   if (!z->rep) return tdm__set_error(TDM_ERR_NO_MEMORY, "tensor parallelism: out of memory");
   for (int i = 0; i < n; i++)
-    if (!tdm__tp_gpt_slice(z->g, i)->sharded) z->rep[z->n_rep++] = i;
+    if (!tdm__tp_model_slice(z->g, i)->sharded) z->rep[z->n_rep++] = i;
   if (!(z->hashes = tdm__malloc(sizeof(uint64_t) * (size_t)z->W * (size_t)(z->n_rep ? z->n_rep : 1))))
     return tdm__set_error(TDM_ERR_NO_MEMORY, "tensor parallelism: out of memory");
   TDM__TRY(make_pieces(e, z));
@@ -267,7 +267,7 @@ static void tp_destroy(tdm_engine *e) {
   tdm_dp_destroy(z->dp);
   tdm_optim_destroy(e->opt); /* it points at the slices' store: goes before it */
   e->opt = NULL;
-  tdm__tp_gpt_destroy(z->g);
+  tdm__tp_model_destroy(z->g);
   tdm__free(z->pieces);
   tdm__free(z->piece_sums);
   tdm__free(z->rep);
@@ -288,12 +288,12 @@ static void tp_zero_grad(tdm_engine *e) {
 static void tp_begin_backward(tdm_engine *e, int last) {
   tp_state *z = S(e);
   if (z->dp) tdm_dp_set_sync(z->dp, last);
-  z->bwd_comm_mark = tdm__tp_gpt_comm(z->g)->seconds;
+  z->bwd_comm_mark = tdm__tp_model_comm(z->g)->seconds;
 }
 
 static tdm_status tp_end_backward(tdm_engine *e, int last, double *wait_s) {
   tp_state *z = S(e);
-  *wait_s += tdm__tp_gpt_comm(z->g)->seconds - z->bwd_comm_mark; /* backward's all-reduces (f) */
+  *wait_s += tdm__tp_model_comm(z->g)->seconds - z->bwd_comm_mark; /* backward's all-reduces (f) */
   if (!z->dp) return TDM_OK;
   double ms = 0;
   tdm_status st = tdm_dp_finish(z->dp, &ms);
@@ -303,14 +303,14 @@ static tdm_status tp_end_backward(tdm_engine *e, int last, double *wait_s) {
 
 static tdm_tensor *tp_loss(tdm_engine *e, tdm_tensor *x, tdm_tensor *y, tdm_step_stats *st) {
   tp_state *z = S(e);
-  tdm__tp_comm *c = tdm__tp_gpt_comm(z->g);
+  tdm__tp_comm *c = tdm__tp_model_comm(z->g);
   if (z->check_due) {
     z->check_due = 0;
     tdm_status cs = check_replicas(e);
     if (cs != TDM_OK) return tdm_tape_fail(e->tape, cs, "%s", tdm_last_error());
   }
   double t0 = c->seconds;
-  tdm_tensor *loss = tdm__tp_gpt_loss(z->g, e->tape, x, y, &st->correct, &st->rows);
+  tdm_tensor *loss = tdm__tp_model_loss(z->g, e->tape, x, y, &st->correct, &st->rows);
   st->t_comm_wait += c->seconds - t0;
   return loss;
 }
@@ -372,12 +372,12 @@ static tdm_status tp_stream_params(tdm_engine *e, tdm_status (*write)(void *, co
 static tdm_status tp_load_weights(tdm_engine *e, const char *path) {
   tp_state *z = S(e);
   int64_t n = 0;
-  for (int i = 0; i < tdm_params_count(z->local); i++) n += tdm__tp_gpt_slice(z->g, i)->count;
+  for (int i = 0; i < tdm_params_count(z->local); i++) n += tdm__tp_model_slice(z->g, i)->count;
   int64_t *lo = tdm__malloc(sizeof(int64_t) * 2 * (size_t)n);
   float **dst = tdm__malloc(sizeof(float *) * (size_t)n);
   tdm_status st = lo && dst ? TDM_OK : tdm__set_error(TDM_ERR_NO_MEMORY, "tensor parallelism: out of memory");
   for (int i = 0, k = 0; st == TDM_OK && i < tdm_params_count(z->local); i++) {
-    const tdm__tp_slice *s = tdm__tp_gpt_slice(z->g, i);
+    const tdm__tp_slice *s = tdm__tp_model_slice(z->g, i);
     int64_t off = tdm_params_offset(e->params, i);
     float *mine = tdm_tensor_data(tdm_params_get(z->local, i));
     for (int64_t r = 0; r < s->count; r++, k++) {
@@ -405,7 +405,7 @@ static tdm_status tp_first_nonfinite(tdm_engine *e, int64_t *index) {
   tp_state *z = S(e);
   int64_t key = INT64_MAX;
   for (int i = 0; i < tdm_params_count(z->local) && key == INT64_MAX; i++) {
-    const tdm__tp_slice *s = tdm__tp_gpt_slice(z->g, i);
+    const tdm__tp_slice *s = tdm__tp_model_slice(z->g, i);
     const float *v = tdm_tensor_data(tdm_params_get(z->local, i));
     for (int64_t k = 0; k < s->count * s->len; k++)
       if (!isfinite(v[k])) {
@@ -444,5 +444,5 @@ const tdm__engine_ops tdm__engine_tp_ops = {
     .loss = tp_loss,
     .first_nonfinite = tp_first_nonfinite,
     .pieces = tp_pieces,
-    /* GPT in f32 only, no recomputation (.mixed, .recompute 0): its sliced ops (tp_ops.c) are f32 */
+    /* GPT and Llama in f32 only, no recomputation (.mixed, .recompute 0): its sliced ops (tp_ops.c) are f32 */
 };

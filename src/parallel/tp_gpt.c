@@ -1,306 +1,46 @@
-/* The GPT split over the tensor axis (see tp_gpt.h). */
-#include "parallel/tp_gpt.h"
+/* GPT's blocks split over the tensor axis (see tp_model.h): c_attn column-parallel (this rank's
+ * heads, the same rows of q, k and v), attention over those heads, c_proj row-parallel, then g and
+ * the replicated bias; c_fc column-parallel, GELU, the MLP's c_proj row-parallel. */
+#include "parallel/tp_model_impl.h"
 
-#include <stdio.h>
-#include <string.h>
+enum { LN1_W, LN1_B, ATTN_W, ATTN_B, PROJ_W, PROJ_B, LN2_W, LN2_B, FC_W, FC_B, MPROJ_W, MPROJ_B, N_LEAF };
+enum { WTE, WPE, LNF_W, LNF_B };
 
-#include "autograd/tape_impl.h"
-#include "core/internal.h"
-#include "tandem/optim.h"
+static const char *const leaf[N_LEAF] = {"ln_1.weight",     "ln_1.bias",     "attn.c_attn.weight", "attn.c_attn.bias",
+                                         "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight",   "ln_2.bias",
+                                         "mlp.c_fc.weight", "mlp.c_fc.bias",  "mlp.c_proj.weight",  "mlp.c_proj.bias"};
 
-typedef struct {
-  tdm_tensor *ln1_w, *ln1_b, *attn_w, *attn_b, *proj_w, *proj_b, *ln2_w, *ln2_b, *fc_w, *fc_b, *mproj_w, *mproj_b;
-} block;
+/* The token embedding's rows summed over the ranks, plus the position embedding, dropout. */
+static tdm_tensor *embed(tdm__tp_model *g, tdm_tape *tp, tdm_tensor *ids) {
+  tdm_tensor *h = tdm__tp_lookup(g, tp, g->top[WTE], ids);
+  return tdm_dropout(tp, tdm_add(tp, h, tdm_slice(tp, g->top[WPE], 0, 0, tdm_tensor_dim(ids, 1))), g->cfg.dropout);
+}
 
-struct tdm__tp_gpt {
-  tdm_model_config cfg;
-  int T, t;
-  tdm_params *local;
-  tdm__tp_slice *slice;
-  int n;
-  int64_t vlo;           /* this rank's first vocabulary row */
-  tdm_tensor *wte, *wpe, *lnf_w, *lnf_b;
-  block *blocks;
-  tdm__tp_comm comm;
+static tdm_tensor *block(tdm__tp_model *g, tdm_tape *tp, tdm_tensor *h, int64_t l) {
+  tdm_tensor **b = tdm__tp_block(g, l);
+  int heads = (int)(g->cfg.n_head / g->T);
+  tdm_tensor *a = tdm__tp_copy(tp, &g->comm, tdm_layernorm(tp, h, b[LN1_W], b[LN1_B], 1e-5f));
+  a = tdm_attention(tp, tdm_linear(tp, a, b[ATTN_W], b[ATTN_B]), heads);
+  h = tdm__tp_join(g, tp, h, tdm_linear(tp, a, b[PROJ_W], NULL), b[PROJ_B]);
+  tdm_tensor *m = tdm__tp_copy(tp, &g->comm, tdm_layernorm(tp, h, b[LN2_W], b[LN2_B], 1e-5f));
+  m = tdm_gelu(tp, tdm_linear(tp, m, b[FC_W], b[FC_B]));
+  return tdm__tp_join(g, tp, h, tdm_linear(tp, m, b[MPROJ_W], NULL), b[MPROJ_B]);
+}
+
+static tdm_tensor *final_norm(tdm__tp_model *g, tdm_tape *tp, tdm_tensor *h) {
+  return tdm_layernorm(tp, h, g->top[LNF_W], g->top[LNF_B], 1e-5f);
+}
+
+const tdm__tp_kind tdm__tp_gpt_kind = {
+    .kind = TDM_MODEL_GPT,
+    .top = {"transformer.wte.weight", "transformer.wpe.weight", "transformer.ln_f.weight", "transformer.ln_f.bias"},
+    .n_top = 4,
+    .n_required = 4,
+    .head = WTE, /* tied */
+    .block = "transformer.h.%lld.",
+    .leaf = leaf,
+    .n_leaf = N_LEAF,
+    .embed = embed,
+    .block_fn = block,
+    .final_norm = final_norm,
 };
-
-/* How each parameter is split: by the end of its name (a GPT's names, docs/models.md); the
- * dimension and how many equal chunks it holds (c_attn packs q, k and v, each split alike). */
-static const struct {
-  const char *suffix;
-  int dim, chunks;
-} plan[] = {
-    {"transformer.wte.weight", 0, 1}, {".attn.c_attn.weight", 0, 3}, {".attn.c_attn.bias", 0, 3},
-    {".attn.c_proj.weight", 1, 1},    {".mlp.c_fc.weight", 0, 1},    {".mlp.c_fc.bias", 0, 1},
-    {".mlp.c_proj.weight", 1, 1},
-};
-
-static int ends_with(const char *s, const char *suffix) {
-  size_t a = strlen(s), b = strlen(suffix);
-  return a >= b && !strcmp(s + a - b, suffix);
-}
-
-/* Rank t's part of m units: [t m / T, (t + 1) m / T). Whole heads and whole 4C rows when T
- * divides them (checked); vocabulary rows otherwise, the blocks differing by at most one. */
-static int64_t part_lo(int64_t m, int T, int t) { return m * t / T; }
-
-tdm_status tdm__tp_check(const tdm_model_config *mc, int T) {
-  if (T < 1) return tdm__set_error(TDM_ERR_INVALID_ARG, "tensor parallelism: %d ranks; expected >= 1", T);
-  if (T == 1) return TDM_OK;
-  if (mc->kind != TDM_MODEL_GPT)
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "tensor parallelism (--tp %d) splits the gpt model; the %s model %s: use --tp 1", T,
-                          tdm_model_kind_name(mc->kind),
-                          mc->kind == TDM_MODEL_LLAMA ? "is not split yet (its grouped-query attention and SwiGLU have no sliced ops)"
-                                                      : "has no heads to split");
-  if (T > mc->n_head)
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "tensor parallelism: --tp %d is larger than the %lld attention heads; "
-                          "expected a divisor of %lld", T, (long long)mc->n_head, (long long)mc->n_head);
-  if (mc->n_head % T)
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "tensor parallelism: %lld attention heads do not divide over --tp %d ranks; "
-                          "expected a divisor of %lld", (long long)mc->n_head, T, (long long)mc->n_head);
-  if (mc->vocab_size < T)
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "tensor parallelism: a vocabulary of %lld rows cannot be split over --tp %d ranks",
-                          (long long)mc->vocab_size, T);
-  return TDM_OK;
-}
-
-void tdm__tp_slice_of(const tdm_params *whole, int i, int T, int t, tdm__tp_slice *s, int64_t *shape) {
-  const tdm_tensor *w = tdm_params_get(whole, i);
-  const char *name = tdm_tensor_name(w);
-  int nd = tdm_tensor_ndim(w);
-  memcpy(shape, tdm_tensor_shape(w), sizeof(int64_t) * (size_t)nd);
-  *s = (tdm__tp_slice){0, 0, 0, tdm_tensor_numel(w), tdm_tensor_numel(w), 1, 1, tdm_tensor_numel(w)};
-  for (size_t k = 0; T > 1 && k < sizeof plan / sizeof plan[0]; k++) {
-    if (!ends_with(name, plan[k].suffix)) continue;
-    int d = plan[k].dim;
-    int64_t m = shape[d] / plan[k].chunks, lo = part_lo(m, T, t), w_t = part_lo(m, T, t + 1) - lo, A = 1, Bi = 1;
-    for (int q = 0; q < d; q++) A *= shape[q];
-    for (int q = d + 1; q < nd; q++) Bi *= shape[q];
-    *s = (tdm__tp_slice){1, d, lo * Bi, w_t * Bi, m * Bi, A * plan[k].chunks, m, Bi};
-    shape[d] = plan[k].chunks * w_t;
-    return;
-  }
-}
-
-int64_t tdm__tp_local_numel(const tdm_params *whole, int T, int t) {
-  int64_t n = 0, shape[TDM_MAX_DIMS];
-  for (int i = 0; i < tdm_params_count(whole); i++) {
-    tdm__tp_slice s;
-    tdm__tp_slice_of(whole, i, T, t, &s, shape);
-    n += s.len * s.count;
-  }
-  return n;
-}
-
-tdm_status tdm__tp_norm_pieces(const tdm_params *whole, int T, int t, tdm__tp_piece *out, int64_t *n) {
-  const int64_t *cut;
-  int64_t n_seg, k = 0, loff = 0, shape[TDM_MAX_DIMS];
-  TDM__TRY(tdm_params_segments(whole, &cut, &n_seg));
-  for (int i = 0; i < tdm_params_count(whole); i++) {
-    tdm__tp_slice s;
-    tdm__tp_slice_of(whole, i, T, t, &s, shape);
-    int64_t woff = tdm_params_offset(whole, i), at0 = loff;
-    loff += s.len * s.count;
-    if (!s.sharded && t != 0) continue; /* a replicated parameter counts once */
-    int64_t a = 0, b = n_seg; /* the segment holding the parameter's first element */
-    while (b - a > 1) {
-      int64_t m = (a + b) / 2;
-      if (cut[m] <= woff) a = m;
-      else b = m;
-    }
-    for (int64_t r = 0; r < s.count; r++) {
-      int64_t lo = woff + s.first + r * s.stride, hi = lo + s.len, at = at0 + r * s.len;
-      for (int64_t x = lo; x < hi;) {
-        while (cut[a + 1] <= x) a++;
-        int64_t end = cut[a + 1] < hi ? cut[a + 1] : hi;
-        if (out) out[k] = (tdm__tp_piece){at + (x - lo), end - x, a};
-        k++;
-        x = end;
-      }
-    }
-  }
-  *n = k;
-  return TDM_OK;
-}
-
-static tdm_status find(tdm__tp_gpt *g, tdm_tensor **out, const char *fmt, long long l) {
-  char name[160];
-  snprintf(name, sizeof name, fmt, l);
-  if (!(*out = tdm_params_find(g->local, name)))
-    return tdm__set_error(TDM_ERR_INTERNAL, "tensor parallelism: the model has no parameter '%s'", name);
-  return TDM_OK;
-}
-
-static tdm_status bind(tdm__tp_gpt *g) {
-  TDM__TRY(find(g, &g->wte, "transformer.wte.weight", 0));
-  TDM__TRY(find(g, &g->wpe, "transformer.wpe.weight", 0));
-  TDM__TRY(find(g, &g->lnf_w, "transformer.ln_f.weight", 0));
-  TDM__TRY(find(g, &g->lnf_b, "transformer.ln_f.bias", 0));
-  for (int64_t l = 0; l < g->cfg.n_layer; l++) {
-    block *b = &g->blocks[l];
-    long long L = (long long)l;
-    TDM__TRY(find(g, &b->ln1_w, "transformer.h.%lld.ln_1.weight", L));
-    TDM__TRY(find(g, &b->ln1_b, "transformer.h.%lld.ln_1.bias", L));
-    TDM__TRY(find(g, &b->attn_w, "transformer.h.%lld.attn.c_attn.weight", L));
-    TDM__TRY(find(g, &b->attn_b, "transformer.h.%lld.attn.c_attn.bias", L));
-    TDM__TRY(find(g, &b->proj_w, "transformer.h.%lld.attn.c_proj.weight", L));
-    TDM__TRY(find(g, &b->proj_b, "transformer.h.%lld.attn.c_proj.bias", L));
-    TDM__TRY(find(g, &b->ln2_w, "transformer.h.%lld.ln_2.weight", L));
-    TDM__TRY(find(g, &b->ln2_b, "transformer.h.%lld.ln_2.bias", L));
-    TDM__TRY(find(g, &b->fc_w, "transformer.h.%lld.mlp.c_fc.weight", L));
-    TDM__TRY(find(g, &b->fc_b, "transformer.h.%lld.mlp.c_fc.bias", L));
-    TDM__TRY(find(g, &b->mproj_w, "transformer.h.%lld.mlp.c_proj.weight", L));
-    TDM__TRY(find(g, &b->mproj_b, "transformer.h.%lld.mlp.c_proj.bias", L));
-  }
-  return TDM_OK;
-}
-
-tdm_status tdm__tp_gpt_create(tdm__tp_gpt **out, const tdm_params *whole, const tdm_model_config *mc, tdm_comm_t comm,
-                              int T, int t) {
-  *out = NULL;
-  TDM__TRY(tdm__tp_check(mc, T));
-  if (mc->kind != TDM_MODEL_GPT || t < 0 || t >= T || (T > 1 && (!comm || tdm_comm_size(comm) != T)))
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "tensor parallelism: rank %d of %d on a tensor axis of %d (%s model)", t, T,
-                          comm ? tdm_comm_size(comm) : 1, tdm_model_kind_name(mc->kind));
-  tdm__tp_gpt *g = tdm__calloc(1, sizeof *g);
-  if (!g) return tdm__set_error(TDM_ERR_NO_MEMORY, "tensor parallelism: out of memory");
-  g->cfg = *mc;
-  g->T = T, g->t = t;
-  g->comm.comm = T > 1 ? comm : NULL;
-  g->n = tdm_params_count(whole);
-  g->slice = tdm__calloc((size_t)(g->n ? g->n : 1), sizeof *g->slice);
-  g->blocks = tdm__calloc((size_t)mc->n_layer, sizeof *g->blocks);
-  tdm_status st = g->slice && g->blocks ? tdm_params_create(&g->local) : tdm__set_error(TDM_ERR_NO_MEMORY, "tensor parallelism: out of memory");
-  /* the whole model's parameters, in order, each as this rank's slice of it */
-  for (int i = 0; st == TDM_OK && i < g->n; i++) {
-    const tdm_tensor *w = tdm_params_get(whole, i);
-    int64_t shape[TDM_MAX_DIMS];
-    tdm__tp_slice_of(whole, i, T, t, &g->slice[i], shape);
-    if (g->slice[i].sharded && g->slice[i].dim == 0 && !strcmp(tdm_tensor_name(w), "transformer.wte.weight"))
-      g->vlo = g->slice[i].first / g->slice[i].unit;
-    tdm_tensor *mine;
-    st = tdm_params_declare(g->local, tdm_tensor_name(w), tdm_tensor_ndim(w), shape, (tdm_init){TDM_INIT_ZEROS, 0, 0},
-                            tdm_params_decay(whole, i), &mine);
-  }
-  if (st == TDM_OK) st = tdm_params_finalize(g->local, 0);
-  for (int i = 0; st == TDM_OK && i < g->n; i++) { /* the whole model's initial values, slice by slice */
-    const tdm__tp_slice *s = &g->slice[i];
-    st = tdm_params_init_strided(whole, i, s->first, s->len, s->stride, s->count,
-                                 tdm_tensor_data(tdm_params_get(g->local, i)));
-  }
-  if (st == TDM_OK) st = bind(g);
-  if (st != TDM_OK) {
-    tdm__tp_gpt_destroy(g);
-    return st;
-  }
-  *out = g;
-  return TDM_OK;
-}
-
-void tdm__tp_gpt_destroy(tdm__tp_gpt *g) {
-  if (!g) return;
-  tdm_params_destroy(g->local);
-  tdm__free(g->slice);
-  tdm__free(g->blocks);
-  tdm__free(g);
-}
-
-tdm_params *tdm__tp_gpt_params(const tdm__tp_gpt *g) { return g->local; }
-int64_t tdm__tp_gpt_bookkeeping(int n_params, int64_t n_layer) {
-  return (int64_t)sizeof(tdm__tp_gpt) + (int64_t)sizeof(tdm__tp_slice) * (n_params ? n_params : 1) +
-         (int64_t)sizeof(block) * n_layer;
-}
-const tdm__tp_slice *tdm__tp_gpt_slice(const tdm__tp_gpt *g, int i) { return i >= 0 && i < g->n ? &g->slice[i] : NULL; }
-tdm__tp_comm *tdm__tp_gpt_comm(tdm__tp_gpt *g) { return &g->comm; }
-
-/* x + dropout(g(partial) + bias): a row-parallel projection's output joining the residual. */
-static tdm_tensor *join(tdm__tp_gpt *g, tdm_tape *tp, tdm_tensor *x, tdm_tensor *partial, tdm_tensor *bias) {
-  tdm_tensor *h = tdm_add(tp, tdm__tp_reduce(tp, &g->comm, partial), bias);
-  return tdm_add(tp, x, tdm_dropout(tp, h, g->cfg.dropout));
-}
-
-/* Dropout masks are keyed by the call's number in the step, as the whole model numbers them
- * (src/nn/models.c): the embeddings' is call 0, block l's two are 1 + 2l and 2 + 2l, however the
- * blocks are spread over ranges. */
-static void dropout_site(tdm_tape *tp, int64_t call) { tp->dropout_calls = (uint64_t)call; }
-
-tdm_tensor *tdm__tp_gpt_range(tdm__tp_gpt *g, tdm_tape *tp, tdm_tensor *in, tdm__tp_range *r, tdm_tensor *y,
-                              double *correct, double *rows) {
-  if (!in || !r || tdm_tape_status(tp) != TDM_OK) return NULL;
-  const tdm_model_config *c = &g->cfg;
-  if (r->first < 0 || r->last < r->first || r->last > c->n_layer || (r->head && !y))
-    return tdm_tape_fail(tp, TDM_ERR_INVALID_ARG, "tensor parallelism: a range of blocks [%lld, %lld) of %lld%s",
-                         (long long)r->first, (long long)r->last, (long long)c->n_layer, r->head && !y ? " with a head and no targets" : "");
-  char b[96];
-  int64_t T = tdm_tensor_ndim(in) >= 2 ? tdm_tensor_dim(in, 1) : 0;
-  if (r->embed && (tdm_tensor_ndim(in) != 2 || (tdm_tensor_dtype(in) != TDM_I32 && tdm_tensor_dtype(in) != TDM_I64) || T < 1 ||
-                   T > c->block_size))
-    /* as tdm_model_forward words it: the same input is refused the same way */
-    return tdm_tape_fail(tp, TDM_ERR_INVALID_ARG, "gpt: input is %s %s; expected (batch, T) i32/i64 token ids with 1 <= T <= block_size",
-                         tdm_shape_str(tdm_tensor_ndim(in), tdm_tensor_shape(in), b, sizeof b), tdm_dtype_name(tdm_tensor_dtype(in)));
-  if (!r->embed && (tdm_tensor_ndim(in) != 3 || tdm_tensor_dtype(in) != TDM_F32 || tdm_tensor_dim(in, 2) != c->n_embd ||
-                    T < 1 || T > c->block_size))
-    return tdm_tape_fail(tp, TDM_ERR_INVALID_ARG, "gpt range: input is %s %s; expected (batch, T, width) f32 activations",
-                         tdm_shape_str(tdm_tensor_ndim(in), tdm_tensor_shape(in), b, sizeof b), tdm_dtype_name(tdm_tensor_dtype(in)));
-  int heads = (int)(c->n_head / g->T);
-  tdm_tensor *h = in;
-  if (r->embed) {
-    dropout_site(tp, 0);
-    h = tdm__tp_reduce(tp, &g->comm, tdm__tp_embedding(tp, g->wte, in, g->vlo));
-    h = tdm_dropout(tp, tdm_add(tp, h, tdm_slice(tp, g->wpe, 0, 0, T)), c->dropout);
-  }
-  for (int64_t l = r->first; l < r->last; l++) {
-    block *bk = &g->blocks[l];
-    dropout_site(tp, 1 + 2 * l);
-    tdm_tensor *a = tdm__tp_copy(tp, &g->comm, tdm_layernorm(tp, h, bk->ln1_w, bk->ln1_b, 1e-5f));
-    a = tdm_attention(tp, tdm_linear(tp, a, bk->attn_w, bk->attn_b), heads);
-    h = join(g, tp, h, tdm_linear(tp, a, bk->proj_w, NULL), bk->proj_b);
-    tdm_tensor *m = tdm__tp_copy(tp, &g->comm, tdm_layernorm(tp, h, bk->ln2_w, bk->ln2_b, 1e-5f));
-    m = tdm_gelu(tp, tdm_linear(tp, m, bk->fc_w, bk->fc_b));
-    h = join(g, tp, h, tdm_linear(tp, m, bk->mproj_w, NULL), bk->mproj_b);
-  }
-  if (!r->head) return h;
-  h = tdm__tp_copy(tp, &g->comm, tdm_layernorm(tp, h, g->lnf_w, g->lnf_b, 1e-5f));
-  tdm_tensor *logits = tdm_linear(tp, h, r->head_weight ? r->head_weight : g->wte, NULL); /* (B, T, V_t): the head tied to this rank's rows of wte */
-  r->logits = logits, r->head_input = h;
-  return tdm__tp_cross_entropy(tp, &g->comm, logits, y, g->vlo, c->vocab_size, -100, correct, rows);
-}
-
-tdm_tensor *tdm__tp_gpt_loss(tdm__tp_gpt *g, tdm_tape *tp, tdm_tensor *x, tdm_tensor *y, double *correct, double *rows) {
-  tdm__tp_range whole = {0, g->cfg.n_layer, 1, 1, NULL, NULL, NULL};
-  return tdm__tp_gpt_range(g, tp, x, &whole, y, correct, rows);
-}
-
-/* A slice is count runs: along its dimension, rows [lo, lo + rows) of each of `chunks` blocks of m
- * rows, for every index of the dimensions before it. One box when there is one block (a column
- * split: all of them at once), else one box per run. */
-int tdm__tp_gpt_boxes(const tdm__tp_gpt *g, const tdm_params *whole, int D, int d, int (*held)(void *ctx, int i, int64_t *state_at),
-                      void *ctx, tdm_engine_piece *out) {
-  int n = 0;
-  for (int i = 0; i < tdm_params_count(g->local); i++) {
-    int64_t at;
-    if (!held(ctx, i, &at)) continue;
-    const tdm__tp_slice *s = &g->slice[i];
-    const tdm_tensor *w = tdm_params_get(whole, i);
-    int nd = tdm_tensor_ndim(w);
-    const int64_t *shape = tdm_tensor_shape(w);
-    int64_t A = 1;
-    for (int q = 0; q < s->dim; q++) A *= shape[q];
-    int64_t chunks = s->sharded ? s->count / A : 1, runs = !s->sharded || chunks == 1 ? 1 : s->count;
-    int write = i % D == d && (s->sharded || i % g->T == g->t);
-    float *data = tdm_tensor_data(tdm_params_get(g->local, i));
-    for (int64_t r = 0; r < runs; r++, n++) {
-      if (!out) continue;
-      tdm_engine_piece *b = &out[n];
-      memset(b, 0, sizeof *b);
-      b->param = i, b->write = write, b->data = data + r * s->len, b->state_at = at + r * s->len;
-      for (int q = 0; q < nd; q++) b->count[q] = shape[q];
-      if (!s->sharded) continue;
-      int64_t o = r / chunks, c = r % chunks, rows = s->len / s->unit, lo = s->first / s->unit;
-      if (runs > 1) /* this run's index in the dimensions before the split one */
-        for (int q = s->dim - 1; q >= 0; q--) b->start[q] = o % shape[q], b->count[q] = 1, o /= shape[q];
-      b->start[s->dim] = c * s->m + lo, b->count[s->dim] = rows;
-    }
-  }
-  return n;
-}

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "core/internal.h"
-#include "parallel/tp_gpt.h"
+#include "parallel/tp_model.h"
 #include "sim/sim_impl.h"
 
 static int ends_with(const char *s, const char *t) {

@@ -11,7 +11,8 @@
 # step 1, naming the values; --zero with the 3-D grid is refused, naming what is not supported.
 # ZeRO stage 1 on the data axis of --dp 2 --pp 2 gives --zero 0's weights bit for bit, its
 # checkpoint resumes on --zero 0 (and --zero 0's on --zero 1) bit-identically to a straight run;
-# --pp 2 --zero 2 is refused.
+# --pp 2 --zero 2 is refused. A Llama on --tp 2 --pp 2 gives --tp 2's weights bit for bit, and its
+# checkpoint resumes on one process.
 # usage: test_grid.sh path/to/tandem
 set -u
 T=${1:?usage: test_grid.sh path/to/tandem}
@@ -82,6 +83,19 @@ into_grid() {
     go_on one 4 "${G[@]}" && go_on pp2 4 "${G[@]}" && go_on tp2 4 "${G[@]}"
 }
 check "checkpoints of one process, --pp 2 and --tp 2 resume at --tp 2 --pp 2 (the same step-4 loss, within 1e-5)" into_grid
+
+# a Llama (grouped-query attention, 4 heads over 2 key/value heads, its head tied) on the grid: the
+# tensor-parallel engine's bits; its checkpoint resumes on one process within 1e-5 of its weights
+LL=(--model llama --heads 4 --kv-heads 2 --ffn-width 70 --tie-embeddings on)
+llama_grid() {
+  run 4 "$TMP/lg.out" --steps 3 "${LL[@]}" "${G[@]}" --save-weights "$TMP/lg.st" --checkpoint-dir "$TMP/ck-lg" &&
+    grep -q "2 stages x 2 tensor x 1 data" "$TMP/lg.out" && run 2 "$TMP/lt.out" --steps 3 "${LL[@]}" "${TP2[@]}" --save-weights "$TMP/lt.st" &&
+    { cmp -s "$TMP/lg.st" "$TMP/lt.st" || { echo "  --tp 2 --pp 2: not --tp 2's weights"; return 1; }; } &&
+    run 1 "$TMP/l1.out" --steps 4 "${LL[@]}" "${ONE[@]}" --save-weights "$TMP/l1.st" &&
+    run 1 "$TMP/lr.out" --steps 4 "${LL[@]}" "${ONE[@]}" --checkpoint-dir "$TMP/ck-lg" --resume --save-weights "$TMP/lr.st" &&
+    grep -q "resumed from step 3" "$TMP/lr.out" && same "$TMP/lr.st" "$TMP/l1.st" 1e-5
+}
+check "llama --tp 2 --pp 2 == --tp 2 bit for bit; its checkpoint resumes on one process (within 1e-5)" llama_grid
 
 bad() { # bad N WANT ARGS...: every rank stops before step 1, the message names the values
   local n=$1 want=$2; shift 2

@@ -2,9 +2,9 @@
 # The memory plan against the memory a run really holds: `tandem plan --json` and the peaks per
 # category that `tandem train --metrics` records at the end (counted by the library as it
 # allocates: tandem/core.h), for data parallelism and ZeRO stages 1-3, one to three ranks, over
-# shared memory and TCP, with accumulation, for the MLP and the GPT, and tensor parallelism. Every category that holds at
-# least 1% of the total must be planned within 5%; the smaller ones (workspace, a one-process
-# run's communication) within 16 KiB.   tests/multirank/test_plan.sh path/to/tandem
+# shared memory and TCP, with accumulation, for the MLP, the GPT and the Llama, and tensor
+# parallelism (GPT and Llama). Every category that holds at least 1% of the total must be planned
+# within 5%; the smaller ones (workspace, a one-process run's communication) within 16 KiB.   tests/multirank/test_plan.sh path/to/tandem
 set -uo pipefail
 TANDEM=$(realpath "$1")
 cd "$(dirname "$0")/../.."
@@ -70,6 +70,10 @@ check "2 ranks over shm, --tp 2: the GPT's slices" compare 2 shm "${GPT[@]}" --t
 check "4 ranks over tcp, --tp 2 --dp 2" compare 4 tcp "${GPT[@]}" --tp 2 --dp 2
 check "3 ranks over tcp, --tp 3 with a vocabulary of 257 (the blocks differ by a row)" compare 3 tcp \
   --model gpt --layers 2 --heads 3 --width 48 --block 32 --batch-size 4 --val-batches 2 --tp 3 --vocab 257
+check "2 ranks over shm, --tp 2: the Llama's slices (key/value heads split with their groups)" compare 2 shm "${LLAMA[@]}" --tp 2
+check "3 ranks over tcp, --tp 3: a tied Llama, SwiGLU width and vocabulary 3 does not divide" compare 3 tcp \
+  --model llama --layers 2 --heads 6 --kv-heads 3 --width 48 --ffn-width 100 --block 32 --batch-size 4 --val-batches 2 --tp 3 \
+  --vocab 257 --tie-embeddings on
 
 # tensor parallelism's closed form: a rank holds a T-th of what is split and all of what is
 # replicated (R: wpe, the layer norms, the row-parallel projections' biases; the vocabulary's

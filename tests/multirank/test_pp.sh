@@ -167,7 +167,7 @@ check "llama: more stages than layers" refused "5 stages x 1 virtual stages = 5 
   "$T" run -n 5 -- tandem "${L[@]}" --pp 5 --microbatches 5
 check "llama: a --pp-split that does not add up" refused "--pp-split adds up to 5 blocks; the model has 4" \
   "$T" run -n 2 -- tandem "${L[@]}" --pp 2 --pp-split 2,3
-check "llama: --tp beside --pp, named as not built" refused "--tp 2 beside --pp 2 with the llama model" \
+check "llama: --tp beside --pp with a key/value head --tp cannot split" refused "1 key/value heads do not divide over --tp 2 ranks" \
   "$T" run -n 4 -- tandem "${L[@]}" --tp 2 --pp 2 --microbatches 2
 check "a model with no blocks to cut" refused "--pp 2 cuts a transformer's blocks: it needs --model gpt or llama (given --model mlp)" \
   "$T" train --model mlp --data synthetic --pp 2

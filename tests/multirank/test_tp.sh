@@ -5,7 +5,9 @@
 # of each tensor's largest value); a checkpoint of a tensor-parallel run resumes bit for bit at the
 # same split, and on one process, ZeRO stage 3, another split and a pipeline (and theirs at --tp 2)
 # within 1e-5; bad layouts stop every rank before any step, naming the values (the 3-D grid,
-# --tp with --pp: tests/multirank/test_grid.sh).
+# --tp with --pp: tests/multirank/test_grid.sh). A Llama (grouped-query attention) at --tp 3 over
+# tcp, tied, equals one process; its --tp 2 checkpoint resumes on one process and one process's at
+# --tp 2; key/value heads --tp does not divide are refused.
 # usage: test_tp.sh path/to/tandem
 set -u
 T=${1:?usage: test_tp.sh path/to/tandem}
@@ -69,6 +71,31 @@ elsewhere_tp2() { # checkpoints of those layouts after 3 steps, resumed at --tp 
 }
 check "checkpoints of one process, --zero 3, --tp 3 and --pp 2 resume at --tp 2 (== one process within 1e-5)" elsewhere_tp2
 
+# Llama: 12 heads over 6 key/value heads (groups of 2: --tp 2 and 3 keep whole groups), a SwiGLU
+# width of 100 and a vocabulary of 257 that 3 does not divide
+L=(train --model llama --layers 2 --heads 12 --kv-heads 6 --width 48 --ffn-width 100 --block 16 --vocab 257 --threads 1
+   --optimizer sgd --lr 0.1 --momentum 0.9 --dropout 0.1 --seed 7 --val-batches 2 --eval-batch-size 4 --lr-schedule constant
+   --warmup 0 --batch-size 4)
+llama_tp3() { # a tied head
+  "$T" "${L[@]}" --steps 4 --tie-embeddings on --save-weights "$TMP/l1.st" >/dev/null 2>&1 &&
+    TANDEM_TRANSPORT=tcp "$T" run -n 3 -- tandem "${L[@]}" --steps 4 --tie-embeddings on --tp 3 --save-weights "$TMP/l3.st" \
+      >"$TMP/l3.out" 2>&1 && grep -q "tensor parallel 3" "$TMP/l3.out" && same "$TMP/l3.st" "$TMP/l1.st" 1e-5 ||
+    { echo "  $(tail -2 "$TMP/l3.out")"; return 1; }
+}
+check "llama --tp 3 over tcp (grouped-query attention, tied head) == one process (weights within 1e-5)" llama_tp3
+
+llama_resume() { # an untied head: a --tp 2 checkpoint after 2 steps goes on at one process, and one process's at --tp 2
+  "$T" "${L[@]}" --steps 4 --save-weights "$TMP/lu.st" >/dev/null 2>&1 &&
+    "$T" run -n 2 -- tandem "${L[@]}" --steps 2 --tp 2 --checkpoint-dir "$TMP/lck2" >/dev/null 2>&1 &&
+    "$T" "${L[@]}" --steps 2 --checkpoint-dir "$TMP/lck1" >/dev/null 2>&1 &&
+    "$T" "${L[@]}" --steps 4 --checkpoint-dir "$TMP/lck2" --resume --save-weights "$TMP/lr1.st" >"$TMP/lr.out" 2>&1 &&
+    grep -q "resumed from step 2" "$TMP/lr.out" && same "$TMP/lr1.st" "$TMP/lu.st" 1e-5 &&
+    "$T" run -n 2 -- tandem "${L[@]}" --steps 4 --tp 2 --checkpoint-dir "$TMP/lck1" --resume --save-weights "$TMP/lr2.st" \
+      >"$TMP/lr.out" 2>&1 && grep -q "resumed from step 2" "$TMP/lr.out" && same "$TMP/lr2.st" "$TMP/lu.st" 1e-5 ||
+    { echo "  $(tail -2 "$TMP/lr.out")"; return 1; }
+}
+check "llama: a --tp 2 checkpoint resumes on one process, one process's at --tp 2 (== one process within 1e-5)" llama_resume
+
 bad() { # bad N WANT ARGS...: every rank stops before step 1, the message names the values
   local n=$1 want=$2; shift 2
   "$T" run -n "$n" -- tandem "${A[@]}" --batch-size 4 "$@" >"$TMP/bad.out" 2>&1
@@ -81,4 +108,6 @@ check "--dp x --tp not the world: refused" bad 4 "--dp 3 x --tp 2 x --pp 1, but 
 check "heads not divisible by --tp: refused" bad 4 "6 attention heads do not divide over --tp 4 ranks" --tp 4
 check "--tp larger than the heads: refused" bad 8 "--tp 8 is larger than the 6 attention heads" --tp 8
 check "--tp with another model: refused" bad 2 "the mlp model has no heads to split" --model mlp --data synthetic --tp 2
+check "llama: key/value heads not divisible by --tp: refused" bad 4 "6 key/value heads do not divide over --tp 4 ranks" \
+  --model llama --heads 12 --kv-heads 6 --ffn-width 100 --tp 4
 finish

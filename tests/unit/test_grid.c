@@ -3,7 +3,8 @@
  * 2 replicas, and several schedules, with dropout and clipping on and a vocabulary T does not
  * divide, the weights after a few steps, the loss, the gradient norm and an evaluation equal the
  * tensor-parallel engine's at the same T and D bit for bit (the same sums in the same order), and
- * one process's (data parallelism on D ranks) within 1e-5 of each tensor's largest value. A grid
+ * one process's (data parallelism on D ranks) within 1e-5 of each tensor's largest value; a Llama's
+ * too (grouped-query attention, tied and untied heads). A grid
  * the model cannot take is refused by tdm_engine_check before anything is built, naming the values. */
 #include <math.h>
 #include <pthread.h>
@@ -224,6 +225,23 @@ static void test_tp2_pp2(void) {
 
 static void test_tp2_pp2_dp2(void) { check_grid(grid_job(2, 2, 2, 3, TDM_PP_GPIPE, 1), "dp2 x tp2 x pp2 gpipe M 3"); }
 
+/* A Llama on the grid: 4 heads over 2 key/value heads (one group per tensor rank), a SwiGLU width
+ * of 22, its head untied (lm_head on the last stage) or tied (the embedding's gradient sent back
+ * to the first stage, per tensor rank). */
+static job llama_grid_job(int D, int T, int P, int M, tdm_pp_schedule_kind sched, int V, int tied) {
+  job j = grid_job(D, T, P, M, sched, V);
+  CHECK_OK(tdm_model_config_llama("llama-mini", &j.mc));
+  j.mc.n_layer = 4, j.mc.n_head = 4, j.mc.n_kv_head = 2, j.mc.n_embd = 16, j.mc.ffn_hidden = 22, j.mc.block_size = 8;
+  j.mc.vocab_size = 29, j.mc.dropout = 0.1f, j.mc.tie_embeddings = tied;
+  return j;
+}
+
+static void test_llama(void) {
+  check_grid(llama_grid_job(1, 2, 2, 2, TDM_PP_1F1B, 1, 0), "llama tp2 x pp2 1f1b M 2 untied");
+  check_grid(llama_grid_job(1, 2, 2, 3, TDM_PP_ZB1P, 1, 1), "llama tp2 x pp2 zb1p M 3 tied");
+  check_grid(llama_grid_job(2, 2, 2, 2, TDM_PP_INTERLEAVED, 2, 1), "llama dp2 x tp2 x pp2 interleaved M 2 tied");
+}
+
 /* A replicated parameter that differs between the tensor ranks of a stage (rank 3: stage 1, tensor
  * rank 1) is named by the drift check before step 1 on that stage, and every rank stops. */
 static void test_drift(void) {
@@ -312,4 +330,4 @@ static void test_zero1(void) {
   }
 }
 
-TDM_TEST_MAIN(T(test_tp2_pp2), T(test_tp2_pp2_dp2), T(test_drift), T(test_bad_grids), T(test_zero1))
+TDM_TEST_MAIN(T(test_tp2_pp2), T(test_tp2_pp2_dp2), T(test_llama), T(test_drift), T(test_bad_grids), T(test_zero1))

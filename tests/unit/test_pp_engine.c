@@ -265,7 +265,8 @@ static void test_llama(void) {
   check_equal(j, "llama split 1,4,1");
 }
 
-/* Llama's bad layouts: more stages than layers, a split that does not add up, a tensor axis. */
+/* Llama's bad layouts: more stages than layers, a split that does not add up, key/value heads a
+ * tensor axis beside cannot split. */
 static void test_llama_bad_layouts(void) {
   job j = llama_job(1, 2, 2, TDM_PP_1F1B, 1, 0);
   j.mc.n_layer = 1;
@@ -276,9 +277,11 @@ static void test_llama_bad_layouts(void) {
   j.ec.pp.n_split = 2, j.ec.pp.split[0] = 2, j.ec.pp.split[1] = 3;
   free(run_job(&j, &n, 0));
   CHECK_MSG(strstr(args[0].err, "--pp-split adds up to 5 blocks; the model has 6") != NULL, "%s", args[0].err);
-  j = llama_job(1, 2, 2, TDM_PP_1F1B, 1, 0);
-  CHECK(tdm_engine_check(&j.mc, &j.ec, 4, 1, 2, 2) == TDM_ERR_NOT_SUPPORTED);
-  CHECK_MSG(strstr(tdm_last_error(), "--tp 2 beside --pp 2 with the llama model") != NULL, "%s", tdm_last_error());
+  j = llama_job(1, 2, 2, TDM_PP_1F1B, 1, 0); /* 1 key/value head: the 3-D grid cannot split it over 2 tensor ranks */
+  CHECK(tdm_engine_check(&j.mc, &j.ec, 4, 1, 2, 2) == TDM_ERR_INVALID_ARG);
+  CHECK_MSG(strstr(tdm_last_error(), "1 key/value heads do not divide over --tp 2 ranks") != NULL, "%s", tdm_last_error());
+  j.mc.n_kv_head = 2;
+  CHECK_OK(tdm_engine_check(&j.mc, &j.ec, 4, 1, 2, 2));
   j.mc = tdm_model_config_mlp();
   CHECK(tdm_engine_check(&j.mc, &j.ec, 2, 1, 1, 2) == TDM_ERR_NOT_SUPPORTED);
   CHECK_MSG(strstr(tdm_last_error(), "use --model gpt or llama") != NULL, "%s", tdm_last_error());
