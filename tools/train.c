@@ -290,9 +290,9 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
       at += len + (at[len] == ',');
     }
   }
-  /* the pipeline, tensor-parallel and parameter-server engines run f32 without recomputation: refused
-   * here, before any rank starts (a model --tp cannot split: tdm_engine_check) */
-  const char *eng = ps_servers ? "--ps-servers" : pp > 1 ? "--pp" : tp > 1 ? "--tp" : NULL;
+  /* the pipeline and tensor-parallel engines run f32 without recomputation: refused here, before
+   * any rank starts (a model --tp cannot split, fp16 beside a parameter server: tdm_engine_check) */
+  const char *eng = pp > 1 ? "--pp" : tp > 1 ? "--tp" : NULL;
   if (eng && (strcmp(precision, "fp32") || strcmp(recompute, "none"))) {
     fprintf(stderr, "tandem %s: %s with --%s %s: that engine does not implement %s yet (use --%s %s, or data parallelism / --zero)\n",
             cmd, eng, strcmp(precision, "fp32") ? "precision" : "recompute", strcmp(precision, "fp32") ? precision : recompute,

@@ -356,4 +356,12 @@ const tdm__engine_ops tdm__engine_ps_ops = {.name = "ps",
                                             .update = ps_update,
                                             .read_params = ps_read_params,
                                             .stream_params = ps_stream_params,
-                                            .load_weights = ps_load_weights};
+                                            .load_weights = ps_load_weights,
+                                            /* a worker's forward and backward are the engine's tape's, as data
+                                             * parallelism's: bf16 activations (f32 gradients, the servers' f32
+                                             * masters) and recomputation work as they do there; fp16 is refused:
+                                             * an overflowing push would reach the servers, whose updates do not
+                                             * wait for the other workers to agree on skipping it */
+                                            .mixed = 1,
+                                            .recompute = 1,
+                                            .cannot_skip = 1};

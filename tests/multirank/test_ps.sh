@@ -5,7 +5,8 @@
 # depend on the number of servers; async with one worker is sequential training bit for bit, and
 # with two it is not data parallelism (the comparison can fail); ssp holds a fast worker within
 # --staleness steps of one slowed by injected sleeps (async lets it run further ahead); the
-# servers' update logs replay an async run bit for bit (tandem ps-replay); a worker killed
+# servers' update logs replay an async run bit for bit (tandem ps-replay); the workers compute in
+# bf16 and recompute as data parallelism does (sync: its bits); a worker killed
 # mid-run is dropped by async and ssp servers, which go on (the survivors finish on a
 # communicator of their own), and stops sync ones naming it; a dead server is named by the
 # workers, within seconds, when the ranks are started one by one (as on several hosts); bad input
@@ -44,6 +45,22 @@ async_one_worker_is_sequential() {
     job 4 shm "${M[@]}" --ps-servers 2 --ps-mode async --save-weights "$TMP/a2.st" >"$TMP/o2" 2>&1 ||
     { echo "  a job failed:"; tail -n 3 "$TMP/o" "$TMP/o2"; return 1; }
   cmp "$TMP/one.st" "$TMP/a1.st" && ! cmp -s "$TMP/a2.st" "$TMP/dp2.st"
+}
+
+# A GPT's workers in bf16 with block recomputation, and in f32 with selective recomputation: sync
+# mode gives data parallelism's weights bit for bit (the workers' tape is the data-parallel
+# engine's); fp16 is refused (an overflowing push would reach the servers)
+mixed_and_recompute_are_dp() {
+  local G=(train --model gpt --config mini --layers 2 --width 64 --heads 2 --steps 4 --batch-size 4 --seq-len 32
+           --threads 1 --prefetch off --seed 5 --val-every 0 --val-batches 2 --clip 0)
+  job 2 shm "${G[@]}" --precision bf16 --recompute block --save-weights "$TMP/gdp_b.st" >"$TMP/o" 2>&1 &&
+    job 3 shm "${G[@]}" --precision bf16 --recompute block --ps-servers 1 --save-weights "$TMP/gps_b.st" >"$TMP/o1" 2>&1 &&
+    job 2 shm "${G[@]}" --recompute selective --save-weights "$TMP/gdp_s.st" >"$TMP/o" 2>&1 &&
+    job 3 shm "${G[@]}" --recompute selective --ps-servers 1 --save-weights "$TMP/gps_s.st" >"$TMP/o2" 2>&1 ||
+    { echo "  a job failed:"; tail -n 3 "$TMP"/o*; return 1; }
+  cmp "$TMP/gdp_b.st" "$TMP/gps_b.st" && cmp "$TMP/gdp_s.st" "$TMP/gps_s.st" && ! cmp -s "$TMP/gdp_b.st" "$TMP/gdp_s.st" || return 1
+  ! job 3 shm "${G[@]}" --precision fp16 --ps-servers 1 >"$TMP/o" 2>&1 &&
+    grep -q "fp16 skips the steps whose gradients overflow, and the ps engine cannot skip a step" "$TMP/o"
 }
 
 # 3 workers and 1 server; worker 1 sleeps 30 ms every step, the others run free
@@ -257,6 +274,7 @@ dp_reference() { # data parallelism's weights (2 ranks) for the faults part's co
 if part base; then
 check "sync == data parallel, bit for bit (1 and 2 servers, shm and tcp)" sync_is_dp
 check "async with one worker == one process; with two it differs" async_one_worker_is_sequential
+check "bf16 and recomputation on the workers: sync == data parallel, bit for bit; fp16 refused" mixed_and_recompute_are_dp
 check "ssp: a worker at most --staleness steps ahead of a slowed one" ssp_bound_holds
 check "the update log replays an async run bit for bit" replay_reproduces_async
 check "bad input is a clear error" bad_input
