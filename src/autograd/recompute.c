@@ -47,6 +47,11 @@ static void add_into(tdm_tape *tp, tdm_tensor *x, void *gx, int fresh, const tdm
 
 /* i[0]: the dropout call counter where the first run started; saved[0]: the call */
 static void checkpoint_bw(tdm_tape *tp, tdm_node *n) {
+  /* A split backward (tdm_backward_inputs, then _params): the block's recomputed nodes are given
+   * back at the end of this call, so the first pass computes all of the block's gradients, its
+   * parameters' too, and the second has nothing left to do here. */
+  if (tp->grad_phase == 2) return;
+  int phase = tp->grad_phase;
   tdm_tensor *x = n->in[0], *y = n->out;
   const call *c = n->saved[0];
   int fresh = 0;
@@ -66,7 +71,9 @@ static void checkpoint_bw(tdm_tape *tp, tdm_node *n) {
               tdm_dtype_name(y2->dtype), tdm__shp(y), tdm_dtype_name(y->dtype));
   if (y2 && tp->status == TDM_OK && y2->node) {
     y2->grad = y->grad; /* the gradient that reached the first run's output */
+    tp->grad_phase = 0;
     tdm__backward_nodes(tp, n0, tp->n_nodes);
+    tp->grad_phase = phase;
   }
   if (gx && tp->status == TDM_OK) add_into(tp, x, gx, fresh, xs->grad);
   tp->n_nodes = n0;

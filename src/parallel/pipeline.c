@@ -121,6 +121,7 @@ typedef struct {
   tdm_optim_span *full;      /* this rank's chunks' spans of the store (e->spans: the optimizer's) */
   int n_full;
   int zero1;                 /* ZeRO stage 1 on the data axis: e->spans is this data rank's 1/D of full */
+  tdm_recompute recompute;   /* the slots' tapes recompute their chunks' blocks in backward */
   int64_t *zcut;             /* zero1: data rank d updates [zcut[d], zcut[d+1]) of full, packed */
   int64_t *held_at;          /* per parameter: the optimizer-state index of its first local element, or -1 */
   tdm__tp_piece *np;         /* the norm's pieces in this rank's chunks */
@@ -189,6 +190,7 @@ static tdm_status slot_get(pp_state *q, int c, int m, slot **out) {
     s = &q->slots[q->n_slots];
     memset(s, 0, sizeof *s);
     TDM__TRY(tdm_tape_create(&s->tape, 1u << 20));
+    TDM__TRY(tdm_tape_set_recompute(s->tape, q->recompute)); /* a chunk's blocks as data parallelism's */
     s->chunk = -1;
     q->n_slots++;
   }
@@ -915,8 +917,19 @@ void tdm__pp_layout_free(tdm__pp_layout *l) {
   l->first_block = NULL, l->s = NULL;
 }
 
+/* Recomputation runs a chunk's blocks again in backward; a tensor-parallel stage's split blocks
+ * (tp_model.c) do not recompute, so the two together are refused rather than run without it. */
+static tdm_status check_recompute(const tdm_engine_config *ec, int T) {
+  if (ec->recompute != TDM_RECOMPUTE_NONE && T > 1)
+    return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "pipeline: recompute %s with %d tensor ranks: the tensor-parallel stages do not "
+                          "recompute their split blocks; use --recompute none with --tp, or a pipeline without it",
+                          tdm_recompute_name(ec->recompute), T);
+  return TDM_OK;
+}
+
 static tdm_status pp_check(const tdm_model_config *mc, const tdm_engine_config *ec, const int *sizes) {
   TDM__TRY(tdm__tp_check(mc, sizes[TDM_AXIS_TENSOR])); /* the 3-D grid: the heads over the tensor axis */
+  TDM__TRY(check_recompute(ec, sizes[TDM_AXIS_TENSOR]));
   tdm__pp_layout L;
   TDM__TRY(tdm__pp_layout_make(mc, ec, sizes[TDM_AXIS_PIPELINE], &L));
   tdm__pp_layout_free(&L);
@@ -1006,12 +1019,14 @@ static tdm_status make_zero1(tdm_engine *e, pp_state *q, int64_t owned) {
 
 static tdm_status pp_create(tdm_engine *e, const tdm_model_config *mc, uint64_t seed) {
   TDM__TRY(tdm__tp_check(mc, tdm_grid_size(e->grid, TDM_AXIS_TENSOR)));
+  TDM__TRY(check_recompute(&e->cfg, tdm_grid_size(e->grid, TDM_AXIS_TENSOR)));
   pp_state *q = tdm__calloc(1, sizeof *q);
   if (!q) return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
   e->impl = q;
   const tdm_engine_pipeline_config *pc = &e->cfg.pp;
   q->P = tdm_grid_size(e->grid, TDM_AXIS_PIPELINE);
   q->stage = tdm_grid_index(e->grid, TDM_AXIS_PIPELINE);
+  q->recompute = e->cfg.recompute;
   q->D = e->size;
   q->pp = tdm_grid_comm(e->grid, TDM_AXIS_PIPELINE);
   q->world = tdm_grid_world(e->grid);
@@ -1145,8 +1160,10 @@ static void pp_destroy(tdm_engine *e) {
 
 /* The row, and the same engine with ZeRO stage 1 on the data axis (pp_create picks it): the
  * optimizer state is split over the data axis too, so each data rank writes its part of a
- * checkpoint (tdm_engine_replicas). f32 only, no recomputation (.mixed, .recompute 0): its stages
- * pass f32 activations and split backward in two passes. */
+ * checkpoint (tdm_engine_replicas). f32 only (.mixed 0): its stages pass f32 activations.
+ * Recomputation (.recompute): each chunk micro-batch's tape recomputes its blocks in backward (a
+ * split backward computes a recomputed block's parameter gradients in its first pass: recompute.c);
+ * not beside a tensor axis (check_recompute). */
 #define PP_OPS(SPLIT) \
   { \
     .name = "pipeline", \
@@ -1169,6 +1186,7 @@ static void pp_destroy(tdm_engine *e) {
     .split = 1u << TDM_AXIS_PIPELINE | 1u << TDM_AXIS_TENSOR | (SPLIT), \
     .first_nonfinite = pp_first_nonfinite, \
     .pieces = pp_pieces, \
+    .recompute = 1, \
   }
 const tdm__engine_ops tdm__engine_pipeline_ops = PP_OPS(0);
 static const tdm__engine_ops pipeline_zero1_ops = PP_OPS(1u << TDM_AXIS_DATA);

@@ -75,32 +75,86 @@ static void cross_entropy(tape_bytes *a, int64_t N) {
   op_out(a, 4);       /* the loss; backward seeds its gradient */
 }
 
+/* Attention's (B, NH, T, T) probabilities: kept for backward, or under selective recomputation
+ * rebuilt there (a transient of backward). */
+static void attention_probs(tape_bytes *a, int64_t bytes, tdm_recompute rc) {
+  if (rc == TDM_RECOMPUTE_SELECTIVE && a->train) bwd_scratch(a, bytes);
+  else op_saved(a, bytes);
+  bwd_scratch(a, bytes);
+}
+
+static void gpt_block_tape(const tdm_model_config *m, int64_t B, int64_t T, tdm_recompute rc, tape_bytes *a) {
+  int64_t N = B * T, C = m->n_embd, NH = m->n_head;
+  layernorm(a, N, C);
+  linear(a, N, 3 * C);
+  op_out(a, 4 * N * C); /* attention */
+  attention_probs(a, 4 * B * NH * T * T, rc);
+  linear(a, N, C);
+  dropout(a, m->dropout, N * C);
+  op_out(a, 4 * N * C); /* residual */
+  layernorm(a, N, C);
+  linear(a, N, 4 * C);
+  op_out(a, 4 * N * 4 * C); /* gelu */
+  linear(a, N, C);
+  dropout(a, m->dropout, N * C);
+  op_out(a, 4 * N * C); /* residual */
+}
+
+static void llama_block_tape(const tdm_model_config *m, int64_t B, int64_t T, tdm_recompute rc, tape_bytes *a) {
+  int64_t N = B * T, C = m->n_embd, NH = m->n_head, hs = C / NH, KV = m->n_kv_head * hs, F = m->ffn_hidden;
+  rmsnorm(a, N, C);
+  linear(a, N, C), op_out(a, 4 * N * C), op_saved(a, 4 * (2 * T * (hs / 2) + 1));   /* q, RoPE */
+  linear(a, N, KV), op_out(a, 4 * N * KV), op_saved(a, 4 * (2 * T * (hs / 2) + 1)); /* k, RoPE */
+  linear(a, N, KV);                                                                  /* v */
+  op_out(a, 4 * N * C); /* attention */
+  attention_probs(a, 4 * B * NH * T * T, rc);
+  linear(a, N, C);
+  dropout(a, m->dropout, N * C);
+  op_out(a, 4 * N * C); /* residual */
+  rmsnorm(a, N, C);
+  linear(a, N, F), linear(a, N, F);
+  op_out(a, 4 * N * F); /* SwiGLU */
+  linear(a, N, C);
+  dropout(a, m->dropout, N * C);
+  op_out(a, 4 * N * C); /* residual */
+}
+
+/* Blocks [first, last) of a GPT or a Llama. Under block recomputation (training) a block keeps
+ * its output alone (one recorded node and its gradient), and its backward runs the block again
+ * with gradients on, all of it given back afterwards: one block's forward and backward on top
+ * of the rest at the peak. */
+static void blocks_tape(const tdm_model_config *m, int64_t B, int64_t T, int64_t first, int64_t last, tdm_recompute rc,
+                        tape_bytes *a) {
+  int64_t transient = 0;
+  for (int64_t l = first; l < last; l++) {
+    if (rc == TDM_RECOMPUTE_BLOCK && a->train) {
+      tape_bytes b = {0, 0, 1, 0};
+      if (m->kind == TDM_MODEL_LLAMA) llama_block_tape(m, B, T, TDM_RECOMPUTE_NONE, &b);
+      else gpt_block_tape(m, B, T, TDM_RECOMPUTE_NONE, &b);
+      int64_t t = b.fwd + b.bwd - (TENSOR + al(4 * B * T * m->n_embd)); /* its output's gradient is the kept one's */
+      if (t > transient) transient = t;
+      op_out(a, 4 * B * T * m->n_embd); /* the block's output */
+      a->fwd += al(64) + 2 * al(8 * (int64_t)(1 + 16)); /* the call, the node's inputs (parameters) */
+    } else if (m->kind == TDM_MODEL_LLAMA) {
+      llama_block_tape(m, B, T, rc, a);
+    } else {
+      gpt_block_tape(m, B, T, rc, a);
+    }
+  }
+  bwd_scratch(a, transient);
+}
+
 /* A GPT's blocks [first, last), with the embeddings and the head as asked (a pipeline's chunk). */
 static void gpt_range_tape(const tdm_model_config *m, int64_t B, int64_t T, int64_t first, int64_t last, int embed, int head,
-                           tape_bytes *a) {
-  int64_t N = B * T, C = m->n_embd, NH = m->n_head;
+                           tdm_recompute rc, tape_bytes *a) {
+  int64_t N = B * T, C = m->n_embd;
   if (embed) {
     op_out(a, 4 * N * C);  /* token embedding */
     op_view(a, 4 * T * C); /* position embedding rows */
     op_out(a, 4 * N * C);  /* their sum */
     dropout(a, m->dropout, N * C);
   }
-  for (int64_t l = first; l < last; l++) {
-    layernorm(a, N, C);
-    linear(a, N, 3 * C);
-    op_out(a, 4 * N * C); /* attention */
-    op_saved(a, 4 * B * NH * T * T);
-    bwd_scratch(a, 4 * B * NH * T * T);
-    linear(a, N, C);
-    dropout(a, m->dropout, N * C);
-    op_out(a, 4 * N * C); /* residual */
-    layernorm(a, N, C);
-    linear(a, N, 4 * C);
-    op_out(a, 4 * N * 4 * C); /* gelu */
-    linear(a, N, C);
-    dropout(a, m->dropout, N * C);
-    op_out(a, 4 * N * C); /* residual */
-  }
+  blocks_tape(m, B, T, first, last, rc, a);
   if (head) {
     layernorm(a, N, C);
     linear(a, N, m->vocab_size);
@@ -110,30 +164,13 @@ static void gpt_range_tape(const tdm_model_config *m, int64_t B, int64_t T, int6
 
 /* A Llama's decoder layers [first, last), with the embedding and the head as asked. */
 static void llama_range_tape(const tdm_model_config *m, int64_t B, int64_t T, int64_t first, int64_t last, int embed, int head,
-                             tape_bytes *a) {
-  int64_t N = B * T, C = m->n_embd, NH = m->n_head, hs = C / NH, KV = m->n_kv_head * hs, F = m->ffn_hidden;
+                             tdm_recompute rc, tape_bytes *a) {
+  int64_t N = B * T, C = m->n_embd;
   if (embed) {
     op_out(a, 4 * N * C); /* token embedding */
     dropout(a, m->dropout, N * C);
   }
-  for (int64_t l = first; l < last; l++) {
-    rmsnorm(a, N, C);
-    linear(a, N, C), op_out(a, 4 * N * C), op_saved(a, 4 * (2 * T * (hs / 2) + 1));   /* q, RoPE */
-    linear(a, N, KV), op_out(a, 4 * N * KV), op_saved(a, 4 * (2 * T * (hs / 2) + 1)); /* k, RoPE */
-    linear(a, N, KV);                                                                  /* v */
-    op_out(a, 4 * N * C); /* attention */
-    op_saved(a, 4 * B * NH * T * T);
-    bwd_scratch(a, 4 * B * NH * T * T);
-    linear(a, N, C);
-    dropout(a, m->dropout, N * C);
-    op_out(a, 4 * N * C); /* residual */
-    rmsnorm(a, N, C);
-    linear(a, N, F), linear(a, N, F);
-    op_out(a, 4 * N * F); /* SwiGLU */
-    linear(a, N, C);
-    dropout(a, m->dropout, N * C);
-    op_out(a, 4 * N * C); /* residual */
-  }
+  blocks_tape(m, B, T, first, last, rc, a);
   if (head) {
     rmsnorm(a, N, C);
     linear(a, N, m->vocab_size);
@@ -311,11 +348,12 @@ void tdm_plan_layer_costs(const tdm_model_config *m, int64_t T, double *embed, d
  * A chunk micro-batch's tape lives from its first action (the receive of its input, or its forward)
  * to its backward (weight pass, for zero-bubble); it holds the chunk's ops, the received input and
  * its gradient, the received output gradient. The stage's batches live for the step. */
-static tape_bytes chunk_tape(const tdm_model_config *m, const tdm__pp_layout *L, int c, int64_t B, int64_t T, int64_t accum) {
+static tape_bytes chunk_tape(const tdm_model_config *m, const tdm__pp_layout *L, int c, int64_t B, int64_t T, int64_t accum,
+                             tdm_recompute rc) {
   tape_bytes a = {0, 0, 1, 0};
   int64_t N = B * T;
-  if (m->kind == TDM_MODEL_LLAMA) llama_range_tape(m, B, T, L->first_block[c], L->first_block[c + 1], c == 0, c == L->C - 1, &a);
-  else gpt_range_tape(m, B, T, L->first_block[c], L->first_block[c + 1], c == 0, c == L->C - 1, &a);
+  if (m->kind == TDM_MODEL_LLAMA) llama_range_tape(m, B, T, L->first_block[c], L->first_block[c + 1], c == 0, c == L->C - 1, rc, &a);
+  else gpt_range_tape(m, B, T, L->first_block[c], L->first_block[c + 1], c == 0, c == L->C - 1, rc, &a);
   if (c > 0) a.fwd += 2 * (TENSOR + al(4 * N * m->n_embd)); /* the input received, its gradient */
   if (c < L->C - 1) a.fwd += TENSOR + al(4 * N * m->n_embd); /* the output's gradient received */
   if (c == L->C - 1 && accum > 1) a.fwd += TENSOR + al(4);   /* backward's seed 1/M */
@@ -341,7 +379,7 @@ static tdm_status plan_pipeline(const tdm_plan_config *c, const tdm_params *para
     else snprintf(name, sizeof name, "transformer.h.%d.ln_1.weight", L.first_block[k]);
     tdm_tensor *t = tdm_params_find(params, name);
     lo[k] = k == 0 || !t ? 0 : (const float *)tdm_tensor_data(t) - tdm_params_data(params);
-    bytes[k] = chunk_tape(m, &L, k, B, T, L.M);
+    bytes[k] = chunk_tape(m, &L, k, B, T, L.M, c->engine.recompute);
   }
   lo[L.C] = tdm_params_numel(params);
   out->pipeline = L.P, out->virtual_stages = L.V, out->microbatches = L.M;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Pipeline parallelism in real processes under tandem run (shared memory): every schedule's weights
-# are one process's bit for bit (the same micro-batches accumulated, dropout on); a data axis gives
+# are one process's bit for bit (the same micro-batches accumulated, dropout on; and with the
+# blocks recomputed in backward); a data axis gives
 # data parallelism's; a stage that dies is named by the other and the group restarts from a
 # checkpoint to the same weights; checkpoints reshard between a pipeline and any other layout; bad layouts are refused before any rank computes; tandem plan
 # draws and writes the schedule. The Llama alike (its head untied and tied): one process's weights,
@@ -29,6 +30,7 @@ check "1f1b, 3 stages, 7 micro-batches: one process's weights" same_as_one 3 7 1
 check "zb1p, 4 stages, 4 micro-batches: one process's weights" same_as_one 4 4 zb1p
 check "interleaved, 2 stages x 2 chunks, 4 micro-batches: one process's weights" same_as_one 2 4 interleaved
 check "1f1b cut by hand (--pp-split 1,3): one process's weights" same_as_one 2 2 1f1b --pp-split 1,3
+check "zb1p, 2 stages, 4 micro-batches, blocks recomputed in backward: one process's weights" same_as_one 2 4 zb1p --recompute block
 
 grid_2x2() { # 2 data replicas of a 2-stage pipeline = data parallelism on 2 ranks
   "$T" run -n 2 -- tandem "${G[@]}" --accum 2 --save-weights "$TMP/dp2.st" >/dev/null 2>&1 || return 1

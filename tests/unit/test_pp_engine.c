@@ -196,6 +196,21 @@ static void test_every_schedule(void) {
   }
 }
 
+/* Recomputation in the stages: each chunk's blocks recomputed in its backward give one process's
+ * bits (which recompute too, and equal a run that keeps everything: test_engine), every schedule,
+ * GPT and Llama. */
+static void test_recompute(void) {
+  tdm_pp_schedule_kind ks[] = {TDM_PP_GPIPE, TDM_PP_1F1B, TDM_PP_ZB1P, TDM_PP_INTERLEAVED};
+  for (int k = 0; k < 4; k++)
+    for (int mode = TDM_RECOMPUTE_BLOCK; mode < TDM_RECOMPUTE_COUNT; mode++) {
+      int V = ks[k] == TDM_PP_INTERLEAVED ? 2 : 1;
+      job g = gpt_job(1, 2, 4, ks[k], V), l = llama_job(1, 2, 4, ks[k], V, k % 2);
+      g.ec.recompute = l.ec.recompute = (tdm_recompute)mode;
+      check_equal(g, mode == TDM_RECOMPUTE_BLOCK ? "gpt, recompute block" : "gpt, recompute selective");
+      check_equal(l, mode == TDM_RECOMPUTE_BLOCK ? "llama, recompute block" : "llama, recompute selective");
+    }
+}
+
 static void test_interleaved(void) {
   for (int P = 2; P <= 4; P++)
     for (int M = P; M <= 2 * P; M += P) check_equal(gpt_job(1, P, M, TDM_PP_INTERLEAVED, 2), "interleaved");
@@ -282,10 +297,15 @@ static void test_llama_bad_layouts(void) {
   CHECK_MSG(strstr(tdm_last_error(), "1 key/value heads do not divide over --tp 2 ranks") != NULL, "%s", tdm_last_error());
   j.mc.n_kv_head = 2;
   CHECK_OK(tdm_engine_check(&j.mc, &j.ec, 4, 1, 2, 2));
+  j.ec.recompute = TDM_RECOMPUTE_BLOCK; /* the tensor-parallel stages do not recompute: refused, not ignored */
+  CHECK(tdm_engine_check(&j.mc, &j.ec, 4, 1, 2, 2) == TDM_ERR_NOT_SUPPORTED);
+  CHECK_MSG(strstr(tdm_last_error(), "recompute block with 2 tensor ranks") != NULL, "%s", tdm_last_error());
+  CHECK_OK(tdm_engine_check(&j.mc, &j.ec, 2, 1, 1, 2));
+  j.ec.recompute = TDM_RECOMPUTE_NONE;
   j.mc = tdm_model_config_mlp();
   CHECK(tdm_engine_check(&j.mc, &j.ec, 2, 1, 1, 2) == TDM_ERR_NOT_SUPPORTED);
   CHECK_MSG(strstr(tdm_last_error(), "use --model gpt or llama") != NULL, "%s", tdm_last_error());
 }
 
-TDM_TEST_MAIN(T(test_every_schedule), T(test_interleaved), T(test_data_axis), T(test_split_by_hand), T(test_dead_stage),
+TDM_TEST_MAIN(T(test_every_schedule), T(test_recompute), T(test_interleaved), T(test_data_axis), T(test_split_by_hand), T(test_dead_stage),
               T(test_bad_layouts), T(test_llama), T(test_llama_bad_layouts))
