@@ -42,8 +42,7 @@ typedef struct {
   void *group;
   int rank, size;
   size_t max_bytes;
-  tdm_sim_link link;
-  double pingpong;
+  tdm_sim_calibration cal;
   tdm_status st;
   char err[512];
 } thread_arg;
@@ -55,7 +54,7 @@ static void *calib_thread(void *p) {
   cc.rank = a->rank, cc.size = a->size, cc.transport = TDM_TRANSPORT_THREAD, cc.thread_group = a->group, cc.timeout_s = 120;
   tdm_comm_t c = NULL;
   a->st = tdm_comm_create(&c, &cc);
-  if (a->st == TDM_OK) a->st = tdm_sim_calibrate_link(c, a->max_bytes, &a->link, &a->pingpong);
+  if (a->st == TDM_OK) a->st = tdm_sim_calibrate_link(c, a->max_bytes, 0, &a->cal);
   if (a->st != TDM_OK) snprintf(a->err, sizeof a->err, "%s", tdm_last_error());
   tdm_comm_destroy(c);
   return NULL;
@@ -98,8 +97,7 @@ static int calibrate(const tdm_train_config *tc, const char *out_path, const cha
   if (ppn > 0) k.ranks_per_node = ppn;
   char detail[512] = "", transport[32] = "thread";
   int rank = 0;
-  tdm_sim_link link;
-  double pp = 0;
+  tdm_sim_calibration cal;
   if (env.size > 1) { /* under a launcher: the world's transport (and TANDEM_NET_EMULATE's links) */
     if (compute) { /* every rank measures the model's step alone, all at once: sharing the node as they will */
       char rank_s[32], world_s[32];
@@ -119,7 +117,8 @@ static int calibrate(const tdm_train_config *tc, const char *out_path, const cha
     }
     rank = tdm_comm_rank(c);
     snprintf(transport, sizeof transport, "%s", tdm_transport_name(tdm_comm_transport(c)));
-    tdm_status st = tdm_sim_calibrate_link(c, (size_t)max_bytes, &link, &pp);
+    const char *lws = getenv("LOCAL_WORLD_SIZE");
+    tdm_status st = tdm_sim_calibrate_link(c, (size_t)max_bytes, lws && atoi(lws) > 0 ? atoi(lws) : 0, &cal);
     tdm_comm_destroy(c);
     if (st != TDM_OK) {
       fprintf(stderr, "tandem simulate --calibrate: rank %d: %s\n", rank, tdm_last_error());
@@ -153,18 +152,33 @@ static int calibrate(const tdm_train_config *tc, const char *out_path, const cha
         fprintf(stderr, "tandem simulate --calibrate: thread rank %d: %s\n", r, a[r].err);
         return 1;
       }
-    link = a[0].link, pp = a[0].pingpong;
+    cal = a[0].cal;
     k.shm = 0;
   }
   if (rank != 0) return 0;
   const char *emu = getenv("TANDEM_NET_EMULATE");
+  tdm_sim_link link = cal.link;
+  /* TANDEM_NET_EMULATE gives every pair of ranks a link of its own (src/comm/p2p.c): not measured, known */
+  link.pairwise = emu && *emu ? 1 : 0;
   k.intra = k.inter = link; /* one machine: every link is the one measured */
+  k.cpu_cores = cal.cpu_cores;
   printf("link: %s%s%s: alpha %.3g us, beta %.4g ns/B (%.3g GB/s), gamma %.4g ns/B, ping-pong %.3g us\n", transport,
          emu && *emu ? " emulated " : "", emu && *emu ? emu : "", link.alpha * 1e6, link.beta * 1e9,
-         link.beta > 0 ? 1e-9 / link.beta : 0, link.gamma * 1e9, pp * 1e6);
-  char extra[512];
-  snprintf(extra, sizeof extra, "\"measured\": {\"transport\": \"%s\", \"emulate\": \"%s\", \"pingpong\": %.6e}", transport,
-           emu ? emu : "", pp);
+         link.beta > 0 ? 1e-9 / link.beta : 0, link.gamma * 1e9, cal.pingpong * 1e6);
+  printf("cpu: %.3g us + %.4g ns/B a message, %.3g cores for the ranks; the ring exchange predicted within %.1f%% (mean), "
+         "%.1f%% (max); alone the plain fit: alpha %.3g us, beta %.4g ns/B\n",
+         link.cpu_alpha * 1e6, link.cpu_beta * 1e9, cal.cpu_cores, 100 * cal.check_mean, 100 * cal.check_max, cal.ring_alpha * 1e6,
+         cal.ring_beta * 1e9);
+  char extra[4096];
+  size_t at = (size_t)snprintf(extra, sizeof extra,
+                               "\"measured\": {\"transport\": \"%s\", \"emulate\": \"%s\", \"pingpong\": %.6e, \"ring\": {\"alpha\": %.6e, "
+                               "\"beta\": %.6e}, \"check\": {\"mean\": %.4f, \"max\": %.4f},\n    \"points\": [",
+                               transport, emu ? emu : "", cal.pingpong, cal.ring_alpha, cal.ring_beta, cal.check_mean, cal.check_max);
+  const tdm_sim_calib_points *q = &cal.points; /* bytes, pair wall and CPU, ring wall and CPU: seconds */
+  for (int i = 0; i < q->m && at < sizeof extra; i++)
+    at += (size_t)snprintf(extra + at, sizeof extra - at, "%s[%.0f, %.4e, %.4e, %.4e, %.4e]", i ? ", " : "", q->n[i], q->pair_wall[i],
+                           q->pair_cpu[i], q->ring_wall[i], q->ring_cpu[i]);
+  if (at < sizeof extra) snprintf(extra + at, sizeof extra - at, "]}");
   if (out_path && tdm_sim_cluster_save(out_path, &k, extra) != TDM_OK) {
     fprintf(stderr, "tandem simulate --calibrate: %s\n", tdm_last_error());
     return 1;

@@ -13,8 +13,8 @@ static tdm_sim_cluster flat(double a, double b, double g) {
   tdm_sim_cluster k;
   tdm_sim_cluster_default(&k);
   k.ranks_per_node = 1 << 20; /* one node: every link intra */
-  k.intra = (tdm_sim_link){a, b, g};
-  k.inter = (tdm_sim_link){10 * a, 10 * b, g};
+  k.intra = (tdm_sim_link){.alpha = a, .beta = b, .gamma = g};
+  k.inter = (tdm_sim_link){.alpha = 10 * a, .beta = 10 * b, .gamma = g};
   return k;
 }
 
@@ -48,13 +48,16 @@ static void test_closed_forms(void) {
         CHECK(tdm_sim_coll_cost(&k, TDM_ALGO_RD, TDM_SIM_ALLGATHER, n, p) < 0); /* rd gathers powers of two only */
       }
     }
-  /* the binary tree: 2 ranks one edge up and down; 3 ranks the root takes two children, then sends twice */
+  /* the binary tree: 2 ranks one edge up and down; 3 ranks: both children send at once (the
+   * second's message travels while the root reduces the first's), the root reduces one then the
+   * other, then sends twice */
   double n = 65536, e = a + n * b;
   CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_TREE, TDM_SIM_ALLREDUCE, n, 2), (e + n * g) + e, 1e-15);
-  CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_TREE, TDM_SIM_ALLREDUCE, n, 3), 2 * (e + n * g) + 2 * e, 1e-15);
-  /* 7 ranks: two levels up (children of 1 and 2 in parallel, then the root's two), two levels down:
-   * rank 6 hears from 2 (second child of the root) second, and is 2's second child */
-  CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_TREE, TDM_SIM_ALLREDUCE, n, 7), 4 * (e + n * g) + 4 * e, 1e-15);
+  CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_TREE, TDM_SIM_ALLREDUCE, n, 3), e + 2 * n * g + 2 * e, 1e-15);
+  /* 7 ranks: up, ranks 1 and 2 each get both leaves at e and reduce them (e + 2ng); their messages
+   * reach the root at 2e + 2ng, reduced one after the other (2e + 4ng); down, rank 6 hears from 2
+   * (the root's second child) second, and is 2's second child: 4e */
+  CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_TREE, TDM_SIM_ALLREDUCE, n, 7), 6 * e + 4 * n * g, 1e-15);
   /* above 1 MiB a message goes as 1 MiB chunks, each paying alpha */
   double big = 8.0 * 1048576;
   CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_RING, TDM_SIM_ALLREDUCE, big, 2), 2 * 4 * a + big * b + 0.5 * big * g, 1e-15);
@@ -70,7 +73,7 @@ static void test_nodes(void) {
   double a = 1e-6, b = 1e-10, g = 0;
   tdm_sim_cluster k = flat(a, b, g);
   k.ranks_per_node = 4;
-  k.inter = (tdm_sim_link){5e-6, 8e-10, 0};
+  k.inter = (tdm_sim_link){.alpha = 5e-6, .beta = 8e-10};
   double n = 65536;
   int p = 8;
   CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_RING, TDM_SIM_ALLREDUCE, n, p), 2 * 7 * 5e-6 + 2.0 * 7 / 8 * n * 8e-10, 1e-15);
