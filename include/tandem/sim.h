@@ -65,9 +65,11 @@ typedef struct tdm_sim_cluster {
   int compute_ranks;    /* >= 1: the rate is scaled by how ranks x threads share cores_per_node here and then */
   double optim_rate;    /* parameter elements per second the optimizer updates */
   double overhead;      /* seconds per step besides (data, zero_grad, bookkeeping) */
+  double compute_cv;    /* the spread of a rank's compute from step to step (standard deviation over mean, measured);
+                           a step that synchronises N ranks waits for the slowest: 1 + cv E[max of N] (0: none) */
   char compute_model[32]; /* what the compute rate was measured on ("" unknown) */
-  int allreduce_algo;   /* the data axis's all-reduces: TDM_ALGO_AUTO (0: tandem's rule) or a row of the
-                           cost table, such as TDM_SIM_ALGO_HIER (what-if; not in the file) */
+  int allreduce_algo;   /* the data axis's all-reduces: TDM_ALGO_AUTO (0: what tandem's engines run,
+                           tdm_sim_engine_algo) or a row of the cost table (a what-if; not in the file) */
 } tdm_sim_cluster;
 
 /* A cluster of 8-rank nodes: 2 us / 100 GB/s inside a node, 10 us / 12.5 GB/s (100 Gb/s)
@@ -98,6 +100,11 @@ int tdm_sim_algo_parse(const char *name); /* -1 when unknown */
 double tdm_sim_coll_cost(const tdm_sim_cluster *k, int algo, tdm_sim_kind kind, double n, int p);
 /* The algorithm the AUTO rule picks (for printing). */
 int tdm_sim_auto_algo(const tdm_sim_cluster *k, tdm_sim_kind kind, double n, int p);
+/* The algorithm tandem's engines run. They ask for the rank-order algorithms, so that every rank
+ * sums in the same order whatever the strategy (tdm_comm_rank_order_algo): shm on one node over
+ * shared memory, else direct; data parallelism's gradients (grads 1) take the hierarchical
+ * all-reduce on several nodes of several ranks (src/parallel/dp.c, grad_algo). */
+int tdm_sim_engine_algo(const tdm_sim_cluster *k, tdm_sim_kind kind, int p, int grads);
 /* A point-to-point message of n bytes between ranks a and b. */
 double tdm_sim_p2p_cost(const tdm_sim_cluster *k, double n, int a, int b);
 
@@ -122,7 +129,8 @@ tdm_status tdm_sim_model_custom(tdm_sim_model **out, int n, const int64_t *param
 typedef struct tdm_sim_result {
   int ranks, dp, tp, pp;
   double step;          /* seconds per optimizer step */
-  double compute;       /* forward + backward + optimizer + overhead on the critical rank, as if alone */
+  double compute;       /* forward + backward + optimizer + overhead on the critical rank, as if alone (the
+                           slowest of the ranks, when compute_cv says steps vary) */
   double comm;          /* communication busy time per step (all of it) */
   double exposed;       /* step - compute: communication and waits not hidden */
   double efficiency;    /* compute / step: the step of one rank, per rank, over this step */
@@ -130,6 +138,10 @@ typedef struct tdm_sim_result {
   int buckets;          /* groups (buckets, units) */
   int algo;             /* the all-reduce's algorithm for the largest bucket */
 } tdm_sim_result;
+
+/* The expected largest of n independent standard normal samples (0 for n = 1; 1/sqrt(pi) for 2):
+ * how many standard deviations the slowest of n ranks is behind their mean. */
+double tdm_sim_expected_max(int n);
 
 /* One optimizer step on `ranks` ranks in all (dp = ranks / (tp x pp)). */
 tdm_status tdm_sim_step(const tdm_sim_model *m, const tdm_sim_cluster *k, int ranks, tdm_sim_result *out);
@@ -169,7 +181,8 @@ tdm_status tdm_sim_calibrate_link(tdm_comm_t c, size_t max_bytes, int ranks_per_
 /* The compute rate from a measured run: trains `steps` steps of the run c describes on this
  * process alone (metrics to a temporary file), and from the medians of steps 3.. sets k->flops
  * (fwd_bwd_flops, the model's forward + backward FLOPs per step, over the forward and backward
- * time), k->optim_rate (n_params over the optimizer's time) and k->overhead (the rest of the step).
+ * time), k->optim_rate (n_params over the optimizer's time), k->overhead (the rest of the step)
+ * and k->compute_cv (the forward and backward time's standard deviation over its mean).
  * detail gets a line of what was measured. */
 struct tdm_train_config;
 tdm_status tdm_sim_calibrate_compute(const struct tdm_train_config *c, int steps, double fwd_bwd_flops, int64_t n_params,

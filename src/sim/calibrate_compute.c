@@ -1,5 +1,6 @@
 /* The compute rate from a measured step: a short run of the described training on this process,
  * its per-step metrics read back (forward, backward, optimizer, the whole step). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +50,9 @@ tdm_status tdm_sim_calibrate_compute(const tdm_train_config *cfg, int steps, dou
   remove(path);
   TDM__TRY(st);
   if (m < 1) return tdm__set_error(TDM_ERR_IO, "calibrate: the measured run wrote no step metrics after its warm-up");
+  double mean = 0, var = 0;
+  for (int i = 0; i < m; i++) mean += fb[i] / m;
+  for (int i = 0; i < m; i++) var += (fb[i] - mean) * (fb[i] - mean) / m;
   qsort(fb, (size_t)m, sizeof(double), cmp_double);
   qsort(op, (size_t)m, sizeof(double), cmp_double);
   qsort(all, (size_t)m, sizeof(double), cmp_double);
@@ -57,9 +61,10 @@ tdm_status tdm_sim_calibrate_compute(const tdm_train_config *cfg, int steps, dou
   k->flops = fwd_bwd_flops / tfb;
   k->optim_rate = top > 0 ? (double)n_params / top : 1e12;
   k->overhead = tall - tfb - top > 0 ? tall - tfb - top : 0;
+  k->compute_cv = mean > 0 ? sqrt(var) / mean : 0;
   snprintf(k->compute_model, sizeof k->compute_model, "%s", cfg->model ? cfg->model : "?");
   if (detail)
-    snprintf(detail, n, "compute: %s, median of %d steps: forward+backward %.3f ms (%.3g FLOP/s), optimizer %.3f ms, step %.3f ms",
-             k->compute_model, m, tfb * 1e3, k->flops, top * 1e3, tall * 1e3);
+    snprintf(detail, n, "compute: %s, median of %d steps: forward+backward %.3f ms (%.3g FLOP/s, spread %.2f), optimizer %.3f ms, step %.3f ms",
+             k->compute_model, m, tfb * 1e3, k->flops, k->compute_cv, top * 1e3, tall * 1e3);
   return TDM_OK;
 }

@@ -56,6 +56,7 @@ tdm_status tdm_sim_cluster_check(const tdm_sim_cluster *k, const char *where) {
   if (!(k->flops > 0) || !isfinite(k->flops)) return bad(where, "compute.flops", k->flops, "FLOP/s > 0");
   if (!(k->optim_rate > 0) || !isfinite(k->optim_rate)) return bad(where, "compute.optimizer", k->optim_rate, "elements/s > 0");
   if (!(k->overhead >= 0) || !isfinite(k->overhead)) return bad(where, "compute.overhead", k->overhead, "seconds >= 0");
+  if (!(k->compute_cv >= 0) || !isfinite(k->compute_cv)) return bad(where, "compute.cv", k->compute_cv, "a spread >= 0 (0: steps do not vary)");
   return TDM_OK;
 }
 
@@ -151,6 +152,7 @@ tdm_status tdm_sim_cluster_load(const char *path, tdm_sim_cluster *k) {
   if (st == TDM_OK && (cr != (int)cr || cr < 1 || cr > 1e6))
     st = tdm__set_error(TDM_ERR_INVALID_ARG, "%s: compute.ranks is %g; expected an integer >= 1", path, cr);
   c.compute_ranks = (int)cr;
+  if (st == TDM_OK) st = optional(comp, path, "compute", "cv", 0, &c.compute_cv);
   if (st == TDM_OK) {
     const tdm_json *m = tdm__json_get(comp, "model");
     if (m && m->type == TDM_JSON_STR) snprintf(c.compute_model, sizeof c.compute_model, "%s", m->str);
@@ -177,8 +179,8 @@ tdm_status tdm_sim_cluster_save(const char *path, const tdm_sim_cluster *k, cons
   for (int i = 0; i < 2; i++)
     fprintf(f, "  \"%s\": {\"alpha\": %.6e, \"beta\": %.6e, \"gamma\": %.6e, \"cpu_alpha\": %.6e, \"cpu_beta\": %.6e, \"pairwise\": %d},\n",
             i ? "inter" : "intra", l[i]->alpha, l[i]->beta, l[i]->gamma, l[i]->cpu_alpha, l[i]->cpu_beta, l[i]->pairwise);
-  fprintf(f, "  \"compute\": {\"flops\": %.6e, \"optimizer\": %.6e, \"overhead\": %.6e, \"ranks\": %d, \"model\": \"%s\"}%s\n",
-          k->flops, k->optim_rate, k->overhead, k->compute_ranks, k->compute_model, extra && *extra ? "," : "");
+  fprintf(f, "  \"compute\": {\"flops\": %.6e, \"optimizer\": %.6e, \"overhead\": %.6e, \"ranks\": %d, \"cv\": %.4f, \"model\": \"%s\"}%s\n",
+          k->flops, k->optim_rate, k->overhead, k->compute_ranks, k->compute_cv, k->compute_model, extra && *extra ? "," : "");
   if (extra && *extra) fprintf(f, "  %s\n", extra);
   fprintf(f, "}\n");
   int bad_write = ferror(f);

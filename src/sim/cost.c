@@ -290,6 +290,11 @@ int tdm_sim_auto_algo(const tdm_sim_cluster *k, tdm_sim_kind kind, double n, int
   }
 }
 
+int tdm_sim_engine_algo(const tdm_sim_cluster *k, tdm_sim_kind kind, int p, int grads) {
+  if (grads && kind == TDM_SIM_ALLREDUCE && p > k->ranks_per_node && k->ranks_per_node > 1) return TDM_SIM_ALGO_HIER;
+  return k->shm && p <= k->ranks_per_node ? TDM_ALGO_SHM : TDM_ALGO_DIRECT;
+}
+
 double tdm_sim_coll_cost(const tdm_sim_cluster *k, int algo, tdm_sim_kind kind, double n, int p) {
   if (!k || p < 1 || (unsigned)kind >= TDM_SIM_KIND_COUNT || algo < 0 || algo >= TDM_SIM_ALGO_COUNT || !(n >= 0)) return -1;
   if (p == 1) return 0;
