@@ -65,7 +65,7 @@ typedef struct tdm_sim_cluster {
   int compute_ranks;    /* >= 1: the rate is scaled by how ranks x threads share cores_per_node here and then */
   double optim_rate;    /* parameter elements per second the optimizer updates */
   double overhead;      /* seconds per step besides (data, zero_grad, bookkeeping) */
-  double compute_cv;    /* the spread of a rank's compute from step to step (standard deviation over mean, measured);
+  double compute_cv;    /* the spread of a rank's compute from step to step (a standard deviation over the median, measured);
                            a step that synchronises N ranks waits for the slowest: 1 + cv E[max of N] (0: none) */
   char compute_model[32]; /* what the compute rate was measured on ("" unknown) */
   int allreduce_algo;   /* the data axis's all-reduces: TDM_ALGO_AUTO (0: what tandem's engines run,
@@ -182,7 +182,8 @@ tdm_status tdm_sim_calibrate_link(tdm_comm_t c, size_t max_bytes, int ranks_per_
  * process alone (metrics to a temporary file), and from the medians of steps 3.. sets k->flops
  * (fwd_bwd_flops, the model's forward + backward FLOPs per step, over the forward and backward
  * time), k->optim_rate (n_params over the optimizer's time), k->overhead (the rest of the step)
- * and k->compute_cv (the forward and backward time's standard deviation over its mean).
+ * and k->compute_cv (the forward and backward time's spread: half its 16th-84th percentile range
+ * over its median, a normal distribution's standard deviation, robust to a few preempted steps).
  * detail gets a line of what was measured. */
 struct tdm_train_config;
 tdm_status tdm_sim_calibrate_compute(const struct tdm_train_config *c, int steps, double fwd_bwd_flops, int64_t n_params,

@@ -1,6 +1,5 @@
 /* The compute rate from a measured step: a short run of the described training on this process,
  * its per-step metrics read back (forward, backward, optimizer, the whole step). */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,9 +49,6 @@ tdm_status tdm_sim_calibrate_compute(const tdm_train_config *cfg, int steps, dou
   remove(path);
   TDM__TRY(st);
   if (m < 1) return tdm__set_error(TDM_ERR_IO, "calibrate: the measured run wrote no step metrics after its warm-up");
-  double mean = 0, var = 0;
-  for (int i = 0; i < m; i++) mean += fb[i] / m;
-  for (int i = 0; i < m; i++) var += (fb[i] - mean) * (fb[i] - mean) / m;
   qsort(fb, (size_t)m, sizeof(double), cmp_double);
   qsort(op, (size_t)m, sizeof(double), cmp_double);
   qsort(all, (size_t)m, sizeof(double), cmp_double);
@@ -61,7 +57,10 @@ tdm_status tdm_sim_calibrate_compute(const tdm_train_config *cfg, int steps, dou
   k->flops = fwd_bwd_flops / tfb;
   k->optim_rate = top > 0 ? (double)n_params / top : 1e12;
   k->overhead = tall - tfb - top > 0 ? tall - tfb - top : 0;
-  k->compute_cv = mean > 0 ? sqrt(var) / mean : 0;
+  /* the spread, robustly: half the 16th-84th percentile range (one standard deviation of a normal
+   * distribution) over the median; a shared machine's few steps preempted for tens of
+   * milliseconds would make a standard deviation of them */
+  k->compute_cv = (fb[(int)(0.84 * (m - 1))] - fb[(int)(0.16 * (m - 1))]) / 2 / fb[m / 2];
   snprintf(k->compute_model, sizeof k->compute_model, "%s", cfg->model ? cfg->model : "?");
   if (detail)
     snprintf(detail, n, "compute: %s, median of %d steps: forward+backward %.3f ms (%.3g FLOP/s, spread %.2f), optimizer %.3f ms, step %.3f ms",

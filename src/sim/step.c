@@ -205,9 +205,9 @@ static tdm_status pipeline_step(sim *s, const tdm_sim_model *m, const tdm_sim_cl
   return st;
 }
 
-/* The share of a core each rank's thread gets with `ranks` ranks computing on a node. */
-static double share(const tdm_sim_cluster *k, int ranks) {
-  double want = (double)ranks * k->threads;
+/* The share of a core each rank's thread gets with `ranks` ranks (on average) computing on a node. */
+static double share(const tdm_sim_cluster *k, double ranks) {
+  double want = ranks * k->threads;
   return k->cores_per_node > 0 && want > k->cores_per_node ? k->cores_per_node / want : 1;
 }
 
@@ -228,13 +228,10 @@ double tdm_sim_expected_max(int n) {
   return sum;
 }
 
-tdm_status tdm_sim_step(const tdm_sim_model *cm, const tdm_sim_cluster *k, int ranks, tdm_sim_result *out) {
-  if (!cm || !k || !out) return tdm__set_error(TDM_ERR_INVALID_ARG, "simulate: NULL argument");
-  TDM__TRY(tdm_sim_cluster_check(k, "cluster"));
-  tdm_sim_model *m = (tdm_sim_model *)cm; /* the bucket timeline is kept for the tests */
+/* One pass of the event simulation, compute slowed by `slow` (1: the measured rate); fills *out but
+ * its efficiency. */
+static tdm_status simulate(tdm_sim_model *m, const tdm_sim_cluster *k, int ranks, double slow, tdm_sim_result *out) {
   int grid = m->tp * m->pp;
-  if (ranks < 1 || ranks % grid)
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "simulate: %d ranks; expected a positive multiple of --tp x --pp = %d", ranks, grid);
   memset(out, 0, sizeof *out);
   sim s;
   memset(&s, 0, sizeof s);
@@ -243,10 +240,6 @@ tdm_status tdm_sim_step(const tdm_sim_model *cm, const tdm_sim_cluster *k, int r
   s.kd = *k, s.kt = *k;
   s.kd.ranks_per_node = k->ranks_per_node / grid > 0 ? k->ranks_per_node / grid : 1; /* data peers: grid apart */
   int on_node = ranks < k->ranks_per_node ? ranks : k->ranks_per_node;
-  double slow = share(k, on_node) / share(k, k->compute_ranks); /* the rate was measured with compute_ranks computing */
-  /* every step synchronises the ranks: it waits for the slowest, cv standard deviations of it per
-   * expected maximum of `ranks` behind the mean */
-  if (k->compute_cv > 0) slow /= 1 + k->compute_cv * tdm_sim_expected_max(ranks);
   s.rate = k->flops * slow * m->tp; /* each tensor-parallel rank does 1/tp of the model's FLOPs */
   s.orate = k->optim_rate * slow;
   s.overlap = k->cores_per_node == 0 || k->cores_per_node > k->threads * on_node; /* tdm_spare_core */
@@ -279,12 +272,41 @@ tdm_status tdm_sim_step(const tdm_sim_model *cm, const tdm_sim_cluster *k, int r
   out->comm = s.comm;
   out->exposed = out->step - out->compute;
   if (out->exposed < 0) out->exposed = 0;
+  out->bytes = s.bytes;
+  out->buckets = m->has_layout ? m->L.ng : m->has_pl ? m->PL.C : 0;
+  out->algo = s.big_n > 0 ? s.big_algo : TDM_ALGO_AUTO;
+  return TDM_OK;
+}
+
+tdm_status tdm_sim_step(const tdm_sim_model *cm, const tdm_sim_cluster *k, int ranks, tdm_sim_result *out) {
+  if (!cm || !k || !out) return tdm__set_error(TDM_ERR_INVALID_ARG, "simulate: NULL argument");
+  TDM__TRY(tdm_sim_cluster_check(k, "cluster"));
+  tdm_sim_model *m = (tdm_sim_model *)cm; /* the bucket timeline is kept for the tests */
+  int grid = m->tp * m->pp;
+  if (ranks < 1 || ranks % grid)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "simulate: %d ranks; expected a positive multiple of --tp x --pp = %d", ranks, grid);
+  int on_node = ranks < k->ranks_per_node ? ranks : k->ranks_per_node;
+  /* every step synchronises the ranks: it waits for the slowest, cv standard deviations of it per
+   * expected maximum of `ranks` behind the mean */
+  double straggle = k->compute_cv > 0 ? 1 + k->compute_cv * tdm_sim_expected_max(ranks) : 1;
+  /* The cores are shared by the ranks computing at once (the rate was measured with compute_ranks
+   * computing all the time); a rank waiting on its link leaves its core to the others, so on
+   * average ranks x busy compute at once, busy the share of the step a rank computes: found by
+   * iterating from busy = 1 (each pass's compute over its step; it only falls, and settles). */
+  double busy = 1, last_slow = -1;
+  for (int it = 0; it < 100; it++) {
+    double slow = share(k, on_node * busy) / share(k, k->compute_ranks) / straggle;
+    if (slow == last_slow) break; /* no core to share, or settled */
+    TDM__TRY(simulate(m, k, ranks, slow, out));
+    last_slow = slow;
+    double now = out->step > 0 ? out->compute / straggle / out->step : 1;
+    now = now > 1 ? 1 : now;
+    if (fabs(now - busy) < 1e-12) break;
+    busy = now;
+  }
   /* weak scaling: one rank alone (the whole model, no slow-down) against this step, per rank */
   double s1 = share(k, 1) / share(k, k->compute_ranks);
   double one = (double)m->accum * 3 * m->fwd_total / (k->flops * s1) + (double)m->n_params / (k->optim_rate * s1) + k->overhead;
   out->efficiency = one / (grid * out->step);
-  out->bytes = s.bytes;
-  out->buckets = m->has_layout ? m->L.ng : m->has_pl ? m->PL.C : 0;
-  out->algo = s.big_n > 0 ? s.big_algo : TDM_ALGO_AUTO;
   return TDM_OK;
 }

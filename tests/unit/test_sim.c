@@ -258,6 +258,35 @@ static void test_stragglers(void) {
   tdm_sim_model_destroy(m);
 }
 
+/* Ranks sharing cores: the hand-made model's 21 ms of compute was measured with 2 ranks computing
+ * at once on 1 core (half a core each). A rank waiting on its link leaves its core to the other:
+ * with the links slow (alpha 10 ms: three buckets of 20 ms after backward) the ranks compute a
+ * sixth of the step, never at once, each at a whole core's speed: compute 10.5 ms, buckets
+ * [6,26] [26,46] [46,66], the optimizer to 67.5 ms. With alpha 1 ms they compute most of the
+ * time: by hand the step settles where compute / step = busy and compute = 21 busy ms (2 busy
+ * ranks on the core): x = 17/19 of the measured time, the step 19x + 4 = 21 ms. */
+static void test_cores_shared(void) {
+  int64_t params[3] = {100000, 100000, 100000};
+  double fwd[3] = {1e6, 2e6, 3e6};
+  tdm_sim_model *m = NULL;
+  CHECK_OK(tdm_sim_model_custom(&m, 3, params, fwd, 400000, 400000, 0));
+  if (!m) return;
+  tdm_sim_cluster k = flat(10e-3, 0, 0);
+  k.flops = 1e9, k.optim_rate = 1e8, k.overhead = 0, k.cores_per_node = 1, k.compute_ranks = 2;
+  tdm_sim_result r;
+  CHECK_OK(tdm_sim_step(m, &k, 2, &r));
+  CHECK_NEAR(r.compute * 1e3, 10.5, 1e-9);
+  CHECK_NEAR(r.step * 1e3, 67.5, 1e-9);
+  int nb = 0;
+  const double *t = tdm_sim_last_buckets(m, &nb);
+  CHECK(nb == 3 && t && fabs(t[0] * 1e3 - 6) < 1e-9 && fabs(t[5] * 1e3 - 66) < 1e-9);
+  k.intra.alpha = 1e-3;
+  CHECK_OK(tdm_sim_step(m, &k, 2, &r));
+  CHECK_NEAR(r.compute * 1e3, 21.0 * 17 / 19, 1e-6);
+  CHECK_NEAR(r.step * 1e3, 21, 1e-6);
+  tdm_sim_model_destroy(m);
+}
+
 /* A model from the planner's description: the MLP's parameters; GPT mini's FLOPs per token against
  * tdm_plan_gpt_costs (the planner counts a vector 30 C per block, we 65 C: within 1%). */
 static void test_models(void) {
@@ -369,6 +398,6 @@ static void test_bad_input(void) {
   CHECK(tdm_sim_cluster_load(path, &back) == TDM_ERR_IO);
 }
 
-TDM_TEST_MAIN(T(test_closed_forms), T(test_nodes), T(test_cpu_terms), T(test_calibration_fit), T(test_overlap_by_hand), T(test_stragglers),
+TDM_TEST_MAIN(T(test_closed_forms), T(test_nodes), T(test_cpu_terms), T(test_calibration_fit), T(test_overlap_by_hand), T(test_stragglers), T(test_cores_shared),
               T(test_models),
               T(test_bad_input))
