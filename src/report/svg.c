@@ -79,6 +79,14 @@ static void axes(FILE *f, const frame *fr, const char *xlabel, const char *ylabe
   char b[32];
   fprintf(f, "<g class=\"axis y\">");
   int n = tdm__nice_ticks(fr->y0, fr->y1, 6, t);
+  if (fr->logy && n > 1 && t[1] - t[0] < 1) { /* less than a decade a tick: 1, 2, 5 x 10^k, not 10^0.5 */
+    n = 0;
+    for (double e = floor(fr->y0); e <= ceil(fr->y1) && n < 16; e++)
+      for (int j = 0; j < 3 && n < 16; j++) {
+        double v = e + log10((double)(j == 0 ? 1 : j == 1 ? 2 : 5));
+        if (v >= fr->y0 && v <= fr->y1) t[n++] = v;
+      }
+  }
   for (int i = 0; i < n; i++) {
     if (t[i] < fr->y0 - 1e-12 * fabs(fr->y0) || t[i] > fr->y1 + 1e-12 * fabs(fr->y1)) continue;
     double yy = H - MB - (t[i] - fr->y0) / (fr->y1 - fr->y0) * (H - MT - MB);

@@ -311,6 +311,16 @@ static void test_svg_logx(void) {
   CHECK(s && strstr(s, "<figure") && strstr(s, ">1</text>") && strstr(s, ">10</text>") && strstr(s, ">100</text>") && strstr(s, ">1000</text>"));
   CHECK(!strstr(s, ">61</text>"));
   free(s);
+  /* a log y axis over less than a few decades: ticks at 1, 2 and 5 x 10^k */
+  s = NULL;
+  f = open_memstream(&s, &len);
+  double ly[4] = {76, 108, 451, 1557};
+  tdm__series lg = {"ring", x, ly, 4};
+  tdm__svg_lines_opt(f, "T", "ranks", "ms", &lg, 1, TDM__SVG_LOGX | TDM__SVG_LOGY);
+  fclose(f);
+  CHECK(s && strstr(s, ">100</text>") && strstr(s, ">200</text>") && strstr(s, ">500</text>") && strstr(s, ">1000</text>"));
+  CHECK(!strstr(s, ">316</text>"));
+  free(s);
 }
 
 int main(void) {
