@@ -4,11 +4,11 @@
  * Compute runs at the cluster's rate, divided among the tensor-parallel ranks and slowed when a
  * node's ranks x threads exceed its cores. Communication runs on one channel per rank, a
  * collective at a time, in the order the engine issues them, with the algorithms the engines ask
- * for (tdm_sim_engine_algo). The channel runs beside compute, as the engines' communication thread
- * does, when they use one: data parallelism always but over a shared region (shm), which, like
- * ZeRO, uses it only when a core is spare (tandem's rule, tdm_spare_core: cores > threads x ranks
- * on the node); otherwise the training thread runs each collective itself when it is issued, and
- * compute waits (src/parallel/common.c, tdm__inline_comm; src/parallel/dp.c, n_async). */
+ * for (tdm_sim_engine_algo). When a core is spare (tandem's rule, tdm_spare_core: cores > threads x
+ * ranks on the node) the channel runs beside compute, as the engines' communication thread does;
+ * otherwise each collective holds compute up when it is issued: the training thread runs it
+ * (src/parallel/common.c, tdm__inline_comm), or a communication thread that gets a core only when
+ * the scheduler takes one from compute (src/parallel/dp.c over TCP). */
 #include <math.h>
 #include <string.h>
 
@@ -249,11 +249,12 @@ static tdm_status simulate(tdm_sim_model *m, const tdm_sim_cluster *k, int ranks
   } else if (m->stage == 3) {
     units_step(&s, m);
   } else {
-    /* data parallelism hands every bucket to its communication thread, a core spare or not, unless
-     * the gradients live in a shared region (shm, one node, f32 on the wire): then the training
-     * thread averages them itself when no core is spare (src/parallel/dp.c, n_async) */
-    int region = s.kd.shm && s.D <= s.kd.ranks_per_node && m->wire == 4;
-    if (!m->stage && !region) s.overlap = 1;
+    /* data parallelism hands every bucket to its communication thread, a core spare or not (but
+     * over a shared region, where the training thread averages them itself when none is: dp.c,
+     * n_async). With no core spare that thread runs only when the scheduler takes a core from a
+     * training thread, each message waiting for it: as the inline rule has it, the buckets do not
+     * overlap backward (dp.c: "the communication thread could only take turns with backward on
+     * the same core"); the validation's 2 ranks on 2 cores measure it so. */
     s.grads = !m->stage;
     buckets_step(&s, m);
   }
