@@ -237,7 +237,7 @@ static int parse_opts(int argc, char **argv, sim_opts *o) {
       {"reduce-bw", CLI_FLOAT, &o->reduce_bw, "-1", "rate of the reductions, GB/s of data reduced (gamma; -1: the file's, else 10)", NULL, -1, 1e9, 0},
       {"flops", CLI_FLOAT, &o->flops, "-1", "compute rate of one rank, FLOP/s (-1: the file's, else 1e12)", NULL, -1, 1e20, 0},
       {"optimizer-rate", CLI_FLOAT, &o->orate, "-1", "parameters the optimizer updates per second (-1: the file's, else 1e9)", NULL, -1, 1e20, 0},
-      {"allreduce", CLI_CHOICE, &o->algo_s, "auto", "the data axis's all-reduce algorithm (auto: tandem's rule; hier: the hierarchical composition, a what-if)", "auto|ring|rd|rhd|tree|direct|shm|hier", 0, 0, 0},
+      {"allreduce", CLI_CHOICE, &o->algo_s, "auto", "the data axis's all-reduce algorithm (auto: what tandem's engines run, direct or shm on a node, hier across nodes; another: a what-if)", "auto|ring|rd|rhd|tree|direct|shm|hier", 0, 0, 0},
       {"json", CLI_FLAG, &o->json, NULL, "one JSON object per line", NULL, 0, 0, 0},
       {"vary", CLI_STRING, &o->vary, NULL, "a study: predict once per value of another option, OPTION=V1,V2,... (like allreduce=ring,hier or bucket-mb=1,25,100; at most 10)", NULL, 0, 0, 0},
       {"html", CLI_STRING, &o->html, NULL, "write the study as a self-contained HTML page here: step time, efficiency and exposed communication against ranks, a line per configuration", NULL, 0, 0, 0},
