@@ -3,24 +3,47 @@
 #   collectives  every all-reduce algorithm (ring, rd, rhd, tree, direct), 1 KiB - 64 MiB, 2, 3, 4
 #                and 8 ranks over tcp with TANDEM_NET_EMULATE=100us,1gbps: tandem bench measures,
 #                tandem simulate --collectives predicts from a calibration at the same world size
-#   training     data-parallel training of the MLP and GPT mini at 1, 2 and 4 ranks, emulated
-#                100us,1gbps and 100us,10gbps: the median step of tandem train's metrics against
-#                tandem simulate's step, from a calibration at that world size (tandem run -n N
-#                tandem simulate --calibrate: every rank's step measured at once, the links)
-# Errors are |predicted - measured| / measured; mean and max per group, as Calculon reports.
-# usage: bench/sim_validate.sh [collectives|training|all]   (repository root, build/tandem built)
+#   training     data-parallel training of the MLP (200 steps) and GPT mini (40) at 1, 2 and 4
+#                ranks, emulated 100us,1gbps and 100us,10gbps: the median step of tandem train's
+#                metrics against tandem simulate's step, from a calibration at that world size
+#                (tandem run -n N tandem simulate --calibrate: every rank's step measured at once,
+#                the links); ROUNDS times (3), to show how much the same run varies
+# Errors are |predicted - measured| / measured; mean and max per group, as Calculon reports. Each
+# row carries the 1-minute load average when it was measured (the machine is shared).
+# T_BASE=path/to/an-earlier/tandem also predicts every point with that binary from the same
+# calibration (its links the plain alpha-beta fit of the ring exchange, as calibrations before the
+# CPU terms wrote them): the same measurements, two models.
+# usage: bench/sim_validate.sh [collectives|training|all|summary]   (repository root, build/tandem built)
 # Runs under nice; OUT (default /tmp/sim-validate) keeps every file.
 set -u
 T=${T:-$PWD/build/tandem}
+T_BASE=${T_BASE:-}
 OUT=${OUT:-/tmp/sim-validate}
 WHAT=${1:-all}
 mkdir -p "$OUT"
 N() { nice -n 19 "$@"; }
+load() { cut -d' ' -f1 /proc/loadavg; }
+
+base_cluster() { # base_cluster IN OUT: the links as a calibration without CPU terms fitted them
+  /usr/bin/python3 - "$1" "$2" <<'EOF'
+import json, sys
+c = json.load(open(sys.argv[1]))
+for l in ("intra", "inter"):
+    c[l]["alpha"], c[l]["beta"] = c["measured"]["ring"]["alpha"], c["measured"]["ring"]["beta"]
+    for f in ("cpu_alpha", "cpu_beta", "pairwise"): c[l].pop(f, None)
+c.pop("cpu_cores", None)
+json.dump(c, open(sys.argv[2], "w"), indent=1)
+EOF
+}
 
 calibrate() { # calibrate N EMU OUTFILE [BASE]: the links at N ranks over tcp, emulated
   local n=$1 emu=$2 out=$3 base=${4:-}
   TANDEM_TRANSPORT=tcp TANDEM_NET_EMULATE=$emu N timeout 300 "$T" run -n "$n" -- "$T" simulate --calibrate --no-compute \
-    --calibrate-max 4M ${base:+--cluster "$base"} -o "$out" 2>&1 | grep 'link:' | sed 's/^\[rank 0\] //'
+    --calibrate-max 4M ${base:+--cluster "$base"} -o "$out" 2>&1 | grep -E 'link:|cpu:' | sed 's/^\[rank 0\] //'
+}
+
+predict_coll() { # predict_coll BINARY CLUSTER N OUT
+  N "$1" simulate --collectives --cluster "$2" --ranks $3 --min-bytes 1K --max-bytes 64M --json >"$4"
 }
 
 collectives() {
@@ -29,37 +52,68 @@ collectives() {
   for n in 2 3 4 8; do
     for a in ring rd rhd tree direct; do
       # calibrated just before: the machine's load drifts over the minutes a world size takes
-      calibrate $n $emu "$OUT/coll-c$n.json"
-      N "$T" simulate --collectives --cluster "$OUT/coll-c$n.json" --ranks $n --min-bytes 1K --max-bytes 64M --json >"$OUT/coll-p$n.json"
+      calibrate $n $emu "$OUT/coll-c$n-$a.json"
+      predict_coll "$T" "$OUT/coll-c$n-$a.json" $n "$OUT/coll-p$n-$a.json"
+      if [[ -n $T_BASE ]]; then
+        base_cluster "$OUT/coll-c$n-$a.json" "$OUT/coll-b$n-$a.json"
+        predict_coll "$T_BASE" "$OUT/coll-b$n-$a.json" $n "$OUT/coll-q$n-$a.json"
+      else
+        cp "$OUT/coll-p$n-$a.json" "$OUT/coll-q$n-$a.json"
+      fi
+      local l0; l0=$(load)
       TANDEM_TRANSPORT=tcp TANDEM_NET_EMULATE=$emu N timeout 900 "$T" run -n $n -- "$T" bench allreduce -b 1K -e 64M -f 4 \
         -n 3 -w 1 -c 0 -a $a -J "$OUT/coll-m$n-$a.json" >/dev/null 2>&1 || { echo "bench $a at $n ranks failed"; continue; }
-      /usr/bin/python3 - "$OUT/coll-m$n-$a.json" "$OUT/coll-p$n.json" $a $n >>"$OUT/coll.tsv" <<'EOF'
+      /usr/bin/python3 - "$OUT/coll-m$n-$a.json" "$OUT/coll-p$n-$a.json" "$OUT/coll-q$n-$a.json" $a $n "$l0" "$(load)" >>"$OUT/coll.tsv" <<'EOF'
 import json, sys
-pred = {}
-for line in open(sys.argv[2]):
-    r = json.loads(line)
-    if r["algo"] == sys.argv[3]: pred[r["bytes"]] = r["allreduce_s"]
+def preds(path):
+    out = {}
+    for line in open(path):
+        r = json.loads(line)
+        if r["algo"] == sys.argv[4]: out[r["bytes"]] = r["allreduce_s"]
+    return out
+pred, base = preds(sys.argv[2]), preds(sys.argv[3])
+load = max(float(sys.argv[6]), float(sys.argv[7]))
 for r in json.load(open(sys.argv[1])):
-    print("%s\t%s\t%d\t%.6e\t%.6e" % (sys.argv[3], sys.argv[4], r["size"], r["time_us"] * 1e-6, pred[r["size"]]))
+    print("%s\t%s\t%d\t%.6e\t%.6e\t%.6e\t%.2f" % (sys.argv[4], sys.argv[5], r["size"], r["time_us"] * 1e-6, pred[r["size"]], base[r["size"]], load))
 EOF
-      echo "done: $a at $n ranks"
+      echo "done: $a at $n ranks (load $l0 .. $(load))"
     done
   done
-  /usr/bin/python3 - "$OUT/coll.tsv" <<'EOF'
+  coll_summary
+}
+
+coll_summary() { # the tables of docs/PERFORMANCE.md from $OUT/coll.tsv
+  /usr/bin/python3 - "$OUT/coll.tsv" "${T_BASE:+base}" <<'EOF'
 import sys, collections
-rows = [l.split("\t") for l in open(sys.argv[1]) if l.strip()]
-groups = collections.OrderedDict()
-for a, n, size, m, p in rows:
-    e = abs(float(p) - float(m)) / float(m)
-    for key in (a, "ranks %s" % n, "all"):
-        groups.setdefault(key, []).append(e)
-print("| group | points | mean error | max error |\n|---|---:|---:|---:|")
-for k, v in groups.items():
-    print("| %s | %d | %.1f%% | %.1f%% |" % (k, len(v), 100 * sum(v) / len(v), 100 * max(v)))
-print("\n| algo | ranks | bytes | measured | predicted | error |\n|---|---:|---:|---:|---:|---:|")
-for a, n, size, m, p in rows:
-    m, p = float(m), float(p)
-    print("| %s | %s | %s | %.3f ms | %.3f ms | %+.0f%% |" % (a, n, size, m * 1e3, p * 1e3, 100 * (p - m) / m))
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
+has_base = len(sys.argv) > 2 and sys.argv[2] == "base"
+loads = [float(r[6]) for r in rows]
+print("load average (1 minute) during the measurements: %.1f - %.1f" % (min(loads), max(loads)))
+def table(title, keep):
+    groups = collections.OrderedDict()
+    for a, n, size, m, p, b, l in rows:
+        if not keep(int(size)): continue
+        m, p, b = float(m), float(p), float(b)
+        for key in ("all", a, "ranks %s" % n):
+            groups.setdefault(key, []).append((abs(p - m) / m, abs(b - m) / m))
+    print("\n| %s | points | mean error | max error |%s\n|---|---:|---:|---:|%s" % (title, " earlier model: mean | max |" if has_base else "",
+          "---:|---:|" if has_base else ""))
+    for k, v in groups.items():
+        e = [x[0] for x in v]; eb = [x[1] for x in v]
+        print("| %s | %d | %.1f%% | %.1f%% |%s" % (k, len(v), 100 * sum(e) / len(e), 100 * max(e),
+              " %.1f%% | %.1f%% |" % (100 * sum(eb) / len(eb), 100 * max(eb)) if has_base else ""))
+table("group", lambda s: True)
+table("256 KiB - 64 MiB only", lambda s: s >= 262144)
+sizes = [1024, 65536, 1048576, 16777216, 67108864]
+print("\nEach cell: measured / predicted (error)\n\n| algo | ranks | load | " + " | ".join("%g KiB" % (s / 1024) if s < 1048576 else "%g MiB" % (s / 1048576) for s in sizes) + " |")
+print("|---|---:|---:|" + "---:|" * len(sizes))
+cells = collections.OrderedDict()
+for a, n, size, m, p, b, l in rows:
+    cells.setdefault((a, n), {"load": l})[int(size)] = (float(m), float(p))
+def ms(x): return "%.3g" % (x * 1e3)
+for (a, n), c in cells.items():
+    print("| %s | %s | %s | " % (a, n, c["load"]) + " | ".join("%s / %s ms (%+.0f%%)" % (ms(c[s][0]), ms(c[s][1]), 100 * (c[s][1] - c[s][0]) / c[s][0])
+          if s in c else "-" for s in sizes) + " |")
 EOF
 }
 
@@ -70,50 +124,96 @@ v = [json.loads(l)["step_time_ms"] for l in open(sys.argv[1]) if "step_time_ms" 
 print(statistics.median(v) * 1e-3)' "$1"
 }
 
-training() {
+predict_step() { # predict_step BINARY CLUSTER N ARGS...: the simulator's step in seconds
+  local b=$1 c=$2 n=$3; shift 3
+  N "$b" simulate "$@" --cluster "$c" --ranks $n --json | /usr/bin/python3 -c 'import json,sys; print(json.loads(sys.stdin.read())["step_s"])'
+}
+
+train_point() { # train_point MODEL EMU N CLUSTER METRICS LOAD0 ARGS...: one row of train.tsv (ROUND: which round)
+  local model=$1 emu=$2 n=$3 c=$4 mfile=$5 l0=$6; shift 6
+  local m p b
+  m=$(median_step "$mfile")
+  p=$(predict_step "$T" "$c" $n "$@")
+  b=$p
+  if [[ -n $T_BASE ]]; then
+    base_cluster "$c" "${c%.json}-base.json"
+    b=$(predict_step "$T_BASE" "${c%.json}-base.json" $n "$@")
+  fi
+  local l1; l1=$(load)
+  printf '%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n' $model $emu $n "$m" "$p" "$b" "$(/usr/bin/python3 -c "print(max($l0, $l1))")" $ROUND >>"$OUT/train.tsv"
+  echo "done: $model $emu $n: measured $m s, predicted $p s (load $l0 .. $l1)"
+}
+
+training() { # ROUNDS (default 3): the whole set again, so that the table shows how much the same run varies
   : >"$OUT/train.tsv"
-  local MLP=(--model mlp --data synthetic --batch-size 64 --steps 40 --threads 1)
-  local GPT=(--model gpt --batch-size 2 --seq-len 64 --steps 14 --threads 1 --val-every 0 --val-batches 1)
+  for ROUND in $(seq ${ROUNDS:-3}); do
+    echo "round $ROUND"
+    training_round
+  done
+  train_summary
+}
+
+training_round() {
+  # as many steps timed for the compute rate as the runs take: a step of a few milliseconds on a
+  # shared machine varies 2-5x from one step to the next, and only medians of many agree
+  local MLP=(--model mlp --data synthetic --batch-size 64 --steps 200 --threads 1)
+  local GPT=(--model gpt --batch-size 2 --seq-len 64 --steps 40 --threads 1 --val-every 0 --val-batches 1)
   for model in mlp gpt; do
     local -n args=${model^^}
-    local cs=10
-    [[ $model == gpt ]] && cs=6
+    local cs=200
+    [[ $model == gpt ]] && cs=40
     # one rank: the compute measured alone, then the run
+    local l0; l0=$(load)
     N "$T" simulate --calibrate "${args[@]}" --calibrate-steps $cs --calibrate-max 64K -o "$OUT/train-c-$model-1.json" | grep compute
     N "$T" train "${args[@]}" --metrics "$OUT/train-m-$model-1.jsonl" >/dev/null 2>&1
-    local m p
-    m=$(median_step "$OUT/train-m-$model-1.jsonl")
-    p=$(N "$T" simulate "${args[@]}" --cluster "$OUT/train-c-$model-1.json" --ranks 1 --json | /usr/bin/python3 -c 'import json,sys; print(json.loads(sys.stdin.read())["step_s"])')
-    printf '%s\t-\t1\t%s\t%s\n' $model "$m" "$p" >>"$OUT/train.tsv"
-    echo "done: $model 1: measured $m s, predicted $p s"
+    train_point $model - 1 "$OUT/train-c-$model-1.json" "$OUT/train-m-$model-1.jsonl" "$l0" "${args[@]}"
     for emu in 100us,1gbps 100us,10gbps; do
       for n in 2 4; do
         # N ranks: every rank's step measured at once (as they share the cores), the links at N ranks
         local c="$OUT/train-c-$model-$emu-$n.json"
+        l0=$(load)
         TANDEM_TRANSPORT=tcp TANDEM_NET_EMULATE=$emu N timeout 900 "$T" run -n $n -- "$T" simulate --calibrate "${args[@]}" \
-          --calibrate-steps $cs --calibrate-max 4M -o "$c" 2>&1 | grep -E 'compute:|link:' | sed 's/^\[rank 0\] //'
+          --calibrate-steps $cs --calibrate-max 4M -o "$c" 2>&1 | grep -E 'compute:|link:|cpu:' | sed 's/^\[rank 0\] //'
         TANDEM_TRANSPORT=tcp TANDEM_NET_EMULATE=$emu N timeout 900 "$T" run -n $n -- "$T" train "${args[@]}" \
           --metrics "$OUT/train-m-$model-$emu-$n.jsonl" >/dev/null 2>&1 || { echo "train $model $emu $n failed"; continue; }
-        m=$(median_step "$OUT/train-m-$model-$emu-$n.jsonl")
-        p=$(N "$T" simulate "${args[@]}" --cluster "$c" --ranks $n --json | /usr/bin/python3 -c 'import json,sys; print(json.loads(sys.stdin.read())["step_s"])')
-        printf '%s\t%s\t%d\t%s\t%s\n' $model $emu $n "$m" "$p" >>"$OUT/train.tsv"
-        echo "done: $model $emu $n: measured $m s, predicted $p s"
+        train_point $model $emu $n "$c" "$OUT/train-m-$model-$emu-$n.jsonl" "$l0" "${args[@]}"
       done
     done
   done
-  /usr/bin/python3 - "$OUT/train.tsv" <<'EOF'
+}
+
+train_summary() { # the tables of docs/PERFORMANCE.md from $OUT/train.tsv
+  /usr/bin/python3 - "$OUT/train.tsv" "${T_BASE:+base}" <<'EOF'
 import sys
+import collections, statistics
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
-print("| model | network | ranks | measured step | predicted step | error |\n|---|---|---:|---:|---:|---:|")
+has_base = len(sys.argv) > 2 and sys.argv[2] == "base"
+loads = [float(r[6]) for r in rows]
+print("load average (1 minute) during the measurements: %.1f - %.1f\n" % (min(loads), max(loads)))
+print("| round | model | network | ranks | load | measured step | predicted step | error |%s\n|---:|---|---|---:|---:|---:|---:|---:|%s" %
+      (" earlier model |" if has_base else "", "---:|" if has_base else ""))
 errs = {}
-for model, emu, n, m, p in rows:
-    m, p = float(m), float(p)
-    e = (p - m) / m
-    errs.setdefault(model, []).append(abs(e)); errs.setdefault("all", []).append(abs(e))
-    print("| %s | %s | %s | %.1f ms | %.1f ms | %+.0f%% |" % (model, emu, n, m * 1e3, p * 1e3, 100 * e))
-print("\n| group | points | mean error | max error |\n|---|---:|---:|---:|")
+runs = collections.OrderedDict()
+for model, emu, n, m, p, b, l, rnd in rows:
+    m, p, b = float(m), float(p), float(b)
+    e, eb = (p - m) / m, (b - m) / m
+    for k in (model, "all"): errs.setdefault(k, []).append((abs(e), abs(eb)))
+    runs.setdefault((model, emu, n), []).append(m)
+    print("| %s | %s | %s | %s | %s | %.1f ms | %.1f ms | %+.0f%% |%s" % (rnd, model, emu, n, l, m * 1e3, p * 1e3, 100 * e,
+          " %.1f ms (%+.0f%%) |" % (b * 1e3, 100 * eb) if has_base else ""))
+if max(len(v) for v in runs.values()) > 1: # the noise floor: the same run, measured again
+    print("\n| model | network | ranks | measured steps (each round) | spread (max - min) / median |\n|---|---|---:|---|---:|")
+    spreads = []
+    for (model, emu, n), v in runs.items():
+        sp = (max(v) - min(v)) / statistics.median(v); spreads.append(sp)
+        print("| %s | %s | %s | %s | %.0f%% |" % (model, emu, n, ", ".join("%.1f ms" % (x * 1e3) for x in v), 100 * sp))
+    print("| all | | | | mean %.0f%%, max %.0f%% |" % (100 * sum(spreads) / len(spreads), 100 * max(spreads)))
+print("\n| group | points | mean error | max error |%s\n|---|---:|---:|---:|%s" % (" earlier model: mean | max |" if has_base else "",
+      "---:|---:|" if has_base else ""))
 for k, v in errs.items():
-    print("| %s | %d | %.1f%% | %.1f%% |" % (k, len(v), 100 * sum(v) / len(v), 100 * max(v)))
+    e = [x[0] for x in v]; eb = [x[1] for x in v]
+    print("| %s | %d | %.1f%% | %.1f%% |%s" % (k, len(v), 100 * sum(e) / len(e), 100 * max(e),
+          " %.1f%% | %.1f%% |" % (100 * sum(eb) / len(eb), 100 * max(eb)) if has_base else ""))
 EOF
 }
 
@@ -121,5 +221,6 @@ case $WHAT in
 collectives) collectives ;;
 training) training ;;
 all) collectives; training ;;
-*) echo "usage: bench/sim_validate.sh [collectives|training|all]" >&2; exit 2 ;;
+summary) coll_summary; train_summary ;; # the tables again from $OUT's files
+*) echo "usage: bench/sim_validate.sh [collectives|training|all|summary]" >&2; exit 2 ;;
 esac

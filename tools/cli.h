@@ -10,6 +10,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "tandem/status.h"
+
 /* CLI_SIZE: a byte count, int64_t, with an optional K, M, G or T suffix (powers of 1024) and B. */
 typedef enum { CLI_INT, CLI_FLOAT, CLI_STRING, CLI_FLAG, CLI_CHOICE, CLI_SIZE } cli_type;
 
@@ -63,6 +65,9 @@ struct tdm_train_result;
  * own n_extra: parses argv into *c. Returns 0, 1 (--help printed) or 2 (a usage error, printed). */
 int train_options(const char *cmd, const char *usage, int argc, char **argv, struct tdm_train_config *c, int n_extra,
                   const cli_opt *extra);
+/* Writes what render writes to path through a temporary renamed into place (tools/report.c): never
+ * half a page. 0, or 1 with the error printed as "tandem CMD: cannot write PATH: ...". */
+int report_write_page(const char *path, tdm_status (*render)(FILE *, const void *), const void *what, const char *cmd);
 /* tandem train --emulate-ranks N (tools/emulate.c): 0, 1 (a rank failed) or 2 (usage). */
 int emulate_ranks(const struct tdm_train_config *c, int n, const char *slow, struct tdm_train_result *res);
 

@@ -27,7 +27,6 @@
 #include "run.h"
 #include "tandem/tandem.h"
 
-int report_write_page(const char *path, tdm_status (*render)(FILE *, const void *), const void *what, const char *cmd);
 
 #define MAX_SIZES 32
 

@@ -39,10 +39,18 @@
 extern "C" {
 #endif
 
-/* A link: per message alpha (s), per byte beta (s/B); the reduction's gamma (s/B) of the ranks
- * at its ends. */
+/* A link: per message alpha (s), per byte beta (s/B): the time on the wire, which takes no core;
+ * the reduction's gamma (s/B) of the ranks at its ends. The CPU work of moving a message (LogGOP's
+ * o and O): cpu_alpha (s) and cpu_beta (s/B) of one message, its sender's and its receiver's work
+ * together, which runs on the node's cores (tdm_sim_cluster.cpu_cores) and is slowed when more
+ * ranks work at once than there are cores. pairwise: 1 when every pair of ranks has a link of its
+ * own (TANDEM_NET_EMULATE's network: a rank's messages to several peers travel at once), 0 when a
+ * rank's, or a node's, concurrent messages share one link (a NIC). Zero-initialised: the plain
+ * alpha-beta-gamma link. */
 typedef struct tdm_sim_link {
   double alpha, beta, gamma;
+  double cpu_alpha, cpu_beta;
+  int pairwise;
 } tdm_sim_link;
 
 typedef struct tdm_sim_cluster {
@@ -51,13 +59,17 @@ typedef struct tdm_sim_cluster {
   int threads;          /* intra-op threads per rank (compute is slowed when ranks x threads > cores) */
   tdm_sim_link intra, inter;
   int shm;              /* 1: ranks of one node reduce through shared memory (tandem's shm algorithm) */
+  double cpu_cores;     /* the cores a node's ranks get between them for communication's CPU work (measured:
+                           fewer than cores_per_node when other work shares the machine); 0: unlimited */
   double flops;         /* forward and backward FLOP/s of one rank, measured with compute_ranks ranks computing on its node */
   int compute_ranks;    /* >= 1: the rate is scaled by how ranks x threads share cores_per_node here and then */
   double optim_rate;    /* parameter elements per second the optimizer updates */
   double overhead;      /* seconds per step besides (data, zero_grad, bookkeeping) */
+  double compute_cv;    /* the spread of a rank's compute from step to step (a standard deviation over the median, measured);
+                           a step that synchronises N ranks waits for the slowest: 1 + cv E[max of N] (0: none) */
   char compute_model[32]; /* what the compute rate was measured on ("" unknown) */
-  int allreduce_algo;   /* the data axis's all-reduces: TDM_ALGO_AUTO (0: tandem's rule) or a row of the
-                           cost table, such as TDM_SIM_ALGO_HIER (what-if; not in the file) */
+  int allreduce_algo;   /* the data axis's all-reduces: TDM_ALGO_AUTO (0: what tandem's engines run,
+                           tdm_sim_engine_algo) or a row of the cost table (a what-if; not in the file) */
 } tdm_sim_cluster;
 
 /* A cluster of 8-rank nodes: 2 us / 100 GB/s inside a node, 10 us / 12.5 GB/s (100 Gb/s)
@@ -88,6 +100,11 @@ int tdm_sim_algo_parse(const char *name); /* -1 when unknown */
 double tdm_sim_coll_cost(const tdm_sim_cluster *k, int algo, tdm_sim_kind kind, double n, int p);
 /* The algorithm the AUTO rule picks (for printing). */
 int tdm_sim_auto_algo(const tdm_sim_cluster *k, tdm_sim_kind kind, double n, int p);
+/* The algorithm tandem's engines run. They ask for the rank-order algorithms, so that every rank
+ * sums in the same order whatever the strategy (tdm_comm_rank_order_algo): shm on one node over
+ * shared memory, else direct; data parallelism's gradients (grads 1) take the hierarchical
+ * all-reduce on several nodes of several ranks (src/parallel/dp.c, grad_algo). */
+int tdm_sim_engine_algo(const tdm_sim_cluster *k, tdm_sim_kind kind, int p, int grads);
 /* A point-to-point message of n bytes between ranks a and b. */
 double tdm_sim_p2p_cost(const tdm_sim_cluster *k, double n, int a, int b);
 
@@ -112,7 +129,8 @@ tdm_status tdm_sim_model_custom(tdm_sim_model **out, int n, const int64_t *param
 typedef struct tdm_sim_result {
   int ranks, dp, tp, pp;
   double step;          /* seconds per optimizer step */
-  double compute;       /* forward + backward + optimizer + overhead on the critical rank, as if alone */
+  double compute;       /* forward + backward + optimizer + overhead on the critical rank, as if alone (the
+                           slowest of the ranks, when compute_cv says steps vary) */
   double comm;          /* communication busy time per step (all of it) */
   double exposed;       /* step - compute: communication and waits not hidden */
   double efficiency;    /* compute / step: the step of one rank, per rank, over this step */
@@ -120,6 +138,10 @@ typedef struct tdm_sim_result {
   int buckets;          /* groups (buckets, units) */
   int algo;             /* the all-reduce's algorithm for the largest bucket */
 } tdm_sim_result;
+
+/* The expected largest of n independent standard normal samples (0 for n = 1; 1/sqrt(pi) for 2):
+ * how many standard deviations the slowest of n ranks is behind their mean. */
+double tdm_sim_expected_max(int n);
 
 /* One optimizer step on `ranks` ranks in all (dp = ranks / (tp x pp)). */
 tdm_status tdm_sim_step(const tdm_sim_model *m, const tdm_sim_cluster *k, int ranks, tdm_sim_result *out);
@@ -129,17 +151,39 @@ tdm_status tdm_sim_step(const tdm_sim_model *m, const tdm_sim_cluster *k, int ra
 const double *tdm_sim_last_buckets(const tdm_sim_model *m, int *n);
 
 /* ---- calibration --------------------------------------------------------------------------------
- * Fits alpha and beta of a communicator's links from exchanges of 8 B .. max_bytes around the ring
- * of all its ranks (each sends to the next while receiving from the one before, as every step of
- * the algorithms does, so ranks that share cores are measured sharing them, and waiting on each
- * other; the fit minimises the relative error), and gamma from tdm_reduce_local on 4 MiB. Collective over c: every rank
- * calls it; rank 0's *out is the fit (others get it too). pingpong: the one-way time of the
- * smallest message, as a ping-pong measures it. */
-tdm_status tdm_sim_calibrate_link(tdm_comm_t c, size_t max_bytes, tdm_sim_link *out, double *pingpong);
+ * What a calibration of a communicator's links measured, size by size (8 B, 32 B, ... max_bytes):
+ * the mean wall time of an exchange (send n to one rank while receiving n from another) of ranks 0
+ * and 1 alone (pair) and of every rank at once around the ring (ring), and the CPU time a rank's
+ * thread spent per exchange in each (averaged over the ranks that took part). */
+#define TDM_SIM_CALIB_POINTS 16
+typedef struct tdm_sim_calib_points {
+  int m;
+  double n[TDM_SIM_CALIB_POINTS], pair_wall[TDM_SIM_CALIB_POINTS], pair_cpu[TDM_SIM_CALIB_POINTS],
+      ring_wall[TDM_SIM_CALIB_POINTS], ring_cpu[TDM_SIM_CALIB_POINTS];
+} tdm_sim_calib_points;
+
+typedef struct tdm_sim_calibration {
+  tdm_sim_link link;    /* alpha, beta: the pair's wall time less its CPU time (the wire), by least squares on the
+                           relative error; cpu_alpha, cpu_beta: from the CPU times of both exchanges; gamma:
+                           tdm_reduce_local on 4 MiB of f32; pairwise: 0 (not measured: the caller knows the network) */
+  double cpu_cores;     /* the cores the ranks of a node got between them, all busy at once (cores_per_node when
+                           none was short of a core) */
+  double pingpong;      /* the one-way time of 8 B, as a ping-pong measures it */
+  double ring_alpha, ring_beta;   /* the plain alpha-beta fit of the ring exchange's wall time (the model without CPU terms) */
+  double check_mean, check_max;   /* the model's relative error on the ring exchange's wall time, which no fit used */
+  tdm_sim_calib_points points;
+} tdm_sim_calibration;
+
+/* Calibrates c's links: collective over c (every rank calls it; every rank gets rank 0's
+ * measurements and the same fit). ranks_per_node: how many of c's ranks share one machine's cores
+ * (0: all of them). */
+tdm_status tdm_sim_calibrate_link(tdm_comm_t c, size_t max_bytes, int ranks_per_node, tdm_sim_calibration *out);
 /* The compute rate from a measured run: trains `steps` steps of the run c describes on this
  * process alone (metrics to a temporary file), and from the medians of steps 3.. sets k->flops
  * (fwd_bwd_flops, the model's forward + backward FLOPs per step, over the forward and backward
- * time), k->optim_rate (n_params over the optimizer's time) and k->overhead (the rest of the step).
+ * time), k->optim_rate (n_params over the optimizer's time), k->overhead (the rest of the step)
+ * and k->compute_cv (the forward and backward time's spread: half its 16th-84th percentile range
+ * over its median, a normal distribution's standard deviation, robust to a few preempted steps).
  * detail gets a line of what was measured. */
 struct tdm_train_config;
 tdm_status tdm_sim_calibrate_compute(const struct tdm_train_config *c, int steps, double fwd_bwd_flops, int64_t n_params,

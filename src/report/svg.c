@@ -2,6 +2,7 @@
 #include "report/svg.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 enum { W = 640, H = 340, ML = 72, MR = 16, MT = 34, MB = 74 }; /* canvas and margins (px) */
@@ -46,18 +47,24 @@ typedef struct {
   double x0, x1, y0, y1;
   int logy;
   int int_x; /* every x is a whole number (ranks, steps): no ticks between them */
+  int logx;  /* x0, x1 are log10 of the range; xt: the tick positions (data units) */
+  const double *xt;
+  int nxt;
 } frame;
 
-static double px(const frame *fr, double x) { return ML + (x - fr->x0) / (fr->x1 - fr->x0) * (W - ML - MR); }
+static double px(const frame *fr, double x) {
+  if (fr->logx) x = log10(x);
+  return ML + (x - fr->x0) / (fr->x1 - fr->x0) * (W - ML - MR);
+}
 static double py(const frame *fr, double y) {
   if (fr->logy) y = log10(y);
   return H - MB - (y - fr->y0) / (fr->y1 - fr->y0) * (H - MT - MB);
 }
 
-static void open_svg(FILE *f, const char *title) {
-  fprintf(f, "<figure class=\"plot\"><svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 %d %d\" width=\"%d\" height=\"%d\" "
+static void open_svg(FILE *f, const char *title, int bare) {
+  fprintf(f, "%s<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 %d %d\" width=\"%d\" height=\"%d\" "
              "role=\"img\" font-family=\"sans-serif\" font-size=\"12\"><title>",
-          W, H, W, H);
+          bare ? "" : "<figure class=\"plot\">", W, H, W, H);
   tdm__html_text(f, title);
   fprintf(f, "</title><rect x=\"0\" y=\"0\" width=\"%d\" height=\"%d\" fill=\"#fff\"/>"
              "<text class=\"plot-title\" x=\"%d\" y=\"20\" text-anchor=\"middle\" font-size=\"14\" font-weight=\"bold\">",
@@ -72,6 +79,14 @@ static void axes(FILE *f, const frame *fr, const char *xlabel, const char *ylabe
   char b[32];
   fprintf(f, "<g class=\"axis y\">");
   int n = tdm__nice_ticks(fr->y0, fr->y1, 6, t);
+  if (fr->logy && n > 1 && t[1] - t[0] < 1) { /* less than a decade a tick: 1, 2, 5 x 10^k, not 10^0.5 */
+    n = 0;
+    for (double e = floor(fr->y0); e <= ceil(fr->y1) && n < 16; e++)
+      for (int j = 0; j < 3 && n < 16; j++) {
+        double v = e + log10((double)(j == 0 ? 1 : j == 1 ? 2 : 5));
+        if (v >= fr->y0 && v <= fr->y1) t[n++] = v;
+      }
+  }
   for (int i = 0; i < n; i++) {
     if (t[i] < fr->y0 - 1e-12 * fabs(fr->y0) || t[i] > fr->y1 + 1e-12 * fabs(fr->y1)) continue;
     double yy = H - MB - (t[i] - fr->y0) / (fr->y1 - fr->y0) * (H - MT - MB);
@@ -89,6 +104,14 @@ static void axes(FILE *f, const frame *fr, const char *xlabel, const char *ylabe
       fprintf(f, "<text class=\"tick\" x=\"%.1f\" y=\"%d\" text-anchor=\"middle\" font-size=\"%d\">", ML + w * (i + 0.5), H - MB + 16, ncat > 6 ? 10 : 12);
       tdm__html_text(f, xcats[i]);
       fprintf(f, "</text>");
+    }
+  } else if (fr->logx) { /* the given positions, in data units */
+    for (int i = 0; i < fr->nxt; i++) {
+      fmt_num(b, sizeof b, fr->xt[i]);
+      double x = px(fr, fr->xt[i]);
+      fprintf(f, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%d\" y2=\"%d\" stroke=\"#333\"/><text class=\"tick\" x=\"%.1f\" y=\"%d\" "
+                 "text-anchor=\"middle\">%s</text>",
+              x, x, H - MB, H - MB + 5, x, H - MB + 18, b);
     }
   } else {
     n = tdm__nice_ticks(fr->x0, fr->x1, 8, t);
@@ -130,25 +153,56 @@ static void no_data(FILE *f) {
   fprintf(f, "<text class=\"no-data\" x=\"%d\" y=\"%d\" text-anchor=\"middle\" fill=\"#888\">no data</text>", W / 2, H / 2);
 }
 
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
 void tdm__svg_lines(FILE *f, const char *title, const char *xlabel, const char *ylabel, const tdm__series *s, int ns, int logy) {
-  frame fr = {INFINITY, -INFINITY, INFINITY, -INFINITY, logy, 1};
+  tdm__svg_lines_opt(f, title, xlabel, ylabel, s, ns, logy ? TDM__SVG_LOGY : 0);
+}
+
+void tdm__svg_lines_opt(FILE *f, const char *title, const char *xlabel, const char *ylabel, const tdm__series *s, int ns, int flags) {
+  int logx = (flags & TDM__SVG_LOGX) != 0, logy = (flags & TDM__SVG_LOGY) != 0, bare = (flags & TDM__SVG_BARE) != 0;
+  frame fr = {INFINITY, -INFINITY, INFINITY, -INFINITY, logy, 1, logx, NULL, 0};
+#define OK_AT(k, j) (isfinite(s[k].x[j]) && isfinite(s[k].y[j]) && (!logy || s[k].y[j] > 0) && (!logx || s[k].x[j] > 0))
+  double xt[13];
+  int nxt = 0;
   for (int k = 0; k < ns; k++)
     for (int i = 0; i < s[k].n; i++) {
+      if (!OK_AT(k, i)) continue;
       double x = s[k].x[i], y = s[k].y[i];
-      if (!isfinite(x) || !isfinite(y) || (logy && !(y > 0))) continue;
       if (logy) y = log10(y);
+      if (logx) { /* the distinct x values, the first 13 */
+        int seen = 0;
+        for (int j = 0; j < nxt; j++) seen |= xt[j] == x;
+        if (!seen && nxt < 13) xt[nxt++] = x;
+        x = log10(x);
+      }
       fr.int_x &= x == floor(x);
       fr.x0 = fmin(fr.x0, x), fr.x1 = fmax(fr.x1, x), fr.y0 = fmin(fr.y0, y), fr.y1 = fmax(fr.y1, y);
     }
-  open_svg(f, title);
+  open_svg(f, title, bare);
   if (!(fr.x0 <= fr.x1)) {
-    fr = (frame){0, 1, 0, 1, 0, 0};
+    fr = (frame){0, 1, 0, 1, 0, 0, 0, NULL, 0};
     axes(f, &fr, xlabel, ylabel, NULL, 0);
     no_data(f);
-    fprintf(f, "</svg></figure>\n");
+    fprintf(f, "</svg>%s\n", bare ? "" : "</figure>");
     return;
   }
+  if (logx) { /* ticks: the data's x values when few, else the powers of 10 in the range */
+    if (nxt > 12) {
+      nxt = 0;
+      for (double e = ceil(fr.x0 - 1e-9); e <= fr.x1 + 1e-9 && nxt < 13; e++) xt[nxt++] = pow(10, e);
+    }
+    qsort(xt, (size_t)nxt, sizeof *xt, cmp_double);
+    fr.xt = xt, fr.nxt = nxt;
+  }
   if (fr.x1 == fr.x0) fr.x0 -= 0.5, fr.x1 += 0.5;
+  if (logx) { /* a margin so that the first and last points are not on the frame */
+    double m = (fr.x1 - fr.x0) * 0.03;
+    fr.x0 -= m, fr.x1 += m;
+  }
   double pad = (fr.y1 - fr.y0) * 0.05;
   if (pad == 0) pad = fr.y0 != 0 ? fabs(fr.y0) * 0.1 : 1;
   fr.y0 -= pad, fr.y1 += pad;
@@ -160,14 +214,12 @@ void tdm__svg_lines(FILE *f, const char *title, const char *xlabel, const char *
     fprintf(f, "\">");
     int pts = 0;
     for (int i = 0; i < s[k].n;) { /* runs of drawable points: a line each, a lone point as a dot */
-#define OK_AT(j) (isfinite(s[k].x[j]) && isfinite(s[k].y[j]) && (!logy || s[k].y[j] > 0))
-      if (!OK_AT(i)) {
+      if (!OK_AT(k, i)) {
         i++;
         continue;
       }
       int j = i;
-      while (j < s[k].n && OK_AT(j)) j++;
-#undef OK_AT
+      while (j < s[k].n && OK_AT(k, j)) j++;
       if (j - i == 1) {
         fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>", px(&fr, s[k].x[i]), py(&fr, s[k].y[i]), palette[k % NPAL]);
       } else {
@@ -178,14 +230,15 @@ void tdm__svg_lines(FILE *f, const char *title, const char *xlabel, const char *
       pts += j - i;
       i = j;
     }
-    if (pts > 1 && pts <= 3) /* a line of a few points: show the points themselves too */
+    if (pts > 1 && (pts <= 3 || logx)) /* a line of a few points, or at chosen x values: show the points themselves too */
       for (int i = 0; i < s[k].n; i++)
-        if (isfinite(s[k].x[i]) && isfinite(s[k].y[i]) && (!logy || s[k].y[i] > 0))
+        if (OK_AT(k, i))
           fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>", px(&fr, s[k].x[i]), py(&fr, s[k].y[i]), palette[k % NPAL]);
     fprintf(f, "</g>\n");
   }
+#undef OK_AT
   legend(f, s, ns, 0);
-  fprintf(f, "</svg></figure>\n");
+  fprintf(f, "</svg>%s\n", bare ? "" : "</figure>");
 }
 
 void tdm__svg_bars(FILE *f, const char *title, const char *xlabel, const char *ylabel, const char *const *cats, int ncat,
@@ -200,8 +253,8 @@ void tdm__svg_bars(FILE *f, const char *title, const char *xlabel, const char *y
     }
     if (stacked) hi = fmax(hi, pos);
   }
-  open_svg(f, title);
-  frame fr = {0, 1, lo, hi > lo ? hi * 1.05 : 1, 0, 0};
+  open_svg(f, title, 0);
+  frame fr = {0, 1, lo, hi > lo ? hi * 1.05 : 1, 0, 0, 0, NULL, 0};
   axes(f, &fr, xlabel, ylabel, cats, ncat > 0 ? ncat : 1);
   if (ncat < 1 || ns < 1) no_data(f);
   double cw = (double)(W - ML - MR) / (ncat > 0 ? ncat : 1), bw = stacked ? cw * 0.6 : cw * 0.8 / (ns > 0 ? ns : 1);

@@ -23,6 +23,12 @@ typedef struct {
 /* Line plot of ns series; logy: a log10 y axis (values <= 0 skipped). */
 void tdm__svg_lines(FILE *f, const char *title, const char *xlabel, const char *ylabel, const tdm__series *s, int ns, int logy);
 
+/* The same with options (TDM__SVG_* or-ed): LOGX a log10 x axis (values <= 0 skipped; ticks at the
+ * data's x values when they are 12 or fewer, else at powers of 10), LOGY as logy above, BARE the
+ * <svg> element alone, without the HTML <figure> around it (a standalone .svg file's content). */
+enum { TDM__SVG_LOGX = 1, TDM__SVG_LOGY = 2, TDM__SVG_BARE = 4 };
+void tdm__svg_lines_opt(FILE *f, const char *title, const char *xlabel, const char *ylabel, const tdm__series *s, int ns, int flags);
+
 /* Bar chart: ncat categories along x, one bar per series in each (grouped) or the series piled
  * up (stacked). */
 void tdm__svg_bars(FILE *f, const char *title, const char *xlabel, const char *ylabel, const char *const *cats, int ncat,

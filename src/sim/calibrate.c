@@ -1,11 +1,15 @@
-/* Calibration: alpha and beta of a communicator's links from timed exchanges, gamma from the
- * reduction kernel the algorithms use, and the all-reduce measurements the validation compares
- * the costs with. */
+/* Calibration: a communicator's links from timed exchanges (the wire from a pair's wall time less
+ * its CPU time, the CPU work of a message from every rank's CPU time, the cores the ranks get
+ * from a busy loop on all of them at once), gamma from the reduction kernel the algorithms use,
+ * and the all-reduce measurements the validation compares the costs with. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "core/internal.h"
-#include "tandem/sim.h"
+#include "sim/sim_impl.h"
 
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
@@ -16,27 +20,87 @@ static double median(double *v, int n) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* Every rank sends n bytes to the next rank around the ring while it receives n from the one
- * before, all at once, as every step of the algorithms runs, so that ranks sharing cores and
- * links (and waiting on each other) are measured as they will run; iters times, rank 0's mean. */
-static tdm_status exchange(tdm_comm_t c, char *s, char *r, size_t n, int iters, double *out) {
+static double cpu_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* One exchange of n bytes, iters times, as every step of the algorithms runs: ring (all ranks at
+ * once) each rank sends to the next while it receives from the one before, so ranks that share
+ * cores and links (and wait on each other) are measured as they will run; pair: ranks 0 and 1
+ * exchange with each other while the rest wait. wall: the mean time of an exchange (as tandem bench
+ * reports: a loaded machine's stalls are part of the cost), cpu: the CPU time of this rank's thread
+ * per exchange (its share of sending and receiving one message). Ranks outside the pair return 0s. */
+static tdm_status exchange(tdm_comm_t c, char *s, char *r, size_t n, int iters, int pair, double *wall, double *cpu) {
   int me = tdm_comm_rank(c), P = tdm_comm_size(c);
-  double t[64];
-  if (iters > 64) iters = 64;
+  *wall = *cpu = 0;
+  if (pair && me > 1) return TDM_OK;
+  int to = pair ? 1 - me : (me + 1) % P, from = pair ? 1 - me : (me + P - 1) % P;
+  double w = 0, u = 0;
   for (int i = -2; i < iters; i++) {
-    double t0 = tdm_time_now();
-    TDM__TRY(tdm_comm_sendrecv(c, (me + 1) % P, s, n, (me + P - 1) % P, r, n, 5));
-    if (i >= 0) t[i] = tdm_time_now() - t0;
+    double t0 = tdm_time_now(), c0 = cpu_now();
+    TDM__TRY(tdm_comm_sendrecv(c, to, s, n, from, r, n, 5));
+    if (i >= 0) w += tdm_time_now() - t0, u += cpu_now() - c0;
   }
-  double sum = 0; /* the mean, as tandem bench reports: a loaded machine's stalls are part of the cost */
-  for (int i = 0; i < iters; i++) sum += t[i];
-  *out = sum / iters;
+  *wall = w / iters, *cpu = u / iters;
   return TDM_OK;
 }
 
-tdm_status tdm_sim_calibrate_link(tdm_comm_t c, size_t max_bytes, tdm_sim_link *out, double *pingpong) {
+/* The cores the ranks get between them when all are busy at once: every rank reduces a small
+ * buffer for 60 ms of wall time, its CPU time over the wall time is the share of a core it got. */
+static double busy_share(float *a, float *b, size_t n) {
+  double t0 = tdm_time_now(), c0 = cpu_now(), t;
+  do tdm_reduce_local(a, b, n, TDM_F32, TDM_SUM);
+  while ((t = tdm_time_now() - t0) < 0.06);
+  return (cpu_now() - c0) / t;
+}
+
+/* Weighted least squares of y = a + n b with weights 1/y^2 (the relative error), a and b >= 0. */
+static void fit(const double *n, const double *y, int m, double *a, double *b) {
+  double sw = 0, swn = 0, swnn = 0, swt = 0, swnt = 0;
+  for (int i = 0; i < m; i++) {
+    if (!(y[i] > 0)) continue;
+    double w = 1 / (y[i] * y[i]);
+    sw += w, swn += w * n[i], swnn += w * n[i] * n[i], swt += w * y[i], swnt += w * n[i] * y[i];
+  }
+  double det = sw * swnn - swn * swn;
+  *a = det != 0 ? (swt * swnn - swn * swnt) / det : 0;
+  *b = det != 0 ? (sw * swnt - swn * swt) / det : 0;
+  if (*a < 0) *a = 0;
+  if (*b < 0) *b = 0;
+}
+
+tdm_status tdm__sim_fit_link(const tdm_sim_calib_points *pt, int ranks, int ranks_per_node, tdm_sim_calibration *out) {
+  if (!pt || !out || pt->m < 2 || pt->m > TDM_SIM_CALIB_POINTS || ranks < 2)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "calibrate: %d sizes measured over %d ranks; expected 2..%d sizes and 2 or more ranks",
+                          pt ? pt->m : 0, ranks, TDM_SIM_CALIB_POINTS);
+  double wire[TDM_SIM_CALIB_POINTS], n2[2 * TDM_SIM_CALIB_POINTS], c2[2 * TDM_SIM_CALIB_POINTS];
+  for (int i = 0; i < pt->m; i++) {
+    wire[i] = pt->pair_wall[i] - pt->pair_cpu[i]; /* what the pair waited for: the wire */
+    n2[2 * i] = n2[2 * i + 1] = pt->n[i], c2[2 * i] = pt->pair_cpu[i], c2[2 * i + 1] = pt->ring_cpu[i];
+  }
+  tdm_sim_link *l = &out->link;
+  fit(pt->n, wire, pt->m, &l->alpha, &l->beta);
+  fit(n2, c2, 2 * pt->m, &l->cpu_alpha, &l->cpu_beta);
+  fit(pt->n, pt->ring_wall, pt->m, &out->ring_alpha, &out->ring_beta);
+  /* the model against the ring exchange, which none of the fits above used for its wall time */
+  int active = ranks_per_node > 0 && ranks_per_node < ranks ? ranks_per_node : ranks;
+  double sum = 0, most = 0;
+  for (int i = 0; i < pt->m; i++) {
+    double cpu = l->cpu_alpha + pt->n[i] * l->cpu_beta, t = l->alpha + pt->n[i] * l->beta + cpu;
+    if (out->cpu_cores > 0 && active * cpu / out->cpu_cores > t) t = active * cpu / out->cpu_cores;
+    double e = pt->ring_wall[i] > 0 ? fabs(t - pt->ring_wall[i]) / pt->ring_wall[i] : 0;
+    sum += e, most = e > most ? e : most;
+  }
+  out->check_mean = sum / pt->m, out->check_max = most;
+  return TDM_OK;
+}
+
+tdm_status tdm_sim_calibrate_link(tdm_comm_t c, size_t max_bytes, int ranks_per_node, tdm_sim_calibration *out) {
   if (!c || !out) return tdm__set_error(TDM_ERR_INVALID_ARG, "calibrate: NULL argument");
-  if (tdm_comm_size(c) < 2) return tdm__set_error(TDM_ERR_INVALID_ARG, "calibrate: %d rank; expected 2 or more", tdm_comm_size(c));
+  int P = tdm_comm_size(c);
+  if (P < 2) return tdm__set_error(TDM_ERR_INVALID_ARG, "calibrate: %d rank; expected 2 or more", P);
   if (max_bytes < 4096) max_bytes = 4096;
   char *s = tdm__malloc(max_bytes), *r = tdm__malloc(max_bytes);
   if (!s || !r) {
@@ -44,24 +108,33 @@ tdm_status tdm_sim_calibrate_link(tdm_comm_t c, size_t max_bytes, tdm_sim_link *
     return tdm__set_error(TDM_ERR_NO_MEMORY, "calibrate: out of memory");
   }
   memset(s, 1, max_bytes);
-  int me = tdm_comm_rank(c);
-  double sw = 0, swn = 0, swnn = 0, swt = 0, swnt = 0, res[4] = {0, 0, 0, 0};
+  int me = tdm_comm_rank(c), local = ranks_per_node > 0 && ranks_per_node < P ? ranks_per_node : P;
+  tdm_sim_calib_points pt;
+  memset(&pt, 0, sizeof pt);
   tdm_status st = tdm_comm_barrier(c);
-  for (size_t n = 8; st == TDM_OK && n <= max_bytes; n *= 4) {
-    double t;
-    st = exchange(c, s, r, n, n <= 65536 ? 40 : n <= 1048576 ? 15 : 7, &t);
-    if (st == TDM_OK && me == 0 && t > 0) { /* weighted least squares on t = alpha + n beta, weight 1/t^2 */
-      double w = 1 / (t * t), x = (double)n;
-      sw += w, swn += w * x, swnn += w * x * x, swt += w * t, swnt += w * x * t;
-    }
+  for (size_t n = 8; st == TDM_OK && n <= max_bytes && pt.m < TDM_SIM_CALIB_POINTS; n *= 4) {
+    int iters = n <= 65536 ? 40 : n <= 1048576 ? 15 : 7, i = pt.m;
+    double v[4] = {0, 0, 0, 0};
+    st = exchange(c, s, r, n, iters, 1, &v[0], &v[1]);
+    if (st == TDM_OK) st = tdm_comm_barrier(c);
+    if (st == TDM_OK) st = exchange(c, s, r, n, iters, 0, &v[2], &v[3]);
+    /* rank 0's wall times; the CPU times averaged over the ranks that took part */
+    double sums[2] = {v[1], v[3]};
+    if (st == TDM_OK) st = tdm_comm_allreduce(c, sums, sums, 2, TDM_F64, TDM_SUM, TDM_ALGO_AUTO);
+    pt.n[i] = (double)n, pt.pair_wall[i] = v[0], pt.pair_cpu[i] = sums[0] / 2, pt.ring_wall[i] = v[2], pt.ring_cpu[i] = sums[1] / P;
+    pt.m++;
   }
-  if (st == TDM_OK && me == 0) {
-    double det = sw * swnn - swn * swn;
-    res[0] = det != 0 ? (swt * swnn - swn * swnt) / det : 0;
-    res[1] = det != 0 ? (sw * swnt - swn * swt) / det : 0;
-    if (res[0] < 0) res[0] = 0;
-    if (res[1] < 0) res[1] = 0;
-    /* gamma: the reduction of 4 MiB of f32 into 4 MiB, as the algorithms reduce a received block */
+  /* the cores: every rank busy at once; a rank that got less than 90% of a core was short of them */
+  double share[2] = {0, 0};
+  if (st == TDM_OK) st = tdm_comm_barrier(c);
+  if (st == TDM_OK) share[0] = busy_share((float *)r, (float *)s, 1024), share[1] = -share[0];
+  if (st == TDM_OK) st = tdm_comm_allreduce(c, share, share, 1, TDM_F64, TDM_SUM, TDM_ALGO_AUTO);
+  if (st == TDM_OK) st = tdm_comm_allreduce(c, share + 1, share + 1, 1, TDM_F64, TDM_MAX, TDM_ALGO_AUTO);
+  long hw = sysconf(_SC_NPROCESSORS_ONLN);
+  double got = share[0] * local / P, least = -share[1];
+  out->cpu_cores = least >= 0.9 && hw > got ? (double)hw : got;
+  double res[4] = {0, 0, 0, 0};
+  if (st == TDM_OK && me == 0) { /* gamma: the reduction of 4 MiB of f32 into 4 MiB, as the algorithms reduce a received block */
     size_t nf = (max_bytes < (4u << 20) ? max_bytes : (4u << 20)) / 4;
     double g[9];
     for (int i = -1; i < 9; i++) {
@@ -69,7 +142,7 @@ tdm_status tdm_sim_calibrate_link(tdm_comm_t c, size_t max_bytes, tdm_sim_link *
       tdm_reduce_local(r, s, nf, TDM_F32, TDM_SUM);
       if (i >= 0) g[i] = (tdm_time_now() - t0) / (double)(nf * 4);
     }
-    res[2] = median(g, 9);
+    res[0] = median(g, 9);
   }
   /* ping-pong: rank 0 sends 8 bytes, rank 1 answers; half the round trip */
   double pp[31];
@@ -84,12 +157,27 @@ tdm_status tdm_sim_calibrate_link(tdm_comm_t c, size_t max_bytes, tdm_sim_link *
     }
     if (i >= 0) pp[i] = (tdm_time_now() - t0) / 2;
   }
-  if (st == TDM_OK && me == 0) res[3] = median(pp, 31);
-  if (st == TDM_OK) st = tdm_comm_broadcast(c, res, 4, TDM_F64, 0, TDM_ALGO_AUTO);
+  if (st == TDM_OK && me == 0) res[1] = median(pp, 31);
+  /* rank 0's measurements for everyone */
+  double *all = tdm__malloc(sizeof(double) * (2 + 5 * TDM_SIM_CALIB_POINTS));
+  if (st == TDM_OK && !all) st = tdm__set_error(TDM_ERR_NO_MEMORY, "calibrate: out of memory");
+  if (st == TDM_OK) {
+    all[0] = res[0], all[1] = res[1];
+    memcpy(all + 2, &pt.n, sizeof(double) * 5 * TDM_SIM_CALIB_POINTS);
+    st = tdm_comm_broadcast(c, all, 2 + 5 * TDM_SIM_CALIB_POINTS, TDM_F64, 0, TDM_ALGO_AUTO);
+    memcpy(&pt.n, all + 2, sizeof(double) * 5 * TDM_SIM_CALIB_POINTS);
+  }
   tdm__free(s), tdm__free(r);
-  TDM__TRY(st);
-  out->alpha = res[0], out->beta = res[1], out->gamma = res[2];
-  if (pingpong) *pingpong = res[3];
+  if (st != TDM_OK) {
+    tdm__free(all);
+    return st;
+  }
+  double cores = out->cpu_cores;
+  memset(out, 0, sizeof *out);
+  out->cpu_cores = cores, out->pingpong = all[1], out->points = pt;
+  tdm__free(all);
+  TDM__TRY(tdm__sim_fit_link(&pt, P, local, out));
+  out->link.gamma = res[0] > 0 ? res[0] : 0;
   return TDM_OK;
 }
 

@@ -57,9 +57,13 @@ tdm_status tdm_sim_calibrate_compute(const tdm_train_config *cfg, int steps, dou
   k->flops = fwd_bwd_flops / tfb;
   k->optim_rate = top > 0 ? (double)n_params / top : 1e12;
   k->overhead = tall - tfb - top > 0 ? tall - tfb - top : 0;
+  /* the spread, robustly: half the 16th-84th percentile range (one standard deviation of a normal
+   * distribution) over the median; a shared machine's few steps preempted for tens of
+   * milliseconds would make a standard deviation of them */
+  k->compute_cv = (fb[(int)(0.84 * (m - 1))] - fb[(int)(0.16 * (m - 1))]) / 2 / fb[m / 2];
   snprintf(k->compute_model, sizeof k->compute_model, "%s", cfg->model ? cfg->model : "?");
   if (detail)
-    snprintf(detail, n, "compute: %s, median of %d steps: forward+backward %.3f ms (%.3g FLOP/s), optimizer %.3f ms, step %.3f ms",
-             k->compute_model, m, tfb * 1e3, k->flops, top * 1e3, tall * 1e3);
+    snprintf(detail, n, "compute: %s, median of %d steps: forward+backward %.3f ms (%.3g FLOP/s, spread %.2f), optimizer %.3f ms, step %.3f ms",
+             k->compute_model, m, tfb * 1e3, k->flops, k->compute_cv, top * 1e3, tall * 1e3);
   return TDM_OK;
 }

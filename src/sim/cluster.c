@@ -15,8 +15,8 @@ void tdm_sim_cluster_default(tdm_sim_cluster *k) {
   k->cores_per_node = 0;
   k->threads = 1;
   k->compute_ranks = 1;
-  k->intra = (tdm_sim_link){2e-6, 1.0 / 100e9, 1.0 / 10e9};
-  k->inter = (tdm_sim_link){10e-6, 1.0 / 12.5e9, 1.0 / 10e9};
+  k->intra = (tdm_sim_link){.alpha = 2e-6, .beta = 1.0 / 100e9, .gamma = 1.0 / 10e9};
+  k->inter = (tdm_sim_link){.alpha = 10e-6, .beta = 1.0 / 12.5e9, .gamma = 1.0 / 10e9};
   k->shm = 0;
   k->flops = 1e12;
   k->optim_rate = 1e9;
@@ -38,19 +38,25 @@ tdm_status tdm_sim_cluster_check(const tdm_sim_cluster *k, const char *where) {
   const char *ln[2] = {"intra", "inter"};
   char f[64];
   for (int i = 0; i < 2; i++) {
-    const double v[3] = {l[i]->alpha, l[i]->beta, l[i]->gamma};
-    const char *vn[3] = {"alpha", "beta", "gamma"};
-    for (int j = 0; j < 3; j++)
+    const double v[5] = {l[i]->alpha, l[i]->beta, l[i]->gamma, l[i]->cpu_alpha, l[i]->cpu_beta};
+    const char *vn[5] = {"alpha", "beta", "gamma", "cpu_alpha", "cpu_beta"};
+    for (int j = 0; j < 5; j++)
       if (!(v[j] >= 0) || !isfinite(v[j])) {
         snprintf(f, sizeof f, "%s.%s", ln[i], vn[j]);
-        return bad(where, f, v[j], "a finite number >= 0 (seconds, per byte for beta and gamma)");
+        return bad(where, f, v[j], "a finite number >= 0 (seconds, per byte for beta, gamma and cpu_beta)");
       }
+    if (l[i]->pairwise != 0 && l[i]->pairwise != 1) {
+      snprintf(f, sizeof f, "%s.pairwise", ln[i]);
+      return bad(where, f, l[i]->pairwise, "0 (a rank's messages share its link) or 1 (a link per pair of ranks)");
+    }
   }
+  if (!(k->cpu_cores >= 0) || !isfinite(k->cpu_cores)) return bad(where, "cpu_cores", k->cpu_cores, "a finite number >= 0 (0: unlimited)");
   if (k->allreduce_algo < 0 || k->allreduce_algo >= TDM_SIM_ALGO_COUNT || k->allreduce_algo == TDM_ALGO_CHAIN)
     return bad(where, "the all-reduce algorithm", k->allreduce_algo, "one of the table's rows that all-reduce");
   if (!(k->flops > 0) || !isfinite(k->flops)) return bad(where, "compute.flops", k->flops, "FLOP/s > 0");
   if (!(k->optim_rate > 0) || !isfinite(k->optim_rate)) return bad(where, "compute.optimizer", k->optim_rate, "elements/s > 0");
   if (!(k->overhead >= 0) || !isfinite(k->overhead)) return bad(where, "compute.overhead", k->overhead, "seconds >= 0");
+  if (!(k->compute_cv >= 0) || !isfinite(k->compute_cv)) return bad(where, "compute.cv", k->compute_cv, "a spread >= 0 (0: steps do not vary)");
   return TDM_OK;
 }
 
@@ -67,6 +73,28 @@ static tdm_status object(const tdm_json *root, const char *path, const char *key
   *out = tdm__json_get(root, key);
   if (!*out) return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: the object \"%s\" is missing", path, key);
   if ((*out)->type != TDM_JSON_OBJ) return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: \"%s\" is not an object", path, key);
+  return TDM_OK;
+}
+/* A field that files written before it existed lack: def when absent, else as num(). */
+static tdm_status optional(const tdm_json *o, const char *path, const char *obj, const char *key, double def, double *out) {
+  if (!o || !tdm__json_get(o, key)) {
+    *out = def;
+    return TDM_OK;
+  }
+  return num(o, path, obj, key, out);
+}
+/* A link's fields: alpha, beta, gamma required; the CPU part and pairwise optional (0: the plain
+ * alpha-beta-gamma link of files calibrated before them). */
+static tdm_status link(const tdm_json *o, const char *path, const char *name, tdm_sim_link *l) {
+  double pw = 0;
+  TDM__TRY(num(o, path, name, "alpha", &l->alpha));
+  TDM__TRY(num(o, path, name, "beta", &l->beta));
+  TDM__TRY(num(o, path, name, "gamma", &l->gamma));
+  TDM__TRY(optional(o, path, name, "cpu_alpha", 0, &l->cpu_alpha));
+  TDM__TRY(optional(o, path, name, "cpu_beta", 0, &l->cpu_beta));
+  TDM__TRY(optional(o, path, name, "pairwise", 0, &pw));
+  if (pw != 0 && pw != 1) return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: %s.pairwise is %g; expected 0 or 1", path, name, pw);
+  l->pairwise = (int)pw;
   return TDM_OK;
 }
 static tdm_status integer(const tdm_json *o, const char *path, const char *key, int *out) {
@@ -111,13 +139,10 @@ tdm_status tdm_sim_cluster_load(const char *path, tdm_sim_cluster *k) {
   if (st == TDM_OK) st = integer(j, path, "threads", &c.threads);
   if (st == TDM_OK) st = num(j, path, "", "shm", &shm);
   if (st == TDM_OK) st = object(j, path, "intra", &intra);
-  if (st == TDM_OK) st = num(intra, path, "intra", "alpha", &c.intra.alpha);
-  if (st == TDM_OK) st = num(intra, path, "intra", "beta", &c.intra.beta);
-  if (st == TDM_OK) st = num(intra, path, "intra", "gamma", &c.intra.gamma);
+  if (st == TDM_OK) st = link(intra, path, "intra", &c.intra);
   if (st == TDM_OK) st = object(j, path, "inter", &inter);
-  if (st == TDM_OK) st = num(inter, path, "inter", "alpha", &c.inter.alpha);
-  if (st == TDM_OK) st = num(inter, path, "inter", "beta", &c.inter.beta);
-  if (st == TDM_OK) st = num(inter, path, "inter", "gamma", &c.inter.gamma);
+  if (st == TDM_OK) st = link(inter, path, "inter", &c.inter);
+  if (st == TDM_OK) st = optional(j, path, "", "cpu_cores", c.cores_per_node, &c.cpu_cores);
   if (st == TDM_OK) st = object(j, path, "compute", &comp);
   if (st == TDM_OK) st = num(comp, path, "compute", "flops", &c.flops);
   if (st == TDM_OK) st = num(comp, path, "compute", "optimizer", &c.optim_rate);
@@ -127,6 +152,7 @@ tdm_status tdm_sim_cluster_load(const char *path, tdm_sim_cluster *k) {
   if (st == TDM_OK && (cr != (int)cr || cr < 1 || cr > 1e6))
     st = tdm__set_error(TDM_ERR_INVALID_ARG, "%s: compute.ranks is %g; expected an integer >= 1", path, cr);
   c.compute_ranks = (int)cr;
+  if (st == TDM_OK) st = optional(comp, path, "compute", "cv", 0, &c.compute_cv);
   if (st == TDM_OK) {
     const tdm_json *m = tdm__json_get(comp, "model");
     if (m && m->type == TDM_JSON_STR) snprintf(c.compute_model, sizeof c.compute_model, "%s", m->str);
@@ -148,10 +174,13 @@ tdm_status tdm_sim_cluster_save(const char *path, const tdm_sim_cluster *k, cons
   if (!f) return tdm__set_error(TDM_ERR_IO, "cluster file %s: %s", tmp, strerror(errno));
   fprintf(f, "{\n  \"ranks_per_node\": %d,\n  \"cores_per_node\": %d,\n  \"threads\": %d,\n  \"shm\": %d,\n", k->ranks_per_node,
           k->cores_per_node, k->threads, k->shm);
-  fprintf(f, "  \"intra\": {\"alpha\": %.6e, \"beta\": %.6e, \"gamma\": %.6e},\n", k->intra.alpha, k->intra.beta, k->intra.gamma);
-  fprintf(f, "  \"inter\": {\"alpha\": %.6e, \"beta\": %.6e, \"gamma\": %.6e},\n", k->inter.alpha, k->inter.beta, k->inter.gamma);
-  fprintf(f, "  \"compute\": {\"flops\": %.6e, \"optimizer\": %.6e, \"overhead\": %.6e, \"ranks\": %d, \"model\": \"%s\"}%s\n",
-          k->flops, k->optim_rate, k->overhead, k->compute_ranks, k->compute_model, extra && *extra ? "," : "");
+  fprintf(f, "  \"cpu_cores\": %.4g,\n", k->cpu_cores);
+  const tdm_sim_link *l[2] = {&k->intra, &k->inter};
+  for (int i = 0; i < 2; i++)
+    fprintf(f, "  \"%s\": {\"alpha\": %.6e, \"beta\": %.6e, \"gamma\": %.6e, \"cpu_alpha\": %.6e, \"cpu_beta\": %.6e, \"pairwise\": %d},\n",
+            i ? "inter" : "intra", l[i]->alpha, l[i]->beta, l[i]->gamma, l[i]->cpu_alpha, l[i]->cpu_beta, l[i]->pairwise);
+  fprintf(f, "  \"compute\": {\"flops\": %.6e, \"optimizer\": %.6e, \"overhead\": %.6e, \"ranks\": %d, \"cv\": %.4f, \"model\": \"%s\"}%s\n",
+          k->flops, k->optim_rate, k->overhead, k->compute_ranks, k->compute_cv, k->compute_model, extra && *extra ? "," : "");
   if (extra && *extra) fprintf(f, "  %s\n", extra);
   fprintf(f, "}\n");
   int bad_write = ferror(f);

@@ -2,12 +2,19 @@
  * (src/comm/algos.c, same order), each costing the steps that algorithm really runs
  * (src/comm/algo/): the ring's 2(p-1) exchanges of n/p, recursive doubling's log p exchanges of
  * n with the fold of a non-power of two, halving-doubling's halving then doubling, the binary tree's
- * reduce up and broadcast down (its critical path, computed), and the hierarchical composition.
- * Messages above 1 MiB go as 1 MiB chunks (tdm__sendrecv_reduce), each paying alpha.
+ * reduce up and broadcast down (its critical path, computed), direct's p - 1 messages at once, and
+ * the hierarchical composition. Messages above 1 MiB go as 1 MiB chunks (tdm__sendrecv_reduce),
+ * each paying alpha; the tree's broadcast down and direct's all-gather send theirs whole.
+ *
+ * Every step is costed by step(): the wire (alpha, beta: no core needed) plus the CPU work of the
+ * rank (the messages' cpu_alpha and cpu_beta, the reduction's gamma); and when the ranks working at
+ * once on a node need more than its cores (cpu_cores), the cores bound the step instead: `active`
+ * ranks' work over cpu_cores. A step costs the larger of the two, so ranks sharing cores cost
+ * what they cost and a tree level with two ranks busy is not charged for eight.
  *
  * Placement: rank r lives on node r / ranks_per_node. A step in which any pair crosses nodes
  * costs the inter-node link; when every rank of a node crosses at once (recursive doubling's far
- * steps) they share the node's link: beta times the ranks per node. */
+ * steps) they share the node's link, beta times the ranks per node, unless links are pairwise. */
 #include "tandem/sim.h"
 
 #include <math.h>
@@ -24,62 +31,86 @@ static int floor_log2(int p) {
   while ((1 << (l + 1)) <= p) l++;
   return l;
 }
+static int imin(int a, int b) { return a < b ? a : b; }
+static double chunks_of(double n) { return n > CHUNK ? ceil(n / CHUNK) : 1; }
+/* Ranks of the busiest node among p that all work at once. */
+static int on_node(const tdm_sim_cluster *k, int p) { return imin(p, k->ranks_per_node > 0 ? k->ranks_per_node : 1); }
 
-/* One message of n bytes on link l: alpha per chunk, n beta. */
-static double msg(const tdm_sim_link *l, double n, double share) {
-  double chunks = n > CHUNK ? ceil(n / CHUNK) : 1;
-  return chunks * l->alpha + n * l->beta * share;
+/* One step. Each rank sends `fan` messages of n bytes at once to different peers, as `chunks`
+ * pieces each (cross: ranks of a node sending across at once, sharing its link), does `cpu_msgs`
+ * messages' worth of CPU work (1: it sends one and receives one; 0.5: one end of a message) and
+ * reduces `red` bytes; `active` ranks of the node do the same at once. */
+static double step(const tdm_sim_cluster *k, const tdm_sim_link *l, double n, double chunks, int fan, double cross, double cpu_msgs,
+                   double red, int active) {
+  double wire = l->pairwise ? chunks * l->alpha + n * l->beta /* every message on a link of its own */
+                            : fan * chunks * l->alpha + n * l->beta * fan * cross;
+  double cpu = cpu_msgs * (chunks * l->cpu_alpha + n * l->cpu_beta) + red * l->gamma;
+  double t = wire + cpu;
+  if (k->cpu_cores > 0 && active * cpu / k->cpu_cores > t) t = active * cpu / k->cpu_cores; /* the cores are the bottleneck */
+  return t;
 }
-/* The link a step of distance d (partner r xor d, or r + d around a ring) uses among p ranks. */
-static const tdm_sim_link *xor_link(const tdm_sim_cluster *k, int p, int d, double *share) {
-  *share = 1;
+/* An exchange: every active rank sends n to one peer while receiving n from another (reducing red). */
+static double xchg(const tdm_sim_cluster *k, const tdm_sim_link *l, double n, double cross, double red, int active) {
+  return step(k, l, n, chunks_of(n), 1, cross, 1, red, active);
+}
+
+/* The link a step of distance d (partner r xor d, or r + d around a ring) uses among p ranks;
+ * *cross: how many ranks of a node cross at once (every rank of it, when any does). */
+static const tdm_sim_link *xor_link(const tdm_sim_cluster *k, int p, int d, double *cross) {
+  *cross = 1;
   for (int r = 0; r < p; r++)
     if ((r ^ d) < p && node_of(k, r) != node_of(k, r ^ d)) {
-      *share = k->ranks_per_node < p ? k->ranks_per_node : p; /* every rank of a node crosses */
+      *cross = k->ranks_per_node < p ? k->ranks_per_node : p;
       return &k->inter;
     }
   return &k->intra;
 }
 static const tdm_sim_link *ring_link(const tdm_sim_cluster *k, int p) { return p > k->ranks_per_node ? &k->inter : &k->intra; }
 
-/* ---- ring: reduce-scatter (p-1 steps of n/p, reduced), all-gather (p-1 steps of n/p) ---------------- */
-static double ring_rs(const tdm_sim_cluster *k, double n, int p) {
-  const tdm_sim_link *l = ring_link(k, p);
-  return (p - 1) * (msg(l, n / p, 1) + n / p * l->gamma);
+/* ---- ring: reduce-scatter (p-1 steps of n/p, reduced), all-gather (p-1 steps of n/p) ----------------
+ * active: ranks of a node working at once (the hierarchical row's outer ring runs one per rank). */
+static double ring_rs(const tdm_sim_cluster *k, double n, int p, int active) {
+  return (p - 1) * xchg(k, ring_link(k, p), n / p, 1, n / p, active);
 }
-static double ring_ag(const tdm_sim_cluster *k, double n, int p) { return (p - 1) * msg(ring_link(k, p), n / p, 1); }
+static double ring_ag(const tdm_sim_cluster *k, double n, int p, int active) { return (p - 1) * xchg(k, ring_link(k, p), n / p, 1, 0, active); }
 static double ring(const tdm_sim_cluster *k, tdm_sim_kind kind, double n, int p) {
+  int a = on_node(k, p);
   switch (kind) {
-  case TDM_SIM_ALLREDUCE: return ring_rs(k, n, p) + ring_ag(k, n, p);
-  case TDM_SIM_REDUCE_SCATTER: return ring_rs(k, n, p);
-  case TDM_SIM_ALLGATHER: return ring_ag(k, n, p);
+  case TDM_SIM_ALLREDUCE: return ring_rs(k, n, p, a) + ring_ag(k, n, p, a);
+  case TDM_SIM_REDUCE_SCATTER: return ring_rs(k, n, p, a);
+  case TDM_SIM_ALLGATHER: return ring_ag(k, n, p, a);
   default: return -1;
   }
 }
 
-/* ---- folding a non-power of two: the first 2 rem ranks pair, one hands its data over, gets the result */
+/* ---- folding a non-power of two: the first 2 rem ranks pair, one hands its data over (the other
+ * reduces it), and gets the result back; one end of a message each time */
 static double fold(const tdm_sim_cluster *k, double n, int p, int *p2) {
   *p2 = 1 << floor_log2(p);
   if (*p2 == p) return 0;
-  double share = 1;
-  const tdm_sim_link *l = xor_link(k, 2 * (p - *p2), 1, &share);
-  return 2 * msg(l, n, 1) + n * l->gamma;
+  double cross = 1;
+  int a = on_node(k, 2 * (p - *p2));
+  const tdm_sim_link *l = xor_link(k, 2 * (p - *p2), 1, &cross);
+  return step(k, l, n, chunks_of(n), 1, 1, 0.5, n, a) + step(k, l, n, chunks_of(n), 1, 1, 0.5, 0, a);
 }
 
 /* ---- recursive doubling: log p exchanges of the whole buffer ------------------------------------- */
 static double rd(const tdm_sim_cluster *k, tdm_sim_kind kind, double n, int p) {
   if (kind == TDM_SIM_ALLREDUCE) {
     int p2;
-    double t = fold(k, n, p, &p2), share = 1;
+    double t = fold(k, n, p, &p2), cross = 1;
     for (int d = 1; d < p2; d <<= 1) {
-      const tdm_sim_link *l = xor_link(k, p2, d, &share);
-      t += msg(l, n, share) + n * l->gamma;
+      const tdm_sim_link *l = xor_link(k, p2, d, &cross);
+      t += xchg(k, l, n, cross, n, on_node(k, p2));
     }
     return t;
   }
   if (kind == TDM_SIM_ALLGATHER && pow2(p)) { /* doubling blocks: n/p, 2n/p, ... */
-    double t = 0, share = 1;
-    for (int d = 1; d < p; d <<= 1) t += msg(xor_link(k, p, d, &share), n * d / p, share);
+    double t = 0, cross = 1;
+    for (int d = 1; d < p; d <<= 1) {
+      const tdm_sim_link *l = xor_link(k, p, d, &cross);
+      t += xchg(k, l, n * d / p, cross, 0, on_node(k, p));
+    }
     return t;
   }
   return -1;
@@ -87,17 +118,20 @@ static double rd(const tdm_sim_cluster *k, tdm_sim_kind kind, double n, int p) {
 
 /* ---- halving-doubling: reduce-scatter by recursive halving, all-gather by doubling ----------------- */
 static double rhd_rs(const tdm_sim_cluster *k, double n, int p2) {
-  double t = 0, share = 1, part = n;
+  double t = 0, cross = 1, part = n;
   for (int d = p2 >> 1; d >= 1; d >>= 1) { /* halving: the far half first */
     part /= 2;
-    const tdm_sim_link *l = xor_link(k, p2, d, &share);
-    t += msg(l, part, share) + part * l->gamma;
+    const tdm_sim_link *l = xor_link(k, p2, d, &cross);
+    t += xchg(k, l, part, cross, part, on_node(k, p2));
   }
   return t;
 }
 static double rhd_ag(const tdm_sim_cluster *k, double n, int p2) {
-  double t = 0, share = 1, part = n / p2;
-  for (int d = 1; d < p2; d <<= 1, part *= 2) t += msg(xor_link(k, p2, d, &share), part, share);
+  double t = 0, cross = 1, part = n / p2;
+  for (int d = 1; d < p2; d <<= 1, part *= 2) {
+    const tdm_sim_link *l = xor_link(k, p2, d, &cross);
+    t += xchg(k, l, part, cross, 0, on_node(k, p2));
+  }
   return t;
 }
 static double rhd(const tdm_sim_cluster *k, tdm_sim_kind kind, double n, int p) {
@@ -111,23 +145,40 @@ static double rhd(const tdm_sim_cluster *k, tdm_sim_kind kind, double n, int p) 
 }
 
 /* ---- the binary tree rooted at rank 0 (children 2r+1, 2r+2): reduce up, broadcast down -------------
- * Each parent takes its children one after the other; computed on the tree, its critical path. */
-static double edge(const tdm_sim_cluster *k, int a, int b, double n, int reduce) {
-  const tdm_sim_link *l = node_of(k, a) == node_of(k, b) ? &k->intra : &k->inter;
-  return msg(l, n, 1) + (reduce ? n * l->gamma : 0);
+ * Each parent takes its children one after the other (in 1 MiB chunks, reducing each), then sends
+ * the result down whole, to one child after the other; computed on the tree, its critical path. The ranks busy at once are those
+ * of one level: its parents, each with one child at a time. */
+static int tree_active(const tdm_sim_cluster *k, int r, int p) {
+  int d = floor_log2(r + 1), parents = 0;
+  for (int q = (1 << d) - 1; q < (1 << (d + 1)) - 1 && 2 * q + 1 < p; q++) parents++;
+  return imin(2 * (parents > 0 ? parents : 1), on_node(k, p));
 }
+/* An edge between parent a and child b: its whole time; *wire: the part on the link alone. */
+static double edge(const tdm_sim_cluster *k, int a, int b, int p, double n, int up, double *wire) {
+  const tdm_sim_link *l = node_of(k, a) == node_of(k, b) ? &k->intra : &k->inter;
+  double chunks = up ? chunks_of(n) : 1;
+  if (wire) {
+    tdm_sim_link w = *l;
+    w.cpu_alpha = w.cpu_beta = w.gamma = 0;
+    *wire = step(k, &w, n, chunks, 1, 1, 0.5, 0, 1);
+  }
+  return step(k, l, n, chunks, 1, 1, 0.5, up ? n : 0, tree_active(k, a, p));
+}
+/* Reduce up: a child sends as soon as its subtree is reduced, without waiting for its parent (the
+ * transport's buffers take the message), so its message travels while the parent takes its other
+ * child; the parent then receives and reduces it (the rest of the edge's time). */
 static double tree_up(const tdm_sim_cluster *k, int r, int p, double n) {
   double t = 0;
   for (int c = 2 * r + 1; c <= 2 * r + 2 && c < p; c++) {
-    double ready = tree_up(k, c, p, n);
-    t = (t > ready ? t : ready) + edge(k, r, c, n, 1);
+    double wire, whole = edge(k, r, c, p, n, 1, &wire), arrived = tree_up(k, c, p, n) + wire;
+    t = (t > arrived ? t : arrived) + (whole - wire);
   }
   return t;
 }
 static double tree_down(const tdm_sim_cluster *k, int r, int p, double n, double at) {
   double end = at;
   for (int c = 2 * r + 1; c <= 2 * r + 2 && c < p; c++) {
-    at += edge(k, r, c, n, 0);
+    at += edge(k, r, c, p, n, 0, NULL);
     double e = tree_down(k, c, p, n, at);
     end = e > end ? e : end;
   }
@@ -135,25 +186,35 @@ static double tree_down(const tdm_sim_cluster *k, int r, int p, double n, double
 }
 static double tree(const tdm_sim_cluster *k, tdm_sim_kind kind, double n, int p) {
   if (kind == TDM_SIM_ALLREDUCE) return tree_down(k, 0, p, n, tree_up(k, 0, p, n));
-  if (kind == TDM_SIM_BROADCAST) { /* binomial: ceil(log2 p) rounds of the whole buffer */
-    double t = 0, share = 1;
-    for (int d = 1; d < p; d <<= 1) t += msg(xor_link(k, p, d, &share), n, 1);
+  if (kind == TDM_SIM_BROADCAST) { /* binomial: ceil(log2 p) rounds of the whole buffer, 2^i senders in round i */
+    double t = 0, cross = 1;
+    for (int d = 1; d < p; d <<= 1) {
+      const tdm_sim_link *l = xor_link(k, p, d, &cross);
+      t += step(k, l, n, chunks_of(n), 1, 1, 0.5, 0, imin(2 * d, on_node(k, p)));
+    }
     return t;
   }
   return -1;
 }
 
-/* ---- chain broadcast: 1 MiB pieces pipelined down the line of ranks ----------------------------- */
+/* ---- chain broadcast: 1 MiB pieces pipelined down the line of ranks (each receives one piece while
+ * it sends the one before) ----------------------------------------------------------------------------- */
 static double chain(const tdm_sim_cluster *k, tdm_sim_kind kind, double n, int p) {
   if (kind != TDM_SIM_BROADCAST) return -1;
-  double pieces = n > CHUNK ? ceil(n / CHUNK) : 1;
-  return (p - 1 + pieces - 1) * msg(ring_link(k, p), n / pieces, 1);
+  double pieces = chunks_of(n);
+  return (p - 1 + pieces - 1) * step(k, ring_link(k, p), n / pieces, 1, 1, 1, 1, 0, on_node(k, p));
 }
 
-/* ---- direct: every rank sends each block straight to its owner (p - 1 messages at once) ----------- */
+/* ---- direct: every rank sends each block straight to its owner, p - 1 messages at once: the
+ * reduce-scatter in rounds of 1 MiB pieces (each rank reducing the p - 1 it receives), the
+ * all-gather in one exchange of whole blocks. On pairwise links the p - 1 travel side by side;
+ * on a shared link one after the other. */
 static double direct(const tdm_sim_cluster *k, tdm_sim_kind kind, double n, int p) {
   const tdm_sim_link *l = ring_link(k, p);
-  double rs = (p - 1) * (msg(l, n / p, 1) + n / p * l->gamma), ag = (p - 1) * msg(l, n / p, 1);
+  double rounds = chunks_of(n / p), piece = n / p / rounds;
+  int a = on_node(k, p);
+  double rs = rounds * step(k, l, piece, 1, p - 1, 1, p - 1, (p - 1) * piece, a);
+  double ag = step(k, l, n / p, 1, p - 1, 1, p - 1, 0, a);
   switch (kind) {
   case TDM_SIM_ALLREDUCE: return rs + ag;
   case TDM_SIM_REDUCE_SCATTER: return rs;
@@ -167,28 +228,32 @@ static double direct(const tdm_sim_cluster *k, tdm_sim_kind kind, double n, int 
 static double shm(const tdm_sim_cluster *k, tdm_sim_kind kind, double n, int p) {
   if (p > k->ranks_per_node) return -1;
   const tdm_sim_link *l = &k->intra;
-  double barrier = ceil(log2((double)p)) * l->alpha;
+  double barrier = ceil(log2((double)p)) * l->alpha, red = (p - 1.0) / p * n;
+  /* the copies as one step of n each way (copy in: one end of a message, copy out: the other) */
+  tdm_sim_link c = *l;
+  c.alpha = 0, c.pairwise = 1;
   switch (kind) {
-  case TDM_SIM_ALLREDUCE: return 2 * barrier + 2 * n * l->beta + (p - 1.0) / p * n * l->gamma;
-  case TDM_SIM_REDUCE_SCATTER: return 2 * barrier + n * l->beta + (p - 1.0) / p * n * l->gamma;
-  case TDM_SIM_ALLGATHER: return 2 * barrier + n * l->beta * 2;
+  case TDM_SIM_ALLREDUCE: c.beta *= 2; return 2 * barrier + step(k, &c, n, 1, 1, 1, 1, red, p);
+  case TDM_SIM_REDUCE_SCATTER: return 2 * barrier + step(k, &c, n, 1, 1, 1, 0.5, red, p);
+  case TDM_SIM_ALLGATHER: c.beta *= 2; return 2 * barrier + step(k, &c, n, 1, 1, 1, 1, 0, p);
   default: return -1;
   }
 }
 
 /* ---- hierarchical: inside each node reduce-scatter, across nodes all-reduce 1/ppn of the data
- * (all ppn ranks of a node at once, sharing its link), inside each node all-gather. */
+ * (all ppn ranks of a node at once, sharing its link unless links are pairwise), inside each node
+ * all-gather. */
 static double hier(const tdm_sim_cluster *k, tdm_sim_kind kind, double n, int p) {
   int q = k->ranks_per_node;
   if (q < 2 || p <= q || p % q) return ring(k, kind, n, p); /* one node, or ragged: the flat ring */
   tdm_sim_cluster in = *k, out = *k;
   in.ranks_per_node = q, out.ranks_per_node = 1;
-  out.inter.beta *= q;
+  if (!out.inter.pairwise) out.inter.beta *= q;
   int nodes = p / q;
   switch (kind) {
-  case TDM_SIM_ALLREDUCE: return ring_rs(&in, n, q) + ring(&out, TDM_SIM_ALLREDUCE, n / q, nodes) + ring_ag(&in, n, q);
-  case TDM_SIM_REDUCE_SCATTER: return ring_rs(&in, n, q) + ring_rs(&out, n / q, nodes);
-  case TDM_SIM_ALLGATHER: return ring_ag(&out, n / q, nodes) + ring_ag(&in, n, q);
+  case TDM_SIM_ALLREDUCE: return ring_rs(&in, n, q, q) + ring_rs(&out, n / q, nodes, q) + ring_ag(&out, n / q, nodes, q) + ring_ag(&in, n, q, q);
+  case TDM_SIM_REDUCE_SCATTER: return ring_rs(&in, n, q, q) + ring_rs(&out, n / q, nodes, q);
+  case TDM_SIM_ALLGATHER: return ring_ag(&out, n / q, nodes, q) + ring_ag(&in, n, q, q);
   default: return -1;
   }
 }
@@ -225,6 +290,11 @@ int tdm_sim_auto_algo(const tdm_sim_cluster *k, tdm_sim_kind kind, double n, int
   }
 }
 
+int tdm_sim_engine_algo(const tdm_sim_cluster *k, tdm_sim_kind kind, int p, int grads) {
+  if (grads && kind == TDM_SIM_ALLREDUCE && p > k->ranks_per_node && k->ranks_per_node > 1) return TDM_SIM_ALGO_HIER;
+  return k->shm && p <= k->ranks_per_node ? TDM_ALGO_SHM : TDM_ALGO_DIRECT;
+}
+
 double tdm_sim_coll_cost(const tdm_sim_cluster *k, int algo, tdm_sim_kind kind, double n, int p) {
   if (!k || p < 1 || (unsigned)kind >= TDM_SIM_KIND_COUNT || algo < 0 || algo >= TDM_SIM_ALGO_COUNT || !(n >= 0)) return -1;
   if (p == 1) return 0;
@@ -234,5 +304,6 @@ double tdm_sim_coll_cost(const tdm_sim_cluster *k, int algo, tdm_sim_kind kind, 
 
 double tdm_sim_p2p_cost(const tdm_sim_cluster *k, double n, int a, int b) {
   if (a == b) return 0;
-  return msg(node_of(k, a) == node_of(k, b) ? &k->intra : &k->inter, n, 1);
+  const tdm_sim_link *l = node_of(k, a) == node_of(k, b) ? &k->intra : &k->inter;
+  return step(k, l, n, chunks_of(n), 1, 1, 0.5, 0, 2);
 }

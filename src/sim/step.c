@@ -3,10 +3,12 @@
  *
  * Compute runs at the cluster's rate, divided among the tensor-parallel ranks and slowed when a
  * node's ranks x threads exceed its cores. Communication runs on one channel per rank, a
- * collective at a time, in the order the engine issues them. When a core is spare (tandem's rule,
- * tdm_spare_core: cores > threads x ranks on the node) the channel runs beside compute, as the
- * engines' communication thread does; otherwise the training thread runs each collective itself
- * when it is issued, and compute waits (src/parallel/common.c, tdm__inline_comm). */
+ * collective at a time, in the order the engine issues them, with the algorithms the engines ask
+ * for (tdm_sim_engine_algo). When a core is spare (tandem's rule, tdm_spare_core: cores > threads x
+ * ranks on the node) the channel runs beside compute, as the engines' communication thread does;
+ * otherwise each collective holds compute up when it is issued: the training thread runs it
+ * (src/parallel/common.c, tdm__inline_comm), or a communication thread that gets a core only when
+ * the scheduler takes one from compute (src/parallel/dp.c over TCP). */
 #include <math.h>
 #include <string.h>
 
@@ -18,7 +20,8 @@ typedef struct {
   tdm_sim_cluster kd, kt; /* the data axis's view (ranks per node among data ranks), the tensor axis's */
   int D;
   double rate, orate;     /* FLOP/s per rank, optimizer elements/s */
-  int overlap;            /* a spare core runs the channel */
+  int overlap;            /* the channel runs beside compute (the communication thread) */
+  int grads;              /* data parallelism's gradients: the engine's all-reduce may be hierarchical */
   double t, chan;         /* the training thread's clock, the channel's */
   double comm, bytes;     /* channel busy time, bytes sent */
   int big_algo;
@@ -28,12 +31,13 @@ typedef struct {
 /* Issues a collective of n bytes at the training thread's present time; returns its end. */
 static double issue(sim *s, tdm_sim_kind kind, double n, double ready) {
   if (s->D < 2 || n <= 0) return ready;
-  int algo = kind == TDM_SIM_ALLREDUCE ? s->kd.allreduce_algo : TDM_ALGO_AUTO;
+  int algo = kind == TDM_SIM_ALLREDUCE && s->kd.allreduce_algo != TDM_ALGO_AUTO ? s->kd.allreduce_algo
+                                                                                 : tdm_sim_engine_algo(&s->kd, kind, s->D, s->grads);
   double c = tdm_sim_coll_cost(&s->kd, algo, kind, n, s->D);
   if (c < 0) algo = TDM_ALGO_RING, c = tdm_sim_coll_cost(&s->kd, TDM_ALGO_RING, kind, n, s->D); /* where it cannot run */
   s->comm += c;
   s->bytes += (kind == TDM_SIM_ALLREDUCE ? 2.0 : 1.0) * (s->D - 1) / s->D * n;
-  if (n > s->big_n) s->big_n = n, s->big_algo = algo ? algo : tdm_sim_auto_algo(&s->kd, kind, n, s->D);
+  if (n > s->big_n) s->big_n = n, s->big_algo = algo;
   if (!s->overlap) { /* the training thread runs it */
     double start = s->t > s->chan ? s->t : s->chan;
     s->t = s->chan = start + c;
@@ -201,19 +205,33 @@ static tdm_status pipeline_step(sim *s, const tdm_sim_model *m, const tdm_sim_cl
   return st;
 }
 
-/* The share of a core each rank's thread gets with `ranks` ranks computing on a node. */
-static double share(const tdm_sim_cluster *k, int ranks) {
-  double want = (double)ranks * k->threads;
+/* The share of a core each rank's thread gets with `ranks` ranks (on average) computing on a node. */
+static double share(const tdm_sim_cluster *k, double ranks) {
+  double want = ranks * k->threads;
   return k->cores_per_node > 0 && want > k->cores_per_node ? k->cores_per_node / want : 1;
 }
 
-tdm_status tdm_sim_step(const tdm_sim_model *cm, const tdm_sim_cluster *k, int ranks, tdm_sim_result *out) {
-  if (!cm || !k || !out) return tdm__set_error(TDM_ERR_INVALID_ARG, "simulate: NULL argument");
-  TDM__TRY(tdm_sim_cluster_check(k, "cluster"));
-  tdm_sim_model *m = (tdm_sim_model *)cm; /* the bucket timeline is kept for the tests */
+/* E[max of n standard normals] = integral of x n phi(x) Phi(x)^(n-1), by the midpoint rule on
+ * [-10, 10] (the tails beyond hold nothing a double sees); remembered for the last n asked. */
+double tdm_sim_expected_max(int n) {
+  static _Thread_local int last_n = 0;
+  static _Thread_local double last = 0;
+  if (n <= 1) return 0;
+  if (n == last_n) return last;
+  const int steps = 20000;
+  double h = 20.0 / steps, sum = 0;
+  for (int i = 0; i < steps; i++) {
+    double x = -10 + (i + 0.5) * h, Phi = 0.5 * erfc(-x / sqrt(2.0));
+    sum += x * n * exp(-0.5 * x * x) / 2.5066282746310002 /* sqrt(2 pi) */ * pow(Phi, n - 1) * h;
+  }
+  last_n = n, last = sum;
+  return sum;
+}
+
+/* One pass of the event simulation, compute slowed by `slow` (1: the measured rate); fills *out but
+ * its efficiency. */
+static tdm_status simulate(tdm_sim_model *m, const tdm_sim_cluster *k, int ranks, double slow, tdm_sim_result *out) {
   int grid = m->tp * m->pp;
-  if (ranks < 1 || ranks % grid)
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "simulate: %d ranks; expected a positive multiple of --tp x --pp = %d", ranks, grid);
   memset(out, 0, sizeof *out);
   sim s;
   memset(&s, 0, sizeof s);
@@ -222,21 +240,27 @@ tdm_status tdm_sim_step(const tdm_sim_model *cm, const tdm_sim_cluster *k, int r
   s.kd = *k, s.kt = *k;
   s.kd.ranks_per_node = k->ranks_per_node / grid > 0 ? k->ranks_per_node / grid : 1; /* data peers: grid apart */
   int on_node = ranks < k->ranks_per_node ? ranks : k->ranks_per_node;
-  double slow = share(k, on_node) / share(k, k->compute_ranks); /* the rate was measured with compute_ranks computing */
   s.rate = k->flops * slow * m->tp; /* each tensor-parallel rank does 1/tp of the model's FLOPs */
   s.orate = k->optim_rate * slow;
-  s.overlap = k->cores_per_node == 0 || k->cores_per_node > k->threads * on_node;
+  s.overlap = k->cores_per_node == 0 || k->cores_per_node > k->threads * on_node; /* tdm_spare_core */
   double busiest = 0;
   if (m->pp > 1) {
     TDM__TRY(pipeline_step(&s, m, k, &busiest));
   } else if (m->stage == 3) {
     units_step(&s, m);
   } else {
+    /* data parallelism hands every bucket to its communication thread, a core spare or not (but
+     * over a shared region, where the training thread averages them itself when none is: dp.c,
+     * n_async). With no core spare that thread runs only when the scheduler takes a core from a
+     * training thread, each message waiting for it: as the inline rule has it, the buckets do not
+     * overlap backward (dp.c: "the communication thread could only take turns with backward on
+     * the same core"); the validation's 2 ranks on 2 cores measure it so. */
+    s.grads = !m->stage;
     buckets_step(&s, m);
   }
   double tpc = 0;
   if (m->tp > 1) { /* each block's all-reduces of activations, on the critical path, every micro-batch */
-    double c = tdm_sim_coll_cost(&s.kt, TDM_ALGO_AUTO, TDM_SIM_ALLREDUCE, m->act_bytes, m->tp);
+    double c = tdm_sim_coll_cost(&s.kt, tdm_sim_engine_algo(&s.kt, TDM_SIM_ALLREDUCE, m->tp, 0), TDM_SIM_ALLREDUCE, m->act_bytes, m->tp);
     tpc = (double)m->accum * m->tp_allreduces * c;
     s.comm += tpc;
     s.bytes += (double)m->accum * m->tp_allreduces * 2.0 * (m->tp - 1) / m->tp * m->act_bytes;
@@ -249,12 +273,41 @@ tdm_status tdm_sim_step(const tdm_sim_model *cm, const tdm_sim_cluster *k, int r
   out->comm = s.comm;
   out->exposed = out->step - out->compute;
   if (out->exposed < 0) out->exposed = 0;
+  out->bytes = s.bytes;
+  out->buckets = m->has_layout ? m->L.ng : m->has_pl ? m->PL.C : 0;
+  out->algo = s.big_n > 0 ? s.big_algo : TDM_ALGO_AUTO;
+  return TDM_OK;
+}
+
+tdm_status tdm_sim_step(const tdm_sim_model *cm, const tdm_sim_cluster *k, int ranks, tdm_sim_result *out) {
+  if (!cm || !k || !out) return tdm__set_error(TDM_ERR_INVALID_ARG, "simulate: NULL argument");
+  TDM__TRY(tdm_sim_cluster_check(k, "cluster"));
+  tdm_sim_model *m = (tdm_sim_model *)cm; /* the bucket timeline is kept for the tests */
+  int grid = m->tp * m->pp;
+  if (ranks < 1 || ranks % grid)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "simulate: %d ranks; expected a positive multiple of --tp x --pp = %d", ranks, grid);
+  int on_node = ranks < k->ranks_per_node ? ranks : k->ranks_per_node;
+  /* every step synchronises the ranks: it waits for the slowest, cv standard deviations of it per
+   * expected maximum of `ranks` behind the mean */
+  double straggle = k->compute_cv > 0 ? 1 + k->compute_cv * tdm_sim_expected_max(ranks) : 1;
+  /* The cores are shared by the ranks computing at once (the rate was measured with compute_ranks
+   * computing all the time); a rank waiting on its link leaves its core to the others, so on
+   * average ranks x busy compute at once, busy the share of the step a rank computes: found by
+   * iterating from busy = 1 (each pass's compute over its step; it only falls, and settles). */
+  double busy = 1, last_slow = -1;
+  for (int it = 0; it < 100; it++) {
+    double slow = share(k, on_node * busy) / share(k, k->compute_ranks) / straggle;
+    if (slow == last_slow) break; /* no core to share, or settled */
+    TDM__TRY(simulate(m, k, ranks, slow, out));
+    last_slow = slow;
+    double now = out->step > 0 ? out->compute / straggle / out->step : 1;
+    now = now > 1 ? 1 : now;
+    if (fabs(now - busy) < 1e-12) break;
+    busy = now;
+  }
   /* weak scaling: one rank alone (the whole model, no slow-down) against this step, per rank */
   double s1 = share(k, 1) / share(k, k->compute_ranks);
   double one = (double)m->accum * 3 * m->fwd_total / (k->flops * s1) + (double)m->n_params / (k->optim_rate * s1) + k->overhead;
   out->efficiency = one / (grid * out->step);
-  out->bytes = s.bytes;
-  out->buckets = m->has_layout ? m->L.ng : m->has_pl ? m->PL.C : 0;
-  out->algo = s.big_n > 0 ? s.big_algo : TDM_ALGO_AUTO;
   return TDM_OK;
 }

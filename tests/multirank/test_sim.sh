@@ -8,7 +8,7 @@
 # other jobs can triple one measurement; docs/PERFORMANCE.md has the full table). The sanitizer
 # build runs everything but the timing comparison (ASan's instrumentation slows the algorithms'
 # copies and reductions 2-3x beyond what the calibration's exchanges see). The compute calibration on a tiny
-# MLP; the refusals of bad input.
+# MLP; the refusals of bad input; a study (--vary) drawn as a page and SVG files.
 # usage: test_sim.sh path/to/tandem
 set -u
 T=${1:?usage: test_sim.sh path/to/tandem}
@@ -86,11 +86,49 @@ bad_input() {
     refused 1 "the mlp model has no heads to split" --tp 2 --ranks 2 &&
     refused 1 "the process grid does not make the world" --model gpt --tp 2 --ranks 3 &&
     refused 2 "inter-bw 0" --inter-bw 0 --ranks 2 &&
-    refused 2 "give it with --calibrate" -o "$TMP/x.json"
+    refused 2 "give it with --calibrate" -o "$TMP/x.json" &&
+    refused 2 "expected OPTION=V1,V2" --vary allreduce --ranks 2 &&
+    refused 2 "--vary allreduce: the value tri failed" --vary allreduce=ring,tri --ranks 2 &&
+    refused 2 "not with --collectives" --collectives --html "$TMP/x.html" &&
+    refused 1 "cannot write $TMP/none/x.html" --ranks 2 --html "$TMP/none/x.html"
+}
+
+study_page() { # --vary, --html, --svg: a plot per quantity, a polyline per configuration, the axes labelled
+  "$T" simulate --model gpt --config mini --batch-size 2 --seq-len 64 --ranks 1,8,64 --vary allreduce=ring,hier,rd \
+    --html "$TMP/study.html" --svg "$TMP/study" >"$TMP/study.out" 2>&1 || { tail -3 "$TMP/study.out"; return 1; }
+  /usr/bin/python3 - "$TMP/study.html" "$TMP/study-step.svg" "$TMP/study-efficiency.svg" "$TMP/study.out" <<'EOF'
+import re, sys
+page, step, eff, out = (open(p).read() for p in sys.argv[1:5])
+bad = []
+def want(cond, what):
+    if not cond: bad.append(what)
+want(page.startswith("<!DOCTYPE html>") and "<script" not in page, "a page without script")
+want(page.count("<svg") == 3 and page.count("<polyline") == 9, "3 plots of 3 lines: %d, %d" % (page.count("<svg"), page.count("<polyline")))
+for label in ("ranks", "milliseconds per step", "percent"):
+    want(">%s</text>" % label in page, "axis label " + label)
+for name in ("allreduce ring", "allreduce hier", "allreduce rd"):
+    want('data-name="%s"' % name in page and "<h2>%s</h2>" % name in page, "series and table " + name)
+want(len(re.findall(r"<tr><td>(1|8|64)</td>", page)) == 9, "9 table rows")
+for svg, label in ((step, "milliseconds per step"), (eff, "percent")):
+    want(svg.startswith("<?xml") and "<figure" not in svg and svg.count("<svg xmlns=") == 1, "a standalone svg")
+    want(svg.count("<polyline") == 3 and ">%s</text>" % label in svg and ">ranks</text>" in svg, "its lines and axes")
+# the printed tables: one per configuration; at 1 rank all three alike, at 64 ranks (8 nodes) hier differs from ring
+steps = {}
+cur = None
+for line in out.splitlines():
+    m = re.match(r"(allreduce \w+): cluster", line)
+    if m: cur = m.group(1); continue
+    f = line.split()
+    if cur and f and f[0].isdigit(): steps[(cur, int(f[0]))] = float(f[2])
+want(len(steps) == 9 and steps[("allreduce ring", 1)] == steps[("allreduce hier", 1)], "1 rank: the same step")
+want(steps.get(("allreduce ring", 64)) != steps.get(("allreduce hier", 64)), "64 ranks: hier is not the ring")
+if bad: print("  " + "; ".join(bad)); sys.exit(1)
+EOF
 }
 
 check calibrate calibrate
 check predicted_vs_measured predicted_vs_measured
 check compute_calibration compute_calibration
 check bad_input bad_input
+check study_page study_page
 finish

@@ -270,6 +270,59 @@ static void test_svg(void) {
   free(s);
 }
 
+static int count(const char *s, const char *what) {
+  int n = 0;
+  for (const char *p = s; p && (p = strstr(p, what)); p++) n++;
+  return n;
+}
+
+/* A log x axis (the simulator's ranks): ticks at the data's x values, equal steps for equal ratios,
+ * a polyline and the points per series; bare: the <svg> alone, no <figure>. */
+static void test_svg_logx(void) {
+  char *s = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&s, &len);
+  double x[4] = {1, 8, 64, 512}, a[4] = {10, 11, 14, 30}, b[4] = {10, 10.5, 12, 20};
+  tdm__series ser[2] = {{"ring", x, a, 4}, {"hier", x, b, 4}};
+  tdm__svg_lines_opt(f, "Predicted step time", "ranks", "milliseconds per step", ser, 2, TDM__SVG_LOGX | TDM__SVG_BARE);
+  fclose(f);
+  CHECK(s && !strncmp(s, "<svg xmlns=", 11) && !strstr(s, "<figure") && strstr(s, "</svg>\n"));
+  CHECK(strstr(s, ">ranks</text>") && strstr(s, ">milliseconds per step</text>") && strstr(s, ">Predicted step time</text>"));
+  CHECK_MSG(count(s, "<polyline") == 2 && count(s, "<circle") == 8, "%d polylines, %d points", count(s, "<polyline"), count(s, "<circle"));
+  CHECK(strstr(s, "data-name=\"ring\"") && strstr(s, "data-name=\"hier\""));
+  /* ticks 1, 8, 64, 512 at equal distances */
+  double tx[4];
+  int nt = 0;
+  for (const char *p = strstr(s, "class=\"axis x\""); p && nt < 4 && (p = strstr(p, "<text class=\"tick\" x=\"")); p++) {
+    tx[nt++] = atof(p + strlen("<text class=\"tick\" x=\""));
+    const char *gt = strchr(p, '>');
+    CHECK(gt && atof(gt + 1) == x[nt - 1]);
+  }
+  CHECK_MSG(nt == 4 && fabs((tx[1] - tx[0]) - (tx[2] - tx[1])) < 0.2 && fabs((tx[3] - tx[2]) - (tx[2] - tx[1])) < 0.2, "%d ticks", nt);
+  free(s);
+  /* more than 12 distinct x: the powers of 10 */
+  s = NULL;
+  f = open_memstream(&s, &len);
+  double xs[20], ys[20];
+  for (int i = 0; i < 20; i++) xs[i] = 1 + i * 60, ys[i] = i;
+  tdm__series one = {"many", xs, ys, 20};
+  tdm__svg_lines_opt(f, "T", "ranks", "y", &one, 1, TDM__SVG_LOGX);
+  fclose(f);
+  CHECK(s && strstr(s, "<figure") && strstr(s, ">1</text>") && strstr(s, ">10</text>") && strstr(s, ">100</text>") && strstr(s, ">1000</text>"));
+  CHECK(!strstr(s, ">61</text>"));
+  free(s);
+  /* a log y axis over less than a few decades: ticks at 1, 2 and 5 x 10^k */
+  s = NULL;
+  f = open_memstream(&s, &len);
+  double ly[4] = {76, 108, 451, 1557};
+  tdm__series lg = {"ring", x, ly, 4};
+  tdm__svg_lines_opt(f, "T", "ranks", "ms", &lg, 1, TDM__SVG_LOGX | TDM__SVG_LOGY);
+  fclose(f);
+  CHECK(s && strstr(s, ">100</text>") && strstr(s, ">200</text>") && strstr(s, ">500</text>") && strstr(s, ">1000</text>"));
+  CHECK(!strstr(s, ">316</text>"));
+  free(s);
+}
+
 int main(void) {
   snprintf(tmp_root, sizeof tmp_root, "/tmp/tandem-test-report-XXXXXX");
   if (!mkdtemp(tmp_root)) return 1;
@@ -281,6 +334,7 @@ int main(void) {
       {"directories", test_directories},
       {"trace_kinds", test_kinds},
       {"svg", test_svg},
+      {"svg_logx", test_svg_logx},
   };
   int rc = tdm_test_main(cases, (int)(sizeof cases / sizeof cases[0]));
   char cmd[400];

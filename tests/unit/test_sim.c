@@ -7,14 +7,17 @@
 
 #include "tdm_test.h"
 
+#include "sim/sim_impl.h"
 #include "tandem/sim.h"
+
+#define M_PI_VALUE 3.14159265358979323846
 
 static tdm_sim_cluster flat(double a, double b, double g) {
   tdm_sim_cluster k;
   tdm_sim_cluster_default(&k);
   k.ranks_per_node = 1 << 20; /* one node: every link intra */
-  k.intra = (tdm_sim_link){a, b, g};
-  k.inter = (tdm_sim_link){10 * a, 10 * b, g};
+  k.intra = (tdm_sim_link){.alpha = a, .beta = b, .gamma = g};
+  k.inter = (tdm_sim_link){.alpha = 10 * a, .beta = 10 * b, .gamma = g};
   return k;
 }
 
@@ -48,13 +51,16 @@ static void test_closed_forms(void) {
         CHECK(tdm_sim_coll_cost(&k, TDM_ALGO_RD, TDM_SIM_ALLGATHER, n, p) < 0); /* rd gathers powers of two only */
       }
     }
-  /* the binary tree: 2 ranks one edge up and down; 3 ranks the root takes two children, then sends twice */
+  /* the binary tree: 2 ranks one edge up and down; 3 ranks: both children send at once (the
+   * second's message travels while the root reduces the first's), the root reduces one then the
+   * other, then sends twice */
   double n = 65536, e = a + n * b;
   CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_TREE, TDM_SIM_ALLREDUCE, n, 2), (e + n * g) + e, 1e-15);
-  CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_TREE, TDM_SIM_ALLREDUCE, n, 3), 2 * (e + n * g) + 2 * e, 1e-15);
-  /* 7 ranks: two levels up (children of 1 and 2 in parallel, then the root's two), two levels down:
-   * rank 6 hears from 2 (second child of the root) second, and is 2's second child */
-  CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_TREE, TDM_SIM_ALLREDUCE, n, 7), 4 * (e + n * g) + 4 * e, 1e-15);
+  CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_TREE, TDM_SIM_ALLREDUCE, n, 3), e + 2 * n * g + 2 * e, 1e-15);
+  /* 7 ranks: up, ranks 1 and 2 each get both leaves at e and reduce them (e + 2ng); their messages
+   * reach the root at 2e + 2ng, reduced one after the other (2e + 4ng); down, rank 6 hears from 2
+   * (the root's second child) second, and is 2's second child: 4e */
+  CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_TREE, TDM_SIM_ALLREDUCE, n, 7), 6 * e + 4 * n * g, 1e-15);
   /* above 1 MiB a message goes as 1 MiB chunks, each paying alpha */
   double big = 8.0 * 1048576;
   CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_RING, TDM_SIM_ALLREDUCE, big, 2), 2 * 4 * a + big * b + 0.5 * big * g, 1e-15);
@@ -70,7 +76,7 @@ static void test_nodes(void) {
   double a = 1e-6, b = 1e-10, g = 0;
   tdm_sim_cluster k = flat(a, b, g);
   k.ranks_per_node = 4;
-  k.inter = (tdm_sim_link){5e-6, 8e-10, 0};
+  k.inter = (tdm_sim_link){.alpha = 5e-6, .beta = 8e-10};
   double n = 65536;
   int p = 8;
   CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_RING, TDM_SIM_ALLREDUCE, n, p), 2 * 7 * 5e-6 + 2.0 * 7 / 8 * n * 8e-10, 1e-15);
@@ -95,30 +101,130 @@ static void test_nodes(void) {
   CHECK(tdm_sim_auto_algo(&k, TDM_SIM_ALLREDUCE, 1 << 20, 8) == TDM_SIM_ALGO_HIER); /* two nodes */
   k.ranks_per_node = 1; /* one rank a node: no node to share, the flat rule */
   CHECK(tdm_sim_auto_algo(&k, TDM_SIM_ALLREDUCE, 1 << 20, 8) == TDM_ALGO_RING);
+  /* the engines ask for the rank-order algorithms: shm on one node over shared memory, else direct;
+   * data parallelism's gradients the hierarchical all-reduce across nodes of several ranks */
+  k.ranks_per_node = 4, k.shm = 0;
+  CHECK(tdm_sim_engine_algo(&k, TDM_SIM_ALLREDUCE, 4, 1) == TDM_ALGO_DIRECT);
+  CHECK(tdm_sim_engine_algo(&k, TDM_SIM_ALLREDUCE, 8, 1) == TDM_SIM_ALGO_HIER);
+  CHECK(tdm_sim_engine_algo(&k, TDM_SIM_ALLREDUCE, 8, 0) == TDM_ALGO_DIRECT);
+  CHECK(tdm_sim_engine_algo(&k, TDM_SIM_REDUCE_SCATTER, 8, 1) == TDM_ALGO_DIRECT);
+  k.shm = 1;
+  CHECK(tdm_sim_engine_algo(&k, TDM_SIM_ALLGATHER, 4, 0) == TDM_ALGO_SHM);
+  CHECK(tdm_sim_engine_algo(&k, TDM_SIM_ALLREDUCE, 8, 0) == TDM_ALGO_DIRECT);
+}
+
+/* The CPU terms: a step costs its wire time plus the rank's CPU work (cpu_alpha, cpu_beta per
+ * message, gamma per byte reduced), or the node's active ranks' work over cpu_cores when that is
+ * longer; pairwise links carry a rank's messages to several peers side by side. */
+static void test_cpu_terms(void) {
+  double a = 3e-6, b = 2e-10, g = 5e-11, ca = 4e-6, cb = 1e-10, n = 262144;
+  tdm_sim_cluster k = flat(a, b, g);
+  k.intra.cpu_alpha = ca, k.intra.cpu_beta = cb;
+  /* unlimited cores: the CPU work adds to every step */
+  for (int p = 2; p <= 8; p++) {
+    double m = n / p, rs = a + m * b + ca + m * cb + m * g, ag = a + m * b + ca + m * cb;
+    CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_RING, TDM_SIM_ALLREDUCE, n, p), (p - 1) * (rs + ag), 1e-15);
+  }
+  /* 8 ranks on 2 cores: 4 ranks to a core, so a ring step takes 4x its CPU work when that exceeds
+   * the wire and the work; with a fast wire (beta 0, alpha 0) it does */
+  k.cpu_cores = 2;
+  k.intra.alpha = 0, k.intra.beta = 0;
+  double m = n / 8, rs = ca + m * cb + m * g, ag = ca + m * cb;
+  CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_RING, TDM_SIM_ALLREDUCE, n, 8), 7 * (4 * rs + 4 * ag), 1e-15);
+  /* a slow wire: the wire and the rank's own work bound the step, the cores do not */
+  k.intra.alpha = a, k.intra.beta = 100 * b;
+  rs = a + m * 100 * b + ca + m * cb + m * g, ag = a + m * 100 * b + ca + m * cb;
+  CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_RING, TDM_SIM_ALLREDUCE, n, 8), 7 * (rs + ag), 1e-15);
+  /* 2 cores for 2 ranks: no crowding at all */
+  k.intra.alpha = 0, k.intra.beta = 0;
+  m = n / 2;
+  CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_RING, TDM_SIM_ALLREDUCE, n, 2), (ca + m * cb + m * g) + (ca + m * cb), 1e-15);
+  /* the tree: a level's busy ranks only. 3 ranks on 1 core: the root's two children send at once,
+   * 2 ranks busy (the root and one child: 2 x the edge's work on 1 core); up, the second child's
+   * message travels while the root reduces the first's; down, two sends one after the other, each
+   * half a message's work at each end (sender and receiver at once) */
+  k.cpu_cores = 1;
+  k.intra.alpha = a, k.intra.beta = b;
+  double w = a + n * b, half = 0.5 * (ca + n * cb), up = half + n * g, down = w + half;
+  double up_edge = (w + up > 2 * up ? w + up : 2 * up) - w; /* what follows the wire */
+  CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_TREE, TDM_SIM_ALLREDUCE, n, 3),
+             w + 2 * up_edge + 2 * (down > 2 * half ? down : 2 * half), 1e-15);
+  /* direct over 4 ranks: 3 messages at once, each way; pairwise links side by side (one alpha,
+   * n/p beta), a shared link one after the other; the CPU work of all 3 either way */
+  k.cpu_cores = 0;
+  m = n / 4;
+  double cpu_rs = 3 * (ca + m * cb) + 3 * m * g, cpu_ag = 3 * (ca + m * cb);
+  CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_DIRECT, TDM_SIM_ALLREDUCE, n, 4), 3 * (a + m * b) * 2 + cpu_rs + cpu_ag, 1e-15);
+  k.intra.pairwise = 1;
+  CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_DIRECT, TDM_SIM_ALLREDUCE, n, 4), (a + m * b) * 2 + cpu_rs + cpu_ag, 1e-15);
+  /* recursive doubling across nodes on pairwise links: the far step's ranks do not share a link */
+  tdm_sim_cluster kn = flat(1e-6, 1e-10, 0);
+  kn.ranks_per_node = 4;
+  kn.inter = (tdm_sim_link){.alpha = 5e-6, .beta = 8e-10, .pairwise = 1};
+  double x = 65536;
+  CHECK_NEAR(tdm_sim_coll_cost(&kn, TDM_ALGO_RD, TDM_SIM_ALLREDUCE, x, 8), 2 * (1e-6 + x * 1e-10) + (5e-6 + x * 8e-10), 1e-15);
+}
+
+/* The calibration's fit recovers a link from measurements made by that link: the pair's wall time
+ * is its wire plus its CPU work, 8 ranks on 1 core around the ring are bound by the core (their
+ * work outweighs the wire), and the check (the ring's wall time, which no fit uses) is exact. */
+static void test_calibration_fit(void) {
+  double a = 2e-4, b = 8e-9, ca = 4e-5, cb = 2e-9, cores = 1;
+  tdm_sim_calib_points pt;
+  memset(&pt, 0, sizeof pt);
+  for (double n = 8; n <= 4194304; n *= 4) {
+    double cpu = ca + n * cb, t = a + n * b + cpu;
+    int i = pt.m++;
+    pt.n[i] = n, pt.pair_wall[i] = t, pt.pair_cpu[i] = cpu, pt.ring_cpu[i] = cpu;
+    pt.ring_wall[i] = 8 * cpu / cores > t ? 8 * cpu / cores : t;
+  }
+  tdm_sim_calibration c;
+  memset(&c, 0, sizeof c);
+  c.cpu_cores = cores;
+  CHECK_OK(tdm__sim_fit_link(&pt, 8, 0, &c));
+  CHECK_MSG(fabs(c.link.alpha / a - 1) < 1e-6 && fabs(c.link.beta / b - 1) < 1e-6, "wire: alpha %g, beta %g", c.link.alpha, c.link.beta);
+  CHECK_MSG(fabs(c.link.cpu_alpha / ca - 1) < 1e-6 && fabs(c.link.cpu_beta / cb - 1) < 1e-6, "cpu: %g, %g", c.link.cpu_alpha, c.link.cpu_beta);
+  CHECK_MSG(c.check_max < 1e-6, "the check: %g", c.check_max);
+  CHECK(c.ring_beta > 1.5 * b); /* the plain fit of the crowded ring: the core's bound taken for a slower link */
+  /* the fitted link predicts the ring exchange the same way the cost table does */
+  tdm_sim_cluster k = flat(0, 0, 0);
+  k.intra = c.link, k.cpu_cores = cores;
+  double n = 1048576, cpu = ca + n * cb;
+  CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_RING, TDM_SIM_ALLGATHER, 8 * n, 8), 7 * (a + n * b + cpu > 8 * cpu ? a + n * b + cpu : 8 * cpu),
+             1e-12);
+  CHECK(8 * cpu > a + n * b + cpu); /* the bound that case tests */
+  pt.m = 1;
+  CHECK(tdm__sim_fit_link(&pt, 8, 0, &c) == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("1 sizes");
 }
 
 /* Three layers of 100,000 parameters, forward 1, 2, 3 MFLOP at 1 GFLOP/s (6 ms; backward 6, 4, 2 ms
  * from the last layer), a bucket per layer (400 KB: the ring, by tandem's rule), all-reduces of 2 ms
- * (2 ranks, alpha 1 ms, beta 0), the optimizer 1 ms per 100,000 parameters. By hand:
+ * (2 ranks, alpha 1 ms, beta 0: direct's two steps, or shm's two barriers), the optimizer 1 ms per
+ * 100,000 parameters. By hand:
  *   overlap     buckets [12,14] [16,18] [18,20], optimizer to 23 ms; compute 21, exposed 2
- *   no core     the training thread reduces: [12,14], backward to 18, [18,20], to 22, [22,24]; 27
- *   --no-overlap backward to 18, buckets [18,20] [20,22] [22,24]; 27 */
+ *   no core     over a shared region (shm) the training thread reduces: [12,14], backward to 18,
+ *               [18,20], to 22, [22,24]; 27
+ *   --no-overlap backward to 18, buckets [18,20] [20,22] [22,24]; 27
+ *   no core, tcp the communication thread takes the buckets, but runs only when the scheduler
+ *               takes a core from backward: as the training thread would, 27 */
 static void test_overlap_by_hand(void) {
   int64_t params[3] = {100000, 100000, 100000};
   double fwd[3] = {1e6, 2e6, 3e6};
   tdm_sim_cluster k = flat(1e-3, 0, 0);
   k.flops = 1e9, k.optim_rate = 1e8, k.overhead = 0, k.cores_per_node = 0;
-  for (int mode = 0; mode < 3; mode++) {
+  for (int mode = 0; mode < 4; mode++) {
     tdm_sim_model *m = NULL;
     CHECK_OK(tdm_sim_model_custom(&m, 3, params, fwd, 400000, 400000, mode == 2));
     if (!m) return;
-    k.cores_per_node = mode == 1 ? 2 : 0; /* 2 ranks x 1 thread on 2 cores: none spare */
+    k.cores_per_node = mode == 1 || mode == 3 ? 2 : 0; /* 2 ranks x 1 thread on 2 cores: none spare */
+    k.shm = mode == 1;
     tdm_sim_result r;
     CHECK_OK(tdm_sim_step(m, &k, 2, &r));
     int nb = 0;
     const double *t = tdm_sim_last_buckets(m, &nb);
     CHECK_MSG(nb == 3 && t, "%d buckets", nb);
-    double want[3][7] = {{12, 14, 16, 18, 18, 20, 23}, {12, 14, 18, 20, 22, 24, 27}, {18, 20, 20, 22, 22, 24, 27}};
+    double want[4][7] = {{12, 14, 16, 18, 18, 20, 23}, {12, 14, 18, 20, 22, 24, 27}, {18, 20, 20, 22, 22, 24, 27}, {12, 14, 18, 20, 22, 24, 27}};
     for (int i = 0; t && i < 6; i++) CHECK_MSG(fabs(t[i] * 1e3 - want[mode][i]) < 1e-9, "mode %d: event %d at %.6f ms, expected %.0f", mode, i, t[i] * 1e3, want[mode][i]);
     CHECK_NEAR(r.step * 1e3, want[mode][6], 1e-9);
     CHECK_NEAR(r.compute * 1e3, 21, 1e-9);
@@ -126,6 +232,60 @@ static void test_overlap_by_hand(void) {
     CHECK_NEAR(r.efficiency, 21 / want[mode][6], 1e-12);
     tdm_sim_model_destroy(m);
   }
+}
+
+/* Stragglers: the expected largest of n standard normals against its closed forms (n = 2, 3) and
+ * a tabulated value (n = 4, 1.0293754); a step of 2 ranks whose compute spreads by cv waits for
+ * the slower: the hand-made model's 21 ms of compute (no communication cost) times 1 + cv/sqrt(pi). */
+static void test_stragglers(void) {
+  CHECK(tdm_sim_expected_max(1) == 0);
+  CHECK_NEAR(tdm_sim_expected_max(2), 1 / sqrt(M_PI_VALUE), 1e-9);
+  CHECK_NEAR(tdm_sim_expected_max(3), 1.5 / sqrt(M_PI_VALUE), 1e-9);
+  CHECK_NEAR(tdm_sim_expected_max(4), 1.0293754, 1e-6);
+  CHECK(tdm_sim_expected_max(1024) > 3.1 && tdm_sim_expected_max(1024) < 3.3);
+  int64_t params[3] = {100000, 100000, 100000};
+  double fwd[3] = {1e6, 2e6, 3e6};
+  tdm_sim_cluster k = flat(0, 0, 0);
+  k.flops = 1e9, k.optim_rate = 1e8, k.overhead = 0, k.cores_per_node = 0, k.compute_cv = 0.25;
+  tdm_sim_model *m = NULL;
+  CHECK_OK(tdm_sim_model_custom(&m, 3, params, fwd, 400000, 400000, 0));
+  if (!m) return;
+  tdm_sim_result r;
+  CHECK_OK(tdm_sim_step(m, &k, 2, &r));
+  CHECK_NEAR(r.step * 1e3, 21 * (1 + 0.25 / sqrt(M_PI_VALUE)), 1e-9);
+  CHECK_NEAR(r.efficiency, 1 / (1 + 0.25 / sqrt(M_PI_VALUE)), 1e-12); /* one rank alone does not wait */
+  CHECK_OK(tdm_sim_step(m, &k, 1, &r));
+  CHECK_NEAR(r.step * 1e3, 21, 1e-9);
+  tdm_sim_model_destroy(m);
+}
+
+/* Ranks sharing cores: the hand-made model's 21 ms of compute was measured with 2 ranks computing
+ * at once on 1 core (half a core each); no core is spare, so each bucket's 2 alpha hold backward
+ * up. A rank waiting on its link leaves its core to the other: with the links slow (alpha 10 ms)
+ * the ranks compute a seventh of the step, never at once, each at a whole core's speed: compute
+ * 10.5 ms, buckets [6,26] [28,48] [49,69], the optimizer to 70.5 ms. With alpha 1 ms they compute
+ * most of the time: by hand the step settles where compute / step = busy and compute = 21 busy
+ * ms (2 busy ranks on the core): compute x 21 ms and the step 21x + 6 give x = 15/21, 21 ms. */
+static void test_cores_shared(void) {
+  int64_t params[3] = {100000, 100000, 100000};
+  double fwd[3] = {1e6, 2e6, 3e6};
+  tdm_sim_model *m = NULL;
+  CHECK_OK(tdm_sim_model_custom(&m, 3, params, fwd, 400000, 400000, 0));
+  if (!m) return;
+  tdm_sim_cluster k = flat(10e-3, 0, 0);
+  k.flops = 1e9, k.optim_rate = 1e8, k.overhead = 0, k.cores_per_node = 1, k.compute_ranks = 2;
+  tdm_sim_result r;
+  CHECK_OK(tdm_sim_step(m, &k, 2, &r));
+  CHECK_NEAR(r.compute * 1e3, 10.5, 1e-9);
+  CHECK_NEAR(r.step * 1e3, 70.5, 1e-9);
+  int nb = 0;
+  const double *t = tdm_sim_last_buckets(m, &nb);
+  CHECK(nb == 3 && t && fabs(t[0] * 1e3 - 6) < 1e-9 && fabs(t[2] * 1e3 - 28) < 1e-9 && fabs(t[5] * 1e3 - 69) < 1e-9);
+  k.intra.alpha = 1e-3;
+  CHECK_OK(tdm_sim_step(m, &k, 2, &r));
+  CHECK_NEAR(r.compute * 1e3, 15, 1e-6);
+  CHECK_NEAR(r.step * 1e3, 21, 1e-6);
+  tdm_sim_model_destroy(m);
 }
 
 /* A model from the planner's description: the MLP's parameters; GPT mini's FLOPs per token against
@@ -212,8 +372,33 @@ static void test_bad_input(void) {
   fclose(f);
   CHECK(tdm_sim_cluster_load(path, &back) == TDM_ERR_INVALID_ARG);
   CHECK_ERR_HAS("ranks_per_node is 0");
+  /* the CPU terms: written and read back; a file without them (calibrated before) loads as the
+   * plain alpha-beta-gamma link, its cores those of the node; a bad one is named */
+  tdm_sim_cluster_default(&k);
+  k.cores_per_node = 2, k.cpu_cores = 0.75, k.intra.cpu_alpha = 4e-5, k.inter.cpu_beta = 3e-10, k.inter.pairwise = 1;
+  CHECK_OK(tdm_sim_cluster_save(path, &k, NULL));
+  CHECK_OK(tdm_sim_cluster_load(path, &back));
+  CHECK(fabs(back.cpu_cores - 0.75) < 1e-9 && fabs(back.intra.cpu_alpha - 4e-5) < 1e-15 && fabs(back.inter.cpu_beta - 3e-10) < 1e-20);
+  CHECK(back.inter.pairwise == 1 && back.intra.pairwise == 0);
+  f = fopen(path, "w");
+  fprintf(f, "{\"ranks_per_node\": 8, \"cores_per_node\": 2, \"threads\": 1, \"shm\": 0, \"intra\": {\"alpha\": 1e-6, \"beta\": 1e-10, \"gamma\": 0},"
+             " \"inter\": {\"alpha\": 1e-6, \"beta\": 1e-10, \"gamma\": 0}, \"compute\": {\"flops\": 1e9, \"optimizer\": 1e9, \"overhead\": 0, \"ranks\": 1}}");
+  fclose(f);
+  CHECK_OK(tdm_sim_cluster_load(path, &back));
+  CHECK(back.cpu_cores == 2 && back.intra.cpu_alpha == 0 && back.intra.cpu_beta == 0 && back.inter.pairwise == 0);
+  f = fopen(path, "w");
+  fprintf(f, "{\"ranks_per_node\": 8, \"cores_per_node\": 2, \"threads\": 1, \"shm\": 0, \"intra\": {\"alpha\": 1e-6, \"beta\": 1e-10, \"gamma\": 0, \"pairwise\": 2},"
+             " \"inter\": {\"alpha\": 1e-6, \"beta\": 1e-10, \"gamma\": 0}, \"compute\": {\"flops\": 1e9, \"optimizer\": 1e9, \"overhead\": 0, \"ranks\": 1}}");
+  fclose(f);
+  CHECK(tdm_sim_cluster_load(path, &back) == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("intra.pairwise is 2");
+  k.cpu_cores = -1;
+  CHECK(tdm_sim_cluster_check(&k, "here") == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("here: cpu_cores is -1");
   remove(path);
   CHECK(tdm_sim_cluster_load(path, &back) == TDM_ERR_IO);
 }
 
-TDM_TEST_MAIN(T(test_closed_forms), T(test_nodes), T(test_overlap_by_hand), T(test_models), T(test_bad_input))
+TDM_TEST_MAIN(T(test_closed_forms), T(test_nodes), T(test_cpu_terms), T(test_calibration_fit), T(test_overlap_by_hand), T(test_stragglers), T(test_cores_shared),
+              T(test_models),
+              T(test_bad_input))
