@@ -73,7 +73,8 @@ for s in steps:
     assert len(s["rank_step_ms"]) == 2 and len(s["rank_comm_wait_ms"]) == 2, s
     assert abs(s["rank_step_ms"][0] - s["step_time_ms"]) < 1e-3 + 1e-6 * s["step_time_ms"], s   # rank 0's own slot
     assert abs(s["rank_forward_ms"][0] - s["time_forward_ms"]) < 1e-3 + 1e-6 * s["time_forward_ms"], s
-    assert s["rank_step_ms"][1] > 0 and s["slowest_rank"] == (0 if s["rank_step_ms"][0] >= s["rank_step_ms"][1] else 1), s
+    r0, r1 = s["rank_step_ms"]  # printed to 1 us: within that, either rank may be the slower one
+    assert r1 > 0 and (abs(r0 - r1) <= 1e-3 or s["slowest_rank"] == (0 if r0 > r1 else 1)), s
 EOF
 }
 check "metrics: run header, per-rank times gathered (rank 0's equal its own fields), slowest rank" header_and_ranks
