@@ -64,6 +64,7 @@ struct zero_state {
   float **span_g;        /* per optimizer span: where its gradients are (for the norm) */
   float *shard_w, *shard_g;
   tdm_shared_t shared;   /* stage 1: the gradients in a shared buffer, reduce-scattered in place */
+  int clean;             /* stages 2-3: the gradient buffer is all zero (the last backward reduced, so gave back, every group) */
   tdm_engine *e;
 };
 
@@ -355,17 +356,22 @@ static void zero_destroy(tdm_engine *e) {
 
 static void zero_zero_grad(tdm_engine *e) {
   zero_state *z = e->impl;
-  if (z->stage == 1) tdm_params_zero_grad(e->params);
-  else { /* reserved: released after every reduce; this also clears what an interrupted step left */
+  if (z->stage == 1) {
     tdm_params_zero_grad(e->params);
-    for (int k = 0; k < z->ng; k++) count_grads(&z->g[k], 0);
+    return;
   }
+  /* reserved: every group's gradients are given back (zero) once reduced, so after a backward that
+   * reduced them all there is nothing to clear (giving the pages back again costs a fault per
+   * page at the next write); anything else (an interrupted step, the start) clears it all */
+  if (!z->clean) tdm_params_zero_grad(e->params);
+  for (int k = 0; k < z->ng; k++) count_grads(&z->g[k], 0);
 }
 
 static void zero_begin_backward(tdm_engine *e, int last) {
   zero_state *z = e->impl;
   z->sync = last;
   z->in_backward = 1;
+  z->clean = 0; /* gradients are written from now on */
   /* gradients being written: the first group's when this backward reduces, else all of them
    * (they stay whole until the last micro-batch) */
   for (int k = 0; k < z->ng; k++)
@@ -399,6 +405,7 @@ static tdm_status zero_end_backward(tdm_engine *e, int last, double *wait_s) {
   }
   for (int k = 0; k < z->ng; k++) z->g[k].pending = z->g[k].n_params;
   z->hook_status = TDM_OK;
+  if (last && st == TDM_OK) z->clean = 1; /* every group reduced, so given back (stages 2-3) */
   if (z->stage == 3 && st == TDM_OK) st = drop_units(z); /* forward starts from the shard again */
   return st;
 }
