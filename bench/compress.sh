@@ -67,6 +67,7 @@ net)
   for r in $(seq 1 "$REPS"); do
     for net in "${NETS[@]}"; do
       for s in "${SPECS[@]}"; do
+        rm -f "$TMP/m.jsonl" # metrics files are appended to: one run's steps each time
         TANDEM_TRANSPORT=tcp TANDEM_NET_EMULATE=$net ./$B/tandem run -n 2 -- tandem train --model mlp --steps "$STEPS" \
           --threads 1 --compress "$s" --metrics "$TMP/m.jsonl" >/dev/null 2>&1
         summary "$TMP/m.jsonl" >>"$TMP/$net.$s"
