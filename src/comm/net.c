@@ -2,6 +2,7 @@
 #include "comm/net.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
@@ -329,6 +330,17 @@ struct tdm__net_gate {
   char last_peer[64], last_reason[96];
 };
 
+/* How many descriptors this process has open (Linux: /proc/self/fd, less the one reading it), or -1. */
+static int open_descriptors(void) {
+  DIR *d = opendir("/proc/self/fd");
+  if (!d) return -1;
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d));)
+    if (e->d_name[0] != '.') n++;
+  closedir(d);
+  return n - 1;
+}
+
 size_t tdm__net_gate_bytes(void) { return sizeof(tdm__net_gate); }
 
 tdm_status tdm__net_gate_create(tdm__net_gate **out, int lfd, uint32_t magic, const char *token, const char *who,
@@ -345,8 +357,22 @@ tdm_status tdm__net_gate_create(tdm__net_gate **out, int lfd, uint32_t magic, co
   /* strangers may hold an eighth of our descriptors at most: the rest stay for ranks, files and
      a second listener in the same process (rank 0 has the store's and the mesh's) */
   struct rlimit rl;
-  rlim_t eighth = getrlimit(RLIMIT_NOFILE, &rl) == 0 ? rl.rlim_cur / 8 : TDM_NET_MAX_PENDING;
+  int have_rl = getrlimit(RLIMIT_NOFILE, &rl) == 0;
+  rlim_t eighth = have_rl ? rl.rlim_cur / 8 : TDM_NET_MAX_PENDING;
   g->max_pending = eighth < 4 ? 4 : eighth < TDM_NET_MAX_PENDING ? (int)eighth : TDM_NET_MAX_PENDING;
+  /* and a quarter at most of the descriptors still free: a process that already holds most of
+     its limit keeps the rest for its ranks and its other threads (rank 0 dials its own store and
+     builds its mesh while strangers flood the store) */
+  int open_now = open_descriptors();
+  if (have_rl && open_now > 0 && rl.rlim_cur != RLIM_INFINITY && (rlim_t)open_now < rl.rlim_cur) {
+    int quarter = (int)((rl.rlim_cur - (rlim_t)open_now) / 4);
+    if (quarter < 1) quarter = 1;
+    if (quarter < g->max_pending) {
+      g->max_pending = quarter;
+      tdm_log(TDM_LOG_WARN, "%s: only %d of %llu file descriptors are free (ulimit -n): at most %d connections may wait "
+              "for a handshake", who, (int)(rl.rlim_cur - (rlim_t)open_now), (unsigned long long)rl.rlim_cur, quarter);
+    }
+  }
   tdm__net_nonblock(lfd);
   *out = g;
   return TDM_OK;
