@@ -7,15 +7,31 @@
 #include "core/internal.h"
 #include "train/data/dataset_impl.h"
 
+#define TDM_SYNTH_MAX_CLASSES 1024
+
 typedef struct {
   uint64_t seed, first; /* sample i is drawn from index first + i */
-  float *teacher;       /* (classes, features) */
+  float *teacher;       /* (features, classes) */
 } synth;
 
-static float gauss(uint64_t key, uint64_t ctr) {
+/* Values ctr*2 and ctr*2+1 of a key's standard normal sequence: Box-Muller, both outputs of one
+ * pair of uniforms, in float (the features are floats): generating a test set of 10,000 is the
+ * cost of a short run's evaluation, so no log or cosine is wasted. */
+static void gauss_pair(uint64_t key, uint64_t ctr, float *g0, float *g1) {
   uint64_t a = tdm_hash64(key, 2 * ctr), b = tdm_hash64(key, 2 * ctr + 1);
-  double u1 = ((double)(a >> 11) + 1.0) / 9007199254740993.0, u2 = (double)(b >> 11) / 9007199254740992.0;
-  return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+  float u1 = ((float)(a >> 40) + 1.0f) * (1.0f / 16777216.0f), u2 = (float)(b >> 40) * (1.0f / 16777216.0f);
+  float r = sqrtf(-2.0f * logf(u1)), t = 6.2831853f * u2;
+  *g0 = r * cosf(t);
+  *g1 = r * sinf(t);
+}
+
+/* n values of the key's sequence into out */
+static void gauss_fill(uint64_t key, float *out, int64_t n) {
+  for (int64_t f = 0; f + 1 < n; f += 2) gauss_pair(key, (uint64_t)f / 2, out + f, out + f + 1);
+  if (n % 2) {
+    float spare;
+    gauss_pair(key, (uint64_t)(n - 1) / 2, out + n - 1, &spare);
+  }
 }
 
 static tdm_status synth_batch(const tdm_dataset *ds, const int64_t *idx, int64_t n, float *x, int32_t *y) {
@@ -24,14 +40,13 @@ static tdm_status synth_batch(const tdm_dataset *ds, const int64_t *idx, int64_t
   for (int64_t i = 0; i < n; i++) {
     float *xi = x + i * F;
     uint64_t key = tdm_hash64(s->seed, s->first + (uint64_t)idx[i]);
-    for (int64_t f = 0; f < F; f++) xi[f] = gauss(key, (uint64_t)f);
+    gauss_fill(key, xi, F);
+    float v[TDM_SYNTH_MAX_CLASSES] = {0};
+    for (int64_t f = 0; f < F; f++) /* the classes' sums side by side: no chain of dependent adds */
+      for (int64_t k = 0; k < C; k++) v[k] += s->teacher[f * C + k] * xi[f];
     int32_t best = 0;
-    float best_v = -INFINITY;
-    for (int64_t k = 0; k < C; k++) {
-      float v = 0;
-      for (int64_t f = 0; f < F; f++) v += s->teacher[k * F + f] * xi[f];
-      if (v > best_v) best_v = v, best = (int32_t)k;
-    }
+    for (int64_t k = 1; k < C; k++)
+      if (v[k] > v[best]) best = (int32_t)k;
     y[i] = best;
   }
   return TDM_OK;
@@ -48,8 +63,8 @@ static const tdm_dataset_vtable synth_vt = {"synthetic", synth_batch, synth_dest
 
 tdm_status tdm_dataset_open_synthetic(tdm_dataset **out, int64_t n, int ndim, const int64_t *shape, int classes,
                                       uint64_t seed, uint64_t first_index) {
-  if (!out || n < 1 || ndim < 1 || ndim > 4 || classes < 2)
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "synthetic data: %lld samples, %d axes, %d classes; expected >= 1, 1..4, >= 2",
+  if (!out || n < 1 || ndim < 1 || ndim > 4 || classes < 2 || classes > TDM_SYNTH_MAX_CLASSES)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "synthetic data: %lld samples, %d axes, %d classes; expected >= 1, 1..4, 2..1024",
                           (long long)n, ndim, classes);
   int64_t F = 1;
   for (int d = 0; d < ndim; d++) {
@@ -67,7 +82,7 @@ tdm_status tdm_dataset_open_synthetic(tdm_dataset **out, int64_t n, int ndim, co
   }
   s->seed = seed;
   s->first = first_index;
-  for (int64_t k = 0; k < F * classes; k++) t[k] = gauss(seed ^ 0x7eac4e5ull, (uint64_t)k);
+  gauss_fill(seed ^ 0x7eac4e5ull, t, F * classes);
   s->teacher = t;
   ds->vt = &synth_vt;
   ds->impl = s;
