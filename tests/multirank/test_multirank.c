@@ -267,7 +267,7 @@ static void test_from_env_and_wrong_token(void) {
   for (int r = 0; r < 2; r++) {
     pids[r] = fork();
     if (pids[r] == 0) {
-      char rank[8], portstr[8];
+      char rank[12], portstr[12];
       snprintf(rank, sizeof rank, "%d", r);
       snprintf(portstr, sizeof portstr, "%d", port);
       setenv("RANK", rank, 1);
