@@ -1121,11 +1121,13 @@ static tdm_status pp_create(tdm_engine *e, const tdm_model_config *mc, uint64_t 
   }
   char tensor[32] = "";
   if (q->T > 1) snprintf(tensor, sizeof tensor, " x %d tensor", q->T);
-  if (snprintf(e->desc, sizeof e->desc, "pipeline %s, %d stage%s%s%.0d%s x %d data, %d micro-batches, bubble %.3f (stage %d: blocks %.40s)",
-               tdm_pp_schedule_name(pc->schedule), q->P, q->P == 1 ? "" : "s", q->V > 1 ? " x virtual " : "", q->V > 1 ? q->V : 0,
-               tensor, q->D, q->M, q->s->bubble, q->stage, blocks) >= (int)sizeof e->desc) {
-    /* cut short: the description is for people, and the plan prints every stage in full */
-  }
+  char full[512]; /* then cut to the description's size: it is for people, the plan prints every stage */
+  snprintf(full, sizeof full, "pipeline %s, %d stage%s%s%.0d%s x %d data, %d micro-batches, bubble %.3f (stage %d: blocks %.40s)",
+           tdm_pp_schedule_name(pc->schedule), q->P, q->P == 1 ? "" : "s", q->V > 1 ? " x virtual " : "", q->V > 1 ? q->V : 0, tensor,
+           q->D, q->M, q->s->bubble, q->stage, blocks);
+  size_t n = strlen(full) < sizeof e->desc ? strlen(full) : sizeof e->desc - 1;
+  memcpy(e->desc, full, n);
+  e->desc[n] = '\0';
   return TDM_OK;
 }
 
