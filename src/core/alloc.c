@@ -86,6 +86,20 @@ void *tdm__calloc(size_t n, size_t size) {
   return p;
 }
 
+void *tdm__realloc(void *p, size_t n) {
+  if (!p) return tdm__malloc(n);
+  hdr *h = (hdr *)p - 1;
+  if (h->pad != sizeof(hdr) || n > SIZE_MAX - 64) return NULL; /* an aligned block cannot move through realloc */
+  size_t old = h->size;
+  tdm_mem_category c = (tdm_mem_category)h->cat;
+  unsigned char *b = realloc((unsigned char *)h, n + sizeof(hdr));
+  if (!b) return NULL;
+  ((hdr *)b)->size = n;
+  atomic_fetch_add_explicit(&n_mallocs, 1, memory_order_relaxed);
+  tdm__mem_account(c, (int64_t)n - (int64_t)old);
+  return b + sizeof(hdr);
+}
+
 void tdm__free(void *p) {
   if (!p) return;
   hdr *h = (hdr *)p - 1;

@@ -19,6 +19,9 @@ _Noreturn void tdm__assert_fail(const char *expr, const char *file, int line);
 void *tdm__malloc(size_t n);
 void *tdm__calloc(size_t n, size_t size);
 void *tdm__aligned_alloc(size_t n); /* 64-byte aligned, free with tdm__free */
+/* Resizes a block from tdm__malloc / calloc (not aligned_alloc: NULL), keeping its category; on
+ * failure NULL and p untouched, as realloc. */
+void *tdm__realloc(void *p, size_t n);
 void tdm__free(void *p);
 /* The same, counted under category c instead of the calling thread's current one. */
 void *tdm__malloc_cat(size_t n, tdm_mem_category c);

@@ -44,6 +44,14 @@ static void test_memory_categories(void) {
   CHECK(b.current[TDM_MEM_DATA] - a.current[TDM_MEM_DATA] == 300);
   CHECK(b.current_total - a.current_total == 5396);
   CHECK(((uintptr_t)q % 64) == 0 && r && ((char *)r)[299] == 0);
+  /* realloc keeps the category and the contents, counts the new size, and refuses aligned blocks */
+  memset(p, 7, 1000);
+  void *p2 = tdm__realloc(p, 3 << 20); /* past malloc's mmap threshold: moved by remapping */
+  CHECK(p2 && ((unsigned char *)p2)[0] == 7 && ((unsigned char *)p2)[999] == 7);
+  p = p2 ? p2 : p;
+  tdm_mem_stats_get(&b);
+  CHECK(b.current[TDM_MEM_OPTIM] - a.current[TDM_MEM_OPTIM] == 3 << 20);
+  CHECK(tdm__realloc(q, 8192) == NULL);
   tdm__free(p), tdm__free(q), tdm__free(r);
   tdm_mem_stats_get(&b);
   CHECK(b.current_total == a.current_total && b.peak[TDM_MEM_COMM] >= a.current[TDM_MEM_COMM] + 4096);

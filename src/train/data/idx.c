@@ -72,9 +72,8 @@ static tdm_status read_data(gzFile g, tdm_idx *out, const char *path) {
     }
     if (got == n) break;
     size_t nc = cap * 2 < n ? cap * 2 : n;
-    uint8_t *nb = tdm__malloc(nc);
-    if (nb) memcpy(nb, buf, got);
-    tdm__free(buf);
+    uint8_t *nb = tdm__realloc(buf, nc); /* large blocks move by remapping: no copy, no page touched again */
+    if (!nb) tdm__free(buf);
     buf = nb;
     cap = nc;
   }
