@@ -57,7 +57,7 @@ tdm_status tdm__allreduce_direct(struct tdm_comm *c, void *buf, size_t count, td
   if (c->size == 1) return TDM_OK;
   size_t cnt[c->size], off[c->size], es = tdm_dtype_size(dt);
   tdm__blocks(count, c->size, cnt, off);
-  char *mine = (char *)buf + off[c->rank] * es;
+  char *mine = count ? (char *)buf + off[c->rank] * es : buf; /* an empty buffer may be NULL */
   TDM__TRY(tdm__reduce_scatter_direct(c, buf, mine, cnt, off, dt, op));
   return tdm__allgather_direct(c, mine, buf, cnt, off, dt);
 }

@@ -113,7 +113,7 @@ tdm_status tdm__reduce_scatter_direct(struct tdm_comm *c, const void *sendbuf, v
     for (int k = 1; k < P; k++) {
       int to = (r + k) % P, from = (r - k + P) % P;
       if (j == 0 || at < cnt[to]) /* to's chunk j of my data */
-        x[n++] = (tdm__xfer){.peer = to, .is_send = 1, .buf = (void *)(in + (off[to] + (at < cnt[to] ? at : 0)) * es),
+        x[n++] = (tdm__xfer){.peer = to, .is_send = 1, .buf = at < cnt[to] ? (void *)(in + (off[to] + at) * es) : NULL,
                              .nbytes = (at < cnt[to] ? (cnt[to] - at < chunk ? cnt[to] - at : chunk) : 0) * es};
       if (j == 0 || mine)
         x[n++] = (tdm__xfer){.peer = from, .is_send = 0, .buf = tmp + (size_t)from * chunk * es, .nbytes = mine * es};
@@ -139,8 +139,8 @@ tdm_status tdm__allgather_direct(struct tdm_comm *c, const void *sendbuf, void *
   int n = 0;
   for (int k = 1; k < P; k++) { /* empty parts too: every rank checks every peer's call */
     int to = (r + k) % P, from = (r - k + P) % P;
-    x[n++] = (tdm__xfer){.peer = to, .is_send = 1, .buf = out + off[r] * es, .nbytes = cnt[r] * es};
-    x[n++] = (tdm__xfer){.peer = from, .is_send = 0, .buf = out + off[from] * es, .nbytes = cnt[from] * es};
+    x[n++] = (tdm__xfer){.peer = to, .is_send = 1, .buf = cnt[r] ? out + off[r] * es : NULL, .nbytes = cnt[r] * es};
+    x[n++] = (tdm__xfer){.peer = from, .is_send = 0, .buf = cnt[from] ? out + off[from] * es : NULL, .nbytes = cnt[from] * es};
   }
   return n ? tdm__exchange(c, x, n) : TDM_OK;
 }

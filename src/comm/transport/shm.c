@@ -310,7 +310,7 @@ static int step(shm_tr *t, struct tdm_comm *c, tdm__xfer *x, tdm_status *st) {
   size_t H = sizeof(tdm__hdr), moved = 0;
   if (x->is_send) {
     if (x->done < H) moved += ring_put(t, x->peer, (char *)&x->hdr + x->done, H - x->done), x->done += moved;
-    if (x->done >= H) {
+    if (x->done >= H && x->nbytes) { /* (no arithmetic on the NULL of an empty message: C calls it undefined) */
       size_t k = ring_put(t, x->peer, (char *)x->buf + (x->done - H), x->nbytes - (x->done - H));
       x->done += k;
       moved += k;
@@ -331,7 +331,7 @@ static int step(shm_tr *t, struct tdm_comm *c, tdm__xfer *x, tdm_status *st) {
         if ((*st = tdm__xfer_header(c, x)) != TDM_OK) return -1;
       }
     }
-    if (x->done >= H) {
+    if (x->done >= H && x->nbytes) {
       size_t k = ring_get(t, x->peer, (char *)x->buf + (x->done - H), x->nbytes - (x->done - H));
       x->done += k;
       moved += k;
