@@ -41,7 +41,8 @@ static tdm_status synth_batch(const tdm_dataset *ds, const int64_t *idx, int64_t
     float *xi = x + i * F;
     uint64_t key = tdm_hash64(s->seed, s->first + (uint64_t)idx[i]);
     gauss_fill(key, xi, F);
-    float v[TDM_SYNTH_MAX_CLASSES] = {0};
+    float v[TDM_SYNTH_MAX_CLASSES];
+    for (int64_t k = 0; k < C; k++) v[k] = 0.0f; /* the classes in use, not the whole array, each sample */
     for (int64_t f = 0; f < F; f++) /* the classes' sums side by side: no chain of dependent adds */
       for (int64_t k = 0; k < C; k++) v[k] += s->teacher[f * C + k] * xi[f];
     int32_t best = 0;
