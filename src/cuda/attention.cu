@@ -58,6 +58,11 @@ __global__ void causal_softmax_bwd_k(float *datt, const float *att, int64_t rows
   for (int64_t j = lane; j < T; j += 32) d[j] = j <= t ? scale * a[j] * (d[j] - s) : 0.0f;
 }
 
+extern "C" void tdm_cu_attention_split(float *qkvr, const float *qkv, const float *bias, int64_t B, int64_t T, int64_t C,
+                                       int64_t NH) {
+  split_heads_k<<<tdm_cu_blocks(3 * B * T * C, 256), 256>>>(qkvr, qkv, bias, B, T, NH, C / NH, 3);
+}
+
 extern "C" void tdm_cu_causal_softmax_fwd(float *att, int64_t BH, int64_t T, float scale) {
   causal_softmax_fwd_k<<<(unsigned)((BH * T + 7) / 8), 256>>>(att, BH * T, T, scale);
 }

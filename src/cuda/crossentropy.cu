@@ -2,9 +2,15 @@
 // exponentials, then the gradient), never storing the probabilities.
 #include <math.h>
 
+#include <cuda_bf16.h>
+
 #include "cu_common.cuh"
 
-__global__ void cross_entropy_k(float *loss, float *dlogits, const float *logits, const int32_t *targets, int64_t V,
+__device__ __forceinline__ void ce_store(float *p, float v) { *p = v; }
+__device__ __forceinline__ void ce_store(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
+
+template <typename GradT>
+__global__ void cross_entropy_k(float *loss, GradT *dlogits, const float *logits, const int32_t *targets, int64_t V,
                                 float dscale) {
   __shared__ float sh[32];
   int64_t row = blockIdx.x;
@@ -21,8 +27,8 @@ __global__ void cross_entropy_k(float *loss, float *dlogits, const float *logits
   if (threadIdx.x == 0) loss[row] = ok ? lse - x[t] : NAN;
   if (!dlogits) return;
   __syncthreads(); // x[t] read above before the row is overwritten in place
-  float *d = dlogits + row * V;
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) d[j] = (expf(x[j] - lse) - (j == t ? 1.0f : 0.0f)) * dscale;
+  GradT *d = dlogits + row * V;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) ce_store(d + j, (expf(x[j] - lse) - (j == t ? 1.0f : 0.0f)) * dscale);
 }
 
 __global__ void sum_k(float *out, const float *x, int64_t n) {
@@ -36,5 +42,9 @@ __global__ void sum_k(float *out, const float *x, int64_t n) {
 extern "C" void tdm_cu_cross_entropy(float *loss, float *dlogits, const float *logits, const int32_t *targets, int64_t N,
                                      int64_t V, float dscale) {
   cross_entropy_k<<<(unsigned)N, 512>>>(loss, dlogits, logits, targets, V, dscale);
+}
+extern "C" void tdm_cu_cross_entropy_bf16grad(float *loss, uint16_t *dlogits, const float *logits, const int32_t *targets,
+                                              int64_t N, int64_t V, float dscale) {
+  cross_entropy_k<<<(unsigned)N, 512>>>(loss, (__nv_bfloat16 *)dlogits, logits, targets, V, dscale);
 }
 extern "C" void tdm_cu_sum(float *out, const float *x, int64_t n) { sum_k<<<1, 1024>>>(out, x, n); }

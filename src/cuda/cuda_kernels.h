@@ -58,6 +58,9 @@ void tdm_cu_gpt_embed_bwd(float *dwte, float *dwpe, const float *dout, const int
 /* ---- layernorm.cu ------------------------------------------------------------------------------ */
 void tdm_cu_layernorm_fwd(float *out, float *mean, float *rstd, const float *x, const float *w, const float *b,
                           int64_t N, int64_t C, float eps);
+/* the same with the output rounded to bf16 (mixed precision: it feeds a bf16 product) */
+void tdm_cu_layernorm_fwd_bf16(uint16_t *out, float *mean, float *rstd, const float *x, const float *w, const float *b,
+                               int64_t N, int64_t C, float eps);
 /* dx (N, C) +=, dw and db (C) += (as tdm_k_layernorm_bwd) */
 void tdm_cu_layernorm_bwd(float *dx, float *dw, float *db, const float *dout, const float *x, const float *w,
                           const float *mean, const float *rstd, int64_t N, int64_t C);
@@ -67,6 +70,7 @@ void tdm_cu_gelu_fwd(float *out, const float *x, int64_t n);
 void tdm_cu_gelu_bwd(float *dx, const float *dout, const float *x, int64_t n); /* dx = ... (set; may be dout) */
 /* x (N, O) += b per row, then out = gelu(x): a linear layer's bias and the activation in one pass */
 void tdm_cu_bias_gelu_fwd(float *out, float *x, const float *b, int64_t N, int64_t O);
+void tdm_cu_bias_gelu_fwd_bf16(uint16_t *out, float *x, const float *b, int64_t N, int64_t O); /* out in bf16 */
 
 /* ---- attention.cu: causal multi-head self-attention on packed qkv (B, T, 3C), NH heads ----------
  * Forward: qkvr (3 B T C) receives q, k, v as (B, NH, T, hs) each (plus bias (3C), when not NULL:
@@ -78,6 +82,20 @@ void tdm_cu_attention_fwd(float *out, float *qkvr, float *att, float *y, const f
                           int64_t T, int64_t C, int64_t NH);
 void tdm_cu_attention_bwd(float *dqkv, float *dqkvr, float *datt, float *dy, const float *dout, const float *qkvr,
                           const float *att, int64_t B, int64_t T, int64_t C, int64_t NH);
+/* q, k, v of packed qkv (B, T, 3C) (+ bias (3C), or NULL) -> qkvr: 3 tensors (B, NH, T, hs) */
+void tdm_cu_attention_split(float *qkvr, const float *qkv, const float *bias, int64_t B, int64_t T, int64_t C, int64_t NH);
+/* ---- flash_attention.cu: the same attention fused (no T x T matrix in memory) ------------------
+ * Products on the tensor cores with bf16 inputs (q, k, v, dO, P, dS rounded to bf16), fp32
+ * accumulation and softmax statistics. For head sizes 16, 32, 64, 128 and B NH <= 65535
+ * (tdm_cu_flash_supported). Forward: out (B, T, C), f32 or bf16 (out_bf16), from qkvr (as
+ * tdm_cu_attention_split leaves it); lse (B NH T) the rows' log2-sum-exp2 for backward. Backward:
+ * dqkv (B, T, 3C) set (its q part summed with atomics: reproducible to rounding, not bit for bit),
+ * Drow (B NH T) scratch, dout (B, T, C) f32, out and lse from forward. */
+int tdm_cu_flash_supported(int64_t hs, int64_t BH);
+void tdm_cu_flash_attention_fwd(void *out, int out_bf16, float *lse, const float *qkvr, int64_t B, int64_t T, int64_t C,
+                                int64_t NH);
+void tdm_cu_flash_attention_bwd(float *dqkv, float *Drow, const float *dout, const void *out, int out_bf16,
+                                const float *qkvr, const float *lse, int64_t B, int64_t T, int64_t C, int64_t NH);
 /* the softmax alone: att (rows of T, row r of a (T, T) block masked after column r % T), in place,
  * of scale * x; and its backward in place on datt: datt = scale * att * (datt - sum(att datt)) */
 void tdm_cu_causal_softmax_fwd(float *att, int64_t BH, int64_t T, float scale);
@@ -89,6 +107,9 @@ void tdm_cu_causal_softmax_bwd(float *datt, const float *att, int64_t BH, int64_
  * Targets outside [0, V) give loss NAN (the host checks targets before). */
 void tdm_cu_cross_entropy(float *loss, float *dlogits, const float *logits, const int32_t *targets, int64_t N,
                           int64_t V, float dscale);
+/* the same with dlogits (not NULL, not in place) written as bf16: the input of bf16 products */
+void tdm_cu_cross_entropy_bf16grad(float *loss, uint16_t *dlogits, const float *logits, const int32_t *targets, int64_t N,
+                                   int64_t V, float dscale);
 /* out[0] = sum of x (n), one block, in a fixed order (deterministic) */
 void tdm_cu_sum(float *out, const float *x, int64_t n);
 

@@ -1,8 +1,14 @@
 // LayerNorm over the last axis: one warp per row in forward and for dx; dw and db summed per
 // column over chunks of rows, the chunks' partial sums added with atomics.
+#include <cuda_bf16.h>
+
 #include "cu_common.cuh"
 
-__global__ void layernorm_fwd_k(float *out, float *mean, float *rstd, const float *x, const float *w, const float *b,
+__device__ __forceinline__ void ln_store(float *p, float v) { *p = v; }
+__device__ __forceinline__ void ln_store(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
+
+template <typename OutT>
+__global__ void layernorm_fwd_k(OutT *out, float *mean, float *rstd, const float *x, const float *w, const float *b,
                                 int64_t N, int64_t C, float eps) {
   int64_t row = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32;
   int lane = threadIdx.x & 31;
@@ -17,8 +23,8 @@ __global__ void layernorm_fwd_k(float *out, float *mean, float *rstd, const floa
     v += d * d;
   }
   float rs = rsqrtf(tdm_warp_sum(v) / (float)C + eps);
-  float *o = out + row * C;
-  for (int64_t c = lane; c < C; c += 32) o[c] = (xr[c] - m) * rs * w[c] + b[c];
+  OutT *o = out + row * C;
+  for (int64_t c = lane; c < C; c += 32) ln_store(o + c, (xr[c] - m) * rs * w[c] + b[c]);
   if (lane == 0) {
     mean[row] = m;
     rstd[row] = rs;
@@ -74,6 +80,10 @@ __global__ void layernorm_dwdb_k(float *dw, float *db, const float *dout, const 
 extern "C" void tdm_cu_layernorm_fwd(float *out, float *mean, float *rstd, const float *x, const float *w, const float *b,
                                      int64_t N, int64_t C, float eps) {
   layernorm_fwd_k<<<(unsigned)((N + 7) / 8), 256>>>(out, mean, rstd, x, w, b, N, C, eps);
+}
+extern "C" void tdm_cu_layernorm_fwd_bf16(uint16_t *out, float *mean, float *rstd, const float *x, const float *w,
+                                          const float *b, int64_t N, int64_t C, float eps) {
+  layernorm_fwd_k<<<(unsigned)((N + 7) / 8), 256>>>((__nv_bfloat16 *)out, mean, rstd, x, w, b, N, C, eps);
 }
 
 extern "C" void tdm_cu_layernorm_bwd(float *dx, float *dw, float *db, const float *dout, const float *x, const float *w,

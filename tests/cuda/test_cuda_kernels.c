@@ -6,6 +6,12 @@
  *   bf16 products, fp32 accumulation, against the CPU product of the same bf16-rounded inputs:
  *                                                              atol 1e-4, rtol 1e-4; bf16 output: rtol 2^-7
  *   f32 -> bf16 conversion: bit for bit (round to nearest even on both sides).
+ *   bf16 outputs of fp32 kernels (layernorm, bias + GELU, the loss's gradient): within one bf16
+ *   ulp of the CPU's fp32 value (rtol 2^-7: two values a hair apart can round to neighbours; atol
+ *   1e-6 for the forward, 1e-9 for the gradient).
+ *   flash attention (bf16 q, k, v, dO, P, dS; fp32 accumulation) against the CPU attention of the
+ *   same bf16-rounded q, k, v and dO: out atol 1e-2 + rtol 1e-2, dqkv atol 3e-2 + rtol 3e-2, and
+ *   each with a relative L2 error ||gpu - cpu|| / ||cpu|| below 1e-2.
  * Skips (exit 77, ctest "Skipped") when the machine has no CUDA device. */
 #include "tdm_test.h"
 #include "cuda/cuda_kernels.h"
@@ -34,6 +40,20 @@ static float *from_dev(const void *d, int64_t n) {
   CHECK_OK(tdm_cuda_sync("test"));
   CHECK_OK(tdm_cuda_to_host(h, d, (size_t)n * sizeof(float)));
   return h;
+}
+static float *from_dev_bf16(const void *d, int64_t n) {
+  uint16_t *h = malloc((size_t)n * 2);
+  float *f = malloc((size_t)n * sizeof(float));
+  CHECK_OK(tdm_cuda_sync("test"));
+  CHECK_OK(tdm_cuda_to_host(h, d, (size_t)n * 2));
+  tdm_k_bf16_to_f32(f, h, n);
+  free(h);
+  return f;
+}
+static double rel_l2(const float *got, const float *ref, int64_t n) {
+  double d = 0, r = 0;
+  for (int64_t i = 0; i < n; i++) d += ((double)got[i] - ref[i]) * ((double)got[i] - ref[i]), r += (double)ref[i] * ref[i];
+  return r > 0 ? sqrt(d / r) : sqrt(d);
 }
 static int close_to(const char *label, const float *got, const float *ref, int64_t n, double atol, double rtol) {
   double mabs;
@@ -205,6 +225,12 @@ static void test_layernorm(void) {
   g = from_dev(d_rstd, N);
   close_to("layernorm rstd", g, rstd, N, 1e-5, 1e-4);
   free(g);
+  uint16_t *d_out16 = dev_from(NULL, (size_t)(N * C) * 2);
+  tdm_cu_layernorm_fwd_bf16(d_out16, d_mean, d_rstd, d_x, d_w, d_b, N, C, 1e-5f);
+  g = from_dev_bf16(d_out16, N * C);
+  close_to("layernorm forward, bf16 output", g, out, N * C, 1e-6, 1.0 / 128);
+  free(g);
+  tdm_cuda_free(d_out16);
   tdm_cu_layernorm_bwd(d_dx, d_dw, d_db, d_dout, d_x, d_w, d_mean, d_rstd, N, C);
   g = from_dev(d_dx, N * C);
   close_to("layernorm backward dx (+=)", g, dx, N * C, 1e-5, 1e-4);
@@ -248,6 +274,16 @@ static void test_gelu(void) {
   g = from_dev(d_y, N * O);
   close_to("bias + gelu: output", g, y, N * O, 1e-5, 1e-4);
   free(g);
+  uint16_t *d_y16 = dev_from(NULL, (size_t)(N * O) * 2);
+  CHECK_OK(tdm_cuda_to_device(d_x, x, (size_t)n * 4));
+  tdm_cu_bias_gelu_fwd_bf16(d_y16, d_x, d_b, N, O);
+  g = from_dev(d_x, N * O);
+  close_to("bias + gelu bf16: biased input", g, xb, N * O, 1e-30, 1e-7);
+  free(g);
+  g = from_dev_bf16(d_y16, N * O);
+  close_to("bias + gelu bf16: output", g, y, N * O, 1e-6, 1.0 / 128);
+  free(g);
+  tdm_cuda_free(d_y16);
   tdm_cuda_free(d_x), tdm_cuda_free(d_y), tdm_cuda_free(d_dout), tdm_cuda_free(d_dx), tdm_cuda_free(d_b);
   free(x), free(dout), free(y), free(dx), free(b), free(xb);
 }
@@ -289,6 +325,57 @@ static void test_attention(void) {
   attention_case(1, 256, 128, 2);
 }
 
+/* The fused flash kernel against the CPU attention of the same bf16-rounded q, k, v and dO. */
+static void flash_case(int64_t B, int64_t T, int64_t C, int64_t NH, int out_bf16) {
+  int64_t n = B * T * C, na = B * NH * T * T;
+  CHECK(tdm_cu_flash_supported(C / NH, B * NH));
+  float *qkv = host_rand(3 * n, 1), *bias = host_rand(3 * C, 1), *dout = host_rand(n, 1);
+  float *d_qkv = dev_from(qkv, (size_t)(3 * n) * 4), *d_bias = dev_from(bias, (size_t)(3 * C) * 4);
+  float *d_dout = dev_from(dout, (size_t)n * 4);
+  for (int64_t i = 0; i < 3 * n; i++) qkv[i] += bias[i % (3 * C)]; /* as the split adds it, in fp32 */
+  tdm_k_round_bf16(qkv, qkv, 3 * n), tdm_k_round_bf16(dout, dout, n);
+  float *out = malloc((size_t)n * 4), *att = malloc((size_t)na * 4), *scratch = malloc((size_t)na * 4);
+  float *dqkv = calloc((size_t)(3 * n), 4);
+  tdm_k_attention_fwd(out, att, qkv, B, T, C, NH);
+  tdm_k_attention_bwd(dqkv, scratch, dout, att, qkv, B, T, C, NH, 0);
+  float *d_qkvr = dev_from(NULL, (size_t)(3 * n) * 4), *d_lse = dev_from(NULL, (size_t)(B * NH * T) * 4);
+  float *junk = host_rand(3 * n, 9); /* dqkv starts as garbage: backward sets it */
+  float *d_drow = dev_from(NULL, (size_t)(B * NH * T) * 4), *d_dqkv = dev_from(junk, (size_t)(3 * n) * 4);
+  free(junk);
+  void *d_out = dev_from(NULL, (size_t)n * (out_bf16 ? 2 : 4));
+  tdm_cu_attention_split(d_qkvr, d_qkv, d_bias, B, T, C, NH);
+  tdm_cu_flash_attention_fwd(d_out, out_bf16, d_lse, d_qkvr, B, T, C, NH);
+  tdm_cu_flash_attention_bwd(d_dqkv, d_drow, d_dout, d_out, out_bf16, d_qkvr, d_lse, B, T, C, NH);
+  char label[96];
+  float *g = out_bf16 ? from_dev_bf16(d_out, n) : from_dev(d_out, n);
+  snprintf(label, sizeof label, "flash out B%lld T%lld hs%lld%s", (long long)B, (long long)T, (long long)(C / NH),
+           out_bf16 ? " (bf16)" : "");
+  close_to(label, g, out, n, 1e-2, 1e-2);
+  double e = rel_l2(g, out, n);
+  printf("    %-34s relative L2 error %.3g\n", "", e);
+  CHECK_MSG(e < 1e-2, "%s: relative L2 error %.3g", label, e);
+  free(g);
+  g = from_dev(d_dqkv, 3 * n); /* set, not accumulated: the random start must be gone */
+  close_to("flash backward dqkv", g, dqkv, 3 * n, 3e-2, 3e-2);
+  e = rel_l2(g, dqkv, 3 * n);
+  printf("    %-34s relative L2 error %.3g\n", "", e);
+  CHECK_MSG(e < 1e-2, "flash dqkv: relative L2 error %.3g", e);
+  free(g);
+  void *ds[] = {d_qkv, d_bias, d_dout, d_qkvr, d_lse, d_drow, d_dqkv, d_out};
+  for (int k = 0; k < 8; k++) tdm_cuda_free(ds[k]);
+  free(qkv), free(bias), free(dout), free(out), free(att), free(scratch), free(dqkv);
+}
+
+static void test_flash_attention(void) {
+  CHECK(!tdm_cu_flash_supported(24, 8) && !tdm_cu_flash_supported(64, 65536));
+  flash_case(2, 67, 128, 2, 0);  /* head size 64, T past one tile by 3 */
+  flash_case(2, 67, 128, 2, 1);  /* the same with a bf16 output (what the GPT keeps) */
+  flash_case(1, 256, 128, 2, 0); /* four tiles */
+  flash_case(1, 130, 64, 4, 0);  /* head size 16 */
+  flash_case(2, 100, 128, 4, 1); /* head size 32 */
+  flash_case(1, 150, 256, 2, 0); /* head size 128 */
+}
+
 static void test_cross_entropy(void) {
   int64_t N = 37, V = 1001;
   float *logits = host_rand(N * V, 4), *lse = malloc((size_t)N * 4), *dl = calloc((size_t)(N * V), 4);
@@ -307,6 +394,17 @@ static void test_cross_entropy(void) {
   float *g = from_dev(d_logits, N * V);
   close_to("cross-entropy dlogits (in place)", g, dl, N * V, 1e-7, 1e-4);
   free(g), free(s);
+  /* the gradient in bf16, into its own buffer */
+  uint16_t *d_dl16 = dev_from(NULL, (size_t)(N * V) * 2);
+  CHECK_OK(tdm_cuda_to_device(d_logits, logits, (size_t)(N * V) * 4));
+  tdm_cu_cross_entropy_bf16grad(d_loss, d_dl16, d_logits, d_tgt, N, V, 1.0f / (float)N);
+  tdm_cu_sum(d_sum, d_loss, N);
+  s = from_dev(d_sum, 1);
+  CHECK_NEAR(s[0] / (float)N, ref_loss, 1e-5 + 1e-5 * fabs(ref_loss));
+  g = from_dev_bf16(d_dl16, N * V);
+  close_to("cross-entropy dlogits (bf16)", g, dl, N * V, 1e-9, 1.0 / 128);
+  free(g), free(s);
+  tdm_cuda_free(d_dl16);
   /* a target outside the vocabulary gives NAN for its row */
   tgt[3] = (int32_t)V;
   CHECK_OK(tdm_cuda_to_device(d_tgt, tgt, (size_t)N * 4));
@@ -417,7 +515,8 @@ int main(void) {
   CHECK_OK(tdm_cuda_device_info(name, sizeof name, &fr, &tot));
   printf("device: %s, %.1f GiB free of %.1f\n", name, (double)fr / 1073741824.0, (double)tot / 1073741824.0);
   static const tdm_test_case cases[] = {T(test_gemm), T(test_gemm_batched), T(test_bias_residual), T(test_embedding),
-                                        T(test_layernorm), T(test_gelu), T(test_attention), T(test_cross_entropy),
+                                        T(test_layernorm), T(test_gelu), T(test_attention), T(test_flash_attention),
+                                        T(test_cross_entropy),
                                         T(test_adamw_clip), T(test_convert), T(test_oom)};
   return tdm_test_main(cases, (int)(sizeof cases / sizeof cases[0]));
 }
