@@ -113,7 +113,7 @@ static int bench_lm(int argc, char **argv, int llama) {
   int64_t zero = 0, zero_unit = 1, tp = 1, pp = 1, accum = 1;
   const char *schedule = NULL;
   double peak = 102.5, bucket_mb = 25;
-  int json = 0, tf32 = 0;
+  int json = 0, tf32 = 0, profile = 0;
   const char *device = NULL;
   double peak_tflops = 989.4;
   cli_opt gpt_config = {"config", CLI_CHOICE, &config, "mini", "architecture (mini: 4 layers, 4 heads, 256 wide, block 128, vocab 256)", "mini|gpt2-124M", 0, 0, 0};
@@ -145,8 +145,9 @@ static int bench_lm(int argc, char **argv, int llama) {
       {"pp", CLI_INT, &pp, "1", "pipeline stages across the ranks of tandem run (the rest: data replicas)", NULL, 1, 4096, 0},
       {"schedule", CLI_CHOICE, &schedule, "1f1b", "--pp: the pipeline schedule", "gpipe|1f1b|interleaved|zb1p", 0, 0, 0},
       {"accum", CLI_INT, &accum, "1", "micro-batches per step (of --batch-size each; a pipeline's micro-batches)", NULL, 1, 1 << 20, 0},
-      {"device", CLI_CHOICE, &device, "cpu", "where the step runs (cuda: one GPU, gpt only, fp32 (--tf32), single process)", "cpu|cuda", 0, 0, 0},
+      {"device", CLI_CHOICE, &device, "cpu", "where the step runs (cuda: one GPU, gpt only, fp32, --tf32 or --precision bf16, single process)", "cpu|cuda", 0, 0, 0},
       {"tf32", CLI_FLAG, &tf32, NULL, "--device cuda: TF32 tensor cores for the fp32 products", NULL, 0, 0, 0},
+      {"profile", CLI_FLAG, &profile, NULL, "--device cuda: after the timed steps, 3 more with CUDA events between kernel groups: the device time by group", NULL, 0, 0, 0},
       {"peak-tflops", CLI_FLOAT, &peak_tflops, "989.4", "--device cuda: the peak for MFU (default H100 SXM dense bf16)", NULL, 1e-3, 1e6, 0},
   };
   int n = (int)(sizeof opts / sizeof opts[0]);
@@ -177,16 +178,18 @@ static int bench_lm(int argc, char **argv, int llama) {
     return 2;
   }
   if (!strcmp(device, "cuda")) { /* one GPU: its own step (tools/bench_gpt_cuda.c) */
-    const char *bad = llama ? "llama" : zero ? "--zero" : tp > 1 ? "--tp" : pp > 1 ? "--pp" : accum > 1 ? "--accum" : strcmp(precision, "fp32") ? "--precision bf16/fp16" : strcmp(recompute, "none") ? "--recompute" : strcmp(optimizer, "adamw") ? "--optimizer sgd" : getenv("WORLD_SIZE") && atoi(getenv("WORLD_SIZE")) > 1 ? "several ranks" : NULL;
+    const char *bad = llama ? "llama" : zero ? "--zero" : tp > 1 ? "--tp" : pp > 1 ? "--pp" : accum > 1 ? "--accum" : strcmp(recompute, "none") ? "--recompute" : strcmp(optimizer, "adamw") ? "--optimizer sgd" : getenv("WORLD_SIZE") && atoi(getenv("WORLD_SIZE")) > 1 ? "several ranks" : NULL;
     if (bad) {
-      fprintf(stderr, "tandem bench %s --device cuda: %s is not on the CUDA backend yet (it runs one GPT on one GPU, fp32 or --tf32, AdamW)\n",
+      fprintf(stderr, "tandem bench %s --device cuda: %s is not on the CUDA backend yet (it runs one GPT on one GPU, fp32, --tf32 or --precision bf16, AdamW)\n",
               llama ? "llama" : "gpt", bad);
       return 2;
     }
-    return bench_gpt_cuda(&mc, B, T, steps, warmup, (uint64_t)seed, tf32, peak_tflops, json);
+    int prec = cuda_precision("bench gpt", !strcmp(precision, "bf16") ? TDM_BF16 : !strcmp(precision, "fp16") ? TDM_F16 : TDM_F32, tf32);
+    if (prec < 0) return 2;
+    return bench_gpt_cuda(&mc, B, T, steps, warmup, (uint64_t)seed, prec, peak_tflops, json, profile);
   }
-  if (tf32) {
-    fprintf(stderr, "tandem bench gpt: --tf32 applies to --device cuda\n");
+  if (tf32 || profile) {
+    fprintf(stderr, "tandem bench gpt: --%s applies to --device cuda\n", tf32 ? "tf32" : "profile");
     return 2;
   }
   if (tdm_set_num_threads((int)threads) != TDM_OK) {

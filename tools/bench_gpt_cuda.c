@@ -41,8 +41,9 @@ out:
   return bw;
 }
 
-int bench_gpt_cuda(const tdm_model_config *mc, int64_t B, int64_t T, int64_t steps, int64_t warmup, uint64_t seed, int tf32,
-                   double peak_tflops, int json) {
+int bench_gpt_cuda(const tdm_model_config *mc, int64_t B, int64_t T, int64_t steps, int64_t warmup, uint64_t seed,
+                   int precision, double peak_tflops, int json, int profile) {
+  static const char *prec_name[3] = {"fp32", "tf32", "bf16"};
   tdm_model *m = NULL;
   tdm_cuda_gpt *g = NULL;
   int rc = 1;
@@ -56,7 +57,7 @@ int bench_gpt_cuda(const tdm_model_config *mc, int64_t B, int64_t T, int64_t ste
   if (st == TDM_OK) st = tdm_cuda_init();
   if (st == TDM_OK) st = tdm_cuda_device_info(dev, sizeof dev, &dfree, &dtotal);
   if (st == TDM_OK) st = tdm_model_create(&m, mc, seed);
-  if (st == TDM_OK) st = tdm_cuda_gpt_create(&g, mc, tdm_model_params(m), B, T, tf32);
+  if (st == TDM_OK) st = tdm_cuda_gpt_create(&g, mc, tdm_model_params(m), B, T, precision);
   if (st != TDM_OK) {
     fprintf(stderr, "tandem bench gpt --device cuda: %s\n", tdm_last_error());
     goto out;
@@ -93,25 +94,47 @@ int bench_gpt_cuda(const tdm_model_config *mc, int64_t B, int64_t T, int64_t ste
   tdm_cuda_gpt_plan plan = tdm_cuda_gpt_get_plan(g);
   if (json) {
     printf("{\"device\":\"%s\",\"layers\":%lld,\"heads\":%lld,\"width\":%lld,\"vocab\":%lld,\"batch\":%lld,\"seq\":%lld,"
-           "\"params\":%lld,\"tf32\":%d,\"ms\":%.3f,\"fwd_ms\":%.3f,\"bwd_ms\":%.3f,\"opt_ms\":%.3f,\"tokens_per_s\":%.1f,"
+           "\"params\":%lld,\"precision\":\"%s\",\"ms\":%.3f,\"fwd_ms\":%.3f,\"bwd_ms\":%.3f,\"opt_ms\":%.3f,\"tokens_per_s\":%.1f,"
            "\"tflops\":%.2f,\"mfu\":%.4f,\"peak_tflops\":%.1f,\"copy_gbps\":%.1f,\"adamw_floor_ms\":%.3f,"
            "\"device_gib\":%.3f,\"loss\":%.4f}\n",
            dev, (long long)L, (long long)mc->n_head, (long long)C, (long long)mc->vocab_size, (long long)B, (long long)T,
-           (long long)np, tf32, ms, fwd, bwd, opt, tps, flops / (ms * 1e-3) * 1e-12, mfu, peak_tflops, bw * 1e-9, floor_ms,
+           (long long)np, prec_name[precision], ms, fwd, bwd, opt, tps, flops / (ms * 1e-3) * 1e-12, mfu, peak_tflops, bw * 1e-9, floor_ms,
            (double)plan.total / 1073741824.0, loss);
   } else {
-    printf("# tandem GPT step on %s: %lld layers, %lld heads, width %lld, vocab %lld (%lld parameters), B=%lld T=%lld, fp32%s\n",
+    printf("# tandem GPT step on %s: %lld layers, %lld heads, width %lld, vocab %lld (%lld parameters), B=%lld T=%lld, %s\n",
            dev, (long long)L, (long long)mc->n_head, (long long)C, (long long)mc->vocab_size, (long long)np, (long long)B,
-           (long long)T, tf32 ? " with TF32 products" : "");
+           (long long)T, precision == TDM_CUDA_BF16 ? "bf16 mixed precision (flash attention)" : precision == TDM_CUDA_TF32 ? "fp32 with TF32 products" : "fp32");
     printf("step        %9.2f ms (median of %lld)  %.0f tokens/s\n", ms, (long long)steps, tps);
     printf("  forward   %9.2f ms (with the fused cross-entropy and its gradient)\n  backward  %9.2f ms\n", fwd, bwd);
     printf("  update    %9.2f ms (gradient norm, clipping, AdamW; memory-traffic floor %.2f ms at %.0f GB/s copy: %.2fx)\n",
            opt, floor_ms, bw * 1e-9, opt / floor_ms);
     printf("model FLOPs %9.1f GFLOP per step: %.1f TFLOP/s, MFU %.1f%% of %.0f TFLOP/s\n", flops * 1e-9,
            flops / (ms * 1e-3) * 1e-12, 100 * mfu, peak_tflops);
-    printf("device      %9.2f GiB allocated once: parameters %.2f, gradients %.2f, AdamW %.2f, activations %.2f; last loss %.4f\n",
+    printf("device      %9.2f GiB allocated once: parameters %.2f, gradients %.2f, AdamW %.2f, bf16 weights %.2f, activations %.2f; last loss %.4f\n",
            (double)plan.total / 1073741824.0, (double)plan.params / 1073741824.0, (double)plan.grads / 1073741824.0,
-           (double)plan.adam / 1073741824.0, (double)plan.activations / 1073741824.0, loss);
+           (double)plan.adam / 1073741824.0, (double)plan.weights_bf16 / 1073741824.0, (double)plan.activations / 1073741824.0, loss);
+  }
+  if (profile) { /* more steps with events between kernel groups: where the time goes, not how long a step takes */
+    enum { PSTEPS = 3 };
+    st = tdm_cuda_gpt_set_profile(g, 1);
+    for (int64_t s = 0; st == TDM_OK && s < PSTEPS; s++) {
+      st = tdm_cuda_gpt_forward(g, x, y, &loss);
+      if (st == TDM_OK) st = tdm_cuda_gpt_zero_grad(g);
+      if (st == TDM_OK) st = tdm_cuda_gpt_backward(g);
+      if (st == TDM_OK) st = tdm_cuda_gpt_update(g, &oc, oc.lr, 1.0f, &norm);
+    }
+    if (st != TDM_OK) {
+      fprintf(stderr, "tandem bench gpt --device cuda --profile: %s\n", tdm_last_error());
+      goto out;
+    }
+    const char *names[16];
+    double pms[16], total = 0;
+    int n = tdm_cuda_gpt_profile(g, names, pms, 16);
+    for (int i = 0; i < n; i++) total += pms[i];
+    printf("%sdevice time by kernel group (%d profiled steps, events between groups):\n", json ? "# " : "", PSTEPS);
+    for (int i = 0; i < n; i++)
+      printf("%s  %-30s %8.2f ms a step  %5.1f%%\n", json ? "# " : "", names[i], pms[i] / PSTEPS, 100 * pms[i] / total);
+    printf("%s  %-30s %8.2f ms\n", json ? "# " : "", "total", total / PSTEPS);
   }
   rc = 0;
 out:

@@ -382,7 +382,7 @@ int tool_train(int argc, char **argv) {
       {"trace", CLI_STRING, &trace, NULL, "write a timeline per rank in this directory (Chrome trace JSON; tandem trace merge DIR OUT lines the ranks up)", NULL, 0, 0, 0},
       {"emulate-ranks", CLI_INT, &emulate, "0", "run N data-parallel ranks as threads of this process (thread transport; TANDEM_NET_EMULATE for link costs)", NULL, 0, 1024, 0},
       {"emulate-slow", CLI_STRING, &slow, NULL, "with --emulate-ranks: RANK:FACTOR makes that rank a straggler whose steps take FACTOR times as long", NULL, 0, 0, 0},
-      {"device", CLI_CHOICE, &device, "cpu", "where to train (cuda: --model gpt on one GPU, fp32 or --tf32; see README)", "cpu|cuda", 0, 0, 0},
+      {"device", CLI_CHOICE, &device, "cpu", "where to train (cuda: --model gpt on one GPU, fp32, --tf32 or --precision bf16; see README)", "cpu|cuda", 0, 0, 0},
       {"tf32", CLI_FLAG, &tf32, NULL, "--device cuda: TF32 tensor cores for the fp32 products", NULL, 0, 0, 0},
   };
   int r = train_options("train", "[options]", argc, argv, &c, 5, extra);

@@ -13,21 +13,35 @@ static void draw(tdm_rng *r, int64_t *idx, int64_t B, int64_t n) {
   for (int64_t i = 0; i < B; i++) idx[i] = (int64_t)(tdm_rng_next(r) % (uint64_t)n);
 }
 
+int cuda_precision(const char *cmd, tdm_dtype precision, int tf32) {
+  if (precision == TDM_F16) {
+    fprintf(stderr, "tandem %s --device cuda: --precision fp16 is not on the CUDA backend (fp32, --tf32 or --precision bf16)\n", cmd);
+    return -1;
+  }
+  if (precision == TDM_BF16 && tf32) {
+    fprintf(stderr, "tandem %s --device cuda: --tf32 is for fp32 products; --precision bf16 already multiplies in bf16\n", cmd);
+    return -1;
+  }
+  return precision == TDM_BF16 ? TDM_CUDA_BF16 : tf32 ? TDM_CUDA_TF32 : TDM_CUDA_FP32;
+}
+
 int train_cuda(const tdm_train_config *c, int tf32) {
   const tdm_engine_config *e = &c->engine;
   const char *ws = getenv("WORLD_SIZE");
   const char *bad = strcmp(c->model, "gpt") ? "a model other than gpt"
                     : ws && atoi(ws) > 1 ? "several ranks (tandem run)"
                     : e->kind != TDM_ENGINE_DP ? "--zero, --tp, --pp or --ps-servers"
-                    : e->accum > 1 ? "--accum" : e->precision != TDM_F32 ? "--precision bf16/fp16"
+                    : e->accum > 1 ? "--accum"
                     : e->recompute != TDM_RECOMPUTE_NONE ? "--recompute" : c->checkpoint_dir ? "--checkpoint-dir"
                     : strcmp(c->optimizer, "adamw") && strcmp(c->optimizer, "adam") ? "--optimizer sgd"
                     : c->lr_schedule && !strcmp(c->lr_schedule, "step") ? "--lr-schedule step" : NULL;
   if (bad) {
     fprintf(stderr, "tandem train --device cuda: %s is not on the CUDA backend yet (it trains --model gpt on one GPU, "
-                    "fp32 or --tf32, AdamW, one process)\n", bad);
+                    "fp32, --tf32 or --precision bf16, AdamW, one process)\n", bad);
     return 2;
   }
+  int prec = cuda_precision("train", e->precision, tf32);
+  if (prec < 0) return 2;
   if (c->dropout != 0) {
     fprintf(stderr, "tandem train --device cuda: dropout %g (gpt's default is 0.1); the CUDA backend has no dropout yet: give --dropout 0\n",
             c->dropout);
@@ -59,7 +73,7 @@ int train_cuda(const tdm_train_config *c, int tf32) {
   }
   if (st == TDM_OK) st = tdm_model_create(&m, &mc, c->seed);
   if (st == TDM_OK && c->init_weights) st = tdm_params_load(tdm_model_params(m), c->init_weights, 0);
-  if (st == TDM_OK) st = tdm_cuda_gpt_create(&g, &mc, tdm_model_params(m), B, T, tf32);
+  if (st == TDM_OK) st = tdm_cuda_gpt_create(&g, &mc, tdm_model_params(m), B, T, prec);
   if (st != TDM_OK) {
     fprintf(stderr, "tandem train --device cuda: %s: %s\n", tdm_status_str(st), tdm_last_error());
     goto out;

@@ -12,7 +12,7 @@
  * AdamW moments each in ONE buffer laid out as tdm_params' host buffer (same offsets, same names),
  * and every activation in one arena allocated at create: no allocation in the steady state.
  *   tdm_cuda_gpt *g;
- *   tdm_cuda_gpt_create(&g, &model_cfg, tdm_model_params(m), B, T, 1);  // copies the weights up
+ *   tdm_cuda_gpt_create(&g, &model_cfg, tdm_model_params(m), B, T, TDM_CUDA_BF16);  // copies the weights up
  *   for (...) {
  *     tdm_cuda_gpt_forward(g, x, y, &loss);   // host tokens (B, T) i32; loss = mean cross-entropy
  *     tdm_cuda_gpt_zero_grad(g);
@@ -62,17 +62,22 @@ tdm_status tdm_cuda_sync(const char *where);
 void tdm_cuda_set_tf32(int on);
 
 /* ---- GPT training on one GPU ------------------------------------------------------------------- */
+/* The arithmetic of a GPU run: fp32 as the CPU; TF32 tensor-core products (fp32 storage); bf16
+ * mixed precision (bf16 products with fp32 accumulation, the products' inputs stored in bf16, the
+ * fused flash attention kernel, fp32 master weights, gradients and AdamW state). */
+enum { TDM_CUDA_FP32 = 0, TDM_CUDA_TF32 = 1, TDM_CUDA_BF16 = 2 };
 typedef struct tdm_cuda_gpt_plan {
-  size_t params, grads, adam, activations, total; /* bytes */
+  size_t params, grads, adam, weights_bf16, activations, total; /* bytes (weights_bf16: 0 unless bf16) */
 } tdm_cuda_gpt_plan;
-/* What tdm_cuda_gpt_create will allocate for this model and batch (exact). */
-tdm_status tdm_cuda_gpt_plan_bytes(const tdm_model_config *mc, int64_t B, int64_t T, tdm_cuda_gpt_plan *out);
+/* What tdm_cuda_gpt_create will allocate for this model, batch and precision (exact). */
+tdm_status tdm_cuda_gpt_plan_bytes(const tdm_model_config *mc, int64_t B, int64_t T, int precision, tdm_cuda_gpt_plan *out);
 
 typedef struct tdm_cuda_gpt tdm_cuda_gpt;
 /* mc: a GPT config without dropout; params: its host parameters (tdm_model_params), copied up.
- * B x T tokens per step, T <= block_size; tf32: TF32 products. */
+ * B x T tokens per step, T <= block_size; precision: TDM_CUDA_FP32, _TF32 or _BF16 (bf16 needs a
+ * head size of 16, 32, 64 or 128: TDM_ERR_NOT_SUPPORTED otherwise). */
 tdm_status tdm_cuda_gpt_create(tdm_cuda_gpt **out, const tdm_model_config *mc, const tdm_params *params, int64_t B,
-                               int64_t T, int tf32);
+                               int64_t T, int precision);
 void tdm_cuda_gpt_destroy(tdm_cuda_gpt *g);
 /* idx, targets: host (B, T) token ids, checked against the vocabulary. With targets: *loss = the
  * mean cross-entropy, and the loss's gradient with respect to the logits is kept for backward
@@ -90,6 +95,14 @@ tdm_status tdm_cuda_gpt_update(tdm_cuda_gpt *g, const tdm_optim_config *oc, floa
 tdm_status tdm_cuda_gpt_download(const tdm_cuda_gpt *g, tdm_params *params, int grads);
 /* The plan it allocated. */
 tdm_cuda_gpt_plan tdm_cuda_gpt_get_plan(const tdm_cuda_gpt *g);
+/* Where the device time goes: with profiling on, a CUDA event is recorded before each group of
+ * kernels (products, attention, layernorm, ...) and the time up to the next event is added to the
+ * group's category. Costs an event per group (about 400 a step) and a wait at each phase's end:
+ * measure speed with it off. Off again frees the events and the sums. */
+tdm_status tdm_cuda_gpt_set_profile(tdm_cuda_gpt *g, int on);
+/* The categories' names (static strings) and milliseconds summed since profiling was turned on,
+ * at most cap of them; returns how many (0 when off). names or ms may be NULL. */
+int tdm_cuda_gpt_profile(const tdm_cuda_gpt *g, const char **names, double *ms, int cap);
 
 #ifdef __cplusplus
 }

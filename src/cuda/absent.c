@@ -40,17 +40,25 @@ tdm_status tdm_cuda_sync(const char *where) {
   return NO_CUDA("cuda_sync");
 }
 void tdm_cuda_set_tf32(int on) { (void)on; }
-tdm_status tdm_cuda_gpt_plan_bytes(const tdm_model_config *mc, int64_t B, int64_t T, tdm_cuda_gpt_plan *out) {
-  (void)mc, (void)B, (void)T, (void)out;
+tdm_status tdm_cuda_gpt_plan_bytes(const tdm_model_config *mc, int64_t B, int64_t T, int precision, tdm_cuda_gpt_plan *out) {
+  (void)mc, (void)B, (void)T, (void)precision, (void)out;
   return NO_CUDA("cuda gpt");
 }
 tdm_status tdm_cuda_gpt_create(tdm_cuda_gpt **out, const tdm_model_config *mc, const tdm_params *params, int64_t B,
-                               int64_t T, int tf32) {
-  (void)mc, (void)params, (void)B, (void)T, (void)tf32;
+                               int64_t T, int precision) {
+  (void)mc, (void)params, (void)B, (void)T, (void)precision;
   if (out) *out = NULL;
   return NO_CUDA("cuda gpt");
 }
 void tdm_cuda_gpt_destroy(tdm_cuda_gpt *g) { (void)g; }
+tdm_status tdm_cuda_gpt_set_profile(tdm_cuda_gpt *g, int on) {
+  (void)g, (void)on;
+  return NO_CUDA("cuda gpt");
+}
+int tdm_cuda_gpt_profile(const tdm_cuda_gpt *g, const char **names, double *ms, int cap) {
+  (void)g, (void)names, (void)ms, (void)cap;
+  return 0;
+}
 tdm_status tdm_cuda_gpt_forward(tdm_cuda_gpt *g, const int32_t *idx, const int32_t *targets, float *loss) {
   (void)g, (void)idx, (void)targets, (void)loss;
   return NO_CUDA("cuda gpt");

@@ -1,7 +1,14 @@
 /* GPT-2 training on one GPU (include/tandem/cuda.h): the forward and backward passes written out
  * on device pointers, llm.c-style, over the kernels of src/cuda/ (.cu files). Parameters, gradients and
  * the AdamW moments are each one device buffer in tdm_params' layout; every activation lives in
- * one arena cut at create (the plan), so a step allocates nothing. */
+ * one arena cut at create (the plan), so a step allocates nothing.
+ *
+ * Precision: fp32 (as the CPU), TF32 products, or bf16 mixed precision: the activations that feed
+ * a product (the layernorms' outputs, attention's output, GELU's output, the loss's gradient) are
+ * stored in bf16, the products take bf16 inputs (a bf16 copy of the weights, refreshed after each
+ * update) and accumulate and write fp32; attention is the fused flash kernel; the residual
+ * stream, the pre-activations, the statistics, the gradients, the master weights and AdamW stay
+ * fp32 (PyTorch's autocast makes the same choices, except that it keeps every activation bf16). */
 #ifdef TANDEM_HAVE_CUDA
 #include <cuda_runtime.h>
 #include <math.h>
@@ -18,7 +25,22 @@ static const char *block_names[NBLOCK_PARAMS] = {"ln_1.weight", "ln_1.bias", "at
                                                  "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
                                                  "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"};
 
-/* A layer's saved activations (offsets into the arena, in floats). */
+/* Where a step's device time goes (tdm_cuda_gpt_set_profile): a CUDA event before each group of
+ * kernels, tagged with its category; at each phase's end the gaps between successive events are
+ * added to the category of the event that opens them. Off: one NULL test per group. */
+enum { PR_EMBED, PR_LN, PR_GEMM, PR_ATTN, PR_ELEM, PR_CAST, PR_LOSS, PR_OPT, PR_N, PR_MAX_EVENTS = 1024 };
+static const char *pr_names[PR_N] = {"embedding",  "layernorm",   "products (cuBLAS)", "attention",
+                                     "bias, GELU, residual, memset", "bf16 casts", "cross-entropy", "optimizer"};
+typedef struct {
+  int n;
+  cudaEvent_t ev[PR_MAX_EVENTS];
+  signed char cat[PR_MAX_EVENTS];
+  double ms[PR_N];
+} gpt_prof;
+
+/* A layer's saved activations (offsets into the arena, in floats). Under bf16, ln1, atty, ln2 and
+ * fchg hold bf16 and att holds the flash kernel's row statistics (B NH T) instead of the
+ * probabilities (B NH T T). */
 typedef struct {
   int64_t ln1, ln1_mean, ln1_rstd, qkvr, att, atty, res2, ln2, ln2_mean, ln2_rstd, fch, fchg, res3;
 } layer_acts;
@@ -26,7 +48,7 @@ typedef struct {
 /* The arena's layout: every offset in floats, each aligned to 64 floats (256 bytes). */
 typedef struct {
   int64_t enc, lnf, lnf_mean, lnf_rstd, logits, losses, loss, qkv, proj, y, dres, dbuf4, dln, datt, dqkvr, dy, dqkv, sumsq,
-      idx, tgt, total;
+      idx, tgt, dybf, total; /* bf16: datt is attention's row dot products (B NH T); y, dqkvr, dy unused */
   int64_t n_layer;
 } arena_plan;
 
@@ -41,9 +63,59 @@ struct tdm_cuda_gpt {
   layer_acts *la;
   tdm_cuda_gpt_plan plan;
   int64_t steps;
-  int have_grad; /* the last forward had targets: dlogits are in place */
-  int tf32;
+  int have_grad; /* the last forward had targets: dlogits are in place (bf16: in dybf) */
+  int prec;      /* TDM_CUDA_FP32, _TF32 or _BF16 */
+  uint16_t *wbf; /* bf16: the weights rounded, what the products read */
+  gpt_prof *prof; /* NULL unless profiling */
 };
+
+static void mark(tdm_cuda_gpt *g, int cat) {
+  gpt_prof *p = g->prof;
+  if (!p || p->n >= PR_MAX_EVENTS) return;
+  cudaEventRecord(p->ev[p->n], 0);
+  p->cat[p->n++] = (signed char)cat;
+}
+/* closes the phase: waits for its last event and adds the gaps up */
+static void prof_flush(tdm_cuda_gpt *g) {
+  gpt_prof *p = g->prof;
+  if (!p) return;
+  mark(g, PR_N);
+  if (cudaEventSynchronize(p->ev[p->n - 1]) == cudaSuccess)
+    for (int i = 0; i + 1 < p->n; i++) {
+      float f = 0;
+      if (cudaEventElapsedTime(&f, p->ev[i], p->ev[i + 1]) == cudaSuccess && p->cat[i] < PR_N) p->ms[p->cat[i]] += f;
+    }
+  p->n = 0;
+}
+
+tdm_status tdm_cuda_gpt_set_profile(tdm_cuda_gpt *g, int on) {
+  if (!g) return tdm__set_error(TDM_ERR_INVALID_ARG, "cuda gpt profile: NULL");
+  if (!on && g->prof) {
+    for (int i = 0; i < PR_MAX_EVENTS; i++) cudaEventDestroy(g->prof->ev[i]);
+    tdm__free(g->prof), g->prof = NULL;
+  }
+  if (on && !g->prof) {
+    gpt_prof *p = tdm__calloc(1, sizeof *p);
+    if (!p) return tdm__set_error(TDM_ERR_NO_MEMORY, "cuda gpt profile: out of host memory");
+    for (int i = 0; i < PR_MAX_EVENTS; i++)
+      if (cudaEventCreate(&p->ev[i]) != cudaSuccess) {
+        while (i--) cudaEventDestroy(p->ev[i]);
+        tdm__free(p);
+        return tdm__set_error(TDM_ERR_INTERNAL, "cuda gpt profile: cudaEventCreate failed");
+      }
+    g->prof = p;
+  }
+  return TDM_OK;
+}
+
+int tdm_cuda_gpt_profile(const tdm_cuda_gpt *g, const char **names, double *ms, int cap) {
+  int n = 0;
+  for (; g && g->prof && n < PR_N && n < cap; n++) {
+    if (names) names[n] = pr_names[n];
+    if (ms) ms[n] = g->prof->ms[n];
+  }
+  return n;
+}
 
 static int64_t take(int64_t *at, int64_t n) {
   int64_t o = *at;
@@ -51,31 +123,40 @@ static int64_t take(int64_t *at, int64_t n) {
   return o;
 }
 
-static void plan_arena(const tdm_model_config *mc, int64_t B, int64_t T, arena_plan *ap, layer_acts *la) {
+static void plan_arena(const tdm_model_config *mc, int64_t B, int64_t T, int prec, arena_plan *ap, layer_acts *la) {
   int64_t N = B * T, C = mc->n_embd, V = mc->vocab_size, NH = mc->n_head, at = 0;
+  int bf = prec == TDM_CUDA_BF16;
+#define H(n) (bf ? ((n) + 1) / 2 : (n)) /* a product's input: bf16 (two per float) under bf16 */
+  int64_t att = bf ? B * NH * T : B * NH * T * T;
   ap->n_layer = mc->n_layer;
   ap->enc = take(&at, N * C);
   for (int64_t l = 0; l < mc->n_layer; l++) {
     layer_acts a;
-    a.ln1 = take(&at, N * C), a.ln1_mean = take(&at, N), a.ln1_rstd = take(&at, N);
-    a.qkvr = take(&at, 3 * N * C), a.att = take(&at, B * NH * T * T); /* q, k, v by head: what backward reads */
-    a.atty = take(&at, N * C), a.res2 = take(&at, N * C);
-    a.ln2 = take(&at, N * C), a.ln2_mean = take(&at, N), a.ln2_rstd = take(&at, N);
-    a.fch = take(&at, 4 * N * C), a.fchg = take(&at, 4 * N * C), a.res3 = take(&at, N * C);
+    a.ln1 = take(&at, H(N * C)), a.ln1_mean = take(&at, N), a.ln1_rstd = take(&at, N);
+    a.qkvr = take(&at, 3 * N * C), a.att = take(&at, att); /* q, k, v by head: what backward reads */
+    a.atty = take(&at, H(N * C)), a.res2 = take(&at, N * C);
+    a.ln2 = take(&at, H(N * C)), a.ln2_mean = take(&at, N), a.ln2_rstd = take(&at, N);
+    a.fch = take(&at, 4 * N * C), a.fchg = take(&at, H(4 * N * C)), a.res3 = take(&at, N * C);
     if (la) la[l] = a;
   }
-  ap->lnf = take(&at, N * C), ap->lnf_mean = take(&at, N), ap->lnf_rstd = take(&at, N);
+  ap->lnf = take(&at, H(N * C)), ap->lnf_mean = take(&at, N), ap->lnf_rstd = take(&at, N);
   ap->logits = take(&at, N * V), ap->losses = take(&at, N), ap->loss = take(&at, 1);
-  ap->qkv = take(&at, 3 * N * C), ap->proj = take(&at, N * C), ap->y = take(&at, N * C); /* scratch of forward */
+  ap->qkv = take(&at, 3 * N * C), ap->proj = take(&at, N * C), ap->y = take(&at, bf ? 0 : N * C); /* scratch of forward */
   ap->dres = take(&at, N * C), ap->dbuf4 = take(&at, 4 * N * C), ap->dln = take(&at, N * C);
-  ap->datt = take(&at, B * NH * T * T), ap->dqkvr = take(&at, 3 * N * C), ap->dy = take(&at, N * C);
+  ap->datt = take(&at, att), ap->dqkvr = take(&at, bf ? 0 : 3 * N * C), ap->dy = take(&at, bf ? 0 : N * C);
   ap->dqkv = take(&at, 3 * N * C);
+  /* bf16: the gradient a product's backward reads, rounded (the largest: the logits') */
+  ap->dybf = take(&at, bf ? H(N * (V > 4 * C ? V : 4 * C)) : 0);
   ap->sumsq = take(&at, 2 * (TDM_CU_SUMSQ_BLOCKS + 1)); /* doubles */
   ap->idx = take(&at, N), ap->tgt = take(&at, N);         /* int32 */
   ap->total = at;
+#undef H
 }
 
-static tdm_status check_cfg(const tdm_model_config *mc, int64_t B, int64_t T) {
+static tdm_status check_cfg(const tdm_model_config *mc, int64_t B, int64_t T, int prec) {
+  if (prec != TDM_CUDA_FP32 && prec != TDM_CUDA_TF32 && prec != TDM_CUDA_BF16)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "cuda gpt: precision %d; expected TDM_CUDA_FP32 (0), TDM_CUDA_TF32 (1) "
+                                               "or TDM_CUDA_BF16 (2)", prec);
   if (!mc || mc->kind != TDM_MODEL_GPT)
     return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "cuda gpt: model %s; the CUDA backend trains GPT only",
                           mc ? tdm_model_kind_name(mc->kind) : "NULL");
@@ -88,6 +169,11 @@ static tdm_status check_cfg(const tdm_model_config *mc, int64_t B, int64_t T) {
   if (B < 1 || T < 1 || T > mc->block_size)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "cuda gpt: batch %lld x %lld tokens; expected B >= 1, 1 <= T <= block %lld",
                           (long long)B, (long long)T, (long long)mc->block_size);
+  if (prec == TDM_CUDA_BF16 && !tdm_cu_flash_supported(mc->n_embd / mc->n_head, B * mc->n_head))
+    return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "cuda gpt: bf16 runs the fused attention kernel, which takes head sizes "
+                                                 "16, 32, 64 or 128 and batch x heads <= 65535; this model has head size %lld "
+                                                 "and %lld x %lld (use fp32 or --tf32)",
+                          (long long)(mc->n_embd / mc->n_head), (long long)B, (long long)mc->n_head);
   return TDM_OK;
 }
 
@@ -96,15 +182,17 @@ static int64_t gpt_numel(const tdm_model_config *mc) {
   return mc->vocab_size * C + mc->block_size * C + L * (12 * C * C + 13 * C) + 2 * C;
 }
 
-tdm_status tdm_cuda_gpt_plan_bytes(const tdm_model_config *mc, int64_t B, int64_t T, tdm_cuda_gpt_plan *out) {
-  TDM__TRY(check_cfg(mc, B, T));
+tdm_status tdm_cuda_gpt_plan_bytes(const tdm_model_config *mc, int64_t B, int64_t T, int precision, tdm_cuda_gpt_plan *out) {
+  if (!out) return tdm__set_error(TDM_ERR_INVALID_ARG, "cuda gpt plan: NULL argument");
+  TDM__TRY(check_cfg(mc, B, T, precision));
   arena_plan ap;
-  plan_arena(mc, B, T, &ap, NULL);
+  plan_arena(mc, B, T, precision, &ap, NULL);
   int64_t np = gpt_numel(mc);
   out->params = out->grads = (size_t)np * 4;
   out->adam = (size_t)np * 8;
+  out->weights_bf16 = precision == TDM_CUDA_BF16 ? (size_t)np * 2 : 0;
   out->activations = (size_t)ap.total * 4;
-  out->total = out->params + out->grads + out->adam + out->activations;
+  out->total = out->params + out->grads + out->adam + out->weights_bf16 + out->activations;
   return TDM_OK;
 }
 
@@ -123,30 +211,33 @@ static tdm_status param_offset(const tdm_params *p, const char *name, int64_t nu
 }
 
 static tdm_status alloc_all(tdm_cuda_gpt *g) {
-  const char *what[4] = {"the parameters", "the gradients", "the AdamW moments", "the activation arena"};
-  size_t bytes[4] = {g->plan.params, g->plan.grads, g->plan.adam, g->plan.activations};
-  float **dst[4] = {&g->params, &g->grads, &g->adam, &g->arena};
-  for (int k = 0; k < 4; k++) {
-    tdm_status st = tdm_cuda_malloc((void **)dst[k], bytes[k], what[k]);
+  const char *what[5] = {"the parameters", "the gradients", "the AdamW moments", "the activation arena",
+                         "the bf16 weights"};
+  size_t bytes[5] = {g->plan.params, g->plan.grads, g->plan.adam, g->plan.activations, g->plan.weights_bf16};
+  void **dst[5] = {(void **)&g->params, (void **)&g->grads, (void **)&g->adam, (void **)&g->arena, (void **)&g->wbf};
+  for (int k = 0; k < 5; k++) {
+    if (!bytes[k]) continue;
+    tdm_status st = tdm_cuda_malloc(dst[k], bytes[k], what[k]);
     if (st != TDM_OK) {
       const tdm_model_config *mc = &g->mc;
       return tdm__set_error(st, "%s; the plan for GPT (%lld layers, width %lld, vocab %lld) at B=%lld T=%lld needs "
-                                "%.3f GiB: parameters %.3f, gradients %.3f, AdamW %.3f, activations %.3f "
+                                "%.3f GiB: parameters %.3f, gradients %.3f, AdamW %.3f, bf16 weights %.3f, activations %.3f "
                                 "(a smaller --batch-size or --seq-len needs less)",
                             tdm_last_error(), (long long)mc->n_layer, (long long)mc->n_embd, (long long)mc->vocab_size,
                             (long long)g->B, (long long)g->T, (double)g->plan.total / 1073741824.0,
                             (double)g->plan.params / 1073741824.0, (double)g->plan.grads / 1073741824.0,
-                            (double)g->plan.adam / 1073741824.0, (double)g->plan.activations / 1073741824.0);
+                            (double)g->plan.adam / 1073741824.0, (double)g->plan.weights_bf16 / 1073741824.0,
+                            (double)g->plan.activations / 1073741824.0);
     }
   }
   return TDM_OK;
 }
 
 tdm_status tdm_cuda_gpt_create(tdm_cuda_gpt **out, const tdm_model_config *mc, const tdm_params *params, int64_t B,
-                               int64_t T, int tf32) {
+                               int64_t T, int precision) {
   if (!out || !params) return tdm__set_error(TDM_ERR_INVALID_ARG, "cuda gpt: NULL argument");
   *out = NULL;
-  TDM__TRY(check_cfg(mc, B, T));
+  TDM__TRY(check_cfg(mc, B, T, precision));
   TDM__TRY(tdm_cuda_init());
   int64_t np = tdm_params_numel(params);
   if (np != gpt_numel(mc))
@@ -154,7 +245,7 @@ tdm_status tdm_cuda_gpt_create(tdm_cuda_gpt **out, const tdm_model_config *mc, c
                           (long long)gpt_numel(mc));
   tdm_cuda_gpt *g = tdm__calloc(1, sizeof *g);
   if (!g) return tdm__set_error(TDM_ERR_NO_MEMORY, "cuda gpt: out of host memory");
-  g->mc = *mc, g->B = B, g->T = T, g->np = np, g->tf32 = tf32;
+  g->mc = *mc, g->B = B, g->T = T, g->np = np, g->prec = precision;
   int64_t L = mc->n_layer, C = mc->n_embd, nparam = tdm_params_count(params);
   g->blk = tdm__calloc((size_t)(L * NBLOCK_PARAMS), sizeof *g->blk);
   g->la = tdm__calloc((size_t)L, sizeof *g->la);
@@ -185,13 +276,14 @@ tdm_status tdm_cuda_gpt_create(tdm_cuda_gpt **out, const tdm_model_config *mc, c
   }
   g->n_runs = nparam;
   if (st == TDM_OK) {
-    plan_arena(mc, B, T, &g->ap, g->la);
-    st = tdm_cuda_gpt_plan_bytes(mc, B, T, &g->plan);
+    plan_arena(mc, B, T, precision, &g->ap, g->la);
+    st = tdm_cuda_gpt_plan_bytes(mc, B, T, precision, &g->plan);
   }
   if (st == TDM_OK) st = alloc_all(g);
   if (st == TDM_OK) st = tdm_cuda_to_device(g->params, tdm_params_data(params), (size_t)np * 4);
   if (st == TDM_OK) st = tdm_cuda_memset0(g->grads, (size_t)np * 4);
   if (st == TDM_OK) st = tdm_cuda_memset0(g->adam, (size_t)np * 8);
+  if (st == TDM_OK && g->wbf) tdm_cu_f32_to_bf16(g->wbf, g->params, np);
   if (st == TDM_OK) st = tdm_cuda_sync("cuda gpt create");
   if (st != TDM_OK) {
     tdm_cuda_gpt_destroy(g);
@@ -203,7 +295,8 @@ tdm_status tdm_cuda_gpt_create(tdm_cuda_gpt **out, const tdm_model_config *mc, c
 
 void tdm_cuda_gpt_destroy(tdm_cuda_gpt *g) {
   if (!g) return;
-  tdm_cuda_free(g->params), tdm_cuda_free(g->grads), tdm_cuda_free(g->adam), tdm_cuda_free(g->arena);
+  tdm_cuda_gpt_set_profile(g, 0);
+  tdm_cuda_free(g->params), tdm_cuda_free(g->grads), tdm_cuda_free(g->adam), tdm_cuda_free(g->arena), tdm_cuda_free(g->wbf);
   tdm__free(g->blk), tdm__free(g->la), tdm__free(g->run_lo), tdm__free(g->run_hi), tdm__free(g->run_decay);
   tdm__free(g);
 }
@@ -213,18 +306,43 @@ tdm_cuda_gpt_plan tdm_cuda_gpt_get_plan(const tdm_cuda_gpt *g) { return g->plan;
 #define A(off) (g->arena + (off))
 #define P(l, k) (g->params + g->blk[(l) * NBLOCK_PARAMS + (k)])
 #define G(l, k) (g->grads + g->blk[(l) * NBLOCK_PARAMS + (k)])
+/* the weight a product reads: its bf16 copy under bf16 (same offset) */
+#define W(off) (g->wbf ? (const void *)(g->wbf + (off)) : (const void *)(g->params + (off)))
+#define WB(l, k) W(g->blk[(l) * NBLOCK_PARAMS + (k)])
 
-/* y (N, O) = x (N, I) w^T, no bias */
-static void mm_fwd(tdm_cuda_gpt *g, float *y, const float *x, const float *w, int64_t N, int64_t I, int64_t O) {
-  (void)g;
-  tdm_cu_gemm(0, 1, N, O, I, 1.0f, x, I, w, I, 0.0f, y, O, TDM_CU_F32, 0);
+/* y (N, O) f32 = x (N, I) w^T, no bias; x and w bf16 under bf16 */
+static void mm_fwd(tdm_cuda_gpt *g, float *y, const void *x, const void *w, int64_t N, int64_t I, int64_t O) {
+  mark(g, PR_GEMM);
+  tdm_cu_gemm(0, 1, N, O, I, 1.0f, x, I, w, I, 0.0f, y, O, g->wbf ? TDM_CU_BF16 : TDM_CU_F32, 0);
 }
-/* dx (N, I) = dy w (set); dw (O, I) += dy^T x; db (O) += column sums of dy */
-static void mm_bwd(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w, int64_t N, int64_t I,
-                   int64_t O) {
-  tdm_cu_gemm(1, 0, O, I, N, 1.0f, dy, O, x, I, 1.0f, dw, I, TDM_CU_F32, 0);
+/* dx (N, I) = dy w (set); dw (O, I) += dy^T x; db (O) += column sums of dy. Under bf16, dy (f32)
+ * is rounded into the arena's dybf first (or, dy NULL, is already there: the logits' gradient),
+ * and x, w are bf16. */
+static void mm_bwd(tdm_cuda_gpt *g, float *dx, float *dw, float *db, const float *dy, const void *x, const void *w, int64_t N,
+                   int64_t I, int64_t O) {
+  const void *d = dy;
+  int dt = TDM_CU_F32;
+  if (g->wbf) {
+    uint16_t *dybf = (uint16_t *)A(g->ap.dybf);
+    mark(g, PR_CAST);
+    if (dy) tdm_cu_f32_to_bf16(dybf, dy, N * O);
+    d = dybf, dt = TDM_CU_BF16;
+  }
+  mark(g, PR_GEMM);
+  tdm_cu_gemm(1, 0, O, I, N, 1.0f, d, O, x, I, 1.0f, dw, I, dt, 0);
+  mark(g, PR_ELEM);
   if (db) tdm_cu_bias_bwd(db, dy, N, O);
-  tdm_cu_gemm(0, 0, N, I, O, 1.0f, dy, O, w, I, 0.0f, dx, I, TDM_CU_F32, 0);
+  mark(g, PR_GEMM);
+  tdm_cu_gemm(0, 0, N, I, O, 1.0f, d, O, w, I, 0.0f, dx, I, dt, 0);
+}
+/* out = layernorm(x): f32, or bf16 under bf16 */
+static void ln_fwd(tdm_cuda_gpt *g, float *out, float *mean, float *rstd, const float *x, const float *w, const float *b,
+                   int64_t N, int64_t C) {
+  mark(g, PR_LN);
+  if (g->wbf)
+    tdm_cu_layernorm_fwd_bf16((uint16_t *)out, mean, rstd, x, w, b, N, C, 1e-5f);
+  else
+    tdm_cu_layernorm_fwd(out, mean, rstd, x, w, b, N, C, 1e-5f);
 }
 
 static tdm_status check_tokens(const tdm_cuda_gpt *g, const int32_t *t, const char *what) {
@@ -240,38 +358,58 @@ tdm_status tdm_cuda_gpt_forward(tdm_cuda_gpt *g, const int32_t *idx, const int32
   if (!g || !idx) return tdm__set_error(TDM_ERR_INVALID_ARG, "cuda gpt forward: NULL argument");
   TDM__TRY(check_tokens(g, idx, "idx"));
   if (targets) TDM__TRY(check_tokens(g, targets, "targets"));
-  tdm_cu_gemm_set_tf32(g->tf32);
+  tdm_cu_gemm_set_tf32(g->prec == TDM_CUDA_TF32);
   const tdm_model_config *mc = &g->mc;
   int64_t B = g->B, T = g->T, N = B * T, C = mc->n_embd, V = mc->vocab_size, NH = mc->n_head;
   const arena_plan *ap = &g->ap;
+  int bf = g->wbf != NULL;
   int32_t *didx = (int32_t *)A(ap->idx), *dtgt = (int32_t *)A(ap->tgt);
   TDM__TRY(tdm_cuda_to_device(didx, idx, (size_t)N * 4));
   if (targets) TDM__TRY(tdm_cuda_to_device(dtgt, targets, (size_t)N * 4));
+  mark(g, PR_EMBED);
   tdm_cu_gpt_embed_fwd(A(ap->enc), g->params + g->wte, g->params + g->wpe, didx, B, T, C);
   const float *res = A(ap->enc);
   for (int64_t l = 0; l < mc->n_layer; l++) {
     const layer_acts *a = &g->la[l];
-    tdm_cu_layernorm_fwd(A(a->ln1), A(a->ln1_mean), A(a->ln1_rstd), res, P(l, LN_1W), P(l, LN_1B), N, C, 1e-5f);
-    mm_fwd(g, A(ap->qkv), A(a->ln1), P(l, ATTN_W), N, C, 3 * C);
+    ln_fwd(g, A(a->ln1), A(a->ln1_mean), A(a->ln1_rstd), res, P(l, LN_1W), P(l, LN_1B), N, C);
+    mm_fwd(g, A(ap->qkv), A(a->ln1), WB(l, ATTN_W), N, C, 3 * C);
     /* c_attn's bias is added as q, k, v are split by head (the unsplit qkv is not kept) */
-    tdm_cu_attention_fwd(A(a->atty), A(a->qkvr), A(a->att), A(ap->y), A(ap->qkv), P(l, ATTN_B), B, T, C, NH);
-    mm_fwd(g, A(ap->proj), A(a->atty), P(l, PROJ_W), N, C, C);
+    mark(g, PR_ATTN);
+    if (bf) {
+      tdm_cu_attention_split(A(a->qkvr), A(ap->qkv), P(l, ATTN_B), B, T, C, NH);
+      tdm_cu_flash_attention_fwd(A(a->atty), 1, A(a->att), A(a->qkvr), B, T, C, NH);
+    } else {
+      tdm_cu_attention_fwd(A(a->atty), A(a->qkvr), A(a->att), A(ap->y), A(ap->qkv), P(l, ATTN_B), B, T, C, NH);
+    }
+    mm_fwd(g, A(ap->proj), A(a->atty), WB(l, PROJ_W), N, C, C);
+    mark(g, PR_ELEM);
     tdm_cu_residual_bias_add(A(a->res2), res, A(ap->proj), P(l, PROJ_B), N, C);
-    tdm_cu_layernorm_fwd(A(a->ln2), A(a->ln2_mean), A(a->ln2_rstd), A(a->res2), P(l, LN_2W), P(l, LN_2B), N, C, 1e-5f);
-    mm_fwd(g, A(a->fch), A(a->ln2), P(l, FC_W), N, C, 4 * C);
-    tdm_cu_bias_gelu_fwd(A(a->fchg), A(a->fch), P(l, FC_B), N, 4 * C); /* fch += bias; fchg = gelu(fch) */
-    mm_fwd(g, A(ap->proj), A(a->fchg), P(l, FCPROJ_W), N, 4 * C, C);
+    ln_fwd(g, A(a->ln2), A(a->ln2_mean), A(a->ln2_rstd), A(a->res2), P(l, LN_2W), P(l, LN_2B), N, C);
+    mm_fwd(g, A(a->fch), A(a->ln2), WB(l, FC_W), N, C, 4 * C);
+    mark(g, PR_ELEM);
+    if (bf) /* fch += bias; fchg = gelu(fch) */
+      tdm_cu_bias_gelu_fwd_bf16((uint16_t *)A(a->fchg), A(a->fch), P(l, FC_B), N, 4 * C);
+    else
+      tdm_cu_bias_gelu_fwd(A(a->fchg), A(a->fch), P(l, FC_B), N, 4 * C);
+    mm_fwd(g, A(ap->proj), A(a->fchg), WB(l, FCPROJ_W), N, 4 * C, C);
+    mark(g, PR_ELEM);
     tdm_cu_residual_bias_add(A(a->res3), A(a->res2), A(ap->proj), P(l, FCPROJ_B), N, C);
     res = A(a->res3);
   }
-  tdm_cu_layernorm_fwd(A(ap->lnf), A(ap->lnf_mean), A(ap->lnf_rstd), res, g->params + g->lnf_w, g->params + g->lnf_b, N,
-                       C, 1e-5f);
-  mm_fwd(g, A(ap->logits), A(ap->lnf), g->params + g->wte, N, C, V); /* lm_head tied to wte */
+  ln_fwd(g, A(ap->lnf), A(ap->lnf_mean), A(ap->lnf_rstd), res, g->params + g->lnf_w, g->params + g->lnf_b, N, C);
+  mm_fwd(g, A(ap->logits), A(ap->lnf), W(g->wte), N, C, V); /* lm_head tied to wte */
   g->have_grad = 0;
+  if (!targets) prof_flush(g);
   if (targets) {
-    /* the loss and, in place of the logits, its gradient (mean over the N tokens) */
-    tdm_cu_cross_entropy(A(ap->losses), A(ap->logits), A(ap->logits), dtgt, N, V, 1.0f / (float)N);
+    /* the loss and its gradient (mean over the N tokens): in place of the logits, or under bf16
+     * rounded into dybf, where the lm_head's backward reads it */
+    mark(g, PR_LOSS);
+    if (bf)
+      tdm_cu_cross_entropy_bf16grad(A(ap->losses), (uint16_t *)A(ap->dybf), A(ap->logits), dtgt, N, V, 1.0f / (float)N);
+    else
+      tdm_cu_cross_entropy(A(ap->losses), A(ap->logits), A(ap->logits), dtgt, N, V, 1.0f / (float)N);
     tdm_cu_sum(A(ap->loss), A(ap->losses), N);
+    prof_flush(g);
     float sum = 0;
     TDM__TRY(tdm_cuda_sync("cuda gpt forward"));
     TDM__TRY(tdm_cuda_to_host(&sum, A(ap->loss), sizeof sum));
@@ -299,32 +437,44 @@ tdm_status tdm_cuda_gpt_backward(tdm_cuda_gpt *g) {
   if (!g) return tdm__set_error(TDM_ERR_INVALID_ARG, "cuda gpt backward: NULL");
   if (!g->have_grad)
     return tdm__set_error(TDM_ERR_INVALID_USAGE, "cuda gpt backward: needs a forward with targets first");
-  tdm_cu_gemm_set_tf32(g->tf32);
+  tdm_cu_gemm_set_tf32(g->prec == TDM_CUDA_TF32);
   const tdm_model_config *mc = &g->mc;
   int64_t B = g->B, T = g->T, N = B * T, C = mc->n_embd, V = mc->vocab_size, NH = mc->n_head, L = mc->n_layer;
   const arena_plan *ap = &g->ap;
+  int bf = g->wbf != NULL;
   float *dres = A(ap->dres), *dln = A(ap->dln), *dbuf4 = A(ap->dbuf4);
-  /* lm_head: dwte += dlogits^T lnf, dlnf = dlogits wte */
-  mm_bwd(dln, g->grads + g->wte, NULL, A(ap->logits), A(ap->lnf), g->params + g->wte, N, C, V);
+  /* lm_head: dwte += dlogits^T lnf, dlnf = dlogits wte (bf16: dlogits already in dybf) */
+  mm_bwd(g, dln, g->grads + g->wte, NULL, bf ? NULL : A(ap->logits), A(ap->lnf), W(g->wte), N, C, V);
   const float *res_last = L ? A(g->la[L - 1].res3) : A(ap->enc);
+  mark(g, PR_ELEM);
   TDM__TRY(tdm_cuda_memset0(dres, (size_t)(N * C) * 4));
+  mark(g, PR_LN);
   tdm_cu_layernorm_bwd(dres, g->grads + g->lnf_w, g->grads + g->lnf_b, dln, res_last, g->params + g->lnf_w,
                        A(ap->lnf_mean), A(ap->lnf_rstd), N, C);
   for (int64_t l = L - 1; l >= 0; l--) {
     const layer_acts *a = &g->la[l];
     const float *res_in = l ? A(g->la[l - 1].res3) : A(ap->enc);
     /* MLP: res3 = res2 + fchg Wp^T + bp; fchg = gelu(fch); fch = ln2 Wfc^T + bfc */
-    mm_bwd(dbuf4, G(l, FCPROJ_W), G(l, FCPROJ_B), dres, A(a->fchg), P(l, FCPROJ_W), N, 4 * C, C);
+    mm_bwd(g, dbuf4, G(l, FCPROJ_W), G(l, FCPROJ_B), dres, A(a->fchg), WB(l, FCPROJ_W), N, 4 * C, C);
+    mark(g, PR_ELEM);
     tdm_cu_gelu_bwd(dbuf4, dbuf4, A(a->fch), 4 * N * C);
-    mm_bwd(dln, G(l, FC_W), G(l, FC_B), dbuf4, A(a->ln2), P(l, FC_W), N, C, 4 * C);
+    mm_bwd(g, dln, G(l, FC_W), G(l, FC_B), dbuf4, A(a->ln2), WB(l, FC_W), N, C, 4 * C);
+    mark(g, PR_LN);
     tdm_cu_layernorm_bwd(dres, G(l, LN_2W), G(l, LN_2B), dln, A(a->res2), P(l, LN_2W), A(a->ln2_mean), A(a->ln2_rstd), N, C);
     /* attention: res2 = res_in + atty Wproj^T + bproj */
-    mm_bwd(dln, G(l, PROJ_W), G(l, PROJ_B), dres, A(a->atty), P(l, PROJ_W), N, C, C);
-    tdm_cu_attention_bwd(A(ap->dqkv), A(ap->dqkvr), A(ap->datt), A(ap->dy), dln, A(a->qkvr), A(a->att), B, T, C, NH);
-    mm_bwd(dln, G(l, ATTN_W), G(l, ATTN_B), A(ap->dqkv), A(a->ln1), P(l, ATTN_W), N, C, 3 * C);
+    mm_bwd(g, dln, G(l, PROJ_W), G(l, PROJ_B), dres, A(a->atty), WB(l, PROJ_W), N, C, C);
+    mark(g, PR_ATTN);
+    if (bf)
+      tdm_cu_flash_attention_bwd(A(ap->dqkv), A(ap->datt), dln, A(a->atty), 1, A(a->qkvr), A(a->att), B, T, C, NH);
+    else
+      tdm_cu_attention_bwd(A(ap->dqkv), A(ap->dqkvr), A(ap->datt), A(ap->dy), dln, A(a->qkvr), A(a->att), B, T, C, NH);
+    mm_bwd(g, dln, G(l, ATTN_W), G(l, ATTN_B), A(ap->dqkv), A(a->ln1), WB(l, ATTN_W), N, C, 3 * C);
+    mark(g, PR_LN);
     tdm_cu_layernorm_bwd(dres, G(l, LN_1W), G(l, LN_1B), dln, res_in, P(l, LN_1W), A(a->ln1_mean), A(a->ln1_rstd), N, C);
   }
+  mark(g, PR_EMBED);
   tdm_cu_gpt_embed_bwd(g->grads + g->wte, g->grads + g->wpe, dres, (const int32_t *)A(ap->idx), B, T, C);
+  prof_flush(g);
   return tdm_cuda_sync("cuda gpt backward");
 }
 
@@ -336,6 +486,7 @@ tdm_status tdm_cuda_gpt_update(tdm_cuda_gpt *g, const tdm_optim_config *oc, floa
                           oc->kind == TDM_OPT_SGD ? "sgd" : "adam", oc->kind == TDM_OPT_ADAM ? " with weight decay" : "");
   if (!(lr >= 0.0f)) return tdm__set_error(TDM_ERR_INVALID_ARG, "cuda gpt update: learning rate %g; expected >= 0", (double)lr);
   double *sums = (double *)(g->arena + g->ap.sumsq);
+  mark(g, PR_OPT);
   tdm_cu_sumsq(sums + TDM_CU_SUMSQ_BLOCKS, sums, g->grads, g->np);
   double sq = 0;
   TDM__TRY(tdm_cuda_sync("cuda gpt gradient norm"));
@@ -349,6 +500,7 @@ tdm_status tdm_cuda_gpt_update(tdm_cuda_gpt *g, const tdm_optim_config *oc, floa
   g->steps++;
   float bc1 = 1.0f - powf(oc->beta1, (float)g->steps), bc2s = sqrtf(1.0f - powf(oc->beta2, (float)g->steps));
   float *m = g->adam, *v = g->adam + g->np;
+  mark(g, PR_OPT);
   /* one launch per run of equal decay (parameters are contiguous: merge neighbours) */
   for (int64_t r = 0; r < g->n_runs;) {
     int dec = !oc->decay_matrices_only || g->run_decay[r];
@@ -358,6 +510,9 @@ tdm_status tdm_cuda_gpt_update(tdm_cuda_gpt *g, const tdm_optim_config *oc, floa
     tdm_cu_adamw(g->params + lo, m + lo, v + lo, g->grads + lo, hi - lo, lr, oc->beta1, oc->beta2, oc->eps,
                  dec ? oc->weight_decay : 0.0f, bc1, bc2s, coef);
   }
+  mark(g, PR_CAST);
+  if (g->wbf) tdm_cu_f32_to_bf16(g->wbf, g->params, g->np); /* what the next step's products read */
+  prof_flush(g);
   return tdm_cuda_sync("cuda gpt update");
 }
 

@@ -21,10 +21,11 @@ TINY=(--layers 1 --heads 2 --width 32 --block 16 --seq-len 16 --batch-size 2)
 
 check "mlp on cuda refused" expect_fail 2 "a model other than gpt is not on the CUDA backend" "$TANDEM" train --model mlp --device cuda
 check "gpt's default dropout refused" expect_fail 2 "give --dropout 0" "$TANDEM" train --model gpt --device cuda "${TINY[@]}"
-check "bf16 on cuda refused" expect_fail 2 "--precision bf16/fp16 is not on the CUDA backend" "$TANDEM" train --model gpt --device cuda --dropout 0 --precision bf16
+check "fp16 on cuda refused" expect_fail 2 "--precision fp16 is not on the CUDA backend" "$TANDEM" train --model gpt --device cuda --dropout 0 --precision fp16
+check "--tf32 with bf16 refused" expect_fail 2 "--tf32 is for fp32 products" "$TANDEM" train --model gpt --device cuda --dropout 0 --precision bf16 --tf32
 check "zero on cuda refused" expect_fail 2 "--zero, --tp, --pp or --ps-servers" "$TANDEM" train --model gpt --device cuda --dropout 0 --zero 1
 check "bench llama on cuda refused" expect_fail 2 "llama is not on the CUDA backend" "$TANDEM" bench llama --device cuda
-check "bench bf16 on cuda refused" expect_fail 2 "--precision bf16/fp16 is not on the CUDA backend" "$TANDEM" bench gpt --device cuda --precision bf16
+check "bench fp16 on cuda refused" expect_fail 2 "--precision fp16 is not on the CUDA backend" "$TANDEM" bench gpt --device cuda --precision fp16
 check "--tf32 without cuda refused" expect_fail 2 "--tf32 applies to --device cuda" "$TANDEM" train --tf32
 
 if [[ $BUILT != ON ]]; then
@@ -35,7 +36,7 @@ elif ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
   check "bench: no device" expect_fail 1 "no CUDA device found (cudaGetDeviceCount" "$TANDEM" bench gpt --device cuda --steps 1 "${TINY[@]}"
 else
   trains() {
-    "$TANDEM" train --model gpt --device cuda --dropout 0 --steps 20 --lr 3e-3 --warmup 0 --val-batches 2 "${TINY[@]}" \
+    "$TANDEM" train --model gpt --device cuda --dropout 0 --steps 20 --lr 3e-3 --warmup 0 --val-batches 2 "${TINY[@]}" "$@" \
       --save-weights "$TMP/w.safetensors" >"$TMP/out" 2>"$TMP/err" || { cat "$TMP/err"; return 1; }
     cat "$TMP/out"
     grep -q "val loss" "$TMP/out" && [[ -s $TMP/w.safetensors ]] || return 1
@@ -47,11 +48,14 @@ else
     awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a) }'
   }
   check "train --device cuda: a tiny GPT learns" trains
+  check "train --device cuda --precision bf16: a tiny GPT learns" trains --precision bf16
   bench() {
-    "$TANDEM" bench gpt --device cuda --steps 3 --warmup 1 "${TINY[@]}" >"$TMP/out" 2>"$TMP/err" || { cat "$TMP/err"; return 1; }
+    "$TANDEM" bench gpt --device cuda --steps 3 --warmup 1 "${TINY[@]}" "$@" >"$TMP/out" 2>"$TMP/err" || { cat "$TMP/err"; return 1; }
     cat "$TMP/out"
     grep -q "tokens/s" "$TMP/out"
   }
   check "bench gpt --device cuda" bench
+  check "bench gpt --device cuda --precision bf16" bench --precision bf16
+  check "bf16 with head size 24 refused" expect_fail 1 "takes head sizes 16, 32, 64 or 128" "$TANDEM" train --model gpt --device cuda --dropout 0 --precision bf16 --steps 1 --layers 1 --heads 2 --width 48 --block 16 --seq-len 16 --batch-size 2
 fi
 finish
