@@ -8,7 +8,9 @@
  * H100 SXM's dense TF32 peak (494.7 TFLOP/s), the memory floor of a fused kernel that never stores
  * the probabilities (q, k, v in, out: 16 bytes per token and channel forward) and of this design
  * (the probabilities written by the product, read and written by the softmax, read by the next
- * product: 16 bytes per score forward, and about twice that backward). AdamW: one fused pass over
+ * product: 16 bytes per score forward, and about twice that backward). The fused flash kernel
+ * (src/cuda/flash_attention.cu: bf16 tensor-core products, what --precision bf16 runs, bf16
+ * output) against the dense bf16 peak (989.4 TFLOP/s) and the fused memory floor. AdamW: one fused pass over
  * 124M parameters against 28 bytes per parameter at the measured device copy bandwidth. */
 #include <math.h>
 #include <stdio.h>
@@ -92,6 +94,29 @@ int main(int argc, char **argv) {
            b * 1e3, fl_b / b * 1e-12, fl_b / 494.7e12 * 1e3, fused_b / bw * 1e3, ours_b / bw * 1e3);
   }
   tdm_cuda_set_tf32(0);
+  if (tdm_cu_flash_supported(hs, B * NH)) {
+    float *lse = datt, *drow = datt + B * NH * T; /* datt is far larger than both */
+    double tfw[7], tbw[7];
+    for (int r = 0; r < 9; r++) {
+      tdm_cuda_sync("bench");
+      double t0 = tdm_time_now();
+      tdm_cu_flash_attention_fwd(y, 1, lse, qkvr, B, T, C, NH);
+      tdm_cuda_sync("flash forward");
+      double t1 = tdm_time_now();
+      tdm_cu_flash_attention_bwd(dqkv, drow, dout, y, 1, qkvr, lse, B, T, C, NH);
+      tdm_cuda_sync("flash backward");
+      double t2 = tdm_time_now();
+      if (r >= 2) tfw[r - 2] = t1 - t0, tbw[r - 2] = t2 - t1;
+    }
+    double f = med(tfw, 7), b = med(tbw, 7);
+    printf("flash attention B=%lld T=%lld C=%lld NH=%lld, bf16 tensor-core products (fused, no T x T in memory):\n",
+           (long long)B, (long long)T, (long long)C, (long long)NH);
+    printf("  forward  %7.3f ms: %6.1f TFLOP/s causal; floors: compute (bf16 peak 989.4) %.3f ms, fused memory %.3f ms\n",
+           f * 1e3, fl_f / f * 1e-12, fl_f / 989.4e12 * 1e3, fused_f / bw * 1e3);
+    printf("  backward %7.3f ms: %6.1f TFLOP/s causal (with the dQ atomics and D = rowsum(dO o O)); floors: compute %.3f ms, "
+           "fused memory %.3f ms\n",
+           b * 1e3, fl_b / b * 1e-12, fl_b / 989.4e12 * 1e3, fused_b / bw * 1e3);
+  }
   float *bufs[] = {qkv, out, qkvr, att, y, dout, dqkv, dqkvr, datt, dy};
   for (int k = 0; k < 10; k++) tdm_cuda_free(bufs[k]);
   /* AdamW over GPT-2 small's parameter count */
