@@ -67,6 +67,23 @@ void tdm__grad_commit(const tdm_tensor *t, void *grad, const float *buf) {
   if (grad && buf && t->grad->dtype != TDM_F32) from_f32(grad, t->grad->dtype, buf, t->numel);
 }
 
+const float *tdm__f32_part(const void *data, tdm_dtype dt, int64_t off, int64_t n, float *buf) {
+  if (dt == TDM_F32) return (const float *)data + off;
+  to_f32(buf, (const uint16_t *)data + off, dt, n);
+  return buf;
+}
+
+float *tdm__grad_f32_part(void *grad, tdm_dtype dt, int64_t off, int64_t n, int fresh, float *buf) {
+  if (!grad) return NULL;
+  if (dt == TDM_F32) return (float *)grad + off;
+  if (!fresh) to_f32(buf, (const uint16_t *)grad + off, dt, n);
+  return buf;
+}
+
+void tdm__grad_commit_part(void *grad, tdm_dtype dt, int64_t off, int64_t n, const float *buf) {
+  if (grad && dt != TDM_F32) from_f32((uint16_t *)grad + off, dt, buf, n);
+}
+
 const float *tdm__f32_round(tdm_tape *tp, const tdm_tensor *t, tdm_dtype dt) {
   if (!t) return NULL;
   if ((dt != TDM_BF16 && dt != TDM_F16) || t->dtype == dt) return tdm__f32(tp, t);

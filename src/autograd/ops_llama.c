@@ -119,13 +119,26 @@ static void swiglu_bw(tdm_tape *tp, tdm_node *n) {
   int fg, fu;
   void *gg = tdm__grad_for_write(tp, g, &fg), *gu = tdm__grad_for_write(tp, u, &fu);
   if (!gg && !gu) return;
+  /* element-wise: under autocast a piece at a time (TDM_LP_PIECE elements in five f32 buffers),
+   * so the scratch is 1.25 MiB whatever the width (the whole tensors' f32 copies were the peak of
+   * a Llama step's memory); the same arithmetic element by element, so the same bits */
+  const tdm_tensor *dyt = n->out->grad;
+  tdm_dtype dg = gg ? g->grad->dtype : TDM_F32, du = gu ? u->grad->dtype : TDM_F32;
+  int all32 = g->dtype == TDM_F32 && u->dtype == TDM_F32 && dyt->dtype == TDM_F32 && dg == TDM_F32 && du == TDM_F32;
+  int64_t total = g->numel, piece = all32 || total < TDM_LP_PIECE ? total : TDM_LP_PIECE;
   tdm__arena_pos pos = tdm__arena_mark(tp->arena);
-  float *ggf = tdm__grad_f32(tp, g, gg, fg), *guf = tdm__grad_f32(tp, u, gu, fu);
-  const float *gf = tdm__f32(tp, g), *uf = tdm__f32(tp, u), *dy = tdm__f32(tp, n->out->grad);
-  if (gf && uf && dy && (ggf || !gg) && (guf || !gu)) {
-    tdm_k_swiglu_bwd(ggf, guf, dy, gf, uf, g->numel, !fg, !fu);
-    tdm__grad_commit(g, gg, ggf);
-    tdm__grad_commit(u, gu, guf);
+  float *buf = all32 ? NULL : tdm__scratch(tp, sizeof(float) * (size_t)(5 * (piece ? piece : 1)));
+  if (!all32 && !buf) return; /* the tape's error is set */
+  for (int64_t i0 = 0; i0 < total; i0 += piece) {
+    int64_t m = total - i0 < piece ? total - i0 : piece;
+    float *b = buf;
+    const float *gf = tdm__f32_part(g->data, g->dtype, i0, m, b), *uf = tdm__f32_part(u->data, u->dtype, i0, m, b ? b + piece : b);
+    const float *dy = tdm__f32_part(dyt->data, dyt->dtype, i0, m, b ? b + 2 * piece : b);
+    float *ggf = tdm__grad_f32_part(gg, dg, i0, m, fg, b ? b + 3 * piece : b);
+    float *guf = tdm__grad_f32_part(gu, du, i0, m, fu, b ? b + 4 * piece : b);
+    tdm_k_swiglu_bwd(ggf, guf, dy, gf, uf, m, !fg, !fu);
+    tdm__grad_commit_part(gg, dg, i0, m, ggf);
+    tdm__grad_commit_part(gu, du, i0, m, guf);
   }
   tdm__arena_rewind(tp->arena, pos);
 }

@@ -132,6 +132,13 @@ void tdm__store_f32(tdm_tensor *y, const float *buf);
  * tdm__grad_commit then stores into grad. */
 float *tdm__grad_f32(tdm_tape *tp, const tdm_tensor *t, void *grad, int fresh);
 void tdm__grad_commit(const tdm_tensor *t, void *grad, const float *buf);
+/* The same for elements [off, off + n) of an activation (data of dtype dt) or of a gradient, into
+ * caller-given buffers of n floats: element-wise ops convert a piece at a time, so their scratch
+ * does not grow with the tensor (an f32 tensor is returned in place, buf unused). */
+#define TDM_LP_PIECE ((int64_t)1 << 16)
+const float *tdm__f32_part(const void *data, tdm_dtype dt, int64_t off, int64_t n, float *buf);
+float *tdm__grad_f32_part(void *grad, tdm_dtype dt, int64_t off, int64_t n, int fresh, float *buf);
+void tdm__grad_commit_part(void *grad, tdm_dtype dt, int64_t off, int64_t n, const float *buf);
 
 /* "(2, 3)" for t, in a rotating set of static-per-thread buffers (valid for a few calls). */
 const char *tdm__shp(const tdm_tensor *t);

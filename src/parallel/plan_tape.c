@@ -235,10 +235,12 @@ static int rope(sim *s, int x, int64_t T, int64_t hs) {
   int64_t n = s->t[x].n;
   return op_dy(s, n, s->esz, 1, &x, al(4 * (2 * T * (hs / 2) + 1)), cv(s, x) + out16(s, n), gcv(s, x));
 }
+/* backward under autocast converts a piece at a time: five f32 buffers of TDM_LP_PIECE elements */
 static int swiglu(sim *s, int g, int u) {
   int ins[2] = {g, u};
-  int64_t n = s->t[g].n;
-  return op_dy(s, n, s->esz, 2, ins, 0, cv(s, g) + cv(s, u) + out16(s, n), gcv(s, g) + gcv(s, u) + cv(s, g) + cv(s, u));
+  int64_t n = s->t[g].n, piece = n < TDM_LP_PIECE ? n : TDM_LP_PIECE;
+  int y = op(s, n, s->esz, 2, ins, 0, cv(s, g) + cv(s, u) + out16(s, n), s->esz == 2 ? al(4 * 5 * (piece ? piece : 1)) : 0);
+  return y;
 }
 
 /* ---- the models -------------------------------------------------------------------------------- */

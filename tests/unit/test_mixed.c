@@ -59,6 +59,8 @@ static const struct {
     {"rmsnorm", o_rmsnorm, 2, {ACT, PARAM}, {2, 1}, {{3, 8}, {8}}, 1},
     {"rope", o_rope, 1, {ACT}, {3}, {{2, 3, 8}}, 1},
     {"swiglu", o_swiglu, 2, {ACT, ACT}, {2, 2}, {{3, 5}, {3, 5}}, 1},
+    /* backward converts TDM_LP_PIECE (65,536) elements at a time: a piece and a part of one */
+    {"swiglu, pieces", o_swiglu, 2, {ACT, ACT}, {2, 2}, {{300, 229}, {300, 229}}, 1},
     {"embedding", o_embedding, 2, {PARAM, INDEX}, {2, 2}, {{7, 4}, {2, 3}}, 1},
     {"cross_entropy", o_ce, 2, {ACT, INDEX}, {2, 1}, {{6, 7}, {6}}, 1},
     {"attention", o_attention, 1, {ACT}, {3}, {{2, 5, 12}}, 0},
