@@ -290,10 +290,10 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
       at += len + (at[len] == ',');
     }
   }
-  /* the pipeline and tensor-parallel engines run f32, and tensor parallelism without recomputation:
-   * refused here, before any rank starts (a model --tp cannot split, fp16 beside a parameter
-   * server: tdm_engine_check) */
-  const char *eng = tp > 1 ? "--tp" : pp > 1 && strcmp(precision, "fp32") ? "--pp" : NULL;
+  /* the tensor-parallel engine (and the 3-D grid) runs f32 without recomputation: refused here,
+   * before any rank starts (a model --tp cannot split, fp16 beside a parameter server:
+   * tdm_engine_check) */
+  const char *eng = tp > 1 ? "--tp" : NULL;
   if (eng && (strcmp(precision, "fp32") || strcmp(recompute, "none"))) {
     fprintf(stderr, "tandem %s: %s with --%s %s: that engine does not implement %s yet (use --%s %s, or data parallelism / --zero)\n",
             cmd, eng, strcmp(precision, "fp32") ? "precision" : "recompute", strcmp(precision, "fp32") ? precision : recompute,

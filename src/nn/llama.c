@@ -153,9 +153,10 @@ tdm_tensor *tdm_llama_forward_range(tdm_model *m, tdm_tape *tp, tdm_tensor *x, t
                        tdm_shape_str(x->ndim, x->shape, b, sizeof b), tdm_dtype_name(x->dtype));
     tp->dropout_calls = 0;
     h = tdm_dropout(tp, tdm_embedding(tp, m->wte.weight, x), c->dropout);
-  } else if (x->ndim != 3 || x->dtype != TDM_F32 || x->shape[2] != c->n_embd || x->shape[1] > c->block_size) {
-    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "llama range: input is %s %s; expected (batch, T, width %lld) f32 activations",
-                     tdm_shape_str(x->ndim, x->shape, b, sizeof b), tdm_dtype_name(x->dtype), (long long)c->n_embd);
+  } else if (x->ndim != 3 || x->dtype != tdm__act_dtype(tp) || x->shape[2] != c->n_embd || x->shape[1] > c->block_size) {
+    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "llama range: input is %s %s; expected (batch, T, width %lld) %s activations",
+                     tdm_shape_str(x->ndim, x->shape, b, sizeof b), tdm_dtype_name(x->dtype), (long long)c->n_embd,
+                     tdm_dtype_name(tdm__act_dtype(tp)));
   }
   for (int64_t l = r->first; l < r->last; l++) {
     tp->dropout_calls = (uint64_t)(1 + 2 * l);

@@ -268,8 +268,10 @@ tdm_tensor *tdm_gpt_forward_range(tdm_model *m, tdm_tape *tp, tdm_tensor *x, tdm
     tp->dropout_calls = 0;
     h = tdm_add(tp, tdm_embedding(tp, m->wte.weight, x), tdm_slice(tp, m->wpe.weight, 0, 0, x->shape[1]));
     h = tdm_dropout(tp, h, c->dropout);
-  } else if (x->ndim != 3 || x->dtype != TDM_F32 || x->shape[2] != c->n_embd || x->shape[1] > c->block_size) {
-    return input_error(tp, "gpt range", x, "(batch, T, width) f32 activations");
+  } else if (x->ndim != 3 || x->dtype != tdm__act_dtype(tp) || x->shape[2] != c->n_embd || x->shape[1] > c->block_size) {
+    /* a later chunk's input: what the blocks before it left, in the tape's activation dtype */
+    return input_error(tp, "gpt range", x,
+                       tdm__act_dtype(tp) == TDM_F32 ? "(batch, T, width) f32 activations" : "(batch, T, width) activations in the tape's autocast dtype");
   }
   for (int64_t l = r->first; l < r->last; l++) {
     dropout_site(tp, l);

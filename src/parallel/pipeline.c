@@ -19,6 +19,10 @@
  *     input along with its input gradient, the chunks between pass them on with theirs, and chunk
  *     0 runs the head's weight GEMM into wte's gradient right before its own backward (or weight
  *     pass), as one process does. After the update the first rank sends wte to the last.
+ *   - mixed precision (bf16, fp16): every tape autocasts as one process's does; an activation
+ *     crosses stages in its 16 bits (the next chunk's input is the same 16-bit tensor one process
+ *     has there, so its gradient rounds where one process's does), gradients and the tied head's
+ *     message go widened to f32 (exact), and the last chunk seeds backward with the loss scale;
  *   - the gradient norm from segment sums (optim.h), each segment held by one rank, summed over
  *     the pipeline (exact), combined in segment order; the data axis averages gradients in rank
  *     order as data parallelism does.
@@ -122,6 +126,8 @@ typedef struct {
   int n_full;
   int zero1;                 /* ZeRO stage 1 on the data axis: e->spans is this data rank's 1/D of full */
   tdm_recompute recompute;   /* the slots' tapes recompute their chunks' blocks in backward */
+  tdm_dtype adt;             /* the activations' dtype: f32, or bf16 / f16 under mixed precision */
+  size_t esz;                /* its size in bytes */
   int64_t *zcut;             /* zero1: data rank d updates [zcut[d], zcut[d+1]) of full, packed */
   int64_t *held_at;          /* per parameter: the optimizer-state index of its first local element, or -1 */
   tdm__tp_piece *np;         /* the norm's pieces in this rank's chunks */
@@ -191,6 +197,7 @@ static tdm_status slot_get(pp_state *q, int c, int m, slot **out) {
     memset(s, 0, sizeof *s);
     TDM__TRY(tdm_tape_create(&s->tape, 1u << 20));
     TDM__TRY(tdm_tape_set_recompute(s->tape, q->recompute)); /* a chunk's blocks as data parallelism's */
+    TDM__TRY(tdm_tape_set_autocast(s->tape, q->adt));
     s->chunk = -1;
     q->n_slots++;
   }
@@ -234,6 +241,13 @@ static int64_t tied_numel(const pp_state *q, const tdm_model *m, int mb) {
   return tdm_tensor_numel(q->x[mb]) * (q->vt + m->cfg.n_embd);
 }
 
+/* n values of dtype dt (f32, bf16, f16) as f32 (exact) */
+static void widen(float *dst, const void *src, tdm_dtype dt, int64_t n) {
+  if (dt == TDM_BF16) tdm_k_bf16_to_f32(dst, src, n);
+  else if (dt == TDM_F16) tdm_k_f16_to_f32(dst, src, n);
+  else memcpy(dst, src, sizeof(float) * (size_t)n);
+}
+
 /* ---- exchanges -------------------------------------------------------------------------------------- */
 static tdm_status run_exchange(void *ctx) {
   exch *x = ctx;
@@ -262,13 +276,16 @@ static tdm_status issue(tdm_engine *e, pp_state *q, int k, tdm_batch_fn next, vo
     int64_t shape[3] = {tdm_tensor_dim(q->x[m], 0), tdm_tensor_dim(q->x[m], 1), mdl->cfg.n_embd};
     switch (a->op) {
     case TDM_PP_RECV_ACT:
-      s->in = tdm_new(s->tape, TDM_F32, 3, shape);
+      s->in = tdm_new(s->tape, q->adt, 3, shape);
       if (!s->in) return tdm__set_error(tdm_tape_status(s->tape), "%s", tdm_tape_error(s->tape));
       tdm_tensor_set_requires_grad(s->in, 1);
-      add_op(x, chunk_rank(q, c - 1), 0, tag_of(q, 0, c, m), tdm_tensor_data(s->in), an * 4);
+      add_op(x, chunk_rank(q, c - 1), 0, tag_of(q, 0, c, m), tdm_tensor_data(s->in), an * q->esz);
       break;
     case TDM_PP_SEND_ACT: /* the slot's output lives until its backward, after this exchange has ended */
-      add_op(x, chunk_rank(q, c + 1), 1, tag_of(q, 0, c + 1, m), tdm_tensor_data(s->out), an * 4);
+      if (tdm_tensor_dtype(s->out) != q->adt)
+        return tdm__set_error(TDM_ERR_INTERNAL, "pipeline: chunk %d's output is %s; the stages pass %s", c,
+                              tdm_dtype_name(tdm_tensor_dtype(s->out)), tdm_dtype_name(q->adt));
+      add_op(x, chunk_rank(q, c + 1), 1, tag_of(q, 0, c + 1, m), tdm_tensor_data(s->out), an * q->esz);
       break;
     case TDM_PP_RECV_GRAD:
       s->gout = tdm_new(s->tape, TDM_F32, 3, shape);
@@ -283,7 +300,7 @@ static tdm_status issue(tdm_engine *e, pp_state *q, int k, tdm_batch_fn next, vo
       float *g = buf_get(q, an);
       tdm_tensor *gin = s->in ? tdm_tensor_grad(s->in) : NULL;
       if (!g) return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
-      if (gin) memcpy(g, tdm_tensor_data(gin), an * 4);
+      if (gin) widen(g, tdm_tensor_data(gin), tdm_tensor_dtype(gin), (int64_t)an);
       else memset(g, 0, an * 4); /* no path from the input to the output: its gradient is zero */
       x->owned[x->n_owned++] = g;
       add_op(x, chunk_rank(q, c - 1), 1, tag_of(q, 1, c - 1, m), g, an * 4);
@@ -292,8 +309,9 @@ static tdm_status issue(tdm_engine *e, pp_state *q, int k, tdm_batch_fn next, vo
         if (c == C - 1) {
           int64_t N = tdm_tensor_numel(q->x[m]);
           if (!(t = buf_get(q, tn))) return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
-          memcpy(t, tdm_tensor_data(tdm_tensor_grad(s->logits)), sizeof(float) * (size_t)(N * q->vt));
-          memcpy(t + N * q->vt, tdm_tensor_data(s->head_in), sizeof(float) * (size_t)(N * mdl->cfg.n_embd));
+          tdm_tensor *gl = tdm_tensor_grad(s->logits);
+          widen(t, tdm_tensor_data(gl), tdm_tensor_dtype(gl), N * q->vt);
+          widen(t + N * q->vt, tdm_tensor_data(s->head_in), tdm_tensor_dtype(s->head_in), N * mdl->cfg.n_embd);
         }
         s->tied = NULL;
         x->owned[x->n_owned++] = t;
@@ -404,12 +422,12 @@ static void tied_grad(tdm_engine *e, pp_state *q, slot *s) {
 static tdm_status backward(tdm_engine *e, pp_state *q, slot *s, tdm_pp_op op) {
   tdm_tape *t = s->tape;
   tdm_tensor *g = s->gout;
-  if (s->chunk == q->C - 1) { /* seeded with 1/M, as one process accumulating M micro-batches */
+  if (s->chunk == q->C - 1) { /* seeded with 1/M (times fp16's loss scale), as one process accumulating M micro-batches */
     g = NULL;
-    if (q->M > 1) {
+    if (q->M > 1 || e->ls_scale != 1.0) {
       int64_t one[1] = {1};
       if (!(g = tdm_new(t, TDM_F32, 0, one))) return tdm__set_error(tdm_tape_status(t), "%s", tdm_tape_error(t));
-      *(float *)tdm_tensor_data(g) = 1.0f / (float)q->M;
+      *(float *)tdm_tensor_data(g) = e->ls_scale == 1.0 ? 1.0f / (float)q->M : (float)(e->ls_scale / (double)q->M);
     }
   }
   tdm_status st;
@@ -840,13 +858,13 @@ static tdm_status pp_eval(tdm_engine *e, tdm_tensor *x, tdm_tensor *y, double *l
   tdm_tape_set_grad_enabled(t, 0);
   tdm_tape_set_training(t, 0);
   int64_t shape[3] = {tdm_tensor_dim(x, 0), tdm_tensor_dim(x, 1), e->model->cfg.n_embd};
-  size_t nbytes = (size_t)(shape[0] * shape[1] * shape[2]) * 4;
+  size_t nbytes = (size_t)(shape[0] * shape[1] * shape[2]) * q->esz;
   double num[3] = {0, 0, 0};
   tdm_tensor *h = NULL;
   for (int c = 0; c < q->C; c++) {
     if (chunk_rank(q, c) != q->stage) continue;
     if (c > 0) {
-      h = tdm_new(t, TDM_F32, 3, shape);
+      h = tdm_new(t, q->adt, 3, shape);
       if (!h) break;
       TDM__TRY(tdm_comm_recv(q->pp, chunk_rank(q, c - 1), 13, tdm_tensor_data(h), nbytes));
     }
@@ -917,13 +935,18 @@ void tdm__pp_layout_free(tdm__pp_layout *l) {
   l->first_block = NULL, l->s = NULL;
 }
 
-/* Recomputation runs a chunk's blocks again in backward; a tensor-parallel stage's split blocks
- * (tp_model.c) do not recompute, so the two together are refused rather than run without it. */
+/* Recomputation runs a chunk's blocks again in backward, mixed precision stores activations in 16
+ * bits; a tensor-parallel stage's split blocks (tp_model.c) do neither, so either beside a tensor
+ * axis is refused rather than run without it. */
 static tdm_status check_recompute(const tdm_engine_config *ec, int T) {
   if (ec->recompute != TDM_RECOMPUTE_NONE && T > 1)
     return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "pipeline: recompute %s with %d tensor ranks: the tensor-parallel stages do not "
                           "recompute their split blocks; use --recompute none with --tp, or a pipeline without it",
                           tdm_recompute_name(ec->recompute), T);
+  if (ec->precision != TDM_F32 && T > 1)
+    return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "pipeline: precision %s with %d tensor ranks: the tensor-parallel stages run "
+                          "f32; use --precision fp32 with --tp, or a pipeline without it",
+                          tdm_dtype_name(ec->precision), T);
   return TDM_OK;
 }
 
@@ -1027,6 +1050,8 @@ static tdm_status pp_create(tdm_engine *e, const tdm_model_config *mc, uint64_t 
   q->P = tdm_grid_size(e->grid, TDM_AXIS_PIPELINE);
   q->stage = tdm_grid_index(e->grid, TDM_AXIS_PIPELINE);
   q->recompute = e->cfg.recompute;
+  q->adt = e->cfg.precision == TDM_BF16 || e->cfg.precision == TDM_F16 ? e->cfg.precision : TDM_F32;
+  q->esz = tdm_dtype_size(q->adt);
   q->D = e->size;
   q->pp = tdm_grid_comm(e->grid, TDM_AXIS_PIPELINE);
   q->world = tdm_grid_world(e->grid);
@@ -1113,6 +1138,7 @@ static tdm_status pp_create(tdm_engine *e, const tdm_model_config *mc, uint64_t 
   if (!q->red || !q->packed || !q->x || !q->y || !q->base) return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
   TDM__TRY(tdm_tape_create(&q->data, 1u << 16));
   TDM__TRY(tdm_tape_create(&q->eval, 1u << 20));
+  TDM__TRY(tdm_tape_set_autocast(q->eval, q->adt));
   TDM__TRY(index_list(q));
   char blocks[64] = "";
   for (int k = 0, at = 0; k < q->V && at < (int)sizeof blocks; k++) {
@@ -1164,7 +1190,8 @@ static void pp_destroy(tdm_engine *e) {
 
 /* The row, and the same engine with ZeRO stage 1 on the data axis (pp_create picks it): the
  * optimizer state is split over the data axis too, so each data rank writes its part of a
- * checkpoint (tdm_engine_replicas). f32 only (.mixed 0): its stages pass f32 activations.
+ * checkpoint (tdm_engine_replicas). Mixed precision (.mixed): bf16, and fp16 whose overflowed
+ * steps every rank skips alike (the norm is global); not beside a tensor axis (check_recompute).
  * Recomputation (.recompute): each chunk micro-batch's tape recomputes its blocks in backward (a
  * split backward computes a recomputed block's parameter gradients in its first pass: recompute.c);
  * not beside a tensor axis (check_recompute). */
@@ -1191,6 +1218,7 @@ static void pp_destroy(tdm_engine *e) {
     .first_nonfinite = pp_first_nonfinite, \
     .pieces = pp_pieces, \
     .recompute = 1, \
+    .mixed = 1, \
   }
 const tdm__engine_ops tdm__engine_pipeline_ops = PP_OPS(0);
 static const tdm__engine_ops pipeline_zero1_ops = PP_OPS(1u << TDM_AXIS_DATA);

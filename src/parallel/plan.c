@@ -35,6 +35,8 @@ typedef struct {
   int64_t fwd, bwd; /* bytes forward, bytes backward adds */
   int train;        /* recording: nodes and gradients; dropout active */
   int64_t nodes;    /* recorded ops */
+  int half;         /* mixed precision: activations and their gradients in 16 bits (the sizes below
+                       are given in f32 and halved; an op's transient f32 copies are left out) */
 } tape_bytes;
 
 static int64_t al(int64_t b) {
@@ -44,13 +46,15 @@ static int64_t al(int64_t b) {
 #define TENSOR al((int64_t)sizeof(tdm_tensor))
 #define NODE al((int64_t)sizeof(tdm_node))
 
-/* A tensor of `bytes` made in forward; when recording it gets a node, and in backward a gradient. */
+/* A tensor of `bytes` (as f32) made in forward; when recording it gets a node, and in backward a gradient. */
 static void op_out(tape_bytes *a, int64_t bytes) {
+  if (a->half) bytes /= 2;
   a->fwd += TENSOR + al(bytes);
   if (a->train) a->fwd += NODE, a->bwd += TENSOR + al(bytes), a->nodes++;
 }
 /* A view: only its struct; recorded and given a gradient like an op's output. */
 static void op_view(tape_bytes *a, int64_t bytes) {
+  if (a->half) bytes /= 2;
   a->fwd += TENSOR;
   if (a->train) a->fwd += NODE, a->bwd += TENSOR + al(bytes), a->nodes++;
 }
@@ -78,6 +82,7 @@ static void cross_entropy(tape_bytes *a, int64_t N) {
 /* Attention's (B, NH, T, T) probabilities: kept for backward, or under selective recomputation
  * rebuilt there (a transient of backward). */
 static void attention_probs(tape_bytes *a, int64_t bytes, tdm_recompute rc) {
+  if (a->half) bytes /= 2; /* stored in 16 bits (the f32 chunk each pass converts through is left out) */
   if (rc == TDM_RECOMPUTE_SELECTIVE && a->train) bwd_scratch(a, bytes);
   else op_saved(a, bytes);
   bwd_scratch(a, bytes);
@@ -128,7 +133,7 @@ static void blocks_tape(const tdm_model_config *m, int64_t B, int64_t T, int64_t
   int64_t transient = 0;
   for (int64_t l = first; l < last; l++) {
     if (rc == TDM_RECOMPUTE_BLOCK && a->train) {
-      tape_bytes b = {0, 0, 1, 0};
+      tape_bytes b = {0, 0, 1, 0, a->half};
       if (m->kind == TDM_MODEL_LLAMA) llama_block_tape(m, B, T, TDM_RECOMPUTE_NONE, &b);
       else gpt_block_tape(m, B, T, TDM_RECOMPUTE_NONE, &b);
       int64_t t = b.fwd + b.bwd - (TENSOR + al(4 * B * T * m->n_embd)); /* its output's gradient is the kept one's */
@@ -249,7 +254,7 @@ static void tp_model_tape(const tdm_model_config *m, int64_t B, int64_t T, int64
 /* Tensor parallelism's tape (the other layouts': src/parallel/plan_tape.c). */
 static int64_t tp_tape_total(const tdm_model_config *m, int64_t B, int64_t T, int64_t accum, int train, int64_t *nodes, int Tp,
                              int64_t Vt) {
-  tape_bytes a = {0, 0, train, 0};
+  tape_bytes a = {0, 0, train, 0, 0};
   tp_model_tape(m, B, T, accum, Tp, Vt, &a);
   if (nodes) *nodes = a.nodes;
   return a.fwd + a.bwd;
@@ -349,13 +354,13 @@ void tdm_plan_layer_costs(const tdm_model_config *m, int64_t T, double *embed, d
  * to its backward (weight pass, for zero-bubble); it holds the chunk's ops, the received input and
  * its gradient, the received output gradient. The stage's batches live for the step. */
 static tape_bytes chunk_tape(const tdm_model_config *m, const tdm__pp_layout *L, int c, int64_t B, int64_t T, int64_t accum,
-                             tdm_recompute rc) {
-  tape_bytes a = {0, 0, 1, 0};
+                             tdm_recompute rc, int half) {
+  tape_bytes a = {0, 0, 1, 0, half};
   int64_t N = B * T;
   if (m->kind == TDM_MODEL_LLAMA) llama_range_tape(m, B, T, L->first_block[c], L->first_block[c + 1], c == 0, c == L->C - 1, rc, &a);
   else gpt_range_tape(m, B, T, L->first_block[c], L->first_block[c + 1], c == 0, c == L->C - 1, rc, &a);
-  if (c > 0) a.fwd += 2 * (TENSOR + al(4 * N * m->n_embd)); /* the input received, its gradient */
-  if (c < L->C - 1) a.fwd += TENSOR + al(4 * N * m->n_embd); /* the output's gradient received */
+  if (c > 0) a.fwd += 2 * (TENSOR + al((half ? 2 : 4) * N * m->n_embd)); /* the input received, its gradient */
+  if (c < L->C - 1) a.fwd += TENSOR + al(4 * N * m->n_embd);             /* the output's gradient received (f32) */
   if (c == L->C - 1 && accum > 1) a.fwd += TENSOR + al(4);   /* backward's seed 1/M */
   return a;
 }
@@ -379,7 +384,7 @@ static tdm_status plan_pipeline(const tdm_plan_config *c, const tdm_params *para
     else snprintf(name, sizeof name, "transformer.h.%d.ln_1.weight", L.first_block[k]);
     tdm_tensor *t = tdm_params_find(params, name);
     lo[k] = k == 0 || !t ? 0 : (const float *)tdm_tensor_data(t) - tdm_params_data(params);
-    bytes[k] = chunk_tape(m, &L, k, B, T, L.M, c->engine.recompute);
+    bytes[k] = chunk_tape(m, &L, k, B, T, L.M, c->engine.recompute, c->engine.precision != TDM_F32);
   }
   lo[L.C] = tdm_params_numel(params);
   out->pipeline = L.P, out->virtual_stages = L.V, out->microbatches = L.M;

@@ -31,6 +31,16 @@ check "zb1p, 4 stages, 4 micro-batches: one process's weights" same_as_one 4 4 z
 check "interleaved, 2 stages x 2 chunks, 4 micro-batches: one process's weights" same_as_one 2 4 interleaved
 check "1f1b cut by hand (--pp-split 1,3): one process's weights" same_as_one 2 2 1f1b --pp-split 1,3
 check "zb1p, 2 stages, 4 micro-batches, blocks recomputed in backward: one process's weights" same_as_one 2 4 zb1p --recompute block
+# mixed precision: 16-bit activations cross the stages; one process in the same precision is the reference
+mixed_as_one() { # PRECISION P M SCHEDULE
+  local D=$1; shift
+  "$T" "${G[@]}" --accum "$2" --precision "$D" --save-weights "$TMP/one_$D.st" >/dev/null 2>&1 || { echo "  reference failed"; return 1; }
+  "$T" run -n "$1" -- tandem "${G[@]}" --pp "$1" --microbatches "$2" --schedule "$3" --precision "$D" --save-weights "$TMP/pp.st" \
+    >"$TMP/out" 2>&1 || { tail -3 "$TMP/out"; return 1; }
+  cmp -s "$TMP/one_$D.st" "$TMP/pp.st" || { echo "  the weights differ from one process's"; return 1; }
+}
+check "bf16, 1f1b, 2 stages, 4 micro-batches: one bf16 process's weights" mixed_as_one bf16 2 4 1f1b
+check "fp16 (loss scaling), zb1p, 2 stages, 3 micro-batches: one fp16 process's weights" mixed_as_one fp16 2 3 zb1p
 
 grid_2x2() { # 2 data replicas of a 2-stage pipeline = data parallelism on 2 ranks
   "$T" run -n 2 -- tandem "${G[@]}" --accum 2 --save-weights "$TMP/dp2.st" >/dev/null 2>&1 || return 1

@@ -4,7 +4,8 @@
  * bit; with a data axis (D replicas) those of data parallelism on D ranks. The loss, the gradient
  * norm and an evaluation agree too, and a stage that fails is named by the others. The same for
  * a Llama (P = 2, 3, every schedule, its head tied to the embedding and not), whose bad layouts
- * are refused alike. */
+ * are refused alike. Mixed precision (bf16, fp16 with its loss scale) gives one process's bits in
+ * the same precision, every schedule, GPT and Llama; beside a tensor axis it is refused. */
 #include <pthread.h>
 
 #include "tdm_test.h"
@@ -211,6 +212,28 @@ static void test_recompute(void) {
     }
 }
 
+/* bf16 and fp16: activations cross stages in 16 bits, as one process holds them; fp16 seeds the
+ * backward with the loss scale (65536 here: no step overflows at this size, so none is skipped). */
+static void test_mixed_precision(void) {
+  tdm_pp_schedule_kind ks[] = {TDM_PP_GPIPE, TDM_PP_1F1B, TDM_PP_ZB1P, TDM_PP_INTERLEAVED};
+  tdm_dtype dts[2] = {TDM_BF16, TDM_F16};
+  for (int d = 0; d < 2; d++)
+    for (int k = 0; k < 4; k++) {
+      int V = ks[k] == TDM_PP_INTERLEAVED ? 2 : 1;
+      int il = ks[k] == TDM_PP_INTERLEAVED; /* interleaved: 2 stages, a multiple of them in flight */
+      job g = gpt_job(1, il ? 2 : 2 + k % 2, il ? 4 : 5, ks[k], V), l = llama_job(1, 2, 4, ks[k], V, k % 2);
+      g.ec.precision = l.ec.precision = dts[d];
+      check_equal(g, d ? "gpt, fp16" : "gpt, bf16");
+      check_equal(l, d ? "llama, fp16" : "llama, bf16");
+    }
+  job g = gpt_job(2, 2, 2, TDM_PP_1F1B, 1); /* with a data axis: data parallelism's bf16 on 2 ranks */
+  g.ec.precision = TDM_BF16;
+  check_equal(g, "gpt, bf16, D 2");
+  /* a pipeline beside a tensor axis runs f32 only: refused before anything runs */
+  CHECK(tdm_engine_check(&g.mc, &g.ec, 4, 1, 2, 2) == TDM_ERR_NOT_SUPPORTED);
+  CHECK_ERR_HAS("precision bf16 with 2 tensor ranks");
+}
+
 static void test_interleaved(void) {
   for (int P = 2; P <= 4; P++)
     for (int M = P; M <= 2 * P; M += P) check_equal(gpt_job(1, P, M, TDM_PP_INTERLEAVED, 2), "interleaved");
@@ -307,5 +330,5 @@ static void test_llama_bad_layouts(void) {
   CHECK_MSG(strstr(tdm_last_error(), "use --model gpt or llama") != NULL, "%s", tdm_last_error());
 }
 
-TDM_TEST_MAIN(T(test_every_schedule), T(test_recompute), T(test_interleaved), T(test_data_axis), T(test_split_by_hand), T(test_dead_stage),
+TDM_TEST_MAIN(T(test_every_schedule), T(test_recompute), T(test_mixed_precision), T(test_interleaved), T(test_data_axis), T(test_split_by_hand), T(test_dead_stage),
               T(test_bad_layouts), T(test_llama), T(test_llama_bad_layouts))
