@@ -290,15 +290,14 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
       at += len + (at[len] == ',');
     }
   }
-  /* the tensor-parallel engine (and the 3-D grid) runs f32 without recomputation: refused here,
+  /* tensor parallelism does not recompute, and beside --pp (the 3-D grid) runs f32: refused here,
    * before any rank starts (a model --tp cannot split, fp16 beside a parameter server:
    * tdm_engine_check) */
-  const char *eng = tp > 1 ? "--tp" : NULL;
-  if (eng && (strcmp(precision, "fp32") || strcmp(recompute, "none"))) {
-    fprintf(stderr, "tandem %s: %s with --%s %s: that engine does not implement %s yet (use --%s %s, or data parallelism / --zero)\n",
-            cmd, eng, strcmp(precision, "fp32") ? "precision" : "recompute", strcmp(precision, "fp32") ? precision : recompute,
-            strcmp(precision, "fp32") ? "mixed precision" : "activation recomputation", strcmp(precision, "fp32") ? "precision" : "recompute",
-            strcmp(precision, "fp32") ? "fp32" : "none");
+  int no_rc = strcmp(recompute, "none") != 0, no_mixed = pp > 1 && strcmp(precision, "fp32") != 0;
+  if (tp > 1 && (no_rc || no_mixed)) {
+    fprintf(stderr, "tandem %s: --tp with --%s %s%s: that layout does not implement %s yet (use --%s %s, or data parallelism / --zero)\n",
+            cmd, no_rc ? "recompute" : "precision", no_rc ? recompute : precision, no_rc ? "" : " beside --pp",
+            no_rc ? "activation recomputation" : "mixed precision", no_rc ? "recompute" : "precision", no_rc ? "none" : "fp32");
     return 2;
   }
 #undef SEEN

@@ -444,5 +444,8 @@ const tdm__engine_ops tdm__engine_tp_ops = {
     .loss = tp_loss,
     .first_nonfinite = tp_first_nonfinite,
     .pieces = tp_pieces,
-    /* GPT and Llama in f32 only, no recomputation (.mixed, .recompute 0): its sliced ops (tp_ops.c) are f32 */
+    /* mixed precision: the tape autocasts, the custom ops (tp_ops.c) widen 16-bit inputs and sum
+     * f32; an fp16 overflow skips the step on every rank (the norm is global). No recomputation
+     * (.recompute 0): the split blocks are not checkpointed. */
+    .mixed = 1,
 };

@@ -1,4 +1,7 @@
-/* Tensor parallelism's ops as custom autograd ops (see tp_ops.h). */
+/* Tensor parallelism's ops as custom autograd ops (see tp_ops.h). They compute and communicate in
+ * f32; under mixed precision a 16-bit input is widened first (tdm_cast: exact, and its backward
+ * rounds the f32 gradient into the input's), and the outputs stay f32, which the next ops read
+ * as they read any activation: the collectives sum f32 partial results, not 16-bit ones. */
 #include "parallel/tp_ops.h"
 
 #include <math.h>
@@ -41,9 +44,14 @@ static tdm_status copy_bwd(tdm_custom_ctx *ctx, const tdm_tensor *gy, int n, tdm
 
 static const tdm_custom_op copy_op = {"tp_copy", copy_fwd, copy_bwd, 0};
 
+static tdm_tensor *widened(tdm_tape *tp, tdm_tensor *x) {
+  return x && tdm_tensor_dtype(x) != TDM_F32 ? tdm_cast(tp, x, TDM_F32) : x;
+}
+
 tdm_tensor *tdm__tp_copy(tdm_tape *tp, tdm__tp_comm *c, tdm_tensor *x) {
   if (!c->comm) return x; /* one rank: f is the identity both ways */
-  return tdm_custom(tp, &copy_op, c, 1, &x);
+  x = widened(tp, x);
+  return x ? tdm_custom(tp, &copy_op, c, 1, &x) : NULL;
 }
 
 /* ---- g: all-reduce forward, identity backward ------------------------------------------------- */
@@ -65,7 +73,8 @@ static const tdm_custom_op reduce_op = {"tp_reduce", reduce_fwd, reduce_bwd, 0};
 
 tdm_tensor *tdm__tp_reduce(tdm_tape *tp, tdm__tp_comm *c, tdm_tensor *x) {
   if (!c->comm) return x;
-  return tdm_custom(tp, &reduce_op, c, 1, &x);
+  x = widened(tp, x);
+  return x ? tdm_custom(tp, &reduce_op, c, 1, &x) : NULL;
 }
 
 /* ---- the embedding rows this rank holds ----------------------------------------------------------- */
@@ -286,6 +295,8 @@ static const tdm_custom_op ce_op = {"tp_cross_entropy", ce_fwd, ce_bwd, 1};
 tdm_tensor *tdm__tp_cross_entropy(tdm_tape *tp, tdm__tp_comm *c, tdm_tensor *logits, tdm_tensor *targets, int64_t lo,
                                   int64_t V, int64_t ignore_index, double *correct, double *rows) {
   ce_state s = {c, lo, V, ignore_index, correct, rows, 0, 0, 0, NULL};
+  logits = widened(tp, logits); /* 16-bit logits: the loss reads them as f32 (exact) */
+  if (!logits) return NULL;
   tdm_tensor *in[2] = {logits, targets};
   return tdm_custom(tp, &ce_op, &s, 2, in);
 }
