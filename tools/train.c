@@ -290,14 +290,11 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
       at += len + (at[len] == ',');
     }
   }
-  /* tensor parallelism does not recompute, and beside --pp (the 3-D grid) runs f32: refused here,
-   * before any rank starts (a model --tp cannot split, fp16 beside a parameter server:
-   * tdm_engine_check) */
-  int no_rc = strcmp(recompute, "none") != 0, no_mixed = pp > 1 && strcmp(precision, "fp32") != 0;
-  if (tp > 1 && (no_rc || no_mixed)) {
-    fprintf(stderr, "tandem %s: --tp with --%s %s%s: that layout does not implement %s yet (use --%s %s, or data parallelism / --zero)\n",
-            cmd, no_rc ? "recompute" : "precision", no_rc ? recompute : precision, no_rc ? "" : " beside --pp",
-            no_rc ? "activation recomputation" : "mixed precision", no_rc ? "recompute" : "precision", no_rc ? "none" : "fp32");
+  /* tensor parallelism does not recompute its split blocks: refused here, before any rank starts
+   * (a model --tp cannot split, fp16 beside a parameter server: tdm_engine_check) */
+  if (tp > 1 && strcmp(recompute, "none")) {
+    fprintf(stderr, "tandem %s: --tp with --recompute %s: that engine does not implement activation recomputation yet (use "
+                    "--recompute none, or data parallelism / --zero)\n", cmd, recompute);
     return 2;
   }
 #undef SEEN

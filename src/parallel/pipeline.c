@@ -935,18 +935,13 @@ void tdm__pp_layout_free(tdm__pp_layout *l) {
   l->first_block = NULL, l->s = NULL;
 }
 
-/* Recomputation runs a chunk's blocks again in backward, mixed precision stores activations in 16
- * bits; a tensor-parallel stage's split blocks (tp_model.c) do neither, so either beside a tensor
- * axis is refused rather than run without it. */
+/* Recomputation runs a chunk's blocks again in backward; a tensor-parallel stage's split blocks
+ * (tp_model.c) do not recompute, so the two together are refused rather than run without it. */
 static tdm_status check_recompute(const tdm_engine_config *ec, int T) {
   if (ec->recompute != TDM_RECOMPUTE_NONE && T > 1)
     return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "pipeline: recompute %s with %d tensor ranks: the tensor-parallel stages do not "
                           "recompute their split blocks; use --recompute none with --tp, or a pipeline without it",
                           tdm_recompute_name(ec->recompute), T);
-  if (ec->precision != TDM_F32 && T > 1)
-    return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "pipeline: precision %s with %d tensor ranks: the tensor-parallel stages run "
-                          "f32; use --precision fp32 with --tp, or a pipeline without it",
-                          tdm_dtype_name(ec->precision), T);
   return TDM_OK;
 }
 
@@ -1191,7 +1186,8 @@ static void pp_destroy(tdm_engine *e) {
 /* The row, and the same engine with ZeRO stage 1 on the data axis (pp_create picks it): the
  * optimizer state is split over the data axis too, so each data rank writes its part of a
  * checkpoint (tdm_engine_replicas). Mixed precision (.mixed): bf16, and fp16 whose overflowed
- * steps every rank skips alike (the norm is global); not beside a tensor axis (check_recompute).
+ * steps every rank skips alike (the norm is global), beside a tensor axis too (the tensor-parallel
+ * engine's bits).
  * Recomputation (.recompute): each chunk micro-batch's tape recomputes its blocks in backward (a
  * split backward computes a recomputed block's parameter gradients in its first pass: recompute.c);
  * not beside a tensor axis (check_recompute). */

@@ -238,11 +238,12 @@ tdm_tensor *tdm__tp_model_range(tdm__tp_model *g, tdm_tape *tp, tdm_tensor *in, 
     /* as tdm_model_forward words it: the same input is refused the same way */
     return tdm_tape_fail(tp, TDM_ERR_INVALID_ARG, "%s: input is %s %s; expected (batch, T) i32/i64 token ids with 1 <= T <= block_size",
                          name, tdm_shape_str(tdm_tensor_ndim(in), tdm_tensor_shape(in), b, sizeof b), tdm_dtype_name(tdm_tensor_dtype(in)));
-  if (!r->embed && (tdm_tensor_ndim(in) != 3 || tdm_tensor_dtype(in) != TDM_F32 || tdm_tensor_dim(in, 2) != c->n_embd ||
+  if (!r->embed && (tdm_tensor_ndim(in) != 3 || tdm_tensor_dtype(in) != tdm__act_dtype(tp) || tdm_tensor_dim(in, 2) != c->n_embd ||
                     T < 1 || T > c->block_size))
-    return tdm_tape_fail(tp, TDM_ERR_INVALID_ARG, "%s range: input is %s %s; expected (batch, T, width) f32 activations, width %lld, "
+    return tdm_tape_fail(tp, TDM_ERR_INVALID_ARG, "%s range: input is %s %s; expected (batch, T, width) %s activations, width %lld, "
                          "1 <= T <= %lld", name, tdm_shape_str(tdm_tensor_ndim(in), tdm_tensor_shape(in), b, sizeof b),
-                         tdm_dtype_name(tdm_tensor_dtype(in)), (long long)c->n_embd, (long long)c->block_size);
+                         tdm_dtype_name(tdm_tensor_dtype(in)), tdm_dtype_name(tdm__act_dtype(tp)), (long long)c->n_embd,
+                         (long long)c->block_size);
   tdm_tensor *h = r->embed ? g->kind->embed(g, tp, in) : in;
   for (int64_t l = r->first; l < r->last; l++) {
     dropout_site(tp, 1 + 2 * l);

@@ -12,7 +12,8 @@
 # ZeRO stage 1 on the data axis of --dp 2 --pp 2 gives --zero 0's weights bit for bit, its
 # checkpoint resumes on --zero 0 (and --zero 0's on --zero 1) bit-identically to a straight run;
 # --pp 2 --zero 2 is refused. A Llama on --tp 2 --pp 2 gives --tp 2's weights bit for bit, and its
-# checkpoint resumes on one process.
+# checkpoint resumes on one process. In bf16 and fp16 the grid gives --tp 2's weights in the same
+# precision bit for bit (GPT, and a Llama in bf16).
 # usage: test_grid.sh path/to/tandem
 set -u
 T=${1:?usage: test_grid.sh path/to/tandem}
@@ -38,6 +39,17 @@ tp2pp2() {
     cmp -s "$TMP/g3.st" "$TMP/tp3.st" && same "$TMP/g3.st" "$TMP/one3.st" 1e-5
 }
 check "--tp 2 --pp 2 on 4 ranks == --tp 2 bit for bit, == one process within 1e-5" tp2pp2
+
+# mixed precision: 16-bit activations between the stages, the tensor ranks' ops widening to f32
+grid16() { # PRECISION [model options]
+  local D=$1; shift
+  run 4 "$TMP/g16.out" --steps 3 "${G[@]}" --precision "$D" "$@" --save-weights "$TMP/g16.st" &&
+    run 2 "$TMP/t16.out" --steps 3 "${TP2[@]}" --precision "$D" "$@" --save-weights "$TMP/t16.st" &&
+    { cmp -s "$TMP/g16.st" "$TMP/t16.st" || { echo "  the weights differ from --tp 2's"; return 1; }; }
+}
+check "--tp 2 --pp 2 in bf16 == --tp 2 in bf16 bit for bit" grid16 bf16
+check "--tp 2 --pp 2 in fp16 (loss scaling) == --tp 2 in fp16 bit for bit" grid16 fp16
+check "llama --tp 2 --pp 2 in bf16 == --tp 2 in bf16 bit for bit" grid16 bf16 --model llama --heads 6 --kv-heads 2 --ffn-width 64
 
 dp2tp2pp2() {
   "$T" "${A[@]}" --steps 2 --accum 2 --batch-size 8 --save-weights "$TMP/one8.st" >/dev/null 2>&1 &&

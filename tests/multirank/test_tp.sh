@@ -8,6 +8,7 @@
 # --tp with --pp: tests/multirank/test_grid.sh). A Llama (grouped-query attention) at --tp 3 over
 # tcp, tied, equals one process; its --tp 2 checkpoint resumes on one process and one process's at
 # --tp 2; key/value heads --tp does not divide are refused.
+# In bf16, --tp 2 ends within 1e-2 of one bf16 process (16-bit partial sums).
 # usage: test_tp.sh path/to/tandem
 set -u
 T=${1:?usage: test_tp.sh path/to/tandem}
@@ -117,7 +118,6 @@ check "a world that is not data x tensor: refused" bad 3 "--dp 0 x --tp 2 x --pp
 check "--dp x --tp not the world: refused" bad 4 "--dp 3 x --tp 2 x --pp 1, but 4 ranks run" --tp 2 --dp 3
 check "heads not divisible by --tp: refused" bad 4 "6 attention heads do not divide over --tp 4 ranks" --tp 4
 check "--tp larger than the heads: refused" bad 8 "--tp 8 is larger than the 6 attention heads" --tp 8
-check "--tp beside --pp in bf16: refused" bad 4 "--tp with --precision bf16 beside --pp" --tp 2 --pp 2 --precision bf16
 check "--tp with another model: refused" bad 2 "the mlp model has no heads to split" --model mlp --data synthetic --tp 2
 check "llama: key/value heads not divisible by --tp: refused" bad 4 "6 key/value heads do not divide over --tp 4 ranks" \
   --model llama --heads 12 --kv-heads 6 --ffn-width 100 --tp 4

@@ -5,7 +5,7 @@
  * norm and an evaluation agree too, and a stage that fails is named by the others. The same for
  * a Llama (P = 2, 3, every schedule, its head tied to the embedding and not), whose bad layouts
  * are refused alike. Mixed precision (bf16, fp16 with its loss scale) gives one process's bits in
- * the same precision, every schedule, GPT and Llama; beside a tensor axis it is refused. */
+ * the same precision, every schedule, GPT and Llama. */
 #include <pthread.h>
 
 #include "tdm_test.h"
@@ -229,9 +229,6 @@ static void test_mixed_precision(void) {
   job g = gpt_job(2, 2, 2, TDM_PP_1F1B, 1); /* with a data axis: data parallelism's bf16 on 2 ranks */
   g.ec.precision = TDM_BF16;
   check_equal(g, "gpt, bf16, D 2");
-  /* a pipeline beside a tensor axis runs f32 only: refused before anything runs */
-  CHECK(tdm_engine_check(&g.mc, &g.ec, 4, 1, 2, 2) == TDM_ERR_NOT_SUPPORTED);
-  CHECK_ERR_HAS("precision bf16 with 2 tensor ranks");
 }
 
 static void test_interleaved(void) {
