@@ -290,13 +290,6 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
       at += len + (at[len] == ',');
     }
   }
-  /* tensor parallelism does not recompute its split blocks: refused here, before any rank starts
-   * (a model --tp cannot split, fp16 beside a parameter server: tdm_engine_check) */
-  if (tp > 1 && strcmp(recompute, "none")) {
-    fprintf(stderr, "tandem %s: --tp with --recompute %s: that engine does not implement activation recomputation yet (use "
-                    "--recompute none, or data parallelism / --zero)\n", cmd, recompute);
-    return 2;
-  }
 #undef SEEN
   c->dp = dp, c->pp = pp;
   c->n_layer = layers, c->n_head = heads, c->n_embd = width, c->block_size = block, c->vocab_size = vocab, c->seq_len = seq_len;

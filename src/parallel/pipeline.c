@@ -935,19 +935,9 @@ void tdm__pp_layout_free(tdm__pp_layout *l) {
   l->first_block = NULL, l->s = NULL;
 }
 
-/* Recomputation runs a chunk's blocks again in backward; a tensor-parallel stage's split blocks
- * (tp_model.c) do not recompute, so the two together are refused rather than run without it. */
-static tdm_status check_recompute(const tdm_engine_config *ec, int T) {
-  if (ec->recompute != TDM_RECOMPUTE_NONE && T > 1)
-    return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "pipeline: recompute %s with %d tensor ranks: the tensor-parallel stages do not "
-                          "recompute their split blocks; use --recompute none with --tp, or a pipeline without it",
-                          tdm_recompute_name(ec->recompute), T);
-  return TDM_OK;
-}
 
 static tdm_status pp_check(const tdm_model_config *mc, const tdm_engine_config *ec, const int *sizes) {
   TDM__TRY(tdm__tp_check(mc, sizes[TDM_AXIS_TENSOR])); /* the 3-D grid: the heads over the tensor axis */
-  TDM__TRY(check_recompute(ec, sizes[TDM_AXIS_TENSOR]));
   tdm__pp_layout L;
   TDM__TRY(tdm__pp_layout_make(mc, ec, sizes[TDM_AXIS_PIPELINE], &L));
   tdm__pp_layout_free(&L);
@@ -1037,7 +1027,6 @@ static tdm_status make_zero1(tdm_engine *e, pp_state *q, int64_t owned) {
 
 static tdm_status pp_create(tdm_engine *e, const tdm_model_config *mc, uint64_t seed) {
   TDM__TRY(tdm__tp_check(mc, tdm_grid_size(e->grid, TDM_AXIS_TENSOR)));
-  TDM__TRY(check_recompute(&e->cfg, tdm_grid_size(e->grid, TDM_AXIS_TENSOR)));
   pp_state *q = tdm__calloc(1, sizeof *q);
   if (!q) return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
   e->impl = q;
@@ -1189,8 +1178,8 @@ static void pp_destroy(tdm_engine *e) {
  * steps every rank skips alike (the norm is global), beside a tensor axis too (the tensor-parallel
  * engine's bits).
  * Recomputation (.recompute): each chunk micro-batch's tape recomputes its blocks in backward (a
- * split backward computes a recomputed block's parameter gradients in its first pass: recompute.c);
- * not beside a tensor axis (check_recompute). */
+ * split backward computes a recomputed block's parameter gradients in its first pass: recompute.c),
+ * the tensor-parallel stages' split blocks too (tp_model.c). */
 #define PP_OPS(SPLIT) \
   { \
     .name = "pipeline", \

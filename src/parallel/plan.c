@@ -192,70 +192,114 @@ static void custom_op(tape_bytes *a, int n) {
   bwd_scratch(a, al(8 * n) + al(n));
 }
 
-/* GPT's or Llama's; Ft: a Llama's SwiGLU units on this rank (the most any rank has). */
-static void tp_model_tape(const tdm_model_config *m, int64_t B, int64_t T, int64_t accum, int Tp, int64_t Vt,
+/* An f32 tensor whatever the precision: the tensor-parallel ops' outputs (they widen 16-bit inputs
+ * with a cast, an f32 tensor, and sum in f32). */
+static void f32_out(tape_bytes *a, int64_t bytes) {
+  int h = a->half;
+  a->half = 0, op_out(a, bytes), a->half = h;
+}
+static void f32_view(tape_bytes *a, int64_t bytes) {
+  int h = a->half;
+  a->half = 0, op_view(a, bytes), a->half = h;
+}
+/* f (identity forward, all-reduce backward): a header over its input, widened first when 16-bit */
+static void tp_f(tape_bytes *a, int64_t bytes) {
+  if (a->half) f32_out(a, bytes); /* the cast */
+  custom_op(a, 1), f32_view(a, bytes);
+}
+/* g (all-reduce forward): its f32 sum, the input widened first when 16-bit */
+static void tp_g(tape_bytes *a, int64_t bytes) {
+  if (a->half) f32_out(a, bytes);
+  custom_op(a, 1), f32_out(a, bytes);
+}
+
+/* One split block (attention, then the MLP); *mark: backward's bytes before block 0's attention. */
+static void tp_block_tape(const tdm_model_config *m, int64_t B, int64_t T, int Tp, tdm_recompute rc, tape_bytes *a, int64_t *mark) {
+  int llama = m->kind == TDM_MODEL_LLAMA, comm = Tp > 1;
+  int64_t N = B * T, C = m->n_embd, Ct = C / Tp, Ht = m->n_head / Tp, hs = C / m->n_head;
+  int64_t KVt = llama ? m->n_kv_head / Tp * hs : 0, Ft = llama ? (m->ffn_hidden + Tp - 1) / Tp : 0, rope = 4 * (2 * T * (hs / 2) + 1);
+  for (int k = 0; k < 2; k++) { /* attention, then the MLP */
+    if (llama) rmsnorm(a, N, C);
+    else layernorm(a, N, C);
+    if (comm) tp_f(a, 4 * N * C); /* f: a header over the norm's output */
+    if (k == 0 && mark) *mark = a->bwd; /* backward has not yet made these gradients at block 0's attention */
+    if (k == 0) {
+      if (llama) { /* this rank's query heads and key/value heads, RoPE on q and k */
+        linear(a, N, Ct), op_out(a, 4 * N * Ct), op_saved(a, rope);
+        linear(a, N, KVt), op_out(a, 4 * N * KVt), op_saved(a, rope);
+        linear(a, N, KVt);
+      } else {
+        linear(a, N, 3 * Ct);
+      }
+      op_out(a, 4 * N * Ct); /* attention over this rank's heads */
+      /* the probabilities (backward's scores: scratch, below); selective keeps none and rebuilds
+       * one block's in backward (counted with the scores, below) */
+      if (!(rc == TDM_RECOMPUTE_SELECTIVE && a->train)) op_saved(a, (a->half ? 2 : 4) * B * Ht * T * T);
+    } else if (llama) {
+      linear(a, N, Ft), linear(a, N, Ft);
+      op_out(a, 4 * N * Ft); /* SwiGLU */
+    } else {
+      linear(a, N, 4 * Ct);
+      op_out(a, 4 * N * 4 * Ct); /* gelu */
+    }
+    linear(a, N, C); /* row-parallel: partial sums */
+    if (comm) tp_g(a, 4 * N * C);
+    if (!llama) op_out(a, 4 * N * C); /* GPT: the bias */
+    dropout(a, m->dropout, N * C);
+    op_out(a, 4 * N * C); /* residual */
+  }
+}
+
+/* GPT's or Llama's; Ft: a Llama's SwiGLU units on this rank (the most any rank has). Under block
+ * recomputation each split block keeps its output alone and runs again in backward (one block's
+ * forward and backward on top of the rest at the peak, as blocks_tape). */
+static void tp_model_tape(const tdm_model_config *m, int64_t B, int64_t T, int64_t accum, int Tp, int64_t Vt, tdm_recompute rc,
                           tape_bytes *a) {
   int llama = m->kind == TDM_MODEL_LLAMA;
-  int64_t N = B * T, C = m->n_embd, Ct = C / Tp, Ht = m->n_head / Tp, comm = Tp > 1, hs = C / m->n_head;
-  int64_t KVt = llama ? m->n_kv_head / Tp * hs : 0, Ft = llama ? (m->ffn_hidden + Tp - 1) / Tp : 0, rope = 4 * (2 * T * (hs / 2) + 1);
-  int64_t mark = 0;
+  int64_t N = B * T, C = m->n_embd, Ht = m->n_head / Tp, comm = Tp > 1;
+  int64_t mark = 0, transient = 0;
   input(a, 4 * N);
   input(a, 4 * N);
   custom_op(a, 2); /* the embedding rows this rank holds: its output, the lookup's start, the indices kept */
-  op_out(a, 4 * N * C);
+  f32_out(a, 4 * N * C);
   op_saved(a, 64), op_saved(a, 64);
-  if (comm) custom_op(a, 1), op_out(a, 4 * N * C); /* g */
+  if (comm) tp_g(a, 4 * N * C);
   if (!llama) op_view(a, 4 * T * C), op_out(a, 4 * N * C); /* GPT: the position embedding's rows, added */
   dropout(a, m->dropout, N * C);
   for (int64_t l = 0; l < m->n_layer; l++) {
-    for (int k = 0; k < 2; k++) { /* attention, then the MLP */
-      if (llama) rmsnorm(a, N, C);
-      else layernorm(a, N, C);
-      if (comm) custom_op(a, 1), op_view(a, 4 * N * C); /* f: a header over the norm's output */
-      if (k == 0 && l == 0) mark = a->bwd; /* backward has not yet made these gradients at block 0's attention */
-      if (k == 0) {
-        if (llama) { /* this rank's query heads and key/value heads, RoPE on q and k */
-          linear(a, N, Ct), op_out(a, 4 * N * Ct), op_saved(a, rope);
-          linear(a, N, KVt), op_out(a, 4 * N * KVt), op_saved(a, rope);
-          linear(a, N, KVt);
-        } else {
-          linear(a, N, 3 * Ct);
-        }
-        op_out(a, 4 * N * Ct); /* attention over this rank's heads */
-        op_saved(a, 4 * B * Ht * T * T); /* the probabilities (backward's scores: scratch, below) */
-      } else if (llama) {
-        linear(a, N, Ft), linear(a, N, Ft);
-        op_out(a, 4 * N * Ft); /* SwiGLU */
-      } else {
-        linear(a, N, 4 * Ct);
-        op_out(a, 4 * N * 4 * Ct); /* gelu */
-      }
-      linear(a, N, C);          /* row-parallel: partial sums */
-      if (comm) custom_op(a, 1), op_out(a, 4 * N * C); /* g */
-      if (!llama) op_out(a, 4 * N * C); /* GPT: the bias */
-      dropout(a, m->dropout, N * C);
-      op_out(a, 4 * N * C);     /* residual */
+    if (rc == TDM_RECOMPUTE_BLOCK && a->train) {
+      tape_bytes b = {0, 0, 1, 0, a->half};
+      tp_block_tape(m, B, T, Tp, TDM_RECOMPUTE_NONE, &b, NULL);
+      int64_t t = b.fwd + b.bwd + al((a->half ? 2 : 4) * B * Ht * T * T);
+      if (t > transient) transient = t;
+      op_out(a, 4 * N * C); /* the block's output */
+      a->fwd += al(64) + 2 * al(8 * (int64_t)(1 + 16)); /* the call, the node's inputs (parameters) */
+    } else {
+      tp_block_tape(m, B, T, Tp, rc, a, l == 0 ? &mark : NULL);
     }
   }
+  bwd_scratch(a, transient);
   if (llama) rmsnorm(a, N, C);
   else layernorm(a, N, C);
-  if (comm) custom_op(a, 1), op_view(a, 4 * N * C);
+  if (comm) tp_f(a, 4 * N * C);
   linear(a, N, Vt);
+  if (a->half) f32_out(a, 4 * N * Vt); /* the loss reads 16-bit logits widened */
   custom_op(a, 2); /* the cross-entropy: its state, the ranks' row maxima, the row sums, max and lse */
   op_saved(a, al(80) + al(8 * (2 * N * Tp + 2 * N + 1)) + 2 * al(4 * (N + 1)) + 64);
   op_out(a, 4);
   /* an attention backward takes the scores (B, Ht, T, T) as scratch and gives them back: the peak
    * is the end of backward, or block 0's attention with the gradients made until then */
   int64_t scores = al(4 * B * Ht * T * T);
-  if (a->train && m->n_layer > 0 && scores > mark) a->bwd += scores - mark;
+  if (rc == TDM_RECOMPUTE_SELECTIVE) scores *= 2; /* and the probabilities rebuilt */
+  if (a->train && m->n_layer > 0 && rc != TDM_RECOMPUTE_BLOCK && scores > mark) a->bwd += scores - mark;
   if (a->train && accum > 1) a->fwd += TENSOR + al(4);
 }
 
 /* Tensor parallelism's tape (the other layouts': src/parallel/plan_tape.c). */
 static int64_t tp_tape_total(const tdm_model_config *m, int64_t B, int64_t T, int64_t accum, int train, int64_t *nodes, int Tp,
-                             int64_t Vt) {
-  tape_bytes a = {0, 0, train, 0, 0};
-  tp_model_tape(m, B, T, accum, Tp, Vt, &a);
+                             int64_t Vt, tdm_recompute rc, tdm_dtype precision) {
+  tape_bytes a = {0, 0, train, 0, precision != TDM_F32};
+  tp_model_tape(m, B, T, accum, Tp, Vt, train ? rc : TDM_RECOMPUTE_NONE, &a);
   if (nodes) *nodes = a.nodes;
   return a.fwd + a.bwd;
 }
@@ -566,8 +610,8 @@ tdm_status tdm_plan_compute(const tdm_plan_config *c, tdm_plan *out) {
   int64_t T = lm ? (c->seq_len > 0 ? c->seq_len : c->model.block_size) : 1;
   tdm__tape_plan tr = {0, 0, 0}, ev = {0, 0, 0};
   if (tp) { /* GPT or Llama in f32 without recomputation (tdm_engine_check refuses the rest) */
-    tr.bytes = tp_tape_total(&c->model, c->batch, T, accum, 1, &tr.nodes, Tp, Vt);
-    if (c->eval_batch > 0) ev.bytes = tp_tape_total(&c->model, c->eval_batch, T, 1, 0, NULL, Tp, Vt);
+    tr.bytes = tp_tape_total(&c->model, c->batch, T, accum, 1, &tr.nodes, Tp, Vt, c->engine.recompute, c->engine.precision);
+    if (c->eval_batch > 0) ev.bytes = tp_tape_total(&c->model, c->eval_batch, T, 1, 0, NULL, Tp, Vt, c->engine.recompute, c->engine.precision);
   } else if (c->model.kind == TDM_MODEL_RESNET) { /* no walk yet: said, never a wrong number */
     out->act_unknown = 1;
   } else {

@@ -445,7 +445,9 @@ const tdm__engine_ops tdm__engine_tp_ops = {
     .first_nonfinite = tp_first_nonfinite,
     .pieces = tp_pieces,
     /* mixed precision: the tape autocasts, the custom ops (tp_ops.c) widen 16-bit inputs and sum
-     * f32; an fp16 overflow skips the step on every rank (the norm is global). No recomputation
-     * (.recompute 0): the split blocks are not checkpointed. */
+     * f32; an fp16 overflow skips the step on every rank (the norm is global). Recomputation: the
+     * split blocks run under tdm_checkpoint (tp_model.c), the attention op rebuilds its
+     * probabilities under selective. */
     .mixed = 1,
+    .recompute = 1,
 };

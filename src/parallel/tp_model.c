@@ -165,7 +165,10 @@ tdm_status tdm__tp_model_create(tdm__tp_model **out, const tdm_params *whole, co
   g->n = tdm_params_count(whole);
   g->slice = tdm__calloc((size_t)(g->n ? g->n : 1), sizeof *g->slice);
   g->blocks = tdm__calloc((size_t)(mc->n_layer > 0 ? mc->n_layer * g->kind->n_leaf : 1), sizeof *g->blocks);
-  tdm_status st = g->slice && g->blocks ? tdm_params_create(&g->local) : tdm__set_error(TDM_ERR_NO_MEMORY, "tensor parallelism: out of memory");
+  g->ckpt = tdm__calloc((size_t)(mc->n_layer > 0 ? mc->n_layer : 1), sizeof *g->ckpt);
+  for (int64_t l = 0; g->ckpt && l < mc->n_layer; l++) g->ckpt[l].g = g, g->ckpt[l].l = l;
+  tdm_status st = g->slice && g->blocks && g->ckpt ? tdm_params_create(&g->local)
+                                                   : tdm__set_error(TDM_ERR_NO_MEMORY, "tensor parallelism: out of memory");
   /* the whole model's parameters, in order, each as this rank's slice of it */
   for (int i = 0; st == TDM_OK && i < g->n; i++) {
     const tdm_tensor *w = tdm_params_get(whole, i);
@@ -195,6 +198,7 @@ void tdm__tp_model_destroy(tdm__tp_model *g) {
   tdm_params_destroy(g->local);
   tdm__free(g->slice);
   tdm__free(g->blocks);
+  tdm__free(g->ckpt);
   tdm__free(g);
 }
 
@@ -223,6 +227,19 @@ tdm_tensor *tdm__tp_join(tdm__tp_model *g, tdm_tape *tp, tdm_tensor *x, tdm_tens
   return tdm_add(tp, x, tdm_dropout(tp, h, g->cfg.dropout));
 }
 
+/* Block recomputation (the tape says when): the split block runs under tdm_checkpoint, which keeps
+ * its input alone and runs it again in backward, collectives included (every tensor rank
+ * recomputes the same blocks in the same order); selective recomputation is the attention op's
+ * own. */
+static tdm_tensor *ckpt_block(tdm_tape *tp, tdm_tensor *x, const void *ctx) {
+  const tdm__tp_ckpt *c = ctx;
+  return c->g->kind->block_fn(c->g, tp, x, c->l);
+}
+static tdm_tensor *run_block(tdm__tp_model *g, tdm_tape *tp, tdm_tensor *h, int64_t l) {
+  if (tdm_tape_recompute(tp) != TDM_RECOMPUTE_BLOCK) return g->kind->block_fn(g, tp, h, l);
+  return tdm_checkpoint(tp, ckpt_block, &g->ckpt[l], h, g->kind->n_leaf, tdm__tp_block(g, l));
+}
+
 tdm_tensor *tdm__tp_model_range(tdm__tp_model *g, tdm_tape *tp, tdm_tensor *in, tdm__tp_range *r, tdm_tensor *y,
                                 double *correct, double *rows) {
   if (!in || !r || tdm_tape_status(tp) != TDM_OK) return NULL;
@@ -247,7 +264,7 @@ tdm_tensor *tdm__tp_model_range(tdm__tp_model *g, tdm_tape *tp, tdm_tensor *in, 
   tdm_tensor *h = r->embed ? g->kind->embed(g, tp, in) : in;
   for (int64_t l = r->first; l < r->last; l++) {
     dropout_site(tp, 1 + 2 * l);
-    h = g->kind->block_fn(g, tp, h, l);
+    h = run_block(g, tp, h, l);
   }
   if (!r->head) return h;
   h = tdm__tp_copy(tp, &g->comm, g->kind->final_norm(g, tp, h));

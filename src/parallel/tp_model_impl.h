@@ -42,7 +42,13 @@ struct tdm__tp_model {
   tdm_tensor *top[TDM__TP_TOP_MAX];  /* kind->top's in this store (NULL: absent) */
   tdm_tensor **blocks;               /* block l's leaf k at [l * kind->n_leaf + k] */
   tdm__tp_comm comm;
+  struct tdm__tp_ckpt *ckpt;         /* block l's context for tdm_checkpoint (block recomputation) */
 };
+/* What a recomputed block's tdm_checkpoint holds: backward calls block_fn(g, .., l) again. */
+typedef struct tdm__tp_ckpt {
+  tdm__tp_model *g;
+  int64_t l;
+} tdm__tp_ckpt;
 
 /* Block l's parameters, in kind->leaf's order. */
 static inline tdm_tensor **tdm__tp_block(const tdm__tp_model *g, int64_t l) { return g->blocks + l * g->kind->n_leaf; }

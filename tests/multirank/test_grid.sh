@@ -50,6 +50,15 @@ grid16() { # PRECISION [model options]
 check "--tp 2 --pp 2 in bf16 == --tp 2 in bf16 bit for bit" grid16 bf16
 check "--tp 2 --pp 2 in fp16 (loss scaling) == --tp 2 in fp16 bit for bit" grid16 fp16
 check "llama --tp 2 --pp 2 in bf16 == --tp 2 in bf16 bit for bit" grid16 bf16 --model llama --heads 6 --kv-heads 2 --ffn-width 64
+# recomputation: the stages' split blocks run again in backward, collectives included; against
+# --tp 2 without it
+grid_rc() { # PRECISION RECOMPUTE
+  run 4 "$TMP/grc.out" --steps 3 "${G[@]}" --precision "$1" --recompute "$2" --save-weights "$TMP/grc.st" &&
+    run 2 "$TMP/trc.out" --steps 3 "${TP2[@]}" --precision "$1" --save-weights "$TMP/trc.st" &&
+    { cmp -s "$TMP/grc.st" "$TMP/trc.st" || { echo "  the weights differ from --tp 2's without recomputation"; return 1; }; }
+}
+check "--tp 2 --pp 2 --recompute block == --tp 2 without recomputation, bit for bit" grid_rc fp32 block
+check "--tp 2 --pp 2 --recompute selective in bf16 == --tp 2 in bf16 without it, bit for bit" grid_rc bf16 selective
 
 dp2tp2pp2() {
   "$T" "${A[@]}" --steps 2 --accum 2 --batch-size 8 --save-weights "$TMP/one8.st" >/dev/null 2>&1 &&

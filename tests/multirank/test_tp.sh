@@ -41,6 +41,12 @@ tp2_bf16() {
 }
 check "--tp 2 in bf16 == one bf16 process (weights within 1e-2)" tp2_bf16
 
+tp2_recompute() { # the split blocks run again in backward (their collectives too): the same bits
+  TANDEM_TRANSPORT=shm "$T" run -n 2 -- tandem "${A[@]}" --tp 2 --batch-size 4 --recompute block --save-weights "$TMP/tp2rc.st" \
+    >/dev/null 2>&1 && { [[ -s $TMP/tp2.st ]] || return 1; } && cmp -s "$TMP/tp2rc.st" "$TMP/tp2.st"
+}
+check "--tp 2 --recompute block == --tp 2 bit for bit" tp2_recompute
+
 dp2_tp2() {
   "$T" run -n 4 -- tandem "${A[@]}" --tp 2 --dp 2 --batch-size 4 --save-weights "$TMP/dp2tp2.st" >"$TMP/dp2tp2.out" 2>&1 &&
     grep -q "tensor parallel 2 x data parallel 2" "$TMP/dp2tp2.out" && same "$TMP/dp2tp2.st" "$TMP/one8.st" 1e-5
