@@ -923,6 +923,11 @@ tdm_status tdm__pp_layout_make(const tdm_model_config *mc, const tdm_engine_conf
   double ce, cb, ch;
   int64_t T = ec->pp.seq_len > 0 && ec->pp.seq_len < mc->block_size ? ec->pp.seq_len : mc->block_size;
   tdm_plan_layer_costs(mc, T, &ce, &cb, &ch);
+  if (out->C > 1 && head_tied(mc)) { /* the tied head's weight gradient runs on chunk 0 (tied_grad): a third of the
+                                       * head's training work (its forward's product again), counted there */
+    double dw = 2.0 * (double)mc->n_embd * (double)mc->vocab_size / 3.0;
+    ce += dw, ch -= dw;
+  }
   tdm_status st = tdm_pp_partition((int)mc->n_layer, out->C, pc->split, pc->n_split, ce, cb, ch, out->first_block);
   if (st == TDM_OK) st = tdm_pp_schedule_create(&out->s, pc->schedule, P, out->V, out->M);
   if (st != TDM_OK) tdm__pp_layout_free(out);
@@ -934,7 +939,6 @@ void tdm__pp_layout_free(tdm__pp_layout *l) {
   tdm_pp_schedule_destroy(l->s);
   l->first_block = NULL, l->s = NULL;
 }
-
 
 static tdm_status pp_check(const tdm_model_config *mc, const tdm_engine_config *ec, const int *sizes) {
   TDM__TRY(tdm__tp_check(mc, sizes[TDM_AXIS_TENSOR])); /* the 3-D grid: the heads over the tensor axis */

@@ -264,6 +264,7 @@ static void tp_model_tape(const tdm_model_config *m, int64_t B, int64_t T, int64
   f32_out(a, 4 * N * C);
   op_saved(a, 64), op_saved(a, 64);
   if (comm) tp_g(a, 4 * N * C);
+  if (a->half) op_out(a, 4 * N * C); /* the rows cast to 16 bits, as one process's embedding stores them */
   if (!llama) op_view(a, 4 * T * C), op_out(a, 4 * N * C); /* GPT: the position embedding's rows, added */
   dropout(a, m->dropout, N * C);
   for (int64_t l = 0; l < m->n_layer; l++) {

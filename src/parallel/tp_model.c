@@ -218,7 +218,10 @@ static void dropout_site(tdm_tape *tp, int64_t call) { tp->dropout_calls = (uint
 
 tdm_tensor *tdm__tp_lookup(tdm__tp_model *g, tdm_tape *tp, tdm_tensor *table, tdm_tensor *ids) {
   dropout_site(tp, 0);
-  return tdm__tp_reduce(tp, &g->comm, tdm__tp_embedding(tp, table, ids, g->vlo));
+  tdm_tensor *h = tdm__tp_reduce(tp, &g->comm, tdm__tp_embedding(tp, table, ids, g->vlo));
+  /* under autocast in the activation dtype, as one process's embedding stores it (and as the
+   * first block's input must be, recomputed or not) */
+  return h && tdm__act_dtype(tp) != TDM_F32 ? tdm_cast(tp, h, tdm__act_dtype(tp)) : h;
 }
 
 tdm_tensor *tdm__tp_join(tdm__tp_model *g, tdm_tape *tp, tdm_tensor *x, tdm_tensor *partial, tdm_tensor *bias) {
