@@ -12,4 +12,7 @@ int train_cuda(const tdm_train_config *c, int tf32);
 /* --device cuda's arithmetic from --precision (TDM_F32 / TDM_BF16 / TDM_F16) and --tf32; -1 after
  * printing why to stderr (fp16, or --tf32 with bf16) */
 int cuda_precision(const char *cmd, tdm_dtype precision, int tf32);
+/* tandem plan --device cuda: what tandem train --device cuda would allocate on the device (no GPU
+ * needed: the plan is arithmetic), as text or JSON; the exit code. */
+int plan_cuda(const tdm_train_config *c, int tf32, int json);
 #endif

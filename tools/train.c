@@ -480,16 +480,23 @@ static int plan_schedule(const tdm_train_config *c, const char *trace) {
 int tool_plan(int argc, char **argv) {
   tdm_train_config c;
   int64_t world = 0;
-  int json = 0;
-  const char *trace = NULL;
+  int json = 0, tf32 = 0;
+  const char *trace = NULL, *device = NULL;
   cli_opt extra[] = {
       {"world", CLI_INT, &world, "0", "ranks to plan for (tandem train under tandem run -n N; 0: --dp x --tp x --pp)", NULL, 0, 1 << 20, 0},
+      {"device", CLI_CHOICE, &device, "cpu", "cuda: the device memory of tandem train --device cuda (computed here: no GPU needed)", "cpu|cuda", 0, 0, 0},
+      {"tf32", CLI_FLAG, &tf32, NULL, "--device cuda: TF32 products (the same memory as fp32)", NULL, 0, 0, 0},
       {"json", CLI_FLAG, &json, NULL, "print the plan as one JSON object", NULL, 0, 0, 0},
       {"trace", CLI_STRING, &trace, NULL, "--pp: write the schedule's timeline per stage here (Chrome trace JSON)", NULL, 0, 0, 0},
   };
-  int r = train_options("plan", "[tandem train's options] [--world N] [--trace FILE]", argc, argv, &c, 3, extra);
+  int r = train_options("plan", "[tandem train's options] [--world N] [--trace FILE]", argc, argv, &c, 5, extra);
   if (r == 1) return 0;
   if (r) return 2;
+  if (!strcmp(device, "cuda")) return plan_cuda(&c, tf32, json);
+  if (tf32) {
+    fprintf(stderr, "tandem plan: --tf32 applies to --device cuda\n");
+    return 2;
+  }
   if (world == 0) world = (c.dp > 0 ? c.dp : 1) * (c.tp > 1 ? c.tp : 1) * c.pp;
   if (trace && c.pp < 2) {
     fprintf(stderr, "tandem plan: --trace draws a pipeline's schedule: give --pp 2 or more\n");

@@ -25,6 +25,61 @@ int cuda_precision(const char *cmd, tdm_dtype precision, int tf32) {
   return precision == TDM_BF16 ? TDM_CUDA_BF16 : tf32 ? TDM_CUDA_TF32 : TDM_CUDA_FP32;
 }
 
+/* The GPT config a --device cuda run uses (dropout refused as train refuses it); 0, or the exit code. */
+static int cuda_model(const char *cmd, const tdm_train_config *c, tdm_model_config *mc) {
+  int64_t given[5] = {c->n_layer, c->n_head, c->n_embd, c->block_size, c->vocab_size};
+  if (tdm_model_config_gpt(c->gpt_config, given, mc) != TDM_OK) {
+    fprintf(stderr, "tandem %s --device cuda: %s\n", cmd, tdm_last_error());
+    return 2;
+  }
+  mc->dropout = 0;
+  return 0;
+}
+
+int plan_cuda(const tdm_train_config *c, int tf32, int json) {
+  if (strcmp(c->model, "gpt")) {
+    fprintf(stderr, "tandem plan --device cuda: --model %s; the CUDA backend trains --model gpt\n", c->model);
+    return 2;
+  }
+  if (c->dropout != 0) {
+    fprintf(stderr, "tandem plan --device cuda: dropout %g (gpt's default is 0.1); the CUDA backend has no dropout yet: give --dropout 0\n",
+            c->dropout);
+    return 2;
+  }
+  int prec = cuda_precision("plan", c->engine.precision, tf32);
+  if (prec < 0) return 2;
+  tdm_model_config mc;
+  int rc = cuda_model("plan", c, &mc);
+  if (rc) return rc;
+  int64_t T = c->seq_len > 0 ? c->seq_len : mc.block_size, B = c->batch_size;
+  tdm_cuda_gpt_plan p;
+  if (tdm_cuda_gpt_plan_bytes(&mc, B, T, prec, &p) != TDM_OK) {
+    fprintf(stderr, "tandem plan --device cuda: %s\n", tdm_last_error());
+    return 1;
+  }
+  static const char *names[3] = {"fp32", "tf32", "bf16"};
+  const double G = 1073741824.0;
+  if (json) {
+    printf("{\"device\":\"cuda\",\"precision\":\"%s\",\"batch\":%lld,\"seq\":%lld,\"parameters\":%zu,\"gradients\":%zu,"
+           "\"optimizer\":%zu,\"weights_bf16\":%zu,\"activations\":%zu,\"total\":%zu}\n",
+           names[prec], (long long)B, (long long)T, p.params, p.grads, p.adam, p.weights_bf16, p.activations, p.total);
+  } else {
+    printf("plan for tandem train --device cuda: GPT (%lld layers, %lld heads, width %lld, vocab %lld), B=%lld T=%lld, %s\n",
+           (long long)mc.n_layer, (long long)mc.n_head, (long long)mc.n_embd, (long long)mc.vocab_size, (long long)B, (long long)T,
+           names[prec]);
+    printf("  parameters    %9.3f GiB\n  gradients     %9.3f GiB\n  AdamW moments %9.3f GiB\n", p.params / G, p.grads / G, p.adam / G);
+    if (p.weights_bf16) printf("  bf16 weights  %9.3f GiB\n", p.weights_bf16 / G);
+    printf("  activations   %9.3f GiB  (one arena, cut once)\n  total         %9.3f GiB  allocated at start; a step allocates nothing\n",
+           p.activations / G, p.total / G);
+  }
+  if (c->memory_limit > 0 && (double)p.total > (double)c->memory_limit) {
+    fprintf(stderr, "tandem plan --device cuda: the plan needs %.3f GiB, %.3f GiB over --memory-limit %.3f GiB\n", p.total / G,
+            (p.total - (double)c->memory_limit) / G, (double)c->memory_limit / G);
+    return 1;
+  }
+  return 0;
+}
+
 int train_cuda(const tdm_train_config *c, int tf32) {
   const tdm_engine_config *e = &c->engine;
   const char *ws = getenv("WORLD_SIZE");
@@ -48,12 +103,8 @@ int train_cuda(const tdm_train_config *c, int tf32) {
     return 2;
   }
   tdm_model_config mc;
-  int64_t given[5] = {c->n_layer, c->n_head, c->n_embd, c->block_size, c->vocab_size};
-  if (tdm_model_config_gpt(c->gpt_config, given, &mc) != TDM_OK) {
-    fprintf(stderr, "tandem train --device cuda: %s\n", tdm_last_error());
-    return 2;
-  }
-  mc.dropout = 0;
+  int mrc = cuda_model("train", c, &mc);
+  if (mrc) return mrc;
   int64_t T = c->seq_len > 0 ? c->seq_len : mc.block_size, B = c->batch_size;
   tdm_model *m = NULL;
   tdm_cuda_gpt *g = NULL;

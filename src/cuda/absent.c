@@ -40,10 +40,6 @@ tdm_status tdm_cuda_sync(const char *where) {
   return NO_CUDA("cuda_sync");
 }
 void tdm_cuda_set_tf32(int on) { (void)on; }
-tdm_status tdm_cuda_gpt_plan_bytes(const tdm_model_config *mc, int64_t B, int64_t T, int precision, tdm_cuda_gpt_plan *out) {
-  (void)mc, (void)B, (void)T, (void)precision, (void)out;
-  return NO_CUDA("cuda gpt");
-}
 tdm_status tdm_cuda_gpt_create(tdm_cuda_gpt **out, const tdm_model_config *mc, const tdm_params *params, int64_t B,
                                int64_t T, int precision) {
   (void)mc, (void)params, (void)B, (void)T, (void)precision;

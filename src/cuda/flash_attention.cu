@@ -307,9 +307,6 @@ template <int HS> static void fa_bwd_launch(float *dqkv, const float *dout, cons
                                            FA_LOG2E / sqrtf((float)HS), 1.0f / sqrtf((float)HS));
 }
 
-extern "C" int tdm_cu_flash_supported(int64_t hs, int64_t BH) {
-  return (hs == 16 || hs == 32 || hs == 64 || hs == 128) && BH >= 1 && BH <= 65535; // BH: the grid's second axis
-}
 
 template <typename OutT> static void fa_fwd_any(OutT *out, float *lse, const float *qkvr, int64_t B, int64_t T, int64_t C, int64_t NH) {
   switch (C / NH) {

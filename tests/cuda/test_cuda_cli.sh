@@ -28,6 +28,31 @@ check "bench llama on cuda refused" expect_fail 2 "llama is not on the CUDA back
 check "bench fp16 on cuda refused" expect_fail 2 "--precision fp16 is not on the CUDA backend" "$TANDEM" bench gpt --device cuda --precision fp16
 check "--tf32 without cuda refused" expect_fail 2 "--tf32 applies to --device cuda" "$TANDEM" train --tf32
 
+# tandem plan --device cuda: arithmetic, on any machine and build. GPT-2 small (124,439,808
+# parameters): parameters and gradients 4 bytes each, AdamW 8, bf16's weight copy 2; bf16 keeps
+# less activation memory than fp32 (no T x T probabilities, 16-bit product inputs).
+plan_gpu() {
+  local P=124439808 f b
+  f=$("$TANDEM" plan --device cuda --model gpt --config gpt2-124M --batch-size 16 --seq-len 1024 --dropout 0 --json) || return 1
+  b=$("$TANDEM" plan --device cuda --model gpt --config gpt2-124M --batch-size 16 --seq-len 1024 --dropout 0 --precision bf16 --json) || return 1
+  echo "  fp32: $f"; echo "  bf16: $b"
+  python3 - "$f" "$b" "$P" <<'PY'
+import json, sys
+f, b, P = json.loads(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3])
+for d, w16 in ((f, 0), (b, 2 * P)):
+    assert (d["parameters"], d["gradients"], d["optimizer"], d["weights_bf16"]) == (4 * P, 4 * P, 8 * P, w16), d
+    assert d["total"] == d["parameters"] + d["gradients"] + d["optimizer"] + d["weights_bf16"] + d["activations"], d
+# fp32 keeps the probabilities, 12 layers x 16 x 12 heads x 1024^2 floats, which bf16's fused kernel never stores
+assert f["activations"] > b["activations"] + 12 * 16 * 12 * 1024 * 1024 * 4, (f, b)
+PY
+}
+check "plan --device cuda: the closed form of parameters, gradients, AdamW and bf16 weights; bf16 holds less" plan_gpu
+check "plan --device cuda: a head size the flash kernel lacks, named" expect_fail 1 "takes head sizes 16, 32, 64 or 128" \
+  "$TANDEM" plan --device cuda --model gpt --precision bf16 --dropout 0 --layers 1 --heads 2 --width 48 --block 16
+check "plan --device cuda --model mlp refused" expect_fail 2 "the CUDA backend trains --model gpt" "$TANDEM" plan --device cuda --model mlp
+check "plan --device cuda over --memory-limit: by how much" expect_fail 1 "over --memory-limit" \
+  "$TANDEM" plan --device cuda --model gpt --config gpt2-124M --batch-size 16 --seq-len 1024 --dropout 0 --memory-limit 4G
+
 if [[ $BUILT != ON ]]; then
   check "train: built without CUDA" expect_fail 1 "built without CUDA" "$TANDEM" train --model gpt --device cuda --dropout 0 --steps 1 "${TINY[@]}"
   check "bench: built without CUDA" expect_fail 1 "built without CUDA" "$TANDEM" bench gpt --device cuda --steps 1 "${TINY[@]}"
