@@ -31,6 +31,7 @@ for pre, n in (("train", 1280), ("t10k", 10)):
 PYEOF
 WARM=2
 tandem_sps() { # model threads
+  rm -f "$TMP/m.jsonl" # --metrics appends: each run's rows alone
   ./build/tandem train --model "$1" --data-dir "$TMP" --steps $((STEPS + WARM)) --batch-size 128 --threads "$2" \
     --optimizer sgd --momentum 0.9 --lr 0.05 --prefetch off --metrics "$TMP/m.jsonl" >/dev/null 2>&1
   $PY - "$TMP/m.jsonl" <<'PYEOF'
