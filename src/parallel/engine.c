@@ -344,7 +344,11 @@ tdm_status tdm_engine_step(tdm_engine *e, tdm_batch_fn next, void *ctx, uint64_t
                            tdm_step_stats *st) {
   if (!e || !next || !st) return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_step: NULL argument");
   memset(st, 0, sizeof *st);
-  if (e->ops->step) return e->ops->step(e, next, ctx, dropout_seed, lr, st);
+  if (e->ops->step) { /* an engine with its own step (the pipeline's schedule): counted here alike */
+    tdm_status ss = e->ops->step(e, next, ctx, dropout_seed, lr, st);
+    e->steps++;
+    return ss;
+  }
   tdm_tape *tp = e->tape;
   double loss_sum = 0;
   e->ops->zero_grad(e);

@@ -176,7 +176,7 @@ static void check_equal(job j, const char *what) {
     int W = j.D * j.P;
     for (int r = 0; r < W; r++) { /* every rank reports the replica's numbers */
       for (int t = 0; t < j.steps; t++)
-        CHECK_MSG(args[r].norm[t] == norm[t] && (j.D > 1 || args[r].loss[t] == loss[t]),
+        CHECK_MSG((args[r].norm[t] == norm[t] || (isnan(args[r].norm[t]) && isnan(norm[t]))) && (j.D > 1 || args[r].loss[t] == loss[t]),
                   "%s P %d M %lld rank %d step %d: loss %.9g norm %.9g; one process %.9g %.9g", what, j.P, (long long)j.ec.accum,
                   r, t, args[r].loss[t], args[r].norm[t], loss[t], norm[t]);
       CHECK(args[r].eval_loss == ev);
@@ -212,6 +212,11 @@ static void test_recompute(void) {
     }
 }
 
+static int overflow_at_1(void *ctx, int64_t step) {
+  (void)ctx;
+  return step == 1;
+}
+
 /* bf16 and fp16: activations cross stages in 16 bits, as one process holds them; fp16 seeds the
  * backward with the loss scale (65536 here: no step overflows at this size, so none is skipped). */
 static void test_mixed_precision(void) {
@@ -226,6 +231,12 @@ static void test_mixed_precision(void) {
       check_equal(g, d ? "gpt, fp16" : "gpt, bf16");
       check_equal(l, d ? "llama, fp16" : "llama, bf16");
     }
+  /* fp16 with an overflow scripted at step 1: every stage skips it (its norm NaN) and halves the
+   * scale, as one process does, and the weights stay one process's */
+  job o = gpt_job(1, 3, 4, TDM_PP_ZB1P, 1);
+  o.ec.precision = TDM_F16, o.ec.overflow_hook = overflow_at_1;
+  check_equal(o, "gpt, fp16, step 1 overflowing");
+  CHECK_MSG(isnan(args[0].norm[1]) && !isnan(args[0].norm[0]) && !isnan(args[0].norm[2]), "the overflowing step was not skipped");
   job g = gpt_job(2, 2, 2, TDM_PP_1F1B, 1); /* with a data axis: data parallelism's bf16 on 2 ranks */
   g.ec.precision = TDM_BF16;
   check_equal(g, "gpt, bf16, D 2");
