@@ -216,10 +216,13 @@ static int bench_lm(int argc, char **argv, int llama) {
   if (oc.kind == TDM_OPT_ADAMW) oc.lr = 3e-4f, oc.beta2 = 0.95f, oc.weight_decay = 0.1f, oc.decay_matrices_only = 1;
   tdm_engine_config ec = tdm_engine_config_default();
   ec.kind = pp > 1 ? TDM_ENGINE_PIPELINE : tp > 1 ? TDM_ENGINE_TP : zero ? TDM_ENGINE_ZERO : TDM_ENGINE_DP;
-  if ((tp > 1 || pp > 1) && zero) {
-    fprintf(stderr, "tandem bench gpt: --%s with --zero: the data axis beside it runs plain data parallelism\n", tp > 1 ? "tp" : "pp");
+  if ((tp > 1 || pp > 1) && zero > 1) {
+    fprintf(stderr, "tandem bench gpt: --%s with --zero %lld: the data axis beside it runs ZeRO stage 1 at most (use --zero 0 or 1)\n",
+            tp > 1 && pp == 1 ? "tp" : "pp", (long long)zero);
     goto out;
   }
+  ec.tp.zero_stage = tp > 1 && pp == 1 ? (int)zero : 0;
+  ec.pp.zero_stage = pp > 1 ? (int)zero : 0;
   ec.accum = accum;
   ec.pp.seq_len = T; /* a pipeline's cut balanced for these sequences */
   if (pp > 1 && tdm_pp_schedule_parse(schedule, &ec.pp.schedule) != TDM_OK) st = TDM_ERR_INVALID_ARG;

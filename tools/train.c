@@ -189,9 +189,9 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
             cmd, compress, tp > 1 ? "tp" : "pp", (long long)(tp > 1 ? tp : pp), tp > 1 ? "tensor-parallel" : "pipeline");
     return 2;
   }
-  if (tp > 1 && zero > 0) {
-    fprintf(stderr, "tandem %s: --tp %lld with --zero %lld: the data axis beside tensor parallelism runs plain data parallelism (use --zero 0)\n",
-            cmd, (long long)tp, (long long)zero);
+  if (tp > 1 && zero > 1) {
+    fprintf(stderr, "tandem %s: --tp %lld with --zero %lld: the data axis beside tensor parallelism runs ZeRO stage 1 at most (the "
+            "slices keep their gradients and parameters whole; use --zero 0 or 1)\n", cmd, (long long)tp, (long long)zero);
     return 2;
   }
   if (tp <= 1 && SEEN("tp-check-every")) {
@@ -330,6 +330,7 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
   tdm_engine_config *e = &c->engine;
   e->kind = ps_servers ? TDM_ENGINE_PS : pp > 1 ? TDM_ENGINE_PIPELINE : tp > 1 ? TDM_ENGINE_TP : zero ? TDM_ENGINE_ZERO : TDM_ENGINE_DP;
   e->tp.check_every = tp_check;
+  e->tp.zero_stage = tp > 1 && pp == 1 ? (int)zero : 0;
   c->tp = tp;
   e->ps.servers = (int)ps_servers;
   e->ps.mode = !strcmp(ps_mode, "async") ? TDM_PS_ASYNC : !strcmp(ps_mode, "ssp") ? TDM_PS_SSP : TDM_PS_SYNC;

@@ -107,6 +107,8 @@ typedef struct tdm_loss_scale_config {
  * world, and a difference fails the step with TDM_ERR_MISMATCH naming the parameter and the ranks. */
 typedef struct tdm_engine_tp_config {
   int64_t check_every; /* 0: never (default 100) */
+  int zero_stage;      /* ZeRO on the data axis: 0 (default) or 1 (each data rank keeps and updates the
+                          optimizer state of about 1/D of its slices, cut on rows; the same bits as 0) */
 } tdm_engine_tp_config;
 
 /* Pipeline parallelism (GPT): the micro-batches of a step are the engine's accumulation (accum). */
@@ -120,7 +122,8 @@ typedef struct tdm_engine_pipeline_config {
   int64_t seq_len; /* tokens per sample the balanced cut is costed at (0: the model's block size;
                       attention's cost grows with it, the head's does not) */
   int zero_stage; /* ZeRO on the data axis: 0 (default) or 1 (each data rank keeps and updates 1/D of
-                     its stage's optimizer state; the same bits as 0); not beside tensor parallelism */
+                     its stage's optimizer state; the same bits as 0; beside tensor parallelism cut
+                     on rows of its slices) */
 } tdm_engine_pipeline_config;
 /* The parameter server (src/parallel/ps*.c): the world's last `servers` ranks are servers, the
  * others workers (the grid's data axis is the workers' communicator). Parameters are sharded over

@@ -638,10 +638,13 @@ static tdm_status gather_zero1(tdm_engine *e, pp_state *q) {
   if (!q->zero1 || !e->comm) return TDM_OK;
   float *w = tdm_params_data(q->work);
   int64_t at = q->zcut[e->rank], all = q->zcut[q->D];
-  for (int i = 0; i < e->n_spans; at += e->spans[i].hi - e->spans[i].lo, i++)
-    memcpy(q->packed + at, w + e->spans[i].lo, sizeof(float) * (size_t)(e->spans[i].hi - e->spans[i].lo));
   size_t parts[q->D];
   for (int r = 0; r < q->D; r++) parts[r] = (size_t)(q->zcut[r + 1] - q->zcut[r]);
+  if (q->n_full == 1) /* one span: in place */
+    return tdm_comm_allgather_v(e->comm, w + q->full[0].lo + at, w + q->full[0].lo, (size_t)all, parts, TDM_F32,
+                                tdm_comm_rank_order_algo(e->comm));
+  for (int i = 0; i < e->n_spans; at += e->spans[i].hi - e->spans[i].lo, i++)
+    memcpy(q->packed + at, w + e->spans[i].lo, sizeof(float) * (size_t)(e->spans[i].hi - e->spans[i].lo));
   TDM__TRY(tdm_comm_allgather_v(e->comm, q->packed + q->zcut[e->rank], q->packed, (size_t)all, parts, TDM_F32,
                                 tdm_comm_rank_order_algo(e->comm)));
   at = 0;
@@ -1001,14 +1004,14 @@ static tdm_status check_zero(const tdm_engine *e, int T) {
   if (stage < 0 || stage > 1)
     return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "pipeline: ZeRO stage %d on the data axis; expected 0 or 1 (stages 2 and 3 shard the "
                           "gradients and parameters, which each stage keeps whole for its micro-batches)", stage);
-  if (stage == 1 && T > 1)
-    return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "pipeline: ZeRO stage 1 beside tensor parallelism (%d tensor ranks); expected 1 tensor "
-                          "rank (the 3-D grid's checkpoint boxes describe whole slices)", T);
+  (void)T;
   return TDM_OK;
 }
 
 /* The optimizer's spans (e->spans): this rank's chunks' spans, or with ZeRO stage 1 the d-th even
- * part of them in packed order (data rank d; what a checkpoint's replica d would write). */
+ * part of them in packed order (data rank d; what a checkpoint's replica d would write). In the
+ * 3-D grid the parts are cut on rows of the slices and the boxes become this data rank's parts of
+ * them (zero1_boxes.c). */
 static tdm_status make_zero1(tdm_engine *e, pp_state *q, int64_t owned) {
   q->zero1 = e->cfg.pp.zero_stage == 1; /* checked by check_zero */
   if (!q->zero1) {
@@ -1018,8 +1021,16 @@ static tdm_status make_zero1(tdm_engine *e, pp_state *q, int64_t owned) {
   int D = e->comm ? q->D : 1, d = e->comm ? e->rank : 0;
   if (!(q->zcut = tdm__malloc(sizeof(int64_t) * (size_t)(D + 1))) || !(e->spans = tdm__malloc(sizeof *e->spans * (size_t)q->n_full)))
     return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
-  for (int r = 0; r <= D; r++) q->zcut[r] = owned * r / D;
+  for (int r = 0; r <= D; r++) q->zcut[r] = q->tg ? tdm__boxes_align(e->params, q->boxes, q->n_boxes, owned * r / D) : owned * r / D;
   int64_t lo = q->zcut[d], hi = q->zcut[d + 1], pos = 0;
+  if (q->tg) {
+    int m = tdm__boxes_window(e->params, q->boxes, q->n_boxes, lo, hi, NULL);
+    tdm_engine_piece *part = tdm__malloc(sizeof *part * (size_t)(m ? m : 1));
+    if (!part) return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
+    tdm__boxes_window(e->params, q->boxes, q->n_boxes, lo, hi, part);
+    tdm__free(q->boxes);
+    q->boxes = part, q->n_boxes = m;
+  }
   e->n_spans = 0;
   for (int k = 0; k < q->n_full; pos += q->full[k].hi - q->full[k].lo, k++) {
     int64_t a = lo > pos ? lo : pos, b = hi < pos + q->full[k].hi - q->full[k].lo ? hi : pos + q->full[k].hi - q->full[k].lo;
@@ -1090,7 +1101,7 @@ static tdm_status pp_create(tdm_engine *e, const tdm_model_config *mc, uint64_t 
   }
   int last_rank = q->stage == chunk_rank(q, q->C - 1), copy = q->tied && last_rank;
   if (copy && !q->tg) TDM__TRY(tdm_params_init_range(e->params, q->wte_lo, q->wte_hi, tdm_params_data(e->params) + q->wte_lo));
-  q->n_packed = q->tg ? 0 : owned;
+  q->n_packed = q->tg && !(e->cfg.pp.zero_stage == 1 && q->n_full > 1) ? 0 : owned; /* zero1 over chunks: the gather's staging */
   q->n_held = q->tg ? 0 : owned + (copy ? q->wte_hi - q->wte_lo : 0); /* the slices' store counts itself */
   tdm__mem_account(TDM_MEM_PARAMS, 4 * q->n_held);
   tdm__mem_account(TDM_MEM_GRADS, q->tg ? 0 : 4 * owned);
@@ -1098,8 +1109,6 @@ static tdm_status pp_create(tdm_engine *e, const tdm_model_config *mc, uint64_t 
     for (int k = 0; k < q->n_full; k++)
       TDM__TRY(tdm_comm_broadcast(e->comm, tdm_params_data(q->work) + q->full[k].lo, (size_t)(q->full[k].hi - q->full[k].lo),
                                   TDM_F32, 0, TDM_ALGO_AUTO));
-  TDM__TRY(make_zero1(e, q, owned));
-  TDM__TRY(tdm_optim_create_spans(&e->opt, &e->ocfg, q->work, e->n_spans, e->spans));
   if (q->tg) { /* the norm's pieces and the checkpoints' boxes of this rank's chunks */
     int64_t n_all;
     TDM__TRY(tdm__tp_norm_pieces(e->params, q->T, q->t, NULL, &n_all));
@@ -1111,11 +1120,14 @@ static tdm_status pp_create(tdm_engine *e, const tdm_model_config *mc, uint64_t 
           q->np[q->n_np++] = q->np[k];
           break;
         }
-    q->n_boxes = tdm__tp_model_boxes(q->tg, e->params, e->size, e->rank, tp3_held, q, NULL);
+    int D = e->cfg.pp.zero_stage == 1 ? 1 : e->size, d = D == 1 ? 0 : e->rank; /* zero1: each data rank writes its part */
+    q->n_boxes = tdm__tp_model_boxes(q->tg, e->params, D, d, tp3_held, q, NULL);
     if (!(q->boxes = tdm__malloc(sizeof *q->boxes * (size_t)(q->n_boxes ? q->n_boxes : 1))))
       return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
-    tdm__tp_model_boxes(q->tg, e->params, e->size, e->rank, tp3_held, q, q->boxes);
+    tdm__tp_model_boxes(q->tg, e->params, D, d, tp3_held, q, q->boxes);
   }
+  TDM__TRY(make_zero1(e, q, owned));
+  TDM__TRY(tdm_optim_create_spans(&e->opt, &e->ocfg, q->work, e->n_spans, e->spans));
   const int64_t *cut;
   TDM__TRY(tdm_params_segments(e->params, &cut, &e->n_seg));
   q->red = tdm__malloc(sizeof(double) * (size_t)(e->n_seg + 4));
@@ -1136,9 +1148,9 @@ static tdm_status pp_create(tdm_engine *e, const tdm_model_config *mc, uint64_t 
   char tensor[32] = "";
   if (q->T > 1) snprintf(tensor, sizeof tensor, " x %d tensor", q->T);
   char full[512]; /* then cut to the description's size: it is for people, the plan prints every stage */
-  snprintf(full, sizeof full, "pipeline %s, %d stage%s%s%.0d%s x %d data, %d micro-batches, bubble %.3f (stage %d: blocks %.40s)",
+  snprintf(full, sizeof full, "pipeline %s, %d stage%s%s%.0d%s x %d data%s, %d micro-batches, bubble %.3f (stage %d: blocks %.40s)",
            tdm_pp_schedule_name(pc->schedule), q->P, q->P == 1 ? "" : "s", q->V > 1 ? " x virtual " : "", q->V > 1 ? q->V : 0, tensor,
-           q->D, q->M, q->s->bubble, q->stage, blocks);
+           q->D, q->zero1 && q->D > 1 ? " (ZeRO stage 1)" : "", q->M, q->s->bubble, q->stage, blocks);
   size_t n = strlen(full) < sizeof e->desc ? strlen(full) : sizeof e->desc - 1;
   memcpy(e->desc, full, n);
   e->desc[n] = '\0';

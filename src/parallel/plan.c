@@ -606,7 +606,9 @@ tdm_status tdm_plan_compute(const tdm_plan_config *c, tdm_plan *out) {
    * reduced, or everything while micro-batches accumulate */
   b[TDM_MEM_GRADS] = 4 * (stage < 2 ? held : owned + (accum > 1 ? n : stage == 2 ? G2 : u3.grads));
   int adam = c->optim.kind != TDM_OPT_SGD;
-  b[TDM_MEM_OPTIM] = 4 * owned * (adam ? 2 : c->optim.momentum > 0 ? 1 : 0);
+  /* tensor parallelism with ZeRO stage 1: the largest data rank's part of the slices (cut on rows) */
+  int64_t o1 = tp && c->engine.tp.zero_stage == 1 && P > 1 ? (owned + P - 1) / P : owned;
+  b[TDM_MEM_OPTIM] = 4 * o1 * (adam ? 2 : c->optim.momentum > 0 ? 1 : 0);
   int lm = c->model.kind == TDM_MODEL_GPT || c->model.kind == TDM_MODEL_LLAMA;
   int64_t T = lm ? (c->seq_len > 0 ? c->seq_len : c->model.block_size) : 1;
   tdm__tape_plan tr = {0, 0, 0}, ev = {0, 0, 0};

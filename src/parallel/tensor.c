@@ -13,6 +13,12 @@
  * 0 only), the segment sums are all-reduced over the tensor axis in rank order and combined in
  * segment order, so every rank gets the same bits.
  *
+ * ZeRO stage 1 on the data axis (cfg.tp.zero_stage): the gradients are still averaged whole (the
+ * same all-reduce, so the norm and every update keep the bits of stage 0); data rank d keeps the
+ * optimizer state of, and updates, its part [zcut[d], zcut[d + 1]) of the slices' store, cut on
+ * rows of the slices so that each part is a list of boxes in a checkpoint (zero1_boxes.c); then
+ * the parts are all-gathered over the data axis.
+ *
  * Drift: replicated parameters are computed alike on every rank and must stay bitwise identical;
  * every cfg.tp.check_every steps each one's hash is all-gathered over the world and a difference
  * fails the step, naming the parameter, the ranks and the largest difference. */
@@ -43,6 +49,8 @@ typedef struct {
   tdm_engine_piece *boxes; /* the slices as boxes of the whole model's parameters (checkpoints) */
   int n_boxes;
   int check_due;       /* the drift check runs before this step's first forward */
+  int zero1;           /* ZeRO stage 1 over the data axis (e->comm, e->size ranks) */
+  int64_t *zcut;       /* zero1: data rank d updates [zcut[d], zcut[d + 1]) of the slices' store */
   double fwd_comm_mark, bwd_comm_mark;
 } tp_state;
 
@@ -192,12 +200,40 @@ static int held_all(void *ctx, int i, int64_t *state_at) { /* every parameter: i
   return 1;
 }
 
+/* The boxes, and the optimizer's span: the whole store, or with ZeRO stage 1 this data rank's part
+ * of it (cut on the boxes' rows) and the boxes' parts in it, each written by the rank that holds
+ * its state (replicated parameters: by one tensor rank, as without ZeRO). */
 static tdm_status make_boxes(tdm_engine *e, tp_state *z) {
-  z->n_boxes = tdm__tp_model_boxes(z->g, e->params, e->size, e->rank, held_all, z->local, NULL);
+  int D = z->zero1 ? 1 : e->size, d = z->zero1 ? 0 : e->rank; /* zero1: write is decided by the parts */
+  z->n_boxes = tdm__tp_model_boxes(z->g, e->params, D, d, held_all, z->local, NULL);
   if (!(z->boxes = tdm__malloc(sizeof *z->boxes * (size_t)(z->n_boxes ? z->n_boxes : 1))))
     return tdm__set_error(TDM_ERR_NO_MEMORY, "tensor parallelism: out of memory");
-  tdm__tp_model_boxes(z->g, e->params, e->size, e->rank, held_all, z->local, z->boxes);
+  tdm__tp_model_boxes(z->g, e->params, D, d, held_all, z->local, z->boxes);
+  int64_t n = tdm_params_numel(z->local);
+  e->spans[0] = (tdm_optim_span){0, n}, e->n_spans = 1;
+  if (!z->zero1) return TDM_OK;
+  if (!(z->zcut = tdm__malloc(sizeof(int64_t) * (size_t)(e->size + 1))))
+    return tdm__set_error(TDM_ERR_NO_MEMORY, "tensor parallelism: out of memory");
+  for (int r = 0; r <= e->size; r++) z->zcut[r] = tdm__boxes_align(e->params, z->boxes, z->n_boxes, n * r / e->size);
+  int64_t lo = z->zcut[e->rank], hi = z->zcut[e->rank + 1];
+  int m = tdm__boxes_window(e->params, z->boxes, z->n_boxes, lo, hi, NULL);
+  tdm_engine_piece *part = tdm__malloc(sizeof *part * (size_t)(m ? m : 1));
+  if (!part) return tdm__set_error(TDM_ERR_NO_MEMORY, "tensor parallelism: out of memory");
+  tdm__boxes_window(e->params, z->boxes, z->n_boxes, lo, hi, part);
+  tdm__free(z->boxes);
+  z->boxes = part, z->n_boxes = m;
+  e->spans[0] = (tdm_optim_span){lo, hi}, e->n_spans = hi > lo;
   return TDM_OK;
+}
+
+/* ZeRO stage 1: every data rank's updated part, to every rank of the data axis (in place). */
+static tdm_status gather_parts(tdm_engine *e, tp_state *z) {
+  if (!z->zero1) return TDM_OK;
+  size_t parts[e->size];
+  for (int r = 0; r < e->size; r++) parts[r] = (size_t)(z->zcut[r + 1] - z->zcut[r]);
+  float *w = tdm_params_data(z->local);
+  return tdm_comm_allgather_v(e->comm, w + z->zcut[e->rank], w, (size_t)z->zcut[e->size], parts, TDM_F32,
+                              tdm_comm_rank_order_algo(e->comm));
 }
 
 static int tp_pieces(const tdm_engine *e, const tdm_engine_piece **pieces) {
@@ -206,6 +242,8 @@ static int tp_pieces(const tdm_engine *e, const tdm_engine_piece **pieces) {
 }
 
 /* ---- the engine ----------------------------------------------------------------------------------- */
+static const tdm__engine_ops tp_zero1_ops;
+
 static tdm_status tp_create(tdm_engine *e, const tdm_model_config *mc, uint64_t seed) {
   tp_state *z = tdm__calloc(1, sizeof *z);
   if (!z) return tdm__set_error(TDM_ERR_NO_MEMORY, "tensor parallelism: out of memory");
@@ -220,6 +258,10 @@ static tdm_status tp_create(tdm_engine *e, const tdm_model_config *mc, uint64_t 
   if (e->cfg.tp.check_every < 0)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "tensor parallelism: check_every %lld; expected >= 0 (0: never)",
                           (long long)e->cfg.tp.check_every);
+  if (e->cfg.tp.zero_stage < 0 || e->cfg.tp.zero_stage > 1)
+    return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "tensor parallelism: ZeRO stage %d on the data axis; expected 0 or 1 (stages 2 and 3 "
+                          "shard gradients and parameters, which the slices keep whole)", e->cfg.tp.zero_stage);
+  z->zero1 = e->cfg.tp.zero_stage == 1 && e->comm && e->size > 1;
   TDM__TRY(tdm__tp_check(mc, z->T));
   if (mc->kind != TDM_MODEL_GPT && mc->kind != TDM_MODEL_LLAMA)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "tensor parallelism splits the gpt and llama models; the %s model is neither",
@@ -230,10 +272,10 @@ static tdm_status tp_create(tdm_engine *e, const tdm_model_config *mc, uint64_t 
   for (int i = 0; i < tdm_params_count(e->params); i++) tdm_tensor_set_fetch_hook(tdm_params_get(e->params, i), refuse, NULL);
   TDM__TRY(tdm__tp_model_create(&z->g, e->params, mc, z->tcomm, z->T, z->t));
   z->local = tdm__tp_model_params(z->g);
-  TDM__TRY(tdm_optim_create(&e->opt, &e->ocfg, z->local));
   if (!(e->spans = tdm__malloc(sizeof *e->spans))) return tdm__set_error(TDM_ERR_NO_MEMORY, "tensor parallelism: out of memory");
-  e->spans[0] = (tdm_optim_span){0, tdm_params_numel(z->local)}; /* in this rank's own store */
-  e->n_spans = 1;
+  TDM__TRY(make_boxes(e, z)); /* and the optimizer's span, in this rank's own store */
+  TDM__TRY(tdm_optim_create_spans(&e->opt, &e->ocfg, z->local, e->n_spans, e->spans));
+  if (z->zero1) e->ops = &tp_zero1_ops;
   if (e->comm && e->size > 1) { /* data parallelism over the data axis: the same slices on each of its ranks */
     const tdm_engine_dp_config *c = &e->cfg.dp;
     /* when both axes are split from the world they share its transport, which serves one
@@ -251,12 +293,11 @@ static tdm_status tp_create(tdm_engine *e, const tdm_model_config *mc, uint64_t 
   if (!(z->hashes = tdm__malloc(sizeof(uint64_t) * (size_t)z->W * (size_t)(z->n_rep ? z->n_rep : 1))))
     return tdm__set_error(TDM_ERR_NO_MEMORY, "tensor parallelism: out of memory");
   TDM__TRY(make_pieces(e, z));
-  TDM__TRY(make_boxes(e, z));
   if (z->tcomm && !(z->stage = tdm__malloc_cat(sizeof(float) * 2 * STAGE_FLOATS, TDM_MEM_WORKSPACE)))
     return tdm__set_error(TDM_ERR_NO_MEMORY, "tensor parallelism: out of memory");
   TDM__TRY(check_replicas(e)); /* every rank made its replicas alike (the same seed, the same code) */
   char dp[48] = "";
-  if (e->size > 1) snprintf(dp, sizeof dp, " x data parallel %d", e->size);
+  if (e->size > 1) snprintf(dp, sizeof dp, " x data parallel %d%s", e->size, z->zero1 ? " (ZeRO stage 1)" : "");
   snprintf(e->desc, sizeof e->desc, "tensor parallel %d%s", z->T, dp);
   return TDM_OK;
 }
@@ -274,6 +315,7 @@ static void tp_destroy(tdm_engine *e) {
   tdm__free(z->hashes);
   tdm__free(z->stage);
   tdm__free(z->boxes);
+  tdm__free(z->zcut);
   tdm__free(z);
 }
 
@@ -317,10 +359,11 @@ static tdm_tensor *tp_loss(tdm_engine *e, tdm_tensor *x, tdm_tensor *y, tdm_step
 
 static tdm_status tp_update(tdm_engine *e, float lr, float coef) {
   tp_state *z = S(e);
-  tdm_grad_scale(tdm_params_grad(z->local), tdm_params_numel(z->local), coef);
+  for (int s = 0; s < e->n_spans; s++)
+    tdm_grad_scale(tdm_params_grad(z->local) + e->spans[s].lo, e->spans[s].hi - e->spans[s].lo, coef);
   TDM__TRY(tdm_optim_step(e->opt, lr));
   z->steps++;
-  return TDM_OK;
+  return gather_parts(e, z);
 }
 
 typedef struct {
@@ -393,12 +436,11 @@ static tdm_status tp_load_weights(tdm_engine *e, const char *path) {
   return st;
 }
 
-static float *tp_param_shard(tdm_engine *e) { return tdm_params_data(S(e)->local); }
+/* The store from the optimizer's span (zero1: this data rank's part). */
+static float *tp_param_shard(tdm_engine *e) { return tdm_params_data(S(e)->local) + (e->n_spans ? e->spans[0].lo : 0); }
 
-static tdm_status tp_shard_changed(tdm_engine *e) {
-  (void)e;
-  return TDM_OK;
-}
+/* A load wrote this data rank's part (zero1): the others' from them. */
+static tdm_status tp_shard_changed(tdm_engine *e) { return gather_parts(e, S(e)); }
 
 /* The first non-finite value of any rank's slices, as an index into the whole model. */
 static tdm_status tp_first_nonfinite(tdm_engine *e, int64_t *index) {
@@ -424,30 +466,34 @@ static tdm_status tp_check(const tdm_model_config *mc, const tdm_engine_config *
   return tdm__tp_check(mc, sizes[TDM_AXIS_TENSOR]);
 }
 
-const tdm__engine_ops tdm__engine_tp_ops = {
-    .name = "tp",
-    .create = tp_create,
-    .destroy = tp_destroy,
-    .zero_grad = tp_zero_grad,
-    .begin_backward = tp_begin_backward,
-    .end_backward = tp_end_backward,
-    .grad_sumsq = tp_grad_sumsq,
-    .update = tp_update,
-    .read_params = tp_read_params,
-    .stream_params = tp_stream_params,
-    .load_weights = tp_load_weights,
-    .param_shard = tp_param_shard,
-    .shard_changed = tp_shard_changed,
-    .axes = 1u << TDM_AXIS_TENSOR,
-    .check = tp_check,
-    .split = 1u << TDM_AXIS_TENSOR,
-    .loss = tp_loss,
-    .first_nonfinite = tp_first_nonfinite,
-    .pieces = tp_pieces,
-    /* mixed precision: the tape autocasts, the custom ops (tp_ops.c) widen 16-bit inputs and sum
-     * f32; an fp16 overflow skips the step on every rank (the norm is global). Recomputation: the
-     * split blocks run under tdm_checkpoint (tp_model.c), the attention op rebuilds its
-     * probabilities under selective. */
-    .mixed = 1,
-    .recompute = 1,
-};
+/* Mixed precision: the tape autocasts, the custom ops (tp_ops.c) widen 16-bit inputs and sum f32;
+ * an fp16 overflow skips the step on every rank (the norm is global). Recomputation: the split
+ * blocks run under tdm_checkpoint (tp_model.c), the attention op rebuilds its probabilities under
+ * selective. ZeRO stage 1 splits the data axis's state too. */
+#define TP_OPS(SPLIT) \
+  { \
+    .name = "tp", \
+    .create = tp_create, \
+    .destroy = tp_destroy, \
+    .zero_grad = tp_zero_grad, \
+    .begin_backward = tp_begin_backward, \
+    .end_backward = tp_end_backward, \
+    .grad_sumsq = tp_grad_sumsq, \
+    .update = tp_update, \
+    .read_params = tp_read_params, \
+    .stream_params = tp_stream_params, \
+    .load_weights = tp_load_weights, \
+    .param_shard = tp_param_shard, \
+    .shard_changed = tp_shard_changed, \
+    .axes = 1u << TDM_AXIS_TENSOR, \
+    .check = tp_check, \
+    .split = 1u << TDM_AXIS_TENSOR | (SPLIT), \
+    .loss = tp_loss, \
+    .first_nonfinite = tp_first_nonfinite, \
+    .pieces = tp_pieces, \
+    .mixed = 1, \
+    .recompute = 1, \
+  }
+
+const tdm__engine_ops tdm__engine_tp_ops = TP_OPS(0);
+static const tdm__engine_ops tp_zero1_ops = TP_OPS(1u << TDM_AXIS_DATA);

@@ -8,7 +8,9 @@
 # bit-identically and on one process and --dp 2 with the same step-4 loss (to 4 decimals) and
 # weights within 1e-5 of one process's; checkpoints of one process, --pp 2 and --tp 2 resume at
 # --tp 2 --pp 2 likewise. Grids that do not fit the world or the model stop every rank before
-# step 1, naming the values; --zero with the 3-D grid is refused, naming what is not supported.
+# step 1, naming the values. ZeRO stage 1 on the data axis of --dp 2 --tp 2 --pp 2 gives --zero 0's
+# weights bit for bit, and its checkpoint (each data rank's part of the state, cut on rows of the
+# slices) resumes on one process within 1e-5 of a straight run.
 # ZeRO stage 1 on the data axis of --dp 2 --pp 2 gives --zero 0's weights bit for bit, its
 # checkpoint resumes on --zero 0 (and --zero 0's on --zero 1) bit-identically to a straight run;
 # --pp 2 --zero 2 is refused. A Llama on --tp 2 --pp 2 gives --tp 2's weights bit for bit, and its
@@ -66,6 +68,16 @@ dp2tp2pp2() {
     same "$TMP/g8.st" "$TMP/one8.st" 1e-5
 }
 check "--dp 2 --tp 2 --pp 2 on 8 ranks == one process with the 2-times batch (within 1e-5)" dp2tp2pp2
+
+grid_zero1() { # after dp2tp2pp2: its 2 steps with ZeRO stage 1, then the checkpoint's step 3 on one process
+  run 8 "$TMP/gz.out" --steps 2 --dp 2 --zero 1 "${G[@]}" --save-weights "$TMP/gz.st" --checkpoint-dir "$TMP/ck-gz" &&
+    grep -q "ZeRO stage 1" "$TMP/gz.out" &&
+    { cmp -s "$TMP/gz.st" "$TMP/g8.st" || { echo "  --zero 1: not --zero 0's weights"; return 1; }; } &&
+    run 1 "$TMP/gz1.out" --steps 3 --accum 2 --batch-size 8 --save-weights "$TMP/one8_3.st" &&
+    run 1 "$TMP/gzr.out" --steps 3 --accum 2 --batch-size 8 --checkpoint-dir "$TMP/ck-gz" --resume --save-weights "$TMP/gzr.st" &&
+    grep -q "resumed from step 2" "$TMP/gzr.out" && same "$TMP/gzr.st" "$TMP/one8_3.st" 1e-5
+}
+check "--dp 2 --tp 2 --pp 2 --zero 1 == --zero 0 bit for bit; its checkpoint resumes on one process (within 1e-5)" grid_zero1
 
 # load_on N NAME ARGS...: a copy of the --tp 2 --pp 2 checkpoint (step 3) opened on N ranks with
 # ARGS and nothing left to run: the weights written must be those the grid saved, bit for bit
@@ -131,7 +143,7 @@ check "--pp larger than the blocks with --tp: refused" bad 8 "4 stages x 1 virtu
   --tp 2 --pp 4 --microbatches 4 --batch-size 4
 check "heads not divisible by --tp with --pp: refused" bad 8 "6 attention heads do not divide over --tp 4 ranks" \
   --tp 4 --pp 2 --microbatches 2 --batch-size 4
-check "--zero with the 3-D grid: refused" bad 8 "with --zero 1" --dp 2 --zero 1 "${G[@]}"
+check "--zero 2 with the 3-D grid: refused" bad 8 "runs ZeRO stage 1 at most" --dp 2 --zero 2 "${G[@]}"
 check "--pp 2 --zero 2: refused" bad 4 "runs ZeRO stage 1 at most" --dp 2 --zero 2 "${PP2[@]}"
 
 DPP=(--dp 2 --pp 2 --microbatches 2 --batch-size 2)

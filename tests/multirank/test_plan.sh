@@ -68,6 +68,7 @@ check "2 ranks over shm, --zero 0 with bf16 on the wire and small buckets" compa
 # the tensor axis's scratch beside the data axis's
 check "2 ranks over shm, --tp 2: the GPT's slices" compare 2 shm "${GPT[@]}" --tp 2
 check "4 ranks over tcp, --tp 2 --dp 2" compare 4 tcp "${GPT[@]}" --tp 2 --dp 2
+check "4 ranks over shm, --tp 2 --dp 2 --zero 1: each data rank half of the slices' optimizer state" compare 4 shm "${GPT[@]}" --tp 2 --dp 2 --zero 1
 check "3 ranks over tcp, --tp 3 with a vocabulary of 257 (the blocks differ by a row)" compare 3 tcp \
   --model gpt --layers 2 --heads 3 --width 48 --block 32 --batch-size 4 --val-batches 2 --tp 3 --vocab 257
 check "2 ranks over shm, --tp 2: the Llama's slices (key/value heads split with their groups)" compare 2 shm "${LLAMA[@]}" --tp 2

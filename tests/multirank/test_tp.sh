@@ -7,7 +7,8 @@
 # within 1e-5; bad layouts stop every rank before any step, naming the values (the 3-D grid,
 # --tp with --pp: tests/multirank/test_grid.sh). A Llama (grouped-query attention) at --tp 3 over
 # tcp, tied, equals one process; its --tp 2 checkpoint resumes on one process and one process's at
-# --tp 2; key/value heads --tp does not divide are refused.
+# --tp 2; key/value heads --tp does not divide are refused. --dp 2 --tp 2 --zero 1 gives --zero 0's
+# weights bit for bit; --zero 2 beside --tp is refused.
 # In bf16, --tp 2 ends within 1e-2 of one bf16 process (16-bit partial sums).
 # usage: test_tp.sh path/to/tandem
 set -u
@@ -52,6 +53,15 @@ dp2_tp2() {
     grep -q "tensor parallel 2 x data parallel 2" "$TMP/dp2tp2.out" && same "$TMP/dp2tp2.st" "$TMP/one8.st" 1e-5
 }
 check "--dp 2 --tp 2 on 4 ranks == one process with the 2-times batch" dp2_tp2
+
+# ZeRO stage 1 on the data axis: each data rank updates its part of the slices, the gradients are
+# averaged whole as at --zero 0: the same bits
+dp2_tp2_zero1() {
+  "$T" run -n 4 -- tandem "${A[@]}" --tp 2 --dp 2 --zero 1 --batch-size 4 --save-weights "$TMP/z1.st" >"$TMP/z1.out" 2>&1 &&
+    grep -q "data parallel 2 (ZeRO stage 1)" "$TMP/z1.out" && cmp -s "$TMP/z1.st" "$TMP/dp2tp2.st" ||
+    { echo "  $(tail -2 "$TMP/z1.out")"; return 1; }
+}
+check "--dp 2 --tp 2 --zero 1 == --dp 2 --tp 2 bit for bit" dp2_tp2_zero1
 
 resume() {
   local C=(--tp 2 --batch-size 4 --checkpoint-dir)
@@ -125,6 +135,7 @@ check "--dp x --tp not the world: refused" bad 4 "--dp 3 x --tp 2 x --pp 1, but 
 check "heads not divisible by --tp: refused" bad 4 "6 attention heads do not divide over --tp 4 ranks" --tp 4
 check "--tp larger than the heads: refused" bad 8 "--tp 8 is larger than the 6 attention heads" --tp 8
 check "--tp with another model: refused" bad 2 "the mlp model has no heads to split" --model mlp --data synthetic --tp 2
+check "--tp 2 --zero 2: refused" bad 4 "runs ZeRO stage 1 at most" --tp 2 --dp 2 --zero 2
 check "llama: key/value heads not divisible by --tp: refused" bad 4 "6 key/value heads do not divide over --tp 4 ranks" \
   --model llama --heads 12 --kv-heads 6 --ffn-width 100 --tp 4
 finish

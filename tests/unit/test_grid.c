@@ -277,21 +277,24 @@ static void test_bad_grids(void) {
 
 /* ZeRO stage 1 on the data axis of the pipeline (D = 2, P = 2, also interleaved; Adam, whose moments are the state
  * that shrinks): the weights, losses and norms after a few steps equal --zero 0's bit for bit,
- * every data rank keeps the state of half its stage's elements (the two halves add up to it), and
- * beside tensor parallelism stage 1 is refused naming the tensor ranks (as stage 2 is, by name). */
+ * every data rank keeps the state of half its stage's elements (the two halves add up to it). In
+ * the 3-D grid (T = 2, 1f1b and interleaved) the same, the halves cut on rows of the slices (within
+ * 64 elements of half); stage 2 is refused by name. */
 static void test_zero1(void) {
-  for (int sched = 0; sched < 3; sched++) { /* interleaved: two spans a rank, cut across */
-    job j = sched == 2 ? grid_job(2, 1, 2, 2, TDM_PP_INTERLEAVED, 2) : grid_job(2, 1, 2, sched ? 3 : 2, sched ? TDM_PP_ZB1P : TDM_PP_1F1B, 1);
+  for (int sched = 0; sched < 5; sched++) { /* interleaved: two spans a rank, cut across; 3, 4: the grid */
+    job j = sched == 2 ? grid_job(2, 1, 2, 2, TDM_PP_INTERLEAVED, 2) : sched == 3 ? grid_job(2, 2, 2, 2, TDM_PP_1F1B, 1)
+          : sched == 4 ? grid_job(2, 2, 2, 2, TDM_PP_INTERLEAVED, 2) : grid_job(2, 1, 2, sched ? 3 : 2, sched ? TDM_PP_ZB1P : TDM_PP_1F1B, 1);
+    int W = j.D * j.T * j.P;
     j.oc = tdm_optim_config_default(TDM_OPT_ADAMW);
     j.oc.lr = 0.01f;
-    int64_t n0 = 0, n1 = 0, owned0[4], owned1[4];
+    int64_t n0 = 0, n1 = 0, owned0[8], owned1[8];
     double norm0[4], loss0[4];
     float *w0 = run_job(&j, &n0);
-    for (int r = 0; r < 4; r++) owned0[r] = args[r].opt_owned;
+    for (int r = 0; r < W; r++) owned0[r] = args[r].opt_owned;
     for (int t = 0; t < j.steps; t++) norm0[t] = args[0].norm[t], loss0[t] = args[0].loss[t];
     j.ec.pp.zero_stage = 1;
     float *w1 = run_job(&j, &n1);
-    for (int r = 0; r < 4; r++) owned1[r] = args[r].opt_owned;
+    for (int r = 0; r < W; r++) owned1[r] = args[r].opt_owned;
     CHECK_MSG(w0 && w1 && n0 == n1, "no result");
     int64_t diff = -1;
     for (int64_t i = 0; w0 && w1 && i < n0 && diff < 0; i++)
@@ -301,6 +304,18 @@ static void test_zero1(void) {
     for (int t = 0; t < j.steps; t++)
       CHECK_MSG(args[0].norm[t] == norm0[t] && args[0].loss[t] == loss0[t], "step %d: norm %.9g loss %.9g; --zero 0 %.9g %.9g", t,
                 args[0].norm[t], args[0].loss[t], norm0[t], loss0[t]);
+    if (j.T > 1) { /* the data ranks' parts add up to one copy, each within a row of half */
+      int64_t all0 = 0, all1 = 0;
+      for (int r = 0; r < W; r++) {
+        all0 += owned0[r], all1 += owned1[r];
+        CHECK_MSG(owned1[r] > 0 && owned1[r] <= owned0[r] / 2 + 64, "grid, schedule %d, rank %d: optimizer elements %lld with --zero 1, "
+                  "%lld with --zero 0", sched, r, (long long)owned1[r], (long long)owned0[r]);
+      }
+      CHECK_MSG(2 * all1 == all0, "grid, schedule %d: optimizer elements %lld in all with --zero 1, %lld with --zero 0", sched,
+                (long long)all1, (long long)all0);
+      free(w0), free(w1);
+      continue;
+    }
     for (int s = 0; s < 2; s++) { /* stage s's two data ranks */
       int r0 = -1, r1 = -1;
       for (int r = 0; r < 4; r++)
@@ -317,10 +332,11 @@ static void test_zero1(void) {
   job j = grid_job(2, 2, 1, 2, TDM_PP_1F1B, 1);
   j.P = 2;
   int64_t n;
-  for (int stage = 1; stage <= 2; stage++) { /* every rank stops; the message is the checking rank's */
+  for (int stage = 2; stage <= 3; stage++) { /* every rank stops; the message is the checking rank's */
     j.ec.pp.zero_stage = stage;
     free(run_job_(&j, &n, 0));
-    const char *want = stage == 1 ? "ZeRO stage 1 beside tensor parallelism (2 tensor ranks)" : "ZeRO stage 2 on the data axis; expected 0 or 1";
+    char want[64];
+    snprintf(want, sizeof want, "ZeRO stage %d on the data axis; expected 0 or 1", stage);
     int named = 0;
     for (int r = 0; r < 8; r++) {
       CHECK_MSG(args[r].st != TDM_OK, "stage %d: rank %d went on", stage, r);

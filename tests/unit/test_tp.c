@@ -309,7 +309,7 @@ typedef struct {
   tdm_engine_config ec;
   int D, T, steps;
   int64_t B; /* samples per data rank */
-  const char *load[4]; /* per rank: a weights file to load after creation (NULL: none) */
+  const char *load[8]; /* per rank: a weights file to load after creation (NULL: none) */
   const char *save;    /* written after the steps */
   const char *resume;  /* a checkpoint directory to resume from after creation (NULL: none) */
   const char *ckpt;    /* a checkpoint directory written after the steps (NULL: none) */
@@ -320,7 +320,7 @@ typedef struct {
   int r;
   void *group;
   float *out;
-  int64_t numel;
+  int64_t numel, owned; /* the whole model's parameters; the elements this rank's optimizer updates */
   double loss, norm;
   tdm_status st;
   char err[512];
@@ -383,6 +383,7 @@ static void *rank_main(void *va) {
   }
   if (st == TDM_OK) {
     a->numel = tdm_params_numel(tdm_model_params(tdm_engine_model(e)));
+    a->owned = tdm_optim_owned(tdm_engine_optim(e));
     a->out = malloc(sizeof(float) * (size_t)a->numel);
     st = tdm_engine_read_params(e, 0, a->numel, a->out);
   }
@@ -573,6 +574,43 @@ static void test_recompute(void) {
       }
 }
 
+/* ZeRO stage 1 on the data axis: data rank d updates its part of the slices (cut on rows) and the
+ * parts are gathered; the gradients are averaged whole as at stage 0, so every rank ends with stage
+ * 0's bits (weights, loss, norm): GPT AdamW at data 2 x tensor 2, 3 x 1 with accumulation, and a
+ * tied Llama in bf16 at 2 x 3. */
+static void test_zero1(void) {
+  static const int layouts[][4] = {{2, 2, 1, 0}, {3, 1, 2, 0}, {2, 3, 1, 1}}; /* D, T, accumulation, llama */
+  for (size_t k = 0; k < sizeof layouts / sizeof layouts[0]; k++) {
+    int D = layouts[k][0], T = layouts[k][1], W = D * T;
+    job j = model_job(layouts[k][3] ? small_llama(24, 12, 1) : small_gpt(), D, T, TDM_OPT_ADAMW);
+    j.ec.kind = TDM_ENGINE_TP, j.ec.accum = layouts[k][2];
+    if (layouts[k][3]) j.ec.precision = TDM_BF16;
+    rank_arg plain[8], z1[8];
+    run_job(&j, plain);
+    j.ec.tp.zero_stage = 1;
+    run_job(&j, z1);
+    int same = 1;
+    int64_t all0 = 0, all1 = 0, most1 = 0, most0 = 0;
+    for (int r = 0; r < W; r++) {
+      CHECK_MSG(plain[r].st == TDM_OK && z1[r].st == TDM_OK, "D %d T %d rank %d: %s / %s", D, T, r, plain[r].err, z1[r].err);
+      all0 += plain[r].owned, all1 += z1[r].owned;
+      most0 = plain[r].owned > most0 ? plain[r].owned : most0, most1 = z1[r].owned > most1 ? z1[r].owned : most1;
+      if (plain[r].st != TDM_OK || z1[r].st != TDM_OK) continue;
+      same &= plain[r].numel == z1[r].numel && !memcmp(plain[r].out, z1[r].out, sizeof(float) * (size_t)plain[r].numel) &&
+              plain[r].loss == z1[r].loss && plain[r].norm == z1[r].norm;
+    }
+    CHECK_MSG(same, "D %d T %d: ZeRO stage 1's weights, loss or norm differ from stage 0's", D, T);
+    /* the state is split: the data ranks' parts add up to one copy, none much above 1/D of it */
+    CHECK_MSG(all1 * D == all0 && most1 <= most0 / D + 64, "D %d T %d: the optimizers update %lld elements in all (stage 0: %lld), at "
+              "most %lld on a rank (stage 0: %lld)", D, T, (long long)all1, (long long)all0, (long long)most1, (long long)most0);
+    printf("  %s, data %d x tensor %d, accumulation %d%s: ZeRO stage 1 gives stage 0's bits, each rank updating at most %lld of "
+           "its %lld elements\n", layouts[k][3] ? "llama" : "gpt", D, T, layouts[k][2], layouts[k][3] ? ", bf16" : "", (long long)most1,
+           (long long)most0);
+    free_args(plain, W);
+    free_args(z1, W);
+  }
+}
+
 /* Mixed precision: bf16 and fp16 (its loss scale, no overflow at this size) against one process
  * in the same precision, GPT (AdamW) and Llama (SGD), tensor and data axes. */
 static void test_mixed_precision(void) {
@@ -617,7 +655,7 @@ static void check_weights_and_drift(tdm_model_config mc, const char *replica) {
     job j = model_job(mc, 1, T, TDM_OPT_SGD);
     j.ec.kind = TDM_ENGINE_TP, j.steps = 0, j.save = out;
     for (int r = 0; r < T; r++) j.load[r] = a;
-    rank_arg got[4];
+    rank_arg got[8];
     run_job(&j, got);
     for (int r = 0; r < T; r++) {
       CHECK_MSG(got[r].st == TDM_OK, "T %d rank %d: %s", T, r, got[r].err);
@@ -639,7 +677,7 @@ static void check_weights_and_drift(tdm_model_config mc, const char *replica) {
   job j = model_job(mc, 2, 2, TDM_OPT_SGD);
   j.ec.kind = TDM_ENGINE_TP, j.steps = 2, j.ec.tp.check_every = 1;
   j.load[0] = j.load[2] = j.load[3] = a, j.load[1] = b;
-  rank_arg got[4];
+  rank_arg got[8];
   run_job(&j, got);
   for (int r = 0; r < 4; r++) {
     CHECK_MSG(got[r].st == TDM_ERR_MISMATCH, "rank %d: %s (%s)", r, tdm_status_str(got[r].st), got[r].err);
@@ -750,7 +788,7 @@ static void check_checkpoints_reshard(tdm_model_config mc, size_t n_to) {
   char dir_w[128], dir_j[128], dir_b[128]; /* tmp_path's buffers are reused */
   snprintf(dir_w, sizeof dir_w, "%s", tmp_path("ck_tp2"));
   w.steps = 2, w.ec.kind = TDM_ENGINE_TP, w.ckpt = dir_w;
-  rank_arg got[4];
+  rank_arg got[8];
   char dir_ref[128];
   snprintf(dir_ref, sizeof dir_ref, "%s", tmp_path("ck_ref"));
   job one = model_job(mc, 1, 1, TDM_OPT_ADAMW);
@@ -771,14 +809,16 @@ static void check_checkpoints_reshard(tdm_model_config mc, size_t n_to) {
   } to[] = {{1, 1, 0, "ck_one", "ck_one_tp2", "tensor 2 -> one process", "one process -> tensor 2"},
             {1, 3, 0, "ck_tp3", "ck_tp3_tp2", "tensor 2 -> tensor 3", "tensor 3 -> tensor 2"},
             {2, 1, 3, "ck_z3", "ck_z3_tp2", "tensor 2 -> ZeRO stage 3 on 2 ranks", "ZeRO stage 3 -> tensor 2"},
-            {2, 2, 0, "ck_dp2tp2", "ck_dp2tp2_tp2", "tensor 2 -> data 2 x tensor 2", "data 2 x tensor 2 -> tensor 2"}};
+            {2, 2, 0, "ck_dp2tp2", "ck_dp2tp2_tp2", "tensor 2 -> data 2 x tensor 2", "data 2 x tensor 2 -> tensor 2"},
+            {3, 2, 1, "ck_dp3tp2z1", "ck_dp3tp2z1_tp2", "tensor 2 -> data 3 x tensor 2, ZeRO stage 1",
+             "data 3 x tensor 2, ZeRO stage 1 -> tensor 2"}};
   for (size_t k = 0; k < sizeof to / sizeof to[0] && k < n_to; k++) {
     job j = model_job(mc, to[k].D, to[k].T, TDM_OPT_ADAMW);
     snprintf(dir_j, sizeof dir_j, "%s", tmp_path(to[k].dir));
     snprintf(dir_b, sizeof dir_b, "%s", tmp_path(to[k].back));
     j.steps = 0, j.resume = w.ckpt, j.ckpt = dir_j;
-    if (to[k].stage) j.ec.kind = TDM_ENGINE_ZERO, j.ec.zero = (tdm_engine_zero_config){3, 0, 1, 1};
-    else if (to[k].T > 1) j.ec.kind = TDM_ENGINE_TP;
+    if (to[k].stage == 3) j.ec.kind = TDM_ENGINE_ZERO, j.ec.zero = (tdm_engine_zero_config){3, 0, 1, 1};
+    else if (to[k].T > 1) j.ec.kind = TDM_ENGINE_TP, j.ec.tp.zero_stage = to[k].stage; /* each data rank writes its part */
     run_job(&j, got);
     for (int r = 0; r < j.D * j.T; r++) CHECK_MSG(got[r].st == TDM_OK, "%s, rank %d: %s", to[k].what, r, got[r].err);
     free_args(got, j.D * j.T);
@@ -794,7 +834,7 @@ static void check_checkpoints_reshard(tdm_model_config mc, size_t n_to) {
   rm_tree(w.ckpt), rm_tree(dir_ref);
 }
 
-static void test_checkpoints_reshard(void) { check_checkpoints_reshard(small_gpt(), 4); }
+static void test_checkpoints_reshard(void) { check_checkpoints_reshard(small_gpt(), 5); }
 /* A Llama's (GQA, untied head: lm_head's boxes too) to one process and tensor 3, and back. */
 static void test_llama_checkpoints_reshard(void) { check_checkpoints_reshard(small_llama(12, 6, 0), 2); }
 
@@ -913,7 +953,7 @@ int main(void) {
                                         T(test_steps_sgd), T(test_steps_adamw), T(test_llama_steps), T(test_weights_and_drift),
                                         T(test_llama_weights_and_drift), T(test_checkpoints_reshard),
                                         T(test_llama_checkpoints_reshard), T(test_bad_layouts), T(test_llama_bad_layouts),
-                                        T(test_direct_forward_refused_and_eval), T(test_mixed_precision), T(test_recompute)};
+                                        T(test_direct_forward_refused_and_eval), T(test_mixed_precision), T(test_recompute), T(test_zero1)};
   int rc = tdm_test_main(cases, (int)(sizeof cases / sizeof cases[0]));
   rmdir(tmpdir);
   return rc;
