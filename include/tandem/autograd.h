@@ -106,11 +106,20 @@ void tdm_tensor_set_grad_hook(tdm_tensor *leaf, tdm_grad_hook_fn fn, void *ctx);
 /* A fetch hook on a parameter runs before anything reads its values: at the start of every op
  * given the parameter or a view of it, and in backward before each node that has one of those
  * as an input runs. ZeRO stage 3 gathers the parameter's unit there (the parameter's memory is
- * given back between uses; its address never changes, so views stay valid). backward = 1 when
- * called from backward. A non-OK status fails the op (or backward) with the error detail set.
- * NULL fn removes the hook. */
-typedef tdm_status (*tdm_fetch_hook_fn)(void *ctx, tdm_tensor *param, int backward);
+ * given back between uses; its address never changes, so views stay valid). [lo, hi): the
+ * elements read (the whole parameter, except for the ops that read a large table a block of rows
+ * at a time: tdm_embedding and tdm_lm_head). backward = 1 when called from backward with the
+ * parameter's gradient written from now on (tdm_lm_head's backward reads a tied table whose
+ * gradient the embedding adds later: 0). A non-OK status fails the op (or backward) with the
+ * error detail set. NULL fn removes the hook. */
+typedef tdm_status (*tdm_fetch_hook_fn)(void *ctx, tdm_tensor *param, int64_t lo, int64_t hi, int backward);
 void tdm_tensor_set_fetch_hook(tdm_tensor *param, tdm_fetch_hook_fn fn, void *ctx);
+/* Called during backward when elements [lo, hi) of a leaf's gradient are final before the whole
+ * of it is (then the grad hook fires as ever): tdm_embedding's and tdm_lm_head's backward, which
+ * finish a table TDM_HEAD_ROWS rows at a time, when no earlier node reads the table. ZeRO stage 3
+ * reduces those rows' gradient there and gives its memory back. NULL fn removes the hook. */
+typedef void (*tdm_grad_range_hook_fn)(void *ctx, tdm_tensor *leaf, int64_t lo, int64_t hi);
+void tdm_tensor_set_grad_range_hook(tdm_tensor *leaf, tdm_grad_range_hook_fn fn, void *ctx);
 
 /* ---- ops -----------------------------------------------------------------------------------
  * Shapes in comments; "..." is any number of leading axes. All return NULL on error. */
@@ -129,6 +138,16 @@ tdm_tensor *tdm_cast(tdm_tape *tp, tdm_tensor *x, tdm_dtype dt);
 tdm_tensor *tdm_matmul(tdm_tape *tp, tdm_tensor *a, tdm_tensor *b, int ta, int tb);
 /* x (..., I), w (O, I), b (O) or NULL -> (..., O); as nn.Linear. */
 tdm_tensor *tdm_linear(tdm_tape *tp, tdm_tensor *x, tdm_tensor *w, tdm_tensor *b);
+/* A language model's output head: logits (..., V) = x (..., C) w^T for a table w (V, C), computed
+ * TDM_HEAD_ROWS rows of w at a time: in forward those rows' logits, in backward x's gradient as the
+ * blocks' products summed in block order (one product per block, so the bits are the same whatever
+ * else runs), so that ZeRO stage 3 gathers a block of a large table at a time, never all of it.
+ * When w was given to tdm_embedding earlier on this tape (a tied embedding), the head's part of
+ * w's gradient is added by that embedding's backward, block by block right before the
+ * embedding's own rows (the order one process adds them in), so the table's gradient is final a
+ * block at a time. Autocast as tdm_linear. */
+#define TDM_HEAD_ROWS 4096
+tdm_tensor *tdm_lm_head(tdm_tape *tp, tdm_tensor *x, tdm_tensor *w);
 
 /* Element-wise with NumPy broadcasting. */
 tdm_tensor *tdm_add(tdm_tape *tp, tdm_tensor *a, tdm_tensor *b);

@@ -246,51 +246,91 @@ tdm_tensor *tdm_layernorm(tdm_tape *tp, tdm_tensor *x, tdm_tensor *w, tdm_tensor
 }
 
 /* ---- embedding ----------------------------------------------------------------------------- */
+/* The table is read and its gradient written TDM_HEAD_ROWS rows at a time (ops_head.c says why):
+ * forward copies each block's tokens' rows; backward goes down the blocks, adding first a tied
+ * output head's part of the block (saved[1]: the lm_head node, set by its backward), then the
+ * block's tokens' rows in token order, the order one process adds them in. A block's gradient is
+ * then final when nothing before this node read the table. i[0]: this node's index. */
 static void embedding_bw(tdm_tape *tp, tdm_node *n) {
   tdm_tensor *table = n->in[0], *idx = n->in[1];
+  tdm_node *head = n->saved[1];
+  n->saved[1] = NULL;
   float *g = tdm__grad(tp, table);
   if (!g) return;
+  int64_t V = table->shape[0], C = table->shape[1], N = idx->numel;
+  int i64 = idx->dtype == TDM_I64, last = tdm__first_reader(tp, table, (int)n->i[0]);
   tdm__arena_pos pos = tdm__arena_mark(tp->arena);
   const float *dy = tdm__f32(tp, n->out->grad);
-  if (dy) tdm_k_embedding_bwd(g, dy, idx->data, idx->dtype == TDM_I64, idx->numel, table->shape[1]);
+  for (int64_t b = (V + TDM_HEAD_ROWS - 1) / TDM_HEAD_ROWS - 1; dy && b >= 0; b--) {
+    int64_t r0 = b * TDM_HEAD_ROWS, r1 = r0 + TDM_HEAD_ROWS < V ? r0 + TDM_HEAD_ROWS : V;
+    if (tdm__fetch_rows(tp, "embedding", table, r0, r1, 1) != TDM_OK) break;
+    if (head) tdm__head_dw_rows(tp, head, g, r0, r1);
+    for (int64_t i = 0; i < N; i++) {
+      int64_t v = i64 ? ((const int64_t *)idx->data)[i] : ((const int32_t *)idx->data)[i];
+      if (v < r0 || v >= r1) continue;
+      float *d = g + v * C;
+      const float *s = dy + i * C;
+      for (int64_t j = 0; j < C; j++) d[j] += s[j];
+    }
+    if (last) tdm__grad_rows_final(tp, table, r0, r1);
+  }
   tdm__arena_rewind(tp->arena, pos);
 }
 
 tdm_tensor *tdm_embedding(tdm_tape *tp, tdm_tensor *table, tdm_tensor *idx) {
-  tdm_tensor *in[2] = {table, idx};
-  if (!tdm__inputs_ok(tp, "embedding", 2, in) || !tdm__check_f32(tp, "embedding", "table", table)) return NULL;
+  tdm_tensor *in[1] = {idx};
+  if (!tdm__inputs_ok(tp, "embedding", 1, in)) return NULL; /* the table is fetched a block at a time */
+  if (!table) return tdm__fail(tp, TDM_ERR_INVALID_ARG, "embedding: the table is NULL");
+  if (!tdm__check_f32(tp, "embedding", "table", table)) return NULL;
   if (table->ndim != 2)
     return tdm__fail(tp, TDM_ERR_INVALID_ARG, "embedding: table is %s; expected (vocab, dim)", tdm__shp(table));
+  if (!tdm_tensor_is_contiguous(table) && !(table = tdm__contig(tp, table))) return NULL; /* a copy, read whole */
   if (idx->dtype != TDM_I32 && idx->dtype != TDM_I64)
     return tdm__fail(tp, TDM_ERR_INVALID_ARG, "embedding: indices have dtype %s; expected i32 or i64",
                      tdm_dtype_name(idx->dtype));
   if (idx->ndim + 1 > TDM_MAX_DIMS)
     return tdm__fail(tp, TDM_ERR_INVALID_ARG, "embedding: indices %s have too many axes", tdm__shp(idx));
-  table = tdm__contig(tp, table);
   idx = tdm__contig(tp, idx);
-  if (!table || !idx) return NULL;
-  int64_t V = table->shape[0];
+  if (!idx) return NULL;
+  int64_t V = table->shape[0], C = table->shape[1];
+  int i64 = idx->dtype == TDM_I64;
   for (int64_t i = 0; i < idx->numel; i++) {
-    int64_t v = idx->dtype == TDM_I64 ? ((int64_t *)idx->data)[i] : ((int32_t *)idx->data)[i];
+    int64_t v = i64 ? ((int64_t *)idx->data)[i] : ((int32_t *)idx->data)[i];
     if (v < 0 || v >= V)
       return tdm__fail(tp, TDM_ERR_INVALID_ARG, "embedding: index %lld at position %lld is outside [0, %lld)",
                        (long long)v, (long long)i, (long long)V);
   }
   int64_t shape[TDM_MAX_DIMS];
   memcpy(shape, idx->shape, sizeof(int64_t) * (size_t)idx->ndim);
-  shape[idx->ndim] = table->shape[1];
+  shape[idx->ndim] = C;
   tdm_tensor *y = tdm__out(tp, tdm__act_dtype(tp), idx->ndim + 1, shape);
   if (!y) return NULL;
   tdm__arena_pos pos = tdm__arena_mark(tp->arena);
   float *yf = tdm__f32_out(tp, y);
-  if (yf) {
-    tdm_k_embedding_fwd(yf, table->data, idx->data, idx->dtype == TDM_I64, idx->numel, table->shape[1]);
-    tdm__store_f32(y, yf);
+  if (yf && V <= TDM_HEAD_ROWS) { /* one block */
+    if (tdm__fetch_rows(tp, "embedding", table, 0, V, tp->in_backward) == TDM_OK)
+      tdm_k_embedding_fwd(yf, table->data, idx->data, i64, idx->numel, C);
+    else
+      yf = NULL;
   }
+  for (int64_t r0 = 0; yf && V > TDM_HEAD_ROWS && r0 < V; r0 += TDM_HEAD_ROWS) {
+    int64_t r1 = r0 + TDM_HEAD_ROWS < V ? r0 + TDM_HEAD_ROWS : V;
+    if (tdm__fetch_rows(tp, "embedding", table, r0, r1, tp->in_backward) != TDM_OK) {
+      yf = NULL;
+      break;
+    }
+    for (int64_t i = 0; i < idx->numel; i++) {
+      int64_t v = i64 ? ((const int64_t *)idx->data)[i] : ((const int32_t *)idx->data)[i];
+      if (v >= r0 && v < r1) memcpy(yf + i * C, (const float *)table->data + v * C, sizeof(float) * (size_t)C);
+    }
+  }
+  if (yf) tdm__store_f32(y, yf);
   tdm__arena_rewind(tp->arena, pos);
   if (!yf) return NULL;
   tdm_tensor *ins[2] = {table, idx};
-  tdm__record(tp, "embedding", embedding_bw, y, 2, ins);
+  int64_t index = tp->n_nodes;
+  tdm_node *n = tdm__record(tp, "embedding", embedding_bw, y, 2, ins);
+  if (n) n->i[0] = index, n->self_fetch = 1;
   return y;
 }
 

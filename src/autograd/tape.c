@@ -94,7 +94,7 @@ static tdm_status fetch_inputs(tdm_tape *tp, const char *op, int n, tdm_tensor *
   for (int i = 0; i < n; i++) {
     tdm_tensor *p = tdm__fetchable(ins[i]);
     if (!p) continue;
-    tdm_status st = p->fetch(p->fetch_ctx, p, backward);
+    tdm_status st = p->fetch(p->fetch_ctx, p, 0, p->numel, backward);
     if (st != TDM_OK) {
       tdm__fail(tp, st, "%s: fetching parameter '%s': %s", op, p->name ? p->name : "?", tdm_last_error());
       return st;
@@ -218,6 +218,33 @@ void tdm_tensor_set_fetch_hook(tdm_tensor *param, tdm_fetch_hook_fn fn, void *ct
   param->fetch_ctx = ctx;
 }
 
+static int other_phase(const tdm_tape *tp, const tdm_tensor *t);
+
+void tdm_tensor_set_grad_range_hook(tdm_tensor *leaf, tdm_grad_range_hook_fn fn, void *ctx) {
+  leaf->range_hook = fn;
+  leaf->range_ctx = ctx;
+}
+
+tdm_status tdm__fetch_rows(tdm_tape *tp, const char *op, tdm_tensor *w, int64_t r0, int64_t r1, int backward) {
+  tdm_tensor *p = tdm__fetchable(w);
+  if (!p || r1 <= r0) return TDM_OK;
+  int64_t row = w->ndim == 2 ? w->shape[1] : 1, at = ((const char *)w->data - (const char *)p->data) / (int64_t)sizeof(float);
+  tdm_status st = p->fetch(p->fetch_ctx, p, at + r0 * row, at + r1 * row, backward);
+  if (st != TDM_OK) tdm__fail(tp, st, "%s: fetching rows %lld..%lld of parameter '%s': %s", op, (long long)r0, (long long)r1,
+                              p->name ? p->name : "?", tdm_last_error());
+  return st;
+}
+
+int tdm__first_reader(const tdm_tape *tp, const tdm_tensor *w, int node) {
+  return w->tape_epoch == tp->epoch && w->first_use >= node;
+}
+
+void tdm__grad_rows_final(tdm_tape *tp, tdm_tensor *w, int64_t r0, int64_t r1) {
+  if (!w->range_hook || r1 <= r0 || other_phase(tp, w)) return;
+  int64_t row = w->ndim == 2 ? w->shape[1] : 1;
+  w->range_hook(w->range_ctx, w, r0 * row, r1 * row);
+}
+
 static tdm_dtype grad_dtype(const tdm_tensor *t);
 
 /* Heap leaves get a heap gradient that outlives tape resets (16-bit for a 16-bit leaf). */
@@ -323,6 +350,7 @@ tdm_node *tdm__record(tdm_tape *tp, const char *op, tdm__backward_fn bw, tdm_ten
         return NULL;
       }
       t->tape_epoch = tp->epoch;
+      t->first_use = index;
       tp->leaves[tp->n_leaves++] = (tdm__leaf_use){t, index, !(t->flags & (TDM_TF_PARAM | TDM_TF_HEAP))};
     }
   }
@@ -346,7 +374,8 @@ static int has_param_input(const tdm_node *nd) {
 tdm_status tdm__backward_nodes(tdm_tape *tp, int from, int to) {
   for (int i = to - 1; i >= from && tp->status == TDM_OK; i--) {
     tdm_node *nd = tp->nodes[i];
-    if (nd->out->grad && (tp->grad_phase != 2 || has_param_input(nd)) && fetch_inputs(tp, nd->op, nd->n_in, nd->in, 1) == TDM_OK)
+    if (nd->out->grad && (tp->grad_phase != 2 || has_param_input(nd)) &&
+        (nd->self_fetch || fetch_inputs(tp, nd->op, nd->n_in, nd->in, 1) == TDM_OK))
       nd->backward(tp, nd);
   }
   return tp->status;
@@ -380,7 +409,8 @@ static tdm_status run_backward(tdm_tape *tp) {
   for (int i = tp->n_nodes - 1; i >= 0; i--) {
     if (sec >= 0) section_span(tp, &sec, i, &t_sec);
     tdm_node *nd = tp->nodes[i];
-    if (nd->out->grad && (tp->grad_phase != 2 || has_param_input(nd)) && fetch_inputs(tp, nd->op, nd->n_in, nd->in, 1) == TDM_OK)
+    if (nd->out->grad && (tp->grad_phase != 2 || has_param_input(nd)) &&
+        (nd->self_fetch || fetch_inputs(tp, nd->op, nd->n_in, nd->in, 1) == TDM_OK))
       nd->backward(tp, nd);
     if (tp->status != TDM_OK) {
       tp->in_backward = 0;

@@ -20,6 +20,7 @@ struct tdm_node {
   tdm_tensor **in;                  /* = in_small, or an arena array for concat */
   tdm_tensor *in_small[TDM_NODE_MAX_IN];
   int64_t i[8];                     /* integer arguments an op keeps for backward */
+  int self_fetch;                   /* its backward fetches its parameters itself (a block of rows at a time) */
   float f[4];
   void *saved[3];                   /* arena buffers kept for backward */
 };
@@ -99,6 +100,17 @@ int64_t tdm__attn_batches(int64_t B, int64_t groups);
 void tdm__store_probs(void *att, tdm_dtype dt, int64_t off, const float *src, int64_t n);
 const float *tdm__probs_chunk(float *buf, const void *saved, tdm_dtype dt, int64_t off, int64_t n, const float *q, const float *k,
                               int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hs, int64_t ldq, int64_t ldkv);
+/* Fetches rows [r0, r1) of w (a 2-D table, or a view of one) through its parameter's fetch hook;
+ * a failure fails the tape, naming op. */
+tdm_status tdm__fetch_rows(tdm_tape *tp, const char *op, tdm_tensor *w, int64_t r0, int64_t r1, int backward);
+/* Whether no node before `node` read leaf w on this tape (the node is the last to add to its
+ * gradient in backward). */
+int tdm__first_reader(const tdm_tape *tp, const tdm_tensor *w, int node);
+/* Rows [r0, r1) of leaf w's gradient are final: its range hook, in the pass that makes it. */
+void tdm__grad_rows_final(tdm_tape *tp, tdm_tensor *w, int64_t r0, int64_t r1);
+/* A tied output head's part of its table's gradient, rows [r0, r1) (ops_head.c), for the
+ * embedding's backward. */
+void tdm__head_dw_rows(tdm_tape *tp, tdm_node *head, float *dw, int64_t r0, int64_t r1);
 /* Runs the backward of nodes [from, to) in reverse, fetching their parameters, without the leaf
  * hooks (a recomputed block's nodes, inside the node that recorded them). */
 tdm_status tdm__backward_nodes(tdm_tape *tp, int from, int to);

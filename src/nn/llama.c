@@ -169,5 +169,5 @@ tdm_tensor *tdm_llama_forward_range(tdm_model *m, tdm_tape *tp, tdm_tensor *x, t
   if (!r->head) return h;
   h = tdm_rmsnorm(tp, h, m->norm, c->norm_eps);
   r->head_input = h;
-  return tdm_linear(tp, h, r->head_weight ? r->head_weight : m->lm_head, NULL); /* lm_head: wte's weight when tied */
+  return tdm_lm_head(tp, h, r->head_weight ? r->head_weight : m->lm_head); /* wte's weight when tied */
 }

@@ -266,7 +266,10 @@ tdm_tensor *tdm_gpt_forward_range(tdm_model *m, tdm_tape *tp, tdm_tensor *x, tdm
     if (x->ndim != 2 || (x->dtype != TDM_I32 && x->dtype != TDM_I64) || x->shape[1] > c->block_size || x->shape[1] < 1)
       return input_error(tp, "gpt", x, "(batch, T) i32/i64 token ids with 1 <= T <= block_size");
     tp->dropout_calls = 0;
-    h = tdm_add(tp, tdm_embedding(tp, m->wte.weight, x), tdm_slice(tp, m->wpe.weight, 0, 0, x->shape[1]));
+    /* the token embedding first (C leaves the order of arguments open): the table's last reader
+     * in backward, so the position embedding's gradient is final before the table's blocks are */
+    tdm_tensor *tok = tdm_embedding(tp, m->wte.weight, x);
+    h = tdm_add(tp, tok, tdm_slice(tp, m->wpe.weight, 0, 0, x->shape[1]));
     h = tdm_dropout(tp, h, c->dropout);
   } else if (x->ndim != 3 || x->dtype != tdm__act_dtype(tp) || x->shape[2] != c->n_embd || x->shape[1] > c->block_size) {
     /* a later chunk's input: what the blocks before it left, in the tape's activation dtype */
@@ -284,7 +287,7 @@ tdm_tensor *tdm_gpt_forward_range(tdm_model *m, tdm_tape *tp, tdm_tensor *x, tdm
   if (!r->head) return h;
   h = tdm_layernorm_mod_forward(tp, &m->ln_f, h);
   r->head_input = h;
-  return tdm_linear(tp, h, r->head_weight ? r->head_weight : m->wte.weight, NULL); /* lm_head tied to wte */
+  return tdm_lm_head(tp, h, r->head_weight ? r->head_weight : m->wte.weight); /* tied to wte */
 }
 
 tdm_tensor *tdm_model_forward_range(tdm_model *m, tdm_tape *tp, tdm_tensor *x, tdm_gpt_range *r) {

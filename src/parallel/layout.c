@@ -4,7 +4,14 @@
 #include <string.h>
 
 #include "core/internal.h"
+#include "tandem/autograd.h"
 #include "tandem/optim.h"
+
+/* A table read a block of rows at a time (tdm_embedding, tdm_lm_head): gathered a block at a time. */
+static int is_table(const tdm_params *p, int i) {
+  const tdm_tensor *t = tdm_params_get(p, i);
+  return tdm_tensor_ndim(t) == 2 && tdm_tensor_dim(t, 0) > TDM_HEAD_ROWS;
+}
 
 /* The module a parameter belongs to: its name up to its first all-digit component
  * ("transformer.h.3.attn.c_attn.weight" -> "transformer.h.3"), else all but its last. */
@@ -47,9 +54,16 @@ tdm_status tdm__layout_make(tdm__layout *L, const tdm_params *p, int by_module, 
   int n = tdm_params_count(p);
   int64_t total = tdm_params_numel(p);
   L->P = P;
-  L->g = tdm__calloc((size_t)(n ? n : 1), sizeof *L->g);
+  const int64_t *seg;
+  int64_t nseg;
+  TDM__TRY(tdm_params_segments(p, &seg, &nseg));
+  int cap = n;
+  for (int i = 0; by_module && i < n; i++)
+    if (is_table(p, i)) cap += (int)((tdm_tensor_dim(tdm_params_get(p, i), 0) + TDM_HEAD_ROWS - 1) / TDM_HEAD_ROWS);
+  L->g = tdm__calloc((size_t)(cap ? cap : 1), sizeof *L->g);
   L->group_of = tdm__calloc((size_t)(n ? n : 1), sizeof(int));
-  if (!L->g || !L->group_of) {
+  L->n_of = tdm__calloc((size_t)(n ? n : 1), sizeof(int));
+  if (!L->g || !L->group_of || !L->n_of) {
     tdm__layout_free(L);
     return tdm__set_error(TDM_ERR_NO_MEMORY, "layout: out of memory");
   }
@@ -57,11 +71,28 @@ tdm_status tdm__layout_make(tdm__layout *L, const tdm_params *p, int by_module, 
   if (first > bucket) first = bucket;
   int per_unit = unit_modules > 0 ? unit_modules : 1;
   for (int i = n - 1; i >= 0;) {
+    if (by_module && is_table(p, i)) { /* its blocks of rows, the last first, each a unit */
+      int64_t off = tdm_params_offset(p, i), end = i + 1 < n ? tdm_params_offset(p, i + 1) : total;
+      int64_t row = tdm_tensor_dim(tdm_params_get(p, i), 1), V = tdm_tensor_dim(tdm_params_get(p, i), 0);
+      L->n_of[i] = 0;
+      for (int64_t b = (V - 1) / TDM_HEAD_ROWS; b >= 0; b--) {
+        int64_t lo = b ? nearest_cut(seg, nseg, off + b * TDM_HEAD_ROWS * row, off, end) : off;
+        if (lo >= end) continue; /* moved onto the block above's edge */
+        tdm__group *g = &L->g[L->ng];
+        g->lo = lo, g->hi = end, g->first = i, g->n_params = 1, g->rows = 1;
+        if (!L->n_of[i]++) L->group_of[i] = L->ng; /* its first group: the last block */
+        L->ng++;
+        end = lo;
+      }
+      i--;
+      continue;
+    }
     tdm__group *g = &L->g[L->ng];
     g->hi = i + 1 < n ? tdm_params_offset(p, i + 1) : total;
     int j = i, modules = 1;
     const char *key = tdm_tensor_name(tdm_params_get(p, i));
     for (; j >= 0; j--) { /* a group holds at least one parameter */
+      if (j < i && by_module && is_table(p, j)) break;
       if (j < i && by_module) {
         const char *nm = tdm_tensor_name(tdm_params_get(p, j));
         if (!same_module(nm, key)) {
@@ -72,6 +103,7 @@ tdm_status tdm__layout_make(tdm__layout *L, const tdm_params *p, int by_module, 
         break;
       }
       L->group_of[j] = L->ng;
+      L->n_of[j] = 1;
       g->n_params++;
     }
     g->first = j + 1;
@@ -79,9 +111,7 @@ tdm_status tdm__layout_make(tdm__layout *L, const tdm_params *p, int by_module, 
     L->ng++;
     i = j;
   }
-  const int64_t *seg;
-  int64_t nseg;
-  tdm_status st = tdm_params_segments(p, &seg, &nseg);
+  tdm_status st = TDM_OK;
   for (int k = 0; st == TDM_OK && k < L->ng; k++) {
     tdm__group *g = &L->g[k];
     if (!(g->cut = tdm__malloc(sizeof(int64_t) * (size_t)(P + 1)))) {
@@ -100,6 +130,7 @@ void tdm__layout_free(tdm__layout *L) {
   for (int k = 0; L->g && k < L->ng; k++) tdm__free(L->g[k].cut);
   tdm__free(L->g);
   tdm__free(L->group_of);
+  tdm__free(L->n_of);
   memset(L, 0, sizeof *L);
 }
 

@@ -9,20 +9,25 @@
 typedef struct {
   int64_t lo, hi;      /* the group's span of the parameter buffer */
   int first, n_params; /* its parameters: first .. first + n_params - 1 */
+  int rows;            /* 1: a block of rows of one parameter (a large table), not whole parameters */
   int64_t *cut;        /* [P + 1]: rank r's piece is [cut[r], cut[r + 1]) */
 } tdm__group;
 
 typedef struct {
   tdm__group *g; /* in reverse parameter order: the order backward makes gradients final */
   int ng, P;
-  int *group_of; /* parameter index -> group */
+  int *group_of; /* parameter index -> its first group */
+  int *n_of;     /* parameter index -> its groups (group_of .. group_of + n_of - 1; more than one: rows) */
 } tdm__layout;
 
 /* by_module = 0: buckets of at most bucket_bytes (0: 25 MiB), the first at most first_bytes (0:
  * 1 MiB), as DDP's (so that communication starts early); 1: units of unit_modules modules (a module: the parameters whose names agree up to
- * their first all-digit component, such as "transformer.h.3", else up to their last one). Pieces
- * are even shares moved to the nearest gradient-norm segment boundary (tdm_params_segments), so a
- * shard is made of whole segments. */
+ * their first all-digit component, such as "transformer.h.3", else up to their last one), except
+ * that a table of more than TDM_HEAD_ROWS rows (a language model's embedding or head, which
+ * tdm_embedding and tdm_lm_head read a block of TDM_HEAD_ROWS rows at a time) is a unit of its own
+ * per block, its edges moved to the nearest segment boundary. Pieces are even shares moved to the
+ * nearest gradient-norm segment boundary (tdm_params_segments), so a shard is made of whole
+ * segments. */
 tdm_status tdm__layout_make(tdm__layout *L, const tdm_params *p, int by_module, size_t bucket_bytes, size_t first_bytes,
                             int unit_modules, int P);
 void tdm__layout_free(tdm__layout *L);

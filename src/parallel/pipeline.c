@@ -416,7 +416,15 @@ static void tied_grad(tdm_engine *e, pp_state *q, slot *s) {
   const tdm_model_config *mc = &e->model->cfg;
   int64_t N = tdm_tensor_numel(q->x[s->mb]);
   float *g = tdm_params_grad(q->work) + q->wte_lo;
-  tdm_k_linear_bwd(NULL, g, NULL, s->tied, s->tied + N * q->vt, tdm_tensor_data(q->wte), N, mc->n_embd, q->vt);
+  if (q->tg) { /* the tensor-parallel head's product, as the tensor-parallel engine's */
+    tdm_k_linear_bwd(NULL, g, NULL, s->tied, s->tied + N * q->vt, tdm_tensor_data(q->wte), N, mc->n_embd, q->vt);
+    return;
+  }
+  for (int64_t r0 = 0; r0 < q->vt; r0 += TDM_HEAD_ROWS) { /* tdm_lm_head's blocks, as one process's embedding adds them */
+    int64_t r1 = r0 + TDM_HEAD_ROWS < q->vt ? r0 + TDM_HEAD_ROWS : q->vt;
+    tdm_k_gemm(1, 0, r1 - r0, mc->n_embd, N, 1.0f, s->tied + r0, q->vt, s->tied + N * q->vt, mc->n_embd, 1.0f, g + r0 * mc->n_embd,
+               mc->n_embd);
+  }
 }
 
 static tdm_status backward(tdm_engine *e, pp_state *q, slot *s, tdm_pp_op op) {

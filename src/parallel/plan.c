@@ -314,33 +314,41 @@ static int64_t grown_array(int64_t n, int64_t elem) {
 }
 
 /* ---- stage 3: what is gathered and held as the engine runs ---------------------------------------
- * Forward touches the units in parameter order (the GPT's tied embedding once more at the end, for
- * the logits), backward in the reverse order. Parameters: the engine keeps the most recently used
- * units, at most two, making room before it gathers (src/parallel/zero.c, fetch), plus the next
- * unit arriving when it prefetches. Gradients: a unit's are written from backward's first touch of
- * it until its last (where they are reduce-scattered and given back); when the reduction runs on
- * the communication thread, the next unit's may be written before it ends. */
+ * Forward touches the units in parameter order (a large table a block of rows at a time: its units,
+ * src/parallel/layout.c); a tied embedding's table is read again at the end for the logits, and
+ * again in backward for the logits' input gradient without its own (the embedding's backward adds
+ * that, block by block); then backward touches the units in the reverse order, writing their
+ * gradients. Parameters: the engine keeps the most recently used units, at most two, making room
+ * before it gathers (src/parallel/zero.c, fetch), plus the next unit arriving when it prefetches
+ * (up the indices when the gradients are written, down otherwise). Gradients: a unit's are written
+ * from backward's first touch of it until its last (where they are reduce-scattered and given
+ * back); when the reduction runs on the communication thread, the next unit's may be written
+ * before it ends. */
 typedef struct {
   int64_t params, grads; /* elements at the peak */
 } units_peak;
 
+/* tied: the parameter index of the tied table, or -1. */
 static units_peak stage3_peaks(const tdm__layout *L, int tied, int prefetch) {
-  int ng = L->ng, n = 2 * (ng + tied);
+  int ng = L->ng, nt = tied >= 0 ? L->n_of[tied] : 0, n = 2 * ng + 2 * nt;
   int *seq = tdm__malloc(sizeof(int) * (size_t)(n ? n : 1));
+  unsigned char *wr = tdm__calloc((size_t)(n ? n : 1), 1); /* the touch writes the unit's gradients */
   uint64_t *last = tdm__calloc((size_t)(ng ? ng : 1), sizeof(uint64_t));
   unsigned char *res = tdm__calloc((size_t)(ng ? ng : 1), 1), *fly = tdm__calloc((size_t)(ng ? ng : 1), 1);
   units_peak out = {0, 0};
-  if (!seq || !last || !res || !fly) goto done;
+  if (!seq || !wr || !last || !res || !fly) goto done;
   int k = 0;
   for (int g = ng - 1; g >= 0; g--) seq[k++] = g; /* forward: parameter order is group order reversed */
-  if (tied) seq[k++] = ng - 1;
-  for (int i = k - 1; i >= 0; i--) seq[k + (k - 1 - i)] = seq[i]; /* backward */
+  for (int r = 0; r < 2; r++) /* the logits, then their input gradient: the table's blocks up its rows */
+    for (int g = nt - 1; g >= 0; g--) seq[k++] = L->group_of[tied] + g;
+  int fwd_end = k - nt; /* backward starts with the head's */
+  for (int g = 0; g < ng; g++) wr[k] = 1, seq[k++] = g;
   int64_t held = 0, gmax = 0;
   for (int g = 0; g < ng; g++) gmax = L->g[g].hi - L->g[g].lo > gmax ? L->g[g].hi - L->g[g].lo : gmax;
 #define G(x) (L->g[x].hi - L->g[x].lo)
   uint64_t clock = 0;
   for (int i = 0; i < n; i++) {
-    int u = seq[i], bwd = i >= n / 2;
+    int u = seq[i];
     last[u] = ++clock;
     if (!res[u]) {
       for (;;) { /* room first: at most one other resident */
@@ -351,25 +359,25 @@ static units_peak stage3_peaks(const tdm__layout *L, int tied, int prefetch) {
         res[lru] = 0;
       }
       res[u] = 1, fly[u] = 0;
-      int next = bwd ? u + 1 : u - 1;
+      int next = wr[i] ? u + 1 : u - 1;
       if (prefetch && next >= 0 && next < ng && !res[next]) fly[next] = 1;
     }
     int64_t sum = 0;
     for (int g = 0; g < ng; g++) sum += (res[g] || fly[g]) ? G(g) : 0;
     if (sum > out.params) out.params = sum;
-    if (i == n / 2 - 1) memset(fly, 0, (size_t)ng);
-    if (!bwd) continue;
+    if (i == fwd_end - 1) memset(fly, 0, (size_t)ng);
+    if (!wr[i]) continue;
     /* gradients: held from the unit's first touch in backward to its last */
     int first = 1, again = 0;
-    for (int j = n / 2; j < i; j++) first &= seq[j] != u;
-    for (int j = i + 1; j < n; j++) again |= seq[j] == u;
+    for (int j = fwd_end; j < i; j++) first &= !wr[j] || seq[j] != u;
+    for (int j = i + 1; j < n; j++) again |= wr[j] && seq[j] == u;
     if (first) held += G(u);
     if (held + (prefetch ? gmax : 0) > out.grads) out.grads = held + (prefetch ? gmax : 0);
     if (!again) held -= G(u);
   }
 #undef G
 done:
-  tdm__free(seq), tdm__free(last), tdm__free(res), tdm__free(fly);
+  tdm__free(seq), tdm__free(wr), tdm__free(last), tdm__free(res), tdm__free(fly);
   return out;
 }
 
@@ -574,9 +582,10 @@ tdm_status tdm_plan_compute(const tdm_plan_config *c, tdm_plan *out) {
       if (pair > G2) G2 = pair; /* being written, and (on the communication thread) the one before, reducing */
     }
     out->n_groups = L.ng;
-    if (st == TDM_OK && stage == 3)
-      u3 = stage3_peaks(&L, c->model.kind == TDM_MODEL_GPT || (c->model.kind == TDM_MODEL_LLAMA && c->model.tie_embeddings),
-                        c->engine.zero.prefetch && !inline_comm);
+    if (st == TDM_OK && stage == 3) { /* the token embedding is parameter 0 of both language models */
+      int tied = c->model.kind == TDM_MODEL_GPT || (c->model.kind == TDM_MODEL_LLAMA && c->model.tie_embeddings) ? 0 : -1;
+      u3 = stage3_peaks(&L, tied, c->engine.zero.prefetch && !inline_comm);
+    }
   }
   tdm__layout_free(&L);
   if (st == TDM_OK && c->pipeline > 1) st = plan_pipeline(c, params, out);

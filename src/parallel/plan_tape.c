@@ -220,6 +220,21 @@ static int embedding(sim *s, int table, int idx, int64_t N, int64_t C) {
   int ins[2] = {table, idx};
   return op_dy(s, N * C, s->esz, 2, ins, 0, out16(s, N * C), 0);
 }
+/* tdm_lm_head (src/autograd/ops_head.c): a block of R0 = min(V, TDM_HEAD_ROWS) rows of the table at
+ * a time. Forward: the input rounded, the f32 logits and (16-bit) a panel of the table rounded.
+ * Backward: x's f32 gradient, the input rounded for the table's gradient (untied), and (16-bit) a
+ * block of the logits' gradient as f32 and a panel of the table; tied, the embedding's backward
+ * (emb_op) takes the input rounded and a block of the logits' gradient instead. */
+static int lm_head(sim *s, int x, int w, int64_t N, int64_t V, int emb_op) {
+  int ins[2] = {x, w}, h16 = s->esz == 2;
+  int64_t C = s->t[w].n / V, R0 = V < TDM_HEAD_ROWS ? V : TDM_HEAD_ROWS, rows = TDM_LP_PANEL / C > 0 ? TDM_LP_PANEL / C : 1;
+  int64_t panel = TDM_LP_PANEL < C * R0 ? TDM_LP_PANEL : C * R0;
+  int64_t fwd = rnd(s, x) + out16(s, N * V) + (h16 ? al(4 * (rows < R0 ? rows : R0) * C) : 0);
+  int64_t bwd = gcv(s, x) + (emb_op >= 0 ? 0 : rnd(s, x)) + (h16 ? al(4 * N * R0) + (s->t[x].grad ? al(4 * panel) : 0) : 0);
+  int y = op(s, N * V, s->esz, 2, ins, 0, fwd, bwd);
+  if (emb_op >= 0 && s->t[y].grad) s->op[emb_op].bwd_trans += rnd(s, x) + (h16 ? al(4 * N * R0) : 0);
+  return y;
+}
 /* Attention keeps the probabilities (B, NH, T, T) in the activation dtype (computed in f32 scratch,
  * a chunk of batches at a time, when that is 16 bits); its backward takes a chunk's worth as
  * scratch, and an f32 chunk of 16-bit ones. Under selective recomputation a recorded one keeps
@@ -359,21 +374,23 @@ static void model(sim *s, const tdm_model_config *m, int64_t B, int64_t T, int64
     shape sh = {m, B, T};
     int64_t N = B * T, C = m->n_embd;
     int x = input(s, N, 4), y = input(s, N, 4), wte = param(s, m->vocab_size * C), wpe = param(s, m->block_size * C);
-    int h = add(s, embedding(s, wte, x, N, C), view(s, T * C, 4, wpe));
+    int tok = embedding(s, wte, x, N, C), emb = s->t[tok].grad ? s->nop - 1 : -1;
+    int h = add(s, tok, view(s, T * C, 4, wpe));
     h = dropout(s, h, m->dropout);
     for (int64_t l = 0; l < m->n_layer; l++) h = checkpointed(s, &sh, gpt_block, h, 12);
     h = layernorm(s, h, param(s, C), param(s, C), N);
-    loss = cross_entropy(s, linear(s, h, wte, -1, N, m->vocab_size), y, N);
+    loss = cross_entropy(s, lm_head(s, h, wte, N, m->vocab_size, emb), y, N);
     break;
   }
   case TDM_MODEL_LLAMA: {
     shape sh = {m, B, T};
     int64_t N = B * T, C = m->n_embd;
     int x = input(s, N, 4), y = input(s, N, 4), emb = param(s, m->vocab_size * C);
-    int h = dropout(s, embedding(s, emb, x, N, C), m->dropout);
+    int tok = embedding(s, emb, x, N, C), eop = s->t[tok].grad && m->tie_embeddings ? s->nop - 1 : -1;
+    int h = dropout(s, tok, m->dropout);
     for (int64_t l = 0; l < m->n_layer; l++) h = checkpointed(s, &sh, llama_block, h, 9);
     h = rmsnorm(s, h, param(s, C), N);
-    loss = cross_entropy(s, linear(s, h, m->tie_embeddings ? emb : param(s, m->vocab_size * C), -1, N, m->vocab_size), y, N);
+    loss = cross_entropy(s, lm_head(s, h, m->tie_embeddings ? emb : param(s, m->vocab_size * C), N, m->vocab_size, eop), y, N);
     break;
   }
   default:

@@ -57,8 +57,8 @@ typedef struct {
 static tp_state *S(const tdm_engine *e) { return e->impl; }
 
 /* ---- the whole model's parameters refuse to be run ------------------------------------------------ */
-static tdm_status refuse(void *ctx, tdm_tensor *p, int backward) {
-  (void)ctx, (void)backward;
+static tdm_status refuse(void *ctx, tdm_tensor *p, int64_t lo, int64_t hi, int backward) {
+  (void)ctx, (void)lo, (void)hi, (void)backward;
   return tdm__set_error(TDM_ERR_INVALID_USAGE,
                         "parameter '%s' is split over the tensor axis (tensor parallelism): run the model through the "
                         "engine (tdm_engine_step, tdm_engine_eval), not tdm_model_forward",

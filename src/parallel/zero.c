@@ -15,7 +15,10 @@
  *   stage 3  parameters too: each rank keeps its pieces in a compact shard; a fetch hook on every
  *            parameter gathers its unit into the (reserved) parameter buffer just before an op
  *            reads it, in forward and again in backward, prefetching the next unit on the
- *            communication thread, and gives back least recently used units beyond two.
+ *            communication thread, and gives back least recently used units beyond two. A large
+ *            table (a language model's embedding or head) is a unit per block of rows, which
+ *            tdm_embedding and tdm_lm_head read (and finish the gradient of) one at a time: a
+ *            rank never holds the whole table, nor its whole gradient.
  * Reductions sum in rank order, as data parallelism's, so every stage gives stage 0's bits.
  * With gradient accumulation the gradients of the first micro-batches stay whole (as FSDP's
  * no_sync) and only the last micro-batch's backward reduces: the bits stay the same. */
@@ -45,6 +48,7 @@ typedef struct {
   tdm_work_t gather;     /* stage 3: the gather in flight */
   int resident;          /* stage 3: gathered into the parameter buffer */
   int grads_counted;     /* its gradient span is counted as held */
+  int64_t done;          /* rows of a table: elements of its gradient final so far in this backward */
   uint64_t last_use;
   zero_state *z;
 } group;
@@ -54,7 +58,8 @@ struct zero_state {
   tdm__layout L;
   group *g;              /* [L.ng], state beside the layout's groups */
   int ng;
-  const int *group_of;   /* parameter index -> group */
+  const int *group_of;   /* parameter index -> its first group */
+  const int *n_of;       /* and how many (a table: one per block of rows) */
   int next_launch;       /* groups reduce strictly in index order on every rank */
   int sync;              /* this backward reduces */
   int inline_comm;       /* no core spare: reduce and gather on the training thread, no prefetch */
@@ -144,8 +149,22 @@ static void on_grad_ready(void *ctx, tdm_tensor *p) {
   zero_state *z = ctx;
   int i = tdm__params_index_of(z->e->params, p);
   if (i < 0) return;
-  group *g = &z->g[z->group_of[i]];
-  if (g->pending > 0) g->pending--;
+  for (int k = z->group_of[i]; k < z->group_of[i] + z->n_of[i]; k++)
+    if (z->g[k].pending > 0) z->g[k].pending--;
+  if (z->sync) launch_ready(z);
+}
+
+/* A table's gradient, final a block at a time: each of its units when all of it is. */
+static void on_grad_range(void *ctx, tdm_tensor *p, int64_t lo, int64_t hi) {
+  zero_state *z = ctx;
+  int i = tdm__params_index_of(z->e->params, p);
+  if (i < 0) return;
+  int64_t off = tdm_params_offset(z->e->params, i);
+  for (int k = z->group_of[i]; k < z->group_of[i] + z->n_of[i]; k++) {
+    group *g = &z->g[k];
+    int64_t a = g->lo > off + lo ? g->lo : off + lo, b = g->hi < off + hi ? g->hi : off + hi;
+    if (a < b && (g->done += b - a) == g->hi - g->lo) g->pending = 0;
+  }
   if (z->sync) launch_ready(z);
 }
 
@@ -180,12 +199,12 @@ static tdm_status finish_gather(group *g) {
   return TDM_OK;
 }
 
-/* Gives back least recently used units until at most `keep` besides unit u are gathered. */
-static void evict(zero_state *z, int u, int keep) {
+/* Gives back least recently used units until at most `keep` besides units [u0, u1] are gathered. */
+static void evict(zero_state *z, int u0, int u1, int keep) {
   for (;;) {
     int n = 0, lru = -1;
     for (int k = 0; k < z->ng; k++)
-      if (k != u && z->g[k].resident) {
+      if ((k < u0 || k > u1) && z->g[k].resident) {
         n++;
         if (lru < 0 || z->g[k].last_use < z->g[lru].last_use) lru = k;
       }
@@ -194,27 +213,40 @@ static void evict(zero_state *z, int u, int keep) {
   }
 }
 
-static tdm_status fetch(void *ctx, tdm_tensor *p, int backward) {
+/* Elements [lo, hi) of parameter p are about to be read: its units that hold them, gathered. */
+static tdm_status fetch(void *ctx, tdm_tensor *p, int64_t lo, int64_t hi, int backward) {
   zero_state *z = ctx;
   int i = tdm__params_index_of(z->e->params, p);
   if (i < 0) return tdm__set_error(TDM_ERR_INTERNAL, "zero: '%s' is not a parameter of this engine", tdm_tensor_name(p));
-  int u = z->group_of[i];
-  group *g = &z->g[u];
-  g->last_use = ++z->clock;
-  if (backward) count_grads(g, 1); /* its gradients are written from now on */
-  if (g->resident) return TDM_OK;
-  evict(z, u, MAX_RESIDENT - 1); /* room first: at most MAX_RESIDENT gathered (plus one arriving) */
+  int64_t off = tdm_params_offset(z->e->params, i);
+  int u0 = -1, u1 = -1; /* the units that overlap: consecutive */
+  for (int k = z->group_of[i]; k < z->group_of[i] + z->n_of[i]; k++)
+    if (z->g[k].lo < off + hi && z->g[k].hi > off + lo) u1 = k, u0 = u0 < 0 ? k : u0;
+  if (u0 < 0) return TDM_OK;
+  int all = 1;
+  for (int u = u0; u <= u1; u++) {
+    z->g[u].last_use = ++z->clock;
+    if (backward) count_grads(&z->g[u], 1); /* its gradients are written from now on */
+    all &= z->g[u].resident;
+  }
+  if (all) return TDM_OK;
+  evict(z, u0, u1, MAX_RESIDENT - 1); /* room first: at most MAX_RESIDENT gathered (plus one arriving) */
   double t0 = tdm_trace_begin();
-  if (!g->gather) TDM__TRY(start_gather(z, g)); /* not prefetched: gather now */
-  TDM__TRY(finish_gather(g));
-  if (t0 > 0) { /* the unit's parameters arriving (all of the gather, or what prefetch did not hide) */
+  for (int u = u0; u <= u1; u++) {
+    group *g = &z->g[u];
+    if (g->resident) continue;
+    if (!g->gather) TDM__TRY(start_gather(z, g)); /* not prefetched: gather now */
+    TDM__TRY(finish_gather(g));
+  }
+  if (t0 > 0) { /* the units' parameters arriving (all of the gather, or what prefetch did not hide) */
     tdm_trace_args a = TDM_TRACE_ARGS_INIT;
-    a.index = u, a.bytes = (int64_t)sizeof(float) * (g->hi - g->lo);
+    a.index = u0, a.bytes = (int64_t)sizeof(float) * (z->g[u1].hi - z->g[u0].lo);
     tdm_trace_span("idle", "wait for parameters", t0, tdm_trace_now(), &a);
   }
   /* the unit that comes next: groups are in reverse parameter order, so forward walks down the
-   * indices and backward up */
-  int next = backward ? u + 1 : u - 1;
+   * indices and backward up (a table's blocks too: the ops go up its rows in forward and down
+   * them in backward, where they write its gradient) */
+  int next = backward ? u1 + 1 : u0 - 1;
   if (z->e->cfg.zero.prefetch && !z->inline_comm && next >= 0 && next < z->ng) TDM__TRY(start_gather(z, &z->g[next]));
   return TDM_OK;
 }
@@ -285,6 +317,7 @@ static tdm_status zero_create(tdm_engine *e, const tdm_model_config *mc, uint64_
   TDM__TRY(tdm__layout_make(&z->L, e->params, stage == 3, e->cfg.zero.bucket_bytes, 0, e->cfg.zero.unit_modules, e->size));
   z->ng = z->L.ng;
   z->group_of = z->L.group_of;
+  z->n_of = z->L.n_of;
   if (!(z->g = tdm__calloc((size_t)z->ng, sizeof(group)))) return tdm__set_error(TDM_ERR_NO_MEMORY, "zero: out of memory");
   for (int k = 0; k < z->ng; k++)
     z->g[k] = (group){.lo = z->L.g[k].lo, .hi = z->L.g[k].hi, .cut = z->L.g[k].cut, .n_params = z->L.g[k].n_params, .z = z};
@@ -318,7 +351,10 @@ static tdm_status zero_create(tdm_engine *e, const tdm_model_config *mc, uint64_
     TDM__TRY(tdm_comm_broadcast(e->comm, tdm_params_data(e->params), (size_t)tdm_params_numel(e->params), TDM_F32, 0,
                                 TDM_ALGO_AUTO));
   }
-  for (int i = 0; i < n; i++) tdm_tensor_set_grad_hook(tdm_params_get(e->params, i), on_grad_ready, z);
+  for (int i = 0; i < n; i++) {
+    tdm_tensor_set_grad_hook(tdm_params_get(e->params, i), on_grad_ready, z);
+    tdm_tensor_set_grad_range_hook(tdm_params_get(e->params, i), on_grad_range, z);
+  }
   for (int k = 0; k < z->ng; k++) z->g[k].pending = z->g[k].n_params;
   snprintf(e->desc, sizeof e->desc, "zero stage %d, %d rank%s, %d %s", stage, e->size, e->size == 1 ? "" : "s", z->ng,
            stage == 3 ? (z->ng == 1 ? "unit" : "units") : (z->ng == 1 ? "bucket" : "buckets"));
@@ -338,6 +374,7 @@ static void zero_destroy(tdm_engine *e) {
   if (e->params) {
     for (int i = 0; i < tdm_params_count(e->params); i++) {
       tdm_tensor_set_grad_hook(tdm_params_get(e->params, i), NULL, NULL);
+      tdm_tensor_set_grad_range_hook(tdm_params_get(e->params, i), NULL, NULL);
       tdm_tensor_set_fetch_hook(tdm_params_get(e->params, i), NULL, NULL);
     }
   }
@@ -403,7 +440,7 @@ static tdm_status zero_end_backward(tdm_engine *e, int last, double *wait_s) {
       tdm_trace_span("idle", "wait for gradient pieces", t0, t1, &a);
     }
   }
-  for (int k = 0; k < z->ng; k++) z->g[k].pending = z->g[k].n_params;
+  for (int k = 0; k < z->ng; k++) z->g[k].pending = z->g[k].n_params, z->g[k].done = 0;
   z->hook_status = TDM_OK;
   if (last && st == TDM_OK) z->clean = 1; /* every group reduced, so given back (stages 2-3) */
   if (z->stage == 3 && st == TDM_OK) st = drop_units(z); /* forward starts from the shard again */

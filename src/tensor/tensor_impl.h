@@ -33,6 +33,8 @@ struct tdm_tensor {
   void *hook_ctx;
   tdm_fetch_hook_fn fetch; /* parameters: runs before their values are read (ZeRO stage 3) */
   void *fetch_ctx;
+  tdm_grad_range_hook_fn range_hook; /* leaves: part of the gradient is final (ZeRO stage 3) */
+  void *range_ctx;
   struct tdm_tensor *alias; /* views: the parameter whose memory this one shares, if any */
   const char *name;
 };

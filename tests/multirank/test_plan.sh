@@ -62,6 +62,9 @@ for z in 0 1 2 3; do
   check "2 ranks over shm, --zero $z: the MLP" compare 2 shm "${MLP[@]}" --zero $z
 done
 check "3 ranks over tcp, --zero 3: the GPT (units gathered, the tied embedding)" compare 3 tcp "${GPT[@]}" --zero 3
+# a vocabulary of 9,000: three blocks of the head's table (4,096 rows), each a unit of stage 3
+check "2 ranks over shm, --zero 3: the GPT with a vocabulary of 9000 (the table a block at a time)" compare 2 shm "${GPT[@]}" --zero 3 --vocab 9000
+check "one process: the GPT with a vocabulary of 9000 in bf16 (the head's blocks and panels)" compare 1 shm "${GPT[@]}" --vocab 9000 --precision bf16
 check "2 ranks over tcp, --zero 2 with accumulation (gradients whole between micro-batches)" compare 2 tcp "${MLP[@]}" --zero 2 --accum 2
 check "2 ranks over shm, --zero 0 with bf16 on the wire and small buckets" compare 2 shm "${MLP[@]}" --compress bf16 --bucket-mb 0.25
 # tensor parallelism: each rank's slices, its tape (the split model's ops, custom ones among them),

@@ -315,6 +315,39 @@ static void test_stage3_memory(void) {
             (long long)peak[0], (long long)peak[1]);
 }
 
+/* A language model's large tables (a vocabulary of 40,000: ten blocks of TDM_HEAD_ROWS rows; the
+ * GPT's tied, the Llama's embedding and untied head) are read and differentiated a block of rows
+ * at a time: on 4 ranks ZeRO stage 3 gives stage 0's bits, with accumulation too, and its ranks
+ * together hold at their peak under 0.7 of stage 0's parameter bytes and 0.6 of its gradient
+ * bytes (gathering a whole table, as before the blocks, held more than stage 0: each rank a whole
+ * table besides its shard). */
+static void test_large_tables(void) {
+  job (*makes[2])(int, int64_t, int64_t) = {gpt_job, llama_job};
+  for (int k = 0; k < 2; k++)
+    for (int64_t accum = 1; accum <= 2; accum++) {
+      int64_t peak[2][2], n;
+      float *w[2];
+      for (int s = 0; s < 2; s++) {
+        job j = makes[k](4, accum, 1);
+        j.mc.vocab_size = 40000, j.mc.n_layer = 1, j.steps = 2;
+        if (k == 0) j.mc.n_embd = 8;
+        set_stage(&j, s ? 3 : 0);
+        tdm_mem_stats m;
+        w[s] = run_job(&j, &n, &m);
+        peak[s][0] = m.peak[TDM_MEM_PARAMS], peak[s][1] = m.peak[TDM_MEM_GRADS];
+      }
+      CHECK_MSG(w[0] && w[1] && !memcmp(w[0], w[1], sizeof(float) * (size_t)n), "%s accum %lld: stage 3 differs from stage 0 (%.3g)",
+                job_name(makes[k]), (long long)accum, w[0] && w[1] ? max_rel_diff(w[1], w[0], n) : -1.0);
+      double rp = (double)peak[1][0] / (double)peak[0][0], rg = (double)peak[1][1] / (double)peak[0][1];
+      printf("  %s, accumulation %lld: stage 3 = stage 0 bit for bit; at the peak %.2fx its parameter bytes, %.2fx its gradient bytes\n",
+             job_name(makes[k]), (long long)accum, rp, rg);
+      if (accum == 1) /* with accumulation the gradients stay whole between micro-batches, as FSDP's no_sync */
+        CHECK_MSG(rp < 0.7 && rg < 0.6, "%s: stage 3 holds %.2fx stage 0's parameter bytes and %.2fx its gradient bytes at the peak",
+                  job_name(makes[k]), rp, rg);
+      free(w[0]), free(w[1]);
+    }
+}
+
 /* The process grid on 8 ranks as data 2 x tensor 2 x pipeline 2: coordinates from the rank
  * (tensor fastest, then pipeline, then data), and each axis's communicator holds exactly the ranks that differ only in that
  * coordinate, ordered by it (an all-gather of world ranks over each axis shows who is there). */
@@ -406,5 +439,5 @@ static void test_model_side_refusals(void) {
   }
 }
 
-TDM_TEST_MAIN(T(test_mlp_every_layout), T(test_cnn_every_layout), T(test_mlp_adam_every_layout), T(test_gpt_every_layout), T(test_llama_every_layout), T(test_recompute_keeps_the_bits), T(test_stage3_memory), T(test_process_grid),
+TDM_TEST_MAIN(T(test_mlp_every_layout), T(test_cnn_every_layout), T(test_mlp_adam_every_layout), T(test_gpt_every_layout), T(test_llama_every_layout), T(test_recompute_keeps_the_bits), T(test_stage3_memory), T(test_large_tables), T(test_process_grid),
               T(test_model_side_refusals))
