@@ -158,7 +158,7 @@ tdm_status tdm_dp_create(tdm_dp **out, tdm_comm_t comm, tdm_params *params, cons
   /* reverse parameter order, the last layers' gradients are ready first: the buckets ZeRO uses */
   int64_t total = tdm_params_numel(params);
   tdm__layout L;
-  tdm_status ls = tdm__layout_make(&L, params, 0, c.bucket_bytes, c.first_bucket_bytes, 0, 1);
+  tdm_status ls = tdm__layout_make(&L, params, 0, c.bucket_bytes, c.first_bucket_bytes, 0, 1, 0);
   if (ls != TDM_OK) {
     tdm_dp_destroy(dp);
     return ls;

@@ -49,7 +49,7 @@ static int64_t nearest_cut(const int64_t *seg, int64_t nseg, int64_t x, int64_t 
 }
 
 tdm_status tdm__layout_make(tdm__layout *L, const tdm_params *p, int by_module, size_t bucket_bytes, size_t first_bytes,
-                            int unit_modules, int P) {
+                            int unit_modules, int P, int table_blocks) {
   memset(L, 0, sizeof *L);
   int n = tdm_params_count(p);
   int64_t total = tdm_params_numel(p);
@@ -58,7 +58,7 @@ tdm_status tdm__layout_make(tdm__layout *L, const tdm_params *p, int by_module, 
   int64_t nseg;
   TDM__TRY(tdm_params_segments(p, &seg, &nseg));
   int cap = n;
-  for (int i = 0; by_module && i < n; i++)
+  for (int i = 0; table_blocks && i < n; i++)
     if (is_table(p, i)) cap += (int)((tdm_tensor_dim(tdm_params_get(p, i), 0) + TDM_HEAD_ROWS - 1) / TDM_HEAD_ROWS);
   L->g = tdm__calloc((size_t)(cap ? cap : 1), sizeof *L->g);
   L->group_of = tdm__calloc((size_t)(n ? n : 1), sizeof(int));
@@ -71,7 +71,7 @@ tdm_status tdm__layout_make(tdm__layout *L, const tdm_params *p, int by_module, 
   if (first > bucket) first = bucket;
   int per_unit = unit_modules > 0 ? unit_modules : 1;
   for (int i = n - 1; i >= 0;) {
-    if (by_module && is_table(p, i)) { /* its blocks of rows, the last first, each a unit */
+    if (table_blocks && is_table(p, i)) { /* its blocks of rows, the last first, each a group */
       int64_t off = tdm_params_offset(p, i), end = i + 1 < n ? tdm_params_offset(p, i + 1) : total;
       int64_t row = tdm_tensor_dim(tdm_params_get(p, i), 1), V = tdm_tensor_dim(tdm_params_get(p, i), 0);
       L->n_of[i] = 0;
@@ -92,7 +92,7 @@ tdm_status tdm__layout_make(tdm__layout *L, const tdm_params *p, int by_module, 
     int j = i, modules = 1;
     const char *key = tdm_tensor_name(tdm_params_get(p, i));
     for (; j >= 0; j--) { /* a group holds at least one parameter */
-      if (j < i && by_module && is_table(p, j)) break;
+      if (j < i && table_blocks && is_table(p, j)) break;
       if (j < i && by_module) {
         const char *nm = tdm_tensor_name(tdm_params_get(p, j));
         if (!same_module(nm, key)) {

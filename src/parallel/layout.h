@@ -22,14 +22,14 @@ typedef struct {
 
 /* by_module = 0: buckets of at most bucket_bytes (0: 25 MiB), the first at most first_bytes (0:
  * 1 MiB), as DDP's (so that communication starts early); 1: units of unit_modules modules (a module: the parameters whose names agree up to
- * their first all-digit component, such as "transformer.h.3", else up to their last one), except
- * that a table of more than TDM_HEAD_ROWS rows (a language model's embedding or head, which
- * tdm_embedding and tdm_lm_head read a block of TDM_HEAD_ROWS rows at a time) is a unit of its own
- * per block, its edges moved to the nearest segment boundary. Pieces are even shares moved to the
+ * their first all-digit component, such as "transformer.h.3", else up to their last one). With
+ * table_blocks (ZeRO) a table of more than TDM_HEAD_ROWS rows (a language model's embedding or head, which
+ * tdm_embedding and tdm_lm_head read, and finish the gradient of, a block of TDM_HEAD_ROWS rows at
+ * a time) is a group of its own per block, its edges moved to the nearest segment boundary. Pieces are even shares moved to the
  * nearest gradient-norm segment boundary (tdm_params_segments), so a shard is made of whole
  * segments. */
 tdm_status tdm__layout_make(tdm__layout *L, const tdm_params *p, int by_module, size_t bucket_bytes, size_t first_bytes,
-                            int unit_modules, int P);
+                            int unit_modules, int P, int table_blocks);
 void tdm__layout_free(tdm__layout *L);
 /* Elements rank r owns (the sum of its pieces). */
 int64_t tdm__layout_owned(const tdm__layout *L, int r);

@@ -558,7 +558,7 @@ tdm_status tdm_plan_compute(const tdm_plan_config *c, tdm_plan *out) {
   units_peak u3 = {0, 0};
   int64_t part = 0, wire = 0; /* the largest part a rank reduces; compressed buckets' bytes */
   if (st == TDM_OK && stage == 0 && P > 1) { /* data parallelism's buckets, split in blocks */
-    st = tdm__layout_make(&L, params, 0, c->engine.dp.bucket_bytes, c->engine.dp.first_bucket_bytes, 1, 1);
+    st = tdm__layout_make(&L, params, 0, c->engine.dp.bucket_bytes, c->engine.dp.first_bucket_bytes, 1, 1, 0);
     for (int k = 0; st == TDM_OK && k < L.ng; k++) {
       int64_t gk = L.g[k].hi - L.g[k].lo, blk = (gk + P - 1) / P;
       if (blk > part) part = blk;
@@ -568,7 +568,7 @@ tdm_status tdm_plan_compute(const tdm_plan_config *c, tdm_plan *out) {
     tdm__layout_free(&L);
   }
   if (st == TDM_OK && stage > 0) {
-    st = tdm__layout_make(&L, params, stage == 3, c->engine.zero.bucket_bytes, 0, c->engine.zero.unit_modules, P);
+    st = tdm__layout_make(&L, params, stage == 3, c->engine.zero.bucket_bytes, 0, c->engine.zero.unit_modules, P, 1);
     owned = 0;
     for (int r = 0; st == TDM_OK && r < P; r++) {
       int64_t o = tdm__layout_owned(&L, r);

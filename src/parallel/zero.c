@@ -314,7 +314,7 @@ static tdm_status zero_create(tdm_engine *e, const tdm_model_config *mc, uint64_
   TDM__TRY(tdm_model_create_with(&e->model, mc, seed, reserved));
   e->params = tdm_model_params(e->model);
   if (e->comm) TDM__TRY(tdm__check_same_model(e->comm, e->params));
-  TDM__TRY(tdm__layout_make(&z->L, e->params, stage == 3, e->cfg.zero.bucket_bytes, 0, e->cfg.zero.unit_modules, e->size));
+  TDM__TRY(tdm__layout_make(&z->L, e->params, stage == 3, e->cfg.zero.bucket_bytes, 0, e->cfg.zero.unit_modules, e->size, 1));
   z->ng = z->L.ng;
   z->group_of = z->L.group_of;
   z->n_of = z->L.n_of;

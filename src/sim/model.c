@@ -128,7 +128,7 @@ tdm_status tdm_sim_model_create(tdm_sim_model **out, const tdm_plan_config *pc) 
     int units = m->stage == 3;
     size_t bb = m->engine == TDM_ENGINE_ZERO ? pc->engine.zero.bucket_bytes : pc->engine.dp.bucket_bytes;
     st = tdm__layout_make(&m->L, params, units, bb, m->engine == TDM_ENGINE_ZERO ? 0 : pc->engine.dp.first_bucket_bytes,
-                          pc->engine.zero.unit_modules, 1);
+                          pc->engine.zero.unit_modules, 1, m->engine == TDM_ENGINE_ZERO);
     m->has_layout = st == TDM_OK;
     if (st == TDM_OK) {
       tdm__free(m->times);
@@ -165,7 +165,7 @@ tdm_status tdm_sim_model_custom(tdm_sim_model **out, int n, const int64_t *param
     m->numel[i] = params[i], m->fwd[i] = fwd[i], m->n_params += params[i], m->fwd_total += fwd[i];
   }
   if (st == TDM_OK) st = tdm_params_finalize_reserved(p, 0, TDM_RESERVE_DATA | TDM_RESERVE_GRAD);
-  if (st == TDM_OK) st = tdm__layout_make(&m->L, p, 0, bucket_bytes, first_bytes, 1, 1);
+  if (st == TDM_OK) st = tdm__layout_make(&m->L, p, 0, bucket_bytes, first_bytes, 1, 1, 0);
   m->has_layout = st == TDM_OK;
   if (st == TDM_OK) {
     tdm__free(m->times);

@@ -64,7 +64,7 @@ static void buckets_step(sim *s, tdm_sim_model *m) {
   m->n_times = ng;
   for (int i = m->n_t - 1; i >= 0; i--) {
     s->t += 2 * m->fwd[i] / s->rate;
-    if (ng) pending[L->group_of[i]]--;
+    for (int k = 0; ng && k < L->n_of[i]; k++) pending[L->group_of[i] + k]--; /* a table's blocks: each its own bucket */
     while (!m->no_overlap && next < ng && pending[next] == 0) {
       double n = (double)(L->g[next].hi - L->g[next].lo) * wire / m->tp, before = s->overlap ? (s->t > s->chan ? s->t : s->chan) : s->t;
       double end = issue(s, kind, n, s->t);
@@ -97,7 +97,11 @@ static void units_step(sim *s, tdm_sim_model *m) {
   int ng = L->ng;
   double uf[ng > 0 ? ng : 1];
   for (int g = 0; g < ng; g++) uf[g] = 0;
-  for (int i = 0; i < m->n_t; i++) uf[L->group_of[i]] += m->fwd[i];
+  for (int i = 0; i < m->n_t; i++) { /* a table's forward over its blocks by their sizes */
+    int k0 = L->group_of[i], k1 = k0 + L->n_of[i] - 1;
+    double all = (double)(L->g[k0].hi - L->g[k1].lo);
+    for (int k = k0; k <= k1; k++) uf[k] += k0 == k1 ? m->fwd[i] : m->fwd[i] * (double)(L->g[k].hi - L->g[k].lo) / all;
+  }
   uf[0] += m->head; /* the tied head: with the embedding's unit (the last in group order, the first in forward) */
   s->t = s->chan = 0;
   int pf = m->prefetch && s->overlap;
