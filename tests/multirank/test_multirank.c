@@ -507,6 +507,14 @@ static int region_rsag(tdm_comm_t c, int rank, int P) {
     memcpy(mine, orig, 4 * N);
     FAILIF(tdm_comm_reduce_scatter_v(c, orig + lo, rs, hi - lo, counts, TDM_F32, TDM_AVG, tdm_comm_rank_order_algo(c)) != TDM_OK,
            "reduce_scatter_v");
+    { /* in place (my piece written over my input, as ZeRO's private stage 1 does): the same bits */
+      float *ip = malloc(4 * N);
+      memcpy(ip, orig, 4 * N);
+      FAILIF(tdm_comm_reduce_scatter_v(c, ip + lo, ip + cut[rank], hi - lo, counts, TDM_F32, TDM_AVG, tdm_comm_rank_order_algo(c)) !=
+                 TDM_OK, "reduce_scatter_v in place");
+      FAILIF(memcmp(ip + cut[rank], rs, 4 * counts[rank]), "reduce_scatter_v in place differs from out of place");
+      free(ip);
+    }
     FAILIF(tdm_comm_barrier(c) != TDM_OK, "barrier");
     FAILIF(tdm_shared_reduce_scatter(reg, lo, hi, cut, 1) != TDM_OK, "uneven shared reduce-scatter");
     FAILIF(memcmp(mine + cut[rank], rs, 4 * counts[rank]), "uneven pieces: my piece differs from reduce_scatter_v's");
