@@ -96,9 +96,12 @@ static void dx_block(float *dx, const float *d, int64_t ld, const float *w, int6
 }
 
 /* i[0]: the autocast dtype; i[1]: 1 + the tape index of the tied embedding's node (0: untied);
- * i[2]: this node's index. x's gradient: the blocks in ascending order when tied (the table is
- * read without its gradient: the embedding adds that), else descending (each block's weight
- * gradient is final at once, and ZeRO's prefetch runs that way in backward). */
+ * i[2]: this node's index. The blocks in descending order when the table is the head's own and
+ * trained (each block's weight gradient is final at once, and ZeRO prefetches that way in
+ * backward), else ascending (tied: the embedding adds the table's gradient; a pipeline's last
+ * stage reads a tied table through a detached view, which must sum x's gradient as one process
+ * does). The order depends on the model alone, never on the pass (zero-bubble's split backward
+ * runs the same blocks in the same order in both of its passes). */
 static void lm_head_bw(tdm_tape *tp, tdm_node *n) {
   tdm_tensor *x = n->in[0], *w = n->in[1];
   int64_t C = w->shape[1], V = w->shape[0], N = x->numel / C;
@@ -120,8 +123,9 @@ static void lm_head_bw(tdm_tape *tp, tdm_node *n) {
   float *wp = dxf && ac != TDM_F32 ? tdm__scratch(tp, sizeof(float) * (size_t)bwd_floats(C, R0)) : NULL;
   int ok = (!dx || dxf) && (!dw || xf) && (!int16 || buf) && (!dxf || ac == TDM_F32 || wp), last = tdm__first_reader(tp, w, (int)n->i[2]);
   int64_t nb = (V + TDM_HEAD_ROWS - 1) / TDM_HEAD_ROWS;
+  int desc = !n->i[1] && tdm__requires_grad(w);
   for (int64_t k = 0; ok && k < nb; k++) {
-    int64_t b = n->i[1] ? k : nb - 1 - k, r0 = b * TDM_HEAD_ROWS, r1 = r0 + TDM_HEAD_ROWS < V ? r0 + TDM_HEAD_ROWS : V, ld;
+    int64_t b = desc ? nb - 1 - k : k, r0 = b * TDM_HEAD_ROWS, r1 = r0 + TDM_HEAD_ROWS < V ? r0 + TDM_HEAD_ROWS : V, ld;
     if (tdm__fetch_rows(tp, "lm_head", w, r0, r1, dw != NULL) != TDM_OK) break;
     const float *d = dout_block(n->out->grad, N, V, r0, r1, buf, &ld);
     if (dxf) dx_block(dxf, d, ld, w->data, N, C, r0, r1, ac, k == 0 && fresh ? 0.0f : 1.0f, wp);

@@ -109,6 +109,11 @@ static tdm_tensor *g_rope(tdm_tape *tp, tdm_tensor *const *x, void *c) {
 }
 static tdm_tensor *g_swiglu(tdm_tape *tp, tdm_tensor *const *x, void *c) { (void)c; return tdm_swiglu(tp, x[0], x[1]); }
 static tdm_tensor *g_gqa(tdm_tape *tp, tdm_tensor *const *x, void *c) { (void)c; return tdm_attention_gqa(tp, x[0], x[1], x[2], 4, 2); }
+static tdm_tensor *g_lm_head(tdm_tape *tp, tdm_tensor *const *x, void *c) { (void)c; return tdm_lm_head(tp, x[0], x[1]); }
+static tdm_tensor *g_tied(tdm_tape *tp, tdm_tensor *const *x, void *c) { /* the table's gradient from the head and the lookup */
+  (void)c;
+  return tdm_lm_head(tp, tdm_embedding(tp, x[0], x[1]), x[0]);
+}
 
 static const struct {
   const char *name;
@@ -150,6 +155,8 @@ static const struct {
     {"rmsnorm", g_rmsnorm, 2, {{2, {3, 6}, NORMAL, 0}, {1, {6}, NORMAL, 0}}, 5e-3, 2e-2},
     {"rope", g_rope, 1, {{3, {2, 3, 16}, NORMAL, 0}}, 2e-3, 1e-2},
     {"swiglu", g_swiglu, 2, {{2, {4, 5}, NORMAL, 0}, {2, {4, 5}, NORMAL, 0}}, 2e-3, 1e-2},
+    {"lm_head", g_lm_head, 2, {{3, {2, 2, 4}, NORMAL, 0}, {2, {5, 4}, NORMAL, 0}}, 2e-3, 1e-2},
+    {"lm_head_tied", g_tied, 2, {{2, {5, 4}, NORMAL, 0}, {2, {2, 3}, INDEX, 5}}, 2e-3, 1e-2},
     {"attention_gqa", g_gqa, 3, {{3, {2, 4, 16}, NORMAL, 0}, {3, {2, 4, 8}, NORMAL, 0}, {3, {2, 4, 8}, NORMAL, 0}}, 2e-3, 1e-2},
 };
 
@@ -465,6 +472,64 @@ static void test_steady_state_allocates_nothing(void) {
   steady_state(&gpt, TDM_OPT_ADAMW, 4, 32);
 }
 
+/* tdm_lm_head against tdm_linear (one product) on a table of 2 x TDM_HEAD_ROWS + 7 rows (three
+ * blocks): the logits, the input's and the table's gradients (through a cross-entropy), untied and
+ * tied to an embedding of the same table, within 1e-5 of the largest (the blocks sum the input's
+ * gradient in another order) in f32 and 2e-2 under bf16 autocast (16-bit logits and gradients
+ * rounded apart); a table of one block gives tdm_linear's bits in f32. */
+static double worst_rel(const float *a, const float *b, int64_t n) {
+  double d = 0, m = 0;
+  for (int64_t i = 0; i < n; i++) d = fmax(d, fabs((double)a[i] - b[i])), m = fmax(m, fabs((double)b[i]));
+  return m > 0 ? d / m : d;
+}
+static void test_lm_head_blocks(void) {
+  tdm_rng r;
+  tdm_rng_seed(&r, 7);
+  for (int bf = 0; bf < 2; bf++)
+    for (int tied = 0; tied < 2; tied++)
+      for (int big = 0; big < 2; big++) {
+        int64_t V = big ? 2 * TDM_HEAD_ROWS + 7 : 37, C = 6, N = 5, ws[2] = {V, C}, xs[2] = {N, C}, is[1] = {N};
+        tdm_tensor *w[2], *x[2], *idx, *y, *logits[2];
+        CHECK_OK(tdm_tensor_create(&idx, TDM_I64, 1, is));
+        CHECK_OK(tdm_tensor_create(&y, TDM_I64, 1, is));
+        for (int64_t i = 0; i < N; i++) /* a row in each block */
+          ((int64_t *)tdm_tensor_data(idx))[i] = (i * 4099 + 3) % V, ((int64_t *)tdm_tensor_data(y))[i] = (i * 3001 + 11) % V;
+        for (int k = 0; k < 2; k++) {
+          CHECK_OK(tdm_tensor_create(&w[k], TDM_F32, 2, ws));
+          CHECK_OK(tdm_tensor_create(&x[k], TDM_F32, 2, xs));
+          tdm_tensor_set_requires_grad(w[k], 1), tdm_tensor_set_requires_grad(x[k], 1);
+        }
+        for (int64_t i = 0; i < V * C; i++) ((float *)tdm_tensor_data(w[0]))[i] = ((float *)tdm_tensor_data(w[1]))[i] = tdm_rng_normal(&r);
+        for (int64_t i = 0; i < N * C; i++) ((float *)tdm_tensor_data(x[0]))[i] = ((float *)tdm_tensor_data(x[1]))[i] = tdm_rng_normal(&r);
+        tdm_tape *tp[2];
+        for (int k = 0; k < 2; k++) {
+          CHECK_OK(tdm_tape_create(&tp[k], 1 << 22));
+          if (bf) CHECK_OK(tdm_tape_set_autocast(tp[k], TDM_BF16));
+          tdm_tensor *h = tied ? tdm_embedding(tp[k], w[k], idx) : x[k];
+          logits[k] = k ? tdm_linear(tp[k], h, w[k], NULL) : tdm_lm_head(tp[k], h, w[k]);
+          CHECK_OK(tdm_backward(tp[k], tdm_cross_entropy(tp[k], logits[k], y, -100)));
+        }
+        float l[2][2 * TDM_HEAD_ROWS + 7];
+        for (int k = 0; k < 2; k++) {
+          tdm_tensor *lf = logits[k];
+          for (int64_t v = 0; v < V; v++) /* row 0's logits, as f32 */
+            l[k][v] = bf ? tdm_bf16_to_f32(((const uint16_t *)tdm_tensor_data(lf))[v]) : ((const float *)tdm_tensor_data(lf))[v];
+        }
+        double tol = bf ? 2e-2 : 1e-5;
+        const float *gw0 = tdm_tensor_data(tdm_tensor_grad(w[0])), *gw1 = tdm_tensor_data(tdm_tensor_grad(w[1]));
+        double el = worst_rel(l[0], l[1], V), ew = worst_rel(gw0, gw1, V * C);
+        double ex = tied ? 0 : worst_rel(tdm_tensor_data(tdm_tensor_grad(x[0])), tdm_tensor_data(tdm_tensor_grad(x[1])), N * C);
+        printf("  %s, %s, %lld rows: logits %.2g, table's gradient %.2g, input's %.2g (relative to the largest)\n", bf ? "bf16" : "f32",
+               tied ? "tied" : "untied", (long long)V, el, ew, ex);
+        CHECK_MSG(el <= tol && ew <= tol && ex <= tol, "%s %s V %lld: logits %.3g, table %.3g, input %.3g from tdm_linear's", bf ? "bf16" : "f32",
+                  tied ? "tied" : "untied", (long long)V, el, ew, ex);
+        if (!big && !bf)
+          CHECK_MSG(el == 0 && ew == 0 && ex == 0, "one block: not tdm_linear's bits (%.3g %.3g %.3g)", el, ew, ex);
+        for (int k = 0; k < 2; k++) tdm_tape_destroy(tp[k]), tdm_tensor_destroy(w[k]), tdm_tensor_destroy(x[k]);
+        tdm_tensor_destroy(idx), tdm_tensor_destroy(y);
+      }
+}
+
 TDM_TEST_MAIN(T(test_gradcheck_every_op), T(test_gradcheck_catches_errors), T(test_hooks_fire_when_final),
               T(test_no_grad_and_detach), T(test_errors_are_sticky_and_named), T(test_custom_op_gradcheck),
-              T(test_custom_op_identity_and_errors), T(test_steady_state_allocates_nothing))
+              T(test_custom_op_identity_and_errors), T(test_steady_state_allocates_nothing), T(test_lm_head_blocks))

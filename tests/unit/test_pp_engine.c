@@ -242,6 +242,22 @@ static void test_mixed_precision(void) {
   check_equal(g, "gpt, bf16, D 2");
 }
 
+/* A vocabulary of 9,000 (three blocks of the head's table, tdm_lm_head): chunk 0 adds the tied
+ * head's weight gradient block by block from the last chunk's message, as one process's embedding
+ * adds it, and the last chunk sums the head's input gradient over the blocks in one process's
+ * order, tied (through a detached view) or untied (its own table), split backward or not: one
+ * process's bits (GPT 1f1b and zb1p, a tied Llama 1f1b, an untied one zb1p). */
+static void test_large_vocab(void) {
+  job js[4] = {gpt_job(1, 2, 3, TDM_PP_1F1B, 1), gpt_job(1, 3, 3, TDM_PP_ZB1P, 1), llama_job(1, 2, 3, TDM_PP_1F1B, 1, 1),
+               llama_job(1, 2, 3, TDM_PP_ZB1P, 1, 0)};
+  const char *what[4] = {"gpt, vocabulary 9000", "gpt, vocabulary 9000", "llama (tied), vocabulary 9000",
+                         "llama (untied), vocabulary 9000"};
+  for (int k = 0; k < 4; k++) {
+    js[k].mc.vocab_size = 9000, js[k].steps = 2;
+    check_equal(js[k], what[k]);
+  }
+}
+
 static void test_interleaved(void) {
   for (int P = 2; P <= 4; P++)
     for (int M = P; M <= 2 * P; M += P) check_equal(gpt_job(1, P, M, TDM_PP_INTERLEAVED, 2), "interleaved");
@@ -338,4 +354,4 @@ static void test_llama_bad_layouts(void) {
 }
 
 TDM_TEST_MAIN(T(test_every_schedule), T(test_recompute), T(test_mixed_precision), T(test_interleaved), T(test_data_axis), T(test_split_by_hand), T(test_dead_stage),
-              T(test_bad_layouts), T(test_llama), T(test_llama_bad_layouts))
+              T(test_bad_layouts), T(test_llama), T(test_llama_bad_layouts), T(test_large_vocab))
