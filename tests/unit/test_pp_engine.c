@@ -248,12 +248,12 @@ static void test_mixed_precision(void) {
  * order, tied (through a detached view) or untied (its own table), split backward or not: one
  * process's bits (GPT 1f1b and zb1p, a tied Llama 1f1b, an untied one zb1p). */
 static void test_large_vocab(void) {
-  job js[4] = {gpt_job(1, 2, 3, TDM_PP_1F1B, 1), gpt_job(1, 3, 3, TDM_PP_ZB1P, 1), llama_job(1, 2, 3, TDM_PP_1F1B, 1, 1),
+  job js[4] = {gpt_job(1, 2, 3, TDM_PP_1F1B, 1), gpt_job(1, 2, 3, TDM_PP_ZB1P, 1), llama_job(1, 2, 3, TDM_PP_1F1B, 1, 1),
                llama_job(1, 2, 3, TDM_PP_ZB1P, 1, 0)};
   const char *what[4] = {"gpt, vocabulary 9000", "gpt, vocabulary 9000", "llama (tied), vocabulary 9000",
                          "llama (untied), vocabulary 9000"};
   for (int k = 0; k < 4; k++) {
-    js[k].mc.vocab_size = 9000, js[k].steps = 2;
+    js[k].mc.vocab_size = 9000, js[k].steps = 2, js[k].mc.n_layer = 2;
     check_equal(js[k], what[k]);
   }
 }
