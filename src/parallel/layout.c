@@ -134,6 +134,22 @@ void tdm__layout_free(tdm__layout *L) {
   memset(L, 0, sizeof *L);
 }
 
+int64_t tdm__layout_in_flight(const tdm__layout *L, int inline_comm) {
+  int64_t most = 0;
+  for (int k = 0; k < L->ng; k++) {
+    int64_t pair = L->g[k].hi - L->g[k].lo + (k + 1 < L->ng && !inline_comm ? L->g[k + 1].hi - L->g[k + 1].lo : 0);
+    if (pair > most) most = pair;
+  }
+  return most;
+}
+
+int tdm__layout_whole_in_flight(const tdm__layout *L, int inline_comm) {
+  int64_t owned = 0, whole = 0;
+  for (int r = 0; r < L->P; r++) owned = tdm__layout_owned(L, r) > owned ? tdm__layout_owned(L, r) : owned;
+  for (int k = 0; k < L->ng; k++) whole += L->g[k].hi - L->g[k].lo;
+  return whole <= owned + tdm__layout_in_flight(L, inline_comm);
+}
+
 int64_t tdm__layout_owned(const tdm__layout *L, int r) {
   int64_t n = 0;
   for (int k = 0; k < L->ng; k++) n += L->g[k].cut[r + 1] - L->g[k].cut[r];

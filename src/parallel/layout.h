@@ -33,5 +33,12 @@ tdm_status tdm__layout_make(tdm__layout *L, const tdm_params *p, int by_module, 
 void tdm__layout_free(tdm__layout *L);
 /* Elements rank r owns (the sum of its pieces). */
 int64_t tdm__layout_owned(const tdm__layout *L, int r);
+/* Stage 2's gradients at their peak, besides the shard: the bucket being written and, when the
+ * reductions run on the communication thread (!inline_comm), the one before it, reducing. */
+int64_t tdm__layout_in_flight(const tdm__layout *L, int inline_comm);
+/* Whether the whole gradient buffer is no larger than what stage 2 holds at its peak (the largest
+ * rank's shard and the buckets in flight): then giving a bucket's pages back lowers nothing, and
+ * stage 2 reduces in place in a shared buffer as stage 1 does (a model of a bucket or two). */
+int tdm__layout_whole_in_flight(const tdm__layout *L, int inline_comm);
 
 #endif

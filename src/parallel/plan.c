@@ -555,6 +555,7 @@ tdm_status tdm_plan_compute(const tdm_plan_config *c, tdm_plan *out) {
   int inline_comm = 0;
   tdm_status st = tdm__inline_comm(P, &inline_comm);
   int64_t accum = c->engine.accum > 1 ? c->engine.accum : 1, G2 = 0; /* stage 2: the most written at once */
+  int in_place = 0; /* stage 2 run as stage 1 */
   units_peak u3 = {0, 0};
   int64_t part = 0, wire = 0; /* the largest part a rank reduces; compressed buckets' bytes */
   if (st == TDM_OK && stage == 0 && P > 1) { /* data parallelism's buckets, split in blocks */
@@ -582,6 +583,14 @@ tdm_status tdm_plan_compute(const tdm_plan_config *c, tdm_plan *out) {
       if (pair > G2) G2 = pair; /* being written, and (on the communication thread) the one before, reducing */
     }
     out->n_groups = L.ng;
+    /* stage 2 on ranks that share memory, when the whole gradient is no larger than what stage 2
+     * holds at its peak: the engine reduces in place in a shared buffer, as at stage 1 (zero.c) */
+    int zero_copy = -1;
+    const char *emu = getenv("TANDEM_NET_EMULATE");
+    if (st == TDM_OK) st = tdm__env_switch("TANDEM_DP_ZERO_COPY", &zero_copy);
+    if (st == TDM_OK && stage == 2 && P > 1 && (c->transport == TDM_TRANSPORT_SHM || c->transport == TDM_TRANSPORT_THREAD) &&
+        zero_copy != 0 && !(emu && *emu) && tdm__layout_whole_in_flight(&L, inline_comm))
+      in_place = 1;
     if (st == TDM_OK && stage == 3) { /* the token embedding is parameter 0 of both language models */
       int tied = c->model.kind == TDM_MODEL_GPT || (c->model.kind == TDM_MODEL_LLAMA && c->model.tie_embeddings) ? 0 : -1;
       u3 = stage3_peaks(&L, tied, c->engine.zero.prefetch && !inline_comm);
@@ -613,7 +622,7 @@ tdm_status tdm_plan_compute(const tdm_plan_config *c, tdm_plan *out) {
   b[TDM_MEM_PARAMS] = 4 * (stage < 3 ? held : owned + u3.params);
   /* gradients: whole at stages 0-1; at 2-3 the shard and what backward has written and not yet
    * reduced, or everything while micro-batches accumulate */
-  b[TDM_MEM_GRADS] = 4 * (stage < 2 ? held : owned + (accum > 1 ? n : stage == 2 ? G2 : u3.grads));
+  b[TDM_MEM_GRADS] = 4 * (stage < 2 || in_place ? held : owned + (accum > 1 ? n : stage == 2 ? G2 : u3.grads));
   int adam = c->optim.kind != TDM_OPT_SGD;
   /* tensor parallelism with ZeRO stage 1: the largest data rank's part of the slices (cut on rows) */
   int64_t o1 = tp && c->engine.tp.zero_stage == 1 && P > 1 ? (owned + P - 1) / P : owned;

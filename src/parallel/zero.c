@@ -63,6 +63,7 @@ struct zero_state {
   int next_launch;       /* groups reduce strictly in index order on every rank */
   int sync;              /* this backward reduces */
   int inline_comm;       /* no core spare: reduce and gather on the training thread, no prefetch */
+  int in_place;          /* stage 2 run as stage 1: the whole gradient fits what stage 2 holds at its peak */
   tdm_status hook_status;
   uint64_t clock;
   int in_backward;
@@ -310,11 +311,24 @@ static tdm_status zero_create(tdm_engine *e, const tdm_model_config *mc, uint64_
   z->stage = stage;
   z->sync = 1;
   TDM__TRY(tdm__inline_comm(e->size, &z->inline_comm));
-  int reserved = stage == 3 ? TDM_RESERVE_DATA | TDM_RESERVE_GRAD : stage == 2 ? TDM_RESERVE_GRAD : 0;
+  int zero_copy;
+  TDM__TRY(tdm__env_switch("TANDEM_DP_ZERO_COPY", &zero_copy));
+  int shareable = e->comm && e->size > 1 && zero_copy != 0 && tdm__shared_usable(e->comm);
+  if (stage == 2 && shareable) { /* a model of a bucket or two: stage 1's way (the layout from its shapes alone) */
+    tdm_model *shape;
+    TDM__TRY(tdm_model_create_with(&shape, mc, seed, TDM_RESERVE_DATA | TDM_RESERVE_GRAD));
+    tdm_status ls = tdm__layout_make(&z->L, tdm_model_params(shape), 0, e->cfg.zero.bucket_bytes, 0, 1, e->size, 1);
+    if (ls == TDM_OK && tdm__layout_whole_in_flight(&z->L, z->inline_comm)) z->stage = 1, z->in_place = 1;
+    tdm__layout_free(&z->L);
+    tdm_model_destroy(shape);
+    TDM__TRY(ls);
+  }
+  int reserved = stage == 3 ? TDM_RESERVE_DATA | TDM_RESERVE_GRAD : z->stage == 2 ? TDM_RESERVE_GRAD : 0;
   TDM__TRY(tdm_model_create_with(&e->model, mc, seed, reserved));
   e->params = tdm_model_params(e->model);
   if (e->comm) TDM__TRY(tdm__check_same_model(e->comm, e->params));
   TDM__TRY(tdm__layout_make(&z->L, e->params, stage == 3, e->cfg.zero.bucket_bytes, 0, e->cfg.zero.unit_modules, e->size, 1));
+  stage = z->stage;
   z->ng = z->L.ng;
   z->group_of = z->L.group_of;
   z->n_of = z->L.n_of;
@@ -324,11 +338,10 @@ static tdm_status zero_create(tdm_engine *e, const tdm_model_config *mc, uint64_
   /* stage 1 on ranks that share memory (one node over shm, or threads): the gradients live in a
    * shared buffer, so a bucket's reduce-scatter reads the peers' areas with no copy in or out, as
    * data parallelism's average does (TANDEM_DP_ZERO_COPY=0 turns it off, as there). Stages 2-3
-   * give gradient pages back after each bucket, which shared memory cannot do cheaply: they keep
-   * the copying reduce-scatter. */
-  int zero_copy;
-  TDM__TRY(tdm__env_switch("TANDEM_DP_ZERO_COPY", &zero_copy));
-  if (stage == 1 && e->comm && e->size > 1 && zero_copy != 0 && tdm__shared_usable(e->comm)) {
+   * give gradient pages back after each bucket, which shared memory cannot do cheaply (no huge
+   * pages, 4 KiB faults at 12-22 us on the development VM): they keep the copying reduce-scatter,
+   * unless the whole gradient is no more than stage 2 holds at its peak anyway (in_place). */
+  if (stage == 1 && shareable) {
     tdm_status ss = tdm_shared_create(e->comm, (size_t)tdm_params_numel(e->params), &z->shared);
     if (ss == TDM_OK) ss = tdm_params_set_grad_buffer(e->params, tdm_shared_mine(z->shared));
     if (ss != TDM_OK) { /* the same outcome on every rank: the copying reduce-scatter */
@@ -356,8 +369,9 @@ static tdm_status zero_create(tdm_engine *e, const tdm_model_config *mc, uint64_
     tdm_tensor_set_grad_range_hook(tdm_params_get(e->params, i), on_grad_range, z);
   }
   for (int k = 0; k < z->ng; k++) z->g[k].pending = z->g[k].n_params;
-  snprintf(e->desc, sizeof e->desc, "zero stage %d, %d rank%s, %d %s", stage, e->size, e->size == 1 ? "" : "s", z->ng,
-           stage == 3 ? (z->ng == 1 ? "unit" : "units") : (z->ng == 1 ? "bucket" : "buckets"));
+  snprintf(e->desc, sizeof e->desc, "zero stage %d, %d rank%s, %d %s%s", e->cfg.zero.stage, e->size, e->size == 1 ? "" : "s", z->ng,
+           stage == 3 ? (z->ng == 1 ? "unit" : "units") : (z->ng == 1 ? "bucket" : "buckets"),
+           z->in_place && z->shared ? " (reduced in place: the gradients fit the buckets in flight)" : "");
   return TDM_OK;
 }
 

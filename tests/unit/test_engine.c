@@ -356,6 +356,34 @@ static void test_large_tables(void) {
     }
 }
 
+/* Stage 2 of a model whose whole gradient is no larger than stage 2 holds at its peak (the shard
+ * and the buckets in flight; here one 25 MiB bucket holds the MLP's 2 MB) reduces in place in a
+ * shared buffer as stage 1 does: stage 0's bits, stage 1's gradient bytes at the peak; with the
+ * shared buffer turned off (TANDEM_DP_ZERO_COPY=0) the private path holds more (the shard besides
+ * the bucket) and keeps the bits. */
+static void test_stage2_in_place(void) {
+  int64_t n, peak[4];
+  float *w[4];
+  for (int s = 0; s < 4; s++) {
+    job j = mlp_job(2, 1, 6);
+    j.ec.zero.bucket_bytes = 0; /* 25 MiB */
+    set_stage(&j, s == 3 ? 2 : s);
+    if (s == 3) setenv("TANDEM_DP_ZERO_COPY", "0", 1);
+    tdm_mem_stats m;
+    w[s] = run_job(&j, &n, &m);
+    peak[s] = m.peak[TDM_MEM_GRADS];
+    unsetenv("TANDEM_DP_ZERO_COPY");
+  }
+  for (int s = 1; s < 4; s++)
+    CHECK_MSG(w[0] && w[s] && !memcmp(w[0], w[s], sizeof(float) * (size_t)n), "%s: not stage 0's bits",
+              s == 3 ? "stage 2, private" : s == 2 ? "stage 2, in place" : "stage 1");
+  printf("  gradient bytes at the peak (2 ranks): stage 1 %lld, stage 2 in place %lld, stage 2 private %lld\n", (long long)peak[1],
+         (long long)peak[2], (long long)peak[3]);
+  CHECK_MSG(peak[2] == peak[1] && peak[3] > peak[1], "gradient bytes at the peak: stage 1 %lld, stage 2 in place %lld, private %lld",
+            (long long)peak[1], (long long)peak[2], (long long)peak[3]);
+  for (int s = 0; s < 4; s++) free(w[s]);
+}
+
 /* The process grid on 8 ranks as data 2 x tensor 2 x pipeline 2: coordinates from the rank
  * (tensor fastest, then pipeline, then data), and each axis's communicator holds exactly the ranks that differ only in that
  * coordinate, ordered by it (an all-gather of world ranks over each axis shows who is there). */
@@ -447,5 +475,5 @@ static void test_model_side_refusals(void) {
   }
 }
 
-TDM_TEST_MAIN(T(test_mlp_every_layout), T(test_cnn_every_layout), T(test_mlp_adam_every_layout), T(test_gpt_every_layout), T(test_llama_every_layout), T(test_recompute_keeps_the_bits), T(test_stage3_memory), T(test_large_tables), T(test_process_grid),
+TDM_TEST_MAIN(T(test_mlp_every_layout), T(test_cnn_every_layout), T(test_mlp_adam_every_layout), T(test_gpt_every_layout), T(test_llama_every_layout), T(test_recompute_keeps_the_bits), T(test_stage3_memory), T(test_large_tables), T(test_stage2_in_place), T(test_process_grid),
               T(test_model_side_refusals))
