@@ -72,14 +72,20 @@ static void *rank_main(void *va) {
   }
   if (st == TDM_OK) st = tdm_grid_create(&grid, comm, 0, 1, 1);
   if (st == TDM_OK) st = tdm_engine_create(&e, &j->mc, 42, &j->oc, grid, &j->ec);
-  if (st == TDM_OK) tdm_mem_peak_reset();
+  /* the peaks of the steps alone: every rank's engine made before one resets them (the counts are
+   * the process's, and a rank still making its engine would add its transients) */
+  if (st == TDM_OK && comm) st = tdm_comm_barrier(comm);
+  if (st == TDM_OK && a->r == 0) tdm_mem_peak_reset();
+  if (st == TDM_OK && comm) st = tdm_comm_barrier(comm);
   for (int t = 0; st == TDM_OK && t < j->steps; t++) {
     batch_ctx bc = {j, a->r, t};
     tdm_step_stats ss;
     st = tdm_engine_step(e, next_batch, &bc, tdm_hash64(42, (uint64_t)t), j->oc.lr, &ss);
     a->loss = ss.loss;
   }
+  if (st == TDM_OK && comm) st = tdm_comm_barrier(comm); /* and before any rank takes its engine apart */
   if (st == TDM_OK) tdm_mem_stats_get(&a->mem);
+  if (st == TDM_OK && comm) st = tdm_comm_barrier(comm);
   if (st == TDM_OK) {
     a->numel = tdm_params_numel(tdm_model_params(tdm_engine_model(e)));
     float *buf = malloc(sizeof(float) * (size_t)a->numel);
