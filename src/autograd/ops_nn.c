@@ -307,13 +307,7 @@ tdm_tensor *tdm_embedding(tdm_tape *tp, tdm_tensor *table, tdm_tensor *idx) {
   if (!y) return NULL;
   tdm__arena_pos pos = tdm__arena_mark(tp->arena);
   float *yf = tdm__f32_out(tp, y);
-  if (yf && V <= TDM_HEAD_ROWS) { /* one block */
-    if (tdm__fetch_rows(tp, "embedding", table, 0, V, tp->in_backward) == TDM_OK)
-      tdm_k_embedding_fwd(yf, table->data, idx->data, i64, idx->numel, C);
-    else
-      yf = NULL;
-  }
-  for (int64_t r0 = 0; yf && V > TDM_HEAD_ROWS && r0 < V; r0 += TDM_HEAD_ROWS) {
+  for (int64_t r0 = 0; yf && r0 < V; r0 += TDM_HEAD_ROWS) {
     int64_t r1 = r0 + TDM_HEAD_ROWS < V ? r0 + TDM_HEAD_ROWS : V;
     if (tdm__fetch_rows(tp, "embedding", table, r0, r1, tp->in_backward) != TDM_OK) {
       yf = NULL;

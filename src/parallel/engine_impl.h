@@ -118,9 +118,9 @@ tdm_status tdm__engine_sumsq_sharded(tdm_engine *e, int n_spans, const tdm_optim
 /* ZeRO stage 1 beside tensor parallelism (zero1_boxes.c). Boxes b[0..n) are contiguous in state
  * order from b->state_at (whole: the whole model's store, for the parameters' ranks). align: the
  * row boundary of a box nearest to state position pos (pos itself outside every box). window:
- * writes the parts of the boxes inside [lo, hi) (ends aligned) to out (NULL: counts), state_at
- * rebased to lo; returns how many. */
+ * keeps, in place, the parts of the boxes inside [lo, hi) (ends aligned), state_at rebased to lo;
+ * returns how many are left. */
 int64_t tdm__boxes_align(const tdm_params *whole, const tdm_engine_piece *b, int n, int64_t pos);
-int tdm__boxes_window(const tdm_params *whole, const tdm_engine_piece *in, int n, int64_t lo, int64_t hi, tdm_engine_piece *out);
+int tdm__boxes_window(const tdm_params *whole, tdm_engine_piece *b, int n, int64_t lo, int64_t hi);
 
 #endif

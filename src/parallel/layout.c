@@ -79,7 +79,7 @@ tdm_status tdm__layout_make(tdm__layout *L, const tdm_params *p, int by_module, 
         int64_t lo = b ? nearest_cut(seg, nseg, off + b * TDM_HEAD_ROWS * row, off, end) : off;
         if (lo >= end) continue; /* moved onto the block above's edge */
         tdm__group *g = &L->g[L->ng];
-        g->lo = lo, g->hi = end, g->first = i, g->n_params = 1, g->rows = 1;
+        g->lo = lo, g->hi = end, g->first = i, g->n_params = 1;
         if (!L->n_of[i]++) L->group_of[i] = L->ng; /* its first group: the last block */
         L->ng++;
         end = lo;

@@ -9,7 +9,6 @@
 typedef struct {
   int64_t lo, hi;      /* the group's span of the parameter buffer */
   int first, n_params; /* its parameters: first .. first + n_params - 1 */
-  int rows;            /* 1: a block of rows of one parameter (a large table), not whole parameters */
   int64_t *cut;        /* [P + 1]: rank r's piece is [cut[r], cut[r + 1]) */
 } tdm__group;
 

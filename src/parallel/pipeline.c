@@ -1031,14 +1031,7 @@ static tdm_status make_zero1(tdm_engine *e, pp_state *q, int64_t owned) {
     return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
   for (int r = 0; r <= D; r++) q->zcut[r] = q->tg ? tdm__boxes_align(e->params, q->boxes, q->n_boxes, owned * r / D) : owned * r / D;
   int64_t lo = q->zcut[d], hi = q->zcut[d + 1], pos = 0;
-  if (q->tg) {
-    int m = tdm__boxes_window(e->params, q->boxes, q->n_boxes, lo, hi, NULL);
-    tdm_engine_piece *part = tdm__malloc(sizeof *part * (size_t)(m ? m : 1));
-    if (!part) return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline: out of memory");
-    tdm__boxes_window(e->params, q->boxes, q->n_boxes, lo, hi, part);
-    tdm__free(q->boxes);
-    q->boxes = part, q->n_boxes = m;
-  }
+  if (q->tg) q->n_boxes = tdm__boxes_window(e->params, q->boxes, q->n_boxes, lo, hi);
   e->n_spans = 0;
   for (int k = 0; k < q->n_full; pos += q->full[k].hi - q->full[k].lo, k++) {
     int64_t a = lo > pos ? lo : pos, b = hi < pos + q->full[k].hi - q->full[k].lo ? hi : pos + q->full[k].hi - q->full[k].lo;

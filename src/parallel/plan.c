@@ -577,11 +577,9 @@ tdm_status tdm_plan_compute(const tdm_plan_config *c, tdm_plan *out) {
     }
     for (int k = 0; st == TDM_OK && k < L.ng; k++)
       for (int r = 0; r < P; r++) part = L.g[k].cut[r + 1] - L.g[k].cut[r] > part ? L.g[k].cut[r + 1] - L.g[k].cut[r] : part;
-    for (int k = 0; st == TDM_OK && k < L.ng; k++) {
-      int64_t gk = L.g[k].hi - L.g[k].lo, pair = gk + (k + 1 < L.ng && !inline_comm ? L.g[k + 1].hi - L.g[k + 1].lo : 0);
-      if (gk > out->max_group) out->max_group = gk;
-      if (pair > G2) G2 = pair; /* being written, and (on the communication thread) the one before, reducing */
-    }
+    for (int k = 0; st == TDM_OK && k < L.ng; k++)
+      if (L.g[k].hi - L.g[k].lo > out->max_group) out->max_group = L.g[k].hi - L.g[k].lo;
+    if (st == TDM_OK) G2 = tdm__layout_in_flight(&L, inline_comm);
     out->n_groups = L.ng;
     /* stage 2 on ranks that share memory, when the whole gradient is no larger than what stage 2
      * holds at its peak: the engine reduces in place in a shared buffer, as at stage 1 (zero.c) */

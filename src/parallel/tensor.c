@@ -216,12 +216,7 @@ static tdm_status make_boxes(tdm_engine *e, tp_state *z) {
     return tdm__set_error(TDM_ERR_NO_MEMORY, "tensor parallelism: out of memory");
   for (int r = 0; r <= e->size; r++) z->zcut[r] = tdm__boxes_align(e->params, z->boxes, z->n_boxes, n * r / e->size);
   int64_t lo = z->zcut[e->rank], hi = z->zcut[e->rank + 1];
-  int m = tdm__boxes_window(e->params, z->boxes, z->n_boxes, lo, hi, NULL);
-  tdm_engine_piece *part = tdm__malloc(sizeof *part * (size_t)(m ? m : 1));
-  if (!part) return tdm__set_error(TDM_ERR_NO_MEMORY, "tensor parallelism: out of memory");
-  tdm__boxes_window(e->params, z->boxes, z->n_boxes, lo, hi, part);
-  tdm__free(z->boxes);
-  z->boxes = part, z->n_boxes = m;
+  z->n_boxes = tdm__boxes_window(e->params, z->boxes, z->n_boxes, lo, hi);
   e->spans[0] = (tdm_optim_span){lo, hi}, e->n_spans = hi > lo;
   return TDM_OK;
 }

@@ -35,23 +35,20 @@ int64_t tdm__boxes_align(const tdm_params *whole, const tdm_engine_piece *b, int
   return pos;
 }
 
-int tdm__boxes_window(const tdm_params *whole, const tdm_engine_piece *in, int n, int64_t lo, int64_t hi, tdm_engine_piece *out) {
+int tdm__boxes_window(const tdm_params *whole, tdm_engine_piece *b, int n, int64_t lo, int64_t hi) {
   int m = 0;
-  for (int k = 0; k < n; k++) {
+  for (int k = 0; k < n; k++) { /* each box gives at most one part: b[m] is written after b[k >= m] is read */
     int64_t unit, numel;
-    int q = row_dim(whole, &in[k], &unit, &numel);
-    int64_t a = lo - in[k].state_at, z = hi - in[k].state_at; /* the window in the box's elements */
+    int q = row_dim(whole, &b[k], &unit, &numel);
+    int64_t a = lo - b[k].state_at, z = hi - b[k].state_at; /* the window in the box's elements */
     if (a < 0) a = 0;
     if (z > numel) z = numel;
     if (a >= z) continue;
-    if (out) {
-      tdm_engine_piece *b = &out[m];
-      *b = in[k];
-      b->data += a;
-      b->state_at += a - lo;
-      if (numel > 1) b->start[q] += a / unit, b->count[q] = (z - a) / unit; /* a and z are rows apart (aligned) */
-    }
-    m++;
+    tdm_engine_piece *p = &b[m++];
+    *p = b[k];
+    p->data += a;
+    p->state_at += a - lo;
+    if (numel > 1) p->start[q] += a / unit, p->count[q] = (z - a) / unit; /* a and z are rows apart (aligned) */
   }
   return m;
 }
