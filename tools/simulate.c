@@ -174,22 +174,25 @@ static int calibrate(const tdm_train_config *tc, const char *out_path, const cha
   link.pairwise = emu && *emu ? 1 : 0;
   k.intra = k.inter = link; /* one machine: every link is the one measured */
   k.cpu_cores = cal.cpu_cores;
-  printf("link: %s%s%s: alpha %.3g us, beta %.4g ns/B (%.3g GB/s), gamma %.4g ns/B, ping-pong %.3g us\n", transport,
-         emu && *emu ? " emulated " : "", emu && *emu ? emu : "", link.alpha * 1e6, link.beta * 1e9,
-         link.beta > 0 ? 1e-9 / link.beta : 0, link.gamma * 1e9, cal.pingpong * 1e6);
+  printf("link: %s%s%s: alpha %.3g us, beta %.4g ns/B (%.3g GB/s), gamma %.4g ns/B, ping-pong %.3g us (a receiver's wake-up %.3g us)\n",
+         transport, emu && *emu ? " emulated " : "", emu && *emu ? emu : "", link.alpha * 1e6, link.beta * 1e9,
+         link.beta > 0 ? 1e-9 / link.beta : 0, link.gamma * 1e9, cal.pingpong * 1e6, link.wake * 1e6);
   printf("cpu: %.3g us + %.4g ns/B a message, %.3g cores for the ranks; the ring exchange predicted within %.1f%% (mean), "
          "%.1f%% (max); alone the plain fit: alpha %.3g us, beta %.4g ns/B\n",
          link.cpu_alpha * 1e6, link.cpu_beta * 1e9, cal.cpu_cores, 100 * cal.check_mean, 100 * cal.check_max, cal.ring_alpha * 1e6,
          cal.ring_beta * 1e9);
+  if (link.fan_alpha > 0 || link.fan_beta > 0)
+    printf("cpu: %.3g us + %.4g ns/B a message when a rank sends to every other rank at once\n", link.fan_alpha * 1e6,
+           link.fan_beta * 1e9);
   char extra[4096];
   size_t at = (size_t)snprintf(extra, sizeof extra,
                                "\"measured\": {\"transport\": \"%s\", \"emulate\": \"%s\", \"pingpong\": %.6e, \"ring\": {\"alpha\": %.6e, "
                                "\"beta\": %.6e}, \"check\": {\"mean\": %.4f, \"max\": %.4f},\n    \"points\": [",
                                transport, emu ? emu : "", cal.pingpong, cal.ring_alpha, cal.ring_beta, cal.check_mean, cal.check_max);
-  const tdm_sim_calib_points *q = &cal.points; /* bytes, pair wall and CPU, ring wall and CPU: seconds */
+  const tdm_sim_calib_points *q = &cal.points; /* bytes, pair wall and CPU, ring wall and CPU, fan wall and CPU: seconds */
   for (int i = 0; i < q->m && at < sizeof extra; i++)
-    at += (size_t)snprintf(extra + at, sizeof extra - at, "%s[%.0f, %.4e, %.4e, %.4e, %.4e]", i ? ", " : "", q->n[i], q->pair_wall[i],
-                           q->pair_cpu[i], q->ring_wall[i], q->ring_cpu[i]);
+    at += (size_t)snprintf(extra + at, sizeof extra - at, "%s[%.0f, %.4e, %.4e, %.4e, %.4e, %.4e, %.4e]", i ? ", " : "", q->n[i],
+                           q->pair_wall[i], q->pair_cpu[i], q->ring_wall[i], q->ring_cpu[i], q->fan_wall[i], q->fan_cpu[i]);
   if (at < sizeof extra) snprintf(extra + at, sizeof extra - at, "]}");
   if (out_path && tdm_sim_cluster_save(out_path, &k, extra) != TDM_OK) {
     fprintf(stderr, "tandem simulate --calibrate: %s\n", tdm_last_error());

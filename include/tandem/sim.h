@@ -45,11 +45,18 @@ extern "C" {
  * together, which runs on the node's cores (tdm_sim_cluster.cpu_cores) and is slowed when more
  * ranks work at once than there are cores. pairwise: 1 when every pair of ranks has a link of its
  * own (TANDEM_NET_EMULATE's network: a rank's messages to several peers travel at once), 0 when a
- * rank's, or a node's, concurrent messages share one link (a NIC). Zero-initialised: the plain
+ * rank's, or a node's, concurrent messages share one link (a NIC). fan_alpha, fan_beta: the CPU
+ * work of one of the messages a rank sends to several peers at once while receiving as many
+ * (direct's exchanges), measured apart: such an exchange shares one call's fixed cost among its
+ * messages and holds more bytes in flight than the caches do (0 and 0: cpu_alpha and cpu_beta).
+ * wake (s): what a one-way message adds for its receiver, blocked waiting for it, to wake (the
+ * ranks of an exchange are busy sending when theirs arrive). Zero-initialised: the plain
  * alpha-beta-gamma link. */
 typedef struct tdm_sim_link {
   double alpha, beta, gamma;
   double cpu_alpha, cpu_beta;
+  double fan_alpha, fan_beta;
+  double wake;
   int pairwise;
 } tdm_sim_link;
 
@@ -154,17 +161,22 @@ const double *tdm_sim_last_buckets(const tdm_sim_model *m, int *n);
  * What a calibration of a communicator's links measured, size by size (8 B, 32 B, ... max_bytes):
  * the mean wall time of an exchange (send n to one rank while receiving n from another) of ranks 0
  * and 1 alone (pair) and of every rank at once around the ring (ring), and the CPU time a rank's
- * thread spent per exchange in each (averaged over the ranks that took part). */
+ * thread spent per exchange in each (averaged over the ranks that took part); with 3 or more
+ * ranks, the same of every rank sending n to every other rank while receiving n from each (fan:
+ * the direct all-gather's one exchange; zeros with 2 ranks, where it is the ring's). */
 #define TDM_SIM_CALIB_POINTS 16
 typedef struct tdm_sim_calib_points {
   int m;
   double n[TDM_SIM_CALIB_POINTS], pair_wall[TDM_SIM_CALIB_POINTS], pair_cpu[TDM_SIM_CALIB_POINTS],
-      ring_wall[TDM_SIM_CALIB_POINTS], ring_cpu[TDM_SIM_CALIB_POINTS];
+      ring_wall[TDM_SIM_CALIB_POINTS], ring_cpu[TDM_SIM_CALIB_POINTS], fan_wall[TDM_SIM_CALIB_POINTS],
+      fan_cpu[TDM_SIM_CALIB_POINTS];
 } tdm_sim_calib_points;
 
 typedef struct tdm_sim_calibration {
   tdm_sim_link link;    /* alpha, beta: the pair's wall time less its CPU time (the wire), by least squares on the
-                           relative error; cpu_alpha, cpu_beta: from the CPU times of both exchanges; gamma:
+                           relative error; cpu_alpha, cpu_beta: from the CPU times of both exchanges; fan_alpha,
+                           fan_beta: from the fan exchange's CPU time per peer (3 or more ranks); wake: the
+                           ping-pong's one-way time less a one-way 8 B message's wire and work; gamma:
                            tdm_reduce_local on 4 MiB of f32; pairwise: 0 (not measured: the caller knows the network) */
   double cpu_cores;     /* the cores the ranks of a node got between them, all busy at once (cores_per_node when
                            none was short of a core) */

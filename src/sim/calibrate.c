@@ -47,6 +47,19 @@ static tdm_status exchange(tdm_comm_t c, char *s, char *r, size_t n, int iters, 
   return TDM_OK;
 }
 
+/* The fan exchange: every rank sends n bytes to every other rank while receiving n from each, as
+ * direct's exchanges do (its all-gather is one such exchange); wall and CPU time as exchange(). */
+static tdm_status fan_exchange(tdm_comm_t c, const char *s, char *all, size_t n, int iters, double *wall, double *cpu) {
+  double w = 0, u = 0;
+  for (int i = -2; i < iters; i++) {
+    double t0 = tdm_time_now(), c0 = cpu_now();
+    TDM__TRY(tdm_comm_allgather(c, s, all, n, TDM_U8, TDM_ALGO_DIRECT));
+    if (i >= 0) w += tdm_time_now() - t0, u += cpu_now() - c0;
+  }
+  *wall = w / iters, *cpu = u / iters;
+  return TDM_OK;
+}
+
 /* The cores the ranks get between them when all are busy at once: every rank reduces a small
  * buffer for 60 ms of wall time, its CPU time over the wall time is the share of a core it got. */
 static double busy_share(float *a, float *b, size_t n) {
@@ -83,13 +96,24 @@ tdm_status tdm__sim_fit_link(const tdm_sim_calib_points *pt, int ranks, int rank
   tdm_sim_link *l = &out->link;
   fit(pt->n, wire, pt->m, &l->alpha, &l->beta);
   fit(n2, c2, 2 * pt->m, &l->cpu_alpha, &l->cpu_beta);
+  l->fan_alpha = l->fan_beta = 0;
+  if (ranks > 2) { /* per message: the exchange moves ranks - 1 each way */
+    double f[TDM_SIM_CALIB_POINTS];
+    for (int i = 0; i < pt->m; i++) f[i] = pt->fan_cpu[i] / (ranks - 1);
+    fit(pt->n, f, pt->m, &l->fan_alpha, &l->fan_beta);
+  }
   fit(pt->n, pt->ring_wall, pt->m, &out->ring_alpha, &out->ring_beta);
+  /* a lone message's receiver sleeps in poll until it arrives: the ping-pong pays its wake-up, an
+   * exchange does not */
+  double lone = l->alpha + 8 * l->beta + 0.5 * (l->cpu_alpha + 8 * l->cpu_beta);
+  l->wake = out->pingpong > lone ? out->pingpong - lone : 0;
   /* the model against the ring exchange, which none of the fits above used for its wall time */
   int active = ranks_per_node > 0 && ranks_per_node < ranks ? ranks_per_node : ranks;
   double sum = 0, most = 0;
   for (int i = 0; i < pt->m; i++) {
-    double cpu = l->cpu_alpha + pt->n[i] * l->cpu_beta, t = l->alpha + pt->n[i] * l->beta + cpu;
-    if (out->cpu_cores > 0 && active * cpu / out->cpu_cores > t) t = active * cpu / out->cpu_cores;
+    double cpu = l->cpu_alpha + pt->n[i] * l->cpu_beta;
+    if (out->cpu_cores > 0 && active * cpu / out->cpu_cores > cpu) cpu = active * cpu / out->cpu_cores;
+    double t = l->alpha + pt->n[i] * l->beta + cpu; /* as cost.c's step() */
     double e = pt->ring_wall[i] > 0 ? fabs(t - pt->ring_wall[i]) / pt->ring_wall[i] : 0;
     sum += e, most = e > most ? e : most;
   }
@@ -102,9 +126,9 @@ tdm_status tdm_sim_calibrate_link(tdm_comm_t c, size_t max_bytes, int ranks_per_
   int P = tdm_comm_size(c);
   if (P < 2) return tdm__set_error(TDM_ERR_INVALID_ARG, "calibrate: %d rank; expected 2 or more", P);
   if (max_bytes < 4096) max_bytes = 4096;
-  char *s = tdm__malloc(max_bytes), *r = tdm__malloc(max_bytes);
-  if (!s || !r) {
-    tdm__free(s), tdm__free(r);
+  char *s = tdm__malloc(max_bytes), *r = tdm__malloc(max_bytes), *all = P > 2 ? tdm__malloc(max_bytes * (size_t)P) : NULL;
+  if (!s || !r || (P > 2 && !all)) {
+    tdm__free(s), tdm__free(r), tdm__free(all);
     return tdm__set_error(TDM_ERR_NO_MEMORY, "calibrate: out of memory");
   }
   memset(s, 1, max_bytes);
@@ -114,14 +138,17 @@ tdm_status tdm_sim_calibrate_link(tdm_comm_t c, size_t max_bytes, int ranks_per_
   tdm_status st = tdm_comm_barrier(c);
   for (size_t n = 8; st == TDM_OK && n <= max_bytes && pt.m < TDM_SIM_CALIB_POINTS; n *= 4) {
     int iters = n <= 65536 ? 40 : n <= 1048576 ? 15 : 7, i = pt.m;
-    double v[4] = {0, 0, 0, 0};
+    double v[6] = {0, 0, 0, 0, 0, 0};
     st = exchange(c, s, r, n, iters, 1, &v[0], &v[1]);
     if (st == TDM_OK) st = tdm_comm_barrier(c);
     if (st == TDM_OK) st = exchange(c, s, r, n, iters, 0, &v[2], &v[3]);
+    if (st == TDM_OK && P > 2) st = tdm_comm_barrier(c);
+    if (st == TDM_OK && P > 2) st = fan_exchange(c, s, all, n, iters, &v[4], &v[5]);
     /* rank 0's wall times; the CPU times averaged over the ranks that took part */
-    double sums[2] = {v[1], v[3]};
-    if (st == TDM_OK) st = tdm_comm_allreduce(c, sums, sums, 2, TDM_F64, TDM_SUM, TDM_ALGO_AUTO);
+    double sums[3] = {v[1], v[3], v[5]};
+    if (st == TDM_OK) st = tdm_comm_allreduce(c, sums, sums, 3, TDM_F64, TDM_SUM, TDM_ALGO_AUTO);
     pt.n[i] = (double)n, pt.pair_wall[i] = v[0], pt.pair_cpu[i] = sums[0] / 2, pt.ring_wall[i] = v[2], pt.ring_cpu[i] = sums[1] / P;
+    pt.fan_wall[i] = v[4], pt.fan_cpu[i] = sums[2] / P;
     pt.m++;
   }
   /* the cores: every rank busy at once; a rank that got less than 90% of a core was short of them */
@@ -159,25 +186,26 @@ tdm_status tdm_sim_calibrate_link(tdm_comm_t c, size_t max_bytes, int ranks_per_
   }
   if (st == TDM_OK && me == 0) res[1] = median(pp, 31);
   /* rank 0's measurements for everyone */
-  double *all = tdm__malloc(sizeof(double) * (2 + 5 * TDM_SIM_CALIB_POINTS));
-  if (st == TDM_OK && !all) st = tdm__set_error(TDM_ERR_NO_MEMORY, "calibrate: out of memory");
+  tdm__free(all);
+  double *res0 = tdm__malloc(sizeof(double) * (2 + 7 * TDM_SIM_CALIB_POINTS));
+  if (st == TDM_OK && !res0) st = tdm__set_error(TDM_ERR_NO_MEMORY, "calibrate: out of memory");
   if (st == TDM_OK) {
-    all[0] = res[0], all[1] = res[1];
-    memcpy(all + 2, &pt.n, sizeof(double) * 5 * TDM_SIM_CALIB_POINTS);
-    st = tdm_comm_broadcast(c, all, 2 + 5 * TDM_SIM_CALIB_POINTS, TDM_F64, 0, TDM_ALGO_AUTO);
-    memcpy(&pt.n, all + 2, sizeof(double) * 5 * TDM_SIM_CALIB_POINTS);
+    res0[0] = res[0], res0[1] = res[1];
+    memcpy(res0 + 2, &pt.n, sizeof(double) * 7 * TDM_SIM_CALIB_POINTS);
+    st = tdm_comm_broadcast(c, res0, 2 + 7 * TDM_SIM_CALIB_POINTS, TDM_F64, 0, TDM_ALGO_AUTO);
+    memcpy(&pt.n, res0 + 2, sizeof(double) * 7 * TDM_SIM_CALIB_POINTS);
   }
   tdm__free(s), tdm__free(r);
   if (st != TDM_OK) {
-    tdm__free(all);
+    tdm__free(res0);
     return st;
   }
   double cores = out->cpu_cores;
   memset(out, 0, sizeof *out);
-  out->cpu_cores = cores, out->pingpong = all[1], out->points = pt;
-  tdm__free(all);
+  out->cpu_cores = cores, out->pingpong = res0[1], out->points = pt;
+  tdm__free(res0);
   TDM__TRY(tdm__sim_fit_link(&pt, P, local, out));
-  out->link.gamma = res[0] > 0 ? res[0] : 0;
+  out->link.gamma = res[0] > 0 ? res[0] : 0; /* after the fit, which sets the rest */
   return TDM_OK;
 }
 

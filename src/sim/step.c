@@ -295,11 +295,14 @@ tdm_status tdm_sim_step(const tdm_sim_model *cm, const tdm_sim_cluster *k, int r
    * expected maximum of `ranks` behind the mean */
   double straggle = k->compute_cv > 0 ? 1 + k->compute_cv * tdm_sim_expected_max(ranks) : 1;
   /* The cores are shared by the ranks computing at once (the rate was measured with compute_ranks
-   * computing all the time); a rank waiting on its link leaves its core to the others, so on
-   * average ranks x busy compute at once, busy the share of the step a rank computes: found by
-   * iterating from busy = 1 (each pass's compute over its step; it only falls, and settles). */
+   * computing all the time). Data-parallel and ZeRO ranks run in lockstep, every bucket waiting
+   * for all of them: they compute at the same time, all of the node's ranks, however long they
+   * wait on their links. A pipeline's stages do not: a rank waiting on its link leaves its core
+   * to the others, so on average ranks x busy compute at once, busy the share of the step a rank
+   * computes: found by iterating from busy = 1 (each pass's compute over its step; it only falls,
+   * and settles). */
   double busy = 1, last_slow = -1;
-  for (int it = 0; it < 100; it++) {
+  for (int it = 0; it < (m->pp > 1 ? 100 : 1); it++) {
     double slow = share(k, on_node * busy) / share(k, k->compute_ranks) / straggle;
     if (slow == last_slow) break; /* no core to share, or settled */
     TDM__TRY(simulate(m, k, ranks, slow, out));

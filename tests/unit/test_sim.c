@@ -125,15 +125,16 @@ static void test_cpu_terms(void) {
     double m = n / p, rs = a + m * b + ca + m * cb + m * g, ag = a + m * b + ca + m * cb;
     CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_RING, TDM_SIM_ALLREDUCE, n, p), (p - 1) * (rs + ag), 1e-15);
   }
-  /* 8 ranks on 2 cores: 4 ranks to a core, so a ring step takes 4x its CPU work when that exceeds
-   * the wire and the work; with a fast wire (beta 0, alpha 0) it does */
+  /* 8 ranks on 2 cores: 4 ranks to a core, so a ring step's CPU work takes 4x as long; with a
+   * fast wire (beta 0, alpha 0) that is the whole step */
   k.cpu_cores = 2;
   k.intra.alpha = 0, k.intra.beta = 0;
   double m = n / 8, rs = ca + m * cb + m * g, ag = ca + m * cb;
   CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_RING, TDM_SIM_ALLREDUCE, n, 8), 7 * (4 * rs + 4 * ag), 1e-15);
-  /* a slow wire: the wire and the rank's own work bound the step, the cores do not */
+  /* a slow wire: the ranks wait on it together, then crowd the cores together: the crowded work
+   * follows the wire, it does not hide under it */
   k.intra.alpha = a, k.intra.beta = 100 * b;
-  rs = a + m * 100 * b + ca + m * cb + m * g, ag = a + m * 100 * b + ca + m * cb;
+  rs = a + m * 100 * b + 4 * (ca + m * cb + m * g), ag = a + m * 100 * b + 4 * (ca + m * cb);
   CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_RING, TDM_SIM_ALLREDUCE, n, 8), 7 * (rs + ag), 1e-15);
   /* 2 cores for 2 ranks: no crowding at all */
   k.intra.alpha = 0, k.intra.beta = 0;
@@ -145,10 +146,21 @@ static void test_cpu_terms(void) {
    * half a message's work at each end (sender and receiver at once) */
   k.cpu_cores = 1;
   k.intra.alpha = a, k.intra.beta = b;
-  double w = a + n * b, half = 0.5 * (ca + n * cb), up = half + n * g, down = w + half;
-  double up_edge = (w + up > 2 * up ? w + up : 2 * up) - w; /* what follows the wire */
-  CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_TREE, TDM_SIM_ALLREDUCE, n, 3),
-             w + 2 * up_edge + 2 * (down > 2 * half ? down : 2 * half), 1e-15);
+  double w = a + n * b, half = 0.5 * (ca + n * cb), up = half + n * g;
+  double up_edge = 2 * up; /* what follows the wire: 2 busy ranks' work on 1 core */
+  CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_TREE, TDM_SIM_ALLREDUCE, n, 3), w + 2 * up_edge + 2 * (w + 2 * half), 1e-15);
+  /* a one-way message's receiver wakes: every edge's arrival is later by wake, the exchanges of
+   * the ring are not (3 ranks: the fold's two messages, then one exchange) */
+  double wk = 7e-5;
+  k.intra.wake = wk;
+  CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_TREE, TDM_SIM_ALLREDUCE, n, 3), (w + wk) + 2 * up_edge + 2 * (w + wk + 2 * half), 1e-15);
+  k.intra.wake = 0;
+  double ring3 = tdm_sim_coll_cost(&k, TDM_ALGO_RING, TDM_SIM_ALLREDUCE, n, 3), rd3 = tdm_sim_coll_cost(&k, TDM_ALGO_RD, TDM_SIM_ALLREDUCE, n, 3);
+  k.intra.wake = wk;
+  CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_RING, TDM_SIM_ALLREDUCE, n, 3), ring3, 1e-15);
+  CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_RD, TDM_SIM_ALLREDUCE, n, 3), rd3 + 2 * wk, 1e-15);
+  CHECK_NEAR(tdm_sim_p2p_cost(&k, n, 0, 1), wk + w + 2 * half, 1e-15);
+  k.intra.wake = 0;
   /* direct over 4 ranks: 3 messages at once, each way; pairwise links side by side (one alpha,
    * n/p beta), a shared link one after the other; the CPU work of all 3 either way */
   k.cpu_cores = 0;
@@ -157,6 +169,13 @@ static void test_cpu_terms(void) {
   CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_DIRECT, TDM_SIM_ALLREDUCE, n, 4), 3 * (a + m * b) * 2 + cpu_rs + cpu_ag, 1e-15);
   k.intra.pairwise = 1;
   CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_DIRECT, TDM_SIM_ALLREDUCE, n, 4), (a + m * b) * 2 + cpu_rs + cpu_ag, 1e-15);
+  /* the fan terms, when given, are the CPU work of those messages (and of no exchange with one peer) */
+  double fa = 1.5e-6, fb = 3e-10;
+  k.intra.fan_alpha = fa, k.intra.fan_beta = fb;
+  CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_DIRECT, TDM_SIM_ALLREDUCE, n, 4),
+             (a + m * b) * 2 + 3 * (fa + m * fb) + 3 * m * g + 3 * (fa + m * fb), 1e-15);
+  CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_RING, TDM_SIM_ALLGATHER, n, 4), 3 * (a + m * b + ca + m * cb), 1e-15);
+  k.intra.fan_alpha = k.intra.fan_beta = 0;
   /* recursive doubling across nodes on pairwise links: the far step's ranks do not share a link */
   tdm_sim_cluster kn = flat(1e-6, 1e-10, 0);
   kn.ranks_per_node = 4;
@@ -166,33 +185,40 @@ static void test_cpu_terms(void) {
 }
 
 /* The calibration's fit recovers a link from measurements made by that link: the pair's wall time
- * is its wire plus its CPU work, 8 ranks on 1 core around the ring are bound by the core (their
- * work outweighs the wire), and the check (the ring's wall time, which no fit uses) is exact. */
+ * is its wire plus its CPU work, 8 ranks on 1 core around the ring take 8x their work after the
+ * wire, the fan exchange's CPU time is 7 messages' of its own terms, and the check (the ring's wall
+ * time, which no fit uses) is exact. */
 static void test_calibration_fit(void) {
-  double a = 2e-4, b = 8e-9, ca = 4e-5, cb = 2e-9, cores = 1;
+  double a = 2e-4, b = 8e-9, ca = 4e-5, cb = 2e-9, fa = 1e-5, fb = 3e-9, cores = 1;
   tdm_sim_calib_points pt;
   memset(&pt, 0, sizeof pt);
   for (double n = 8; n <= 4194304; n *= 4) {
     double cpu = ca + n * cb, t = a + n * b + cpu;
     int i = pt.m++;
     pt.n[i] = n, pt.pair_wall[i] = t, pt.pair_cpu[i] = cpu, pt.ring_cpu[i] = cpu;
-    pt.ring_wall[i] = 8 * cpu / cores > t ? 8 * cpu / cores : t;
+    pt.ring_wall[i] = a + n * b + 8 * cpu / cores;
+    pt.fan_cpu[i] = 7 * (fa + n * fb);
   }
   tdm_sim_calibration c;
   memset(&c, 0, sizeof c);
   c.cpu_cores = cores;
+  double wake = 9e-5, lone = a + 8 * b + 0.5 * (ca + 8 * cb);
+  c.pingpong = lone + wake; /* a lone message: its wire, half its work at each end, and the wake-up */
   CHECK_OK(tdm__sim_fit_link(&pt, 8, 0, &c));
+  CHECK_NEAR(c.link.wake, wake, 1e-12);
   CHECK_MSG(fabs(c.link.alpha / a - 1) < 1e-6 && fabs(c.link.beta / b - 1) < 1e-6, "wire: alpha %g, beta %g", c.link.alpha, c.link.beta);
   CHECK_MSG(fabs(c.link.cpu_alpha / ca - 1) < 1e-6 && fabs(c.link.cpu_beta / cb - 1) < 1e-6, "cpu: %g, %g", c.link.cpu_alpha, c.link.cpu_beta);
+  CHECK_MSG(fabs(c.link.fan_alpha / fa - 1) < 1e-6 && fabs(c.link.fan_beta / fb - 1) < 1e-6, "fan: %g, %g", c.link.fan_alpha, c.link.fan_beta);
   CHECK_MSG(c.check_max < 1e-6, "the check: %g", c.check_max);
   CHECK(c.ring_beta > 1.5 * b); /* the plain fit of the crowded ring: the core's bound taken for a slower link */
   /* the fitted link predicts the ring exchange the same way the cost table does */
   tdm_sim_cluster k = flat(0, 0, 0);
   k.intra = c.link, k.cpu_cores = cores;
   double n = 1048576, cpu = ca + n * cb;
-  CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_RING, TDM_SIM_ALLGATHER, 8 * n, 8), 7 * (a + n * b + cpu > 8 * cpu ? a + n * b + cpu : 8 * cpu),
-             1e-12);
-  CHECK(8 * cpu > a + n * b + cpu); /* the bound that case tests */
+  CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_RING, TDM_SIM_ALLGATHER, 8 * n, 8), 7 * (a + n * b + 8 * cpu), 1e-12);
+  /* with 2 ranks there is no fan exchange: no fan terms */
+  CHECK_OK(tdm__sim_fit_link(&pt, 2, 0, &c));
+  CHECK(c.link.fan_alpha == 0 && c.link.fan_beta == 0);
   pt.m = 1;
   CHECK(tdm__sim_fit_link(&pt, 8, 0, &c) == TDM_ERR_INVALID_ARG);
   CHECK_ERR_HAS("1 sizes");
@@ -261,11 +287,12 @@ static void test_stragglers(void) {
 
 /* Ranks sharing cores: the hand-made model's 21 ms of compute was measured with 2 ranks computing
  * at once on 1 core (half a core each); no core is spare, so each bucket's 2 alpha hold backward
- * up. A rank waiting on its link leaves its core to the other: with the links slow (alpha 10 ms)
- * the ranks compute a seventh of the step, never at once, each at a whole core's speed: compute
- * 10.5 ms, buckets [6,26] [28,48] [49,69], the optimizer to 70.5 ms. With alpha 1 ms they compute
- * most of the time: by hand the step settles where compute / step = busy and compute = 21 busy
- * ms (2 busy ranks on the core): compute x 21 ms and the step 21x + 6 give x = 15/21, 21 ms. */
+ * up. Data-parallel ranks run in lockstep (every bucket's all-reduce waits for all of them), so
+ * they compute at the same time however long they wait on their links, each at half a core:
+ * compute 21 ms whatever alpha. Alpha 10 ms: forward 6 ms, backward 6 + 4 + 2 ms with the buckets
+ * [12,32] [36,56] [58,78] between, the optimizer 3 ms to 81 ms; alpha 1 ms: [12,14] [18,20] [22,24],
+ * 27 ms. (Until 2026-11-28 a rank waiting on its link was taken to leave its core to the other:
+ * 4-rank runs on 2 cores were predicted 21-48% fast, their compute at a whole core's speed.) */
 static void test_cores_shared(void) {
   int64_t params[3] = {100000, 100000, 100000};
   double fwd[3] = {1e6, 2e6, 3e6};
@@ -276,15 +303,15 @@ static void test_cores_shared(void) {
   k.flops = 1e9, k.optim_rate = 1e8, k.overhead = 0, k.cores_per_node = 1, k.compute_ranks = 2;
   tdm_sim_result r;
   CHECK_OK(tdm_sim_step(m, &k, 2, &r));
-  CHECK_NEAR(r.compute * 1e3, 10.5, 1e-9);
-  CHECK_NEAR(r.step * 1e3, 70.5, 1e-9);
+  CHECK_NEAR(r.compute * 1e3, 21, 1e-9);
+  CHECK_NEAR(r.step * 1e3, 81, 1e-9);
   int nb = 0;
   const double *t = tdm_sim_last_buckets(m, &nb);
-  CHECK(nb == 3 && t && fabs(t[0] * 1e3 - 6) < 1e-9 && fabs(t[2] * 1e3 - 28) < 1e-9 && fabs(t[5] * 1e3 - 69) < 1e-9);
+  CHECK(nb == 3 && t && fabs(t[0] * 1e3 - 12) < 1e-9 && fabs(t[2] * 1e3 - 36) < 1e-9 && fabs(t[5] * 1e3 - 78) < 1e-9);
   k.intra.alpha = 1e-3;
   CHECK_OK(tdm_sim_step(m, &k, 2, &r));
-  CHECK_NEAR(r.compute * 1e3, 15, 1e-6);
-  CHECK_NEAR(r.step * 1e3, 21, 1e-6);
+  CHECK_NEAR(r.compute * 1e3, 21, 1e-9);
+  CHECK_NEAR(r.step * 1e3, 27, 1e-9);
   tdm_sim_model_destroy(m);
 }
 
