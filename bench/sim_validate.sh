@@ -8,12 +8,14 @@
 #                metrics against tandem simulate's step, from a calibration at that world size
 #                (tandem run -n N tandem simulate --calibrate: every rank's step measured at once,
 #                the links); ROUNDS times (3), to show how much the same run varies
+# RANKS="3" ALGOS="rd rhd" measure those pairs again, keeping the other rows of coll.tsv.
 # Errors are |predicted - measured| / measured; mean and max per group, as Calculon reports. Each
 # row carries the 1-minute load average when it was measured (the machine is shared).
 # T_BASE=path/to/an-earlier/tandem also predicts every point with that binary from the same
 # calibration (its links the plain alpha-beta fit of the ring exchange, as calibrations before the
 # CPU terms wrote them): the same measurements, two models.
-# usage: bench/sim_validate.sh [collectives|training|all|summary]   (repository root, build/tandem built)
+# usage: bench/sim_validate.sh [collectives|training|all|summary|repredict]   (repository root, build/tandem built)
+# repredict: $T's model on the measurements in $OUT, its predictions beside those it replaces
 # Runs under nice; OUT (default /tmp/sim-validate) keeps every file.
 set -u
 T=${T:-$PWD/build/tandem}
@@ -48,9 +50,14 @@ predict_coll() { # predict_coll BINARY CLUSTER N OUT
 
 collectives() {
   local emu=100us,1gbps
-  : >"$OUT/coll.tsv"
-  for n in 2 3 4 8; do
-    for a in ring rd rhd tree direct; do
+  local keep="$OUT/coll.tsv.keep"
+  touch "$OUT/coll.tsv"
+  # RANKS and ALGOS measure some pairs again (a burst of other work spoiled them): the other rows stay
+  for n in ${RANKS:-2 3 4 8}; do for a in ${ALGOS:-ring rd rhd tree direct}; do
+    awk -F'\t' -v a=$a -v n=$n '!($1 == a && $2 == n)' "$OUT/coll.tsv" >"$keep" && mv "$keep" "$OUT/coll.tsv"
+  done; done
+  for n in ${RANKS:-2 3 4 8}; do
+    for a in ${ALGOS:-ring rd rhd tree direct}; do
       # calibrated just before: the machine's load drifts over the minutes a world size takes
       calibrate $n $emu "$OUT/coll-c$n-$a.json"
       predict_coll "$T" "$OUT/coll-c$n-$a.json" $n "$OUT/coll-p$n-$a.json"
@@ -164,13 +171,13 @@ training_round() {
     [[ $model == gpt ]] && cs=40
     # one rank: the compute measured alone, then the run
     local l0; l0=$(load)
-    N "$T" simulate --calibrate "${args[@]}" --calibrate-steps $cs --calibrate-max 64K -o "$OUT/train-c-$model-1.json" | grep compute
+    N "$T" simulate --calibrate "${args[@]}" --calibrate-steps $cs --calibrate-max 64K -o "$OUT/train-c-$model-1-r$ROUND.json" | grep compute
     N "$T" train "${args[@]}" --metrics "$OUT/train-m-$model-1.jsonl" >/dev/null 2>&1
-    train_point $model - 1 "$OUT/train-c-$model-1.json" "$OUT/train-m-$model-1.jsonl" "$l0" "${args[@]}"
+    train_point $model - 1 "$OUT/train-c-$model-1-r$ROUND.json" "$OUT/train-m-$model-1.jsonl" "$l0" "${args[@]}"
     for emu in 100us,1gbps 100us,10gbps; do
       for n in 2 4; do
         # N ranks: every rank's step measured at once (as they share the cores), the links at N ranks
-        local c="$OUT/train-c-$model-$emu-$n.json"
+        local c="$OUT/train-c-$model-$emu-$n-r$ROUND.json" # every round's kept: repredict reads them
         l0=$(load)
         TANDEM_TRANSPORT=tcp TANDEM_NET_EMULATE=$emu N timeout 900 "$T" run -n $n -- "$T" simulate --calibrate "${args[@]}" \
           --calibrate-steps $cs --calibrate-max 4M -o "$c" 2>&1 | grep -E 'compute:|link:|cpu:' | sed 's/^\[rank 0\] //'
@@ -217,10 +224,38 @@ for k, v in errs.items():
 EOF
 }
 
+repredict() { # every prediction again with $T from the same calibration files; the old ones become the base column
+  /usr/bin/python3 - "$OUT" "$T" <<'EOF'
+import json, os, subprocess, sys
+out, T = sys.argv[1], sys.argv[2]
+MLP = ["--model", "mlp", "--data", "synthetic", "--batch-size", "64", "--steps", "200", "--threads", "1"]
+GPT = ["--model", "gpt", "--batch-size", "2", "--seq-len", "64", "--steps", "40", "--threads", "1", "--val-every", "0", "--val-batches", "1"]
+def sim(args): return subprocess.run([T, "simulate"] + args, capture_output=True, text=True, check=True).stdout
+preds, rows = {}, []
+for l in open(out + "/coll.tsv"):
+    a, n, size, m, p, b, load = l.rstrip("\n").split("\t")
+    if (a, n) not in preds:
+        js = sim(["--collectives", "--cluster", "%s/coll-c%s-%s.json" % (out, n, a), "--ranks", n, "--min-bytes", "1K", "--max-bytes", "64M", "--json"])
+        preds[(a, n)] = {r["bytes"]: r["allreduce_s"] for r in map(json.loads, js.splitlines()) if r["algo"] == a}
+    rows.append("\t".join((a, n, size, m, "%.6e" % preds[(a, n)][int(size)], p, load)))
+open(out + "/coll.tsv", "w").write("\n".join(rows) + "\n")
+rows = []
+for l in open(out + "/train.tsv"):
+    model, emu, n, m, p, b, load, rnd = l.rstrip("\n").split("\t")
+    c = "%s/train-c-%s-%s-r%s.json" % (out, model, "1" if emu == "-" else emu + "-" + n, rnd)
+    if not os.path.exists(c): sys.exit("repredict: %s is missing (measured before calibrations were kept per round)" % c)
+    q = json.loads(sim((MLP if model == "mlp" else GPT) + ["--cluster", c, "--ranks", n, "--json"]))["step_s"]
+    rows.append("\t".join((model, emu, n, m, "%.6e" % q, p, load, rnd)))
+open(out + "/train.tsv", "w").write("\n".join(rows) + "\n")
+EOF
+  T_BASE=earlier # the tables' base column: the predictions these replace
+}
+
 case $WHAT in
 collectives) collectives ;;
 training) training ;;
 all) collectives; training ;;
 summary) coll_summary; train_summary ;; # the tables again from $OUT's files
-*) echo "usage: bench/sim_validate.sh [collectives|training|all|summary]" >&2; exit 2 ;;
+repredict) repredict && coll_summary && train_summary ;; # $T's model on $OUT's measurements, beside the predictions it replaces
+*) echo "usage: bench/sim_validate.sh [collectives|training|all|summary|repredict]" >&2; exit 2 ;;
 esac
