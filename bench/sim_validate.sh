@@ -8,7 +8,8 @@
 #                metrics against tandem simulate's step, from a calibration at that world size
 #                (tandem run -n N tandem simulate --calibrate: every rank's step measured at once,
 #                the links); ROUNDS times (3), to show how much the same run varies
-# RANKS="3" ALGOS="rd rhd" measure those pairs again, keeping the other rows of coll.tsv.
+# RANKS="3" ALGOS="rd rhd" measure those pairs again, keeping the other rows of coll.tsv. INPLACE=1
+# summary: the tables from the in-place measurements (tandem bench's second, of the same size).
 # Errors are |predicted - measured| / measured; mean and max per group, as Calculon reports. Each
 # row carries the 1-minute load average when it was measured (the machine is shared).
 # T_BASE=path/to/an-earlier/tandem also predicts every point with that binary from the same
@@ -89,11 +90,19 @@ EOF
   coll_summary
 }
 
-coll_summary() { # the tables of docs/PERFORMANCE.md from $OUT/coll.tsv
-  /usr/bin/python3 - "$OUT/coll.tsv" "${T_BASE:+base}" <<'EOF'
-import sys, collections
+coll_summary() { # the tables of docs/PERFORMANCE.md from $OUT/coll.tsv (INPLACE=1: the in-place measurements instead)
+  /usr/bin/python3 - "$OUT/coll.tsv" "${T_BASE:+base}" "${INPLACE:-0}" <<'EOF'
+import sys, collections, json, os
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
 has_base = len(sys.argv) > 2 and sys.argv[2] == "base"
+if sys.argv[3] == "1": # tandem bench measures in place second, after the same warm-up
+    d = os.path.dirname(sys.argv[1])
+    got = {}
+    for r in rows:
+        if (r[0], r[1]) not in got:
+            got[(r[0], r[1])] = {x["size"]: x["time_us_inplace"] * 1e-6 for x in json.load(open("%s/coll-m%s-%s.json" % (d, r[1], r[0])))}
+        r[3] = "%.6e" % got[(r[0], r[1])][int(r[2])]
+    print("measured: in place")
 loads = [float(r[6]) for r in rows]
 print("load average (1 minute) during the measurements: %.1f - %.1f" % (min(loads), max(loads)))
 def table(title, keep):

@@ -50,13 +50,16 @@ extern "C" {
  * (direct's exchanges), measured apart: such an exchange shares one call's fixed cost among its
  * messages and holds more bytes in flight than the caches do (0 and 0: cpu_alpha and cpu_beta).
  * wake (s): what a one-way message adds for its receiver, blocked waiting for it, to wake (the
- * ranks of an exchange are busy sending when theirs arrive). Zero-initialised: the plain
- * alpha-beta-gamma link. */
+ * ranks of an exchange are busy sending when theirs arrive). big_bytes, big_factor: the bytes of a
+ * message (or of each piece it is sent in) beyond big_bytes cost big_factor times cpu_beta (or
+ * fan_beta): copies that outgrow the L2 run from the slower caches (0 and 0: every byte the same).
+ * Zero-initialised: the plain alpha-beta-gamma link. */
 typedef struct tdm_sim_link {
   double alpha, beta, gamma;
   double cpu_alpha, cpu_beta;
   double fan_alpha, fan_beta;
   double wake;
+  double big_bytes, big_factor;
   int pairwise;
 } tdm_sim_link;
 
@@ -170,12 +173,15 @@ typedef struct tdm_sim_calib_points {
   double n[TDM_SIM_CALIB_POINTS], pair_wall[TDM_SIM_CALIB_POINTS], pair_cpu[TDM_SIM_CALIB_POINTS],
       ring_wall[TDM_SIM_CALIB_POINTS], ring_cpu[TDM_SIM_CALIB_POINTS], fan_wall[TDM_SIM_CALIB_POINTS],
       fan_cpu[TDM_SIM_CALIB_POINTS];
+  double cache; /* the L2's bytes where they were measured (0: not known: no big_bytes) */
 } tdm_sim_calib_points;
 
 typedef struct tdm_sim_calibration {
   tdm_sim_link link;    /* alpha, beta: the pair's wall time less its CPU time (the wire), by least squares on the
                            relative error; cpu_alpha, cpu_beta: from the CPU times of both exchanges; fan_alpha,
-                           fan_beta: from the fan exchange's CPU time per peer (3 or more ranks); wake: the
+                           fan_beta: from the fan exchange's CPU time per peer (3 or more ranks), these four
+                           from the sizes up to the L2's; big_bytes: the L2's, big_factor: the sizes beyond
+                           it against those lines (1 when none is); wake: the
                            ping-pong's one-way time less a one-way 8 B message's wire and work; gamma:
                            tdm_reduce_local on 4 MiB of f32; pairwise: 0 (not measured: the caller knows the network) */
   double cpu_cores;     /* the cores the ranks of a node got between them, all busy at once (cores_per_node when

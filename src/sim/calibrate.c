@@ -95,13 +95,31 @@ tdm_status tdm__sim_fit_link(const tdm_sim_calib_points *pt, int ranks, int rank
   }
   tdm_sim_link *l = &out->link;
   fit(pt->n, wire, pt->m, &l->alpha, &l->beta);
-  fit(n2, c2, 2 * pt->m, &l->cpu_alpha, &l->cpu_beta);
+  /* the CPU work from the sizes that fit the L2 (at least 2 of them), the rest as a factor on its
+   * per-byte part: the copies of larger messages run from the slower caches */
+  int small = 0;
+  while (small < pt->m && !(pt->cache > 0 && pt->n[small] > pt->cache)) small++;
+  if (small < 2) small = pt->m;
+  fit(n2, c2, 2 * small, &l->cpu_alpha, &l->cpu_beta);
+  double f[TDM_SIM_CALIB_POINTS];
   l->fan_alpha = l->fan_beta = 0;
   if (ranks > 2) { /* per message: the exchange moves ranks - 1 each way */
-    double f[TDM_SIM_CALIB_POINTS];
     for (int i = 0; i < pt->m; i++) f[i] = pt->fan_cpu[i] / (ranks - 1);
-    fit(pt->n, f, pt->m, &l->fan_alpha, &l->fan_beta);
+    fit(pt->n, f, small, &l->fan_alpha, &l->fan_beta);
   }
+  l->big_bytes = small < pt->m ? pt->cache : 0, l->big_factor = 1;
+  double ratio = 0;
+  int k = 0;
+  for (int i = small; i < pt->m; i++) { /* measured excess over the line's, beyond the L2 */
+    double beyond = pt->n[i] - pt->cache;
+    const double *got[3] = {&pt->pair_cpu[i], &pt->ring_cpu[i], ranks > 2 ? &f[i] : NULL};
+    for (int j = 0; j < 3; j++) {
+      if (!got[j]) continue;
+      double a = j < 2 ? l->cpu_alpha : l->fan_alpha, b = j < 2 ? l->cpu_beta : l->fan_beta;
+      if (b > 0 && beyond > 0) ratio += (*got[j] - a - pt->cache * b) / (beyond * b), k++;
+    }
+  }
+  if (k && ratio / k > 1) l->big_factor = ratio / k;
   fit(pt->n, pt->ring_wall, pt->m, &out->ring_alpha, &out->ring_beta);
   /* a lone message's receiver sleeps in poll until it arrives: the ping-pong pays its wake-up, an
    * exchange does not */
@@ -111,7 +129,8 @@ tdm_status tdm__sim_fit_link(const tdm_sim_calib_points *pt, int ranks, int rank
   int active = ranks_per_node > 0 && ranks_per_node < ranks ? ranks_per_node : ranks;
   double sum = 0, most = 0;
   for (int i = 0; i < pt->m; i++) {
-    double cpu = l->cpu_alpha + pt->n[i] * l->cpu_beta;
+    double beyond = l->big_bytes > 0 && pt->n[i] > l->big_bytes ? pt->n[i] - l->big_bytes : 0;
+    double cpu = l->cpu_alpha + pt->n[i] * l->cpu_beta + beyond * l->cpu_beta * (l->big_factor - 1);
     if (out->cpu_cores > 0 && active * cpu / out->cpu_cores > cpu) cpu = active * cpu / out->cpu_cores;
     double t = l->alpha + pt->n[i] * l->beta + cpu; /* as cost.c's step() */
     double e = pt->ring_wall[i] > 0 ? fabs(t - pt->ring_wall[i]) / pt->ring_wall[i] : 0;
@@ -135,6 +154,8 @@ tdm_status tdm_sim_calibrate_link(tdm_comm_t c, size_t max_bytes, int ranks_per_
   int me = tdm_comm_rank(c), local = ranks_per_node > 0 && ranks_per_node < P ? ranks_per_node : P;
   tdm_sim_calib_points pt;
   memset(&pt, 0, sizeof pt);
+  long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  pt.cache = l2 > 0 ? (double)l2 : 0;
   tdm_status st = tdm_comm_barrier(c);
   for (size_t n = 8; st == TDM_OK && n <= max_bytes && pt.m < TDM_SIM_CALIB_POINTS; n *= 4) {
     int iters = n <= 65536 ? 40 : n <= 1048576 ? 15 : 7, i = pt.m;
@@ -187,13 +208,15 @@ tdm_status tdm_sim_calibrate_link(tdm_comm_t c, size_t max_bytes, int ranks_per_
   if (st == TDM_OK && me == 0) res[1] = median(pp, 31);
   /* rank 0's measurements for everyone */
   tdm__free(all);
-  double *res0 = tdm__malloc(sizeof(double) * (2 + 7 * TDM_SIM_CALIB_POINTS));
+  double *res0 = tdm__malloc(sizeof(double) * (2 + 7 * TDM_SIM_CALIB_POINTS + 1));
   if (st == TDM_OK && !res0) st = tdm__set_error(TDM_ERR_NO_MEMORY, "calibrate: out of memory");
   if (st == TDM_OK) {
     res0[0] = res[0], res0[1] = res[1];
     memcpy(res0 + 2, &pt.n, sizeof(double) * 7 * TDM_SIM_CALIB_POINTS);
-    st = tdm_comm_broadcast(c, res0, 2 + 7 * TDM_SIM_CALIB_POINTS, TDM_F64, 0, TDM_ALGO_AUTO);
+    res0[2 + 7 * TDM_SIM_CALIB_POINTS] = pt.cache;
+    st = tdm_comm_broadcast(c, res0, 2 + 7 * TDM_SIM_CALIB_POINTS + 1, TDM_F64, 0, TDM_ALGO_AUTO);
     memcpy(&pt.n, res0 + 2, sizeof(double) * 7 * TDM_SIM_CALIB_POINTS);
+    pt.cache = res0[2 + 7 * TDM_SIM_CALIB_POINTS];
   }
   tdm__free(s), tdm__free(r);
   if (st != TDM_OK) {

@@ -216,6 +216,26 @@ static void test_calibration_fit(void) {
   k.intra = c.link, k.cpu_cores = cores;
   double n = 1048576, cpu = ca + n * cb;
   CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_RING, TDM_SIM_ALLGATHER, 8 * n, 8), 7 * (a + n * b + 8 * cpu), 1e-12);
+  CHECK(c.link.big_bytes == 0 && c.link.big_factor == 1); /* the cache not known: every byte the same */
+  /* sizes beyond the L2 cost 1.6x a byte (4 MiB: 3 MiB beyond a 1 MiB L2): the lines from the sizes
+   * below, the factor from those above, and the cost table charges it per piece */
+  tdm_sim_calib_points big = pt;
+  big.cache = 1048576;
+  for (int i = 0; i < big.m; i++) {
+    double x = big.n[i] > big.cache ? (big.n[i] - big.cache) * 0.6 : 0;
+    big.pair_cpu[i] += x * cb, big.ring_cpu[i] += x * cb, big.fan_cpu[i] += 7 * x * fb;
+    big.pair_wall[i] += x * cb, big.ring_wall[i] += 8 * x * cb / cores; /* the walls: their work, as above */
+  }
+  CHECK_OK(tdm__sim_fit_link(&big, 8, 0, &c));
+  CHECK_MSG(fabs(c.link.cpu_beta / cb - 1) < 1e-6 && fabs(c.link.fan_beta / fb - 1) < 1e-6, "beyond the L2: %g, %g", c.link.cpu_beta,
+            c.link.fan_beta);
+  CHECK_MSG(c.link.big_bytes == 1048576 && fabs(c.link.big_factor - 1.6) < 1e-6, "big: %g x %g", c.link.big_bytes, c.link.big_factor);
+  CHECK_MSG(fabs(c.link.beta / b - 1) < 1e-6 && c.check_max < 1e-6, "beyond the L2: beta %g, the check %g", c.link.beta, c.check_max);
+  tdm_sim_cluster kb = flat(a, b, 0);
+  kb.intra = c.link, kb.intra.gamma = 0, kb.intra.pairwise = 1, kb.intra.wake = 0;
+  double x4 = 4194304; /* direct's all-gather of 4 x 4 MiB: one exchange of 4 MiB blocks with 3 peers */
+  CHECK_NEAR(tdm_sim_coll_cost(&kb, TDM_ALGO_DIRECT, TDM_SIM_ALLGATHER, 4 * x4, 4),
+             a + x4 * b + 3 * (fa + x4 * fb + (x4 - 1048576) * fb * 0.6), 1e-12);
   /* with 2 ranks there is no fan exchange: no fan terms */
   CHECK_OK(tdm__sim_fit_link(&pt, 2, 0, &c));
   CHECK(c.link.fan_alpha == 0 && c.link.fan_beta == 0);
