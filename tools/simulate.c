@@ -184,6 +184,8 @@ static int calibrate(const tdm_train_config *tc, const char *out_path, const cha
   if (link.fan_alpha > 0 || link.fan_beta > 0)
     printf("cpu: %.3g us + %.4g ns/B a message when a rank sends to every other rank at once\n", link.fan_alpha * 1e6,
            link.fan_beta * 1e9);
+  if (link.big_bytes > 0 && link.big_factor > 1)
+    printf("cpu: a message's bytes beyond %.0f KiB (the L2) cost %.2fx\n", link.big_bytes / 1024, link.big_factor);
   char extra[4096];
   size_t at = (size_t)snprintf(extra, sizeof extra,
                                "\"measured\": {\"transport\": \"%s\", \"emulate\": \"%s\", \"pingpong\": %.6e, \"ring\": {\"alpha\": %.6e, "

@@ -35,8 +35,8 @@ struct tdm_sim_model {
 
 /* The link's fit from a calibration's measurements over `ranks` ranks (ranks_per_node of them on
  * one machine; 0: all): out->cpu_cores and out->pingpong must be set (the check and wake use
- * them); sets link's alpha, beta, cpu_alpha, cpu_beta, fan_alpha, fan_beta and wake, ring_alpha,
- * ring_beta and the check. Separate for the tests. */
+ * them); sets link's alpha, beta, cpu_alpha, cpu_beta, fan_alpha, fan_beta, big_bytes, big_factor
+ * (from pt->cache) and wake, ring_alpha, ring_beta and the check. Separate for the tests. */
 tdm_status tdm__sim_fit_link(const tdm_sim_calib_points *pt, int ranks, int ranks_per_node, tdm_sim_calibration *out);
 
 #endif
