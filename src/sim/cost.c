@@ -57,9 +57,11 @@ static double step(const tdm_sim_cluster *k, const tdm_sim_link *l, double n, do
 }
 /* A one-way message (a fold, the tree's edges, a broadcast's, a pipeline's send): half a message's
  * work at each end, and its receiver, blocked waiting for it, wakes (an exchange's ranks are busy
- * sending when theirs arrive). */
-static double oneway(const tdm_sim_cluster *k, const tdm_sim_link *l, double n, double chunks, double red, int active) {
-  return l->wake + step(k, l, n, chunks, 1, 1, 0.5, red, active);
+ * sending when theirs arrive). The wake-up is an idle core's: with `node` ranks sharing fewer
+ * cores, the receiver's core runs another rank the rest of the time, cpu_cores / node of it idle. */
+static double oneway(const tdm_sim_cluster *k, const tdm_sim_link *l, double n, double chunks, double red, int active, int node) {
+  double idle = k->cpu_cores > 0 && node > k->cpu_cores ? k->cpu_cores / node : 1;
+  return l->wake * idle + step(k, l, n, chunks, 1, 1, 0.5, red, active);
 }
 /* An exchange: every active rank sends n to one peer while receiving n from another (reducing red). */
 static double xchg(const tdm_sim_cluster *k, const tdm_sim_link *l, double n, double cross, double red, int active) {
@@ -103,7 +105,7 @@ static double fold(const tdm_sim_cluster *k, double n, int p, int *p2) {
   double cross = 1;
   int a = on_node(k, 2 * (p - *p2));
   const tdm_sim_link *l = xor_link(k, 2 * (p - *p2), 1, &cross);
-  return oneway(k, l, n, chunks_of(n), n, a) + oneway(k, l, n, chunks_of(n), 0, a);
+  return oneway(k, l, n, chunks_of(n), n, a, on_node(k, p)) + oneway(k, l, n, chunks_of(n), 0, a, on_node(k, p));
 }
 
 /* ---- recursive doubling: log p exchanges of the whole buffer ------------------------------------- */
@@ -172,9 +174,9 @@ static double edge(const tdm_sim_cluster *k, int a, int b, int p, double n, int 
   if (wire) {
     tdm_sim_link w = *l;
     w.cpu_alpha = w.cpu_beta = w.gamma = 0;
-    *wire = oneway(k, &w, n, chunks, 0, 1);
+    *wire = oneway(k, &w, n, chunks, 0, 1, on_node(k, p));
   }
-  return oneway(k, l, n, chunks, up ? n : 0, tree_active(k, a, p));
+  return oneway(k, l, n, chunks, up ? n : 0, tree_active(k, a, p), on_node(k, p));
 }
 /* Reduce up: a child sends as soon as its subtree is reduced, without waiting for its parent (the
  * transport's buffers take the message), so its message travels while the parent takes its other
@@ -202,7 +204,7 @@ static double tree(const tdm_sim_cluster *k, tdm_sim_kind kind, double n, int p)
     double t = 0, cross = 1;
     for (int d = 1; d < p; d <<= 1) {
       const tdm_sim_link *l = xor_link(k, p, d, &cross);
-      t += oneway(k, l, n, chunks_of(n), 0, imin(2 * d, on_node(k, p)));
+      t += oneway(k, l, n, chunks_of(n), 0, imin(2 * d, on_node(k, p)), on_node(k, p));
     }
     return t;
   }
@@ -317,5 +319,5 @@ double tdm_sim_coll_cost(const tdm_sim_cluster *k, int algo, tdm_sim_kind kind, 
 double tdm_sim_p2p_cost(const tdm_sim_cluster *k, double n, int a, int b) {
   if (a == b) return 0;
   const tdm_sim_link *l = node_of(k, a) == node_of(k, b) ? &k->intra : &k->inter;
-  return oneway(k, l, n, chunks_of(n), 0, 2);
+  return oneway(k, l, n, chunks_of(n), 0, 2, 2);
 }

@@ -150,17 +150,23 @@ static void test_cpu_terms(void) {
   double up_edge = 2 * up; /* what follows the wire: 2 busy ranks' work on 1 core */
   CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_TREE, TDM_SIM_ALLREDUCE, n, 3), w + 2 * up_edge + 2 * (w + 2 * half), 1e-15);
   /* a one-way message's receiver wakes: every edge's arrival is later by wake, the exchanges of
-   * the ring are not (3 ranks: the fold's two messages, then one exchange) */
-  double wk = 7e-5;
+   * the ring are not (3 ranks: the fold's two messages, then one exchange). Its core is idle, and
+   * pays the wake-up, in the share cores / ranks of the node: a third with 3 ranks on 1 core, a half
+   * for a pipeline's send between 2 ranks on it */
+  double wk = 7e-5, wi = wk / 3;
   k.intra.wake = wk;
-  CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_TREE, TDM_SIM_ALLREDUCE, n, 3), (w + wk) + 2 * up_edge + 2 * (w + wk + 2 * half), 1e-15);
+  CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_TREE, TDM_SIM_ALLREDUCE, n, 3), (w + wi) + 2 * up_edge + 2 * (w + wi + 2 * half), 1e-15);
   k.intra.wake = 0;
   double ring3 = tdm_sim_coll_cost(&k, TDM_ALGO_RING, TDM_SIM_ALLREDUCE, n, 3), rd3 = tdm_sim_coll_cost(&k, TDM_ALGO_RD, TDM_SIM_ALLREDUCE, n, 3);
   k.intra.wake = wk;
   CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_RING, TDM_SIM_ALLREDUCE, n, 3), ring3, 1e-15);
-  CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_RD, TDM_SIM_ALLREDUCE, n, 3), rd3 + 2 * wk, 1e-15);
-  CHECK_NEAR(tdm_sim_p2p_cost(&k, n, 0, 1), wk + w + 2 * half, 1e-15);
+  CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_RD, TDM_SIM_ALLREDUCE, n, 3), rd3 + 2 * wi, 1e-15);
+  CHECK_NEAR(tdm_sim_p2p_cost(&k, n, 0, 1), wk / 2 + w + 2 * half, 1e-15);
+  k.cpu_cores = 2; /* 2 ranks, 2 cores: every wake-up paid */
+  double both = tdm_sim_p2p_cost(&k, n, 0, 1);
   k.intra.wake = 0;
+  CHECK_NEAR(both, wk + tdm_sim_p2p_cost(&k, n, 0, 1), 1e-15);
+  k.cpu_cores = 1;
   /* direct over 4 ranks: 3 messages at once, each way; pairwise links side by side (one alpha,
    * n/p beta), a shared link one after the other; the CPU work of all 3 either way */
   k.cpu_cores = 0;
