@@ -26,6 +26,9 @@ WHAT=${1:-all}
 mkdir -p "$OUT"
 N() { nice -n 19 "$@"; }
 load() { cut -d' ' -f1 /proc/loadavg; }
+# the training runs (repredict gives the simulator the same options)
+MLP=(--model mlp --data synthetic --batch-size 64 --steps 200 --threads 1)
+GPT=(--model gpt --batch-size 2 --seq-len 64 --steps 40 --threads 1 --val-every 0 --val-batches 1)
 
 base_cluster() { # base_cluster IN OUT: the links as a calibration without CPU terms fitted them
   /usr/bin/python3 - "$1" "$2" <<'EOF'
@@ -172,8 +175,6 @@ training() { # ROUNDS (default 3): the whole set again, so that the table shows 
 training_round() {
   # as many steps timed for the compute rate as the runs take: a step of a few milliseconds on a
   # shared machine varies 2-5x from one step to the next, and only medians of many agree
-  local MLP=(--model mlp --data synthetic --batch-size 64 --steps 200 --threads 1)
-  local GPT=(--model gpt --batch-size 2 --seq-len 64 --steps 40 --threads 1 --val-every 0 --val-batches 1)
   for model in mlp gpt; do
     local -n args=${model^^}
     local cs=200
@@ -234,11 +235,10 @@ EOF
 }
 
 repredict() { # every prediction again with $T from the same calibration files; the old ones become the base column
-  /usr/bin/python3 - "$OUT" "$T" <<'EOF'
+  /usr/bin/python3 - "$OUT" "$T" "${MLP[*]}" "${GPT[*]}" <<'EOF'
 import json, os, subprocess, sys
 out, T = sys.argv[1], sys.argv[2]
-MLP = ["--model", "mlp", "--data", "synthetic", "--batch-size", "64", "--steps", "200", "--threads", "1"]
-GPT = ["--model", "gpt", "--batch-size", "2", "--seq-len", "64", "--steps", "40", "--threads", "1", "--val-every", "0", "--val-batches", "1"]
+MLP, GPT = sys.argv[3].split(), sys.argv[4].split()
 def sim(args): return subprocess.run([T, "simulate"] + args, capture_output=True, text=True, check=True).stdout
 preds, rows = {}, []
 for l in open(out + "/coll.tsv"):

@@ -107,16 +107,15 @@ tdm_status tdm__sim_fit_link(const tdm_sim_calib_points *pt, int ranks, int rank
     for (int i = 0; i < pt->m; i++) f[i] = pt->fan_cpu[i] / (ranks - 1);
     fit(pt->n, f, small, &l->fan_alpha, &l->fan_beta);
   }
+  /* the factor: each exchange's excess over its line beyond the L2, against the line's own */
   l->big_bytes = small < pt->m ? pt->cache : 0, l->big_factor = 1;
   double ratio = 0;
   int k = 0;
-  for (int i = small; i < pt->m; i++) { /* measured excess over the line's, beyond the L2 */
-    double beyond = pt->n[i] - pt->cache;
-    const double *got[3] = {&pt->pair_cpu[i], &pt->ring_cpu[i], ranks > 2 ? &f[i] : NULL};
+  for (int i = small; i < pt->m; i++) {
+    double beyond = pt->n[i] - pt->cache, got[3] = {pt->pair_cpu[i], pt->ring_cpu[i], ranks > 2 ? f[i] : 0};
     for (int j = 0; j < 3; j++) {
-      if (!got[j]) continue;
       double a = j < 2 ? l->cpu_alpha : l->fan_alpha, b = j < 2 ? l->cpu_beta : l->fan_beta;
-      if (b > 0 && beyond > 0) ratio += (*got[j] - a - pt->cache * b) / (beyond * b), k++;
+      if (got[j] > 0 && b > 0) ratio += (got[j] - a - pt->cache * b) / (beyond * b), k++;
     }
   }
   if (k && ratio / k > 1) l->big_factor = ratio / k;
@@ -127,12 +126,12 @@ tdm_status tdm__sim_fit_link(const tdm_sim_calib_points *pt, int ranks, int rank
   l->wake = out->pingpong > lone ? out->pingpong - lone : 0;
   /* the model against the ring exchange, which none of the fits above used for its wall time */
   int active = ranks_per_node > 0 && ranks_per_node < ranks ? ranks_per_node : ranks;
+  tdm_sim_cluster k1;
+  memset(&k1, 0, sizeof k1);
+  k1.cpu_cores = out->cpu_cores;
   double sum = 0, most = 0;
   for (int i = 0; i < pt->m; i++) {
-    double beyond = l->big_bytes > 0 && pt->n[i] > l->big_bytes ? pt->n[i] - l->big_bytes : 0;
-    double cpu = l->cpu_alpha + pt->n[i] * l->cpu_beta + beyond * l->cpu_beta * (l->big_factor - 1);
-    if (out->cpu_cores > 0 && active * cpu / out->cpu_cores > cpu) cpu = active * cpu / out->cpu_cores;
-    double t = l->alpha + pt->n[i] * l->beta + cpu; /* as cost.c's step() */
+    double t = tdm__sim_step(&k1, l, pt->n[i], 1, 1, 1, 1, 0, active); /* one exchange, every rank at once */
     double e = pt->ring_wall[i] > 0 ? fabs(t - pt->ring_wall[i]) / pt->ring_wall[i] : 0;
     sum += e, most = e > most ? e : most;
   }
@@ -145,8 +144,12 @@ tdm_status tdm_sim_calibrate_link(tdm_comm_t c, size_t max_bytes, int ranks_per_
   int P = tdm_comm_size(c);
   if (P < 2) return tdm__set_error(TDM_ERR_INVALID_ARG, "calibrate: %d rank; expected 2 or more", P);
   if (max_bytes < 4096) max_bytes = 4096;
-  char *s = tdm__malloc(max_bytes), *r = tdm__malloc(max_bytes), *all = P > 2 ? tdm__malloc(max_bytes * (size_t)P) : NULL;
-  if (!s || !r || (P > 2 && !all)) {
+  /* the fan exchange receives P blocks: up to 64 MiB of them (larger sizes are not measured, their
+   * fan points stay 0 and no fit uses them) */
+  size_t fan_max = P > 2 ? ((size_t)64 << 20) / (size_t)P : 0;
+  if (fan_max > max_bytes) fan_max = max_bytes;
+  char *s = tdm__malloc(max_bytes), *r = tdm__malloc(max_bytes), *all = fan_max ? tdm__malloc(fan_max * (size_t)P) : NULL;
+  if (!s || !r || (fan_max && !all)) {
     tdm__free(s), tdm__free(r), tdm__free(all);
     return tdm__set_error(TDM_ERR_NO_MEMORY, "calibrate: out of memory");
   }
@@ -163,8 +166,8 @@ tdm_status tdm_sim_calibrate_link(tdm_comm_t c, size_t max_bytes, int ranks_per_
     st = exchange(c, s, r, n, iters, 1, &v[0], &v[1]);
     if (st == TDM_OK) st = tdm_comm_barrier(c);
     if (st == TDM_OK) st = exchange(c, s, r, n, iters, 0, &v[2], &v[3]);
-    if (st == TDM_OK && P > 2) st = tdm_comm_barrier(c);
-    if (st == TDM_OK && P > 2) st = fan_exchange(c, s, all, n, iters, &v[4], &v[5]);
+    if (st == TDM_OK && n <= fan_max) st = tdm_comm_barrier(c);
+    if (st == TDM_OK && n <= fan_max) st = fan_exchange(c, s, all, n, iters, &v[4], &v[5]);
     /* rank 0's wall times; the CPU times averaged over the ranks that took part */
     double sums[3] = {v[1], v[3], v[5]};
     if (st == TDM_OK) st = tdm_comm_allreduce(c, sums, sums, 3, TDM_F64, TDM_SUM, TDM_ALGO_AUTO);

@@ -46,6 +46,10 @@ tdm_status tdm_sim_cluster_check(const tdm_sim_cluster *k, const char *where) {
         snprintf(f, sizeof f, "%s.%s", ln[i], vn[j]);
         return bad(where, f, v[j], "a finite number >= 0 (seconds, per byte for beta, gamma, cpu_beta and fan_beta)");
       }
+    if (l[i]->big_factor > 0 && l[i]->big_factor < 1) { /* 0: zero-initialised, none */
+      snprintf(f, sizeof f, "%s.big_factor", ln[i]);
+      return bad(where, f, l[i]->big_factor, "1 or more (what a byte beyond big_bytes costs against one below it)");
+    }
     if (l[i]->pairwise != 0 && l[i]->pairwise != 1) {
       snprintf(f, sizeof f, "%s.pairwise", ln[i]);
       return bad(where, f, l[i]->pairwise, "0 (a rank's messages share its link) or 1 (a link per pair of ranks)");

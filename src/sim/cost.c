@@ -42,7 +42,7 @@ static int on_node(const tdm_sim_cluster *k, int p) { return imin(p, k->ranks_pe
  * pieces each (cross: ranks of a node sending across at once, sharing its link), does `cpu_msgs`
  * messages' worth of CPU work (1: it sends one and receives one; 0.5: one end of a message) and
  * reduces `red` bytes; `active` ranks of the node do the same at once. */
-static double step(const tdm_sim_cluster *k, const tdm_sim_link *l, double n, double chunks, int fan, double cross, double cpu_msgs,
+double tdm__sim_step(const tdm_sim_cluster *k, const tdm_sim_link *l, double n, double chunks, int fan, double cross, double cpu_msgs,
                    double red, int active) {
   double wire = l->pairwise ? chunks * l->alpha + n * l->beta /* every message on a link of its own */
                             : fan * chunks * l->alpha + n * l->beta * fan * cross;
@@ -61,11 +61,11 @@ static double step(const tdm_sim_cluster *k, const tdm_sim_link *l, double n, do
  * cores, the receiver's core runs another rank the rest of the time, cpu_cores / node of it idle. */
 static double oneway(const tdm_sim_cluster *k, const tdm_sim_link *l, double n, double chunks, double red, int active, int node) {
   double idle = k->cpu_cores > 0 && node > k->cpu_cores ? k->cpu_cores / node : 1;
-  return l->wake * idle + step(k, l, n, chunks, 1, 1, 0.5, red, active);
+  return l->wake * idle + tdm__sim_step(k, l, n, chunks, 1, 1, 0.5, red, active);
 }
 /* An exchange: every active rank sends n to one peer while receiving n from another (reducing red). */
 static double xchg(const tdm_sim_cluster *k, const tdm_sim_link *l, double n, double cross, double red, int active) {
-  return step(k, l, n, chunks_of(n), 1, cross, 1, red, active);
+  return tdm__sim_step(k, l, n, chunks_of(n), 1, cross, 1, red, active);
 }
 
 /* The link a step of distance d (partner r xor d, or r + d around a ring) uses among p ranks;
@@ -216,7 +216,7 @@ static double tree(const tdm_sim_cluster *k, tdm_sim_kind kind, double n, int p)
 static double chain(const tdm_sim_cluster *k, tdm_sim_kind kind, double n, int p) {
   if (kind != TDM_SIM_BROADCAST) return -1;
   double pieces = chunks_of(n);
-  return (p - 1 + pieces - 1) * step(k, ring_link(k, p), n / pieces, 1, 1, 1, 1, 0, on_node(k, p));
+  return (p - 1 + pieces - 1) * tdm__sim_step(k, ring_link(k, p), n / pieces, 1, 1, 1, 1, 0, on_node(k, p));
 }
 
 /* ---- direct: every rank sends each block straight to its owner, p - 1 messages at once: the
@@ -227,8 +227,8 @@ static double direct(const tdm_sim_cluster *k, tdm_sim_kind kind, double n, int 
   const tdm_sim_link *l = ring_link(k, p);
   double rounds = chunks_of(n / p), piece = n / p / rounds;
   int a = on_node(k, p);
-  double rs = rounds * step(k, l, piece, 1, p - 1, 1, p - 1, (p - 1) * piece, a);
-  double ag = step(k, l, n / p, 1, p - 1, 1, p - 1, 0, a);
+  double rs = rounds * tdm__sim_step(k, l, piece, 1, p - 1, 1, p - 1, (p - 1) * piece, a);
+  double ag = tdm__sim_step(k, l, n / p, 1, p - 1, 1, p - 1, 0, a);
   switch (kind) {
   case TDM_SIM_ALLREDUCE: return rs + ag;
   case TDM_SIM_REDUCE_SCATTER: return rs;
@@ -247,9 +247,9 @@ static double shm(const tdm_sim_cluster *k, tdm_sim_kind kind, double n, int p) 
   tdm_sim_link c = *l;
   c.alpha = 0, c.pairwise = 1;
   switch (kind) {
-  case TDM_SIM_ALLREDUCE: c.beta *= 2; return 2 * barrier + step(k, &c, n, 1, 1, 1, 1, red, p);
-  case TDM_SIM_REDUCE_SCATTER: return 2 * barrier + step(k, &c, n, 1, 1, 1, 0.5, red, p);
-  case TDM_SIM_ALLGATHER: c.beta *= 2; return 2 * barrier + step(k, &c, n, 1, 1, 1, 1, 0, p);
+  case TDM_SIM_ALLREDUCE: c.beta *= 2; return 2 * barrier + tdm__sim_step(k, &c, n, 1, 1, 1, 1, red, p);
+  case TDM_SIM_REDUCE_SCATTER: return 2 * barrier + tdm__sim_step(k, &c, n, 1, 1, 1, 0.5, red, p);
+  case TDM_SIM_ALLGATHER: c.beta *= 2; return 2 * barrier + tdm__sim_step(k, &c, n, 1, 1, 1, 1, 0, p);
   default: return -1;
   }
 }

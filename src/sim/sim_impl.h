@@ -37,6 +37,12 @@ struct tdm_sim_model {
  * one machine; 0: all): out->cpu_cores and out->pingpong must be set (the check and wake use
  * them); sets link's alpha, beta, cpu_alpha, cpu_beta, fan_alpha, fan_beta, big_bytes, big_factor
  * (from pt->cache) and wake, ring_alpha, ring_beta and the check. Separate for the tests. */
+/* One step of an algorithm (cost.c): each rank sends `fan` messages of n bytes at once, in `chunks`
+ * pieces, `cross` of a node's ranks sharing its link, `cpu_msgs` messages' worth of CPU work, `red`
+ * bytes reduced, `active` ranks of the node working at once. The calibration's check uses it. */
+double tdm__sim_step(const tdm_sim_cluster *k, const tdm_sim_link *l, double n, double chunks, int fan, double cross, double cpu_msgs,
+                     double red, int active);
+
 tdm_status tdm__sim_fit_link(const tdm_sim_calib_points *pt, int ranks, int ranks_per_node, tdm_sim_calibration *out);
 
 #endif

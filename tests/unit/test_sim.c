@@ -448,6 +448,9 @@ static void test_bad_input(void) {
   k.cpu_cores = -1;
   CHECK(tdm_sim_cluster_check(&k, "here") == TDM_ERR_INVALID_ARG);
   CHECK_ERR_HAS("here: cpu_cores is -1");
+  k.cpu_cores = 0, k.inter.big_factor = 0.5; /* a byte beyond the L2 cheaper than one within: refused */
+  CHECK(tdm_sim_cluster_check(&k, "here") == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("inter.big_factor is 0.5");
   remove(path);
   CHECK(tdm_sim_cluster_load(path, &back) == TDM_ERR_IO);
 }
