@@ -5,7 +5,7 @@
 # from the calibration at the same world size: at 2 ranks within a factor of 2 (the emulated link's
 # sleeps dominate, which is what makes the bound hold under load), at 4 ranks within a factor of 4
 # (they oversubscribe the 2 cores beside the CI's other tests: a 64 KiB exchange measured 2-3x its
-# prediction there while the same points measure within 30% on a quiet machine). A pair outside
+# prediction there while the same points measure within 5% on a quiet machine). A pair outside
 # its bound is measured up to twice more, as a burst of other jobs can triple one measurement. This
 # is a check that the model is not wrong by a large factor; its accuracy is bench/sim_validate.sh's
 # to measure (docs/PERFORMANCE.md has the full table). The sanitizer
@@ -50,7 +50,7 @@ sys.exit(1 if bad or not meas else 0)
 EOF
 }
 
-predicted_vs_measured() { # a pair out of bounds is measured once more: a burst of other jobs is not a wrong model
+predicted_vs_measured() { # a pair out of bounds is measured up to twice more: a burst of other jobs is not a wrong model
   [[ -s $TMP/c2.json && -s $TMP/c4.json ]] || return 1
   if ldd "$T" 2>/dev/null | grep -q libasan; then # instrumented copies and reductions cost 2-3x what the calibration saw
     echo "  skipped in the sanitizer build: the timings are the Release build's to check"
