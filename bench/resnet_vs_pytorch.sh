@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # tandem vs PyTorch 1.13: the training step of resnet20 (width 16) and of the small CNN on 1x28x28
 # images, batch 128, at 1 and 2 threads. Both sides run in turn, REPS times; medians and their
-# ratio, and the share of the machine's FMA peak (cores used x the measured GHz x 32 flop/cycle: two FMA
-# units of 8 floats, or AVX-512 split over them as on Zen 4) and of the measured single-core sgemm rate that the step reaches, counting the
-# step's flop as PyTorch's hooks count them (bench/resnet_pytorch.py: forward, input and weight
-# gradients of every conv and linear layer).
+# ratio, and the share of the machine's FMA peak (cores used x the FMA rate bench/sgemm_peak
+# measures: 16 floats x 2 units x 2 flop a cycle where AVX-512 runs at full width, half that where
+# it is split or absent) and of the measured single-core sgemm rate that the step reaches, counting
+# the step's flop as PyTorch's hooks count them (bench/resnet_pytorch.py: forward, input and
+# weight gradients of every conv and linear layer).
 #
 #   bench/resnet_vs_pytorch.sh [REPS=3] [STEPS=8]
+#
+# OpenBLAS chooses its kernels from the processor, as PyTorch's oneDNN does: an OPENBLAS_CORETYPE
+# in the environment (this project's machines set Haswell, which halves sgemm on their AVX-512
+# cores) is removed for the run; BLAS_CORETYPE=Haswell bench/resnet_vs_pytorch.sh asks for one.
 #
 # tandem trains on a generated IDX set of Fashion-MNIST's shape (1280 training images, 10 test
 # images, so the closing evaluation costs nothing); samples/s from its per-step metrics after 2
@@ -19,6 +24,7 @@ make build >/dev/null
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 PY=/usr/bin/python3
+if [[ -n ${BLAS_CORETYPE:-} ]]; then export OPENBLAS_CORETYPE=$BLAS_CORETYPE; else unset OPENBLAS_CORETYPE; fi
 $PY - "$TMP" <<'PYEOF'
 import random, struct, sys
 random.seed(1)
@@ -61,14 +67,17 @@ SGEMM=$($PY -c 'import json,sys; print(json.loads(sys.argv[1])["sgemm_gflops"])'
 # which the measured sgemm would be 1.6x the peak); /proc/cpuinfo only where it cannot be measured
 GHZ=$($PY -c 'import json,sys; print(json.loads(sys.argv[1])["clock_ghz"])' "$PEAK")
 [[ $GHZ == 0 || $GHZ == 0.0 ]] && GHZ=$(awk -F: '/cpu MHz/ { print $2 / 1000; exit }' /proc/cpuinfo)
+FMA=$($PY -c 'import json,sys; print(json.loads(sys.argv[1])["fma_gflops"])' "$PEAK")
+[[ $FMA == 0 || $FMA == 0.0 ]] && FMA=$($PY -c "print($GHZ * 32)") # not measured: two 8-float FMA units
+CORE=$($PY -c 'import json,sys; print(json.loads(sys.argv[1])["blas_core"])' "$PEAK")
 median() { sort -g "$1" | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 printf "\nTraining step, batch 128, medians of %s runs of %s steps (samples/s); load average: %s\n" "$REPS" "$STEPS" "$(cut -d' ' -f1-3 /proc/loadavg)"
 printf "%7s %7s %10s %10s %7s %12s %12s\n" model threads tandem pytorch ratio "% FMA peak" "% sgemm"
 for m in resnet cnn; do
   for t in 1 2; do
     f=FLOP_$m
-    awk -v m=$m -v th=$t -v a="$(median "$TMP/t.$m.$t")" -v b="$(median "$TMP/p.$m.$t")" -v f="${!f}" -v g="$GHZ" -v s="$SGEMM" 'BEGIN {
-      printf "%7s %7d %10.0f %10.0f %6.2fx %11.1f%% %11.1f%%\n", m, th, a, b, a / b, 100 * a * f / (th * g * 32e9), 100 * a * f / (th * s * 1e9) }'
+    awk -v m=$m -v th=$t -v a="$(median "$TMP/t.$m.$t")" -v b="$(median "$TMP/p.$m.$t")" -v f="${!f}" -v p="$FMA" -v s="$SGEMM" 'BEGIN {
+      printf "%7s %7d %10.0f %10.0f %6.2fx %11.1f%% %11.1f%%\n", m, th, a, b, a / b, 100 * a * f / (th * p * 1e9), 100 * a * f / (th * s * 1e9) }'
   done
 done
-echo "(flop per sample: resnet20 $FLOP_resnet, cnn $FLOP_cnn; FMA peak: $GHZ GHz x 32 flop/cycle per core; sgemm: $SGEMM GFLOP/s on one core; ratio = tandem / PyTorch)"
+echo "(flop per sample: resnet20 $FLOP_resnet, cnn $FLOP_cnn; FMA peak: $FMA GFLOP/s per core at $GHZ GHz, measured; sgemm: $SGEMM GFLOP/s on one core with OpenBLAS's $CORE kernels; ratio = tandem / PyTorch)"

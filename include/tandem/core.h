@@ -88,7 +88,8 @@ void tdm_mem_stats_get(tdm_mem_stats *out);
 void tdm_mem_peak_reset(void);
 
 /* ---- intra-op threads ------------------------------------------------------------------
- * One process-wide pool runs the element-wise kernels; OpenBLAS is given the same count.
+ * One process-wide pool runs the element-wise kernels and splits large products; OpenBLAS runs
+ * single-threaded inside it.
  * tdm_set_num_threads(0) picks TANDEM_NUM_THREADS if set, otherwise all online cores.
  * Not thread-safe with respect to concurrent kernels: call it between steps. */
 tdm_status tdm_set_num_threads(int n);
@@ -97,6 +98,9 @@ int tdm_get_num_threads(void);
  * LOCAL_WORLD_SIZE ranks when set, else ranks (what helper threads, prefetch and communication,
  * need to run beside compute rather than take turns with it). */
 int tdm_spare_core(int ranks);
+/* The OpenBLAS kernels this process runs ("Cooperlake", "Haswell", ...): chosen by OpenBLAS
+ * when it loads, from the processor or OPENBLAS_CORETYPE. Thread-safe; the string is static. */
+const char *tdm_blas_core(void);
 
 /* Runs fn(ctx, begin, end) over [0, n) split into at most num_threads contiguous ranges, each
  * at least min_chunk long. Returns when all ranges are done. Must not be called from inside fn. */

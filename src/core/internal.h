@@ -15,6 +15,9 @@ _Noreturn void tdm__assert_fail(const char *expr, const char *file, int line);
 /* Always on: for invariants of our own code, never for checking the caller's input. */
 #define TDM_ASSERT(x) ((x) ? (void)0 : tdm__assert_fail(#x, __FILE__, __LINE__))
 
+/* OpenBLAS at one thread (blas_config.c: the file that also chooses its kernels). */
+void tdm__blas_single_thread(void);
+
 /* Allocation through these is counted, so tests can prove a steady-state step allocates nothing. */
 void *tdm__malloc(size_t n);
 void *tdm__calloc(size_t n, size_t size);

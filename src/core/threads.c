@@ -12,7 +12,6 @@
 #include "core/internal.h"
 #include "tandem/cluster.h"
 
-void openblas_set_num_threads(int num_threads); /* from libopenblas */
 
 static struct {
   pthread_mutex_t mu;
@@ -83,7 +82,7 @@ tdm_status tdm_set_num_threads(int n) {
     if (n <= 0) n = tdm_launch_default_threads(); /* this node's cores divided among its ranks */
   }
   if (n > 256) return tdm__set_error(TDM_ERR_INVALID_ARG, "set_num_threads: %d threads; expected <= 256", n);
-  openblas_set_num_threads(1);
+  tdm__blas_single_thread();
   if (n == pool.n_threads && pool.n_workers == n - 1) return TDM_OK;
   pool_stop();
   pool.n_threads = 1;

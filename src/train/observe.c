@@ -50,7 +50,7 @@ static int env_relevant(const char *kv) {
   static const char *const skip[] = {"TANDEM_JOB_TOKEN=", "TANDEM_STORE_FD=", "TANDEM_LAUNCHER_", "TANDEM_STATUS_DIR="};
   for (size_t i = 0; i < sizeof skip / sizeof *skip; i++)
     if (!strncmp(kv, skip[i], strlen(skip[i]))) return 0;
-  return !strncmp(kv, "TANDEM_", 7) || !strncmp(kv, "OMP_NUM_THREADS=", 16) || !strncmp(kv, "OPENBLAS_NUM_THREADS=", 21) ||
+  return !strncmp(kv, "TANDEM_", 7) || !strncmp(kv, "OMP_NUM_THREADS=", 16) || !strncmp(kv, "OPENBLAS_", 9) ||
          !strncmp(kv, "WORLD_SIZE=", 11) || !strncmp(kv, "LOCAL_WORLD_SIZE=", 17);
 }
 
@@ -105,6 +105,7 @@ void tdm__metrics_header(FILE *f, const tdm__header_in *in) {
   char cores[32];
   snprintf(cores, sizeof cores, "%ld", sysconf(_SC_NPROCESSORS_ONLN));
   put_kv(f, "cores", cores, &first);
+  put_kv(f, "blas_core", tdm_blas_core(), &first); /* OpenBLAS's kernels: AVX-512 or AVX2 doubles sgemm */
 #ifdef __VERSION__
   put_kv(f, "compiler", __VERSION__, &first);
 #endif
