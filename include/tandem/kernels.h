@@ -154,6 +154,15 @@ void tdm_k_conv2d_fwd_batched(float *out, const float *x, const float *w, const 
                               const tdm_conv_shape *s);
 void tdm_k_conv2d_bwd_batched(float *dx, float *dw, float *db, const float *dout, const float *x, const float *w,
                               float *ws, const tdm_conv_shape *s);
+/* The batched kernels above run these where they fit: stride 1, 3x3 pad 1 or 5x5 pad 2, built
+ * for AVX-512 and not turned off by TANDEM_CONV=im2col (kernels_conv_direct.c: no column matrix;
+ * ws of tdm_k_conv2d_direct_ws_floats(s) floats, 0 where it does not fit). */
+int tdm_k_conv2d_direct_fits(const tdm_conv_shape *s);
+int64_t tdm_k_conv2d_direct_ws_floats(const tdm_conv_shape *s);
+void tdm_k_conv2d_fwd_direct(float *out, const float *x, const float *w, const float *b, float *ws,
+                             const tdm_conv_shape *s);
+void tdm_k_conv2d_bwd_direct(float *dx, float *dw, float *db, const float *dout, const float *x, const float *w,
+                             float *ws, const tdm_conv_shape *s);
 
 /* Batch normalization over x (N, C, HW), per channel. sums: sum[c] and sumsq[c] of x (double,
  * written). fwd: y = (x - mean) * rstd * w + b. bwd_sums: sdy[c] = sum dy, sdyx[c] = sum dy *

@@ -16,6 +16,7 @@ int64_t tdm_k_conv2d_chunk(const tdm_conv_shape *s) {
 }
 
 int64_t tdm_k_conv2d_ws_floats(const tdm_conv_shape *s) {
+  if (tdm_k_conv2d_direct_fits(s)) return tdm_k_conv2d_direct_ws_floats(s);
   int64_t nb = tdm_k_conv2d_chunk(s), P = s->OH * s->OW;
   return nb * P * (s->Ci * s->KH * s->KW + s->Co);
 }
@@ -139,6 +140,10 @@ static void gather_dout(void *vc, int64_t c0, int64_t c1) {
 
 void tdm_k_conv2d_fwd_batched(float *out, const float *x, const float *w, const float *b, float *ws,
                               const tdm_conv_shape *s) {
+  if (tdm_k_conv2d_direct_fits(s)) {
+    tdm_k_conv2d_fwd_direct(out, x, w, b, ws, s);
+    return;
+  }
   int64_t K = s->Ci * s->KH * s->KW, P = s->OH * s->OW, NB = tdm_k_conv2d_chunk(s);
   float *col = ws, *tmp = ws + NB * P * K;
   for (int64_t n0 = 0; n0 < s->N; n0 += NB) {
@@ -152,6 +157,10 @@ void tdm_k_conv2d_fwd_batched(float *out, const float *x, const float *w, const 
 
 void tdm_k_conv2d_bwd_batched(float *dx, float *dw, float *db, const float *dout, const float *x, const float *w,
                               float *ws, const tdm_conv_shape *s) {
+  if (tdm_k_conv2d_direct_fits(s)) {
+    tdm_k_conv2d_bwd_direct(dx, dw, db, dout, x, w, ws, s);
+    return;
+  }
   int64_t K = s->Ci * s->KH * s->KW, P = s->OH * s->OW, NB = tdm_k_conv2d_chunk(s);
   float *col = ws, *tmp = ws + NB * P * K;
   for (int64_t n0 = 0; n0 < s->N; n0 += NB) {

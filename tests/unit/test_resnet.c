@@ -19,11 +19,13 @@ static double max_abs_diff(const float *a, const float *b, int64_t n) {
 }
 
 /* The batched kernels equal the per-image im2col reference (the old kernel), forward and every
- * gradient, including shapes cut into several chunks. */
+ * gradient, including shapes cut into several chunks and, where the machine has AVX-512, the
+ * direct kernels (3x3 and 5x5 "same" convolutions; channel counts that fill no register tile). */
 static void test_conv_batched_matches_reference(void) {
   const int64_t cases[][8] = {/* N, Ci, H, W, Co, K, stride, pad */
                               {5, 3, 7, 6, 4, 3, 1, 1}, {4, 2, 9, 8, 3, 3, 2, 1}, {3, 4, 6, 6, 5, 1, 2, 0},
-                              {2, 1, 5, 5, 2, 5, 1, 2}, {20, 16, 28, 28, 4, 3, 1, 1}, {3, 2, 4, 4, 3, 3, 1, 0}};
+                              {2, 1, 5, 5, 2, 5, 1, 2}, {20, 16, 28, 28, 4, 3, 1, 1}, {3, 2, 4, 4, 3, 3, 1, 0},
+                              {3, 10, 7, 7, 9, 3, 1, 1}, {2, 6, 14, 13, 7, 5, 1, 2}, {1, 17, 1, 1, 3, 3, 1, 1}};
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     const int64_t *k = cases[c];
     tdm_conv_shape s = {k[0], k[1], k[2], k[3], k[4], k[5], k[5], k[6], k[7], 0, 0};
@@ -46,6 +48,11 @@ static void test_conv_batched_matches_reference(void) {
     CHECK_MSG(max_abs_diff(dx0, dx1, nx) < tol, "case %zu: dx differs by %g", c, max_abs_diff(dx0, dx1, nx));
     CHECK_MSG(max_abs_diff(dw0, dw1, nw) < tol, "case %zu: dw differs by %g", c, max_abs_diff(dw0, dw1, nw));
     CHECK_MSG(max_abs_diff(db0, db1, s.Co) < tol, "case %zu: db differs by %g", c, max_abs_diff(db0, db1, s.Co));
+#if defined(__AVX512F__)
+    int same = s.stride == 1 && ((s.KH == 3 && s.pad == 1) || (s.KH == 5 && s.pad == 2));
+    CHECK_MSG(tdm_k_conv2d_direct_fits(&s) == same || getenv("TANDEM_CONV"), "case %zu: the direct kernel %s", c,
+              same ? "should run" : "should not run");
+#endif
     if (c == 4) CHECK_MSG(tdm_k_conv2d_chunk(&s) < s.N, "case 4 should span several chunks (chunk %lld)", (long long)tdm_k_conv2d_chunk(&s));
     free(x), free(w), free(b), free(y0), free(y1), free(dy), free(dx0), free(dx1), free(dw0), free(dw1), free(db0), free(db1),
         free(col), free(ws);

@@ -1,0 +1,368 @@
+/* conv2d without a column matrix, for the convolutions ResNets and the small CNN are made of:
+ * stride 1, square 3x3 (pad 1) or 5x5 (pad 2) kernels, which keep the image's size.
+ *
+ * Each image plane is copied once into a zero-padded plane of width Wp = W + 2 pad. On that
+ * plane an output pixel (y, x) and its input tap (ky, kx) are q = y Wp + x and q + ky Wp + kx:
+ * every tap is the same contiguous run of memory shifted by a constant, so a block of 16 output
+ * pixels is one unaligned 16-float load per tap and input channel, and the products are AVX-512
+ * FMAs on registers (8 output channels x 48 pixels). The two columns of a row that fall in the
+ * padding are computed and dropped (7% more work at 28x28, 29% at 7x7) instead of the nine-fold
+ * column matrix im2col writes and the GEMM reads back. The input gradient is the same kernel on
+ * the padded output gradient with the weights flipped and transposed; the weight gradient keeps
+ * per-lane sums of output gradient x shifted input in registers (2 output channels x 9 taps, or
+ * 4 x 5) and adds them across lanes at the end.
+ *
+ * Bits: forward and input gradient compute each image alone, the weight gradient each (output
+ * channels, input channel) on its own in the order (image, pixel): nothing depends on the thread
+ * count. TANDEM_CONV=im2col turns the path off (benchmarks compare the two). */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tandem/core.h"
+#include "tandem/kernels.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+#define OB 8 /* output channels per register tile */
+
+typedef struct {
+  int64_t N, Ci, Co, H, W, K, KK, p, Wp, Lq, Ls, off[25];
+} geo;
+
+static int64_t up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+static void geo_of(const tdm_conv_shape *s, geo *g) {
+  g->N = s->N, g->Ci = s->Ci, g->Co = s->Co, g->H = s->H, g->W = s->W, g->K = s->KH, g->KK = s->KH * s->KH;
+  g->p = s->pad, g->Wp = s->W + 2 * s->pad;
+  g->Lq = up(g->H * g->Wp, 16); /* output pixels on the padded grid, whole vectors */
+  int64_t need = g->Lq + (g->K - 1) * g->Wp + g->K - 1; /* past the last shifted load */
+  if (need < (g->H + 2 * g->p) * g->Wp) need = (g->H + 2 * g->p) * g->Wp;
+  g->Ls = up(need, 16);
+  for (int64_t t = 0; t < g->KK; t++) g->off[t] = (t / g->K) * g->Wp + t % g->K;
+}
+
+/* The weight gradient's register tile: DB output channels x DT taps. */
+static int64_t dw_ob(const geo *g) { return g->K == 3 ? 2 : 4; }
+static int64_t dw_taps(const geo *g) { return g->K == 3 ? 9 : 5; }
+
+typedef struct {
+  int64_t xpad, opg, wp, total; /* offsets (floats) into the forward's workspace */
+} fwd_layout;
+typedef struct {
+  int64_t xpad, dpad, dxpg, wp, st, total;
+} bwd_layout;
+
+static fwd_layout fwd_of(const geo *g) {
+  fwd_layout l;
+  l.xpad = 0;
+  l.opg = l.xpad + g->N * g->Ci * g->Ls;
+  l.wp = l.opg + g->N * up(g->Co, OB) * g->Lq;
+  l.total = l.wp + up(g->Co, OB) * g->Ci * g->KK;
+  return l;
+}
+
+static bwd_layout bwd_of(const geo *g) {
+  bwd_layout l;
+  int64_t cor = up(g->Co, dw_ob(g)), tasks = cor / dw_ob(g) * g->Ci * (g->KK / dw_taps(g));
+  l.xpad = 0;
+  l.dpad = l.xpad + g->N * g->Ci * g->Ls;
+  l.dxpg = l.dpad + g->N * cor * g->Ls;
+  l.wp = l.dxpg + g->N * up(g->Ci, OB) * g->Lq;
+  l.st = l.wp + up(g->Ci, OB) * g->Co * g->KK;
+  l.total = l.st + tasks * dw_ob(g) * dw_taps(g) * 16;
+  return l;
+}
+
+/* ---- padding ---------------------------------------------------------------------------- */
+
+typedef struct {
+  const geo *g;
+  float *dst;       /* planes of Ls floats */
+  const float *src; /* planes of H*W floats */
+  int64_t C, Cd;    /* channels per image in src, and in dst (extra planes are zeros) */
+} pad_ctx;
+
+static void pad_range(void *vc, int64_t a, int64_t b) {
+  pad_ctx *c = vc;
+  const geo *g = c->g;
+  for (int64_t i = a; i < b; i++) { /* i: image x dst channel */
+    int64_t n = i / c->Cd, ch = i % c->Cd;
+    float *d = c->dst + i * g->Ls;
+    if (ch >= c->C) {
+      memset(d, 0, sizeof(float) * (size_t)g->Ls);
+      continue;
+    }
+    const float *s = c->src + (n * c->C + ch) * g->H * g->W;
+    memset(d, 0, sizeof(float) * (size_t)(g->p * g->Wp));
+    for (int64_t y = 0; y < g->H; y++) {
+      float *row = d + (y + g->p) * g->Wp;
+      for (int64_t x = 0; x < g->p; x++) row[x] = 0.0f, row[g->p + g->W + x] = 0.0f;
+      memcpy(row + g->p, s + y * g->W, sizeof(float) * (size_t)g->W);
+    }
+    memset(d + (g->H + g->p) * g->Wp, 0, sizeof(float) * (size_t)(g->Ls - (g->H + g->p) * g->Wp));
+  }
+}
+
+static void pad_planes(const geo *g, float *dst, const float *src, int64_t C, int64_t Cd) {
+  pad_ctx c = {g, dst, src, C, Cd};
+  tdm_parallel_for(g->N * Cd, 4, pad_range, &c);
+}
+
+/* ---- the convolution on the padded grid (forward and input gradient) --------------------- */
+
+/* out[c][q0 .. q0 + 16 PB) for OB channels, over I input planes of the image, from packed
+ * weights wp[i][t][OB]. PB is a constant at each call, so acc lives in registers. */
+static inline __attribute__((always_inline)) void conv_tile(int PB, float *out, int64_t Lq, const float *in, int64_t I,
+                                                            int64_t Ls, const float *wp, const geo *g) {
+  __m512 acc[OB][3];
+  for (int c = 0; c < OB; c++)
+    for (int j = 0; j < 3; j++) acc[c][j] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < I; i++) {
+    const float *src = in + i * Ls, *w = wp + i * g->KK * OB;
+    for (int64_t t = 0; t < g->KK; t++, w += OB) {
+      const float *s = src + g->off[t];
+      __m512 v[3];
+      for (int j = 0; j < PB; j++) v[j] = _mm512_loadu_ps(s + 16 * j);
+      for (int c = 0; c < OB; c++) {
+        __m512 b = _mm512_set1_ps(w[c]);
+        for (int j = 0; j < PB; j++) acc[c][j] = _mm512_fmadd_ps(b, v[j], acc[c][j]);
+      }
+    }
+  }
+  for (int c = 0; c < OB; c++)
+    for (int j = 0; j < PB; j++) _mm512_storeu_ps(out + c * Lq + 16 * j, acc[c][j]);
+}
+
+typedef struct {
+  const geo *g;
+  float *out;       /* (N, Or, Lq) */
+  const float *in;  /* (N, Istride planes of Ls) */
+  const float *wp;  /* (Or / OB, I, KK, OB) */
+  int64_t I, Istride, Or;
+} conv_ctx;
+
+static void conv_range(void *vc, int64_t a, int64_t b) {
+  conv_ctx *c = vc;
+  const geo *g = c->g;
+  for (int64_t n = a; n < b; n++)
+    for (int64_t ob = 0; ob < c->Or / OB; ob++) {
+      float *out = c->out + (n * c->Or + ob * OB) * g->Lq;
+      const float *in = c->in + n * c->Istride * g->Ls, *wp = c->wp + ob * c->I * g->KK * OB;
+      int64_t q = 0;
+      for (; q + 48 <= g->Lq; q += 48) conv_tile(3, out + q, g->Lq, in + q, c->I, g->Ls, wp, g);
+      for (; q < g->Lq; q += 16) conv_tile(1, out + q, g->Lq, in + q, c->I, g->Ls, wp, g);
+    }
+}
+
+/* ---- copies out of the padded grid ---------------------------------------------------------- */
+
+typedef struct {
+  const geo *g;
+  float *dst;       /* (N, C, H, W) */
+  const float *src; /* (N, Cs, Lq) */
+  const float *bias;
+  int64_t C, Cs, add;
+} unpad_ctx;
+
+static void unpad_range(void *vc, int64_t a, int64_t b) {
+  unpad_ctx *c = vc;
+  const geo *g = c->g;
+  for (int64_t i = a; i < b; i++) {
+    int64_t n = i / c->C, ch = i % c->C;
+    float *d = c->dst + i * g->H * g->W, bv = c->bias ? c->bias[ch] : 0.0f;
+    const float *s = c->src + (n * c->Cs + ch) * g->Lq;
+    for (int64_t y = 0; y < g->H; y++) {
+      float *restrict dr = d + y * g->W;
+      const float *restrict sr = s + y * g->Wp;
+      if (c->add)
+        for (int64_t x = 0; x < g->W; x++) dr[x] += sr[x];
+      else
+        for (int64_t x = 0; x < g->W; x++) dr[x] = sr[x] + bv;
+    }
+  }
+}
+
+static void unpad(const geo *g, float *dst, const float *src, const float *bias, int64_t C, int64_t Cs, int add) {
+  unpad_ctx c = {g, dst, src, bias, C, Cs, add};
+  tdm_parallel_for(g->N * C, 4, unpad_range, &c);
+}
+
+/* ---- the weight gradient ------------------------------------------------------------------ */
+
+typedef struct {
+  const geo *g;
+  const float *xpad, *dpad; /* (N, Ci, Ls), (N, Cor, Ls) */
+  float *st;                /* per task: DB x DT x 16 partial sums */
+  float *dw;
+  int64_t Cor, nb;          /* dpad's channels per image; images per cache-sized chunk */
+} dw_ctx;
+
+static inline __attribute__((always_inline)) void dw_task(int DB, int DT, const dw_ctx *c, int64_t task, int64_t n0,
+                                                          int64_t n1) {
+  const geo *g = c->g;
+  int64_t groups = g->KK / DT, ci = (task / groups) % g->Ci, cb = task / (groups * g->Ci), t0 = task % groups * DT;
+  float *st = c->st + task * DB * DT * 16;
+  __m512 acc[4][9];
+  for (int o = 0; o < DB; o++)
+    for (int t = 0; t < DT; t++) acc[o][t] = _mm512_loadu_ps(st + (o * DT + t) * 16);
+  const int64_t centre = g->p * g->Wp + g->p; /* dout (y, x) in the padded plane */
+  for (int64_t n = n0; n < n1; n++) {
+    const float *x = c->xpad + (n * g->Ci + ci) * g->Ls, *d = c->dpad + (n * c->Cor + cb * DB) * g->Ls + centre;
+    for (int64_t q = 0; q < g->Lq; q += 16) {
+      __m512 dv[4];
+      for (int o = 0; o < DB; o++) dv[o] = _mm512_loadu_ps(d + o * g->Ls + q);
+      for (int t = 0; t < DT; t++) {
+        __m512 xv = _mm512_loadu_ps(x + g->off[t0 + t] + q);
+        for (int o = 0; o < DB; o++) acc[o][t] = _mm512_fmadd_ps(dv[o], xv, acc[o][t]);
+      }
+    }
+  }
+  for (int o = 0; o < DB; o++)
+    for (int t = 0; t < DT; t++) _mm512_storeu_ps(st + (o * DT + t) * 16, acc[o][t]);
+}
+
+static void dw_range(void *vc, int64_t a, int64_t b) {
+  dw_ctx *c = vc;
+  const geo *g = c->g;
+  /* chunks of images outermost: a chunk's planes stay in cache while every task of the range
+   * passes over them; each task's partial sums wait in st between chunks */
+  for (int64_t n0 = 0; n0 < g->N; n0 += c->nb) {
+    int64_t n1 = n0 + c->nb < g->N ? n0 + c->nb : g->N;
+    for (int64_t task = a; task < b; task++) {
+      if (g->K == 3) dw_task(2, 9, c, task, n0, n1);
+      else dw_task(4, 5, c, task, n0, n1);
+    }
+  }
+  int64_t DB = dw_ob(g), DT = dw_taps(g), groups = g->KK / DT;
+  for (int64_t task = a; task < b; task++) {
+    int64_t ci = (task / groups) % g->Ci, cb = task / (groups * g->Ci), t0 = task % groups * DT;
+    const float *st = c->st + task * DB * DT * 16;
+    for (int64_t o = 0; o < DB; o++) {
+      int64_t co = cb * DB + o;
+      if (co >= g->Co) break;
+      for (int64_t t = 0; t < DT; t++)
+        c->dw[(co * g->Ci + ci) * g->KK + t0 + t] += _mm512_reduce_add_ps(_mm512_loadu_ps(st + (o * DT + t) * 16));
+    }
+  }
+}
+
+/* ---- the entry points --------------------------------------------------------------------- */
+
+static float *aligned(float *ws) { return (float *)(((uintptr_t)ws + 63) & ~(uintptr_t)63); }
+
+int tdm_k_conv2d_direct_fits(const tdm_conv_shape *s) {
+  static int off = -1; /* TANDEM_CONV=im2col, read once */
+  if (off < 0) {
+    const char *e = getenv("TANDEM_CONV");
+    off = e && !strcmp(e, "im2col");
+  }
+  return !off && s->stride == 1 && s->KH == s->KW && ((s->KH == 3 && s->pad == 1) || (s->KH == 5 && s->pad == 2)) &&
+         s->N > 0 && s->Ci > 0 && s->Co > 0 && s->H > 0 && s->W > 0;
+}
+
+int64_t tdm_k_conv2d_direct_ws_floats(const tdm_conv_shape *s) {
+  if (!tdm_k_conv2d_direct_fits(s)) return 0;
+  geo g;
+  geo_of(s, &g);
+  int64_t f = fwd_of(&g).total, b = bwd_of(&g).total;
+  return (f > b ? f : b) + 16; /* + alignment */
+}
+
+void tdm_k_conv2d_fwd_direct(float *out, const float *x, const float *w, const float *b, float *ws,
+                             const tdm_conv_shape *s) {
+  geo g;
+  geo_of(s, &g);
+  fwd_layout l = fwd_of(&g);
+  ws = aligned(ws);
+  float *xpad = ws + l.xpad, *opg = ws + l.opg, *wp = ws + l.wp;
+  int64_t Or = up(g.Co, OB);
+  for (int64_t ob = 0; ob < Or / OB; ob++) /* wp[ob][ci][t][c] = w[ob OB + c][ci][t] */
+    for (int64_t ci = 0; ci < g.Ci; ci++)
+      for (int64_t t = 0; t < g.KK; t++)
+        for (int64_t c = 0; c < OB; c++) {
+          int64_t co = ob * OB + c;
+          wp[((ob * g.Ci + ci) * g.KK + t) * OB + c] = co < g.Co ? w[(co * g.Ci + ci) * g.KK + t] : 0.0f;
+        }
+  pad_planes(&g, xpad, x, g.Ci, g.Ci);
+  conv_ctx c = {&g, opg, xpad, wp, g.Ci, g.Ci, Or};
+  tdm_parallel_for(g.N, 1, conv_range, &c);
+  unpad(&g, out, opg, b, g.Co, Or, 0);
+}
+
+typedef struct {
+  const float *dout;
+  float *db;
+  int64_t N, Co, P;
+} db_ctx;
+
+static void db_range(void *vc, int64_t a, int64_t b) {
+  db_ctx *c = vc;
+  for (int64_t co = a; co < b; co++) {
+    float acc = 0.0f;
+    for (int64_t n = 0; n < c->N; n++) {
+      const float *d = c->dout + (n * c->Co + co) * c->P;
+      for (int64_t p = 0; p < c->P; p++) acc += d[p];
+    }
+    c->db[co] += acc;
+  }
+}
+
+void tdm_k_conv2d_bwd_direct(float *dx, float *dw, float *db, const float *dout, const float *x, const float *w,
+                             float *ws, const tdm_conv_shape *s) {
+  geo g;
+  geo_of(s, &g);
+  bwd_layout l = bwd_of(&g);
+  ws = aligned(ws);
+  int64_t DB = dw_ob(&g), Cor = up(g.Co, DB);
+  float *xpad = ws + l.xpad, *dpad = ws + l.dpad;
+  if (db) {
+    db_ctx c = {dout, db, g.N, g.Co, g.H * g.W};
+    tdm_parallel_for(g.Co, 1, db_range, &c);
+  }
+  if (!dx && !dw) return;
+  pad_planes(&g, dpad, dout, g.Co, Cor);
+  if (dx) { /* dx = the convolution of dout with w flipped and transposed: wp[ib][co][t][c] = w[co][ib OB + c][KK-1-t] */
+    float *dxpg = ws + l.dxpg, *wp = ws + l.wp;
+    int64_t Ir = up(g.Ci, OB);
+    for (int64_t ib = 0; ib < Ir / OB; ib++)
+      for (int64_t co = 0; co < g.Co; co++)
+        for (int64_t t = 0; t < g.KK; t++)
+          for (int64_t c = 0; c < OB; c++) {
+            int64_t ci = ib * OB + c;
+            wp[((ib * g.Co + co) * g.KK + t) * OB + c] = ci < g.Ci ? w[(co * g.Ci + ci) * g.KK + g.KK - 1 - t] : 0.0f;
+          }
+    conv_ctx c = {&g, dxpg, dpad, wp, g.Co, Cor, Ir};
+    tdm_parallel_for(g.N, 1, conv_range, &c);
+    unpad(&g, dx, dxpg, NULL, g.Ci, Ir, 1);
+  }
+  if (dw) {
+    pad_planes(&g, xpad, x, g.Ci, g.Ci);
+    int64_t DT = dw_taps(&g), tasks = Cor / DB * g.Ci * (g.KK / DT);
+    memset(ws + l.st, 0, sizeof(float) * (size_t)(tasks * DB * DT * 16));
+    int64_t per_image = (g.Ci + Cor) * g.Ls * (int64_t)sizeof(float), nb = ((int64_t)384 << 10) / per_image;
+    dw_ctx c = {&g, xpad, dpad, ws + l.st, dw, Cor, nb < 1 ? 1 : nb};
+    tdm_parallel_for(tasks, 1, dw_range, &c);
+  }
+}
+
+#else /* no AVX-512: the im2col path runs every convolution */
+
+int tdm_k_conv2d_direct_fits(const tdm_conv_shape *s) {
+  (void)s;
+  return 0;
+}
+int64_t tdm_k_conv2d_direct_ws_floats(const tdm_conv_shape *s) {
+  (void)s;
+  return 0;
+}
+void tdm_k_conv2d_fwd_direct(float *out, const float *x, const float *w, const float *b, float *ws,
+                             const tdm_conv_shape *s) {
+  (void)out, (void)x, (void)w, (void)b, (void)ws, (void)s;
+}
+void tdm_k_conv2d_bwd_direct(float *dx, float *dw, float *db, const float *dout, const float *x, const float *w,
+                             float *ws, const tdm_conv_shape *s) {
+  (void)dx, (void)dw, (void)db, (void)dout, (void)x, (void)w, (void)ws, (void)s;
+}
+#endif
