@@ -215,6 +215,7 @@ static inline __attribute__((always_inline)) void dw_task(int DB, int DT, const 
       for (int o = 0; o < DB; o++) dv[o] = _mm512_loadu_ps(d + o * g->Ls + q);
       for (int t = 0; t < DT; t++) {
         __m512 xv = _mm512_loadu_ps(x + g->off[t0 + t] + q);
+        __asm__("" : "+v"(xv)); /* one load for the DB products (GCC would fold it into each FMA) */
         for (int o = 0; o < DB; o++) acc[o][t] = _mm512_fmadd_ps(dv[o], xv, acc[o][t]);
       }
     }
