@@ -1,5 +1,8 @@
 /* Batch-normalization kernels over (N, C, HW): each runs on the intra-op pool over channels,
- * and each channel's sums run in one fixed order (image by image), in double. */
+ * and each channel's sums run in one fixed order, in double: LANES running sums, value i of each
+ * image's plane going to sum i mod LANES, added up in lane order at the end. (One running sum
+ * was a chain of dependent adds, 4 cycles a value: 10% of a resnet20 step; the lanes are two
+ * vectors of doubles, two chains.) The order depends on the shape alone, never on the thread count. */
 #include <string.h>
 
 #include "tandem/core.h"
@@ -13,20 +16,35 @@ typedef struct {
   int64_t N, C, HW;
 } bn_ctx;
 
+#define LANES 16
+
+static double lane_total(const double *l) {
+  double t = 0;
+  for (int j = 0; j < LANES; j++) t += l[j];
+  return t;
+}
+
 static void sums_range(void *vc, int64_t c0, int64_t c1) {
   bn_ctx *k = vc;
+  const int64_t HW = k->HW, body = HW / LANES * LANES;
   for (int64_t c = c0; c < c1; c++) {
-    double s = 0, q = 0;
+    double s[LANES] = {0}, q[LANES] = {0};
     for (int64_t n = 0; n < k->N; n++) {
-      const float *p = k->x + (n * k->C + c) * k->HW;
-      for (int64_t i = 0; i < k->HW; i++) {
+      const float *p = k->x + (n * k->C + c) * HW;
+      for (int64_t i = 0; i < body; i += LANES)
+        for (int j = 0; j < LANES; j++) {
+          double v = p[i + j];
+          s[j] += v;
+          q[j] += v * v;
+        }
+      for (int64_t i = body; i < HW; i++) {
         double v = p[i];
-        s += v;
-        q += v * v;
+        s[i - body] += v;
+        q[i - body] += v * v;
       }
     }
-    k->s0[c] = s;
-    k->s1[c] = q;
+    k->s0[c] = lane_total(s);
+    k->s1[c] = lane_total(q);
   }
 }
 
@@ -55,18 +73,24 @@ void tdm_k_bn_fwd(float *y, const float *x, const float *w, const float *b, cons
 
 static void bwd_sums_range(void *vc, int64_t c0, int64_t c1) {
   bn_ctx *k = vc;
+  const int64_t HW = k->HW, body = HW / LANES * LANES;
   for (int64_t c = c0; c < c1; c++) {
-    double s = 0, q = 0;
+    double s[LANES] = {0}, q[LANES] = {0};
     float m = k->mean[c], r = k->rstd[c];
     for (int64_t n = 0; n < k->N; n++) {
-      const float *p = k->x + (n * k->C + c) * k->HW, *g = k->dy + (n * k->C + c) * k->HW;
-      for (int64_t i = 0; i < k->HW; i++) {
-        s += g[i];
-        q += (double)g[i] * (double)((p[i] - m) * r);
+      const float *p = k->x + (n * k->C + c) * HW, *g = k->dy + (n * k->C + c) * HW;
+      for (int64_t i = 0; i < body; i += LANES)
+        for (int j = 0; j < LANES; j++) {
+          s[j] += g[i + j];
+          q[j] += (double)g[i + j] * (double)((p[i + j] - m) * r);
+        }
+      for (int64_t i = body; i < HW; i++) {
+        s[i - body] += g[i];
+        q[i - body] += (double)g[i] * (double)((p[i] - m) * r);
       }
     }
-    k->s0[c] = s;
-    k->s1[c] = q;
+    k->s0[c] = lane_total(s);
+    k->s1[c] = lane_total(q);
   }
 }
 
