@@ -39,6 +39,7 @@ void tdm_k_axpy(float *out, float alpha, const float *x, int64_t n);     /* out 
 void tdm_k_scale(float *out, float alpha, const float *x, int64_t n);    /* out = alpha x */
 void tdm_k_relu_fwd(float *out, const float *x, int64_t n);
 void tdm_k_relu_bwd(float *dx, const float *dout, const float *x, int64_t n);
+void tdm_k_relu_bwd_set(float *dx, const float *dout, const float *x, int64_t n); /* dx = ..., not += */
 void tdm_k_gelu_fwd(float *out, const float *x, int64_t n); /* tanh approximation, as GPT-2 */
 void tdm_k_gelu_bwd(float *dx, const float *dout, const float *x, int64_t n);
 void tdm_k_gelu_bwd_set(float *dx, const float *dout, const float *x, int64_t n); /* dx = ..., not += */
@@ -147,13 +148,14 @@ void tdm_k_conv2d_bwd(float *dx, float *dw, float *db, const float *dout, const 
 
 /* The same convolution on the whole batch: chunks of tdm_k_conv2d_chunk(s) images, each one
  * im2col and one GEMM over all of its images' pixels (no per-image product). ws is scratch of
- * tdm_k_conv2d_ws_floats(s) floats. Backward accumulates into dx, dw, db (NULL: not needed). */
+ * tdm_k_conv2d_ws_floats(s) floats. Backward accumulates into dx, dw, db (NULL: not needed), or
+ * with dx_set writes dx (its contents ignored: an activation's first gradient needs no zeroing). */
 int64_t tdm_k_conv2d_chunk(const tdm_conv_shape *s);
 int64_t tdm_k_conv2d_ws_floats(const tdm_conv_shape *s);
 void tdm_k_conv2d_fwd_batched(float *out, const float *x, const float *w, const float *b, float *ws,
                               const tdm_conv_shape *s);
-void tdm_k_conv2d_bwd_batched(float *dx, float *dw, float *db, const float *dout, const float *x, const float *w,
-                              float *ws, const tdm_conv_shape *s);
+void tdm_k_conv2d_bwd_batched(float *dx, int dx_set, float *dw, float *db, const float *dout, const float *x,
+                              const float *w, float *ws, const tdm_conv_shape *s);
 /* The batched kernels above run these where they fit: stride 1, 3x3 pad 1 or 5x5 pad 2, built
  * for AVX-512 and not turned off by TANDEM_CONV=im2col (kernels_conv_direct.c: no column matrix;
  * ws of tdm_k_conv2d_direct_ws_floats(s) floats, 0 where it does not fit). */
@@ -161,8 +163,8 @@ int tdm_k_conv2d_direct_fits(const tdm_conv_shape *s);
 int64_t tdm_k_conv2d_direct_ws_floats(const tdm_conv_shape *s);
 void tdm_k_conv2d_fwd_direct(float *out, const float *x, const float *w, const float *b, float *ws,
                              const tdm_conv_shape *s);
-void tdm_k_conv2d_bwd_direct(float *dx, float *dw, float *db, const float *dout, const float *x, const float *w,
-                             float *ws, const tdm_conv_shape *s);
+void tdm_k_conv2d_bwd_direct(float *dx, int dx_set, float *dw, float *db, const float *dout, const float *x,
+                             const float *w, float *ws, const tdm_conv_shape *s);
 
 /* Batch normalization over x (N, C, HW), per channel. sums: sum[c] and sumsq[c] of x (double,
  * written). fwd: y = (x - mean) * rstd * w + b. bwd_sums: sdy[c] = sum dy, sdyx[c] = sum dy *
@@ -175,6 +177,10 @@ void tdm_k_bn_bwd_sums(const float *dy, const float *x, const float *mean, const
                        int64_t HW, double *sdy, double *sdyx);
 void tdm_k_bn_bwd_dx(float *dx, const float *dy, const float *x, const float *w, const float *mean, const float *rstd,
                      const double *sdy, const double *sdyx, double M, int64_t N, int64_t C, int64_t HW);
+/* The same, writing dx (its contents are ignored) instead of adding to it. */
+void tdm_k_bn_bwd_dx_set(float *dx, const float *dy, const float *x, const float *w, const float *mean,
+                         const float *rstd, const double *sdy, const double *sdyx, double M, int64_t N, int64_t C,
+                         int64_t HW);
 
 /* Pooling over (N, C, H, W) with a K x K window; pad counts as -inf for max and as zeros for avg
  * (count_include_pad, as PyTorch's default). argmax (N, C, OH, OW) records the max's index. */

@@ -27,7 +27,8 @@ static void bn_bw(tdm_tape *tp, tdm_node *n) {
     if (gw) gw[c] += (float)sums[C + c];
     if (gb) gb[c] += (float)sums[c];
   }
-  float *gx = tdm__grad(tp, x);
+  int fresh = 0; /* x's first gradient: written, not zeroed and added to */
+  float *gx = tdm__grad_for_write(tp, x, &fresh);
   double M = 0;
   if (n->i[3]) {
     memcpy(&M, (const char *)n->saved[1] + sizeof(float) * (size_t)C, sizeof M);
@@ -36,11 +37,12 @@ static void bn_bw(tdm_tape *tp, tdm_node *n) {
       if (st != TDM_OK) {
         tdm__fail(tp, st, "batchnorm backward: all-reducing the gradient sums of %lld channels: %s", (long long)C,
                   tdm_last_error());
+        if (gx && fresh) tdm_k_zero(gx, x->numel); /* the tape has failed; leave no garbage behind */
         return;
       }
     }
   }
-  if (gx) tdm_k_bn_bwd_dx(gx, dy, x->data, w->data, mean, rstd, sums, sums + C, M, N, C, HW);
+  if (gx) (fresh ? tdm_k_bn_bwd_dx_set : tdm_k_bn_bwd_dx)(gx, dy, x->data, w->data, mean, rstd, sums, sums + C, M, N, C, HW);
 }
 
 tdm_tensor *tdm_batchnorm(tdm_tape *tp, tdm_tensor *x, tdm_tensor *w, tdm_tensor *b, tdm_tensor *running_mean,

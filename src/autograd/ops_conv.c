@@ -8,10 +8,12 @@
 static void conv_bw(tdm_tape *tp, tdm_node *n) {
   tdm_conv_shape *s = n->saved[0];
   tdm_tensor *x = n->in[0], *w = n->in[1], *b = n->n_in > 2 ? n->in[2] : NULL;
-  float *gx = tdm__grad(tp, x), *gw = tdm__grad(tp, w), *gb = b ? tdm__grad(tp, b) : NULL;
+  int fresh = 0; /* x's first gradient: written, not zeroed and added to */
+  float *gx = tdm__grad_for_write(tp, x, &fresh), *gw = tdm__grad(tp, w), *gb = b ? tdm__grad(tp, b) : NULL;
   if (!gx && !gw && !gb) return;
   float *ws = tdm__workspace(tp, sizeof(float) * (size_t)tdm_k_conv2d_ws_floats(s));
-  if (ws) tdm_k_conv2d_bwd_batched(gx, gw, gb, n->out->grad->data, x->data, w->data, ws, s);
+  if (ws) tdm_k_conv2d_bwd_batched(gx, fresh, gw, gb, n->out->grad->data, x->data, w->data, ws, s);
+  else if (gx && fresh) tdm_k_zero(gx, x->numel); /* the tape has failed; leave no garbage behind */
 }
 
 tdm_tensor *tdm_conv2d(tdm_tape *tp, tdm_tensor *x, tdm_tensor *w, tdm_tensor *b, int stride, int pad) {

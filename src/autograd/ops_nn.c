@@ -17,7 +17,7 @@ static const struct {
   unary_bwd bwd_set; /* writes dx instead of adding to it (NULL: zero, then bwd) */
   int bwd_uses_output; /* tanh and sigmoid differentiate from y, relu and gelu from x */
 } unary_ops[] = {
-    {"relu", tdm_k_relu_fwd, tdm_k_relu_bwd, NULL, 0},
+    {"relu", tdm_k_relu_fwd, tdm_k_relu_bwd, tdm_k_relu_bwd_set, 0},
     {"gelu", tdm_k_gelu_fwd, tdm_k_gelu_bwd, tdm_k_gelu_bwd_set, 0}, /* the MLP's wide activation */
     {"tanh", tdm_k_tanh_fwd, tdm_k_tanh_bwd, NULL, 1},
     {"sigmoid", tdm_k_sigmoid_fwd, tdm_k_sigmoid_bwd, NULL, 1},

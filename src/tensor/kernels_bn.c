@@ -14,6 +14,7 @@ typedef struct {
   const double *csdy, *csdyx;
   double *s0, *s1, M;
   int64_t N, C, HW;
+  int set; /* bwd_dx writes dx instead of adding to it */
 } bn_ctx;
 
 #define LANES 16
@@ -108,7 +109,10 @@ static void bwd_dx_range(void *vc, int64_t c0, int64_t c1) {
     for (int64_t n = 0; n < k->N; n++) {
       const float *p = k->x + (n * k->C + c) * k->HW, *g = k->dy + (n * k->C + c) * k->HW;
       float *o = k->out + (n * k->C + c) * k->HW;
-      for (int64_t i = 0; i < k->HW; i++) o[i] += wr * (g[i] - a - (p[i] - m) * r * bq);
+      if (k->set)
+        for (int64_t i = 0; i < k->HW; i++) o[i] = wr * (g[i] - a - (p[i] - m) * r * bq);
+      else
+        for (int64_t i = 0; i < k->HW; i++) o[i] += wr * (g[i] - a - (p[i] - m) * r * bq);
     }
   }
 }
@@ -117,5 +121,13 @@ void tdm_k_bn_bwd_dx(float *dx, const float *dy, const float *x, const float *w,
                      const double *sdy, const double *sdyx, double M, int64_t N, int64_t C, int64_t HW) {
   bn_ctx k = {.out = dx, .x = x, .dy = dy, .w = w, .mean = mean, .rstd = rstd, .csdy = sdy, .csdyx = sdyx, .M = M,
               .N = N, .C = C, .HW = HW};
+  tdm_parallel_for(C, 1, bwd_dx_range, &k);
+}
+
+void tdm_k_bn_bwd_dx_set(float *dx, const float *dy, const float *x, const float *w, const float *mean,
+                         const float *rstd, const double *sdy, const double *sdyx, double M, int64_t N, int64_t C,
+                         int64_t HW) {
+  bn_ctx k = {.out = dx, .x = x, .dy = dy, .w = w, .mean = mean, .rstd = rstd, .csdy = sdy, .csdyx = sdyx, .M = M,
+              .N = N, .C = C, .HW = HW, .set = 1};
   tdm_parallel_for(C, 1, bwd_dx_range, &k);
 }

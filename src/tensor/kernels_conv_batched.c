@@ -155,12 +155,13 @@ void tdm_k_conv2d_fwd_batched(float *out, const float *x, const float *w, const 
   }
 }
 
-void tdm_k_conv2d_bwd_batched(float *dx, float *dw, float *db, const float *dout, const float *x, const float *w,
-                              float *ws, const tdm_conv_shape *s) {
+void tdm_k_conv2d_bwd_batched(float *dx, int dx_set, float *dw, float *db, const float *dout, const float *x,
+                              const float *w, float *ws, const tdm_conv_shape *s) {
   if (tdm_k_conv2d_direct_fits(s)) {
-    tdm_k_conv2d_bwd_direct(dx, dw, db, dout, x, w, ws, s);
+    tdm_k_conv2d_bwd_direct(dx, dx_set, dw, db, dout, x, w, ws, s);
     return;
   }
+  if (dx && dx_set) tdm_k_zero(dx, s->N * s->Ci * s->H * s->W); /* col2im adds */
   int64_t K = s->Ci * s->KH * s->KW, P = s->OH * s->OW, NB = tdm_k_conv2d_chunk(s);
   float *col = ws, *tmp = ws + NB * P * K;
   for (int64_t n0 = 0; n0 < s->N; n0 += NB) {

@@ -310,8 +310,8 @@ static void db_range(void *vc, int64_t a, int64_t b) {
   }
 }
 
-void tdm_k_conv2d_bwd_direct(float *dx, float *dw, float *db, const float *dout, const float *x, const float *w,
-                             float *ws, const tdm_conv_shape *s) {
+void tdm_k_conv2d_bwd_direct(float *dx, int dx_set, float *dw, float *db, const float *dout, const float *x,
+                             const float *w, float *ws, const tdm_conv_shape *s) {
   geo g;
   geo_of(s, &g);
   bwd_layout l = bwd_of(&g);
@@ -336,7 +336,7 @@ void tdm_k_conv2d_bwd_direct(float *dx, float *dw, float *db, const float *dout,
           }
     conv_ctx c = {&g, dxpg, dpad, wp, g.Co, Cor, Ir};
     tdm_parallel_for(g.N, 1, conv_range, &c);
-    unpad(&g, dx, dxpg, NULL, g.Ci, Ir, 1);
+    unpad(&g, dx, dxpg, NULL, g.Ci, Ir, !dx_set);
   }
   if (dw) {
     pad_planes(&g, xpad, x, g.Ci, g.Ci);
@@ -362,8 +362,8 @@ void tdm_k_conv2d_fwd_direct(float *out, const float *x, const float *w, const f
                              const tdm_conv_shape *s) {
   (void)out, (void)x, (void)w, (void)b, (void)ws, (void)s;
 }
-void tdm_k_conv2d_bwd_direct(float *dx, float *dw, float *db, const float *dout, const float *x, const float *w,
-                             float *ws, const tdm_conv_shape *s) {
-  (void)dx, (void)dw, (void)db, (void)dout, (void)x, (void)w, (void)ws, (void)s;
+void tdm_k_conv2d_bwd_direct(float *dx, int dx_set, float *dw, float *db, const float *dout, const float *x,
+                             const float *w, float *ws, const tdm_conv_shape *s) {
+  (void)dx, (void)dx_set, (void)dw, (void)db, (void)dout, (void)x, (void)w, (void)ws, (void)s;
 }
 #endif

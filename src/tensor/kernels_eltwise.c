@@ -50,6 +50,8 @@ EW_KERNEL(tdm_k_relu_fwd, (float *out, const float *x, int64_t n), (c.out = out,
           out[i] = a[i] > 0.0f ? a[i] : 0.0f)
 EW_KERNEL(tdm_k_relu_bwd, (float *dx, const float *dout, const float *x, int64_t n),
           (c.out = dx, c.a = dout, c.b = x), out[i] += b[i] > 0.0f ? a[i] : 0.0f)
+EW_KERNEL(tdm_k_relu_bwd_set, (float *dx, const float *dout, const float *x, int64_t n),
+          (c.out = dx, c.a = dout, c.b = x), out[i] = b[i] > 0.0f ? a[i] : 0.0f)
 
 /* GELU with the tanh approximation, as 0.5 (1 + tanh(u)) = sigmoid(2u): one exp and one division */
 #define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */

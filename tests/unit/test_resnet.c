@@ -42,10 +42,15 @@ static void test_conv_batched_matches_reference(void) {
     tdm_k_conv2d_fwd(y0, x, w, b, col, &s);
     tdm_k_conv2d_fwd_batched(y1, x, w, b, ws, &s);
     tdm_k_conv2d_bwd(dx0, dw0, db0, dy, x, w, col, &s);
-    tdm_k_conv2d_bwd_batched(dx1, dw1, db1, dy, x, w, ws, &s);
+    for (int64_t i = 0; i < nx; i++) dx1[i] = 1e3f; /* written over, not added to */
+    tdm_k_conv2d_bwd_batched(dx1, 1, dw1, db1, dy, x, w, ws, &s);
     double tol = 1e-4 * sqrt((double)(s.Ci * s.KH * s.KW + s.N * s.OH * s.OW));
     CHECK_MSG(max_abs_diff(y0, y1, ny) < tol, "case %zu: out differs by %g", c, max_abs_diff(y0, y1, ny));
     CHECK_MSG(max_abs_diff(dx0, dx1, nx) < tol, "case %zu: dx differs by %g", c, max_abs_diff(dx0, dx1, nx));
+    /* and added to: a second pass doubles dx */
+    tdm_k_conv2d_bwd_batched(dx1, 0, NULL, NULL, dy, x, w, ws, &s);
+    for (int64_t i = 0; i < nx; i++) dx0[i] *= 2;
+    CHECK_MSG(max_abs_diff(dx0, dx1, nx) < 2 * tol, "case %zu: dx accumulated differs by %g", c, max_abs_diff(dx0, dx1, nx));
     CHECK_MSG(max_abs_diff(dw0, dw1, nw) < tol, "case %zu: dw differs by %g", c, max_abs_diff(dw0, dw1, nw));
     CHECK_MSG(max_abs_diff(db0, db1, s.Co) < tol, "case %zu: db differs by %g", c, max_abs_diff(db0, db1, s.Co));
 #if defined(__AVX512F__)
