@@ -160,6 +160,9 @@ void tdm_k_conv2d_bwd_batched(float *dx, int dx_set, float *dw, float *db, const
  * for AVX-512 and not turned off by TANDEM_CONV=im2col (kernels_conv_direct.c: no column matrix;
  * ws of tdm_k_conv2d_direct_ws_floats(s) floats, 0 where it does not fit). */
 int tdm_k_conv2d_direct_fits(const tdm_conv_shape *s);
+/* Turns the direct kernels on or off for the whole process (benchmarks compare the paths);
+ * overrides TANDEM_CONV. Call it between steps. */
+void tdm_k_conv2d_direct_enable(int on);
 int64_t tdm_k_conv2d_direct_ws_floats(const tdm_conv_shape *s);
 void tdm_k_conv2d_fwd_direct(float *out, const float *x, const float *w, const float *b, float *ws,
                              const tdm_conv_shape *s);

@@ -15,6 +15,7 @@
  * Bits: forward and input gradient compute each image alone, the weight gradient each (output
  * channels, input channel) on its own in the order (image, pixel): nothing depends on the thread
  * count. TANDEM_CONV=im2col turns the path off (benchmarks compare the two). */
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -253,13 +254,16 @@ static void dw_range(void *vc, int64_t a, int64_t b) {
 
 static float *aligned(float *ws) { return (float *)(((uintptr_t)ws + 63) & ~(uintptr_t)63); }
 
+static _Atomic int enabled = -1; /* -1: TANDEM_CONV not read yet */
+
+void tdm_k_conv2d_direct_enable(int on) { enabled = !!on; }
+
 int tdm_k_conv2d_direct_fits(const tdm_conv_shape *s) {
-  static int off = -1; /* TANDEM_CONV=im2col, read once */
-  if (off < 0) {
+  if (enabled < 0) {
     const char *e = getenv("TANDEM_CONV");
-    off = e && !strcmp(e, "im2col");
+    enabled = !(e && !strcmp(e, "im2col"));
   }
-  return !off && s->stride == 1 && s->KH == s->KW && ((s->KH == 3 && s->pad == 1) || (s->KH == 5 && s->pad == 2)) &&
+  return enabled && s->stride == 1 && s->KH == s->KW && ((s->KH == 3 && s->pad == 1) || (s->KH == 5 && s->pad == 2)) &&
          s->N > 0 && s->Ci > 0 && s->Co > 0 && s->H > 0 && s->W > 0;
 }
 
@@ -349,6 +353,8 @@ void tdm_k_conv2d_bwd_direct(float *dx, int dx_set, float *dw, float *db, const 
 }
 
 #else /* no AVX-512: the im2col path runs every convolution */
+
+void tdm_k_conv2d_direct_enable(int on) { (void)on; }
 
 int tdm_k_conv2d_direct_fits(const tdm_conv_shape *s) {
   (void)s;
