@@ -26,7 +26,8 @@
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
-#define OB 8 /* output channels per register tile */
+#define OB 8        /* output channels per register tile */
+#define DW_GROUPS 2 /* image halves of the weight gradient (dw_range) */
 
 typedef struct {
   int64_t N, Ci, Co, H, W, K, KK, p, Wp, Lq, Ls, off[25];
@@ -72,7 +73,7 @@ static bwd_layout bwd_of(const geo *g) {
   l.dxpg = l.dpad + g->N * cor * g->Ls;
   l.wp = l.dxpg + g->N * up(g->Ci, OB) * g->Lq;
   l.st = l.wp + up(g->Ci, OB) * g->Co * g->KK;
-  l.total = l.st + tasks * dw_ob(g) * dw_taps(g) * 16;
+  l.total = l.st + DW_GROUPS * tasks * dw_ob(g) * dw_taps(g) * 16;
   return l;
 }
 
@@ -195,16 +196,17 @@ static void unpad(const geo *g, float *dst, const float *src, const float *bias,
 typedef struct {
   const geo *g;
   const float *xpad, *dpad; /* (N, Ci, Ls), (N, Cor, Ls) */
-  float *st;                /* per task: DB x DT x 16 partial sums */
+  float *st;                /* per image group and task: DB x DT x 16 partial sums */
   float *dw;
-  int64_t Cor, nb;          /* dpad's channels per image; images per cache-sized chunk */
+  int64_t Cor, nb, tasks;   /* dpad's channels per image; images per cache-sized chunk; tasks */
 } dw_ctx;
 
-static inline __attribute__((always_inline)) void dw_task(int DB, int DT, const dw_ctx *c, int64_t task, int64_t n0,
+static inline __attribute__((always_inline)) void dw_task(int DB, int DT, const dw_ctx *c, int64_t unit, int64_t n0,
                                                           int64_t n1) {
   const geo *g = c->g;
+  int64_t task = unit % c->tasks;
   int64_t groups = g->KK / DT, ci = (task / groups) % g->Ci, cb = task / (groups * g->Ci), t0 = task % groups * DT;
-  float *st = c->st + task * DB * DT * 16;
+  float *st = c->st + unit * DB * DT * 16;
   __m512 acc[4][9];
   for (int o = 0; o < DB; o++)
     for (int t = 0; t < DT; t++) acc[o][t] = _mm512_loadu_ps(st + (o * DT + t) * 16);
@@ -225,27 +227,46 @@ static inline __attribute__((always_inline)) void dw_task(int DB, int DT, const 
     for (int t = 0; t < DT; t++) _mm512_storeu_ps(st + (o * DT + t) * 16, acc[o][t]);
 }
 
+/* The images are cut into DW_GROUPS halves whatever the thread count (so the sums' order is the
+ * shape's alone), each with its own partial sums: a unit is (half, task), and two threads take
+ * a half each and never read the same planes. (Split by task instead, both threads streamed
+ * every input plane: the weight gradient ran 1.15x faster on 2 threads than on 1.) */
+
 static void dw_range(void *vc, int64_t a, int64_t b) {
   dw_ctx *c = vc;
   const geo *g = c->g;
-  /* chunks of images outermost: a chunk's planes stay in cache while every task of the range
-   * passes over them; each task's partial sums wait in st between chunks */
-  for (int64_t n0 = 0; n0 < g->N; n0 += c->nb) {
-    int64_t n1 = n0 + c->nb < g->N ? n0 + c->nb : g->N;
-    for (int64_t task = a; task < b; task++) {
-      if (g->K == 3) dw_task(2, 9, c, task, n0, n1);
-      else dw_task(4, 5, c, task, n0, n1);
+  for (int64_t u0 = a; u0 < b;) { /* the units of one half at a time */
+    int64_t half = u0 / c->tasks, u1 = (half + 1) * c->tasks < b ? (half + 1) * c->tasks : b;
+    int64_t lo = g->N * half / DW_GROUPS, hi = g->N * (half + 1) / DW_GROUPS;
+    /* chunks of images outermost: a chunk's planes stay in cache while every task of the range
+     * passes over them; each task's partial sums wait in st between chunks */
+    for (int64_t n0 = lo; n0 < hi; n0 += c->nb) {
+      int64_t n1 = n0 + c->nb < hi ? n0 + c->nb : hi;
+      for (int64_t u = u0; u < u1; u++) {
+        if (g->K == 3) dw_task(2, 9, c, u, n0, n1);
+        else dw_task(4, 5, c, u, n0, n1);
+      }
     }
+    u0 = u1;
   }
-  int64_t DB = dw_ob(g), DT = dw_taps(g), groups = g->KK / DT;
+}
+
+/* dw += the halves' partial sums, added lane by lane in half order, then across the lanes. */
+static void dw_reduce(void *vc, int64_t a, int64_t b) {
+  dw_ctx *c = vc;
+  const geo *g = c->g;
+  int64_t DB = dw_ob(g), DT = dw_taps(g), groups = g->KK / DT, per = DB * DT * 16;
   for (int64_t task = a; task < b; task++) {
     int64_t ci = (task / groups) % g->Ci, cb = task / (groups * g->Ci), t0 = task % groups * DT;
-    const float *st = c->st + task * DB * DT * 16;
     for (int64_t o = 0; o < DB; o++) {
       int64_t co = cb * DB + o;
       if (co >= g->Co) break;
-      for (int64_t t = 0; t < DT; t++)
-        c->dw[(co * g->Ci + ci) * g->KK + t0 + t] += _mm512_reduce_add_ps(_mm512_loadu_ps(st + (o * DT + t) * 16));
+      for (int64_t t = 0; t < DT; t++) {
+        __m512 v = _mm512_loadu_ps(c->st + task * per + (o * DT + t) * 16);
+        for (int h = 1; h < DW_GROUPS; h++)
+          v = _mm512_add_ps(v, _mm512_loadu_ps(c->st + (h * c->tasks + task) * per + (o * DT + t) * 16));
+        c->dw[(co * g->Ci + ci) * g->KK + t0 + t] += _mm512_reduce_add_ps(v);
+      }
     }
   }
 }
@@ -345,10 +366,11 @@ void tdm_k_conv2d_bwd_direct(float *dx, int dx_set, float *dw, float *db, const 
   if (dw) {
     pad_planes(&g, xpad, x, g.Ci, g.Ci);
     int64_t DT = dw_taps(&g), tasks = Cor / DB * g.Ci * (g.KK / DT);
-    memset(ws + l.st, 0, sizeof(float) * (size_t)(tasks * DB * DT * 16));
+    memset(ws + l.st, 0, sizeof(float) * (size_t)(DW_GROUPS * tasks * DB * DT * 16));
     int64_t per_image = (g.Ci + Cor) * g.Ls * (int64_t)sizeof(float), nb = ((int64_t)384 << 10) / per_image;
-    dw_ctx c = {&g, xpad, dpad, ws + l.st, dw, Cor, nb < 1 ? 1 : nb};
-    tdm_parallel_for(tasks, 1, dw_range, &c);
+    dw_ctx c = {&g, xpad, dpad, ws + l.st, dw, Cor, nb < 1 ? 1 : nb, tasks};
+    tdm_parallel_for(DW_GROUPS * tasks, 1, dw_range, &c);
+    tdm_parallel_for(tasks, 16, dw_reduce, &c);
   }
 }
 
