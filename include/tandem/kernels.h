@@ -156,9 +156,11 @@ void tdm_k_conv2d_fwd_batched(float *out, const float *x, const float *w, const 
                               const tdm_conv_shape *s);
 void tdm_k_conv2d_bwd_batched(float *dx, int dx_set, float *dw, float *db, const float *dout, const float *x,
                               const float *w, float *ws, const tdm_conv_shape *s);
-/* The batched kernels above run these where they fit: stride 1, 3x3 pad 1 or 5x5 pad 2, built
- * for AVX-512 and not turned off by TANDEM_CONV=im2col (kernels_conv_direct.c: no column matrix;
- * ws of tdm_k_conv2d_direct_ws_floats(s) floats, 0 where it does not fit). */
+/* The batched kernels above run these where they fit: stride 1 with 3x3 pad 1 or 5x5 pad 2, or
+ * stride 2 with 3x3 pad 1, built for AVX-512 and not turned off by TANDEM_CONV=im2col
+ * (kernels_conv_direct.c: no column matrix; ws of tdm_k_conv2d_direct_ws_floats(s) floats, 0
+ * where it does not fit). bwd_direct forms dx at stride 1 only (the batched kernel runs im2col
+ * for a strided dx). */
 int tdm_k_conv2d_direct_fits(const tdm_conv_shape *s);
 /* Turns the direct kernels on or off for the whole process (benchmarks compare the paths);
  * overrides TANDEM_CONV. Call it between steps. */

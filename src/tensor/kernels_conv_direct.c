@@ -30,19 +30,34 @@
 #define DW_GROUPS 2 /* image halves of the weight gradient (dw_range) */
 
 typedef struct {
-  int64_t N, Ci, Co, H, W, K, KK, p, Wp, Lq, Ls, off[25];
+  int64_t N, Ci, Co, H, W, K, KK, p, S, OH, OW;
+  int64_t Wp;  /* the padded plane's width */
+  int64_t Wg;  /* the output grid's width: Wp, or for stride 2 a phase plane's, ceil(Wp / 2) */
+  int64_t Lq;  /* output pixels on the grid, whole vectors */
+  int64_t Lsp; /* one (phase) plane of an input channel */
+  int64_t Ls;  /* an input channel: S*S phase planes */
+  int64_t off[25];
 } geo;
 
 static int64_t up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
+/* Stride 2 reads the padded input through its four phase planes (even / odd rows x even / odd
+ * columns): tap (ky, kx) of output (oy, ox) is padded pixel (2 oy + ky, 2 ox + kx), which is
+ * pixel (oy + ky / 2, ox + kx / 2) of phase plane (ky % 2, kx % 2): again a constant shift. */
 static void geo_of(const tdm_conv_shape *s, geo *g) {
   g->N = s->N, g->Ci = s->Ci, g->Co = s->Co, g->H = s->H, g->W = s->W, g->K = s->KH, g->KK = s->KH * s->KH;
-  g->p = s->pad, g->Wp = s->W + 2 * s->pad;
-  g->Lq = up(g->H * g->Wp, 16); /* output pixels on the padded grid, whole vectors */
-  int64_t need = g->Lq + (g->K - 1) * g->Wp + g->K - 1; /* past the last shifted load */
-  if (need < (g->H + 2 * g->p) * g->Wp) need = (g->H + 2 * g->p) * g->Wp;
-  g->Ls = up(need, 16);
-  for (int64_t t = 0; t < g->KK; t++) g->off[t] = (t / g->K) * g->Wp + t % g->K;
+  g->p = s->pad, g->S = s->stride, g->OH = s->OH, g->OW = s->OW, g->Wp = s->W + 2 * s->pad;
+  int64_t Hp = s->H + 2 * s->pad, Hg = (Hp + g->S - 1) / g->S, r = (g->K - 1) / g->S;
+  g->Wg = (g->Wp + g->S - 1) / g->S;
+  g->Lq = up(g->OH * g->Wg, 16);
+  int64_t need = g->Lq + r * g->Wg + r; /* past the last shifted load */
+  if (need < Hg * g->Wg) need = Hg * g->Wg;
+  g->Lsp = up(need, 16);
+  g->Ls = g->S * g->S * g->Lsp;
+  for (int64_t t = 0; t < g->KK; t++) {
+    int64_t ky = t / g->K, kx = t % g->K;
+    g->off[t] = ((ky % g->S) * g->S + kx % g->S) * g->Lsp + (ky / g->S) * g->Wg + kx / g->S;
+  }
 }
 
 /* The weight gradient's register tile: DB output channels x DT taps. */
@@ -107,9 +122,40 @@ static void pad_range(void *vc, int64_t a, int64_t b) {
   }
 }
 
+/* Stride 2: each channel's padded pixels scattered into its four phase planes. */
+static void phase_range(void *vc, int64_t a, int64_t b) {
+  pad_ctx *c = vc;
+  const geo *g = c->g;
+  for (int64_t i = a; i < b; i++) {
+    float *d = c->dst + i * g->Ls;
+    memset(d, 0, sizeof(float) * (size_t)g->Ls);
+    const float *s = c->src + i * g->H * g->W;
+    for (int64_t y = 0; y < g->H; y++)
+      for (int64_t x = 0; x < g->W; x++) {
+        int64_t r = y + g->p, col = x + g->p;
+        d[((r & 1) * 2 + (col & 1)) * g->Lsp + (r >> 1) * g->Wg + (col >> 1)] = s[y * g->W + x];
+      }
+  }
+}
+
 static void pad_planes(const geo *g, float *dst, const float *src, int64_t C, int64_t Cd) {
   pad_ctx c = {g, dst, src, C, Cd};
-  tdm_parallel_for(g->N * Cd, 4, pad_range, &c);
+  tdm_parallel_for(g->N * Cd, 4, g->S == 1 ? pad_range : phase_range, &c);
+}
+
+/* Stride 2's output gradient on the output grid (rows of Wg, zeros past OW and past the rows),
+ * for the weight gradient: Cd planes of Lq floats per image, those past C zeros. */
+static void grid_range(void *vc, int64_t a, int64_t b) {
+  pad_ctx *c = vc;
+  const geo *g = c->g;
+  for (int64_t i = a; i < b; i++) {
+    int64_t n = i / c->Cd, ch = i % c->Cd;
+    float *d = c->dst + i * g->Lq;
+    memset(d, 0, sizeof(float) * (size_t)g->Lq);
+    if (ch >= c->C) continue;
+    const float *s = c->src + (n * c->C + ch) * g->OH * g->OW;
+    for (int64_t y = 0; y < g->OH; y++) memcpy(d + y * g->Wg, s + y * g->OW, sizeof(float) * (size_t)g->OW);
+  }
 }
 
 /* ---- the convolution on the padded grid (forward and input gradient) --------------------- */
@@ -173,15 +219,15 @@ static void unpad_range(void *vc, int64_t a, int64_t b) {
   const geo *g = c->g;
   for (int64_t i = a; i < b; i++) {
     int64_t n = i / c->C, ch = i % c->C;
-    float *d = c->dst + i * g->H * g->W, bv = c->bias ? c->bias[ch] : 0.0f;
+    float *d = c->dst + i * g->OH * g->OW, bv = c->bias ? c->bias[ch] : 0.0f;
     const float *s = c->src + (n * c->Cs + ch) * g->Lq;
-    for (int64_t y = 0; y < g->H; y++) {
-      float *restrict dr = d + y * g->W;
-      const float *restrict sr = s + y * g->Wp;
+    for (int64_t y = 0; y < g->OH; y++) { /* (stride 1: OH, OW, Wg are H, W, Wp) */
+      float *restrict dr = d + y * g->OW;
+      const float *restrict sr = s + y * g->Wg;
       if (c->add)
-        for (int64_t x = 0; x < g->W; x++) dr[x] += sr[x];
+        for (int64_t x = 0; x < g->OW; x++) dr[x] += sr[x];
       else
-        for (int64_t x = 0; x < g->W; x++) dr[x] = sr[x] + bv;
+        for (int64_t x = 0; x < g->OW; x++) dr[x] = sr[x] + bv;
     }
   }
 }
@@ -195,7 +241,9 @@ static void unpad(const geo *g, float *dst, const float *src, const float *bias,
 
 typedef struct {
   const geo *g;
-  const float *xpad, *dpad; /* (N, Ci, Ls), (N, Cor, Ls) */
+  const float *xpad;        /* (N, Ci, Ls) */
+  const float *d0;          /* image 0's first output-gradient plane, at pixel (0, 0) */
+  int64_t dchan;            /* from one output-gradient plane to the next (dpad: Ls; grid: Lq) */
   float *st;                /* per image group and task: DB x DT x 16 partial sums */
   float *dw;
   int64_t Cor, nb, tasks;   /* dpad's channels per image; images per cache-sized chunk; tasks */
@@ -210,12 +258,11 @@ static inline __attribute__((always_inline)) void dw_task(int DB, int DT, const 
   __m512 acc[4][9];
   for (int o = 0; o < DB; o++)
     for (int t = 0; t < DT; t++) acc[o][t] = _mm512_loadu_ps(st + (o * DT + t) * 16);
-  const int64_t centre = g->p * g->Wp + g->p; /* dout (y, x) in the padded plane */
   for (int64_t n = n0; n < n1; n++) {
-    const float *x = c->xpad + (n * g->Ci + ci) * g->Ls, *d = c->dpad + (n * c->Cor + cb * DB) * g->Ls + centre;
+    const float *x = c->xpad + (n * g->Ci + ci) * g->Ls, *d = c->d0 + (n * c->Cor + cb * DB) * c->dchan;
     for (int64_t q = 0; q < g->Lq; q += 16) {
       __m512 dv[4];
-      for (int o = 0; o < DB; o++) dv[o] = _mm512_loadu_ps(d + o * g->Ls + q);
+      for (int o = 0; o < DB; o++) dv[o] = _mm512_loadu_ps(d + o * c->dchan + q);
       for (int t = 0; t < DT; t++) {
         __m512 xv = _mm512_loadu_ps(x + g->off[t0 + t] + q);
         __asm__("" : "+v"(xv)); /* one load for the DB products (GCC would fold it into each FMA) */
@@ -284,8 +331,10 @@ int tdm_k_conv2d_direct_fits(const tdm_conv_shape *s) {
     const char *e = getenv("TANDEM_CONV");
     enabled = !(e && !strcmp(e, "im2col"));
   }
-  return enabled && s->stride == 1 && s->KH == s->KW && ((s->KH == 3 && s->pad == 1) || (s->KH == 5 && s->pad == 2)) &&
-         s->N > 0 && s->Ci > 0 && s->Co > 0 && s->H > 0 && s->W > 0;
+  int same = s->stride == 1 && ((s->KH == 3 && s->pad == 1) || (s->KH == 5 && s->pad == 2));
+  int halve = s->stride == 2 && s->KH == 3 && s->pad == 1;
+  return enabled && s->KH == s->KW && (same || halve) && s->N > 0 && s->Ci > 0 && s->Co > 0 && s->H > 0 && s->W > 0 &&
+         s->OH == (s->H + 2 * s->pad - s->KH) / s->stride + 1 && s->OW == (s->W + 2 * s->pad - s->KW) / s->stride + 1;
 }
 
 int64_t tdm_k_conv2d_direct_ws_floats(const tdm_conv_shape *s) {
@@ -344,12 +393,11 @@ void tdm_k_conv2d_bwd_direct(float *dx, int dx_set, float *dw, float *db, const 
   int64_t DB = dw_ob(&g), Cor = up(g.Co, DB);
   float *xpad = ws + l.xpad, *dpad = ws + l.dpad;
   if (db) {
-    db_ctx c = {dout, db, g.N, g.Co, g.H * g.W};
+    db_ctx c = {dout, db, g.N, g.Co, g.OH * g.OW};
     tdm_parallel_for(g.Co, 1, db_range, &c);
   }
-  if (!dx && !dw) return;
-  pad_planes(&g, dpad, dout, g.Co, Cor);
-  if (dx) { /* dx = the convolution of dout with w flipped and transposed: wp[ib][co][t][c] = w[co][ib OB + c][KK-1-t] */
+  if (g.S == 1 && (dx || dw)) pad_planes(&g, dpad, dout, g.Co, Cor); /* same geometry as the input's */
+  if (dx && g.S == 1) { /* dx = the convolution of dout with w flipped and transposed: wp[ib][co][t][c] = w[co][ib OB + c][KK-1-t] */
     float *dxpg = ws + l.dxpg, *wp = ws + l.wp;
     int64_t Ir = up(g.Ci, OB);
     for (int64_t ib = 0; ib < Ir / OB; ib++)
@@ -365,10 +413,17 @@ void tdm_k_conv2d_bwd_direct(float *dx, int dx_set, float *dw, float *db, const 
   }
   if (dw) {
     pad_planes(&g, xpad, x, g.Ci, g.Ci);
+    const float *d0 = dpad + g.p * g.Wp + g.p; /* stride 1: dout (0, 0) in its padded plane */
+    int64_t dchan = g.Ls;
+    if (g.S != 1) { /* stride 2: dout on the output grid, in dpad's room */
+      pad_ctx pc = {&g, dpad, dout, g.Co, Cor};
+      tdm_parallel_for(g.N * Cor, 4, grid_range, &pc);
+      d0 = dpad, dchan = g.Lq;
+    }
     int64_t DT = dw_taps(&g), tasks = Cor / DB * g.Ci * (g.KK / DT);
     memset(ws + l.st, 0, sizeof(float) * (size_t)(DW_GROUPS * tasks * DB * DT * 16));
-    int64_t per_image = (g.Ci + Cor) * g.Ls * (int64_t)sizeof(float), nb = ((int64_t)384 << 10) / per_image;
-    dw_ctx c = {&g, xpad, dpad, ws + l.st, dw, Cor, nb < 1 ? 1 : nb, tasks};
+    int64_t per_image = (g.Ci * g.Ls + Cor * dchan) * (int64_t)sizeof(float), nb = ((int64_t)384 << 10) / per_image;
+    dw_ctx c = {&g, xpad, d0, dchan, ws + l.st, dw, Cor, nb < 1 ? 1 : nb, tasks};
     tdm_parallel_for(DW_GROUPS * tasks, 1, dw_range, &c);
     tdm_parallel_for(tasks, 16, dw_reduce, &c);
   }

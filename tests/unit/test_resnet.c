@@ -20,12 +20,14 @@ static double max_abs_diff(const float *a, const float *b, int64_t n) {
 
 /* The batched kernels equal the per-image im2col reference (the old kernel), forward and every
  * gradient, including shapes cut into several chunks and, where the machine has AVX-512, the
- * direct kernels (3x3 and 5x5 "same" convolutions; channel counts that fill no register tile). */
+ * direct kernels (3x3 and 5x5 "same" convolutions and 3x3 stride 2, odd and even sizes; channel
+ * counts that fill no register tile). */
 static void test_conv_batched_matches_reference(void) {
   const int64_t cases[][8] = {/* N, Ci, H, W, Co, K, stride, pad */
                               {5, 3, 7, 6, 4, 3, 1, 1}, {4, 2, 9, 8, 3, 3, 2, 1}, {3, 4, 6, 6, 5, 1, 2, 0},
                               {2, 1, 5, 5, 2, 5, 1, 2}, {20, 16, 28, 28, 4, 3, 1, 1}, {3, 2, 4, 4, 3, 3, 1, 0},
-                              {3, 10, 7, 7, 9, 3, 1, 1}, {2, 6, 14, 13, 7, 5, 1, 2}, {1, 17, 1, 1, 3, 3, 1, 1}};
+                              {3, 10, 7, 7, 9, 3, 1, 1}, {2, 6, 14, 13, 7, 5, 1, 2}, {1, 17, 1, 1, 3, 3, 1, 1},
+                              {5, 16, 28, 28, 32, 3, 2, 1}, {3, 9, 7, 6, 10, 3, 2, 1}, {2, 3, 2, 1, 4, 3, 2, 1}};
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     const int64_t *k = cases[c];
     tdm_conv_shape s = {k[0], k[1], k[2], k[3], k[4], k[5], k[5], k[6], k[7], 0, 0};
@@ -54,7 +56,8 @@ static void test_conv_batched_matches_reference(void) {
     CHECK_MSG(max_abs_diff(dw0, dw1, nw) < tol, "case %zu: dw differs by %g", c, max_abs_diff(dw0, dw1, nw));
     CHECK_MSG(max_abs_diff(db0, db1, s.Co) < tol, "case %zu: db differs by %g", c, max_abs_diff(db0, db1, s.Co));
 #if defined(__AVX512F__)
-    int same = s.stride == 1 && ((s.KH == 3 && s.pad == 1) || (s.KH == 5 && s.pad == 2));
+    int same = (s.stride == 1 && ((s.KH == 3 && s.pad == 1) || (s.KH == 5 && s.pad == 2))) ||
+               (s.stride == 2 && s.KH == 3 && s.pad == 1);
     CHECK_MSG(tdm_k_conv2d_direct_fits(&s) == same || getenv("TANDEM_CONV"), "case %zu: the direct kernel %s", c,
               same ? "should run" : "should not run");
 #endif
