@@ -13,7 +13,8 @@
 
 static atomic_uint_fast64_t n_mallocs;
 
-#define HUGE_BLOCK ((size_t)8 << 20) /* aligned blocks from this size ask for 2 MiB pages */
+#define HUGE_BLOCK ((size_t)8 << 20) /* aligned blocks from this size ask for huge pages */
+#define HUGE_PAGE ((size_t)2 << 20)  /* an x86-64 transparent huge page */
 
 typedef struct {
   uint64_t size;
@@ -81,8 +82,8 @@ void *tdm__aligned_alloc_cat(size_t n, tdm_mem_category c) {
    * of resnet20 took 1.7-2 s each, the third 0.3 s. Where the kernel has no huge pages this does
    * nothing. */
   if (n >= HUGE_BLOCK) {
-    uintptr_t lo = ((uintptr_t)p + HUGE_BLOCK / 4 - 1) & ~(uintptr_t)(HUGE_BLOCK / 4 - 1),
-              hi = ((uintptr_t)p + n + 64) & ~(uintptr_t)(HUGE_BLOCK / 4 - 1);
+    uintptr_t lo = ((uintptr_t)p + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1), /* the whole pages inside */
+              hi = ((uintptr_t)p + n + 64) & ~(uintptr_t)(HUGE_PAGE - 1);
     if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
   }
   return finish(p, 64, n, c);

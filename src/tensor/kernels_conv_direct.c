@@ -1,5 +1,6 @@
 /* conv2d without a column matrix, for the convolutions ResNets and the small CNN are made of:
- * stride 1, square 3x3 (pad 1) or 5x5 (pad 2) kernels, which keep the image's size.
+ * stride 1, square 3x3 (pad 1) or 5x5 (pad 2) kernels, which keep the image's size, and 3x3
+ * stride 2 (below).
  *
  * Each image plane is copied once into a zero-padded plane of width Wp = W + 2 pad. On that
  * plane an output pixel (y, x) and its input tap (ky, kx) are q = y Wp + x and q + ky Wp + kx:
@@ -13,8 +14,8 @@
  * 4 x 5) and adds them across lanes at the end.
  *
  * Bits: forward and input gradient compute each image alone, the weight gradient each (output
- * channels, input channel) on its own in the order (image, pixel): nothing depends on the thread
- * count. TANDEM_CONV=im2col turns the path off (benchmarks compare the two). */
+ * channels, input channel) task over two fixed halves of the images, each half in (image, pixel)
+ * order, the halves added in order: nothing depends on the thread count. TANDEM_CONV=im2col turns the path off (benchmarks compare the two). */
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
