@@ -101,6 +101,9 @@ int tdm_spare_core(int ranks);
 /* The OpenBLAS kernels this process runs ("Cooperlake", "Haswell", ...): chosen by OpenBLAS
  * when it loads, from the processor or OPENBLAS_CORETYPE. Thread-safe; the string is static. */
 const char *tdm_blas_core(void);
+/* One core's FMA peak in GFLOP/s, measured once per process (independent 256- and 512-bit FMAs,
+ * about 0.1 s); 0 where it cannot be measured (not x86-64). Not thread-safe on the first call. */
+double tdm_fma_peak_gflops(void);
 
 /* Runs fn(ctx, begin, end) over [0, n) split into at most num_threads contiguous ranges, each
  * at least min_chunk long. Returns when all ranges are done. Must not be called from inside fn. */
