@@ -57,13 +57,11 @@ int main(int argc, char **argv) {
       tdm_k_conv2d_direct_enable(1);
       if (direct && !tdm_k_conv2d_direct_fits(&s)) continue;
       job j = {s, calloc(nx, 4), calloc(nw, 4), calloc(ny, 4), calloc(ny, 4), calloc(nx, 4), calloc(nw, 4), NULL, direct, 0};
-      /* the batched path's workspace, whichever path its size function would pick */
-      int64_t wsf = direct ? tdm_k_conv2d_direct_ws_floats(&s) : tdm_k_conv2d_chunk(&s) * s.H * s.W * (s.Ci * K * K + s.Co);
-      j.ws = calloc((size_t)wsf + 64, 4);
+      tdm_k_conv2d_direct_enable(direct);
+      j.ws = calloc((size_t)tdm_k_conv2d_ws_floats(&s) + 64, 4); /* the path just chosen's workspace */
       for (int64_t i = 0; i < nx; i++) j.x[i] = (float)(i % 13) * 0.01f;
       for (int64_t i = 0; i < ny; i++) j.dy[i] = (float)(i % 7) * 0.01f;
       for (int64_t i = 0; i < nw; i++) j.w[i] = (float)(i % 5) * 0.01f;
-      tdm_k_conv2d_direct_enable(direct);
       double gf[3];
       for (int p = 0; p < 3; p++) {
         j.part = p;

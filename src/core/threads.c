@@ -106,6 +106,15 @@ static void *worker_main(void *arg) {
   return NULL;
 }
 
+/* This node's cores minus threads x its ranks (LOCAL_WORLD_SIZE or the launcher's equivalent
+ * when set, else ranks): > 0 when threads would be short of cores, < 0 when one is left over. */
+static long cores_short(int threads, int ranks) {
+  tdm_launch_env e; /* the launcher's ranks on this node, whichever launcher it is */
+  long cores = sysconf(_SC_NPROCESSORS_ONLN), local = tdm_launch_env_read(&e) == TDM_OK && e.local_size > 0 ? e.local_size
+                                                                                                          : (ranks > 0 ? ranks : 1);
+  return (long)threads * local - cores;
+}
+
 static void pool_stop(void) {
   if (!pool.n_workers) return;
   pthread_mutex_lock(&pool.mu);
@@ -127,16 +136,17 @@ tdm_status tdm_set_num_threads(int n) {
     if (n <= 0) n = tdm_launch_default_threads(); /* this node's cores divided among its ranks */
   }
   if (n > 256) return tdm__set_error(TDM_ERR_INVALID_ARG, "set_num_threads: %d threads; expected <= 256", n);
+  const char *sp = getenv("TANDEM_SPIN_US");
+  char *end = NULL;
+  double us = sp ? strtod(sp, &end) : 50.0;
+  if (sp && (end == sp || *end || !(us >= 0 && us <= 1e6)))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "set_num_threads: TANDEM_SPIN_US='%s'; expected microseconds in [0, 1e6]", sp);
   tdm__blas_single_thread();
   if (n == pool.n_threads && pool.n_workers == n - 1) return TDM_OK;
   pool_stop();
   pool.n_threads = 1;
   /* spin only where every thread of every rank of this node has a core of its own */
-  const char *sp = getenv("TANDEM_SPIN_US");
-  double us = sp ? atof(sp) : 50.0;
-  tdm_launch_env le;
-  long cores = sysconf(_SC_NPROCESSORS_ONLN), local = tdm_launch_env_read(&le) == TDM_OK && le.local_size > 0 ? le.local_size : 1;
-  pool.spin_s = n > 1 && (long)n * local <= cores && us > 0 ? us * 1e-6 : 0.0;
+  pool.spin_s = n > 1 && cores_short(n, 1) <= 0 && us > 0 ? us * 1e-6 : 0.0;
   if (n > 1) {
     pool.born = pool.generation;
     pool.workers = tdm__calloc((size_t)n - 1, sizeof(pthread_t));
@@ -156,12 +166,7 @@ tdm_status tdm_set_num_threads(int n) {
 
 int tdm_get_num_threads(void) { return pool.n_threads; }
 
-int tdm_spare_core(int ranks) {
-  tdm_launch_env e; /* the launcher's ranks on this node, whichever launcher it is */
-  long cores = sysconf(_SC_NPROCESSORS_ONLN), local = tdm_launch_env_read(&e) == TDM_OK && e.local_size > 0 ? e.local_size
-                                                                                                          : (ranks > 0 ? ranks : 1);
-  return cores > (long)pool.n_threads * local;
-}
+int tdm_spare_core(int ranks) { return cores_short(pool.n_threads, ranks) < 0; }
 
 void tdm_parallel_for(int64_t n, int64_t min_chunk, tdm_range_fn fn, void *ctx) {
   if (n <= 0) return;

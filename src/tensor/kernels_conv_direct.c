@@ -330,6 +330,8 @@ void tdm_k_conv2d_direct_enable(int on) { enabled = !!on; }
 int tdm_k_conv2d_direct_fits(const tdm_conv_shape *s) {
   if (enabled < 0) {
     const char *e = getenv("TANDEM_CONV");
+    if (e && strcmp(e, "im2col") && strcmp(e, "direct")) /* a kernel cannot fail the step: say so, run the default */
+      tdm_log(TDM_LOG_WARN, "TANDEM_CONV='%s' is neither 'im2col' nor 'direct': the direct kernels run", e);
     enabled = !(e && !strcmp(e, "im2col"));
   }
   int same = s->stride == 1 && ((s->KH == 3 && s->pad == 1) || (s->KH == 5 && s->pad == 2));

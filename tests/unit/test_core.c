@@ -115,6 +115,16 @@ static void test_parallel_for_covers_once(void) {
     }
   }
   CHECK(tdm_set_num_threads(-1) == TDM_ERR_INVALID_ARG);
+  /* a spin time that is not a number of microseconds is refused by name, the pool left as it was */
+  const char *bad_spin[] = {"fast", "-5", "50us", "", "1e9"};
+  for (size_t i = 0; i < sizeof bad_spin / sizeof *bad_spin; i++) {
+    setenv("TANDEM_SPIN_US", bad_spin[i], 1);
+    CHECK(tdm_set_num_threads(3) == TDM_ERR_INVALID_ARG);
+    CHECK_MSG(strstr(tdm_last_error(), "TANDEM_SPIN_US") != NULL, "error: %s", tdm_last_error());
+  }
+  setenv("TANDEM_SPIN_US", "0", 1);
+  CHECK_OK(tdm_set_num_threads(2));
+  unsetenv("TANDEM_SPIN_US");
   CHECK_OK(tdm_set_num_threads(1));
 }
 
