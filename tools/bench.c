@@ -1,6 +1,9 @@
 /* tandem bench: collective benchmarks that print nccl-tests' table. Run it under tandem run:
  *   tandem run -n 2 -- tandem bench allreduce -b 8 -e 128M -f 2
  * time is the mean over -n iterations, the slowest rank's; algbw = size / time (GB = 1e9 B);
+ * -J also writes time_us_median: the median over iterations of the slowest rank's iteration (each
+ * rank times every iteration; the times are reduced with max), which a burst of other work on a
+ * shared machine moves less than the mean (the simulator's validation uses it);
  * busbw = algbw x the collective's factor (nccl-tests' PERFORMANCE.md): 2(n-1)/n all-reduce,
  * (n-1)/n all-gather, reduce-scatter and all-to-all, 1 broadcast, reduce and sendrecv. */
 #include <errno.h>
@@ -20,6 +23,19 @@ static const struct {
   tdm_dtype dt;
 } types[] = {{"float", TDM_F32}, {"double", TDM_F64}, {"half", TDM_F16}, {"bfloat16", TDM_BF16},
              {"int32", TDM_I32}, {"int64", TDM_I64}, {"uint8", TDM_U8}};
+
+/* the iterations whose times are kept for the median: more are run, not counted */
+#define MEDIAN_ITERS 4096
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static double median_of(double *v, int64_t n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
 
 static double input(tdm_redop op, int r, size_t j) {
   switch (op) {
@@ -265,9 +281,11 @@ int tool_bench(int argc, char **argv) {
   double factor_bw = op == B_ALLREDUCE ? 2.0 * (P - 1) / P : multi ? (double)(P - 1) / P : 1.0;
   size_t maxcount = (size_t)maxb / es + (size_t)P;
   void *sbuf = malloc(maxcount * es + 64), *rbuf = malloc(maxcount * es + 64);
+  int64_t nmed = iters < MEDIAN_ITERS ? iters : MEDIAN_ITERS;
+  double *it_t = malloc(2 * (size_t)nmed * sizeof(double)), *it_max = it_t ? it_t + nmed : NULL;
   FILE *jf = NULL;
   int64_t bad = 0, any_bad = 1;
-  if (!sbuf || !rbuf) {
+  if (!sbuf || !rbuf || !it_t) {
     fprintf(stderr, "tandem bench: rank %d: cannot allocate 2 x %zu bytes\n", me, maxcount * es);
     bad = 1;
   }
@@ -282,6 +300,7 @@ int tool_bench(int argc, char **argv) {
     if (jf) fclose(jf);
     free(sbuf);
     free(rbuf);
+    free(it_t);
     tdm_comm_destroy(c);
     tdm_trace_close(tr);
     return 1;
@@ -304,7 +323,7 @@ int tool_bench(int argc, char **argv) {
     size_t count = (size_t)size / es;
     if (multi) count = count / (size_t)P * (size_t)P; /* whole blocks, as nccl-tests */
     bctx b = {(bench_op)op, rop, dt, P, me, (int)root, multi ? count / (size_t)P : count};
-    double t[2] = {0, 0};
+    double t[2] = {0, 0}, med[2] = {0, 0};
     int64_t wrong[2] = {0, 0};
     int have_inplace = op != B_ALLTOALL && op != B_SENDRECV;
     for (int ip = 0; ip < 1 + have_inplace && !failed; ip++) {
@@ -313,10 +332,19 @@ int tool_bench(int argc, char **argv) {
       memset(rbuf, 0, maxcount * es);
       for (int64_t i = 0; i < warmup && st == TDM_OK; i++) st = run_once(c, &b, sbuf, rbuf, count, ip, algo);
       if (st == TDM_OK) st = tdm_comm_barrier(c);
-      double t0 = tdm_time_now();
-      for (int64_t i = 0; i < iters && st == TDM_OK; i++) st = run_once(c, &b, sbuf, rbuf, count, ip, algo);
+      double t0 = tdm_time_now(), tp = t0;
+      for (int64_t i = 0; i < iters && st == TDM_OK; i++) {
+        st = run_once(c, &b, sbuf, rbuf, count, ip, algo);
+        if (i < nmed) { /* a clock read per iteration: tens of ns against the smallest collective's microseconds */
+          double tn = tdm_time_now();
+          it_t[i] = (tn - tp) * 1e6;
+          tp = tn;
+        }
+      }
       double dt_us = (tdm_time_now() - t0) / (double)iters * 1e6;
       if (st == TDM_OK) st = tdm_comm_allreduce(c, &dt_us, &t[ip], 1, TDM_F64, TDM_MAX, TDM_ALGO_AUTO);
+      if (st == TDM_OK) st = tdm_comm_allreduce(c, it_t, it_max, (size_t)nmed, TDM_F64, TDM_MAX, TDM_ALGO_AUTO);
+      if (st == TDM_OK) med[ip] = median_of(it_max, nmed);
       if (st == TDM_OK && checkv) {
         int64_t w = check(c, &b, sbuf, rbuf, count, ip, algo, &st);
         if (st == TDM_OK) st = tdm_comm_allreduce(c, &w, &wrong[ip], 1, TDM_I64, TDM_SUM, TDM_ALGO_AUTO);
@@ -344,10 +372,11 @@ int tool_bench(int argc, char **argv) {
         fprintf(jf,
                 "%s  {\"op\":\"%s\",\"size\":%zu,\"count\":%zu,\"type\":\"%s\",\"redop\":\"%s\",\"root\":%d,\"ranks\":%d,"
                 "\"transport\":\"%s\",\"time_us\":%.3f,\"algbw\":%.4f,\"busbw\":%.4f,\"wrong\":%lld,"
-                "\"time_us_inplace\":%.3f,\"algbw_inplace\":%.4f,\"busbw_inplace\":%.4f,\"wrong_inplace\":%lld}",
+                "\"time_us_inplace\":%.3f,\"algbw_inplace\":%.4f,\"busbw_inplace\":%.4f,\"wrong_inplace\":%lld,"
+                "\"time_us_median\":%.3f,\"time_us_inplace_median\":%.3f}",
                 rows ? ",\n" : "", op_names[op], count * es, count, dt_name, rn, rt, P,
                 tdm_transport_name(tdm_comm_transport(c)), t[0], alg[0], alg[0] * factor_bw, (long long)wrong[0], t[1],
-                alg[1], alg[1] * factor_bw, (long long)wrong[1]);
+                alg[1], alg[1] * factor_bw, (long long)wrong[1], med[0], med[1]);
     }
     total_wrong += wrong[0] + wrong[1];
     bw_sum += (double)count * (double)es / (t[0] * 1e3) * factor_bw;
@@ -367,6 +396,7 @@ int tool_bench(int argc, char **argv) {
   }
   free(sbuf);
   free(rbuf);
+  free(it_t);
   if (!failed && bench_clock(tr, c, 1) != TDM_OK) failed = 1;
   tdm_comm_destroy(c);
   if (tdm_trace_close(tr) != TDM_OK) {

@@ -38,6 +38,13 @@ bench_all() {
     grep -q "#       size         count      type   redop    root     time   algbw   busbw #wrong" "$TMP/$op.out" || return 1
     grep -q "Out of bounds values : 0 OK" "$TMP/$op.out" || { echo "  $op: wrong values"; cat "$TMP/$op.out"; return 1; }
     [[ $(grep -c '"busbw"' "$TMP/$op.json") -ge 4 ]] || { echo "  $op: JSON rows missing"; return 1; }
+    # the median iteration: a time of its own on every row (in place too where the collective has it)
+    /usr/bin/python3 -c '
+import json, sys
+rows = json.load(open(sys.argv[1]))
+inplace = sys.argv[2] not in ("alltoall", "sendrecv")
+sys.exit(0 if rows and all(r["time_us_median"] > 0 and (r["time_us_inplace_median"] > 0) == inplace for r in rows) else 1)' \
+      "$TMP/$op.json" $op || { echo "  $op: time_us_median missing or 0"; cat "$TMP/$op.json"; return 1; }
   done
   "$TANDEM" run -n 2 -- tandem bench allreduce -d bfloat16 -o max -b 1K -e 1M -f 32 -a ring >"$TMP/bf.out" 2>&1 &&
     grep -q "bfloat16     max" "$TMP/bf.out" && grep -q "0 OK" "$TMP/bf.out"
