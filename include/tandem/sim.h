@@ -206,8 +206,6 @@ tdm_status tdm_sim_calibrate_link(tdm_comm_t c, size_t max_bytes, int ranks_per_
 struct tdm_train_config;
 tdm_status tdm_sim_calibrate_compute(const struct tdm_train_config *c, int steps, double fwd_bwd_flops, int64_t n_params,
                                      tdm_sim_cluster *k, char *detail, size_t n);
-/* Measured all-reduce seconds (median of iters after warm-up) of n bytes with algo on c. */
-tdm_status tdm_sim_measure_allreduce(tdm_comm_t c, tdm_algo algo, size_t n, int iters, double *seconds);
 
 #ifdef __cplusplus
 }

@@ -26,47 +26,59 @@ static double cpu_now(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* Every timed exchange runs at most this many times (the calibration asks for 7-40). */
+#define MAX_ITERS 64
+
 /* One exchange of n bytes, iters times, as every step of the algorithms runs: ring (all ranks at
  * once) each rank sends to the next while it receives from the one before, so ranks that share
  * cores and links (and wait on each other) are measured as they will run; pair: ranks 0 and 1
- * exchange with each other while the rest wait. wall: the mean time of an exchange (as tandem bench
- * reports: a loaded machine's stalls are part of the cost), cpu: the CPU time of this rank's thread
- * per exchange (its share of sending and receiving one message). Ranks outside the pair return 0s. */
+ * exchange with each other while the rest wait. wall: the median time of an exchange, cpu: the
+ * median CPU time of this rank's thread per exchange (its share of sending and receiving one
+ * message). Medians, as the validation's tandem bench measures: a burst of other work on a shared
+ * machine moves a mean of a few exchanges by 2-4x. Ranks outside the pair return 0s. */
 static tdm_status exchange(tdm_comm_t c, char *s, char *r, size_t n, int iters, int pair, double *wall, double *cpu) {
   int me = tdm_comm_rank(c), P = tdm_comm_size(c);
   *wall = *cpu = 0;
   if (pair && me > 1) return TDM_OK;
   int to = pair ? 1 - me : (me + 1) % P, from = pair ? 1 - me : (me + P - 1) % P;
-  double w = 0, u = 0;
+  double w[MAX_ITERS], u[MAX_ITERS];
   for (int i = -2; i < iters; i++) {
     double t0 = tdm_time_now(), c0 = cpu_now();
     TDM__TRY(tdm_comm_sendrecv(c, to, s, n, from, r, n, 5));
-    if (i >= 0) w += tdm_time_now() - t0, u += cpu_now() - c0;
+    if (i >= 0) w[i] = tdm_time_now() - t0, u[i] = cpu_now() - c0;
   }
-  *wall = w / iters, *cpu = u / iters;
+  *wall = median(w, iters), *cpu = median(u, iters);
   return TDM_OK;
 }
 
 /* The fan exchange: every rank sends n bytes to every other rank while receiving n from each, as
  * direct's exchanges do (its all-gather is one such exchange); wall and CPU time as exchange(). */
 static tdm_status fan_exchange(tdm_comm_t c, const char *s, char *all, size_t n, int iters, double *wall, double *cpu) {
-  double w = 0, u = 0;
+  double w[MAX_ITERS], u[MAX_ITERS];
   for (int i = -2; i < iters; i++) {
     double t0 = tdm_time_now(), c0 = cpu_now();
     TDM__TRY(tdm_comm_allgather(c, s, all, n, TDM_U8, TDM_ALGO_DIRECT));
-    if (i >= 0) w += tdm_time_now() - t0, u += cpu_now() - c0;
+    if (i >= 0) w[i] = tdm_time_now() - t0, u[i] = cpu_now() - c0;
   }
-  *wall = w / iters, *cpu = u / iters;
+  *wall = median(w, iters), *cpu = median(u, iters);
   return TDM_OK;
 }
 
 /* The cores the ranks get between them when all are busy at once: every rank reduces a small
- * buffer for 60 ms of wall time, its CPU time over the wall time is the share of a core it got. */
+ * buffer for 100 ms of wall time, and its CPU time over the middle 60 ms is the share of a core it
+ * got. The margins keep every window inside the time all ranks are busy: released from one
+ * barrier, ranks crowding the cores start milliseconds apart, and a rank's whole run measured
+ * alone counts the cores it had to itself while the others had not started or had finished
+ * (8 ranks on 2 cores summed to 2.4). */
 static double busy_share(float *a, float *b, size_t n) {
-  double t0 = tdm_time_now(), c0 = cpu_now(), t;
-  do tdm_reduce_local(a, b, n, TDM_F32, TDM_SUM);
-  while ((t = tdm_time_now() - t0) < 0.06);
-  return (cpu_now() - c0) / t;
+  double t0 = tdm_time_now(), c0 = 0, w0 = 0, c1 = 0, w1 = 0, t;
+  do {
+    tdm_reduce_local(a, b, n, TDM_F32, TDM_SUM);
+    t = tdm_time_now() - t0;
+    if (!w0 && t >= 0.02) w0 = t, c0 = cpu_now();
+    if (!w1 && t >= 0.08) w1 = t, c1 = cpu_now();
+  } while (t < 0.1);
+  return w1 > w0 ? (c1 - c0) / (w1 - w0) : 0;
 }
 
 /* Weighted least squares of y = a + n b with weights 1/y^2 (the relative error), a and b >= 0. */
@@ -95,27 +107,32 @@ tdm_status tdm__sim_fit_link(const tdm_sim_calib_points *pt, int ranks, int rank
   }
   tdm_sim_link *l = &out->link;
   fit(pt->n, wire, pt->m, &l->alpha, &l->beta);
-  /* the CPU work from the sizes that fit the L2 (at least 2 of them), the rest as a factor on its
-   * per-byte part: the copies of larger messages run from the slower caches */
-  int small = 0;
+  /* the CPU work from the sizes whose step fits the L2 (at least 2 of them), the rest as a factor on
+   * the per-byte part of what a message has beyond it: the copies of larger steps run from the
+   * slower caches. A fan exchange's step is its ranks - 1 messages together. */
+  int fanout = ranks > 2 ? ranks - 1 : 1, small = 0, small_fan = 0;
   while (small < pt->m && !(pt->cache > 0 && pt->n[small] > pt->cache)) small++;
+  while (small_fan < pt->m && !(pt->cache > 0 && fanout * pt->n[small_fan] > pt->cache)) small_fan++;
   if (small < 2) small = pt->m;
+  if (small_fan < 2) small_fan = 2; /* thousands of ranks: the fan's smallest sizes already pass the L2 */
   fit(n2, c2, 2 * small, &l->cpu_alpha, &l->cpu_beta);
   double f[TDM_SIM_CALIB_POINTS];
   l->fan_alpha = l->fan_beta = 0;
   if (ranks > 2) { /* per message: the exchange moves ranks - 1 each way */
-    for (int i = 0; i < pt->m; i++) f[i] = pt->fan_cpu[i] / (ranks - 1);
-    fit(pt->n, f, small, &l->fan_alpha, &l->fan_beta);
+    for (int i = 0; i < pt->m; i++) f[i] = pt->fan_cpu[i] / fanout;
+    fit(pt->n, f, small_fan, &l->fan_alpha, &l->fan_beta);
   }
-  /* the factor: each exchange's excess over its line beyond the L2, against the line's own */
-  l->big_bytes = small < pt->m ? pt->cache : 0, l->big_factor = 1;
+  /* the factor: each exchange's excess over its line, per byte a message has beyond the L2 */
+  l->big_bytes = pt->cache > 0 && (small < pt->m || (ranks > 2 && small_fan < pt->m)) ? pt->cache : 0, l->big_factor = 1;
   double ratio = 0;
   int k = 0;
-  for (int i = small; i < pt->m; i++) {
-    double beyond = pt->n[i] - pt->cache, got[3] = {pt->pair_cpu[i], pt->ring_cpu[i], ranks > 2 ? f[i] : 0};
+  for (int i = 0; l->big_bytes > 0 && i < pt->m; i++) {
+    double got[3] = {pt->pair_cpu[i], pt->ring_cpu[i], ranks > 2 ? f[i] : 0};
     for (int j = 0; j < 3; j++) {
+      int m = j < 2 ? 1 : fanout;
       double a = j < 2 ? l->cpu_alpha : l->fan_alpha, b = j < 2 ? l->cpu_beta : l->fan_beta;
-      if (got[j] > 0 && b > 0) ratio += (got[j] - a - pt->cache * b) / (beyond * b), k++;
+      double beyond = (m * pt->n[i] - pt->cache) / m;
+      if (got[j] > 0 && b > 0 && beyond > 0) ratio += 1 + (got[j] - a - pt->n[i] * b) / (beyond * b), k++;
     }
   }
   if (k && ratio / k > 1) l->big_factor = ratio / k;
@@ -183,7 +200,10 @@ tdm_status tdm_sim_calibrate_link(tdm_comm_t c, size_t max_bytes, int ranks_per_
   if (st == TDM_OK) st = tdm_comm_allreduce(c, share + 1, share + 1, 1, TDM_F64, TDM_MAX, TDM_ALGO_AUTO);
   long hw = sysconf(_SC_NPROCESSORS_ONLN);
   double got = share[0] * local / P, least = -share[1];
-  out->cpu_cores = least >= 0.9 && hw > got ? (double)hw : got;
+  /* ranks that were not short of cores have the node's; none have more than it (what the clocks
+   * count beyond it is the windows' skew) */
+  double node = hw > 0 ? (double)hw : got;
+  out->cpu_cores = least >= 0.9 || got > node ? node : got;
   double res[4] = {0, 0, 0, 0};
   if (st == TDM_OK && me == 0) { /* gamma: the reduction of 4 MiB of f32 into 4 MiB, as the algorithms reduce a received block */
     size_t nf = (max_bytes < (4u << 20) ? max_bytes : (4u << 20)) / 4;
@@ -233,28 +253,4 @@ tdm_status tdm_sim_calibrate_link(tdm_comm_t c, size_t max_bytes, int ranks_per_
   TDM__TRY(tdm__sim_fit_link(&pt, P, local, out));
   out->link.gamma = res[0] > 0 ? res[0] : 0; /* after the fit, which sets the rest */
   return TDM_OK;
-}
-
-tdm_status tdm_sim_measure_allreduce(tdm_comm_t c, tdm_algo algo, size_t n, int iters, double *seconds) {
-  if (!c || !seconds || iters < 1) return tdm__set_error(TDM_ERR_INVALID_ARG, "measure: NULL argument or %d iterations", iters);
-  size_t count = n / 4 ? n / 4 : 1;
-  float *buf = tdm__malloc(count * 4);
-  double *t = tdm__malloc(sizeof(double) * (size_t)iters);
-  if (!buf || !t) {
-    tdm__free(buf), tdm__free(t);
-    return tdm__set_error(TDM_ERR_NO_MEMORY, "measure: out of memory");
-  }
-  for (size_t i = 0; i < count; i++) buf[i] = 1;
-  tdm_status st = TDM_OK;
-  for (int i = -2; st == TDM_OK && i < iters; i++) {
-    st = tdm_comm_barrier(c);
-    double t0 = tdm_time_now();
-    if (st == TDM_OK) st = tdm_comm_allreduce(c, buf, buf, count, TDM_F32, TDM_SUM, algo);
-    double el = tdm_time_now() - t0; /* the slowest rank's time is the collective's */
-    if (st == TDM_OK) st = tdm_comm_allreduce(c, &el, &el, 1, TDM_F64, TDM_MAX, TDM_ALGO_AUTO);
-    if (i >= 0) t[i] = el;
-  }
-  if (st == TDM_OK) *seconds = median(t, iters);
-  tdm__free(buf), tdm__free(t);
-  return st;
 }

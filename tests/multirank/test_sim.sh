@@ -35,7 +35,7 @@ compare() { # compare N ALGO LO HI: tandem bench's all-reduce against the predic
     >"$TMP/p-$n.json" || return 1
   /usr/bin/python3 - "$TMP/m-$n-$a.json" "$TMP/p-$n.json" $a $n $lo $hi <<'EOF'
 import json, sys
-meas = {r["size"]: r["time_us"] * 1e-6 for r in json.load(open(sys.argv[1]))}
+meas = {r["size"]: r["time_us_median"] * 1e-6 for r in json.load(open(sys.argv[1]))} # as the validation measures
 pred = {}
 for line in open(sys.argv[2]):
     r = json.loads(line)
