@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The simulator's validation (docs/PERFORMANCE.md, "Simulator: predicted against measured"):
 #   collectives  every all-reduce algorithm (ring, rd, rhd, tree, direct), 1 KiB - 64 MiB, 2, 3, 4
-#                and 8 ranks over tcp with TANDEM_NET_EMULATE=100us,1gbps: tandem bench measures,
+#                and 8 ranks over tcp with TANDEM_NET_EMULATE=100us,1gbps: tandem bench measures
+#                (the median of the iterations, the slowest rank's each: 41 up to 256 KiB, 5 beyond;
+#                MEAN=1 summary: their mean),
 #                tandem simulate --collectives predicts from a calibration at the same world size
 #   training     data-parallel training of the MLP (200 steps) and GPT mini (40) at 1, 2 and 4
 #                ranks, emulated 100us,1gbps and 100us,10gbps: the median step of tandem train's
@@ -45,7 +47,7 @@ EOF
 calibrate() { # calibrate N EMU OUTFILE [BASE]: the links at N ranks over tcp, emulated
   local n=$1 emu=$2 out=$3 base=${4:-}
   TANDEM_TRANSPORT=tcp TANDEM_NET_EMULATE=$emu N timeout 300 "$T" run -n "$n" -- "$T" simulate --calibrate --no-compute \
-    --calibrate-max 4M ${base:+--cluster "$base"} -o "$out" 2>&1 | grep -E 'link:|cpu:' | sed 's/^\[rank 0\] //'
+    --calibrate-max ${CAL_MAX:-16M} ${base:+--cluster "$base"} -o "$out" 2>&1 | grep -E 'link:|cpu:' | sed 's/^\[rank 0\] //'
 }
 
 predict_coll() { # predict_coll BINARY CLUSTER N OUT
@@ -72,8 +74,14 @@ collectives() {
         cp "$OUT/coll-p$n-$a.json" "$OUT/coll-q$n-$a.json"
       fi
       local l0; l0=$(load)
-      TANDEM_TRANSPORT=tcp TANDEM_NET_EMULATE=$emu N timeout 900 "$T" run -n $n -- "$T" bench allreduce -b 1K -e 64M -f 4 \
-        -n 3 -w 1 -c 0 -a $a -J "$OUT/coll-m$n-$a.json" >/dev/null 2>&1 || { echo "bench $a at $n ranks failed"; continue; }
+      # up to 256 KiB the median of 41 iterations after 20 (a few milliseconds each: a step's wake-ups and
+      # sleeps vary 20-30% from one to the next), beyond it of 5
+      TANDEM_TRANSPORT=tcp TANDEM_NET_EMULATE=$emu N timeout 900 "$T" run -n $n -- "$T" bench allreduce -b 1K -e 256K -f 4 \
+        -n 41 -w 20 -c 0 -a $a -J "$OUT/coll-m$n-$a.small.json" >/dev/null 2>&1 &&
+      TANDEM_TRANSPORT=tcp TANDEM_NET_EMULATE=$emu N timeout 900 "$T" run -n $n -- "$T" bench allreduce -b 1M -e 64M -f 4 \
+        -n 5 -w 2 -c 0 -a $a -J "$OUT/coll-m$n-$a.large.json" >/dev/null 2>&1 || { echo "bench $a at $n ranks failed"; continue; }
+      /usr/bin/python3 -c 'import json, sys; json.dump(json.load(open(sys.argv[1])) + json.load(open(sys.argv[2])), open(sys.argv[3], "w"), indent=1)' \
+        "$OUT/coll-m$n-$a.small.json" "$OUT/coll-m$n-$a.large.json" "$OUT/coll-m$n-$a.json"
       /usr/bin/python3 - "$OUT/coll-m$n-$a.json" "$OUT/coll-p$n-$a.json" "$OUT/coll-q$n-$a.json" $a $n "$l0" "$(load)" >>"$OUT/coll.tsv" <<'EOF'
 import json, sys
 def preds(path):
@@ -85,7 +93,9 @@ def preds(path):
 pred, base = preds(sys.argv[2]), preds(sys.argv[3])
 load = max(float(sys.argv[6]), float(sys.argv[7]))
 for r in json.load(open(sys.argv[1])):
-    print("%s\t%s\t%d\t%.6e\t%.6e\t%.6e\t%.2f" % (sys.argv[4], sys.argv[5], r["size"], r["time_us"] * 1e-6, pred[r["size"]], base[r["size"]], load))
+    # the median of the iterations (a burst of other work moves a mean of 5 by 2-4x), the mean beside it
+    print("%s\t%s\t%d\t%.6e\t%.6e\t%.6e\t%.2f\t%.6e" % (sys.argv[4], sys.argv[5], r["size"], r["time_us_median"] * 1e-6, pred[r["size"]],
+          base[r["size"]], load, r["time_us"] * 1e-6))
 EOF
       echo "done: $a at $n ranks (load $l0 .. $(load))"
     done
@@ -93,19 +103,26 @@ EOF
   coll_summary
 }
 
-coll_summary() { # the tables of docs/PERFORMANCE.md from $OUT/coll.tsv (INPLACE=1: the in-place measurements instead)
-  /usr/bin/python3 - "$OUT/coll.tsv" "${T_BASE:+base}" "${INPLACE:-0}" <<'EOF'
+coll_summary() { # the tables of docs/PERFORMANCE.md from $OUT/coll.tsv (INPLACE=1: the in-place measurements instead; MEAN=1: means)
+  /usr/bin/python3 - "$OUT/coll.tsv" "${T_BASE:+base}" "${INPLACE:-0}" "${MEAN:-0}" <<'EOF'
 import sys, collections, json, os
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
 has_base = len(sys.argv) > 2 and sys.argv[2] == "base"
+mean = sys.argv[4] == "1"
 if sys.argv[3] == "1": # tandem bench measures in place second, after the same warm-up
     d = os.path.dirname(sys.argv[1])
     got = {}
+    key = "time_us_inplace" if mean else "time_us_inplace_median"
     for r in rows:
         if (r[0], r[1]) not in got:
-            got[(r[0], r[1])] = {x["size"]: x["time_us_inplace"] * 1e-6 for x in json.load(open("%s/coll-m%s-%s.json" % (d, r[1], r[0])))}
+            got[(r[0], r[1])] = {x["size"]: x.get(key, x["time_us_inplace"]) * 1e-6 for x in json.load(open("%s/coll-m%s-%s.json" % (d, r[1], r[0])))}
         r[3] = "%.6e" % got[(r[0], r[1])][int(r[2])]
     print("measured: in place")
+elif mean: # rows measured before the median was kept have their mean in column 4 only
+    for r in rows:
+        if len(r) > 7: r[3] = r[7]
+    print("measured: the mean of the iterations")
+rows = [r[:7] for r in rows]
 loads = [float(r[6]) for r in rows]
 print("load average (1 minute) during the measurements: %.1f - %.1f" % (min(loads), max(loads)))
 def table(title, keep):
@@ -242,11 +259,11 @@ MLP, GPT = sys.argv[3].split(), sys.argv[4].split()
 def sim(args): return subprocess.run([T, "simulate"] + args, capture_output=True, text=True, check=True).stdout
 preds, rows = {}, []
 for l in open(out + "/coll.tsv"):
-    a, n, size, m, p, b, load = l.rstrip("\n").split("\t")
+    a, n, size, m, p, b, load, *mean = l.rstrip("\n").split("\t")
     if (a, n) not in preds:
         js = sim(["--collectives", "--cluster", "%s/coll-c%s-%s.json" % (out, n, a), "--ranks", n, "--min-bytes", "1K", "--max-bytes", "64M", "--json"])
         preds[(a, n)] = {r["bytes"]: r["allreduce_s"] for r in map(json.loads, js.splitlines()) if r["algo"] == a}
-    rows.append("\t".join((a, n, size, m, "%.6e" % preds[(a, n)][int(size)], p, load)))
+    rows.append("\t".join([a, n, size, m, "%.6e" % preds[(a, n)][int(size)], p, load] + mean))
 open(out + "/coll.tsv", "w").write("\n".join(rows) + "\n")
 rows = []
 for l in open(out + "/train.tsv"):
