@@ -107,14 +107,11 @@ tdm_status tdm__sim_fit_link(const tdm_sim_calib_points *pt, int ranks, int rank
   }
   tdm_sim_link *l = &out->link;
   fit(pt->n, wire, pt->m, &l->alpha, &l->beta);
-  /* the CPU work from the sizes whose step fits the L2 (at least 2 of them), the rest as a factor on
-   * the per-byte part of what a message has beyond it: the copies of larger steps run from the
-   * slower caches. A fan exchange's step is its ranks - 1 messages together. */
-  int fanout = ranks > 2 ? ranks - 1 : 1, small = 0, small_fan = 0;
+  /* the CPU work from the sizes that fit the L2 (at least 2 of them), the rest as a factor on its
+   * per-byte part: the copies of larger messages run from the slower caches */
+  int fanout = ranks > 2 ? ranks - 1 : 1, small = 0;
   while (small < pt->m && !(pt->cache > 0 && pt->n[small] > pt->cache)) small++;
-  while (small_fan < pt->m && !(pt->cache > 0 && fanout * pt->n[small_fan] > pt->cache)) small_fan++;
   if (small < 2) small = pt->m;
-  if (small_fan < 2) small_fan = 2; /* thousands of ranks: the fan's smallest sizes already pass the L2 */
   fit(n2, c2, 2 * small, &l->cpu_alpha, &l->cpu_beta);
   double f[TDM_SIM_CALIB_POINTS];
   l->fan_alpha = l->fan_beta = 0;
@@ -131,19 +128,17 @@ tdm_status tdm__sim_fit_link(const tdm_sim_calib_points *pt, int ranks, int rank
       double counted = pt->fan_cpu[i] / fanout, walled = crowd * (pt->fan_wall[i] - (l->alpha + pt->n[i] * l->beta)) / fanout;
       f[i] = walled > counted ? walled : counted;
     }
-    fit(pt->n, f, small_fan, &l->fan_alpha, &l->fan_beta);
+    fit(pt->n, f, small, &l->fan_alpha, &l->fan_beta);
   }
-  /* the factor: each exchange's excess over its line, per byte a message has beyond the L2 */
-  l->big_bytes = pt->cache > 0 && (small < pt->m || (ranks > 2 && small_fan < pt->m)) ? pt->cache : 0, l->big_factor = 1;
+  /* the factor: each exchange's excess over its line beyond the L2, against the line's own */
+  l->big_bytes = small < pt->m ? pt->cache : 0, l->big_factor = 1;
   double ratio = 0;
   int k = 0;
-  for (int i = 0; l->big_bytes > 0 && i < pt->m; i++) {
-    double got[3] = {pt->pair_cpu[i], pt->ring_cpu[i], ranks > 2 ? f[i] : 0};
+  for (int i = small; i < pt->m; i++) {
+    double beyond = pt->n[i] - pt->cache, got[3] = {pt->pair_cpu[i], pt->ring_cpu[i], ranks > 2 ? f[i] : 0};
     for (int j = 0; j < 3; j++) {
-      int m = j < 2 ? 1 : fanout;
       double a = j < 2 ? l->cpu_alpha : l->fan_alpha, b = j < 2 ? l->cpu_beta : l->fan_beta;
-      double beyond = (m * pt->n[i] - pt->cache) / m;
-      if (got[j] > 0 && b > 0 && beyond > 0) ratio += 1 + (got[j] - a - pt->n[i] * b) / (beyond * b), k++;
+      if (got[j] > 0 && b > 0) ratio += (got[j] - a - pt->cache * b) / (beyond * b), k++;
     }
   }
   if (k && ratio / k > 1) l->big_factor = ratio / k;

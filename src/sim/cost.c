@@ -48,10 +48,9 @@ double tdm__sim_step(const tdm_sim_cluster *k, const tdm_sim_link *l, double n, 
                             : fan * chunks * l->alpha + n * l->beta * fan * cross;
   int fanned = fan > 1 && (l->fan_alpha > 0 || l->fan_beta > 0); /* messages to several peers at once: their own terms */
   double ca = fanned ? l->fan_alpha : l->cpu_alpha, cb = fanned ? l->fan_beta : l->cpu_beta;
-  /* the bytes beyond the L2, per message: a step's pieces to all its peers at once pass the cache
-   * together (direct's 7 chunks of 1 MiB at 8 ranks are 7 MiB, not 1) */
-  double piece = chunks > 0 ? n / chunks : n, ws = fan * piece;
-  double beyond = l->big_factor > 1 && l->big_bytes > 0 && ws > l->big_bytes ? (ws - l->big_bytes) / fan : 0;
+  /* the bytes of a piece beyond big_bytes: a message's own size decides, not its step's (a fan
+   * of 7 x 512 KiB, 3.5 MiB together, costs a 512 KiB message's per byte in the calibrations) */
+  double piece = chunks > 0 ? n / chunks : n, beyond = l->big_factor > 1 && l->big_bytes > 0 && piece > l->big_bytes ? piece - l->big_bytes : 0;
   double cpu = cpu_msgs * (chunks * ca + n * cb + chunks * beyond * cb * (l->big_factor - 1)) + red * l->gamma;
   /* the ranks of a step run in lockstep: all wait on their links at once, then all want a core at
    * once, so crowded cores add to the wire rather than hide under it */

@@ -229,8 +229,7 @@ static void test_calibration_fit(void) {
   big.cache = 1048576;
   for (int i = 0; i < big.m; i++) {
     double x = big.n[i] > big.cache ? (big.n[i] - big.cache) * 0.6 : 0;
-    double xf = 7 * big.n[i] > big.cache ? (7 * big.n[i] - big.cache) / 7 * 0.6 : 0; /* the fan's 7 messages pass the cache together */
-    big.pair_cpu[i] += x * cb, big.ring_cpu[i] += x * cb, big.fan_cpu[i] += 7 * xf * fb;
+    big.pair_cpu[i] += x * cb, big.ring_cpu[i] += x * cb, big.fan_cpu[i] += 7 * x * fb;
     big.pair_wall[i] += x * cb, big.ring_wall[i] += 8 * x * cb / cores; /* the walls: their work, as above */
   }
   CHECK_OK(tdm__sim_fit_link(&big, 8, 0, &c));
@@ -240,10 +239,10 @@ static void test_calibration_fit(void) {
   CHECK_MSG(fabs(c.link.beta / b - 1) < 1e-6 && c.check_max < 1e-6, "beyond the L2: beta %g, the check %g", c.link.beta, c.check_max);
   tdm_sim_cluster kb = flat(a, b, 0);
   kb.intra = c.link, kb.intra.gamma = 0, kb.intra.pairwise = 1, kb.intra.wake = 0;
-  double x4 = 4194304; /* direct's all-gather of 4 x 4 MiB: one exchange of 4 MiB blocks with 3 peers, 12 MiB together */
+  double x4 = 4194304; /* direct's all-gather of 4 x 4 MiB: one exchange of 4 MiB blocks with 3 peers */
   CHECK_NEAR(tdm_sim_coll_cost(&kb, TDM_ALGO_DIRECT, TDM_SIM_ALLGATHER, 4 * x4, 4),
-             a + x4 * b + 3 * (fa + x4 * fb + (3 * x4 - 1048576) / 3 * fb * 0.6), 1e-12);
-  double x1 = 262144; /* 4 x 256 KiB: 3 blocks of 256 KiB, 768 KiB together, within the L2 */
+             a + x4 * b + 3 * (fa + x4 * fb + (x4 - 1048576) * fb * 0.6), 1e-12);
+  double x1 = 524288; /* 4 x 512 KiB: 3 blocks of 512 KiB, 1.5 MiB together: a message's own size decides */
   CHECK_NEAR(tdm_sim_coll_cost(&kb, TDM_ALGO_DIRECT, TDM_SIM_ALLGATHER, 4 * x1, 4), a + x1 * b + 3 * (fa + x1 * fb), 1e-12);
   /* 8 ranks crowding 1 core: a fan exchange whose wall time shows a quarter more work than the
    * threads' clocks counted (the kernel's, charged to no thread) is fitted from its wall time;
