@@ -27,16 +27,6 @@ static const struct {
 /* the iterations whose times are kept for the median: more are run, not counted */
 #define MEDIAN_ITERS 4096
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median_of(double *v, int64_t n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 static double input(tdm_redop op, int r, size_t j) {
   switch (op) {
   case TDM_PROD: return 1 + (double)((j + (size_t)r) % 2 && r < 6);
@@ -344,7 +334,7 @@ int tool_bench(int argc, char **argv) {
       double dt_us = (tdm_time_now() - t0) / (double)iters * 1e6;
       if (st == TDM_OK) st = tdm_comm_allreduce(c, &dt_us, &t[ip], 1, TDM_F64, TDM_MAX, TDM_ALGO_AUTO);
       if (st == TDM_OK) st = tdm_comm_allreduce(c, it_t, it_max, (size_t)nmed, TDM_F64, TDM_MAX, TDM_ALGO_AUTO);
-      if (st == TDM_OK) med[ip] = median_of(it_max, nmed);
+      if (st == TDM_OK) med[ip] = tdm_median(it_max, (size_t)nmed);
       if (st == TDM_OK && checkv) {
         int64_t w = check(c, &b, sbuf, rbuf, count, ip, algo, &st);
         if (st == TDM_OK) st = tdm_comm_allreduce(c, &w, &wrong[ip], 1, TDM_I64, TDM_SUM, TDM_ALGO_AUTO);

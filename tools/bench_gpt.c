@@ -39,16 +39,6 @@ static double cpu_s(void) {
   return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + 1e-6 * (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
 }
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 static double floor_ms(int64_t n, int reps) {
   floor_ctx c = {n, NULL, NULL, NULL, NULL};
   float **arr[4] = {&c.p, &c.g, &c.m, &c.v};
@@ -66,7 +56,7 @@ static double floor_ms(int64_t n, int reps) {
     tdm_parallel_for(n, 1 << 14, floor_kernel, &c);
     t[r] = (tdm_time_now() - t0) * 1e3;
   }
-  out = median(t, reps);
+  out = tdm_median(t, reps);
 done:
   for (int k = 0; k < 4; k++) free(*arr[k]);
   return out;
@@ -268,9 +258,9 @@ static int bench_lm(int argc, char **argv, int llama) {
    * token for attention (full T x T, as if unmasked) */
   int64_t lookup = llama ? (mc.tie_embeddings ? 0 : mc.vocab_size * C) : mc.block_size * C;
   double flops = (6.0 * (double)(np - lookup) + 12.0 * (double)(L * C * T)) * (double)(B * T * accum) / (double)pp; /* per rank */
-  double ms = median(t_all + warmup, (int)steps), fwd = median(t_fwd + warmup, (int)steps),
-         bwd = median(t_bwd + warmup, (int)steps), optm = median(t_opt + warmup, (int)steps),
-         wait = median(t_wait + warmup, (int)steps);
+  double ms = tdm_median(t_all + warmup, (int)steps), fwd = tdm_median(t_fwd + warmup, (int)steps),
+         bwd = tdm_median(t_bwd + warmup, (int)steps), optm = tdm_median(t_opt + warmup, (int)steps),
+         wait = tdm_median(t_wait + warmup, (int)steps);
   tdm_mem_stats mem;
   tdm_mem_stats_get(&mem);
   struct rusage ru; /* before the floor measurement, which allocates its own arrays */
@@ -281,7 +271,7 @@ static int bench_lm(int argc, char **argv, int llama) {
   double *stage = calloc((size_t)(4 * W), sizeof(double));
   if (!stage) goto out;
   for (int64_t k = warmup; k < total; k++) t_all[k] -= t_opt[k];
-  double step_wo = median(t_all + warmup, (int)steps), busy_ms = fwd + bwd;
+  double step_wo = tdm_median(t_all + warmup, (int)steps), busy_ms = fwd + bwd;
   double mine[4] = {step_wo > 0 ? 1.0 - busy_ms / step_wo : 0, busy_ms, (double)mem.peak[TDM_MEM_ACTIVATIONS] / 1048576.0,
                     (double)mem.peak_total / 1048576.0};
   if (comm && tdm_comm_allgather(comm, mine, stage, 4, TDM_F64, TDM_ALGO_AUTO) != TDM_OK) {

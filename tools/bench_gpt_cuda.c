@@ -10,15 +10,6 @@
 #include "cuda_tools.h"
 #include "tandem/cuda.h"
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-static double median(double *v, int64_t n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 /* Device copy bandwidth (bytes read + written per second) over two 512 MiB buffers; 0 if no memory. */
 static double copy_bandwidth(void) {
   size_t n = (size_t)512 << 20;
@@ -35,7 +26,7 @@ static double copy_bandwidth(void) {
     tdm_cuda_sync("bandwidth probe");
     t[r] = tdm_time_now() - t0;
   }
-  bw = 2.0 * (double)n / median(t, 7);
+  bw = 2.0 * (double)n / tdm_median(t, 7);
 out:
   tdm_cuda_free(a), tdm_cuda_free(b);
   return bw;
@@ -87,8 +78,8 @@ int bench_gpt_cuda(const tdm_model_config *mc, int64_t B, int64_t T, int64_t ste
   int64_t np = tdm_params_numel(tdm_model_params(m)), C = mc->n_embd, L = mc->n_layer;
   /* nanoGPT's count: 6 FLOPs per parameter and token (position embeddings excluded) + 12 L C T for attention */
   double flops = (6.0 * (double)(np - mc->block_size * C) + 12.0 * (double)(L * C * T)) * (double)N;
-  double ms = median(t_all + warmup, steps), fwd = median(t_fwd + warmup, steps), bwd = median(t_bwd + warmup, steps),
-         opt = median(t_opt + warmup, steps);
+  double ms = tdm_median(t_all + warmup, steps), fwd = tdm_median(t_fwd + warmup, steps), bwd = tdm_median(t_bwd + warmup, steps),
+         opt = tdm_median(t_opt + warmup, steps);
   double tps = (double)N / (ms * 1e-3), mfu = flops / (ms * 1e-3) / (peak_tflops * 1e12);
   double bw = copy_bandwidth(), floor_ms = bw > 0 ? 28.0 * (double)np / bw * 1e3 : NAN;
   tdm_cuda_gpt_plan plan = tdm_cuda_gpt_get_plan(g);

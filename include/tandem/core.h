@@ -29,6 +29,10 @@ void tdm_log(tdm_log_level level, const char *fmt, ...) __attribute__((format(pr
 /* ---- time ------------------------------------------------------------------------------ */
 /* Monotonic clock in seconds. Thread-safe. */
 double tdm_time_now(void);
+/* The median of n timings (the mean of the middle two when n is even; 0 when n is 0): sorts v in
+ * place. The benchmarks' and the calibration's statistic: one burst of other work on a shared
+ * machine moves a mean of a few iterations 2-4x and a median not at all. Thread-safe on distinct v. */
+double tdm_median(double *v, size_t n);
 
 /* ---- random numbers ---------------------------------------------------------------------
  * xoshiro256** seeded through splitmix64: fast, reproducible across platforms. A tdm_rng is a

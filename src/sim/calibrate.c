@@ -11,15 +11,6 @@
 #include "core/internal.h"
 #include "sim/sim_impl.h"
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 static double cpu_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
@@ -47,7 +38,7 @@ static tdm_status exchange(tdm_comm_t c, char *s, char *r, size_t n, int iters, 
     TDM__TRY(tdm_comm_sendrecv(c, to, s, n, from, r, n, 5));
     if (i >= 0) w[i] = tdm_time_now() - t0, u[i] = cpu_now() - c0;
   }
-  *wall = median(w, iters), *cpu = median(u, iters);
+  *wall = tdm_median(w, iters), *cpu = tdm_median(u, iters);
   return TDM_OK;
 }
 
@@ -60,7 +51,7 @@ static tdm_status fan_exchange(tdm_comm_t c, const char *s, char *all, size_t n,
     TDM__TRY(tdm_comm_allgather(c, s, all, n, TDM_U8, TDM_ALGO_DIRECT));
     if (i >= 0) w[i] = tdm_time_now() - t0, u[i] = cpu_now() - c0;
   }
-  *wall = median(w, iters), *cpu = median(u, iters);
+  *wall = tdm_median(w, iters), *cpu = tdm_median(u, iters);
   return TDM_OK;
 }
 
@@ -218,7 +209,7 @@ tdm_status tdm_sim_calibrate_link(tdm_comm_t c, size_t max_bytes, int ranks_per_
       tdm_reduce_local(r, s, nf, TDM_F32, TDM_SUM);
       if (i >= 0) g[i] = (tdm_time_now() - t0) / (double)(nf * 4);
     }
-    res[0] = median(g, 9);
+    res[0] = tdm_median(g, 9);
   }
   /* ping-pong: rank 0 sends 8 bytes, rank 1 answers; half the round trip. After 100 round trips:
    * a VM's idle core wakes slowly until the host has seen it woken often (its halt polling grows),
@@ -237,7 +228,7 @@ tdm_status tdm_sim_calibrate_link(tdm_comm_t c, size_t max_bytes, int ranks_per_
     }
     if (i >= 0) pp[i] = (tdm_time_now() - t0) / 2;
   }
-  if (st == TDM_OK && me == 0) res[1] = median(pp, 31);
+  if (st == TDM_OK && me == 0) res[1] = tdm_median(pp, 31);
   /* rank 0's measurements for everyone */
   tdm__free(all);
   double *res0 = tdm__malloc(sizeof(double) * (2 + 7 * TDM_SIM_CALIB_POINTS + 1));

@@ -96,6 +96,16 @@ static void test_rng(void) {
   CHECK(tdm_hash64(1, 2) == tdm_hash64(1, 2) && tdm_hash64(1, 2) != tdm_hash64(1, 3));
 }
 
+/* The median: odd and even counts, unsorted input (sorted in place), a burst that moves the mean
+ * and not the median, none. */
+static void test_median(void) {
+  double odd[5] = {5, 1, 4, 2, 3}, even[4] = {10, 2, 8, 4}, burst[5] = {1.0, 1.1, 40.0, 0.9, 1.2};
+  CHECK(tdm_median(odd, 5) == 3 && odd[0] == 1 && odd[4] == 5);
+  CHECK(tdm_median(even, 4) == 6);
+  CHECK(tdm_median(burst, 5) == 1.1);
+  CHECK(tdm_median(NULL, 0) == 0);
+}
+
 static int64_t counts[100000];
 static void mark(void *ctx, int64_t b, int64_t e) {
   (void)ctx;
@@ -148,4 +158,4 @@ static void test_json(void) {
   CHECK_ERR_HAS("nesting");
 }
 
-TDM_TEST_MAIN(T(test_status_strings), T(test_arena), T(test_memory_categories), T(test_rng), T(test_parallel_for_covers_once), T(test_json))
+TDM_TEST_MAIN(T(test_status_strings), T(test_arena), T(test_memory_categories), T(test_rng), T(test_median), T(test_parallel_for_covers_once), T(test_json))
