@@ -1,9 +1,9 @@
 /* tandem bench: collective benchmarks that print nccl-tests' table. Run it under tandem run:
  *   tandem run -n 2 -- tandem bench allreduce -b 8 -e 128M -f 2
  * time is the mean over -n iterations, the slowest rank's; algbw = size / time (GB = 1e9 B);
- * -J also writes time_us_median: the median over iterations of the slowest rank's iteration (each
- * rank times every iteration; the times are reduced with max), which a burst of other work on a
- * shared machine moves less than the mean (the simulator's validation uses it);
+ * -J also writes time_us_median: the median over iterations (the first 4096) of the slowest
+ * rank's iteration (each rank times every iteration; the times are reduced with max), which a
+ * burst of other work on a shared machine moves less than the mean (the validation uses it);
  * busbw = algbw x the collective's factor (nccl-tests' PERFORMANCE.md): 2(n-1)/n all-reduce,
  * (n-1)/n all-gather, reduce-scatter and all-to-all, 1 broadcast, reduce and sendrecv. */
 #include <errno.h>
@@ -276,7 +276,8 @@ int tool_bench(int argc, char **argv) {
   FILE *jf = NULL;
   int64_t bad = 0, any_bad = 1;
   if (!sbuf || !rbuf || !it_t) {
-    fprintf(stderr, "tandem bench: rank %d: cannot allocate 2 x %zu bytes\n", me, maxcount * es);
+    fprintf(stderr, "tandem bench: rank %d: cannot allocate 2 x %zu bytes of buffers and %lld iteration times\n", me,
+            maxcount * es, (long long)nmed);
     bad = 1;
   }
   if (json && me == 0 && !(jf = fopen(json, "w"))) {

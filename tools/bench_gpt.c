@@ -258,9 +258,9 @@ static int bench_lm(int argc, char **argv, int llama) {
    * token for attention (full T x T, as if unmasked) */
   int64_t lookup = llama ? (mc.tie_embeddings ? 0 : mc.vocab_size * C) : mc.block_size * C;
   double flops = (6.0 * (double)(np - lookup) + 12.0 * (double)(L * C * T)) * (double)(B * T * accum) / (double)pp; /* per rank */
-  double ms = tdm_median(t_all + warmup, (int)steps), fwd = tdm_median(t_fwd + warmup, (int)steps),
-         bwd = tdm_median(t_bwd + warmup, (int)steps), optm = tdm_median(t_opt + warmup, (int)steps),
-         wait = tdm_median(t_wait + warmup, (int)steps);
+  double ms = tdm_median(t_all + warmup, (size_t)steps), fwd = tdm_median(t_fwd + warmup, (size_t)steps),
+         bwd = tdm_median(t_bwd + warmup, (size_t)steps), optm = tdm_median(t_opt + warmup, (size_t)steps),
+         wait = tdm_median(t_wait + warmup, (size_t)steps);
   tdm_mem_stats mem;
   tdm_mem_stats_get(&mem);
   struct rusage ru; /* before the floor measurement, which allocates its own arrays */
@@ -271,7 +271,7 @@ static int bench_lm(int argc, char **argv, int llama) {
   double *stage = calloc((size_t)(4 * W), sizeof(double));
   if (!stage) goto out;
   for (int64_t k = warmup; k < total; k++) t_all[k] -= t_opt[k];
-  double step_wo = tdm_median(t_all + warmup, (int)steps), busy_ms = fwd + bwd;
+  double step_wo = tdm_median(t_all + warmup, (size_t)steps), busy_ms = fwd + bwd;
   double mine[4] = {step_wo > 0 ? 1.0 - busy_ms / step_wo : 0, busy_ms, (double)mem.peak[TDM_MEM_ACTIVATIONS] / 1048576.0,
                     (double)mem.peak_total / 1048576.0};
   if (comm && tdm_comm_allgather(comm, mine, stage, 4, TDM_F64, TDM_ALGO_AUTO) != TDM_OK) {
