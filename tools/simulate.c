@@ -174,9 +174,13 @@ static int calibrate(const tdm_train_config *tc, const char *out_path, const cha
   link.pairwise = emu && *emu ? 1 : 0;
   k.intra = k.inter = link; /* one machine: every link is the one measured */
   k.cpu_cores = cal.cpu_cores;
-  printf("link: %s%s%s: alpha %.3g us, beta %.4g ns/B (%.3g GB/s), gamma %.4g ns/B, ping-pong %.3g us (a receiver's wake-up %.3g us)\n",
+  char bursts[128] = "";
+  for (int b = 0, at = 0; b < cal.n_bursts && at < (int)sizeof bursts; b++)
+    at += snprintf(bursts + at, sizeof bursts - (size_t)at, "%s%.0f", b ? ", " : "", cal.pingpong_bursts[b] * 1e6);
+  printf("link: %s%s%s: alpha %.3g us, beta %.4g ns/B (%.3g GB/s), gamma %.4g ns/B, ping-pong %.3g us (bursts %s; a receiver's "
+         "wake-up %.3g us)\n",
          transport, emu && *emu ? " emulated " : "", emu && *emu ? emu : "", link.alpha * 1e6, link.beta * 1e9,
-         link.beta > 0 ? 1e-9 / link.beta : 0, link.gamma * 1e9, cal.pingpong * 1e6, link.wake * 1e6);
+         link.beta > 0 ? 1e-9 / link.beta : 0, link.gamma * 1e9, cal.pingpong * 1e6, bursts, link.wake * 1e6);
   printf("cpu: %.3g us + %.4g ns/B a message, %.3g cores for the ranks; the ring exchange predicted within %.1f%% (mean), "
          "%.1f%% (max); alone the plain fit: alpha %.3g us, beta %.4g ns/B\n",
          link.cpu_alpha * 1e6, link.cpu_beta * 1e9, cal.cpu_cores, 100 * cal.check_mean, 100 * cal.check_max, cal.ring_alpha * 1e6,
@@ -185,12 +189,18 @@ static int calibrate(const tdm_train_config *tc, const char *out_path, const cha
     printf("cpu: %.3g us + %.4g ns/B a message when a rank sends to every other rank at once\n", link.fan_alpha * 1e6,
            link.fan_beta * 1e9);
   if (link.big_bytes > 0 && link.big_factor > 1)
-    printf("cpu: a message's bytes beyond %.0f KiB (the L2) cost %.2fx\n", link.big_bytes / 1024, link.big_factor);
+    printf("cpu: a message of %.0f KiB (the L2) or more costs %.2fx a byte (from half of it on, in proportion)\n", link.big_bytes / 1024,
+           link.big_factor);
+  if (link.big_bytes > 0 && link.fan_big_factor >= 1)
+    printf("cpu: such a message costs %.2fx a byte when a rank sends to every other rank at once\n", link.fan_big_factor);
   char extra[4096];
   size_t at = (size_t)snprintf(extra, sizeof extra,
                                "\"measured\": {\"transport\": \"%s\", \"emulate\": \"%s\", \"pingpong\": %.6e, \"ring\": {\"alpha\": %.6e, "
-                               "\"beta\": %.6e}, \"check\": {\"mean\": %.4f, \"max\": %.4f},\n    \"points\": [",
+                               "\"beta\": %.6e}, \"check\": {\"mean\": %.4f, \"max\": %.4f}, \"pingpong_bursts\": [",
                                transport, emu ? emu : "", cal.pingpong, cal.ring_alpha, cal.ring_beta, cal.check_mean, cal.check_max);
+  for (int b = 0; b < cal.n_bursts && at < sizeof extra; b++)
+    at += (size_t)snprintf(extra + at, sizeof extra - at, "%s%.4e", b ? ", " : "", cal.pingpong_bursts[b]);
+  if (at < sizeof extra) at += (size_t)snprintf(extra + at, sizeof extra - at, "],\n    \"points\": [");
   const tdm_sim_calib_points *q = &cal.points; /* bytes, pair wall and CPU, ring wall and CPU, fan wall and CPU: seconds */
   for (int i = 0; i < q->m && at < sizeof extra; i++)
     at += (size_t)snprintf(extra + at, sizeof extra - at, "%s[%.0f, %.4e, %.4e, %.4e, %.4e, %.4e, %.4e]", i ? ", " : "", q->n[i],

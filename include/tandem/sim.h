@@ -50,16 +50,18 @@ extern "C" {
  * (direct's exchanges), measured apart: such an exchange shares one call's fixed cost among its
  * messages and holds more bytes in flight than the caches do (0 and 0: cpu_alpha and cpu_beta).
  * wake (s): what a one-way message adds for its receiver, blocked waiting for it, to wake (the
- * ranks of an exchange are busy sending when theirs arrive). big_bytes, big_factor: the bytes of a
- * message (or of each piece it is sent in) beyond big_bytes cost big_factor times cpu_beta (or
- * fan_beta): copies that outgrow the L2 run from the slower caches (0 and 0: every byte the same).
+ * ranks of an exchange are busy sending when theirs arrive). big_bytes, big_factor: a message (or
+ * each piece it is sent in) of big_bytes or more costs big_factor times cpu_beta (or fan_beta) a
+ * byte, one of half of it or less cpu_beta, in between in proportion: copies that outgrow the L2
+ * run from the slower caches (0 and 0: every byte the same); fan_big_factor the same for fan_beta
+ * (p - 1 streams at once outgrow them further; 0: big_factor).
  * Zero-initialised: the plain alpha-beta-gamma link. */
 typedef struct tdm_sim_link {
   double alpha, beta, gamma;
   double cpu_alpha, cpu_beta;
   double fan_alpha, fan_beta;
   double wake;
-  double big_bytes, big_factor;
+  double big_bytes, big_factor, fan_big_factor;
   int pairwise;
 } tdm_sim_link;
 
@@ -161,12 +163,14 @@ tdm_status tdm_sim_step(const tdm_sim_model *m, const tdm_sim_cluster *k, int ra
 const double *tdm_sim_last_buckets(const tdm_sim_model *m, int *n);
 
 /* ---- calibration --------------------------------------------------------------------------------
- * What a calibration of a communicator's links measured, size by size (8 B, 32 B, ... max_bytes):
- * the mean wall time of an exchange (send n to one rank while receiving n from another) of ranks 0
- * and 1 alone (pair) and of every rank at once around the ring (ring), and the CPU time a rank's
- * thread spent per exchange in each (averaged over the ranks that took part); with 3 or more
- * ranks, the same of every rank sending n to every other rank while receiving n from each (fan:
- * the direct all-gather's one exchange; zeros with 2 ranks, where it is the ring's). */
+ * What a calibration of a communicator's links measured, size by size (8 B, 32 B, ... max_bytes,
+ * and the L2's size):
+ * the median wall time of an exchange (send n to one rank while receiving n from another) of ranks 0
+ * and 1 alone (pair) and of every rank at once around the ring (ring), rank 0's, and the median CPU
+ * time a rank's thread spent per exchange in each (averaged over the ranks that took part); with 3
+ * or more ranks, the same of every rank sending n to every other rank while receiving n from each
+ * (fan: the direct all-gather's one exchange, its wall time the slowest rank's; zeros with 2 ranks,
+ * where it is the ring's). */
 #define TDM_SIM_CALIB_POINTS 16
 typedef struct tdm_sim_calib_points {
   int m;
@@ -180,13 +184,16 @@ typedef struct tdm_sim_calibration {
   tdm_sim_link link;    /* alpha, beta: the pair's wall time less its CPU time (the wire), by least squares on the
                            relative error; cpu_alpha, cpu_beta: from the CPU times of both exchanges; fan_alpha,
                            fan_beta: from the fan exchange's CPU time per peer (3 or more ranks), these four
-                           from the sizes up to the L2's; big_bytes: the L2's, big_factor: the sizes beyond
-                           it against those lines (1 when none is); wake: the
+                           from the sizes up to half the L2's; big_bytes: the L2's, big_factor: the pair's and
+                           ring's sizes from it on against their line, fan_big_factor the fan's against its
+                           own (1 when none is); wake: the
                            ping-pong's one-way time less a one-way 8 B message's wire and work; gamma:
                            tdm_reduce_local on 4 MiB of f32; pairwise: 0 (not measured: the caller knows the network) */
   double cpu_cores;     /* the cores the ranks of a node got between them, all busy at once (cores_per_node when
                            none was short of a core) */
-  double pingpong;      /* the one-way time of 8 B, as a ping-pong measures it */
+  double pingpong;      /* the one-way time of 8 B, as a ping-pong measures it: the mean of its bursts' medians */
+  double pingpong_bursts[4]; /* each burst's median one-way time, spread over the calibration's run (n_bursts of them) */
+  int n_bursts;
   double ring_alpha, ring_beta;   /* the plain alpha-beta fit of the ring exchange's wall time (the model without CPU terms) */
   double check_mean, check_max;   /* the model's relative error on the ring exchange's wall time, which no fit used */
   tdm_sim_calib_points points;

@@ -23,7 +23,7 @@ static double cpu_now(void) {
 /* One exchange of n bytes, iters times, as every step of the algorithms runs: ring (all ranks at
  * once) each rank sends to the next while it receives from the one before, so ranks that share
  * cores and links (and wait on each other) are measured as they will run; pair: ranks 0 and 1
- * exchange with each other while the rest wait. wall: the median time of an exchange, cpu: the
+ * exchange with each other while the rest wait. wall: the median time of rank 0's exchange, cpu: the
  * median CPU time of this rank's thread per exchange (its share of sending and receiving one
  * message). Medians, as the validation's tandem bench measures: a burst of other work on a shared
  * machine moves a mean of a few exchanges by 2-4x. Ranks outside the pair return 0s. */
@@ -43,7 +43,10 @@ static tdm_status exchange(tdm_comm_t c, char *s, char *r, size_t n, int iters, 
 }
 
 /* The fan exchange: every rank sends n bytes to every other rank while receiving n from each, as
- * direct's exchanges do (its all-gather is one such exchange); wall and CPU time as exchange(). */
+ * direct's exchanges do (its all-gather is one such exchange); wall: the median over exchanges of
+ * the slowest rank's time, as tandem bench times a collective (ranks crowding the cores finish a
+ * fan exchange milliseconds apart: at 8 ranks on 2 cores, 1 MiB to each of 7 peers, rank 0's
+ * median 19.6 ms, the slowest's 20-25), cpu as exchange(). */
 static tdm_status fan_exchange(tdm_comm_t c, const char *s, char *all, size_t n, int iters, double *wall, double *cpu) {
   double w[MAX_ITERS], u[MAX_ITERS];
   for (int i = -2; i < iters; i++) {
@@ -51,6 +54,7 @@ static tdm_status fan_exchange(tdm_comm_t c, const char *s, char *all, size_t n,
     TDM__TRY(tdm_comm_allgather(c, s, all, n, TDM_U8, TDM_ALGO_DIRECT));
     if (i >= 0) w[i] = tdm_time_now() - t0, u[i] = cpu_now() - c0;
   }
+  TDM__TRY(tdm_comm_allreduce(c, w, w, (size_t)iters, TDM_F64, TDM_MAX, TDM_ALGO_AUTO));
   *wall = tdm_median(w, iters), *cpu = tdm_median(u, iters);
   return TDM_OK;
 }
@@ -70,6 +74,38 @@ static double busy_share(float *a, float *b, size_t n) {
     if (!w1 && t >= 0.08) w1 = t, c1 = cpu_now();
   } while (t < 0.1);
   return w1 > w0 ? (c1 - c0) / (w1 - w0) : 0;
+}
+
+/* Ping-pong: rank 0 sends 8 bytes, rank 1 answers; rank 0's median of half the round trip after
+ * 50 round trips. The one-way time is bimodal on this VM (over 100us,1gbps: 205-215 us or
+ * 280-340), and what decides the mode is what the cores did just before (the host's halt polling
+ * follows the recent wake-ups): bursts run right after the calibration's exchanges met the fast
+ * mode, bursts after start-up or after its busy loop and reduction timing the slow one (5 of 5
+ * calibrations at 2 ranks: 295-342, 210-265, 210-234, 297-342 us). Training and the validation's
+ * runs meet both, from one second to the next (the tree's 1 KiB all-reduce at 3 ranks met the fast
+ * mode, its 4 KiB the slow one, a few hundred ms apart), so the calibration spreads its bursts over
+ * its run and takes their mean: a point that meets either mode is off by half the gap, not all of
+ * it. Ranks other than 0 and 1 return at once (*one_way 0). */
+#define PP_BURSTS 4
+_Static_assert(PP_BURSTS == sizeof(((tdm_sim_calibration *)0)->pingpong_bursts) / sizeof(double), "the bursts' slots");
+static tdm_status pingpong(tdm_comm_t c, const char *s, char *r, double *one_way) {
+  int me = tdm_comm_rank(c);
+  double pp[21];
+  *one_way = 0;
+  if (me > 1) return TDM_OK;
+  for (int i = -50; i < 21; i++) {
+    double t0 = tdm_time_now();
+    if (me == 0) {
+      TDM__TRY(tdm_comm_send(c, 1, 7, s, 8));
+      TDM__TRY(tdm_comm_recv(c, 1, 7, r, 8));
+    } else {
+      TDM__TRY(tdm_comm_recv(c, 0, 7, r, 8));
+      TDM__TRY(tdm_comm_send(c, 0, 7, s, 8));
+    }
+    if (i >= 0) pp[i] = (tdm_time_now() - t0) / 2;
+  }
+  *one_way = tdm_median(pp, 21);
+  return TDM_OK;
 }
 
 /* Weighted least squares of y = a + n b with weights 1/y^2 (the relative error), a and b >= 0. */
@@ -98,10 +134,14 @@ tdm_status tdm__sim_fit_link(const tdm_sim_calib_points *pt, int ranks, int rank
   }
   tdm_sim_link *l = &out->link;
   fit(pt->n, wire, pt->m, &l->alpha, &l->beta);
-  /* the CPU work from the sizes that fit the L2 (at least 2 of them), the rest as a factor on its
-   * per-byte part: the copies of larger messages run from the slower caches */
+  /* the CPU work from the sizes whose copies fit the L2 (up to half of it, at least 2 sizes), the
+   * rest as a factor on its per-byte part: the copies of larger messages run from the slower
+   * caches (tdm__sim_big_share says how much of a message does) */
+  tdm_sim_link probe;
+  memset(&probe, 0, sizeof probe);
+  probe.big_bytes = pt->cache;
   int fanout = ranks > 2 ? ranks - 1 : 1, small = 0;
-  while (small < pt->m && !(pt->cache > 0 && pt->n[small] > pt->cache)) small++;
+  while (small < pt->m && tdm__sim_big_share(&probe, pt->n[small]) == 0) small++;
   if (small < 2) small = pt->m;
   fit(n2, c2, 2 * small, &l->cpu_alpha, &l->cpu_beta);
   double f[TDM_SIM_CALIB_POINTS];
@@ -121,18 +161,23 @@ tdm_status tdm__sim_fit_link(const tdm_sim_calib_points *pt, int ranks, int rank
     }
     fit(pt->n, f, small, &l->fan_alpha, &l->fan_beta);
   }
-  /* the factor: each exchange's excess over its line beyond the L2, against the line's own */
-  l->big_bytes = small < pt->m ? pt->cache : 0, l->big_factor = 1;
-  double ratio = 0;
-  int k = 0;
+  /* the factors: each exchange's excess over its line, against the line's per-byte part of the
+   * share beyond the L2 (sizes at least half beyond it: nearer the edge the share is a guess);
+   * the pair's and ring's together, the fan's apart (its p - 1 streams at once: at 8 ranks on 2
+   * cores 2.4x where the one-peer exchanges' was 2.1x) */
+  l->big_bytes = small < pt->m ? pt->cache : 0, l->big_factor = 1, l->fan_big_factor = 0;
+  double ratio[2] = {0, 0};
+  int k[2] = {0, 0};
   for (int i = small; i < pt->m; i++) {
-    double beyond = pt->n[i] - pt->cache, got[3] = {pt->pair_cpu[i], pt->ring_cpu[i], ranks > 2 ? f[i] : 0};
+    double share = tdm__sim_big_share(&probe, pt->n[i]), got[3] = {pt->pair_cpu[i], pt->ring_cpu[i], ranks > 2 ? f[i] : 0};
+    if (share < 0.5) continue;
     for (int j = 0; j < 3; j++) {
       double a = j < 2 ? l->cpu_alpha : l->fan_alpha, b = j < 2 ? l->cpu_beta : l->fan_beta;
-      if (got[j] > 0 && b > 0) ratio += (got[j] - a - pt->cache * b) / (beyond * b), k++;
+      if (got[j] > 0 && b > 0) ratio[j == 2] += 1 + (got[j] - a - pt->n[i] * b) / (share * pt->n[i] * b), k[j == 2]++;
     }
   }
-  if (k && ratio / k > 1) l->big_factor = ratio / k;
+  if (k[0] && ratio[0] / k[0] > 1) l->big_factor = ratio[0] / k[0];
+  if (k[1]) l->fan_big_factor = ratio[1] / k[1] > 1 ? ratio[1] / k[1] : 1;
   fit(pt->n, pt->ring_wall, pt->m, &out->ring_alpha, &out->ring_beta);
   /* a lone message's receiver sleeps in poll until it arrives: the ping-pong pays its wake-up, an
    * exchange does not */
@@ -173,7 +218,24 @@ tdm_status tdm_sim_calibrate_link(tdm_comm_t c, size_t max_bytes, int ranks_per_
   long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
   pt.cache = l2 > 0 ? (double)l2 : 0;
   tdm_status st = tdm_comm_barrier(c);
-  for (size_t n = 8; st == TDM_OK && n <= max_bytes && pt.m < TDM_SIM_CALIB_POINTS; n *= 4) {
+  /* 8 B, 32 B, ... x4 up to max_bytes, and the L2's own size: the first a message's copies no
+   * longer fit (and the algorithms' 1 MiB chunks on this machine), where the cost per byte steps */
+  size_t sizes[TDM_SIM_CALIB_POINTS];
+  int ns = 0;
+  for (size_t n = 8; n <= max_bytes && ns < TDM_SIM_CALIB_POINTS; n *= 4) {
+    if (l2 > (long)(n / 4) && (size_t)l2 < n && (size_t)l2 <= max_bytes && ns < TDM_SIM_CALIB_POINTS - 1 && n > 8) sizes[ns++] = (size_t)l2;
+    sizes[ns++] = n;
+  }
+  double pp[PP_BURSTS] = {0};
+  int npp = 0;
+  for (int si = 0; st == TDM_OK && si < ns; si++) {
+    size_t n = sizes[si];
+    /* the first PP_BURSTS - 1 bursts at even steps through the sizes, the last after them */
+    if (npp < PP_BURSTS - 1 && si * (PP_BURSTS - 1) >= npp * ns) {
+      st = pingpong(c, s, r, &pp[npp++]);
+      if (st == TDM_OK) st = tdm_comm_barrier(c);
+      if (st != TDM_OK) break;
+    }
     int iters = n <= 65536 ? 40 : n <= 1048576 ? 15 : 7, i = pt.m;
     double v[6] = {0, 0, 0, 0, 0, 0};
     st = exchange(c, s, r, n, iters, 1, &v[0], &v[1]);
@@ -211,35 +273,25 @@ tdm_status tdm_sim_calibrate_link(tdm_comm_t c, size_t max_bytes, int ranks_per_
     }
     res[0] = tdm_median(g, 9);
   }
-  /* ping-pong: rank 0 sends 8 bytes, rank 1 answers; half the round trip. After 100 round trips:
-   * a VM's idle core wakes slowly until the host has seen it woken often (its halt polling grows),
-   * and the first hundred here met 250-320 us one way where the rest met 205-215, as the tree's
-   * one-way messages do in a run of 60 all-reduces (tandem bench -n 41 -w 20). Not always: some
-   * calibrations still meet the slow wake-ups after the hundred. */
-  double pp[31];
-  for (int i = -100; st == TDM_OK && i < 31; i++) {
-    double t0 = tdm_time_now();
-    if (me == 0) {
-      st = tdm_comm_send(c, 1, 7, s, 8);
-      if (st == TDM_OK) st = tdm_comm_recv(c, 1, 7, r, 8);
-    } else if (me == 1) {
-      st = tdm_comm_recv(c, 0, 7, r, 8);
-      if (st == TDM_OK) st = tdm_comm_send(c, 0, 7, s, 8);
-    }
-    if (i >= 0) pp[i] = (tdm_time_now() - t0) / 2;
+  /* the last of the ping-pong's bursts (the others ran between the sizes) */
+  if (st == TDM_OK) st = pingpong(c, s, r, &pp[npp++]);
+  if (st == TDM_OK && me == 0) {
+    for (int b = 0; b < npp; b++) res[1] += pp[b] / npp;
   }
-  if (st == TDM_OK && me == 0) res[1] = tdm_median(pp, 31);
   /* rank 0's measurements for everyone */
   tdm__free(all);
-  double *res0 = tdm__malloc(sizeof(double) * (2 + 7 * TDM_SIM_CALIB_POINTS + 1));
+  const size_t nres = 2 + 7 * TDM_SIM_CALIB_POINTS + 1 + PP_BURSTS + 1;
+  double *res0 = tdm__malloc(sizeof(double) * nres);
   if (st == TDM_OK && !res0) st = tdm__set_error(TDM_ERR_NO_MEMORY, "calibrate: out of memory");
   if (st == TDM_OK) {
     res0[0] = res[0], res0[1] = res[1];
     memcpy(res0 + 2, &pt.n, sizeof(double) * 7 * TDM_SIM_CALIB_POINTS);
     res0[2 + 7 * TDM_SIM_CALIB_POINTS] = pt.cache;
-    st = tdm_comm_broadcast(c, res0, 2 + 7 * TDM_SIM_CALIB_POINTS + 1, TDM_F64, 0, TDM_ALGO_AUTO);
+    memcpy(res0 + 3 + 7 * TDM_SIM_CALIB_POINTS, pp, sizeof pp), res0[nres - 1] = npp;
+    st = tdm_comm_broadcast(c, res0, nres, TDM_F64, 0, TDM_ALGO_AUTO);
     memcpy(&pt.n, res0 + 2, sizeof(double) * 7 * TDM_SIM_CALIB_POINTS);
     pt.cache = res0[2 + 7 * TDM_SIM_CALIB_POINTS];
+    memcpy(pp, res0 + 3 + 7 * TDM_SIM_CALIB_POINTS, sizeof pp), npp = (int)res0[nres - 1];
   }
   tdm__free(s), tdm__free(r);
   if (st != TDM_OK) {
@@ -249,6 +301,7 @@ tdm_status tdm_sim_calibrate_link(tdm_comm_t c, size_t max_bytes, int ranks_per_
   double cores = out->cpu_cores;
   memset(out, 0, sizeof *out);
   out->cpu_cores = cores, out->pingpong = res0[1], out->points = pt;
+  memcpy(out->pingpong_bursts, pp, sizeof pp), out->n_bursts = npp;
   tdm__free(res0);
   TDM__TRY(tdm__sim_fit_link(&pt, P, local, out));
   out->link.gamma = res[0] > 0 ? res[0] : 0; /* after the fit, which sets the rest */

@@ -48,7 +48,11 @@ tdm_status tdm_sim_cluster_check(const tdm_sim_cluster *k, const char *where) {
       }
     if (l[i]->big_factor > 0 && l[i]->big_factor < 1) { /* 0: zero-initialised, none */
       snprintf(f, sizeof f, "%s.big_factor", ln[i]);
-      return bad(where, f, l[i]->big_factor, "1 or more (what a byte beyond big_bytes costs against one below it)");
+      return bad(where, f, l[i]->big_factor, "1 or more (what a byte of a message of big_bytes or more costs against one of a small message)");
+    }
+    if (!(l[i]->fan_big_factor == 0 || l[i]->fan_big_factor >= 1) || !isfinite(l[i]->fan_big_factor)) {
+      snprintf(f, sizeof f, "%s.fan_big_factor", ln[i]);
+      return bad(where, f, l[i]->fan_big_factor, "0 (big_factor's) or 1 or more (big_factor for messages to several peers at once)");
     }
     if (l[i]->pairwise != 0 && l[i]->pairwise != 1) {
       snprintf(f, sizeof f, "%s.pairwise", ln[i]);
@@ -102,6 +106,7 @@ static tdm_status link(const tdm_json *o, const char *path, const char *name, td
   TDM__TRY(optional(o, path, name, "wake", 0, &l->wake));
   TDM__TRY(optional(o, path, name, "big_bytes", 0, &l->big_bytes));
   TDM__TRY(optional(o, path, name, "big_factor", 1, &l->big_factor));
+  TDM__TRY(optional(o, path, name, "fan_big_factor", 0, &l->fan_big_factor));
   TDM__TRY(optional(o, path, name, "pairwise", 0, &pw));
   if (pw != 0 && pw != 1) return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: %s.pairwise is %g; expected 0 or 1", path, name, pw);
   l->pairwise = (int)pw;
@@ -190,9 +195,9 @@ tdm_status tdm_sim_cluster_save(const char *path, const tdm_sim_cluster *k, cons
     fprintf(f,
             "  \"%s\": {\"alpha\": %.6e, \"beta\": %.6e, \"gamma\": %.6e, \"cpu_alpha\": %.6e, \"cpu_beta\": %.6e, "
             "\"fan_alpha\": %.6e, \"fan_beta\": %.6e, \"wake\": %.6e, \"big_bytes\": %.0f, \"big_factor\": %.4f, "
-            "\"pairwise\": %d},\n",
+            "\"fan_big_factor\": %.4f, \"pairwise\": %d},\n",
             i ? "inter" : "intra", l[i]->alpha, l[i]->beta, l[i]->gamma, l[i]->cpu_alpha, l[i]->cpu_beta, l[i]->fan_alpha,
-            l[i]->fan_beta, l[i]->wake, l[i]->big_bytes, l[i]->big_factor, l[i]->pairwise);
+            l[i]->fan_beta, l[i]->wake, l[i]->big_bytes, l[i]->big_factor, l[i]->fan_big_factor, l[i]->pairwise);
   fprintf(f, "  \"compute\": {\"flops\": %.6e, \"optimizer\": %.6e, \"overhead\": %.6e, \"ranks\": %d, \"cv\": %.4f, \"model\": \"%s\"}%s\n",
           k->flops, k->optim_rate, k->overhead, k->compute_ranks, k->compute_cv, k->compute_model, extra && *extra ? "," : "");
   if (extra && *extra) fprintf(f, "  %s\n", extra);

@@ -43,6 +43,10 @@ struct tdm_sim_model {
 double tdm__sim_step(const tdm_sim_cluster *k, const tdm_sim_link *l, double n, double chunks, int fan, double cross, double cpu_msgs,
                      double red, int active);
 
+/* The share (0..1) of a message of `piece` bytes whose copies run beyond the L2 (cost.c): 0 up to
+ * big_bytes / 2, 1 from big_bytes, linear between; 0 when big_bytes is 0. */
+double tdm__sim_big_share(const tdm_sim_link *l, double piece);
+
 tdm_status tdm__sim_fit_link(const tdm_sim_calib_points *pt, int ranks, int ranks_per_node, tdm_sim_calibration *out);
 
 #endif

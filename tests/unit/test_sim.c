@@ -223,27 +223,45 @@ static void test_calibration_fit(void) {
   double n = 1048576, cpu = ca + n * cb;
   CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_RING, TDM_SIM_ALLGATHER, 8 * n, 8), 7 * (a + n * b + 8 * cpu), 1e-12);
   CHECK(c.link.big_bytes == 0 && c.link.big_factor == 1); /* the cache not known: every byte the same */
-  /* sizes beyond the L2 cost 1.6x a byte (4 MiB: 3 MiB beyond a 1 MiB L2): the lines from the sizes
-   * below, the factor from those above, and the cost table charges it per piece */
+  /* messages of the L2's size and more cost 1.6x a byte (all their bytes; from half the L2 to it,
+   * in proportion): the lines from the sizes up to half the L2, the factor from those above, and
+   * the cost table charges it per piece. The sizes 8 B..2 MiB by 4x and 768 KiB (half its bytes
+   * beyond: not used for the factor, costed as the rule says) */
   tdm_sim_calib_points big = pt;
   big.cache = 1048576;
+  for (int i = big.m; i > 9; i--) { /* 768 KiB between 512 KiB and 2 MiB, as the calibration puts the L2's size there */
+    big.n[i] = big.n[i - 1], big.pair_cpu[i] = big.pair_cpu[i - 1], big.ring_cpu[i] = big.ring_cpu[i - 1];
+    big.pair_wall[i] = big.pair_wall[i - 1], big.ring_wall[i] = big.ring_wall[i - 1], big.fan_cpu[i] = big.fan_cpu[i - 1];
+  }
+  big.m++;
+  {
+    double n = 786432, cpu = ca + n * cb;
+    big.n[9] = n, big.pair_wall[9] = a + n * b + cpu, big.pair_cpu[9] = big.ring_cpu[9] = cpu;
+    big.ring_wall[9] = a + n * b + 8 * cpu / cores, big.fan_cpu[9] = 7 * (fa + n * fb);
+  }
+  CHECK(big.n[8] == 524288 && big.n[10] == 2097152);
   for (int i = 0; i < big.m; i++) {
-    double x = big.n[i] > big.cache ? (big.n[i] - big.cache) * 0.6 : 0;
-    big.pair_cpu[i] += x * cb, big.ring_cpu[i] += x * cb, big.fan_cpu[i] += 7 * x * fb;
+    double n = big.n[i], x = n >= big.cache ? n * 0.6 : n > big.cache / 2 ? (n - big.cache / 2) / (big.cache / 2) * n * 0.6 : 0;
+    big.pair_cpu[i] += x * cb, big.ring_cpu[i] += x * cb, big.fan_cpu[i] += 7 * x * fb * 1.5; /* the fan's: 1.9x */
     big.pair_wall[i] += x * cb, big.ring_wall[i] += 8 * x * cb / cores; /* the walls: their work, as above */
   }
   CHECK_OK(tdm__sim_fit_link(&big, 8, 0, &c));
   CHECK_MSG(fabs(c.link.cpu_beta / cb - 1) < 1e-6 && fabs(c.link.fan_beta / fb - 1) < 1e-6, "beyond the L2: %g, %g", c.link.cpu_beta,
             c.link.fan_beta);
-  CHECK_MSG(c.link.big_bytes == 1048576 && fabs(c.link.big_factor - 1.6) < 1e-6, "big: %g x %g", c.link.big_bytes, c.link.big_factor);
+  CHECK_MSG(c.link.big_bytes == 1048576 && fabs(c.link.big_factor - 1.6) < 1e-6 && fabs(c.link.fan_big_factor - 1.9) < 1e-6,
+            "big: %g x %g, the fan's %g", c.link.big_bytes, c.link.big_factor, c.link.fan_big_factor);
   CHECK_MSG(fabs(c.link.beta / b - 1) < 1e-6 && c.check_max < 1e-6, "beyond the L2: beta %g, the check %g", c.link.beta, c.check_max);
   tdm_sim_cluster kb = flat(a, b, 0);
   kb.intra = c.link, kb.intra.gamma = 0, kb.intra.pairwise = 1, kb.intra.wake = 0;
   double x4 = 4194304; /* direct's all-gather of 4 x 4 MiB: one exchange of 4 MiB blocks with 3 peers */
-  CHECK_NEAR(tdm_sim_coll_cost(&kb, TDM_ALGO_DIRECT, TDM_SIM_ALLGATHER, 4 * x4, 4),
-             a + x4 * b + 3 * (fa + x4 * fb + (x4 - 1048576) * fb * 0.6), 1e-12);
+  CHECK_NEAR(tdm_sim_coll_cost(&kb, TDM_ALGO_DIRECT, TDM_SIM_ALLGATHER, 4 * x4, 4), a + x4 * b + 3 * (fa + x4 * fb * 1.9), 1e-12);
   double x1 = 524288; /* 4 x 512 KiB: 3 blocks of 512 KiB, 1.5 MiB together: a message's own size decides */
   CHECK_NEAR(tdm_sim_coll_cost(&kb, TDM_ALGO_DIRECT, TDM_SIM_ALLGATHER, 4 * x1, 4), a + x1 * b + 3 * (fa + x1 * fb), 1e-12);
+  double x3 = 786432; /* 768 KiB: half the way from half the L2 to it, 1.45x a byte */
+  CHECK_NEAR(tdm_sim_coll_cost(&kb, TDM_ALGO_DIRECT, TDM_SIM_ALLGATHER, 4 * x3, 4), a + x3 * b + 3 * (fa + x3 * fb * 1.45), 1e-12);
+  /* one peer at a time: big_factor (the ring's all-gather of 4 x 4 MiB: 3 steps of 4 MiB, 4 pieces each) */
+  CHECK_NEAR(tdm_sim_coll_cost(&kb, TDM_ALGO_RING, TDM_SIM_ALLGATHER, 4 * x4, 4),
+             3 * (4 * a + x4 * b + 4 * ca + x4 * cb * 1.6), 1e-12);
   /* 8 ranks crowding 1 core: a fan exchange whose wall time shows a quarter more work than the
    * threads' clocks counted (the kernel's, charged to no thread) is fitted from its wall time;
    * one whose wall time shows less keeps what was counted */
@@ -466,6 +484,13 @@ static void test_bad_input(void) {
   k.cpu_cores = 0, k.inter.big_factor = 0.5; /* a byte beyond the L2 cheaper than one within: refused */
   CHECK(tdm_sim_cluster_check(&k, "here") == TDM_ERR_INVALID_ARG);
   CHECK_ERR_HAS("inter.big_factor is 0.5");
+  k.inter.big_factor = 2, k.intra.fan_big_factor = 0.7; /* the fan's the same way (0: big_factor's) */
+  CHECK(tdm_sim_cluster_check(&k, "here") == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("intra.fan_big_factor is 0.7");
+  k.intra.fan_big_factor = 2.5, k.intra.big_bytes = 1048576;
+  CHECK_OK(tdm_sim_cluster_save(path, &k, NULL));
+  CHECK_OK(tdm_sim_cluster_load(path, &back));
+  CHECK(back.intra.fan_big_factor == 2.5 && back.inter.fan_big_factor == 0 && back.inter.big_factor == 2);
   remove(path);
   CHECK(tdm_sim_cluster_load(path, &back) == TDM_ERR_IO);
 }
