@@ -61,8 +61,16 @@ double tdm__sim_step(const tdm_sim_cluster *k, const tdm_sim_link *l, double n, 
   double ca = fanned ? l->fan_alpha : l->cpu_alpha, cb = fanned ? l->fan_beta : l->cpu_beta;
   double factor = fanned && l->fan_big_factor >= 1 ? l->fan_big_factor : l->big_factor;
   /* a piece that outgrows the L2 costs big_factor on every byte: a message's own size decides,
-   * not its step's (a fan of 7 x 512 KiB, 3.5 MiB together, costs a 512 KiB message's per byte) */
-  double piece = chunks > 0 ? n / chunks : n, per_byte = 1 + (factor > 1 ? tdm__sim_big_share(l, piece) * (factor - 1) : 0);
+   * not its step's (a fan of 7 x 512 KiB, 3.5 MiB together, costs a 512 KiB message's per byte).
+   * A message of several chunks goes as whole 1 MiB chunks and the rest (tdm__sendrecv_reduce):
+   * 1.02 MiB is a chunk of 1 MiB and one of 23 KiB, not two of half a MiB */
+  double share = 0;
+  if (factor > 1 && n > 0) {
+    double full = chunks > 1 ? (chunks - 1) * CHUNK : 0;
+    share = full > 0 && n > full && n <= full + CHUNK ? (full * tdm__sim_big_share(l, CHUNK) + (n - full) * tdm__sim_big_share(l, n - full)) / n
+                                                      : tdm__sim_big_share(l, chunks > 0 ? n / chunks : n);
+  }
+  double per_byte = 1 + share * (factor - 1);
   double cpu = cpu_msgs * (chunks * ca + n * cb * per_byte) + red * l->gamma;
   /* the ranks of a step run in lockstep: all wait on their links at once, then all want a core at
    * once, so crowded cores add to the wire rather than hide under it */
@@ -234,14 +242,15 @@ static double chain(const tdm_sim_cluster *k, tdm_sim_kind kind, double n, int p
 }
 
 /* ---- direct: every rank sends each block straight to its owner, p - 1 messages at once: the
- * reduce-scatter in rounds of 1 MiB pieces (each rank reducing the p - 1 it receives), the
- * all-gather in one exchange of whole blocks. On pairwise links the p - 1 travel side by side;
- * on a shared link one after the other. */
+ * reduce-scatter in rounds of 1 MiB pieces and one of the rest (each rank reducing the p - 1 it
+ * receives), the all-gather in one exchange of whole blocks. On pairwise links the p - 1 travel
+ * side by side; on a shared link one after the other. */
 static double direct(const tdm_sim_cluster *k, tdm_sim_kind kind, double n, int p) {
   const tdm_sim_link *l = ring_link(k, p);
-  double rounds = chunks_of(n / p), piece = n / p / rounds;
+  double rounds = chunks_of(n / p), last = n / p - (rounds - 1) * CHUNK; /* whole chunks, then the rest */
   int a = on_node(k, p);
-  double rs = rounds * tdm__sim_step(k, l, piece, 1, p - 1, 1, p - 1, (p - 1) * piece, a);
+  double rs = (rounds - 1) * tdm__sim_step(k, l, CHUNK, 1, p - 1, 1, p - 1, (p - 1) * CHUNK, a) +
+              tdm__sim_step(k, l, last, 1, p - 1, 1, p - 1, (p - 1) * last, a);
   double ag = tdm__sim_step(k, l, n / p, 1, p - 1, 1, p - 1, 0, a);
   switch (kind) {
   case TDM_SIM_ALLREDUCE: return rs + ag;

@@ -259,6 +259,12 @@ static void test_calibration_fit(void) {
   CHECK_NEAR(tdm_sim_coll_cost(&kb, TDM_ALGO_DIRECT, TDM_SIM_ALLGATHER, 4 * x1, 4), a + x1 * b + 3 * (fa + x1 * fb), 1e-12);
   double x3 = 786432; /* 768 KiB: half the way from half the L2 to it, 1.45x a byte */
   CHECK_NEAR(tdm_sim_coll_cost(&kb, TDM_ALGO_DIRECT, TDM_SIM_ALLGATHER, 4 * x3, 4), a + x3 * b + 3 * (fa + x3 * fb * 1.45), 1e-12);
+  /* 1.5 MiB goes as a chunk of 1 MiB (1.6x a byte) and one of 512 KiB (1x), as tdm__sendrecv_reduce
+   * and direct's rounds send it, not as two of 768 KiB: the ring's reduce-scatter at 2 ranks, one
+   * step of two chunks, and direct's, two rounds */
+  double mib = 1048576, x15 = 1.5 * mib, two = 2 * a + x15 * b + 2 * ca + mib * cb * 1.6 + 0.5 * mib * cb;
+  CHECK_NEAR(tdm_sim_coll_cost(&kb, TDM_ALGO_RING, TDM_SIM_REDUCE_SCATTER, 2 * x15, 2), two, 1e-12);
+  CHECK_NEAR(tdm_sim_coll_cost(&kb, TDM_ALGO_DIRECT, TDM_SIM_REDUCE_SCATTER, 2 * x15, 2), two, 1e-12);
   /* one peer at a time: big_factor (the ring's all-gather of 4 x 4 MiB: 3 steps of 4 MiB, 4 pieces each) */
   CHECK_NEAR(tdm_sim_coll_cost(&kb, TDM_ALGO_RING, TDM_SIM_ALLGATHER, 4 * x4, 4),
              3 * (4 * a + x4 * b + 4 * ca + x4 * cb * 1.6), 1e-12);
