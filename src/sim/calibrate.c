@@ -222,9 +222,14 @@ tdm_status tdm_sim_calibrate_link(tdm_comm_t c, size_t max_bytes, int ranks_per_
    * longer fit (and the algorithms' 1 MiB chunks on this machine), where the cost per byte steps */
   size_t sizes[TDM_SIM_CALIB_POINTS];
   int ns = 0;
-  for (size_t n = 8; n <= max_bytes && ns < TDM_SIM_CALIB_POINTS; n *= 4) {
-    if (l2 > (long)(n / 4) && (size_t)l2 < n && (size_t)l2 <= max_bytes && ns < TDM_SIM_CALIB_POINTS - 1 && n > 8) sizes[ns++] = (size_t)l2;
-    sizes[ns++] = n;
+  for (size_t n = 8; n <= max_bytes && ns < TDM_SIM_CALIB_POINTS; n *= 4) sizes[ns++] = n;
+  if (l2 > 8 && (size_t)l2 <= max_bytes && ns < TDM_SIM_CALIB_POINTS) { /* in its place, unless the series has it */
+    int at = ns;
+    while (at > 0 && sizes[at - 1] > (size_t)l2) at--;
+    if (sizes[at - 1] != (size_t)l2) {
+      memmove(sizes + at + 1, sizes + at, sizeof *sizes * (size_t)(ns - at));
+      sizes[at] = (size_t)l2, ns++;
+    }
   }
   double pp[PP_BURSTS] = {0};
   int npp = 0;
