@@ -192,7 +192,8 @@ static int calibrate(const tdm_train_config *tc, const char *out_path, const cha
     printf("cpu: a message of %.0f KiB (the L2) or more costs %.2fx a byte (from half of it on, in proportion)\n", link.big_bytes / 1024,
            link.big_factor);
   if (link.big_bytes > 0 && link.fan_big_factor >= 1)
-    printf("cpu: such a message costs %.2fx a byte when a rank sends to every other rank at once\n", link.fan_big_factor);
+    printf("cpu: a message of %.0f KiB or more costs %.2fx a byte when a rank sends to every other rank at once\n",
+           link.big_bytes / 1024, link.fan_big_factor);
   char extra[4096];
   size_t at = (size_t)snprintf(extra, sizeof extra,
                                "\"measured\": {\"transport\": \"%s\", \"emulate\": \"%s\", \"pingpong\": %.6e, \"ring\": {\"alpha\": %.6e, "
