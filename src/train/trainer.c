@@ -189,6 +189,26 @@ static tdm_status parse_kinds(const tdm_train_config *c, tdm_model_kind *mk, tdm
   return TDM_OK;
 }
 
+/* One step's numbers, kept until its all-reduced loss and accuracy arrive. */
+enum { RANK_TIMES = 64 };
+typedef struct {
+  int pending;
+  int64_t step, epoch;
+  /* loss / world, correct, rows of this rank, "time is up": summed over ranks; then, up to
+   * RANK_TIMES ranks, each rank's step, forward, backward, comm wait and optimizer times in its
+   * own slots (zero elsewhere: the sum gathers them exactly) for the report's per-rank view */
+  double stats[4 + 5 * RANK_TIMES];
+  int n_stats;
+  tdm_work_t work;
+  double dt, t_fwd, t_bwd, t_wait, t_opt, samples, grad_norm;
+  double loss_scale; /* fp16: the step's loss scale (0: not fp16) */
+  int skipped;       /* fp16: the step overflowed and was skipped (on every rank) */
+  int64_t total, G;
+  int64_t samples_so_far;
+  double train_time, lr;
+  char grad[1536]; /* the gradient exchange: bytes sent, and per-bucket compression stats (JSON members) */
+} step_record;
+
 typedef struct {
   tdm_comm_t comm;     /* the ranks that train (with a parameter server: the workers) */
   tdm_comm_t ps_world; /* with a parameter server: workers and servers */
@@ -206,6 +226,8 @@ typedef struct {
   int64_t recorded; /* resumed: the last step the metrics file holds already (not written again); else -1 */
   tdm__start_out start; /* the checkpoint directory's lock */
   tdm_trace *trace;     /* --trace: this rank's timeline */
+  step_record rec; /* the last step's, its all-reduce maybe in flight: kept here, where it outlives the
+                    * communicator, so that a run ending on an error never leaves the comm thread writing to a dead frame */
 } run_state;
 
 static void run_free(run_state *s) {
@@ -283,25 +305,6 @@ static int64_t last_recorded_step(const char *path) {
   return last;
 }
 
-/* One step's numbers, kept until its all-reduced loss and accuracy arrive. */
-enum { RANK_TIMES = 64 };
-typedef struct {
-  int pending;
-  int64_t step, epoch;
-  /* loss / world, correct, rows of this rank, "time is up": summed over ranks; then, up to
-   * RANK_TIMES ranks, each rank's step, forward, backward, comm wait and optimizer times in its
-   * own slots (zero elsewhere: the sum gathers them exactly) for the report's per-rank view */
-  double stats[4 + 5 * RANK_TIMES];
-  int n_stats;
-  tdm_work_t work;
-  double dt, t_fwd, t_bwd, t_wait, t_opt, samples, grad_norm;
-  double loss_scale; /* fp16: the step's loss scale (0: not fp16) */
-  int skipped;       /* fp16: the step overflowed and was skipped (on every rank) */
-  int64_t total, G;
-  int64_t samples_so_far;
-  double train_time, lr;
-  char grad[1536]; /* the gradient exchange: bytes sent, and per-bucket compression stats (JSON members) */
-} step_record;
 
 /* ,"grad_bytes":N and, with a compressor, per bucket its ratio and relative error, and the worst
  * telescoping error (tandem/compress.h). */
@@ -915,7 +918,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   if (step >= total && pr.f) fprintf(pr.f, "tandem train: the checkpoint is at step %lld; nothing left to do\n", (long long)step);
   int64_t epoch, offset;
   tdm_sampler_locate(s->sampler, step, &epoch, &offset);
-  step_record rec = {0};
+  step_record *rec = &s->rec;
   batch_src bs = {s->sampler, &mc, per, c->crop_pad, c->flip, c->seed};
   tdm_mem_peak_reset(); /* the peaks from here on are the training's */
   while (step < total) {
@@ -938,37 +941,37 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
       if ((!s->comm || own) && !ss.skipped) TDM__TRY(finite_or_stop(c, ss.loss, step, "the loss", "")); /* several ranks: the mean, in flush_record */
       /* the global loss and accuracy travel without blocking: started now, collected (and the
        * step's record written) during the next step, so they add no synchronisation point */
-      TDM__TRY(flush_record(s, &rec, &pr, c));
+      TDM__TRY(flush_record(s, rec, &pr, c));
       int time_up = c->max_time > 0 && train_time + (t3 - t0) >= c->max_time;
-      rec = (step_record){.pending = 1, .step = step, .epoch = epoch, .lr = lr, .stats = {own ? ss.loss : ss.loss / W, ss.correct, ss.rows, time_up},
+      *rec = (step_record){.pending = 1, .step = step, .epoch = epoch, .lr = lr, .stats = {own ? ss.loss : ss.loss / W, ss.correct, ss.rows, time_up},
                           .dt = t3 - t0, .t_fwd = ss.t_forward, .t_bwd = ss.t_backward, .t_wait = ss.t_comm_wait,
                           .t_opt = ss.t_update, .samples = (double)ss.samples * D, .total = total, .G = G, .grad_norm = ss.grad_norm,
                           .loss_scale = c->engine.precision == TDM_F16 ? ss.loss_scale : 0, .skipped = ss.skipped};
-      grad_record(s->engine, rec.grad, sizeof rec.grad);
-      rec.n_stats = 4;
+      grad_record(s->engine, rec->grad, sizeof rec->grad);
+      rec->n_stats = 4;
       if (s->comm && !own && W <= RANK_TIMES) { /* this rank's times in its slots, gathered by the sum */
-        double *t = rec.stats + 4 + 5 * R, mine[5] = {t3 - t0, ss.t_forward, ss.t_backward, ss.t_comm_wait, ss.t_update};
+        double *t = rec->stats + 4 + 5 * R, mine[5] = {t3 - t0, ss.t_forward, ss.t_backward, ss.t_comm_wait, ss.t_update};
         memcpy(t, mine, sizeof mine);
-        rec.n_stats = 4 + 5 * W;
+        rec->n_stats = 4 + 5 * W;
       }
       if (s->comm && !own)
-        TDM__TRY(tdm_comm_iallreduce(s->comm, rec.stats, rec.stats, rec.n_stats, TDM_F64, TDM_SUM, TDM_ALGO_AUTO, &rec.work));
+        TDM__TRY(tdm_comm_iallreduce(s->comm, rec->stats, rec->stats, rec->n_stats, TDM_F64, TDM_SUM, TDM_ALGO_AUTO, &rec->work));
       /* an axis split from the world speaks through the world's transport, which serves one
        * communicator at a time: the next step's collectives there must not meet this one */
       if (s->comm && !own && split_axes) {
-        tdm_work_t w = rec.work;
-        rec.work = NULL;
+        tdm_work_t w = rec->work;
+        rec->work = NULL;
         TDM__TRY(tdm_work_wait(w));
       }
       if ((!s->comm || own) && time_up) s->stop = 1;
       if (s->stop) total = step + 1; /* a rank's time ran out (seen one step late, by all alike) */
       double dt = t3 - t0;
       train_time += dt;
-      samples += (int64_t)rec.samples;
-      rec.samples_so_far = samples;
-      rec.train_time = train_time;
+      samples += (int64_t)rec->samples;
+      rec->samples_so_far = samples;
+      rec->train_time = train_time;
       if (c->checkpoint_dir && ((c->checkpoint_every > 0 && (step + 1) % c->checkpoint_every == 0) || step + 1 == total)) {
-        TDM__TRY(flush_record(s, &rec, &pr, c)); /* on every rank: this step's mean loss is checked before it is saved */
+        TDM__TRY(flush_record(s, rec, &pr, c)); /* on every rank: this step's mean loss is checked before it is saved */
         TDM__TRY(params_finite(s->engine, c, step + 1));
         TDM__TRY(metrics_ok(s, c)); /* the records are in the file before the checkpoint that covers them */
         tdm_ckpt_info ci = {.step = step + 1, .world_size = W, .seed = c->seed, .n_meta = id.n - 1, .meta_kv = id.kv}; /* the seed is the checkpoint's own key */
@@ -983,7 +986,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
       }
       if (is_lm(mk) && c->val_every > 0 && (step + 1) % c->val_every == 0 && step + 1 < total) {
         double vl, va;
-        TDM__TRY(flush_record(s, &rec, &pr, c));
+        TDM__TRY(flush_record(s, rec, &pr, c));
         TDM__TRY(ps_survivors(s, c, &pr, res));
         double te = tdm_trace_begin();
         TDM__TRY(evaluate(s->engine, s->test, B, s->idx, c->val_batches * B * D, &vl, &va));
@@ -995,7 +998,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
         return tdm__set_error(TDM_ERR_INVALID_USAGE, "training stopped by the step callback after step %lld", (long long)step + 1);
     }
     int epoch_done = step == end || step >= total;
-    TDM__TRY(flush_record(s, &rec, &pr, c));
+    TDM__TRY(flush_record(s, rec, &pr, c));
     if (epoch_done) {
       double tl = 0, ta = 0;
       TDM__TRY(ps_survivors(s, c, &pr, res));
@@ -1018,7 +1021,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
     }
     epoch++;
   }
-  TDM__TRY(flush_record(s, &rec, &pr, c));
+  TDM__TRY(flush_record(s, rec, &pr, c));
   TDM__TRY(params_finite(s->engine, c, step));
   if (c->save_weights) TDM__TRY(tdm_engine_save_weights(s->engine, c->save_weights, n_arch_meta + 1, weights_meta));
   if (s->metrics) { /* what the run held, measured: to set beside the plan printed at the start */
