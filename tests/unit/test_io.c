@@ -1,8 +1,10 @@
 /* Files: safetensors (round trip, metadata, hostile headers, edge cases the format allows, saving
  * through planted links and failing half-way), the JSON reader under them, parameter load checks,
- * IDX files (plain, gzip'd, bad magic, truncated, trailing bytes, oversized dimensions, missing),
+ * IDX files (plain, gzip'd, bad magic, truncated, trailing bytes, oversized dimensions, missing,
+ * the cache of decompressed copies),
  * text and token files, and FIFOs, pipes and directories where files are expected. */
 #include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -503,6 +505,114 @@ static void write_gz(const char *p, const void *data, size_t n) {
   gzclose(g);
 }
 
+/* one file's whole content, or NULL (tdm__malloc'd) */
+static unsigned char *slurp(const char *p, size_t *n) {
+  FILE *fp = fopen(p, "rb");
+  if (!fp) return NULL;
+  fseek(fp, 0, SEEK_END);
+  long len = ftell(fp);
+  fseek(fp, 0, SEEK_SET);
+  unsigned char *b = tdm__malloc((size_t)len + 1);
+  *n = b ? fread(b, 1, (size_t)len, fp) : 0;
+  fclose(fp);
+  return b;
+}
+
+/* the one regular file in d (its path in out), or 0 when there is none or more than one */
+static int only_file(const char *d, char *out, size_t cap) {
+  DIR *dp = opendir(d);
+  int n = 0;
+  for (struct dirent *e; dp && (e = readdir(dp));)
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++, snprintf(out, cap, "%s/%s", d, e->d_name);
+  if (dp) closedir(dp);
+  return n == 1;
+}
+
+/* A large .gz is read once through zlib, then from its decompressed copy in TANDEM_CACHE_DIR:
+ * trusted only when it has the gzip trailer's CRC-32 and length; a damaged copy is replaced, never
+ * read as data; no copy of small files, none when the cache is off, none (and no error) where the
+ * directory cannot be made. */
+static void test_idx_cache(void) {
+  int dims[3] = {300, 70, 70}; /* 1.47 MB of noise: the .gz stays above the 1 MiB threshold */
+  size_t n = 16 + 300 * 70 * 70, got = 0;
+  unsigned char *plain = tdm__malloc(n);
+  size_t k;
+  idx_bytes(plain, &k, 3, dims, 0);
+  for (size_t i = 16; i < n; i++) plain[i] = (unsigned char)(tdm_hash64(7, i) >> 56);
+  const char *src = path("big-idx3-ubyte.gz");
+  write_gz(src, plain, n);
+  char cache[128], copy[512];
+  snprintf(cache, sizeof cache, "%s", path("cache"));
+  setenv("TANDEM_CACHE_DIR", cache, 1);
+  tdm_idx f;
+  CHECK_OK(tdm_idx_read(src, &f));
+  CHECK(f.n == 300 * 70 * 70 && f.data && !memcmp(f.data, plain + 16, (size_t)f.n));
+  tdm_idx_free(&f);
+  CHECK(only_file(cache, copy, sizeof copy));
+  CHECK(strstr(copy, "/big-idx3-ubyte-") != NULL); /* named after the original, less .gz */
+  unsigned char *c = slurp(copy, &got);
+  CHECK(c && got == n && !memcmp(c, plain, n)); /* the plain IDX file */
+  tdm__free(c);
+
+  /* read from the copy: the original's body replaced by garbage (same size and time, trailer kept)
+   * still reads, so the bytes came from the copy */
+  size_t gn = 0;
+  unsigned char *gz = slurp(src, &gn), *garbage = tdm__malloc(gn);
+  struct stat sb;
+  CHECK(gz && garbage && stat(src, &sb) == 0);
+  if (gz && garbage) {
+    memcpy(garbage, gz, gn);
+    memset(garbage + 10, 0xee, gn - 18);
+    write_file(src, garbage, gn);
+    struct timespec times[2] = {sb.st_atim, sb.st_mtim};
+    CHECK(utimensat(AT_FDCWD, src, times, 0) == 0);
+    CHECK_OK(tdm_idx_read(src, &f));
+    CHECK(f.data && !memcmp(f.data, plain + 16, (size_t)f.n));
+    tdm_idx_free(&f);
+    /* ... and a damaged copy is not trusted: with the garbage original the read fails */
+    c = slurp(copy, &got);
+    c[16 + 12345] ^= 1;
+    write_file(copy, c, got);
+    CHECK(tdm_idx_read(src, &f) != TDM_OK);
+    /* with the real original back it reads right and the copy is written anew */
+    write_file(src, gz, gn);
+    CHECK(utimensat(AT_FDCWD, src, times, 0) == 0); /* the same name in the cache: the damaged copy is replaced */
+    CHECK_OK(tdm_idx_read(src, &f));
+    CHECK(f.data && !memcmp(f.data, plain + 16, (size_t)f.n));
+    tdm_idx_free(&f);
+    tdm__free(c);
+    c = slurp(copy, &got);
+    CHECK(c && got == n && !memcmp(c, plain, n));
+    tdm__free(c);
+  }
+  tdm__free(gz);
+  tdm__free(garbage);
+
+  /* off: no copy; a directory that cannot be made: no copy, no error */
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", cache);
+  CHECK(system(cmd) == 0);
+  setenv("TANDEM_CACHE_DIR", "off", 1);
+  CHECK_OK(tdm_idx_read(src, &f));
+  tdm_idx_free(&f);
+  CHECK(access(cache, F_OK) != 0);
+  char blocked[160];
+  snprintf(blocked, sizeof blocked, "%s/sub", path("big-idx3-ubyte.gz")); /* under a regular file */
+  setenv("TANDEM_CACHE_DIR", blocked, 1);
+  CHECK_OK(tdm_idx_read(src, &f));
+  CHECK(f.data && !memcmp(f.data, plain + 16, (size_t)f.n));
+  tdm_idx_free(&f);
+  /* small files are not copied */
+  setenv("TANDEM_CACHE_DIR", cache, 1);
+  idx_bytes(plain, &k, 1, (int[]){4096}, 3);
+  write_gz(path("small-idx1-ubyte.gz"), plain, k);
+  CHECK_OK(tdm_idx_read(path("small-idx1-ubyte.gz"), &f));
+  tdm_idx_free(&f);
+  CHECK(access(cache, F_OK) != 0 || count_entries(cache) == 0);
+  unsetenv("TANDEM_CACHE_DIR");
+  tdm__free(plain);
+}
+
 static void test_idx_files(void) {
   unsigned char img[4096], lab[64];
   size_t ni, nl;
@@ -678,7 +788,7 @@ int main(void) {
   static const tdm_test_case cases[] = {
       T(test_safetensors_round_trip),         T(test_safetensors_rejects_bad_files), T(test_safetensors_accepts_edge_cases),
       T(test_save_never_follows_planted_links), T(test_save_failures_leave_nothing), T(test_json_strict),
-      T(test_params_load_checks_names_and_shapes), T(test_idx_files),             T(test_idx_dimensions),
+      T(test_params_load_checks_names_and_shapes), T(test_idx_files),             T(test_idx_cache),                   T(test_idx_dimensions),
       T(test_text_and_token_files),           T(test_token_file_headers),          T(test_fifos_and_directories_refused)};
   int rc = tdm_test_main(cases, (int)(sizeof cases / sizeof cases[0]));
   char cmd[128];

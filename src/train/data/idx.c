@@ -1,4 +1,5 @@
-/* IDX files (LeCun's MNIST format), read through zlib so .gz and plain files both work. */
+/* IDX files (LeCun's MNIST format), read through zlib so .gz and plain files both work; a large
+ * .gz is read from its decompressed copy in the cache when the copy checks out (idx_cache.c). */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -8,6 +9,7 @@
 #include "core/file.h"
 #include "core/internal.h"
 #include "tandem/data.h"
+#include "train/data/idx_cache.h"
 
 #define MAX_IDX_BYTES ((int64_t)1 << 34)
 
@@ -82,11 +84,9 @@ static tdm_status read_data(gzFile g, tdm_idx *out, const char *path) {
   return TDM_OK;
 }
 
-tdm_status tdm_idx_read(const char *path, tdm_idx *out) {
+/* Reads the IDX file open as fd (fsize bytes; closed here) into *out. */
+static tdm_status read_fd(const char *path, int fd, int64_t fsize, tdm_idx *out) {
   memset(out, 0, sizeof *out);
-  int fd;
-  int64_t fsize;
-  TDM__TRY(tdm__file_open_regular(path, &fd, &fsize));
   gzFile g = gzdopen(fd, "rb");
   if (!g) {
     close(fd);
@@ -126,6 +126,25 @@ tdm_status tdm_idx_read(const char *path, tdm_idx *out) {
   gzclose(g);
   if (st != TDM_OK) tdm_idx_free(out);
   return st;
+}
+
+tdm_status tdm_idx_read(const char *path, tdm_idx *out) {
+  memset(out, 0, sizeof *out);
+  int fd, cfd;
+  int64_t fsize, csize;
+  TDM__TRY(tdm__file_open_regular(path, &fd, &fsize));
+  tdm__idx_cache c;
+  int cached = tdm__idx_cache_find(path, fd, fsize, &c);
+  if (cached && access(c.path, R_OK) == 0 && tdm__file_open_regular(c.path, &cfd, &csize) == TDM_OK) {
+    if (read_fd(c.path, cfd, csize, out) == TDM_OK && tdm__idx_cache_matches(&c, out)) {
+      close(fd);
+      return TDM_OK;
+    }
+    tdm_idx_free(out); /* stale or damaged: decompressed again below, and rewritten */
+  }
+  TDM__TRY(read_fd(path, fd, fsize, out));
+  if (cached) tdm__idx_cache_store(&c, out);
+  return TDM_OK;
 }
 
 void tdm_idx_free(tdm_idx *f) {
