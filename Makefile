@@ -59,7 +59,7 @@ test: build build-san build-fuzz
 	@if [ -d $(BUILD_FUZZ)/fuzz ]; then cd $(BUILD_FUZZ) && ctest --output-on-failure -j $(TEST_JOBS); fi
 
 test-san-full: build-san
-	cd $(BUILD_SAN) && ctest --output-on-failure -j $(TEST_JOBS) -E 'test_mpi|test_slurm'
+	cd $(BUILD_SAN) && TANDEM_TEST_FULL=1 ctest --output-on-failure -j $(TEST_JOBS) -E 'test_mpi|test_slurm'
 
 clean:
 	rm -rf $(BUILD) $(BUILD_SAN) $(BUILD_FUZZ)
