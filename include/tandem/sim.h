@@ -54,7 +54,9 @@ extern "C" {
  * each piece it is sent in) of big_bytes or more costs big_factor times cpu_beta (or fan_beta) a
  * byte, one of half of it or less cpu_beta, in between in proportion: copies that outgrow the L2
  * run from the slower caches (0 and 0: every byte the same); fan_big_factor the same for fan_beta
- * (p - 1 streams at once outgrow them further; 0: big_factor).
+ * (p - 1 streams at once outgrow them further; 0: big_factor). handoff (s): what a collective
+ * handed to the communication thread and waited for costs beyond the blocking call (the waiting
+ * thread's wake-up and the hand-over), paid by each bucket data parallelism and ZeRO send that way.
  * Zero-initialised: the plain alpha-beta-gamma link. */
 typedef struct tdm_sim_link {
   double alpha, beta, gamma;
@@ -63,6 +65,7 @@ typedef struct tdm_sim_link {
   double wake;
   double big_bytes, big_factor, fan_big_factor;
   int pairwise;
+  double handoff;
 } tdm_sim_link;
 
 typedef struct tdm_sim_cluster {

@@ -38,10 +38,10 @@ tdm_status tdm_sim_cluster_check(const tdm_sim_cluster *k, const char *where) {
   const char *ln[2] = {"intra", "inter"};
   char f[64];
   for (int i = 0; i < 2; i++) {
-    const double v[10] = {l[i]->alpha,    l[i]->beta,      l[i]->gamma,    l[i]->cpu_alpha, l[i]->cpu_beta,
-                          l[i]->fan_alpha, l[i]->fan_beta, l[i]->wake, l[i]->big_bytes, l[i]->big_factor};
-    const char *vn[10] = {"alpha", "beta", "gamma", "cpu_alpha", "cpu_beta", "fan_alpha", "fan_beta", "wake", "big_bytes", "big_factor"};
-    for (int j = 0; j < 10; j++)
+    const double v[11] = {l[i]->alpha,    l[i]->beta,      l[i]->gamma, l[i]->cpu_alpha, l[i]->cpu_beta,  l[i]->fan_alpha,
+                          l[i]->fan_beta, l[i]->wake,      l[i]->big_bytes, l[i]->big_factor, l[i]->handoff};
+    const char *vn[11] = {"alpha", "beta", "gamma", "cpu_alpha", "cpu_beta", "fan_alpha", "fan_beta", "wake", "big_bytes", "big_factor", "handoff"};
+    for (int j = 0; j < 11; j++)
       if (!(v[j] >= 0) || !isfinite(v[j])) {
         snprintf(f, sizeof f, "%s.%s", ln[i], vn[j]);
         return bad(where, f, v[j], "a finite number >= 0 (seconds, per byte for beta, gamma, cpu_beta and fan_beta)");
@@ -107,6 +107,7 @@ static tdm_status link(const tdm_json *o, const char *path, const char *name, td
   TDM__TRY(optional(o, path, name, "big_bytes", 0, &l->big_bytes));
   TDM__TRY(optional(o, path, name, "big_factor", 1, &l->big_factor));
   TDM__TRY(optional(o, path, name, "fan_big_factor", 0, &l->fan_big_factor));
+  TDM__TRY(optional(o, path, name, "handoff", 0, &l->handoff));
   TDM__TRY(optional(o, path, name, "pairwise", 0, &pw));
   if (pw != 0 && pw != 1) return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: %s.pairwise is %g; expected 0 or 1", path, name, pw);
   l->pairwise = (int)pw;
@@ -195,9 +196,9 @@ tdm_status tdm_sim_cluster_save(const char *path, const tdm_sim_cluster *k, cons
     fprintf(f,
             "  \"%s\": {\"alpha\": %.6e, \"beta\": %.6e, \"gamma\": %.6e, \"cpu_alpha\": %.6e, \"cpu_beta\": %.6e, "
             "\"fan_alpha\": %.6e, \"fan_beta\": %.6e, \"wake\": %.6e, \"big_bytes\": %.0f, \"big_factor\": %.4f, "
-            "\"fan_big_factor\": %.4f, \"pairwise\": %d},\n",
+            "\"fan_big_factor\": %.4f, \"pairwise\": %d, \"handoff\": %.6e},\n",
             i ? "inter" : "intra", l[i]->alpha, l[i]->beta, l[i]->gamma, l[i]->cpu_alpha, l[i]->cpu_beta, l[i]->fan_alpha,
-            l[i]->fan_beta, l[i]->wake, l[i]->big_bytes, l[i]->big_factor, l[i]->fan_big_factor, l[i]->pairwise);
+            l[i]->fan_beta, l[i]->wake, l[i]->big_bytes, l[i]->big_factor, l[i]->fan_big_factor, l[i]->pairwise, l[i]->handoff);
   fprintf(f, "  \"compute\": {\"flops\": %.6e, \"optimizer\": %.6e, \"overhead\": %.6e, \"ranks\": %d, \"cv\": %.4f, \"model\": \"%s\"}%s\n",
           k->flops, k->optim_rate, k->overhead, k->compute_ranks, k->compute_cv, k->compute_model, extra && *extra ? "," : "");
   if (extra && *extra) fprintf(f, "  %s\n", extra);

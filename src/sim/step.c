@@ -35,6 +35,9 @@ static double issue(sim *s, tdm_sim_kind kind, double n, double ready) {
                                                                                  : tdm_sim_engine_algo(&s->kd, kind, s->D, s->grads);
   double c = tdm_sim_coll_cost(&s->kd, algo, kind, n, s->D);
   if (c < 0) algo = TDM_ALGO_RING, c = tdm_sim_coll_cost(&s->kd, TDM_ALGO_RING, kind, n, s->D); /* where it cannot run */
+  /* handed to the communication thread and waited for (all but the shared region's inline
+   * averaging, which the training thread does itself when no core is spare: dp.c) */
+  if (s->overlap || !s->kd.shm) c += (s->D <= s->kd.ranks_per_node ? s->kd.intra : s->kd.inter).handoff;
   s->comm += c;
   s->bytes += (kind == TDM_SIM_ALLREDUCE ? 2.0 : 1.0) * (s->D - 1) / s->D * n;
   if (n > s->big_n) s->big_n = n, s->big_algo = algo;

@@ -321,6 +321,19 @@ static void test_overlap_by_hand(void) {
     CHECK_NEAR(r.compute * 1e3, 21, 1e-9);
     CHECK_NEAR(r.exposed * 1e3, want[mode][6] - 21, 1e-9);
     CHECK_NEAR(r.efficiency, 21 / want[mode][6], 1e-12);
+    /* a bucket waited for on the communication thread pays the link's handoff, 0.5 ms: beside
+     * compute [12,14.5] [16,18.5] [18.5,21], 24 ms; with no core over tcp [12,14.5], backward to
+     * 18.5, [18.5,21], to 23, [23,25.5], 28.5 ms; the shared region's inline averaging pays none */
+    if (mode != 2) {
+      k.intra.handoff = k.inter.handoff = 0.5e-3;
+      CHECK_OK(tdm_sim_step(m, &k, 2, &r));
+      double wanth[4][7] = {{12, 14.5, 16, 18.5, 18.5, 21, 24}, {12, 14, 18, 20, 22, 24, 27}, {0}, {12, 14.5, 18.5, 21, 23, 25.5, 28.5}};
+      t = tdm_sim_last_buckets(m, &nb);
+      for (int i = 0; t && i < 6; i++)
+        CHECK_MSG(fabs(t[i] * 1e3 - wanth[mode][i]) < 1e-9, "handoff, mode %d: event %d at %.6f ms, expected %g", mode, i, t[i] * 1e3, wanth[mode][i]);
+      CHECK_NEAR(r.step * 1e3, wanth[mode][6], 1e-9);
+      k.intra.handoff = k.inter.handoff = 0;
+    }
     tdm_sim_model_destroy(m);
   }
 }
@@ -493,10 +506,14 @@ static void test_bad_input(void) {
   k.inter.big_factor = 2, k.intra.fan_big_factor = 0.7; /* the fan's the same way (0: big_factor's) */
   CHECK(tdm_sim_cluster_check(&k, "here") == TDM_ERR_INVALID_ARG);
   CHECK_ERR_HAS("intra.fan_big_factor is 0.7");
-  k.intra.fan_big_factor = 2.5, k.intra.big_bytes = 1048576;
+  k.intra.fan_big_factor = 2.5, k.intra.big_bytes = 1048576, k.inter.handoff = -1e-4; /* a wait that saves time */
+  CHECK(tdm_sim_cluster_check(&k, "here") == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("inter.handoff is -0.0001");
+  k.inter.handoff = 1.5e-4;
   CHECK_OK(tdm_sim_cluster_save(path, &k, NULL));
   CHECK_OK(tdm_sim_cluster_load(path, &back));
   CHECK(back.intra.fan_big_factor == 2.5 && back.inter.fan_big_factor == 0 && back.inter.big_factor == 2);
+  CHECK(back.inter.handoff == 1.5e-4 && back.intra.handoff == 0);
   remove(path);
   CHECK(tdm_sim_cluster_load(path, &back) == TDM_ERR_IO);
 }
