@@ -108,7 +108,6 @@ static tdm_status pingpong(tdm_comm_t c, const char *s, char *r, double *one_way
   return TDM_OK;
 }
 
-/* Weighted least squares of y = a + n b with weights 1/y^2 (the relative error), a and b >= 0. */
 /* A collective handed to the communication thread and waited for, as the engines send their
  * buckets (tdm_comm_iallreduce, tdm_work_wait), against the blocking call of the same size: the
  * waiting thread's wake-up when the work is done, and the hand-over (bench/async_wait: 0.1-0.3 ms
@@ -136,6 +135,7 @@ static tdm_status handoff(tdm_comm_t c, float *buf, size_t max_bytes, double *ou
   return TDM_OK;
 }
 
+/* Weighted least squares of y = a + n b with weights 1/y^2 (the relative error), a and b >= 0. */
 static void fit(const double *n, const double *y, int m, double *a, double *b) {
   double sw = 0, swn = 0, swnn = 0, swt = 0, swnt = 0;
   for (int i = 0; i < m; i++) {
