@@ -6,7 +6,7 @@
 #               'heavy' (many multi-process trainings; their library code runs under the sanitizers
 #               in the unit and lighter multirank tests); then each fuzz target for FUZZ_TEST_SECONDS
 #               (when clang is installed). Keeps make test within 10 minutes on 2 cores, builds included.
-#   make test-san-full   every test under ASan+UBSan, the heavy ones included (about 7 minutes on 2 cores)
+#   make test-san-full   every test under ASan+UBSan, the heavy ones included (under 10 minutes on 2 cores)
 #   make fuzz   build the libFuzzer targets (fuzz/, in build-fuzz/) and run each for FUZZ_SECONDS
 BUILD ?= build
 BUILD_SAN ?= build-san
