@@ -26,8 +26,12 @@ static double median(double *v) {
 
 int main(int argc, char **argv) {
   size_t sizes[16] = {537640, 1605632}, ns = 2, most = 0;
+  if (argc > 17) {
+    fprintf(stderr, "async_wait: %d sizes; expected at most 16\n", argc - 1);
+    return 2;
+  }
   if (argc > 1) ns = 0;
-  for (int i = 1; i < argc && ns < 16; i++) {
+  for (int i = 1; i < argc; i++) {
     long long b = atoll(argv[i]);
     if (b < 4) {
       fprintf(stderr, "async_wait: a size of %s bytes; expected at least 4\n", argv[i]);
