@@ -154,6 +154,9 @@ tdm_tensor *tdm_add(tdm_tape *tp, tdm_tensor *a, tdm_tensor *b);
 tdm_tensor *tdm_sub(tdm_tape *tp, tdm_tensor *a, tdm_tensor *b);
 tdm_tensor *tdm_mul(tdm_tape *tp, tdm_tensor *a, tdm_tensor *b);
 tdm_tensor *tdm_div(tdm_tape *tp, tdm_tensor *a, tdm_tensor *b);
+/* relu(a + b), bit for bit tdm_relu(tdm_add(a, b)) (which it is, for shapes that broadcast or
+ * 16-bit activations); for equal f32 shapes one op, one pass each way, no sum kept. */
+tdm_tensor *tdm_add_relu(tdm_tape *tp, tdm_tensor *a, tdm_tensor *b);
 tdm_tensor *tdm_scale(tdm_tape *tp, tdm_tensor *x, float s);
 
 /* Sum / mean over the given axes (all axes when naxes == 0); keepdim keeps them as size 1. */
@@ -225,6 +228,11 @@ tdm_tensor *tdm_checkpoint(tdm_tape *tp, tdm_checkpoint_fn fn, const void *ctx, 
  * communicates. PyTorch's defaults: momentum 0.1, eps 1e-5. */
 tdm_tensor *tdm_batchnorm(tdm_tape *tp, tdm_tensor *x, tdm_tensor *weight, tdm_tensor *bias, tdm_tensor *running_mean,
                           tdm_tensor *running_var, float momentum, float eps, struct tdm_comm *sync);
+/* relu(tdm_batchnorm(...)) as one op, equal to the two bit for bit (forward, every gradient, the
+ * running statistics), with one pass fewer each way and no normalised tensor kept. */
+tdm_tensor *tdm_batchnorm_relu(tdm_tape *tp, tdm_tensor *x, tdm_tensor *weight, tdm_tensor *bias,
+                               tdm_tensor *running_mean, tdm_tensor *running_var, float momentum, float eps,
+                               struct tdm_comm *sync);
 /* (N, C, H, W) -> (N, C): the mean over each channel's plane (nn.AdaptiveAvgPool2d(1) + flatten). */
 tdm_tensor *tdm_global_avgpool2d(tdm_tape *tp, tdm_tensor *x);
 

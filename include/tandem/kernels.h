@@ -40,6 +40,10 @@ void tdm_k_scale(float *out, float alpha, const float *x, int64_t n);    /* out 
 void tdm_k_relu_fwd(float *out, const float *x, int64_t n);
 void tdm_k_relu_bwd(float *dx, const float *dout, const float *x, int64_t n);
 void tdm_k_relu_bwd_set(float *dx, const float *dout, const float *x, int64_t n); /* dx = ..., not += */
+/* out = relu(x + y); its backward from the output y: ga and gb (either may be NULL) get dout
+ * where y > 0, written when set_*, else added to. */
+void tdm_k_add_relu(float *out, const float *x, const float *y, int64_t n);
+void tdm_k_relu_bwd2(float *ga, int set_a, float *gb, int set_b, const float *dout, const float *y, int64_t n);
 void tdm_k_gelu_fwd(float *out, const float *x, int64_t n); /* tanh approximation, as GPT-2 */
 void tdm_k_gelu_bwd(float *dx, const float *dout, const float *x, int64_t n);
 void tdm_k_gelu_bwd_set(float *dx, const float *dout, const float *x, int64_t n); /* dx = ..., not += */
@@ -172,20 +176,22 @@ void tdm_k_conv2d_bwd_direct(float *dx, int dx_set, float *dw, float *db, const 
                              const float *w, float *ws, const tdm_conv_shape *s);
 
 /* Batch normalization over x (N, C, HW), per channel. sums: sum[c] and sumsq[c] of x (double,
- * written). fwd: y = (x - mean) * rstd * w + b. bwd_sums: sdy[c] = sum dy, sdyx[c] = sum dy *
- * xhat (written). bwd_dx: dx += w rstd (dy - (sdy + xhat sdyx) / M), with M the values per
- * channel the statistics came from (M = 0: fixed statistics, dx += w rstd dy). */
+ * written). fwd: y = (x - mean) * rstd * w + b, then max(y, 0) when relu. bwd_sums: sdy[c] = sum
+ * dy, sdyx[c] = sum dy * xhat (written). bwd_dx: dx += w rstd (dy - (sdy + xhat sdyx) / M), with M
+ * the values per channel the statistics came from (M = 0: fixed statistics, dx += w rstd dy).
+ * relu_y (NULL, or the output of a fused ReLU): dy counts only where relu_y > 0, as ReLU's
+ * backward would have passed it, bit for bit. */
 void tdm_k_bn_sums(const float *x, int64_t N, int64_t C, int64_t HW, double *sum, double *sumsq);
 void tdm_k_bn_fwd(float *y, const float *x, const float *w, const float *b, const float *mean, const float *rstd,
-                  int64_t N, int64_t C, int64_t HW);
-void tdm_k_bn_bwd_sums(const float *dy, const float *x, const float *mean, const float *rstd, int64_t N, int64_t C,
-                       int64_t HW, double *sdy, double *sdyx);
-void tdm_k_bn_bwd_dx(float *dx, const float *dy, const float *x, const float *w, const float *mean, const float *rstd,
-                     const double *sdy, const double *sdyx, double M, int64_t N, int64_t C, int64_t HW);
+                  int64_t N, int64_t C, int64_t HW, int relu);
+void tdm_k_bn_bwd_sums(const float *dy, const float *relu_y, const float *x, const float *mean, const float *rstd,
+                       int64_t N, int64_t C, int64_t HW, double *sdy, double *sdyx);
+void tdm_k_bn_bwd_dx(float *dx, const float *dy, const float *relu_y, const float *x, const float *w, const float *mean,
+                     const float *rstd, const double *sdy, const double *sdyx, double M, int64_t N, int64_t C, int64_t HW);
 /* The same, writing dx (its contents are ignored) instead of adding to it. */
-void tdm_k_bn_bwd_dx_set(float *dx, const float *dy, const float *x, const float *w, const float *mean,
-                         const float *rstd, const double *sdy, const double *sdyx, double M, int64_t N, int64_t C,
-                         int64_t HW);
+void tdm_k_bn_bwd_dx_set(float *dx, const float *dy, const float *relu_y, const float *x, const float *w,
+                         const float *mean, const float *rstd, const double *sdy, const double *sdyx, double M, int64_t N,
+                         int64_t C, int64_t HW);
 
 /* Pooling over (N, C, H, W) with a K x K window; pad counts as -inf for max and as zeros for avg
  * (count_include_pad, as PyTorch's default). argmax (N, C, OH, OW) records the max's index. */

@@ -11,17 +11,17 @@
 #include "tandem/comm.h"
 #include "tandem/kernels.h"
 
-/* i: [0] N, [1] C, [2] HW, [3] batch statistics?; f: none; saved: [0] mean, [1] rstd, [2] comm;
+/* i: [0] N, [1] C, [2] HW, [3] batch statistics?, [4] a ReLU fused after it?; f: none; saved: [0] mean, [1] rstd, [2] comm;
  * the values per channel M (global with a communicator) in a double after mean/rstd */
 static void bn_bw(tdm_tape *tp, tdm_node *n) {
   tdm_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
   int64_t N = n->i[0], C = n->i[1], HW = n->i[2];
   const float *mean = n->saved[0], *rstd = n->saved[1];
   tdm_comm_t comm = n->saved[2];
-  const float *dy = n->out->grad->data;
+  const float *dy = n->out->grad->data, *ry = n->i[4] ? n->out->data : NULL; /* the ReLU's output masks dy */
   double *sums = tdm__scratch(tp, sizeof(double) * (size_t)(2 * C + 1));
   if (!sums) return;
-  tdm_k_bn_bwd_sums(dy, x->data, mean, rstd, N, C, HW, sums, sums + C);
+  tdm_k_bn_bwd_sums(dy, ry, x->data, mean, rstd, N, C, HW, sums, sums + C);
   float *gw = tdm__grad(tp, w), *gb = tdm__grad(tp, b);
   for (int64_t c = 0; c < C; c++) { /* the parameters' gradients: this rank's share, as SyncBatchNorm */
     if (gw) gw[c] += (float)sums[C + c];
@@ -42,11 +42,11 @@ static void bn_bw(tdm_tape *tp, tdm_node *n) {
       }
     }
   }
-  if (gx) (fresh ? tdm_k_bn_bwd_dx_set : tdm_k_bn_bwd_dx)(gx, dy, x->data, w->data, mean, rstd, sums, sums + C, M, N, C, HW);
+  if (gx) (fresh ? tdm_k_bn_bwd_dx_set : tdm_k_bn_bwd_dx)(gx, dy, ry, x->data, w->data, mean, rstd, sums, sums + C, M, N, C, HW);
 }
 
-tdm_tensor *tdm_batchnorm(tdm_tape *tp, tdm_tensor *x, tdm_tensor *w, tdm_tensor *b, tdm_tensor *running_mean,
-                          tdm_tensor *running_var, float momentum, float eps, tdm_comm_t sync) {
+static tdm_tensor *batchnorm(tdm_tape *tp, tdm_tensor *x, tdm_tensor *w, tdm_tensor *b, tdm_tensor *running_mean,
+                             tdm_tensor *running_var, float momentum, float eps, tdm_comm_t sync, int relu) {
   tdm_tensor *in[3] = {x, w, b};
   if (!tdm__inputs_ok(tp, "batchnorm", 3, in)) return NULL;
   for (int k = 0; k < 3; k++)
@@ -112,16 +112,28 @@ tdm_tensor *tdm_batchnorm(tdm_tape *tp, tdm_tensor *x, tdm_tensor *w, tdm_tensor
     }
   }
   memcpy(st + 2 * C, &M, sizeof M);
-  tdm_k_bn_fwd(y->data, x->data, w->data, b->data, mean, rstd, N, C, HW);
+  tdm_k_bn_fwd(y->data, x->data, w->data, b->data, mean, rstd, N, C, HW, relu);
   tdm_tensor *ins[3] = {x, w, b};
-  tdm_node *n = tdm__record(tp, "batchnorm", bn_bw, y, 3, ins);
+  tdm_node *n = tdm__record(tp, relu ? "batchnorm_relu" : "batchnorm", bn_bw, y, 3, ins);
   if (n) {
-    n->i[0] = N, n->i[1] = C, n->i[2] = HW, n->i[3] = batch_stats;
+    n->i[0] = N, n->i[1] = C, n->i[2] = HW, n->i[3] = batch_stats, n->i[4] = relu;
     n->saved[0] = mean;
     n->saved[1] = rstd;
     n->saved[2] = batch_stats && tp->training ? sync : NULL;
   }
   return y;
+}
+
+tdm_tensor *tdm_batchnorm(tdm_tape *tp, tdm_tensor *x, tdm_tensor *w, tdm_tensor *b, tdm_tensor *running_mean,
+                          tdm_tensor *running_var, float momentum, float eps, tdm_comm_t sync) {
+  return batchnorm(tp, x, w, b, running_mean, running_var, momentum, eps, sync, 0);
+}
+
+/* The ReLU in the same passes: its output's sign is the mask backward needs, so neither the
+ * normalised tensor nor ReLU's own passes over it (one each way) are needed. */
+tdm_tensor *tdm_batchnorm_relu(tdm_tape *tp, tdm_tensor *x, tdm_tensor *w, tdm_tensor *b, tdm_tensor *running_mean,
+                               tdm_tensor *running_var, float momentum, float eps, tdm_comm_t sync) {
+  return batchnorm(tp, x, w, b, running_mean, running_var, momentum, eps, sync, 1);
 }
 
 tdm_tensor *tdm_global_avgpool2d(tdm_tape *tp, tdm_tensor *x) {

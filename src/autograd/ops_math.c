@@ -328,6 +328,29 @@ tdm_tensor *tdm_sub(tdm_tape *tp, tdm_tensor *a, tdm_tensor *b) { return binary(
 tdm_tensor *tdm_mul(tdm_tape *tp, tdm_tensor *a, tdm_tensor *b) { return binary(tp, OP_MUL, a, b); }
 tdm_tensor *tdm_div(tdm_tape *tp, tdm_tensor *a, tdm_tensor *b) { return binary(tp, OP_DIV, a, b); }
 
+/* relu(a + b) for a residual block's end: the output's sign is the mask for both gradients, so
+ * the sum is never kept and each way is one pass instead of two (forward) or three (backward). */
+static void add_relu_bw(tdm_tape *tp, tdm_node *n) {
+  int fa = 0, fb = 0;
+  float *ga = tdm__grad_for_write(tp, n->in[0], &fa), *gb = tdm__grad_for_write(tp, n->in[1], &fb);
+  tdm_k_relu_bwd2(ga, fa, gb, fb, n->out->grad->data, n->out->data, n->out->numel);
+}
+
+tdm_tensor *tdm_add_relu(tdm_tape *tp, tdm_tensor *a, tdm_tensor *b) {
+  tdm_tensor *in[2] = {a, b};
+  if (!tdm__inputs_ok(tp, "add_relu", 2, in)) return NULL;
+  if (a == b || a->dtype != TDM_F32 || b->dtype != TDM_F32 || tdm__act_dtype(tp) != TDM_F32 || !tdm__shape_equal(a, b))
+    return tdm_relu(tp, tdm_add(tp, a, b)); /* broadcasting, 16-bit, or a + a: the two ops */
+  a = tdm__contig(tp, a);
+  b = a ? tdm__contig(tp, b) : NULL;
+  tdm_tensor *y = a && b ? tdm__out(tp, TDM_F32, a->ndim, a->shape) : NULL;
+  if (!y) return NULL;
+  tdm_k_add_relu(y->data, a->data, b->data, y->numel);
+  tdm_tensor *ins[2] = {a, b};
+  tdm__record(tp, "add_relu", add_relu_bw, y, 2, ins);
+  return y;
+}
+
 static void scale_bw(tdm_tape *tp, tdm_node *n) {
   float *gx = tdm__grad(tp, n->in[0]), s = n->f[0];
   const float *g = n->out->grad->data;

@@ -142,6 +142,10 @@ void tdm__resnet_free(tdm_model *m) {
 static tdm_tensor *bn_fwd(tdm_tape *tp, const tdm_model *m, const bn_mod *b, tdm_tensor *x) {
   return tdm_batchnorm(tp, x, b->weight, b->bias, b->running_mean, b->running_var, BN_MOMENTUM, BN_EPS, m->bn_sync);
 }
+/* relu(bn(x)) in one op (bit for bit the two) */
+static tdm_tensor *bn_relu(tdm_tape *tp, const tdm_model *m, const bn_mod *b, tdm_tensor *x) {
+  return tdm_batchnorm_relu(tp, x, b->weight, b->bias, b->running_mean, b->running_var, BN_MOMENTUM, BN_EPS, m->bn_sync);
+}
 
 tdm_tensor *tdm__resnet_forward(tdm_model *m, tdm_tape *tp, tdm_tensor *x) {
   const tdm_model_config *c = &m->cfg;
@@ -153,13 +157,13 @@ tdm_tensor *tdm__resnet_forward(tdm_model *m, tdm_tape *tp, tdm_tensor *x) {
                      tdm_shape_str(x->ndim, x->shape, b, sizeof b), tdm_dtype_name(x->dtype), (long long)c->in_channels,
                      (long long)c->height, (long long)c->width);
   }
-  tdm_tensor *h = tdm_relu(tp, bn_fwd(tp, m, &r->bn1, tdm_conv2d(tp, x, r->conv1, NULL, 1, 1)));
+  tdm_tensor *h = bn_relu(tp, m, &r->bn1, tdm_conv2d(tp, x, r->conv1, NULL, 1, 1));
   for (int k = 0; k < r->n_blocks; k++) {
     const basic_block *bb = &r->blocks[k];
-    tdm_tensor *o = tdm_relu(tp, bn_fwd(tp, m, &bb->bn1, tdm_conv2d(tp, h, bb->conv1, NULL, bb->stride, 1)));
+    tdm_tensor *o = bn_relu(tp, m, &bb->bn1, tdm_conv2d(tp, h, bb->conv1, NULL, bb->stride, 1));
     o = bn_fwd(tp, m, &bb->bn2, tdm_conv2d(tp, o, bb->conv2, NULL, 1, 1));
     tdm_tensor *sc = bb->down ? bn_fwd(tp, m, &bb->down_bn, tdm_conv2d(tp, h, bb->down, NULL, bb->stride, 0)) : h;
-    h = tdm_relu(tp, tdm_add(tp, o, sc));
+    h = tdm_add_relu(tp, o, sc);
   }
   return tdm_linear_mod_forward(tp, &r->fc, tdm_global_avgpool2d(tp, h));
 }

@@ -10,11 +10,12 @@
 
 typedef struct {
   float *out;
-  const float *x, *dy, *w, *b, *mean, *rstd;
+  const float *x, *dy, *ry, *w, *b, *mean, *rstd; /* ry: a fused ReLU's output (its mask), or NULL */
   const double *csdy, *csdyx;
   double *s0, *s1, M;
   int64_t N, C, HW;
-  int set; /* bwd_dx writes dx instead of adding to it */
+  int set;  /* bwd_dx writes dx instead of adding to it */
+  int relu; /* fwd: max(y, 0) */
 } bn_ctx;
 
 #define LANES 16
@@ -61,16 +62,25 @@ static void fwd_range(void *vc, int64_t c0, int64_t c1) {
     for (int64_t n = 0; n < k->N; n++) {
       const float *p = k->x + (n * k->C + c) * k->HW;
       float *o = k->out + (n * k->C + c) * k->HW;
-      for (int64_t i = 0; i < k->HW; i++) o[i] = p[i] * sc + sh;
+      if (k->relu)
+        for (int64_t i = 0; i < k->HW; i++) {
+          float v = p[i] * sc + sh;
+          o[i] = v > 0.0f ? v : 0.0f; /* tdm_k_relu_fwd's expression */
+        }
+      else
+        for (int64_t i = 0; i < k->HW; i++) o[i] = p[i] * sc + sh;
     }
   }
 }
 
 void tdm_k_bn_fwd(float *y, const float *x, const float *w, const float *b, const float *mean, const float *rstd,
-                  int64_t N, int64_t C, int64_t HW) {
-  bn_ctx k = {.out = y, .x = x, .w = w, .b = b, .mean = mean, .rstd = rstd, .N = N, .C = C, .HW = HW};
+                  int64_t N, int64_t C, int64_t HW, int relu) {
+  bn_ctx k = {.out = y, .x = x, .w = w, .b = b, .mean = mean, .rstd = rstd, .N = N, .C = C, .HW = HW, .relu = relu};
   tdm_parallel_for(C, 1, fwd_range, &k);
 }
+
+/* dy where a fused ReLU passed it (its output > 0), else 0: tdm_k_relu_bwd_set's expression */
+static inline float passed(const float *ry, const float *g, int64_t i) { return ry ? (ry[i] > 0.0f ? g[i] : 0.0f) : g[i]; }
 
 static void bwd_sums_range(void *vc, int64_t c0, int64_t c1) {
   bn_ctx *k = vc;
@@ -79,15 +89,25 @@ static void bwd_sums_range(void *vc, int64_t c0, int64_t c1) {
     double s[LANES] = {0}, q[LANES] = {0};
     float m = k->mean[c], r = k->rstd[c];
     for (int64_t n = 0; n < k->N; n++) {
-      const float *p = k->x + (n * k->C + c) * HW, *g = k->dy + (n * k->C + c) * HW;
-      for (int64_t i = 0; i < body; i += LANES)
-        for (int j = 0; j < LANES; j++) {
-          s[j] += g[i + j];
-          q[j] += (double)g[i + j] * (double)((p[i + j] - m) * r);
-        }
+      int64_t o = (n * k->C + c) * HW;
+      const float *p = k->x + o, *g = k->dy + o, *ry = k->ry ? k->ry + o : NULL;
+      if (ry) /* two loops, so that the common one stays free of the test */
+        for (int64_t i = 0; i < body; i += LANES)
+          for (int j = 0; j < LANES; j++) {
+            float gv = passed(ry, g, i + j);
+            s[j] += gv;
+            q[j] += (double)gv * (double)((p[i + j] - m) * r);
+          }
+      else
+        for (int64_t i = 0; i < body; i += LANES)
+          for (int j = 0; j < LANES; j++) {
+            s[j] += g[i + j];
+            q[j] += (double)g[i + j] * (double)((p[i + j] - m) * r);
+          }
       for (int64_t i = body; i < HW; i++) {
-        s[i - body] += g[i];
-        q[i - body] += (double)g[i] * (double)((p[i] - m) * r);
+        float gv = passed(ry, g, i);
+        s[i - body] += gv;
+        q[i - body] += (double)gv * (double)((p[i] - m) * r);
       }
     }
     k->s0[c] = lane_total(s);
@@ -95,9 +115,9 @@ static void bwd_sums_range(void *vc, int64_t c0, int64_t c1) {
   }
 }
 
-void tdm_k_bn_bwd_sums(const float *dy, const float *x, const float *mean, const float *rstd, int64_t N, int64_t C,
-                       int64_t HW, double *sdy, double *sdyx) {
-  bn_ctx k = {.x = x, .dy = dy, .mean = mean, .rstd = rstd, .s0 = sdy, .s1 = sdyx, .N = N, .C = C, .HW = HW};
+void tdm_k_bn_bwd_sums(const float *dy, const float *relu_y, const float *x, const float *mean, const float *rstd,
+                       int64_t N, int64_t C, int64_t HW, double *sdy, double *sdyx) {
+  bn_ctx k = {.x = x, .dy = dy, .ry = relu_y, .mean = mean, .rstd = rstd, .s0 = sdy, .s1 = sdyx, .N = N, .C = C, .HW = HW};
   tdm_parallel_for(C, 1, bwd_sums_range, &k);
 }
 
@@ -107,9 +127,14 @@ static void bwd_dx_range(void *vc, int64_t c0, int64_t c1) {
     float m = k->mean[c], r = k->rstd[c], wr = k->w[c] * r;
     float a = k->M > 0 ? (float)(k->csdy[c] / k->M) : 0.0f, bq = k->M > 0 ? (float)(k->csdyx[c] / k->M) : 0.0f;
     for (int64_t n = 0; n < k->N; n++) {
-      const float *p = k->x + (n * k->C + c) * k->HW, *g = k->dy + (n * k->C + c) * k->HW;
-      float *o = k->out + (n * k->C + c) * k->HW;
-      if (k->set)
+      int64_t off = (n * k->C + c) * k->HW;
+      const float *p = k->x + off, *g = k->dy + off, *ry = k->ry ? k->ry + off : NULL;
+      float *o = k->out + off;
+      if (ry && k->set)
+        for (int64_t i = 0; i < k->HW; i++) o[i] = wr * (passed(ry, g, i) - a - (p[i] - m) * r * bq);
+      else if (ry)
+        for (int64_t i = 0; i < k->HW; i++) o[i] += wr * (passed(ry, g, i) - a - (p[i] - m) * r * bq);
+      else if (k->set)
         for (int64_t i = 0; i < k->HW; i++) o[i] = wr * (g[i] - a - (p[i] - m) * r * bq);
       else
         for (int64_t i = 0; i < k->HW; i++) o[i] += wr * (g[i] - a - (p[i] - m) * r * bq);
@@ -117,17 +142,17 @@ static void bwd_dx_range(void *vc, int64_t c0, int64_t c1) {
   }
 }
 
-void tdm_k_bn_bwd_dx(float *dx, const float *dy, const float *x, const float *w, const float *mean, const float *rstd,
-                     const double *sdy, const double *sdyx, double M, int64_t N, int64_t C, int64_t HW) {
-  bn_ctx k = {.out = dx, .x = x, .dy = dy, .w = w, .mean = mean, .rstd = rstd, .csdy = sdy, .csdyx = sdyx, .M = M,
-              .N = N, .C = C, .HW = HW};
+void tdm_k_bn_bwd_dx(float *dx, const float *dy, const float *relu_y, const float *x, const float *w, const float *mean,
+                     const float *rstd, const double *sdy, const double *sdyx, double M, int64_t N, int64_t C, int64_t HW) {
+  bn_ctx k = {.out = dx, .x = x, .dy = dy, .ry = relu_y, .w = w, .mean = mean, .rstd = rstd, .csdy = sdy, .csdyx = sdyx,
+              .M = M, .N = N, .C = C, .HW = HW};
   tdm_parallel_for(C, 1, bwd_dx_range, &k);
 }
 
-void tdm_k_bn_bwd_dx_set(float *dx, const float *dy, const float *x, const float *w, const float *mean,
-                         const float *rstd, const double *sdy, const double *sdyx, double M, int64_t N, int64_t C,
-                         int64_t HW) {
-  bn_ctx k = {.out = dx, .x = x, .dy = dy, .w = w, .mean = mean, .rstd = rstd, .csdy = sdy, .csdyx = sdyx, .M = M,
-              .N = N, .C = C, .HW = HW, .set = 1};
+void tdm_k_bn_bwd_dx_set(float *dx, const float *dy, const float *relu_y, const float *x, const float *w,
+                         const float *mean, const float *rstd, const double *sdy, const double *sdyx, double M, int64_t N,
+                         int64_t C, int64_t HW) {
+  bn_ctx k = {.out = dx, .x = x, .dy = dy, .ry = relu_y, .w = w, .mean = mean, .rstd = rstd, .csdy = sdy, .csdyx = sdyx,
+              .M = M, .N = N, .C = C, .HW = HW, .set = 1};
   tdm_parallel_for(C, 1, bwd_dx_range, &k);
 }

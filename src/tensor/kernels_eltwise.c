@@ -53,6 +53,36 @@ EW_KERNEL(tdm_k_relu_bwd, (float *dx, const float *dout, const float *x, int64_t
 EW_KERNEL(tdm_k_relu_bwd_set, (float *dx, const float *dout, const float *x, int64_t n),
           (c.out = dx, c.a = dout, c.b = x), out[i] = b[i] > 0.0f ? a[i] : 0.0f)
 
+/* relu(x + y), and its backward to both addends from the output's sign: the residual block's
+ * end in one pass each way (the expressions of tdm_k_add, tdm_k_relu_fwd and tdm_k_relu_bwd_set,
+ * so the values are the two ops' bit for bit). */
+EW_KERNEL(tdm_k_add_relu, (float *out, const float *x, const float *y, int64_t n), (c.out = out, c.a = x, c.b = y), {
+  float v = a[i] + b[i];
+  out[i] = v > 0.0f ? v : 0.0f;
+})
+
+typedef struct {
+  float *ga, *gb;
+  const float *dy, *y;
+  int set_a, set_b;
+} mask2_ctx;
+
+static void relu_bwd2_range(void *vc, int64_t i0, int64_t i1) {
+  mask2_ctx *c = vc;
+  float *restrict ga = c->ga, *restrict gb = c->gb;
+  const float *restrict dy = c->dy, *restrict y = c->y;
+  for (int64_t i = i0; i < i1; i++) { /* the flags are the same for every i: the compiler splits the loop */
+    float g = y[i] > 0.0f ? dy[i] : 0.0f;
+    if (ga) ga[i] = c->set_a ? g : ga[i] + g;
+    if (gb) gb[i] = c->set_b ? g : gb[i] + g;
+  }
+}
+
+void tdm_k_relu_bwd2(float *ga, int set_a, float *gb, int set_b, const float *dout, const float *y, int64_t n) {
+  mask2_ctx c = {ga, gb, dout, y, set_a, set_b};
+  tdm_parallel_for(n, MIN_CHUNK, relu_bwd2_range, &c);
+}
+
 /* GELU with the tanh approximation, as 0.5 (1 + tanh(u)) = sigmoid(2u): one exp and one division */
 #define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
 EW_KERNEL(tdm_k_gelu_fwd, (float *out, const float *x, int64_t n), (c.out = out, c.a = x, c.b = 0), {

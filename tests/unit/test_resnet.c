@@ -158,6 +158,90 @@ static void test_bn_statistics(void) {
   tdm_tape_destroy(tp);
 }
 
+/* relu(bn(x)) fused equals the two ops bit for bit: the output, the running statistics, and the
+ * gradients of x, weight and bias, when x's gradient is written fresh and when it is added to
+ * (a second backward), in training and in evaluation. About half the outputs are zero (the
+ * bias is centred on 0), so the mask matters. */
+static void test_bn_relu_fused(void) {
+  int64_t xs[4] = {3, 4, 5, 7}, cs[1] = {4};
+  for (int train = 1; train >= 0; train--) {
+    tdm_tensor *x[2], *w[2], *b[2], *rm[2], *rv[2], *gout = heap(4, xs, 59, 1, 0, 0);
+    const float *out[2] = {NULL, NULL};
+    tdm_tape *tp[2];
+    for (int f = 0; f < 2; f++) { /* f = 0: tdm_relu(tdm_batchnorm(..)); 1: tdm_batchnorm_relu */
+      x[f] = heap(4, xs, 51, 2.0f, 0.3f, 1), w[f] = heap(1, cs, 52, 0.5f, 1.0f, 1), b[f] = heap(1, cs, 53, 0.3f, 0, 1);
+      rm[f] = heap(1, cs, 54, 0.2f, 0, 0), rv[f] = heap(1, cs, 55, 0.2f, 1.0f, 0);
+      CHECK_OK(tdm_tape_create(&tp[f], 0));
+      for (int pass = 0; pass < 2; pass++) { /* the second adds to x's gradient */
+        tdm_tape_reset(tp[f]);
+        tdm_tape_set_training(tp[f], train);
+        tdm_tensor *y = f ? tdm_batchnorm_relu(tp[f], x[f], w[f], b[f], rm[f], rv[f], 0.1f, 1e-5f, NULL)
+                          : tdm_relu(tp[f], tdm_batchnorm(tp[f], x[f], w[f], b[f], rm[f], rv[f], 0.1f, 1e-5f, NULL));
+        CHECK(y != NULL);
+        if (!y) break;
+        CHECK_OK(tdm_backward_with(tp[f], y, gout));
+        out[f] = tdm_tensor_data(y);
+      }
+    }
+    int64_t n = tdm_tensor_numel(x[0]), zeros = 0;
+    for (int64_t i = 0; out[0] && out[1] && i < n; i++) zeros += out[1][i] == 0.0f;
+    CHECK_MSG(out[0] && out[1] && !memcmp(out[0], out[1], sizeof(float) * (size_t)n), "train %d: outputs differ", train);
+    CHECK_MSG(zeros > n / 5 && zeros < n * 4 / 5, "train %d: %lld of %lld outputs zero; expected about half", train,
+              (long long)zeros, (long long)n);
+    tdm_tensor *pairs[][2] = {{tdm_tensor_grad(x[0]), tdm_tensor_grad(x[1])}, {tdm_tensor_grad(w[0]), tdm_tensor_grad(w[1])},
+                              {tdm_tensor_grad(b[0]), tdm_tensor_grad(b[1])}, {rm[0], rm[1]}, {rv[0], rv[1]}};
+    const char *what[] = {"x's gradient", "weight's gradient", "bias's gradient", "running mean", "running variance"};
+    for (int k = 0; k < 5; k++)
+      CHECK_MSG(pairs[k][0] && pairs[k][1] &&
+                    !memcmp(tdm_tensor_data(pairs[k][0]), tdm_tensor_data(pairs[k][1]), sizeof(float) * (size_t)tdm_tensor_numel(pairs[k][0])),
+                "train %d: %s differs between the fused op and the two", train, what[k]);
+    for (int f = 0; f < 2; f++) {
+      tdm_tape_destroy(tp[f]);
+      tdm_tensor_destroy(x[f]), tdm_tensor_destroy(w[f]), tdm_tensor_destroy(b[f]), tdm_tensor_destroy(rm[f]),
+          tdm_tensor_destroy(rv[f]);
+    }
+    tdm_tensor_destroy(gout);
+  }
+}
+
+/* relu(a + b) fused equals tdm_relu(tdm_add(a, b)) bit for bit: the output and both gradients,
+ * a an activation (its gradient written fresh, then carried back through a scale) and b a leaf
+ * (added to, over two backward passes); and where b broadcasts (the two ops run). */
+static void test_add_relu_fused(void) {
+  int64_t as[3] = {3, 4, 5}, bsame[3] = {3, 4, 5}, bcast[3] = {3, 1, 5};
+  for (int k = 0; k < 2; k++) {
+    int64_t *bs = k ? bcast : bsame;
+    tdm_tensor *xa[2], *xb[2], *gout = heap(3, as, 69, 1, 0, 0);
+    const float *out[2] = {NULL, NULL};
+    tdm_tape *tp[2];
+    for (int f = 0; f < 2; f++) {
+      xa[f] = heap(3, as, 61, 1.0f, 0, 1), xb[f] = heap(3, bs, 62, 1.0f, 0, 1);
+      CHECK_OK(tdm_tape_create(&tp[f], 0));
+      for (int pass = 0; pass < 2; pass++) {
+        tdm_tape_reset(tp[f]);
+        tdm_tensor *a = tdm_scale(tp[f], xa[f], 1.5f);
+        tdm_tensor *y = f ? tdm_add_relu(tp[f], a, xb[f]) : tdm_relu(tp[f], tdm_add(tp[f], a, xb[f]));
+        CHECK(y != NULL);
+        if (!y) break;
+        CHECK_OK(tdm_backward_with(tp[f], y, gout));
+        out[f] = tdm_tensor_data(y);
+      }
+    }
+    int64_t n = tdm_tensor_numel(xa[0]), zeros = 0;
+    for (int64_t i = 0; out[1] && i < n; i++) zeros += out[1][i] == 0.0f;
+    CHECK_MSG(out[0] && out[1] && !memcmp(out[0], out[1], sizeof(float) * (size_t)n), "case %d: outputs differ", k);
+    CHECK_MSG(zeros > n / 5 && zeros < n * 4 / 5, "case %d: %lld of %lld outputs zero; expected about half", k,
+              (long long)zeros, (long long)n);
+    for (int t = 0; t < 2; t++) {
+      tdm_tensor *g0 = tdm_tensor_grad(t ? xb[0] : xa[0]), *g1 = tdm_tensor_grad(t ? xb[1] : xa[1]);
+      CHECK_MSG(g0 && g1 && !memcmp(tdm_tensor_data(g0), tdm_tensor_data(g1), sizeof(float) * (size_t)tdm_tensor_numel(g0)),
+                "case %d: %s's gradient differs between the fused op and the two", k, t ? "b" : "a");
+    }
+    for (int f = 0; f < 2; f++) tdm_tape_destroy(tp[f]), tdm_tensor_destroy(xa[f]), tdm_tensor_destroy(xb[f]);
+    tdm_tensor_destroy(gout);
+  }
+}
+
 /* One value per channel in training is PyTorch's error; evaluation mode takes it; bad shapes. */
 static void test_bn_bad_input(void) {
   tdm_tape *tp;
@@ -489,6 +573,8 @@ int main(void) {
       {"bn_gradcheck", test_bn_gradcheck},
       {"bn_statistics", test_bn_statistics},
       {"bn_bad_input", test_bn_bad_input},
+      {"bn_relu_fused", test_bn_relu_fused},
+      {"add_relu_fused", test_add_relu_fused},
       {"resnet_shapes", test_resnet_shapes},
       {"resnet_steady_state", test_resnet_steady_state},
       {"sync_bn_ranks", test_sync_bn_ranks},
