@@ -109,8 +109,9 @@ static inline __mmask16 lanes(int64_t lo, int64_t hi) {
 }
 
 /* A padded row: Wp floats, zeros around the W of src. Masked loads and stores, a vector at a
- * time (memcpy of a 28-float row and two scalar stores were three times the cost); a masked-off
- * lane is never read, so src - p is not dereferenced. */
+ * time (a memcpy per 28-float row and scalar stores for its padding: 0.44 ms against 0.35 for a
+ * batch of 128 x 16 planes of 28x28, one thread); a masked-off lane is never read, so src - p is
+ * not dereferenced. */
 static inline void pad_row(float *row, const float *src, int64_t W, int64_t p, int64_t Wp) {
   for (int64_t x0 = 0; x0 < Wp; x0 += 16) {
     __m512 v = _mm512_maskz_loadu_ps(lanes(p - x0, p + W - x0), (const void *)((uintptr_t)src + (uintptr_t)(4 * (x0 - p))));
