@@ -330,8 +330,9 @@ static int bench_lm(int argc, char **argv, int llama) {
       printf("  sent      %9.2f MiB per step by rank 0: %.3f x 4 bytes x Ψ(N-1)/N\n", sent / 1048576.0, sent_psi);
     else if (W > 1)
       printf("  sent      %9.2f MiB per step by rank 0 (world and axes)\n", sent / 1048576.0);
-    printf("  forward   %9.2f ms\n  backward  %9.2f ms\n  optimizer %9.2f ms (%s; memory-traffic floor %.2f ms, %.2fx; nan: no memory to measure it)\n",
-           fwd, bwd, optm, oc.kind == TDM_OPT_SGD ? "SGD" : "AdamW", fl_ms, optm / fl_ms);
+    printf("  forward   %9.2f ms\n  backward  %9.2f ms\n  optimizer %9.2f ms (%s; memory-traffic floor %.2f ms, %.2fx%s)\n",
+           fwd, bwd, optm, oc.kind == TDM_OPT_SGD ? "SGD" : "AdamW", fl_ms, optm / fl_ms,
+           isnan(optm / fl_ms) ? ": no memory bandwidth measured to set the floor" : "");
     printf("model FLOPs %9.2f GFLOP per step: %.1f GFLOP/s, %.1f%% of the FMA peak (%.1f GFLOP/s%s x %d; OpenBLAS's %s kernels)\n",
            flops * 1e-9, flops / (ms * 1e-3) * 1e-9, 100 * frac, peak, peak_measured ? " measured" : "", nt, tdm_blas_core());
     printf("allocations %9.2f per steady-state step\npeak RSS    %9.1f MiB%s\n", (double)allocs / (double)steps, rss_mib,

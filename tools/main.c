@@ -17,7 +17,7 @@ static void usage(FILE *f) {
           "  generate  sample text from GPT weights (tandem generate --help)\n"
           "  weights-diff A B [--rtol R]   compare two safetensors weight files\n"
           "  ps-server, ps-worker  one rank of a parameter-server job started on its own (--rank R --world N --master HOST:PORT)\n"
-          "  ps-replay --log DIR   replay a parameter server's update logs into weights (tandem train's options)\n"
+          "  ps-replay --ps-log DIR   replay a parameter server's update logs into weights (tandem train's options)\n"
           "  checkpoint info|consolidate   a checkpoint's contents, or its weights as one file (tandem checkpoint --help)\n"
           "  report RUN_DIR [-o FILE]   an HTML report (plots, per-rank times, memory) from a run's metrics and trace\n"
           "  scale --ranks 1,2,4 -- tandem train ...   the same job at each world size: throughput, speed-up, efficiency\n"

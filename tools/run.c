@@ -206,7 +206,7 @@ int tool_run(int argc, char **argv) {
   int keep_going = 0;
   cli_opt opts[] = {
       {"nproc", CLI_INT, &n, "1", "ranks to start on this node (also -n)", NULL, 1, MAX_RANKS, 0},
-      {"nnodes", CLI_STRING, &nnodes_s, "1", "nodes in the job: N, or MIN:MAX for an elastic job (with --rdzv-endpoint)", NULL, 0, 0, 0},
+      {"nnodes", CLI_STRING, &nnodes_s, "1", "nodes in the job: N (one launcher per node, each with --node-rank, the same --master-addr, --master-port and TANDEM_JOB_TOKEN), or MIN:MAX for an elastic job (with --rdzv-endpoint)", NULL, 0, 0, 0},
       {"nproc-per-node", CLI_INT, &nproc_per_node, "0", "elastic: ranks on each node (the same on every node; --nproc too)", NULL, 0, MAX_RANKS, 0},
       {"rdzv-endpoint", CLI_STRING, &endpoint, NULL, "elastic: HOST:PORT where the launchers meet (the first launcher that can listen there hosts it)", NULL, 0, 0, 0},
       {"rdzv-id", CLI_STRING, &rdzv_id, "tandem", "elastic: the job's token; launchers with another are refused", NULL, 0, 0, 0},
@@ -287,6 +287,12 @@ int tool_run(int argc, char **argv) {
   }
   if (nnodes > 1 && port == 0) {
     fprintf(stderr, "tandem run: with --nnodes > 1, give every node the same --master-port\n");
+    return 2;
+  }
+  if (nnodes > 1 && !(getenv("TANDEM_JOB_TOKEN") && *getenv("TANDEM_JOB_TOKEN"))) {
+    /* each launcher would make its own, and the nodes' ranks would refuse each other's handshakes */
+    fprintf(stderr, "tandem run: with --nnodes > 1, set the same TANDEM_JOB_TOKEN on every node (a secret the job's "
+                    "ranks prove to each other, e.g. export TANDEM_JOB_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' '))\n");
     return 2;
   }
   static rank_t ranks[MAX_RANKS];

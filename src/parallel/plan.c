@@ -723,7 +723,10 @@ void tdm_plan_print(FILE *f, const tdm_plan *p, int64_t limit) {
               ps->peak == 1 ? "" : "es", a, t);
     }
   }
-  if (p->tensor > 1)
+  if (p->tensor > 1 && p->pipeline > 1)
+    fprintf(f, "memory plan per rank: tensor parallel %d x pipeline %d x data parallel %d (the stage that needs most), %lld parameters (this rank's slices: at most %lld)",
+            p->tensor, p->pipeline, p->world, (long long)p->n_params, (long long)p->owned);
+  else if (p->tensor > 1)
     fprintf(f, "memory plan per rank: tensor parallel %d x data parallel %d, %lld parameters (this rank's slices: at most %lld)",
             p->tensor, p->world, (long long)p->n_params, (long long)p->owned);
   else

@@ -877,10 +877,12 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   if (mk == TDM_MODEL_RESNET && sched.kind == TDM_LR_COSINE) sched.min_lr = 0; /* as CosineAnnealingLR's default */
   if (sched.kind == TDM_LR_STEP && sched.step_size <= 0) sched.step_size = total / 3 > 0 ? total / 3 : 1;
   if (sched.kind == TDM_LR_STEP && !(sched.gamma > 0)) sched.gamma = 0.1f;
+  char accum[40] = ""; /* the micro-batches each rank adds up per step */
+  if (K > 1) snprintf(accum, sizeof accum, " x %lld micro-batches", (long long)K);
   if (pr.f)
     fprintf(pr.f, "tandem train: %s on %s (%lld train / %lld test samples), %lld parameters, %s lr %g, batch %lld x %d data rank%s%s, %d thread%s per rank, %s%s%s\n",
             c->model, c->data, (long long)N, (long long)tdm_dataset_len(s->test), (long long)tdm_params_numel(params),
-            c->optimizer, c->lr, (long long)B, D, D == 1 ? "" : "s", K > 1 ? " x accum" : "", tdm_get_num_threads(),
+            c->optimizer, c->lr, (long long)B, D, D == 1 ? "" : "s", accum, tdm_get_num_threads(),
             tdm_get_num_threads() == 1 ? "" : "s", tdm_engine_describe(s->engine), s->comm ? ", transport " : "",
             s->comm ? tdm_transport_name(tdm_comm_transport(s->comm)) : "");
   tdm__run_identity id = {0};

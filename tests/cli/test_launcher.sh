@@ -200,4 +200,26 @@ store_address() {
 }
 check "the store listens on the master address only (loopback stays loopback)" store_address
 
+# ---- one launcher per node (--nnodes N --node-rank k) ----
+two_launchers() {
+  local port
+  port=$("$TANDEM" run -n 1 -- sh -c 'echo $MASTER_PORT' | sed 's/^\[rank 0\] //')
+  # without a shared token each launcher would make its own: refused before any rank starts
+  env -u TANDEM_JOB_TOKEN "$TANDEM" run --nnodes 2 --node-rank 0 -n 1 --master-addr 127.0.0.1 --master-port "$port" -- \
+    sh -c 'echo started' >"$TMP/out" 2>&1
+  local rc=$?
+  [[ $rc == 2 ]] && grep -q "set the same TANDEM_JOB_TOKEN on every node" "$TMP/out" && ! grep -q started "$TMP/out" ||
+    { echo "  without TANDEM_JOB_TOKEN: exit $rc"; cat "$TMP/out"; return 1; }
+  local k pids=()
+  for k in 0 1; do
+    "${MARKED[@]}" TANDEM_JOB_TOKEN=two-launchers-$$ timeout 120 "$TANDEM" run --nnodes 2 --node-rank $k -n 1 \
+      --master-addr 127.0.0.1 --master-port "$port" -- tandem train --steps 2 --batch-size 32 --threads 1 >"$TMP/n$k" 2>&1 &
+    pids+=($!)
+  done
+  for k in 0 1; do wait "${pids[$k]}" || { echo "  node $k's launcher failed:"; cat "$TMP/n$k"; kill_marked; return 1; }; done
+  grep -q "batch 32 x 2 data ranks" "$TMP/n0" || { echo "  node 0 did not train with 2 ranks:"; cat "$TMP/n0"; return 1; }
+  grep -q "test accuracy" "$TMP/n0" || { echo "  no result on node 0:"; cat "$TMP/n0"; return 1; }
+}
+check "two launchers of --nnodes 2 make one job with a shared TANDEM_JOB_TOKEN, and are refused without one" two_launchers
+
 finish

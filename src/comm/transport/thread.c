@@ -220,7 +220,11 @@ static const tdm__transport_ops thread_ops = {"thread",         run,           t
 
 tdm_status tdm__thread_transport_create(tdm__transport **out, struct tdm_comm *c, const tdm_comm_config *cfg) {
   group *g = cfg->thread_group;
-  if (!g) return tdm__set_error(TDM_ERR_INVALID_ARG, "comm_create: the thread transport needs cfg.thread_group");
+  if (!g)
+    return tdm__set_error(TDM_ERR_INVALID_ARG,
+                          "comm_create: the thread transport (TANDEM_TRANSPORT=thread) joins ranks that are threads of one "
+                          "process, and none were given (cfg.thread_group): use tandem train --emulate-ranks N, or shm, "
+                          "tcp or mpi between processes");
   if (g->size != c->size)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "comm_create: the thread group has %d ranks but the config says %d",
                           g->size, c->size);
