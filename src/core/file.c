@@ -106,6 +106,12 @@ tdm_status tdm__wfile_open(tdm__wfile *w, const char *path) {
   const char *base = path + dlen;
   if (!*base || !strcmp(base, ".") || !strcmp(base, ".."))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: names a directory, not a file", path);
+  /* the file is written beside the target and renamed over it: over /dev/null, a FIFO or a
+   * socket that would replace the node itself (as root, /dev/null for everyone) */
+  struct stat ts;
+  if (stat(path, &ts) == 0 && !S_ISREG(ts.st_mode))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "%s is %s; expected a regular file (or a new name) to write", path,
+                          S_ISDIR(ts.st_mode) ? "a directory" : kind_of(ts.st_mode));
   size_t blen = strlen(base);
   if (blen > 200) blen = 200; /* the temporary's name must stay below NAME_MAX */
   size_t n = strlen(path) + 1, tn = dlen + blen + 32;
@@ -191,7 +197,7 @@ tdm_status tdm__file_check_writable(const char *path) {
   struct stat s;
   if (path && stat(path, &s) == 0 && S_ISDIR(s.st_mode))
     return tdm__set_error(TDM_ERR_IO, "%s is a directory; expected a file name", path);
-  tdm__wfile w;
+  tdm__wfile w; /* (refuses a device, FIFO or socket) */
   TDM__TRY(tdm__wfile_open(&w, path));
   close(w.fd);
   w.fd = -1;

@@ -33,6 +33,19 @@ printf 'not a safetensors file' >"$TMP/bad.safetensors"
 check "corrupt weights file" expect_fail 1 "bad.safetensors" "$TANDEM" train --steps 1 --init-weights "$TMP/bad.safetensors"
 check "unknown command" expect_fail 2 "unknown command 'trian'" "$TANDEM" trian
 
+# Outputs are written beside their name and renamed over it: a FIFO (or /dev/null) would be
+# replaced. Refused before the first step, and the node is left as it was.
+save_weights_to_fifo() {
+  mkfifo "$TMP/out-fifo" || return 1
+  expect_fail 1 "--save-weights: $TMP/out-fifo is a FIFO" "$TANDEM" train --steps 2 --threads 1 --save-weights "$TMP/out-fifo" ||
+    return 1
+  [[ -p $TMP/out-fifo ]] || { echo "  the FIFO was replaced"; return 1; }
+  ! grep -q "step 1" "$TMP/out" "$TMP/err" || { echo "  a step ran before the refusal"; return 1; }
+}
+check "--save-weights onto a FIFO is refused before the first step, the FIFO kept" save_weights_to_fifo
+check "--save-weights and --metrics on one file" expect_fail 1 "--save-weights and --metrics are both" \
+  "$TANDEM" train --steps 2 --threads 1 --save-weights "$TMP/same" --metrics "$TMP/same"
+
 metrics_and_weights() {
   "$TANDEM" train --steps 30 --threads 1 --metrics "$TMP/m.jsonl" --save-weights "$TMP/w.safetensors" \
     >"$TMP/out" 2>"$TMP/err" || { cat "$TMP/err"; return 1; }
