@@ -17,8 +17,9 @@ static const char *desc(const tdm_st_tensor *t, char *buf, size_t n) {
   return buf;
 }
 
-/* Largest |x - y| and largest |y| over two tensors of one dtype and shape, as doubles. Equal
- * bytes count as no difference (so NaN equals NaN there, as "bit-identical" means). */
+/* Largest |x - y| and largest finite |y| over two tensors of one dtype and shape, as doubles.
+ * Equal bytes count as no difference (so NaN equals NaN there, as "bit-identical" means); a NaN
+ * against a number makes the difference NaN, which no tolerance passes. */
 static void compare(const tdm_st_tensor *x, const tdm_st_tensor *y, double *max_diff, double *max_mag) {
   enum { CHUNK = 4096 };
   double a[CHUNK], b[CHUNK];
@@ -32,8 +33,8 @@ static void compare(const tdm_st_tensor *x, const tdm_st_tensor *y, double *max_
     tdm_convert(b, TDM_F64, q, y->dtype, k);
     for (int64_t j = 0; j < k; j++) {
       double d = memcmp(p + j * (int64_t)es, q + j * (int64_t)es, es) ? fabs(a[j] - b[j]) : 0;
-      if (!(d <= *max_diff)) *max_diff = d; /* NaN sticks */
-      if (fabs(b[j]) > *max_mag) *max_mag = fabs(b[j]);
+      if (!isnan(*max_diff) && !(d <= *max_diff)) *max_diff = d; /* a NaN, once met, stays */
+      if (isfinite(b[j]) && fabs(b[j]) > *max_mag) *max_mag = fabs(b[j]); /* an inf in both would hide every difference */
     }
   }
 }
@@ -87,7 +88,7 @@ int tool_weights_diff(int argc, char **argv) {
     double md, mq;
     compare(x, y, &md, &mq);
     double rel = mq > 0 ? md / mq : md;
-    if (!(rel <= worst)) worst = rel;
+    if (!isnan(worst) && !(rel <= worst)) worst = rel; /* a NaN stays */
     if (!(rel <= rtol)) values = 1;
     if (!quiet || !(rel <= rtol))
       printf("%-40s max |diff| %.3e  relative %.3e%s\n", x->name, md, rel, rel <= rtol ? "" : "  > rtol");

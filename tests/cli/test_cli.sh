@@ -196,5 +196,27 @@ shapes_differ() { # same bytes, other shape: different, and it says which
   grep -q "y: only in $TMP/c.st (i32 (1))" "$TMP/out" || { cat "$TMP/out"; return 1; }
 }
 check "weights-diff: names, dtypes and shapes compared" shapes_differ
+# values: a NaN against a number is a difference wherever it stands, and an inf in both files
+# does not hide the differences beside it (it is no scale for them)
+st_values() { # PATH v1 v2 ...: one f32 tensor "x"
+  python3 - "$@" <<'PYEOF2'
+import json, struct, sys
+v = [float(a) for a in sys.argv[2:]]
+h = json.dumps({"x": {"dtype": "F32", "shape": [len(v)], "data_offsets": [0, 4 * len(v)]}}).encode()
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + struct.pack("<%df" % len(v), *v))
+PYEOF2
+}
+nonfinite_values() {
+  st_values "$TMP/v0.st" 0 1 2 3 && st_values "$TMP/vnan.st" nan 1 2 3 && st_values "$TMP/vinf0.st" inf 1 2 3 &&
+    st_values "$TMP/vinf1.st" inf 1 2 4 || return 1
+  local pair
+  for pair in "v0 vnan" "vnan v0" "vinf0 vinf1"; do
+    set -- $pair
+    "$TANDEM" weights-diff "$TMP/$1.st" "$TMP/$2.st" --rtol 1e-3 >"$TMP/out" 2>&1
+    [[ $? -eq 1 ]] && grep -q ": DIFFERENT$" "$TMP/out" || { echo "  $1 against $2:"; cat "$TMP/out"; return 1; }
+  done
+  "$TANDEM" weights-diff "$TMP/vnan.st" "$TMP/vnan.st" | grep -q ': same$' # equal bytes: a NaN equals itself
+}
+check "weights-diff: a NaN or an inf never makes two files the same" nonfinite_values
 
 finish
