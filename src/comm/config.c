@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 #include <strings.h>
 
@@ -221,10 +222,11 @@ tdm_status tdm__parse_net_emulate(const char *spec, double *lat, double *bw) {
   char buf[128];
   snprintf(buf, sizeof buf, "%s", spec);
   char *save = NULL; /* strtok_r: ranks of the thread transport parse this concurrently */
+  int bw_given = 0;
   for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
     char *end;
     double v = strtod(tok, &end);
-    if (end == tok || !(v >= 0)) goto bad;
+    if (end == tok || !(v >= 0) || !isfinite(v)) goto bad;
     static const struct {
       const char *unit;
       double lat, bw;
@@ -235,11 +237,16 @@ tdm_status tdm__parse_net_emulate(const char *spec, double *lat, double *bw) {
     for (size_t i = 0; i < sizeof u / sizeof u[0] && !found; i++)
       if (!strcasecmp(end, u[i].unit) && !(u[i].unit[1] == 'B' && strcmp(end, u[i].unit))) {
         if (u[i].lat) *lat = v * u[i].lat;
-        else *bw = v * u[i].bw;
+        else *bw = v * u[i].bw, bw_given = 1;
         found = 1;
       }
     if (!found) goto bad;
   }
+  /* a link no real network has is a typo (or an overflow that would have meant none at all) */
+  if (*lat > 10)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "TANDEM_NET_EMULATE='%s': a latency of %g s; expected at most 10 s", spec, *lat);
+  if (bw_given && !(*bw >= 125))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "TANDEM_NET_EMULATE='%s': a bandwidth of %g bytes/s; expected at least 1kbps", spec, *bw);
   return TDM_OK;
 bad:
   return tdm__set_error(TDM_ERR_INVALID_ARG,

@@ -19,8 +19,9 @@ void *tdm__comm_scratch(struct tdm_comm *c, size_t n) {
 /* Emulated network (between nodes when ranks span several, else between all ranks): each send
  * first waits for its link (serialised per peer at the emulated bandwidth), then for the latency. The wait happens before the real transfer, so the receiver
  * sees the data no earlier than a real link of that speed would deliver it. */
-static void emulate(struct tdm_comm *c, const tdm__xfer *x, int n) {
+static tdm_status emulate(struct tdm_comm *c, const tdm__xfer *x, int n) {
   double now = tdm_time_now(), until = now;
+  size_t longest = 0;
   for (int i = 0; i < n; i++) {
     if (!x[i].is_send) continue;
     if (c->node_of && c->node_of[x[i].peer] == c->node_of[c->rank]) continue; /* ranks span nodes: only links between them */
@@ -28,13 +29,19 @@ static void emulate(struct tdm_comm *c, const tdm__xfer *x, int n) {
     double start = *free_at > now ? *free_at : now;
     double wire = c->emu_bytes_per_s > 0 ? (double)(x[i].nbytes + sizeof(tdm__hdr)) / c->emu_bytes_per_s : 0;
     *free_at = start + wire;
-    if (start + wire + c->emu_latency_s > until) until = start + wire + c->emu_latency_s;
+    if (start + wire + c->emu_latency_s > until) until = start + wire + c->emu_latency_s, longest = x[i].nbytes;
   }
   double left = until - now;
+  if (left > c->timeout_s) /* a sleep past the timeout would be a hang the timeout cannot end */
+    return tdm__set_error(TDM_ERR_TIMEOUT,
+                          "rank %d: sending %zu bytes over the emulated link (TANDEM_NET_EMULATE: %g s latency, %g bytes/s) "
+                          "would take %.3g s, beyond the timeout of %g s (TANDEM_TIMEOUT)",
+                          c->rank, longest, c->emu_latency_s, c->emu_bytes_per_s, left, c->timeout_s);
   if (left > 0) {
     struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
     nanosleep(&ts, NULL);
   }
+  return TDM_OK;
 }
 
 /* Runs transfers whose headers are set: emulation, rank mapping, the transport, and on failure
@@ -46,7 +53,12 @@ static tdm_status run_xfers(struct tdm_comm *c, tdm__xfer *x, int n) { return ru
 static tdm_status run_xfers_keep(struct tdm_comm *c, tdm__xfer *x, int n, int keep_peer) {
   if (atomic_load(&c->failed)) return tdm__set_error(c->fail_status, "%s", c->error);
   c->tr->active = c;
-  if (c->emu_link_free) emulate(c, x, n);
+  tdm_status st = c->emu_link_free ? emulate(c, x, n) : TDM_OK;
+  if (st != TDM_OK) { /* as a failed transfer: the peers hear why */
+    tdm__comm_fail(c, st, "%s", tdm_last_error());
+    c->tr->ops->abort(c->tr, c->error);
+    return tdm__set_error(c->fail_status, "%s", c->error);
+  }
   uint64_t sent = 0;
   for (int i = 0; i < n; i++) {
     x[i].done = 0;
@@ -55,7 +67,7 @@ static tdm_status run_xfers_keep(struct tdm_comm *c, tdm__xfer *x, int n, int ke
     if (x[i].is_send) sent += x[i].nbytes; /* payload only: headers are not counted */
   }
   tdm__count_sent(c, sent);
-  tdm_status st = c->tr->ops->run(c->tr, x, n, tdm_time_now() + c->timeout_s);
+  st = c->tr->ops->run(c->tr, x, n, tdm_time_now() + c->timeout_s);
   if (st != TDM_OK) {
     /* a header check that failed has failed the communicator already; what is left is the peer's */
     if (keep_peer && !atomic_load(&c->failed) && st != TDM_ERR_NO_MEMORY && st != TDM_ERR_SYSTEM) return st;

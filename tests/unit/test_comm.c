@@ -826,6 +826,21 @@ static void emulated_body(ctx_t *x) {
   CHECK(v == 3);
 }
 
+/* A send the emulated link would take longer than the timeout for fails at once, naming the link
+ * (it slept out the whole time before, past any timeout); the receiver hears why. */
+static double slow_link_elapsed;
+static void slow_link_body(ctx_t *x) {
+  static char big[100000];
+  double t0 = tdm_time_now();
+  tdm_status st = x->r == 0 ? tdm_comm_send(x->c, 1, 0, big, sizeof big) : tdm_comm_recv(x->c, 0, 0, big, sizeof big);
+  CHECK(st != TDM_OK);
+  if (x->r == 0) {
+    slow_link_elapsed = tdm_time_now() - t0;
+    CHECK(st == TDM_ERR_TIMEOUT);
+    CHECK_ERR_HAS("sending 100000 bytes over the emulated link (TANDEM_NET_EMULATE");
+  }
+}
+
 static void test_network_emulation(void) {
   setenv("TANDEM_NET_EMULATE", "5ms,8mbps", 1); /* 1 MB/s */
   run_world(2, emulated_body, 30);
@@ -841,6 +856,19 @@ static void test_network_emulation(void) {
   CHECK(lat == 0 && bw == 2.5e9);
   CHECK(tdm__parse_net_emulate("fast", &lat, &bw) == TDM_ERR_INVALID_ARG);
   CHECK_ERR_HAS("TANDEM_NET_EMULATE='fast'");
+  /* no real network: an overflow, infinity, no bandwidth, a latency past 10 s (it meant a hang, or
+   * silently no emulation at all) */
+  const char *bad[][2] = {{"1e30us", "expected at most 10 s"},      {"infus", "expected latency and/or bandwidth"},
+                          {"nanms", "expected latency and/or bandwidth"}, {"100us,0gbps", "expected at least 1kbps"},
+                          {"1e-9kbps", "expected at least 1kbps"},  {"20s", "a latency of 20 s; expected at most 10 s"}};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    CHECK_MSG(tdm__parse_net_emulate(bad[i][0], &lat, &bw) == TDM_ERR_INVALID_ARG, "'%s' was accepted", bad[i][0]);
+    CHECK_ERR_HAS(bad[i][1]);
+  }
+  setenv("TANDEM_NET_EMULATE", "10kbps", 1); /* 100 kB: 80 s */
+  run_world(2, slow_link_body, 2);            /* a timeout of 2 s */
+  unsetenv("TANDEM_NET_EMULATE");
+  CHECK_MSG(slow_link_elapsed < 1.5, "the sender failed after %.2f s", slow_link_elapsed);
 }
 
 static void test_reduce_local_and_names(void) {
