@@ -37,8 +37,12 @@ static tdm_status probe_dir(const char *dir, const char *option) {
 
 static tdm_status probe_file(const char *path, const char *option) {
   struct stat sb;
+  if (!*path) return tdm__set_error(TDM_ERR_INVALID_ARG, "train: %s is empty; expected a file name", option);
   if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
     return tdm__set_error(TDM_ERR_IO, "train: %s %s is a directory; expected a file name", option, path);
+  if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) /* written beside and renamed over: the node would be replaced */
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: %s %s is %s; expected a regular file (or a new name)", option, path,
+                          S_ISFIFO(sb.st_mode) ? "a FIFO" : S_ISCHR(sb.st_mode) ? "a character device" : S_ISBLK(sb.st_mode) ? "a block device" : "a socket or other special file");
   char dir[4096];
   snprintf(dir, sizeof dir, "%s", path);
   char *slash = strrchr(dir, '/');
@@ -48,7 +52,16 @@ static tdm_status probe_file(const char *path, const char *option) {
   return probe_dir(dir, option);
 }
 
+/* Whether two output paths are one file: the same name, or both there and the same inode. */
+static int same_file(const char *a, const char *b) {
+  struct stat sa, sb;
+  return !strcmp(a, b) || (stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino);
+}
+
 static tdm_status open_outputs(const tdm_train_config *c, tdm__start_out *out) {
+  if (c->save_weights && c->metrics && same_file(c->save_weights, c->metrics)) /* the weights would replace the metrics */
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --save-weights and --metrics are both '%s'; expected two files",
+                          c->save_weights);
   if (c->save_weights) TDM__TRY(probe_file(c->save_weights, "--save-weights"));
   if (c->metrics && !(out->metrics = fopen(c->metrics, "a"))) /* never truncated: restarts and resumes append */
     return tdm__set_error(TDM_ERR_IO, "train: cannot write metrics to %s: %s", c->metrics, strerror(errno));

@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/internal.h"
@@ -15,7 +14,6 @@
 #include "tandem/engine.h"
 #include "tandem/plan.h"
 #include "tandem/checkpoint.h"
-#include "tandem/safetensors.h"
 #include "tandem/sampler.h"
 #include "tandem/data.h"
 #include "tandem/nn.h"
@@ -24,6 +22,7 @@
 #include "tandem/train.h"
 #include "train/observe.h"
 #include "tandem/trace.h"
+#include "train/agree.h"
 #include "train/run_start.h"
 
 tdm_train_config tdm_train_config_default(void) {
@@ -826,26 +825,6 @@ static void trace_span(const char *cat, const char *name, double t0, int64_t ste
   tdm_trace_span(cat, name, t0, tdm_trace_now(), &a);
 }
 
-/* Whether two output paths are one file: the same name, or both there and the same inode. */
-static int same_file(const char *a, const char *b) {
-  struct stat sa, sb;
-  return !strcmp(a, b) || (stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino);
-}
-
-/* The output files, before anything runs: the final weights (written by rank 0 after the last
- * step, which found a bad path only then) and no two outputs on one file (the weights would
- * replace the metrics). */
-static tdm_status check_outputs(const tdm_train_config *c, int R) {
-  if (c->save_weights && c->metrics && same_file(c->save_weights, c->metrics))
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "--save-weights and --metrics are both '%s'; expected two files", c->save_weights);
-  if (c->save_weights && R == 0 && tdm_safetensors_check_writable(c->save_weights) != TDM_OK) {
-    char why[512];
-    snprintf(why, sizeof why, "%s", tdm_last_error());
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "--save-weights: %s", why);
-  }
-  return TDM_OK;
-}
-
 static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_state *s) {
   TDM__TRY(tdm_set_num_threads(c->threads));
   if (c->ps_replay) return ps_replay_run(c, res, s);
@@ -853,7 +832,6 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   if (c->comm) cc = *c->comm; /* a rank emulated as a thread */
   else TDM__TRY(tdm_comm_config_from_env(&cc));
   int W = cc.size, R = cc.rank;
-  TDM__TRY(check_outputs(c, R));
   if (c->trace_dir) { /* a directory that cannot be written fails here, before anything runs */
     TDM__TRY(tdm_trace_open(&s->trace, c->trace_dir, R, W));
     tdm_trace_name_thread("training");
@@ -862,6 +840,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   int D = 0, TP = 1, P = 1;
   TDM__TRY(grid_of(c, W, &D, &TP, &P));
   if (W > 1) TDM__TRY(tdm_comm_create(&s->comm, &cc));
+  if (s->comm) TDM__TRY(tdm__settings_agree(c, s->comm)); /* before any other collective: one that differs may never be called */
   TDM__TRY(trace_clock(s, 0));
   if (c->engine.kind == TDM_ENGINE_PS) { /* the last ranks serve; the workers, a world of their own, are the data axis */
     TDM__TRY(ps_roles(c, s, &W, R));

@@ -37,7 +37,7 @@ check "unknown command" expect_fail 2 "unknown command 'trian'" "$TANDEM" trian
 # replaced. Refused before the first step, and the node is left as it was.
 save_weights_to_fifo() {
   mkfifo "$TMP/out-fifo" || return 1
-  expect_fail 1 "--save-weights: $TMP/out-fifo is a FIFO" "$TANDEM" train --steps 2 --threads 1 --save-weights "$TMP/out-fifo" ||
+  expect_fail 1 "--save-weights $TMP/out-fifo is a FIFO" "$TANDEM" train --steps 2 --threads 1 --save-weights "$TMP/out-fifo" ||
     return 1
   [[ -p $TMP/out-fifo ]] || { echo "  the FIFO was replaced"; return 1; }
   ! grep -q "step 1" "$TMP/out" "$TMP/err" || { echo "  a step ran before the refusal"; return 1; }

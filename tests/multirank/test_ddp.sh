@@ -93,13 +93,25 @@ under_mpirun() {
   same "$TMP/one.st" "$TMP/mpi.st" 1e-5
 }
 check "under Open MPI's mpirun (2 ranks) == 1 process" under_mpirun
-different_models() {
-  "$T" run -n 2 -- sh -c "if [ \"\$RANK\" = 1 ]; then exec \"$T\" train --steps 1 --model cnn; else exec \"$T\" train --steps 1; fi" \
-    >"$TMP/out" 2>&1
-  local rc=$?
-  [[ $rc -ne 0 ]] && grep -q "built a different model than rank 0" "$TMP/out" || { echo "  exit $rc"; tail -5 "$TMP/out"; return 1; }
+different_settings() { # rank 1 started with other options by hand: every rank names the option and both values
+  local extra want
+  while IFS='|' read -r extra want; do
+    "$T" run -n 2 -- sh -c "if [ \"\$RANK\" = 1 ]; then exec \"$T\" train --steps 1 --threads 1 $extra; else exec \"$T\" train --steps 1 --threads 1; fi" \
+      >"$TMP/out" 2>&1
+    local rc=$?
+    [[ $rc -ne 0 && $(grep -c -- "different training settings: $want" "$TMP/out") -ge 2 ]] ||
+      { echo "  rank 1 with $extra: exit $rc"; tail -5 "$TMP/out"; return 1; }
+  done <<'EOF'
+--model cnn|--model is cnn on rank 1 but mlp on rank 0
+--lr 0.01|--lr is 0.01 on rank 1 but 0.001 on rank 0
+--seed 7|--seed is 7 on rank 1 but 42 on rank 0
+--batch-size 32|--batch-size is 32 on rank 1 but 64 on rank 0
+EOF
+  # what may differ from rank to rank: threads
+  "$T" run -n 2 -- sh -c "exec \"$T\" train --steps 1 --threads \$((RANK + 1))" >"$TMP/out" 2>&1 ||
+    { echo "  ranks with 1 and 2 threads were refused"; tail -3 "$TMP/out"; return 1; }
 }
-check "ranks with different models: a clear error, no hang" different_models
+check "ranks started with different settings (model, lr, seed, batch): every rank names the option and both values" different_settings
 compressed() {
   "$T" run -n 2 -- tandem "${A[@]}" --batch-size 48 --compress bf16 --save-weights "$TMP/bf16.st" >/dev/null 2>&1 &&
     ! "$T" weights-diff "$TMP/one.st" "$TMP/bf16.st" --rtol 1e-5 --quiet >/dev/null && same "$TMP/one.st" "$TMP/bf16.st" 2e-2
