@@ -66,16 +66,17 @@ static int64_t dw_ob(const geo *g) { return g->K == 3 ? 2 : 4; }
 static int64_t dw_taps(const geo *g) { return g->K == 3 ? 9 : 5; }
 
 typedef struct {
-  int64_t xpad, wp, total; /* offsets (floats) into the forward's workspace */
+  int64_t xpad, opg, wp, total; /* offsets (floats) into the forward's workspace */
 } fwd_layout;
 typedef struct {
-  int64_t xpad, dpad, wp, st, total;
+  int64_t xpad, dpad, dxpg, wp, st, total;
 } bwd_layout;
 
 static fwd_layout fwd_of(const geo *g) {
   fwd_layout l;
   l.xpad = 0;
-  l.wp = l.xpad + g->N * g->Ci * g->Ls;
+  l.opg = l.xpad + g->N * g->Ci * g->Ls;
+  l.wp = l.opg + g->N * up(g->Co, OB) * g->Lq;
   l.total = l.wp + up(g->Co, OB) * g->Ci * g->KK;
   return l;
 }
@@ -85,7 +86,8 @@ static bwd_layout bwd_of(const geo *g) {
   int64_t cor = up(g->Co, dw_ob(g)), tasks = cor / dw_ob(g) * g->Ci * (g->KK / dw_taps(g));
   l.xpad = 0;
   l.dpad = l.xpad + g->N * g->Ci * g->Ls;
-  l.wp = l.dpad + g->N * cor * g->Ls;
+  l.dxpg = l.dpad + g->N * cor * g->Ls;
+  l.wp = l.dxpg + g->N * up(g->Ci, OB) * g->Lq;
   l.st = l.wp + up(g->Ci, OB) * g->Co * g->KK;
   l.total = l.st + DW_GROUPS * tasks * dw_ob(g) * dw_taps(g) * 16;
   return l;
@@ -100,23 +102,6 @@ typedef struct {
   int64_t C, Cd;    /* channels per image in src, and in dst (extra planes are zeros) */
 } pad_ctx;
 
-/* Lanes lo .. hi - 1 of a vector (clamped to 0 .. 16). */
-static inline __mmask16 lanes(int64_t lo, int64_t hi) {
-  lo = lo < 0 ? 0 : lo, hi = hi > 16 ? 16 : hi;
-  return hi > lo ? (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1)) : 0;
-}
-
-/* A padded row: Wp floats, zeros around the W of src. Masked loads and stores, a vector at a
- * time (a memcpy per 28-float row and scalar stores for its padding: 0.44 ms against 0.35 for a
- * batch of 128 x 16 planes of 28x28, one thread); a masked-off lane is never read, so src - p is
- * not dereferenced. */
-static inline void pad_row(float *row, const float *src, int64_t W, int64_t p, int64_t Wp) {
-  for (int64_t x0 = 0; x0 < Wp; x0 += 16) {
-    __m512 v = _mm512_maskz_loadu_ps(lanes(p - x0, p + W - x0), (const void *)((uintptr_t)src + (uintptr_t)(4 * (x0 - p))));
-    _mm512_mask_storeu_ps(row + x0, lanes(0, Wp - x0), v);
-  }
-}
-
 static void pad_range(void *vc, int64_t a, int64_t b) {
   pad_ctx *c = vc;
   const geo *g = c->g;
@@ -128,8 +113,12 @@ static void pad_range(void *vc, int64_t a, int64_t b) {
       continue;
     }
     const float *s = c->src + (n * c->C + ch) * g->H * g->W;
-    for (int64_t q = 0; q < g->p * g->Wp; q += 16) _mm512_mask_storeu_ps(d + q, lanes(0, g->p * g->Wp - q), _mm512_setzero_ps());
-    for (int64_t y = 0; y < g->H; y++) pad_row(d + (y + g->p) * g->Wp, s + y * g->W, g->W, g->p, g->Wp);
+    memset(d, 0, sizeof(float) * (size_t)(g->p * g->Wp));
+    for (int64_t y = 0; y < g->H; y++) {
+      float *row = d + (y + g->p) * g->Wp;
+      for (int64_t x = 0; x < g->p; x++) row[x] = 0.0f, row[g->p + g->W + x] = 0.0f;
+      memcpy(row + g->p, s + y * g->W, sizeof(float) * (size_t)g->W);
+    }
     memset(d + (g->H + g->p) * g->Wp, 0, sizeof(float) * (size_t)(g->Ls - (g->H + g->p) * g->Wp));
   }
 }
@@ -172,73 +161,81 @@ static void grid_range(void *vc, int64_t a, int64_t b) {
 
 /* ---- the convolution on the padded grid (forward and input gradient) --------------------- */
 
-typedef struct {
-  const geo *g;
-  float *out;       /* (N, C, OH, OW): written, or added to when add */
-  const float *in;  /* (N, Istride planes of Ls) */
-  const float *wp;  /* (Or / OB, I, KK, OB) */
-  const float *bias; /* (C) or NULL */
-  int64_t I, Istride, Or, C;
-  int add;
-} conv_ctx;
-
-/* Grid pixels q0 .. q0 + 15 of one output channel (plane: OH x OW) from a register: the lanes of
- * each grid row the vector touches go to that row of the plane by one masked store, those in the
- * padding columns or past the last row nowhere. (Through a padded grid and a copy out of it,
- * the output was written and read once more.) The lanes' addresses are formed as integers: a
- * vector's first lane may lie before the plane, but only the stored lanes are touched. */
-static inline void store_grid(float *plane, __m512 v, int64_t q0, const conv_ctx *c) {
-  const geo *g = c->g;
-  int64_t y = q0 / g->Wg, x = q0 - y * g->Wg;
-  for (int64_t lane = 0; lane < 16 && y < g->OH; y++, x = 0) {
-    int64_t run = g->Wg - x < 16 - lane ? g->Wg - x : 16 - lane; /* lanes in row y */
-    if (x < g->OW) {
-      __mmask16 m = lanes(lane, lane + (g->OW - x < run ? g->OW - x : run));
-      float *base = (float *)((uintptr_t)(plane + y * g->OW + x) - (uintptr_t)(4 * lane));
-      _mm512_mask_storeu_ps(base, m, c->add ? _mm512_add_ps(_mm512_maskz_loadu_ps(m, base), v) : v);
-    }
-    lane += run;
-  }
-}
-
-/* C channels from ob OB, grid pixels q .. q + 16 PB of image n, over I input planes of the image,
- * from packed weights wp[i][t][OB]. PB is a constant at each call, so acc lives in registers. */
-static inline __attribute__((always_inline)) void conv_tile(int PB, const conv_ctx *c, int64_t n, int64_t ob, int64_t q,
-                                                            const float *in, const float *wp) {
-  const geo *g = c->g;
+/* out[c][q0 .. q0 + 16 PB) for OB channels, over I input planes of the image, from packed
+ * weights wp[i][t][OB]. PB is a constant at each call, so acc lives in registers. */
+static inline __attribute__((always_inline)) void conv_tile(int PB, float *out, int64_t Lq, const float *in, int64_t I,
+                                                            int64_t Ls, const float *wp, const geo *g) {
   __m512 acc[OB][3];
-  for (int o = 0; o < OB; o++)
-    for (int j = 0; j < 3; j++) acc[o][j] = _mm512_setzero_ps();
-  for (int64_t i = 0; i < c->I; i++) {
-    const float *src = in + i * g->Ls, *w = wp + i * g->KK * OB;
+  for (int c = 0; c < OB; c++)
+    for (int j = 0; j < 3; j++) acc[c][j] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < I; i++) {
+    const float *src = in + i * Ls, *w = wp + i * g->KK * OB;
     for (int64_t t = 0; t < g->KK; t++, w += OB) {
       const float *s = src + g->off[t];
       __m512 v[3];
       for (int j = 0; j < PB; j++) v[j] = _mm512_loadu_ps(s + 16 * j);
-      for (int o = 0; o < OB; o++) {
-        __m512 b = _mm512_set1_ps(w[o]);
-        for (int j = 0; j < PB; j++) acc[o][j] = _mm512_fmadd_ps(b, v[j], acc[o][j]);
+      for (int c = 0; c < OB; c++) {
+        __m512 b = _mm512_set1_ps(w[c]);
+        for (int j = 0; j < PB; j++) acc[c][j] = _mm512_fmadd_ps(b, v[j], acc[c][j]);
       }
     }
   }
-  for (int o = 0; o < OB && ob * OB + o < c->C; o++) { /* channels past C fill the tile only */
-    int64_t ch = ob * OB + o;
-    float *plane = c->out + (n * c->C + ch) * g->OH * g->OW;
-    __m512 bv = _mm512_set1_ps(c->bias ? c->bias[ch] : 0.0f); /* + 0 without a bias too: -0 becomes 0, as it did */
-    for (int j = 0; j < PB; j++) store_grid(plane, c->add ? acc[o][j] : _mm512_add_ps(acc[o][j], bv), q + 16 * j, c);
-  }
+  for (int c = 0; c < OB; c++)
+    for (int j = 0; j < PB; j++) _mm512_storeu_ps(out + c * Lq + 16 * j, acc[c][j]);
 }
+
+typedef struct {
+  const geo *g;
+  float *out;       /* (N, Or, Lq) */
+  const float *in;  /* (N, Istride planes of Ls) */
+  const float *wp;  /* (Or / OB, I, KK, OB) */
+  int64_t I, Istride, Or;
+} conv_ctx;
 
 static void conv_range(void *vc, int64_t a, int64_t b) {
   conv_ctx *c = vc;
   const geo *g = c->g;
   for (int64_t n = a; n < b; n++)
     for (int64_t ob = 0; ob < c->Or / OB; ob++) {
+      float *out = c->out + (n * c->Or + ob * OB) * g->Lq;
       const float *in = c->in + n * c->Istride * g->Ls, *wp = c->wp + ob * c->I * g->KK * OB;
       int64_t q = 0;
-      for (; q + 48 <= g->Lq; q += 48) conv_tile(3, c, n, ob, q, in + q, wp);
-      for (; q < g->Lq; q += 16) conv_tile(1, c, n, ob, q, in + q, wp);
+      for (; q + 48 <= g->Lq; q += 48) conv_tile(3, out + q, g->Lq, in + q, c->I, g->Ls, wp, g);
+      for (; q < g->Lq; q += 16) conv_tile(1, out + q, g->Lq, in + q, c->I, g->Ls, wp, g);
     }
+}
+
+/* ---- copies out of the padded grid ---------------------------------------------------------- */
+
+typedef struct {
+  const geo *g;
+  float *dst;       /* (N, C, H, W) */
+  const float *src; /* (N, Cs, Lq) */
+  const float *bias;
+  int64_t C, Cs, add;
+} unpad_ctx;
+
+static void unpad_range(void *vc, int64_t a, int64_t b) {
+  unpad_ctx *c = vc;
+  const geo *g = c->g;
+  for (int64_t i = a; i < b; i++) {
+    int64_t n = i / c->C, ch = i % c->C;
+    float *d = c->dst + i * g->OH * g->OW, bv = c->bias ? c->bias[ch] : 0.0f;
+    const float *s = c->src + (n * c->Cs + ch) * g->Lq;
+    for (int64_t y = 0; y < g->OH; y++) { /* (stride 1: OH, OW, Wg are H, W, Wp) */
+      float *restrict dr = d + y * g->OW;
+      const float *restrict sr = s + y * g->Wg;
+      if (c->add)
+        for (int64_t x = 0; x < g->OW; x++) dr[x] += sr[x];
+      else
+        for (int64_t x = 0; x < g->OW; x++) dr[x] = sr[x] + bv;
+    }
+  }
+}
+
+static void unpad(const geo *g, float *dst, const float *src, const float *bias, int64_t C, int64_t Cs, int add) {
+  unpad_ctx c = {g, dst, src, bias, C, Cs, add};
+  tdm_parallel_for(g->N * C, 4, unpad_range, &c);
 }
 
 /* ---- the weight gradient ------------------------------------------------------------------ */
@@ -357,7 +354,7 @@ void tdm_k_conv2d_fwd_direct(float *out, const float *x, const float *w, const f
   geo_of(s, &g);
   fwd_layout l = fwd_of(&g);
   ws = aligned(ws);
-  float *xpad = ws + l.xpad, *wp = ws + l.wp;
+  float *xpad = ws + l.xpad, *opg = ws + l.opg, *wp = ws + l.wp;
   int64_t Or = up(g.Co, OB);
   for (int64_t ob = 0; ob < Or / OB; ob++) /* wp[ob][ci][t][c] = w[ob OB + c][ci][t] */
     for (int64_t ci = 0; ci < g.Ci; ci++)
@@ -367,8 +364,9 @@ void tdm_k_conv2d_fwd_direct(float *out, const float *x, const float *w, const f
           wp[((ob * g.Ci + ci) * g.KK + t) * OB + c] = co < g.Co ? w[(co * g.Ci + ci) * g.KK + t] : 0.0f;
         }
   pad_planes(&g, xpad, x, g.Ci, g.Ci);
-  conv_ctx c = {&g, out, xpad, wp, b, g.Ci, g.Ci, Or, g.Co, 0};
+  conv_ctx c = {&g, opg, xpad, wp, g.Ci, g.Ci, Or};
   tdm_parallel_for(g.N, 1, conv_range, &c);
+  unpad(&g, out, opg, b, g.Co, Or, 0);
 }
 
 typedef struct {
@@ -403,7 +401,7 @@ void tdm_k_conv2d_bwd_direct(float *dx, int dx_set, float *dw, float *db, const 
   }
   if (g.S == 1 && (dx || dw)) pad_planes(&g, dpad, dout, g.Co, Cor); /* same geometry as the input's */
   if (dx && g.S == 1) { /* dx = the convolution of dout with w flipped and transposed: wp[ib][co][t][c] = w[co][ib OB + c][KK-1-t] */
-    float *wp = ws + l.wp;
+    float *dxpg = ws + l.dxpg, *wp = ws + l.wp;
     int64_t Ir = up(g.Ci, OB);
     for (int64_t ib = 0; ib < Ir / OB; ib++)
       for (int64_t co = 0; co < g.Co; co++)
@@ -412,8 +410,9 @@ void tdm_k_conv2d_bwd_direct(float *dx, int dx_set, float *dw, float *db, const 
             int64_t ci = ib * OB + c;
             wp[((ib * g.Co + co) * g.KK + t) * OB + c] = ci < g.Ci ? w[(co * g.Ci + ci) * g.KK + g.KK - 1 - t] : 0.0f;
           }
-    conv_ctx c = {&g, dx, dpad, wp, NULL, g.Co, Cor, Ir, g.Ci, !dx_set};
+    conv_ctx c = {&g, dxpg, dpad, wp, g.Co, Cor, Ir};
     tdm_parallel_for(g.N, 1, conv_range, &c);
+    unpad(&g, dx, dxpg, NULL, g.Ci, Ir, !dx_set);
   }
   if (dw) {
     pad_planes(&g, xpad, x, g.Ci, g.Ci);
