@@ -34,6 +34,19 @@ static void on_signal(int s) { got_signal = s; }
 /* The store's listening socket, opened here and inherited by rank 0 (TANDEM_STORE_FD): no other
  * job can take the port between choosing it and using it. It listens on the master address
  * only (loopback stays loopback). port 0: any free one. Returns the fd (close-on-exec). */
+/* Whether a process is stopped (state T or t in /proc/PID/stat). */
+static int run_is_stopped(pid_t pid) {
+  char path[64], buf[512];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  const char *p = strrchr(buf, ')'); /* the name may hold spaces and parentheses */
+  return p && p[1] == ' ' && (p[2] == 'T' || p[2] == 't');
+}
+
 int run_store_socket(const char *master, int64_t nnodes, int64_t *port) {
   int fd = -1, got = 0;
   if (tdm__net_listen(master, (int)*port, &fd, &got) != TDM_OK) {
@@ -395,6 +408,7 @@ int tool_run(int argc, char **argv) {
         if (!ranks[i].done) run_drain(&ranks[i], (int)(node_rank * n + i), 0);
       int status;
       pid_t pid;
+      int was_failed = first_fail;
       while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
         for (int i = 0; i < started; i++)
           if (ranks[i].pid == pid) {
@@ -405,8 +419,27 @@ int tool_run(int argc, char **argv) {
             ranks[i].code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
             ranks[i].sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
             alive--;
-            if ((ranks[i].code != 0 || ranks[i].sig) && first_fail < 0 && !stopping) first_fail = i;
+            /* among the failures seen in one pass (a killed rank and the peers that noticed it end
+             * within the same 100 ms), one killed by a signal is the cause, not those it failed */
+            if ((ranks[i].code != 0 || ranks[i].sig) && !stopping && was_failed < 0 &&
+                (first_fail < 0 || (ranks[i].sig && !ranks[first_fail].sig)))
+              first_fail = i;
           }
+      if (keep_going && !stopping && first_fail >= 0 && alive > 0 && alive < started) {
+        /* --keep-going waits for the others; but a stopped rank (SIGSTOP, state T) never ends, and
+         * when every rank left is stopped and the rest have exited nothing will wake it */
+        int stopped = 0;
+        for (int i = 0; i < started; i++) stopped += !ranks[i].done && run_is_stopped(ranks[i].pid);
+        if (stopped == alive) {
+          for (int i = 0; i < started; i++)
+            if (!ranks[i].done)
+              fprintf(stderr, "tandem run: rank %lld (pid %d) is stopped (SIGSTOP?) and every other rank has exited: killing it\n",
+                      (long long)(node_rank * n + i), (int)ranks[i].pid);
+          run_signal_ranks(ranks, started, SIGKILL, 1);
+          stopping = 1;
+          stop_at = tdm_time_now() + 5;
+        }
+      }
       if (got_signal && !stopping) { /* forward, then give them a moment */
         run_signal_ranks(ranks, started, got_signal, 0);
         stopping = 1;

@@ -200,6 +200,30 @@ store_address() {
 }
 check "the store listens on the master address only (loopback stays loopback)" store_address
 
+# ---- --keep-going with a stopped rank ----
+stopped_rank() { # rank 1 stops itself; rank 0 times out waiting for it; the launcher must not wait forever
+  local t0=$SECONDS
+  "${MARKED[@]}" TANDEM_TIMEOUT=2 timeout 60 "$TANDEM" run -n 2 --keep-going -- sh -c \
+    'if [ "$RANK" = 1 ]; then kill -STOP $$; fi; exec "$0" train --steps 5 --threads 1' "$TANDEM" >"$TMP/out" 2>&1
+  local rc=$?
+  [[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "rank 1 (pid [0-9]*) is stopped (SIGSTOP?) and every other rank has exited: killing it" "$TMP/out" ||
+    { echo "  exit $rc after $((SECONDS - t0)) s:"; tail -5 "$TMP/out"; kill_marked; return 1; }
+  wait_none_marked 5
+}
+check "--keep-going: a stopped rank is killed, named, once every other rank has exited" stopped_rank
+killed_rank_blamed() { # rank 2 killed mid-run: the launcher names it, not a peer that failed because of it
+  local kg
+  for kg in --keep-going ""; do
+    "${MARKED[@]}" TANDEM_TRANSPORT=tcp timeout 60 "$TANDEM" run -n 3 $kg -- sh -c \
+      'if [ "$RANK" = 2 ]; then (sleep 2; kill -9 $$) & fi; exec "$0" train --data synthetic --steps 1000000 --threads 1' \
+      "$TANDEM" >"$TMP/out" 2>&1
+    local rc=$?
+    [[ $rc == 137 ]] && grep -q "rank 2 failed first: killed by signal 9" "$TMP/out" ||
+      { echo "  ${kg:-without --keep-going}: exit $rc"; tail -4 "$TMP/out"; kill_marked; return 1; }
+  done
+}
+check "a rank killed mid-run is the one named (exit 137), not the peers it failed" killed_rank_blamed
+
 # ---- one launcher per node (--nnodes N --node-rank k) ----
 two_launchers() {
   local port
