@@ -123,6 +123,11 @@ tdm_status tdm_comm_config_from_env(tdm_comm_config *cfg) {
                           "environment: %s is '%s' but WORLD_SIZE (or an MPI/Slurm equivalent) is not set, so the only rank is 0",
                           rname, rv);
   }
+  if (sv && size > 1 && !rv) /* every process would be rank 0, and wait for ranks that never come */
+    return tdm__set_error(TDM_ERR_INVALID_ARG,
+                          "environment: %s is %ld but RANK (or an MPI/Slurm equivalent) is not set; expected each process's "
+                          "rank, 0..%ld (tandem run -n N sets both)",
+                          sname, size, size - 1);
   cfg->size = (int)size;
   cfg->rank = (int)rank;
   cfg->master_addr = getenv("MASTER_ADDR");

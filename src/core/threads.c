@@ -132,7 +132,13 @@ tdm_status tdm_set_num_threads(int n) {
   if (n < 0) return tdm__set_error(TDM_ERR_INVALID_ARG, "set_num_threads: %d threads; expected >= 0", n);
   if (n == 0) {
     const char *e = getenv("TANDEM_NUM_THREADS");
-    n = e ? atoi(e) : 0;
+    if (e && *e) { /* strictly: "2x" or "1e3" silently meant another count */
+      char *end = NULL;
+      long v = strtol(e, &end, 10);
+      if (end == e || *end || v < 0 || v > 256)
+        return tdm__set_error(TDM_ERR_INVALID_ARG, "set_num_threads: TANDEM_NUM_THREADS='%s'; expected a whole number of threads, 0..256 (0: the default)", e);
+      n = (int)v;
+    }
     if (n <= 0) n = tdm_launch_default_threads(); /* this node's cores divided among its ranks */
   }
   if (n > 256) return tdm__set_error(TDM_ERR_INVALID_ARG, "set_num_threads: %d threads; expected <= 256", n);

@@ -766,6 +766,12 @@ static void test_env_errors(void) {
   CHECK(tdm_comm_config_from_env(&cfg) == TDM_ERR_INVALID_ARG);
   CHECK_ERR_HAS("RANK is '1' but WORLD_SIZE (or an MPI/Slurm equivalent) is not set");
   unsetenv("RANK");
+  setenv("WORLD_SIZE", "2", 1); /* a world size but no rank: every process would be rank 0 and wait */
+  CHECK(tdm_comm_config_from_env(&cfg) == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("WORLD_SIZE is 2 but RANK (or an MPI/Slurm equivalent) is not set");
+  setenv("WORLD_SIZE", "1", 1); /* one rank needs none */
+  CHECK_OK(tdm_comm_config_from_env(&cfg));
+  unsetenv("WORLD_SIZE");
   /* tdm_comm_create reads TANDEM_TIMEOUT (when the config has none) and LOCAL_WORLD_SIZE with
    * the same strict parsers */
   void *g;

@@ -135,6 +135,17 @@ static void test_parallel_for_covers_once(void) {
   setenv("TANDEM_SPIN_US", "0", 1);
   CHECK_OK(tdm_set_num_threads(2));
   unsetenv("TANDEM_SPIN_US");
+  /* the default thread count from TANDEM_NUM_THREADS, strictly (atoi took "2x" as 2 and "abc" as the default) */
+  const char *bad_n[] = {"abc", "-3", "2x", "1e3", "300"};
+  for (size_t i = 0; i < sizeof bad_n / sizeof *bad_n; i++) {
+    setenv("TANDEM_NUM_THREADS", bad_n[i], 1);
+    CHECK(tdm_set_num_threads(0) == TDM_ERR_INVALID_ARG);
+    CHECK_MSG(strstr(tdm_last_error(), "TANDEM_NUM_THREADS") != NULL, "error: %s", tdm_last_error());
+  }
+  setenv("TANDEM_NUM_THREADS", "2", 1);
+  CHECK_OK(tdm_set_num_threads(0));
+  CHECK(tdm_get_num_threads() == 2);
+  unsetenv("TANDEM_NUM_THREADS");
   CHECK_OK(tdm_set_num_threads(1));
 }
 
