@@ -13,7 +13,7 @@ static void usage(FILE *f) {
 }
 
 int tool_trace(int argc, char **argv) {
-  if (argc >= 1 && (!strcmp(argv[0], "--help") || !strcmp(argv[0], "-h"))) {
+  if (argc >= 1 && (!strcmp(argv[argc - 1], "--help") || !strcmp(argv[argc - 1], "-h"))) { /* trace --help, trace merge --help */
     usage(stdout);
     return 0;
   }

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "core/file.h"
 #include "core/internal.h"
@@ -117,6 +118,8 @@ static tdm_status merge(const char *dir, const char *out, rank_trace *rs, int *n
   if (!d) return tdm__set_error(TDM_ERR_IO, "trace merge: cannot read the directory %s: %s", dir, strerror(errno));
   struct dirent *de;
   tdm_status st = TDM_OK;
+  struct stat os;
+  int out_exists = stat(out, &os) == 0;
   while (st == TDM_OK && (de = readdir(d))) {
     int rank, len = 0;
     if (sscanf(de->d_name, "trace.rank%d.json%n", &rank, &len) != 1 || len != (int)strlen(de->d_name) || rank < 0) continue;
@@ -126,6 +129,11 @@ static tdm_status merge(const char *dir, const char *out, rank_trace *rs, int *n
     }
     char path[4400];
     snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+    struct stat is;
+    if (out_exists && stat(path, &is) == 0 && is.st_dev == os.st_dev && is.st_ino == os.st_ino) {
+      st = tdm__set_error(TDM_ERR_INVALID_ARG, "trace merge: the output %s is one of the inputs (%s); expected another file", out, path);
+      break;
+    }
     st = load(path, rank, &rs[(*nr)++]);
   }
   closedir(d);
@@ -151,8 +159,11 @@ static tdm_status merge(const char *dir, const char *out, rank_trace *rs, int *n
       double t = ts->num + offset_at(&rs[i], ts->num);
       if (!any || t < base) base = t, any = 1;
     }
-  FILE *f = fopen(out, "w");
-  if (!f) return tdm__set_error(TDM_ERR_IO, "trace merge: cannot write %s: %s", out, strerror(errno));
+  /* made in memory, then written beside OUT and renamed over it: a failed merge leaves no half file */
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  if (!f) return tdm__set_error(TDM_ERR_NO_MEMORY, "trace merge: out of memory");
   fputs("{\"traceEvents\":[", f);
   int first = 1;
   for (int i = 0; i < *nr; i++)
@@ -186,7 +197,19 @@ static tdm_status merge(const char *dir, const char *out, rank_trace *rs, int *n
   fputs("]}}\n", f);
   int bad = ferror(f) != 0;
   if (fclose(f) != 0) bad = 1;
-  if (bad) return tdm__set_error(TDM_ERR_IO, "trace merge: writing %s failed", out);
+  if (bad) {
+    free(buf);
+    return tdm__set_error(TDM_ERR_NO_MEMORY, "trace merge: out of memory making %s", out);
+  }
+  tdm__wfile w;
+  st = tdm__wfile_open(&w, out);
+  if (st == TDM_OK) st = tdm__wfile_write(&w, buf, len) == TDM_OK ? tdm__wfile_commit(&w) : tdm__wfile_abort(&w);
+  free(buf);
+  if (st != TDM_OK) {
+    char why[600];
+    snprintf(why, sizeof why, "%s", tdm_last_error());
+    return tdm__set_error(st, "trace merge: %s", why);
+  }
   return TDM_OK;
 }
 

@@ -50,6 +50,14 @@ merge_errors() {
     ! "$T" trace merge "$TMP/half" >/dev/null 2>&1 || { cat "$TMP/half.out"; return 1; }
 }
 check "trace merge refuses a rank missing, and a missing argument" merge_errors
+merge_onto_input() { # an output that is one of the inputs is refused, the input kept; --help after merge
+  mkdir -p "$TMP/own" && cp "$TMP/dp3/"trace.rank*.json "$TMP/own/" && cp "$TMP/own/trace.rank0.json" "$TMP/own.rank0" || return 1
+  "$T" trace merge "$TMP/own" "$TMP/own/trace.rank0.json" >"$TMP/own.out" 2>&1
+  [[ $? -eq 1 ]] && grep -q "the output $TMP/own/trace.rank0.json is one of the inputs" "$TMP/own.out" &&
+    cmp -s "$TMP/own.rank0" "$TMP/own/trace.rank0.json" || { echo "  refused? kept?"; cat "$TMP/own.out"; return 1; }
+  "$T" trace merge --help | grep -q "usage: tandem trace merge"
+}
+check "trace merge refuses to write over one of its inputs (kept as it was); trace merge --help" merge_onto_input
 # --emulate-ranks N: N ranks as threads of one process equal N real ranks bit for bit (the data
 # parallel sums run in rank order on every transport), and each is its own row in the trace
 emulated() { # emulated NAME RANKS ARGS...: the emulated run (traced) against tandem run over tcp
