@@ -414,13 +414,16 @@ int tool_train(int argc, char **argv) {
     return 1;
   }
   if (res.rank != 0) return 0; /* rank 0 reports for everyone */
-  if (!strcmp(c.model, "gpt") || !strcmp(c.model, "llama"))
-    printf("val loss: %.4f nats per byte  next-byte accuracy: %.4f  throughput: %.0f tokens/s  (%lld steps of %lld tokens, %.1f s training)\n",
-           res.test_loss, res.test_accuracy, res.tokens_per_sec, (long long)res.steps, (long long)res.tokens_per_step,
-           res.train_seconds);
+  char thr[64]; /* no step ran (resumed at the end): no throughput to give */
+  int lm = !strcmp(c.model, "gpt") || !strcmp(c.model, "llama");
+  if (res.train_seconds > 0) snprintf(thr, sizeof thr, "%.0f %s/s", lm ? res.tokens_per_sec : res.samples_per_sec, lm ? "tokens" : "samples");
+  else snprintf(thr, sizeof thr, "none (no step ran)");
+  if (lm)
+    printf("val loss: %.4f nats per byte  next-byte accuracy: %.4f  throughput: %s  (%lld steps of %lld tokens, %.1f s training)\n",
+           res.test_loss, res.test_accuracy, thr, (long long)res.steps, (long long)res.tokens_per_step, res.train_seconds);
   else
-    printf("test accuracy: %.4f  test loss: %.4f  throughput: %.0f samples/s  (%lld steps, %.1f s training)\n",
-           res.test_accuracy, res.test_loss, res.samples_per_sec, (long long)res.steps, res.train_seconds);
+    printf("test accuracy: %.4f  test loss: %.4f  throughput: %s  (%lld steps, %.1f s training)\n", res.test_accuracy,
+           res.test_loss, thr, (long long)res.steps, res.train_seconds);
   if (c.save_weights) printf("weights written to %s\n", c.save_weights);
   return 0;
 }

@@ -919,7 +919,9 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   res->resumed_from = s->start.resumed_from;
   res->samples_per_step = G;
   res->tokens_per_step = G * s->tokens_per_sample;
-  if (step >= total && pr.f) fprintf(pr.f, "tandem train: the checkpoint is at step %lld; nothing left to do\n", (long long)step);
+  int evaluated = 0; /* a run resumed at its end still reports what its weights do */
+  if (step >= total && pr.f)
+    fprintf(pr.f, "tandem train: the checkpoint is at step %lld; nothing left to train: evaluating it\n", (long long)step);
   int64_t epoch, offset;
   tdm_sampler_locate(s->sampler, step, &epoch, &offset);
   step_record *rec = &s->rec;
@@ -1022,10 +1024,19 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
         fflush(pr.f);
       }
       TDM__TRY(eval_record(s, c, is_lm(mk), epoch + 1, step, tl, ta));
+      evaluated = 1;
     }
     epoch++;
   }
   TDM__TRY(flush_record(s, rec, &pr, c));
+  if (!evaluated) { /* no step ran: the checkpoint's weights, evaluated as the run's last epoch was */
+    TDM__TRY(ps_survivors(s, c, &pr, res));
+    TDM__TRY(evaluate(s->engine, s->test, is_lm(mk) ? B : eb, s->idx, is_lm(mk) ? c->val_batches * B * D : 0,
+                      &res->test_loss, &res->test_accuracy));
+    if (pr.f)
+      fprintf(pr.f, "step %lld: %s loss %.4f, %s accuracy %.2f%%\n", (long long)step, is_lm(mk) ? "val" : "test",
+              res->test_loss, is_lm(mk) ? "next-byte" : "test", 100 * res->test_accuracy);
+  }
   TDM__TRY(params_finite(s->engine, c, step));
   if (c->save_weights) TDM__TRY(tdm_engine_save_weights(s->engine, c->save_weights, n_arch_meta + 1, weights_meta));
   if (s->metrics) { /* what the run held, measured: to set beside the plan printed at the start */

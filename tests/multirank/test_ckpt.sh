@@ -24,6 +24,16 @@ one_process() {
     grep -q "resumed from step 5" "$TMP/out" && cmp -s "$TMP/full1.st" "$TMP/res1.st"
 }
 check "stopped after step 7, resumed from step 5: bit-identical to an uninterrupted run" one_process
+at_the_end() { # resumed where the run ended: no step, and the result evaluated again, not zeros
+  "$T" "${A[@]}" --checkpoint-dir "$TMP/c0" >"$TMP/first" 2>&1 &&
+    "$T" "${A[@]}" --checkpoint-dir "$TMP/c0" --resume >"$TMP/again" 2>&1 || { tail -3 "$TMP/again"; return 1; }
+  local a b
+  a=$(grep -o "test accuracy: [0-9.]*  test loss: [0-9.]*" "$TMP/first")
+  b=$(grep -o "test accuracy: [0-9.]*  test loss: [0-9.]*" "$TMP/again")
+  [[ -n $a && $a == "$b" ]] && grep -q "nothing left to train: evaluating it" "$TMP/again" &&
+    grep -q "throughput: none (no step ran)" "$TMP/again" || { echo "  first: $a"; echo "  again: $b"; tail -3 "$TMP/again"; return 1; }
+}
+check "resumed at its last step: nothing trained, the same test result reported (not zeros)" at_the_end
 
 restarts() {
   "$T" run -n 2 -- tandem "${A[@]}" --save-weights "$TMP/full2.st" >/dev/null 2>&1 || return 1
