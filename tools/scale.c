@@ -240,6 +240,11 @@ int tool_scale(int argc, char **argv) {
       fprintf(stderr, "tandem scale: the training command gives --metrics; leave it out: the study writes DIR/ranks-R/metrics.jsonl\n");
       return 2;
     }
+    if (!strcmp(a, "--emulate-ranks") || !strncmp(a, "--emulate-ranks=", 16)) { /* its world is not the study's */
+      fprintf(stderr, "tandem scale: the training command gives --emulate-ranks; leave it out: the study starts each world "
+                      "size with tandem run -n R (set TANDEM_NET_EMULATE for a slower network)\n");
+      return 2;
+    }
     const char *v = !strcmp(a, "--batch-size") && i + 1 < nprog ? prog[i + 1] : !strncmp(a, "--batch-size=", 13) ? a + 13 : NULL;
     if (!v) continue;
     if (cli_parse_int(v, 1, (int64_t)1 << 40, &batch)) {
