@@ -869,7 +869,18 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   TDM__TRY(tdm_engine_create(&s->engine, &mc, c->seed, &pp.oc, s->grid, &pp.ec));
   tdm_params *params = tdm_model_params(tdm_engine_model(s->engine));
   if (c->sync_bn) tdm_model_set_bn_sync(tdm_engine_model(s->engine), tdm_grid_comm(s->grid, TDM_AXIS_DATA)); /* one rank: no-op */
-  if (c->init_weights) TDM__TRY(tdm_engine_load_weights(s->engine, c->init_weights));
+  if (c->init_weights) {
+    TDM__TRY(tdm_engine_load_weights(s->engine, c->init_weights));
+    int64_t bad;
+    TDM__TRY(tdm_engine_first_nonfinite(s->engine, &bad)); /* else the first step's NaN would be blamed on --lr */
+    if (bad >= 0 && !c->allow_nonfinite) {
+      const tdm_params *p = tdm_model_params(tdm_engine_model(s->engine));
+      int k = 0;
+      while (k + 1 < tdm_params_count(p) && tdm_params_offset(p, k + 1) <= bad) k++;
+      return tdm__set_error(TDM_ERR_INVALID_ARG, "--init-weights %s: '%s' holds a non-finite value (element %lld); expected finite weights",
+                            c->init_weights, tdm_tensor_name(tdm_params_get(p, k)), (long long)(bad - tdm_params_offset(p, k)));
+    }
+  }
   int64_t steps_per_epoch = tdm_sampler_steps_per_epoch(s->sampler);
   int64_t total = c->steps > 0 ? c->steps : c->epochs * steps_per_epoch;
   s->tokens_per_sample = is_lm(mk) ? T : 0;

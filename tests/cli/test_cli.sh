@@ -43,6 +43,18 @@ save_weights_to_fifo() {
   ! grep -q "step 1" "$TMP/out" "$TMP/err" || { echo "  a step ran before the refusal"; return 1; }
 }
 check "--save-weights onto a FIFO is refused before the first step, the FIFO kept" save_weights_to_fifo
+init_weights_nan() { # a NaN in the initial weights is named at load, not blamed on the learning rate after step 1
+  "$TANDEM" train --steps 1 --threads 1 --save-weights "$TMP/w1.st" >/dev/null 2>&1 || return 1
+  python3 - "$TMP/w1.st" "$TMP/wnan.st" <<'PYEOF2' || return 1
+import json, struct, sys
+b = bytearray(open(sys.argv[1], "rb").read()); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n])
+o = 8 + n + h["layers.0.bias"]["data_offsets"][0] + 4 * 5
+b[o:o + 4] = struct.pack("<f", float("nan")); open(sys.argv[2], "wb").write(b)
+PYEOF2
+  expect_fail 1 "--init-weights $TMP/wnan.st: 'layers.0.bias' holds a non-finite value (element 5)" \
+    "$TANDEM" train --steps 1 --threads 1 --init-weights "$TMP/wnan.st"
+}
+check "--init-weights holding a NaN: named at load" init_weights_nan
 check "--save-weights and --metrics on one file" expect_fail 1 "--save-weights and --metrics are both" \
   "$TANDEM" train --steps 2 --threads 1 --save-weights "$TMP/same" --metrics "$TMP/same"
 
