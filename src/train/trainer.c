@@ -614,6 +614,15 @@ static tdm_status prepare(const tdm_train_config *c, int W, int D, int R, int P,
                           c->data_dir, (long long)shape[1], (long long)shape[2], (long long)tshape[1], (long long)tshape[2]);
   if (!is_lm(mk)) mc.dropout = (float)c->dropout;
   mc.n_classes = tdm_dataset_num_classes(s->train);
+  int64_t test_classes = tdm_dataset_num_classes(s->test);
+  if (!is_lm(mk) && test_classes > mc.n_classes) /* the evaluation would meet a target the model has no output for */
+    return tdm__set_error(TDM_ERR_MISMATCH, "%s: the test labels go up to %lld but the training labels only to %lld (the model's classes); "
+                          "expected test labels among the training set's classes",
+                          c->data_dir, (long long)test_classes - 1, (long long)mc.n_classes - 1);
+  if (!is_lm(mk) && test_classes < mc.n_classes && R == 0)
+    tdm_log(TDM_LOG_WARN, "%s: the training labels go up to %lld, the test labels to %lld: the model gets %lld outputs (a "
+            "training label out of place?)", c->data_dir, (long long)mc.n_classes - 1, (long long)test_classes - 1,
+            (long long)mc.n_classes);
   if (mk == TDM_MODEL_MLP) {
     mc.in_features = tdm_dataset_sample_numel(s->train);
   } else if (mk == TDM_MODEL_CNN || mk == TDM_MODEL_RESNET) {

@@ -55,6 +55,25 @@ PYEOF2
     "$TANDEM" train --steps 1 --threads 1 --init-weights "$TMP/wnan.st"
 }
 check "--init-weights holding a NaN: named at load" init_weights_nan
+labels_beyond_training() { # a test label the model has no output for: refused at start, naming the data; the reverse warned
+  python3 - "$TMP" <<'PYEOF2' || return 1
+import os, struct, sys
+def idx(path, dims, data):
+    with open(path, "wb") as f:
+        f.write(struct.pack(">HBB", 0, 8, len(dims)) + b"".join(struct.pack(">I", d) for d in dims) + bytes(data))
+for d, trl, tel in (("lab1", [i % 10 for i in range(64)], [i % 10 for i in range(9)] + [12]),
+                    ("lab2", [i % 10 for i in range(63)] + [42], [i % 10 for i in range(10)])):
+    d = os.path.join(sys.argv[1], d); os.makedirs(d)
+    idx(d + "/train-images-idx3-ubyte", (64, 4, 4), [7] * 64 * 16); idx(d + "/train-labels-idx1-ubyte", (64,), trl)
+    idx(d + "/t10k-images-idx3-ubyte", (10, 4, 4), [7] * 160); idx(d + "/t10k-labels-idx1-ubyte", (10,), tel)
+PYEOF2
+  expect_fail 1 "$TMP/lab1: the test labels go up to 12 but the training labels only to 9" \
+    "$TANDEM" train --data-dir "$TMP/lab1" --steps 1 --batch-size 8 --threads 1 || return 1
+  ! grep -q "step 1" "$TMP/out" || { echo "  a step ran first"; return 1; }
+  "$TANDEM" train --data-dir "$TMP/lab2" --steps 1 --batch-size 8 --threads 1 >"$TMP/out" 2>&1 &&
+    grep -q "the training labels go up to 42, the test labels to 9: the model gets 43 outputs" "$TMP/out" || { cat "$TMP/out"; return 1; }
+}
+check "test labels beyond the training set's classes: refused before step 1; a stray training label warned" labels_beyond_training
 check "--save-weights and --metrics on one file" expect_fail 1 "--save-weights and --metrics are both" \
   "$TANDEM" train --steps 2 --threads 1 --save-weights "$TMP/same" --metrics "$TMP/same"
 
