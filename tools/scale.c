@@ -274,6 +274,10 @@ int tool_scale(int argc, char **argv) {
       return 2;
     }
   }
+  if (out && tdm_safetensors_check_writable(out) != TDM_OK) { /* before the runs, not after them */
+    fprintf(stderr, "tandem scale: -o: %s\n", tdm_last_error());
+    return 2;
+  }
   char cmdline[2048] = "";
   for (int i = 0; i < nprog; i++) {
     size_t at = strlen(cmdline);

@@ -397,6 +397,19 @@ int tool_simulate(int argc, char **argv) {
             o.do_calib ? "calibrate" : "collectives");
     return 2;
   }
+  /* the files it will write, before the minutes of measuring or predicting: a path that cannot be
+   * written fails now */
+  char svg_path[4200];
+  const char *outs[4] = {o.do_calib ? o.out : NULL, o.html, NULL, NULL};
+  if (o.svg) {
+    snprintf(svg_path, sizeof svg_path, "%s-step.svg", o.svg);
+    outs[2] = svg_path;
+  }
+  for (int i = 0; i < 3; i++)
+    if (outs[i] && tdm_safetensors_check_writable(outs[i]) != TDM_OK) { /* (any file: the check is the writer's) */
+      fprintf(stderr, "tandem simulate: %s: %s\n", i == 0 ? "-o" : i == 1 ? "--html" : "--svg", tdm_last_error());
+      return 2;
+    }
   if (o.do_calib) return calibrate(&o.c, o.out, o.cluster, o.calib_max, (int)o.ppn, (int)o.steps, !o.no_compute);
   if (o.out) {
     fprintf(stderr, "tandem simulate: -o writes a calibrated cluster file: give it with --calibrate\n");

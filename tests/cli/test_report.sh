@@ -161,6 +161,7 @@ EOF
   "$T" scale --ranks 2,1 -- tandem train 2>"$D/s3e"; [[ $? -eq 2 ]] && grep -q "expected increasing world sizes" "$D/s3e" || return 1
   "$T" scale --ranks 1 -- tandem train --metrics x 2>"$D/s4"; [[ $? -eq 2 ]] && grep -q "gives --metrics" "$D/s4" || return 1
   "$T" scale --ranks 1 -- tandem train --emulate-ranks 2 2>"$D/s4e"; [[ $? -eq 2 ]] && grep -q "gives --emulate-ranks" "$D/s4e" || return 1
+  "$T" scale --ranks 1 -o "$D" -- tandem train 2>"$D/s4o"; [[ $? -eq 2 ]] && grep -q -- "-o: $D is a directory" "$D/s4o" || return 1
   "$T" scale --ranks 1 -- tandem bench 2>"$D/s5"; [[ $? -eq 2 ]] && grep -q "expected tandem train" "$D/s5" || return 1
   if [[ -n $browser ]]; then
     chrome "$D/scale.log" --dump-dom "file://$D/weak/report.html" >"$D/scale.dom" && ! grep -q ":CONSOLE" "$D/scale.log" &&

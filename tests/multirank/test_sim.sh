@@ -111,7 +111,9 @@ bad_input() {
     refused 2 "expected OPTION=V1,V2" --vary allreduce --ranks 2 &&
     refused 2 "--vary allreduce: the value tri failed" --vary allreduce=ring,tri --ranks 2 &&
     refused 2 "not with --collectives" --collectives --html "$TMP/x.html" &&
-    refused 1 "cannot write $TMP/none/x.html" --ranks 2 --html "$TMP/none/x.html"
+    refused 2 "--html: $TMP/none/x.html: cannot create" --ranks 2 --html "$TMP/none/x.html" &&
+    refused 2 "-o: $TMP is a directory" --calibrate -o "$TMP" &&
+    refused 2 "--svg: $TMP/none/s-step.svg: cannot create" --ranks 2 --svg "$TMP/none/s"
 }
 
 study_page() { # --vary, --html, --svg: a plot per quantity, a polyline per configuration, the axes labelled
