@@ -201,7 +201,7 @@ int tool_bench(int argc, char **argv) {
       {"o", CLI_CHOICE, &redop, "sum", "reduction", "sum|prod|min|max|avg", 0, 0, 0},
       {"r", CLI_INT, &root, "0", "root of broadcast and reduce", NULL, 0, 1 << 30, 0},
       {"a", CLI_STRING, &algo_s, "auto", "algorithm: auto|ring|rd|rhd|tree|chain|direct|shm|hier", NULL, 0, 0, 0},
-      {"transport", CLI_STRING, &transport, NULL, "thread|tcp|shm|mpi (default: TANDEM_TRANSPORT or tcp)", NULL, 0, 0, 0},
+      {"transport", CLI_STRING, &transport, NULL, "thread|tcp|shm|mpi (default: TANDEM_TRANSPORT, else shm when every rank is on one node, tcp otherwise)", NULL, 0, 0, 0},
       {"J", CLI_STRING, &json, NULL, "also write the rows as JSON to this file", NULL, 0, 0, 0},
       {"trace", CLI_STRING, &trace_dir, NULL, "write a timeline per rank in this directory (as tandem train --trace)", NULL, 0, 0, 0},
   };
