@@ -334,7 +334,8 @@ int tool_scale(int argc, char **argv) {
   }
   const size_result *b = NULL;
   for (int i = 0; i < n && !b; i++) b = s.r[i].ok ? &s.r[i] : NULL;
-  printf("\n%6s %12s %12s %9s %11s %10s %11s\n", "ranks", "global_batch", "samples/s", "speed-up", "efficiency", "step_ms", "comm_share");
+  printf("\n%6s %12s %12s %9s %11s %10s %11s %11s %12s %12s %13s\n", "ranks", "global_batch", "samples/s", "speed-up", "efficiency",
+         "step_ms", "comm_share", "forward_ms", "backward_ms", "comm_wait_ms", "optimizer_ms");
   for (int i = 0; i < n; i++) {
     const size_result *r = &s.r[i];
     if (!r->ok) {
@@ -342,8 +343,8 @@ int tool_scale(int argc, char **argv) {
       continue;
     }
     double sp = r->sps / b->sps, e = sp / ((double)r->ranks / b->ranks);
-    printf("%6d %12lld %12.1f %9.2f %10.1f%% %10.2f %10.1f%%\n", r->ranks, (long long)r->global_batch, r->sps, sp, 100 * e, r->step_ms,
-           100 * r->share);
+    printf("%6d %12lld %12.1f %9.2f %10.1f%% %10.2f %10.1f%% %11.2f %12.2f %12.2f %13.2f\n", r->ranks, (long long)r->global_batch,
+           r->sps, sp, 100 * e, r->step_ms, 100 * r->share, r->fwd, r->bwd, r->wait, r->opt);
   }
   char def[4200];
   if (!out) snprintf(def, sizeof def, "%s/report.html", dir), out = def;

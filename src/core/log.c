@@ -13,6 +13,8 @@ static tdm_log_level level_from_env(void) {
   if (!strcmp(e, "error")) return TDM_LOG_ERROR;
   if (!strcmp(e, "info")) return TDM_LOG_INFO;
   if (!strcmp(e, "debug")) return TDM_LOG_DEBUG;
+  if (strcmp(e, "warn") && strcmp(e, "")) /* said once, not silently taken as the default */
+    fprintf(stderr, "tandem warn: TANDEM_LOG='%s' is not error, warn, info or debug: logging warnings and errors\n", e);
   return TDM_LOG_WARN;
 }
 
