@@ -149,6 +149,35 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
             cmd, c->model);
     return 2;
   }
+  /* options of another model or optimizer are refused, not ignored (a --momentum beside Adam, a
+   * --layers beside the MLP changed nothing, silently) */
+  int resnet = !strcmp(c->model, "resnet");
+  static const char *const lm_only[] = {"layers", "heads", "block", "vocab", "seq-len", "val-every", "val-batches", "data-path", NULL};
+  for (int k = 0; !gpt && lm_only[k]; k++)
+    if (SEEN(lm_only[k])) {
+      fprintf(stderr, "tandem %s: --%s applies to --model gpt or llama (given --model %s)\n", cmd, lm_only[k], c->model);
+      return 2;
+    }
+  if (!gpt && !resnet && (SEEN("width") || SEEN("config"))) {
+    fprintf(stderr, "tandem %s: --%s applies to --model gpt, llama or resnet (given --model %s)\n", cmd, SEEN("width") ? "width" : "config",
+            c->model);
+    return 2;
+  }
+  static const char *const resnet_only[] = {"sync-bn", NULL};
+  for (int k = 0; !resnet && resnet_only[k]; k++)
+    if (SEEN(resnet_only[k])) {
+      fprintf(stderr, "tandem %s: --%s applies to --model resnet (given --model %s)\n", cmd, resnet_only[k], c->model);
+      return 2;
+    }
+  if ((!strcmp(c->data, "mnist") || !strcmp(c->data, "cifar-bin")) && !SEEN("data-dir")) { /* the default holds Fashion-MNIST */
+    fprintf(stderr, "tandem %s: --data %s reads its files from --data-dir: give it (the default, %s, holds Fashion-MNIST)\n", cmd,
+            c->data, c->data_dir);
+    return 2;
+  }
+  if (SEEN("momentum") && strcmp(c->optimizer, "sgd")) {
+    fprintf(stderr, "tandem %s: --momentum applies to --optimizer sgd (given --optimizer %s)\n", cmd, c->optimizer);
+    return 2;
+  }
   if (llama && !SEEN("config")) c->gpt_config = "llama-mini";
   if (gpt) { /* nanoGPT-like defaults for what the user left unset */
     if (!SEEN("data")) c->data = "tinyshakespeare";

@@ -32,6 +32,12 @@ check "missing data set names the package" expect_fail 1 "dataset-fashion-mnist"
 printf 'not a safetensors file' >"$TMP/bad.safetensors"
 check "corrupt weights file" expect_fail 1 "bad.safetensors" "$TANDEM" train --steps 1 --init-weights "$TMP/bad.safetensors"
 check "unknown command" expect_fail 2 "unknown command 'trian'" "$TANDEM" trian
+# options of another model, optimizer or data set are refused, not ignored
+check "--layers with the mlp" expect_fail 2 "--layers applies to --model gpt or llama (given --model mlp)" "$TANDEM" train --layers 2
+check "--width with the cnn" expect_fail 2 "--width applies to --model gpt, llama or resnet (given --model cnn)" "$TANDEM" train --model cnn --width 8
+check "--momentum with adam" expect_fail 2 "--momentum applies to --optimizer sgd (given --optimizer adam)" "$TANDEM" train --momentum 0.9
+check "--sync-bn with the mlp" expect_fail 2 "--sync-bn applies to --model resnet" "$TANDEM" train --sync-bn
+check "--data mnist without --data-dir" expect_fail 2 "--data mnist reads its files from --data-dir" "$TANDEM" train --data mnist
 
 # Outputs are written beside their name and renamed over it: a FIFO (or /dev/null) would be
 # replaced. Refused before the first step, and the node is left as it was.
