@@ -163,12 +163,6 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
             c->model);
     return 2;
   }
-  static const char *const resnet_only[] = {"sync-bn", NULL};
-  for (int k = 0; !resnet && resnet_only[k]; k++)
-    if (SEEN(resnet_only[k])) {
-      fprintf(stderr, "tandem %s: --%s applies to --model resnet (given --model %s)\n", cmd, resnet_only[k], c->model);
-      return 2;
-    }
   if ((!strcmp(c->data, "mnist") || !strcmp(c->data, "cifar-bin")) && !SEEN("data-dir")) { /* the default holds Fashion-MNIST */
     fprintf(stderr, "tandem %s: --data %s reads its files from --data-dir: give it (the default, %s, holds Fashion-MNIST)\n", cmd,
             c->data, c->data_dir);

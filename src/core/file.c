@@ -110,7 +110,7 @@ tdm_status tdm__wfile_open(tdm__wfile *w, const char *path) {
    * socket that would replace the node itself (as root, /dev/null for everyone) */
   struct stat ts;
   if (stat(path, &ts) == 0 && !S_ISREG(ts.st_mode))
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "%s is %s; expected a regular file (or a new name) to write", path,
+    return tdm__set_error(TDM_ERR_IO, "%s is %s; expected a regular file (or a new name) to write", path,
                           S_ISDIR(ts.st_mode) ? "a directory" : kind_of(ts.st_mode));
   size_t blen = strlen(base);
   if (blen > 200) blen = 200; /* the temporary's name must stay below NAME_MAX */

@@ -36,7 +36,7 @@ check "unknown command" expect_fail 2 "unknown command 'trian'" "$TANDEM" trian
 check "--layers with the mlp" expect_fail 2 "--layers applies to --model gpt or llama (given --model mlp)" "$TANDEM" train --layers 2
 check "--width with the cnn" expect_fail 2 "--width applies to --model gpt, llama or resnet (given --model cnn)" "$TANDEM" train --model cnn --width 8
 check "--momentum with adam" expect_fail 2 "--momentum applies to --optimizer sgd (given --optimizer adam)" "$TANDEM" train --momentum 0.9
-check "--sync-bn with the mlp" expect_fail 2 "--sync-bn applies to --model resnet" "$TANDEM" train --sync-bn
+check "--sync-bn with the mlp" expect_fail 1 "--sync-bn with model mlp, which has no batch norm" "$TANDEM" train --sync-bn
 check "--data mnist without --data-dir" expect_fail 2 "--data mnist reads its files from --data-dir" "$TANDEM" train --data mnist
 
 # Outputs are written beside their name and renamed over it: a FIFO (or /dev/null) would be

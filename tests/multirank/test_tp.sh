@@ -134,7 +134,13 @@ check "a world that is not data x tensor: refused" bad 3 "--dp 0 x --tp 2 x --pp
 check "--dp x --tp not the world: refused" bad 4 "--dp 3 x --tp 2 x --pp 1, but 4 ranks run" --tp 2 --dp 3
 check "heads not divisible by --tp: refused" bad 4 "6 attention heads do not divide over --tp 4 ranks" --tp 4
 check "--tp larger than the heads: refused" bad 8 "--tp 8 is larger than the 6 attention heads" --tp 8
-check "--tp with another model: refused" bad 2 "the mlp model has no heads to split" --model mlp --data synthetic --tp 2
+other_model() { # (the gpt's own options would be refused first)
+  "$T" run -n 2 -- tandem train --model mlp --data synthetic --tp 2 --steps 1 --threads 1 >"$TMP/bad.out" 2>&1
+  local rc=$?
+  [[ $rc -ne 0 ]] && grep -q -- "the mlp model has no heads to split" "$TMP/bad.out" && ! grep -q "step 1/" "$TMP/bad.out" ||
+    { echo "  exit $rc: $(tail -3 "$TMP/bad.out")"; return 1; }
+}
+check "--tp with another model: refused" other_model
 check "--tp 2 --zero 2: refused" bad 4 "runs ZeRO stage 1 at most" --tp 2 --dp 2 --zero 2
 check "llama: key/value heads not divisible by --tp: refused" bad 4 "6 key/value heads do not divide over --tp 4 ranks" \
   --model llama --heads 12 --kv-heads 6 --ffn-width 100 --tp 4
