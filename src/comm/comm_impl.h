@@ -299,6 +299,9 @@ tdm_status tdm__comm_icall(struct tdm_comm *c, tdm_status (*fn)(void *ctx), void
 typedef struct tdm__store tdm__store;
 tdm_status tdm__store_open(tdm__store **out, const tdm_comm_config *cfg, double timeout_s);
 tdm_status tdm__store_set(tdm__store *s, const char *key, const void *val, size_t n);
+/* As set, but only if no one set the key before: *taken = 1 (and nothing changed) if someone had.
+ * A file store (TANDEM_STORE_DIR) cannot tell an earlier job's file from a claim: it just sets. */
+tdm_status tdm__store_set_once(tdm__store *s, const char *key, const void *val, size_t n, int *taken);
 /* Waits until key exists; *val is malloc'd (tdm__free). */
 tdm_status tdm__store_get(tdm__store *s, const char *key, void **val, size_t *n, double timeout_s);
 tdm_status tdm__store_add(tdm__store *s, const char *key, int64_t delta, int64_t *result);

@@ -112,6 +112,27 @@ EOF
     { echo "  ranks with 1 and 2 threads were refused"; tail -3 "$TMP/out"; return 1; }
 }
 check "ranks started with different settings (model, lr, seed, batch): every rank names the option and both values" different_settings
+duplicate_rank() { # a third process given RANK=1 too: refused at once, naming the rank and the first one's address
+  local port p0 p1 rc
+  port=$(free_port)
+  for r in 0 1; do
+    MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=3 TANDEM_TRANSPORT=tcp TANDEM_TIMEOUT=6 RANK=$r \
+      "$T" train --data synthetic --steps 2 --threads 1 >"$TMP/dup.$r" 2>&1 &
+    RANK_PIDS="$RANK_PIDS $!"
+    [[ $r == 0 ]] && p0=$! || p1=$!
+    sleep 0.5 # rank 1 joins before its double
+  done
+  local t0=$SECONDS
+  MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=3 TANDEM_TRANSPORT=tcp TANDEM_TIMEOUT=6 RANK=1 \
+    timeout 30 "$T" train --data synthetic --steps 2 --threads 1 >"$TMP/dup.x" 2>&1
+  rc=$?
+  local took=$((SECONDS - t0))
+  wait $p0 $p1 2>/dev/null # they wait for rank 2 until their timeout
+  [[ $rc == 1 ]] && (( took <= 3 )) &&
+    grep -q "rank 1: another process has joined as rank 1 already (it listens at 127.0.0.1:[0-9]*): two processes given RANK=1" "$TMP/dup.x" ||
+    { echo "  exit $rc after $took s"; tail -2 "$TMP/dup.x"; return 1; }
+}
+check "a second process given the same RANK is refused at once, naming the rank" duplicate_rank
 compressed() {
   "$T" run -n 2 -- tandem "${A[@]}" --batch-size 48 --compress bf16 --save-weights "$TMP/bf16.st" >/dev/null 2>&1 &&
     ! "$T" weights-diff "$TMP/one.st" "$TMP/bf16.st" --rtol 1e-5 --quiet >/dev/null && same "$TMP/one.st" "$TMP/bf16.st" 2e-2

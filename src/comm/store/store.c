@@ -92,7 +92,7 @@ int tdm__store_parse(const unsigned char *buf, size_t len, tdm__store_req *req, 
   memcpy(&kl, buf + 1, 4);
   memcpy(&vl, buf + 5, 8);
   /* exactly what request() sends: anything else is not one of our ranks speaking, or a bug */
-  *why = cmd != 'S' && cmd != 'G' && cmd != 'A'       ? "malformed request (unknown command)"
+  *why = cmd != 'S' && cmd != 'O' && cmd != 'G' && cmd != 'A' ? "malformed request (unknown command)"
          : kl == 0 || kl > TDM_STORE_MAX_KEY           ? "malformed request (key length out of 1..4096)"
          : vl > TDM_STORE_MAX_VAL                      ? "malformed request (value longer than 64 MiB)"
          : cmd == 'G' && vl != 0                       ? "malformed request (a get with a value)"
@@ -131,6 +131,19 @@ static int serve(server *s, int i) {
     const unsigned char *val = rq.val;
     kv *e = find(s, key);
     int ok = 1;
+    if (cmd == 'O' && e) { /* set once: the key is someone else's already; the answer says so, nothing changes */
+      uint8_t ack = 0;
+      tdm__free(key);
+      ok = tdm__net_send_all(c->fd, &ack, 1, tdm_time_now() + 5, "store") == TDM_OK;
+      memmove(c->buf, c->buf + rq.bytes, c->len - rq.bytes);
+      c->len -= rq.bytes;
+      if (!ok) {
+        drop(s, i, NULL);
+        return 0;
+      }
+      continue;
+    }
+    if (cmd == 'O') cmd = 'S';
     if (cmd == 'S' || cmd == 'A') {
       if (!e) {
         if (s->n_kv == s->cap_kv) {
@@ -430,6 +443,18 @@ tdm_status tdm__store_set(tdm__store *s, const char *key, const void *val, size_
   TDM__TRY(request(s, 'S', key, val, n, dl));
   uint8_t ack;
   return tdm__net_recv_all(s->fd, &ack, 1, dl, "store set");
+}
+
+tdm_status tdm__store_set_once(tdm__store *s, const char *key, const void *val, size_t n, int *taken) {
+  *taken = 0;
+  if (s->dir) return tdm__store_set(s, key, val, n); /* a directory may hold an earlier job's files: no claim */
+  TDM__TRY(check_request(key, n));
+  double dl = tdm_time_now() + s->timeout_s;
+  TDM__TRY(request(s, 'O', key, val, n, dl));
+  uint8_t ack;
+  TDM__TRY(tdm__net_recv_all(s->fd, &ack, 1, dl, "store set"));
+  *taken = ack == 0;
+  return TDM_OK;
 }
 
 tdm_status tdm__store_get(tdm__store *s, const char *key, void **val, size_t *n, double timeout_s) {

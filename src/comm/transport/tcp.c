@@ -266,7 +266,19 @@ tdm_status tdm__tcp_transport_create(tdm__transport **out, struct tdm_comm *c, c
     tdm_log(TDM_LOG_INFO, "tcp: rank %d listens on %s (%s) port %d", me, addr, ifn, port);
     snprintf(key, sizeof key, "tcp/%d", me);
     snprintf(val, sizeof val, "%s:%d", addr, port);
-    st = tdm__store_set(t->store, key, val, strlen(val));
+    int taken = 0;
+    st = tdm__store_set_once(t->store, key, val, strlen(val), &taken);
+    if (st == TDM_OK && taken) { /* else the two would wait for each other's peers until the timeout */
+      void *v = NULL;
+      size_t n = 0;
+      char first[96] = "?";
+      if (tdm__store_get(t->store, key, &v, &n, 1) == TDM_OK) snprintf(first, sizeof first, "%.*s", (int)n, (char *)v);
+      tdm__free(v);
+      st = tdm__set_error(TDM_ERR_INVALID_USAGE,
+                          "rank %d: another process has joined as rank %d already (it listens at %s): two processes given "
+                          "RANK=%d, or a second job on the same MASTER_ADDR:MASTER_PORT (%s:%d)?",
+                          me, me, first, me, cfg->master_addr ? cfg->master_addr : "127.0.0.1", cfg->master_port ? cfg->master_port : 29500);
+    }
   }
   /* everyone's address first, so rank 0 can finish (and stop serving) once all are linked */
   char (*peers)[96] = tdm__calloc((size_t)P, 96);
