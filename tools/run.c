@@ -492,5 +492,8 @@ int tool_run(int argc, char **argv) {
   if (f->ntail) fprintf(stderr, "its last %d line%s:\n", f->ntail - from, f->ntail - from == 1 ? "" : "s");
   for (int j = from; j < f->ntail; j++) fprintf(stderr, "  | %s\n", f->tail[j % TAIL_LINES]);
   fprintf(stderr, keep_going ? "the other ranks went on (--keep-going).\n" : "the other ranks were stopped.\n");
+  if (max_restarts > 0) /* why it stops here: not one more try */
+    fprintf(stderr, "tandem run: all %lld restart%s (--max-restarts) used; giving up\n", (long long)max_restarts,
+            max_restarts == 1 ? "" : "s");
   return f->sig ? 128 + f->sig : (f->code ? f->code : 1);
 }

@@ -683,8 +683,18 @@ tdm_status tdm__shm_transport_create(tdm__transport **out, struct tdm_comm *c, c
       waiter w = {0};
       while (atomic_load(&t->hdr->attached) < P && st == TDM_OK)
         st = idle(t, &w, c, -1, deadline, "shared-memory set-up (waiting for every rank to map the segment)");
-      if (st == TDM_ERR_TIMEOUT)
-        st = tdm__set_error(st, "%s: %d of %d ranks mapped it", tdm_last_error(), (int)atomic_load(&t->hdr->attached), P);
+      if (st == TDM_ERR_TIMEOUT) { /* name those that never came: each rank writes its pid as it maps */
+        char missing[160] = "", why[600];
+        int nm = 0;
+        for (int r = 0; r < P; r++)
+          if (!atomic_load(&t->ctl[r].pid) && nm++ < 8) {
+            size_t at = strlen(missing);
+            snprintf(missing + at, sizeof missing - at, "%s%d", nm > 1 ? ", " : "", r);
+          }
+        snprintf(why, sizeof why, "%s", tdm_last_error());
+        st = tdm__set_error(st, "%s: %d of %d ranks mapped it; missing: rank%s %s%s", why, (int)atomic_load(&t->hdr->attached), P,
+                            nm == 1 ? "" : "s", missing, nm > 8 ? ", ..." : "");
+      }
       shm_unlink(name);
     }
   }
