@@ -267,6 +267,14 @@ int tool_bench(int argc, char **argv) {
     return 2;
   }
   size_t es = tdm_dtype_size(dt);
+  if ((size_t)maxb < es) { /* every size would move no element, and "pass" */
+    if (me == 0)
+      fprintf(stderr, "tandem bench: -e %lld bytes holds no element of %s (%zu bytes); expected sizes of at least %zu bytes\n",
+              (long long)maxb, dt_name, es, es);
+    tdm_comm_destroy(c);
+    tdm_trace_close(tr);
+    return 2;
+  }
   int multi = op == B_REDUCESCATTER || op == B_ALLGATHER || op == B_ALLTOALL;
   double factor_bw = op == B_ALLREDUCE ? 2.0 * (P - 1) / P : multi ? (double)(P - 1) / P : 1.0;
   size_t maxcount = (size_t)maxb / es + (size_t)P;
@@ -374,7 +382,7 @@ int tool_bench(int argc, char **argv) {
     rows++;
   }
   if (me == 0) {
-    printf("# Out of bounds values : %lld %s\n", (long long)total_wrong, total_wrong ? "FAILED" : "OK");
+    printf("# Out of bounds values : %lld %s\n", (long long)total_wrong, total_wrong || failed ? "FAILED" : "OK");
     printf("# Avg bus bandwidth    : %g \n#\n", rows ? bw_sum / rows : 0.0);
     if (jf) {
       fprintf(jf, "\n]\n");

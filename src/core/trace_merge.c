@@ -2,6 +2,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -122,7 +123,15 @@ static tdm_status merge(const char *dir, const char *out, rank_trace *rs, int *n
   int out_exists = stat(out, &os) == 0;
   while (st == TDM_OK && (de = readdir(d))) {
     int rank, len = 0;
-    if (sscanf(de->d_name, "trace.rank%d.json%n", &rank, &len) != 1 || len != (int)strlen(de->d_name) || rank < 0) continue;
+    char digits[16] = "";
+    if (sscanf(de->d_name, "trace.rank%15[0-9].json%n", digits, &len) != 1 || len != (int)strlen(de->d_name)) continue;
+    long r = strtol(digits, NULL, 10); /* (%d overflowed: rank99999999999 read as 1215752191) */
+    if (strlen(digits) > 9 || r >= cap) {
+      st = tdm__set_error(TDM_ERR_INVALID_ARG, "trace merge: %s/%s: rank %s is out of range (at most %d ranks)", dir, de->d_name,
+                          digits, cap);
+      break;
+    }
+    rank = (int)r;
     if (*nr == cap) {
       st = tdm__set_error(TDM_ERR_INVALID_ARG, "trace merge: %s holds more than %d rank traces", dir, cap);
       break;

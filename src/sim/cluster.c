@@ -4,7 +4,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "core/file.h"
 #include "core/internal.h"
 #include "core/json.h"
 #include "tandem/sim.h"
@@ -94,7 +96,7 @@ static tdm_status optional(const tdm_json *o, const char *path, const char *obj,
 }
 /* A link's fields: alpha, beta, gamma required; the CPU part and pairwise optional (0: the plain
  * alpha-beta-gamma link of files calibrated before them). */
-static tdm_status link(const tdm_json *o, const char *path, const char *name, tdm_sim_link *l) {
+static tdm_status link_of(const tdm_json *o, const char *path, const char *name, tdm_sim_link *l) {
   double pw = 0;
   TDM__TRY(num(o, path, name, "alpha", &l->alpha));
   TDM__TRY(num(o, path, name, "beta", &l->beta));
@@ -123,8 +125,18 @@ static tdm_status integer(const tdm_json *o, const char *path, const char *key, 
 
 tdm_status tdm_sim_cluster_load(const char *path, tdm_sim_cluster *k) {
   if (!path || !k) return tdm__set_error(TDM_ERR_INVALID_ARG, "simulate: NULL cluster file or cluster");
-  FILE *f = fopen(path, "rb");
-  if (!f) return tdm__set_error(TDM_ERR_IO, "cluster file %s: %s", path, strerror(errno));
+  int fd = -1;
+  int64_t size = 0;
+  if (tdm__file_open_regular(path, &fd, &size) != TDM_OK) { /* a directory or a FIFO is named as such, not "not JSON" */
+    char why[600];
+    snprintf(why, sizeof why, "%s", tdm_last_error());
+    return tdm__set_error(TDM_ERR_IO, "cluster file: %s", why);
+  }
+  FILE *f = fdopen(fd, "rb");
+  if (!f) {
+    close(fd);
+    return tdm__set_error(TDM_ERR_IO, "cluster file %s: %s", path, strerror(errno));
+  }
   char *text = NULL;
   size_t n = 0, cap = 0;
   for (;;) {
@@ -155,9 +167,9 @@ tdm_status tdm_sim_cluster_load(const char *path, tdm_sim_cluster *k) {
   if (st == TDM_OK) st = integer(j, path, "threads", &c.threads);
   if (st == TDM_OK) st = num(j, path, "", "shm", &shm);
   if (st == TDM_OK) st = object(j, path, "intra", &intra);
-  if (st == TDM_OK) st = link(intra, path, "intra", &c.intra);
+  if (st == TDM_OK) st = link_of(intra, path, "intra", &c.intra);
   if (st == TDM_OK) st = object(j, path, "inter", &inter);
-  if (st == TDM_OK) st = link(inter, path, "inter", &c.inter);
+  if (st == TDM_OK) st = link_of(inter, path, "inter", &c.inter);
   if (st == TDM_OK) st = optional(j, path, "", "cpu_cores", c.cores_per_node, &c.cpu_cores);
   if (st == TDM_OK) st = object(j, path, "compute", &comp);
   if (st == TDM_OK) st = num(comp, path, "compute", "flops", &c.flops);

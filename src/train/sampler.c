@@ -161,7 +161,8 @@ tdm_status tdm_sampler_create(tdm_sampler **out, const tdm_dataset *ds, const td
   pthread_cond_init(&s->cv, NULL);
   if (!s->order || !s->idx || !s->slots[0].x || !s->slots[1].x || !s->slots[0].y || !s->slots[1].y) {
     tdm_sampler_destroy(s);
-    return tdm__set_error(TDM_ERR_NO_MEMORY, "sampler: out of memory");
+    return tdm__set_error(TDM_ERR_NO_MEMORY, "sampler: out of memory for two batches of %lld samples of %lld values (%.3g GB)",
+                          (long long)cfg->batch, (long long)per, 2.0 * (double)cfg->batch * (double)per * 4 / 1e9);
   }
   if (cfg->prefetch) {
     s->trace = tdm_trace_current();

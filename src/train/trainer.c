@@ -151,8 +151,8 @@ static tdm_status parse_kinds(const tdm_train_config *c, tdm_model_kind *mk, tdm
                                                  "into the parameters in forward, and each pull from the servers would overwrite "
                                                  "them; use data parallelism (--zero 0, 1 or 2)");
   if ((c->crop_pad > 0 || c->flip) && (*mk == TDM_MODEL_MLP || is_lm(*mk)))
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --crop-pad %d / --flip with model %s: augmentation needs image inputs (cnn, resnet)",
-                          c->crop_pad, c->model);
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: %s with model %s: augmentation needs image inputs (cnn, resnet)",
+                          c->crop_pad > 0 && c->flip ? "--crop-pad and --flip" : c->flip ? "--flip" : "--crop-pad", c->model);
   if (c->sync_bn && *mk != TDM_MODEL_RESNET)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --sync-bn with model %s, which has no batch norm; it applies to resnet", c->model);
   if ((unsigned)e->kind >= TDM_ENGINE_KIND_COUNT || (e->kind == TDM_ENGINE_ZERO && (e->zero.stage < 1 || e->zero.stage > 3)))

@@ -216,6 +216,8 @@ bench_rows() { # -b 1.5K with the largest factor: exactly one row, of 1536 bytes
   [[ $(grep -vc '^#' "$TMP/out") -eq 1 ]] && grep -q '^ *1536 ' "$TMP/out" && grep -q '"size":1536' "$TMP/b.json"
 }
 check "bench: fractional sizes and a huge factor" bench_rows
+check "bench: sizes that hold no element" expect_fail 2 "-e 3 bytes holds no element of double (8 bytes)" \
+  "$TANDEM" bench allreduce -b 3 -e 3 -d double
 check "bench gpt: --width above its bound" expect_fail 2 "--width: 100000 is out of range; expected 0..65536" \
   "$TANDEM" bench gpt --width 100000
 

@@ -103,6 +103,7 @@ bad_input() {
     refused 2 "expected positive rank counts" --ranks 2, &&
     refused 2 'the object "inter" is missing' --cluster "$TMP/bad.json" &&
     refused 2 "No such file" --cluster "$TMP/none.json" &&
+    refused 2 "$TMP: not a regular file but a directory" --cluster "$TMP" &&
     refused 1 "resnet model: its compute per layer is not described" --model resnet --ranks 2 &&
     refused 1 "the mlp model has no heads to split" --tp 2 --ranks 2 &&
     refused 1 "the process grid does not make the world" --model gpt --tp 2 --ranks 3 &&

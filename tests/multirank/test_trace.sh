@@ -55,7 +55,9 @@ merge_onto_input() { # an output that is one of the inputs is refused, the input
   "$T" trace merge "$TMP/own" "$TMP/own/trace.rank0.json" >"$TMP/own.out" 2>&1
   [[ $? -eq 1 ]] && grep -q "the output $TMP/own/trace.rank0.json is one of the inputs" "$TMP/own.out" &&
     cmp -s "$TMP/own.rank0" "$TMP/own/trace.rank0.json" || { echo "  refused? kept?"; cat "$TMP/own.out"; return 1; }
-  "$T" trace merge --help | grep -q "usage: tandem trace merge"
+  "$T" trace merge --help | grep -q "usage: tandem trace merge" || return 1
+  mkdir -p "$TMP/big" && echo '{}' >"$TMP/big/trace.rank99999999999.json"
+  "$T" trace merge "$TMP/big" "$TMP/big.json" 2>&1 | grep -q "rank 99999999999 is out of range"
 }
 check "trace merge refuses to write over one of its inputs (kept as it was); trace merge --help" merge_onto_input
 # --emulate-ranks N: N ranks as threads of one process equal N real ranks bit for bit (the data
