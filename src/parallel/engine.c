@@ -254,14 +254,20 @@ static tdm_tensor *forward(tdm_engine *e, tdm_tensor *x, tdm_tensor *y, tdm_step
   return loss;
 }
 
+double tdm__engine_seed_scale(const tdm_engine *e) {
+  return e->cfg.precision == TDM_F16 ? e->ls_scale / (double)(e->size > 0 ? e->size : 1) : 1.0;
+}
+
 /* backward, seeded with 1/accum so that the step's gradient is the mean over its micro-batches,
- * times the loss scale (fp16: small gradients stay above f16's smallest values). */
+ * times the loss scale over the data ranks (fp16: small gradients stay above f16's smallest
+ * values, and a rank's are one process's: tdm__engine_seed_scale). */
 static tdm_status backward(tdm_engine *e, tdm_tensor *loss) {
-  if (e->cfg.accum == 1 && e->ls_scale == 1.0) return tdm_backward(e->tape, loss);
+  double seed = tdm__engine_seed_scale(e);
+  if (e->cfg.accum == 1 && seed == 1.0) return tdm_backward(e->tape, loss);
   int64_t one[1] = {1};
   tdm_tensor *g = tdm_new(e->tape, TDM_F32, 0, one);
   if (!g) return tdm__set_error(tdm_tape_status(e->tape), "%s", tdm_tape_error(e->tape));
-  *(float *)tdm_tensor_data(g) = (float)(e->ls_scale / (double)e->cfg.accum);
+  *(float *)tdm_tensor_data(g) = (float)(seed / (double)e->cfg.accum);
   return tdm_backward_with(e->tape, loss, g);
 }
 
@@ -299,8 +305,8 @@ static tdm_status update(tdm_engine *e, float lr, tdm_step_stats *st) {
 }
 
 tdm_status tdm__engine_update(tdm_engine *e, double sumsq, float lr, tdm_step_stats *st) {
-  double scale = e->ls_scale;
-  st->loss_scale = scale;
+  double scale = tdm__engine_seed_scale(e); /* what the averaged gradients carry */
+  st->loss_scale = e->ls_scale;
   if (e->cfg.precision == TDM_F16) {
     int any;
     TDM__TRY(overflowed(e, sumsq, &any));

@@ -29,6 +29,13 @@ struct tdm_engine {
   int64_t ls_good;  /* fp16: clean steps in a row since the scale last changed */
 };
 
+/* fp16: what a rank's backward is seeded with beyond 1/accum, and what its averaged gradients
+ * carry: the loss scale over the data ranks. Each rank's loss is the mean over its own batch, D
+ * times one process's share per sample, so seeded with the scale alone its f16 gradients were D
+ * times one process's and overflowed at another step; seeded with scale / D they are one
+ * process's, and the average carries scale / D. 1 without fp16. */
+double tdm__engine_seed_scale(const tdm_engine *e);
+
 /* Rows are written with designated initializers: an optional operation an engine lacks is left
  * out (NULL), so adding one touches only the engines that have it. */
 typedef struct tdm__engine_ops {

@@ -432,10 +432,11 @@ static tdm_status backward(tdm_engine *e, pp_state *q, slot *s, tdm_pp_op op) {
   tdm_tensor *g = s->gout;
   if (s->chunk == q->C - 1) { /* seeded with 1/M (times fp16's loss scale), as one process accumulating M micro-batches */
     g = NULL;
-    if (q->M > 1 || e->ls_scale != 1.0) {
+    double seed = tdm__engine_seed_scale(e); /* fp16: the loss scale over the data ranks */
+    if (q->M > 1 || seed != 1.0) {
       int64_t one[1] = {1};
       if (!(g = tdm_new(t, TDM_F32, 0, one))) return tdm__set_error(tdm_tape_status(t), "%s", tdm_tape_error(t));
-      *(float *)tdm_tensor_data(g) = e->ls_scale == 1.0 ? 1.0f / (float)q->M : (float)(e->ls_scale / (double)q->M);
+      *(float *)tdm_tensor_data(g) = seed == 1.0 ? 1.0f / (float)q->M : (float)(seed / (double)q->M);
     }
   }
   tdm_status st;

@@ -112,6 +112,17 @@ EOF
     { echo "  ranks with 1 and 2 threads were refused"; tail -3 "$TMP/out"; return 1; }
 }
 check "ranks started with different settings (model, lr, seed, batch): every rank names the option and both values" different_settings
+fp16_skips() { # each rank's backward seeded with the loss scale over the data ranks: the same steps overflow as in one process
+  local F=(train --model gpt --layers 2 --heads 2 --width 48 --block 16 --vocab 257 --threads 1 --val-batches 1 --seed 5 --steps 12
+           --optimizer sgd --momentum 0.9 --lr 0.1 --dropout 0.2 --clip 0.5 --precision fp16 --loss-scale-init 3e6 --loss-scale-window 2)
+  "$T" "${F[@]}" --batch-size 8 --metrics "$TMP/fp1.m" >/dev/null 2>&1 &&
+    "$T" run -n 2 -- tandem "${F[@]}" --batch-size 4 --metrics "$TMP/fp2.m" >/dev/null 2>&1 || return 1
+  local a b
+  a=$(grep -o '"skipped":[01]' "$TMP/fp1.m" | cut -d: -f2 | tr -d '\n')
+  b=$(grep -o '"skipped":[01]' "$TMP/fp2.m" | cut -d: -f2 | tr -d '\n')
+  [[ ${#a} == 12 && $a == *1* && $a == "$b" ]] || { echo "  skipped steps: 1 process $a, 2 ranks $b"; return 1; }
+}
+check "fp16: 2 ranks skip the steps one process skips (the loss scale seeded over the data ranks)" fp16_skips
 duplicate_rank() { # a third process given RANK=1 too: refused at once, naming the rank and the first one's address
   local port p0 p1 rc
   port=$(free_port)
