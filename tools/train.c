@@ -110,7 +110,7 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
       {"clip", CLI_FLOAT, &clip, "0", "clip the global gradient norm to this (0: off; gpt default 1)", NULL, 0, 1e6, 0},
       {"max-time", CLI_FLOAT, &max_time, "0", "stop cleanly after this many seconds of training (0: no limit)", NULL, 0, 1e9, 0},
       {"val-every", CLI_INT, &val_every, "0", "gpt: validation loss every this many steps (0: at the end; gpt default 100)", NULL, 0, 1e9, 0},
-      {"val-batches", CLI_INT, &val_batches, "20", "gpt: batches per validation", NULL, 1, 1e6, 0},
+      {"val-batches", CLI_INT, &val_batches, "20", "gpt, llama: validation batches per evaluation, each of the global batch (--batch-size x data ranks x accumulation: the same samples in every layout)", NULL, 1, 1e6, 0},
       {"dropout", CLI_FLOAT, &dropout, "0.3", "dropout probability between layers", NULL, 0, 0.999, 0},
       {"seed", CLI_INT, &seed, "42", "seed for initialisation, shuffling and dropout", NULL, 0, 9.2e18, 0},
       {"threads", CLI_INT, &threads, "0", "intra-op threads (0: all cores, or TANDEM_NUM_THREADS)", NULL, 0, 256, 0},

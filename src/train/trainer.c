@@ -1015,7 +1015,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
         TDM__TRY(flush_record(s, rec, &pr, c));
         TDM__TRY(ps_survivors(s, c, &pr, res));
         double te = tdm_trace_begin();
-        TDM__TRY(evaluate(s->engine, s->test, B, s->idx, c->val_batches * B * D, &vl, &va));
+        TDM__TRY(evaluate(s->engine, s->test, B, s->idx, c->val_batches * G, &vl, &va));
         if (te > 0) trace_span("evaluation", "validation", te, step + 1);
         if (pr.f) fprintf(pr.f, "%sstep %lld: val loss %.4f\n", pr.tty ? "\n" : "", (long long)step + 1, vl);
         TDM__TRY(eval_record(s, c, 1, 0, step + 1, vl, va));
@@ -1030,7 +1030,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
       TDM__TRY(ps_survivors(s, c, &pr, res));
       TDM__TRY(params_finite(s->engine, c, step));
       double te = tdm_trace_begin();
-      TDM__TRY(evaluate(s->engine, s->test, is_lm(mk) ? B : eb, s->idx, is_lm(mk) ? c->val_batches * B * D : 0,
+      TDM__TRY(evaluate(s->engine, s->test, is_lm(mk) ? B : eb, s->idx, is_lm(mk) ? c->val_batches * G : 0,
                         &tl, &ta));
       if (te > 0) trace_span("evaluation", "evaluation", te, step);
       res->test_loss = tl;
@@ -1051,7 +1051,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   TDM__TRY(flush_record(s, rec, &pr, c));
   if (!evaluated) { /* no step ran: the checkpoint's weights, evaluated as the run's last epoch was */
     TDM__TRY(ps_survivors(s, c, &pr, res));
-    TDM__TRY(evaluate(s->engine, s->test, is_lm(mk) ? B : eb, s->idx, is_lm(mk) ? c->val_batches * B * D : 0,
+    TDM__TRY(evaluate(s->engine, s->test, is_lm(mk) ? B : eb, s->idx, is_lm(mk) ? c->val_batches * G : 0,
                       &res->test_loss, &res->test_accuracy));
     if (pr.f)
       fprintf(pr.f, "step %lld: %s loss %.4f, %s accuracy %.2f%%\n", (long long)step, is_lm(mk) ? "val" : "test",

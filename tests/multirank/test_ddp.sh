@@ -112,6 +112,17 @@ EOF
     { echo "  ranks with 1 and 2 threads were refused"; tail -3 "$TMP/out"; return 1; }
 }
 check "ranks started with different settings (model, lr, seed, batch): every rank names the option and both values" different_settings
+val_same_samples() { # --val-batches counts global batches: the same validation whatever the layout
+  local V=(train --model gpt --layers 2 --heads 2 --width 48 --block 16 --vocab 257 --threads 1 --val-batches 2 --seed 5 --steps 2
+           --optimizer sgd --lr 0.1 --dropout 0 --warmup 0 --lr-schedule constant)
+  "$T" "${V[@]}" --batch-size 8 >"$TMP/v1" 2>&1 && "$T" run -n 2 -- tandem "${V[@]}" --batch-size 2 --accum 2 >"$TMP/v2" 2>&1 ||
+    { tail -2 "$TMP/v1" "$TMP/v2"; return 1; }
+  local a b
+  a=$(grep -o "val loss: [0-9.]* nats per byte  next-byte accuracy: [0-9.]*" "$TMP/v1")
+  b=$(grep -o "val loss: [0-9.]* nats per byte  next-byte accuracy: [0-9.]*" "$TMP/v2")
+  [[ -n $a && $a == "$b" ]] || { echo "  1 process: $a"; echo "  2 ranks x 2 micro-batches: $b"; return 1; }
+}
+check "gpt: the validation is the same samples on 1 process x 8 and 2 ranks x 2 micro-batches of 2" val_same_samples
 fp16_skips() { # each rank's backward seeded with the loss scale over the data ranks: the same steps overflow as in one process
   local F=(train --model gpt --layers 2 --heads 2 --width 48 --block 16 --vocab 257 --threads 1 --val-batches 1 --seed 5 --steps 12
            --optimizer sgd --momentum 0.9 --lr 0.1 --dropout 0.2 --clip 0.5 --precision fp16 --loss-scale-init 3e6 --loss-scale-window 2)
