@@ -48,7 +48,7 @@ static tdm_status ps_create(tdm_engine *e, const tdm_model_config *mc, uint64_t 
                           e->size, tdm_comm_size(world), pc->servers);
   if (e->cfg.clip > 0)
     return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "engine_create: clipping (%g) with a parameter server: the servers see "
-                          "only their shards, so no rank knows the global norm; train without --clip", (double)e->cfg.clip);
+                          "only their shards, so no rank knows the global norm; give --clip 0 (the gpt and llama clip to 1 by default)", (double)e->cfg.clip);
   TDM__TRY(tdm_model_create(&e->model, mc, seed));
   e->params = tdm_model_params(e->model);
   e->spans = tdm__malloc(sizeof *e->spans);

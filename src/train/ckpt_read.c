@@ -165,7 +165,9 @@ int tdm__optim_state_names(const tdm_optim *o, const char **names) {
   tdm_optim_state(o, &n_state);
   const tdm_optim_config *oc = tdm_optim_get_config(o);
   if (oc->kind == TDM_OPT_SGD) {
-    if (!n_state) return 0;
+    /* the configuration decides, not the state held: a parameter server's worker holds none (its
+     * servers keep the momentum), and read "without momentum" it refused its own checkpoints */
+    if (!(oc->momentum > 0) && !n_state) return 0;
     names[0] = "momentum_buffer";
     return 1;
   }

@@ -145,6 +145,20 @@ checkpoint_resumes() {
     grep -q "resumed from step 4 of .*written by data parallel, 2 ranks; resharded to parameter server (sync), 2 workers, 2 servers" "$TMP/o5"
 }
 
+# SGD with momentum: the momentum lives on the servers and the workers hold no optimizer state;
+# the checkpoint still resumes bit for bit, and from data parallelism (read "without momentum",
+# the workers refused both)
+momentum_resumes() {
+  local C=("${M[@]/adamw/sgd}" --momentum 0.9 --checkpoint-every 2)
+  job 3 shm "${C[@]}" --ps-servers 1 --save-weights "$TMP/m_full.st" >"$TMP/m0" 2>&1 &&
+    { TANDEM_FAULT=0:4 job 3 shm "${C[@]}" --ps-servers 1 --checkpoint-dir "$TMP/mps" >"$TMP/m1" 2>&1; [[ $? -eq 3 ]]; } &&
+    job 3 shm "${C[@]}" --ps-servers 1 --checkpoint-dir "$TMP/mps" --resume --save-weights "$TMP/m_res.st" >"$TMP/m2" 2>&1 &&
+    { TANDEM_FAULT=0:4 job 2 shm "${C[@]}" --checkpoint-dir "$TMP/mdp" >"$TMP/m3" 2>&1; [[ $? -eq 3 ]]; } &&
+    job 3 shm "${C[@]}" --ps-servers 1 --checkpoint-dir "$TMP/mdp" --resume --save-weights "$TMP/m_res2.st" >"$TMP/m4" 2>&1 ||
+    { echo "  a job failed:"; tail -n 2 "$TMP"/m[0-4]; return 1; }
+  cmp "$TMP/m_full.st" "$TMP/m_res.st" && cmp "$TMP/m_full.st" "$TMP/m_res2.st"
+}
+
 # A worker killed mid-run (TANDEM_FAULT: exit 3 after 3 steps) under tandem run --keep-going:
 # async and ssp servers name it and go on; the survivors finish, evaluate and save on a
 # communicator of their own; every push that arrived is in the saved weights (the update log
@@ -282,6 +296,7 @@ fi
 if part faults; then
 check "data parallelism's weights to compare with" dp_reference
 check "checkpoints: resume bit for bit, and across data parallelism both ways" checkpoint_resumes
+check "SGD with momentum: a checkpoint resumes bit for bit, and data parallelism's into the parameter server" momentum_resumes
 check "a lost worker: async goes on without it, its pushes kept (tandem run --keep-going)" lost_worker_async_goes_on
 check "a lost worker: ssp goes on, the first survivor reports, the bound holds" lost_worker_ssp_goes_on
 check "a dead worker is named by the server (ranks started one by one)" dead_worker_named
