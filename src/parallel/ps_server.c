@@ -65,11 +65,12 @@ static tdm_status reply(server *v, int w, uint64_t sum) {
 
 static uint64_t shard_sum(server *v) { return tdm__ps_sum(tdm_params_data(v->params) + v->lo, v->n); }
 
-/* The slowest clock of the workers still training; -1 when none is. (A lost worker is done.) */
+/* The slowest clock of the workers still training; -1 when none is. (A lost worker is done; one
+ * that sent its final pull trains no more: counted, a faster ssp worker waited for it forever.) */
 static int64_t slowest(server *v) {
   int64_t m = -1;
   for (int w = 0; w < v->W; w++)
-    if (!v->done[w] && (m < 0 || v->clock[w] < m)) m = v->clock[w];
+    if (!v->done[w] && !v->pulling[w] && (m < 0 || v->clock[w] < m)) m = v->clock[w];
   return m;
 }
 
@@ -273,7 +274,8 @@ static tdm_status serve_one(server *v) {
   if (v->done[from]) return fail(v, TDM_ERR_MISMATCH, "worker %d sent a message after it said it was done", NULL, from);
   if (m.kind == TDM_PS_PULL) { /* the shard as it stands once every live worker asks (the final weights) */
     v->pulling[from] = 1;
-    return meet(v);
+    TDM__TRY(meet(v));
+    return v->pc->mode == TDM_PS_SYNC ? TDM_OK : release(v); /* it no longer holds the slowest clock back */
   }
   if (m.kind == TDM_PS_LOST) return send_lost(v, from, m.clock);
   if (m.kind == TDM_PS_CKPT) {

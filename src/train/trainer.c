@@ -146,6 +146,10 @@ static tdm_status parse_kinds(const tdm_train_config *c, tdm_model_kind *mk, tdm
   if (*mk == TDM_MODEL_RESNET && e->kind == TDM_ENGINE_ZERO && e->zero.stage == 3)
     return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "train: resnet with --zero 3: batch norm writes its running statistics "
                                                  "into the parameters in forward, which stage 3 does not hold; use --zero 0, 1 or 2");
+  if (e->kind == TDM_ENGINE_PS && e->ps.mode != TDM_PS_SYNC && c->max_time > 0 && c->checkpoint_dir)
+    return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "train: --max-time with --ps-mode %s and --checkpoint-dir: the workers stop "
+                          "on their own clocks at different steps, and a checkpoint is of one step; give --steps, or "
+                          "--ps-mode sync, or no --checkpoint-dir", e->ps.mode == TDM_PS_ASYNC ? "async" : "ssp");
   if (*mk == TDM_MODEL_RESNET && e->kind == TDM_ENGINE_PS)
     return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "train: resnet with --ps-servers: batch norm writes its running statistics "
                                                  "into the parameters in forward, and each pull from the servers would overwrite "

@@ -159,6 +159,18 @@ momentum_resumes() {
   cmp "$TMP/m_full.st" "$TMP/m_res.st" && cmp "$TMP/m_full.st" "$TMP/m_res2.st"
 }
 
+# --max-time in ssp: each worker stops on its own clock and sends its final pull; the server no
+# longer counts it as the slowest (a faster worker held for it waited until the timeout)
+max_time_own_clocks() {
+  local X=("${M[@]/--steps 5/--steps 1000000}" --max-time 1)
+  TANDEM_TIMEOUT=20 job 3 shm "${X[@]}" --ps-servers 1 --ps-mode ssp --staleness 1 >"$TMP/mt1" 2>&1 ||
+    { echo "  ssp with --max-time:"; tail -n 3 "$TMP/mt1"; return 1; }
+  grep -q '"max_clock_gap":[01],' "$TMP/mt1" || { echo "  the bound"; grep ps_server "$TMP/mt1"; return 1; }
+  TANDEM_TIMEOUT=20 job 3 shm "${X[@]}" --ps-servers 1 --ps-mode async --checkpoint-dir "$TMP/mtck" >"$TMP/mt2" 2>&1
+  [[ $? -ne 0 ]] && grep -q -- "--max-time with --ps-mode async and --checkpoint-dir" "$TMP/mt2" ||
+    { echo "  async, --max-time, checkpoints:"; tail -n 2 "$TMP/mt2"; return 1; }
+}
+
 # A worker killed mid-run (TANDEM_FAULT: exit 3 after 3 steps) under tandem run --keep-going:
 # async and ssp servers name it and go on; the survivors finish, evaluate and save on a
 # communicator of their own; every push that arrived is in the saved weights (the update log
@@ -297,6 +309,7 @@ if part faults; then
 check "data parallelism's weights to compare with" dp_reference
 check "checkpoints: resume bit for bit, and across data parallelism both ways" checkpoint_resumes
 check "SGD with momentum: a checkpoint resumes bit for bit, and data parallelism's into the parameter server" momentum_resumes
+check "--max-time: ssp workers stop on their own clocks, cleanly; with async and a checkpoint directory refused" max_time_own_clocks
 check "a lost worker: async goes on without it, its pushes kept (tandem run --keep-going)" lost_worker_async_goes_on
 check "a lost worker: ssp goes on, the first survivor reports, the bound holds" lost_worker_ssp_goes_on
 check "a dead worker is named by the server (ranks started one by one)" dead_worker_named
