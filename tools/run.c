@@ -31,9 +31,6 @@
 static volatile sig_atomic_t got_signal;
 static void on_signal(int s) { got_signal = s; }
 
-/* The store's listening socket, opened here and inherited by rank 0 (TANDEM_STORE_FD): no other
- * job can take the port between choosing it and using it. It listens on the master address
- * only (loopback stays loopback). port 0: any free one. Returns the fd (close-on-exec). */
 /* Whether a process is stopped (state T or t in /proc/PID/stat). */
 static int run_is_stopped(pid_t pid) {
   char path[64], buf[512];
@@ -47,6 +44,9 @@ static int run_is_stopped(pid_t pid) {
   return p && p[1] == ' ' && (p[2] == 'T' || p[2] == 't');
 }
 
+/* The store's listening socket, opened here and inherited by rank 0 (TANDEM_STORE_FD): no other
+ * job can take the port between choosing it and using it. It listens on the master address
+ * only (loopback stays loopback). port 0: any free one. Returns the fd (close-on-exec). */
 int run_store_socket(const char *master, int64_t nnodes, int64_t *port) {
   int fd = -1, got = 0;
   if (tdm__net_listen(master, (int)*port, &fd, &got) != TDM_OK) {
