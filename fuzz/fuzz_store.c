@@ -1,6 +1,6 @@
 /* The rendezvous store's requests (tdm__store_parse, what the server runs on each client's
  * buffer) on a fuzzed stream, consumed request by request as the server does. A request accepted
- * is whole and inside the bytes, its command one of S, G, A, its key 1..TDM_STORE_MAX_KEY bytes
+ * is whole and inside the bytes, its command one of S, O, G, A, its key 1..TDM_STORE_MAX_KEY bytes
  * without NUL (the server keeps it as a C string), its value at most TDM_STORE_MAX_VAL bytes (a
  * get's none, an add's 8): so nothing the server allocates for it is larger; every proper
  * prefix of it asks for more bytes. A stream that stops short asks for more; anything else is
@@ -16,7 +16,7 @@ static int expected(const uint8_t *b, size_t n) {
   uint64_t vl;
   memcpy(&kl, b + 1, 4);
   memcpy(&vl, b + 5, 8);
-  int cmd_ok = (b[0] == 'S' && vl <= TDM_STORE_MAX_VAL) || (b[0] == 'G' && vl == 0) || (b[0] == 'A' && vl == 8);
+  int cmd_ok = ((b[0] == 'S' || b[0] == 'O') && vl <= TDM_STORE_MAX_VAL) || (b[0] == 'G' && vl == 0) || (b[0] == 'A' && vl == 8);
   if (!cmd_ok || kl == 0 || kl > TDM_STORE_MAX_KEY) return -1;
   if (n < TDM_STORE_REQ_HEAD + kl) return 0;
   if (memchr(b + TDM_STORE_REQ_HEAD, 0, kl)) return -1;

@@ -425,16 +425,18 @@ int tool_run(int argc, char **argv) {
                 (first_fail < 0 || (ranks[i].sig && !ranks[first_fail].sig)))
               first_fail = i;
           }
-      if (keep_going && !stopping && first_fail >= 0 && alive > 0 && alive < started) {
-        /* --keep-going waits for the others; but a stopped rank (SIGSTOP, state T) never ends, and
-         * when every rank left is stopped and the rest have exited nothing will wake it */
+      if (!stopping && alive > 0 && alive < started) {
+        /* a stopped rank (SIGSTOP, state T) never ends: when every rank left is stopped and the rest
+         * have exited (failed, or with --keep-going, or all done) nothing will wake it */
         int stopped = 0;
         for (int i = 0; i < started; i++) stopped += !ranks[i].done && run_is_stopped(ranks[i].pid);
         if (stopped == alive) {
           for (int i = 0; i < started; i++)
-            if (!ranks[i].done)
+            if (!ranks[i].done) {
               fprintf(stderr, "tandem run: rank %lld (pid %d) is stopped (SIGSTOP?) and every other rank has exited: killing it\n",
                       (long long)(node_rank * n + i), (int)ranks[i].pid);
+              if (first_fail < 0) first_fail = i; /* it never finished: the job did not succeed */
+            }
           run_signal_ranks(ranks, started, SIGKILL, 1);
           stopping = 1;
           stop_at = tdm_time_now() + 5;

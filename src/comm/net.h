@@ -83,10 +83,10 @@ void tdm__net_gate_destroy(tdm__net_gate *g);
 /* A gate's memory (fixed: its pending connections are preallocated), for the memory planner. */
 size_t tdm__net_gate_bytes(void);
 
-/* The rendezvous store's requests (store.c), after the hello: a command byte ('S' set, 'G' get,
- * 'A' add), the key's length (u32), the value's length (u64), both in host order (every rank
- * runs this build), then the key (1..TDM_STORE_MAX_KEY bytes, no NUL) and the value (a set's at
- * most TDM_STORE_MAX_VAL bytes, a get's none, an add's 8: the signed delta). */
+/* The rendezvous store's requests (store.c), after the hello: a command byte ('S' set, 'O' set
+ * once, 'G' get, 'A' add), the key's length (u32), the value's length (u64), both in host order
+ * (every rank runs this build), then the key (1..TDM_STORE_MAX_KEY bytes, no NUL) and the value
+ * (a set's at most TDM_STORE_MAX_VAL bytes, a get's none, an add's 8: the signed delta). */
 #define TDM_STORE_MAGIC 0x53444d54u /* "TMDS": the store's hello */
 #define TDM_STORE_REQ_HEAD 13
 #define TDM_STORE_MAX_KEY 4096

@@ -65,6 +65,11 @@ static tdm_status open_outputs(const tdm_train_config *c, tdm__start_out *out) {
   if (c->save_weights) TDM__TRY(probe_file(c->save_weights, "--save-weights"));
   if (c->metrics && !(out->metrics = fopen(c->metrics, "a"))) /* never truncated: restarts and resumes append */
     return tdm__set_error(TDM_ERR_IO, "train: cannot write metrics to %s: %s", c->metrics, strerror(errno));
+  if (out->metrics) { /* a record cut off by a kill: end its line, so what follows starts a line of its own */
+    FILE *r = fopen(c->metrics, "r");
+    if (r && fseek(r, -1, SEEK_END) == 0 && fgetc(r) != '\n') fputc('\n', out->metrics);
+    if (r) fclose(r);
+  }
   if (!c->checkpoint_dir) return TDM_OK;
   TDM__TRY(tdm_ckpt_lock(c->checkpoint_dir, &out->lock_fd));
   TDM__TRY(probe_dir(c->checkpoint_dir, "--checkpoint-dir"));

@@ -301,11 +301,17 @@ static int64_t last_recorded_step(const char *path) {
   FILE *f = fopen(path, "r");
   if (!f) return -1;
   int64_t last = -1;
-  char line[4096];
-  while (fgets(line, sizeof line, f)) {
+  char *line = NULL;
+  size_t cap = 0;
+  ssize_t len;
+  while ((len = getline(&line, &cap, f)) > 0) {
     long long k;
-    if (strstr(line, "\"step_time_ms\"") && sscanf(line, "{\"step\":%lld,", &k) == 1 && k > last) last = k;
+    /* a whole record only: one cut off by a kill mid-write does not count (its step is written again) */
+    if (len >= 2 && line[len - 1] == '\n' && line[len - 2] == '}' && strstr(line, "\"step_time_ms\"") &&
+        sscanf(line, "{\"step\":%lld,", &k) == 1 && k > last)
+      last = k;
   }
+  free(line);
   fclose(f);
   return last;
 }

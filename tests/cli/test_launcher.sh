@@ -208,9 +208,18 @@ stopped_rank() { # rank 1 stops itself; rank 0 times out waiting for it; the lau
   local rc=$?
   [[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "rank 1 (pid [0-9]*) is stopped (SIGSTOP?) and every other rank has exited: killing it" "$TMP/out" ||
     { echo "  exit $rc after $((SECONDS - t0)) s:"; tail -5 "$TMP/out"; kill_marked; return 1; }
-  wait_none_marked 5
+  wait_none_marked 5 || return 1
+  # and when every other rank succeeded, with or without --keep-going: the job did not succeed
+  local kg
+  for kg in --keep-going ""; do
+    "${MARKED[@]}" timeout 60 "$TANDEM" run -n 3 $kg -- sh -c 'if [ "$RANK" = 1 ]; then kill -STOP $$; fi; sleep 1; exit 0' \
+      >"$TMP/out" 2>&1
+    rc=$?
+    [[ $rc == 137 ]] && grep -q "rank 1 (pid [0-9]*) is stopped (SIGSTOP?)" "$TMP/out" ||
+      { echo "  ${kg:-without --keep-going}, the others succeeding: exit $rc"; tail -3 "$TMP/out"; kill_marked; return 1; }
+  done
 }
-check "--keep-going: a stopped rank is killed, named, once every other rank has exited" stopped_rank
+check "a stopped rank is killed and named once every other rank has exited (failed or not; --keep-going or not)" stopped_rank
 killed_rank_blamed() { # rank 2 killed mid-run: the launcher names it, not a peer that failed because of it
   local kg
   for kg in --keep-going ""; do

@@ -34,6 +34,29 @@ at_the_end() { # resumed where the run ended: no step, and the result evaluated 
     grep -q "throughput: none (no step ran)" "$TMP/again" || { echo "  first: $a"; echo "  again: $b"; tail -3 "$TMP/again"; return 1; }
 }
 check "resumed at its last step: nothing trained, the same test result reported (not zeros)" at_the_end
+torn_record() { # a metrics record cut off by a kill: the resumed run writes that step again, its header on a line of its own
+  { TANDEM_FAULT=0:5 "$T" "${A[@]}" --steps 8 --checkpoint-dir "$TMP/ct" --checkpoint-every 3 --metrics "$TMP/t.m" >/dev/null 2>&1; [[ $? -eq 3 ]]; } ||
+    { echo "  the fault did not fire"; return 1; }
+  # steps 0-2 are recorded and checkpointed; step 3's record, cut off where the kill caught its write
+  printf '{"step":3,"epoch":0,"loss":2.1,"grad_norm":0.9,"samples_per_sec":100,"step_time_ms":1.5' >>"$TMP/t.m"
+  "$T" "${A[@]}" --steps 8 --checkpoint-dir "$TMP/ct" --resume --metrics "$TMP/t.m" >"$TMP/t.out" 2>&1 || { tail -2 "$TMP/t.out"; return 1; }
+  python3 - "$TMP/t.m" <<'PYEOF2'
+import json, sys
+broken, steps, headers = 0, [], 0
+for line in open(sys.argv[1]):
+    try:
+        r = json.loads(line)
+    except ValueError:
+        broken += 1
+        continue
+    headers += "tandem_run" in r
+    if "step_time_ms" in r:
+        steps.append(r["step"])
+assert broken == 1 and headers == 2, "%d broken lines, %d headers" % (broken, headers)
+assert sorted(steps) == list(range(8)), steps
+PYEOF2
+}
+check "a metrics record cut off by a kill: written again on resume, the next header on its own line" torn_record
 
 restarts() {
   "$T" run -n 2 -- tandem "${A[@]}" --save-weights "$TMP/full2.st" >/dev/null 2>&1 || return 1
