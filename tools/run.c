@@ -31,7 +31,8 @@
 static volatile sig_atomic_t got_signal;
 static void on_signal(int s) { got_signal = s; }
 
-/* Whether a process is stopped (state T or t in /proc/PID/stat). */
+/* Whether a process is stopped by a signal (state T in /proc/PID/stat). Not t, a tracing stop: a
+ * debugger's, or LeakSanitizer's, which stops a sanitized rank's threads to scan them as it exits. */
 static int run_is_stopped(pid_t pid) {
   char path[64], buf[512];
   snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
@@ -41,7 +42,7 @@ static int run_is_stopped(pid_t pid) {
   fclose(f);
   buf[n] = 0;
   const char *p = strrchr(buf, ')'); /* the name may hold spaces and parentheses */
-  return p && p[1] == ' ' && (p[2] == 'T' || p[2] == 't');
+  return p && p[1] == ' ' && p[2] == 'T';
 }
 
 /* The store's listening socket, opened here and inherited by rank 0 (TANDEM_STORE_FD): no other
@@ -428,8 +429,15 @@ int tool_run(int argc, char **argv) {
       if (!stopping && alive > 0 && alive < started) {
         /* a stopped rank (SIGSTOP, state T) never ends: when every rank left is stopped and the rest
          * have exited (failed, or with --keep-going, or all done) nothing will wake it */
+        /* stopped for a second in a row: a stop the next moment continues is not one */
         int stopped = 0;
-        for (int i = 0; i < started; i++) stopped += !ranks[i].done && run_is_stopped(ranks[i].pid);
+        double now = tdm_time_now();
+        for (int i = 0; i < started; i++) {
+          int st = !ranks[i].done && run_is_stopped(ranks[i].pid);
+          if (!st) ranks[i].stopped_since = 0;
+          else if (!ranks[i].stopped_since) ranks[i].stopped_since = now;
+          stopped += st && now - ranks[i].stopped_since >= 1.0;
+        }
         if (stopped == alive) {
           for (int i = 0; i < started; i++)
             if (!ranks[i].done) {

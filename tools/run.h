@@ -21,6 +21,7 @@ typedef struct {
   char tail[TAIL_LINES][512];
   int ntail;
   int done, code, sig;
+  double stopped_since; /* when it was first seen stopped (SIGSTOP), or 0 */
   FILE *log;         /* open for the whole run, restarts included */
   char log_path[4096];
   int log_failed;
