@@ -125,23 +125,24 @@ static void test_parallel_for_covers_once(void) {
     }
   }
   CHECK(tdm_set_num_threads(-1) == TDM_ERR_INVALID_ARG);
-  /* a spin time that is not a number of microseconds is refused by name, the pool left as it was */
-  const char *bad_spin[] = {"fast", "-5", "50us", "", "1e9"};
-  for (size_t i = 0; i < sizeof bad_spin / sizeof *bad_spin; i++) {
-    setenv("TANDEM_SPIN_US", bad_spin[i], 1);
-    CHECK(tdm_set_num_threads(3) == TDM_ERR_INVALID_ARG);
-    CHECK_MSG(strstr(tdm_last_error(), "TANDEM_SPIN_US") != NULL, "error: %s", tdm_last_error());
+  /* a spin time that is not a number of microseconds, and a default thread count that is not a
+   * whole number 0..256 (atoi took "2x" as 2 and "abc" as the default), are refused by name */
+  static const struct {
+    const char *var, *value;
+    int threads;
+  } bad[] = {{"TANDEM_SPIN_US", "fast", 3},     {"TANDEM_SPIN_US", "-5", 3},     {"TANDEM_SPIN_US", "50us", 3},
+             {"TANDEM_SPIN_US", "", 3},         {"TANDEM_SPIN_US", "1e9", 3},    {"TANDEM_NUM_THREADS", "abc", 0},
+             {"TANDEM_NUM_THREADS", "-3", 0},   {"TANDEM_NUM_THREADS", "2x", 0}, {"TANDEM_NUM_THREADS", "1e3", 0},
+             {"TANDEM_NUM_THREADS", "300", 0}};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    setenv(bad[i].var, bad[i].value, 1);
+    CHECK(tdm_set_num_threads(bad[i].threads) == TDM_ERR_INVALID_ARG);
+    CHECK_MSG(strstr(tdm_last_error(), bad[i].var) != NULL, "%s='%s': error: %s", bad[i].var, bad[i].value, tdm_last_error());
+    unsetenv(bad[i].var);
   }
   setenv("TANDEM_SPIN_US", "0", 1);
   CHECK_OK(tdm_set_num_threads(2));
   unsetenv("TANDEM_SPIN_US");
-  /* the default thread count from TANDEM_NUM_THREADS, strictly (atoi took "2x" as 2 and "abc" as the default) */
-  const char *bad_n[] = {"abc", "-3", "2x", "1e3", "300"};
-  for (size_t i = 0; i < sizeof bad_n / sizeof *bad_n; i++) {
-    setenv("TANDEM_NUM_THREADS", bad_n[i], 1);
-    CHECK(tdm_set_num_threads(0) == TDM_ERR_INVALID_ARG);
-    CHECK_MSG(strstr(tdm_last_error(), "TANDEM_NUM_THREADS") != NULL, "error: %s", tdm_last_error());
-  }
   setenv("TANDEM_NUM_THREADS", "2", 1);
   CHECK_OK(tdm_set_num_threads(0));
   CHECK(tdm_get_num_threads() == 2);
