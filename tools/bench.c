@@ -275,6 +275,18 @@ int tool_bench(int argc, char **argv) {
     tdm_trace_close(tr);
     return 2;
   }
+  /* two buffers of -e bytes per rank must fit in memory: malloc would grant 1 TiB (overcommit) and the
+     first memset would have the kernel kill the rank */
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  double phys = pages > 0 && page > 0 ? (double)pages * (double)page : 0;
+  if (phys > 0 && 2.0 * (double)maxb > phys) {
+    if (me == 0)
+      fprintf(stderr, "tandem bench: -e %lld bytes needs 2 x %.1f GiB of buffers on every rank; this machine has %.1f GiB of memory\n",
+              (long long)maxb, (double)maxb / (1 << 30), phys / (1 << 30));
+    tdm_comm_destroy(c);
+    tdm_trace_close(tr);
+    return 2;
+  }
   int multi = op == B_REDUCESCATTER || op == B_ALLGATHER || op == B_ALLTOALL;
   double factor_bw = op == B_ALLREDUCE ? 2.0 * (P - 1) / P : multi ? (double)(P - 1) / P : 1.0;
   size_t maxcount = (size_t)maxb / es + (size_t)P;
@@ -317,10 +329,14 @@ int tool_bench(int argc, char **argv) {
   int64_t total_wrong = 0;
   double bw_sum = 0;
   int rows = 0, failed = 0;
+  size_t last_count = 0;
   /* the next size, or past maxb when it would be (never an overflow) */
   for (int64_t size = minb; size <= maxb && !failed; size = !size ? 1 : size > maxb / factor ? maxb + 1 : size * factor) {
     size_t count = (size_t)size / es;
     if (multi) count = count / (size_t)P * (size_t)P; /* whole blocks, as nccl-tests */
+    /* sizes below an element (or a block per rank) move what the row before moved: one row for each */
+    if (rows && count == last_count) continue;
+    last_count = count;
     bctx b = {(bench_op)op, rop, dt, P, me, (int)root, multi ? count / (size_t)P : count};
     double t[2] = {0, 0}, med[2] = {0, 0};
     int64_t wrong[2] = {0, 0};

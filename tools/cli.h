@@ -44,6 +44,7 @@ int cli_parse_float(const char *s, double min, double max, double *out);
 int cli_parse_size(const char *s, int64_t max, int64_t *out);
 
 int tool_train(int argc, char **argv);
+int tool_train_as(const char *cmd, int argc, char **argv); /* tandem train under another name (ps-worker) in its messages */
 int tool_plan(int argc, char **argv);
 int tool_simulate(int argc, char **argv);
 int tool_ps_replay(int argc, char **argv);

@@ -95,7 +95,7 @@ static int ps_role(int server, int argc, char **argv) {
   setenv("MASTER_PORT", b, 1);
   setenv("MASTER_ADDR", host, 1);
   setenv("TANDEM_TRANSPORT", "tcp", 0); /* several hosts: shm cannot reach them */
-  int r = tool_train(n, rest);
+  int r = tool_train_as(cmd, n, rest);
   free(rest);
   return r;
 }

@@ -434,23 +434,31 @@ int tool_simulate(int argc, char **argv) {
     char buf[1024], label[96];
     const char *opt = NULL, *vals[SIM_MAX_CURVES];
     if (parse_vary(o.vary, buf, sizeof buf, &opt, vals, &ncurves)) return 2;
-    char **av = malloc(sizeof(char *) * (size_t)(argc + 1));
-    char arg[1100];
+    /* every value parsed and checked before the first is predicted: a bad last value fails at once */
+    static sim_opts ov[SIM_MAX_CURVES];
+    static tdm_sim_cluster kv[SIM_MAX_CURVES];
+    static char arg[SIM_MAX_CURVES][1100];
+    char **av = malloc(sizeof(char *) * (size_t)(argc + 1) * (size_t)ncurves);
     if (!av) return 1;
     for (int v = 0; v < ncurves; v++) {
-      memcpy(av, argv, sizeof(char *) * (size_t)argc);
-      snprintf(arg, sizeof arg, "--%s=%s", opt, vals[v]);
-      av[argc] = arg;
-      sim_opts ov;
-      tdm_sim_cluster kv;
-      snprintf(label, sizeof label, "%s %s", opt, vals[v]);
-      int rc = parse_opts(argc + 1, av, &ov);
-      if (rc == 0) rc = make_cluster(&ov, &kv);
-      if (rc == 0) rc = predict(&ov, &kv, ranks, nr, label, &curves[v]);
+      char **a = av + (size_t)v * (size_t)(argc + 1); /* the options keep pointers into their arguments */
+      memcpy(a, argv, sizeof(char *) * (size_t)argc);
+      snprintf(arg[v], sizeof arg[v], "--%s=%s", opt, vals[v]);
+      a[argc] = arg[v];
+      int rc = parse_opts(argc + 1, a, &ov[v]);
+      if (rc == 0) rc = make_cluster(&ov[v], &kv[v]);
       if (rc) {
         fprintf(stderr, "tandem simulate: --vary %s: the value %s failed (above)\n", opt, vals[v]);
         free(av);
-        return rc == 2 ? 2 : 1;
+        return 2;
+      }
+    }
+    for (int v = 0; v < ncurves; v++) {
+      snprintf(label, sizeof label, "%s %s", opt, vals[v]);
+      if (predict(&ov[v], &kv[v], ranks, nr, label, &curves[v])) {
+        fprintf(stderr, "tandem simulate: --vary %s: the value %s failed (above)\n", opt, vals[v]);
+        free(av);
+        return 1;
       }
     }
     free(av);

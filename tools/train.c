@@ -386,7 +386,7 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
   return 0;
 }
 
-int tool_train(int argc, char **argv) {
+int tool_train_as(const char *cmd, int argc, char **argv) {
   tdm_train_config c;
   const char *trace = NULL, *slow = NULL, *device = NULL;
   int64_t emulate = 0;
@@ -398,20 +398,20 @@ int tool_train(int argc, char **argv) {
       {"device", CLI_CHOICE, &device, "cpu", "where to train (cuda: --model gpt on one GPU, fp32, --tf32 or --precision bf16; see README)", "cpu|cuda", 0, 0, 0},
       {"tf32", CLI_FLAG, &tf32, NULL, "--device cuda: TF32 tensor cores for the fp32 products", NULL, 0, 0, 0},
   };
-  int r = train_options("train", "[options]", argc, argv, &c, 5, extra);
+  int r = train_options(cmd, "[options]", argc, argv, &c, 5, extra);
   c.trace_dir = trace;
   if (r == 1) return 0;
   if (r) return 2;
   if (!strcmp(device, "cuda")) {
     if (trace || emulate > 0) {
-      fprintf(stderr, "tandem train: --device cuda does not take %s yet (it trains one process on one GPU)\n",
+      fprintf(stderr, "tandem %s: --device cuda does not take %s yet (it trains one process on one GPU)\n", cmd,
               trace ? "--trace" : "--emulate-ranks");
       return 2;
     }
     return train_cuda(&c, tf32);
   }
   if (tf32) {
-    fprintf(stderr, "tandem train: --tf32 applies to --device cuda\n");
+    fprintf(stderr, "tandem %s: --tf32 applies to --device cuda\n", cmd);
     return 2;
   }
   if (run_elastic_batch(&c)) return 2; /* under tandem run --nnodes MIN:MAX: this round's batch */
@@ -419,12 +419,12 @@ int tool_train(int argc, char **argv) {
   c.progress = stderr;
   tdm_train_result res;
   if (slow && emulate <= 0) {
-    fprintf(stderr, "tandem train: --emulate-slow needs --emulate-ranks N\n");
+    fprintf(stderr, "tandem %s: --emulate-slow needs --emulate-ranks N\n", cmd);
     return 2;
   }
   if (emulate > 0) {
     if (getenv("WORLD_SIZE") && atoi(getenv("WORLD_SIZE")) > 1) {
-      fprintf(stderr, "tandem train: --emulate-ranks makes its own ranks: run it as one process, not under a launcher (WORLD_SIZE=%s)\n",
+      fprintf(stderr, "tandem %s: --emulate-ranks makes its own ranks: run it as one process, not under a launcher (WORLD_SIZE=%s)\n", cmd,
               getenv("WORLD_SIZE"));
       return 2;
     }
@@ -433,7 +433,7 @@ int tool_train(int argc, char **argv) {
   }
   tdm_status st = emulate > 0 ? TDM_OK : tdm_train_run(&c, &res);
   if (st != TDM_OK) {
-    fprintf(stderr, "tandem train: %s%s: %s\n", tdm_status_str(st), res.world_size > 1 ? " (this rank)" : "", tdm_last_error());
+    fprintf(stderr, "tandem %s: %s%s: %s\n", cmd, tdm_status_str(st), res.world_size > 1 ? " (this rank)" : "", tdm_last_error());
     return 1;
   }
   if (res.rank != 0) return 0; /* rank 0 reports for everyone */
@@ -450,6 +450,8 @@ int tool_train(int argc, char **argv) {
   if (c.save_weights) printf("weights written to %s\n", c.save_weights);
   return 0;
 }
+
+int tool_train(int argc, char **argv) { return tool_train_as("train", argc, argv); }
 
 int tool_ps_replay(int argc, char **argv) {
   tdm_train_config c;

@@ -218,6 +218,13 @@ bench_rows() { # -b 1.5K with the largest factor: exactly one row, of 1536 bytes
 check "bench: fractional sizes and a huge factor" bench_rows
 check "bench: sizes that hold no element" expect_fail 2 "-e 3 bytes holds no element of double (8 bytes)" \
   "$TANDEM" bench allreduce -b 3 -e 3 -d double
+bench_sub_element() { # sizes below a float move nothing: one row of 0 bytes, then 4 and 8
+  "$TANDEM" bench allreduce -b 1 -e 8 -n 1 -w 0 >"$TMP/out" 2>"$TMP/err" || { cat "$TMP/err"; return 1; }
+  [[ $(grep -v '^#' "$TMP/out" | awk '{print $1}' | tr '\n' ' ') == "0 4 8 " ]] || { cat "$TMP/out"; return 1; }
+}
+check "bench: sizes below an element give one row" bench_sub_element
+check "bench: buffers beyond the machine's memory" expect_fail 2 "-e 1099511627776 bytes needs 2 x 1024.0 GiB of buffers on every rank" \
+  "$TANDEM" bench allreduce -b 8 -e 1T
 check "bench gpt: --width above its bound" expect_fail 2 "--width: 100000 is out of range; expected 0..65536" \
   "$TANDEM" bench gpt --width 100000
 

@@ -251,6 +251,9 @@ started_apart() {
     { cat "$TMP/o"; return 1; }
   "$T" ps-worker --rank 0 --world 3 --master localhost "${M[@]:1}" --ps-servers 1 >"$TMP/o" 2>&1
   [[ $? -eq 2 ]] && grep -q "expected HOST:PORT" "$TMP/o" || { cat "$TMP/o"; return 1; }
+  # its training options' errors carry its own name
+  "$T" ps-worker --rank 0 --world 3 --master 127.0.0.1:1 --ps-servers 1 --steps 1 --epochs 1 >"$TMP/o" 2>&1
+  [[ $? -eq 2 ]] && grep -q "^tandem ps-worker: give --epochs or --steps, not both" "$TMP/o" || { cat "$TMP/o"; return 1; }
   t0=$SECONDS
   TANDEM_TIMEOUT=2 timeout 30 "$T" ps-server --rank 2 --world 3 --master 127.0.0.1:$(free_port) "${M[@]:1}" --ps-servers 1 >"$TMP/o" 2>&1
   [[ $? -eq 1 && $((SECONDS - t0)) -lt 15 ]] && grep -q "rank 2 cannot reach the store at 127.0.0.1:[0-9]* (MASTER_ADDR:MASTER_PORT)" "$TMP/o" ||

@@ -111,6 +111,7 @@ bad_input() {
     refused 2 "give it with --calibrate" -o "$TMP/x.json" &&
     refused 2 "expected OPTION=V1,V2" --vary allreduce --ranks 2 &&
     refused 2 "--vary allreduce: the value tri failed" --vary allreduce=ring,tri --ranks 2 &&
+    { ! grep -q "^allreduce ring" "$TMP/r.out" || { echo "  ring predicted before tri was refused"; false; }; } &&
     refused 2 "not with --collectives" --collectives --html "$TMP/x.html" &&
     refused 2 "--html: $TMP/none/x.html: cannot create" --ranks 2 --html "$TMP/none/x.html" &&
     refused 2 "-o: $TMP is a directory" --calibrate -o "$TMP" &&
