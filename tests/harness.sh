@@ -17,8 +17,10 @@ check() {
     light_skipped=$((light_skipped + 1))
     return 0
   fi
-  if "$@"; then passed=$((passed + 1)); echo "ok   $name"; else failed=$((failed + 1)); echo "FAIL $name"; fi
+  local t0=$EPOCHREALTIME # each case's wall time: what to trim when make test grows
+  if "$@"; then passed=$((passed + 1)); echo "ok   $name ($(_secs "$t0"))"; else failed=$((failed + 1)); echo "FAIL $name ($(_secs "$t0"))"; fi
 }
+_secs() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f s", b - a }'; }
 finish() {
   [[ $light_skipped -gt 0 ]] && echo "($light_skipped cases left out by TANDEM_TEST_LIGHT; TANDEM_TEST_FULL=1 runs them)"
   echo "$passed passed, $failed failed"

@@ -64,13 +64,15 @@ static inline int tdm_test_main(const tdm_test_case *cases, int n) {
   int passed = 0, failed = 0;
   for (int i = 0; i < n; i++) {
     int before = tdm_test_failures_;
+    double t0 = tdm_time_now(); /* each case's wall time: what to trim when make test grows */
     cases[i].fn();
+    double dt = tdm_time_now() - t0;
     if (tdm_test_failures_ == before) {
       passed++;
-      printf("ok   %s\n", cases[i].name);
+      printf("ok   %s (%.2f s)\n", cases[i].name, dt);
     } else {
       failed++;
-      printf("FAIL %s\n", cases[i].name);
+      printf("FAIL %s (%.2f s)\n", cases[i].name, dt);
     }
     fflush(stdout);
   }
