@@ -212,6 +212,11 @@ int train_options(const char *cmd, const char *usage, int argc, char **argv, tdm
             cmd, compress, tp > 1 ? "tp" : "pp", (long long)(tp > 1 ? tp : pp), tp > 1 ? "tensor-parallel" : "pipeline");
     return 2;
   }
+  if (pp > 1 && strcmp(compress, "none")) { /* its data axis all-reduces f32: bf16 would be ignored, not honoured */
+    fprintf(stderr, "tandem %s: --compress %s with --pp %lld: the pipeline reduces the data axis's gradients in f32 only; expected --compress none\n",
+            cmd, compress, (long long)pp);
+    return 2;
+  }
   if (tp > 1 && zero > 1) {
     fprintf(stderr, "tandem %s: --tp %lld with --zero %lld: the data axis beside tensor parallelism runs ZeRO stage 1 at most (the "
             "slices keep their gradients and parameters whole; use --zero 0 or 1)\n", cmd, (long long)tp, (long long)zero);

@@ -47,8 +47,15 @@ typedef struct tdm_sampler_config {
 
 typedef struct tdm_sampler tdm_sampler;
 /* The data set must outlive the sampler. Fails (naming the sizes) if one global batch does not
- * fit the data set, or TDM_LAST_PARTIAL is asked for with several ranks or accumulation. */
+ * fit the data set with TDM_LAST_PAD or TDM_LAST_DROP (TDM_LAST_PARTIAL's one batch is then the
+ * whole set, as PyTorch's DataLoader gives it), or TDM_LAST_PARTIAL is asked for with several
+ * ranks or accumulation. */
 tdm_status tdm_sampler_create(tdm_sampler **out, const tdm_dataset *ds, const tdm_sampler_config *cfg);
+/* Switches the last batch's rule between TDM_LAST_PARTIAL and TDM_LAST_PAD, which give the same
+ * steps on one rank without accumulation (the only layout partial allows): what a run resumed
+ * from a checkpoint that used the other rule does. TDM_ERR_INVALID_ARG for another rule or
+ * layout. Before the first tdm_sampler_next or seek's batch is used; not with next running. */
+tdm_status tdm_sampler_set_last(tdm_sampler *s, tdm_last_batch last);
 void tdm_sampler_destroy(tdm_sampler *s);
 int64_t tdm_sampler_steps_per_epoch(const tdm_sampler *s);
 /* Positions the sampler at the start of global step `step` (0-based, counted over epochs; not

@@ -23,6 +23,11 @@ void tdm__identity_add(tdm__run_identity *id, const char *key, const char *what,
   id->kv[2 * i] = key, id->kv[2 * i + 1] = id->value[i];
 }
 
+void tdm__identity_adopt(tdm__run_identity *id, int (*adopt)(void *ctx, const char *ckpt_value), void *ctx) {
+  TDM_ASSERT(id->n > 0);
+  id->adopt[id->n - 1] = adopt, id->adopt_ctx[id->n - 1] = ctx;
+}
+
 /* ---- outputs --------------------------------------------------------------------------------- */
 /* Creates and removes a file in dir, as the writers will create theirs (a temporary, renamed). */
 static tdm_status probe_dir(const char *dir, const char *option) {
@@ -115,19 +120,24 @@ static tdm_status check_overrides(const char *list) {
 /* Every setting of the identity must equal the checkpoint's (or be overridden). The layout (world
  * size, ZeRO stage) may differ: checkpoints reshard. Called on every rank with the agreed checkpoint. */
 typedef struct {
-  const tdm__run_identity *id;
+  tdm__run_identity *id;
   const char *overrides;
   FILE *progress;
 } identity_check;
 
 static tdm_status check_identity(void *ctx, const tdm_ckpt *ck) {
   const identity_check *ic = ctx;
-  const tdm__run_identity *id = ic->id;
+  tdm__run_identity *id = ic->id;
   char diff[900] = "";
   int refused = 0, fixed = 0;
   for (int i = 0; i < id->n; i++) {
     const char *v = tdm_ckpt_meta(ck, id->key[i]);
     if (v && !strcmp(v, id->value[i])) continue;
+    if (v && strlen(v) < sizeof id->value[i] && id->adopt[i] && id->adopt[i](id->adopt_ctx[i], v)) {
+      if (ic->progress) fprintf(ic->progress, "tandem train: %s: %s, as the checkpoint's (%s here otherwise)\n", id->what[i], v, id->value[i]);
+      snprintf(id->value[i], sizeof id->value[i], "%s", v); /* the checkpoints this run writes carry it on */
+      continue;
+    }
     int allowed = id->group[i] && overridden(ic->overrides, id->group[i]);
     refused += !allowed;
     fixed += !allowed && !id->group[i];

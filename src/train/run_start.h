@@ -21,18 +21,24 @@ typedef struct {
   const char *key[TDM__IDENTITY_MAX], *what[TDM__IDENTITY_MAX], *group[TDM__IDENTITY_MAX];
   char value[TDM__IDENTITY_MAX][96];
   const char *kv[2 * TDM__IDENTITY_MAX]; /* key, value pairs, for tdm_ckpt_info.meta_kv */
+  /* a setting the run may take from its checkpoint instead (--last-batch auto): returns 1 when it
+     did, and the checkpoint's value becomes the run's */
+  int (*adopt[TDM__IDENTITY_MAX])(void *ctx, const char *ckpt_value);
+  void *adopt_ctx[TDM__IDENTITY_MAX];
 } tdm__run_identity;
 
 /* Adds a setting (key as stored, words for messages, override group or NULL, value). */
 void tdm__identity_add(tdm__run_identity *id, const char *key, const char *what, const char *group, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
+/* The setting added last may be taken from the checkpoint by adopt (see above). */
+void tdm__identity_adopt(tdm__run_identity *id, int (*adopt)(void *ctx, const char *ckpt_value), void *ctx);
 
 typedef struct {
   const tdm_train_config *cfg;
   tdm_comm_t comm; /* NULL for one process */
   int rank, world;
   tdm_engine *engine;  /* resumed into: what this rank holds of the parameters and optimizer */
-  const tdm__run_identity *id;
+  tdm__run_identity *id; /* a setting adopted from the checkpoint is written back into it */
   FILE *progress; /* rank 0's progress stream, or NULL */
 } tdm__start_in;
 

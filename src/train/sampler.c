@@ -128,6 +128,11 @@ tdm_status tdm_sampler_create(tdm_sampler **out, const tdm_dataset *ds, const td
     return tdm__set_error(TDM_ERR_INVALID_ARG, "sampler: batch %lld, accum %lld, rank %d of %d; expected positive sizes",
                           cfg ? (long long)cfg->batch : 0, cfg ? (long long)cfg->accum : 0, cfg ? cfg->rank : 0,
                           cfg ? cfg->world : 0);
+  int64_t G;
+  if ((unsigned)cfg->last > TDM_LAST_DROP || __builtin_mul_overflow(cfg->batch, (int64_t)cfg->world, &G) ||
+      __builtin_mul_overflow(G, cfg->accum, &G))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "sampler: last-batch rule %d, batch %lld x %d ranks x accum %lld; expected partial, pad or "
+                          "drop and a global batch below 2^63", (int)cfg->last, (long long)cfg->batch, cfg->world, (long long)cfg->accum);
   if (cfg->last == TDM_LAST_PARTIAL && (cfg->world > 1 || cfg->accum > 1))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "sampler: a partial last batch needs one rank and no accumulation; use pad or drop");
   tdm_sampler *s = tdm__calloc(1, sizeof *s);
@@ -227,7 +232,27 @@ tdm_status tdm_sampler_set_position(tdm_sampler *s, int64_t step, int64_t epoch,
   return TDM_OK;
 }
 
+tdm_status tdm_sampler_set_last(tdm_sampler *s, tdm_last_batch last) {
+  if (!s || (last != TDM_LAST_PARTIAL && last != TDM_LAST_PAD) || (s->cfg.last != TDM_LAST_PARTIAL && s->cfg.last != TDM_LAST_PAD) ||
+      s->cfg.world != 1 || s->cfg.accum != 1)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "sampler: set_last %d on rule %d with %d ranks and accum %lld; expected partial <-> pad on "
+                          "one rank without accumulation", (int)last, s ? (int)s->cfg.last : -1, s ? s->cfg.world : 0,
+                          s ? (long long)s->cfg.accum : 0);
+  pthread_mutex_lock(&s->mu);
+  while (s->busy) pthread_cond_wait(&s->cv, &s->mu); /* a batch assembled under the old rule is dropped */
+  s->cfg.last = last;
+  s->ready[0] = s->ready[1] = 0;
+  s->want = s->pos;
+  pthread_cond_broadcast(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+  return TDM_OK;
+}
+
 tdm_status tdm_sampler_seek(tdm_sampler *s, int64_t step) {
+  int64_t samples;
+  if (__builtin_mul_overflow(step, s->G, &samples)) /* the samples before it must count */
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "sampler: step %lld of global batches of %lld passes 2^63 samples", (long long)step,
+                          (long long)s->G);
   if (step < s->a_step)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "sampler: step %lld is before step %lld, where the sampler's position was set",
                           (long long)step, (long long)s->a_step);

@@ -173,6 +173,9 @@ static tdm_status parse_kinds(const tdm_train_config *c, tdm_model_kind *mk, tdm
     return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --compress %s with the %s engine (--%s %lld): error-feedback compression runs "
                           "with data parallelism only; expected --tp 1 --pp 1", e->dp.compress, tdm_engine_kind_name(e->kind),
                           e->kind == TDM_ENGINE_TP ? "tp" : "pp", (long long)(e->kind == TDM_ENGINE_TP ? c->tp : c->pp));
+  if (e->kind == TDM_ENGINE_PIPELINE && e->dp.wire_dtype != TDM_F32) /* finish() all-reduces f32: it would be ignored */
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --compress %s with --pp %lld: the pipeline reduces the data axis's gradients in f32 "
+                          "only", tdm_dtype_name(e->dp.wire_dtype), (long long)c->pp);
   if (e->kind == TDM_ENGINE_ZERO && e->dp.wire_dtype != TDM_F32)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "train: --compress %s with --zero %d: ZeRO reduces gradients in f32 only",
                           tdm_dtype_name(e->dp.wire_dtype), e->zero.stage);
@@ -419,8 +422,14 @@ static tdm_status flush_record(run_state *s, step_record *r, progress *pr, const
 /* What a checkpoint of this run records and a resumed run must share (see tandem/train.h). The
  * model and its architecture come first: they are also the weights file's metadata (returns
  * their count); the seed, a key of the checkpoint's own, comes last. */
+/* --last-batch auto on resume: the checkpoint's rule, where this layout can follow it */
+static int adopt_last(void *sampler, const char *v) {
+  tdm_last_batch r = !strcmp(v, "partial") ? TDM_LAST_PARTIAL : !strcmp(v, "pad") ? TDM_LAST_PAD : TDM_LAST_DROP;
+  return r != TDM_LAST_DROP && tdm_sampler_set_last(sampler, r) == TDM_OK;
+}
+
 static int run_identity(tdm__run_identity *id, const tdm_train_config *c, const tdm_model_config *mc, int64_t G, int64_t T,
-                        int64_t N) {
+                        int64_t N, tdm_last_batch last, tdm_sampler *sampler) {
   int gpt = mc->kind == TDM_MODEL_GPT;
   tdm__identity_add(id, "tandem.model", "model", NULL, "%s", c->model);
   if (mc->kind == TDM_MODEL_LLAMA) { /* Hugging Face's config.json names */
@@ -461,6 +470,14 @@ static int run_identity(tdm__run_identity *id, const tdm_train_config *c, const 
   if (is_lm(mc->kind)) tdm__identity_add(id, "tandem.seq_len", "sequence length", "batch", "%lld", (long long)T);
   tdm__identity_add(id, "tandem.data", "data set", "data", "%s", c->data);
   tdm__identity_add(id, "tandem.train_samples", "training samples", "data", "%lld", (long long)N);
+  /* with a remainder the rule decides which samples the epoch's last step sees, and --last-batch
+     auto resolves by the layout: a resume from one process onto several ranks would change it */
+  static const char *const rules[] = {"partial", "pad", "drop"};
+  if (N % G) {
+    tdm__identity_add(id, "tandem.last_batch", "last batch (--last-batch; auto is partial on one process, pad on several ranks "
+                      "or with accumulation)", "batch", "%s", rules[last]);
+    if (sampler && (!c->last_batch || !strcmp(c->last_batch, "auto"))) tdm__identity_adopt(id, adopt_last, sampler);
+  }
   tdm__identity_add(id, "tandem.seed", "seed", "seed", "%llu", (unsigned long long)c->seed);
   return n_arch;
 }
@@ -528,6 +545,7 @@ typedef struct {
   tdm_engine_config ec;
   int64_t T, K, N, B, per, eb, G;
   int prefetch;
+  tdm_last_batch last; /* the last batch's rule as resolved (auto: partial on one process, else pad) */
   tdm_plan plan;
   tdm_plan_config pcfg; /* what the plan was computed from (tandem simulate reads it) */
 } prepared;
@@ -677,7 +695,7 @@ static tdm_status prepare(const tdm_train_config *c, int W, int D, int R, int P,
             "every step is an epoch and %lld samples are repeated within it (--last-batch drop refuses this)\n",
             (long long)N, (long long)(B * W * K), W, (long long)K, (long long)B, (long long)(B * W * K - N));
   memset(p, 0, sizeof *p);
-  p->mk = mk, p->mc = mc, p->oc = oc, p->ec = ec, p->T = T, p->K = K, p->N = N, p->B = B, p->eb = eb, p->G = B * D * K;
+  p->mk = mk, p->mc = mc, p->oc = oc, p->ec = ec, p->T = T, p->K = K, p->N = N, p->B = B, p->eb = eb, p->G = B * D * K, p->last = last;
   p->per = tdm_dataset_sample_numel(s->train), p->prefetch = prefetch;
   /* the plan, before anything large exists */
   tdm_plan_config pcfg = {mc, oc, ec, D, B, T, is_lm(mk) ? B : eb, 0, prefetch, transport, W / (D * P), P};
@@ -816,7 +834,7 @@ static tdm_status ps_replay_run(const tdm_train_config *c, tdm_train_result *res
   prepared pp;
   TDM__TRY(prepare(c, 1, 1, 0, 1, TDM_TRANSPORT_AUTO, s, &pp));
   tdm__run_identity id = {0};
-  int n_arch_meta = run_identity(&id, c, &pp.mc, pp.G, pp.T, pp.N);
+  int n_arch_meta = run_identity(&id, c, &pp.mc, pp.G, pp.T, pp.N, pp.last, NULL);
   const char *meta[2 + 2 * TDM__IDENTITY_MAX] = {"format", "pt"};
   memcpy(meta + 2, id.kv, sizeof(char *) * 2 * (size_t)n_arch_meta);
   tdm_ps_replay_stats rs;
@@ -918,7 +936,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
             tdm_get_num_threads() == 1 ? "" : "s", tdm_engine_describe(s->engine), s->comm ? ", transport " : "",
             s->comm ? tdm_transport_name(tdm_comm_transport(s->comm)) : "");
   tdm__run_identity id = {0};
-  int n_arch_meta = run_identity(&id, c, &mc, G, T, N);
+  int n_arch_meta = run_identity(&id, c, &mc, G, T, N, pp.last, s->sampler);
   const char *weights_meta[2 + 2 * TDM__IDENTITY_MAX] = {"format", "pt"}; /* the architecture (what generate needs) */
   memcpy(weights_meta + 2, id.kv, sizeof(char *) * 2 * (size_t)n_arch_meta);
   tdm__start_in si = {c, s->comm, R, W, s->engine, &id, pr.f};

@@ -37,6 +37,8 @@ check "--layers with the mlp" expect_fail 2 "--layers applies to --model gpt or 
 check "--width with the cnn" expect_fail 2 "--width applies to --model gpt, llama or resnet (given --model cnn)" "$TANDEM" train --model cnn --width 8
 check "--momentum with adam" expect_fail 2 "--momentum applies to --optimizer sgd (given --optimizer adam)" "$TANDEM" train --momentum 0.9
 check "--sync-bn with the mlp" expect_fail 1 "--sync-bn with model mlp, which has no batch norm" "$TANDEM" train --sync-bn
+check "--compress bf16 with --pp (the pipeline reduces f32: it was ignored)" expect_fail 2 \
+  "--compress bf16 with --pp 2: the pipeline reduces the data axis's gradients in f32 only" "$TANDEM" train --model gpt --pp 2 --compress bf16
 check "--data mnist without --data-dir" expect_fail 2 "--data mnist reads its files from --data-dir" "$TANDEM" train --data mnist
 
 # Outputs are written beside their name and renamed over it: a FIFO (or /dev/null) would be

@@ -195,4 +195,28 @@ settings() { # from c1 (mlp, adam, seed 5, 1 rank x 32, fashion-mnist, step 12);
     "$T" "${A[@]}" --steps 14 --checkpoint-dir "$TMP/c8" --resume --seed 6 --resume-override seed
 }
 check "a changed seed, batch, model, optimizer or data set is refused naming both values; lr, steps, an override allowed" settings
+last_batch_rule() { # 60,000 samples in batches of 14 leave 8: --last-batch auto is partial on one process, pad with accumulation
+  local B=(train --steps 3 --threads 1 --seed 5 --checkpoint-dir "$TMP/c9")
+  "$T" "${B[@]}" --batch-size 14 >/dev/null 2>&1 || return 1
+  expect 1 -e "last batch (--last-batch; auto is partial on one process, pad on several ranks or with accumulation) partial in the checkpoint, pad in this run" \
+    "$T" "${B[@]}" --steps 4 --resume --batch-size 7 --accum 2 &&
+  expect 0 -e "resumed from step 3" "$T" "${B[@]}" --steps 4 --resume --batch-size 14 --last-batch partial &&
+  expect 0 -e "resuming with changed settings: last batch" "$T" "${B[@]}" --steps 5 --resume --batch-size 7 --accum 2 --resume-override batch
+}
+check "the last batch's rule is kept on resume: auto that resolves otherwise (one process to accumulation) is refused" last_batch_rule
+last_batch_adopted() { # 112 windows in global batches of 12: two epochs of 10 steps, each ending on a batch of 4 real windows
+  head -c 2000 data/tinyshakespeare.txt >"$TMP/small.txt"
+  local G=(train --model gpt --layers 2 --heads 2 --width 32 --block 16 --epochs 2 --seed 5 --optimizer sgd --momentum 0.9 --lr 0.05
+           --data-path "$TMP/small.txt" --val-batches 1 --threads 1)
+  "$T" "${G[@]}" --batch-size 4 --accum 3 --save-weights "$TMP/lb-pad.st" >/dev/null 2>&1 || return 1
+  TANDEM_FAULT=0:4 "$T" "${G[@]}" --batch-size 4 --accum 3 --checkpoint-dir "$TMP/c10" --checkpoint-every 3 >/dev/null 2>&1
+  # auto on one process would be partial: it takes the checkpoint's pad, and ends where the uninterrupted run did
+  expect 0 -e "last batch (--last-batch; auto is partial on one process, pad on several ranks or with accumulation): pad, as the checkpoint's" \
+    "$T" "${G[@]}" --batch-size 12 --checkpoint-dir "$TMP/c10" --resume --save-weights "$TMP/lb-res.st" &&
+  "$T" weights-diff "$TMP/lb-pad.st" "$TMP/lb-res.st" --rtol 1e-5 --quiet >/dev/null || { echo "  the resumed run differs"; return 1; }
+  # the control: partial throughout is another run (the difference the adoption removes)
+  "$T" "${G[@]}" --batch-size 12 --save-weights "$TMP/lb-part.st" >/dev/null 2>&1 &&
+    ! "$T" weights-diff "$TMP/lb-pad.st" "$TMP/lb-part.st" --rtol 1e-5 --quiet >/dev/null
+}
+check "--last-batch auto on resume takes the checkpoint's rule where the layout allows it: the uninterrupted run's weights (1e-5)" last_batch_adopted
 finish
