@@ -220,7 +220,8 @@ tdm_status tdm_comm_allgather(tdm_comm_t c, const void *sendbuf, void *recvbuf, 
 /* Blocks of any count. The partition every block algorithm uses: count elements over size ranks,
  * block r holds count/size elements plus one if r < count % size, blocks in rank order, so
  *   *offset = r * (count/size) + min(r, count % size),  *len = count/size + (r < count % size).
- * Sizes are 64-bit: counts up to 2^40 elements. */
+ * Sizes are 64-bit: counts up to 2^40 elements. A size below 1 or r outside 0..size-1: an empty
+ * block at 0. */
 void tdm_comm_block(size_t count, int size, int r, size_t *offset, size_t *len);
 /* Reduce-scatter of a buffer of count elements (any count): recvbuf gets the reduction of block
  * r (tdm_comm_block) on rank r. With the algorithm the matching all-reduce uses (ring; rhd on a

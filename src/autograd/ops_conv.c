@@ -26,8 +26,10 @@ tdm_tensor *tdm_conv2d(tdm_tape *tp, tdm_tensor *x, tdm_tensor *w, tdm_tensor *b
                      tdm__shp(x), tdm__shp(w));
   if (b && (b->ndim != 1 || b->shape[0] != w->shape[0] || b->dtype != TDM_F32))
     return tdm__fail(tp, TDM_ERR_INVALID_ARG, "conv2d: bias %s; expected (%lld) f32", tdm__shp(b), (long long)w->shape[0]);
-  if (stride < 1 || pad < 0)
-    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "conv2d: stride %d, padding %d; expected stride >= 1, padding >= 0", stride, pad);
+  if (stride < 1 || pad < 0 || pad > (1 << 20))
+    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "conv2d: stride %d, padding %d; expected stride >= 1, padding 0..2^20", stride, pad);
+  if (w->shape[2] < 1 || w->shape[3] < 1 || w->shape[1] < 1)
+    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "conv2d: weight %s has an empty kernel; expected (Co, Ci >= 1, KH >= 1, KW >= 1)", tdm__shp(w));
   tdm_conv_shape s = {x->shape[0], x->shape[1], x->shape[2], x->shape[3], w->shape[0], w->shape[2], w->shape[3],
                       stride, pad, 0, 0};
   if (s.H + 2 * pad < s.KH || s.W + 2 * pad < s.KW)

@@ -398,10 +398,14 @@ static tdm_tensor *reduce(tdm_tape *tp, const char *name, tdm_tensor *x, int nax
                           int mean) {
   if (!tdm__inputs_ok(tp, name, 1, &x) || !tdm__check_f32(tp, name, "input", x)) return NULL;
   int64_t mask = 0;
+  if (naxes < 0 || naxes > x->ndim || (naxes && !axes))
+    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "%s: %d axes%s of a %d-dimensional input; expected 0 (all) to %d", name, naxes,
+                     naxes && !axes ? " (NULL)" : "", x->ndim, x->ndim);
   if (naxes == 0) mask = (1 << x->ndim) - 1;
   for (int k = 0; k < naxes; k++) {
     int a = tdm__axis(tp, name, x, axes[k]);
     if (a < 0) return NULL;
+    if (mask & (1 << a)) return tdm__fail(tp, TDM_ERR_INVALID_ARG, "%s: axis %d is given twice", name, axes[k]);
     mask |= 1 << a;
   }
   int64_t shape[TDM_MAX_DIMS], count = 1;

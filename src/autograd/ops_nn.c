@@ -132,6 +132,8 @@ tdm_tensor *tdm_cross_entropy(tdm_tape *tp, tdm_tensor *logits, tdm_tensor *targ
   if (logits->ndim < 1)
     return tdm__fail(tp, TDM_ERR_INVALID_ARG, "cross_entropy: logits are 0-d; expected (..., classes)");
   int64_t C = logits->shape[logits->ndim - 1], N = C ? logits->numel / C : 0;
+  if (C < 1) /* no class a target could name: not a loss of 0 */
+    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "cross_entropy: logits %s have no class; expected (..., classes >= 1)", tdm__shp(logits));
   int ok = targets->ndim == logits->ndim - 1;
   for (int d = 0; ok && d < targets->ndim; d++) ok = targets->shape[d] == logits->shape[d];
   if (!ok)

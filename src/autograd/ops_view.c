@@ -60,6 +60,7 @@ tdm_tensor *tdm__contig(tdm_tape *tp, tdm_tensor *x) {
 
 tdm_tensor *tdm_cast(tdm_tape *tp, tdm_tensor *x, tdm_dtype dt) {
   if (!tdm__inputs_ok(tp, "cast", 1, &x)) return NULL;
+  if ((unsigned)dt >= TDM_DTYPE_COUNT) return tdm__fail(tp, TDM_ERR_INVALID_ARG, "cast: dtype %d is unknown", (int)dt);
   int fl = dt == TDM_F32 || dt == TDM_BF16 || dt == TDM_F16 || dt == TDM_F64;
   int fx = x->dtype == TDM_F32 || x->dtype == TDM_BF16 || x->dtype == TDM_F16 || x->dtype == TDM_F64;
   if (tdm__requires_grad(x) && tp->grad_enabled && !(fl && fx))
@@ -91,8 +92,8 @@ tdm_tensor *tdm_reshape(tdm_tape *tp, tdm_tensor *x, int ndim, const int64_t *sh
       infer = i;
     } else if (sh[i] < 0) {
       return tdm__fail(tp, TDM_ERR_INVALID_ARG, "reshape: dimension %d is %lld", i, (long long)sh[i]);
-    } else {
-      known *= sh[i];
+    } else if (__builtin_mul_overflow(known, sh[i], &known)) {
+      return tdm__fail(tp, TDM_ERR_INVALID_ARG, "reshape: the new shape's element count passes 2^63");
     }
   }
   if (infer >= 0) sh[infer] = known ? x->numel / known : 0;

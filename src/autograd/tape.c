@@ -176,6 +176,10 @@ tdm_tensor *tdm__out(tdm_tape *tp, tdm_dtype dt, int ndim, const int64_t *shape)
     if (shape[i] < 0)
       return tdm__fail(tp, TDM_ERR_INVALID_ARG, "tensor: dimension %d is %lld; expected >= 0", i,
                        (long long)shape[i]);
+  int64_t n;
+  char b[160];
+  if (tdm__shape_numel(ndim, shape, tdm_dtype_size(dt), &n))
+    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "tensor: shape %s holds more than 2^63 bytes", tdm_shape_str(ndim, shape, b, sizeof b));
   tdm_tensor *t = tdm__scratch(tp, sizeof *t);
   if (!t) return NULL;
   tdm__tensor_init(t, dt, ndim, shape);
@@ -197,7 +201,8 @@ tdm_tensor *tdm_zeros(tdm_tape *tp, tdm_dtype dt, int ndim, const int64_t *shape
 
 tdm_tensor *tdm_from_data(tdm_tape *tp, tdm_dtype dt, int ndim, const int64_t *shape, const void *data) {
   tdm_tensor *t = tdm_new(tp, dt, ndim, shape);
-  if (t && data) memcpy(t->data, data, (size_t)t->numel * tdm_dtype_size(dt));
+  if (t && t->numel && !data) return tdm__fail(tp, TDM_ERR_INVALID_ARG, "from_data: data is NULL for %lld elements", (long long)t->numel);
+  if (t && t->numel) memcpy(t->data, data, (size_t)t->numel * tdm_dtype_size(dt));
   return t;
 }
 

@@ -54,6 +54,15 @@ static tdm_status null_buf(struct tdm_comm *c, const char *what) {
   return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: %s is NULL with a non-zero count", tdm__coll_name((int)c->cur.kind), what);
 }
 
+/* sendbuf and recvbuf of nbytes each: the same (in place) or apart; a partial overlap would have
+ * the algorithms read what they already wrote */
+static tdm_status overlap(struct tdm_comm *c, const void *sendbuf, const void *recvbuf, size_t nbytes) {
+  const char *s = sendbuf, *r = recvbuf;
+  if (!nbytes || s == r || s + nbytes <= r || r + nbytes <= s) return TDM_OK;
+  return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: sendbuf and recvbuf overlap by part (%td bytes apart, %zu each); expected the same "
+                        "buffer (in place) or two apart", tdm__coll_name((int)c->cur.kind), r - s, nbytes);
+}
+
 static tdm_status not_applicable(struct tdm_comm *c, tdm_algo a) {
   char list[160];
   return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "%s: algorithm '%s' does not apply on this %d-rank %s communicator; use %s",
@@ -79,6 +88,7 @@ static tdm_status allreduce_(tdm_comm_t c, const void *sendbuf, void *recvbuf, s
   TDM__TRY(begin(c, TDM_COLL_ALLREDUCE, count, dt, op, 0));
   if (count && (!sendbuf || !recvbuf)) return null_buf(c, "a buffer");
   size_t nbytes = count * tdm_dtype_size(dt);
+  TDM__TRY(overlap(c, sendbuf, recvbuf, nbytes));
   algo = tdm__algo_pick(c, TDM_COLL_ALLREDUCE, algo);
   if (algo == TDM_ALGO_AUTO) {
     if (tdm__shm_usable(c)) algo = TDM_ALGO_SHM; /* reduce straight from shared memory */
@@ -119,6 +129,7 @@ static tdm_status reduce_(tdm_comm_t c, const void *sendbuf, void *recvbuf, size
   TDM__TRY(tdm__wait_queue_idle(c));
   TDM__TRY(begin(c, TDM_COLL_REDUCE, count, dt, op, root));
   if (count && (!sendbuf || (c->rank == root && !recvbuf))) return null_buf(c, "a buffer");
+  if (c->rank == root) TDM__TRY(overlap(c, sendbuf, recvbuf, count * tdm_dtype_size(dt)));
   algo = tdm__algo_pick(c, TDM_COLL_REDUCE, algo);
   if (!tdm__algo_applies(c, TDM_COLL_REDUCE, algo)) return not_applicable(c, algo);
   announce(c, algo);
@@ -148,6 +159,10 @@ void tdm__blocks(size_t count, int p, size_t *cnt, size_t *off) {
 }
 
 void tdm_comm_block(size_t count, int size, int r, size_t *offset, size_t *len) {
+  if (size < 1 || r < 0 || r >= size) { /* no such block: an empty one, never a division by zero */
+    *offset = *len = 0;
+    return;
+  }
   size_t base = count / (size_t)size, extra = count % (size_t)size, ur = (size_t)r;
   *offset = ur * base + (ur < extra ? ur : extra);
   *len = base + (ur < extra);

@@ -247,7 +247,17 @@ void tdm_comm_abort(tdm_comm_t c) {
 
 void tdm_comm_abort_why(tdm_comm_t c, tdm_status st, const char *why) {
   if (!c) return;
-  tdm__comm_fail(c, st == TDM_OK ? TDM_ERR_REMOTE : st, "%s", why ? why : "aborted");
+  /* only a status of the enum, and an error: 77 would reach callers as no tdm_status at all */
+  int known = 0;
+  switch (st) {
+#define TDM__KNOWN(name, value, text) case name:
+    TDM_STATUS_LIST(TDM__KNOWN)
+#undef TDM__KNOWN
+    known = st != TDM_OK;
+    break;
+  default: break;
+  }
+  tdm__comm_fail(c, known ? st : TDM_ERR_REMOTE, "%s", why ? why : "aborted");
   c->tr->active = c; /* a child's abort closes its parent's links too: they are one transport */
   c->tr->ops->abort(c->tr, c->error);
 }

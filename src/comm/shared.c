@@ -75,6 +75,8 @@ tdm_status tdm_shared_create(tdm_comm_t c, size_t floats_per_rank, tdm_shared_t 
                           c->tr && c->tr->ops->shared_map ? (c->map ? " on a sub-communicator (it needs all of the transport's ranks)"
                                                                     : " the network emulation could see (TANDEM_NET_EMULATE)")
                                                           : " (shared buffers need the shm or thread transport)");
+  if (floats_per_rank > ((size_t)1 << 40) / sizeof(float)) /* its bytes times the ranks would wrap */
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "shared_create: %zu floats per rank; expected at most 2^38 (1 TiB)", floats_per_rank);
   tdm_shared *s = tdm__calloc(1, sizeof *s);
   if (!s) return tdm__set_error(TDM_ERR_NO_MEMORY, "shared buffer: out of memory");
   int P = c->size;

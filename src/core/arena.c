@@ -62,6 +62,10 @@ void tdm_arena_destroy(tdm_arena *a) {
 }
 
 void *tdm_arena_alloc(tdm_arena *a, size_t bytes) {
+  if (bytes > ((size_t)1 << 62)) { /* rounded up it would wrap to a 64-byte block */
+    tdm__set_error(TDM_ERR_NO_MEMORY, "arena: cannot allocate %zu bytes", bytes);
+    return NULL;
+  }
   size_t need = (bytes + 63) & ~(size_t)63;
   if (need == 0) need = 64;
   block *b = a->head;

@@ -2,6 +2,7 @@
 #include "tandem/trace.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -214,6 +215,9 @@ tdm_status tdm_trace_flush_if_needed(tdm_trace *t) {
 tdm_status tdm_trace_set_clock(tdm_trace *t, int which, double at_s, double offset_s, double uncertainty_s) {
   if (!t || which < 0 || which > 1)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "trace: set_clock: which is %d; expected 0 (start) or 1 (end)", which);
+  if (!isfinite(at_s) || !isfinite(offset_s) || !isfinite(uncertainty_s)) /* "nan" is no JSON: the merge could not read it */
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "trace: set_clock: at %g s, offset %g s, uncertainty %g s; expected finite values",
+                          at_s, offset_s, uncertainty_s);
   pthread_mutex_lock(&t->mu);
   t->clock[which][0] = at_s, t->clock[which][1] = offset_s, t->clock[which][2] = uncertainty_s;
   t->have_clock[which] = 1;

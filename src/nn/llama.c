@@ -140,7 +140,8 @@ static tdm_tensor *block(tdm_tape *tp, const tdm_llama_block_mod *b, tdm_tensor 
 /* Dropout masks are keyed by the call's number in the step, as GPT's (models.c): the embedding's
  * is call 0, layer l's two are 1 + 2l and 2 + 2l, however the layers are spread over stages. */
 tdm_tensor *tdm_llama_forward_range(tdm_model *m, tdm_tape *tp, tdm_tensor *x, tdm_gpt_range *r) {
-  if (!x || !r || tdm_tape_status(tp) != TDM_OK) return NULL;
+  if (!tp || tdm_tape_status(tp) != TDM_OK) return NULL;
+  if (!m || !x || !r) return tdm__fail(tp, TDM_ERR_INVALID_ARG, "llama range: %s is NULL", !m ? "the model" : !x ? "the input" : "the range");
   const tdm_model_config *c = &m->cfg;
   if (c->kind != TDM_MODEL_LLAMA || r->first < 0 || r->last < r->first || r->last > c->n_layer)
     return tdm__fail(tp, TDM_ERR_INVALID_ARG, "llama range: layers [%lld, %lld) of a %s model with %lld layers",

@@ -207,7 +207,8 @@ static tdm_tensor *input_error(tdm_tape *tp, const char *kind, const tdm_tensor 
 }
 
 tdm_tensor *tdm_model_forward(tdm_model *m, tdm_tape *tp, tdm_tensor *x) {
-  if (!x || tdm_tape_status(tp) != TDM_OK) return NULL;
+  if (!tp || tdm_tape_status(tp) != TDM_OK) return NULL;
+  if (!m || !x) return tdm__fail(tp, TDM_ERR_INVALID_ARG, "model forward: %s is NULL", !m ? "the model" : "the input");
   const tdm_model_config *c = &m->cfg;
   switch (c->kind) {
   case TDM_MODEL_MLP: {
@@ -256,7 +257,8 @@ void tdm__trace_block(double t0, int64_t l) {
 static void dropout_site(tdm_tape *tp, int64_t block) { tp->dropout_calls = (uint64_t)(1 + 2 * block); }
 
 tdm_tensor *tdm_gpt_forward_range(tdm_model *m, tdm_tape *tp, tdm_tensor *x, tdm_gpt_range *r) {
-  if (!x || !r || tdm_tape_status(tp) != TDM_OK) return NULL;
+  if (!tp || tdm_tape_status(tp) != TDM_OK) return NULL;
+  if (!m || !x || !r) return tdm__fail(tp, TDM_ERR_INVALID_ARG, "gpt range: %s is NULL", !m ? "the model" : !x ? "the input" : "the range");
   const tdm_model_config *c = &m->cfg;
   if (c->kind != TDM_MODEL_GPT || r->first < 0 || r->last < r->first || r->last > c->n_layer)
     return tdm__fail(tp, TDM_ERR_INVALID_ARG, "gpt range: blocks [%lld, %lld) of a %s model with %lld blocks",
@@ -291,7 +293,8 @@ tdm_tensor *tdm_gpt_forward_range(tdm_model *m, tdm_tape *tp, tdm_tensor *x, tdm
 }
 
 tdm_tensor *tdm_model_forward_range(tdm_model *m, tdm_tape *tp, tdm_tensor *x, tdm_gpt_range *r) {
-  if (!m || !x || !r || tdm_tape_status(tp) != TDM_OK) return NULL;
+  if (!tp || tdm_tape_status(tp) != TDM_OK) return NULL;
+  if (!m || !x || !r) return tdm__fail(tp, TDM_ERR_INVALID_ARG, "model range: %s is NULL", !m ? "the model" : !x ? "the input" : "the range");
   switch (m->cfg.kind) {
   case TDM_MODEL_GPT:
     return tdm_gpt_forward_range(m, tp, x, r);

@@ -75,6 +75,14 @@ tdm_status tdm_params_declare(tdm_params *p, const char *name, int ndim, const i
     if (shape[i] <= 0)
       return tdm__set_error(TDM_ERR_INVALID_ARG, "params_declare: '%s' dimension %d is %lld; expected > 0", name, i,
                             (long long)shape[i]);
+  if ((unsigned)init.kind > TDM_INIT_NORMAL || !isfinite(init.a) || !isfinite(init.b) ||
+      (init.kind == TDM_INIT_UNIFORM && !(init.a <= init.b)) || (init.kind == TDM_INIT_NORMAL && init.b < 0))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "params_declare: '%s': init kind %d with a %g, b %g; expected zeros, ones, uniform [a, b) "
+                          "with a <= b, or normal (mean a, std b >= 0), finite", name, (int)init.kind, (double)init.a, (double)init.b);
+  int64_t numel, total;
+  if (tdm__shape_numel(ndim, shape, sizeof(float), &numel) || __builtin_add_overflow(p->numel, numel, &total) ||
+      __builtin_mul_overflow(total, (int64_t)sizeof(float), &total))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "params_declare: '%s': the parameters would hold more than 2^63 bytes", name);
   if (tdm_params_find(p, name))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "params_declare: '%s' is declared twice", name);
   if (p->n == p->cap) {

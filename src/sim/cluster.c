@@ -195,6 +195,27 @@ tdm_status tdm_sim_cluster_load(const char *path, tdm_sim_cluster *k) {
 
 tdm_status tdm_sim_cluster_save(const char *path, const tdm_sim_cluster *k, const char *extra) {
   TDM__TRY(tdm_sim_cluster_check(k, "cluster"));
+  if (extra && *extra) { /* members of an object: the file must load again */
+    size_t n = strlen(extra);
+    char *obj = malloc(n + 3);
+    tdm_json *j = NULL;
+    if (!obj) return tdm__set_error(TDM_ERR_NO_MEMORY, "cluster file: out of memory");
+    snprintf(obj, n + 3, "{%s}", extra);
+    tdm_status st = tdm__json_parse(obj, n + 2, &j);
+    free(obj);
+    tdm__json_free(j);
+    if (st != TDM_OK) return tdm__set_error(TDM_ERR_INVALID_ARG, "cluster file: extra members %.60s%s are not JSON: %s", extra, n > 60 ? "..." : "", tdm_last_error());
+  }
+  /* the compute model's name as a JSON string: escaped, at most its array's bytes */
+  char model[2 * sizeof k->compute_model * 3 + 1];
+  size_t mo = 0;
+  for (size_t i = 0; i < sizeof k->compute_model && k->compute_model[i]; i++) {
+    unsigned char ch = (unsigned char)k->compute_model[i];
+    if (ch == '"' || ch == '\\') model[mo++] = '\\', model[mo++] = (char)ch;
+    else if (ch < 0x20) mo += (size_t)snprintf(model + mo, sizeof model - mo, "\\u%04x", ch);
+    else model[mo++] = (char)ch;
+  }
+  model[mo] = 0;
   char tmp[4096];
   if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "cluster file: path too long");
@@ -212,7 +233,7 @@ tdm_status tdm_sim_cluster_save(const char *path, const tdm_sim_cluster *k, cons
             i ? "inter" : "intra", l[i]->alpha, l[i]->beta, l[i]->gamma, l[i]->cpu_alpha, l[i]->cpu_beta, l[i]->fan_alpha,
             l[i]->fan_beta, l[i]->wake, l[i]->big_bytes, l[i]->big_factor, l[i]->fan_big_factor, l[i]->pairwise, l[i]->handoff);
   fprintf(f, "  \"compute\": {\"flops\": %.6e, \"optimizer\": %.6e, \"overhead\": %.6e, \"ranks\": %d, \"cv\": %.4f, \"model\": \"%s\"}%s\n",
-          k->flops, k->optim_rate, k->overhead, k->compute_ranks, k->compute_cv, k->compute_model, extra && *extra ? "," : "");
+          k->flops, k->optim_rate, k->overhead, k->compute_ranks, k->compute_cv, model, extra && *extra ? "," : "");
   if (extra && *extra) fprintf(f, "  %s\n", extra);
   fprintf(f, "}\n");
   int bad_write = ferror(f);

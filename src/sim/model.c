@@ -150,6 +150,13 @@ tdm_status tdm_sim_model_custom(tdm_sim_model **out, int n, const int64_t *param
                                 size_t first_bytes, int overlap_off) {
   if (!out || n < 1 || !params || !fwd) return tdm__set_error(TDM_ERR_INVALID_ARG, "simulate: custom model: NULL or %d layers", n);
   *out = NULL;
+  for (int i = 0; i < n; i++)
+    if (!(fwd[i] >= 0 && fwd[i] < 1e30) || params[i] < 1) /* a NaN or negative cost made a NaN or negative step */
+      return tdm__set_error(TDM_ERR_INVALID_ARG, "simulate: custom model: layer %d has %lld parameters and %g forward FLOP; expected "
+                            ">= 1 and a finite count >= 0", i, (long long)params[i], fwd[i]);
+  if (bucket_bytes > ((size_t)1 << 50) || first_bytes > ((size_t)1 << 50))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "simulate: custom model: buckets of %zu bytes, the first %zu; expected at most 2^50 "
+                          "(0: the default)", bucket_bytes, first_bytes);
   tdm_sim_model *m = tdm__calloc(1, sizeof *m);
   if (!m) return tdm__set_error(TDM_ERR_NO_MEMORY, "simulate: out of memory");
   m->engine = TDM_ENGINE_DP, m->tp = m->pp = 1, m->accum = 1, m->no_overlap = overlap_off, m->wire = 4;

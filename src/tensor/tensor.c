@@ -99,6 +99,8 @@ tdm_status tdm_convert(void *dst, tdm_dtype dst_dt, const void *src, tdm_dtype s
     return tdm__set_error(TDM_ERR_INVALID_ARG, "convert: dtype %d -> %d; expected values below %d",
                           (int)src_dt, (int)dst_dt, TDM_DTYPE_COUNT);
   if (n < 0) return tdm__set_error(TDM_ERR_INVALID_ARG, "convert: count %lld < 0", (long long)n);
+  if (n > 0 && (!dst || !src))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "convert: %s buffer is NULL for %lld elements", !dst ? "the destination" : "the source", (long long)n);
   if (dst_dt == src_dt) {
     memmove(dst, src, (size_t)n * tdm_dtype_size(dst_dt));
     return TDM_OK;
@@ -133,6 +135,15 @@ void tdm__tensor_init(tdm_tensor *t, tdm_dtype dt, int ndim, const int64_t *shap
   }
 }
 
+int tdm__shape_numel(int ndim, const int64_t *shape, size_t elem, int64_t *numel) {
+  int64_t n = 1, b;
+  for (int i = 0; i < ndim; i++)
+    if (__builtin_mul_overflow(n, shape[i], &n)) return -1;
+  if (__builtin_mul_overflow(n, (int64_t)elem, &b)) return -1;
+  *numel = n;
+  return 0;
+}
+
 static tdm_status check_shape(const char *who, tdm_dtype dt, int ndim, const int64_t *shape) {
   if ((unsigned)dt >= TDM_DTYPE_COUNT)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: dtype %d is not a tandem dtype", who, (int)dt);
@@ -143,6 +154,11 @@ static tdm_status check_shape(const char *who, tdm_dtype dt, int ndim, const int
     if (shape[i] < 0)
       return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: dimension %d is %lld; expected >= 0", who, i,
                             (long long)shape[i]);
+  int64_t n;
+  char b[160];
+  if (tdm__shape_numel(ndim, shape, tdm_dtype_size(dt), &n))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: shape %s holds more than 2^63 bytes of %s", who,
+                          tdm_shape_str(ndim, shape, b, sizeof b), tdm_dtype_name(dt));
   return TDM_OK;
 }
 

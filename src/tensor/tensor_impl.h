@@ -49,6 +49,10 @@ static inline tdm_tensor *tdm__fetchable(tdm_tensor *t) {
   return p->fetch ? p : NULL;
 }
 
+/* The element count of a shape of non-negative dimensions, in *numel; 0, or -1 when the count, or
+ * the count times elem bytes, passes INT64_MAX (a size that would wrap into a small allocation). */
+int tdm__shape_numel(int ndim, const int64_t *shape, size_t elem, int64_t *numel);
+
 /* Fills shape/stride/numel for a contiguous layout. */
 void tdm__tensor_init(tdm_tensor *t, tdm_dtype dt, int ndim, const int64_t *shape);
 int tdm__shape_equal(const tdm_tensor *a, const tdm_tensor *b);

@@ -4,7 +4,7 @@
 
 int64_t tdm_tensor_row_argmax(const tdm_tensor *t, int64_t row) {
   int64_t C = t->ndim ? t->shape[t->ndim - 1] : 1, best = 0;
-  if (C <= 0) return -1;
+  if (C <= 0 || row < 0 || row >= t->numel / C) return -1; /* the header's -1: no such row */
   const void *base = (const char *)t->data + (size_t)(row * C) * tdm_dtype_size(t->dtype);
   switch (t->dtype) {
   case TDM_F32: {

@@ -46,6 +46,16 @@ static int cmp_tensor(const void *a, const void *b) {
 }
 
 tdm_status tdm_ckpt_checksum(int n_meta, const char *const *meta_kv, int n, const tdm_st_tensor *ts, uint32_t *out) {
+  if (!out || n_meta < 0 || n < 0 || (n_meta && !meta_kv) || (n && !ts))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "checkpoint checksum: %d metadata pairs at %p, %d tensors at %p, out %p; expected counts >= 0 "
+                          "and the arrays and out given", n_meta, (const void *)meta_kv, n, (const void *)ts, (void *)out);
+  for (int i = 0; i < 2 * n_meta; i++)
+    if (!meta_kv[i]) return tdm__set_error(TDM_ERR_INVALID_ARG, "checkpoint checksum: metadata %s %d is NULL", i % 2 ? "value" : "key", i / 2);
+  for (int i = 0; i < n; i++)
+    if (!ts[i].name || ts[i].ndim < 0 || ts[i].ndim > TDM_MAX_DIMS || ts[i].nbytes < 0 || (ts[i].nbytes && !ts[i].data))
+      return tdm__set_error(TDM_ERR_INVALID_ARG, "checkpoint checksum: tensor %d ('%s'): %d dimensions, %lld bytes at %p; expected a name, "
+                            "0..%d dimensions and the bytes", i, ts[i].name ? ts[i].name : "(null)", ts[i].ndim, (long long)ts[i].nbytes,
+                            ts[i].data, TDM_MAX_DIMS);
   const char *const **pairs = tdm__malloc(sizeof *pairs * (size_t)(n_meta + 1));
   const tdm_st_tensor **tp = tdm__malloc(sizeof *tp * (size_t)(n + 1));
   if (!pairs || !tp) {
@@ -505,12 +515,18 @@ tdm_status tdm__ckpt_open_below(tdm_ckpt **out, const char *dir, int64_t below, 
 }
 
 tdm_status tdm_ckpt_latest(const char *dir, char *path, size_t path_n, char *warning, size_t warning_n) {
+  if (!path || !path_n) return tdm__set_error(TDM_ERR_INVALID_ARG, "ckpt_latest: no buffer for the path (%p, %zu bytes)", (void *)path, path_n);
   tdm_ckpt *c;
   TDM__TRY(tdm_ckpt_open_latest_verified(&c, dir, warning, warning_n));
   if (!c) return tdm__set_error(TDM_ERR_IO, "no checkpoint in %s", dir);
-  snprintf(path, path_n, "%s", c->path);
+  size_t need = strlen(c->path) + 1;
+  tdm_status st = TDM_OK;
+  if (need > path_n) /* a cut path names another file */
+    st = tdm__set_error(TDM_ERR_INVALID_ARG, "ckpt_latest: the path %s needs %zu bytes; the buffer has %zu", c->path, need, path_n);
+  else
+    memcpy(path, c->path, need);
   tdm_ckpt_close(c);
-  return TDM_OK;
+  return st;
 }
 
 /* ---- writing the manifest, retiring old checkpoints --------------------------------------------- */

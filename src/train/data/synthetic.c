@@ -70,7 +70,9 @@ tdm_status tdm_dataset_open_synthetic(tdm_dataset **out, int64_t n, int ndim, co
   int64_t F = 1;
   for (int d = 0; d < ndim; d++) {
     if (shape[d] < 1) return tdm__set_error(TDM_ERR_INVALID_ARG, "synthetic data: axis %d is %lld", d, (long long)shape[d]);
-    F *= shape[d];
+    if (__builtin_mul_overflow(F, shape[d], &F) || F > ((int64_t)1 << 40) / (int64_t)sizeof(float) / classes)
+      return tdm__set_error(TDM_ERR_INVALID_ARG, "synthetic data: a sample of %lld+ features and %d classes: a teacher above 1 TiB",
+                            (long long)F, classes);
   }
   tdm_dataset *ds = tdm__calloc(1, sizeof *ds);
   synth *s = tdm__calloc(1, sizeof *s);

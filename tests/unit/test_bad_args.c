@@ -1,0 +1,211 @@
+/* The public API's refusals of bad arguments that an ASan/UBSan hunt found accepted: sizes that
+ * wrapped into small allocations, unchecked rows and counts, buffers that overlap by part, values
+ * written into files that could not be read back. Each case asserts the refusal (a status and a
+ * message naming the value) and, where one was accepted before, that nothing was written. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tdm_test.h"
+
+static void test_shapes_whose_size_overflows(void) {
+  tdm_tensor *t = NULL;
+  int64_t big[2] = {(int64_t)1 << 62, 1}, huge[2] = {INT64_MAX, 3}, empty[2] = {0, INT64_MAX};
+  CHECK(tdm_tensor_create(&t, TDM_F32, 2, big) == TDM_ERR_INVALID_ARG); /* 2^62 x 4 bytes wrapped to 0 */
+  CHECK_ERR_HAS("holds more than 2^63 bytes");
+  CHECK(tdm_tensor_create(&t, TDM_F32, 2, huge) == TDM_ERR_INVALID_ARG);
+  CHECK(tdm_tensor_wrap(&t, TDM_F32, 2, big, NULL) == TDM_ERR_INVALID_ARG);
+  CHECK_OK(tdm_tensor_create(&t, TDM_F32, 2, empty)); /* no element: no size to overflow */
+  CHECK(tdm_tensor_numel(t) == 0);
+  tdm_tensor_destroy(t);
+  tdm_tape *tp;
+  CHECK_OK(tdm_tape_create(&tp, 1 << 16));
+  CHECK(!tdm_zeros(tp, TDM_F32, 2, big) && tdm_tape_status(tp) == TDM_ERR_INVALID_ARG);
+  tdm_tape_destroy(tp);
+  CHECK_OK(tdm_tape_create(&tp, 1 << 16));
+  int64_t s4[1] = {4}, bad[3] = {(int64_t)1 << 40, (int64_t)1 << 40, -1};
+  tdm_tensor *x = tdm_zeros(tp, TDM_F32, 1, s4);
+  CHECK(!tdm_reshape(tp, x, 3, bad) && tdm_tape_status(tp) == TDM_ERR_INVALID_ARG);
+  tdm_tape_destroy(tp);
+  tdm_params *p;
+  CHECK_OK(tdm_params_create(&p));
+  CHECK(tdm_params_declare(p, "w", 2, big, (tdm_init){TDM_INIT_ZEROS, 0, 0}, 0, &t) == TDM_ERR_INVALID_ARG);
+  tdm_params_destroy(p);
+  tdm_dataset *ds = NULL;
+  int64_t feat[2] = {(int64_t)1 << 40, (int64_t)1 << 40};
+  CHECK(tdm_dataset_open_synthetic(&ds, 10, 2, feat, 3, 1, 0) == TDM_ERR_INVALID_ARG && !ds);
+}
+
+static void test_arena_and_shared_sizes(void) {
+  tdm_arena *a;
+  CHECK_OK(tdm_arena_create(&a, 0));
+  CHECK(tdm_arena_alloc(a, SIZE_MAX) == NULL); /* rounded up it wrapped to a 64-byte block */
+  CHECK(tdm_arena_alloc(a, 100) != NULL);
+  tdm_arena_destroy(a);
+  tdm_comm_config cfg = {0};
+  cfg.size = 1;
+  cfg.transport = TDM_TRANSPORT_SHM;
+  tdm_comm_t c;
+  CHECK_OK(tdm_comm_create(&c, &cfg));
+  tdm_shared_t s = NULL;
+  CHECK(tdm_shared_create(c, (size_t)1 << 62, &s) == TDM_ERR_INVALID_ARG && !s);
+  CHECK_ERR_HAS("floats per rank");
+  /* buffers that overlap by part: the algorithms would read what they wrote (in place is fine) */
+  float v[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  CHECK(tdm_comm_allreduce(c, v, v + 1, 4, TDM_F32, TDM_SUM, TDM_ALGO_AUTO) == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("overlap by part");
+  tdm_comm_destroy(c);
+  CHECK_OK(tdm_comm_create(&c, &cfg));
+  CHECK_OK(tdm_comm_allreduce(c, v, v, 4, TDM_F32, TDM_SUM, TDM_ALGO_AUTO));
+  CHECK_OK(tdm_comm_allreduce(c, v, v + 4, 4, TDM_F32, TDM_SUM, TDM_ALGO_AUTO));
+  CHECK(v[4] == 1 && v[7] == 4);
+  /* an abort with a status outside the enum reaches callers as an error of the enum */
+  tdm_comm_abort_why(c, (tdm_status)77, "test");
+  CHECK(tdm_comm_status(c) == TDM_ERR_REMOTE);
+  tdm_comm_destroy(c);
+  size_t off = 7, len = 7;
+  tdm_comm_block(10, 0, 0, &off, &len); /* a division by zero before */
+  CHECK(off == 0 && len == 0);
+  tdm_comm_block(10, 3, -1, &off, &len);
+  CHECK(off == 0 && len == 0);
+  tdm_comm_block(10, 3, 2, &off, &len);
+  CHECK(off == 7 && len == 3);
+}
+
+static void test_checksum_and_latest(void) {
+  uint32_t crc = 0;
+  CHECK(tdm_ckpt_checksum(-1, NULL, 0, NULL, &crc) == TDM_ERR_INVALID_ARG);
+  CHECK(tdm_ckpt_checksum(0, NULL, -1, NULL, &crc) == TDM_ERR_INVALID_ARG);
+  CHECK(tdm_ckpt_checksum(1, NULL, 0, NULL, &crc) == TDM_ERR_INVALID_ARG);
+  CHECK(tdm_ckpt_checksum(0, NULL, 0, NULL, NULL) == TDM_ERR_INVALID_ARG);
+  const char *kv[2] = {"k", NULL};
+  CHECK(tdm_ckpt_checksum(1, kv, 0, NULL, &crc) == TDM_ERR_INVALID_ARG);
+  float d[2] = {1, 2};
+  tdm_st_tensor t = {"a", TDM_F32, 1, {2}, d, 8};
+  CHECK_OK(tdm_ckpt_checksum(0, NULL, 1, &t, &crc));
+  t.nbytes = -8;
+  CHECK(tdm_ckpt_checksum(0, NULL, 1, &t, &crc) == TDM_ERR_INVALID_ARG);
+  t.nbytes = 8, t.ndim = 99;
+  CHECK(tdm_ckpt_checksum(0, NULL, 1, &t, &crc) == TDM_ERR_INVALID_ARG);
+  char path[8];
+  CHECK(tdm_ckpt_latest("/nonexistent-dir", NULL, 0, NULL, 0) == TDM_ERR_INVALID_ARG);
+  CHECK(tdm_ckpt_latest("/nonexistent-dir", path, sizeof path, NULL, 0) != TDM_OK);
+}
+
+static void test_rows_casts_and_data(void) {
+  int64_t sh[2] = {2, 3};
+  tdm_tensor *t;
+  CHECK_OK(tdm_tensor_create(&t, TDM_F32, 2, sh));
+  CHECK(tdm_tensor_row_argmax(t, 1) == 0);
+  CHECK(tdm_tensor_row_argmax(t, 2) == -1 && tdm_tensor_row_argmax(t, -1) == -1); /* read past the buffer before */
+  tdm_tensor_destroy(t);
+  float x[4] = {0};
+  CHECK(tdm_convert(NULL, TDM_BF16, x, TDM_F32, 4) == TDM_ERR_INVALID_ARG);
+  CHECK(tdm_convert(x, TDM_BF16, NULL, TDM_F32, 4) == TDM_ERR_INVALID_ARG);
+  CHECK_OK(tdm_convert(NULL, TDM_BF16, NULL, TDM_F32, 0));
+  tdm_tape *tp;
+  CHECK_OK(tdm_tape_create(&tp, 1 << 16));
+  tdm_tensor *a = tdm_zeros(tp, TDM_F32, 2, sh);
+  CHECK(!tdm_cast(tp, a, (tdm_dtype)42) && tdm_tape_status(tp) == TDM_ERR_INVALID_ARG);
+  tdm_tape_reset(tp);
+  CHECK(!tdm_from_data(tp, TDM_F32, 2, sh, NULL) && tdm_tape_status(tp) == TDM_ERR_INVALID_ARG);
+  tdm_tape_destroy(tp);
+}
+
+static void test_reductions_and_empty_ops(void) {
+  int64_t sh[2] = {2, 3}, nocls[2] = {2, 0}, tg[1] = {2}, w0[4] = {2, 1, 0, 0}, xs[4] = {1, 1, 6, 6};
+  tdm_tape *tp;
+  CHECK_OK(tdm_tape_create(&tp, 1 << 16));
+  tdm_tensor *x = tdm_zeros(tp, TDM_F32, 2, sh);
+  CHECK(!tdm_sum(tp, x, -1, NULL, 0) && tdm_tape_status(tp) == TDM_ERR_INVALID_ARG); /* returned x unreduced */
+  tdm_tape_reset(tp);
+  x = tdm_zeros(tp, TDM_F32, 2, sh);
+  int twice[2] = {0, 0};
+  CHECK(!tdm_mean(tp, x, 2, twice, 0) && tdm_tape_status(tp) == TDM_ERR_INVALID_ARG);
+  CHECK(strstr(tdm_tape_error(tp), "axis 0 is given twice"));
+  tdm_tape_reset(tp);
+  tdm_tensor *l = tdm_zeros(tp, TDM_F32, 2, nocls), *y = tdm_zeros(tp, TDM_I64, 1, tg);
+  CHECK(!tdm_cross_entropy(tp, l, y, -100) && tdm_tape_status(tp) == TDM_ERR_INVALID_ARG); /* a loss of 0 before */
+  tdm_tape_reset(tp);
+  CHECK(!tdm_conv2d(tp, tdm_zeros(tp, TDM_F32, 4, xs), tdm_zeros(tp, TDM_F32, 4, w0), NULL, 1, 0) &&
+        tdm_tape_status(tp) == TDM_ERR_INVALID_ARG);
+  tdm_tape_reset(tp);
+  int64_t w3[4] = {2, 1, 3, 3};
+  CHECK(!tdm_conv2d(tp, tdm_zeros(tp, TDM_F32, 4, xs), tdm_zeros(tp, TDM_F32, 4, w3), NULL, 1, INT32_MAX) &&
+        tdm_tape_status(tp) == TDM_ERR_INVALID_ARG);
+  tdm_tape_destroy(tp);
+}
+
+static void test_init_specs_and_forward(void) {
+  tdm_params *p;
+  CHECK_OK(tdm_params_create(&p));
+  int64_t s[1] = {4};
+  tdm_tensor *t;
+  CHECK(tdm_params_declare(p, "a", 1, s, (tdm_init){(tdm_init_kind)77, 0, 0}, 0, &t) == TDM_ERR_INVALID_ARG);
+  CHECK(tdm_params_declare(p, "b", 1, s, (tdm_init){TDM_INIT_NORMAL, 0, NAN}, 0, &t) == TDM_ERR_INVALID_ARG);
+  CHECK(tdm_params_declare(p, "c", 1, s, (tdm_init){TDM_INIT_UNIFORM, 5, -5}, 0, &t) == TDM_ERR_INVALID_ARG);
+  CHECK_OK(tdm_params_declare(p, "d", 1, s, (tdm_init){TDM_INIT_UNIFORM, -5, 5}, 0, &t));
+  tdm_params_destroy(p);
+  tdm_model_config mc = tdm_model_config_mlp();
+  tdm_model *m;
+  CHECK_OK(tdm_model_create(&m, &mc, 1));
+  tdm_tape *tp;
+  CHECK_OK(tdm_tape_create(&tp, 1 << 16));
+  CHECK(!tdm_model_forward(m, tp, NULL) && tdm_tape_status(tp) == TDM_ERR_INVALID_ARG); /* NULL with no error before */
+  CHECK(strstr(tdm_tape_error(tp), "the input is NULL"));
+  tdm_tape_destroy(tp);
+  tdm_model_destroy(m);
+}
+
+static void test_simulator_and_trace_values(void) {
+  tdm_sim_model *m = NULL;
+  int64_t params[3] = {100, 200, 300};
+  double nan_fwd[3] = {1e6, NAN, 1e6}, neg[3] = {1e6, -1e9, 1e6};
+  CHECK(tdm_sim_model_custom(&m, 3, params, nan_fwd, 1024, 512, 0) == TDM_ERR_INVALID_ARG && !m);
+  CHECK(tdm_sim_model_custom(&m, 3, params, neg, 1024, 512, 0) == TDM_ERR_INVALID_ARG && !m);
+  /* a model name with quotes and a newline is written escaped, and loads again */
+  char dir[] = "/tmp/tdm-badargs-XXXXXX", path[64];
+  CHECK(mkdtemp(dir) != NULL);
+  snprintf(path, sizeof path, "%s/c.json", dir);
+  tdm_sim_cluster k, back;
+  tdm_sim_cluster_default(&k);
+  snprintf(k.compute_model, sizeof k.compute_model, "a\"b\\c\nd");
+  CHECK_OK(tdm_sim_cluster_save(path, &k, NULL));
+  CHECK_OK(tdm_sim_cluster_load(path, &back));
+  CHECK(!strcmp(back.compute_model, k.compute_model));
+  CHECK(tdm_sim_cluster_save(path, &k, "garbage{") == TDM_ERR_INVALID_ARG);
+  CHECK_OK(tdm_sim_cluster_load(path, &back)); /* the good file stays */
+  unlink(path);
+  tdm_trace *t;
+  CHECK_OK(tdm_trace_open(&t, dir, 0, 1));
+  CHECK(tdm_trace_set_clock(t, 0, NAN, NAN, -1) == TDM_ERR_INVALID_ARG);
+  CHECK_OK(tdm_trace_set_clock(t, 0, 1.0, 0.001, 0.0001));
+  CHECK_OK(tdm_trace_close(t));
+  snprintf(path, sizeof path, "%s/trace.rank0.json", dir);
+  unlink(path);
+  rmdir(dir);
+}
+
+static void test_sampler_rules(void) {
+  tdm_dataset *ds;
+  int64_t f[1] = {4};
+  CHECK_OK(tdm_dataset_open_synthetic(&ds, 10, 1, f, 3, 1, 0));
+  tdm_sampler *s = NULL;
+  tdm_sampler_config sc = {4, 1, 1, 0, 1, (tdm_last_batch)9, 0};
+  CHECK(tdm_sampler_create(&s, ds, &sc) == TDM_ERR_INVALID_ARG && !s); /* behaved as drop before */
+  sc.last = TDM_LAST_PAD, sc.batch = (int64_t)1 << 62, sc.world = 4;
+  CHECK(tdm_sampler_create(&s, ds, &sc) == TDM_ERR_INVALID_ARG && !s);
+  sc.batch = 3, sc.world = 1;
+  CHECK_OK(tdm_sampler_create(&s, ds, &sc));
+  CHECK(tdm_sampler_seek(s, (int64_t)1 << 62) == TDM_ERR_INVALID_ARG);
+  CHECK_OK(tdm_sampler_seek(s, 5));
+  tdm_sampler_destroy(s);
+  tdm_dataset_destroy(ds);
+}
+
+TDM_TEST_MAIN(T(test_shapes_whose_size_overflows), T(test_arena_and_shared_sizes), T(test_checksum_and_latest),
+              T(test_rows_casts_and_data), T(test_reductions_and_empty_ops), T(test_init_specs_and_forward),
+              T(test_simulator_and_trace_values), T(test_sampler_rules))
