@@ -79,6 +79,7 @@ char *tdm_shape_str(int ndim, const int64_t *shape, char *buf, size_t n);
 tdm_status tdm_tensor_copy(tdm_tensor *dst, const tdm_tensor *src);
 /* Element (flattened logical index i) as double, whatever the dtype and strides. */
 double tdm_tensor_get(const tdm_tensor *t, int64_t i);
+/* Every element v; into an integer dtype saturated to its range, NaN as 0 (as tdm_convert). */
 void tdm_tensor_fill(tdm_tensor *t, double v);
 
 /* The index of the largest element along the last axis in row `row` of a contiguous f32, bf16 or

@@ -87,7 +87,8 @@ tdm_tensor *tdm_rope(tdm_tape *tp, tdm_tensor *x, int n_head, const tdm_rope_con
   if (hs % 2)
     return tdm__fail(tp, TDM_ERR_INVALID_ARG, "rope: head size %lld (width %lld / %d heads) is odd; rotary embeddings pair the two halves of a head",
                      (long long)hs, (long long)x->shape[2], n_head);
-  if (pos0 < 0) return tdm__fail(tp, TDM_ERR_INVALID_ARG, "rope: first position %lld; expected >= 0", (long long)pos0);
+  if (pos0 < 0 || pos0 > ((int64_t)1 << 40) - T) /* (pos0 + t must not wrap; a float position loses its integers long before) */
+    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "rope: first position %lld for %lld positions; expected 0 .. 2^40 - T", (long long)pos0, (long long)T);
   x = tdm__contig(tp, x);
   tdm_tensor *y = x ? tdm__out(tp, tdm__act_dtype(tp), 3, x->shape) : NULL;
   int64_t half = hs / 2;

@@ -185,9 +185,9 @@ tdm_tensor *tdm_slice(tdm_tape *tp, tdm_tensor *x, int axis, int64_t start, int6
   if (!tdm__inputs_ok(tp, "slice", 1, &x)) return NULL;
   int a = tdm__axis(tp, "slice", x, axis);
   if (a < 0) return NULL;
-  if (start < 0 || len < 0 || start + len > x->shape[a])
-    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "slice: [%lld, %lld) is outside axis %d of %s", (long long)start,
-                     (long long)(start + len), a, tdm__shp(x));
+  if (start < 0 || len < 0 || start > x->shape[a] || len > x->shape[a] - start) /* (start + len could wrap) */
+    return tdm__fail(tp, TDM_ERR_INVALID_ARG, "slice: start %lld, length %lld is outside axis %d of %s", (long long)start,
+                     (long long)len, a, tdm__shp(x));
   tdm_tensor *y = tdm__alias_header(tp, x);
   if (!y) return NULL;
   y->shape[a] = len;

@@ -90,6 +90,15 @@ static uint64_t random64(void) {
   return tdm_hash64((uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30), ((uint64_t)getpid() << 32) + counter++);
 }
 
+/* The first failure, and its message, kept for commit and abort. */
+static tdm_status keep(tdm__wfile *w, tdm_status st) {
+  if (w->st == TDM_OK) {
+    w->st = st;
+    snprintf(w->err, sizeof w->err, "%s", tdm_last_error());
+  }
+  return st;
+}
+
 static void wfile_free(tdm__wfile *w) {
   tdm__free(w->path);
   tdm__free(w->tmp);
@@ -136,13 +145,13 @@ tdm_status tdm__wfile_open(tdm__wfile *w, const char *path) {
 }
 
 tdm_status tdm__wfile_write(tdm__wfile *w, const void *buf, size_t n) {
-  if (w->st != TDM_OK) return w->st;
+  if (w->st != TDM_OK) return tdm__set_error(w->st, "%s", w->err);
   const char *p = buf;
   while (n) {
     ssize_t r = write(w->fd, p, n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n);
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0)
-      return w->st = tdm__set_error(TDM_ERR_IO, "%s: write failed: %s", w->path, r < 0 ? strerror(errno) : "no progress");
+      return keep(w, tdm__set_error(TDM_ERR_IO, "%s: write failed: %s", w->path, r < 0 ? strerror(errno) : "no progress"));
     p += r;
     n -= (size_t)r;
   }
@@ -151,6 +160,7 @@ tdm_status tdm__wfile_write(tdm__wfile *w, const void *buf, size_t n) {
 
 tdm_status tdm__wfile_abort(tdm__wfile *w) {
   tdm_status st = w->st != TDM_OK ? w->st : TDM_ERR_IO;
+  if (w->st != TDM_OK && w->err[0]) tdm__set_error(st, "%s", w->err);
   if (w->fd >= 0) close(w->fd);
   if (w->tmp) unlink(w->tmp);
   wfile_free(w);
@@ -175,17 +185,17 @@ static tdm_status sync_dir(const char *path) {
 tdm_status tdm__wfile_commit(tdm__wfile *w) {
   if (w->st != TDM_OK) return tdm__wfile_abort(w);
   if (fsync(w->fd) != 0) {
-    w->st = tdm__set_error(TDM_ERR_IO, "%s: fsync failed: %s", w->path, strerror(errno));
+    keep(w, tdm__set_error(TDM_ERR_IO, "%s: fsync failed: %s", w->path, strerror(errno)));
     return tdm__wfile_abort(w);
   }
   int r = close(w->fd);
   w->fd = -1;
   if (r != 0) {
-    w->st = tdm__set_error(TDM_ERR_IO, "%s: close failed: %s", w->path, strerror(errno));
+    keep(w, tdm__set_error(TDM_ERR_IO, "%s: close failed: %s", w->path, strerror(errno)));
     return tdm__wfile_abort(w);
   }
   if (rename(w->tmp, w->path) != 0) {
-    w->st = tdm__set_error(TDM_ERR_IO, "%s: cannot rename %s onto it: %s", w->path, w->tmp, strerror(errno));
+    keep(w, tdm__set_error(TDM_ERR_IO, "%s: cannot rename %s onto it: %s", w->path, w->tmp, strerror(errno)));
     return tdm__wfile_abort(w);
   }
   tdm_status st = sync_dir(w->path);

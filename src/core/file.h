@@ -36,6 +36,7 @@ typedef struct tdm__wfile {
   int fd;
   char *path, *tmp; /* tdm__malloc'd */
   tdm_status st;    /* the first failure: later writes do nothing, commit returns it */
+  char err[320];    /* its message, which commit and abort set again (the caller's calls since may have replaced it) */
 } tdm__wfile;
 
 /* Creates the exclusive temporary for path. On failure nothing is left behind. */

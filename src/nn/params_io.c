@@ -41,6 +41,9 @@ tdm_status tdm_params_load(tdm_params *p, const char *path, int allow_extra) {
 
 tdm_status tdm_params_load_spans(const tdm_params *p, const char *path, int allow_extra, int n_spans, const int64_t *los,
                                  const int64_t *his, float *const *dsts) {
+  if (!p || n_spans < 0 || (n_spans && (!los || !his || !dsts)))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "params_load: %d spans (their arrays %p, %p, %p); expected a count >= 0 and the arrays",
+                          n_spans, (const void *)los, (const void *)his, (const void *)dsts);
   for (int k = 0; k < n_spans; k++)
     if (los[k] < 0 || his[k] < los[k] || his[k] > tdm_params_numel(p) || (his[k] > los[k] && !dsts[k]))
       return tdm__set_error(TDM_ERR_INVALID_ARG, "params_load: span %d is elements [%lld, %lld) of %lld", k,

@@ -81,15 +81,19 @@ static inline double load(const void *p, tdm_dtype dt) {
   }
 }
 
+/* A float into an integer type: NaN as 0, beyond the range its nearest end (the C cast is undefined
+ * there: 300 into u8 gave 44, 1e30 into i64 INT64_MIN) */
+static inline double sat(double v, double lo, double hi) { return v != v ? 0 : v < lo ? lo : v > hi ? hi : v; }
+
 static inline void store(void *p, tdm_dtype dt, double v) {
   switch (dt) {
   case TDM_F32: *(float *)p = (float)v; break;
   case TDM_F64: *(double *)p = v; break;
   case TDM_BF16: *(uint16_t *)p = tdm_f32_to_bf16((float)v); break;
   case TDM_F16: *(uint16_t *)p = tdm_f32_to_f16((float)v); break;
-  case TDM_I32: *(int32_t *)p = (int32_t)v; break;
-  case TDM_I64: *(int64_t *)p = (int64_t)v; break;
-  case TDM_U8: *(uint8_t *)p = (uint8_t)v; break;
+  case TDM_I32: *(int32_t *)p = (int32_t)sat(v, INT32_MIN, INT32_MAX); break;
+  case TDM_I64: *(int64_t *)p = v >= 0x1p63 ? INT64_MAX : (int64_t)sat(v, -0x1p63, 0x1p63); break; /* (2^63 - 1 is no double) */
+  case TDM_U8: *(uint8_t *)p = (uint8_t)sat(v, 0, 255); break;
   default: break;
   }
 }

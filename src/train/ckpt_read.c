@@ -118,8 +118,8 @@ tdm_status tdm_ckpt_read_box(tdm_ckpt *c, const char *name, const int64_t *start
   int64_t n = 1;
   for (int d = 0; d < t->ndim; d++) {
     if (start[d] < 0 || count[d] < 0 || count[d] > t->shape[d] - start[d] || start[d] > t->shape[d])
-      return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: dimension %d of the box asked of '%s' is [%lld, %lld); the tensor has %lld",
-                            c->path, d, name, (long long)start[d], (long long)(start[d] + count[d]), (long long)t->shape[d]);
+      return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: dimension %d of the box asked of '%s' starts at %lld for %lld; the tensor has %lld",
+                            c->path, d, name, (long long)start[d], (long long)count[d], (long long)t->shape[d]);
     b.start[d] = start[d], b.count[d] = count[d], n *= count[d];
   }
   if (n == 0) return TDM_OK;

@@ -45,6 +45,9 @@ struct tdm_ckpt_writer {
   uint32_t header_crc;
 };
 
+/* A call after one failed: that failure again, its message too (the detail was empty) */
+static tdm_status earlier(tdm_ckpt_writer *w) { return tdm__set_error(w->st, "checkpoint writer: an earlier call failed: %s", w->err); }
+
 static tdm_status fail(tdm_ckpt_writer *w, tdm_status st) {
   if (w->st == TDM_OK && st != TDM_OK) {
     w->st = st;
@@ -128,16 +131,16 @@ static int find_tensor(const tdm_ckpt_writer *w, const char *name) {
 
 tdm_status tdm_ckpt_writer_tensor(tdm_ckpt_writer *w, const char *name, tdm_dtype dt, int ndim, const int64_t *shape) {
   if (!w) return tdm__set_error(TDM_ERR_INVALID_ARG, "checkpoint writer: NULL");
-  TDM__TRY(w->st);
+  if (w->st != TDM_OK) return earlier(w);
   int64_t bytes = (int64_t)tdm_dtype_size(dt);
   int bad = !name || !name[0] || !tdm__utf8_valid(name) || (unsigned)dt >= TDM_DTYPE_COUNT || ndim < 0 || ndim > TDM_MAX_DIMS ||
             (ndim && !shape) || find_tensor(w, name) >= 0 || strlen(name) > 1000;
   for (int d = 0; !bad && d < ndim; d++) bad = shape[d] < 1 || __builtin_mul_overflow(bytes, shape[d], &bytes);
   if (bad)
     return fail(w, tdm__set_error(TDM_ERR_INVALID_ARG,
-                                  "checkpoint writer: tensor '%.200s' (%s, %d dimensions): a name given twice, empty or not "
-                                  "UTF-8, or a shape that is empty or too large",
-                                  name ? name : "(null)", tdm_dtype_name(dt), ndim));
+                                  "checkpoint writer: tensor '%.200s' (dtype %d, %s, %d dimensions): a name given twice, empty or not "
+                                  "UTF-8, a dtype that is not tandem's, or a shape that is empty or too large",
+                                  name ? name : "(null)", (int)dt, tdm_dtype_name(dt), ndim));
   if (w->nt == w->cap_t) {
     int cap = w->cap_t ? 2 * w->cap_t : 64;
     wtensor *g = tdm__malloc(sizeof *g * (size_t)cap);
@@ -179,7 +182,7 @@ static tdm_status add_piece(tdm_ckpt_writer *w, int ti, const tdm__box *b, const
 tdm_status tdm_ckpt_writer_box(tdm_ckpt_writer *w, const char *name, const int64_t *start, const int64_t *count,
                                const void *data) {
   if (!w) return tdm__set_error(TDM_ERR_INVALID_ARG, "checkpoint writer: NULL");
-  TDM__TRY(w->st);
+  if (w->st != TDM_OK) return earlier(w);
   int ti = name ? find_tensor(w, name) : -1;
   if (ti < 0) return fail(w, tdm__set_error(TDM_ERR_INVALID_ARG, "checkpoint writer: piece of '%.200s', a tensor not declared on this rank", name ? name : "(null)"));
   const wtensor *t = &w->t[ti];
@@ -198,7 +201,7 @@ tdm_status tdm_ckpt_writer_box(tdm_ckpt_writer *w, const char *name, const int64
 
 tdm_status tdm_ckpt_writer_flat(tdm_ckpt_writer *w, const char *name, int64_t lo, int64_t hi, const void *data) {
   if (!w) return tdm__set_error(TDM_ERR_INVALID_ARG, "checkpoint writer: NULL");
-  TDM__TRY(w->st);
+  if (w->st != TDM_OK) return earlier(w);
   int ti = name ? find_tensor(w, name) : -1;
   if (ti < 0) return fail(w, tdm__set_error(TDM_ERR_INVALID_ARG, "checkpoint writer: piece of '%.200s', a tensor not declared on this rank", name ? name : "(null)"));
   const wtensor *t = &w->t[ti];

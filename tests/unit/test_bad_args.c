@@ -206,6 +206,72 @@ static void test_sampler_rules(void) {
   tdm_dataset_destroy(ds);
 }
 
+static void test_counts_views_and_messages(void) {
+  /* a checkpoint writer's later calls repeat its first failure's message (they left it empty) */
+  char dir[] = "/tmp/tdm-badargs2-XXXXXX";
+  CHECK(mkdtemp(dir) != NULL);
+  tdm_ckpt_info info = {0};
+  info.step = 1, info.world_size = 1;
+  tdm_ckpt_writer *w;
+  CHECK_OK(tdm_ckpt_writer_create(&w, dir, &info, 0, NULL));
+  int64_t s2[1] = {2};
+  CHECK(tdm_ckpt_writer_tensor(w, "a", (tdm_dtype)99, 1, s2) == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("dtype 99");
+  tdm_clear_error();
+  CHECK(tdm_ckpt_writer_tensor(w, "b", TDM_F32, 1, s2) == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("an earlier call failed: checkpoint writer: tensor 'a' (dtype 99");
+  tdm_ckpt_writer_destroy(w);
+  rmdir(dir);
+  /* negative counts are refused, not no-ops */
+  tdm_dataset *ds;
+  int64_t f[1] = {4}, idx[2] = {0, 1};
+  float x[8];
+  int32_t y[2];
+  CHECK_OK(tdm_dataset_open_synthetic(&ds, 10, 1, f, 3, 1, 0));
+  CHECK(tdm_dataset_batch(ds, idx, -2, x, y) == TDM_ERR_INVALID_ARG);
+  CHECK_OK(tdm_dataset_batch(ds, idx, 2, x, y));
+  tdm_dataset_destroy(ds);
+  float img[4] = {0}, scratch[4];
+  CHECK(tdm_augment_images(img, 1, 1, 2, 2, 1, 1, 1, 0, 0, NULL) == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("both buffers (one is NULL)"); /* it blamed the padding alone */
+  CHECK_OK(tdm_augment_images(img, 1, 1, 2, 2, 1, 1, 1, 0, 0, scratch));
+  int dy, dx, fl;
+  tdm_augment_draw(1, 0, 0, INT32_MAX, 1, &dy, &dx, &fl); /* 2 pad + 1 overflowed int */
+  CHECK(dy >= -INT32_MAX && dx >= -INT32_MAX);
+  CHECK(tdm_comm_thread_group_create(NULL, 2) == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("out NULL");
+  /* a slice whose end wraps, a rope position past any table */
+  tdm_tape *tp;
+  CHECK_OK(tdm_tape_create(&tp, 1 << 16));
+  int64_t sh[3] = {1, 4, 8};
+  tdm_tensor *t = tdm_zeros(tp, TDM_F32, 3, sh);
+  CHECK(!tdm_slice(tp, t, 1, INT64_MAX, 2) && tdm_tape_status(tp) == TDM_ERR_INVALID_ARG);
+  tdm_tape_reset(tp);
+  t = tdm_zeros(tp, TDM_F32, 3, sh);
+  tdm_rope_config rc = {10000.0f, 0, 0, 0, 0};
+  CHECK(!tdm_rope(tp, t, 2, &rc, INT64_MAX) && tdm_tape_status(tp) == TDM_ERR_INVALID_ARG);
+  tdm_tape_reset(tp);
+  t = tdm_zeros(tp, TDM_F32, 3, sh);
+  CHECK(tdm_rope(tp, t, 2, &rc, 100) != NULL);
+  tdm_tape_destroy(tp);
+  /* floats into integer tensors saturate (300 into u8 gave 44, 1e30 into i64 INT64_MIN) */
+  int64_t one[1] = {1};
+  tdm_tensor *u, *l;
+  CHECK_OK(tdm_tensor_create(&u, TDM_U8, 1, one));
+  CHECK_OK(tdm_tensor_create(&l, TDM_I64, 1, one));
+  tdm_tensor_fill(u, 300);
+  CHECK(tdm_tensor_get(u, 0) == 255);
+  tdm_tensor_fill(u, -4);
+  CHECK(tdm_tensor_get(u, 0) == 0);
+  tdm_tensor_fill(l, 1e30);
+  CHECK(*(int64_t *)tdm_tensor_data(l) == INT64_MAX);
+  tdm_tensor_fill(l, NAN);
+  CHECK(*(int64_t *)tdm_tensor_data(l) == 0);
+  tdm_tensor_destroy(u);
+  tdm_tensor_destroy(l);
+}
+
 TDM_TEST_MAIN(T(test_shapes_whose_size_overflows), T(test_arena_and_shared_sizes), T(test_checksum_and_latest),
               T(test_rows_casts_and_data), T(test_reductions_and_empty_ops), T(test_init_specs_and_forward),
-              T(test_simulator_and_trace_values), T(test_sampler_rules))
+              T(test_simulator_and_trace_values), T(test_sampler_rules),
+              T(test_counts_views_and_messages))

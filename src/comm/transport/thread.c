@@ -39,7 +39,7 @@ typedef struct {
 
 tdm_status tdm_comm_thread_group_create(void **out, int size) {
   if (!out || size < 1 || size > 4096)
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "thread_group_create: size %d; expected 1..4096", size);
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "thread_group_create: size %d%s; expected 1..4096 and an out pointer", size, out ? "" : ", out NULL");
   group *g = tdm__calloc(1, sizeof *g);
   if (!g) return tdm__set_error(TDM_ERR_NO_MEMORY, "thread_group_create: out of memory");
   g->q = tdm__calloc((size_t)size * (size_t)size, sizeof(queue));

@@ -8,17 +8,18 @@
 
 void tdm_augment_draw(uint64_t seed, int64_t epoch, int64_t position, int pad, int flip, int *dy, int *dx, int *flipped) {
   uint64_t h = tdm_hash64(tdm_hash64(seed ^ 0x61756775u, (uint64_t)epoch), (uint64_t)position);
-  uint64_t span = (uint64_t)(2 * pad + 1);
-  *dy = pad > 0 ? (int)(h % span) - pad : 0;
-  *dx = pad > 0 ? (int)((h >> 20) % span) - pad : 0;
+  uint64_t span = pad > 0 ? 2 * (uint64_t)pad + 1 : 1; /* (2 * INT_MAX + 1 overflowed int) */
+  *dy = pad > 0 ? (int)((int64_t)(h % span) - pad) : 0;
+  *dx = pad > 0 ? (int)((int64_t)((h >> 20) % span) - pad) : 0;
   *flipped = flip ? (int)((h >> 40) & 1) : 0;
 }
 
 tdm_status tdm_augment_images(float *x, int64_t n, int64_t C, int64_t H, int64_t W, int pad, int flip, uint64_t seed,
                               int64_t epoch, int64_t first, float *scratch) {
   if (!x || !scratch || n < 0 || C < 1 || H < 1 || W < 1 || pad < 0 || pad > H || pad > W)
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "augment: %lld images of %lldx%lldx%lld, padding %d; expected padding 0..%lld",
-                          (long long)n, (long long)C, (long long)H, (long long)W, pad, (long long)(H < W ? H : W));
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "augment: %lld images of %lldx%lldx%lld, padding %d; expected padding 0..%lld%s",
+                          (long long)n, (long long)C, (long long)H, (long long)W, pad, (long long)(H < W ? H : W),
+                          !x || !scratch ? " and both buffers (one is NULL)" : C < 1 || H < 1 || W < 1 ? " and images of at least 1x1x1" : "");
   int64_t per = C * H * W;
   for (int64_t i = 0; i < n; i++) {
     int dy, dx, fl;

@@ -18,6 +18,9 @@ int tdm_dataset_sample_shape(const tdm_dataset *ds, int64_t *shape) {
 }
 
 tdm_status tdm_dataset_batch(const tdm_dataset *ds, const int64_t *idx, int64_t n, float *x, int32_t *y) {
+  if (!ds || n < 0 || (n && (!idx || !x || !y)))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "dataset batch: %lld samples, data set %p, indices %p, buffers %p and %p; expected a count "
+                          ">= 0 and all of them", (long long)n, (const void *)ds, (const void *)idx, (void *)x, (void *)y);
   for (int64_t i = 0; i < n; i++)
     if (idx[i] < 0 || idx[i] >= ds->len)
       return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: sample index %lld is outside [0, %lld)", ds->vt->name,
