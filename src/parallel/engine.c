@@ -49,8 +49,8 @@ tdm_status tdm_grid_create(tdm_grid **out, tdm_comm_t world, int data, int tenso
   if (!out) return tdm__set_error(TDM_ERR_INVALID_ARG, "grid_create: out is NULL");
   *out = NULL;
   int W = world ? tdm_comm_size(world) : 1, R = world ? tdm_comm_rank(world) : 0;
-  if (tensor < 1 || pipeline < 1 || data < 0 || (data == 0 && W % (tensor * pipeline) != 0) ||
-      (data > 0 && data * tensor * pipeline != W))
+  if (tensor < 1 || pipeline < 1 || data < 0 || (int64_t)tensor * pipeline > W ||
+      (data == 0 && W % (tensor * pipeline) != 0) || (data > 0 && (int64_t)data * tensor * pipeline != W))
     return tdm__set_error(TDM_ERR_INVALID_ARG,
                           "process grid: data %d x tensor %d x pipeline %d does not make the world size %d; expected "
                           "sizes >= 1 whose product is %d (data 0: what is left)",
@@ -129,8 +129,8 @@ tdm_status tdm_engine_check(const tdm_model_config *mc, const tdm_engine_config 
   if (!mc || !cfg) return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_check: NULL argument");
   if ((unsigned)cfg->kind >= TDM_ENGINE_KIND_COUNT)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_check: engine %d; expected 0..%d", (int)cfg->kind, TDM_ENGINE_KIND_COUNT - 1);
-  if (tensor < 1 || pipeline < 1 || data < 0 || world < 1 || (data == 0 && world % (tensor * pipeline) != 0) ||
-      (data > 0 && data * tensor * pipeline != world))
+  if (tensor < 1 || pipeline < 1 || data < 0 || world < 1 || (int64_t)tensor * pipeline > world ||
+      (data == 0 && world % (tensor * pipeline) != 0) || (data > 0 && (int64_t)data * tensor * pipeline != world))
     return tdm__set_error(TDM_ERR_INVALID_ARG,
                           "process grid: data %d x tensor %d x pipeline %d does not make the world size %d; expected sizes >= 1 "
                           "whose product is %d (data 0: what is left)",

@@ -489,6 +489,21 @@ static tdm_status plan_pipeline(const tdm_plan_config *c, const tdm_params *para
 tdm_status tdm_plan_compute(const tdm_plan_config *c, tdm_plan *out) {
   if (!c || !out) return tdm__set_error(TDM_ERR_INVALID_ARG, "plan: NULL argument");
   memset(out, 0, sizeof *out);
+  /* what the plan multiplies: each in a range whose products stay within 64 bits */
+  const char *bad = c->world < 0 || c->world > (1 << 20) ? "world" : c->tensor < 0 || c->tensor > 4096 ? "tensor"
+                    : c->pipeline < 0 || c->pipeline > TDM_PLAN_MAX_STAGES ? "pipeline" : c->batch > ((int64_t)1 << 32) ? "batch"
+                    : c->seq_len < 0 || (c->model.block_size > 0 && c->seq_len > c->model.block_size) ? "seq_len"
+                    : c->eval_batch < 0 || c->eval_batch > ((int64_t)1 << 32) ? "eval_batch" : c->data_bytes < 0 ? "data_bytes"
+                    : (unsigned)c->transport >= TDM_TRANSPORT_COUNT ? "transport" : (unsigned)c->engine.kind >= TDM_ENGINE_KIND_COUNT ? "engine kind"
+                    : (unsigned)c->optim.kind >= TDM_OPT_KIND_COUNT ? "optimizer kind" : c->engine.accum < 0 || c->engine.accum > (1 << 20) ? "accum"
+                    : NULL;
+  if (bad)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "plan: %s is out of range (world %d, tensor %d, pipeline %d, batch %lld, seq_len %lld, "
+                          "eval_batch %lld, data_bytes %lld, transport %d, engine %d, optimizer %d, accum %lld); expected world 0..2^20, "
+                          "tensor 0..4096, pipeline 0..%d, batches up to 2^32, seq_len up to the block size, the rest >= 0 and known",
+                          bad, c->world, c->tensor, c->pipeline, (long long)c->batch, (long long)c->seq_len, (long long)c->eval_batch,
+                          (long long)c->data_bytes, (int)c->transport, (int)c->engine.kind, (int)c->optim.kind,
+                          (long long)c->engine.accum, TDM_PLAN_MAX_STAGES);
   int P = c->world > 0 ? c->world : 1;
   int stage = c->engine.kind == TDM_ENGINE_ZERO ? c->engine.zero.stage : 0;
   int tp = c->engine.kind == TDM_ENGINE_TP, Tp = c->tensor > 1 ? c->tensor : 1, W = P * Tp;

@@ -35,10 +35,11 @@ int tdm_pp_chunk_rank(const tdm_pp_schedule *s, int chunk) { return chunk % s->P
 tdm_status tdm_pp_schedule_alloc(tdm_pp_schedule **out, tdm_pp_schedule_kind kind, int P, int V, int M) {
   if (!out) return tdm__set_error(TDM_ERR_INVALID_ARG, "pipeline schedule: out is NULL");
   *out = NULL;
-  if (P < 1 || V < 1 || M < 1 || P > 4096 || V > 256 || M > (1 << 20) || (P == 1 && V > 1))
+  /* a rank's actions (about 6 V M) are indexed in 24 bits, and the verifier keeps a V M table */
+  if (P < 1 || V < 1 || M < 1 || P > 4096 || V > 256 || M > (1 << 20) || (P == 1 && V > 1) || (int64_t)V * M > (1 << 20))
     return tdm__set_error(TDM_ERR_INVALID_ARG,
                           "pipeline schedule: %d ranks, %d chunks per rank, %d micro-batches; expected 1..4096 ranks, "
-                          "1..256 chunks per rank (1 on a single rank), 1..2^20 micro-batches",
+                          "1..256 chunks per rank (1 on a single rank), 1..2^20 micro-batches, chunks x micro-batches at most 2^20",
                           P, V, M);
   tdm_pp_schedule *s = tdm__calloc(1, sizeof *s);
   if (!s) return tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline schedule: out of memory");
@@ -540,16 +541,25 @@ static tdm_status deadlock(const tdm_pp_schedule *s, const sim *m, const int *cu
   return tdm__set_error(TDM_ERR_INVALID_ARG, "%s", msgbuf);
 }
 
-/* The action whose exchange brings compute action i its input: the receive of its activation
- * (forward) or of its output's gradient (backward), -1 when none. */
-static int input_of(const tdm_pp_schedule *s, int r, int i) {
-  const tdm_pp_action *a = &s->a[r][i];
-  tdm_pp_op want = a->op == TDM_PP_FORWARD ? TDM_PP_RECV_ACT
-                   : a->op == TDM_PP_BACKWARD || a->op == TDM_PP_BACKWARD_INPUT ? TDM_PP_RECV_GRAD
-                                                                                : TDM_PP_OP_COUNT;
-  for (int j = i - 1; want != TDM_PP_OP_COUNT && j >= 0; j--)
-    if (s->a[r][j].op == want && s->a[r][j].chunk == a->chunk && s->a[r][j].mb == a->mb) return j;
-  return -1;
+/* For every compute action of rank r, the action whose exchange brings its input: the nearest
+ * earlier receive of its activation (forward) or of its output's gradient (backward), -1 when
+ * none; in inp[i]. One pass with a table of the last receive per (kind, chunk, micro-batch), left
+ * all -1 again (a backward search per action made a schedule of 16,384 micro-batches take 35 s). */
+static void inputs_of(const tdm_pp_schedule *s, int r, int *inp, int *table) {
+  int V = s->V, M = s->M;
+  for (int pass = 0; pass < 2; pass++)
+    for (int i = 0; i < s->n[r]; i++) {
+      const tdm_pp_action *a = &s->a[r][i];
+      int kind = a->op == TDM_PP_RECV_ACT || a->op == TDM_PP_FORWARD ? 0
+                 : a->op == TDM_PP_RECV_GRAD || a->op == TDM_PP_BACKWARD || a->op == TDM_PP_BACKWARD_INPUT ? 1 : -1;
+      int lc = a->chunk / s->P;
+      if (pass == 0) inp[i] = -1;
+      if (kind < 0 || lc < 0 || lc >= V || a->mb < 0 || a->mb >= M) continue; /* (check_rank names such actions) */
+      int *slot = &table[((size_t)kind * (size_t)V + (size_t)lc) * (size_t)M + (size_t)a->mb];
+      if (pass == 1) *slot = -1;
+      else if (a->op == TDM_PP_RECV_ACT || a->op == TDM_PP_RECV_GRAD) *slot = i;
+      else inp[i] = *slot;
+    }
 }
 
 tdm_status tdm_pp_schedule_verify(tdm_pp_schedule *s, const tdm_pp_costs *costs) {
@@ -562,18 +572,20 @@ tdm_status tdm_pp_schedule_verify(tdm_pp_schedule *s, const tdm_pp_costs *costs)
   unsigned *fl = tdm__malloc(sizeof(unsigned) * (size_t)V * (size_t)M);
   /* per rank: the main thread's next action and time; the exchanges it has issued, which its
    * communication thread runs in order: the current one (its first action), and when it started */
-  int *pc = tdm__calloc((size_t)P, sizeof(int)), *held = tdm__calloc((size_t)P, sizeof(int));
+  int *pc = tdm__calloc((size_t)P, sizeof(int)), *held = tdm__calloc((size_t)P, sizeof(int)), *scan = tdm__calloc((size_t)P, sizeof(int));
+  int **inp = tdm__calloc((size_t)P, sizeof(int *)), *table = tdm__malloc(sizeof(int) * 2 * (size_t)V * (size_t)M);
   int *cur = tdm__malloc(sizeof(int) * (size_t)P), *issued = tdm__calloc((size_t)P, sizeof(int));
   double *t = tdm__calloc((size_t)P, sizeof(double)), *busy = tdm__calloc((size_t)P, sizeof(double));
   double *comm_free = tdm__calloc((size_t)P, sizeof(double));
-  tdm_status st = fl && pc && held && cur && issued && t && busy && comm_free && m.partner && m.ex && m.moved && m.mt
+  tdm_status st = fl && pc && held && scan && inp && table && cur && issued && t && busy && comm_free && m.partner && m.ex && m.moved && m.mt
                       ? TDM_OK
                       : tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline schedule: out of memory");
   for (int r = 0; st == TDM_OK && r < P; r++) {
     size_t n = (size_t)(s->n[r] ? s->n[r] : 1);
     m.partner[r] = tdm__malloc(sizeof(int) * n), m.ex[r] = tdm__malloc(sizeof(int) * n);
     m.moved[r] = tdm__calloc(n, 1), m.mt[r] = tdm__calloc(n, sizeof(double));
-    if (!m.partner[r] || !m.ex[r] || !m.moved[r] || !m.mt[r]) {
+    inp[r] = tdm__malloc(sizeof(int) * n);
+    if (!m.partner[r] || !m.ex[r] || !m.moved[r] || !m.mt[r] || !inp[r]) {
       st = tdm__set_error(TDM_ERR_NO_MEMORY, "pipeline schedule: out of memory");
       break;
     }
@@ -586,6 +598,10 @@ tdm_status tdm_pp_schedule_verify(tdm_pp_schedule *s, const tdm_pp_costs *costs)
     cur[r] = -1;
   }
   for (int r = 0; st == TDM_OK && r < P; r++) st = check_rank(s, r, fl);
+  if (st == TDM_OK) {
+    for (size_t k = 0; k < 2 * (size_t)V * (size_t)M; k++) table[k] = -1;
+    for (int r = 0; r < P; r++) inputs_of(s, r, inp[r], table);
+  }
   if (st == TDM_OK) st = match(s, &m);
   /* an exchange has ended when its last action has an end time */
 #define ENDED(r, e) (s->a[r][ex_last(s, &m, r, e)].end >= 0)
@@ -610,7 +626,7 @@ tdm_status tdm_pp_schedule_verify(tdm_pp_schedule *s, const tdm_pp_costs *costs)
           if (last >= 0 && s->a[r][last].end < 0) break;
           if (last >= 0 && s->a[r][last].end > ready) ready = s->a[r][last].end;
         } else {
-          int in = input_of(s, r, pc[r]);
+          int in = inp[r][pc[r]];
           if (in >= 0 && s->a[r][in].end < 0) break; /* waits for that exchange */
           if (in >= 0 && s->a[r][in].end > ready) ready = s->a[r][in].end;
         }
@@ -626,9 +642,11 @@ tdm_status tdm_pp_schedule_verify(tdm_pp_schedule *s, const tdm_pp_costs *costs)
       /* the communication thread: the oldest issued exchange that has not ended */
       for (;;) {
         if (cur[r] < 0) { /* the next issued exchange, if any */
-          int next = -1;
-          for (int j = 0; j < pc[r] && next < 0; j++)
-            if (m.ex[r][j] == j && s->a[r][j].end < 0 && s->a[r][j].start >= 0) next = j;
+          /* exchanges end in the order issued: scan[r] passes the ended ones and the actions that
+             start none, once (a scan from 0 each time was quadratic) */
+          while (scan[r] < pc[r] && !(m.ex[r][scan[r]] == scan[r] && s->a[r][scan[r]].end < 0 && s->a[r][scan[r]].start >= 0))
+            scan[r]++;
+          int next = scan[r] < pc[r] ? scan[r] : -1;
           if (next < 0) break;
           cur[r] = next;
           double st0 = s->a[r][next].start > comm_free[r] ? s->a[r][next].start : comm_free[r];
@@ -672,6 +690,8 @@ tdm_status tdm_pp_schedule_verify(tdm_pp_schedule *s, const tdm_pp_costs *costs)
     s->bubble_ratio = sum > 0 ? (P * mk - sum) / sum : 0;
   }
   sim_free(&m);
+  for (int r = 0; inp && r < P; r++) tdm__free(inp[r]);
+  tdm__free(inp), tdm__free(table), tdm__free(scan);
   tdm__free(fl), tdm__free(pc), tdm__free(held), tdm__free(cur), tdm__free(issued), tdm__free(t), tdm__free(busy);
   tdm__free(comm_free);
   return st;
@@ -715,7 +735,12 @@ void tdm_pp_schedule_draw(const tdm_pp_schedule *s, char *buf, size_t n) {
   buf[0] = 0;
   int width = (int)(s->makespan + 0.5);
   for (int r = 0; r < s->P && at + 1 < n; r++) { /* two characters per cost unit: F3, B3, b3 (input pass), W3 */
-    at += (size_t)snprintf(buf + at, n - at, "rank %d |", r);
+    int w = snprintf(buf + at, n - at, "rank %d |", r);
+    if (w < 0 || (size_t)w >= n - at) { /* no room for the row: the rows that fit (the untruncated length ran past n) */
+      buf[at] = 0;
+      return;
+    }
+    at += (size_t)w;
     for (int x = 0; x < width && at + 3 < n; x++) {
       const tdm_pp_action *hit = NULL;
       for (int i = 0; i < s->n[r] && !hit; i++) {
@@ -734,6 +759,9 @@ void tdm_pp_schedule_draw(const tdm_pp_schedule *s, char *buf, size_t n) {
 tdm_status tdm_pp_partition(int n_layers, int C, const int *split, int n_split, double first_cost, double block_cost,
                             double last_cost, int *first_block) {
   if (!first_block || C < 1) return tdm__set_error(TDM_ERR_INVALID_ARG, "pipeline cut: %d chunks", C);
+  if (!(first_cost >= 0 && block_cost >= 0 && last_cost >= 0 && first_cost + block_cost + last_cost < 1e300))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "pipeline cut: costs %g, %g, %g (first, block, last); expected finite values >= 0",
+                          first_cost, block_cost, last_cost);
   if (C > n_layers)
     return tdm__set_error(TDM_ERR_INVALID_ARG,
                           "pipeline cut: %d chunks (pipeline ranks x virtual stages) for %d transformer blocks; every chunk "
@@ -743,14 +771,14 @@ tdm_status tdm_pp_partition(int n_layers, int C, const int *split, int n_split, 
     if (n_split != C)
       return tdm__set_error(TDM_ERR_INVALID_ARG, "--pp-split gives %d counts; expected %d (one per chunk: pipeline ranks x virtual stages)",
                             n_split, C);
-    int sum = 0;
+    int64_t sum = 0;
     for (int c = 0; c < C; c++) {
       if (split[c] < 1)
         return tdm__set_error(TDM_ERR_INVALID_ARG, "--pp-split: chunk %d gets %d blocks; expected at least 1", c, split[c]);
       sum += split[c];
     }
     if (sum != n_layers)
-      return tdm__set_error(TDM_ERR_INVALID_ARG, "--pp-split adds up to %d blocks; the model has %d", sum, n_layers);
+      return tdm__set_error(TDM_ERR_INVALID_ARG, "--pp-split adds up to %lld blocks; the model has %d", (long long)sum, n_layers);
     first_block[0] = 0;
     for (int c = 0; c < C; c++) first_block[c + 1] = first_block[c] + split[c];
     return TDM_OK;
