@@ -40,7 +40,13 @@ unsigned long long watch_start_time(pid_t pid) {
 }
 
 static int launcher_alive(void) {
-  return launcher_start ? watch_start_time(launcher) == launcher_start : kill(launcher, 0) == 0 || errno == EPERM;
+  if (!launcher_start) return kill(launcher, 0) == 0 || errno == EPERM;
+  errno = 0;
+  unsigned long long st = watch_start_time(launcher);
+  if (st) return st == launcher_start;
+  /* unread: gone (no such entry, a zombie), or this process short of descriptors or memory, which
+     says nothing of the launcher (out of descriptors a healthy rank stopped itself "the launcher is gone") */
+  return errno == EMFILE || errno == ENFILE || errno == ENOMEM || errno == EAGAIN || errno == EINTR;
 }
 
 static _Noreturn void stop(void) {

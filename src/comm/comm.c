@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sched.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "comm/comm_impl.h"
@@ -161,6 +162,24 @@ tdm_status tdm__comm_create_node(struct tdm_comm *via, tdm_comm_t *out) {
   return st;
 }
 
+/* A tcp rank holds a socket per peer, rank 0 the store's too, besides its files: a soft limit below
+ * that is raised to the hard one (out of descriptors rank 0 dropped its peers' connections, and they
+ * timed out blaming a handshake). Below the hard limit too: an error naming both. */
+static tdm_status enough_descriptors(int rank, int size) {
+  struct rlimit rl;
+  rlim_t need = (rlim_t)size * (rank == 0 ? 3 : 1) + 64;
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need) return TDM_OK;
+  rlim_t want = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > need * 4 ? need * 4 : rl.rlim_max;
+  if (want >= need) {
+    rl.rlim_cur = want;
+    if (setrlimit(RLIMIT_NOFILE, &rl) == 0) return TDM_OK;
+  }
+  return tdm__set_error(TDM_ERR_SYSTEM, "tcp: rank %d of %d needs about %llu file descriptors (a socket per peer%s); ulimit -n is %llu "
+                        "and the hard limit %llu: raise it (ulimit -n %llu), or use the shm transport on one node", rank, size,
+                        (unsigned long long)need, rank == 0 ? ", and the store's" : "", (unsigned long long)rl.rlim_cur,
+                        (unsigned long long)rl.rlim_max, (unsigned long long)need);
+}
+
 static tdm_status comm_create(tdm_comm_t *out, const tdm_comm_config *cfg, struct tdm_comm *via) {
   if (!out || !cfg) return tdm__set_error(TDM_ERR_INVALID_ARG, "comm_create: NULL argument");
   *out = NULL;
@@ -198,7 +217,9 @@ static tdm_status comm_create(tdm_comm_t *out, const tdm_comm_config *cfg, struc
     k = cfg->thread_group ? TDM_TRANSPORT_THREAD
                           : (cfg->size > 1 && c->local_size == cfg->size ? TDM_TRANSPORT_SHM : TDM_TRANSPORT_TCP);
   c->kind = k;
-  tdm_status st = (unsigned)k < TDM_TRANSPORT_COUNT && transports[k]
+  tdm_status st = k == TDM_TRANSPORT_TCP ? enough_descriptors(cfg->rank, cfg->size) : TDM_OK;
+  if (st == TDM_OK)
+    st = (unsigned)k < TDM_TRANSPORT_COUNT && transports[k]
                       ? transports[k](&c->tr, c, cfg)
                       : tdm__set_error(TDM_ERR_NOT_SUPPORTED, "comm_create: transport %d is unknown; use thread, shm, tcp or mpi", (int)k);
   c->rdzv = NULL;

@@ -672,7 +672,13 @@ tdm_status tdm__ckpt_write_manifest(const char *dir, const tdm_ckpt_info *info, 
   tdm__free(meta);
   TDM__TRY(st);
   tdm_ckpt *check; /* read it back: only a verified checkpoint may retire older ones */
-  TDM__TRY(tdm_ckpt_open(&check, path));
+  st = tdm_ckpt_open(&check, path);
+  if (st != TDM_OK) { /* (a rank's file elsewhere, or of another step): no manifest stays that names missing pieces */
+    char why[600];
+    snprintf(why, sizeof why, "%s", tdm_last_error());
+    unlink(path);
+    return tdm__set_error(st, "%s (the manifest was removed again)", why);
+  }
   remove_shards(dir, info->step, check); /* what an attempt at this step killed earlier left there */
   tdm_ckpt_close(check);
   retire_old(dir, info->step, keep > 0 ? keep : 1);

@@ -548,6 +548,22 @@ static tdm_status build_manifest(const tdm_ckpt_writer *w, const unsigned char *
   return st;
 }
 
+/* A checkpoint that failed: this rank's file of it goes, and the shards directory when it is empty,
+ * unless a manifest names the step (a disk-full attempt left a whole rank file whose space the
+ * retry then lacked). What the error says stays. */
+static void drop_own_file(const tdm_ckpt_writer *w) {
+  char sname[64], path[4400], manifest[4200];
+  struct stat sb;
+  if (!w->dir) return; /* it failed before it had one */
+  if (snprintf(manifest, sizeof manifest, "%s/ckpt-%012lld.safetensors", w->dir, (long long)w->info.step) >= (int)sizeof manifest ||
+      lstat(manifest, &sb) == 0 || !tdm__ckpt_shards_name(w->info.step, sname, sizeof sname))
+    return;
+  snprintf(path, sizeof path, "%s/%s/rank-%d.safetensors", w->dir, sname, w->rank);
+  unlink(path);
+  snprintf(path, sizeof path, "%s/%s", w->dir, sname);
+  rmdir(path); /* fails, harmlessly, while another rank's file is there */
+}
+
 tdm_status tdm_ckpt_writer_commit(tdm_ckpt_writer *w, int keep) {
   if (!w) return tdm__set_error(TDM_ERR_INVALID_ARG, "checkpoint writer: NULL (a rank that could not create one must still "
                                                     "take part: every rank commits)");
@@ -588,6 +604,7 @@ tdm_status tdm_ckpt_writer_commit(tdm_ckpt_writer *w, int keep) {
     }
     st = tdm__ckpt_agree(w->comm, mine, "checkpoint");
   }
+  if (st != TDM_OK) drop_own_file(w);
   tdm__free(x.b);
   tdm__free(all);
   tdm__free(lens);

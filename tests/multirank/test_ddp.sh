@@ -56,6 +56,15 @@ three_tcp() {
     same "$TMP/one.st" "$TMP/tcp3.st" 1e-5
 }
 check "3 ranks (tcp) x 32 == 1 process x 96" three_tcp
+few_descriptors() { # 4 tcp ranks need about 76 descriptors on rank 0: a soft limit of 16 is raised; a hard one named
+  ( ulimit -Sn 16; TANDEM_TRANSPORT=tcp TANDEM_TIMEOUT=20 timeout 120 "$T" run -n 4 -- tandem train --model mlp --data synthetic \
+      --steps 2 --threads 1 ) >"$TMP/fd.out" 2>&1 || { tail -3 "$TMP/fd.out"; return 1; }
+  ( ulimit -n 16; TANDEM_TRANSPORT=tcp TANDEM_TIMEOUT=20 timeout 120 "$T" run -n 4 -- tandem train --model mlp --data synthetic \
+      --steps 2 --threads 1 ) >"$TMP/fd.out" 2>&1
+  [[ $? -eq 1 ]] && grep -q "file descriptors (a socket per peer.*); ulimit -n is 16 and the hard limit 16: raise it" "$TMP/fd.out" &&
+    ! grep -q "launcher .* is gone" "$TMP/fd.out" || { tail -3 "$TMP/fd.out"; return 1; }
+}
+check "out of file descriptors over tcp: a soft limit raised, a hard one named (no rank stops itself for a launcher it thinks gone)" few_descriptors
 two_ranks() {
   "$T" run -n 2 -- tandem "${A[@]}" --batch-size 48 --save-weights "$TMP/two.st" >/dev/null 2>&1 && same "$TMP/one.st" "$TMP/two.st" 1e-5
 }

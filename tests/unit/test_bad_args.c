@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "tdm_test.h"
@@ -271,7 +273,54 @@ static void test_counts_views_and_messages(void) {
   tdm_tensor_destroy(l);
 }
 
+/* Two ranks whose checkpoint directories differ: rank 0's manifest named a piece that is not
+ * there and stayed, a corrupt newest entry; now it is removed again, and each rank's file too. */
+typedef struct {
+  void *group;
+  int rank;
+  const char *dir;
+  tdm_status st;
+} ck_rank;
+static void *ck_rank_main(void *arg) {
+  ck_rank *a = arg;
+  tdm_comm_config cfg = {0};
+  cfg.rank = a->rank, cfg.size = 2, cfg.transport = TDM_TRANSPORT_THREAD, cfg.thread_group = a->group, cfg.timeout_s = 20;
+  tdm_comm_t c;
+  if ((a->st = tdm_comm_create(&c, &cfg)) != TDM_OK) return NULL;
+  float x[4] = {1, 2, 3, 4};
+  int64_t shape[1] = {4};
+  tdm_ckpt_info info = {0};
+  info.step = 3;
+  tdm_ckpt_writer *w;
+  tdm_ckpt_writer_create(&w, a->dir, &info, 0, c);
+  tdm_ckpt_writer_tensor(w, "x", TDM_F32, 1, shape);
+  tdm_ckpt_writer_flat(w, "x", 2 * a->rank, 2 * a->rank + 2, x + 2 * a->rank);
+  a->st = tdm_ckpt_writer_commit(w, 1);
+  tdm_comm_destroy(c);
+  return NULL;
+}
+static void test_failed_checkpoint_leaves_nothing(void) {
+  char d0[] = "/tmp/tdm-ck0-XXXXXX", d1[] = "/tmp/tdm-ck1-XXXXXX", path[128];
+  CHECK(mkdtemp(d0) && mkdtemp(d1));
+  void *group;
+  CHECK_OK(tdm_comm_thread_group_create(&group, 2));
+  ck_rank a[2] = {{group, 0, d0, TDM_OK}, {group, 1, d1, TDM_OK}};
+  pthread_t th[2];
+  for (int r = 0; r < 2; r++) pthread_create(&th[r], NULL, ck_rank_main, &a[r]);
+  for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+  tdm_comm_thread_group_destroy(group);
+  CHECK(a[0].st != TDM_OK && a[1].st != TDM_OK);
+  struct stat sb;
+  snprintf(path, sizeof path, "%s/ckpt-000000000003.safetensors", d0);
+  CHECK_MSG(lstat(path, &sb) != 0, "%s stayed", path);
+  for (int r = 0; r < 2; r++) {
+    snprintf(path, sizeof path, "%s/ckpt-000000000003.shards", r ? d1 : d0);
+    CHECK_MSG(lstat(path, &sb) != 0, "%s stayed", path);
+  }
+  CHECK(rmdir(d0) == 0 && rmdir(d1) == 0); /* (empty: nothing else was left) */
+}
+
 TDM_TEST_MAIN(T(test_shapes_whose_size_overflows), T(test_arena_and_shared_sizes), T(test_checksum_and_latest),
               T(test_rows_casts_and_data), T(test_reductions_and_empty_ops), T(test_init_specs_and_forward),
               T(test_simulator_and_trace_values), T(test_sampler_rules),
-              T(test_counts_views_and_messages))
+              T(test_counts_views_and_messages), T(test_failed_checkpoint_leaves_nothing))
