@@ -167,7 +167,7 @@ tdm_status tdm__comm_create_node(struct tdm_comm *via, tdm_comm_t *out) {
  * timed out blaming a handshake). Below the hard limit too: an error naming both. */
 static tdm_status enough_descriptors(int rank, int size) {
   struct rlimit rl;
-  rlim_t need = (rlim_t)size * (rank == 0 ? 3 : 1) + 64;
+  rlim_t need = (rlim_t)size * (rank == 0 ? 3 : 1) + 32;
   if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need) return TDM_OK;
   rlim_t want = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > need * 4 ? need * 4 : rl.rlim_max;
   if (want >= need) {

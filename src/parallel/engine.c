@@ -145,6 +145,70 @@ tdm_status tdm_engine_check(const tdm_model_config *mc, const tdm_engine_config 
 }
 
 /* ---- create / destroy ------------------------------------------------------------------------- */
+/* ---- every rank the same engine ------------------------------------------------------------------- */
+static uint64_t mix(uint64_t h, uint64_t v) { return tdm_hash64(h ^ v, 0x656e67696e65ull); }
+static uint64_t fbits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+static uint64_t sbits(const char *s) {
+  uint64_t h = 0x9e3779b97f4a7c15ull;
+  for (; s && *s; s++) h = mix(h, (unsigned char)*s);
+  return h;
+}
+
+/* One all-gather of a hash per setting over the world: a rank whose engine or optimizer differs
+ * from rank 0's fails every rank naming it (another clip, optimizer, beta, accumulation or
+ * precision on one rank trained silently different replicas, or a mean that is neither's global
+ * batch; another seed at ZeRO stage 3 a model of two initialisations). */
+static tdm_status same_engine_everywhere(tdm_grid *grid, uint64_t seed, const tdm_optim_config *oc, const tdm_engine_config *c) {
+  tdm_comm_t w = tdm_grid_world(grid);
+  if (!w || tdm_comm_size(w) == 1) return TDM_OK;
+  const tdm_engine_dp_config *d = &c->dp;
+  const tdm_engine_zero_config *z = &c->zero;
+  const tdm_engine_pipeline_config *pp = &c->pp;
+  uint64_t split = sbits("split");
+  for (int i = 0; i < pp->n_split && i < TDM_PP_MAX_SPLIT; i++) split = mix(split, (uint64_t)pp->split[i]);
+  struct { const char *what; uint64_t h; } f[] = {
+      {"engine kind", (uint64_t)c->kind},
+      {"accumulation", (uint64_t)(c->accum > 1 ? c->accum : 1)},
+      {"clip", fbits(c->clip)},
+      {"allow_nonfinite", (uint64_t)c->allow_nonfinite},
+      {"recompute", (uint64_t)c->recompute},
+      {"precision", (uint64_t)c->precision},
+      {"loss scale", mix(fbits(c->loss_scale.init), (uint64_t)c->loss_scale.window)},
+      {"label smoothing", fbits(c->label_smoothing)},
+      {"buckets", mix(d->bucket_bytes, d->first_bucket_bytes)},
+      {"wire dtype", (uint64_t)d->wire_dtype},
+      {"no_overlap", (uint64_t)d->no_overlap},
+      {"compressor", mix(sbits(d->compress && strcmp(d->compress, "none") ? d->compress : ""), (uint64_t)d->compress_start)},
+      {"ZeRO", c->kind == TDM_ENGINE_ZERO ? mix(mix((uint64_t)z->stage, z->bucket_bytes), mix((uint64_t)z->unit_modules, (uint64_t)z->prefetch)) : 0},
+      {"pipeline", c->kind == TDM_ENGINE_PIPELINE ? mix(mix((uint64_t)pp->schedule, (uint64_t)pp->virtual_stages), mix(split, mix((uint64_t)pp->seq_len,
+                                                                                                                     (uint64_t)pp->zero_stage))) : 0},
+      {"optimizer", (uint64_t)oc->kind},
+      {"weight decay", mix(fbits(oc->weight_decay), (uint64_t)oc->decay_matrices_only)},
+      {"momentum", mix(mix(fbits(oc->momentum), fbits(oc->dampening)), (uint64_t)oc->nesterov)},
+      {"betas and eps", mix(mix(fbits(oc->beta1), fbits(oc->beta2)), fbits(oc->eps))},
+      {"seed (ZeRO stage 3 initialises each rank's shard)", c->kind == TDM_ENGINE_ZERO && z->stage == 3 ? seed : 0},
+  };
+  enum { K = sizeof f / sizeof f[0] };
+  int W = tdm_comm_size(w);
+  int64_t mine[K], *all = tdm__malloc(sizeof(int64_t) * K * (size_t)W);
+  if (!all) return tdm__set_error(TDM_ERR_NO_MEMORY, "engine_create: out of memory");
+  for (int k = 0; k < K; k++) mine[k] = (int64_t)f[k].h;
+  tdm_status st = tdm_comm_allgather(w, mine, all, K, TDM_I64, TDM_ALGO_AUTO);
+  for (int r = 1; st == TDM_OK && r < W; r++)
+    for (int k = 0; k < K; k++)
+      if (all[(size_t)r * K + k] != all[k]) {
+        st = tdm__set_error(TDM_ERR_MISMATCH, "engine_create: rank %d's %s differs from rank 0's; every rank must build the same engine "
+                            "and optimizer", r, f[k].what);
+        break;
+      }
+  tdm__free(all);
+  return st;
+}
+
 tdm_status tdm_engine_create(tdm_engine **out, const tdm_model_config *mc, uint64_t seed, const tdm_optim_config *oc,
                              tdm_grid *grid, const tdm_engine_config *cfg) {
   if (!out || !mc || !oc || !grid || !cfg) return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_create: NULL argument");
@@ -193,6 +257,9 @@ tdm_status tdm_engine_create(tdm_engine **out, const tdm_model_config *mc, uint6
     if (st == TDM_OK && !(e->seg_sums = tdm__malloc(sizeof(double) * (size_t)(e->n_seg + 1))))
       st = tdm__set_error(TDM_ERR_NO_MEMORY, "engine_create: out of memory");
   }
+  /* after create's own checks, which fail every rank alike without a word between them (a rank that
+     failed first and went away would break a collective a slower one was still in) */
+  if (st == TDM_OK) st = same_engine_everywhere(grid, seed, oc, cfg);
   if (st != TDM_OK) {
     tdm_status keep = tdm__set_error(st, "%s", tdm_last_error());
     tdm_engine_destroy(e);

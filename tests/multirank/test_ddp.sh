@@ -56,7 +56,7 @@ three_tcp() {
     same "$TMP/one.st" "$TMP/tcp3.st" 1e-5
 }
 check "3 ranks (tcp) x 32 == 1 process x 96" three_tcp
-few_descriptors() { # 4 tcp ranks need about 76 descriptors on rank 0: a soft limit of 16 is raised; a hard one named
+few_descriptors() { # 4 tcp ranks need about 44 descriptors on rank 0: a soft limit of 16 is raised; a hard one named
   ( ulimit -Sn 16; TANDEM_TRANSPORT=tcp TANDEM_TIMEOUT=20 timeout 120 "$T" run -n 4 -- tandem train --model mlp --data synthetic \
       --steps 2 --threads 1 ) >"$TMP/fd.out" 2>&1 || { tail -3 "$TMP/fd.out"; return 1; }
   ( ulimit -n 16; TANDEM_TRANSPORT=tcp TANDEM_TIMEOUT=20 timeout 120 "$T" run -n 4 -- tandem train --model mlp --data synthetic \

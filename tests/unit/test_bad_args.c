@@ -320,7 +320,61 @@ static void test_failed_checkpoint_leaves_nothing(void) {
   CHECK(rmdir(d0) == 0 && rmdir(d1) == 0); /* (empty: nothing else was left) */
 }
 
+/* Two data-parallel ranks whose engines differ in one setting each time: before, every such pair
+ * trained on (another clip, beta or optimizer: replicas apart; another accumulation: a mean of
+ * neither global batch; another seed at ZeRO stage 3: a model of two initialisations). */
+typedef struct {
+  void *group;
+  int rank, which;
+  tdm_status st;
+  char err[512];
+} eng_rank;
+static void *eng_rank_main(void *arg) {
+  eng_rank *a = arg;
+  tdm_comm_config cfg = {0};
+  cfg.rank = a->rank, cfg.size = 2, cfg.transport = TDM_TRANSPORT_THREAD, cfg.thread_group = a->group, cfg.timeout_s = 20;
+  tdm_comm_t c = NULL;
+  tdm_grid *g = NULL;
+  tdm_engine *e = NULL;
+  tdm_model_config mc = tdm_model_config_mlp();
+  mc.hidden[0] = 8, mc.hidden[1] = 8;
+  tdm_optim_config oc = tdm_optim_config_default(TDM_OPT_ADAM);
+  tdm_engine_config ec = tdm_engine_config_default();
+  uint64_t seed = 1;
+  if (a->which == 1) ec.kind = TDM_ENGINE_ZERO, ec.zero.stage = 3;
+  if (a->rank == 1) {
+    if (a->which == 0) ec.clip = 0.01f;
+    if (a->which == 1) seed = 2;
+    if (a->which == 2) oc.beta1 = 0.5f;
+    if (a->which == 3) ec.accum = 2;
+  }
+  a->st = tdm_comm_create(&c, &cfg);
+  if (a->st == TDM_OK) a->st = tdm_grid_create(&g, c, 0, 1, 1);
+  if (a->st == TDM_OK) a->st = tdm_engine_create(&e, &mc, seed, &oc, g, &ec);
+  snprintf(a->err, sizeof a->err, "%s", tdm_last_error());
+  tdm_engine_destroy(e);
+  tdm_grid_destroy(g);
+  tdm_comm_destroy(c);
+  return NULL;
+}
+static void test_ranks_with_other_engines(void) {
+  const char *names[] = {"clip", "seed (ZeRO stage 3", "betas and eps", "accumulation"};
+  for (int which = 0; which < 4; which++) {
+    void *group;
+    CHECK_OK(tdm_comm_thread_group_create(&group, 2));
+    eng_rank a[2] = {{group, 0, which, TDM_OK, ""}, {group, 1, which, TDM_OK, ""}};
+    pthread_t th[2];
+    for (int r = 0; r < 2; r++) pthread_create(&th[r], NULL, eng_rank_main, &a[r]);
+    for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+    tdm_comm_thread_group_destroy(group);
+    for (int r = 0; r < 2; r++)
+      CHECK_MSG(a[r].st == TDM_ERR_MISMATCH && strstr(a[r].err, "rank 1's") && strstr(a[r].err, names[which]),
+                "case %d, rank %d: %s: %s", which, r, tdm_status_str(a[r].st), a[r].err);
+  }
+}
+
 TDM_TEST_MAIN(T(test_shapes_whose_size_overflows), T(test_arena_and_shared_sizes), T(test_checksum_and_latest),
               T(test_rows_casts_and_data), T(test_reductions_and_empty_ops), T(test_init_specs_and_forward),
               T(test_simulator_and_trace_values), T(test_sampler_rules),
-              T(test_counts_views_and_messages), T(test_failed_checkpoint_leaves_nothing))
+              T(test_counts_views_and_messages), T(test_failed_checkpoint_leaves_nothing),
+              T(test_ranks_with_other_engines))
