@@ -63,13 +63,16 @@ tdm_status tdm_optim_create_spans(tdm_optim **out, const tdm_optim_config *cfg, 
   *out = NULL;
   if ((unsigned)cfg->kind >= TDM_OPT_KIND_COUNT)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "optim_create: unknown optimizer %d", (int)cfg->kind);
-  if (!(cfg->lr >= 0.0f) || !(cfg->weight_decay >= 0.0f) || !(cfg->momentum >= 0.0f) || !(cfg->beta1 >= 0.0f) ||
-      !(cfg->beta1 < 1.0f) || !(cfg->beta2 >= 0.0f) || !(cfg->beta2 < 1.0f) || !(cfg->eps >= 0.0f))
+  /* finite too: an lr of inf turned every parameter NaN in the first step, which succeeded */
+  if (!(cfg->lr >= 0.0f && isfinite(cfg->lr)) || !(cfg->weight_decay >= 0.0f && isfinite(cfg->weight_decay)) ||
+      !(cfg->momentum >= 0.0f && isfinite(cfg->momentum)) || !(cfg->dampening >= 0.0f && cfg->dampening <= 1.0f) ||
+      !(cfg->beta1 >= 0.0f) || !(cfg->beta1 < 1.0f) || !(cfg->beta2 >= 0.0f) || !(cfg->beta2 < 1.0f) ||
+      !(cfg->eps >= 0.0f && isfinite(cfg->eps)))
     return tdm__set_error(TDM_ERR_INVALID_ARG,
-                          "optim_create: lr %g, weight_decay %g, momentum %g, betas (%g, %g), eps %g; expected lr, "
-                          "decay, momentum, eps >= 0 and betas in [0, 1)",
-                          (double)cfg->lr, (double)cfg->weight_decay, (double)cfg->momentum, (double)cfg->beta1,
-                          (double)cfg->beta2, (double)cfg->eps);
+                          "optim_create: lr %g, weight_decay %g, momentum %g, dampening %g, betas (%g, %g), eps %g; expected lr, "
+                          "decay, momentum, eps finite and >= 0, dampening in [0, 1] and betas in [0, 1)",
+                          (double)cfg->lr, (double)cfg->weight_decay, (double)cfg->momentum, (double)cfg->dampening,
+                          (double)cfg->beta1, (double)cfg->beta2, (double)cfg->eps);
   if (cfg->nesterov && (cfg->momentum <= 0.0f || cfg->dampening != 0.0f))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "optim_create: nesterov needs momentum > 0 and dampening 0 (got %g, %g)",
                           (double)cfg->momentum, (double)cfg->dampening);

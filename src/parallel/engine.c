@@ -219,6 +219,18 @@ tdm_status tdm_engine_create(tdm_engine **out, const tdm_model_config *mc, uint6
   if (cfg->accum < 0 || cfg->accum > (1 << 20) || !(cfg->clip >= 0))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_create: accumulation %lld, clip %g; expected 1..2^20 and >= 0",
                           (long long)cfg->accum, (double)cfg->clip);
+  /* values that were silently taken as their default (or, for a smoothing of 5, as a loss nobody meant) */
+  const tdm_dtype wd = cfg->dp.wire_dtype;
+  const char *bad = !(cfg->label_smoothing >= 0 && cfg->label_smoothing < 1) ? "label smoothing (expected 0 <= eps < 1)"
+                    : wd != TDM_F32 && wd != TDM_BF16 && wd != TDM_F16 ? "wire dtype (expected f32, bf16 or f16)"
+                    : cfg->zero.unit_modules < 0 || cfg->zero.prefetch < 0 ? "ZeRO unit or prefetch (expected >= 0)"
+                    : cfg->pp.n_split < 0 || cfg->pp.n_split > TDM_PP_MAX_SPLIT ? "pipeline split count (expected 0..TDM_PP_MAX_SPLIT)"
+                    : cfg->pp.seq_len < 0 || cfg->pp.seq_len > ((int64_t)1 << 30) ? "pipeline seq_len (expected 0..2^30)"
+                    : cfg->pp.virtual_stages < 0 ? "virtual stages (expected >= 0)" : NULL;
+  if (bad)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_create: the %s: label smoothing %g, wire dtype %d, unit %d, prefetch %d, "
+                          "split count %d, seq_len %lld, virtual stages %d", bad, (double)cfg->label_smoothing, (int)wd,
+                          cfg->zero.unit_modules, cfg->zero.prefetch, cfg->pp.n_split, (long long)cfg->pp.seq_len, cfg->pp.virtual_stages);
   for (int a = TDM_AXIS_TENSOR; a < TDM_AXIS_COUNT; a++) /* each engine spreads over the axes it knows */
     if (tdm_grid_size(grid, (tdm_grid_axis)a) != 1 && !(engines[cfg->kind]->axes & (1u << a)))
       return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "engine_create: the %s engine does not run on a %s axis (tensor %d, pipeline %d)",
@@ -398,6 +410,7 @@ void tdm_engine_loss_scale(const tdm_engine *e, double *scale, int64_t *good_ste
 }
 
 tdm_status tdm_engine_set_loss_scale(tdm_engine *e, double scale, int64_t good_steps) {
+  if (!e) return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_set_loss_scale: NULL engine");
   if (!(scale > 0) || !isfinite(scale) || good_steps < 0)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_set_loss_scale: scale %g, clean steps %lld; expected > 0 and >= 0", scale,
                           (long long)good_steps);
@@ -417,6 +430,8 @@ tdm_status tdm_engine_step(tdm_engine *e, tdm_batch_fn next, void *ctx, uint64_t
                            tdm_step_stats *st) {
   if (!e || !next || !st) return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_step: NULL argument");
   memset(st, 0, sizeof *st);
+  if (!(lr >= 0 && isfinite(lr))) /* before anything is touched: inf made every parameter NaN and returned OK */
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_step: lr %g; expected a finite value >= 0", (double)lr);
   if (e->ops->step) { /* an engine with its own step (the pipeline's schedule): counted here alike */
     tdm_status ss = e->ops->step(e, next, ctx, dropout_seed, lr, st);
     e->steps++;
@@ -561,6 +576,7 @@ static int64_t owned_of(const tdm_engine *e) {
 }
 
 tdm_status tdm_engine_shard_state(tdm_engine *e, tdm_st_tensor *out, int *n) {
+  if (!e || !out || !n) return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_shard_state: NULL argument");
   if (!tdm_engine_is_sharded(e)) return tdm__set_error(TDM_ERR_INVALID_USAGE, "engine: %s keeps no shard", e->ops->name);
   int64_t ns = 0;
   float *state = tdm_optim_state(e->opt, &ns);
@@ -601,11 +617,15 @@ tdm_status tdm_engine_load_shard_state(tdm_engine *e, const tdm_st_tensor *(*fin
 }
 
 tdm_status tdm_engine_shard_loaded(tdm_engine *e, int64_t optim_steps) {
+  if (!e || optim_steps < 0) /* Adam's bias correction counts them */
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_shard_loaded: %s, %lld optimizer steps; expected an engine and >= 0",
+                          e ? "an engine" : "NULL", (long long)optim_steps);
   tdm_optim_set_steps(e->opt, optim_steps);
   return e->ops->shard_changed ? e->ops->shard_changed(e) : TDM_OK;
 }
 
 tdm_status tdm_engine_first_nonfinite(tdm_engine *e, int64_t *index) {
+  if (!e || !index) return tdm__set_error(TDM_ERR_INVALID_ARG, "engine_first_nonfinite: NULL argument");
   if (e->ops->first_nonfinite) return e->ops->first_nonfinite(e, index);
   int64_t first = -1;
   float *w = tdm_engine_is_sharded(e) ? e->ops->param_shard(e) : NULL;

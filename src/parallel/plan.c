@@ -769,6 +769,7 @@ void tdm_plan_print(FILE *f, const tdm_plan *p, int64_t limit) {
 }
 
 tdm_status tdm_plan_check(const tdm_plan *p, int64_t limit) {
+  if (!p) return tdm__set_error(TDM_ERR_INVALID_ARG, "plan_check: NULL plan");
   if (limit <= 0 || p->total <= limit) return TDM_OK;
   int big = 0;
   for (int k = 1; k < TDM_MEM_COUNT; k++)

@@ -189,11 +189,25 @@ static tdm_status parse_kinds(const tdm_train_config *c, tdm_model_kind *mk, tdm
     return tdm__set_error(TDM_ERR_INVALID_ARG, "train: accumulation %lld, clip %g; expected 1..2^20 and >= 0",
                           (long long)e->accum, (double)e->clip);
   if (c->batch_size < 1 || c->eval_batch < 1 || (c->steps <= 0 && c->epochs < 1))
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: batch size %lld, epochs %lld, steps %lld; expected batch >= 1 and epochs or steps >= 1",
-                          (long long)c->batch_size, (long long)c->epochs, (long long)c->steps);
-  if (!(c->lr >= 0) || !(c->dropout >= 0 && c->dropout < 1))
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: lr %g, dropout %g; expected lr >= 0 and 0 <= dropout < 1", c->lr,
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: batch size %lld, evaluation batch %lld, epochs %lld, steps %lld; expected batches "
+                          ">= 1 and epochs or steps >= 1", (long long)c->batch_size, (long long)c->eval_batch, (long long)c->epochs,
+                          (long long)c->steps);
+  if (!(c->lr >= 0 && isfinite(c->lr)) || !(c->dropout >= 0 && c->dropout < 1))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: lr %g, dropout %g; expected a finite lr >= 0 and 0 <= dropout < 1", c->lr,
                           c->dropout);
+  /* the library's own callers get what the command line's choices allow (an unknown name silently meant the default) */
+  static const char *const schedules[] = {"constant", "cosine", "step", NULL}, *const rules[] = {"auto", "partial", "pad", "drop", NULL};
+  const char *const *lists[2] = {schedules, rules}, *given[2] = {c->lr_schedule, c->last_batch}, *names[2] = {"lr schedule", "last batch"};
+  for (int i = 0; i < 2; i++) {
+    int known = !given[i];
+    for (int k = 0; !known && lists[i][k]; k++) known = !strcmp(given[i], lists[i][k]);
+    if (!known) return tdm__set_error(TDM_ERR_INVALID_ARG, "train: %s '%s' is unknown", names[i], given[i]);
+  }
+  if (c->warmup_steps < 0 || !(c->max_time >= 0) || c->crop_pad < 0 || !(c->label_smoothing >= 0 && c->label_smoothing < 1) ||
+      (c->lr_schedule && !strcmp(c->lr_schedule, "step") && !(c->lr_gamma >= 0)))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "train: warm-up %lld steps, max time %g s, crop padding %d, label smoothing %g, lr gamma %g; "
+                          "expected them >= 0 (smoothing below 1)", (long long)c->warmup_steps, c->max_time, c->crop_pad,
+                          c->label_smoothing, c->lr_gamma);
   return TDM_OK;
 }
 

@@ -373,8 +373,57 @@ static void test_ranks_with_other_engines(void) {
   }
 }
 
+static tdm_status never_batch(void *ctx, tdm_tape *tp, int64_t micro, tdm_tensor **x, tdm_tensor **y, int64_t *base) {
+  (void)tp, (void)micro, (void)x, (void)y, (void)base;
+  *(int *)ctx = 1;
+  return tdm__set_error(TDM_ERR_INTERNAL, "the step asked for a batch");
+}
+
+static void test_engine_and_optimizer_values(void) {
+  tdm_optim_config oc = tdm_optim_config_default(TDM_OPT_SGD);
+  tdm_optim *o = NULL;
+  tdm_params *p;
+  int64_t s[1] = {4};
+  tdm_tensor *t;
+  CHECK_OK(tdm_params_create(&p));
+  CHECK_OK(tdm_params_declare(p, "w", 1, s, (tdm_init){TDM_INIT_ONES, 0, 0}, 0, &t));
+  CHECK_OK(tdm_params_finalize(p, 1));
+  oc.lr = INFINITY;
+  CHECK(tdm_optim_create(&o, &oc, p) == TDM_ERR_INVALID_ARG && !o); /* every parameter NaN after one step before */
+  oc.lr = 0.1f, oc.dampening = NAN;
+  CHECK(tdm_optim_create(&o, &oc, p) == TDM_ERR_INVALID_ARG && !o);
+  tdm_params_destroy(p);
+  tdm_model_config mc = tdm_model_config_mlp();
+  mc.hidden[0] = 8, mc.hidden[1] = 8;
+  tdm_optim_config ao = tdm_optim_config_default(TDM_OPT_ADAM);
+  tdm_engine_config ec = tdm_engine_config_default();
+  tdm_grid *g;
+  CHECK_OK(tdm_grid_create(&g, NULL, 0, 1, 1));
+  tdm_engine *e = NULL;
+  ec.label_smoothing = 5; /* silently a loss nobody meant */
+  CHECK(tdm_engine_create(&e, &mc, 1, &ao, g, &ec) == TDM_ERR_INVALID_ARG && !e);
+  ec.label_smoothing = 0, ec.dp.wire_dtype = TDM_I32;
+  CHECK(tdm_engine_create(&e, &mc, 1, &ao, g, &ec) == TDM_ERR_INVALID_ARG && !e);
+  ec.dp.wire_dtype = TDM_F32;
+  CHECK_OK(tdm_engine_create(&e, &mc, 1, &ao, g, &ec));
+  tdm_step_stats ss;
+  int called = 0;
+  CHECK(tdm_engine_step(e, never_batch, &called, 0, INFINITY, &ss) == TDM_ERR_INVALID_ARG && !called); /* refused before a batch */
+  CHECK(tdm_engine_shard_loaded(e, -5) == TDM_ERR_INVALID_ARG);
+  CHECK(tdm_engine_first_nonfinite(e, NULL) == TDM_ERR_INVALID_ARG);
+  tdm_engine_destroy(e);
+  tdm_grid_destroy(g);
+  tdm_train_config tc = tdm_train_config_default();
+  tc.lr_schedule = "bogus"; /* meant constant */
+  tdm_train_result res;
+  CHECK(tdm_train_run(&tc, &res) == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("lr schedule 'bogus' is unknown");
+  tc.lr_schedule = NULL, tc.lr = INFINITY;
+  CHECK(tdm_train_run(&tc, &res) == TDM_ERR_INVALID_ARG);
+}
+
 TDM_TEST_MAIN(T(test_shapes_whose_size_overflows), T(test_arena_and_shared_sizes), T(test_checksum_and_latest),
               T(test_rows_casts_and_data), T(test_reductions_and_empty_ops), T(test_init_specs_and_forward),
               T(test_simulator_and_trace_values), T(test_sampler_rules),
               T(test_counts_views_and_messages), T(test_failed_checkpoint_leaves_nothing),
-              T(test_ranks_with_other_engines))
+              T(test_ranks_with_other_engines), T(test_engine_and_optimizer_values))
