@@ -367,12 +367,18 @@ static tdm_status wait_through(pp_state *q, int k, double *waited) {
   return first;
 }
 
-/* After a failure: tell every rank (the world's connections close), let the issued exchanges end. */
+/* After a failure: tell every rank (the world fails with this stage's reason: the other stages wait
+ * on this one within the step, whether or not an exchange of it was in flight; a last stage whose
+ * loss failed left the first waiting out the timeout for gradients), let the issued exchanges end. */
 static tdm_status fail(pp_state *q, tdm_status st) {
   tdm_status keep = tdm__set_error(st, "%s", tdm_last_error());
-  int any = 0;
-  for (int j = 0; j < q->n_ex; j++) any |= q->ex[j].state == 1;
-  if (any && q->world) tdm_comm_abort(q->world);
+  if (q->world && tdm_comm_status(q->world) == TDM_OK) { /* (a failed world already told the others) */
+    char mine[512], why[600];
+    snprintf(mine, sizeof mine, "%s", tdm_last_error());
+    snprintf(why, sizeof why, "pipeline stage %d failed: %s", q->stage, mine);
+    tdm_comm_abort_why(q->world, keep, why);
+    tdm__set_error(keep, "%s", mine);
+  }
   wait_through(q, q->n_ex - 1, NULL);
   for (int i = 0; i < q->n_slots; i++) q->slots[i].chunk = -1;
   for (int i = 0; i < q->n_bufs; i++) q->bufs[i].used = 0;

@@ -18,6 +18,7 @@ typedef struct {
   int D, P, steps;
   int64_t B, T;
   int die_rank;  /* >= 0: this rank stops before its second step (a stage that dies) */
+  int bad_rank;  /* > 0: this rank's second step gets a target outside the vocabulary (its loss fails) */
 } job;
 
 typedef struct {
@@ -35,6 +36,7 @@ typedef struct {
   const job *j;
   int d;  /* data index */
   int64_t step;
+  int bad; /* a target outside the vocabulary */
 } batch_ctx;
 
 /* Sample s of step t is a function of (t, s): every layout sees the same global batch, a data
@@ -44,7 +46,9 @@ static tdm_status next_batch(void *vctx, tdm_tape *tp, int64_t micro, tdm_tensor
   const job *j = c->j;
   int64_t first = (micro * j->D + c->d) * j->B;
   *base = first;
-  return tdm_test_token_batch(tp, c->step, first, j->B, j->T, j->mc.vocab_size, x, y);
+  tdm_status st = tdm_test_token_batch(tp, c->step, first, j->B, j->T, j->mc.vocab_size, x, y);
+  if (st == TDM_OK && c->bad) ((int32_t *)tdm_tensor_data(*y))[0] = (int32_t)j->mc.vocab_size + 5;
+  return st;
 }
 
 static void *rank_main(void *va) {
@@ -69,7 +73,7 @@ static void *rank_main(void *va) {
       snprintf(a->err, sizeof a->err, "died on purpose");
       break;
     }
-    batch_ctx bc = {j, grid ? tdm_grid_index(grid, TDM_AXIS_DATA) : 0, t};
+    batch_ctx bc = {j, grid ? tdm_grid_index(grid, TDM_AXIS_DATA) : 0, t, j->bad_rank > 0 && a->r == j->bad_rank && t == 1};
     tdm_step_stats ss;
     st = tdm_engine_step(e, next_batch, &bc, tdm_hash64(42, (uint64_t)t), j->oc.lr, &ss);
     a->loss[t] = ss.loss, a->norm[t] = ss.grad_norm;
@@ -77,7 +81,7 @@ static void *rank_main(void *va) {
   if (st == TDM_OK) { /* an evaluation of one batch */
     tdm_tape *tp = tdm_engine_tape(e);
     tdm_tape_reset(tp);
-    batch_ctx bc = {j, 0, 1000};
+    batch_ctx bc = {j, 0, 1000, 0};
     tdm_tensor *x, *y;
     int64_t base;
     double rows;
@@ -291,6 +295,20 @@ static void test_dead_stage(void) {
   }
 }
 
+/* The last stage's loss fails (a target outside the vocabulary, which only it reads): the first
+ * stage waiting for its gradients learns it at once, not after the timeout (60 s here). */
+static void test_failed_loss_stops_the_others(void) {
+  job j = gpt_job(1, 3, 3, TDM_PP_1F1B, 1);
+  j.bad_rank = 2;
+  int64_t n;
+  double t0 = tdm_time_now();
+  free(run_job(&j, &n, 0));
+  CHECK_MSG(tdm_time_now() - t0 < 20, "took %.1f s", tdm_time_now() - t0);
+  CHECK_MSG(args[2].st == TDM_ERR_INVALID_ARG, "%s", args[2].err);
+  for (int r = 0; r < 2; r++)
+    CHECK_MSG(args[r].st != TDM_OK && strstr(args[r].err, "pipeline stage 2 failed"), "rank %d: %s", r, args[r].err);
+}
+
 /* Bad input: more chunks than blocks, a split that does not add up, too few micro-batches. */
 static void test_bad_layouts(void) {
   job j = gpt_job(1, 2, 2, TDM_PP_1F1B, 1);
@@ -353,5 +371,5 @@ static void test_llama_bad_layouts(void) {
   CHECK_MSG(strstr(tdm_last_error(), "use --model gpt or llama") != NULL, "%s", tdm_last_error());
 }
 
-TDM_TEST_MAIN(T(test_every_schedule), T(test_recompute), T(test_mixed_precision), T(test_interleaved), T(test_data_axis), T(test_split_by_hand), T(test_dead_stage),
+TDM_TEST_MAIN(T(test_every_schedule), T(test_recompute), T(test_mixed_precision), T(test_interleaved), T(test_data_axis), T(test_split_by_hand), T(test_dead_stage), T(test_failed_loss_stops_the_others),
               T(test_bad_layouts), T(test_llama), T(test_llama_bad_layouts), T(test_large_vocab))
