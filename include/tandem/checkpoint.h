@@ -232,6 +232,10 @@ int tdm_ckpt_count_entries(const char *dir, char *first, size_t first_n);
  * until tdm_ckpt_unlock(*fd) or the process ends; the file stays. */
 tdm_status tdm_ckpt_lock(const char *dir, int *fd);
 void tdm_ckpt_unlock(int fd);
+/* Whether DIR's lock file is still the one fd holds: TDM_ERR_IO naming DIR when the directory was
+ * removed or replaced since (a job that recreated it would hold no lock there, and a second job
+ * could then lock and write it too). fd -1: TDM_OK. */
+tdm_status tdm_ckpt_lock_check(const char *dir, int fd);
 
 /* The checksum stored as "tandem.crc32" in a manifest: CRC-32 (zlib) over the metadata pairs
  * sorted by key, "tandem.crc32" itself left out, each as u32 key length, key, u32 value length,

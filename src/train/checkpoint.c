@@ -725,6 +725,16 @@ tdm_status tdm_ckpt_lock(const char *dir, int *fd_out) {
   return TDM_OK;
 }
 
+tdm_status tdm_ckpt_lock_check(const char *dir, int fd) {
+  char path[4096];
+  struct stat held, now;
+  if (fd < 0 || !dir) return TDM_OK;
+  snprintf(path, sizeof path, "%s/.lock", dir);
+  if (fstat(fd, &held) == 0 && stat(path, &now) == 0 && held.st_dev == now.st_dev && held.st_ino == now.st_ino) return TDM_OK;
+  return tdm__set_error(TDM_ERR_IO, "checkpoint directory %s was removed or replaced while this job ran (its lock %s is not the one "
+                        "this job holds): not writing checkpoints where another job could write too", dir, path);
+}
+
 void tdm_ckpt_unlock(int fd) {
   if (fd >= 0) close(fd); /* the file stays: removing it would race with a job about to lock it */
 }

@@ -20,6 +20,7 @@
 #include "tandem/optim.h"
 #include "tandem/tensor.h"
 #include "tandem/train.h"
+#include "train/ckpt_impl.h"
 #include "train/observe.h"
 #include "tandem/trace.h"
 #include "train/agree.h"
@@ -1044,6 +1045,8 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
         TDM__TRY(metrics_ok(s, c)); /* the records are in the file before the checkpoint that covers them */
         tdm_ckpt_info ci = {.step = step + 1, .world_size = W, .seed = c->seed, .n_meta = id.n - 1, .meta_kv = id.kv}; /* the seed is the checkpoint's own key */
         tdm_sampler_locate(s->sampler, step + 1, &ci.data_epoch, &ci.data_offset);
+        if (!s->ps_world) /* the directory still the one locked at start (rank 0 holds the lock; every rank learns) */
+          TDM__TRY(tdm__ckpt_agree(s->comm, tdm_ckpt_lock_check(c->checkpoint_dir, s->start.lock_fd), "checkpoint"));
         double tc = tdm_trace_begin();
         if (s->ps_world) TDM__TRY(tdm_ps_workers_checkpoint(s->engine, c->checkpoint_dir, &ci, 2)); /* with the servers */
         else TDM__TRY(tdm_ckpt_save_engine(c->checkpoint_dir, s->engine, &ci, 2));

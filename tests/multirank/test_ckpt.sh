@@ -174,6 +174,21 @@ unwritable_dir() { # found at start, not when the first checkpoint is due (never
     "$T" train --steps 1000000 --threads 1 --checkpoint-dir "$TMP/plainfile/ck"
 }
 check "an unusable --checkpoint-dir fails before the first step" unwritable_dir
+removed_dir() { # the directory removed under a running job: it stops at its next checkpoint rather than recreate it unlocked
+  mkdir -p "$TMP/rm"
+  timeout 60 "$T" train --model mlp --data synthetic --threads 1 --steps 1000000 --checkpoint-dir "$TMP/rm/ck" --checkpoint-every 50 \
+    >"$TMP/rm.out" 2>&1 &
+  BG=$!
+  local i=0
+  while ! ls "$TMP/rm/ck" 2>/dev/null | grep -q '^ckpt-.*\.safetensors$' && ((i++ < 300)); do sleep 0.1; done
+  rm -rf "$TMP/rm/ck"
+  wait $BG
+  local rc=$?
+  BG=
+  [[ $rc -eq 1 ]] && grep -q "checkpoint directory $TMP/rm/ck was removed or replaced while this job ran" "$TMP/rm.out" ||
+    { echo "  exit $rc"; tail -2 "$TMP/rm.out"; return 1; }
+}
+check "the checkpoint directory removed during a run: the job stops at its next checkpoint, naming it" removed_dir
 
 settings() { # from c1 (mlp, adam, seed 5, 1 rank x 32, fashion-mnist, step 12); every difference is named
   expect 1 -e "was written by a run with other settings: optimizer adam in the checkpoint, sgd in this run" \
