@@ -242,6 +242,19 @@ static void test_counts_views_and_messages(void) {
   CHECK(dy >= -INT32_MAX && dx >= -INT32_MAX);
   CHECK(tdm_comm_thread_group_create(NULL, 2) == TDM_ERR_INVALID_ARG);
   CHECK_ERR_HAS("out NULL");
+  /* two communicators as one rank of a thread group: both waited out the timeout for the other rank */
+  void *grp;
+  CHECK_OK(tdm_comm_thread_group_create(&grp, 2));
+  tdm_comm_config tc = {0};
+  tc.rank = 0, tc.size = 2, tc.transport = TDM_TRANSPORT_THREAD, tc.thread_group = grp, tc.timeout_s = 5;
+  tdm_comm_t c1 = NULL, c2 = NULL;
+  CHECK_OK(tdm_comm_create(&c1, &tc));
+  CHECK(tdm_comm_create(&c2, &tc) == TDM_ERR_INVALID_ARG && !c2);
+  CHECK_ERR_HAS("rank 0 already joined this thread group");
+  tdm_comm_destroy(c1);
+  CHECK_OK(tdm_comm_create(&c2, &tc)); /* left, it may join again */
+  tdm_comm_destroy(c2);
+  tdm_comm_thread_group_destroy(grp);
   /* a slice whose end wraps, a rope position past any table */
   tdm_tape *tp;
   CHECK_OK(tdm_tape_create(&tp, 1 << 16));

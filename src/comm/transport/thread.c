@@ -30,6 +30,7 @@ typedef struct tdm__thread_group {
   int failed;
   tdm_status fail_status;
   char reason[512];
+  unsigned char *joined; /* joined[r]: a communicator of rank r is in the group now */
 } group;
 
 typedef struct {
@@ -43,7 +44,10 @@ tdm_status tdm_comm_thread_group_create(void **out, int size) {
   group *g = tdm__calloc(1, sizeof *g);
   if (!g) return tdm__set_error(TDM_ERR_NO_MEMORY, "thread_group_create: out of memory");
   g->q = tdm__calloc((size_t)size * (size_t)size, sizeof(queue));
-  if (!g->q) {
+  g->joined = tdm__calloc((size_t)size, 1);
+  if (!g->q || !g->joined) {
+    tdm__free(g->q);
+    tdm__free(g->joined);
     tdm__free(g);
     return tdm__set_error(TDM_ERR_NO_MEMORY, "thread_group_create: out of memory");
   }
@@ -69,6 +73,7 @@ void tdm_comm_thread_group_destroy(void *vg) {
   pthread_mutex_destroy(&g->mu);
   pthread_cond_destroy(&g->cv);
   tdm__free(g->q);
+  tdm__free(g->joined);
   tdm__free(g);
 }
 
@@ -160,7 +165,13 @@ static void thread_abort(tdm__transport *t, const char *reason) {
   pthread_mutex_unlock(&g->mu);
 }
 
-static void thread_destroy(tdm__transport *t) { tdm__free(t); }
+static void thread_destroy(tdm__transport *t) {
+  group *g = ((thread_tr *)t)->g;
+  pthread_mutex_lock(&g->mu);
+  g->joined[t->rank] = 0;
+  pthread_mutex_unlock(&g->mu);
+  tdm__free(t);
+}
 
 static int thread_pending(tdm__transport *t, int peer, int slow) {
   (void)slow;
@@ -228,8 +239,21 @@ tdm_status tdm__thread_transport_create(tdm__transport **out, struct tdm_comm *c
   if (g->size != c->size)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "comm_create: the thread group has %d ranks but the config says %d",
                           g->size, c->size);
+  /* two threads as one rank both waited out the timeout for the rank nobody was */
+  pthread_mutex_lock(&g->mu);
+  int twice = g->joined[c->rank];
+  g->joined[c->rank] = 1;
+  pthread_mutex_unlock(&g->mu);
+  if (twice)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "comm_create: rank %d already joined this thread group (each of its %d threads takes "
+                          "its own rank)", c->rank, g->size);
   thread_tr *t = tdm__calloc(1, sizeof *t);
-  if (!t) return tdm__set_error(TDM_ERR_NO_MEMORY, "comm_create: out of memory");
+  if (!t) {
+    pthread_mutex_lock(&g->mu);
+    g->joined[c->rank] = 0;
+    pthread_mutex_unlock(&g->mu);
+    return tdm__set_error(TDM_ERR_NO_MEMORY, "comm_create: out of memory");
+  }
   t->base.ops = &thread_ops;
   t->base.comm = c;
   t->base.rank = c->rank;
