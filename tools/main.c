@@ -1,6 +1,8 @@
 /* The tandem command: one binary, one subcommand per job. */
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "watch.h"
@@ -25,8 +27,7 @@ static void usage(FILE *f) {
           "  help      show this text\n");
 }
 
-int main(int argc, char **argv) {
-  watch_launcher(); /* a rank of a tandem run that died stops too */
+static int dispatch(int argc, char **argv) {
   if (argc < 2) {
     usage(stderr);
     return 2;
@@ -53,4 +54,18 @@ int main(int argc, char **argv) {
   fprintf(stderr, "tandem: unknown command '%s'\n", cmd);
   usage(stderr);
   return 2;
+}
+
+int main(int argc, char **argv) {
+  watch_launcher(); /* a rank of a tandem run that died stops too */
+  int rc = dispatch(argc, argv);
+  /* Under an address-space limit (ulimit -v) an OpenBLAS worker whose 128 MiB buffer was refused
+     retries forever, and exit's join of it never returns: leave without the library destructors
+     (every output is closed by now; tandem train refuses such a limit with the sizes first). */
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+    fflush(NULL);
+    _exit(rc);
+  }
+  return rc;
 }

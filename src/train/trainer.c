@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "core/internal.h"
@@ -877,6 +878,21 @@ static void trace_span(const char *cat, const char *name, double t0, int64_t ste
   tdm_trace_span(cat, name, t0, tdm_trace_now(), &a);
 }
 
+/* An address-space limit (ulimit -v) below what the run maps is refused before the first product:
+ * OpenBLAS retries a failed buffer allocation forever (a step under ulimit -v 300000 hung, and so
+ * did exit, joining its threads). The plan, OpenBLAS's buffer per thread (128 MiB) and the program
+ * with its libraries (256 MiB). */
+static tdm_status address_space_fits(const tdm_plan *plan) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return TDM_OK;
+  double mib = 1024.0 * 1024.0, need = (double)plan->total / mib + 128.0 * tdm_get_num_threads() + 256.0;
+  if ((double)rl.rlim_cur / mib >= need) return TDM_OK;
+  return tdm__set_error(TDM_ERR_NO_MEMORY, "train: the address-space limit (ulimit -v) is %.0f MiB; this run maps about %.0f MiB: the "
+                        "plan's %.1f MiB, OpenBLAS's buffers (128 MiB for each of %d threads) and the program (256 MiB). Raise or "
+                        "lift the limit (ulimit -v unlimited), or use fewer threads", (double)rl.rlim_cur / mib, need,
+                        (double)plan->total / mib, tdm_get_num_threads());
+}
+
 static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_state *s) {
   TDM__TRY(tdm_set_num_threads(c->threads));
   if (c->ps_replay) return ps_replay_run(c, res, s);
@@ -917,6 +933,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
   progress pr = {pf, pf ? isatty(fileno(pf)) : 0, 0, 0, 0};
   if (pr.f) tdm_plan_print(pr.f, &pp.plan, c->memory_limit); /* refused here if it does not fit */
   TDM__TRY(tdm_plan_check(&pp.plan, c->memory_limit));
+  TDM__TRY(address_space_fits(&pp.plan));
   pp.ec.ps.world = s->ps_world;
   TDM__TRY(tdm_engine_create(&s->engine, &mc, c->seed, &pp.oc, s->grid, &pp.ec));
   tdm_params *params = tdm_model_params(tdm_engine_model(s->engine));

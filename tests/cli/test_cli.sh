@@ -39,6 +39,14 @@ check "--momentum with adam" expect_fail 2 "--momentum applies to --optimizer sg
 check "--sync-bn with the mlp" expect_fail 1 "--sync-bn with model mlp, which has no batch norm" "$TANDEM" train --sync-bn
 check "--compress bf16 with --pp (the pipeline reduces f32: it was ignored)" expect_fail 2 \
   "--compress bf16 with --pp 2: the pipeline reduces the data axis's gradients in f32 only" "$TANDEM" train --model gpt --pp 2 --compress bf16
+address_space_limit() { # ulimit -v below what OpenBLAS's buffers need: a hang in its allocation (and at exit) before
+  # (AddressSanitizer cannot start under ulimit -v at all: its shadow memory is terabytes of address space)
+  if nm -C "$TANDEM" 2>/dev/null | grep -q __asan_init; then echo "  (a sanitized build: not applicable)"; return 0; fi
+  ( ulimit -v 300000; timeout 60 "$TANDEM" train --model mlp --data synthetic --steps 2 --threads 1 ) >"$TMP/out" 2>"$TMP/err"
+  local rc=$?
+  [[ $rc -eq 1 ]] && grep -q "the address-space limit (ulimit -v) is 293 MiB; this run maps about" "$TMP/err" || { echo "  exit $rc"; cat "$TMP/err"; return 1; }
+}
+check "an address-space limit below the run's: refused naming both, no hang" address_space_limit
 check "--data mnist without --data-dir" expect_fail 2 "--data mnist reads its files from --data-dir" "$TANDEM" train --data mnist
 
 # Outputs are written beside their name and renamed over it: a FIFO (or /dev/null) would be
