@@ -60,6 +60,13 @@ typedef struct {
   void (*fn)(void);
 } tdm_test_case;
 
+/* The sanitizer pass of make test (TANDEM_TEST_LIGHT set by CTest, as for the shell tests) leaves
+ * out a slow test's repetitions; TANDEM_TEST_FULL=1 (make test-san-full) runs them. */
+static inline int tdm_test_light(void) {
+  const char *l = getenv("TANDEM_TEST_LIGHT"), *f = getenv("TANDEM_TEST_FULL");
+  return l && *l && !(f && !strcmp(f, "1"));
+}
+
 static inline int tdm_test_main(const tdm_test_case *cases, int n) {
   int passed = 0, failed = 0;
   for (int i = 0; i < n; i++) {

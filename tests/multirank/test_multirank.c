@@ -410,7 +410,7 @@ static void test_mismatch_matrix_tcp_shm(void) {
   tdm_transport_kind kinds[] = {TDM_TRANSPORT_TCP, TDM_TRANSPORT_SHM};
   for (int i = 0; i < 2; i++) {
     g_transport = kinds[i];
-    mismatch_matrix(2);
+    if (i == 0 || !tdm_test_light()) mismatch_matrix(2); /* light (make test's sanitizer pass): shm at 3 ranks below */
     sub_mismatch_job();
   }
   g_transport = TDM_TRANSPORT_SHM; /* and with three ranks, where some learn of it from a peer */
