@@ -28,6 +28,11 @@ void tdm__identity_adopt(tdm__run_identity *id, int (*adopt)(void *ctx, const ch
   id->adopt[id->n - 1] = adopt, id->adopt_ctx[id->n - 1] = ctx;
 }
 
+void tdm__identity_newer(tdm__run_identity *id) {
+  TDM_ASSERT(id->n > 0);
+  id->newer[id->n - 1] = 1;
+}
+
 /* ---- outputs --------------------------------------------------------------------------------- */
 /* Creates and removes a file in dir, as the writers will create theirs (a temporary, renamed). */
 static tdm_status probe_dir(const char *dir, const char *option) {
@@ -132,7 +137,7 @@ static tdm_status check_identity(void *ctx, const tdm_ckpt *ck) {
   int refused = 0, fixed = 0;
   for (int i = 0; i < id->n; i++) {
     const char *v = tdm_ckpt_meta(ck, id->key[i]);
-    if (v && !strcmp(v, id->value[i])) continue;
+    if ((v && !strcmp(v, id->value[i])) || (!v && id->newer[i])) continue;
     if (v && strlen(v) < sizeof id->value[i] && id->adopt[i] && id->adopt[i](id->adopt_ctx[i], v)) {
       if (ic->progress) fprintf(ic->progress, "tandem train: %s: %s, as the checkpoint's (%s here otherwise)\n", id->what[i], v, id->value[i]);
       snprintf(id->value[i], sizeof id->value[i], "%s", v); /* the checkpoints this run writes carry it on */

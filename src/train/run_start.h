@@ -25,6 +25,7 @@ typedef struct {
      did, and the checkpoint's value becomes the run's */
   int (*adopt[TDM__IDENTITY_MAX])(void *ctx, const char *ckpt_value);
   void *adopt_ctx[TDM__IDENTITY_MAX];
+  unsigned char newer[TDM__IDENTITY_MAX]; /* a setting checkpoints of earlier versions lack: absent, it is not compared */
 } tdm__run_identity;
 
 /* Adds a setting (key as stored, words for messages, override group or NULL, value). */
@@ -32,6 +33,8 @@ void tdm__identity_add(tdm__run_identity *id, const char *key, const char *what,
     __attribute__((format(printf, 5, 6)));
 /* The setting added last may be taken from the checkpoint by adopt (see above). */
 void tdm__identity_adopt(tdm__run_identity *id, int (*adopt)(void *ctx, const char *ckpt_value), void *ctx);
+/* The setting added last is new in this version: a checkpoint without it resumes as before. */
+void tdm__identity_newer(tdm__run_identity *id);
 
 typedef struct {
   const tdm_train_config *cfg;

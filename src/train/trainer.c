@@ -444,8 +444,33 @@ static int adopt_last(void *sampler, const char *v) {
   return r != TDM_LAST_DROP && tdm_sampler_set_last(sampler, r) == TDM_OK;
 }
 
+/* What the training set holds: a checksum of 64 samples spread evenly over it, first and last among
+ * them (a data file replaced by another of the same size resumed silently: only the count was
+ * compared). 0 when a sample cannot be read (the run reads them again and says why). */
+static uint32_t data_fingerprint(const tdm_dataset *ds) {
+  int64_t N = tdm_dataset_len(ds), per = tdm_dataset_sample_numel(ds), k = N < 64 ? N : 64;
+  int tokens = tdm_dataset_is_tokens(ds);
+  size_t xb = (size_t)per * (tokens ? sizeof(int32_t) : sizeof(float)), yb = sizeof(int32_t) * (size_t)(tokens ? per : 1);
+  void *x = tdm__malloc(xb);
+  int32_t *y = tdm__malloc(yb);
+  uint32_t crc = 0x7a6e6473u;
+  for (int64_t i = 0; x && y && i < k; i++) {
+    int64_t idx = k > 1 ? i * (N - 1) / (k - 1) : 0;
+    tdm_status st = tokens ? tdm_dataset_tokens(ds, &idx, 1, x, y) : tdm_dataset_batch(ds, &idx, 1, x, y);
+    if (st != TDM_OK) {
+      crc = 0;
+      break;
+    }
+    crc = tdm__crc32(tdm__crc32(crc, x, (int64_t)xb), y, (int64_t)yb);
+  }
+  if (!x || !y) crc = 0;
+  tdm__free(x);
+  tdm__free(y);
+  return crc;
+}
+
 static int run_identity(tdm__run_identity *id, const tdm_train_config *c, const tdm_model_config *mc, int64_t G, int64_t T,
-                        int64_t N, tdm_last_batch last, tdm_sampler *sampler) {
+                        int64_t N, tdm_last_batch last, tdm_sampler *sampler, const tdm_dataset *train) {
   int gpt = mc->kind == TDM_MODEL_GPT;
   tdm__identity_add(id, "tandem.model", "model", NULL, "%s", c->model);
   if (mc->kind == TDM_MODEL_LLAMA) { /* Hugging Face's config.json names */
@@ -486,12 +511,15 @@ static int run_identity(tdm__run_identity *id, const tdm_train_config *c, const 
   if (is_lm(mc->kind)) tdm__identity_add(id, "tandem.seq_len", "sequence length", "batch", "%lld", (long long)T);
   tdm__identity_add(id, "tandem.data", "data set", "data", "%s", c->data);
   tdm__identity_add(id, "tandem.train_samples", "training samples", "data", "%lld", (long long)N);
+  tdm__identity_add(id, "tandem.data_sum", "training data (a checksum of 64 samples)", "data", "%08x", data_fingerprint(train));
+  tdm__identity_newer(id);
   /* with a remainder the rule decides which samples the epoch's last step sees, and --last-batch
      auto resolves by the layout: a resume from one process onto several ranks would change it */
   static const char *const rules[] = {"partial", "pad", "drop"};
   if (N % G) {
     tdm__identity_add(id, "tandem.last_batch", "last batch (--last-batch; auto is partial on one process, pad on several ranks "
                       "or with accumulation)", "batch", "%s", rules[last]);
+    tdm__identity_newer(id);
     if (sampler && (!c->last_batch || !strcmp(c->last_batch, "auto"))) tdm__identity_adopt(id, adopt_last, sampler);
   }
   tdm__identity_add(id, "tandem.seed", "seed", "seed", "%llu", (unsigned long long)c->seed);
@@ -850,7 +878,7 @@ static tdm_status ps_replay_run(const tdm_train_config *c, tdm_train_result *res
   prepared pp;
   TDM__TRY(prepare(c, 1, 1, 0, 1, TDM_TRANSPORT_AUTO, s, &pp));
   tdm__run_identity id = {0};
-  int n_arch_meta = run_identity(&id, c, &pp.mc, pp.G, pp.T, pp.N, pp.last, NULL);
+  int n_arch_meta = run_identity(&id, c, &pp.mc, pp.G, pp.T, pp.N, pp.last, NULL, s->train);
   const char *meta[2 + 2 * TDM__IDENTITY_MAX] = {"format", "pt"};
   memcpy(meta + 2, id.kv, sizeof(char *) * 2 * (size_t)n_arch_meta);
   tdm_ps_replay_stats rs;
@@ -968,7 +996,7 @@ static tdm_status run(const tdm_train_config *c, tdm_train_result *res, run_stat
             tdm_get_num_threads() == 1 ? "" : "s", tdm_engine_describe(s->engine), s->comm ? ", transport " : "",
             s->comm ? tdm_transport_name(tdm_comm_transport(s->comm)) : "");
   tdm__run_identity id = {0};
-  int n_arch_meta = run_identity(&id, c, &mc, G, T, N, pp.last, s->sampler);
+  int n_arch_meta = run_identity(&id, c, &mc, G, T, N, pp.last, s->sampler, s->train);
   const char *weights_meta[2 + 2 * TDM__IDENTITY_MAX] = {"format", "pt"}; /* the architecture (what generate needs) */
   memcpy(weights_meta + 2, id.kv, sizeof(char *) * 2 * (size_t)n_arch_meta);
   tdm__start_in si = {c, s->comm, R, W, s->engine, &id, pr.f};

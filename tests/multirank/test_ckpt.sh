@@ -235,4 +235,14 @@ last_batch_adopted() { # 112 windows in global batches of 12: two epochs of 10 s
     ! "$T" weights-diff "$TMP/lb-pad.st" "$TMP/lb-part.st" --rtol 1e-5 --quiet >/dev/null
 }
 check "--last-batch auto on resume takes the checkpoint's rule where the layout allows it: the uninterrupted run's weights (1e-5)" last_batch_adopted
+data_replaced() { # another text of the same size: the sample count alone did not tell
+  head -c 20000 data/tinyshakespeare.txt >"$TMP/d.txt"
+  local G=(train --model gpt --layers 2 --heads 2 --width 32 --block 16 --batch-size 4 --threads 1 --data-path "$TMP/d.txt"
+           --val-batches 1 --checkpoint-dir "$TMP/c11")
+  "$T" "${G[@]}" --steps 4 >/dev/null 2>&1 || return 1
+  head -c 20000 data/tinyshakespeare.txt | tr a-z A-Z >"$TMP/d.txt"
+  expect 1 -e "training data (a checksum of 64 samples)" -e "in the checkpoint" "$T" "${G[@]}" --steps 6 --resume &&
+    expect 0 -e "resuming with changed settings: training data" "$T" "${G[@]}" --steps 6 --resume --resume-override data
+}
+check "a training set replaced by another of the same size: refused on resume (the data override accepts it)" data_replaced
 finish
