@@ -435,9 +435,6 @@ static tdm_status flush_record(run_state *s, step_record *r, progress *pr, const
   return finite_or_stop(c, loss, r->step, "the loss", where);
 }
 
-/* What a checkpoint of this run records and a resumed run must share (see tandem/train.h). The
- * model and its architecture come first: they are also the weights file's metadata (returns
- * their count); the seed, a key of the checkpoint's own, comes last. */
 /* --last-batch auto on resume: the checkpoint's rule, where this layout can follow it */
 static int adopt_last(void *sampler, const char *v) {
   tdm_last_batch r = !strcmp(v, "partial") ? TDM_LAST_PARTIAL : !strcmp(v, "pad") ? TDM_LAST_PAD : TDM_LAST_DROP;
@@ -469,6 +466,9 @@ static uint32_t data_fingerprint(const tdm_dataset *ds) {
   return crc;
 }
 
+/* What a checkpoint of this run records and a resumed run must share (see tandem/train.h). The
+ * model and its architecture come first: they are also the weights file's metadata (returns
+ * their count); the seed, a key of the checkpoint's own, comes last. */
 static int run_identity(tdm__run_identity *id, const tdm_train_config *c, const tdm_model_config *mc, int64_t G, int64_t T,
                         int64_t N, tdm_last_batch last, tdm_sampler *sampler, const tdm_dataset *train) {
   int gpt = mc->kind == TDM_MODEL_GPT;
