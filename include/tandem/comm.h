@@ -105,6 +105,8 @@ typedef struct tdm_comm_config {
  * host name) with one all-gather; ranks on several nodes get TDM_ALGO_HIER's plan, and
  * TANDEM_NET_EMULATE then slows only the links between nodes. */
 tdm_status tdm_comm_config_from_env(tdm_comm_config *cfg);
+/* Over tcp a rank needs a descriptor per peer (rank 0 the store's too): a soft RLIMIT_NOFILE below
+ * that is raised toward the hard limit; a hard limit below it is TDM_ERR_SYSTEM naming both. */
 tdm_status tdm_comm_create(tdm_comm_t *out, const tdm_comm_config *cfg);
 tdm_status tdm_comm_create_from_env(tdm_comm_t *out);
 /* Closes connections and frees everything. Safe on a failed communicator. */

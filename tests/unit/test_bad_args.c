@@ -286,20 +286,41 @@ static void test_counts_views_and_messages(void) {
   tdm_tensor_destroy(l);
 }
 
-/* Two ranks whose checkpoint directories differ: rank 0's manifest named a piece that is not
- * there and stayed, a corrupt newest entry; now it is removed again, and each rank's file too. */
+/* Two ranks as threads of one group, each rank's argument beginning with this head: run_two starts
+ * them and waits; join_two makes a rank's communicator. */
 typedef struct {
   void *group;
   int rank;
+} two_head;
+static void run_two(void *(*rank_main)(void *), void *args, size_t size) {
+  void *group;
+  CHECK_OK(tdm_comm_thread_group_create(&group, 2));
+  pthread_t th[2];
+  for (int r = 0; r < 2; r++) {
+    two_head *h = (two_head *)((char *)args + (size_t)r * size);
+    h->group = group, h->rank = r;
+    pthread_create(&th[r], NULL, rank_main, h);
+  }
+  for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+  tdm_comm_thread_group_destroy(group);
+}
+static tdm_status join_two(const two_head *h, tdm_comm_t *c) {
+  tdm_comm_config cfg = {0};
+  cfg.rank = h->rank, cfg.size = 2, cfg.transport = TDM_TRANSPORT_THREAD, cfg.thread_group = h->group, cfg.timeout_s = 20;
+  return tdm_comm_create(c, &cfg);
+}
+
+/* Two ranks whose checkpoint directories differ: rank 0's manifest named a piece that is not
+ * there and stayed, a corrupt newest entry; now it is removed again, and each rank's file too. */
+typedef struct {
+  two_head h;
   const char *dir;
   tdm_status st;
 } ck_rank;
 static void *ck_rank_main(void *arg) {
   ck_rank *a = arg;
-  tdm_comm_config cfg = {0};
-  cfg.rank = a->rank, cfg.size = 2, cfg.transport = TDM_TRANSPORT_THREAD, cfg.thread_group = a->group, cfg.timeout_s = 20;
   tdm_comm_t c;
-  if ((a->st = tdm_comm_create(&c, &cfg)) != TDM_OK) return NULL;
+  if ((a->st = join_two(&a->h, &c)) != TDM_OK) return NULL;
   float x[4] = {1, 2, 3, 4};
   int64_t shape[1] = {4};
   tdm_ckpt_info info = {0};
@@ -307,7 +328,7 @@ static void *ck_rank_main(void *arg) {
   tdm_ckpt_writer *w;
   tdm_ckpt_writer_create(&w, a->dir, &info, 0, c);
   tdm_ckpt_writer_tensor(w, "x", TDM_F32, 1, shape);
-  tdm_ckpt_writer_flat(w, "x", 2 * a->rank, 2 * a->rank + 2, x + 2 * a->rank);
+  tdm_ckpt_writer_flat(w, "x", 2 * a->h.rank, 2 * a->h.rank + 2, x + 2 * a->h.rank);
   a->st = tdm_ckpt_writer_commit(w, 1);
   tdm_comm_destroy(c);
   return NULL;
@@ -315,13 +336,8 @@ static void *ck_rank_main(void *arg) {
 static void test_failed_checkpoint_leaves_nothing(void) {
   char d0[] = "/tmp/tdm-ck0-XXXXXX", d1[] = "/tmp/tdm-ck1-XXXXXX", path[128];
   CHECK(mkdtemp(d0) && mkdtemp(d1));
-  void *group;
-  CHECK_OK(tdm_comm_thread_group_create(&group, 2));
-  ck_rank a[2] = {{group, 0, d0, TDM_OK}, {group, 1, d1, TDM_OK}};
-  pthread_t th[2];
-  for (int r = 0; r < 2; r++) pthread_create(&th[r], NULL, ck_rank_main, &a[r]);
-  for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
-  tdm_comm_thread_group_destroy(group);
+  ck_rank a[2] = {{.dir = d0}, {.dir = d1}};
+  run_two(ck_rank_main, a, sizeof a[0]);
   CHECK(a[0].st != TDM_OK && a[1].st != TDM_OK);
   struct stat sb;
   snprintf(path, sizeof path, "%s/ckpt-000000000003.safetensors", d0);
@@ -337,15 +353,13 @@ static void test_failed_checkpoint_leaves_nothing(void) {
  * trained on (another clip, beta or optimizer: replicas apart; another accumulation: a mean of
  * neither global batch; another seed at ZeRO stage 3: a model of two initialisations). */
 typedef struct {
-  void *group;
-  int rank, which;
+  two_head h;
+  int which;
   tdm_status st;
   char err[512];
 } eng_rank;
 static void *eng_rank_main(void *arg) {
   eng_rank *a = arg;
-  tdm_comm_config cfg = {0};
-  cfg.rank = a->rank, cfg.size = 2, cfg.transport = TDM_TRANSPORT_THREAD, cfg.thread_group = a->group, cfg.timeout_s = 20;
   tdm_comm_t c = NULL;
   tdm_grid *g = NULL;
   tdm_engine *e = NULL;
@@ -355,13 +369,13 @@ static void *eng_rank_main(void *arg) {
   tdm_engine_config ec = tdm_engine_config_default();
   uint64_t seed = 1;
   if (a->which == 1) ec.kind = TDM_ENGINE_ZERO, ec.zero.stage = 3;
-  if (a->rank == 1) {
+  if (a->h.rank == 1) {
     if (a->which == 0) ec.clip = 0.01f;
     if (a->which == 1) seed = 2;
     if (a->which == 2) oc.beta1 = 0.5f;
     if (a->which == 3) ec.accum = 2;
   }
-  a->st = tdm_comm_create(&c, &cfg);
+  a->st = join_two(&a->h, &c);
   if (a->st == TDM_OK) a->st = tdm_grid_create(&g, c, 0, 1, 1);
   if (a->st == TDM_OK) a->st = tdm_engine_create(&e, &mc, seed, &oc, g, &ec);
   snprintf(a->err, sizeof a->err, "%s", tdm_last_error());
@@ -373,13 +387,8 @@ static void *eng_rank_main(void *arg) {
 static void test_ranks_with_other_engines(void) {
   const char *names[] = {"clip", "seed (ZeRO stage 3", "betas and eps", "accumulation"};
   for (int which = 0; which < 4; which++) {
-    void *group;
-    CHECK_OK(tdm_comm_thread_group_create(&group, 2));
-    eng_rank a[2] = {{group, 0, which, TDM_OK, ""}, {group, 1, which, TDM_OK, ""}};
-    pthread_t th[2];
-    for (int r = 0; r < 2; r++) pthread_create(&th[r], NULL, eng_rank_main, &a[r]);
-    for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
-    tdm_comm_thread_group_destroy(group);
+    eng_rank a[2] = {{.which = which}, {.which = which}};
+    run_two(eng_rank_main, a, sizeof a[0]);
     for (int r = 0; r < 2; r++)
       CHECK_MSG(a[r].st == TDM_ERR_MISMATCH && strstr(a[r].err, "rank 1's") && strstr(a[r].err, names[which]),
                 "case %d, rank %d: %s: %s", which, r, tdm_status_str(a[r].st), a[r].err);
