@@ -17,7 +17,7 @@ JOBS ?= $(shell nproc)
 TEST_JOBS ?= $(shell echo $$(( $$(nproc) + 1 )))
 RUN_ARGS ?=
 FUZZ_SECONDS ?= 60
-FUZZ_TEST_SECONDS ?= 3
+FUZZ_TEST_SECONDS ?= 2
 
 .PHONY: all setup build build-san build-fuzz run test test-san-full fuzz clean
 
