@@ -3,7 +3,9 @@
 #   collectives  every all-reduce algorithm (ring, rd, rhd, tree, direct), 1 KiB - 64 MiB, 2, 3, 4
 #                and 8 ranks over tcp with TANDEM_NET_EMULATE=100us,1gbps: tandem bench measures
 #                (the median of the iterations, the slowest rank's each: 41 up to 256 KiB, 5 beyond;
-#                MEAN=1 summary: their mean),
+#                MEAN=1 summary: their mean; up to 256 KiB in PASSES (3) passes over every pair, minutes
+#                apart, and each point the median of its passes: the host's scheduling regimes last
+#                seconds and moved one pass's 8-rank points by 35-44%),
 #                tandem simulate --collectives predicts from a calibration at the same world size
 #   training     data-parallel training of the MLP (200 steps) and GPT mini (40) at 1, 2 and 4
 #                ranks, emulated 100us,1gbps and 100us,10gbps: the median step of tandem train's
@@ -76,31 +78,60 @@ collectives() {
       local l0; l0=$(load)
       # up to 256 KiB the median of 41 iterations after 20 (a few milliseconds each: a step's wake-ups and
       # sleeps vary 20-30% from one to the next), beyond it of 5
-      TANDEM_TRANSPORT=tcp TANDEM_NET_EMULATE=$emu N timeout 900 "$T" run -n $n -- "$T" bench allreduce -b 1K -e 256K -f 4 \
-        -n 41 -w 20 -c 0 -a $a -J "$OUT/coll-m$n-$a.small.json" >/dev/null 2>&1 &&
-      TANDEM_TRANSPORT=tcp TANDEM_NET_EMULATE=$emu N timeout 900 "$T" run -n $n -- "$T" bench allreduce -b 1M -e 64M -f 4 \
+      rm -f "$OUT/coll-m$n-$a".small*.json "$OUT/coll-l$n-$a"
+      small $n $a 1 && TANDEM_TRANSPORT=tcp TANDEM_NET_EMULATE=$emu N timeout 900 "$T" run -n $n -- "$T" bench allreduce -b 1M -e 64M -f 4 \
         -n 5 -w 2 -c 0 -a $a -J "$OUT/coll-m$n-$a.large.json" >/dev/null 2>&1 || { echo "bench $a at $n ranks failed"; continue; }
-      /usr/bin/python3 -c 'import json, sys; json.dump(json.load(open(sys.argv[1])) + json.load(open(sys.argv[2])), open(sys.argv[3], "w"), indent=1)' \
-        "$OUT/coll-m$n-$a.small.json" "$OUT/coll-m$n-$a.large.json" "$OUT/coll-m$n-$a.json"
-      /usr/bin/python3 - "$OUT/coll-m$n-$a.json" "$OUT/coll-p$n-$a.json" "$OUT/coll-q$n-$a.json" $a $n "$l0" "$(load)" >>"$OUT/coll.tsv" <<'EOF'
-import json, sys
-def preds(path):
-    out = {}
-    for line in open(path):
-        r = json.loads(line)
-        if r["algo"] == sys.argv[4]: out[r["bytes"]] = r["allreduce_s"]
-    return out
-pred, base = preds(sys.argv[2]), preds(sys.argv[3])
-load = max(float(sys.argv[6]), float(sys.argv[7]))
-for r in json.load(open(sys.argv[1])):
-    # the median of the iterations (a burst of other work moves a mean of 5 by 2-4x), the mean beside it
-    print("%s\t%s\t%d\t%.6e\t%.6e\t%.6e\t%.2f\t%.6e" % (sys.argv[4], sys.argv[5], r["size"], r["time_us_median"] * 1e-6, pred[r["size"]],
-          base[r["size"]], load, r["time_us"] * 1e-6))
-EOF
+      echo "$l0 $(load)" >"$OUT/coll-l$n-$a"
       echo "done: $a at $n ranks (load $l0 .. $(load))"
     done
   done
+  # the small sizes' further passes, each over every pair: the same point measured minutes apart
+  for pass in $(seq 2 ${PASSES:-3}); do
+    for n in ${RANKS:-2 3 4 8}; do for a in ${ALGOS:-ring rd rhd tree direct}; do
+      [[ -f $OUT/coll-l$n-$a ]] || continue
+      small $n $a $pass || echo "bench $a at $n ranks failed (pass $pass)"
+      read -r l0 l1 <"$OUT/coll-l$n-$a" && echo "$l0 $(/usr/bin/python3 -c "print(max($l1, $(load)))")" >"$OUT/coll-l$n-$a"
+    done; done
+    echo "done: pass $pass"
+  done
+  for n in ${RANKS:-2 3 4 8}; do for a in ${ALGOS:-ring rd rhd tree direct}; do
+    [[ -f $OUT/coll-l$n-$a ]] && coll_rows $n $a
+  done; done
   coll_summary
+}
+
+small() { # small N ALGO PASS: one pass of the sizes up to 256 KiB
+  TANDEM_TRANSPORT=tcp TANDEM_NET_EMULATE=100us,1gbps N timeout 900 "$T" run -n $1 -- "$T" bench allreduce -b 1K -e 256K -f 4 \
+    -n 41 -w 20 -c 0 -a $2 -J "$OUT/coll-m$1-$2.small.p$3.json" >/dev/null 2>&1
+}
+
+coll_rows() { # coll_rows N ALGO: its rows of coll.tsv, each small size the median of its passes (their least and most beside it)
+  /usr/bin/python3 - "$OUT" $1 $2 >>"$OUT/coll.tsv" <<'EOF'
+import glob, json, statistics, sys
+out, n, a = sys.argv[1:4]
+def preds(path):
+    got = {}
+    for line in open(path):
+        r = json.loads(line)
+        if r["algo"] == a: got[r["bytes"]] = r["allreduce_s"]
+    return got
+pred, base = preds("%s/coll-p%s-%s.json" % (out, n, a)), preds("%s/coll-q%s-%s.json" % (out, n, a))
+load = max(map(float, open("%s/coll-l%s-%s" % (out, n, a)).read().split()))
+passes = [json.load(open(f)) for f in sorted(glob.glob("%s/coll-m%s-%s.small.p*.json" % (out, n, a)))]
+merged = []
+for i, r in enumerate(passes[0]):
+    got = sorted(p[i]["time_us_median"] for p in passes)
+    m = dict(r, time_us_median=statistics.median(got), time_us=statistics.median(p[i]["time_us"] for p in passes), least=got[0], most=got[-1])
+    for k in ("time_us_inplace", "time_us_inplace_median"): m[k] = statistics.median(p[i][k] for p in passes)
+    merged.append(m)
+merged += [dict(r, least=r["time_us_median"], most=r["time_us_median"]) for r in json.load(open("%s/coll-m%s-%s.large.json" % (out, n, a)))]
+json.dump(merged, open("%s/coll-m%s-%s.json" % (out, n, a), "w"), indent=1)
+for r in merged:
+    # the median of the iterations (a burst of other work moves a mean of 5 by 2-4x), the mean beside
+    # it, then the least and most of the passes' medians
+    print("%s\t%s\t%d\t%.6e\t%.6e\t%.6e\t%.2f\t%.6e\t%.6e\t%.6e" % (a, n, r["size"], r["time_us_median"] * 1e-6, pred[r["size"]],
+          base[r["size"]], load, r["time_us"] * 1e-6, r["least"] * 1e-6, r["most"] * 1e-6))
+EOF
 }
 
 coll_summary() { # the tables of docs/PERFORMANCE.md from $OUT/coll.tsv (INPLACE=1: the in-place measurements instead; MEAN=1: means)
@@ -122,6 +153,9 @@ elif mean: # rows measured before the median was kept have their mean in column 
     for r in rows:
         if len(r) > 7: r[3] = r[7]
     print("measured: the mean of the iterations")
+passes = [(float(r[9]) - float(r[8])) / float(r[3]) for r in rows if len(r) > 9 and int(r[2]) <= 262144 and float(r[3]) > 0]
+if passes: # how far apart the same point measured in different passes was
+    print("the small sizes' passes: (most - least) / median over %d points: mean %.1f%%, max %.1f%%" % (len(passes), 100 * sum(passes) / len(passes), 100 * max(passes)))
 rows = [r[:7] for r in rows]
 loads = [float(r[6]) for r in rows]
 print("load average (1 minute) during the measurements: %.1f - %.1f" % (min(loads), max(loads)))

@@ -178,10 +178,10 @@ static int calibrate(const tdm_train_config *tc, const char *out_path, const cha
   for (int b = 0, at = 0; b < cal.n_bursts && at < (int)sizeof bursts; b++)
     at += snprintf(bursts + at, sizeof bursts - (size_t)at, "%s%.0f", b ? ", " : "", cal.pingpong_bursts[b] * 1e6);
   printf("link: %s%s%s: alpha %.3g us, beta %.4g ns/B (%.3g GB/s), gamma %.4g ns/B, ping-pong %.3g us (bursts %s; a receiver's "
-         "wake-up %.3g us; a bucket waited for on the communication thread %.3g us more)\n",
+         "wake-up %.3g us, %.3g us on cores shared; a bucket waited for on the communication thread %.3g us more)\n",
          transport, emu && *emu ? " emulated " : "", emu && *emu ? emu : "", link.alpha * 1e6, link.beta * 1e9,
          link.beta > 0 ? 1e-9 / link.beta : 0, link.gamma * 1e9, cal.pingpong * 1e6, bursts, link.wake * 1e6,
-         link.handoff * 1e6);
+         link.wake_shared * 1e6, link.handoff * 1e6);
   printf("cpu: %.3g us + %.4g ns/B a message, %.3g cores for the ranks; the ring exchange predicted within %.1f%% (mean), "
          "%.1f%% (max); alone the plain fit: alpha %.3g us, beta %.4g ns/B\n",
          link.cpu_alpha * 1e6, link.cpu_beta * 1e9, cal.cpu_cores, 100 * cal.check_mean, 100 * cal.check_max, cal.ring_alpha * 1e6,

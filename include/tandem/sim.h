@@ -50,7 +50,9 @@ extern "C" {
  * (direct's exchanges), measured apart: such an exchange shares one call's fixed cost among its
  * messages and holds more bytes in flight than the caches do (0 and 0: cpu_alpha and cpu_beta).
  * wake (s): what a one-way message adds for its receiver, blocked waiting for it, to wake (the
- * ranks of an exchange are busy sending when theirs arrive). big_bytes, big_factor: a message (or
+ * ranks of an exchange are busy sending when theirs arrive), on a core of its own: a collective
+ * repeated meets the fast one of a VM's two wake-up modes. wake_shared (s): the same when the
+ * node's ranks share fewer cores, whose wake-ups meet either mode (0: wake). big_bytes, big_factor: a message (or
  * each piece it is sent in) of big_bytes or more costs big_factor times cpu_beta (or fan_beta) a
  * byte, one of half of it or less cpu_beta, in between in proportion: copies that outgrow the L2
  * run from the slower caches (0 and 0: every byte the same); fan_big_factor the same for fan_beta
@@ -62,7 +64,7 @@ typedef struct tdm_sim_link {
   double alpha, beta, gamma;
   double cpu_alpha, cpu_beta;
   double fan_alpha, fan_beta;
-  double wake;
+  double wake, wake_shared;
   double big_bytes, big_factor, fan_big_factor;
   int pairwise;
   double handoff;
@@ -189,8 +191,8 @@ typedef struct tdm_sim_calibration {
                            fan_beta: from the fan exchange's CPU time per peer (3 or more ranks), these four
                            from the sizes up to half the L2's; big_bytes: the L2's, big_factor: the pair's and
                            ring's sizes from it on against their line, fan_big_factor the fan's against its
-                           own (1 when none is); wake: the
-                           ping-pong's one-way time less a one-way 8 B message's wire and work; gamma:
+                           own (1 when none is); wake: the fastest ping-pong burst's one-way time less
+                           a one-way 8 B message's wire and work, wake_shared the same of their mean; gamma:
                            tdm_reduce_local on 4 MiB of f32; pairwise: 0 (not measured: the caller knows the network) */
   double cpu_cores;     /* the cores the ranks of a node got between them, all busy at once (cores_per_node when
                            none was short of a core) */

@@ -207,9 +207,13 @@ tdm_status tdm__sim_fit_link(const tdm_sim_calib_points *pt, int ranks, int rank
   if (k[1]) l->fan_big_factor = ratio[1] / k[1] > 1 ? ratio[1] / k[1] : 1;
   fit(pt->n, pt->ring_wall, pt->m, &out->ring_alpha, &out->ring_beta);
   /* a lone message's receiver sleeps in poll until it arrives: the ping-pong pays its wake-up, an
-   * exchange does not */
-  double lone = l->alpha + 8 * l->beta + 0.5 * (l->cpu_alpha + 8 * l->cpu_beta);
-  l->wake = out->pingpong > lone ? out->pingpong - lone : 0;
+   * exchange does not. On a core of its own the fastest burst's (the steady state of a collective
+   * repeated), on cores shared the mean's (either mode) */
+  double lone = l->alpha + 8 * l->beta + 0.5 * (l->cpu_alpha + 8 * l->cpu_beta), fast = out->pingpong;
+  for (int b = 0; b < out->n_bursts && b < PP_BURSTS; b++)
+    if (out->pingpong_bursts[b] > 0 && out->pingpong_bursts[b] < fast) fast = out->pingpong_bursts[b];
+  l->wake = fast > lone ? fast - lone : 0;
+  l->wake_shared = out->pingpong > lone ? out->pingpong - lone : 0;
   /* the model against the ring exchange, which none of the fits above used for its wall time */
   tdm_sim_cluster k1;
   memset(&k1, 0, sizeof k1);

@@ -40,10 +40,10 @@ tdm_status tdm_sim_cluster_check(const tdm_sim_cluster *k, const char *where) {
   const char *ln[2] = {"intra", "inter"};
   char f[64];
   for (int i = 0; i < 2; i++) {
-    const double v[11] = {l[i]->alpha,    l[i]->beta,      l[i]->gamma, l[i]->cpu_alpha, l[i]->cpu_beta,  l[i]->fan_alpha,
-                          l[i]->fan_beta, l[i]->wake,      l[i]->big_bytes, l[i]->big_factor, l[i]->handoff};
-    const char *vn[11] = {"alpha", "beta", "gamma", "cpu_alpha", "cpu_beta", "fan_alpha", "fan_beta", "wake", "big_bytes", "big_factor", "handoff"};
-    for (int j = 0; j < 11; j++)
+    const double v[12] = {l[i]->alpha,    l[i]->beta, l[i]->gamma,       l[i]->cpu_alpha, l[i]->cpu_beta,  l[i]->fan_alpha,
+                          l[i]->fan_beta, l[i]->wake, l[i]->wake_shared, l[i]->big_bytes, l[i]->big_factor, l[i]->handoff};
+    const char *vn[12] = {"alpha", "beta", "gamma", "cpu_alpha", "cpu_beta", "fan_alpha", "fan_beta", "wake", "wake_shared", "big_bytes", "big_factor", "handoff"};
+    for (int j = 0; j < 12; j++)
       if (!(v[j] >= 0) || !isfinite(v[j])) {
         snprintf(f, sizeof f, "%s.%s", ln[i], vn[j]);
         return bad(where, f, v[j], "a finite number >= 0 (seconds, per byte for beta, gamma, cpu_beta and fan_beta)");
@@ -106,6 +106,7 @@ static tdm_status link_of(const tdm_json *o, const char *path, const char *name,
   TDM__TRY(optional(o, path, name, "fan_alpha", 0, &l->fan_alpha));
   TDM__TRY(optional(o, path, name, "fan_beta", 0, &l->fan_beta));
   TDM__TRY(optional(o, path, name, "wake", 0, &l->wake));
+  TDM__TRY(optional(o, path, name, "wake_shared", 0, &l->wake_shared)); /* 0: wake (files calibrated before it) */
   TDM__TRY(optional(o, path, name, "big_bytes", 0, &l->big_bytes));
   TDM__TRY(optional(o, path, name, "big_factor", 1, &l->big_factor));
   TDM__TRY(optional(o, path, name, "fan_big_factor", 0, &l->fan_big_factor));
@@ -228,10 +229,11 @@ tdm_status tdm_sim_cluster_save(const char *path, const tdm_sim_cluster *k, cons
   for (int i = 0; i < 2; i++)
     fprintf(f,
             "  \"%s\": {\"alpha\": %.6e, \"beta\": %.6e, \"gamma\": %.6e, \"cpu_alpha\": %.6e, \"cpu_beta\": %.6e, "
-            "\"fan_alpha\": %.6e, \"fan_beta\": %.6e, \"wake\": %.6e, \"big_bytes\": %.0f, \"big_factor\": %.4f, "
+            "\"fan_alpha\": %.6e, \"fan_beta\": %.6e, \"wake\": %.6e, \"wake_shared\": %.6e, \"big_bytes\": %.0f, \"big_factor\": %.4f, "
             "\"fan_big_factor\": %.4f, \"pairwise\": %d, \"handoff\": %.6e},\n",
             i ? "inter" : "intra", l[i]->alpha, l[i]->beta, l[i]->gamma, l[i]->cpu_alpha, l[i]->cpu_beta, l[i]->fan_alpha,
-            l[i]->fan_beta, l[i]->wake, l[i]->big_bytes, l[i]->big_factor, l[i]->fan_big_factor, l[i]->pairwise, l[i]->handoff);
+            l[i]->fan_beta, l[i]->wake, l[i]->wake_shared, l[i]->big_bytes, l[i]->big_factor, l[i]->fan_big_factor, l[i]->pairwise,
+            l[i]->handoff);
   fprintf(f, "  \"compute\": {\"flops\": %.6e, \"optimizer\": %.6e, \"overhead\": %.6e, \"ranks\": %d, \"cv\": %.4f, \"model\": \"%s\"}%s\n",
           k->flops, k->optim_rate, k->overhead, k->compute_ranks, k->compute_cv, model, extra && *extra ? "," : "");
   if (extra && *extra) fprintf(f, "  %s\n", extra);

@@ -166,7 +166,14 @@ static void test_cpu_terms(void) {
   double both = tdm_sim_p2p_cost(&k, n, 0, 1);
   k.intra.wake = 0;
   CHECK_NEAR(both, wk + tdm_sim_p2p_cost(&k, n, 0, 1), 1e-15);
+  /* wake_shared, when given, is the wake-up of ranks sharing cores (the 3-rank tree on 1 core),
+   * wake that of a rank with a core of its own (2 ranks on 2 cores) */
+  double ws = 1.3e-4;
+  k.intra.wake = wk, k.intra.wake_shared = ws;
+  CHECK_NEAR(tdm_sim_p2p_cost(&k, n, 0, 1), both, 1e-15);
   k.cpu_cores = 1;
+  CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_TREE, TDM_SIM_ALLREDUCE, n, 3), (w + ws / 3) + 2 * up_edge + 2 * (w + ws / 3 + 2 * half), 1e-15);
+  k.intra.wake = 0, k.intra.wake_shared = 0;
   /* direct over 4 ranks: 3 messages at once, each way; pairwise links side by side (one alpha,
    * n/p beta), a shared link one after the other; the CPU work of all 3 either way */
   k.cpu_cores = 0;
@@ -212,6 +219,15 @@ static void test_calibration_fit(void) {
   c.pingpong = lone + wake; /* a lone message: its wire, half its work at each end, and the wake-up */
   CHECK_OK(tdm__sim_fit_link(&pt, 8, 0, &c));
   CHECK_NEAR(c.link.wake, wake, 1e-12);
+  CHECK_NEAR(c.link.wake_shared, wake, 1e-12); /* no bursts: the one ping-pong for both */
+  /* bursts in the VM's two modes: wake from the fastest, wake_shared from their mean (pingpong) */
+  tdm_sim_calibration cb2 = c;
+  const double bursts[4] = {lone + wake + 8e-5, lone + wake, lone + wake + 1e-6, lone + wake + 9e-5};
+  memcpy(cb2.pingpong_bursts, bursts, sizeof bursts), cb2.n_bursts = 4;
+  cb2.pingpong = (bursts[0] + bursts[1] + bursts[2] + bursts[3]) / 4;
+  CHECK_OK(tdm__sim_fit_link(&pt, 8, 0, &cb2));
+  CHECK_NEAR(cb2.link.wake, wake, 1e-12);
+  CHECK_NEAR(cb2.link.wake_shared, wake + 4.275e-5, 1e-12);
   CHECK_MSG(fabs(c.link.alpha / a - 1) < 1e-6 && fabs(c.link.beta / b - 1) < 1e-6, "wire: alpha %g, beta %g", c.link.alpha, c.link.beta);
   CHECK_MSG(fabs(c.link.cpu_alpha / ca - 1) < 1e-6 && fabs(c.link.cpu_beta / cb - 1) < 1e-6, "cpu: %g, %g", c.link.cpu_alpha, c.link.cpu_beta);
   CHECK_MSG(fabs(c.link.fan_alpha / fa - 1) < 1e-6 && fabs(c.link.fan_beta / fb - 1) < 1e-6, "fan: %g, %g", c.link.fan_alpha, c.link.fan_beta);
@@ -481,16 +497,18 @@ static void test_bad_input(void) {
    * plain alpha-beta-gamma link, its cores those of the node; a bad one is named */
   tdm_sim_cluster_default(&k);
   k.cores_per_node = 2, k.cpu_cores = 0.75, k.intra.cpu_alpha = 4e-5, k.inter.cpu_beta = 3e-10, k.inter.pairwise = 1;
+  k.intra.wake = 1e-5, k.intra.wake_shared = 6e-5;
   CHECK_OK(tdm_sim_cluster_save(path, &k, NULL));
   CHECK_OK(tdm_sim_cluster_load(path, &back));
   CHECK(fabs(back.cpu_cores - 0.75) < 1e-9 && fabs(back.intra.cpu_alpha - 4e-5) < 1e-15 && fabs(back.inter.cpu_beta - 3e-10) < 1e-20);
+  CHECK(fabs(back.intra.wake - 1e-5) < 1e-15 && fabs(back.intra.wake_shared - 6e-5) < 1e-15 && back.inter.wake_shared == 0);
   CHECK(back.inter.pairwise == 1 && back.intra.pairwise == 0);
   f = fopen(path, "w");
   fprintf(f, "{\"ranks_per_node\": 8, \"cores_per_node\": 2, \"threads\": 1, \"shm\": 0, \"intra\": {\"alpha\": 1e-6, \"beta\": 1e-10, \"gamma\": 0},"
              " \"inter\": {\"alpha\": 1e-6, \"beta\": 1e-10, \"gamma\": 0}, \"compute\": {\"flops\": 1e9, \"optimizer\": 1e9, \"overhead\": 0, \"ranks\": 1}}");
   fclose(f);
   CHECK_OK(tdm_sim_cluster_load(path, &back));
-  CHECK(back.cpu_cores == 2 && back.intra.cpu_alpha == 0 && back.intra.cpu_beta == 0 && back.inter.pairwise == 0);
+  CHECK(back.cpu_cores == 2 && back.intra.cpu_alpha == 0 && back.intra.cpu_beta == 0 && back.inter.pairwise == 0 && back.intra.wake_shared == 0);
   f = fopen(path, "w");
   fprintf(f, "{\"ranks_per_node\": 8, \"cores_per_node\": 2, \"threads\": 1, \"shm\": 0, \"intra\": {\"alpha\": 1e-6, \"beta\": 1e-10, \"gamma\": 0, \"pairwise\": 2},"
              " \"inter\": {\"alpha\": 1e-6, \"beta\": 1e-10, \"gamma\": 0}, \"compute\": {\"flops\": 1e9, \"optimizer\": 1e9, \"overhead\": 0, \"ranks\": 1}}");
