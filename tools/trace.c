@@ -9,7 +9,9 @@ static void usage(FILE *f) {
   fprintf(f, "usage: tandem trace merge DIR OUT.json\n\n"
              "  Merges DIR/trace.rank<R>.json (written by tandem train --trace DIR) into one Chrome trace, each\n"
              "  rank's clock moved onto rank 0's with the offsets measured at the run's start and end (recorded\n"
-             "  in OUT's otherData.tandem_clock). Open OUT in https://ui.perfetto.dev or chrome://tracing.\n");
+             "  in OUT's otherData.tandem_clock). Open OUT in https://ui.perfetto.dev or chrome://tracing.\n"
+             "  A rank's trace its run never closed (killed, crashed, stopped) is merged up to its last whole\n"
+             "  event; OUT's otherData.unclosed lists such ranks and where each stops.\n");
 }
 
 int tool_trace(int argc, char **argv) {
@@ -23,13 +25,16 @@ int tool_trace(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
-  int ranks = 0;
-  tdm_status st = tdm_trace_merge(argv[1], argv[2], &ranks);
+  int ranks = 0, unclosed = 0;
+  tdm_status st = tdm_trace_merge(argv[1], argv[2], &ranks, &unclosed);
   if (st != TDM_OK) {
     fprintf(stderr, "tandem %s\n", tdm_last_error()); /* the detail starts with "trace merge: " */
     return 1;
   }
   printf("merged %d rank%s into %s (open in https://ui.perfetto.dev or chrome://tracing)\n", ranks, ranks == 1 ? "" : "s",
          argv[2]);
+  if (unclosed) /* a run that stopped: still merged, and said */
+    printf("%d of the traces %s not closed by the run (it stopped): each is merged up to its last whole event; "
+           "otherData.unclosed says where each one ends\n", unclosed, unclosed == 1 ? "was" : "were");
   return 0;
 }

@@ -8,7 +8,7 @@
  *   ... work ...
  *   tdm_trace_span("compute", "forward", t0, tdm_trace_now(), NULL);
  *   tdm_trace_close(t);                           // writes what is left and the metadata
- *   tdm_trace_merge("traces", "merged.json", NULL);
+ *   tdm_trace_merge("traces", "merged.json", NULL, NULL);
  *
  * Off (no recorder open), every call below costs one load and one branch, and allocates and
  * writes nothing. On, each thread records into a ring of its own (lock-free: the thread writes,
@@ -93,10 +93,13 @@ tdm_status tdm_trace_set_clock(tdm_trace *t, int which, double at_s, double offs
 
 /* Reads every dir/trace.rank<R>.json, lines their clocks up with rank 0's (each rank's offsets,
  * interpolated linearly in time between the start and end measurements), and writes one Chrome
- * trace to out (a process row per rank; otherData.tandem_clock lists the offsets used). Errors:
- * no trace files, a file that is not a complete tandem trace (a run that stopped before closing
- * it), ranks missing or of different worlds. *ranks (optional) gets the number of ranks merged. */
-tdm_status tdm_trace_merge(const char *dir, const char *out, int *ranks);
+ * trace to out (a process row per rank; otherData.tandem_clock lists the offsets used). A file
+ * its run never closed (killed, crashed, stopped by the launcher) is merged up to its last whole
+ * event, with the offsets measured before it stopped; otherData.unclosed lists such ranks and
+ * where each one's last event ends. Errors: no trace files, a file that is not a tandem trace,
+ * ranks missing or of different worlds. *ranks, *unclosed (optional): the number of ranks merged,
+ * and of those whose files were not closed. */
+tdm_status tdm_trace_merge(const char *dir, const char *out, int *ranks, int *unclosed);
 
 #ifdef __cplusplus
 }

@@ -221,8 +221,16 @@ tdm_status tdm_trace_set_clock(tdm_trace *t, int which, double at_s, double offs
   pthread_mutex_lock(&t->mu);
   t->clock[which][0] = at_s, t->clock[which][1] = offset_s, t->clock[which][2] = uncertainty_s;
   t->have_clock[which] = 1;
+  tdm_status st = TDM_OK;
+  if (t->f) { /* also in the file at once: a run that never closes it keeps its offsets */
+    sep(t);
+    fprintf(t->f, "{\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"name\":\"tandem_clock\",\"args\":{\"which\":\"%s\",\"at_us\":%.3f,"
+            "\"offset_us\":%.3f,\"uncertainty_us\":%.3f}}", t->rank, which ? "end" : "start", at_s * 1e6, offset_s * 1e6,
+            uncertainty_s * 1e6);
+    st = flush_locked(t);
+  }
   pthread_mutex_unlock(&t->mu);
-  return TDM_OK;
+  return st;
 }
 
 tdm_status tdm_trace_open(tdm_trace **out, const char *dir, int rank, int world) {
@@ -248,7 +256,16 @@ tdm_status tdm_trace_open(tdm_trace **out, const char *dir, int rank, int world)
   }
   t->rank = rank, t->world = world;
   pthread_mutex_init(&t->mu, NULL);
+  /* the process row and who wrote the file first, so that a file its run never closes still says
+   * whose it is (tandem trace merge and tandem report read such files up to their last event) */
   fputs("{\"traceEvents\":[", t->f);
+  sep(t);
+  fprintf(t->f, "{\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"name\":\"process_name\",\"args\":{\"name\":\"rank %d\"}}", rank, rank);
+  sep(t);
+  fprintf(t->f, "{\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"name\":\"process_sort_index\",\"args\":{\"sort_index\":%d}}", rank, rank);
+  sep(t);
+  fprintf(t->f, "{\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"name\":\"tandem_trace\",\"args\":{\"rank\":%d,\"world\":%d}}", rank, rank,
+          world);
   if (fflush(t->f) != 0) {
     tdm_status st = tdm__set_error(TDM_ERR_IO, "--trace %s: cannot write %s: %s", dir, t->path, strerror(errno));
     fclose(t->f);
@@ -292,11 +309,7 @@ tdm_status tdm_trace_close(tdm_trace *t) {
   FILE *f = t->f;
   uint64_t dropped = 0;
   for (tbuf *b = t->threads; b; b = b->next) dropped += b->dropped;
-  /* rows: the process named by its rank, each thread by its role */
-  sep(t);
-  fprintf(f, "{\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"name\":\"process_name\",\"args\":{\"name\":\"rank %d\"}}", t->rank, t->rank);
-  sep(t);
-  fprintf(f, "{\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"name\":\"process_sort_index\",\"args\":{\"sort_index\":%d}}", t->rank, t->rank);
+  /* rows: each thread named by its role (the process's were written at the start) */
   for (tbuf *b = t->threads; b; b = b->next) {
     char nm[64];
     if (!b->name) snprintf(nm, sizeof nm, "thread %d", b->tid);

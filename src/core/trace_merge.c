@@ -9,6 +9,7 @@
 #include "core/file.h"
 #include "core/internal.h"
 #include "core/json.h"
+#include "core/trace_read.h"
 #include "tandem/trace.h"
 
 typedef struct {
@@ -17,6 +18,7 @@ typedef struct {
   const tdm_json *events;
   double at[2], off[2], unc[2]; /* microseconds */
   int have[2];
+  int unclosed; /* its run never closed the file: read up to its last whole event */
 } rank_trace;
 
 static void put_str(FILE *f, const char *s) {
@@ -80,35 +82,60 @@ static double offset_at(const rank_trace *r, double ts) {
   return r->have[0] ? r->off[0] : r->have[1] ? r->off[1] : 0;
 }
 
-static tdm_status load(const char *path, int rank, rank_trace *r) {
-  unsigned char *text = NULL;
-  int64_t n = 0;
-  TDM__TRY(tdm__file_read(path, (int64_t)1 << 34, "trace file", &text, &n));
-  tdm_status st = tdm__json_parse((const char *)text, (size_t)n, &r->doc);
-  tdm__free(text);
-  if (st != TDM_OK)
-    return tdm__set_error(TDM_ERR_FORMAT, "trace merge: %s is not complete JSON (%s): did the run stop before closing its trace?",
-                          path, tdm_last_error());
-  const tdm_json *other = tdm__json_get(r->doc, "otherData"), *fmt = other ? tdm__json_get(other, "format") : NULL;
-  r->events = tdm__json_get(r->doc, "traceEvents");
-  if (!fmt || fmt->type != TDM_JSON_STR || strcmp(fmt->str, "tandem-trace") != 0 || !r->events ||
-      r->events->type != TDM_JSON_ARR)
-    return tdm__set_error(TDM_ERR_FORMAT, "trace merge: %s is not a tandem trace (no traceEvents, or otherData.format is not "
-                          "\"tandem-trace\")", path);
+/* A clock measurement {at_us, offset_us, uncertainty_us} into slot k. */
+static tdm_status clock_of(const tdm_json *c, const char *path, const char *what, rank_trace *r, int k) {
   int ok = 1;
-  r->rank = (int)num_of(other, "rank", &ok);
-  r->world = (int)num_of(other, "world", &ok);
+  r->at[k] = num_of(c, "at_us", &ok), r->off[k] = num_of(c, "offset_us", &ok), r->unc[k] = num_of(c, "uncertainty_us", &ok);
+  if (!ok) return tdm__set_error(TDM_ERR_FORMAT, "trace merge: %s: %s lacks at_us, offset_us or uncertainty_us", path, what);
+  r->have[k] = 1;
+  return TDM_OK;
+}
+
+/* A closed trace says who wrote it and its clock in otherData; one its run never closed (read up
+ * to its last whole event) in the metadata events the recorder writes as it goes: tandem_trace
+ * (rank, world) at the start, tandem_clock with each offset measured. */
+static tdm_status load(const char *path, int rank, rank_trace *r) {
+  int unclosed = 0;
+  tdm_status st = tdm__trace_read(path, (int64_t)1 << 34, &r->doc, &unclosed);
+  if (st != TDM_OK)
+    return st == TDM_ERR_FORMAT ? tdm__set_error(TDM_ERR_FORMAT, "trace merge: %s is not a trace (%s)", path, tdm_last_error()) : st;
+  r->unclosed = unclosed;
+  r->events = tdm__json_get(r->doc, "traceEvents");
+  if (!r->events || r->events->type != TDM_JSON_ARR)
+    return tdm__set_error(TDM_ERR_FORMAT, "trace merge: %s is not a tandem trace (no traceEvents array)", path);
+  const tdm_json *other = tdm__json_get(r->doc, "otherData"), *fmt = other ? tdm__json_get(other, "format") : NULL;
+  int ok = 1;
+  if (!unclosed) {
+    if (!fmt || fmt->type != TDM_JSON_STR || strcmp(fmt->str, "tandem-trace") != 0)
+      return tdm__set_error(TDM_ERR_FORMAT, "trace merge: %s is not a tandem trace (otherData.format is not \"tandem-trace\")", path);
+    r->rank = (int)num_of(other, "rank", &ok);
+    r->world = (int)num_of(other, "world", &ok);
+    static const char *const which[2] = {"clock_start", "clock_end"};
+    for (int k = 0; k < 2; k++) {
+      const tdm_json *c = tdm__json_get(other, which[k]);
+      char what[40];
+      snprintf(what, sizeof what, "otherData.%s", which[k]);
+      if (c) TDM__TRY(clock_of(c, path, what, r, k));
+    }
+  } else {
+    int found = 0;
+    for (int i = 0; i < r->events->n; i++) {
+      const tdm_json *e = &r->events->items[i], *nm = tdm__json_get(e, "name"), *args = tdm__json_get(e, "args");
+      if (!nm || nm->type != TDM_JSON_STR || !args) continue;
+      if (!strcmp(nm->str, "tandem_trace")) {
+        r->rank = (int)num_of(args, "rank", &ok), r->world = (int)num_of(args, "world", &ok), found = 1;
+      } else if (!strcmp(nm->str, "tandem_clock")) {
+        const tdm_json *w = tdm__json_get(args, "which");
+        int k = w && w->type == TDM_JSON_STR && !strcmp(w->str, "end");
+        TDM__TRY(clock_of(args, path, "a tandem_clock event", r, k));
+      }
+    }
+    if (!found)
+      return tdm__set_error(TDM_ERR_FORMAT, "trace merge: %s was not closed by its run, and lacks the tandem_trace event that would say "
+                            "whose it is (written by an earlier version?)", path);
+  }
   if (!ok || r->rank != rank)
     return tdm__set_error(TDM_ERR_FORMAT, "trace merge: %s says it is rank %d; its name says rank %d", path, r->rank, rank);
-  static const char *const which[2] = {"clock_start", "clock_end"};
-  for (int k = 0; k < 2; k++) {
-    const tdm_json *c = tdm__json_get(other, which[k]);
-    if (!c) continue;
-    int cok = 1;
-    r->at[k] = num_of(c, "at_us", &cok), r->off[k] = num_of(c, "offset_us", &cok), r->unc[k] = num_of(c, "uncertainty_us", &cok);
-    if (!cok) return tdm__set_error(TDM_ERR_FORMAT, "trace merge: %s: otherData.%s lacks at_us, offset_us or uncertainty_us", path, which[k]);
-    r->have[k] = 1;
-  }
   return TDM_OK;
 }
 
@@ -203,6 +230,20 @@ static tdm_status merge(const char *dir, const char *out, rank_trace *rs, int *n
                 rs[i].unc[k]);
     fputc('}', f);
   }
+  /* ranks whose runs never closed their files, and where (on the merged clock) each one's last
+   * event ends: a rank that stopped long before the others is where to look */
+  fputs("],\"unclosed\":[", f);
+  for (int i = 0, k = 0; i < *nr; i++) {
+    if (!rs[i].unclosed) continue;
+    double last = 0;
+    for (int j = 0; j < rs[i].events->n; j++) {
+      int ok = 1;
+      double ts = num_of(&rs[i].events->items[j], "ts", &ok), dur = num_of(&rs[i].events->items[j], "dur", &ok);
+      double end = ts + offset_at(&rs[i], ts) - base + (ok ? dur : 0);
+      if (tdm__json_get(&rs[i].events->items[j], "ts") && end > last) last = end;
+    }
+    fprintf(f, "%s{\"rank\":%d,\"last_us\":%.3f}", k++ ? "," : "", i, last);
+  }
   fputs("]}}\n", f);
   int bad = ferror(f) != 0;
   if (fclose(f) != 0) bad = 1;
@@ -222,15 +263,17 @@ static tdm_status merge(const char *dir, const char *out, rank_trace *rs, int *n
   return TDM_OK;
 }
 
-tdm_status tdm_trace_merge(const char *dir, const char *out, int *ranks) {
+tdm_status tdm_trace_merge(const char *dir, const char *out, int *ranks, int *unclosed) {
   if (!dir || !out) return tdm__set_error(TDM_ERR_INVALID_ARG, "trace merge: NULL argument");
   enum { CAP = 4096 };
   rank_trace *rs = tdm__calloc(CAP, sizeof *rs);
   if (!rs) return tdm__set_error(TDM_ERR_NO_MEMORY, "trace merge: out of memory");
   int nr = 0;
   tdm_status st = merge(dir, out, rs, &nr, CAP);
-  for (int i = 0; i < nr; i++) tdm__json_free(rs[i].doc);
+  int open_ones = 0;
+  for (int i = 0; i < nr; i++) open_ones += rs[i].unclosed, tdm__json_free(rs[i].doc);
   tdm__free(rs);
   if (st == TDM_OK && ranks) *ranks = nr;
+  if (st == TDM_OK && unclosed) *unclosed = open_ones;
   return st;
 }

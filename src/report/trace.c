@@ -10,9 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/file.h"
 #include "core/internal.h"
 #include "core/json.h"
+#include "core/trace_read.h"
 
 static int has(const char *s, const char *w) { return s && strstr(s, w) != NULL; }
 
@@ -89,13 +89,13 @@ static const char *str(const tdm_json *o, const char *k) {
 }
 
 tdm_status tdm__trace_add_file(tdm__trace *t, const char *path) {
-  unsigned char *buf = NULL;
-  int64_t len = 0;
-  TDM__TRY(tdm__file_read(path, (int64_t)2 << 30, "trace file", &buf, &len));
   tdm_json *doc = NULL;
-  tdm_status st = tdm__json_parse((const char *)buf, (size_t)len, &doc);
-  tdm__free(buf);
-  if (st != TDM_OK) return tdm__set_error(TDM_ERR_FORMAT, "%s: not read as a trace: not JSON (%s)", path, tdm_last_error());
+  int unclosed = 0;
+  tdm_status st = tdm__trace_read(path, (int64_t)2 << 30, &doc, &unclosed);
+  if (st == TDM_ERR_FORMAT) return tdm__set_error(TDM_ERR_FORMAT, "%s: not read as a trace: not JSON (%s)", path, tdm_last_error());
+  TDM__TRY(st);
+  if (unclosed && t->n_notes < 4) /* a run that stopped: its events up to the last flush still count */
+    snprintf(t->notes[t->n_notes++], sizeof t->notes[0], "%s was not closed by its run (it stopped): read up to its last whole event", path);
   const tdm_json *ev = doc->type == TDM_JSON_ARR ? doc : tdm__json_get(doc, "traceEvents");
   if (!ev || ev->type != TDM_JSON_ARR) {
     tdm__json_free(doc);

@@ -14,6 +14,7 @@
 #include "core/json.h"
 #include "core/file.h"
 #include "core/internal.h"
+#include "core/trace_read.h"
 #include "tandem/tandem.h"
 #include "tdm_test.h"
 
@@ -240,7 +241,7 @@ static void test_ranks_as_threads(void) {
   char out[400];
   snprintf(out, sizeof out, "%s/merged.json", dir);
   int ranks = 0;
-  CHECK_OK(tdm_trace_merge(sub, out, &ranks));
+  CHECK_OK(tdm_trace_merge(sub, out, &ranks, NULL));
   CHECK(ranks == P);
   tdm_json *m = load(out);
   CHECK(m != NULL);
@@ -282,7 +283,7 @@ static void test_merge_offsets(void) {
                  "\"otherData\":{\"format\":\"tandem-trace\",\"rank\":1,\"world\":2,"
                  "\"clock_start\":{\"at_us\":1000,\"offset_us\":500,\"uncertainty_us\":3},"
                  "\"clock_end\":{\"at_us\":3000,\"offset_us\":700,\"uncertainty_us\":4}}}");
-  CHECK_OK(tdm_trace_merge(sub, out, NULL));
+  CHECK_OK(tdm_trace_merge(sub, out, NULL, NULL));
   tdm_json *m = load(out);
   CHECK(m != NULL);
   if (!m) return;
@@ -302,17 +303,100 @@ static void test_merge_offsets(void) {
 
   /* refused: a rank missing, a truncated file, no traces at all */
   remove(p0);
-  CHECK(tdm_trace_merge(sub, out, NULL) != TDM_OK);
+  CHECK(tdm_trace_merge(sub, out, NULL, NULL) != TDM_OK);
   CHECK_ERR_HAS("lacks the trace of rank 0");
-  write_file(p0, "{\"traceEvents\":[{\"ph\":\"X\",\"pid\":0,");
-  CHECK(tdm_trace_merge(sub, out, NULL) == TDM_ERR_FORMAT);
-  CHECK_ERR_HAS("trace.rank0.json is not complete JSON");
+  write_file(p0, "{\"traceEvents\":[{\"ph\":\"X\",\"pid\":0,"); /* unclosed, and from no recorder of ours */
+  CHECK(tdm_trace_merge(sub, out, NULL, NULL) == TDM_ERR_FORMAT);
+  CHECK_ERR_HAS("trace.rank0.json was not closed by its run, and lacks the tandem_trace event");
+  write_file(p0, "not JSON at all");
+  CHECK(tdm_trace_merge(sub, out, NULL, NULL) == TDM_ERR_FORMAT);
+  CHECK_ERR_HAS("trace.rank0.json is not a trace");
   remove(p0);
   remove(p1);
-  CHECK(tdm_trace_merge(sub, out, NULL) != TDM_OK);
+  CHECK(tdm_trace_merge(sub, out, NULL, NULL) != TDM_OK);
   CHECK_ERR_HAS("holds no trace.rank<R>.json files");
   rmdir(sub);
   remove(out);
+}
+
+/* ---- a trace its run never closed ------------------------------------------------------------
+ * A killed rank leaves its file as last flushed: the header, the spans flushed so far, the clock
+ * offsets measured; or cut inside an event, where stdio flushed a full buffer part-way. The merge
+ * takes every whole event, moves it by the offsets the file holds, and lists the rank as
+ * unclosed with where its last event ends; tandem report's reader takes the same events. */
+static char *slurp(const char *path, int64_t *n) {
+  unsigned char *t = NULL;
+  return tdm__file_read(path, 1 << 30, "trace", &t, n) == TDM_OK ? (char *)t : NULL;
+}
+
+static void test_unclosed(void) {
+  char sub[300], out[400], p1[400];
+  snprintf(sub, sizeof sub, "%s/unclosed", dir);
+  snprintf(out, sizeof out, "%s/unclosed.json", dir);
+  snprintf(p1, sizeof p1, "%s/trace.rank1.json", sub);
+  /* rank 0 closes its trace; rank 1 records two spans, its start offset (rank 0's clock 250 us
+   * ahead), flushes, then a third span that is never flushed, and is killed */
+  tdm_trace *t0 = NULL, *t1 = NULL;
+  CHECK_OK(tdm_trace_open(&t0, sub, 0, 2));
+  tdm_trace_span("compute", "forward", 0.010, 0.011, NULL);
+  CHECK_OK(tdm_trace_close(t0));
+  CHECK_OK(tdm_trace_open(&t1, sub, 1, 2));
+  CHECK_OK(tdm_trace_set_clock(t1, 0, 0.009, 250e-6, 2e-6));
+  tdm_trace_span("compute", "forward", 0.010, 0.012, NULL);
+  tdm_trace_span("compute", "backward", 0.012, 0.015, NULL);
+  CHECK_OK(tdm_trace_flush(t1));
+  int64_t n = 0;
+  char *flushed = slurp(p1, &n);
+  CHECK(flushed != NULL);
+  tdm_trace_span("compute", "optimizer", 0.015, 0.016, NULL);
+  CHECK_OK(tdm_trace_close(t1));
+  tdm_trace_attach(NULL);
+  if (!flushed) return;
+  /* as flushed (ends after an event), and cut 9 bytes into... the last event (a part-way flush) */
+  for (int cut = 0; cut < 2; cut++) {
+    FILE *f = fopen(p1, "w");
+    fwrite(flushed, 1, (size_t)(n - (cut ? 9 : 0)), f);
+    fclose(f);
+    int ranks = 0, unclosed = 0;
+    CHECK_OK(tdm_trace_merge(sub, out, &ranks, &unclosed));
+    CHECK(ranks == 2 && unclosed == 1);
+    tdm_json *m = load(out);
+    CHECK(m != NULL);
+    if (!m) break;
+    const tdm_json *evs = tdm__json_get(m, "traceEvents");
+    double fwd1 = NAN, bwd1 = NAN, fwd0 = NAN;
+    int opt = 0;
+    for (int i = 0; i < evs->n; i++) {
+      const tdm_json *e = &evs->items[i];
+      if (num_of(e, "pid") == 1 && !strcmp(str_of(e, "name"), "forward")) fwd1 = num_of(e, "ts");
+      if (num_of(e, "pid") == 1 && !strcmp(str_of(e, "name"), "backward")) bwd1 = num_of(e, "ts");
+      if (num_of(e, "pid") == 0 && !strcmp(str_of(e, "name"), "forward")) fwd0 = num_of(e, "ts");
+      opt += !strcmp(str_of(e, "name"), "optimizer");
+    }
+    /* rank 0's forward at 10,000 us is time 0; rank 1's, at local 10,000 us, is 250 us later on
+     * rank 0's clock; the unflushed optimizer is lost, and the cut one loses backward too */
+    CHECK_NEAR(fwd0, 0, 1e-6);
+    CHECK_NEAR(fwd1, 250, 1e-6);
+    CHECK(opt == 0);
+    if (cut) CHECK_MSG(isnan(bwd1), "the cut event was read: %g", bwd1);
+    else CHECK_NEAR(bwd1, 2250, 1e-6);
+    const tdm_json *uc = tdm__json_get(tdm__json_get(m, "otherData"), "unclosed");
+    CHECK(uc && uc->type == TDM_JSON_ARR && uc->n == 1);
+    if (uc && uc->n == 1) {
+      CHECK(num_of(&uc->items[0], "rank") == 1);
+      CHECK_NEAR(num_of(&uc->items[0], "last_us"), cut ? 2250 : 5250, 1e-6);
+    }
+    tdm_json *doc = NULL;
+    int open_one = 0;
+    CHECK_OK(tdm__trace_read(p1, 1 << 30, &doc, &open_one));
+    CHECK(open_one == 1 && doc && tdm__json_get(doc, "traceEvents")->n == (cut ? 5 : 6)); /* 4 metadata events, the spans */
+    tdm__json_free(doc);
+    tdm__json_free(m);
+  }
+  tdm__free(flushed);
+  char cmd[1000];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", sub, out);
+  CHECK(system(cmd) == 0);
 }
 
 int main(void) {
@@ -325,6 +409,7 @@ int main(void) {
       {"bad_dir", test_bad_dir},
       {"ranks_as_threads", test_ranks_as_threads},
       {"merge_offsets", test_merge_offsets},
+      {"unclosed", test_unclosed},
   };
   int rc = tdm_test_main(cases, (int)(sizeof cases / sizeof cases[0]));
   char cmd[300];
