@@ -6,7 +6,9 @@
 #                MEAN=1 summary: their mean; up to 256 KiB in PASSES (3) passes over every pair, minutes
 #                apart, and each point the median of its passes: the host's scheduling regimes last
 #                seconds and moved one pass's 8-rank points by 35-44%),
-#                tandem simulate --collectives predicts from a calibration at the same world size
+#                tandem simulate --collectives predicts from a calibration at the same world size just
+#                before, one per pass, each point the median of their predictions (the calibrations
+#                meet the regimes too: a message's CPU time at 8 ranks 24-41 us from one to the next)
 #   training     data-parallel training of the MLP (200 steps) and GPT mini (40) at 1, 2 and 4
 #                ranks, emulated 100us,1gbps and 100us,10gbps: the median step of tandem train's
 #                metrics against tandem simulate's step, from a calibration at that world size
@@ -78,7 +80,7 @@ collectives() {
       local l0; l0=$(load)
       # up to 256 KiB the median of 41 iterations after 20 (a few milliseconds each: a step's wake-ups and
       # sleeps vary 20-30% from one to the next), beyond it of 5
-      rm -f "$OUT/coll-m$n-$a".small*.json "$OUT/coll-l$n-$a"
+      rm -f "$OUT/coll-m$n-$a".small*.json "$OUT/coll-l$n-$a" "$OUT/coll-[cp]$n-$a".p*.json
       small $n $a 1 && TANDEM_TRANSPORT=tcp TANDEM_NET_EMULATE=$emu N timeout 900 "$T" run -n $n -- "$T" bench allreduce -b 1M -e 64M -f 4 \
         -n 5 -w 2 -c 0 -a $a -J "$OUT/coll-m$n-$a.large.json" >/dev/null 2>&1 || { echo "bench $a at $n ranks failed"; continue; }
       echo "$l0 $(load)" >"$OUT/coll-l$n-$a"
@@ -89,6 +91,8 @@ collectives() {
   for pass in $(seq 2 ${PASSES:-3}); do
     for n in ${RANKS:-2 3 4 8}; do for a in ${ALGOS:-ring rd rhd tree direct}; do
       [[ -f $OUT/coll-l$n-$a ]] || continue
+      calibrate $n 100us,1gbps "$OUT/coll-c$n-$a.p$pass.json" >/dev/null &&
+        predict_coll "$T" "$OUT/coll-c$n-$a.p$pass.json" $n "$OUT/coll-p$n-$a.p$pass.json"
       small $n $a $pass || echo "bench $a at $n ranks failed (pass $pass)"
       read -r l0 l1 <"$OUT/coll-l$n-$a" && echo "$l0 $(/usr/bin/python3 -c "print(max($l1, $(load)))")" >"$OUT/coll-l$n-$a"
     done; done
@@ -115,7 +119,9 @@ def preds(path):
         r = json.loads(line)
         if r["algo"] == a: got[r["bytes"]] = r["allreduce_s"]
     return got
-pred, base = preds("%s/coll-p%s-%s.json" % (out, n, a)), preds("%s/coll-q%s-%s.json" % (out, n, a))
+# the median of the passes' predictions (each from its own calibration), the first's as the base
+ps = [preds(f) for f in ["%s/coll-p%s-%s.json" % (out, n, a)] + sorted(glob.glob("%s/coll-p%s-%s.p*.json" % (out, n, a)))]
+pred, base = {s: statistics.median(p[s] for p in ps) for s in ps[0]}, preds("%s/coll-q%s-%s.json" % (out, n, a))
 load = max(map(float, open("%s/coll-l%s-%s" % (out, n, a)).read().split()))
 passes = [json.load(open(f)) for f in sorted(glob.glob("%s/coll-m%s-%s.small.p*.json" % (out, n, a)))]
 merged = []
@@ -287,16 +293,19 @@ EOF
 
 repredict() { # every prediction again with $T from the same calibration files; the old ones become the base column
   /usr/bin/python3 - "$OUT" "$T" "${MLP[*]}" "${GPT[*]}" <<'EOF'
-import json, os, subprocess, sys
+import glob, json, os, statistics, subprocess, sys
 out, T = sys.argv[1], sys.argv[2]
 MLP, GPT = sys.argv[3].split(), sys.argv[4].split()
 def sim(args): return subprocess.run([T, "simulate"] + args, capture_output=True, text=True, check=True).stdout
 preds, rows = {}, []
 for l in open(out + "/coll.tsv"):
     a, n, size, m, p, b, load, *mean = l.rstrip("\n").split("\t")
-    if (a, n) not in preds:
-        js = sim(["--collectives", "--cluster", "%s/coll-c%s-%s.json" % (out, n, a), "--ranks", n, "--min-bytes", "1K", "--max-bytes", "64M", "--json"])
-        preds[(a, n)] = {r["bytes"]: r["allreduce_s"] for r in map(json.loads, js.splitlines()) if r["algo"] == a}
+    if (a, n) not in preds: # each pass's calibration (validations before passes had one), the median
+        ps = []
+        for c in ["%s/coll-c%s-%s.json" % (out, n, a)] + sorted(glob.glob("%s/coll-c%s-%s.p*.json" % (out, n, a))):
+            js = sim(["--collectives", "--cluster", c, "--ranks", n, "--min-bytes", "1K", "--max-bytes", "64M", "--json"])
+            ps.append({r["bytes"]: r["allreduce_s"] for r in map(json.loads, js.splitlines()) if r["algo"] == a})
+        preds[(a, n)] = {s: statistics.median(p[s] for p in ps) for s in ps[0]}
     rows.append("\t".join([a, n, size, m, "%.6e" % preds[(a, n)][int(size)], p, load] + mean))
 open(out + "/coll.tsv", "w").write("\n".join(rows) + "\n")
 rows = []
