@@ -444,8 +444,46 @@ static void test_engine_and_optimizer_values(void) {
   CHECK(tdm_train_run(&tc, &res) == TDM_ERR_INVALID_ARG);
 }
 
+/* A thread-transport rank that destroys its communicator while its peer waits for it: the peer
+ * hears it at once, naming that rank (it waited out its 20 s timeout), as a closed connection
+ * over tcp is heard; what was sent before the destroy still arrives. */
+typedef struct {
+  two_head h;
+  tdm_status st;
+  double waited;
+  float got;
+  char why[400];
+} gone_rank;
+static void *gone_rank_main(void *arg) {
+  gone_rank *a = arg;
+  tdm_comm_t c;
+  if ((a->st = join_two(&a->h, &c)) != TDM_OK) return NULL;
+  a->st = tdm_comm_barrier(c);
+  float v = 7;
+  if (a->st == TDM_OK && a->h.rank == 1) {
+    a->st = tdm_comm_send(c, 0, 3, &v, sizeof v); /* one message, then gone */
+  } else if (a->st == TDM_OK) {
+    double t0 = tdm_time_now();
+    a->st = tdm_comm_recv(c, 1, 3, &a->got, sizeof a->got);
+    if (a->st == TDM_OK) a->st = tdm_comm_recv(c, 1, 3, &v, sizeof v); /* never sent */
+    a->waited = tdm_time_now() - t0;
+    snprintf(a->why, sizeof a->why, "%s", a->st != TDM_OK ? tdm_last_error() : "");
+  }
+  tdm_comm_destroy(c);
+  return NULL;
+}
+static void test_peer_that_left(void) {
+  gone_rank r[2];
+  memset(r, 0, sizeof r);
+  run_two(gone_rank_main, r, sizeof r[0]);
+  CHECK_OK(r[1].st);
+  CHECK(r[0].got == 7);
+  CHECK_MSG(r[0].st == TDM_ERR_REMOTE && strstr(r[0].why, "rank 1 destroyed its communicator"), "%s", r[0].why);
+  CHECK_MSG(r[0].waited < 10, "rank 0 waited %.1f s for a rank that had left", r[0].waited);
+}
+
 TDM_TEST_MAIN(T(test_shapes_whose_size_overflows), T(test_arena_and_shared_sizes), T(test_checksum_and_latest),
               T(test_rows_casts_and_data), T(test_reductions_and_empty_ops), T(test_init_specs_and_forward),
               T(test_simulator_and_trace_values), T(test_sampler_rules),
               T(test_counts_views_and_messages), T(test_failed_checkpoint_leaves_nothing),
-              T(test_ranks_with_other_engines), T(test_engine_and_optimizer_values))
+              T(test_ranks_with_other_engines), T(test_engine_and_optimizer_values), T(test_peer_that_left))

@@ -31,6 +31,8 @@ typedef struct tdm__thread_group {
   tdm_status fail_status;
   char reason[512];
   unsigned char *joined; /* joined[r]: a communicator of rank r is in the group now */
+  unsigned char *left;   /* left[r]: rank r's communicator was destroyed (until it joins again): what it
+                            had not sent by then never comes, and a receive from it fails at once */
 } group;
 
 typedef struct {
@@ -45,9 +47,11 @@ tdm_status tdm_comm_thread_group_create(void **out, int size) {
   if (!g) return tdm__set_error(TDM_ERR_NO_MEMORY, "thread_group_create: out of memory");
   g->q = tdm__calloc((size_t)size * (size_t)size, sizeof(queue));
   g->joined = tdm__calloc((size_t)size, 1);
-  if (!g->q || !g->joined) {
+  g->left = tdm__calloc((size_t)size, 1);
+  if (!g->q || !g->joined || !g->left) {
     tdm__free(g->q);
     tdm__free(g->joined);
+    tdm__free(g->left);
     tdm__free(g);
     return tdm__set_error(TDM_ERR_NO_MEMORY, "thread_group_create: out of memory");
   }
@@ -74,6 +78,7 @@ void tdm_comm_thread_group_destroy(void *vg) {
   pthread_cond_destroy(&g->cv);
   tdm__free(g->q);
   tdm__free(g->joined);
+  tdm__free(g->left);
   tdm__free(g);
 }
 
@@ -111,7 +116,7 @@ static tdm_status run(tdm__transport *t, tdm__xfer *x, int n, double deadline) {
   for (int i = 0; i < n && st == TDM_OK; i++) {
     if (x[i].is_send) continue;
     queue *q = &g->q[x[i].peer * g->size + me];
-    while (!q->head && !g->failed) {
+    while (!q->head && !g->failed && !g->left[x[i].peer]) {
       double left = deadline - tdm_time_now();
       if (left <= 0) {
         char b[160];
@@ -125,6 +130,12 @@ static tdm_status run(tdm__transport *t, tdm__xfer *x, int n, double deadline) {
       ts.tv_sec = (time_t)wake;
       ts.tv_nsec = (long)((wake - (double)ts.tv_sec) * 1e9);
       pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+    }
+    if (!q->head && !g->failed) { /* the peer is gone: as a closed connection over tcp */
+      char b[160];
+      st = tdm__set_error(TDM_ERR_REMOTE, "rank %d: %s: rank %d destroyed its communicator before sending what this rank waits for",
+                          c->rank, tdm__call_str(&c->cur, b, sizeof b), tdm__comm_rank_of(c, x[i].peer));
+      goto out;
     }
     if (!q->head) { /* failed while we waited */
       st = tdm__set_error(g->fail_status, "%s", g->reason);
@@ -169,6 +180,8 @@ static void thread_destroy(tdm__transport *t) {
   group *g = ((thread_tr *)t)->g;
   pthread_mutex_lock(&g->mu);
   g->joined[t->rank] = 0;
+  g->left[t->rank] = 1;
+  pthread_cond_broadcast(&g->cv); /* a rank waiting on this one hears it now, not at its timeout */
   pthread_mutex_unlock(&g->mu);
   tdm__free(t);
 }
@@ -177,7 +190,7 @@ static int thread_pending(tdm__transport *t, int peer, int slow) {
   (void)slow;
   group *g = ((thread_tr *)t)->g;
   pthread_mutex_lock(&g->mu);
-  int r = g->failed || g->q[peer * g->size + t->rank].head != NULL;
+  int r = g->failed || g->left[peer] || g->q[peer * g->size + t->rank].head != NULL;
   pthread_mutex_unlock(&g->mu);
   return r;
 }
@@ -243,6 +256,7 @@ tdm_status tdm__thread_transport_create(tdm__transport **out, struct tdm_comm *c
   pthread_mutex_lock(&g->mu);
   int twice = g->joined[c->rank];
   g->joined[c->rank] = 1;
+  if (!twice) g->left[c->rank] = 0;
   pthread_mutex_unlock(&g->mu);
   if (twice)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "comm_create: rank %d already joined this thread group (each of its %d threads takes "
