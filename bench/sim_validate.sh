@@ -80,7 +80,7 @@ collectives() {
       local l0; l0=$(load)
       # up to 256 KiB the median of 41 iterations after 20 (a few milliseconds each: a step's wake-ups and
       # sleeps vary 20-30% from one to the next), beyond it of 5
-      rm -f "$OUT/coll-m$n-$a".small*.json "$OUT/coll-l$n-$a" "$OUT/coll-[cp]$n-$a".p*.json
+      rm -f "$OUT/coll-m$n-$a".small*.json "$OUT/coll-l$n-$a" "$OUT"/coll-[cp]"$n-$a".p*.json
       small $n $a 1 && TANDEM_TRANSPORT=tcp TANDEM_NET_EMULATE=$emu N timeout 900 "$T" run -n $n -- "$T" bench allreduce -b 1M -e 64M -f 4 \
         -n 5 -w 2 -c 0 -a $a -J "$OUT/coll-m$n-$a.large.json" >/dev/null 2>&1 || { echo "bench $a at $n ranks failed"; continue; }
       echo "$l0 $(load)" >"$OUT/coll-l$n-$a"
@@ -91,8 +91,10 @@ collectives() {
   for pass in $(seq 2 ${PASSES:-3}); do
     for n in ${RANKS:-2 3 4 8}; do for a in ${ALGOS:-ring rd rhd tree direct}; do
       [[ -f $OUT/coll-l$n-$a ]] || continue
-      calibrate $n 100us,1gbps "$OUT/coll-c$n-$a.p$pass.json" >/dev/null &&
-        predict_coll "$T" "$OUT/coll-c$n-$a.p$pass.json" $n "$OUT/coll-p$n-$a.p$pass.json"
+      calibrate $n 100us,1gbps "$OUT/coll-c$n-$a.p$pass.json" >/dev/null
+      # a calibration that failed leaves no prediction for this pass (the median is of the others)
+      [[ -s $OUT/coll-c$n-$a.p$pass.json ]] && predict_coll "$T" "$OUT/coll-c$n-$a.p$pass.json" $n "$OUT/coll-p$n-$a.p$pass.json" ||
+        rm -f "$OUT/coll-c$n-$a.p$pass.json" "$OUT/coll-p$n-$a.p$pass.json"
       small $n $a $pass || echo "bench $a at $n ranks failed (pass $pass)"
       read -r l0 l1 <"$OUT/coll-l$n-$a" && echo "$l0 $(/usr/bin/python3 -c "print(max($l1, $(load)))")" >"$OUT/coll-l$n-$a"
     done; done

@@ -34,7 +34,7 @@ int tool_trace(int argc, char **argv) {
   printf("merged %d rank%s into %s (open in https://ui.perfetto.dev or chrome://tracing)\n", ranks, ranks == 1 ? "" : "s",
          argv[2]);
   if (unclosed) /* a run that stopped: still merged, and said */
-    printf("%d of the traces %s not closed by the run (it stopped): each is merged up to its last whole event; "
-           "otherData.unclosed says where each one ends\n", unclosed, unclosed == 1 ? "was" : "were");
+    printf("%d of the traces %s not closed (the run stopped, or the file's end is damaged): each is merged up to its last "
+           "whole event; otherData.unclosed says where each one ends\n", unclosed, unclosed == 1 ? "was" : "were");
   return 0;
 }

@@ -27,6 +27,7 @@ typedef struct tbuf {
   const char *name;
   uint64_t head, tail; /* head: written by the thread; tail: by the flush (atomics) */
   uint64_t dropped;
+  int rowed; /* its thread row (name, order) is in the file: written before its first events */
   ev ring[RING];
 } tbuf;
 
@@ -181,11 +182,27 @@ static void put_event(tdm_trace *t, int tid, const ev *e) {
   }
 }
 
+/* The thread's row: its name (its role, or "thread N") and its place, before its first events, so
+ * that a file its run never closes still names its rows. Under t->mu. */
+static void put_row(tdm_trace *t, tbuf *b) {
+  char nm[64];
+  if (!b->name) snprintf(nm, sizeof nm, "thread %d", b->tid);
+  sep(t);
+  fprintf(t->f, "{\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"name\":\"thread_name\",\"args\":{\"name\":", t->rank, b->tid);
+  put_str(t->f, b->name ? b->name : nm);
+  fputs("}}", t->f);
+  sep(t);
+  fprintf(t->f, "{\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"name\":\"thread_sort_index\",\"args\":{\"sort_index\":%d}}", t->rank, b->tid,
+          b->tid);
+  b->rowed = 1;
+}
+
 /* Under t->mu. */
 static tdm_status flush_locked(tdm_trace *t) {
   if (!t->f) return TDM_OK;
   for (tbuf *b = t->threads; b; b = b->next) {
     uint64_t h = __atomic_load_n(&b->head, __ATOMIC_ACQUIRE), k = b->tail;
+    if (k < h && !b->rowed) put_row(t, b);
     for (; k < h; k++) put_event(t, b->tid, &b->ring[k % RING]);
     __atomic_store_n(&b->tail, k, __ATOMIC_RELEASE);
   }
@@ -309,18 +326,9 @@ tdm_status tdm_trace_close(tdm_trace *t) {
   FILE *f = t->f;
   uint64_t dropped = 0;
   for (tbuf *b = t->threads; b; b = b->next) dropped += b->dropped;
-  /* rows: each thread named by its role (the process's were written at the start) */
-  for (tbuf *b = t->threads; b; b = b->next) {
-    char nm[64];
-    if (!b->name) snprintf(nm, sizeof nm, "thread %d", b->tid);
-    sep(t);
-    fprintf(f, "{\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"name\":\"thread_name\",\"args\":{\"name\":", t->rank, b->tid);
-    put_str(f, b->name ? b->name : nm);
-    fputs("}}", f);
-    sep(t);
-    fprintf(f, "{\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"name\":\"thread_sort_index\",\"args\":{\"sort_index\":%d}}", t->rank,
-            b->tid, b->tid);
-  }
+  /* the rows of threads that recorded nothing yet (the process's were written at the start) */
+  for (tbuf *b = t->threads; b; b = b->next)
+    if (!b->rowed) put_row(t, b);
   fprintf(f, "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{\"format\":\"tandem-trace\",\"version\":1,\"rank\":%d,\"world\":%d,"
              "\"clock_unit\":\"us\",\"dropped\":%llu",
           t->rank, t->world, (unsigned long long)dropped);

@@ -28,21 +28,22 @@ static tdm_status close_at(const char *text, size_t cut, tdm_json **doc) {
 tdm_status tdm__trace_parse(const char *text, size_t n, tdm_json **doc, int *unclosed) {
   *doc = NULL, *unclosed = 0;
   tdm_status st = tdm__json_parse(text, n, doc);
-  if (st == TDM_OK) return TDM_OK;
+  if (st == TDM_OK || st == TDM_ERR_NO_MEMORY) return st;
   char why[320];
   snprintf(why, sizeof why, "%s", tdm_last_error());
   size_t h = sizeof header - 1;
   if (n < h || memcmp(text, header, h) != 0) return tdm__set_error(st, "%s", why); /* not a tandem recorder's file */
   /* the whole text as it stands (it ended after an event), then cut before each of the last few
    * line starts (it ended inside one: a buffer flushed part-way) */
-  if (close_at(text, n, doc) == TDM_OK) return *unclosed = 1, TDM_OK;
+  if ((st = close_at(text, n, doc)) == TDM_OK) return *unclosed = 1, TDM_OK;
   size_t at = n;
-  for (int tries = 0; tries < 4; tries++) {
+  for (int tries = 0; tries < 4 && st != TDM_ERR_NO_MEMORY; tries++) {
     while (at > h && text[at - 1] != '\n') at--;
     at = at > h ? at - 1 : h; /* before the newline that starts the line, or right after the header: no events */
-    if (close_at(text, at, doc) == TDM_OK) return *unclosed = 1, TDM_OK;
+    if ((st = close_at(text, at, doc)) == TDM_OK) return *unclosed = 1, TDM_OK;
     if (at == h) break;
   }
+  if (st == TDM_ERR_NO_MEMORY) return st;
   return tdm__set_error(TDM_ERR_FORMAT, "%s", why);
 }
 

@@ -6,6 +6,7 @@
  * for bit, abandoned non-blocking handles, and the environment's error messages. */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <unistd.h>
 
 #include "comm/comm_impl.h" /* tdm__parse_net_emulate, tdm__blocks */
 #include "multirank/mismatch.h"
@@ -402,18 +403,25 @@ static void count_mismatch_body(ctx_t *x) {
   CHECK_MSG(strstr(tdm_last_error(), "1000 x f32") && strstr(tdm_last_error(), "999 x f32"), "%s", tdm_last_error());
 }
 
+static atomic_int timed_out;
 static void timeout_body(ctx_t *x) {
-  if (x->r != 0) return; /* rank 1 never joins */
+  if (x->r != 0) { /* rank 1 never joins the call: it stays, silent, until rank 0 has timed out (had it
+                    * destroyed its communicator, rank 0 would hear that at once instead) */
+    for (int i = 0; i < 1000 && !atomic_load(&timed_out); i++) usleep(10000);
+    return;
+  }
   double t0 = tdm_time_now();
   float v = 1;
   CHECK(tdm_comm_allreduce(x->c, &v, &v, 1, TDM_F32, TDM_SUM, TDM_ALGO_AUTO) == TDM_ERR_TIMEOUT);
   CHECK_ERR_HAS("waiting for rank 1");
   CHECK(tdm_time_now() - t0 < 5);
+  atomic_store(&timed_out, 1);
 }
 
 static void test_mismatch_and_timeout(void) {
   run_world(2, mismatch_body, 10);
   run_world(2, count_mismatch_body, 10);
+  atomic_store(&timed_out, 0);
   run_world(2, timeout_body, 0.3);
 }
 

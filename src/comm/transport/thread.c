@@ -31,14 +31,20 @@ typedef struct tdm__thread_group {
   tdm_status fail_status;
   char reason[512];
   unsigned char *joined; /* joined[r]: a communicator of rank r is in the group now */
-  unsigned char *left;   /* left[r]: rank r's communicator was destroyed (until it joins again): what it
-                            had not sent by then never comes, and a receive from it fails at once */
+  uint64_t clock;        /* counts joins and leaves: their order */
+  uint64_t *left;        /* left[r]: when rank r's communicator was destroyed (0: never, or it joined again).
+                            What it had not sent by then never comes: a rank that joined before that
+                            fails a receive from it at once; one that joined after waits (it may rejoin) */
 } group;
 
 typedef struct {
   tdm__transport base;
   group *g;
+  uint64_t joined_at; /* the group's clock when this rank joined */
 } thread_tr;
+
+/* Under g->mu: the peer's communicator was destroyed after this rank's joined. */
+static int gone(const thread_tr *t, int peer) { return t->g->left[peer] > t->joined_at; }
 
 tdm_status tdm_comm_thread_group_create(void **out, int size) {
   if (!out || size < 1 || size > 4096)
@@ -47,7 +53,7 @@ tdm_status tdm_comm_thread_group_create(void **out, int size) {
   if (!g) return tdm__set_error(TDM_ERR_NO_MEMORY, "thread_group_create: out of memory");
   g->q = tdm__calloc((size_t)size * (size_t)size, sizeof(queue));
   g->joined = tdm__calloc((size_t)size, 1);
-  g->left = tdm__calloc((size_t)size, 1);
+  g->left = tdm__calloc((size_t)size, sizeof *g->left);
   if (!g->q || !g->joined || !g->left) {
     tdm__free(g->q);
     tdm__free(g->joined);
@@ -116,7 +122,7 @@ static tdm_status run(tdm__transport *t, tdm__xfer *x, int n, double deadline) {
   for (int i = 0; i < n && st == TDM_OK; i++) {
     if (x[i].is_send) continue;
     queue *q = &g->q[x[i].peer * g->size + me];
-    while (!q->head && !g->failed && !g->left[x[i].peer]) {
+    while (!q->head && !g->failed && !gone(tt, x[i].peer)) {
       double left = deadline - tdm_time_now();
       if (left <= 0) {
         char b[160];
@@ -180,7 +186,7 @@ static void thread_destroy(tdm__transport *t) {
   group *g = ((thread_tr *)t)->g;
   pthread_mutex_lock(&g->mu);
   g->joined[t->rank] = 0;
-  g->left[t->rank] = 1;
+  g->left[t->rank] = ++g->clock;
   pthread_cond_broadcast(&g->cv); /* a rank waiting on this one hears it now, not at its timeout */
   pthread_mutex_unlock(&g->mu);
   tdm__free(t);
@@ -190,7 +196,7 @@ static int thread_pending(tdm__transport *t, int peer, int slow) {
   (void)slow;
   group *g = ((thread_tr *)t)->g;
   pthread_mutex_lock(&g->mu);
-  int r = g->failed || g->left[peer] || g->q[peer * g->size + t->rank].head != NULL;
+  int r = g->failed || gone((thread_tr *)t, peer) || g->q[peer * g->size + t->rank].head != NULL;
   pthread_mutex_unlock(&g->mu);
   return r;
 }
@@ -228,6 +234,8 @@ static tdm_status thread_shared_wait(tdm__transport *t, tdm__waiter *w, struct t
   if (!tdm__backoff(&w->b)) return TDM_OK;
   pthread_mutex_lock(&g->mu);
   tdm_status st = g->failed ? tdm__set_error(g->fail_status, "%s", g->reason) : TDM_OK;
+  /* (a peer that left is not failed here: it may have done its part between the caller's look at
+   * the shared flags and this wait, and only the caller can look again) */
   pthread_mutex_unlock(&g->mu);
   if (st == TDM_OK && tdm_time_now() > deadline) {
     if (peer >= 0)
@@ -256,7 +264,8 @@ tdm_status tdm__thread_transport_create(tdm__transport **out, struct tdm_comm *c
   pthread_mutex_lock(&g->mu);
   int twice = g->joined[c->rank];
   g->joined[c->rank] = 1;
-  if (!twice) g->left[c->rank] = 0;
+  uint64_t at = 0;
+  if (!twice) g->left[c->rank] = 0, at = ++g->clock;
   pthread_mutex_unlock(&g->mu);
   if (twice)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "comm_create: rank %d already joined this thread group (each of its %d threads takes "
@@ -273,6 +282,7 @@ tdm_status tdm__thread_transport_create(tdm__transport **out, struct tdm_comm *c
   t->base.rank = c->rank;
   t->base.size = c->size;
   t->g = g;
+  t->joined_at = at;
   *out = &t->base;
   return TDM_OK;
 }
