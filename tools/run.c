@@ -174,17 +174,16 @@ void run_signal_ranks(rank_t *ranks, int n, int sig, int group) {
   }
 }
 
-/* The child's side of fork: environment, output, then exec. Never returns. */
 /* A shm segment (/tandem-<creator pid>-...) is unlinked once every rank mapped it; a rank killed
  * before that leaves it behind. Once the creator is reaped no new rank can join it, so it goes. */
 void run_remove_segments_of(pid_t pid) {
   DIR *d = opendir("/dev/shm");
   if (!d) return;
-  char prefix[64];
-  int n = snprintf(prefix, sizeof prefix, "tandem-%d-", (int)pid);
+  char prefix[64], shared[64]; /* the transport's segment, and a shared buffer's (src/comm/transport/shm.c) */
+  int n = snprintf(prefix, sizeof prefix, "tandem-%d-", (int)pid), m = snprintf(shared, sizeof shared, "tandem-r-%d-", (int)pid);
   struct dirent *e;
   while ((e = readdir(d)))
-    if (strncmp(e->d_name, prefix, (size_t)n) == 0) {
+    if (strncmp(e->d_name, prefix, (size_t)n) == 0 || strncmp(e->d_name, shared, (size_t)m) == 0) {
       char path[512];
       snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
       unlink(path);
@@ -192,6 +191,7 @@ void run_remove_segments_of(pid_t pid) {
   closedir(d);
 }
 
+/* The child's side of fork: environment, output, then exec. Never returns. */
 _Noreturn void run_start_rank(char **prog, int out_fd, int store_fd, pid_t launcher, const char *const *env) {
   setpgid(0, 0);
   /* die with the launcher; if it died before this line, we are already orphaned */
@@ -456,6 +456,19 @@ int tool_run(int argc, char **argv) {
         stop_at = tdm_time_now() + 5;
       }
       if (first_fail >= 0 && !stopping && !keep_going) {
+        /* a rank stopped by a signal when another fails is what the others were waiting for (their
+         * timeouts name it): it is the cause, not the first of them to time out; and it would sit out
+         * the SIGTERM's grace, so it is killed now */
+        for (int i = 0; i < started; i++)
+          if (!ranks[i].done && run_is_stopped(ranks[i].pid)) {
+            fprintf(stderr, "tandem run: rank %lld (pid %d) is stopped (SIGSTOP?) while rank %lld failed, which was waiting for it: "
+                    "killing it\n", (long long)(node_rank * n + i), (int)ranks[i].pid, (long long)(node_rank * n + first_fail));
+            ranks[i].stopped = 1;
+            first_fail = i;
+            kill(-ranks[i].pid, SIGKILL);
+            kill(ranks[i].pid, SIGKILL);
+            break;
+          }
         run_signal_ranks(ranks, started, SIGTERM, 0);
         stopping = 1;
         stop_at = tdm_time_now() + 5;
@@ -496,7 +509,8 @@ int tool_run(int argc, char **argv) {
   }
   rank_t *f = &ranks[first_fail];
   fprintf(stderr, "\ntandem run: rank %lld failed first: ", (long long)(node_rank * n + first_fail));
-  if (f->sig) fprintf(stderr, "killed by signal %d (%s)\n", f->sig, strsignal(f->sig));
+  if (f->stopped) fprintf(stderr, "stopped by a signal (SIGSTOP?) while the others waited for it, then killed\n");
+  else if (f->sig) fprintf(stderr, "killed by signal %d (%s)\n", f->sig, strsignal(f->sig));
   else fprintf(stderr, "exit code %d\n", f->code);
   int from = f->ntail > TAIL_LINES ? f->ntail - TAIL_LINES : 0;
   if (f->ntail) fprintf(stderr, "its last %d line%s:\n", f->ntail - from, f->ntail - from == 1 ? "" : "s");
@@ -505,5 +519,6 @@ int tool_run(int argc, char **argv) {
   if (max_restarts > 0) /* why it stops here: not one more try */
     fprintf(stderr, "tandem run: all %lld restart%s (--max-restarts) used; giving up\n", (long long)max_restarts,
             max_restarts == 1 ? "" : "s");
+  if (f->stopped) return 128 + SIGSTOP;
   return f->sig ? 128 + f->sig : (f->code ? f->code : 1);
 }

@@ -22,6 +22,7 @@ typedef struct {
   int ntail;
   int done, code, sig;
   double stopped_since; /* when it was first seen stopped (SIGSTOP), or 0 */
+  int stopped;          /* found stopped when another rank failed, and blamed: the others waited for it */
   FILE *log;         /* open for the whole run, restarts included */
   char log_path[4096];
   int log_failed;

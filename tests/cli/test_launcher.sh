@@ -220,6 +220,17 @@ stopped_rank() { # rank 1 stops itself; rank 0 times out waiting for it; the lau
   done
 }
 check "a stopped rank is killed and named once every other rank has exited (failed or not; --keep-going or not)" stopped_rank
+stopped_blamed() { # without --keep-going: rank 0 times out waiting for the stopped rank 1, which is blamed and killed at once
+  local t0=$SECONDS
+  "${MARKED[@]}" TANDEM_TIMEOUT=2 timeout 60 "$TANDEM" run -n 2 -- sh -c \
+    'if [ "$RANK" = 1 ]; then kill -STOP $$; fi; exec "$0" train --steps 5 --threads 1' "$TANDEM" >"$TMP/out" 2>&1
+  local rc=$? took=$((SECONDS - t0))
+  [[ $rc == 147 && $took -lt 5 ]] && grep -q "rank 1 (pid [0-9]*) is stopped (SIGSTOP?) while rank 0 failed" "$TMP/out" &&
+    grep -q "rank 1 failed first: stopped by a signal" "$TMP/out" ||
+    { echo "  exit $rc after $took s:"; tail -5 "$TMP/out"; kill_marked; return 1; }
+  wait_none_marked 5
+}
+check "a rank stopped while another fails waiting for it is the one named (exit 147), killed at once" stopped_blamed
 killed_rank_blamed() { # rank 2 killed mid-run: the launcher names it, not a peer that failed because of it
   local kg
   for kg in --keep-going; do
