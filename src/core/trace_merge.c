@@ -19,6 +19,7 @@ typedef struct {
   double at[2], off[2], unc[2]; /* microseconds */
   int have[2];
   int unclosed; /* its run never closed the file: read up to its last whole event */
+  char file[256]; /* its name in the directory */
 } rank_trace;
 
 static void put_str(FILE *f, const char *s) {
@@ -82,6 +83,17 @@ static double offset_at(const rank_trace *r, double ts) {
   return r->have[0] ? r->off[0] : r->have[1] ? r->off[1] : 0;
 }
 
+/* A rank or world size of the file: a whole number in range (a cast of any other would be undefined). */
+static tdm_status whole(const tdm_json *o, const char *key, const char *path, const char *where, int lo, int *out) {
+  const tdm_json *v = o ? tdm__json_get(o, key) : NULL;
+  if (!v || v->type != TDM_JSON_NUM)
+    return tdm__set_error(TDM_ERR_FORMAT, "trace merge: %s lacks %s.%s (a number)", path, where, key);
+  if (!(v->num >= lo && v->num <= 1e9) || v->num != (double)(int)v->num)
+    return tdm__set_error(TDM_ERR_FORMAT, "trace merge: %s: %s.%s is %g; expected a whole number from %d", path, where, key, v->num, lo);
+  *out = (int)v->num;
+  return TDM_OK;
+}
+
 /* A clock measurement {at_us, offset_us, uncertainty_us} into slot k. */
 static tdm_status clock_of(const tdm_json *c, const char *path, const char *what, rank_trace *r, int k) {
   int ok = 1;
@@ -104,12 +116,11 @@ static tdm_status load(const char *path, int rank, rank_trace *r) {
   if (!r->events || r->events->type != TDM_JSON_ARR)
     return tdm__set_error(TDM_ERR_FORMAT, "trace merge: %s is not a tandem trace (no traceEvents array)", path);
   const tdm_json *other = tdm__json_get(r->doc, "otherData"), *fmt = other ? tdm__json_get(other, "format") : NULL;
-  int ok = 1;
   if (!unclosed) {
     if (!fmt || fmt->type != TDM_JSON_STR || strcmp(fmt->str, "tandem-trace") != 0)
       return tdm__set_error(TDM_ERR_FORMAT, "trace merge: %s is not a tandem trace (otherData.format is not \"tandem-trace\")", path);
-    r->rank = (int)num_of(other, "rank", &ok);
-    r->world = (int)num_of(other, "world", &ok);
+    TDM__TRY(whole(other, "rank", path, "otherData", 0, &r->rank));
+    TDM__TRY(whole(other, "world", path, "otherData", 1, &r->world));
     static const char *const which[2] = {"clock_start", "clock_end"};
     for (int k = 0; k < 2; k++) {
       const tdm_json *c = tdm__json_get(other, which[k]);
@@ -123,7 +134,9 @@ static tdm_status load(const char *path, int rank, rank_trace *r) {
       const tdm_json *e = &r->events->items[i], *nm = tdm__json_get(e, "name"), *args = tdm__json_get(e, "args");
       if (!nm || nm->type != TDM_JSON_STR || !args) continue;
       if (!strcmp(nm->str, "tandem_trace")) {
-        r->rank = (int)num_of(args, "rank", &ok), r->world = (int)num_of(args, "world", &ok), found = 1;
+        TDM__TRY(whole(args, "rank", path, "the tandem_trace event's args", 0, &r->rank));
+        TDM__TRY(whole(args, "world", path, "the tandem_trace event's args", 1, &r->world));
+        found = 1;
       } else if (!strcmp(nm->str, "tandem_clock")) {
         const tdm_json *w = tdm__json_get(args, "which");
         int k = w && w->type == TDM_JSON_STR && !strcmp(w->str, "end");
@@ -134,7 +147,7 @@ static tdm_status load(const char *path, int rank, rank_trace *r) {
       return tdm__set_error(TDM_ERR_FORMAT, "trace merge: %s was not closed by its run, and lacks the tandem_trace event that would say "
                             "whose it is (written by an earlier version?)", path);
   }
-  if (!ok || r->rank != rank)
+  if (r->rank != rank)
     return tdm__set_error(TDM_ERR_FORMAT, "trace merge: %s says it is rank %d; its name says rank %d", path, r->rank, rank);
   return TDM_OK;
 }
@@ -170,12 +183,17 @@ static tdm_status merge(const char *dir, const char *out, rank_trace *rs, int *n
       st = tdm__set_error(TDM_ERR_INVALID_ARG, "trace merge: the output %s is one of the inputs (%s); expected another file", out, path);
       break;
     }
+    snprintf(rs[*nr].file, sizeof rs[*nr].file, "%s", de->d_name);
     st = load(path, rank, &rs[(*nr)++]);
   }
   closedir(d);
   TDM__TRY(st);
   if (*nr == 0) return tdm__set_error(TDM_ERR_INVALID_ARG, "trace merge: %s holds no trace.rank<R>.json files (written by --trace %s)", dir, dir);
   qsort(rs, (size_t)*nr, sizeof *rs, by_rank);
+  for (int i = 1; i < *nr; i++) /* trace.rank1.json and trace.rank01.json */
+    if (rs[i].rank == rs[i - 1].rank)
+      return tdm__set_error(TDM_ERR_INVALID_ARG, "trace merge: %s holds rank %d twice: %s and %s", dir, rs[i].rank, rs[i - 1].file,
+                            rs[i].file);
   int W = rs[0].world;
   for (int i = 0; i < *nr; i++) {
     if (rs[i].world != W)

@@ -370,6 +370,9 @@ static tdm_status read_traces(tdm__run *r, names *files, FILE *err) {
     if (tdm__trace_add_file(r->trace, files->v[i]) != TDM_OK) note(r, err, "%s", tdm_last_error());
   }
   for (int k = 0; r->trace && k < r->trace->n_notes; k++) note(r, err, "%s", r->trace->notes[k]);
+  if (r->trace && r->trace->unclosed > r->trace->unclosed_noted) /* the notes hold a few: the rest counted */
+    note(r, err, "%d more trace files were not closed (their run stopped): each read up to its last whole event",
+         r->trace->unclosed - r->trace->unclosed_noted);
   if (r->trace && r->trace->n_procs == 0) tdm__trace_free(r->trace), free(r->trace), r->trace = NULL;
   return TDM_OK;
 }

@@ -28,6 +28,7 @@ struct tdm__trace {
   int files, events, ignored; /* files read, complete events used, other events */
   char notes[4][320];
   int n_notes;
+  int unclosed, unclosed_noted; /* trace files their runs never closed; those named in notes */
 };
 typedef struct tdm__trace tdm__trace;
 

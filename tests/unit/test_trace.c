@@ -301,6 +301,19 @@ static void test_merge_offsets(void) {
   CHECK(clk && clk->n == 2 && num_of(tdm__json_get(&clk->items[1], "end"), "uncertainty_us") == 4);
   tdm__json_free(m);
 
+  /* refused, named: one rank in two files, a rank out of range or missing */
+  char p01[400];
+  snprintf(p01, sizeof p01, "%s/trace.rank01.json", sub);
+  write_file(p01, "{\"traceEvents\":[],\"otherData\":{\"format\":\"tandem-trace\",\"rank\":1,\"world\":2}}");
+  CHECK(tdm_trace_merge(sub, out, NULL, NULL) == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("holds rank 1 twice");
+  write_file(p01, "{\"traceEvents\":[],\"otherData\":{\"format\":\"tandem-trace\",\"rank\":4294967297,\"world\":2}}");
+  CHECK(tdm_trace_merge(sub, out, NULL, NULL) == TDM_ERR_FORMAT);
+  CHECK_ERR_HAS("otherData.rank is 4.29497e+09; expected a whole number from 0");
+  write_file(p01, "{\"traceEvents\":[],\"otherData\":{\"format\":\"tandem-trace\",\"world\":2}}");
+  CHECK(tdm_trace_merge(sub, out, NULL, NULL) == TDM_ERR_FORMAT);
+  CHECK_ERR_HAS("lacks otherData.rank");
+  remove(p01);
   /* refused: a rank missing, a truncated file, no traces at all */
   remove(p0);
   CHECK(tdm_trace_merge(sub, out, NULL, NULL) != TDM_OK);
