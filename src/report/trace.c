@@ -95,9 +95,10 @@ tdm_status tdm__trace_add_file(tdm__trace *t, const char *path) {
   if (st == TDM_ERR_FORMAT) return tdm__set_error(TDM_ERR_FORMAT, "%s: not read as a trace: not JSON (%s)", path, tdm_last_error());
   TDM__TRY(st);
   t->unclosed += unclosed;
-  if (unclosed && t->n_notes < 3) /* a run that stopped: its events up to the last flush still count */
-    t->unclosed_noted++,
-        snprintf(t->notes[t->n_notes++], sizeof t->notes[0], "%s was not closed (its run stopped, or its end is damaged): read up to its last whole event", path);
+  if (unclosed && t->n_notes < 3) { /* a run that stopped: its events up to the last flush still count */
+    snprintf(t->notes[t->n_notes++], sizeof t->notes[0], "%s was not closed (its run stopped, or its end is damaged): read up to its last whole event", path);
+    t->unclosed_noted++;
+  }
   const tdm_json *ev = doc->type == TDM_JSON_ARR ? doc : tdm__json_get(doc, "traceEvents");
   if (!ev || ev->type != TDM_JSON_ARR) {
     tdm__json_free(doc);
