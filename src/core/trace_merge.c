@@ -254,13 +254,16 @@ static tdm_status merge(const char *dir, const char *out, rank_trace *rs, int *n
   for (int i = 0, k = 0; i < *nr; i++) {
     if (!rs[i].unclosed) continue;
     double last = 0;
+    int timed = 0;
     for (int j = 0; j < rs[i].events->n; j++) {
-      int ok = 1;
-      double ts = num_of(&rs[i].events->items[j], "ts", &ok), dur = num_of(&rs[i].events->items[j], "dur", &ok);
-      double end = ts + offset_at(&rs[i], ts) - base + (ok ? dur : 0);
-      if (tdm__json_get(&rs[i].events->items[j], "ts") && end > last) last = end;
+      int ok = 1, has_dur = 1;
+      double ts = num_of(&rs[i].events->items[j], "ts", &ok), dur = num_of(&rs[i].events->items[j], "dur", &has_dur);
+      if (!ok) continue; /* metadata */
+      double end = ts + offset_at(&rs[i], ts) - base + (has_dur ? dur : 0);
+      if (!timed++ || end > last) last = end;
     }
-    fprintf(f, "%s{\"rank\":%d,\"last_us\":%.3f}", k++ ? "," : "", i, last);
+    if (timed) fprintf(f, "%s{\"rank\":%d,\"last_us\":%.3f}", k++ ? "," : "", i, last);
+    else fprintf(f, "%s{\"rank\":%d,\"last_us\":null}", k++ ? "," : "", i); /* it stopped before any event was flushed */
   }
   fputs("]}}\n", f);
   int bad = ferror(f) != 0;

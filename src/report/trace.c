@@ -92,7 +92,8 @@ tdm_status tdm__trace_add_file(tdm__trace *t, const char *path) {
   tdm_json *doc = NULL;
   int unclosed = 0;
   tdm_status st = tdm__trace_read(path, (int64_t)2 << 30, &doc, &unclosed);
-  if (st == TDM_ERR_FORMAT) return tdm__set_error(TDM_ERR_FORMAT, "%s: not read as a trace: not JSON (%s)", path, tdm_last_error());
+  /* not JSON, or past the size a report reads: the reader's message says which */
+  if (st == TDM_ERR_FORMAT) return tdm__set_error(TDM_ERR_FORMAT, "%s: not read as a trace (%s)", path, tdm_last_error());
   TDM__TRY(st);
   t->unclosed += unclosed;
   if (unclosed && t->n_notes < 3) { /* a run that stopped: its events up to the last flush still count */

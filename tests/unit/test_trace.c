@@ -409,6 +409,17 @@ static void test_unclosed(void) {
     tdm__json_free(m);
   }
   tdm__free(flushed);
+  /* killed before any span was flushed: listed, with no last event (null, not 0) */
+  FILE *f = fopen(p1, "w");
+  fputs("{\"traceEvents\":[\n{\"ph\":\"M\",\"pid\":1,\"tid\":0,\"name\":\"tandem_trace\",\"args\":{\"rank\":1,\"world\":2}}", f);
+  fclose(f);
+  int unclosed = 0;
+  CHECK_OK(tdm_trace_merge(sub, out, NULL, &unclosed));
+  tdm_json *m = load(out);
+  const tdm_json *uc = m ? tdm__json_get(tdm__json_get(m, "otherData"), "unclosed") : NULL;
+  CHECK(unclosed == 1 && uc && uc->type == TDM_JSON_ARR && uc->n == 1);
+  if (uc && uc->n == 1) CHECK(tdm__json_get(&uc->items[0], "last_us") && tdm__json_get(&uc->items[0], "last_us")->type == TDM_JSON_NULL);
+  tdm__json_free(m);
   char cmd[1000];
   snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", sub, out);
   CHECK(system(cmd) == 0);
