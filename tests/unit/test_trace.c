@@ -267,6 +267,13 @@ static void write_file(const char *path, const char *text) {
   fclose(f);
 }
 
+/* path written with text; the merge of sub refused with want, its message holding msg. */
+static void merge_refuses(const char *sub, const char *out, const char *path, const char *text, tdm_status want, const char *msg) {
+  write_file(path, text);
+  CHECK(tdm_trace_merge(sub, out, NULL, NULL) == want);
+  CHECK_MSG(strstr(tdm_last_error(), msg) != NULL, "error '%s' lacks '%s'", tdm_last_error(), msg);
+}
+
 static void test_merge_offsets(void) {
   char sub[300], p0[400], p1[400], out[400];
   snprintf(sub, sizeof sub, "%s/merge", dir);
@@ -304,26 +311,20 @@ static void test_merge_offsets(void) {
   /* refused, named: one rank in two files, a rank out of range or missing */
   char p01[400];
   snprintf(p01, sizeof p01, "%s/trace.rank01.json", sub);
-  write_file(p01, "{\"traceEvents\":[],\"otherData\":{\"format\":\"tandem-trace\",\"rank\":1,\"world\":2}}");
-  CHECK(tdm_trace_merge(sub, out, NULL, NULL) == TDM_ERR_INVALID_ARG);
-  CHECK_ERR_HAS("holds rank 1 twice");
-  write_file(p01, "{\"traceEvents\":[],\"otherData\":{\"format\":\"tandem-trace\",\"rank\":4294967297,\"world\":2}}");
-  CHECK(tdm_trace_merge(sub, out, NULL, NULL) == TDM_ERR_FORMAT);
-  CHECK_ERR_HAS("otherData.rank is 4.29497e+09; expected a whole number from 0");
-  write_file(p01, "{\"traceEvents\":[],\"otherData\":{\"format\":\"tandem-trace\",\"world\":2}}");
-  CHECK(tdm_trace_merge(sub, out, NULL, NULL) == TDM_ERR_FORMAT);
-  CHECK_ERR_HAS("lacks otherData.rank");
+  merge_refuses(sub, out, p01, "{\"traceEvents\":[],\"otherData\":{\"format\":\"tandem-trace\",\"rank\":1,\"world\":2}}",
+                TDM_ERR_INVALID_ARG, "holds rank 1 twice");
+  merge_refuses(sub, out, p01, "{\"traceEvents\":[],\"otherData\":{\"format\":\"tandem-trace\",\"rank\":4294967297,\"world\":2}}",
+                TDM_ERR_FORMAT, "otherData.rank is 4.29497e+09; expected a whole number from 0");
+  merge_refuses(sub, out, p01, "{\"traceEvents\":[],\"otherData\":{\"format\":\"tandem-trace\",\"world\":2}}", TDM_ERR_FORMAT,
+                "lacks otherData.rank");
   remove(p01);
   /* refused: a rank missing, a truncated file, no traces at all */
   remove(p0);
   CHECK(tdm_trace_merge(sub, out, NULL, NULL) != TDM_OK);
   CHECK_ERR_HAS("lacks the trace of rank 0");
-  write_file(p0, "{\"traceEvents\":[{\"ph\":\"X\",\"pid\":0,"); /* unclosed, and from no recorder of ours */
-  CHECK(tdm_trace_merge(sub, out, NULL, NULL) == TDM_ERR_FORMAT);
-  CHECK_ERR_HAS("trace.rank0.json was not closed by its run, and lacks the tandem_trace event");
-  write_file(p0, "not JSON at all");
-  CHECK(tdm_trace_merge(sub, out, NULL, NULL) == TDM_ERR_FORMAT);
-  CHECK_ERR_HAS("trace.rank0.json is not a trace");
+  merge_refuses(sub, out, p0, "{\"traceEvents\":[{\"ph\":\"X\",\"pid\":0,", TDM_ERR_FORMAT, /* unclosed, from no recorder of ours */
+                "trace.rank0.json was not closed by its run, and lacks the tandem_trace event");
+  merge_refuses(sub, out, p0, "not JSON at all", TDM_ERR_FORMAT, "trace.rank0.json is not a trace");
   remove(p0);
   remove(p1);
   CHECK(tdm_trace_merge(sub, out, NULL, NULL) != TDM_OK);
