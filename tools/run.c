@@ -166,6 +166,12 @@ static int open_logs(const char *dir, rank_t *ranks, int n, int64_t first_rank) 
   return 0;
 }
 
+int run_fail_weight(const rank_t *r) {
+  if (r->sig) return 3;
+  if (!r->code) return 0;
+  return r->code == TANDEM_EXIT_RELAYED ? 1 : 2;
+}
+
 void run_signal_ranks(rank_t *ranks, int n, int sig, int group) {
   for (int i = 0; i < n; i++) {
     if (ranks[i].done || ranks[i].pid <= 0) continue;
@@ -394,6 +400,7 @@ int tool_run(int argc, char **argv) {
       started++;
     }
     first_fail = -1;
+    double relay_until = 0; /* a relayed first failure waits till then for the rank it came from */
     int alive = started, stopping = 0;
     double stop_at = 0;
     if (started < N) { /* could not start them all: stop those that run */
@@ -421,9 +428,17 @@ int tool_run(int argc, char **argv) {
             ranks[i].sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
             alive--;
             /* among the failures seen in one pass (a killed rank and the peers that noticed it end
-             * within the same 100 ms), one killed by a signal is the cause, not those it failed */
-            if ((ranks[i].code != 0 || ranks[i].sig) && !stopping && was_failed < 0 &&
-                (first_fail < 0 || (ranks[i].sig && !ranks[first_fail].sig)))
+             * within the same 100 ms), one killed by a signal is the cause, not those it failed; one
+             * that failed of its own accord is, not those that relayed its failure (they may end
+             * first: the agreements tell every rank at once), for which a relayed first failure
+             * waits a grace */
+            int w = run_fail_weight(&ranks[i]);
+            if (!w || stopping) continue;
+            if (first_fail < 0) {
+              first_fail = i;
+              if (w == 1) relay_until = tdm_time_now() + RUN_RELAY_GRACE_S;
+            } else if (w > run_fail_weight(&ranks[first_fail]) &&
+                       (was_failed < 0 || (run_fail_weight(&ranks[first_fail]) == 1 && tdm_time_now() < relay_until)))
               first_fail = i;
           }
       if (!stopping && alive > 0 && alive < started) {
@@ -455,7 +470,8 @@ int tool_run(int argc, char **argv) {
         stopping = 1;
         stop_at = tdm_time_now() + 5;
       }
-      if (first_fail >= 0 && !stopping && !keep_going) {
+      if (first_fail >= 0 && !stopping && !keep_going &&
+          !(run_fail_weight(&ranks[first_fail]) == 1 && tdm_time_now() < relay_until)) {
         /* a rank stopped by a signal when another fails is what the others were waiting for (their
          * timeouts name it): it is the cause, not the first of them to time out; and it would sit out
          * the SIGTERM's grace, so it is killed now */
@@ -511,6 +527,9 @@ int tool_run(int argc, char **argv) {
   fprintf(stderr, "\ntandem run: rank %lld failed first: ", (long long)(node_rank * n + first_fail));
   if (f->stopped) fprintf(stderr, "stopped by a signal (SIGSTOP?) while the others waited for it, then killed\n");
   else if (f->sig) fprintf(stderr, "killed by signal %d (%s)\n", f->sig, strsignal(f->sig));
+  else if (f->code == TANDEM_EXIT_RELAYED)
+    fprintf(stderr, "exit code %d (it passed on another rank's failure; no rank failed of its own within %.0f s)\n", f->code,
+            RUN_RELAY_GRACE_S);
   else fprintf(stderr, "exit code %d\n", f->code);
   int from = f->ntail > TAIL_LINES ? f->ntail - TAIL_LINES : 0;
   if (f->ntail) fprintf(stderr, "its last %d line%s:\n", f->ntail - from, f->ntail - from == 1 ? "" : "s");

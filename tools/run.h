@@ -12,6 +12,12 @@
 
 #define MAX_RANKS 256
 #define TAIL_LINES 8
+/* A rank's exit status when its failure was passed on from another rank (tdm_last_error_origin):
+ * the launcher names a rank that failed of its own accord over one that relayed it. */
+#define TANDEM_EXIT_RELAYED 4
+/* How long a relayed failure waits for the rank it came from to end before the ranks are stopped:
+ * the origin aborts its links first, then writes its error and cleans up. */
+#define RUN_RELAY_GRACE_S 3.0
 
 typedef struct {
   pid_t pid;
@@ -28,6 +34,10 @@ typedef struct {
   int log_failed;
 } rank_t;
 
+/* How much a failure tells about its cause, to choose whom to name among ranks that failed
+ * together: 3 killed by a signal, 2 failed of its own accord, 1 relayed another's failure
+ * (TANDEM_EXIT_RELAYED), 0 not failed. */
+int run_fail_weight(const rank_t *r);
 /* Prints what rank idx wrote, prefixed "[rank idx] "; final: also a last line without newline. */
 void run_drain(rank_t *r, int idx, int final);
 const char *run_self_exe(void);

@@ -11,16 +11,20 @@
 #include "tandem/tandem.h"
 
 /* TANDEM_FAULT=RANK:STEP makes that rank die (exit 3) after that step, on the first attempt only
- * (TANDEM_RESTART_COUNT unset or 0): how the restart tests cause a failure. TANDEM_STEP_DELAY=S
+ * (TANDEM_RESTART_COUNT unset or 0): how the restart tests cause a failure; RANK:STEP:error makes
+ * it fail there as a library error would instead (the step callback stops training, the rank
+ * closes its links and exits 1), which its peers then relay. TANDEM_STEP_DELAY=S
  * sleeps S seconds after every step: how the elastic test kills and starts launchers mid-run. */
 static int fault_hook(void *ctx, int64_t steps_done) {
   (void)ctx;
   const char *f = getenv("TANDEM_FAULT"), *rc = getenv("TANDEM_RESTART_COUNT"), *rank = getenv("RANK");
   int fr, fs;
+  char how[8] = "";
   const char *delay = getenv("TANDEM_STEP_DELAY"); /* seconds after each step: tests pace a job to act mid-run */
   if (delay && atof(delay) > 0) usleep((useconds_t)(atof(delay) * 1e6));
-  if (!f || sscanf(f, "%d:%d", &fr, &fs) != 2 || (rc && atoi(rc) > 0)) return 0;
+  if (!f || sscanf(f, "%d:%d:%7s", &fr, &fs, how) < 2 || (rc && atoi(rc) > 0)) return 0;
   if ((rank ? atoi(rank) : 0) == fr && steps_done == fs) {
+    if (!strcmp(how, "error")) return 1;
     fprintf(stderr, "tandem train: TANDEM_FAULT: rank %d stops after step %d\n", fr, fs);
     fflush(stderr);
     _exit(3);
@@ -438,8 +442,14 @@ int tool_train_as(const char *cmd, int argc, char **argv) {
   }
   tdm_status st = emulate > 0 ? TDM_OK : tdm_train_run(&c, &res);
   if (st != TDM_OK) {
-    fprintf(stderr, "tandem %s: %s%s: %s\n", cmd, tdm_status_str(st), res.world_size > 1 ? " (this rank)" : "", tdm_last_error());
-    return 1;
+    /* a failure passed on from another rank exits TANDEM_EXIT_RELAYED: tandem run then names the
+     * rank where it began, whichever process the kernel reaps first */
+    int from = tdm_last_error_origin();
+    char who[48] = "";
+    if (from >= 0) snprintf(who, sizeof who, " (relayed from rank %d)", from);
+    else if (res.world_size > 1) snprintf(who, sizeof who, " (this rank)");
+    fprintf(stderr, "tandem %s: %s%s: %s\n", cmd, tdm_status_str(st), who, tdm_last_error());
+    return from >= 0 ? TANDEM_EXIT_RELAYED : 1;
   }
   if (res.rank != 0) return 0; /* rank 0 reports for everyone */
   char thr[64]; /* no step ran (resumed at the end): no throughput to give */

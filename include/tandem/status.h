@@ -48,6 +48,14 @@ const char *tdm_last_error(void);
 /* Clear the calling thread's error detail. */
 void tdm_clear_error(void);
 
+/* The rank whose failure the calling thread's most recent error relays, or -1 when the error
+ * arose in this process. A collective that fails because a peer aborted, died or reported its
+ * own error in an agreement ("checkpoint: rank 2 failed: ...") names that peer here; an error
+ * that wraps the relayed one keeps it, any other error resets it. Launchers use it to name the
+ * rank where a failure began rather than the first rank to pass it on (tandem train exits 4
+ * instead of 1 when its failure was relayed). */
+int tdm_last_error_origin(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -10,7 +10,7 @@
 /* ---- argument checks and dispatch ---------------------------------------------------------- */
 static tdm_status begin(struct tdm_comm *c, tdm__coll_kind kind, size_t count, tdm_dtype dt, tdm_redop op, int root) {
   if (!c) return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: communicator is NULL", tdm__coll_name(kind));
-  if (atomic_load(&c->failed)) return tdm__set_error(c->fail_status, "%s", c->error);
+  if (atomic_load(&c->failed)) return tdm__comm_error(c);
   if ((unsigned)dt >= TDM_DTYPE_COUNT)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: dtype %d is unknown", tdm__coll_name(kind), (int)dt);
   if ((unsigned)op >= TDM_REDOP_COUNT)

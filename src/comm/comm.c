@@ -20,8 +20,15 @@ tdm_status tdm__comm_fail(struct tdm_comm *c, tdm_status st, const char *fmt, ..
     vsnprintf(c->error, sizeof c->error, fmt, ap);
     va_end(ap);
     c->fail_status = st;
+    /* a failure relayed from a peer (this thread's error) stays relayed when the text wraps it */
+    tdm__set_error(st, "%s", c->error);
+    c->fail_origin = tdm_last_error_origin();
   }
-  return tdm__set_error(c->fail_status, "%s", c->error);
+  return tdm__comm_error(c);
+}
+
+tdm_status tdm__comm_error(struct tdm_comm *c) {
+  return tdm__error_from(c->fail_origin, tdm__set_error(c->fail_status, "%s", c->error));
 }
 
 tdm_status tdm_comm_status(tdm_comm_t c) { return atomic_load(&c->failed) ? c->fail_status : TDM_OK; }
@@ -188,6 +195,7 @@ static tdm_status comm_create(tdm_comm_t *out, const tdm_comm_config *cfg, struc
                           cfg->rank, cfg->size);
   struct tdm_comm *c = tdm__calloc(1, sizeof *c);
   if (!c) return tdm__set_error(TDM_ERR_NO_MEMORY, "comm_create: out of memory");
+  c->fail_origin = -1;
   c->rank = cfg->rank;
   c->size = cfg->size;
   c->timeout_s = cfg->timeout_s > 0 ? cfg->timeout_s : 300.0;

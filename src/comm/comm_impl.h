@@ -155,6 +155,7 @@ struct tdm_comm {
   _Atomic uint64_t bytes_sent;
   tdm_status fail_status;
   char error[512];
+  int fail_origin; /* the rank whose failure error relays (tdm_last_error_origin), -1: this one's */
   double emu_latency_s, emu_bytes_per_s; /* TANDEM_NET_EMULATE; 0: off */
   double *emu_link_free;                  /* per peer: when the emulated link is free again */
   void *scratch; /* reused between calls: no allocation in steady state */
@@ -185,6 +186,8 @@ static inline void tdm__count_sent(struct tdm_comm *c, uint64_t n) {
 
 /* Fails the communicator (first error wins) and returns st. */
 tdm_status tdm__comm_fail(struct tdm_comm *c, tdm_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* The failed communicator's error as the calling thread's (status, text, origin); returns it. */
+tdm_status tdm__comm_error(struct tdm_comm *c);
 /* "all-reduce #12 (1000 x f32, sum)" for the call in progress. */
 const char *tdm__call_str(const tdm__call *call, char *buf, size_t n);
 /* Checks a received header against the expected one; formats the mismatch. peer is a rank of

@@ -51,13 +51,13 @@ static tdm_status emulate(struct tdm_comm *c, const tdm__xfer *x, int n) {
 static tdm_status run_xfers_keep(struct tdm_comm *c, tdm__xfer *x, int n, int keep_peer);
 static tdm_status run_xfers(struct tdm_comm *c, tdm__xfer *x, int n) { return run_xfers_keep(c, x, n, 0); }
 static tdm_status run_xfers_keep(struct tdm_comm *c, tdm__xfer *x, int n, int keep_peer) {
-  if (atomic_load(&c->failed)) return tdm__set_error(c->fail_status, "%s", c->error);
+  if (atomic_load(&c->failed)) return tdm__comm_error(c);
   c->tr->active = c;
   tdm_status st = c->emu_link_free ? emulate(c, x, n) : TDM_OK;
   if (st != TDM_OK) { /* as a failed transfer: the peers hear why */
     tdm__comm_fail(c, st, "%s", tdm_last_error());
     c->tr->ops->abort(c->tr, c->error);
-    return tdm__set_error(c->fail_status, "%s", c->error);
+    return tdm__comm_error(c);
   }
   uint64_t sent = 0;
   for (int i = 0; i < n; i++) {
@@ -74,7 +74,7 @@ static tdm_status run_xfers_keep(struct tdm_comm *c, tdm__xfer *x, int n, int ke
     /* c->error names the cause; tell the peers and close, so none of them waits for us */
     if (!atomic_load(&c->failed)) tdm__comm_fail(c, st, "%s", tdm_last_error());
     c->tr->ops->abort(c->tr, c->error);
-    return tdm__set_error(c->fail_status, "%s", c->error);
+    return tdm__comm_error(c);
   }
   return TDM_OK;
 }
@@ -108,7 +108,7 @@ tdm_status tdm__sendrecv(struct tdm_comm *c, int to, const void *sbuf, size_t sn
 /* ---- point to point -------------------------------------------------------------------------- */
 tdm_status tdm__p2p(struct tdm_comm *c, int peer, int tag, void *buf, size_t nbytes, int is_send) {
   if (!c) return tdm__set_error(TDM_ERR_INVALID_ARG, "send/recv: communicator is NULL");
-  if (atomic_load(&c->failed)) return tdm__set_error(c->fail_status, "%s", c->error);
+  if (atomic_load(&c->failed)) return tdm__comm_error(c);
   if (peer < 0 || peer >= c->size || peer == c->rank)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: peer %d is not another rank of this communicator (size %d, rank %d)",
                           is_send ? "send" : "recv", peer, c->size, c->rank);
@@ -132,7 +132,7 @@ tdm_status tdm_comm_sendrecv(tdm_comm_t c, int to, const void *sendbuf, size_t s
                              size_t recvbytes, int tag) {
   TDM__TRY(tdm__wait_queue_idle(c));
   if (!c) return tdm__set_error(TDM_ERR_INVALID_ARG, "sendrecv: communicator is NULL");
-  if (atomic_load(&c->failed)) return tdm__set_error(c->fail_status, "%s", c->error);
+  if (atomic_load(&c->failed)) return tdm__comm_error(c);
   if (to < 0 || to >= c->size || to == c->rank || from < 0 || from >= c->size || from == c->rank || tag < 0)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "sendrecv: to %d, from %d, tag %d; expected other ranks of %d and tag >= 0", to,
                           from, tag, c->size);
@@ -152,7 +152,7 @@ tdm_status tdm_comm_sendrecv(tdm_comm_t c, int to, const void *sendbuf, size_t s
 tdm_status tdm_comm_p2p_batch(tdm_comm_t c, const tdm_p2p_op *ops, int n) {
   TDM__TRY(tdm__wait_queue_idle(c));
   if (!c || n < 0 || (n && !ops)) return tdm__set_error(TDM_ERR_INVALID_ARG, "p2p batch: NULL communicator or %d operations", n);
-  if (atomic_load(&c->failed)) return tdm__set_error(c->fail_status, "%s", c->error);
+  if (atomic_load(&c->failed)) return tdm__comm_error(c);
   if (n == 0) return TDM_OK;
   tdm__xfer small[8], *x = n <= 8 ? small : tdm__calloc((size_t)n, sizeof *x);
   if (!x) return tdm__set_error(TDM_ERR_NO_MEMORY, "p2p batch: out of memory");
@@ -278,7 +278,7 @@ static int unstash(struct tdm_comm *c, const tdm__hdr *want, int src_tr, void *b
 static tdm_status tagged_args(struct tdm_comm *c, const char *what, int peer, int any_ok, int tag, const void *buf,
                               size_t n) {
   if (!c) return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: communicator is NULL", what);
-  if (atomic_load(&c->failed)) return tdm__set_error(c->fail_status, "%s", c->error);
+  if (atomic_load(&c->failed)) return tdm__comm_error(c);
   if (!c->tr->ops->pending)
     return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "%s: the %s transport has no tagged messages", what,
                           tdm_transport_name(c->kind));

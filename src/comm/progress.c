@@ -42,6 +42,7 @@ struct tdm_work {
   void *ctx;
   tdm_status st;
   char error[512];
+  int origin; /* tdm_last_error_origin of the failure, carried to the waiting thread */
   int done;
   double t_launch; /* tracing: when it was queued (0: not traced) */
 };
@@ -109,6 +110,7 @@ static void *progress_main(void *arg) {
     pthread_mutex_lock(&c->q_mu);
     w->st = st;
     if (st != TDM_OK) snprintf(w->error, sizeof w->error, "%s", tdm_last_error());
+    w->origin = st != TDM_OK ? tdm_last_error_origin() : -1;
     w->done = 1;
     c->q_busy = 0;
     pthread_cond_broadcast(&c->q_cv);
@@ -259,7 +261,7 @@ tdm_status tdm_work_wait(tdm_work_t w) {
       break;
     }
   tdm_status st = w->st;
-  if (st != TDM_OK) tdm__set_error(st, "%s", w->error);
+  if (st != TDM_OK) tdm__error_from(w->origin, tdm__set_error(st, "%s", w->error));
   w->next = c->q_free; /* kept for the next call */
   c->q_free = w;
   pthread_mutex_unlock(&c->q_mu);

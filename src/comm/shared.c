@@ -68,7 +68,7 @@ tdm_status tdm_shared_create(tdm_comm_t c, size_t floats_per_rank, tdm_shared_t 
   if (!out) return tdm__set_error(TDM_ERR_INVALID_ARG, "shared_create: out is NULL");
   *out = NULL;
   if (!c) return tdm__set_error(TDM_ERR_INVALID_ARG, "shared_create: communicator is NULL");
-  if (atomic_load(&c->failed)) return tdm__set_error(c->fail_status, "%s", c->error);
+  if (atomic_load(&c->failed)) return tdm__comm_error(c);
   if (!tdm__shared_usable(c))
     return tdm__set_error(TDM_ERR_NOT_SUPPORTED, "shared buffer: the %s transport's ranks share no memory%s",
                           tdm_transport_name(c->kind),
@@ -113,7 +113,7 @@ static tdm_status fail(tdm_shared *s, tdm_status st) {
   struct tdm_comm *c = s->c;
   if (!atomic_load(&c->failed)) tdm__comm_fail(c, st, "%s", tdm_last_error());
   c->tr->ops->abort(c->tr, c->error);
-  return tdm__set_error(c->fail_status, "%s", c->error);
+  return tdm__comm_error(c);
 }
 
 static const char *id_str(const op_id *id, char *buf, size_t n) {
@@ -172,7 +172,7 @@ static tdm_status run_op(tdm_shared *s, int op, size_t lo, size_t hi, const int6
   if (!s) return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: the buffer is NULL", op_names[op]);
   struct tdm_comm *c = s->c;
   int P = c->size, me = c->rank;
-  if (atomic_load(&c->failed)) return tdm__set_error(c->fail_status, "%s", c->error);
+  if (atomic_load(&c->failed)) return tdm__comm_error(c);
   TDM__TRY(check_args(s, op, lo, hi, cut));
   double deadline = tdm_time_now() + c->timeout_s;
   op_id *my = &s->id[me];

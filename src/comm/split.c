@@ -46,6 +46,7 @@ static tdm_status child(tdm_comm_t c, int *members, int n, int me, uint32_t id, 
   /* the child speaks through the parent's transport, with its own id in every header */
   for (int i = 0; i < n; i++) members[i] = c->map ? c->map[members[i]] : members[i];
   s->rank = me;
+  s->fail_origin = -1;
   s->size = n;
   s->kind = c->kind;
   s->tr = c->tr;

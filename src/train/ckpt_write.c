@@ -77,7 +77,7 @@ tdm_status tdm__ckpt_agree(tdm_comm_t comm, tdm_status st, const char *what) {
   memcpy(msg, own, sizeof msg);
   TDM__TRY(tdm_comm_broadcast(comm, msg, sizeof msg, TDM_U8, first, TDM_ALGO_AUTO));
   if (first == R) return tdm__set_error(st, "%s", own);
-  return tdm__set_error(code, "%s: rank %d failed: %.480s", what, first, msg);
+  return tdm__error_from(first, tdm__set_error(code, "%s: rank %d failed: %.480s", what, first, msg));
 }
 
 void tdm__ckpt_writer_fail(tdm_ckpt_writer *w, tdm_status st) { fail(w, st); }

@@ -312,7 +312,7 @@ static tdm_status agree_found(tdm_comm_t comm, tdm_status st, const tdm_ckpt *ck
   for (int r = 0; res == TDM_OK && r < W; r++) {
     if (all[r].entries > *entries) *entries = all[r].entries;
     if (all[r].failed) /* this rank's own failure keeps its own status and message */
-      res = r == R ? tdm__set_error(st, "%s", own) : tdm__set_error(TDM_ERR_REMOTE, "rank %d could not open its checkpoint: %.496s", r, all[r].text);
+      res = r == R ? tdm__set_error(st, "%s", own) : tdm__error_from(r, tdm__set_error(TDM_ERR_REMOTE, "rank %d could not open its checkpoint: %.496s", r, all[r].text));
   }
   int same = 1;
   for (int r = 1; res == TDM_OK && r < W; r++)

@@ -180,7 +180,7 @@ static tdm_status agree_start(const tdm__start_in *in, tdm_status st) {
   if (!all) return tdm__set_error(TDM_ERR_NO_MEMORY, "train: out of memory");
   tdm_status cs = tdm_comm_allgather(in->comm, &mine, all, sizeof mine, TDM_U8, TDM_ALGO_AUTO);
   for (int r = 0; cs == TDM_OK && st == TDM_OK && r < W; r++)
-    if (all[r].failed) st = tdm__set_error(TDM_ERR_REMOTE, "rank %d could not start: %.503s", r, all[r].text);
+    if (all[r].failed) st = tdm__error_from(r, tdm__set_error(TDM_ERR_REMOTE, "rank %d could not start: %.503s", r, all[r].text));
   tdm__free(all);
   if (mine.failed) return tdm__set_error(st, "%s", own); /* this rank's own reason */
   return st != TDM_OK ? st : cs;

@@ -243,6 +243,34 @@ killed_rank_blamed() { # rank 2 killed mid-run: the launcher names it, not a pee
   done
 }
 check "a rank killed mid-run is the one named (exit 137), not the peers it failed" killed_rank_blamed
+relayed_origin_blamed() { # rank 1 cannot write its checkpoint; 0 and 2 learn it from the agreement and exit
+  # first (4: relayed); the launcher waits for rank 1 (its exit delayed 1 s here) and names it.
+  # With rank 1's exit delayed past the grace, the relaying rank is named, saying so.
+  local delay rc
+  for delay in 1 4; do
+    rm -rf "$TMP/ck"
+    mkdir -p "$TMP/ck/ckpt-000000000002.shards/rank-1.safetensors" # a directory where rank 1 writes
+    local t0=$SECONDS
+    "${MARKED[@]}" D=$delay timeout 60 "$TANDEM" run -n 3 -- sh -c \
+      'if [ "$RANK" = 1 ]; then "$0" "$@"; rc=$?; sleep $D; exit $rc; fi; exec "$0" "$@"' "$TANDEM" \
+      train --data synthetic --steps 4 --batch-size 16 --threads 1 --zero 2 --checkpoint-dir "$TMP/ck" --checkpoint-every 2 \
+      >"$TMP/out" 2>&1
+    rc=$?
+    local took=$((SECONDS - t0))
+    grep -q "\[rank 0\] tandem train: I/O error (relayed from rank 1): checkpoint: rank 1 failed: .*is a directory" "$TMP/out" &&
+      grep -q "\[rank 1\] tandem train: I/O error (this rank): .*is a directory" "$TMP/out" ||
+      { echo "  delay $delay: the ranks' errors:"; grep "tandem train: [A-Z/]" "$TMP/out"; kill_marked; return 1; }
+    if [[ $delay == 1 ]]; then
+      [[ $rc == 1 ]] && grep -q "rank 1 failed first: exit code 1" "$TMP/out" ||
+        { echo "  delay 1: exit $rc:"; tail -5 "$TMP/out"; kill_marked; return 1; }
+    else
+      [[ $rc == 4 && $took -lt 10 ]] && grep -q "rank [02] failed first: exit code 4 (it passed on another rank's failure; no rank failed of its own within 3 s)" "$TMP/out" ||
+        { echo "  delay 4: exit $rc after $took s:"; tail -5 "$TMP/out"; kill_marked; return 1; }
+    fi
+    wait_none_marked 5
+  done
+}
+check "a failure relayed by its peers names the rank where it began (they exit 4), within a grace" relayed_origin_blamed
 
 # ---- one launcher per node (--nnodes N --node-rank k) ----
 two_launchers() {

@@ -14,7 +14,8 @@ start_rank() {
   RANK_PIDS="$RANK_PIDS $!"
 }
 # by_hand OUT CMD...: ranks 0 and 1 run CMD, their output in OUT.0 and OUT.1; returns the larger
-# exit code once both have ended (both are killed after 120 s: a hang fails, never blocks the test)
+# exit code once both have ended (both are killed after 120 s: a hang fails, never blocks the test),
+# as tandem run would: a rank that relayed the other's failure (exit 4) counts as that rank's code
 by_hand() {
   local out=$1 port p0 p1 rc0 rc1; shift
   port=$(free_port)
@@ -27,5 +28,7 @@ by_hand() {
   kill -9 $p0 $p1 2>/dev/null
   wait $p0; rc0=$?
   wait $p1; rc1=$?
+  (( rc0 == 4 && rc1 != 0 )) && rc0=$rc1
+  (( rc1 == 4 && rc0 != 0 )) && rc1=$rc0
   return $(( rc0 > rc1 ? rc0 : rc1 ))
 }

@@ -200,7 +200,7 @@ tdm_status tdm__allreduce_hier(struct tdm_comm *c, const void *sendbuf, void *re
      * timeout) */
     tdm_comm_abort(h->node_comm);
     c->tr->ops->abort(c->tr, c->error);
-    return tdm__set_error(c->fail_status, "%s", c->error);
+    return tdm__comm_error(c);
   }
   return TDM_OK;
 }

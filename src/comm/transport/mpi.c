@@ -94,7 +94,7 @@ static tdm_status run_posted(tdm__transport *tr, tdm__xfer *x, int n, double dea
             MPI_Recv(reason, len, MPI_BYTE, x[i].peer, mpi_tag(&x[i]), MPI_COMM_WORLD, MPI_STATUS_IGNORE);
             tdm_status st = x[i].got.op ? (tdm_status)(-(int)x[i].got.op) : TDM_ERR_REMOTE;
             if (st != TDM_ERR_MISMATCH && st != TDM_ERR_TIMEOUT) st = TDM_ERR_REMOTE;
-            return tdm__set_error(st, "rank %d failed: %s", tdm__comm_rank_of(c, x[i].peer), reason);
+            return tdm__error_from(x[i].peer, tdm__set_error(st, "rank %d failed: %s", tdm__comm_rank_of(c, x[i].peer), reason));
           }
           /* checked, or (a tagged message another receive wants) redirected into the stash */
           TDM__TRY(tdm__xfer_header(c, &x[i]));

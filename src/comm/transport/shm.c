@@ -84,6 +84,7 @@ typedef struct {
   _Atomic int32_t aborted;
   char reason[512];
   int32_t abort_status;
+  int32_t abort_rank; /* whose failure the reason gives (tdm_last_error_origin on the others) */
   char pad2[LINE];
 } seg_hdr;
 
@@ -116,22 +117,23 @@ int tdm__shm_usable(const struct tdm_comm *c) { return c->tr && c->tr->ops == &s
 
 /* ---- failing ----------------------------------------------------------------------------- */
 /* Tells every rank why we stop: waits anywhere in the segment see the flag within milliseconds. */
-static void abort_with(shm_tr *t, tdm_status st, const char *reason) {
+static void abort_with(shm_tr *t, tdm_status st, const char *reason, int origin) {
   if (!atomic_exchange(&t->hdr->aborted, 1)) {
     snprintf(t->hdr->reason, sizeof t->hdr->reason, "rank %d failed: %.480s", t->base.rank, reason);
     t->hdr->abort_status = st ? (int32_t)st : TDM_ERR_REMOTE;
+    t->hdr->abort_rank = origin >= 0 ? origin : t->base.rank; /* where a relayed failure began */
   }
 }
 
 static void shm_abort(tdm__transport *tr, const char *reason) {
-  abort_with((shm_tr *)tr, tdm__active(tr)->fail_status, reason);
+  abort_with((shm_tr *)tr, tdm__active(tr)->fail_status, reason, tdm__active(tr)->fail_origin);
 }
 
 /* A slot or region collective failed with st (detail in tdm_last_error): fail c, tell the peers. */
 static tdm_status fail(shm_tr *t, struct tdm_comm *c, tdm_status st) {
   if (!atomic_load(&c->failed)) tdm__comm_fail(c, st, "%s", tdm_last_error());
-  abort_with(t, c->fail_status, c->error);
-  return tdm__set_error(c->fail_status, "%s", c->error);
+  abort_with(t, c->fail_status, c->error, c->fail_origin);
+  return tdm__comm_error(c);
 }
 
 /* ---- the calls ranks are in ---------------------------------------------------------------- */
@@ -212,11 +214,14 @@ static tdm_status idle(shm_tr *t, waiter *w, struct tdm_comm *c, int peer, doubl
      * the reason read no further than its buffer */
     tdm_status st = (tdm_status)t->hdr->abort_status;
     if (st != TDM_ERR_MISMATCH && st != TDM_ERR_TIMEOUT) st = TDM_ERR_REMOTE;
-    return tdm__set_error(st, "%.*s", (int)sizeof t->hdr->reason, t->hdr->reason);
+    int from = t->hdr->abort_rank; /* this rank's own abort, read back, is its own failure */
+    return tdm__error_from(from != t->base.rank ? from : -1,
+                           tdm__set_error(st, "%.*s", (int)sizeof t->hdr->reason, t->hdr->reason));
   }
   if (w->dead && w->dead == peer + 1) /* gone, and it did not do its part before it went */
-    return tdm__set_error(TDM_ERR_REMOTE, "rank %d (pid %d) died during %s (rank %d)", tdm__comm_rank_of(c, peer),
-                          (int)atomic_load(&t->ctl[peer].pid), what ? what : tdm__call_str(&c->cur, b, sizeof b), c->rank);
+    return tdm__error_from(peer, tdm__set_error(TDM_ERR_REMOTE, "rank %d (pid %d) died during %s (rank %d)",
+                                                tdm__comm_rank_of(c, peer), (int)atomic_load(&t->ctl[peer].pid),
+                                                what ? what : tdm__call_str(&c->cur, b, sizeof b), c->rank));
   w->dead = 0;
   if (!tdm__backoff(&w->b)) return TDM_OK;
   if (atomic_load_explicit(&t->hdr->aborted, memory_order_acquire)) {
@@ -325,7 +330,7 @@ static int step(shm_tr *t, struct tdm_comm *c, tdm__xfer *x, tdm_status *st) {
           char reason[600] = {0};
           size_t want = x->got.nbytes < sizeof reason - 1 ? x->got.nbytes : sizeof reason - 1, have = 0;
           for (int tries = 0; have < want && tries < 100000; tries++) have += ring_get(t, x->peer, reason + have, want - have);
-          *st = tdm__set_error(TDM_ERR_REMOTE, "rank %d failed: %s", tdm__comm_rank_of(c, x->peer), reason);
+          *st = tdm__error_from(x->peer, tdm__set_error(TDM_ERR_REMOTE, "rank %d failed: %s", tdm__comm_rank_of(c, x->peer), reason));
           return -1;
         }
         if ((*st = tdm__xfer_header(c, x)) != TDM_OK) return -1;
@@ -633,7 +638,7 @@ tdm_status tdm__shm_transport_create(tdm__transport **out, struct tdm_comm *c, c
       else if (st == TDM_OK) st = tdm__set_error(TDM_ERR_NO_MEMORY, "shm: out of memory");
     } else st = tdm__store_get(t->store, "shm/name", &v, &n, c->timeout_s);
     if (st == TDM_OK && n > 0 && ((char *)v)[0] == '!') {
-      st = tdm__set_error(TDM_ERR_REMOTE, "rank 0 could not set up shared memory: %.*s", (int)n - 1, (char *)v + 1);
+      st = tdm__error_from(0, tdm__set_error(TDM_ERR_REMOTE, "rank 0 could not set up shared memory: %.*s", (int)n - 1, (char *)v + 1));
       tdm__free(v);
     } else if (st == TDM_OK) {
       snprintf(name, sizeof name, "%.*s", (int)n, (char *)v);

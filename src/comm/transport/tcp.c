@@ -30,8 +30,8 @@ typedef struct {
 static tdm_status peer_gone(tcp_tr *t, int peer, const char *how) {
   struct tdm_comm *c = t->base.comm;
   char b[160];
-  return tdm__set_error(TDM_ERR_REMOTE, "rank %d %s during %s (rank %d)", peer, how, tdm__call_str(&c->cur, b, sizeof b),
-                        c->rank);
+  return tdm__error_from(peer, tdm__set_error(TDM_ERR_REMOTE, "rank %d %s during %s (rank %d)", peer, how,
+                                              tdm__call_str(&c->cur, b, sizeof b), c->rank));
 }
 
 /* After an ABORT header: read the reason (short, bounded wait). */
@@ -41,7 +41,8 @@ static tdm_status remote_abort(tcp_tr *t, int peer, const tdm__hdr *h) {
   tdm__net_recv_all(t->fd[peer], reason, n, tdm_time_now() + 1.0, "abort reason");
   tdm_status st = h->op ? (tdm_status)(-(int)h->op) : TDM_ERR_REMOTE;
   if (st != TDM_ERR_MISMATCH && st != TDM_ERR_TIMEOUT) st = TDM_ERR_REMOTE;
-  return tdm__set_error(st, "rank %d failed: %s", peer, reason);
+  int from = h->root > 0 && h->root <= t->base.size ? h->root - 1 : peer; /* a relayer says where it began */
+  return tdm__error_from(from != t->base.rank ? from : -1, tdm__set_error(st, "rank %d failed: %s", peer, reason));
 }
 
 /* Receives what is there of n bytes into dst for transfer x and counts them in x->done: 1 if
@@ -158,7 +159,10 @@ static void tcp_abort(tdm__transport *tr, const char *reason) {
   if (t->closed) return;
   snprintf(t->closed_why, sizeof t->closed_why, "%s", reason);
   size_t rl = strlen(reason);
-  tdm__hdr h = {TDM_MSG_MAGIC, TDM_COLL_ABORT, 0, 0, (uint32_t)(-(int)tr->comm->fail_status), 0, tr->comm->comm_id, 0, rl};
+  /* root: 1 + the rank where a relayed failure began (0: ours) */
+  int from = tdm__active(tr)->fail_origin;
+  tdm__hdr h = {TDM_MSG_MAGIC, TDM_COLL_ABORT, 0, 0, (uint32_t)(-(int)tr->comm->fail_status), from >= 0 ? from + 1 : 0,
+                tr->comm->comm_id, 0, rl};
   for (int p = 0; p < tr->size; p++) {
     if (t->fd[p] < 0) continue;
     if (!t->send_mid[p]) { /* tell why, if the stream is at a message boundary */
