@@ -5,6 +5,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -43,7 +44,27 @@ struct tdm_trace {
   uint64_t next_async;
   double clock[2][3]; /* at, offset, uncertainty (seconds) */
   int have_clock[2];
+  char run[64]; /* which run wrote it ("" when unknown): merge refuses files of two runs */
 };
+
+/* The run this process belongs to, the same on all its ranks, from what the launcher set: tandem
+ * run's job token (hashed: the token admits peers to the store) and attempt, else Slurm's job and
+ * step, else Open MPI's PMIx namespace. "" when started by hand. */
+static void run_id(char *out, size_t n) {
+  const char *tok = getenv("TANDEM_JOB_TOKEN"), *att = getenv("TANDEM_RESTART_COUNT");
+  const char *job = getenv("SLURM_JOB_ID"), *step = getenv("SLURM_STEP_ID"), *ns = getenv("PMIX_NAMESPACE");
+  out[0] = 0;
+  if (tok && *tok) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a, then mixed */
+    for (const unsigned char *p = (const unsigned char *)tok; *p; p++) h = (h ^ *p) * 1099511628211ull;
+    snprintf(out, n, "job-%016llx.%.12s", (unsigned long long)tdm_hash64(h, 0), att && *att ? att : "0");
+  } else if (job && *job)
+    snprintf(out, n, "slurm-%.20s.%.12s", job, step && *step ? step : "0");
+  else if (ns && *ns)
+    snprintf(out, n, "pmix-%.40s", ns);
+  for (char *c = out; *c; c++) /* written into JSON as is */
+    if (*c == '"' || *c == '\\' || (unsigned char)*c < 32) *c = '_';
+}
 
 /* Live recorders by slot; a thread keeps (slot, gen), so a closed recorder is seen as gone. */
 static struct {
@@ -281,8 +302,9 @@ tdm_status tdm_trace_open(tdm_trace **out, const char *dir, int rank, int world)
   sep(t);
   fprintf(t->f, "{\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"name\":\"process_sort_index\",\"args\":{\"sort_index\":%d}}", rank, rank);
   sep(t);
-  fprintf(t->f, "{\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"name\":\"tandem_trace\",\"args\":{\"rank\":%d,\"world\":%d}}", rank, rank,
-          world);
+  run_id(t->run, sizeof t->run);
+  fprintf(t->f, "{\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"name\":\"tandem_trace\",\"args\":{\"rank\":%d,\"world\":%d,\"run\":\"%s\"}}", rank,
+          rank, world, t->run);
   if (fflush(t->f) != 0) {
     tdm_status st = tdm__set_error(TDM_ERR_IO, "--trace %s: cannot write %s: %s", dir, t->path, strerror(errno));
     fclose(t->f);
@@ -330,8 +352,8 @@ tdm_status tdm_trace_close(tdm_trace *t) {
   for (tbuf *b = t->threads; b; b = b->next)
     if (!b->rowed) put_row(t, b);
   fprintf(f, "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{\"format\":\"tandem-trace\",\"version\":1,\"rank\":%d,\"world\":%d,"
-             "\"clock_unit\":\"us\",\"dropped\":%llu",
-          t->rank, t->world, (unsigned long long)dropped);
+             "\"clock_unit\":\"us\",\"dropped\":%llu,\"run\":\"%s\"",
+          t->rank, t->world, (unsigned long long)dropped, t->run);
   static const char *const which[2] = {"clock_start", "clock_end"};
   for (int k = 0; k < 2; k++)
     if (t->have_clock[k])

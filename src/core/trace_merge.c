@@ -20,7 +20,13 @@ typedef struct {
   int have[2];
   int unclosed; /* its run never closed the file: read up to its last whole event */
   char file[256]; /* its name in the directory */
+  char run[64];   /* the run that wrote it ("": not recorded, by hand or an earlier version) */
 } rank_trace;
+
+static void run_of(const tdm_json *o, rank_trace *r) {
+  const tdm_json *v = o ? tdm__json_get(o, "run") : NULL;
+  if (v && v->type == TDM_JSON_STR) snprintf(r->run, sizeof r->run, "%s", v->str);
+}
 
 static void put_str(FILE *f, const char *s) {
   fputc('"', f);
@@ -121,6 +127,7 @@ static tdm_status load(const char *path, int rank, rank_trace *r) {
       return tdm__set_error(TDM_ERR_FORMAT, "trace merge: %s is not a tandem trace (otherData.format is not \"tandem-trace\")", path);
     TDM__TRY(whole(other, "rank", path, "otherData", 0, &r->rank));
     TDM__TRY(whole(other, "world", path, "otherData", 1, &r->world));
+    run_of(other, r);
     static const char *const which[2] = {"clock_start", "clock_end"};
     for (int k = 0; k < 2; k++) {
       const tdm_json *c = tdm__json_get(other, which[k]);
@@ -136,6 +143,7 @@ static tdm_status load(const char *path, int rank, rank_trace *r) {
       if (!strcmp(nm->str, "tandem_trace")) {
         TDM__TRY(whole(args, "rank", path, "the tandem_trace event's args", 0, &r->rank));
         TDM__TRY(whole(args, "world", path, "the tandem_trace event's args", 1, &r->world));
+        run_of(args, r);
         found = 1;
       } else if (!strcmp(nm->str, "tandem_clock")) {
         const tdm_json *w = tdm__json_get(args, "which");
@@ -203,6 +211,16 @@ static tdm_status merge(const char *dir, const char *out, rank_trace *rs, int *n
       return tdm__set_error(TDM_ERR_INVALID_ARG, "trace merge: %s lacks the trace of rank %d (of %d ranks)", dir, i, W);
   }
   if (*nr != W) return tdm__set_error(TDM_ERR_INVALID_ARG, "trace merge: %s holds %d of the %d ranks' traces", dir, *nr, W);
+  /* the same world size is not the same run: a rank's file left from an earlier run in the same
+   * directory (that rank failed to start this time) would merge silently */
+  for (int i = 0, k = -1; i < *nr; i++) {
+    if (!rs[i].run[0]) continue;
+    if (k >= 0 && strcmp(rs[i].run, rs[k].run) != 0)
+      return tdm__set_error(TDM_ERR_MISMATCH, "trace merge: %s mixes runs: %s was written by run %s, %s by run %s (a file left "
+                            "from an earlier run? trace each run into a directory of its own)", dir, rs[k].file, rs[k].run,
+                            rs[i].file, rs[i].run);
+    if (k < 0) k = i;
+  }
   /* the earliest event, on rank 0's clock, becomes time 0 */
   double base = 0;
   int any = 0;
@@ -239,6 +257,8 @@ static tdm_status merge(const char *dir, const char *out, rank_trace *rs, int *n
   fprintf(f, "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{\"format\":\"tandem-trace-merged\",\"version\":1,\"world\":%d,"
              "\"t0_us\":%.3f,\"tandem_clock\":[",
           W, base);
+  const char *run = "";
+  for (int i = 0; i < *nr && !run[0]; i++) run = rs[i].run;
   for (int i = 0; i < *nr; i++) {
     fprintf(f, "%s{\"rank\":%d", i ? "," : "", i);
     static const char *const which[2] = {"start", "end"};
@@ -265,7 +285,9 @@ static tdm_status merge(const char *dir, const char *out, rank_trace *rs, int *n
     if (timed) fprintf(f, "%s{\"rank\":%d,\"last_us\":%.3f}", k++ ? "," : "", i, last);
     else fprintf(f, "%s{\"rank\":%d,\"last_us\":null}", k++ ? "," : "", i); /* it stopped before any event was flushed */
   }
-  fputs("]}}\n", f);
+  fputs("],\"run\":", f);
+  put_str(f, run);
+  fputs("}}\n", f);
   int bad = ferror(f) != 0;
   if (fclose(f) != 0) bad = 1;
   if (bad) {

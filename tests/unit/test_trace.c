@@ -68,7 +68,12 @@ static void *comm_thread(void *arg) {
 
 static void test_spans_threads_args(void) {
   tdm_trace *t;
+  /* the run id comes from the launcher's token, hashed (the token admits peers to the store) */
+  setenv("TANDEM_JOB_TOKEN", "secret-token-1234", 1);
+  setenv("TANDEM_RESTART_COUNT", "2", 1);
   CHECK_OK(tdm_trace_open(&t, dir, 1, 2));
+  unsetenv("TANDEM_JOB_TOKEN");
+  unsetenv("TANDEM_RESTART_COUNT");
   CHECK(tdm_trace_on() && tdm_trace_current() == t);
   tdm_trace_name_thread("training");
   double t0 = tdm_trace_begin();
@@ -112,6 +117,9 @@ static void test_spans_threads_args(void) {
   }
   CHECK(names == 2 && fwd == 1 && ar == 5);
   CHECK(num_of(other, "rank") == 1 && num_of(other, "world") == 2 && num_of(other, "dropped") == 0);
+  const char *run = str_of(other, "run");
+  CHECK_MSG(!strncmp(run, "job-", 4) && strlen(run) == 4 + 16 + 2 && !strcmp(run + strlen(run) - 2, ".2") && !strstr(run, "secret"),
+            "otherData.run '%s'", run);
   CHECK_NEAR(num_of(tdm__json_get(other, "clock_start"), "offset_us"), 1, 1e-9);
   CHECK_NEAR(num_of(tdm__json_get(other, "clock_start"), "uncertainty_us"), 2, 1e-9);
   tdm__json_free(j);
@@ -318,6 +326,13 @@ static void test_merge_offsets(void) {
   merge_refuses(sub, out, p01, "{\"traceEvents\":[],\"otherData\":{\"format\":\"tandem-trace\",\"world\":2}}", TDM_ERR_FORMAT,
                 "lacks otherData.rank");
   remove(p01);
+  /* files of two runs with the same world size: refused, naming both; a file with no run id (a
+   * rank started by hand, an earlier version) merges with one that has */
+  write_file(p0, "{\"traceEvents\":[{\"ph\":\"X\",\"pid\":0,\"tid\":1,\"ts\":1400,\"dur\":5,\"name\":\"a\"}],"
+                 "\"otherData\":{\"format\":\"tandem-trace\",\"rank\":0,\"world\":2,\"run\":\"job-a.0\"}}");
+  CHECK_OK(tdm_trace_merge(sub, out, NULL, NULL));
+  merge_refuses(sub, out, p1, "{\"traceEvents\":[],\"otherData\":{\"format\":\"tandem-trace\",\"rank\":1,\"world\":2,\"run\":\"job-b.0\"}}",
+                TDM_ERR_MISMATCH, "mixes runs: trace.rank0.json was written by run job-a.0, trace.rank1.json by run job-b.0");
   /* refused: a rank missing, a truncated file, no traces at all */
   remove(p0);
   CHECK(tdm_trace_merge(sub, out, NULL, NULL) != TDM_OK);
