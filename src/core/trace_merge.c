@@ -157,6 +157,19 @@ static tdm_status load(const char *path, int rank, rank_trace *r) {
   }
   if (r->rank != rank)
     return tdm__set_error(TDM_ERR_FORMAT, "trace merge: %s says it is rank %d; its name says rank %d", path, r->rank, rank);
+  /* times are microseconds of a monotonic clock: one far outside would become every rank's time 0
+   * (the earliest event) and push the rest out of sight */
+  for (int i = 0; i < r->events->n; i++) {
+    static const char *const keys[2] = {"ts", "dur"};
+    for (int k = 0; k < 2; k++) {
+      const tdm_json *v = tdm__json_get(&r->events->items[i], keys[k]);
+      if (v && v->type != TDM_JSON_NUM)
+        return tdm__set_error(TDM_ERR_FORMAT, "trace merge: %s: event %d's %s is not a number; expected microseconds", path, i, keys[k]);
+      if (v && !(v->num >= 0 && v->num < 1e15))
+        return tdm__set_error(TDM_ERR_FORMAT, "trace merge: %s: event %d's %s is %.6g; expected microseconds from 0 to 1e15", path, i,
+                              keys[k], v->num);
+    }
+  }
   return TDM_OK;
 }
 

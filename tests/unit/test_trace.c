@@ -333,6 +333,14 @@ static void test_merge_offsets(void) {
   CHECK_OK(tdm_trace_merge(sub, out, NULL, NULL));
   merge_refuses(sub, out, p1, "{\"traceEvents\":[],\"otherData\":{\"format\":\"tandem-trace\",\"rank\":1,\"world\":2,\"run\":\"job-b.0\"}}",
                 TDM_ERR_MISMATCH, "mixes runs: trace.rank0.json was written by run job-a.0, trace.rank1.json by run job-b.0");
+  /* an event's time far outside a clock's would become time 0 for all: refused, naming it */
+  merge_refuses(sub, out, p1, "{\"traceEvents\":[{\"ph\":\"X\",\"pid\":1,\"tid\":1,\"ts\":-1e300,\"dur\":5,\"name\":\"b\"}],"
+                "\"otherData\":{\"format\":\"tandem-trace\",\"rank\":1,\"world\":2}}",
+                TDM_ERR_FORMAT, "trace.rank1.json: event 0's ts is -1e+300; expected microseconds from 0 to 1e15");
+  merge_refuses(sub, out, p1, "{\"traceEvents\":[{\"ph\":\"X\",\"pid\":1,\"tid\":1,\"ts\":10,\"dur\":\"5\",\"name\":\"b\"}],"
+                "\"otherData\":{\"format\":\"tandem-trace\",\"rank\":1,\"world\":2}}",
+                TDM_ERR_FORMAT, "event 0's dur is not a number");
+  write_file(p1, "{\"traceEvents\":[],\"otherData\":{\"format\":\"tandem-trace\",\"rank\":1,\"world\":2}}");
   /* refused: a rank missing, a truncated file, no traces at all */
   remove(p0);
   CHECK(tdm_trace_merge(sub, out, NULL, NULL) != TDM_OK);
