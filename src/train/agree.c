@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/internal.h"
+#include "parallel/common.h"
 
 enum { MAX_SETTINGS = 80, VALUE = 96 };
 
@@ -86,6 +87,10 @@ static void collect(const tdm_train_config *c, settings *s) {
       (long long)c->checkpoint_every);
   add(s, "--resume / --resume-override", "%d / %s", c->resume, str(c->resume_override));
   add(s, "--init-weights (given or not)", "%d", c->init_weights != NULL);
+  /* the environment's switches that change which collectives run (a bad value: the engine says) */
+  int zero_copy = -1;
+  if (tdm__env_switch("TANDEM_DP_ZERO_COPY", &zero_copy) != TDM_OK) tdm_clear_error();
+  add(s, "TANDEM_DP_ZERO_COPY (environment)", "%d", zero_copy != 0);
 }
 
 static uint64_t fnv1a(const char *p) {

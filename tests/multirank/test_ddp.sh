@@ -116,11 +116,17 @@ different_settings() { # rank 1 started with other options by hand: every rank n
 --seed 7|--seed is 7 on rank 1 but 42 on rank 0
 --batch-size 32|--batch-size is 32 on rank 1 but 64 on rank 0
 EOF
+  # and a switch of the environment that changes the collectives (unset is on)
+  "$T" run -n 2 -- sh -c "if [ \"\$RANK\" = 1 ]; then export TANDEM_DP_ZERO_COPY=0; fi; exec \"$T\" train --steps 1 --threads 1" \
+    >"$TMP/out" 2>&1
+  local rc=$?
+  [[ $rc -ne 0 && $(grep -c -- "different training settings: TANDEM_DP_ZERO_COPY (environment) is 0 on rank 1 but 1 on rank 0" "$TMP/out") -ge 2 ]] ||
+    { echo "  rank 1 with TANDEM_DP_ZERO_COPY=0: exit $rc"; tail -5 "$TMP/out"; return 1; }
   # what may differ from rank to rank: threads
   "$T" run -n 2 -- sh -c "exec \"$T\" train --steps 1 --threads \$((RANK + 1))" >"$TMP/out" 2>&1 ||
     { echo "  ranks with 1 and 2 threads were refused"; tail -3 "$TMP/out"; return 1; }
 }
-check "ranks started with different settings (model, lr, seed, batch): every rank names the option and both values" different_settings
+check "ranks started with different settings (model, lr, seed, batch, TANDEM_DP_ZERO_COPY): every rank names the option and both values" different_settings
 val_same_samples() { # --val-batches counts global batches: the same validation whatever the layout
   local V=(train --model gpt --layers 2 --heads 2 --width 48 --block 16 --vocab 257 --threads 1 --val-batches 2 --seed 5 --steps 2
            --optimizer sgd --lr 0.1 --dropout 0 --warmup 0 --lr-schedule constant)
