@@ -186,6 +186,40 @@ static tdm_status agree_start(const tdm__start_in *in, tdm_status st) {
   return st != TDM_OK ? st : cs;
 }
 
+/* Every rank reads the same data. The options agreed before the first collective (agree.h), but
+ * what the files hold is known only once they are read: a node with another copy of the data set
+ * (an older one) trained its shard on other samples, silently. One all-gather of a hash per
+ * identity value (data set, its size and checksum, ...), and two broadcasts when one differs. */
+static tdm_status agree_identity(const tdm__start_in *in) {
+  const tdm__run_identity *id = in->id;
+  int W = in->world, n = id->n;
+  uint64_t mine[TDM__IDENTITY_MAX] = {0}, *all = tdm__calloc((size_t)W * TDM__IDENTITY_MAX, sizeof *all);
+  if (!all) return tdm__set_error(TDM_ERR_NO_MEMORY, "train: out of memory");
+  for (int i = 0; i < n; i++) {
+    uint64_t h = 1469598103934665603ull;
+    for (const char *p = id->value[i]; *p; p++) h = (h ^ (uint8_t)*p) * 1099511628211ull;
+    mine[i] = h;
+  }
+  tdm_status st = tdm_comm_allgather(in->comm, mine, all, TDM__IDENTITY_MAX, TDM_I64, TDM_ALGO_AUTO);
+  int r = 1, k = -1;
+  for (; st == TDM_OK && r < W && k < 0; r++)
+    for (int i = 0; i < n && k < 0; i++)
+      if (all[(size_t)r * TDM__IDENTITY_MAX + i] != all[i]) k = i;
+  r--;
+  tdm__free(all);
+  if (st != TDM_OK || k < 0) return st;
+  char v0[96], vr[96];
+  memcpy(v0, id->value[k], sizeof v0);
+  memcpy(vr, id->value[k], sizeof vr);
+  TDM__TRY(tdm_comm_broadcast(in->comm, v0, sizeof v0, TDM_U8, 0, TDM_ALGO_AUTO));
+  TDM__TRY(tdm_comm_broadcast(in->comm, vr, sizeof vr, TDM_U8, r, TDM_ALGO_AUTO));
+  v0[sizeof v0 - 1] = vr[sizeof vr - 1] = 0;
+  return tdm__set_error(TDM_ERR_MISMATCH,
+                        "the ranks do not read the same data: %s is %s on rank %d but %s on rank 0%s. Every rank must read "
+                        "the same files (--data-dir, --data-path): a node holds another copy?",
+                        id->what[k], vr, r, v0, in->rank == r ? " (this rank differs)" : "");
+}
+
 /* Every rank writes its own file of each checkpoint and may read any other's: they must share the
  * directory. Rank 0 creates a file there; every rank looks for it in its own --checkpoint-dir. */
 static tdm_status check_shared(const tdm__start_in *in, const char *dir) {
@@ -222,6 +256,7 @@ tdm_status tdm__run_start(const tdm__start_in *in, tdm__start_out *out) {
   tdm_status st = c->resume ? check_overrides(c->resume_override) : TDM_OK;
   if (st == TDM_OK && in->rank == 0) st = open_outputs(c, out);
   if (in->comm) st = agree_start(in, st);
+  if (st == TDM_OK && in->comm) st = agree_identity(in);
   if (st == TDM_OK && in->comm && c->checkpoint_dir) st = check_shared(in, c->checkpoint_dir);
   if (st != TDM_OK || !c->resume || !c->checkpoint_dir) return st;
   /* every rank opens the newest valid checkpoint and reads what it holds, whatever layout wrote it */

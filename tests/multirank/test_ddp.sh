@@ -122,11 +122,19 @@ EOF
   local rc=$?
   [[ $rc -ne 0 && $(grep -c -- "different training settings: TANDEM_DP_ZERO_COPY (environment) is 0 on rank 1 but 1 on rank 0" "$TMP/out") -ge 2 ]] ||
     { echo "  rank 1 with TANDEM_DP_ZERO_COPY=0: exit $rc"; tail -5 "$TMP/out"; return 1; }
+  # the same options over different files (paths may differ): a text that differs in its first byte
+  head -c 30000 data/tinyshakespeare.txt >"$TMP/text0.txt"
+  { printf 'X'; tail -c +2 "$TMP/text0.txt"; } >"$TMP/text1.txt"
+  "$T" run -n 2 -- sh -c "exec \"$T\" train --model gpt --layers 1 --heads 2 --width 16 --block 16 --steps 1 --threads 1 \
+    --data-path \"$TMP/text\$RANK.txt\"" >"$TMP/out" 2>&1
+  rc=$?
+  [[ $rc -ne 0 && $(grep -c -- "the ranks do not read the same data: training data (a checksum of 64 samples) is [0-9a-f]* on rank 1 but [0-9a-f]* on rank 0" "$TMP/out") -ge 2 ]] ||
+    { echo "  rank 1 reading another text: exit $rc"; tail -5 "$TMP/out"; return 1; }
   # what may differ from rank to rank: threads
   "$T" run -n 2 -- sh -c "exec \"$T\" train --steps 1 --threads \$((RANK + 1))" >"$TMP/out" 2>&1 ||
     { echo "  ranks with 1 and 2 threads were refused"; tail -3 "$TMP/out"; return 1; }
 }
-check "ranks started with different settings (model, lr, seed, batch, TANDEM_DP_ZERO_COPY): every rank names the option and both values" different_settings
+check "ranks started with different settings (model, lr, seed, batch, TANDEM_DP_ZERO_COPY) or reading different data: every rank names the option and both values" different_settings
 val_same_samples() { # --val-batches counts global batches: the same validation whatever the layout
   local V=(train --model gpt --layers 2 --heads 2 --width 48 --block 16 --vocab 257 --threads 1 --val-batches 2 --seed 5 --steps 2
            --optimizer sgd --lr 0.1 --dropout 0 --warmup 0 --lr-schedule constant)
