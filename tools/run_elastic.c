@@ -90,6 +90,8 @@ typedef struct {
   double stop_at, heard, pinged;
   char pending[TDM_RDZV_LINE]; /* a ROUND that came while our ranks were still stopping */
   int done_sent, waiting_said;
+  int relayed;          /* a rank that exited passing on another's failure, reported once the grace is over, or -1 */
+  double relayed_until; /* till then a rank's own failure, here or on another node, is the one reported */
 } agent;
 
 /* Hosts the rendezvous if we can listen on the endpoint, then connects to it (ours or another
@@ -160,6 +162,7 @@ static int start_round(agent *a, const char *line) {
   a->node_rank = nr;
   a->world = world;
   a->done_sent = a->failed = a->waiting_said = 0;
+  a->relayed = -1;
   int first = nr * o->local;
   fprintf(stderr, "tandem run: round %lld: %d node%s, world size %d; this node is node %d (ranks %d..%d); "
                   "--elastic-batch %s at %d of %d ranks\n",
@@ -212,6 +215,21 @@ static int start_round(agent *a, const char *line) {
   return 0;
 }
 
+/* Rank i of this node failed: say so, stop the others, tell the rendezvous (it restarts the round). */
+static void report_failure(agent *a, int i) {
+  rank_t *r = &a->ranks[i];
+  int first = a->node_rank * a->o->local;
+  a->failed = 1;
+  char what[200];
+  snprintf(what, sizeof what, "rank %d %s %d%s", first + i, r->sig ? "was killed by signal" : "exited with code",
+           r->sig ? r->sig : r->code, run_fail_weight(r) == 1 ? " (passing on another rank's failure)" : "");
+  fprintf(stderr, "tandem run: %s; stopping this node's other ranks\n", what);
+  int from = r->ntail > TAIL_LINES ? r->ntail - TAIL_LINES : 0;
+  for (int j = from; j < r->ntail; j++) fprintf(stderr, "  | %s\n", r->tail[j % TAIL_LINES]);
+  stop_ranks(a, SIGTERM);
+  tdm__rdzv_send(&a->conn, "FAIL %lld %s", (long long)a->round, what);
+}
+
 /* Output, exits, and the stop's deadline of our ranks. */
 static void tend_ranks(agent *a) {
   int first = a->node_rank * a->o->local;
@@ -230,18 +248,14 @@ static void tend_ranks(agent *a) {
       r->code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
       r->sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
       a->alive--;
-      if ((r->code || r->sig) && !a->stopping && !a->failed) {
-        a->failed = 1;
-        char what[200];
-        snprintf(what, sizeof what, "rank %d %s %d", first + i, r->sig ? "was killed by signal" : "exited with code",
-                 r->sig ? r->sig : r->code);
-        fprintf(stderr, "tandem run: %s; stopping this node's other ranks\n", what);
-        int from = r->ntail > TAIL_LINES ? r->ntail - TAIL_LINES : 0;
-        for (int j = from; j < r->ntail; j++) fprintf(stderr, "  | %s\n", r->tail[j % TAIL_LINES]);
-        stop_ranks(a, SIGTERM);
-        tdm__rdzv_send(&a->conn, "FAIL %lld %s", (long long)a->round, what);
-      }
+      int w = run_fail_weight(r);
+      if (!w || a->stopping || a->failed) continue;
+      /* a rank that relayed another's failure waits a grace for one that failed of its own */
+      if (w == 1 && a->relayed < 0) a->relayed = i, a->relayed_until = tdm_time_now() + RUN_RELAY_GRACE_S;
+      if (w > 1) report_failure(a, i);
     }
+  if (a->relayed >= 0 && !a->failed && !a->stopping && (a->alive == 0 || tdm_time_now() > a->relayed_until))
+    report_failure(a, a->relayed);
   if (a->stopping && a->alive > 0 && tdm_time_now() > a->stop_at) run_signal_ranks(a->ranks, a->started, SIGKILL, 1);
   if (a->started > 0 && a->alive == 0 && !a->stopping && !a->failed && !a->done_sent) {
     a->done_sent = 1;
@@ -273,6 +287,7 @@ int run_elastic(const run_elastic_opts *o) {
   memset(a, 0, sizeof *a);
   a->o = o;
   a->conn.fd = a->store_fd = -1;
+  a->relayed = -1;
   a->node_rank = 0;
   char host[256] = "localhost";
   gethostname(host, sizeof host - 1);
