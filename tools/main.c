@@ -1,11 +1,21 @@
 /* The tandem command: one binary, one subcommand per job. */
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include "cli.h"
+#include "tandem/comm.h"
 #include "watch.h"
+
+/* A signal that ends a rank (a launcher's SIGTERM, the watchdog's, Ctrl-C) during shared memory's
+ * set-up would leave its segment in /dev/shm: removed, then the signal's default action. */
+static void on_fatal_signal(int sig) {
+  tdm_shm_remove_pending();
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -57,6 +67,15 @@ static int dispatch(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
+  int sigs[] = {SIGTERM, SIGINT, SIGHUP};
+  for (int i = 0; i < 3; i++) {
+    struct sigaction sa = {0}, old;
+    /* only where the default would end us: an ignored signal (nohup's SIGHUP) stays ignored */
+    if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_DFL) {
+      sa.sa_handler = on_fatal_signal;
+      sigaction(sigs[i], &sa, NULL);
+    }
+  }
   watch_launcher(); /* a rank of a tandem run that died stops too */
   int rc = dispatch(argc, argv);
   /* Under an address-space limit (ulimit -v) an OpenBLAS worker whose 128 MiB buffer was refused

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -93,6 +94,13 @@ void watch_launcher(void) {
   }
   snprintf(stop_note, sizeof stop_note, "tandem: the launcher (tandem run, pid %ld) is gone: stopping this process (%ld)\n",
            pid, (long)getpid());
+  /* started by the launcher itself, which set SIGKILL as our parent-death signal: SIGTERM instead,
+   * so that the handler main installs runs (it removes a shared-memory segment still being set
+   * up); the thread below ends us within 5 s of the launcher's death anyway */
+  if (getppid() == launcher) {
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != launcher) stop(); /* it died in between: no signal will come */
+  }
   pthread_t th;
   pthread_attr_t a;
   pthread_attr_init(&a);

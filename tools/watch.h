@@ -13,7 +13,9 @@
 unsigned long long watch_start_time(pid_t pid);
 /* Starts the watchdog thread if TANDEM_LAUNCHER_PID is set; when the launcher is gone (exited,
  * or its pid now belongs to another process) prints why to stderr, sends itself SIGTERM and
- * exits. A launcher that is gone already stops us at once. */
+ * exits. A launcher that is gone already stops us at once. A rank that is the launcher's own child
+ * turns its parent-death signal from SIGKILL into SIGTERM, which tandem's handler turns into its
+ * clean-up (shared-memory names) and then the default death. */
 void watch_launcher(void);
 
 #endif

@@ -111,6 +111,12 @@ tdm_status tdm_comm_create(tdm_comm_t *out, const tdm_comm_config *cfg);
 tdm_status tdm_comm_create_from_env(tdm_comm_t *out);
 /* Closes connections and frees everything. Safe on a failed communicator. */
 void tdm_comm_destroy(tdm_comm_t c);
+
+/* Removes the names of the shared-memory segments this process created whose set-up has not ended
+ * (rank 0 unlinks each once every rank has mapped it). Async-signal-safe: for a handler of a
+ * signal that ends the process (SIGTERM, SIGINT) in the middle of a set-up, which would leave the
+ * segment in /dev/shm; tandem's command installs one. */
+void tdm_shm_remove_pending(void);
 /* Marks the communicator failed and wakes every blocked call on it (from any thread); peers see
  * the connection close. The handle must still be destroyed. */
 void tdm_comm_abort(tdm_comm_t c);

@@ -59,6 +59,22 @@ check "kill -9 of tandem run: the ranks it started die with it" dies_with_launch
 check "kill -9 of tandem run: tandem ranks under a shell that forks die too" dies_with_launcher 5 started \
   sh -c "echo started; \"$TANDEM\" bench allreduce -b 8 -e 8 -n 100000000 -w 0; echo after"
 
+setup_segment_removed() { # the launcher killed while rank 0 waits for rank 1 to map the shared memory
+  # it created: the watchdog's SIGTERM ends rank 0, whose handler removes the segment's name
+  "${MARKED[@]}" TANDEM_TRANSPORT=shm "$TANDEM" run -n 2 -- sh -c \
+    'if [ "$RANK" = 1 ]; then exec sleep 30; fi; exec "$0" bench allreduce -b 8 -e 8 -n 10 -w 0' "$TANDEM" >"$TMP/out" 2>&1 &
+  local launcher=$! t=0 seg= p
+  until [[ -n $seg ]]; do
+    for p in $(marked); do seg=$(ls /dev/shm 2>/dev/null | grep "^tandem-$p-" | head -1); [[ -n $seg ]] && break; done
+    sleep 0.1
+    (( ++t < 100 )) || { echo "  rank 0 made no segment:"; cat "$TMP/out"; kill_marked; return 1; }
+  done
+  kill -9 "$launcher"; wait "$launcher" 2>/dev/null
+  wait_none_marked 5 || return 1
+  [[ ! -e /dev/shm/$seg ]] || { echo "  /dev/shm/$seg is left"; rm -f "/dev/shm/$seg"; return 1; }
+}
+check "a rank ended by a signal while setting up shared memory leaves no segment in /dev/shm" setup_segment_removed
+
 watchdog() { # the launcher's pid given without tandem run: gone, reused, and alive
   local start
   start=$(sed 's/.*) //' /proc/$$/stat | awk '{print $20}')

@@ -115,6 +115,38 @@ static unsigned char *slot(shm_tr *t, int parity, int rank) {
 
 int tdm__shm_usable(const struct tdm_comm *c) { return c->tr && c->tr->ops == &shm_ops && !c->map; }
 
+/* ---- names not yet unlinked ----------------------------------------------------------------
+ * Rank 0 creates a segment and unlinks its name once every rank has mapped it; a signal that ends
+ * the process in between (SIGTERM from a launcher, or from the watchdog when the launcher died)
+ * left it in /dev/shm. The names wait here for tdm_shm_remove_pending, which a signal handler may
+ * call: slots claimed with an atomic flag, read without locks. */
+enum { PENDING = 8 };
+static char pending_name[PENDING][128];
+static _Atomic int pending_used[PENDING]; /* 0 free, 1 being written, 2 holds a name */
+
+static int pending_add(const char *name) {
+  for (int i = 0; i < PENDING; i++) {
+    int want = 0;
+    if (atomic_compare_exchange_strong(&pending_used[i], &want, 1)) {
+      snprintf(pending_name[i], sizeof pending_name[i], "%s", name);
+      atomic_store(&pending_used[i], 2);
+      return i;
+    }
+  }
+  return -1; /* more segments in set-up at once than slots: that one is not covered */
+}
+
+static void pending_done(int slot) {
+  if (slot >= 0) atomic_store(&pending_used[slot], 0);
+}
+
+void tdm_shm_remove_pending(void) {
+  for (int i = 0; i < PENDING; i++) {
+    int want = 2;
+    if (atomic_compare_exchange_strong(&pending_used[i], &want, 1)) shm_unlink(pending_name[i]);
+  }
+}
+
 /* ---- failing ----------------------------------------------------------------------------- */
 /* Tells every rank why we stop: waits anywhere in the segment see the flag within milliseconds. */
 static void abort_with(shm_tr *t, tdm_status st, const char *reason, int origin) {
@@ -604,11 +636,12 @@ tdm_status tdm__shm_transport_create(tdm__transport **out, struct tdm_comm *c, c
   /* the segment's name goes through the store, or (a node's group of a job that spans nodes,
    * algo/hier.c) through a broadcast over the group's communicator on the job's transport */
   tdm_status st = c->rdzv ? TDM_OK : tdm__store_open(&t->store, cfg, c->timeout_s);
-  int fd = -1;
+  int fd = -1, pend = -1;
   char why[600];
   if (st == TDM_OK && me == 0) {
     snprintf(name, sizeof name, "/tandem-%d-%llx", (int)getpid(), (unsigned long long)tdm_hash64((uint64_t)getpid(), (uint64_t)(tdm_time_now() * 1e9)));
     fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd >= 0) pend = pending_add(name); /* ours (O_EXCL): a signal from here on removes it */
     int fa = 0;
     if (fd < 0 || ftruncate(fd, (off_t)t->total) != 0)
       st = tdm__set_error(TDM_ERR_SYSTEM, "shm: cannot create %s (%zu bytes): %s", name, t->total, strerror(errno));
@@ -701,11 +734,13 @@ tdm_status tdm__shm_transport_create(tdm__transport **out, struct tdm_comm *c, c
                             nm == 1 ? "" : "s", missing, nm > 8 ? ", ..." : "");
       }
       shm_unlink(name);
+      pending_done(pend);
     }
   }
   if (st != TDM_OK) {
     tdm_status e = tdm__set_error(st, "%s", tdm_last_error());
     if (me == 0 && fd >= 0) shm_unlink(name);
+    pending_done(pend);
     shm_destroy(&t->base);
     return e;
   }
@@ -720,12 +755,13 @@ static tdm_status shm_shared_map(tdm__transport *tr, struct tdm_comm *c, size_t 
   *base = NULL;
   int me = c->rank;
   char name[128] = {0};
-  int fd = -1, ok = 1;
+  int fd = -1, ok = 1, pend = -1;
   void *m = NULL;
   if (me == 0) {
     snprintf(name, sizeof name, "/tandem-r-%d-%llx", (int)getpid(),
              (unsigned long long)tdm_hash64((uint64_t)getpid(), (uint64_t)(tdm_time_now() * 1e9)));
     fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd >= 0) pend = pending_add(name);
     /* reserve the pages now: a tmpfs too small for them (a container's 64 MB /dev/shm) then fails
      * here, and every rank falls back to a copying collective, instead of SIGBUS on first touch */
     if (fd < 0 || ftruncate(fd, (off_t)bytes) != 0 || posix_fallocate(fd, 0, (off_t)bytes) != 0) ok = 0;
@@ -741,6 +777,7 @@ static tdm_status shm_shared_map(tdm__transport *tr, struct tdm_comm *c, size_t 
   int32_t mapped = st == TDM_OK && ok && m != NULL, all = 0;
   if (st == TDM_OK) st = tdm_comm_allreduce(c, &mapped, &all, 1, TDM_I32, TDM_MIN, TDM_ALGO_AUTO);
   if (me == 0 && name[0]) shm_unlink(name); /* mapped by all (or given up): nothing left behind */
+  pending_done(pend);
   if (st == TDM_OK && !all)
     st = tdm__set_error(TDM_ERR_SYSTEM, "shared buffer: some rank could not reserve %zu bytes in /dev/shm (too small?)", bytes);
   if (st != TDM_OK) {
