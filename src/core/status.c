@@ -41,6 +41,9 @@ int tdm_last_error_origin(void) { return err_origin; }
 
 tdm_status tdm__error_from(int rank, tdm_status st) {
   if (rank < 0 || !err_buf[0]) return st;
+  /* a wrap of the relayed error keeps the key of the error itself: the inner text may come back
+   * alone later (a caller that restores its own message after a communicator's wrapped it) */
+  if (err_origin == rank && strstr(err_buf, origin_key)) return st;
   err_origin = rank;
   size_t n = strnlen(err_buf, sizeof origin_key - 1);
   memcpy(origin_key, err_buf, n);

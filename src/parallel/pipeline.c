@@ -376,8 +376,9 @@ static tdm_status fail(pp_state *q, tdm_status st) {
     char mine[512], why[600];
     snprintf(mine, sizeof mine, "%s", tdm_last_error());
     snprintf(why, sizeof why, "pipeline stage %d failed: %s", q->stage, mine);
+    int origin = tdm_last_error_origin(); /* a relayed failure stays relayed */
     tdm_comm_abort_why(q->world, keep, why);
-    tdm__set_error(keep, "%s", mine);
+    tdm__error_from(origin, tdm__set_error(keep, "%s", mine));
   }
   wait_through(q, q->n_ex - 1, NULL);
   for (int i = 0; i < q->n_slots; i++) q->slots[i].chunk = -1;

@@ -37,4 +37,12 @@ rank_order() {
     nodes one4 '0' && ! grep -q "hierarchical all-reduce: rank" "$TMP/one4.out" && cmp -s "$TMP/d22.st" "$TMP/one4.st"
 }
 check "TANDEM_ALGO=allreduce=direct on 2 nodes of 2: rank order, bit for bit the 4 ranks on one node" rank_order
+relayed_world_rank() { # rank 3 (node 1, local rank 1) fails of its own: every other rank names rank 3 as the
+  # origin, whether it learned it in its node's shared memory (local numbers) or from another node
+  TANDEM_FAULT=3:2:error TANDEM_TRANSPORT=tcp timeout 120 "$T" run --keep-going -n 4 -- \
+    sh -c 'TANDEM_NODE_ID=node$((RANK / 2)) exec "$0" "$@"' "$T" "${A[@]}" --batch-size 24 --steps 4 >"$TMP/rel.out" 2>&1
+  [[ $(grep -c "relayed from rank 3)" "$TMP/rel.out") == 3 ]] && grep -q "rank 3 failed first: exit code 1" "$TMP/rel.out" ||
+    { grep "tandem train: [a-zA-Z/ ]*(\|failed first" "$TMP/rel.out"; return 1; }
+}
+check "a failure relayed through a node's shared memory names the world rank where it began" relayed_world_rank
 finish

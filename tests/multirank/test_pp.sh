@@ -59,6 +59,16 @@ dead_stage() { # started by hand (no launcher to stop the other): rank 1 dies af
   grep -qE "tandem train: .*rank 1" "$TMP/dead.0" || { echo "  rank 0 does not name rank 1:"; tail -2 "$TMP/dead.0"; return 1; }
 }
 check "a stage that dies: the other fails within seconds naming it" dead_stage
+stage_error_relayed() { # over tcp, rank 2 (stage 0 of the second replica) fails with an error of its own:
+  # the others relay it (their pipeline stage wraps it) and exit 4, and the launcher names rank 2
+  TANDEM_TRANSPORT=tcp TANDEM_FAULT=2:2:error "$T" run -n 4 -- tandem "${G[@]}" --steps 4 --dp 2 --pp 2 --microbatches 2 \
+    >"$TMP/relay.out" 2>&1
+  local rc=$?
+  [[ $rc == 1 ]] && grep -q "rank 2 failed first: exit code 1" "$TMP/relay.out" &&
+    grep -q "relayed from rank 2" "$TMP/relay.out" && ! grep -q "\[rank [013]\] tandem train: .*(this rank)" "$TMP/relay.out" ||
+    { echo "  exit $rc:"; grep "tandem train: [a-zA-Z/ ]*(\|failed first" "$TMP/relay.out"; return 1; }
+}
+check "an error of one rank's own in a 2 x 2 grid over tcp: the others say they relay it, the launcher names it" stage_error_relayed
 
 restart() { # rank 1 dies after step 4; tandem run restarts both, they resume from step 3: the same weights
   "$T" run -n 2 -- tandem "${G[@]}" --steps 6 --pp 2 --microbatches 2 --schedule zb1p --save-weights "$TMP/full.st" \

@@ -193,6 +193,17 @@ tdm_status tdm__allreduce_hier(struct tdm_comm *c, const void *sendbuf, void *re
   }
   tdm__count_sent(c, tdm_comm_bytes_sent(h->node_comm) + tdm_comm_bytes_sent(h->lane) - before);
   if (st != TDM_OK) {
+    /* the node's communicator numbers its ranks 0..local_size-1: a relayed failure's origin there
+     * is the rank of c on this node with that index */
+    if (tdm_last_error_origin() >= 0 && strstr(phase, "in the node")) {
+      int o = tdm_last_error_origin(), w = -1;
+      for (int r = 0, q = 0; r < c->size && w < 0; r++)
+        if (c->node_of[r] == h->node && q++ == o) w = r;
+      char inner[1024];
+      snprintf(inner, sizeof inner, "%s", tdm_last_error());
+      tdm_clear_error(); /* (and its origin) */
+      tdm__error_from(w, tdm__set_error(st, "%s", inner));
+    }
     tdm__comm_fail(c, st, "hierarchical all-reduce #%llu (%zu x %s), %s on node %d: %s", (unsigned long long)c->cur.seq, count,
                    tdm_dtype_name(dt), phase, h->node, tdm_last_error());
     /* tell everyone, as a failed message does: the node's peers through its segment, the other

@@ -94,7 +94,10 @@ static tdm_status run_posted(tdm__transport *tr, tdm__xfer *x, int n, double dea
             MPI_Recv(reason, len, MPI_BYTE, x[i].peer, mpi_tag(&x[i]), MPI_COMM_WORLD, MPI_STATUS_IGNORE);
             tdm_status st = x[i].got.op ? (tdm_status)(-(int)x[i].got.op) : TDM_ERR_REMOTE;
             if (st != TDM_ERR_MISMATCH && st != TDM_ERR_TIMEOUT) st = TDM_ERR_REMOTE;
-            return tdm__error_from(x[i].peer, tdm__set_error(st, "rank %d failed: %s", tdm__comm_rank_of(c, x[i].peer), reason));
+            int32_t root = x[i].got.root; /* 1 + where a relayed failure began (0: the sender's own) */
+            int from = root > 0 && root <= tr->size ? root - 1 : x[i].peer;
+            return tdm__error_from(from != tr->rank ? from : -1,
+                                   tdm__set_error(st, "rank %d failed: %s", tdm__comm_rank_of(c, x[i].peer), reason));
           }
           /* checked, or (a tagged message another receive wants) redirected into the stash */
           TDM__TRY(tdm__xfer_header(c, &x[i]));
@@ -151,7 +154,8 @@ static void mpi_abort_tr(tdm__transport *tr, const char *reason) {
   t->closed = 1;
   size_t rl = strlen(reason);
   /* as over TCP, op carries the failing status, so a peer reports a mismatch as a mismatch */
-  tdm__hdr h = {TDM_MSG_MAGIC, TDM_COLL_ABORT, 0, 0, (uint32_t)(-(int)tdm__active(tr)->fail_status), 0,
+  int from = tdm__active(tr)->fail_origin; /* root: 1 + where a relayed failure began, as over TCP */
+  tdm__hdr h = {TDM_MSG_MAGIC, TDM_COLL_ABORT, 0, 0, (uint32_t)(-(int)tdm__active(tr)->fail_status), from >= 0 ? from + 1 : 0,
                 tdm__active(tr)->comm_id, 0, rl};
   for (int p = 0; p < tr->size; p++) { /* best effort: buffered sends nobody waits for */
     if (p == tr->rank) continue;

@@ -81,7 +81,8 @@ typedef struct {
   uint32_t pad;
   uint64_t ring_bytes, slot_bytes, total;
   _Atomic int32_t attached;
-  _Atomic int32_t aborted;
+  _Atomic int32_t aborted;      /* set (release) once the fields below are written */
+  _Atomic int32_t abort_claimed; /* the first rank to abort writes them */
   char reason[512];
   int32_t abort_status;
   int32_t abort_rank; /* whose failure the reason gives (tdm_last_error_origin on the others) */
@@ -150,10 +151,11 @@ void tdm_shm_remove_pending(void) {
 /* ---- failing ----------------------------------------------------------------------------- */
 /* Tells every rank why we stop: waits anywhere in the segment see the flag within milliseconds. */
 static void abort_with(shm_tr *t, tdm_status st, const char *reason, int origin) {
-  if (!atomic_exchange(&t->hdr->aborted, 1)) {
+  if (!atomic_exchange(&t->hdr->abort_claimed, 1)) { /* readers see the flag only after the fields */
     snprintf(t->hdr->reason, sizeof t->hdr->reason, "rank %d failed: %.480s", t->base.rank, reason);
     t->hdr->abort_status = st ? (int32_t)st : TDM_ERR_REMOTE;
     t->hdr->abort_rank = origin >= 0 ? origin : t->base.rank; /* where a relayed failure began */
+    atomic_store_explicit(&t->hdr->aborted, 1, memory_order_release);
   }
 }
 

@@ -163,6 +163,10 @@ static void tcp_abort(tdm__transport *tr, const char *reason) {
   int from = tdm__active(tr)->fail_origin;
   tdm__hdr h = {TDM_MSG_MAGIC, TDM_COLL_ABORT, 0, 0, (uint32_t)(-(int)tr->comm->fail_status), from >= 0 ? from + 1 : 0,
                 tr->comm->comm_id, 0, rl};
+  /* telling is best effort: a send that fails must not replace the caller's error (nor its origin) */
+  char saved[1024];
+  snprintf(saved, sizeof saved, "%s", tdm_last_error());
+  int saved_origin = tdm_last_error_origin();
   for (int p = 0; p < tr->size; p++) {
     if (t->fd[p] < 0) continue;
     if (!t->send_mid[p]) { /* tell why, if the stream is at a message boundary */
@@ -173,6 +177,7 @@ static void tcp_abort(tdm__transport *tr, const char *reason) {
     shutdown(t->fd[p], SHUT_WR); /* the peer reads our reason, then EOF; unread data stays with us */
   }
   t->closed = 1;
+  tdm__error_from(saved_origin, tdm__set_error(TDM_OK, "%s", saved));
 }
 
 static void tcp_destroy(tdm__transport *tr) {
