@@ -182,7 +182,7 @@ static void put_event(tdm_trace *t, int tid, const ev *e) {
   sep(t);
   if (!e->async_id) {
     fprintf(f, "{\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,\"cat\":", t->rank, tid, e->t0 * 1e6,
-            (e->t1 - e->t0) * 1e6);
+            (e->t1 > e->t0 ? e->t1 - e->t0 : 0) * 1e6); /* an end given before its start: a point, not a file merge refuses */
   } else {
     fprintf(f, "{\"ph\":\"b\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"id\":\"0x%llx\",\"cat\":", t->rank, tid, e->t0 * 1e6,
             (unsigned long long)e->async_id);
