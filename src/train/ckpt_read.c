@@ -111,6 +111,9 @@ static tdm_status read_into(tdm_ckpt *c, int ti, const tdm__box *need, void *dst
 }
 
 tdm_status tdm_ckpt_read_box(tdm_ckpt *c, const char *name, const int64_t *start, const int64_t *count, void *dst) {
+  if (!c || !name || !start || !count || !dst)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_ckpt_read_box: %s is NULL",
+                          !c ? "the checkpoint c" : !name ? "the name" : !start ? "start" : !count ? "count" : "dst");
   int ti = c && name ? tensor_index(c, name) : -1;
   if (ti < 0) return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: no tensor '%s' in the checkpoint", c ? c->path : "?", name ? name : "(null)");
   const tdm_ckpt_tensor *t = &c->tensors[ti].pub;
@@ -127,6 +130,8 @@ tdm_status tdm_ckpt_read_box(tdm_ckpt *c, const char *name, const int64_t *start
 }
 
 tdm_status tdm_ckpt_read_flat(tdm_ckpt *c, const char *name, int64_t lo, int64_t hi, void *dst) {
+  if (!c || !name || (!dst && hi > lo))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_ckpt_read_flat: %s is NULL", !c ? "the checkpoint c" : !name ? "the name" : "dst");
   int ti = c && name ? tensor_index(c, name) : -1;
   if (ti < 0) return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: no tensor '%s' in the checkpoint", c ? c->path : "?", name ? name : "(null)");
   const tdm_ckpt_tensor *t = &c->tensors[ti].pub;
@@ -147,6 +152,7 @@ tdm_status tdm_ckpt_read_flat(tdm_ckpt *c, const char *name, int64_t lo, int64_t
 }
 
 tdm_status tdm_ckpt_verify_data(tdm_ckpt *c) {
+  if (!c) return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_ckpt_verify_data: the checkpoint c is NULL");
   for (int i = 0; i < c->n_files; i++) TDM__TRY(file_ready(c, i));
   for (int ti = 0; ti < c->n_tensors; ti++)
     for (int pi = 0; pi < c->tensors[ti].pub.n_pieces; pi++) {
@@ -156,7 +162,10 @@ tdm_status tdm_ckpt_verify_data(tdm_ckpt *c) {
   return TDM_OK;
 }
 
-int64_t tdm_ckpt_bytes_read(const tdm_ckpt *c) { return c->bytes_read; }
+int64_t tdm_ckpt_bytes_read(const tdm_ckpt *c) {
+  TDM__NONNULL(c, 0, "tdm_ckpt_bytes_read: the checkpoint c is NULL");
+  return c->bytes_read;
+}
 
 /* ---- the model and the optimizer against the manifest ------------------------------------------- */
 int tdm__optim_state_names(const tdm_optim *o, const char **names) {
