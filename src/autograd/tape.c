@@ -497,6 +497,7 @@ tdm_status tdm_backward_with(tdm_tape *tp, tdm_tensor *out, const tdm_tensor *go
 }
 
 tdm_status tdm_backward(tdm_tape *tp, tdm_tensor *loss) {
+  if (!tp) return tdm__set_error(TDM_ERR_INVALID_ARG, "backward: the tape is NULL");
   if (loss && loss->numel != 1)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "backward: loss has shape %s; expected one element (or use backward_with)",
                           tdm__shp(loss));
