@@ -191,9 +191,9 @@ tdm_status tdm_tensor_wrap(tdm_tensor **out, tdm_dtype dt, int ndim, const int64
   if (!t) return tdm__set_error(TDM_ERR_NO_MEMORY, "tensor_wrap: out of memory");
   tdm__tensor_init(t, dt, ndim, shape);
   if (!data && t->numel) { /* a later fill or kernel would write through it */
+    long long n = (long long)t->numel;
     tdm__free(t);
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_tensor_wrap: data is NULL for a tensor of %lld elements; expected a buffer",
-                          (long long)t->numel);
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_tensor_wrap: data is NULL for a tensor of %lld elements; expected a buffer", n);
   }
   t->data = data;
   t->flags = TDM_TF_HEAP;
