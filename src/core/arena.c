@@ -127,6 +127,15 @@ void tdm__arena_rewind(tdm_arena *a, tdm__arena_pos pos) {
   a->used_total = pos.used_total;
 }
 
-size_t tdm_arena_used(const tdm_arena *a) { return a ? a->used_total : 0; }
-size_t tdm_arena_peak(const tdm_arena *a) { return a ? a->peak : 0; }
-uint64_t tdm_arena_mallocs(const tdm_arena *a) { return a ? a->mallocs : 0; }
+size_t tdm_arena_used(const tdm_arena *a) {
+  TDM__NONNULL(a, 0, "tdm_arena_used: the arena is NULL");
+  return a->used_total;
+}
+size_t tdm_arena_peak(const tdm_arena *a) {
+  TDM__NONNULL(a, 0, "tdm_arena_peak: the arena is NULL");
+  return a->peak;
+}
+uint64_t tdm_arena_mallocs(const tdm_arena *a) {
+  TDM__NONNULL(a, 0, "tdm_arena_mallocs: the arena is NULL");
+  return a->mallocs;
+}

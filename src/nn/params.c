@@ -249,7 +249,10 @@ tdm_status tdm_params_finalize_reserved(tdm_params *p, uint64_t seed, int which)
   return TDM_OK;
 }
 
-int tdm_params_is_reserved(const tdm_params *p) { return p ? p->reserved : 0; }
+int tdm_params_is_reserved(const tdm_params *p) {
+  TDM__NONNULL(p, 0, "tdm_params_is_reserved: the parameters p are NULL");
+  return p->reserved;
+}
 
 tdm_status tdm_params_init_range(const tdm_params *p, int64_t lo, int64_t hi, float *dst) {
   if (!p || (!dst && hi > lo))
