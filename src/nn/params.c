@@ -66,7 +66,7 @@ void tdm_params_destroy(tdm_params *p) {
 tdm_status tdm_params_declare(tdm_params *p, const char *name, int ndim, const int64_t *shape, tdm_init init,
                               int decay, tdm_tensor **out) {
   if (!p || !name || !out)
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "params_declare: %s is NULL", !p ? "the parameters p" : !name ? "the name" : "out");
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "params_declare: %s NULL", !p ? "the parameters p are" : !name ? "the name is" : "out is");
   if (p->finalized)
     return tdm__set_error(TDM_ERR_INVALID_USAGE, "params_declare: '%s' declared after finalize", name);
   if (ndim < 1 || ndim > TDM_MAX_DIMS)
