@@ -5,7 +5,7 @@
  * pointer argument must be valid, by contract, but for the NULLs listed here. A forward kernel
  * writes its output; a backward kernel ACCUMULATES (+=) into the gradients it is given, so
  * gradients flowing from several uses add up.
- * NULL is accepted only as: a bias b of linear_fwd, conv2d_fwd* and bn_fwd (none); a gradient
+ * NULL is accepted only as: a bias b of linear_fwd and conv2d_fwd* (none; bn_fwd needs b); a gradient
  * "not needed" of linear_bwd (dx, dw, db), layernorm_bwd (dx, dw, db), rmsnorm_bwd (dx, dw),
  * swiglu_bwd (dgate, dup), relu_bwd2 (ga, gb) and conv2d_bwd / _bwd_batched / _bwd_direct (dx,
  * dw, db); the bn kernels' relu_y (no fused ReLU); and a NULL tdm_conv_shape in the workspace
