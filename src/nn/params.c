@@ -66,7 +66,8 @@ void tdm_params_destroy(tdm_params *p) {
 tdm_status tdm_params_declare(tdm_params *p, const char *name, int ndim, const int64_t *shape, tdm_init init,
                               int decay, tdm_tensor **out) {
   if (!p || !name || !out)
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "params_declare: %s NULL", !p ? "the parameters p are" : !name ? "the name is" : "out is");
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "params_declare: %s NULL",
+                          !p ? "the parameters p are" : !name ? "the name is" : "out is");
   if (p->finalized)
     return tdm__set_error(TDM_ERR_INVALID_USAGE, "params_declare: '%s' declared after finalize", name);
   if (ndim < 1 || ndim > TDM_MAX_DIMS)
@@ -139,7 +140,8 @@ static void init_values(const entry *e, uint64_t seed, int i, int64_t from, int6
 
 tdm_status tdm_params_init_strided(const tdm_params *p, int i, int64_t first, int64_t len, int64_t stride, int64_t count,
                                    float *dst) {
-  if (!p || !dst) return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_params_init_strided: %s is NULL", !p ? "the parameters p" : "dst");
+  if (!p || !dst)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_params_init_strided: %s is NULL", !p ? "the parameters p" : "dst");
   int64_t numel = p->finalized && i >= 0 && i < p->n ? p->e[i]->t.numel : -1;
   if (numel < 0 || first < 0 || len < 0 || count < 0 || (count > 1 && stride < len) ||
       (count > 0 && first + (count - 1) * stride + len > numel))

@@ -272,7 +272,8 @@ static void sumsq_range(void *vc, int64_t a, int64_t b) {
 
 tdm_status tdm_grad_sumsq_segments(const tdm_params *p, int64_t lo, int64_t hi, const float *g, double *sums) {
   if (!p || !g || !sums)
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_grad_sumsq_segments: %s is NULL", !p ? "the parameters p" : !g ? "g" : "sums");
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_grad_sumsq_segments: %s is NULL",
+                          !p ? "the parameters p" : !g ? "g" : "sums");
   const int64_t *seg;
   int64_t n;
   TDM__TRY(tdm__params_segments(p, &seg, &n));

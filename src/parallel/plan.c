@@ -383,7 +383,8 @@ done:
 
 void tdm_plan_gpt_costs(const tdm_model_config *m, int64_t T, double *embed, double *block, double *head) {
   if (!m || !embed || !block || !head) {
-    tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_plan_gpt_costs: %s is NULL", !m ? "the model config m" : !embed ? "embed" : !block ? "block" : "head");
+    tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_plan_gpt_costs: %s is NULL",
+                   !m ? "the model config m" : !embed ? "embed" : !block ? "block" : "head");
     return;
   }
   double C = (double)m->n_embd, V = (double)m->vocab_size, t = (double)(T > 0 ? T : m->block_size);
@@ -394,7 +395,8 @@ void tdm_plan_gpt_costs(const tdm_model_config *m, int64_t T, double *embed, dou
 
 void tdm_plan_llama_costs(const tdm_model_config *m, int64_t T, double *embed, double *block, double *head) {
   if (!m || !embed || !block || !head) {
-    tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_plan_llama_costs: %s is NULL", !m ? "the model config m" : !embed ? "embed" : !block ? "block" : "head");
+    tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_plan_llama_costs: %s is NULL",
+                   !m ? "the model config m" : !embed ? "embed" : !block ? "block" : "head");
     return;
   }
   double C = (double)m->n_embd, V = (double)m->vocab_size, t = (double)(T > 0 ? T : m->block_size), F = (double)m->ffn_hidden;

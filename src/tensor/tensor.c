@@ -193,7 +193,8 @@ tdm_status tdm_tensor_wrap(tdm_tensor **out, tdm_dtype dt, int ndim, const int64
   if (!data && t->numel) { /* a later fill or kernel would write through it */
     long long n = (long long)t->numel;
     tdm__free(t);
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_tensor_wrap: data is NULL for a tensor of %lld elements; expected a buffer", n);
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_tensor_wrap: data is NULL for a tensor of %lld elements; expected a buffer",
+                          n);
   }
   t->data = data;
   t->flags = TDM_TF_HEAP;

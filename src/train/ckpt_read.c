@@ -111,7 +111,8 @@ static tdm_status read_into(tdm_ckpt *c, int ti, const tdm__box *need, void *dst
 }
 
 tdm_status tdm_ckpt_read_box(tdm_ckpt *c, const char *name, const int64_t *start, const int64_t *count, void *dst) {
-  if (!c || !name) return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_ckpt_read_box: %s is NULL", !c ? "the checkpoint c" : "the name");
+  if (!c || !name)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_ckpt_read_box: %s is NULL", !c ? "the checkpoint c" : "the name");
   int ti = c && name ? tensor_index(c, name) : -1;
   if (ti < 0) return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: no tensor '%s' in the checkpoint", c ? c->path : "?", name ? name : "(null)");
   const tdm_ckpt_tensor *t = &c->tensors[ti].pub;
@@ -126,13 +127,15 @@ tdm_status tdm_ckpt_read_box(tdm_ckpt *c, const char *name, const int64_t *start
     b.start[d] = start[d], b.count[d] = count[d], n *= count[d];
   }
   if (n == 0) return TDM_OK;
-  if (!dst) return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_ckpt_read_box: dst is NULL for %lld elements of '%s'", (long long)n, name);
+  if (!dst)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_ckpt_read_box: dst is NULL for %lld elements of '%s'", (long long)n, name);
   return read_into(c, ti, &b, dst);
 }
 
 tdm_status tdm_ckpt_read_flat(tdm_ckpt *c, const char *name, int64_t lo, int64_t hi, void *dst) {
   if (!c || !name || (!dst && hi > lo))
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_ckpt_read_flat: %s is NULL", !c ? "the checkpoint c" : !name ? "the name" : "dst");
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_ckpt_read_flat: %s is NULL",
+                          !c ? "the checkpoint c" : !name ? "the name" : "dst");
   int ti = c && name ? tensor_index(c, name) : -1;
   if (ti < 0) return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: no tensor '%s' in the checkpoint", c ? c->path : "?", name ? name : "(null)");
   const tdm_ckpt_tensor *t = &c->tensors[ti].pub;

@@ -185,10 +185,13 @@ tdm_status tdm_ckpt_writer_box(tdm_ckpt_writer *w, const char *name, const int64
   if (w->st != TDM_OK) return earlier(w);
   if (!name) return fail(w, tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_ckpt_writer_box: the name is NULL"));
   int ti = find_tensor(w, name);
-  if (ti < 0) return fail(w, tdm__set_error(TDM_ERR_INVALID_ARG, "checkpoint writer: piece of '%.200s', a tensor not declared on this rank", name));
+  if (ti < 0)
+    return fail(w, tdm__set_error(TDM_ERR_INVALID_ARG, "checkpoint writer: piece of '%.200s', a tensor not declared on this rank",
+                                  name));
   const wtensor *t = &w->t[ti];
   if (t->nd > 0 && (!start || !count)) /* a 0-d tensor's box has no dimensions to point at */
-    return fail(w, tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_ckpt_writer_box: %s is NULL for '%.200s'", !start ? "start" : "count", name));
+    return fail(w, tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_ckpt_writer_box: %s is NULL for '%.200s'", !start ? "start" : "count",
+                                  name));
   tdm__box b;
   int64_t n = 1;
   for (int d = 0; d < t->nd; d++) {

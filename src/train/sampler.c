@@ -125,7 +125,8 @@ static void *prefetch_main(void *arg) {
 
 tdm_status tdm_sampler_create(tdm_sampler **out, const tdm_dataset *ds, const tdm_sampler_config *cfg) {
   if (!out || !ds || !cfg)
-    return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_sampler_create: %s is NULL", !out ? "out" : !ds ? "the data set" : "the config");
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_sampler_create: %s is NULL",
+                          !out ? "out" : !ds ? "the data set" : "the config");
   if (cfg->batch < 1 || cfg->accum < 1 || cfg->world < 1 || cfg->rank < 0 || cfg->rank >= cfg->world)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "sampler: batch %lld, accum %lld, rank %d of %d; expected positive sizes",
                           cfg ? (long long)cfg->batch : 0, cfg ? (long long)cfg->accum : 0, cfg ? cfg->rank : 0,
