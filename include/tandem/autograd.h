@@ -16,6 +16,10 @@
  * Ops compute in f32 (tdm_cast converts to and from bf16/f16); index inputs are i32 or i64.
  * Non-contiguous inputs (views) are copied to contiguous form by the op that needs it.
  * Thread safety: a tape and the tensors it made belong to one thread at a time.
+ *
+ * A NULL tape: ops return NULL (status functions TDM_ERR_INVALID_ARG) with "op: the tape is NULL"
+ * in tdm_last_error(), as there is no tape to record it on; tape getters return 0, TDM_F32 or
+ * TDM_RECOMPUTE_NONE (tdm_tape_status TDM_ERR_INVALID_ARG, tdm_tape_error a message saying so).
  */
 #ifndef TANDEM_AUTOGRAD_H
 #define TANDEM_AUTOGRAD_H

@@ -54,6 +54,9 @@
  *
  * Thread safety: none needed beyond the caller's. A tdm_ckpt caches open files and the last piece
  * read: one thread per tdm_ckpt. A writer belongs to one thread.
+ *
+ * A NULL checkpoint, writer, path, name or buffer is TDM_ERR_INVALID_ARG naming it; getters then
+ * set tdm_last_error() and return NULL, 0 (counts, crc, bytes) or -1 (tdm_ckpt_get_optim_steps).
  */
 #ifndef TANDEM_CHECKPOINT_H
 #define TANDEM_CHECKPOINT_H

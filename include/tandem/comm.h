@@ -131,6 +131,8 @@ tdm_transport_kind tdm_comm_transport(tdm_comm_t c);
 /* TDM_OK, or the error that failed the communicator. */
 tdm_status tdm_comm_status(tdm_comm_t c);
 const char *tdm_comm_last_error(tdm_comm_t c);
+/* Given a NULL communicator these set tdm_last_error() and return: rank -1, size 0, transport
+ * TDM_TRANSPORT_COUNT, status TDM_ERR_INVALID_ARG, last_error a message saying so. */
 void tdm_comm_set_timeout(tdm_comm_t c, double seconds);
 /* Bytes this rank has sent on c since it was created (0 for NULL), to measure a step's
  * communication volume: the payloads of c's messages (headers not counted), and for the shm
@@ -254,7 +256,7 @@ tdm_status tdm_comm_reduce_scatter_v(tdm_comm_t c, const void *sendbuf, void *re
 tdm_status tdm_comm_allgather_v(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t count, const size_t *parts,
                                 tdm_dtype dt, tdm_algo algo);
 /* The rank-order algorithm for c: TDM_ALGO_SHM on the shm transport over a whole communicator,
- * else TDM_ALGO_DIRECT. */
+ * else TDM_ALGO_DIRECT (also for a NULL c). */
 tdm_algo tdm_comm_rank_order_algo(tdm_comm_t c);
 tdm_status tdm_comm_gather(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t sendcount, tdm_dtype dt, int root);
 tdm_status tdm_comm_scatter(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t recvcount, tdm_dtype dt, int root);
@@ -264,7 +266,7 @@ tdm_status tdm_comm_barrier(tdm_comm_t c);
 
 /* ---- non-blocking ------------------------------------------------------------------------------
  * The call is queued to the communicator's progress thread and runs in order with the other
- * queued calls; buffers must stay valid until wait. tdm_work_test returns 1 when done. A handle
+ * queued calls; buffers must stay valid until wait. tdm_work_test returns 1 when done (-1 for a NULL handle). A handle
  * that is never waited for (an error path that gives up) is freed by tdm_comm_destroy, after
  * which it must not be used.
  * A blocking call waits until the queue is empty, so calls keep the order they were made in.

@@ -6,6 +6,9 @@
  *   tdm_arena *a; tdm_arena_create(&a, 1 << 20);
  *   float *x = tdm_arena_alloc(a, 1000 * sizeof(float));
  *   tdm_arena_reset(a);                  // everything from a is gone; memory is kept
+ *
+ * A NULL generator, arena, timings or function sets TDM_ERR_INVALID_ARG in tdm_last_error() and
+ * does nothing: getters then return 0, tdm_arena_alloc NULL, tdm_rng_uniform/_normal and tdm_median NAN.
  */
 #ifndef TANDEM_CORE_H
 #define TANDEM_CORE_H

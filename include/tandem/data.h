@@ -10,7 +10,9 @@
  *   if (tdm_dataset_open_idx(&train, "/usr/share/datasets/fashion-mnist", 1) != TDM_OK) ...
  *   tdm_dataset_batch(train, indices, 64, x, y);   // x (64, 1, 28, 28) in [0, 1], y (64)
  *
- * Thread safety: batch assembly only reads, so threads may share a data set.
+ * Thread safety: batch assembly only reads, so threads may share a data set. A NULL data set or
+ * pointer is TDM_ERR_INVALID_ARG naming it (getters return 0 and set tdm_last_error()); freeing
+ * or destroying NULL does nothing.
  */
 #ifndef TANDEM_DATA_H
 #define TANDEM_DATA_H

@@ -25,7 +25,8 @@
  *
  * With gradient accumulation call tdm_dp_set_sync(dp, 0) for the first K-1 micro-batches: hooks
  * then only note readiness, and nothing is sent until the K-th. Not thread-safe: one training
- * thread per engine (the communication happens on the communicator's own thread).
+ * thread per engine (the communication happens on the communicator's own thread). A NULL dp is
+ * TDM_ERR_INVALID_ARG; its getters then return 0 and set tdm_last_error().
  */
 #ifndef TANDEM_DP_H
 #define TANDEM_DP_H

@@ -29,6 +29,9 @@
  *
  * Thread safety: an engine is driven by one thread; it may run communication on the
  * communicator's own thread.
+ *
+ * A NULL engine or grid is TDM_ERR_INVALID_ARG naming it; getters then set tdm_last_error() and
+ * return NULL, 0 (sizes, counts, flags) or -1 (tdm_grid_index).
  */
 #ifndef TANDEM_ENGINE_H
 #define TANDEM_ENGINE_H

@@ -1,9 +1,19 @@
 /* tandem — raw f32 kernels: the "low-level engine".
  *
  * Every kernel works on contiguous row-major float arrays the caller owns; none allocates, none
- * checks shapes (the autograd ops in autograd.h do that and then call these). A forward kernel
+ * checks shapes or pointers (the autograd ops in autograd.h do that and then call these): every
+ * pointer argument must be valid, by contract, but for the NULLs listed here. A forward kernel
  * writes its output; a backward kernel ACCUMULATES (+=) into the gradients it is given, so
- * gradients flowing from several uses add up. A NULL gradient pointer means "not needed".
+ * gradients flowing from several uses add up.
+ * NULL is accepted only as: a bias b of linear_fwd and conv2d_fwd* (none; bn_fwd needs b); a gradient
+ * "not needed" of linear_bwd (dx, dw, db), layernorm_bwd (dx, dw, db), rmsnorm_bwd (dx, dw),
+ * swiglu_bwd (dgate, dup), relu_bwd2 (ga, gb) and conv2d_bwd / _bwd_batched / _bwd_direct (dx,
+ * dw, db); the bn kernels' relu_y (no fused ReLU); and a NULL tdm_conv_shape in the workspace
+ * sizers (conv2d_chunk, conv2d_ws_floats, conv2d_direct_fits, conv2d_direct_ws_floats: 0).
+ * Every other gradient output is required: dx of the one-gradient backward kernels (relu, gelu,
+ * tanh, sigmoid, softmax, log_softmax, dropout, rope, the pools, bn_bwd_dx, and their _set forms),
+ * dqkv of attention_bwd, dq, dk and dv of attention_gqa_bwd, dlogits of cross_entropy_bwd and
+ * dtable of embedding_bwd.
  * They run on the intra-op pool (core.h) where the work is large enough, and through OpenBLAS
  * for matrix products. Thread-safe for distinct outputs.
  *

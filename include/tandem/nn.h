@@ -15,6 +15,10 @@
  *
  * Names follow PyTorch's module naming so safetensors files move between tandem and PyTorch
  * unchanged (docs/models.md lists them). Thread safety: a model is used by one thread at a time.
+ *
+ * A NULL handle (parameters, module, model, cache) is TDM_ERR_INVALID_ARG naming it; getters then
+ * return 0 (counts, sizes, flags), -1 (tdm_params_offset, tdm_sample_token) or NULL, and set
+ * tdm_last_error(). A module's forward given a NULL module fails on the tape as an op does.
  */
 #ifndef TANDEM_NN_H
 #define TANDEM_NN_H
@@ -258,7 +262,7 @@ int64_t tdm_kv_cache_len(const tdm_kv_cache *c);
  * the vocabulary. */
 tdm_status tdm_kv_cache_step(tdm_kv_cache *c, int32_t token, const float **logits);
 /* Greedy when top_k == 1 or temperature <= 0; else softmax(logits / temperature) over the top_k
- * largest (all when top_k <= 0), drawn with rng. */
+ * largest (all when top_k <= 0), drawn with rng (which greedy may leave NULL). */
 int32_t tdm_sample_token(const float *logits, int64_t V, float temperature, int top_k, tdm_rng *rng);
 
 #ifdef __cplusplus

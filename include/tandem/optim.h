@@ -12,6 +12,8 @@
  *   tdm_optim_step(opt, tdm_lr_at(&sched, step));
  *
  * Thread safety: one thread at a time per optimizer; the step itself runs on the intra-op pool.
+ * A NULL optimizer, parameters or schedule is TDM_ERR_INVALID_ARG naming it; getters then return
+ * -1 (tdm_optim_steps), 0 (tdm_optim_owned), NULL, or NAN (tdm_lr_at, tdm_grad_sumsq_combine).
  */
 #ifndef TANDEM_OPTIM_H
 #define TANDEM_OPTIM_H

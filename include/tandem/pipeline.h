@@ -30,6 +30,7 @@
  *   tdm_pp_schedule_destroy(s);
  *
  * Thread safety: a schedule is plain data; calls that change it need one thread at a time.
+ * A NULL schedule is TDM_ERR_INVALID_ARG (tdm_pp_chunk_rank -1, tdm_pp_schedule_draw an empty buf).
  */
 #ifndef TANDEM_PIPELINE_H
 #define TANDEM_PIPELINE_H

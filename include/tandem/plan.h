@@ -86,7 +86,8 @@ void tdm_plan_gpt_costs(const tdm_model_config *m, int64_t T, double *embed, dou
 void tdm_plan_llama_costs(const tdm_model_config *m, int64_t T, double *embed, double *block, double *head);
 /* Whichever of the two m is (GPT's for another kind): what the pipeline's cut balances. */
 void tdm_plan_layer_costs(const tdm_model_config *m, int64_t T, double *embed, double *block, double *head);
-/* A table: per category, bytes and what they are. limit > 0 adds whether the total fits. */
+/* A table: per category, bytes and what they are. limit > 0 adds whether the total fits.
+ * These void functions given a NULL pointer do nothing but set tdm_last_error(). */
 void tdm_plan_print(FILE *f, const tdm_plan *p, int64_t limit);
 /* TDM_ERR_INVALID_ARG when the total exceeds limit (> 0), saying by how much, naming the largest
  * category and what would shrink it; TDM_OK otherwise. */

@@ -17,7 +17,8 @@
  *   const tdm_st_tensor *t = tdm_safetensors_find(f, "layers.0.weight");
  *   tdm_safetensors_destroy(f);
  *
- * Thread safety: a loaded file is read-only and may be shared.
+ * Thread safety: a loaded file is read-only and may be shared. A NULL file, writer, name or key is
+ * TDM_ERR_INVALID_ARG naming it in tdm_last_error(); getters then return 0 or NULL.
  */
 #ifndef TANDEM_SAFETENSORS_H
 #define TANDEM_SAFETENSORS_H

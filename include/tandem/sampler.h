@@ -21,7 +21,8 @@
  *   for (...) { const float *x; const int32_t *y; int64_t n, first;
  *               tdm_sampler_next(s, &x, &y, &n, &first); ... }
  *
- * Not thread-safe: one consumer.
+ * Not thread-safe: one consumer. A NULL sampler or output pointer is TDM_ERR_INVALID_ARG naming it;
+ * getters then return 0 (steps per epoch) or -1 (epoch, epoch start) and set tdm_last_error().
  */
 #ifndef TANDEM_SAMPLER_H
 #define TANDEM_SAMPLER_H

@@ -115,7 +115,8 @@ int tdm_sim_algo_parse(const char *name); /* -1 when unknown */
  * TDM_ALGO_AUTO: the rule tandem applies (collective.c). A negative value when the algorithm
  * does not run that kind. */
 double tdm_sim_coll_cost(const tdm_sim_cluster *k, int algo, tdm_sim_kind kind, double n, int p);
-/* The algorithm the AUTO rule picks (for printing). */
+/* The algorithm the AUTO rule picks (for printing). A NULL cluster: -1 here, in
+ * tdm_sim_engine_algo and tdm_sim_p2p_cost, with tdm_last_error() set. */
 int tdm_sim_auto_algo(const tdm_sim_cluster *k, tdm_sim_kind kind, double n, int p);
 /* The algorithm tandem's engines run. They ask for the rank-order algorithms, so that every rank
  * sums in the same order whatever the strategy (tdm_comm_rank_order_algo): shm on one node over

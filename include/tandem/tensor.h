@@ -14,6 +14,9 @@
  * Compute is in f32. bf16 and f16 are storage types: tdm_tensor_convert moves between them
  * with round-to-nearest-even. Indices are i32 or i64. Thread safety: a tensor may be read by
  * many threads; writing needs exclusive access.
+ *
+ * Getters given a NULL tensor set TDM_ERR_INVALID_ARG in tdm_last_error() and return -1 (ndim, dim,
+ * row_argmax), 0 (numel, is_contiguous), NAN (get), NULL (pointers, name) or TDM_DTYPE_COUNT (dtype).
  */
 #ifndef TANDEM_TENSOR_H
 #define TANDEM_TENSOR_H
@@ -54,7 +57,8 @@ float tdm_f16_to_f32(uint16_t h);
 
 /* Heap tensor, contiguous, zero-filled. Caller owns it: tdm_tensor_destroy. */
 tdm_status tdm_tensor_create(tdm_tensor **out, tdm_dtype dt, int ndim, const int64_t *shape);
-/* Tensor over caller-owned contiguous memory; destroy frees only the handle. */
+/* Tensor over caller-owned contiguous memory; destroy frees only the handle. data may be NULL
+ * only for a tensor of 0 elements. */
 tdm_status tdm_tensor_wrap(tdm_tensor **out, tdm_dtype dt, int ndim, const int64_t *shape, void *data);
 void tdm_tensor_destroy(tdm_tensor *t);
 
@@ -71,7 +75,7 @@ void *tdm_tensor_data(const tdm_tensor *t);
  * precision) after backward; NULL if none flowed here. */
 tdm_tensor *tdm_tensor_grad(const tdm_tensor *t);
 const char *tdm_tensor_name(const tdm_tensor *t);
-/* Formats "(2, 3, 4)" into buf; returns buf. */
+/* Formats "(2, 3, 4)" into buf; returns buf (NULL if buf or shape is NULL). */
 char *tdm_shape_str(int ndim, const int64_t *shape, char *buf, size_t n);
 
 /* Copies src into dst element by element, converting dtype; shapes must match, strides may

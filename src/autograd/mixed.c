@@ -8,6 +8,7 @@
 #include "tandem/kernels.h"
 
 tdm_status tdm_tape_set_autocast(tdm_tape *tp, tdm_dtype dt) {
+  if (!tp) return tdm__set_error(TDM_ERR_INVALID_ARG, "tape_set_autocast: the tape is NULL");
   if (dt != TDM_F32 && dt != TDM_BF16 && dt != TDM_F16)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "tape_set_autocast: dtype %s; expected f32 (off), bf16 or f16",
                           tdm_dtype_name(dt));
@@ -15,7 +16,10 @@ tdm_status tdm_tape_set_autocast(tdm_tape *tp, tdm_dtype dt) {
   return TDM_OK;
 }
 
-tdm_dtype tdm_tape_autocast(const tdm_tape *tp) { return tp->autocast; }
+tdm_dtype tdm_tape_autocast(const tdm_tape *tp) {
+  TDM__NONNULL(tp, TDM_F32, "tdm_tape_autocast: the tape is NULL");
+  return tp->autocast;
+}
 
 int tdm__check_act(tdm_tape *tp, const char *op, const char *what, const tdm_tensor *t) {
   if (t->dtype == TDM_F32 || t->dtype == TDM_BF16 || t->dtype == TDM_F16) return 1;

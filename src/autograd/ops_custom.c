@@ -45,6 +45,7 @@ void *tdm_custom_state(const tdm_custom_ctx *c) { return c ? c->state : NULL; }
 
 tdm_status tdm_custom_fail(tdm_custom_ctx *c, tdm_status st, const char *fmt, ...) {
   (void)c;
+  if (!fmt) return tdm__set_error(st == TDM_OK ? TDM_ERR_INTERNAL : st, "tdm_custom_fail: fmt is NULL");
   char msg[480];
   va_list ap;
   va_start(ap, fmt);
@@ -102,7 +103,8 @@ static void custom_bw(tdm_tape *tp, tdm_node *nd) {
 }
 
 tdm_tensor *tdm_custom(tdm_tape *tp, const tdm_custom_op *op, void *user, int n, tdm_tensor *const *inputs) {
-  if (!tp || tp->status != TDM_OK) return NULL;
+  TDM__NONNULL(tp, NULL, "tdm_custom: the tape is NULL");
+  if (tp->status != TDM_OK) return NULL;
   const char *name = op_name(op);
   if (!op || !op->forward || n < 0 || (n > 0 && !inputs))
     return tdm__fail(tp, TDM_ERR_INVALID_ARG, "op '%s': %s", name,

@@ -81,6 +81,7 @@ tdm_tensor *tdm_detach(tdm_tape *tp, tdm_tensor *x) {
 /* ---- reshape ------------------------------------------------------------------------------ */
 tdm_tensor *tdm_reshape(tdm_tape *tp, tdm_tensor *x, int ndim, const int64_t *shape) {
   if (!tdm__inputs_ok(tp, "reshape", 1, &x)) return NULL;
+  if (ndim > 0 && !shape) return tdm__fail(tp, TDM_ERR_INVALID_ARG, "reshape: the new shape is NULL");
   if (ndim < 0 || ndim > TDM_MAX_DIMS)
     return tdm__fail(tp, TDM_ERR_INVALID_ARG, "reshape: %d dimensions; expected 0..%d", ndim, TDM_MAX_DIMS);
   int64_t sh[TDM_MAX_DIMS], known = 1;
@@ -135,6 +136,7 @@ static void permute_bw(tdm_tape *tp, tdm_node *n) {
 
 tdm_tensor *tdm_permute(tdm_tape *tp, tdm_tensor *x, const int *perm) {
   if (!tdm__inputs_ok(tp, "permute", 1, &x)) return NULL;
+  if (!perm) return tdm__fail(tp, TDM_ERR_INVALID_ARG, "permute: perm is NULL");
   int seen[TDM_MAX_DIMS] = {0};
   for (int d = 0; d < x->ndim; d++) {
     if (perm[d] < 0 || perm[d] >= x->ndim || seen[perm[d]]++)
@@ -221,6 +223,7 @@ static void concat_bw(tdm_tape *tp, tdm_node *n) {
 }
 
 tdm_tensor *tdm_concat(tdm_tape *tp, int n, tdm_tensor *const *xs, int axis) {
+  TDM__NONNULL(tp, NULL, "concat: the tape is NULL");
   if (tp->status != TDM_OK) return NULL;
   if (n < 1 || !xs) return tdm__fail(tp, TDM_ERR_INVALID_ARG, "concat: %d inputs; expected at least 1", n);
   if (!tdm__inputs_ok(tp, "concat", n, xs)) return NULL;
@@ -261,9 +264,14 @@ tdm_tensor *tdm_concat(tdm_tape *tp, int n, tdm_tensor *const *xs, int axis) {
 }
 
 tdm_status tdm_split(tdm_tape *tp, tdm_tensor *x, int axis, int n, const int64_t *sizes, tdm_tensor **outs) {
+  if (!tp) return tdm__set_error(TDM_ERR_INVALID_ARG, "split: the tape is NULL");
   if (!tdm__inputs_ok(tp, "split", 1, &x)) return tp->status != TDM_OK ? tp->status : TDM_ERR_INVALID_ARG;
   int a = tdm__axis(tp, "split", x, axis);
   if (a < 0) return tp->status;
+  if (!sizes || !outs) {
+    tdm__fail(tp, TDM_ERR_INVALID_ARG, "split: %s is NULL", !sizes ? "sizes" : "outs");
+    return tp->status;
+  }
   int64_t total = 0;
   for (int k = 0; k < n; k++) total += sizes[k];
   if (n < 1 || total != x->shape[a]) {

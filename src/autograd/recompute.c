@@ -16,13 +16,17 @@ _Static_assert(sizeof recompute_names / sizeof recompute_names[0] == TDM_RECOMPU
 const char *tdm_recompute_name(tdm_recompute r) { return (unsigned)r < TDM_RECOMPUTE_COUNT ? recompute_names[r] : "?"; }
 
 tdm_status tdm_tape_set_recompute(tdm_tape *tp, tdm_recompute r) {
+  if (!tp) return tdm__set_error(TDM_ERR_INVALID_ARG, "tape_set_recompute: the tape is NULL");
   if ((unsigned)r >= TDM_RECOMPUTE_COUNT)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "tape_set_recompute: mode %d; expected none, block or selective", (int)r);
   tp->recompute = (int)r;
   return TDM_OK;
 }
 
-tdm_recompute tdm_tape_recompute(const tdm_tape *tp) { return (tdm_recompute)tp->recompute; }
+tdm_recompute tdm_tape_recompute(const tdm_tape *tp) {
+  TDM__NONNULL(tp, TDM_RECOMPUTE_NONE, "tdm_tape_recompute: the tape is NULL");
+  return (tdm_recompute)tp->recompute;
+}
 
 typedef struct {
   tdm_checkpoint_fn fn;

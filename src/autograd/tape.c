@@ -35,6 +35,7 @@ void tdm_tape_destroy(tdm_tape *tp) {
 }
 
 void tdm_tape_reset(tdm_tape *tp) {
+  TDM__NONNULL(tp, , "tdm_tape_reset: the tape is NULL");
   /* Arena leaves keep no pointer to an old gradient. Heap leaves are not touched: the caller may
    * have destroyed them since the step, and their gradients live on the heap anyway. */
   for (int i = 0; i < tp->n_leaves; i++)
@@ -49,19 +50,47 @@ void tdm_tape_reset(tdm_tape *tp) {
   tp->epoch = atomic_fetch_add(&epoch_counter, 1);
 }
 
-tdm_status tdm_tape_status(const tdm_tape *tp) { return tp->status; }
-const char *tdm_tape_error(const tdm_tape *tp) { return tp->error; }
-void tdm_tape_set_grad_enabled(tdm_tape *tp, int enabled) { tp->grad_enabled = enabled != 0; }
-int tdm_tape_grad_enabled(const tdm_tape *tp) { return tp->grad_enabled; }
-void tdm_tape_set_training(tdm_tape *tp, int training) { tp->training = training != 0; }
+tdm_status tdm_tape_status(const tdm_tape *tp) {
+  TDM__NONNULL(tp, TDM_ERR_INVALID_ARG, "tdm_tape_status: the tape is NULL");
+  return tp->status;
+}
+const char *tdm_tape_error(const tdm_tape *tp) { return tp ? tp->error : "tdm_tape_error: the tape is NULL"; }
+void tdm_tape_set_grad_enabled(tdm_tape *tp, int enabled) {
+  TDM__NONNULL(tp, , "tdm_tape_set_grad_enabled: the tape is NULL");
+  tp->grad_enabled = enabled != 0;
+}
+int tdm_tape_grad_enabled(const tdm_tape *tp) {
+  TDM__NONNULL(tp, 0, "tdm_tape_grad_enabled: the tape is NULL");
+  return tp->grad_enabled;
+}
+void tdm_tape_set_training(tdm_tape *tp, int training) {
+  TDM__NONNULL(tp, , "tdm_tape_set_training: the tape is NULL");
+  tp->training = training != 0;
+}
 void tdm_tape_set_dropout_key(tdm_tape *tp, uint64_t seed, int64_t sample_base) {
+  TDM__NONNULL(tp, , "tdm_tape_set_dropout_key: the tape is NULL");
   tp->dropout_seed = seed;
   tp->sample_base = sample_base;
 }
-tdm_arena *tdm_tape_arena(tdm_tape *tp) { return tp->arena; }
-int tdm_tape_num_nodes(const tdm_tape *tp) { return tp->n_nodes; }
+tdm_arena *tdm_tape_arena(tdm_tape *tp) {
+  TDM__NONNULL(tp, NULL, "tdm_tape_arena: the tape is NULL");
+  return tp->arena;
+}
+int tdm_tape_num_nodes(const tdm_tape *tp) {
+  TDM__NONNULL(tp, 0, "tdm_tape_num_nodes: the tape is NULL");
+  return tp->n_nodes;
+}
 
 tdm_tensor *tdm__fail(tdm_tape *tp, tdm_status st, const char *fmt, ...) {
+  if (!tp) { /* no tape to record on (a module given a NULL one): the thread's error only */
+    char msg[480];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    tdm__set_error(st, "%s", msg);
+    return NULL;
+  }
   if (tp->status == TDM_OK) { /* keep the first error: later ones are its consequences */
     va_list ap;
     va_start(ap, fmt);
@@ -74,6 +103,8 @@ tdm_tensor *tdm__fail(tdm_tape *tp, tdm_status st, const char *fmt, ...) {
 }
 
 tdm_tensor *tdm_tape_fail(tdm_tape *tp, tdm_status st, const char *fmt, ...) {
+  TDM__NONNULL(tp, NULL, "tdm_tape_fail: the tape is NULL");
+  if (!fmt) return tdm__fail(tp, st == TDM_OK ? TDM_ERR_INTERNAL : st, "tdm_tape_fail: fmt is NULL");
   char msg[480];
   va_list ap;
   va_start(ap, fmt);
@@ -104,6 +135,10 @@ static tdm_status fetch_inputs(tdm_tape *tp, const char *op, int n, tdm_tensor *
 }
 
 int tdm__inputs_ok(tdm_tape *tp, const char *op, int n, tdm_tensor *const *ins) {
+  if (!tp) { /* no tape to record on: the thread's error is the only place left */
+    tdm__set_error(TDM_ERR_INVALID_ARG, "%s: the tape is NULL", op);
+    return 0;
+  }
   if (tp->status != TDM_OK) return 0;
   for (int i = 0; i < n; i++)
     if (!ins[i]) {
@@ -188,8 +223,10 @@ tdm_tensor *tdm__out(tdm_tape *tp, tdm_dtype dt, int ndim, const int64_t *shape)
 }
 
 tdm_tensor *tdm_new(tdm_tape *tp, tdm_dtype dt, int ndim, const int64_t *shape) {
+  TDM__NONNULL(tp, NULL, "tensor: the tape is NULL");
   if (tp->status != TDM_OK) return NULL;
   if ((unsigned)dt >= TDM_DTYPE_COUNT) return tdm__fail(tp, TDM_ERR_INVALID_ARG, "tensor: dtype %d is unknown", dt);
+  if (ndim > 0 && !shape) return tdm__fail(tp, TDM_ERR_INVALID_ARG, "tensor: the shape is NULL for %d dimensions", ndim);
   return tdm__out(tp, dt, ndim, shape);
 }
 
@@ -207,6 +244,7 @@ tdm_tensor *tdm_from_data(tdm_tape *tp, tdm_dtype dt, int ndim, const int64_t *s
 }
 
 void tdm_tensor_set_requires_grad(tdm_tensor *t, int on) {
+  TDM__NONNULL(t, , "tdm_tensor_set_requires_grad: the tensor is NULL");
   if (on) t->flags |= TDM_TF_REQUIRES_GRAD;
   else t->flags &= ~(uint32_t)TDM_TF_REQUIRES_GRAD;
 }
@@ -214,11 +252,13 @@ void tdm_tensor_set_requires_grad(tdm_tensor *t, int on) {
 int tdm_tensor_requires_grad(const tdm_tensor *t) { return tdm__requires_grad(t); }
 
 void tdm_tensor_set_grad_hook(tdm_tensor *leaf, tdm_grad_hook_fn fn, void *ctx) {
+  TDM__NONNULL(leaf, , "tdm_tensor_set_grad_hook: the leaf is NULL");
   leaf->hook = fn;
   leaf->hook_ctx = ctx;
 }
 
 void tdm_tensor_set_fetch_hook(tdm_tensor *param, tdm_fetch_hook_fn fn, void *ctx) {
+  TDM__NONNULL(param, , "tdm_tensor_set_fetch_hook: the parameter is NULL");
   param->fetch = fn;
   param->fetch_ctx = ctx;
 }
@@ -226,6 +266,7 @@ void tdm_tensor_set_fetch_hook(tdm_tensor *param, tdm_fetch_hook_fn fn, void *ct
 static int other_phase(const tdm_tape *tp, const tdm_tensor *t);
 
 void tdm_tensor_set_grad_range_hook(tdm_tensor *leaf, tdm_grad_range_hook_fn fn, void *ctx) {
+  TDM__NONNULL(leaf, , "tdm_tensor_set_grad_range_hook: the leaf is NULL");
   leaf->range_hook = fn;
   leaf->range_ctx = ctx;
 }
@@ -261,6 +302,7 @@ static tdm_status heap_grad(tdm_tensor *t) {
 }
 
 tdm_status tdm_tensor_zero_grad(tdm_tensor *t) {
+  if (!t) return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_tensor_zero_grad: the tensor is NULL");
   if (!t->grad) {
     if (!(t->flags & TDM_TF_HEAP))
       return tdm__set_error(TDM_ERR_INVALID_USAGE, "zero_grad: tensor %s has no gradient yet", tdm_tensor_name(t));
@@ -430,6 +472,7 @@ static tdm_status run_backward(tdm_tape *tp) {
 }
 
 tdm_status tdm_backward_with(tdm_tape *tp, tdm_tensor *out, const tdm_tensor *gout) {
+  if (!tp) return tdm__set_error(TDM_ERR_INVALID_ARG, "backward: the tape is NULL");
   if (tp->status != TDM_OK) return tdm__set_error(tp->status, "%s", tp->error);
   if (!out) return tdm__set_error(TDM_ERR_INVALID_ARG, "backward: output is NULL");
   if (!tdm__requires_grad(out))
@@ -454,6 +497,7 @@ tdm_status tdm_backward_with(tdm_tape *tp, tdm_tensor *out, const tdm_tensor *go
 }
 
 tdm_status tdm_backward(tdm_tape *tp, tdm_tensor *loss) {
+  if (!tp) return tdm__set_error(TDM_ERR_INVALID_ARG, "backward: the tape is NULL");
   if (loss && loss->numel != 1)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "backward: loss has shape %s; expected one element (or use backward_with)",
                           tdm__shp(loss));
@@ -464,6 +508,7 @@ tdm_status tdm_backward_inputs(tdm_tape *tp, tdm_tensor *out, const tdm_tensor *
   if (out && !gout && out->numel != 1)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "backward_inputs: output %s without a gradient; expected one element",
                           tdm__shp(out));
+  if (!tp) return tdm__set_error(TDM_ERR_INVALID_ARG, "backward_inputs: the tape is NULL");
   tp->grad_phase = 1;
   tdm_status st = tdm_backward_with(tp, out, gout);
   tp->grad_phase = 0;
@@ -471,6 +516,7 @@ tdm_status tdm_backward_inputs(tdm_tape *tp, tdm_tensor *out, const tdm_tensor *
 }
 
 tdm_status tdm_backward_params(tdm_tape *tp) {
+  if (!tp) return tdm__set_error(TDM_ERR_INVALID_ARG, "backward_params: the tape is NULL");
   if (tp->status != TDM_OK) return tdm__set_error(tp->status, "%s", tp->error);
   tp->grad_phase = 2; /* the nodes that have a parameter among their inputs, from the gradients pass 1 left */
   tdm_status st = run_backward(tp);

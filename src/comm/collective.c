@@ -159,6 +159,10 @@ void tdm__blocks(size_t count, int p, size_t *cnt, size_t *off) {
 }
 
 void tdm_comm_block(size_t count, int size, int r, size_t *offset, size_t *len) {
+  if (!offset || !len) {
+    tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_comm_block: %s is NULL", !offset ? "offset" : "len");
+    return;
+  }
   if (size < 1 || r < 0 || r >= size) { /* no such block: an empty one, never a division by zero */
     *offset = *len = 0;
     return;
@@ -288,7 +292,10 @@ tdm_status tdm_comm_allgather_v(tdm_comm_t c, const void *sendbuf, void *recvbuf
   return allgather(c, sendbuf, recvbuf, count, parts, dt, algo);
 }
 
-tdm_algo tdm_comm_rank_order_algo(tdm_comm_t c) { return tdm__shm_usable(c) ? TDM_ALGO_SHM : TDM_ALGO_DIRECT; }
+tdm_algo tdm_comm_rank_order_algo(tdm_comm_t c) {
+  TDM__NONNULL(c, TDM_ALGO_DIRECT, "tdm_comm_rank_order_algo: the communicator is NULL");
+  return tdm__shm_usable(c) ? TDM_ALGO_SHM : TDM_ALGO_DIRECT;
+}
 
 static tdm_status gather_(tdm_comm_t c, const void *sendbuf, void *recvbuf, size_t sendcount, tdm_dtype dt, int root) {
   TDM__TRY(tdm__wait_queue_idle(c));

@@ -31,13 +31,26 @@ tdm_status tdm__comm_error(struct tdm_comm *c) {
   return tdm__error_from(c->fail_origin, tdm__set_error(c->fail_status, "%s", c->error));
 }
 
-tdm_status tdm_comm_status(tdm_comm_t c) { return atomic_load(&c->failed) ? c->fail_status : TDM_OK; }
-const char *tdm_comm_last_error(tdm_comm_t c) { return c->error; }
-int tdm_comm_rank(tdm_comm_t c) { return c->rank; }
-int tdm_comm_size(tdm_comm_t c) { return c->size; }
-tdm_transport_kind tdm_comm_transport(tdm_comm_t c) { return c->kind; }
+tdm_status tdm_comm_status(tdm_comm_t c) {
+  TDM__NONNULL(c, TDM_ERR_INVALID_ARG, "tdm_comm_status: the communicator is NULL");
+  return atomic_load(&c->failed) ? c->fail_status : TDM_OK;
+}
+const char *tdm_comm_last_error(tdm_comm_t c) { return c ? c->error : "tdm_comm_last_error: the communicator is NULL"; }
+int tdm_comm_rank(tdm_comm_t c) {
+  TDM__NONNULL(c, -1, "tdm_comm_rank: the communicator is NULL");
+  return c->rank;
+}
+int tdm_comm_size(tdm_comm_t c) {
+  TDM__NONNULL(c, 0, "tdm_comm_size: the communicator is NULL");
+  return c->size;
+}
+tdm_transport_kind tdm_comm_transport(tdm_comm_t c) {
+  TDM__NONNULL(c, TDM_TRANSPORT_COUNT, "tdm_comm_transport: the communicator is NULL");
+  return c->kind;
+}
 uint64_t tdm_comm_bytes_sent(tdm_comm_t c) { return c ? atomic_load_explicit(&c->bytes_sent, memory_order_relaxed) : 0; }
 void tdm_comm_set_timeout(tdm_comm_t c, double s) {
+  TDM__NONNULL(c, , "tdm_comm_set_timeout: the communicator is NULL");
   if (s > 0) c->timeout_s = s;
 }
 

@@ -39,6 +39,7 @@ static int find_name(const char *const *names, int n, const char *s) {
 }
 
 tdm_status tdm_algo_parse(const char *name, tdm_algo *out) {
+  if (!name || !out) return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_algo_parse: %s is NULL", !name ? "the name" : "out");
   int i = find_algo(name);
   if (i < 0)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "algorithm '%s'; expected one of auto ring rd rhd tree chain direct shm hier",
@@ -106,6 +107,7 @@ tdm_status tdm__env_local_size(int *out) {
 }
 
 tdm_status tdm_comm_config_from_env(tdm_comm_config *cfg) {
+  if (!cfg) return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_comm_config_from_env: the config cfg is NULL");
   memset(cfg, 0, sizeof *cfg);
   static const char *rank_vars[] = {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", NULL};
   static const char *size_vars[] = {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", NULL};

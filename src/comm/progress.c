@@ -245,6 +245,7 @@ tdm_status tdm_comm_irecv(tdm_comm_t c, int peer, int tag, void *buf, size_t nby
 }
 
 int tdm_work_test(tdm_work_t w) {
+  TDM__NONNULL(w, -1, "tdm_work_test: the work handle is NULL");
   pthread_mutex_lock(&w->c->q_mu);
   int d = w->done;
   pthread_mutex_unlock(&w->c->q_mu);
@@ -252,6 +253,7 @@ int tdm_work_test(tdm_work_t w) {
 }
 
 tdm_status tdm_work_wait(tdm_work_t w) {
+  if (!w) return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_work_wait: the work handle is NULL");
   struct tdm_comm *c = w->c;
   pthread_mutex_lock(&c->q_mu);
   while (!w->done) pthread_cond_wait(&c->q_cv, &c->q_mu); /* the call itself is bounded by the timeout */

@@ -38,6 +38,7 @@ static void reduce_f32(float *dst, const float *src, size_t n, tdm_redop op) {
 }
 
 tdm_status tdm_reduce_local(void *dst, const void *src, size_t n, tdm_dtype dt, tdm_redop op) {
+  if (n && (!dst || !src)) return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_reduce_local: %s is NULL", !dst ? "dst" : "src");
   if ((unsigned)op >= TDM_REDOP_COUNT) return tdm__set_error(TDM_ERR_INVALID_ARG, "reduce: unknown op %d", (int)op);
   switch (dt) {
   case TDM_F32: reduce_f32(dst, src, n, op); break;

@@ -9,6 +9,7 @@ static tdm_status child(tdm_comm_t c, int *members, int n, int me, uint32_t id, 
 tdm_status tdm_comm_split(tdm_comm_t c, int color, int key, tdm_comm_t *out) {
   if (!out) return tdm__set_error(TDM_ERR_INVALID_ARG, "split: out is NULL");
   *out = NULL;
+  if (!c) return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_comm_split: the communicator is NULL");
   int32_t mine[2] = {color, key}, *all = tdm__malloc(sizeof(int32_t) * 2 * (size_t)c->size);
   if (!all) return tdm__set_error(TDM_ERR_NO_MEMORY, "split: out of memory");
   tdm_status st = tdm_comm_allgather(c, mine, all, 2, TDM_I32, TDM_ALGO_RING);

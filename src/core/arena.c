@@ -62,6 +62,7 @@ void tdm_arena_destroy(tdm_arena *a) {
 }
 
 void *tdm_arena_alloc(tdm_arena *a, size_t bytes) {
+  TDM__NONNULL(a, NULL, "tdm_arena_alloc: the arena is NULL");
   if (bytes > ((size_t)1 << 62)) { /* rounded up it would wrap to a 64-byte block */
     tdm__set_error(TDM_ERR_NO_MEMORY, "arena: cannot allocate %zu bytes", bytes);
     return NULL;
@@ -89,6 +90,7 @@ void *tdm_arena_alloc(tdm_arena *a, size_t bytes) {
 }
 
 void tdm_arena_reset(tdm_arena *a) {
+  TDM__NONNULL(a, , "tdm_arena_reset: the arena is NULL");
   if (a->head->next) {
     /* Several blocks: replace them with one that holds the peak, so the next round fits. */
     for (block *b = a->head, *n; b; b = n) {
@@ -125,6 +127,15 @@ void tdm__arena_rewind(tdm_arena *a, tdm__arena_pos pos) {
   a->used_total = pos.used_total;
 }
 
-size_t tdm_arena_used(const tdm_arena *a) { return a->used_total; }
-size_t tdm_arena_peak(const tdm_arena *a) { return a->peak; }
-uint64_t tdm_arena_mallocs(const tdm_arena *a) { return a->mallocs; }
+size_t tdm_arena_used(const tdm_arena *a) {
+  TDM__NONNULL(a, 0, "tdm_arena_used: the arena is NULL");
+  return a->used_total;
+}
+size_t tdm_arena_peak(const tdm_arena *a) {
+  TDM__NONNULL(a, 0, "tdm_arena_peak: the arena is NULL");
+  return a->peak;
+}
+uint64_t tdm_arena_mallocs(const tdm_arena *a) {
+  TDM__NONNULL(a, 0, "tdm_arena_mallocs: the arena is NULL");
+  return a->mallocs;
+}

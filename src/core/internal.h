@@ -57,4 +57,14 @@ void tdm__arena_rewind(tdm_arena *a, tdm__arena_pos pos);
     if (tdm__st != TDM_OK) return tdm__st; \
   } while (0)
 
+/* A public function given a NULL handle or pointer p: sets TDM_ERR_INVALID_ARG with msg (a literal naming the function
+ * and the argument) and returns ret, the function's documented sentinel; ret is empty in a void function. */
+#define TDM__NONNULL(p, ret, msg)                     \
+  do {                                                \
+    if (!(p)) {                                       \
+      tdm__set_error(TDM_ERR_INVALID_ARG, "%s", msg); \
+      return ret;                                     \
+    }                                                 \
+  } while (0)
+
 #endif

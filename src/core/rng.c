@@ -1,5 +1,6 @@
 #include <math.h>
 
+#include "core/internal.h"
 #include "tandem/core.h"
 
 static uint64_t splitmix64(uint64_t *x) {
@@ -10,6 +11,7 @@ static uint64_t splitmix64(uint64_t *x) {
 }
 
 void tdm_rng_seed(tdm_rng *r, uint64_t seed) {
+  TDM__NONNULL(r, , "tdm_rng_seed: the generator is NULL");
   uint64_t x = seed;
   for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&x);
 }
@@ -17,6 +19,7 @@ void tdm_rng_seed(tdm_rng *r, uint64_t seed) {
 static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
 uint64_t tdm_rng_next(tdm_rng *r) {
+  TDM__NONNULL(r, 0, "tdm_rng_next: the generator is NULL");
   uint64_t *s = r->s;
   uint64_t result = rotl(s[1] * 5, 7) * 9;
   uint64_t t = s[1] << 17;
@@ -29,9 +32,13 @@ uint64_t tdm_rng_next(tdm_rng *r) {
   return result;
 }
 
-float tdm_rng_uniform(tdm_rng *r) { return (float)(tdm_rng_next(r) >> 40) * (1.0f / 16777216.0f); }
+float tdm_rng_uniform(tdm_rng *r) {
+  TDM__NONNULL(r, NAN, "tdm_rng_uniform: the generator is NULL");
+  return (float)(tdm_rng_next(r) >> 40) * (1.0f / 16777216.0f);
+}
 
 float tdm_rng_normal(tdm_rng *r) {
+  TDM__NONNULL(r, NAN, "tdm_rng_normal: the generator is NULL");
   /* Box-Muller on doubles; u1 in (0, 1] so log() is finite. */
   double u1 = ((double)(tdm_rng_next(r) >> 11) + 1.0) * (1.0 / 9007199254740992.0);
   double u2 = (double)(tdm_rng_next(r) >> 11) * (1.0 / 9007199254740992.0);

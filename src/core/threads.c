@@ -176,6 +176,7 @@ int tdm_spare_core(int ranks) { return cores_short(pool.n_threads, ranks) < 0; }
 
 void tdm_parallel_for(int64_t n, int64_t min_chunk, tdm_range_fn fn, void *ctx) {
   if (n <= 0) return;
+  TDM__NONNULL(fn, , "tdm_parallel_for: the function fn is NULL");
   if (min_chunk < 1) min_chunk = 1;
   int64_t ranges = n / min_chunk;
   if (ranges > pool.n_threads) ranges = pool.n_threads;

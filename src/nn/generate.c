@@ -70,9 +70,18 @@ void tdm_kv_cache_destroy(tdm_kv_cache *c) {
   tdm__free(c);
 }
 
-void tdm_kv_cache_reset(tdm_kv_cache *c) { c->pos = 0; }
-int64_t tdm_kv_cache_len(const tdm_kv_cache *c) { return c->pos; }
-int64_t tdm_kv_cache_capacity(const tdm_kv_cache *c) { return c->block; }
+void tdm_kv_cache_reset(tdm_kv_cache *c) {
+  TDM__NONNULL(c, , "tdm_kv_cache_reset: the cache is NULL");
+  c->pos = 0;
+}
+int64_t tdm_kv_cache_len(const tdm_kv_cache *c) {
+  TDM__NONNULL(c, 0, "tdm_kv_cache_len: the cache is NULL");
+  return c->pos;
+}
+int64_t tdm_kv_cache_capacity(const tdm_kv_cache *c) {
+  TDM__NONNULL(c, 0, "tdm_kv_cache_capacity: the cache is NULL");
+  return c->block;
+}
 
 static float *W(tdm_tensor *t) { return t ? (float *)t->data : NULL; }
 
@@ -132,6 +141,7 @@ static void llama_step(tdm_kv_cache *c, int32_t token) {
 }
 
 tdm_status tdm_kv_cache_step(tdm_kv_cache *c, int32_t token, const float **logits) {
+  if (!c || !logits) return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_kv_cache_step: %s is NULL", !c ? "the cache" : "logits");
   tdm_model *m = c->m;
   int64_t C = c->C, NH = c->NH, hs = C / NH, pos = c->pos, V = m->cfg.vocab_size;
   if (pos >= c->block)
@@ -171,10 +181,12 @@ tdm_status tdm_kv_cache_step(tdm_kv_cache *c, int32_t token, const float **logit
 }
 
 int32_t tdm_sample_token(const float *logits, int64_t V, float temperature, int top_k, tdm_rng *rng) {
+  TDM__NONNULL(logits, -1, "tdm_sample_token: the logits are NULL");
   int64_t best = 0;
   for (int64_t i = 1; i < V; i++)
     if (logits[i] > logits[best]) best = i;
   if (top_k == 1 || temperature <= 0) return (int32_t)best; /* greedy */
+  TDM__NONNULL(rng, -1, "tdm_sample_token: the generator rng is NULL (sampling needs it; greedy does not)");
   /* keep the top_k largest logits (all when top_k <= 0), softmax at the temperature, draw */
   float kth = -INFINITY;
   if (top_k > 0 && top_k < V) { /* the k-th largest value: k passes of a running threshold */

@@ -12,6 +12,7 @@
 #include "nn/model_impl.h"
 
 tdm_status tdm_model_config_llama(const char *name, tdm_model_config *out) {
+  if (!out) return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_model_config_llama: out is NULL");
   if (name && strcmp(name, "llama-mini") && strcmp(name, "llama3.2-1B"))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "llama: config '%s'; expected llama-mini or llama3.2-1B", name);
   tdm_model_config c = {0};
@@ -76,6 +77,9 @@ static tdm_status declare(tdm_params *p, const char *prefix, const char *leaf, i
  * order forward uses them (the order backward finishes their gradients, reversed). */
 tdm_status tdm_llama_block_mod_init(tdm_llama_block_mod *m, tdm_params *p, const char *prefix,
                                     const tdm_model_config *c) {
+  if (!m || !prefix || !c)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_llama_block_mod_init: %s is NULL",
+                          !m ? "the module m" : !prefix ? "the prefix" : "the config c");
   int64_t C = c->n_embd, hs = C / c->n_head, KV = c->n_kv_head * hs, F = c->ffn_hidden;
   tdm_init w = {TDM_INIT_NORMAL, 0.0f, 0.02f}, one = {TDM_INIT_ONES, 0, 0};
   int64_t sc[1] = {C}, sq[2] = {C, C}, skv[2] = {KV, C}, so[2] = {C, C}, sf[2] = {F, C}, sd[2] = {C, F};
@@ -97,6 +101,7 @@ tdm_status tdm_llama_block_mod_init(tdm_llama_block_mod *m, tdm_params *p, const
 }
 
 tdm_tensor *tdm_llama_block_mod_forward(tdm_tape *tp, const tdm_llama_block_mod *m, tdm_tensor *x) {
+  if (!m) return tdm__fail(tp, TDM_ERR_INVALID_ARG, "tdm_llama_block_mod_forward: the module m is NULL");
   tdm_tensor *h = tdm_rmsnorm(tp, x, m->attn_norm, m->eps);
   tdm_tensor *q = tdm_rope(tp, tdm_linear(tp, h, m->q, NULL), m->n_head, &m->rope, 0);
   tdm_tensor *k = tdm_rope(tp, tdm_linear(tp, h, m->k, NULL), m->n_kv_head, &m->rope, 0);
@@ -140,7 +145,8 @@ static tdm_tensor *block(tdm_tape *tp, const tdm_llama_block_mod *b, tdm_tensor 
 /* Dropout masks are keyed by the call's number in the step, as GPT's (models.c): the embedding's
  * is call 0, layer l's two are 1 + 2l and 2 + 2l, however the layers are spread over stages. */
 tdm_tensor *tdm_llama_forward_range(tdm_model *m, tdm_tape *tp, tdm_tensor *x, tdm_gpt_range *r) {
-  if (!tp || tdm_tape_status(tp) != TDM_OK) return NULL;
+  TDM__NONNULL(tp, NULL, "llama range: the tape is NULL");
+  if (tdm_tape_status(tp) != TDM_OK) return NULL;
   if (!m || !x || !r) return tdm__fail(tp, TDM_ERR_INVALID_ARG, "llama range: %s is NULL", !m ? "the model" : !x ? "the input" : "the range");
   const tdm_model_config *c = &m->cfg;
   if (c->kind != TDM_MODEL_LLAMA || r->first < 0 || r->last < r->first || r->last > c->n_layer)

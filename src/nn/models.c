@@ -64,6 +64,7 @@ tdm_model_config tdm_model_config_gpt2_124m(void) {
 }
 
 tdm_status tdm_model_config_gpt(const char *name, const int64_t override[5], tdm_model_config *out) {
+  if (!out) return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_model_config_gpt: out is NULL");
   if (name && strcmp(name, "mini") && strcmp(name, "gpt2-124M"))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "gpt: config '%s'; expected mini or gpt2-124M", name);
   tdm_model_config c = name && !strcmp(name, "gpt2-124M") ? tdm_model_config_gpt2_124m() : tdm_model_config_gpt_mini();
@@ -185,9 +186,18 @@ void tdm_model_destroy(tdm_model *m) {
   tdm__free(m);
 }
 
-tdm_params *tdm_model_params(const tdm_model *m) { return m->params; }
-const tdm_model_config *tdm_model_get_config(const tdm_model *m) { return &m->cfg; }
-void tdm_model_set_bn_sync(tdm_model *m, struct tdm_comm *comm) { m->bn_sync = comm && tdm_comm_size(comm) > 1 ? comm : NULL; }
+tdm_params *tdm_model_params(const tdm_model *m) {
+  TDM__NONNULL(m, NULL, "tdm_model_params: the model is NULL");
+  return m->params;
+}
+const tdm_model_config *tdm_model_get_config(const tdm_model *m) {
+  TDM__NONNULL(m, NULL, "tdm_model_get_config: the model is NULL");
+  return &m->cfg;
+}
+void tdm_model_set_bn_sync(tdm_model *m, struct tdm_comm *comm) {
+  TDM__NONNULL(m, , "tdm_model_set_bn_sync: the model is NULL");
+  m->bn_sync = comm && tdm_comm_size(comm) > 1 ? comm : NULL;
+}
 
 /* A GPT block as tdm_checkpoint runs it (activation recomputation: the tape says when). */
 static tdm_tensor *gpt_block_fn(tdm_tape *tp, tdm_tensor *x, const void *ctx) { return tdm_block_mod_forward(tp, ctx, x); }
@@ -207,7 +217,8 @@ static tdm_tensor *input_error(tdm_tape *tp, const char *kind, const tdm_tensor 
 }
 
 tdm_tensor *tdm_model_forward(tdm_model *m, tdm_tape *tp, tdm_tensor *x) {
-  if (!tp || tdm_tape_status(tp) != TDM_OK) return NULL;
+  TDM__NONNULL(tp, NULL, "model forward: the tape is NULL");
+  if (tdm_tape_status(tp) != TDM_OK) return NULL;
   if (!m || !x) return tdm__fail(tp, TDM_ERR_INVALID_ARG, "model forward: %s is NULL", !m ? "the model" : "the input");
   const tdm_model_config *c = &m->cfg;
   switch (c->kind) {
@@ -257,7 +268,8 @@ void tdm__trace_block(double t0, int64_t l) {
 static void dropout_site(tdm_tape *tp, int64_t block) { tp->dropout_calls = (uint64_t)(1 + 2 * block); }
 
 tdm_tensor *tdm_gpt_forward_range(tdm_model *m, tdm_tape *tp, tdm_tensor *x, tdm_gpt_range *r) {
-  if (!tp || tdm_tape_status(tp) != TDM_OK) return NULL;
+  TDM__NONNULL(tp, NULL, "gpt range: the tape is NULL");
+  if (tdm_tape_status(tp) != TDM_OK) return NULL;
   if (!m || !x || !r) return tdm__fail(tp, TDM_ERR_INVALID_ARG, "gpt range: %s is NULL", !m ? "the model" : !x ? "the input" : "the range");
   const tdm_model_config *c = &m->cfg;
   if (c->kind != TDM_MODEL_GPT || r->first < 0 || r->last < r->first || r->last > c->n_layer)
@@ -293,7 +305,8 @@ tdm_tensor *tdm_gpt_forward_range(tdm_model *m, tdm_tape *tp, tdm_tensor *x, tdm
 }
 
 tdm_tensor *tdm_model_forward_range(tdm_model *m, tdm_tape *tp, tdm_tensor *x, tdm_gpt_range *r) {
-  if (!tp || tdm_tape_status(tp) != TDM_OK) return NULL;
+  TDM__NONNULL(tp, NULL, "model range: the tape is NULL");
+  if (tdm_tape_status(tp) != TDM_OK) return NULL;
   if (!m || !x || !r) return tdm__fail(tp, TDM_ERR_INVALID_ARG, "model range: %s is NULL", !m ? "the model" : !x ? "the input" : "the range");
   switch (m->cfg.kind) {
   case TDM_MODEL_GPT:

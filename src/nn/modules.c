@@ -3,8 +3,16 @@
 #include <math.h>
 #include <stdio.h>
 
+#include "autograd/tape_impl.h"
 #include "core/internal.h"
 #include "tandem/nn.h"
+
+/* The module inits' NULL check: m is written to, prefix names every parameter. */
+#define NONNULL_MP(fn) \
+  if (!m || !prefix) return tdm__set_error(TDM_ERR_INVALID_ARG, fn ": %s is NULL", !m ? "the module m" : "the prefix")
+/* The forwards' check of m; tdm__fail with a NULL tape sets only the thread's error. */
+#define NONNULL_M(fn) \
+  if (!m) return tdm__fail(tp, TDM_ERR_INVALID_ARG, fn ": the module m is NULL")
 
 static tdm_status declare(tdm_params *p, const char *prefix, const char *leaf, int ndim, const int64_t *shape,
                           tdm_init init, int decay, tdm_tensor **out) {
@@ -25,6 +33,7 @@ tdm_status tdm__linear_mod_init_with(tdm_linear_mod *m, tdm_params *p, const cha
 
 tdm_status tdm_linear_mod_init(tdm_linear_mod *m, tdm_params *p, const char *prefix, int64_t in, int64_t out,
                                int bias) {
+  NONNULL_MP("tdm_linear_mod_init");
   /* kaiming_uniform(a = sqrt(5)) reduces to U(-1/sqrt(fan_in), 1/sqrt(fan_in)) */
   float bound = in > 0 ? 1.0f / sqrtf((float)in) : 0.0f;
   tdm_init u = {TDM_INIT_UNIFORM, -bound, bound};
@@ -32,11 +41,13 @@ tdm_status tdm_linear_mod_init(tdm_linear_mod *m, tdm_params *p, const char *pre
 }
 
 tdm_tensor *tdm_linear_mod_forward(tdm_tape *tp, const tdm_linear_mod *m, tdm_tensor *x) {
+  NONNULL_M("tdm_linear_mod_forward");
   return tdm_linear(tp, x, m->weight, m->bias);
 }
 
 tdm_status tdm_conv2d_mod_init(tdm_conv2d_mod *m, tdm_params *p, const char *prefix, int64_t ci, int64_t co, int k,
                                int stride, int pad) {
+  NONNULL_MP("tdm_conv2d_mod_init");
   float bound = 1.0f / sqrtf((float)(ci * k * k));
   tdm_init u = {TDM_INIT_UNIFORM, -bound, bound};
   int64_t ws[4] = {co, ci, k, k}, bs[1] = {co};
@@ -48,16 +59,19 @@ tdm_status tdm_conv2d_mod_init(tdm_conv2d_mod *m, tdm_params *p, const char *pre
 }
 
 tdm_tensor *tdm_conv2d_mod_forward(tdm_tape *tp, const tdm_conv2d_mod *m, tdm_tensor *x) {
+  NONNULL_M("tdm_conv2d_mod_forward");
   return tdm_conv2d(tp, x, m->weight, m->bias, m->stride, m->pad);
 }
 
 tdm_status tdm_embedding_mod_init(tdm_embedding_mod *m, tdm_params *p, const char *prefix, int64_t v, int64_t c,
                                   float std) {
+  NONNULL_MP("tdm_embedding_mod_init");
   int64_t s[2] = {v, c};
   return declare(p, prefix, "weight", 2, s, (tdm_init){TDM_INIT_NORMAL, 0.0f, std}, 1, &m->weight);
 }
 
 tdm_status tdm_layernorm_mod_init(tdm_layernorm_mod *m, tdm_params *p, const char *prefix, int64_t c) {
+  NONNULL_MP("tdm_layernorm_mod_init");
   int64_t s[1] = {c};
   TDM__TRY(declare(p, prefix, "weight", 1, s, (tdm_init){TDM_INIT_ONES, 0, 0}, 0, &m->weight));
   TDM__TRY(declare(p, prefix, "bias", 1, s, (tdm_init){TDM_INIT_ZEROS, 0, 0}, 0, &m->bias));
@@ -66,11 +80,13 @@ tdm_status tdm_layernorm_mod_init(tdm_layernorm_mod *m, tdm_params *p, const cha
 }
 
 tdm_tensor *tdm_layernorm_mod_forward(tdm_tape *tp, const tdm_layernorm_mod *m, tdm_tensor *x) {
+  NONNULL_M("tdm_layernorm_mod_forward");
   return tdm_layernorm(tp, x, m->weight, m->bias, m->eps);
 }
 
 tdm_status tdm_block_mod_init(tdm_block_mod *m, tdm_params *p, const char *prefix, int64_t c, int n_head,
                               int n_layer, float dropout) {
+  NONNULL_MP("tdm_block_mod_init");
   char name[200];
   tdm_init w = {TDM_INIT_NORMAL, 0.0f, 0.02f}, z = {TDM_INIT_ZEROS, 0, 0};
   /* GPT-2 scales the residual projections by 1/sqrt(2 n_layer) */
@@ -89,6 +105,7 @@ tdm_status tdm_block_mod_init(tdm_block_mod *m, tdm_params *p, const char *prefi
 }
 
 tdm_tensor *tdm_block_mod_forward(tdm_tape *tp, const tdm_block_mod *m, tdm_tensor *x) {
+  NONNULL_M("tdm_block_mod_forward");
   tdm_tensor *h = tdm_layernorm_mod_forward(tp, &m->ln_1, x);
   h = tdm_attention(tp, tdm_linear_mod_forward(tp, &m->c_attn, h), m->n_head);
   h = tdm_dropout(tp, tdm_linear_mod_forward(tp, &m->attn_proj, h), m->dropout);

@@ -65,12 +65,15 @@ void tdm_params_destroy(tdm_params *p) {
 
 tdm_status tdm_params_declare(tdm_params *p, const char *name, int ndim, const int64_t *shape, tdm_init init,
                               int decay, tdm_tensor **out) {
-  if (!p || !name || !out) return tdm__set_error(TDM_ERR_INVALID_ARG, "params_declare: NULL argument");
+  if (!p || !name || !out)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "params_declare: %s NULL",
+                          !p ? "the parameters p are" : !name ? "the name is" : "out is");
   if (p->finalized)
     return tdm__set_error(TDM_ERR_INVALID_USAGE, "params_declare: '%s' declared after finalize", name);
   if (ndim < 1 || ndim > TDM_MAX_DIMS)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "params_declare: '%s' has %d dimensions; expected 1..%d", name, ndim,
                           TDM_MAX_DIMS);
+  if (!shape) return tdm__set_error(TDM_ERR_INVALID_ARG, "params_declare: '%s': the shape is NULL", name);
   for (int i = 0; i < ndim; i++)
     if (shape[i] <= 0)
       return tdm__set_error(TDM_ERR_INVALID_ARG, "params_declare: '%s' dimension %d is %lld; expected > 0", name, i,
@@ -137,6 +140,8 @@ static void init_values(const entry *e, uint64_t seed, int i, int64_t from, int6
 
 tdm_status tdm_params_init_strided(const tdm_params *p, int i, int64_t first, int64_t len, int64_t stride, int64_t count,
                                    float *dst) {
+  if (!p || !dst)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_params_init_strided: %s is NULL", !p ? "the parameters p" : "dst");
   int64_t numel = p->finalized && i >= 0 && i < p->n ? p->e[i]->t.numel : -1;
   if (numel < 0 || first < 0 || len < 0 || count < 0 || (count > 1 && stride < len) ||
       (count > 0 && first + (count - 1) * stride + len > numel))
@@ -175,6 +180,7 @@ static void bind_views(tdm_params *p) {
 }
 
 tdm_status tdm_params_finalize(tdm_params *p, uint64_t seed) {
+  if (!p) return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_params_finalize: the parameters p are NULL");
   if (p->finalized) return tdm__set_error(TDM_ERR_INVALID_USAGE, "params_finalize: called twice");
   size_t bytes = sizeof(float) * (size_t)(p->numel ? p->numel : 1);
   p->data = tdm__aligned_alloc_cat(bytes, TDM_MEM_PARAMS);
@@ -224,6 +230,7 @@ static float *reserve(size_t bytes) {
 }
 
 tdm_status tdm_params_finalize_reserved(tdm_params *p, uint64_t seed, int which) {
+  if (!p) return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_params_finalize_reserved: the parameters p are NULL");
   if (p->finalized) return tdm__set_error(TDM_ERR_INVALID_USAGE, "params_finalize: called twice");
   if (!(which & TDM_RESERVE_GRAD) || (which & ~(TDM_RESERVE_DATA | TDM_RESERVE_GRAD)))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "params_finalize_reserved: which = %d; expected TDM_RESERVE_GRAD, with or "
@@ -244,9 +251,14 @@ tdm_status tdm_params_finalize_reserved(tdm_params *p, uint64_t seed, int which)
   return TDM_OK;
 }
 
-int tdm_params_is_reserved(const tdm_params *p) { return p->reserved; }
+int tdm_params_is_reserved(const tdm_params *p) {
+  TDM__NONNULL(p, 0, "tdm_params_is_reserved: the parameters p are NULL");
+  return p->reserved;
+}
 
 tdm_status tdm_params_init_range(const tdm_params *p, int64_t lo, int64_t hi, float *dst) {
+  if (!p || (!dst && hi > lo))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_params_init_range: %s is NULL", !p ? "the parameters p" : "dst");
   if (!p->finalized || lo < 0 || hi < lo || hi > p->numel)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "params_init_range: [%lld, %lld) of %lld elements%s", (long long)lo,
                           (long long)hi, (long long)p->numel, p->finalized ? "" : " (not finalized)");
@@ -259,6 +271,7 @@ tdm_status tdm_params_init_range(const tdm_params *p, int64_t lo, int64_t hi, fl
 }
 
 tdm_status tdm_params_release(tdm_params *p, int which, int64_t lo, int64_t hi) {
+  if (!p) return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_params_release: the parameters p are NULL");
   int mask = which ? TDM_RESERVE_GRAD : TDM_RESERVE_DATA;
   if (!(p->reserved & mask) || lo < 0 || hi < lo || hi > p->numel || (which != 0 && which != 1))
     return tdm__set_error(TDM_ERR_INVALID_ARG, "params_release: buffer %d, [%lld, %lld) of %lld%s", which,
@@ -337,13 +350,35 @@ int tdm__params_index_of(const tdm_params *p, const tdm_tensor *t) {
   return -1;
 }
 
-int tdm_params_count(const tdm_params *p) { return p->n; }
-tdm_tensor *tdm_params_get(const tdm_params *p, int i) { return (i >= 0 && i < p->n) ? &p->e[i]->t : NULL; }
-int64_t tdm_params_offset(const tdm_params *p, int i) { return p->e[i]->offset; }
-int tdm_params_decay(const tdm_params *p, int i) { return p->e[i]->decay; }
-int64_t tdm_params_numel(const tdm_params *p) { return p->numel; }
-float *tdm_params_data(const tdm_params *p) { return p->data; }
-float *tdm_params_grad(const tdm_params *p) { return p->grad; }
+#define NONNULL_P(ret, fn) TDM__NONNULL(p, ret, fn ": the parameters p are NULL")
+int tdm_params_count(const tdm_params *p) {
+  NONNULL_P(0, "tdm_params_count");
+  return p->n;
+}
+tdm_tensor *tdm_params_get(const tdm_params *p, int i) {
+  NONNULL_P(NULL, "tdm_params_get");
+  return (i >= 0 && i < p->n) ? &p->e[i]->t : NULL;
+}
+int64_t tdm_params_offset(const tdm_params *p, int i) {
+  NONNULL_P(-1, "tdm_params_offset");
+  return p->e[i]->offset;
+}
+int tdm_params_decay(const tdm_params *p, int i) {
+  NONNULL_P(0, "tdm_params_decay");
+  return p->e[i]->decay;
+}
+int64_t tdm_params_numel(const tdm_params *p) {
+  NONNULL_P(0, "tdm_params_numel");
+  return p->numel;
+}
+float *tdm_params_data(const tdm_params *p) {
+  NONNULL_P(NULL, "tdm_params_data");
+  return p->data;
+}
+float *tdm_params_grad(const tdm_params *p) {
+  NONNULL_P(NULL, "tdm_params_grad");
+  return p->grad;
+}
 
 tdm_status tdm_params_set_grad_buffer(tdm_params *p, float *buf) {
   if (!p || !p->finalized) return tdm__set_error(TDM_ERR_INVALID_USAGE, "params_set_grad_buffer: parameters not finalized");
@@ -361,12 +396,15 @@ tdm_status tdm_params_set_grad_buffer(tdm_params *p, float *buf) {
 }
 
 tdm_tensor *tdm_params_find(const tdm_params *p, const char *name) {
+  NONNULL_P(NULL, "tdm_params_find");
+  TDM__NONNULL(name, NULL, "tdm_params_find: the name is NULL");
   for (int i = 0; i < p->n; i++)
     if (!strcmp(p->e[i]->name, name)) return &p->e[i]->t;
   return NULL;
 }
 
 void tdm_params_zero_grad(tdm_params *p) {
+  NONNULL_P(, "tdm_params_zero_grad");
   if (p->grad && (p->reserved & TDM_RESERVE_GRAD)) tdm_params_release(p, 1, 0, p->numel);
   else if (p->grad) tdm_k_zero(p->grad, p->numel);
 }

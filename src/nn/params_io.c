@@ -8,6 +8,7 @@
 #include "tensor/tensor_impl.h"
 
 tdm_status tdm_params_save(const tdm_params *p, const char *path, int n_meta, const char *const *meta_kv) {
+  if (!p) return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_params_save: the parameters p are NULL");
   tdm_st_tensor *ts;
   TDM__TRY(tdm_params_st_tensors(p, &ts));
   for (int i = 0; i < tdm_params_count(p); i++) ts[i].data = tdm_tensor_data(tdm_params_get(p, i));
@@ -34,6 +35,7 @@ tdm_status tdm_params_st_tensors(const tdm_params *p, tdm_st_tensor **out) {
 }
 
 tdm_status tdm_params_load(tdm_params *p, const char *path, int allow_extra) {
+  if (!p) return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_params_load: the parameters p are NULL");
   int64_t lo = 0, hi = tdm_params_numel(p);
   float *dst = tdm_params_data(p);
   return tdm_params_load_spans(p, path, allow_extra, 1, &lo, &hi, &dst);

@@ -240,16 +240,24 @@ tdm_status tdm_safetensors_parse(tdm_safetensors **out, const void *bytes, size_
   return finish_load(out, f, name);
 }
 
-int tdm_safetensors_count(const tdm_safetensors *f) { return f->n; }
+int tdm_safetensors_count(const tdm_safetensors *f) {
+  TDM__NONNULL(f, 0, "tdm_safetensors_count: the file f is NULL");
+  return f->n;
+}
 const tdm_st_tensor *tdm_safetensors_at(const tdm_safetensors *f, int i) {
+  TDM__NONNULL(f, NULL, "tdm_safetensors_at: the file f is NULL");
   return (i >= 0 && i < f->n) ? &f->t[i] : NULL;
 }
 const tdm_st_tensor *tdm_safetensors_find(const tdm_safetensors *f, const char *name) {
+  TDM__NONNULL(f, NULL, "tdm_safetensors_find: the file f is NULL");
+  TDM__NONNULL(name, NULL, "tdm_safetensors_find: the name is NULL");
   for (int i = 0; i < f->n; i++)
     if (!strcmp(f->t[i].name, name)) return &f->t[i];
   return NULL;
 }
 const char *tdm_safetensors_meta(const tdm_safetensors *f, const char *key) {
+  TDM__NONNULL(f, NULL, "tdm_safetensors_meta: the file f is NULL");
+  TDM__NONNULL(key, NULL, "tdm_safetensors_meta: the key is NULL");
   for (int i = 0; i < f->n_meta; i++)
     if (!strcmp(f->meta[2 * i], key)) return f->meta[2 * i + 1];
   return NULL;
@@ -405,6 +413,8 @@ tdm_status tdm_safetensors_writer_open(tdm_st_writer **out, const char *path, in
 }
 
 tdm_status tdm_safetensors_writer_write(tdm_st_writer *w, const void *data, size_t n) {
+  if (!w) return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_safetensors_writer_write: the writer w is NULL");
+  if (!data && n) return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_safetensors_writer_write: data is NULL for %zu bytes", n);
   if ((int64_t)n > w->total - w->written)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "safetensors_save: %s: %zu more bytes than the %lld the header announces",
                           w->w.path, n - (size_t)(w->total - w->written), (long long)w->total);
@@ -413,6 +423,7 @@ tdm_status tdm_safetensors_writer_write(tdm_st_writer *w, const void *data, size
 }
 
 tdm_status tdm_safetensors_writer_commit(tdm_st_writer *w) {
+  if (!w) return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_safetensors_writer_commit: the writer w is NULL");
   tdm_status st;
   if (w->written != w->total) {
     st = tdm__set_error(TDM_ERR_INVALID_ARG, "safetensors_save: %s: %lld data bytes written of the %lld announced; nothing saved",

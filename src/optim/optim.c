@@ -128,14 +128,18 @@ tdm_status tdm_optim_create_spans(tdm_optim **out, const tdm_optim_config *cfg, 
 }
 
 tdm_status tdm_optim_set_span_buffers(tdm_optim *o, int i, float *w, const float *g) {
-  if (!o || i < 0 || i >= o->n_owned_spans)
+  if (!o) return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_optim_set_span_buffers: the optimizer is NULL");
+  if (i < 0 || i >= o->n_owned_spans)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "optim_set_span_buffers: span %d of %d", i, o ? o->n_owned_spans : 0);
   o->spans[i].w = w;
   o->spans[i].g = g;
   return TDM_OK;
 }
 
-int64_t tdm_optim_owned(const tdm_optim *o) { return o->n_owned; }
+int64_t tdm_optim_owned(const tdm_optim *o) {
+  TDM__NONNULL(o, 0, "tdm_optim_owned: the optimizer is NULL");
+  return o->n_owned;
+}
 
 void tdm_optim_destroy(tdm_optim *o) {
   if (!o) return;
@@ -145,13 +149,23 @@ void tdm_optim_destroy(tdm_optim *o) {
   tdm__free(o);
 }
 
-int64_t tdm_optim_steps(const tdm_optim *o) { return o->steps; }
-const tdm_optim_config *tdm_optim_get_config(const tdm_optim *o) { return &o->cfg; }
+int64_t tdm_optim_steps(const tdm_optim *o) {
+  TDM__NONNULL(o, -1, "tdm_optim_steps: the optimizer is NULL");
+  return o->steps;
+}
+const tdm_optim_config *tdm_optim_get_config(const tdm_optim *o) {
+  TDM__NONNULL(o, NULL, "tdm_optim_get_config: the optimizer is NULL");
+  return &o->cfg;
+}
 float *tdm_optim_state(const tdm_optim *o, int64_t *n) {
-  if (n) *n = o->n_state;
+  if (n) *n = o ? o->n_state : 0;
+  TDM__NONNULL(o, NULL, "tdm_optim_state: the optimizer is NULL");
   return o->state;
 }
-void tdm_optim_set_steps(tdm_optim *o, int64_t steps) { o->steps = steps; }
+void tdm_optim_set_steps(tdm_optim *o, int64_t steps) {
+  TDM__NONNULL(o, , "tdm_optim_set_steps: the optimizer is NULL");
+  o->steps = steps;
+}
 
 typedef struct {
   const tdm_optim *o;
@@ -217,6 +231,7 @@ static void step_range(void *vc, int64_t i0, int64_t i1) {
 }
 
 tdm_status tdm_optim_step(tdm_optim *o, float lr) {
+  if (!o) return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_optim_step: the optimizer is NULL");
   if (!(lr >= 0.0f)) return tdm__set_error(TDM_ERR_INVALID_ARG, "optim_step: learning rate %g; expected >= 0", (double)lr);
   o->steps++;
   span_ctx c = {o, NULL, NULL, NULL, NULL, lr, 0, 1, 1, o->steps == 1};
@@ -256,6 +271,9 @@ static void sumsq_range(void *vc, int64_t a, int64_t b) {
 }
 
 tdm_status tdm_grad_sumsq_segments(const tdm_params *p, int64_t lo, int64_t hi, const float *g, double *sums) {
+  if (!p || !g || !sums)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_grad_sumsq_segments: %s is NULL",
+                          !p ? "the parameters p" : !g ? "g" : "sums");
   const int64_t *seg;
   int64_t n;
   TDM__TRY(tdm__params_segments(p, &seg, &n));
@@ -270,6 +288,7 @@ tdm_status tdm_grad_sumsq_segments(const tdm_params *p, int64_t lo, int64_t hi, 
 }
 
 double tdm_grad_sumsq_combine(const double *sums, int64_t n) {
+  if (n > 0) TDM__NONNULL(sums, NAN, "tdm_grad_sumsq_combine: sums is NULL");
   double s = 0.0;
   for (int64_t i = 0; i < n; i++) s += sums[i];
   return s;
@@ -291,12 +310,14 @@ static void scale_range(void *vc, int64_t b, int64_t e) {
 }
 
 void tdm_grad_scale(float *g, int64_t n, float coef) {
-  if (coef == 1.0f) return;
+  if (coef == 1.0f || n <= 0) return;
+  TDM__NONNULL(g, , "tdm_grad_scale: g is NULL");
   scale_ctx c = {g, coef};
   tdm_parallel_for(n, 65536, scale_range, &c);
 }
 
 tdm_status tdm_clip_grad_norm(tdm_params *p, float max_norm, float *norm_out) {
+  if (!p) return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_clip_grad_norm: the parameters p are NULL");
   const int64_t *seg;
   int64_t n;
   TDM__TRY(tdm__params_segments(p, &seg, &n));
@@ -312,5 +333,7 @@ tdm_status tdm_clip_grad_norm(tdm_params *p, float max_norm, float *norm_out) {
 }
 
 tdm_status tdm_params_segments(const tdm_params *p, const int64_t **cuts, int64_t *n) {
+  if (!p || !cuts || !n)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_params_segments: %s is NULL", !p ? "the parameters p" : !cuts ? "cuts" : "n");
   return tdm__params_segments(p, cuts, n);
 }

@@ -1,8 +1,10 @@
 #include <math.h>
 
+#include "core/internal.h"
 #include "tandem/optim.h"
 
 float tdm_lr_at(const tdm_lr_schedule *s, int64_t step) {
+  TDM__NONNULL(s, NAN, "tdm_lr_at: the schedule is NULL");
   if (step < s->warmup_steps) return s->base_lr * (float)(step + 1) / (float)s->warmup_steps;
   switch (s->kind) {
   case TDM_LR_STEP:

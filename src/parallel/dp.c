@@ -232,13 +232,24 @@ void tdm_dp_destroy(tdm_dp *dp) {
 }
 
 void tdm_dp_set_sync(tdm_dp *dp, int sync) {
+  TDM__NONNULL(dp, , "tdm_dp_set_sync: the data-parallel handle dp is NULL");
   dp->sync = sync != 0;
   if (dp->sync) dp->bytes0 = tdm_comm_bytes_sent(dp->comm);
 }
-void tdm_dp_set_step(tdm_dp *dp, int64_t step) { dp->step = step; }
-int tdm_dp_compress_stats(const tdm_dp *dp, const tdm_compress_stats **out) { return tdm__compress_stats(dp->cz, out); }
-uint64_t tdm_dp_step_bytes(const tdm_dp *dp) { return dp->step_bytes; }
+void tdm_dp_set_step(tdm_dp *dp, int64_t step) {
+  TDM__NONNULL(dp, , "tdm_dp_set_step: the data-parallel handle dp is NULL");
+  dp->step = step;
+}
+int tdm_dp_compress_stats(const tdm_dp *dp, const tdm_compress_stats **out) {
+  TDM__NONNULL(dp, 0, "tdm_dp_compress_stats: the data-parallel handle dp is NULL");
+  return tdm__compress_stats(dp->cz, out);
+}
+uint64_t tdm_dp_step_bytes(const tdm_dp *dp) {
+  TDM__NONNULL(dp, 0, "tdm_dp_step_bytes: the data-parallel handle dp is NULL");
+  return dp->step_bytes;
+}
 int tdm_dp_compress_state(tdm_dp *dp, int k, int64_t *lo, int64_t *hi, float **residual, float **shared, int64_t *n_shared) {
+  TDM__NONNULL(dp, 0, "tdm_dp_compress_state: the data-parallel handle dp is NULL");
   if (dp->cz && k == -1) tdm__compress_rebase(dp->cz);
   if (!dp->cz || k < 0 || k >= dp->nb) return dp->cz ? dp->nb : 0;
   *lo = dp->b[k].lo, *hi = dp->b[k].hi;
@@ -246,9 +257,13 @@ int tdm_dp_compress_state(tdm_dp *dp, int k, int64_t *lo, int64_t *hi, float **r
   *shared = tdm__compress_shared(dp->cz, k, n_shared);
   return dp->nb;
 }
-int tdm_dp_num_buckets(const tdm_dp *dp) { return dp->nb; }
+int tdm_dp_num_buckets(const tdm_dp *dp) {
+  TDM__NONNULL(dp, 0, "tdm_dp_num_buckets: the data-parallel handle dp is NULL");
+  return dp->nb;
+}
 
 tdm_status tdm_dp_finish(tdm_dp *dp, double *wait_ms) {
+  if (!dp) return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_dp_finish: the data-parallel handle dp is NULL");
   double t0 = tdm_time_now();
   tdm_status st = dp->hook_status;
   if (!dp->sync) { /* accumulation step: nothing was sent; re-arm for the next backward */

@@ -93,10 +93,22 @@ void tdm_grid_destroy(tdm_grid *g) {
   tdm__free(g);
 }
 
-tdm_comm_t tdm_grid_world(const tdm_grid *g) { return g->world; }
-tdm_comm_t tdm_grid_comm(const tdm_grid *g, tdm_grid_axis a) { return (unsigned)a < TDM_AXIS_COUNT ? g->axis[a] : NULL; }
-int tdm_grid_size(const tdm_grid *g, tdm_grid_axis a) { return (unsigned)a < TDM_AXIS_COUNT ? g->size[a] : 0; }
-int tdm_grid_index(const tdm_grid *g, tdm_grid_axis a) { return (unsigned)a < TDM_AXIS_COUNT ? g->index[a] : 0; }
+tdm_comm_t tdm_grid_world(const tdm_grid *g) {
+  TDM__NONNULL(g, NULL, "tdm_grid_world: the grid g is NULL");
+  return g->world;
+}
+tdm_comm_t tdm_grid_comm(const tdm_grid *g, tdm_grid_axis a) {
+  TDM__NONNULL(g, NULL, "tdm_grid_comm: the grid g is NULL");
+  return (unsigned)a < TDM_AXIS_COUNT ? g->axis[a] : NULL;
+}
+int tdm_grid_size(const tdm_grid *g, tdm_grid_axis a) {
+  TDM__NONNULL(g, 0, "tdm_grid_size: the grid g is NULL");
+  return (unsigned)a < TDM_AXIS_COUNT ? g->size[a] : 0;
+}
+int tdm_grid_index(const tdm_grid *g, tdm_grid_axis a) {
+  TDM__NONNULL(g, -1, "tdm_grid_index: the grid g is NULL");
+  return (unsigned)a < TDM_AXIS_COUNT ? g->index[a] : 0;
+}
 
 /* Precision and recomputation against what the engine honours (ops->mixed, ->recompute): an engine
  * that does not is refused, naming the setting, rather than run in f32 or without recomputing. */
@@ -292,12 +304,29 @@ void tdm_engine_destroy(tdm_engine *e) {
   tdm__free(e);
 }
 
-tdm_model *tdm_engine_model(const tdm_engine *e) { return e->model; }
-tdm_tape *tdm_engine_tape(const tdm_engine *e) { return e->tape; }
-tdm_optim *tdm_engine_optim(const tdm_engine *e) { return e->opt; }
-const tdm_grid *tdm_engine_grid(const tdm_engine *e) { return e->grid; }
-const char *tdm_engine_describe(const tdm_engine *e) { return e->desc; }
+#define NONNULL_E(ret, fn) TDM__NONNULL(e, ret, fn ": the engine e is NULL")
+tdm_model *tdm_engine_model(const tdm_engine *e) {
+  NONNULL_E(NULL, "tdm_engine_model");
+  return e->model;
+}
+tdm_tape *tdm_engine_tape(const tdm_engine *e) {
+  NONNULL_E(NULL, "tdm_engine_tape");
+  return e->tape;
+}
+tdm_optim *tdm_engine_optim(const tdm_engine *e) {
+  NONNULL_E(NULL, "tdm_engine_optim");
+  return e->opt;
+}
+const tdm_grid *tdm_engine_grid(const tdm_engine *e) {
+  NONNULL_E(NULL, "tdm_engine_grid");
+  return e->grid;
+}
+const char *tdm_engine_describe(const tdm_engine *e) {
+  NONNULL_E(NULL, "tdm_engine_describe");
+  return e->desc;
+}
 int tdm_engine_replicas(const tdm_engine *e, int *index) {
+  NONNULL_E(0, "tdm_engine_replicas");
   static const tdm_grid_axis order[TDM_AXIS_COUNT] = {TDM_AXIS_DATA, TDM_AXIS_PIPELINE, TDM_AXIS_TENSOR}; /* as ranks are numbered */
   int n = 1, at = 0;
   for (int k = 0; k < TDM_AXIS_COUNT; k++)
@@ -309,6 +338,8 @@ int tdm_engine_replicas(const tdm_engine *e, int *index) {
   return n;
 }
 int tdm_engine_shard(const tdm_engine *e, const tdm_optim_span **spans) {
+  if (spans) *spans = NULL;
+  NONNULL_E(0, "tdm_engine_shard");
   if (spans) *spans = e->spans;
   return e->n_spans;
 }
@@ -405,6 +436,7 @@ tdm_status tdm__engine_update(tdm_engine *e, double sumsq, float lr, tdm_step_st
 }
 
 void tdm_engine_loss_scale(const tdm_engine *e, double *scale, int64_t *good_steps) {
+  NONNULL_E(, "tdm_engine_loss_scale");
   if (scale) *scale = e->ls_scale;
   if (good_steps) *good_steps = e->ls_good;
 }
@@ -564,8 +596,12 @@ int tdm_engine_compress_state(tdm_engine *e, int k, int64_t *lo, int64_t *hi, fl
 }
 
 /* ---- state for checkpoints ---------------------------------------------------------------------- */
-int tdm_engine_is_sharded(const tdm_engine *e) { return e->ops->param_shard != NULL; }
+int tdm_engine_is_sharded(const tdm_engine *e) {
+  NONNULL_E(0, "tdm_engine_is_sharded");
+  return e->ops->param_shard != NULL;
+}
 int tdm_engine_params_whole(const tdm_engine *e) {
+  NONNULL_E(0, "tdm_engine_params_whole");
   return !e->ops->param_shard || e->ops->param_shard((tdm_engine *)e) == NULL;
 }
 
@@ -593,6 +629,7 @@ tdm_status tdm_engine_load_shard_state(tdm_engine *e, const tdm_st_tensor *(*fin
                                        int64_t optim_steps) {
   tdm_st_tensor want[3];
   int n;
+  if (!find) return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_engine_load_shard_state: the find callback is NULL");
   TDM__TRY(tdm_engine_shard_state(e, want, &n));
   const tdm_st_tensor *spans = find(ctx, "shard.spans");
   if (!spans || spans->dtype != TDM_I64 || spans->nbytes != want[1].nbytes || memcmp(spans->data, want[1].data, (size_t)want[1].nbytes)) {

@@ -382,6 +382,11 @@ done:
 }
 
 void tdm_plan_gpt_costs(const tdm_model_config *m, int64_t T, double *embed, double *block, double *head) {
+  if (!m || !embed || !block || !head) {
+    tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_plan_gpt_costs: %s is NULL",
+                   !m ? "the model config m" : !embed ? "embed" : !block ? "block" : "head");
+    return;
+  }
   double C = (double)m->n_embd, V = (double)m->vocab_size, t = (double)(T > 0 ? T : m->block_size);
   *embed = 2 * C;                                    /* the sum of the two embeddings */
   *block = 24 * C * C + 4 * t * C + 30 * C;          /* the four matmuls, attention's two, norms and GELU */
@@ -389,6 +394,11 @@ void tdm_plan_gpt_costs(const tdm_model_config *m, int64_t T, double *embed, dou
 }
 
 void tdm_plan_llama_costs(const tdm_model_config *m, int64_t T, double *embed, double *block, double *head) {
+  if (!m || !embed || !block || !head) {
+    tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_plan_llama_costs: %s is NULL",
+                   !m ? "the model config m" : !embed ? "embed" : !block ? "block" : "head");
+    return;
+  }
   double C = (double)m->n_embd, V = (double)m->vocab_size, t = (double)(T > 0 ? T : m->block_size), F = (double)m->ffn_hidden;
   double KV = m->n_head > 0 ? C / (double)m->n_head * (double)m->n_kv_head : C;
   *embed = C;                                        /* the lookup */
@@ -398,7 +408,7 @@ void tdm_plan_llama_costs(const tdm_model_config *m, int64_t T, double *embed, d
 }
 
 void tdm_plan_layer_costs(const tdm_model_config *m, int64_t T, double *embed, double *block, double *head) {
-  if (m->kind == TDM_MODEL_LLAMA) tdm_plan_llama_costs(m, T, embed, block, head);
+  if (m && m->kind == TDM_MODEL_LLAMA) tdm_plan_llama_costs(m, T, embed, block, head);
   else tdm_plan_gpt_costs(m, T, embed, block, head);
 }
 
@@ -719,6 +729,10 @@ static void human(char *buf, size_t n, double bytes) {
 }
 
 void tdm_plan_print(FILE *f, const tdm_plan *p, int64_t limit) {
+  if (!f || !p) {
+    tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_plan_print: %s is NULL", !f ? "the stream f" : "the plan p");
+    return;
+  }
   static const char *what[TDM_MEM_COUNT] = {
       "parameters (fp32)", "gradients", "optimizer state", "activations (tape, peak of a step or an evaluation)",
       "communication buffers", "data sets and batches", "workspace"};

@@ -15,6 +15,10 @@ _Static_assert(sizeof mode_names / sizeof mode_names[0] == TDM_PS_MODE_COUNT, "o
 const char *tdm_ps_mode_name(tdm_ps_mode m) { return (unsigned)m < TDM_PS_MODE_COUNT ? mode_names[m] : "?"; }
 
 void tdm_ps_shard(int64_t n, int S, int s, int64_t *lo, int64_t *hi) {
+  if (!lo || !hi) {
+    tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_ps_shard: %s is NULL", !lo ? "lo" : "hi");
+    return;
+  }
   size_t off, len;
   tdm_comm_block((size_t)n, S, s, &off, &len);
   *lo = (int64_t)off;
@@ -253,6 +257,10 @@ tdm_status tdm_ps_workers_meet(tdm_engine *e, int *n_lost, int *ranks, int cap) 
 
 int tdm_ps_worker_step_stats(const tdm_engine *e, int64_t *staleness, int cap, uint64_t *pushed, uint64_t *pulled) {
   if (!e || strcmp(e->ops->name, "ps")) return -1;
+  if (!staleness && cap > 0) {
+    tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_ps_worker_step_stats: staleness is NULL for %d servers", cap);
+    return -1;
+  }
   const ps_worker *w = e->impl;
   for (int s = 0; s < w->S && s < cap; s++) staleness[s] = w->stale[s];
   if (pushed) *pushed = w->pushed;

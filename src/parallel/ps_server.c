@@ -377,6 +377,9 @@ tdm_status tdm_ps_serve(const tdm_model_config *mc, uint64_t seed, const tdm_opt
 }
 
 void tdm_ps_stats_json(const tdm_ps_server_stats *st, char *buf, size_t n) {
+  if (!buf || !n) return;
+  buf[0] = 0;
+  TDM__NONNULL(st, , "tdm_ps_stats_json: the stats st are NULL");
   size_t k = (size_t)snprintf(buf, n,
                               "{\"ps_server\":%d,\"rank\":%d,\"keys\":[%lld,%lld],\"bytes\":%lld,\"pushes\":%lld,"
                               "\"updates\":%lld,\"bytes_in\":%llu,\"bytes_out\":%llu,\"max_staleness\":%lld,"

@@ -20,6 +20,7 @@ const char *tdm_pp_schedule_name(tdm_pp_schedule_kind k) {
 const char *tdm_pp_op_name(tdm_pp_op op) { return (unsigned)op < TDM_PP_OP_COUNT ? op_names[op] : "?"; }
 
 tdm_status tdm_pp_schedule_parse(const char *name, tdm_pp_schedule_kind *out) {
+  if (!name || !out) return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_pp_schedule_parse: %s is NULL", !name ? "the name" : "out");
   for (int k = 0; name && k < TDM_PP_SCHEDULE_COUNT; k++)
     if (!strcmp(name, kind_names[k])) {
       *out = (tdm_pp_schedule_kind)k;
@@ -29,7 +30,10 @@ tdm_status tdm_pp_schedule_parse(const char *name, tdm_pp_schedule_kind *out) {
                         name ? name : "(null)");
 }
 
-int tdm_pp_chunk_rank(const tdm_pp_schedule *s, int chunk) { return chunk % s->P; }
+int tdm_pp_chunk_rank(const tdm_pp_schedule *s, int chunk) {
+  TDM__NONNULL(s, -1, "tdm_pp_chunk_rank: the schedule s is NULL");
+  return chunk % s->P;
+}
 
 /* ---- building ---------------------------------------------------------------------------------- */
 tdm_status tdm_pp_schedule_alloc(tdm_pp_schedule **out, tdm_pp_schedule_kind kind, int P, int V, int M) {
@@ -733,6 +737,7 @@ void tdm_pp_schedule_draw(const tdm_pp_schedule *s, char *buf, size_t n) {
   if (!buf || !n) return;
   size_t at = 0;
   buf[0] = 0;
+  TDM__NONNULL(s, , "tdm_pp_schedule_draw: the schedule s is NULL");
   int width = (int)(s->makespan + 0.5);
   for (int r = 0; r < s->P && at + 1 < n; r++) { /* two characters per cost unit: F3, B3, b3 (input pass), W3 */
     int w = snprintf(buf + at, n - at, "rank %d |", r);

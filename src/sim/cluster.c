@@ -12,6 +12,7 @@
 #include "tandem/sim.h"
 
 void tdm_sim_cluster_default(tdm_sim_cluster *k) {
+  TDM__NONNULL(k, , "tdm_sim_cluster_default: the cluster k is NULL");
   memset(k, 0, sizeof *k);
   k->ranks_per_node = 8;
   k->cores_per_node = 0;

@@ -17,6 +17,7 @@
  * Placement: rank r lives on node r / ranks_per_node. A step in which any pair crosses nodes
  * costs the inter-node link; when every rank of a node crosses at once (recursive doubling's far
  * steps) they share the node's link, beta times the ranks per node, unless links are pairwise. */
+#include "core/internal.h"
 #include "tandem/sim.h"
 #include "sim/sim_impl.h"
 
@@ -322,6 +323,7 @@ int tdm_sim_algo_parse(const char *s) {
 /* tandem's AUTO rules (src/comm/collective.c), with shared memory usable when every rank is on one
  * node and the cluster says so. */
 int tdm_sim_auto_algo(const tdm_sim_cluster *k, tdm_sim_kind kind, double n, int p) {
+  TDM__NONNULL(k, -1, "tdm_sim_auto_algo: the cluster k is NULL");
   int shm_ok = k->shm && p <= k->ranks_per_node;
   switch (kind) {
   case TDM_SIM_ALLREDUCE: /* a world on several nodes of several ranks gets the hierarchical plan */
@@ -335,6 +337,7 @@ int tdm_sim_auto_algo(const tdm_sim_cluster *k, tdm_sim_kind kind, double n, int
 }
 
 int tdm_sim_engine_algo(const tdm_sim_cluster *k, tdm_sim_kind kind, int p, int grads) {
+  TDM__NONNULL(k, -1, "tdm_sim_engine_algo: the cluster k is NULL");
   if (grads && kind == TDM_SIM_ALLREDUCE && p > k->ranks_per_node && k->ranks_per_node > 1) return TDM_SIM_ALGO_HIER;
   return k->shm && p <= k->ranks_per_node ? TDM_ALGO_SHM : TDM_ALGO_DIRECT;
 }
@@ -347,6 +350,7 @@ double tdm_sim_coll_cost(const tdm_sim_cluster *k, int algo, tdm_sim_kind kind, 
 }
 
 double tdm_sim_p2p_cost(const tdm_sim_cluster *k, double n, int a, int b) {
+  TDM__NONNULL(k, -1, "tdm_sim_p2p_cost: the cluster k is NULL");
   if (a == b) return 0;
   const tdm_sim_link *l = node_of(k, a) == node_of(k, b) ? &k->intra : &k->inter;
   return oneway(k, l, n, chunks_of(n), 0, 2, 2);

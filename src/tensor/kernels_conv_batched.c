@@ -10,6 +10,7 @@
 #define CHUNK_FLOATS ((int64_t)1 << 21) /* the column chunk: 8 MiB, about the last-level cache */
 
 int64_t tdm_k_conv2d_chunk(const tdm_conv_shape *s) {
+  if (!s) return 0; /* a sizer, not a kernel: the header's one NULL shape */
   int64_t per = s->Ci * s->KH * s->KW * s->OH * s->OW, nb = per > 0 ? CHUNK_FLOATS / per : s->N;
   if (nb < 1) nb = 1;
   return nb < s->N ? nb : (s->N > 0 ? s->N : 1);
@@ -21,6 +22,7 @@ static int64_t im2col_ws_floats(const tdm_conv_shape *s) {
 }
 
 int64_t tdm_k_conv2d_ws_floats(const tdm_conv_shape *s) {
+  if (!s) return 0;
   if (!tdm_k_conv2d_direct_fits(s)) return im2col_ws_floats(s);
   int64_t d = tdm_k_conv2d_direct_ws_floats(s), c = s->stride == 1 ? 0 : im2col_ws_floats(s); /* a strided dx: im2col */
   return d > c ? d : c;

@@ -328,6 +328,7 @@ static _Atomic int enabled = -1; /* -1: TANDEM_CONV not read yet */
 void tdm_k_conv2d_direct_enable(int on) { enabled = !!on; }
 
 int tdm_k_conv2d_direct_fits(const tdm_conv_shape *s) {
+  if (!s) return 0;
   if (enabled < 0) {
     const char *e = getenv("TANDEM_CONV");
     if (e && strcmp(e, "im2col") && strcmp(e, "direct")) /* a kernel cannot fail the step: say so, run the default */

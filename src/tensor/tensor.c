@@ -190,6 +190,12 @@ tdm_status tdm_tensor_wrap(tdm_tensor **out, tdm_dtype dt, int ndim, const int64
   tdm_tensor *t = tdm__malloc(sizeof *t);
   if (!t) return tdm__set_error(TDM_ERR_NO_MEMORY, "tensor_wrap: out of memory");
   tdm__tensor_init(t, dt, ndim, shape);
+  if (!data && t->numel) { /* a later fill or kernel would write through it */
+    long long n = (long long)t->numel;
+    tdm__free(t);
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_tensor_wrap: data is NULL for a tensor of %lld elements; expected a buffer",
+                          n);
+  }
   t->data = data;
   t->flags = TDM_TF_HEAP;
   *out = t;
@@ -203,20 +209,47 @@ void tdm_tensor_destroy(tdm_tensor *t) {
   tdm__free(t);
 }
 
-tdm_dtype tdm_tensor_dtype(const tdm_tensor *t) { return t->dtype; }
-int tdm_tensor_ndim(const tdm_tensor *t) { return t->ndim; }
+#define NONNULL_T(ret, fn) TDM__NONNULL(t, ret, fn ": the tensor is NULL")
+tdm_dtype tdm_tensor_dtype(const tdm_tensor *t) {
+  NONNULL_T(TDM_DTYPE_COUNT, "tdm_tensor_dtype");
+  return t->dtype;
+}
+int tdm_tensor_ndim(const tdm_tensor *t) {
+  NONNULL_T(-1, "tdm_tensor_ndim");
+  return t->ndim;
+}
 int64_t tdm_tensor_dim(const tdm_tensor *t, int axis) {
+  NONNULL_T(-1, "tdm_tensor_dim");
   if (axis < 0) axis += t->ndim;
   return (axis >= 0 && axis < t->ndim) ? t->shape[axis] : -1;
 }
-const int64_t *tdm_tensor_shape(const tdm_tensor *t) { return t->shape; }
-const int64_t *tdm_tensor_strides(const tdm_tensor *t) { return t->stride; }
-int64_t tdm_tensor_numel(const tdm_tensor *t) { return t->numel; }
-void *tdm_tensor_data(const tdm_tensor *t) { return t->data; }
-tdm_tensor *tdm_tensor_grad(const tdm_tensor *t) { return t->grad; }
-const char *tdm_tensor_name(const tdm_tensor *t) { return t->name ? t->name : ""; }
+const int64_t *tdm_tensor_shape(const tdm_tensor *t) {
+  NONNULL_T(NULL, "tdm_tensor_shape");
+  return t->shape;
+}
+const int64_t *tdm_tensor_strides(const tdm_tensor *t) {
+  NONNULL_T(NULL, "tdm_tensor_strides");
+  return t->stride;
+}
+int64_t tdm_tensor_numel(const tdm_tensor *t) {
+  NONNULL_T(0, "tdm_tensor_numel");
+  return t->numel;
+}
+void *tdm_tensor_data(const tdm_tensor *t) {
+  NONNULL_T(NULL, "tdm_tensor_data");
+  return t->data;
+}
+tdm_tensor *tdm_tensor_grad(const tdm_tensor *t) {
+  NONNULL_T(NULL, "tdm_tensor_grad");
+  return t->grad;
+}
+const char *tdm_tensor_name(const tdm_tensor *t) {
+  NONNULL_T(NULL, "tdm_tensor_name");
+  return t->name ? t->name : "";
+}
 
 int tdm_tensor_is_contiguous(const tdm_tensor *t) {
+  NONNULL_T(0, "tdm_tensor_is_contiguous");
   int64_t s = 1;
   for (int i = t->ndim - 1; i >= 0; i--) {
     if (t->shape[i] != 1 && t->stride[i] != s) return 0;
@@ -233,6 +266,8 @@ int tdm__shape_equal(const tdm_tensor *a, const tdm_tensor *b) {
 }
 
 char *tdm_shape_str(int ndim, const int64_t *shape, char *buf, size_t n) {
+  TDM__NONNULL(buf || !n, NULL, "tdm_shape_str: buf is NULL");
+  if (ndim > 0) TDM__NONNULL(shape, NULL, "tdm_shape_str: the shape is NULL");
   size_t k = 0;
   k += (size_t)snprintf(buf + k, k < n ? n - k : 0, "(");
   for (int i = 0; i < ndim; i++)
@@ -252,11 +287,13 @@ static int64_t offset_of(const tdm_tensor *t, int64_t flat) {
 }
 
 double tdm_tensor_get(const tdm_tensor *t, int64_t i) {
+  NONNULL_T(NAN, "tdm_tensor_get");
   if (i < 0 || i >= t->numel) return NAN;
   return load((const char *)t->data + offset_of(t, i) * (int64_t)tdm_dtype_size(t->dtype), t->dtype);
 }
 
 void tdm_tensor_fill(tdm_tensor *t, double v) {
+  NONNULL_T(, "tdm_tensor_fill");
   size_t es = tdm_dtype_size(t->dtype);
   for (int64_t i = 0; i < t->numel; i++) store((char *)t->data + offset_of(t, i) * (int64_t)es, t->dtype, v);
 }

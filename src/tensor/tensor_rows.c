@@ -1,8 +1,10 @@
 /* Row-wise reads of a tensor in any float dtype (f32, bf16, f16): what counting correct
  * predictions needs from logits that mixed precision keeps in 16 bits. */
+#include "core/internal.h"
 #include "tensor/tensor_impl.h"
 
 int64_t tdm_tensor_row_argmax(const tdm_tensor *t, int64_t row) {
+  TDM__NONNULL(t, -1, "tdm_tensor_row_argmax: the tensor is NULL");
   int64_t C = t->ndim ? t->shape[t->ndim - 1] : 1, best = 0;
   if (C <= 0 || row < 0 || row >= t->numel / C) return -1; /* the header's -1: no such row */
   const void *base = (const char *)t->data + (size_t)(row * C) * tdm_dtype_size(t->dtype);

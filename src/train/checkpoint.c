@@ -312,6 +312,7 @@ void tdm_ckpt_close(tdm_ckpt *c) {
 }
 
 tdm_status tdm_ckpt_open(tdm_ckpt **out, const char *path) {
+  if (!out || !path) return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_ckpt_open: %s is NULL", !out ? "out" : "the path");
   *out = NULL;
   int fd = -1;
   int64_t size = 0;
@@ -361,30 +362,61 @@ tdm_status tdm_ckpt_open(tdm_ckpt **out, const char *path) {
   return TDM_OK;
 }
 
-const tdm_ckpt_info *tdm_ckpt_get_info(const tdm_ckpt *c) { return &c->info; }
-uint32_t tdm_ckpt_get_crc(const tdm_ckpt *c) { return c->crc; }
-const char *tdm_ckpt_path(const tdm_ckpt *c) { return c->path; }
-const char *tdm_ckpt_meta(const tdm_ckpt *c, const char *key) { return tdm_safetensors_meta(c->f, key); }
-int64_t tdm_ckpt_get_optim_steps(const tdm_ckpt *c) { return c->optim_steps; }
-int tdm_ckpt_tensor_count(const tdm_ckpt *c) { return c->n_tensors; }
+#define NONNULL_C(ret, fn) TDM__NONNULL(c, ret, fn ": the checkpoint c is NULL")
+const tdm_ckpt_info *tdm_ckpt_get_info(const tdm_ckpt *c) {
+  NONNULL_C(NULL, "tdm_ckpt_get_info");
+  return &c->info;
+}
+uint32_t tdm_ckpt_get_crc(const tdm_ckpt *c) {
+  NONNULL_C(0, "tdm_ckpt_get_crc");
+  return c->crc;
+}
+const char *tdm_ckpt_path(const tdm_ckpt *c) {
+  NONNULL_C(NULL, "tdm_ckpt_path");
+  return c->path;
+}
+const char *tdm_ckpt_meta(const tdm_ckpt *c, const char *key) {
+  NONNULL_C(NULL, "tdm_ckpt_meta");
+  TDM__NONNULL(key, NULL, "tdm_ckpt_meta: the key is NULL");
+  return tdm_safetensors_meta(c->f, key);
+}
+int64_t tdm_ckpt_get_optim_steps(const tdm_ckpt *c) {
+  NONNULL_C(-1, "tdm_ckpt_get_optim_steps");
+  return c->optim_steps;
+}
+int tdm_ckpt_tensor_count(const tdm_ckpt *c) {
+  NONNULL_C(0, "tdm_ckpt_tensor_count");
+  return c->n_tensors;
+}
 const tdm_ckpt_tensor *tdm_ckpt_tensor_at(const tdm_ckpt *c, int i) {
+  NONNULL_C(NULL, "tdm_ckpt_tensor_at");
   return i >= 0 && i < c->n_tensors ? &c->tensors[i].pub : NULL;
 }
 const tdm_ckpt_tensor *tdm_ckpt_tensor_find(const tdm_ckpt *c, const char *name) {
+  NONNULL_C(NULL, "tdm_ckpt_tensor_find");
+  TDM__NONNULL(name, NULL, "tdm_ckpt_tensor_find: the name is NULL");
   for (int i = 0; i < c->n_tensors; i++)
     if (!strcmp(c->tensors[i].pub.name, name)) return &c->tensors[i].pub;
   return NULL;
 }
-int tdm_ckpt_file_count(const tdm_ckpt *c) { return c->n_files; }
+int tdm_ckpt_file_count(const tdm_ckpt *c) {
+  NONNULL_C(0, "tdm_ckpt_file_count");
+  return c->n_files;
+}
 const char *tdm_ckpt_file_at(const tdm_ckpt *c, int i, int64_t *bytes, int *n_pieces) {
+  NONNULL_C(NULL, "tdm_ckpt_file_at");
   if (i < 0 || i >= c->n_files) return NULL;
   if (bytes) *bytes = c->files[i].bytes;
   if (n_pieces) *n_pieces = c->files[i].n_pieces;
   return c->files[i].name;
 }
 
-int tdm_ckpt_meta_count(const tdm_ckpt *c) { return c->n_meta; }
+int tdm_ckpt_meta_count(const tdm_ckpt *c) {
+  NONNULL_C(0, "tdm_ckpt_meta_count");
+  return c->n_meta;
+}
 const char *tdm_ckpt_meta_at(const tdm_ckpt *c, int i, const char **value) {
+  NONNULL_C(NULL, "tdm_ckpt_meta_at");
   if (i < 0 || i >= c->n_meta) return NULL;
   if (value) *value = c->meta[2 * i + 1];
   return c->meta[2 * i];
@@ -406,6 +438,7 @@ static int cmp_newest(const void *a, const void *b) {
 static tdm_status list_entries(const char *dir, entry **out, int *n) {
   *out = NULL;
   *n = 0;
+  if (!dir) return tdm__set_error(TDM_ERR_INVALID_ARG, "checkpoint directory: the directory name is NULL");
   DIR *d = opendir(dir);
   if (!d) return errno == ENOENT ? TDM_OK : tdm__set_error(TDM_ERR_IO, "checkpoint directory %s: cannot read: %s", dir, strerror(errno));
   int cap = 0;
@@ -468,6 +501,7 @@ static tdm_status open_entry(const char *dir, const entry *e, tdm_ckpt **out, ch
 }
 
 static tdm_status open_latest(tdm_ckpt **out, const char *dir, char *notes, size_t notes_n, int verify_data) {
+  if (!out) return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_ckpt_open_latest: out is NULL");
   *out = NULL;
   if (notes && notes_n) notes[0] = 0;
   entry *es;
@@ -687,6 +721,7 @@ tdm_status tdm__ckpt_write_manifest(const char *dir, const tdm_ckpt_info *info, 
 
 /* ---- the directory lock ------------------------------------------------------------------------ */
 tdm_status tdm_ckpt_lock(const char *dir, int *fd_out) {
+  if (!dir || !fd_out) return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_ckpt_lock: %s is NULL", !dir ? "the directory" : "fd_out");
   *fd_out = -1;
   if (mkdir(dir, 0755) != 0 && errno != EEXIST)
     return tdm__set_error(TDM_ERR_IO, "checkpoint directory %s: cannot create: %s", dir, strerror(errno));

@@ -111,9 +111,13 @@ static tdm_status read_into(tdm_ckpt *c, int ti, const tdm__box *need, void *dst
 }
 
 tdm_status tdm_ckpt_read_box(tdm_ckpt *c, const char *name, const int64_t *start, const int64_t *count, void *dst) {
+  if (!c || !name)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_ckpt_read_box: %s is NULL", !c ? "the checkpoint c" : "the name");
   int ti = c && name ? tensor_index(c, name) : -1;
   if (ti < 0) return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: no tensor '%s' in the checkpoint", c ? c->path : "?", name ? name : "(null)");
   const tdm_ckpt_tensor *t = &c->tensors[ti].pub;
+  if (t->ndim > 0 && (!start || !count)) /* a 0-d tensor's box has no dimensions to point at */
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_ckpt_read_box: %s is NULL for '%s'", !start ? "start" : "count", name);
   tdm__box b;
   int64_t n = 1;
   for (int d = 0; d < t->ndim; d++) {
@@ -123,10 +127,15 @@ tdm_status tdm_ckpt_read_box(tdm_ckpt *c, const char *name, const int64_t *start
     b.start[d] = start[d], b.count[d] = count[d], n *= count[d];
   }
   if (n == 0) return TDM_OK;
+  if (!dst)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_ckpt_read_box: dst is NULL for %lld elements of '%s'", (long long)n, name);
   return read_into(c, ti, &b, dst);
 }
 
 tdm_status tdm_ckpt_read_flat(tdm_ckpt *c, const char *name, int64_t lo, int64_t hi, void *dst) {
+  if (!c || !name || (!dst && hi > lo))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_ckpt_read_flat: %s is NULL",
+                          !c ? "the checkpoint c" : !name ? "the name" : "dst");
   int ti = c && name ? tensor_index(c, name) : -1;
   if (ti < 0) return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: no tensor '%s' in the checkpoint", c ? c->path : "?", name ? name : "(null)");
   const tdm_ckpt_tensor *t = &c->tensors[ti].pub;
@@ -147,6 +156,7 @@ tdm_status tdm_ckpt_read_flat(tdm_ckpt *c, const char *name, int64_t lo, int64_t
 }
 
 tdm_status tdm_ckpt_verify_data(tdm_ckpt *c) {
+  if (!c) return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_ckpt_verify_data: the checkpoint c is NULL");
   for (int i = 0; i < c->n_files; i++) TDM__TRY(file_ready(c, i));
   for (int ti = 0; ti < c->n_tensors; ti++)
     for (int pi = 0; pi < c->tensors[ti].pub.n_pieces; pi++) {
@@ -156,7 +166,10 @@ tdm_status tdm_ckpt_verify_data(tdm_ckpt *c) {
   return TDM_OK;
 }
 
-int64_t tdm_ckpt_bytes_read(const tdm_ckpt *c) { return c->bytes_read; }
+int64_t tdm_ckpt_bytes_read(const tdm_ckpt *c) {
+  TDM__NONNULL(c, 0, "tdm_ckpt_bytes_read: the checkpoint c is NULL");
+  return c->bytes_read;
+}
 
 /* ---- the model and the optimizer against the manifest ------------------------------------------- */
 int tdm__optim_state_names(const tdm_optim *o, const char **names) {

@@ -181,11 +181,17 @@ static tdm_status add_piece(tdm_ckpt_writer *w, int ti, const tdm__box *b, const
 
 tdm_status tdm_ckpt_writer_box(tdm_ckpt_writer *w, const char *name, const int64_t *start, const int64_t *count,
                                const void *data) {
-  if (!w) return tdm__set_error(TDM_ERR_INVALID_ARG, "checkpoint writer: NULL");
+  if (!w) return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_ckpt_writer_box: the writer w is NULL");
   if (w->st != TDM_OK) return earlier(w);
-  int ti = name ? find_tensor(w, name) : -1;
-  if (ti < 0) return fail(w, tdm__set_error(TDM_ERR_INVALID_ARG, "checkpoint writer: piece of '%.200s', a tensor not declared on this rank", name ? name : "(null)"));
+  if (!name) return fail(w, tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_ckpt_writer_box: the name is NULL"));
+  int ti = find_tensor(w, name);
+  if (ti < 0)
+    return fail(w, tdm__set_error(TDM_ERR_INVALID_ARG, "checkpoint writer: piece of '%.200s', a tensor not declared on this rank",
+                                  name));
   const wtensor *t = &w->t[ti];
+  if (t->nd > 0 && (!start || !count)) /* a 0-d tensor's box has no dimensions to point at */
+    return fail(w, tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_ckpt_writer_box: %s is NULL for '%.200s'", !start ? "start" : "count",
+                                  name));
   tdm__box b;
   int64_t n = 1;
   for (int d = 0; d < t->nd; d++) {

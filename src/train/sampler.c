@@ -124,7 +124,10 @@ static void *prefetch_main(void *arg) {
 }
 
 tdm_status tdm_sampler_create(tdm_sampler **out, const tdm_dataset *ds, const tdm_sampler_config *cfg) {
-  if (!out || !ds || !cfg || cfg->batch < 1 || cfg->accum < 1 || cfg->world < 1 || cfg->rank < 0 || cfg->rank >= cfg->world)
+  if (!out || !ds || !cfg)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_sampler_create: %s is NULL",
+                          !out ? "out" : !ds ? "the data set" : "the config");
+  if (cfg->batch < 1 || cfg->accum < 1 || cfg->world < 1 || cfg->rank < 0 || cfg->rank >= cfg->world)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "sampler: batch %lld, accum %lld, rank %d of %d; expected positive sizes",
                           cfg ? (long long)cfg->batch : 0, cfg ? (long long)cfg->accum : 0, cfg ? cfg->rank : 0,
                           cfg ? cfg->world : 0);
@@ -201,24 +204,34 @@ void tdm_sampler_destroy(tdm_sampler *s) {
   tdm__free(s);
 }
 
-int64_t tdm_sampler_steps_per_epoch(const tdm_sampler *s) { return s->steps_per_epoch; }
+int64_t tdm_sampler_steps_per_epoch(const tdm_sampler *s) {
+  TDM__NONNULL(s, 0, "tdm_sampler_steps_per_epoch: the sampler s is NULL");
+  return s->steps_per_epoch;
+}
 int64_t tdm_sampler_epoch(const tdm_sampler *s) {
+  TDM__NONNULL(s, -1, "tdm_sampler_epoch: the sampler s is NULL");
   int64_t e, f;
   locate(s, s->pos / s->cfg.accum, &e, &f);
   return e;
 }
 
 void tdm_sampler_locate(const tdm_sampler *s, int64_t step, int64_t *epoch, int64_t *offset) {
+  if (!s || !epoch || !offset) {
+    tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_sampler_locate: %s is NULL", !s ? "the sampler s" : !epoch ? "epoch" : "offset");
+    return;
+  }
   if (step < s->a_step) step = s->a_step;
   locate(s, step, epoch, offset);
 }
 
 int64_t tdm_sampler_epoch_start(const tdm_sampler *s, int64_t epoch) {
+  TDM__NONNULL(s, -1, "tdm_sampler_epoch_start: the sampler s is NULL");
   if (epoch <= s->a_epoch) return s->a_step;
   return s->a_step + s->a_rem + (epoch - s->a_epoch - 1) * s->steps_per_epoch;
 }
 
 tdm_status tdm_sampler_set_position(tdm_sampler *s, int64_t step, int64_t epoch, int64_t offset) {
+  if (!s) return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_sampler_set_position: the sampler s is NULL");
   if (step < 0 || epoch < 0 || offset < 0 || offset > s->N)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "sampler: position step %lld at sample %lld of epoch %lld; expected a sample in 0..%lld",
                           (long long)step, (long long)offset, (long long)epoch, (long long)s->N);
@@ -233,6 +246,7 @@ tdm_status tdm_sampler_set_position(tdm_sampler *s, int64_t step, int64_t epoch,
 }
 
 tdm_status tdm_sampler_set_last(tdm_sampler *s, tdm_last_batch last) {
+  if (!s) return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_sampler_set_last: the sampler s is NULL");
   if (!s || (last != TDM_LAST_PARTIAL && last != TDM_LAST_PAD) || (s->cfg.last != TDM_LAST_PARTIAL && s->cfg.last != TDM_LAST_PAD) ||
       s->cfg.world != 1 || s->cfg.accum != 1)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "sampler: set_last %d on rule %d with %d ranks and accum %lld; expected partial <-> pad on "
@@ -249,6 +263,7 @@ tdm_status tdm_sampler_set_last(tdm_sampler *s, tdm_last_batch last) {
 }
 
 tdm_status tdm_sampler_seek(tdm_sampler *s, int64_t step) {
+  if (!s) return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_sampler_seek: the sampler s is NULL");
   int64_t samples;
   if (__builtin_mul_overflow(step, s->G, &samples)) /* the samples before it must count */
     return tdm__set_error(TDM_ERR_INVALID_ARG, "sampler: step %lld of global batches of %lld passes 2^63 samples", (long long)step,
@@ -266,6 +281,9 @@ tdm_status tdm_sampler_seek(tdm_sampler *s, int64_t step) {
 }
 
 tdm_status tdm_sampler_next(tdm_sampler *s, const float **x, const int32_t **y, int64_t *n, int64_t *first) {
+  if (!s || !x || !y || !n || !first)  /* checked before a batch is consumed */
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_sampler_next: %s is NULL",
+                          !s ? "the sampler s" : !x ? "x" : !y ? "y" : !n ? "n" : "first");
   slot *sl = &s->slots[s->pos & 1];
   if (s->started) {
     pthread_mutex_lock(&s->mu);

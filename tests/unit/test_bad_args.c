@@ -482,8 +482,114 @@ static void test_peer_that_left(void) {
   CHECK_MSG(r[0].waited < 10, "rank 0 waited %.1f s for a rank that had left", r[0].waited);
 }
 
+/* A NULL handle or pointer, across the headers: a status or the documented sentinel, and an error
+ * naming the argument (307 functions crashed on one; the header preambles give the sentinels). */
+#define NULL_CASE(cond, text)                                 \
+  do {                                                        \
+    tdm__set_error(TDM_ERR_INTERNAL, "(stale)");              \
+    CHECK(cond);                                              \
+    CHECK_ERR_HAS(text);                                      \
+  } while (0)
+
+static void test_null_handles(void) {
+  int64_t sh[2] = {2, 3};
+  float buf[6] = {0};
+  char s[64];
+  /* core */
+  NULL_CASE(isnan(tdm_rng_uniform(NULL)), "tdm_rng_uniform: the generator is NULL");
+  NULL_CASE(tdm_arena_alloc(NULL, 8) == NULL, "tdm_arena_alloc: the arena is NULL");
+  CHECK(tdm_arena_used(NULL) == 0 && tdm_arena_peak(NULL) == 0);
+  NULL_CASE(isnan(tdm_median(NULL, 3)), "the timings v are NULL");
+  tdm__set_error(TDM_ERR_INTERNAL, "(stale)");
+  tdm_parallel_for(4, 1, NULL, NULL);
+  CHECK_ERR_HAS("tdm_parallel_for: the function fn is NULL");
+  /* tensor */
+  NULL_CASE(tdm_tensor_ndim(NULL) == -1, "tdm_tensor_ndim: the tensor is NULL");
+  NULL_CASE(tdm_tensor_numel(NULL) == 0, "tdm_tensor_numel: the tensor is NULL");
+  NULL_CASE(tdm_tensor_data(NULL) == NULL, "tdm_tensor_data: the tensor is NULL");
+  NULL_CASE(isnan(tdm_tensor_get(NULL, 0)), "tdm_tensor_get: the tensor is NULL");
+  NULL_CASE(tdm_tensor_row_argmax(NULL, 0) == -1, "tdm_tensor_row_argmax: the tensor is NULL");
+  NULL_CASE(tdm_shape_str(2, NULL, s, sizeof s) == NULL, "tdm_shape_str: the shape is NULL");
+  tdm_tensor *t = NULL;
+  NULL_CASE(tdm_tensor_wrap(&t, TDM_F32, 2, sh, NULL) == TDM_ERR_INVALID_ARG && !t, "data is NULL for a tensor of 6 elements");
+  int64_t none[2] = {0, 3};
+  CHECK_OK(tdm_tensor_wrap(&t, TDM_F32, 2, none, NULL)); /* no elements: nothing to point at */
+  tdm_tensor_destroy(t);
+  /* autograd: a NULL tape has nowhere to record the error but the thread's */
+  tdm_tape *tp;
+  CHECK_OK(tdm_tape_create(&tp, 1 << 16));
+  tdm_tensor *a = tdm_zeros(tp, TDM_F32, 2, sh), *parts[2];
+  NULL_CASE(tdm_add(NULL, a, a) == NULL, "add: the tape is NULL");
+  NULL_CASE(tdm_matmul(NULL, a, a, 0, 1) == NULL, "matmul: the tape is NULL");
+  NULL_CASE(tdm_concat(NULL, 1, &a, 0) == NULL, "concat: the tape is NULL");
+  NULL_CASE(tdm_split(NULL, a, 0, 2, (int64_t[]){1, 1}, parts) == TDM_ERR_INVALID_ARG, "split: the tape is NULL");
+  NULL_CASE(tdm_zeros(NULL, TDM_F32, 2, sh) == NULL, "the tape is NULL");
+  NULL_CASE(tdm_backward(NULL, a) == TDM_ERR_INVALID_ARG, "backward: the tape is NULL");
+  NULL_CASE(tdm_tape_status(NULL) == TDM_ERR_INVALID_ARG, "tdm_tape_status: the tape is NULL");
+  NULL_CASE(tdm_tape_num_nodes(NULL) == 0, "tdm_tape_num_nodes: the tape is NULL");
+  NULL_CASE(tdm_custom(NULL, NULL, NULL, 0, NULL) == NULL, "tdm_custom: the tape is NULL");
+  NULL_CASE(tdm_model_forward(NULL, NULL, a) == NULL, "model forward: the tape is NULL"); /* returned NULL silently */
+  NULL_CASE(tdm_reshape(tp, a, 2, NULL) == NULL && tdm_tape_status(tp) == TDM_ERR_INVALID_ARG, "reshape: the new shape is NULL");
+  tdm_tape_reset(tp);
+  NULL_CASE(tdm_linear_mod_forward(tp, NULL, a) == NULL && tdm_tape_status(tp) == TDM_ERR_INVALID_ARG,
+            "tdm_linear_mod_forward: the module m is NULL");
+  tdm_tape_destroy(tp);
+  /* nn */
+  tdm_params *p;
+  CHECK_OK(tdm_params_create(&p));
+  tdm_linear_mod lm;
+  tdm_block_mod bm;
+  NULL_CASE(tdm_params_count(NULL) == 0, "tdm_params_count: the parameters p are NULL");
+  NULL_CASE(tdm_params_find(p, NULL) == NULL, "tdm_params_find: the name is NULL");
+  NULL_CASE(tdm_linear_mod_init(NULL, p, "fc", 2, 2, 1) == TDM_ERR_INVALID_ARG, "tdm_linear_mod_init: the module m is NULL");
+  NULL_CASE(tdm_block_mod_init(&bm, p, NULL, 8, 2, 1, 0) == TDM_ERR_INVALID_ARG, "tdm_block_mod_init: the prefix is NULL");
+  CHECK(tdm_params_count(p) == 0); /* "(null).ln_1.weight" was declared before */
+  CHECK_OK(tdm_linear_mod_init(&lm, p, "fc", 2, 2, 1));
+  tdm_params_destroy(p);
+  NULL_CASE(tdm_model_params(NULL) == NULL, "tdm_model_params: the model is NULL");
+  NULL_CASE(tdm_kv_cache_len(NULL) == 0, "tdm_kv_cache_len: the cache is NULL");
+  /* optim, safetensors, data, sampler */
+  NULL_CASE(tdm_optim_steps(NULL) == -1, "tdm_optim_steps: the optimizer is NULL");
+  NULL_CASE(tdm_optim_step(NULL, 0.1f) == TDM_ERR_INVALID_ARG, "tdm_optim_step: the optimizer is NULL");
+  NULL_CASE(isnan(tdm_lr_at(NULL, 0)), "tdm_lr_at: the schedule is NULL");
+  NULL_CASE(tdm_safetensors_count(NULL) == 0, "tdm_safetensors_count: the file f is NULL");
+  NULL_CASE(tdm_safetensors_writer_commit(NULL) == TDM_ERR_INVALID_ARG, "the writer w is NULL");
+  tdm_idx_free(NULL); /* a no-op, as every other free */
+  tdm_idx idx;
+  NULL_CASE(tdm_idx_read(NULL, &idx) == TDM_ERR_INVALID_ARG, "tdm_idx_read: the path is NULL");
+  NULL_CASE(tdm_dataset_len(NULL) == 0, "tdm_dataset_len: the data set is NULL");
+  NULL_CASE(tdm_sampler_epoch(NULL) == -1, "tdm_sampler_epoch: the sampler s is NULL");
+  const float *bx;
+  const int32_t *by;
+  int64_t n, first;
+  NULL_CASE(tdm_sampler_next(NULL, &bx, &by, &n, &first) == TDM_ERR_INVALID_ARG, "tdm_sampler_next: the sampler s is NULL");
+  /* comm, dp, pipeline, engine */
+  tdm_comm_t c2;
+  NULL_CASE(tdm_comm_rank(NULL) == -1, "tdm_comm_rank: the communicator is NULL");
+  NULL_CASE(tdm_comm_size(NULL) == 0, "tdm_comm_size: the communicator is NULL");
+  NULL_CASE(tdm_comm_split(NULL, 0, 0, &c2) == TDM_ERR_INVALID_ARG && !c2, "tdm_comm_split: the communicator is NULL");
+  NULL_CASE(tdm_work_test(NULL) == -1, "tdm_work_test: the work handle is NULL");
+  NULL_CASE(tdm_reduce_local(NULL, buf, 4, TDM_F32, TDM_SUM) == TDM_ERR_INVALID_ARG, "tdm_reduce_local: dst is NULL");
+  NULL_CASE(tdm_dp_num_buckets(NULL) == 0, "tdm_dp_num_buckets: the data-parallel handle dp is NULL");
+  NULL_CASE(tdm_dp_finish(NULL, NULL) == TDM_ERR_INVALID_ARG, "tdm_dp_finish: the data-parallel handle dp is NULL");
+  NULL_CASE(tdm_pp_chunk_rank(NULL, 0) == -1, "tdm_pp_chunk_rank: the schedule s is NULL");
+  NULL_CASE(tdm_engine_model(NULL) == NULL, "tdm_engine_model: the engine e is NULL");
+  NULL_CASE(tdm_grid_index(NULL, TDM_AXIS_DATA) == -1, "tdm_grid_index: the grid g is NULL");
+  /* checkpoint, plan, sim, kernels */
+  NULL_CASE(tdm_ckpt_tensor_count(NULL) == 0, "tdm_ckpt_tensor_count: the checkpoint c is NULL");
+  NULL_CASE(tdm_ckpt_get_optim_steps(NULL) == -1, "tdm_ckpt_get_optim_steps: the checkpoint c is NULL");
+  NULL_CASE(tdm_ckpt_latest(NULL, s, sizeof s, NULL, 0) == TDM_ERR_INVALID_ARG, "the directory name is NULL");
+  double e1, b1, h1;
+  tdm__set_error(TDM_ERR_INTERNAL, "(stale)");
+  tdm_plan_gpt_costs(NULL, 0, &e1, &b1, &h1);
+  CHECK_ERR_HAS("tdm_plan_gpt_costs: the model config m is NULL");
+  NULL_CASE(tdm_sim_p2p_cost(NULL, 1, 0, 1) == -1, "tdm_sim_p2p_cost: the cluster k is NULL");
+  CHECK(tdm_k_conv2d_ws_floats(NULL) == 0 && tdm_k_conv2d_chunk(NULL) == 0);
+}
+
 TDM_TEST_MAIN(T(test_shapes_whose_size_overflows), T(test_arena_and_shared_sizes), T(test_checksum_and_latest),
               T(test_rows_casts_and_data), T(test_reductions_and_empty_ops), T(test_init_specs_and_forward),
               T(test_simulator_and_trace_values), T(test_sampler_rules),
               T(test_counts_views_and_messages), T(test_failed_checkpoint_leaves_nothing),
-              T(test_ranks_with_other_engines), T(test_engine_and_optimizer_values), T(test_peer_that_left))
+              T(test_ranks_with_other_engines), T(test_engine_and_optimizer_values), T(test_peer_that_left),
+              T(test_null_handles))

@@ -7,6 +7,10 @@
 #include "tandem/data.h"
 
 void tdm_augment_draw(uint64_t seed, int64_t epoch, int64_t position, int pad, int flip, int *dy, int *dx, int *flipped) {
+  if (!dy || !dx || !flipped) {
+    tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_augment_draw: %s is NULL", !dy ? "dy" : !dx ? "dx" : "flipped");
+    return;
+  }
   uint64_t h = tdm_hash64(tdm_hash64(seed ^ 0x61756775u, (uint64_t)epoch), (uint64_t)position);
   uint64_t span = pad > 0 ? 2 * (uint64_t)pad + 1 : 1; /* (2 * INT_MAX + 1 overflowed int) */
   *dy = pad > 0 ? (int)((int64_t)(h % span) - pad) : 0;

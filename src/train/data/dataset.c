@@ -9,10 +9,21 @@
 void tdm_dataset_destroy(tdm_dataset *ds) {
   if (ds) ds->vt->destroy(ds);
 }
-int64_t tdm_dataset_len(const tdm_dataset *ds) { return ds->len; }
-int tdm_dataset_num_classes(const tdm_dataset *ds) { return ds->num_classes; }
-int64_t tdm_dataset_sample_numel(const tdm_dataset *ds) { return ds->sample_numel; }
+int64_t tdm_dataset_len(const tdm_dataset *ds) {
+  TDM__NONNULL(ds, 0, "tdm_dataset_len: the data set is NULL");
+  return ds->len;
+}
+int tdm_dataset_num_classes(const tdm_dataset *ds) {
+  TDM__NONNULL(ds, 0, "tdm_dataset_num_classes: the data set is NULL");
+  return ds->num_classes;
+}
+int64_t tdm_dataset_sample_numel(const tdm_dataset *ds) {
+  TDM__NONNULL(ds, 0, "tdm_dataset_sample_numel: the data set is NULL");
+  return ds->sample_numel;
+}
 int tdm_dataset_sample_shape(const tdm_dataset *ds, int64_t *shape) {
+  TDM__NONNULL(ds, 0, "tdm_dataset_sample_shape: the data set is NULL");
+  TDM__NONNULL(shape, 0, "tdm_dataset_sample_shape: the shape is NULL");
   memcpy(shape, ds->sample_shape, sizeof(int64_t) * (size_t)ds->sample_ndim);
   return ds->sample_ndim;
 }

@@ -132,6 +132,7 @@ static tdm_status read_fd(const char *path, int fd, int64_t fsize, tdm_idx *out)
 }
 
 tdm_status tdm_idx_read(const char *path, tdm_idx *out) {
+  if (!path || !out) return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_idx_read: %s is NULL", !path ? "the path" : "out");
   memset(out, 0, sizeof *out);
   int fd, cfd;
   int64_t fsize, csize;
@@ -151,6 +152,7 @@ tdm_status tdm_idx_read(const char *path, tdm_idx *out) {
 }
 
 void tdm_idx_free(tdm_idx *f) {
+  if (!f) return; /* a no-op, as every other free */
   tdm__free(f->data);
   f->data = NULL;
 }

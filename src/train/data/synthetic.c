@@ -64,7 +64,9 @@ static const tdm_dataset_vtable synth_vt = {"synthetic", synth_batch, synth_dest
 
 tdm_status tdm_dataset_open_synthetic(tdm_dataset **out, int64_t n, int ndim, const int64_t *shape, int classes,
                                       uint64_t seed, uint64_t first_index) {
-  if (!out || n < 1 || ndim < 1 || ndim > 4 || classes < 2 || classes > TDM_SYNTH_MAX_CLASSES)
+  if (!out || !shape)
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_dataset_open_synthetic: %s is NULL", !out ? "out" : "the shape");
+  if (n < 1 || ndim < 1 || ndim > 4 || classes < 2 || classes > TDM_SYNTH_MAX_CLASSES)
     return tdm__set_error(TDM_ERR_INVALID_ARG, "synthetic data: %lld samples, %d axes, %d classes; expected >= 1, 1..4, 2..1024",
                           (long long)n, ndim, classes);
   int64_t F = 1;

@@ -131,9 +131,15 @@ tdm_status tdm_dataset_open_tokens_u16(tdm_dataset **out, const char *path, int6
   return finish(out, tok, count, T, vocab, path);
 }
 
-int tdm_dataset_is_tokens(const tdm_dataset *ds) { return ds->tokens != NULL; }
+int tdm_dataset_is_tokens(const tdm_dataset *ds) {
+  TDM__NONNULL(ds, 0, "tdm_dataset_is_tokens: the data set is NULL");
+  return ds->tokens != NULL;
+}
 
 tdm_status tdm_dataset_tokens(const tdm_dataset *ds, const int64_t *idx, int64_t n, int32_t *x, int32_t *y) {
+  if (!ds || (n > 0 && (!idx || !x || !y)))
+    return tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_dataset_tokens: %s is NULL",
+                          !ds ? "the data set" : !idx ? "idx" : !x ? "x" : "y");
   if (!ds->tokens)
     return tdm__set_error(TDM_ERR_INVALID_USAGE, "%s data set: samples are not token windows; use tdm_dataset_batch", ds->vt->name);
   for (int64_t i = 0; i < n; i++)
