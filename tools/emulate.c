@@ -21,6 +21,7 @@ typedef struct {
   tdm_train_result res;
   tdm_status st;
   char error[1024];
+  int origin; /* tdm_last_error_origin of its failure */
 } emu_rank;
 
 /* After each step the straggler sleeps (slow - 1) times the step it just made: its compute, as
@@ -44,6 +45,7 @@ static void *emu_main(void *arg) {
   if (e->cc.rank != 0) e->c.progress = NULL;
   e->st = tdm_train_run(&e->c, &e->res);
   if (e->st != TDM_OK) snprintf(e->error, sizeof e->error, "%s", tdm_last_error()); /* the detail is per thread */
+  e->origin = e->st != TDM_OK ? tdm_last_error_origin() : -1;
   return NULL;
 }
 
@@ -92,7 +94,9 @@ int emulate_ranks(const tdm_train_config *c, int n, const char *slow, tdm_train_
   int rc = started == n ? 0 : 1;
   for (int k = 0; k < started; k++)
     if (r[k].st != TDM_OK) {
-      fprintf(stderr, "tandem train: rank %d (emulated): %s: %s\n", k, tdm_status_str(r[k].st), r[k].error);
+      char who[48] = ""; /* which rank's failure the others passed on */
+      if (r[k].origin >= 0) snprintf(who, sizeof who, " (relayed from rank %d)", r[k].origin);
+      fprintf(stderr, "tandem train: rank %d (emulated)%s: %s: %s\n", k, who, tdm_status_str(r[k].st), r[k].error);
       rc = 1;
     }
   if (started) *res = r[0].res;

@@ -747,6 +747,22 @@ static void abandoned_body(ctx_t *x) {
 
 static void test_abandoned_handles_freed(void) { run_world(2, abandoned_body, 5); }
 
+/* A failure relayed over threads names where it began (tdm_last_error_origin), as over tcp and shm:
+ * rank 2 aborts with a reason of its own; the others' next all-reduce fails naming rank 2. */
+static void origin_body(ctx_t *x) {
+  float v[8] = {0};
+  if (x->r == 2) {
+    tdm_comm_abort_why(x->c, TDM_ERR_IO, "rank 2's disk is full");
+    CHECK(tdm_last_error_origin() == -1); /* its own */
+    return;
+  }
+  CHECK(tdm_comm_allreduce(x->c, v, v, 8, TDM_F32, TDM_SUM, TDM_ALGO_AUTO) != TDM_OK);
+  CHECK_MSG(tdm_last_error_origin() == 2 && strstr(tdm_last_error(), "disk is full"), "rank %d: origin %d: %s", x->r,
+            tdm_last_error_origin(), tdm_last_error());
+}
+
+static void test_relayed_origin_threads(void) { run_world(3, origin_body, 10); }
+
 /* ---- the environment's errors say what is wrong -------------------------------------------------- */
 static void test_env_errors(void) {
   static const char *vars[] = {"RANK", "WORLD_SIZE", "MASTER_PORT", "TANDEM_TIMEOUT", "LOCAL_WORLD_SIZE", NULL};
@@ -902,4 +918,4 @@ TDM_TEST_MAIN(T(test_reduce_local_and_names), T(test_allreduce_matrix), T(test_b
               T(test_scatter_gather_matrix), T(test_barrier_p2p_nonblocking_split), T(test_mismatch_and_timeout),
               T(test_mismatch_matrix), T(test_sub_communicator_mismatch), T(test_algo_env),
               T(test_block_offsets_beyond_2_31), T(test_reduce_scatter_allgather_equal_allreduce), T(test_rank_order_any_partition), T(test_shared_buffers_threads),
-              T(test_abandoned_handles_freed), T(test_env_errors), T(test_network_emulation))
+              T(test_abandoned_handles_freed), T(test_relayed_origin_threads), T(test_env_errors), T(test_network_emulation))

@@ -30,6 +30,7 @@ typedef struct tdm__thread_group {
   int failed;
   tdm_status fail_status;
   char reason[512];
+  int fail_origin; /* the rank whose failure reason gives (tdm_last_error_origin on the others) */
   unsigned char *joined; /* joined[r]: a communicator of rank r is in the group now */
   uint64_t clock;        /* counts joins and leaves: their order */
   uint64_t *left;        /* left[r]: when rank r's communicator was destroyed (0: never, or it joined again).
@@ -102,6 +103,11 @@ static tdm_status post(group *g, int from, int to, const tdm__hdr *h, const void
   return TDM_OK;
 }
 
+/* The group's failure as this rank's error: relayed, unless it is this rank's own. */
+static tdm_status group_error(const group *g, int me) {
+  return tdm__error_from(g->fail_origin != me ? g->fail_origin : -1, tdm__set_error(g->fail_status, "%s", g->reason));
+}
+
 static tdm_status run(tdm__transport *t, tdm__xfer *x, int n, double deadline) {
   thread_tr *tt = (thread_tr *)t;
   group *g = tt->g;
@@ -110,7 +116,7 @@ static tdm_status run(tdm__transport *t, tdm__xfer *x, int n, double deadline) {
   tdm_status st = TDM_OK;
   pthread_mutex_lock(&g->mu);
   if (g->failed) {
-    st = tdm__set_error(g->fail_status, "%s", g->reason);
+    st = group_error(g, me);
     goto out;
   }
   for (int i = 0; i < n && st == TDM_OK; i++)
@@ -144,12 +150,12 @@ static tdm_status run(tdm__transport *t, tdm__xfer *x, int n, double deadline) {
       goto out;
     }
     if (!q->head) { /* failed while we waited */
-      st = tdm__set_error(g->fail_status, "%s", g->reason);
+      st = group_error(g, me);
       goto out;
     }
     msg *m = q->head;
     if (m->hdr.kind == TDM_COLL_ABORT) { /* leave it: everyone waiting on that rank must see it */
-      st = tdm__set_error(TDM_ERR_REMOTE, "%s", m->data);
+      st = tdm__error_from(x[i].peer, tdm__set_error(TDM_ERR_REMOTE, "%s", m->data));
       goto out;
     }
     q->head = m->next;
@@ -177,6 +183,8 @@ static void thread_abort(tdm__transport *t, const char *reason) {
     g->failed = 1;
     g->fail_status = tdm__active(t)->fail_status ? tdm__active(t)->fail_status : TDM_ERR_REMOTE;
     snprintf(g->reason, sizeof g->reason, "rank %d failed: %s", t->rank, reason);
+    int from = tdm__active(t)->fail_origin; /* a relayed failure names where it began */
+    g->fail_origin = from >= 0 ? from : t->rank;
   }
   pthread_cond_broadcast(&g->cv);
   pthread_mutex_unlock(&g->mu);
@@ -233,7 +241,7 @@ static tdm_status thread_shared_wait(tdm__transport *t, tdm__waiter *w, struct t
   group *g = ((thread_tr *)t)->g;
   if (!tdm__backoff(&w->b)) return TDM_OK;
   pthread_mutex_lock(&g->mu);
-  tdm_status st = g->failed ? tdm__set_error(g->fail_status, "%s", g->reason) : TDM_OK;
+  tdm_status st = g->failed ? group_error(g, t->rank) : TDM_OK;
   /* (a peer that left is not failed here: it may have done its part between the caller's look at
    * the shared flags and this wait, and only the caller can look again) */
   pthread_mutex_unlock(&g->mu);
