@@ -14,7 +14,7 @@
 
 /* ---- failure ------------------------------------------------------------------------------ */
 tdm_status tdm__comm_fail(struct tdm_comm *c, tdm_status st, const char *fmt, ...) {
-  if (!atomic_exchange(&c->failed, 1)) {
+  if (!atomic_exchange(&c->fail_claimed, 1)) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(c->error, sizeof c->error, fmt, ap);
@@ -23,6 +23,9 @@ tdm_status tdm__comm_fail(struct tdm_comm *c, tdm_status st, const char *fmt, ..
     /* a failure relayed from a peer (this thread's error) stays relayed when the text wraps it */
     tdm__set_error(st, "%s", c->error);
     c->fail_origin = tdm_last_error_origin();
+    atomic_store_explicit(&c->failed, 1, memory_order_release); /* readers of the flag see them whole */
+  } else {
+    while (!atomic_load_explicit(&c->failed, memory_order_acquire)) sched_yield(); /* another thread is writing them */
   }
   return tdm__comm_error(c);
 }

@@ -150,7 +150,8 @@ struct tdm_comm {
   int tr_algo;   /* tracing: the algorithm cur runs */
   void *tr_rec;  /* tracing: the recorder the progress thread records into */
   int last_any;  /* the rank a tagged receive from any source took a message from last */
-  _Atomic int failed;
+  _Atomic int failed;       /* set (release) once fail_status, error and fail_origin are written */
+  _Atomic int fail_claimed; /* the first failure writes them */
   /* tdm_comm_bytes_sent: message payloads, plus what the shm collectives hand to peers */
   _Atomic uint64_t bytes_sent;
   tdm_status fail_status;
