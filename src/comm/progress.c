@@ -128,8 +128,35 @@ tdm_status tdm__wait_queue_idle(struct tdm_comm *c) {
   return TDM_OK;
 }
 
+/* The buffers every rank must give whatever its part (the blocking call checks the rest): a NULL
+ * one is refused here, at the call, not only when the handle is waited for. */
+static const char *missing_buffer(const struct tdm_work *w) {
+  if (w->kind == W_REDUCE_SCATTER_V || w->kind == W_ALLGATHER_V)
+    if (!w->parts) return "parts";
+  if (!w->count) return NULL;
+  switch (w->kind) {
+  case W_ALLREDUCE:
+  case W_ALLTOALL: return !w->sbuf ? "sendbuf" : !w->rbuf ? "recvbuf" : NULL;
+  case W_REDUCE:
+  case W_REDUCE_SCATTER:
+  case W_REDUCE_SCATTER_BLOCKS:
+  case W_REDUCE_SCATTER_V:
+  case W_GATHER:
+  case W_SEND: return !w->sbuf ? "the send buffer" : NULL;
+  case W_BROADCAST:
+  case W_ALLGATHER:
+  case W_ALLGATHER_BLOCKS:
+  case W_ALLGATHER_V:
+  case W_SCATTER:
+  case W_RECV: return !w->rbuf ? "the receive buffer" : NULL;
+  default: return NULL;
+  }
+}
+
 static tdm_status enqueue(struct tdm_comm *c, struct tdm_work *tmpl, tdm_work_t *out) {
-  if (!c || !out) return tdm__set_error(TDM_ERR_INVALID_ARG, "non-blocking call: NULL argument");
+  if (!c || !out) return tdm__set_error(TDM_ERR_INVALID_ARG, "non-blocking call: %s is NULL", !c ? "the communicator" : "the handle's address");
+  const char *miss = missing_buffer(tmpl);
+  if (miss) return tdm__set_error(TDM_ERR_INVALID_ARG, "non-blocking call: %s is NULL with a non-zero count", miss);
   /* a handle waited for before is used again: the steady state allocates nothing */
   pthread_mutex_lock(&c->q_mu);
   struct tdm_work *w = c->q_free;

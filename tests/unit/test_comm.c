@@ -763,6 +763,24 @@ static void origin_body(ctx_t *x) {
 
 static void test_relayed_origin_threads(void) { run_world(3, origin_body, 10); }
 
+/* A non-blocking call given a NULL buffer is refused at the call, not when its handle is waited
+ * for, and leaves the communicator as it was. */
+static void nb_null_body(ctx_t *x) {
+  float v[4] = {1, 2, 3, 4};
+  tdm_work_t w = NULL;
+  CHECK(tdm_comm_iallreduce(x->c, NULL, v, 4, TDM_F32, TDM_SUM, TDM_ALGO_AUTO, &w) == TDM_ERR_INVALID_ARG && !w);
+  CHECK_ERR_HAS("non-blocking call: sendbuf is NULL with a non-zero count");
+  CHECK(tdm_comm_ibroadcast(x->c, NULL, 4, TDM_F32, 0, TDM_ALGO_AUTO, &w) == TDM_ERR_INVALID_ARG && !w);
+  CHECK_ERR_HAS("the receive buffer is NULL");
+  CHECK(tdm_comm_iallreduce(x->c, v, v, 4, TDM_F32, TDM_SUM, TDM_ALGO_AUTO, NULL) == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("the handle's address is NULL");
+  CHECK_OK(tdm_comm_iallreduce(x->c, v, v, 4, TDM_F32, TDM_SUM, TDM_ALGO_AUTO, &w));
+  CHECK_OK(tdm_work_wait(w));
+  CHECK(v[0] == 2 && v[3] == 8);
+}
+
+static void test_nonblocking_null_refused(void) { run_world(2, nb_null_body, 10); }
+
 /* ---- the environment's errors say what is wrong -------------------------------------------------- */
 static void test_env_errors(void) {
   static const char *vars[] = {"RANK", "WORLD_SIZE", "MASTER_PORT", "TANDEM_TIMEOUT", "LOCAL_WORLD_SIZE", NULL};
@@ -918,4 +936,4 @@ TDM_TEST_MAIN(T(test_reduce_local_and_names), T(test_allreduce_matrix), T(test_b
               T(test_scatter_gather_matrix), T(test_barrier_p2p_nonblocking_split), T(test_mismatch_and_timeout),
               T(test_mismatch_matrix), T(test_sub_communicator_mismatch), T(test_algo_env),
               T(test_block_offsets_beyond_2_31), T(test_reduce_scatter_allgather_equal_allreduce), T(test_rank_order_any_partition), T(test_shared_buffers_threads),
-              T(test_abandoned_handles_freed), T(test_relayed_origin_threads), T(test_env_errors), T(test_network_emulation))
+              T(test_abandoned_handles_freed), T(test_relayed_origin_threads), T(test_nonblocking_null_refused), T(test_env_errors), T(test_network_emulation))
