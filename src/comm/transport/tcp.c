@@ -160,8 +160,9 @@ static void tcp_abort(tdm__transport *tr, const char *reason) {
   snprintf(t->closed_why, sizeof t->closed_why, "%s", reason);
   size_t rl = strlen(reason);
   /* root: 1 + the rank where a relayed failure began (0: ours) */
-  int from = tdm__active(tr)->fail_origin;
-  tdm__hdr h = {TDM_MSG_MAGIC, TDM_COLL_ABORT, 0, 0, (uint32_t)(-(int)tr->comm->fail_status), from >= 0 ? from + 1 : 0,
+  struct tdm_comm *ac = tdm__active(tr); /* the communicator that failed (a child shares our links) */
+  int from = ac->fail_origin;
+  tdm__hdr h = {TDM_MSG_MAGIC, TDM_COLL_ABORT, 0, 0, (uint32_t)(-(int)ac->fail_status), from >= 0 ? from + 1 : 0,
                 tr->comm->comm_id, 0, rl};
   /* telling is best effort: a send that fails must not replace the caller's error (nor its origin) */
   char saved[1024];
