@@ -165,6 +165,20 @@ ranks_fail() { # a node's ranks fail (its launcher lives): the same nodes restar
     grep -q "the job finished (round 2, world size 2)" "$TMP/NB.out" || { echo "  exit $ra $rb"; cat "$TMP/NA.out" "$TMP/NB.out"; return 1; }
 }
 check "a node's ranks fail: both nodes restart (restart 1), then finish" ranks_fail
+relayed_waits() { # rank 0 exits 4 (it passed on another rank's failure) a second before rank 1 fails of its
+  # own: the node reports rank 1 (within the 3 s grace); with rank 1 slower than the grace, rank 0, saying so
+  local d want
+  for d in 1 5; do
+    PORT=$(free_port)
+    want="the job failed: node $(hostname):[0-9]*: rank 1 exited with code 1; --max-restarts 0 reached"
+    [[ $d == 5 ]] && want="rank 0 exited with code 4 (passing on another rank's failure)"
+    timeout 60 "$T" run --nproc-per-node 2 --nnodes 1:1 --rdzv-endpoint "127.0.0.1:$PORT" --max-restarts 0 -- \
+      sh -c 'if [ "$RANK" = 0 ]; then exit 4; fi; sleep '$d'; exit 1' >"$TMP/relay.out" 2>&1
+    local rc=$?
+    [[ $rc -eq 1 ]] && grep -q "$want" "$TMP/relay.out" || { echo "  rank 1 after $d s: exit $rc"; cat "$TMP/relay.out"; return 1; }
+  done
+}
+check "a relayed failure (exit 4) waits the grace for the rank's own failure it passed on" relayed_waits
 
 # lose_node_expect FLAGS MESSAGE: two launchers with FLAGS start a 2-node job, the one that does not
 # host the rendezvous is killed -9, and the survivor must exit 1 with MESSAGE (a grep pattern in
