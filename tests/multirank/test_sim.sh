@@ -2,11 +2,12 @@
 # tandem simulate against measurement: the links of an emulated network (TANDEM_NET_EMULATE
 # 100us,1gbps over tcp) calibrated under tandem run -n 2, then the all-reduce of the ring and of
 # recursive doubling at 2 and 4 ranks (64 KiB and 1 MiB) measured with tandem bench and predicted
-# from the calibration at the same world size: at 2 ranks within a factor of 2 (the emulated link's
-# sleeps dominate, which is what makes the bound hold under load), at 4 ranks within a factor of 4
+# from the calibration at the same world size: at 2 ranks within a factor of 3 (the emulated link's
+# sleeps dominate; a factor of 2 held for months, until a CI run beside test_tp_ranks and
+# test_grid_ranks measured recursive doubling's 64 KiB at 2.5, 2.5 and 4.9x three times in a row), at 4 ranks within a factor of 4
 # (they oversubscribe the 2 cores beside the CI's other tests: a 64 KiB exchange measured 2-3x its
 # prediction there while the same points measure within 5% on a quiet machine). A pair outside
-# its bound is measured up to twice more, as a burst of other jobs can triple one measurement. This
+# its bound is measured up to twice more, a second apart, as a burst of other jobs can triple one measurement. This
 # is a check that the model is not wrong by a large factor; its accuracy is bench/sim_validate.sh's
 # to measure (docs/PERFORMANCE.md has the full table). The sanitizer
 # build runs everything but the timing comparison (ASan's instrumentation slows the algorithms'
@@ -71,12 +72,12 @@ predicted_vs_measured() { # a pair out of bounds is measured up to twice more: a
   fi
   local ok=0 n a lo hi try
   for n in 2 4; do
-    lo=0.5 hi=2
+    lo=0.33 hi=3
     [[ $n -eq 4 ]] && lo=0.25 hi=4 # 4 ranks share 2 cores with the CI's other tests: the scheduler's delays are noise here
     for a in ring rd; do
       for try in 1 2 3; do
         compare $n $a $lo $hi && break
-        [[ $try -lt 3 ]] && echo "  again:" || ok=1
+        [[ $try -lt 3 ]] && { echo "  again:"; sleep 1; } || ok=1
       done
     done
   done
