@@ -361,10 +361,18 @@ tdm_tensor *tdm_params_get(const tdm_params *p, int i) {
 }
 int64_t tdm_params_offset(const tdm_params *p, int i) {
   NONNULL_P(-1, "tdm_params_offset");
+  if (i < 0 || i >= p->n) {
+    tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_params_offset: index %d; expected 0..%d", i, p->n - 1);
+    return -1;
+  }
   return p->e[i]->offset;
 }
 int tdm_params_decay(const tdm_params *p, int i) {
   NONNULL_P(0, "tdm_params_decay");
+  if (i < 0 || i >= p->n) {
+    tdm__set_error(TDM_ERR_INVALID_ARG, "tdm_params_decay: index %d; expected 0..%d", i, p->n - 1);
+    return 0;
+  }
   return p->e[i]->decay;
 }
 int64_t tdm_params_numel(const tdm_params *p) {
