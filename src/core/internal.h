@@ -13,6 +13,8 @@ tdm_status tdm__set_error(tdm_status st, const char *fmt, ...) __attribute__((fo
 /* Marks the error just set as relaying rank's failure (tdm_last_error_origin) and returns st:
  * return tdm__error_from(peer, tdm__set_error(...)). rank < 0: leaves the error this process's own. */
 tdm_status tdm__error_from(int rank, tdm_status st);
+/* FNV-1a of a NUL-terminated string: equal strings hash alike on every rank and run. */
+uint64_t tdm__hash_str(const char *s);
 
 _Noreturn void tdm__assert_fail(const char *expr, const char *file, int line);
 /* Always on: for invariants of our own code, never for checking the caller's input. */

@@ -45,6 +45,12 @@ float tdm_rng_normal(tdm_rng *r) {
   return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
 }
 
+uint64_t tdm__hash_str(const char *s) {
+  uint64_t h = 1469598103934665603ull; /* FNV-1a */
+  for (; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
+  return h;
+}
+
 uint64_t tdm_hash64(uint64_t key, uint64_t counter) {
   uint64_t x = key ^ (counter * 0xD6E8FEB86659FD93ull);
   x = (x ^ (x >> 32)) * 0xD6E8FEB86659FD93ull;

@@ -55,9 +55,7 @@ static void run_id(char *out, size_t n) {
   const char *job = getenv("SLURM_JOB_ID"), *step = getenv("SLURM_STEP_ID"), *ns = getenv("PMIX_NAMESPACE");
   out[0] = 0;
   if (tok && *tok) {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a, then mixed */
-    for (const unsigned char *p = (const unsigned char *)tok; *p; p++) h = (h ^ *p) * 1099511628211ull;
-    snprintf(out, n, "job-%016llx.%.12s", (unsigned long long)tdm_hash64(h, 0), att && *att ? att : "0");
+    snprintf(out, n, "job-%016llx.%.12s", (unsigned long long)tdm_hash64(tdm__hash_str(tok), 0), att && *att ? att : "0");
   } else if (job && *job)
     snprintf(out, n, "slurm-%.20s.%.12s", job, step && *step ? step : "0");
   else if (ns && *ns)

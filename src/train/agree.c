@@ -93,12 +93,6 @@ static void collect(const tdm_train_config *c, settings *s) {
   add(s, "TANDEM_DP_ZERO_COPY (environment)", "%d", zero_copy != 0);
 }
 
-static uint64_t fnv1a(const char *p) {
-  uint64_t h = 1469598103934665603ull;
-  for (; *p; p++) h = (h ^ (uint8_t)*p) * 1099511628211ull;
-  return h;
-}
-
 tdm_status tdm__settings_agree(const tdm_train_config *c, tdm_comm_t comm) {
   int W = tdm_comm_size(comm), R = tdm_comm_rank(comm);
   settings *s = tdm__calloc(1, sizeof *s);
@@ -109,7 +103,7 @@ tdm_status tdm__settings_agree(const tdm_train_config *c, tdm_comm_t comm) {
   }
   collect(c, s);
   uint64_t mine[MAX_SETTINGS] = {0};
-  for (int k = 0; k < s->n; k++) mine[k] = fnv1a(s->value[k]);
+  for (int k = 0; k < s->n; k++) mine[k] = tdm__hash_str(s->value[k]);
   tdm_status st = tdm_comm_allgather(comm, mine, all, MAX_SETTINGS, TDM_I64, TDM_ALGO_AUTO);
   int bad_rank = -1, bad_k = -1; /* the first (rank, setting) unlike rank 0's: the same on every rank */
   for (int r = 1; st == TDM_OK && r < W && bad_rank < 0; r++)

@@ -195,11 +195,7 @@ static tdm_status agree_identity(const tdm__start_in *in) {
   int W = in->world, n = id->n;
   uint64_t mine[TDM__IDENTITY_MAX] = {0}, *all = tdm__calloc((size_t)W * TDM__IDENTITY_MAX, sizeof *all);
   if (!all) return tdm__set_error(TDM_ERR_NO_MEMORY, "train: out of memory");
-  for (int i = 0; i < n; i++) {
-    uint64_t h = 1469598103934665603ull;
-    for (const char *p = id->value[i]; *p; p++) h = (h ^ (uint8_t)*p) * 1099511628211ull;
-    mine[i] = h;
-  }
+  for (int i = 0; i < n; i++) mine[i] = tdm__hash_str(id->value[i]);
   tdm_status st = tdm_comm_allgather(in->comm, mine, all, TDM__IDENTITY_MAX, TDM_I64, TDM_ALGO_AUTO);
   int r = 1, k = -1;
   for (; st == TDM_OK && r < W && k < 0; r++)

@@ -248,8 +248,8 @@ static tdm_status idle(shm_tr *t, waiter *w, struct tdm_comm *c, int peer, doubl
      * the reason read no further than its buffer */
     tdm_status st = (tdm_status)t->hdr->abort_status;
     if (st != TDM_ERR_MISMATCH && st != TDM_ERR_TIMEOUT) st = TDM_ERR_REMOTE;
-    int from = t->hdr->abort_rank; /* this rank's own abort, read back, is its own failure */
-    return tdm__error_from(from != t->base.rank ? from : -1,
+    int from = t->hdr->abort_rank; /* written by a peer: a rank of the segment, and not ours (our own abort read back) */
+    return tdm__error_from(from >= 0 && from < t->base.size && from != t->base.rank ? from : -1,
                            tdm__set_error(st, "%.*s", (int)sizeof t->hdr->reason, t->hdr->reason));
   }
   if (w->dead && w->dead == peer + 1) /* gone, and it did not do its part before it went */
