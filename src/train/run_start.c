@@ -197,11 +197,10 @@ static tdm_status agree_identity(const tdm__start_in *in) {
   if (!all) return tdm__set_error(TDM_ERR_NO_MEMORY, "train: out of memory");
   for (int i = 0; i < n; i++) mine[i] = tdm__hash_str(id->value[i]);
   tdm_status st = tdm_comm_allgather(in->comm, mine, all, TDM__IDENTITY_MAX, TDM_I64, TDM_ALGO_AUTO);
-  int r = 1, k = -1;
-  for (; st == TDM_OK && r < W && k < 0; r++)
+  int r = -1, k = -1; /* the first rank and value that differ from rank 0's */
+  for (int q = 1; st == TDM_OK && q < W && k < 0; q++)
     for (int i = 0; i < n && k < 0; i++)
-      if (all[(size_t)r * TDM__IDENTITY_MAX + i] != all[i]) k = i;
-  r--;
+      if (all[(size_t)q * TDM__IDENTITY_MAX + i] != all[i]) r = q, k = i;
   tdm__free(all);
   if (st != TDM_OK || k < 0) return st;
   char v0[96], vr[96];

@@ -171,6 +171,7 @@ tdm_status tdm__allreduce_hier(struct tdm_comm *c, const void *sendbuf, void *re
   uint64_t before = tdm_comm_bytes_sent(h->node_comm) + tdm_comm_bytes_sent(h->lane);
   tdm_status st = TDM_OK;
   const char *phase = "the all-reduce between nodes (ranks below: node numbers)";
+  int in_node = 0; /* the phase runs on the node's communicator, which numbers its ranks locally */
   void *piece = recvbuf; /* a node of one rank: its piece is the whole buffer */
   if (h->node_comm) {
     if (len * es > h->scratch_bytes) {
@@ -180,22 +181,22 @@ tdm_status tdm__allreduce_hier(struct tdm_comm *c, const void *sendbuf, void *re
       if (!h->scratch) return tdm__comm_fail(c, TDM_ERR_NO_MEMORY, "hierarchical all-reduce: out of memory for %zu bytes", len * es);
     }
     piece = h->scratch;
-    phase = "the reduce-scatter in the node (ranks below: local ranks)";
+    phase = "the reduce-scatter in the node (ranks below: local ranks)", in_node = 1;
     st = tdm_comm_reduce_scatter_v(h->node_comm, recvbuf, piece, count, h->parts, dt, sub, TDM_ALGO_AUTO);
   }
   if (st == TDM_OK && h->lane) {
-    phase = "the all-reduce between nodes (ranks below: node numbers)";
+    phase = "the all-reduce between nodes (ranks below: node numbers)", in_node = 0;
     st = tdm_comm_allreduce(h->lane, piece, piece, len, dt, sub, TDM_ALGO_DIRECT); /* node order */
   }
   if (st == TDM_OK && h->node_comm) {
-    phase = "the all-gather in the node (ranks below: local ranks)";
+    phase = "the all-gather in the node (ranks below: local ranks)", in_node = 1;
     st = tdm_comm_allgather_v(h->node_comm, piece, recvbuf, count, h->parts, dt, TDM_ALGO_AUTO);
   }
   tdm__count_sent(c, tdm_comm_bytes_sent(h->node_comm) + tdm_comm_bytes_sent(h->lane) - before);
   if (st != TDM_OK) {
     /* the node's communicator numbers its ranks 0..local_size-1: a relayed failure's origin there
      * is the rank of c on this node with that index */
-    if (tdm_last_error_origin() >= 0 && strstr(phase, "in the node")) {
+    if (tdm_last_error_origin() >= 0 && in_node) {
       int o = tdm_last_error_origin(), w = -1;
       for (int r = 0, q = 0; r < c->size && w < 0; r++)
         if (c->node_of[r] == h->node && q++ == o) w = r;
