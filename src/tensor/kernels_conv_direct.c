@@ -4,9 +4,9 @@
  *
  * Each image plane is copied once into a zero-padded plane of width Wp = W + 2 pad. On that
  * plane an output pixel (y, x) and its input tap (ky, kx) are q = y Wp + x and q + ky Wp + kx:
- * every tap is the same contiguous run of memory shifted by a constant, so a block of 16 output
- * pixels is one unaligned 16-float load per tap and input channel, and the products are AVX-512
- * FMAs on registers (8 output channels x 48 pixels). The two columns of a row that fall in the
+ * every tap is the same contiguous run of memory shifted by a constant, so a block of VL output
+ * pixels is one unaligned VL-float load per tap and input channel, and the products are FMAs on
+ * registers (AVX-512: 8 output channels x 48 pixels; AVX2: 4 x 24). The two columns of a row that fall in the
  * padding are computed and dropped (7% more work at 28x28, 29% at 7x7) instead of the nine-fold
  * column matrix im2col writes and the GEMM reads back. The input gradient is the same kernel on
  * the padded output gradient with the weights flipped and transposed; the weight gradient keeps
@@ -15,7 +15,8 @@
  *
  * Bits: forward and input gradient compute each image alone, the weight gradient each (output
  * channels, input channel) task over two fixed halves of the images, each half in (image, pixel)
- * order, the halves added in order: nothing depends on the thread count. TANDEM_CONV=im2col turns the path off (benchmarks compare the two). */
+ * order, the halves added in order: nothing depends on the thread count (the vector width
+ * does: an AVX2 build sums the weight gradient in 8 lanes, an AVX-512 one in 16). TANDEM_CONV=im2col turns the path off (benchmarks compare the two). */
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -24,10 +25,42 @@
 #include "tandem/core.h"
 #include "tandem/kernels.h"
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 
-#define OB 8        /* output channels per register tile */
+/* The kernels are written once over a vector of VL floats: AVX-512 (32 registers of 16) or
+ * AVX2 with FMA (16 registers of 8). The register tiles differ because the register files do:
+ * the forward's OB output channels x PB vectors of pixels, the weight gradient's DB x DT below. */
+#if defined(__AVX512F__)
+#define VL 16
+#define OB 8 /* output channels per forward tile: 8 x 3 accumulators + 3 pixel vectors + 1 weight */
+typedef __m512 vf;
+#define v_load _mm512_loadu_ps
+#define v_store _mm512_storeu_ps
+#define v_fma _mm512_fmadd_ps
+#define v_set1 _mm512_set1_ps
+#define v_zero _mm512_setzero_ps
+#define v_add _mm512_add_ps
+static inline float v_sum(vf v) { return _mm512_reduce_add_ps(v); }
+#define DIRECT_ISA "avx512"
+#else
+#define VL 8
+#define OB 4 /* 4 x 3 accumulators + 3 pixel vectors + 1 weight: the 16 ymm registers */
+typedef __m256 vf;
+#define v_load _mm256_loadu_ps
+#define v_store _mm256_storeu_ps
+#define v_fma _mm256_fmadd_ps
+#define v_set1 _mm256_set1_ps
+#define v_zero _mm256_setzero_ps
+#define v_add _mm256_add_ps
+static inline float v_sum(vf v) { /* a fixed order: lanes i and i + 4, then pairs, then the two */
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+#define DIRECT_ISA "avx2"
+#endif
+#define PB 3        /* pixel vectors per forward tile */
 #define DW_GROUPS 2 /* image halves of the weight gradient (dw_range) */
 
 typedef struct {
@@ -50,10 +83,10 @@ static void geo_of(const tdm_conv_shape *s, geo *g) {
   g->p = s->pad, g->S = s->stride, g->OH = s->OH, g->OW = s->OW, g->Wp = s->W + 2 * s->pad;
   int64_t Hp = s->H + 2 * s->pad, Hg = (Hp + g->S - 1) / g->S, r = (g->K - 1) / g->S;
   g->Wg = (g->Wp + g->S - 1) / g->S;
-  g->Lq = up(g->OH * g->Wg, 16);
+  g->Lq = up(g->OH * g->Wg, VL);
   int64_t need = g->Lq + r * g->Wg + r; /* past the last shifted load */
   if (need < Hg * g->Wg) need = Hg * g->Wg;
-  g->Lsp = up(need, 16);
+  g->Lsp = up(need, VL);
   g->Ls = g->S * g->S * g->Lsp;
   for (int64_t t = 0; t < g->KK; t++) {
     int64_t ky = t / g->K, kx = t % g->K;
@@ -61,9 +94,15 @@ static void geo_of(const tdm_conv_shape *s, geo *g) {
   }
 }
 
-/* The weight gradient's register tile: DB output channels x DT taps. */
+/* The weight gradient's register tile: DB output channels x DT taps (accumulators), DT dividing
+ * K x K. AVX-512: 2 x 9 (3x3) or 4 x 5 (5x5); AVX2's 16 registers: 2 x 3 or 2 x 5. */
+#if VL == 16
 static int64_t dw_ob(const geo *g) { return g->K == 3 ? 2 : 4; }
 static int64_t dw_taps(const geo *g) { return g->K == 3 ? 9 : 5; }
+#else
+static int64_t dw_ob(const geo *g) { return g->K == 3 ? 3 : 2; }
+static int64_t dw_taps(const geo *g) { return g->K == 3 ? 3 : 5; }
+#endif
 
 typedef struct {
   int64_t xpad, opg, wp, total; /* offsets (floats) into the forward's workspace */
@@ -89,7 +128,7 @@ static bwd_layout bwd_of(const geo *g) {
   l.dxpg = l.dpad + g->N * cor * g->Ls;
   l.wp = l.dxpg + g->N * up(g->Ci, OB) * g->Lq;
   l.st = l.wp + up(g->Ci, OB) * g->Co * g->KK;
-  l.total = l.st + DW_GROUPS * tasks * dw_ob(g) * dw_taps(g) * 16;
+  l.total = l.st + DW_GROUPS * tasks * dw_ob(g) * dw_taps(g) * VL;
   return l;
 }
 
@@ -161,27 +200,27 @@ static void grid_range(void *vc, int64_t a, int64_t b) {
 
 /* ---- the convolution on the padded grid (forward and input gradient) --------------------- */
 
-/* out[c][q0 .. q0 + 16 PB) for OB channels, over I input planes of the image, from packed
- * weights wp[i][t][OB]. PB is a constant at each call, so acc lives in registers. */
-static inline __attribute__((always_inline)) void conv_tile(int PB, float *out, int64_t Lq, const float *in, int64_t I,
+/* out[c][q0 .. q0 + VL P) for OB channels, over I input planes of the image, from packed
+ * weights wp[i][t][OB]. P is a constant at each call, so acc lives in registers. */
+static inline __attribute__((always_inline)) void conv_tile(int P, float *out, int64_t Lq, const float *in, int64_t I,
                                                             int64_t Ls, const float *wp, const geo *g) {
-  __m512 acc[OB][3];
+  vf acc[OB][PB];
   for (int c = 0; c < OB; c++)
-    for (int j = 0; j < 3; j++) acc[c][j] = _mm512_setzero_ps();
+    for (int j = 0; j < PB; j++) acc[c][j] = v_zero();
   for (int64_t i = 0; i < I; i++) {
     const float *src = in + i * Ls, *w = wp + i * g->KK * OB;
     for (int64_t t = 0; t < g->KK; t++, w += OB) {
       const float *s = src + g->off[t];
-      __m512 v[3];
-      for (int j = 0; j < PB; j++) v[j] = _mm512_loadu_ps(s + 16 * j);
+      vf v[PB];
+      for (int j = 0; j < P; j++) v[j] = v_load(s + VL * j);
       for (int c = 0; c < OB; c++) {
-        __m512 b = _mm512_set1_ps(w[c]);
-        for (int j = 0; j < PB; j++) acc[c][j] = _mm512_fmadd_ps(b, v[j], acc[c][j]);
+        vf b = v_set1(w[c]);
+        for (int j = 0; j < P; j++) acc[c][j] = v_fma(b, v[j], acc[c][j]);
       }
     }
   }
   for (int c = 0; c < OB; c++)
-    for (int j = 0; j < PB; j++) _mm512_storeu_ps(out + c * Lq + 16 * j, acc[c][j]);
+    for (int j = 0; j < P; j++) v_store(out + c * Lq + VL * j, acc[c][j]);
 }
 
 typedef struct {
@@ -200,8 +239,10 @@ static void conv_range(void *vc, int64_t a, int64_t b) {
       float *out = c->out + (n * c->Or + ob * OB) * g->Lq;
       const float *in = c->in + n * c->Istride * g->Ls, *wp = c->wp + ob * c->I * g->KK * OB;
       int64_t q = 0;
-      for (; q + 48 <= g->Lq; q += 48) conv_tile(3, out + q, g->Lq, in + q, c->I, g->Ls, wp, g);
-      for (; q < g->Lq; q += 16) conv_tile(1, out + q, g->Lq, in + q, c->I, g->Ls, wp, g);
+      for (; q + PB * VL <= g->Lq; q += PB * VL) conv_tile(PB, out + q, g->Lq, in + q, c->I, g->Ls, wp, g);
+      /* the last one or two vectors in one tile: alone, each would wait on its FMAs' latency */
+      if (g->Lq - q == 2 * VL) conv_tile(2, out + q, g->Lq, in + q, c->I, g->Ls, wp, g);
+      else if (g->Lq - q == VL) conv_tile(1, out + q, g->Lq, in + q, c->I, g->Ls, wp, g);
     }
 }
 
@@ -245,7 +286,7 @@ typedef struct {
   const float *xpad;        /* (N, Ci, Ls) */
   const float *d0;          /* image 0's first output-gradient plane, at pixel (0, 0) */
   int64_t dchan;            /* from one output-gradient plane to the next (dpad: Ls; grid: Lq) */
-  float *st;                /* per image group and task: DB x DT x 16 partial sums */
+  float *st;                /* per image group and task: DB x DT x VL partial sums */
   float *dw;
   int64_t Cor, nb, tasks;   /* dpad's channels per image; images per cache-sized chunk; tasks */
 } dw_ctx;
@@ -255,24 +296,27 @@ static inline __attribute__((always_inline)) void dw_task(int DB, int DT, const 
   const geo *g = c->g;
   int64_t task = unit % c->tasks;
   int64_t groups = g->KK / DT, ci = (task / groups) % g->Ci, cb = task / (groups * g->Ci), t0 = task % groups * DT;
-  float *st = c->st + unit * DB * DT * 16;
-  __m512 acc[4][9];
+  float *st = c->st + unit * DB * DT * VL;
+  vf acc[4][9];
   for (int o = 0; o < DB; o++)
-    for (int t = 0; t < DT; t++) acc[o][t] = _mm512_loadu_ps(st + (o * DT + t) * 16);
+    for (int t = 0; t < DT; t++) acc[o][t] = v_load(st + (o * DT + t) * VL);
   for (int64_t n = n0; n < n1; n++) {
     const float *x = c->xpad + (n * g->Ci + ci) * g->Ls, *d = c->d0 + (n * c->Cor + cb * DB) * c->dchan;
-    for (int64_t q = 0; q < g->Lq; q += 16) {
-      __m512 dv[4];
-      for (int o = 0; o < DB; o++) dv[o] = _mm512_loadu_ps(d + o * c->dchan + q);
+    for (int64_t q = 0; q < g->Lq; q += VL) {
+      vf dv[4];
+      for (int o = 0; o < DB; o++) {
+        dv[o] = v_load(d + o * c->dchan + q);
+        __asm__("" : "+v"(dv[o])); /* in a register: GCC would fold its load into each of DT FMAs */
+      }
       for (int t = 0; t < DT; t++) {
-        __m512 xv = _mm512_loadu_ps(x + g->off[t0 + t] + q);
+        vf xv = v_load(x + g->off[t0 + t] + q);
         __asm__("" : "+v"(xv)); /* one load for the DB products (GCC would fold it into each FMA) */
-        for (int o = 0; o < DB; o++) acc[o][t] = _mm512_fmadd_ps(dv[o], xv, acc[o][t]);
+        for (int o = 0; o < DB; o++) acc[o][t] = v_fma(dv[o], xv, acc[o][t]);
       }
     }
   }
   for (int o = 0; o < DB; o++)
-    for (int t = 0; t < DT; t++) _mm512_storeu_ps(st + (o * DT + t) * 16, acc[o][t]);
+    for (int t = 0; t < DT; t++) v_store(st + (o * DT + t) * VL, acc[o][t]);
 }
 
 /* The images are cut into DW_GROUPS halves whatever the thread count (so the sums' order is the
@@ -291,8 +335,13 @@ static void dw_range(void *vc, int64_t a, int64_t b) {
     for (int64_t n0 = lo; n0 < hi; n0 += c->nb) {
       int64_t n1 = n0 + c->nb < hi ? n0 + c->nb : hi;
       for (int64_t u = u0; u < u1; u++) {
+#if VL == 16
         if (g->K == 3) dw_task(2, 9, c, u, n0, n1);
         else dw_task(4, 5, c, u, n0, n1);
+#else
+        if (g->K == 3) dw_task(3, 3, c, u, n0, n1);
+        else dw_task(2, 5, c, u, n0, n1);
+#endif
       }
     }
     u0 = u1;
@@ -303,17 +352,16 @@ static void dw_range(void *vc, int64_t a, int64_t b) {
 static void dw_reduce(void *vc, int64_t a, int64_t b) {
   dw_ctx *c = vc;
   const geo *g = c->g;
-  int64_t DB = dw_ob(g), DT = dw_taps(g), groups = g->KK / DT, per = DB * DT * 16;
+  int64_t DB = dw_ob(g), DT = dw_taps(g), groups = g->KK / DT, per = DB * DT * VL;
   for (int64_t task = a; task < b; task++) {
     int64_t ci = (task / groups) % g->Ci, cb = task / (groups * g->Ci), t0 = task % groups * DT;
     for (int64_t o = 0; o < DB; o++) {
       int64_t co = cb * DB + o;
       if (co >= g->Co) break;
       for (int64_t t = 0; t < DT; t++) {
-        __m512 v = _mm512_loadu_ps(c->st + task * per + (o * DT + t) * 16);
-        for (int h = 1; h < DW_GROUPS; h++)
-          v = _mm512_add_ps(v, _mm512_loadu_ps(c->st + (h * c->tasks + task) * per + (o * DT + t) * 16));
-        c->dw[(co * g->Ci + ci) * g->KK + t0 + t] += _mm512_reduce_add_ps(v);
+        vf v = v_load(c->st + task * per + (o * DT + t) * VL);
+        for (int h = 1; h < DW_GROUPS; h++) v = v_add(v, v_load(c->st + (h * c->tasks + task) * per + (o * DT + t) * VL));
+        c->dw[(co * g->Ci + ci) * g->KK + t0 + t] += v_sum(v);
       }
     }
   }
@@ -425,7 +473,7 @@ void tdm_k_conv2d_bwd_direct(float *dx, int dx_set, float *dw, float *db, const 
       d0 = dpad, dchan = g.Lq;
     }
     int64_t DT = dw_taps(&g), tasks = Cor / DB * g.Ci * (g.KK / DT);
-    memset(ws + l.st, 0, sizeof(float) * (size_t)(DW_GROUPS * tasks * DB * DT * 16));
+    memset(ws + l.st, 0, sizeof(float) * (size_t)(DW_GROUPS * tasks * DB * DT * VL));
     int64_t per_image = (g.Ci * g.Ls + Cor * dchan) * (int64_t)sizeof(float), nb = ((int64_t)384 << 10) / per_image;
     dw_ctx c = {&g, xpad, d0, dchan, ws + l.st, dw, Cor, nb < 1 ? 1 : nb, tasks};
     tdm_parallel_for(DW_GROUPS * tasks, 1, dw_range, &c);
@@ -433,7 +481,11 @@ void tdm_k_conv2d_bwd_direct(float *dx, int dx_set, float *dw, float *db, const 
   }
 }
 
-#else /* no AVX-512: the im2col path runs every convolution */
+const char *tdm_k_conv2d_direct_isa(void) { return DIRECT_ISA; }
+
+#else /* neither AVX-512 nor AVX2 with FMA: the im2col path runs every convolution */
+
+const char *tdm_k_conv2d_direct_isa(void) { return NULL; }
 
 void tdm_k_conv2d_direct_enable(int on) { (void)on; }
 
