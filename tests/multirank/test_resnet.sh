@@ -34,6 +34,8 @@ losses() { grep -o '"loss":[0-9.e+-]*' "$1" | cut -d: -f2; }
 close_losses() { paste <(losses "$1") <(losses "$2") | awk 'NF != 2 || ($1 - $2) > 1e-5 || ($2 - $1) > 1e-5 { bad = 1 } END { exit bad || NR != 3 }'; }
 reads_both_files() { grep -q "(64 train / 20 test samples)" "$TMP/one.out"; }
 check "the CIFAR-style reader takes every data_batch_N.bin and test_batch.bin (64 / 20 samples)" reads_both_files
+names_conv_path() { grep -qE '"conv_isa":"(avx512|avx2|none)"' "$TMP/one.m"; }
+check "the metrics header names the vectors the direct convolutions were built for (env.conv_isa)" names_conv_path
 sync_two() {
   "$T" run -n 2 -- tandem "${A[@]}" --batch-size 8 --sync-bn --save-weights "$TMP/two.st" --metrics "$TMP/two.m" >"$TMP/two.out" 2>&1 &&
     "$T" weights-diff "$TMP/one.st" "$TMP/two.st" --rtol 1e-5 --quiet >/dev/null && close_losses "$TMP/one.m" "$TMP/two.m" ||

@@ -67,6 +67,42 @@ static void test_conv_batched_matches_reference(void) {
   }
 }
 
+/* The direct kernels' bits do not depend on the thread count (docs/design.md): forward, input
+ * and weight gradient of resnet20's shapes (stride 1 and 2) and a 5x5 one, on 1 and on 3 threads,
+ * byte for byte. The weight gradient's image halves are the point: 3 threads cut its units
+ * unevenly across them. */
+static void test_conv_direct_threads_bitwise(void) {
+  if (!tdm_k_conv2d_direct_isa()) {
+    printf("  (skipped: the build has no direct convolution kernels)\n");
+    return;
+  }
+  const int64_t cases[][8] = {{6, 16, 14, 14, 16, 3, 1, 1}, {5, 8, 9, 9, 16, 3, 2, 1}, {4, 3, 10, 11, 7, 5, 1, 2}};
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    const int64_t *k = cases[c];
+    tdm_conv_shape s = {k[0], k[1], k[2], k[3], k[4], k[5], k[5], k[6], k[7], 0, 0};
+    s.OH = (s.H + 2 * s.pad - s.KH) / s.stride + 1;
+    s.OW = (s.W + 2 * s.pad - s.KW) / s.stride + 1;
+    CHECK_MSG(tdm_k_conv2d_direct_fits(&s) || getenv("TANDEM_CONV"), "case %zu: the direct kernel should run", c);
+    int64_t nx = s.N * s.Ci * s.H * s.W, nw = s.Co * s.Ci * s.KH * s.KW, ny = s.N * s.Co * s.OH * s.OW;
+    float *x = malloc(sizeof(float) * nx), *w = malloc(sizeof(float) * nw), *dy = malloc(sizeof(float) * ny);
+    float *ws = malloc(sizeof(float) * tdm_k_conv2d_ws_floats(&s));
+    float *y[2], *dx[2], *dw[2];
+    fill(x, nx, 41 + c, 1), fill(w, nw, 42 + c, 0.3f), fill(dy, ny, 43 + c, 1);
+    for (int r = 0; r < 2; r++) {
+      CHECK_OK(tdm_set_num_threads(r ? 3 : 1));
+      y[r] = malloc(sizeof(float) * ny), dx[r] = calloc(nx, 4), dw[r] = calloc(nw, 4);
+      tdm_k_conv2d_fwd_batched(y[r], x, w, NULL, ws, &s);
+      tdm_k_conv2d_bwd_batched(dx[r], 1, dw[r], NULL, dy, x, w, ws, &s);
+    }
+    CHECK_OK(tdm_set_num_threads(1));
+    CHECK_MSG(!memcmp(y[0], y[1], sizeof(float) * ny), "case %zu: the forward differs between 1 and 3 threads", c);
+    CHECK_MSG(!memcmp(dx[0], dx[1], sizeof(float) * nx), "case %zu: dx differs between 1 and 3 threads", c);
+    CHECK_MSG(!memcmp(dw[0], dw[1], sizeof(float) * nw), "case %zu: dw differs between 1 and 3 threads", c);
+    for (int r = 0; r < 2; r++) free(y[r]), free(dx[r]), free(dw[r]);
+    free(x), free(w), free(dy), free(ws);
+  }
+}
+
 /* ---- batch norm: finite differences ---------------------------------------------------------- */
 static tdm_tensor *g_bn_train(tdm_tape *tp, tdm_tensor *const *x, void *c) {
   (void)c;
@@ -570,6 +606,7 @@ static void test_label_smoothing(void) {
 int main(void) {
   tdm_test_case cases[] = {
       {"conv_batched_matches_reference", test_conv_batched_matches_reference},
+      {"conv_direct_threads_bitwise", test_conv_direct_threads_bitwise},
       {"bn_gradcheck", test_bn_gradcheck},
       {"bn_statistics", test_bn_statistics},
       {"bn_bad_input", test_bn_bad_input},
