@@ -68,9 +68,21 @@ su -s /bin/sh munge -c "/usr/sbin/munged -S '$sock' --key-file='$D/munge/munge.k
   skip "munged does not start: $(tail -2 "$D/log/munged.start" "$D/munge/munged.log" 2>/dev/null | tr '\n' ' ')"
 cp "$D/munge/munged.pid" "$D/munged.pid" 2>/dev/null
 
-# a port pair of our own: another test (or cluster) on this machine keeps its own
-base=$((20000 + RANDOM % 20000))
-cat >"$D/slurm.conf" <<CONF
+# Is something listening on TCP port $1 (decimal)? /proc/net/tcp{,6}: local address column, state 0A.
+listening() {
+  local hex; hex=$(printf ':%04X' "$1")
+  awk -v p="$hex" '$4 == "0A" && substr($2, length($2) - 4) == p { f = 1 } END { exit !f }' /proc/net/tcp /proc/net/tcp6 2>/dev/null
+}
+export SLURM_CONF="$D/slurm.conf"
+# A port pair of our own, below the kernel's ephemeral ports (another test's connections take those:
+# a base drawn among them once met "Address already in use" and slurmctld died after it had forked,
+# CI run 2026-11-29). slurmctld reports a taken port only in its log, after daemonising: wait until
+# it listens, and draw another pair when it died of that.
+ctld_up=0
+for attempt in 1 2 3 4 5; do
+  base=$((20000 + RANDOM % 12000))
+  listening "$base" || listening $((base + 1)) && continue
+  cat >"$D/slurm.conf" <<CONF
 ClusterName=tandemtest
 SlurmctldHost=$host
 AuthType=auth/munge
@@ -97,13 +109,25 @@ AccountingStorageType=accounting_storage/none
 NodeName=$host CPUs=$cpus RealMemory=$mem State=UNKNOWN
 PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 CONF
-export SLURM_CONF="$D/slurm.conf"
-/usr/sbin/slurmctld -f "$D/slurm.conf" -i 2>"$D/log/slurmctld.start" ||
-  skip "slurmctld does not start: $(tail -3 "$D/log/slurmctld.start" "$D/log/slurmctld.log" 2>/dev/null | tr '\n' ' ')"
+  rm -f "$D/slurmctld.pid" "$D/log/slurmctld.log"
+  /usr/sbin/slurmctld -f "$D/slurm.conf" -i 2>"$D/log/slurmctld.start" ||
+    skip "slurmctld does not start: $(tail -3 "$D/log/slurmctld.start" "$D/log/slurmctld.log" 2>/dev/null | tr '\n' ' ')"
+  for _ in $(seq 100); do # 10 s to listen
+    listening "$base" && { ctld_up=1; break; }
+    if [[ -f "$D/slurmctld.pid" ]] && ! kill -0 "$(cat "$D/slurmctld.pid")" 2>/dev/null; then break; fi
+    sleep 0.1
+  done
+  ((ctld_up)) && break
+  grep -q "Address already in use" "$D/log/slurmctld.log" 2>/dev/null ||
+    skip "slurmctld did not come up: $(tail -3 "$D/log/slurmctld.start" "$D/log/slurmctld.log" 2>/dev/null | tr '\n' ' ')"
+  echo "slurm cluster: port $base was taken; another" >&2
+done
+((ctld_up)) || skip "no free port pair for slurmctld in 5 draws"
 /usr/sbin/slurmd -f "$D/slurm.conf" 2>"$D/log/slurmd.start" ||
   skip "slurmd does not start: $(tail -3 "$D/log/slurmd.start" "$D/log/slurmd.log" 2>/dev/null | tr '\n' ' ')"
-for _ in $(seq 150); do # 15 s for the node to come up idle
-  if sinfo -h -o %T 2>/dev/null | grep -qx idle; then exit 0; fi
+end=$((SECONDS + 15))
+while ((SECONDS < end)); do # 15 s for the node to come up idle; sinfo alone would wait minutes on a dead controller
+  if timeout 3 sinfo -h -o %T 2>/dev/null | grep -qx idle; then exit 0; fi
   sleep 0.1
 done
-skip "the node did not become idle in 15 s: sinfo says '$(sinfo -h -o '%N %T' 2>&1 | head -2 | tr '\n' ' ')'; $(tail -3 "$D/log/slurmctld.log" 2>/dev/null | tr '\n' ' ')"
+skip "the node did not become idle in 15 s: sinfo says '$(timeout 3 sinfo -h -o '%N %T' 2>&1 | head -2 | tr '\n' ' ')'; $(tail -3 "$D/log/slurmctld.log" 2>/dev/null | tr '\n' ' ')"
