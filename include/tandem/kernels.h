@@ -171,17 +171,23 @@ void tdm_k_conv2d_fwd_batched(float *out, const float *x, const float *w, const 
 void tdm_k_conv2d_bwd_batched(float *dx, int dx_set, float *dw, float *db, const float *dout, const float *x,
                               const float *w, float *ws, const tdm_conv_shape *s);
 /* The batched kernels above run these where they fit: stride 1 with 3x3 pad 1 or 5x5 pad 2, or
- * stride 2 with 3x3 pad 1, built for AVX-512 or AVX2 with FMA and not turned off by TANDEM_CONV=im2col
- * (kernels_conv_direct.c: no column matrix; ws of tdm_k_conv2d_direct_ws_floats(s) floats, 0
- * where it does not fit). bwd_direct forms dx at stride 1 only (the batched kernel runs im2col
+ * stride 2 with 3x3 pad 1, where the CPU has AVX-512 or AVX2 with FMA and TANDEM_CONV=im2col
+ * did not turn them off (kernels_conv_direct.c: no column matrix; ws of
+ * tdm_k_conv2d_direct_ws_floats(s) floats, 0 where it does not fit). bwd_direct forms dx at stride 1 only (the batched kernel runs im2col
  * for a strided dx). */
 int tdm_k_conv2d_direct_fits(const tdm_conv_shape *s);
 /* Turns the direct kernels on or off for the whole process (benchmarks compare the paths);
  * overrides TANDEM_CONV. Call it between steps. */
 void tdm_k_conv2d_direct_enable(int on);
-/* The vector instructions the direct kernels were built for ("avx512", "avx2"), NULL where the
- * build has neither and every convolution runs im2col + GEMM. A static string. */
+/* The kernels the direct path runs, chosen at the first call from the CPU (AVX-512, else AVX2
+ * with FMA) or TANDEM_CONV=avx2|avx512: "avx512", "avx2", or NULL where every convolution runs
+ * im2col + GEMM (this CPU or a non-x86 build has neither, or the path is off: TANDEM_CONV=im2col,
+ * tdm_k_conv2d_direct_enable(0)). A static string. */
 const char *tdm_k_conv2d_direct_isa(void);
+/* Runs the "avx512" or "avx2" kernels from now on (NULL: the CPU's best): 1, or 0 where this CPU
+ * or build lacks them (nothing changes). Call it between steps: a workspace sized for one set of
+ * kernels is too small for the other. For tests and benchmarks. */
+int tdm_k_conv2d_direct_select(const char *isa);
 int64_t tdm_k_conv2d_direct_ws_floats(const tdm_conv_shape *s);
 void tdm_k_conv2d_fwd_direct(float *out, const float *x, const float *w, const float *b, float *ws,
                              const tdm_conv_shape *s);

@@ -1,523 +1,101 @@
-/* conv2d without a column matrix, for the convolutions ResNets and the small CNN are made of:
- * stride 1, square 3x3 (pad 1) or 5x5 (pad 2) kernels, which keep the image's size, and 3x3
- * stride 2 (below).
- *
- * Each image plane is copied once into a zero-padded plane of width Wp = W + 2 pad. On that
- * plane an output pixel (y, x) and its input tap (ky, kx) are q = y Wp + x and q + ky Wp + kx:
- * every tap is the same contiguous run of memory shifted by a constant, so a block of VL output
- * pixels is one unaligned VL-float load per tap and input channel, and the products are FMAs on
- * registers (AVX-512: 8 output channels x 48 pixels; AVX2: 4 x 24). The two columns of a row that fall in the
- * padding are computed and dropped (7% more work at 28x28, 29% at 7x7) instead of the nine-fold
- * column matrix im2col writes and the GEMM reads back. The input gradient is the same kernel on
- * the padded output gradient with the weights flipped and transposed; the weight gradient keeps
- * per-lane sums of output gradient x shifted input in registers (2 output channels x 9 taps, or
- * 4 x 5) and adds them across lanes at the end.
- *
- * Bits: forward and input gradient compute each image alone, the weight gradient each (output
- * channels, input channel) task over two fixed halves of the images, each half in (image, pixel)
- * order, the halves added in order: nothing depends on the thread count (the vector width
- * does: an AVX2 build sums the weight gradient in 8 lanes, an AVX-512 one in 16). TANDEM_CONV=im2col turns the path off (benchmarks compare the two). */
+/* Which direct convolution kernels run (conv_direct_impl.h is their body): the CPU's best at the
+ * first call (AVX-512, else AVX2 with FMA, else none: every convolution runs im2col + GEMM),
+ * unless TANDEM_CONV or tdm_k_conv2d_direct_select / _enable say otherwise. Asking the CPU, not
+ * the compiler, lets one binary (a container image, a portable or sanitizer build) run the
+ * kernels each machine has; -march=native builds get the same choice. */
 #include <stdatomic.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "tandem/core.h"
 #include "tandem/kernels.h"
+#include "tensor/conv_direct.h"
 
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-#include <immintrin.h>
-
-/* The kernels are written once over a vector of VL floats: AVX-512 (32 registers of 16) or
- * AVX2 with FMA (16 registers of 8). The register tiles differ because the register files do:
- * the forward's OB output channels x PB vectors of pixels, the weight gradient's DB x DT below. */
-#if defined(__AVX512F__)
-#define VL 16
-#define OB 8 /* output channels per forward tile: 8 x 3 accumulators + 3 pixel vectors + 1 weight */
-typedef __m512 vf;
-#define v_load _mm512_loadu_ps
-#define v_store _mm512_storeu_ps
-#define v_fma _mm512_fmadd_ps
-#define v_set1 _mm512_set1_ps
-#define v_zero _mm512_setzero_ps
-#define v_add _mm512_add_ps
-static inline float v_sum(vf v) { return _mm512_reduce_add_ps(v); }
-#define DIRECT_ISA "avx512"
+/* The table for isa where both the build and this CPU have it, else NULL. */
+static const tdm__conv_direct_impl *cpu_has(const char *isa) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (!strcmp(isa, "avx512")) {
+    const tdm__conv_direct_impl *t = tdm__conv_direct_avx512();
+    return t && __builtin_cpu_supports("avx512f") ? t : NULL;
+  }
+  if (!strcmp(isa, "avx2")) {
+    const tdm__conv_direct_impl *t = tdm__conv_direct_avx2();
+    return t && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? t : NULL;
+  }
 #else
-#define VL 8
-#define OB 4 /* 4 x 3 accumulators + 3 pixel vectors + 1 weight: the 16 ymm registers */
-typedef __m256 vf;
-#define v_load _mm256_loadu_ps
-#define v_store _mm256_storeu_ps
-#define v_fma _mm256_fmadd_ps
-#define v_set1 _mm256_set1_ps
-#define v_zero _mm256_setzero_ps
-#define v_add _mm256_add_ps
-static inline float v_sum(vf v) { /* a fixed order: lanes i and i + 4, then pairs, then the two */
-  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-}
-#define DIRECT_ISA "avx2"
+  (void)isa;
 #endif
-#define PB 3        /* pixel vectors per forward tile */
-#define DW_GROUPS 2 /* image halves of the weight gradient (dw_range) */
+  return NULL;
+}
 
-typedef struct {
-  int64_t N, Ci, Co, H, W, K, KK, p, S, OH, OW;
-  int64_t Wp;  /* the padded plane's width */
-  int64_t Wg;  /* the output grid's width: Wp, or for stride 2 a phase plane's, ceil(Wp / 2) */
-  int64_t Lq;  /* output pixels on the grid, whole vectors */
-  int64_t Lsp; /* one (phase) plane of an input channel */
-  int64_t Ls;  /* an input channel: S*S phase planes */
-  int64_t off[25];
-} geo;
+static const tdm__conv_direct_impl *best(void) {
+  const tdm__conv_direct_impl *t = cpu_has("avx512");
+  return t ? t : cpu_has("avx2");
+}
 
-static int64_t up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+static const tdm__conv_direct_impl *_Atomic impl; /* the kernels in use; NULL: none here */
+static _Atomic int enabled = -1;                  /* -1: TANDEM_CONV not read yet */
 
-/* Stride 2 reads the padded input through its four phase planes (even / odd rows x even / odd
- * columns): tap (ky, kx) of output (oy, ox) is padded pixel (2 oy + ky, 2 ox + kx), which is
- * pixel (oy + ky / 2, ox + kx / 2) of phase plane (ky % 2, kx % 2): again a constant shift. */
-static void geo_of(const tdm_conv_shape *s, geo *g) {
-  g->N = s->N, g->Ci = s->Ci, g->Co = s->Co, g->H = s->H, g->W = s->W, g->K = s->KH, g->KK = s->KH * s->KH;
-  g->p = s->pad, g->S = s->stride, g->OH = s->OH, g->OW = s->OW, g->Wp = s->W + 2 * s->pad;
-  int64_t Hp = s->H + 2 * s->pad, Hg = (Hp + g->S - 1) / g->S, r = (g->K - 1) / g->S;
-  g->Wg = (g->Wp + g->S - 1) / g->S;
-  g->Lq = up(g->OH * g->Wg, VL);
-  int64_t need = g->Lq + r * g->Wg + r; /* past the last shifted load */
-  if (need < Hg * g->Wg) need = Hg * g->Wg;
-  g->Lsp = up(need, VL);
-  g->Ls = g->S * g->S * g->Lsp;
-  for (int64_t t = 0; t < g->KK; t++) {
-    int64_t ky = t / g->K, kx = t % g->K;
-    g->off[t] = ((ky % g->S) * g->S + kx % g->S) * g->Lsp + (ky / g->S) * g->Wg + kx / g->S;
+/* Two threads racing here compute and store the same values; impl is stored before enabled. */
+static void setup(void) {
+  if (enabled >= 0) return;
+  const char *e = getenv("TANDEM_CONV");
+  const tdm__conv_direct_impl *t = best();
+  int on = !(e && !strcmp(e, "im2col"));
+  if (e && (!strcmp(e, "avx2") || !strcmp(e, "avx512"))) {
+    const tdm__conv_direct_impl *want = cpu_has(e);
+    if (want) t = want;
+    else /* a kernel cannot fail the step: say so, run the default */
+      tdm_log(TDM_LOG_WARN, "TANDEM_CONV='%s': this CPU or build has no %s kernels; %s run", e, e,
+              t ? (t == cpu_has("avx512") ? "the avx512 ones" : "the avx2 ones") : "im2col + GEMM");
+  } else if (e && strcmp(e, "im2col") && strcmp(e, "direct")) {
+    tdm_log(TDM_LOG_WARN, "TANDEM_CONV='%s' is none of 'direct', 'im2col', 'avx2', 'avx512': the default runs", e);
   }
+  impl = t;
+  enabled = on;
 }
 
-/* The weight gradient's register tile: DB output channels x DT taps (accumulators), DT dividing
- * K x K. AVX-512: 2 x 9 (3x3) or 4 x 5 (5x5); AVX2's 16 registers: 2 x 3 or 2 x 5. */
-#if VL == 16
-static int64_t dw_ob(const geo *g) { return g->K == 3 ? 2 : 4; }
-static int64_t dw_taps(const geo *g) { return g->K == 3 ? 9 : 5; }
-#else
-static int64_t dw_ob(const geo *g) { return g->K == 3 ? 3 : 2; }
-static int64_t dw_taps(const geo *g) { return g->K == 3 ? 3 : 5; }
-#endif
-
-typedef struct {
-  int64_t xpad, opg, wp, total; /* offsets (floats) into the forward's workspace */
-} fwd_layout;
-typedef struct {
-  int64_t xpad, dpad, dxpg, wp, st, total;
-} bwd_layout;
-
-static fwd_layout fwd_of(const geo *g) {
-  fwd_layout l;
-  l.xpad = 0;
-  l.opg = l.xpad + g->N * g->Ci * g->Ls;
-  l.wp = l.opg + g->N * up(g->Co, OB) * g->Lq;
-  l.total = l.wp + up(g->Co, OB) * g->Ci * g->KK;
-  return l;
+void tdm_k_conv2d_direct_enable(int on) {
+  setup();
+  enabled = !!on;
 }
 
-static bwd_layout bwd_of(const geo *g) {
-  bwd_layout l;
-  int64_t cor = up(g->Co, dw_ob(g)), tasks = cor / dw_ob(g) * g->Ci * (g->KK / dw_taps(g));
-  l.xpad = 0;
-  l.dpad = l.xpad + g->N * g->Ci * g->Ls;
-  l.dxpg = l.dpad + g->N * cor * g->Ls;
-  l.wp = l.dxpg + g->N * up(g->Ci, OB) * g->Lq;
-  l.st = l.wp + up(g->Ci, OB) * g->Co * g->KK;
-  l.total = l.st + DW_GROUPS * tasks * dw_ob(g) * dw_taps(g) * VL;
-  return l;
+int tdm_k_conv2d_direct_select(const char *isa) {
+  setup();
+  const tdm__conv_direct_impl *t = isa ? cpu_has(isa) : best();
+  if (!t) return 0;
+  impl = t;
+  return 1;
 }
 
-/* ---- padding ---------------------------------------------------------------------------- */
-
-typedef struct {
-  const geo *g;
-  float *dst;       /* planes of Ls floats */
-  const float *src; /* planes of H*W floats */
-  int64_t C, Cd;    /* channels per image in src, and in dst (extra planes are zeros) */
-} pad_ctx;
-
-static void pad_range(void *vc, int64_t a, int64_t b) {
-  pad_ctx *c = vc;
-  const geo *g = c->g;
-  for (int64_t i = a; i < b; i++) { /* i: image x dst channel */
-    int64_t n = i / c->Cd, ch = i % c->Cd;
-    float *d = c->dst + i * g->Ls;
-    if (ch >= c->C) {
-      memset(d, 0, sizeof(float) * (size_t)g->Ls);
-      continue;
-    }
-    const float *s = c->src + (n * c->C + ch) * g->H * g->W;
-    memset(d, 0, sizeof(float) * (size_t)(g->p * g->Wp));
-    for (int64_t y = 0; y < g->H; y++) {
-      float *row = d + (y + g->p) * g->Wp;
-      for (int64_t x = 0; x < g->p; x++) row[x] = 0.0f, row[g->p + g->W + x] = 0.0f;
-      memcpy(row + g->p, s + y * g->W, sizeof(float) * (size_t)g->W);
-    }
-    memset(d + (g->H + g->p) * g->Wp, 0, sizeof(float) * (size_t)(g->Ls - (g->H + g->p) * g->Wp));
-  }
+const char *tdm_k_conv2d_direct_isa(void) {
+  setup();
+  const tdm__conv_direct_impl *t = impl;
+  return t && enabled ? t->isa : NULL;
 }
-
-/* Stride 2: each channel's padded pixels scattered into its four phase planes. */
-static void phase_range(void *vc, int64_t a, int64_t b) {
-  pad_ctx *c = vc;
-  const geo *g = c->g;
-  for (int64_t i = a; i < b; i++) {
-    float *d = c->dst + i * g->Ls;
-    memset(d, 0, sizeof(float) * (size_t)g->Ls);
-    const float *s = c->src + i * g->H * g->W;
-    for (int64_t y = 0; y < g->H; y++)
-      for (int64_t x = 0; x < g->W; x++) {
-        int64_t r = y + g->p, col = x + g->p;
-        d[((r & 1) * 2 + (col & 1)) * g->Lsp + (r >> 1) * g->Wg + (col >> 1)] = s[y * g->W + x];
-      }
-  }
-}
-
-static void pad_planes(const geo *g, float *dst, const float *src, int64_t C, int64_t Cd) {
-  pad_ctx c = {g, dst, src, C, Cd};
-  tdm_parallel_for(g->N * Cd, 4, g->S == 1 ? pad_range : phase_range, &c);
-}
-
-/* Stride 2's output gradient on the output grid (rows of Wg, zeros past OW and past the rows),
- * for the weight gradient: Cd planes of Lq floats per image, those past C zeros. */
-static void grid_range(void *vc, int64_t a, int64_t b) {
-  pad_ctx *c = vc;
-  const geo *g = c->g;
-  for (int64_t i = a; i < b; i++) {
-    int64_t n = i / c->Cd, ch = i % c->Cd;
-    float *d = c->dst + i * g->Lq;
-    memset(d, 0, sizeof(float) * (size_t)g->Lq);
-    if (ch >= c->C) continue;
-    const float *s = c->src + (n * c->C + ch) * g->OH * g->OW;
-    for (int64_t y = 0; y < g->OH; y++) memcpy(d + y * g->Wg, s + y * g->OW, sizeof(float) * (size_t)g->OW);
-  }
-}
-
-/* ---- the convolution on the padded grid (forward and input gradient) --------------------- */
-
-/* out[c][q0 .. q0 + VL P) for OB channels, over I input planes of the image, from packed
- * weights wp[i][t][OB]. P is a constant at each call, so acc lives in registers. */
-static inline __attribute__((always_inline)) void conv_tile(int P, float *out, int64_t Lq, const float *in, int64_t I,
-                                                            int64_t Ls, const float *wp, const geo *g) {
-  vf acc[OB][PB];
-  for (int c = 0; c < OB; c++)
-    for (int j = 0; j < PB; j++) acc[c][j] = v_zero();
-  for (int64_t i = 0; i < I; i++) {
-    const float *src = in + i * Ls, *w = wp + i * g->KK * OB;
-    for (int64_t t = 0; t < g->KK; t++, w += OB) {
-      const float *s = src + g->off[t];
-      vf v[PB];
-      for (int j = 0; j < P; j++) v[j] = v_load(s + VL * j);
-      for (int c = 0; c < OB; c++) {
-        vf b = v_set1(w[c]);
-        for (int j = 0; j < P; j++) acc[c][j] = v_fma(b, v[j], acc[c][j]);
-      }
-    }
-  }
-  for (int c = 0; c < OB; c++)
-    for (int j = 0; j < P; j++) v_store(out + c * Lq + VL * j, acc[c][j]);
-}
-
-typedef struct {
-  const geo *g;
-  float *out;       /* (N, Or, Lq) */
-  const float *in;  /* (N, Istride planes of Ls) */
-  const float *wp;  /* (Or / OB, I, KK, OB) */
-  int64_t I, Istride, Or;
-} conv_ctx;
-
-static void conv_range(void *vc, int64_t a, int64_t b) {
-  conv_ctx *c = vc;
-  const geo *g = c->g;
-  for (int64_t n = a; n < b; n++)
-    for (int64_t ob = 0; ob < c->Or / OB; ob++) {
-      float *out = c->out + (n * c->Or + ob * OB) * g->Lq;
-      const float *in = c->in + n * c->Istride * g->Ls, *wp = c->wp + ob * c->I * g->KK * OB;
-      int64_t q = 0;
-      for (; q + PB * VL <= g->Lq; q += PB * VL) conv_tile(PB, out + q, g->Lq, in + q, c->I, g->Ls, wp, g);
-      /* the last one or two vectors in one tile: alone, each would wait on its FMAs' latency */
-      if (g->Lq - q == 2 * VL) conv_tile(2, out + q, g->Lq, in + q, c->I, g->Ls, wp, g);
-      else if (g->Lq - q == VL) conv_tile(1, out + q, g->Lq, in + q, c->I, g->Ls, wp, g);
-    }
-}
-
-/* ---- copies out of the padded grid ---------------------------------------------------------- */
-
-typedef struct {
-  const geo *g;
-  float *dst;       /* (N, C, H, W) */
-  const float *src; /* (N, Cs, Lq) */
-  const float *bias;
-  int64_t C, Cs, add;
-} unpad_ctx;
-
-static void unpad_range(void *vc, int64_t a, int64_t b) {
-  unpad_ctx *c = vc;
-  const geo *g = c->g;
-  for (int64_t i = a; i < b; i++) {
-    int64_t n = i / c->C, ch = i % c->C;
-    float *d = c->dst + i * g->OH * g->OW, bv = c->bias ? c->bias[ch] : 0.0f;
-    const float *s = c->src + (n * c->Cs + ch) * g->Lq;
-    for (int64_t y = 0; y < g->OH; y++) { /* (stride 1: OH, OW, Wg are H, W, Wp) */
-      float *restrict dr = d + y * g->OW;
-      const float *restrict sr = s + y * g->Wg;
-      if (c->add)
-        for (int64_t x = 0; x < g->OW; x++) dr[x] += sr[x];
-      else
-        for (int64_t x = 0; x < g->OW; x++) dr[x] = sr[x] + bv;
-    }
-  }
-}
-
-/* ---- one image at a time: pad, convolve, copy out ------------------------------------------- */
-
-/* Each image's planes are padded, convolved and copied out before the next image's: its padded
- * input and output grid (tens of KiB) stay in the core's cache between the three steps, where
- * three passes over the batch (megabytes each) went to memory and back twice; two threads share
- * that bandwidth. The same arithmetic in the same order: the bits are the three passes'. */
-typedef struct {
-  pad_ctx pad;    /* Cd planes per image */
-  conv_ctx conv;
-  unpad_ctx out;  /* C planes per image */
-} image_ctx;
-
-static void image_range(void *vc, int64_t a, int64_t b) {
-  image_ctx *c = vc;
-  for (int64_t n = a; n < b; n++) {
-    if (c->pad.g->S == 1) pad_range(&c->pad, n * c->pad.Cd, (n + 1) * c->pad.Cd);
-    else phase_range(&c->pad, n * c->pad.Cd, (n + 1) * c->pad.Cd);
-    conv_range(&c->conv, n, n + 1);
-    unpad_range(&c->out, n * c->out.C, (n + 1) * c->out.C);
-  }
-}
-
-/* ---- the weight gradient ------------------------------------------------------------------ */
-
-typedef struct {
-  const geo *g;
-  const float *xpad;        /* (N, Ci, Ls) */
-  const float *d0;          /* image 0's first output-gradient plane, at pixel (0, 0) */
-  int64_t dchan;            /* from one output-gradient plane to the next (dpad: Ls; grid: Lq) */
-  float *st;                /* per image group and task: DB x DT x VL partial sums */
-  float *dw;
-  int64_t Cor, nb, tasks;   /* dpad's channels per image; images per cache-sized chunk; tasks */
-} dw_ctx;
-
-static inline __attribute__((always_inline)) void dw_task(int DB, int DT, const dw_ctx *c, int64_t unit, int64_t n0,
-                                                          int64_t n1) {
-  const geo *g = c->g;
-  int64_t task = unit % c->tasks;
-  int64_t groups = g->KK / DT, ci = (task / groups) % g->Ci, cb = task / (groups * g->Ci), t0 = task % groups * DT;
-  float *st = c->st + unit * DB * DT * VL;
-  vf acc[4][9];
-  for (int o = 0; o < DB; o++)
-    for (int t = 0; t < DT; t++) acc[o][t] = v_load(st + (o * DT + t) * VL);
-  for (int64_t n = n0; n < n1; n++) {
-    const float *x = c->xpad + (n * g->Ci + ci) * g->Ls, *d = c->d0 + (n * c->Cor + cb * DB) * c->dchan;
-    for (int64_t q = 0; q < g->Lq; q += VL) {
-      vf dv[4];
-      for (int o = 0; o < DB; o++) {
-        dv[o] = v_load(d + o * c->dchan + q);
-        __asm__("" : "+v"(dv[o])); /* in a register: GCC would fold its load into each of DT FMAs */
-      }
-      for (int t = 0; t < DT; t++) {
-        vf xv = v_load(x + g->off[t0 + t] + q);
-        __asm__("" : "+v"(xv)); /* one load for the DB products (GCC would fold it into each FMA) */
-        for (int o = 0; o < DB; o++) acc[o][t] = v_fma(dv[o], xv, acc[o][t]);
-      }
-    }
-  }
-  for (int o = 0; o < DB; o++)
-    for (int t = 0; t < DT; t++) v_store(st + (o * DT + t) * VL, acc[o][t]);
-}
-
-/* The images are cut into DW_GROUPS halves whatever the thread count (so the sums' order is the
- * shape's alone), each with its own partial sums: a unit is (half, task), and two threads take
- * a half each and never read the same planes. (Split by task instead, both threads streamed
- * every input plane: the weight gradient ran 1.15x faster on 2 threads than on 1.) */
-
-static void dw_range(void *vc, int64_t a, int64_t b) {
-  dw_ctx *c = vc;
-  const geo *g = c->g;
-  for (int64_t u0 = a; u0 < b;) { /* the units of one half at a time */
-    int64_t half = u0 / c->tasks, u1 = (half + 1) * c->tasks < b ? (half + 1) * c->tasks : b;
-    int64_t lo = g->N * half / DW_GROUPS, hi = g->N * (half + 1) / DW_GROUPS;
-    /* chunks of images outermost: a chunk's planes stay in cache while every task of the range
-     * passes over them; each task's partial sums wait in st between chunks */
-    for (int64_t n0 = lo; n0 < hi; n0 += c->nb) {
-      int64_t n1 = n0 + c->nb < hi ? n0 + c->nb : hi;
-      for (int64_t u = u0; u < u1; u++) {
-#if VL == 16
-        if (g->K == 3) dw_task(2, 9, c, u, n0, n1);
-        else dw_task(4, 5, c, u, n0, n1);
-#else
-        if (g->K == 3) dw_task(3, 3, c, u, n0, n1);
-        else dw_task(2, 5, c, u, n0, n1);
-#endif
-      }
-    }
-    u0 = u1;
-  }
-}
-
-/* dw += the halves' partial sums, added lane by lane in half order, then across the lanes. */
-static void dw_reduce(void *vc, int64_t a, int64_t b) {
-  dw_ctx *c = vc;
-  const geo *g = c->g;
-  int64_t DB = dw_ob(g), DT = dw_taps(g), groups = g->KK / DT, per = DB * DT * VL;
-  for (int64_t task = a; task < b; task++) {
-    int64_t ci = (task / groups) % g->Ci, cb = task / (groups * g->Ci), t0 = task % groups * DT;
-    for (int64_t o = 0; o < DB; o++) {
-      int64_t co = cb * DB + o;
-      if (co >= g->Co) break;
-      for (int64_t t = 0; t < DT; t++) {
-        vf v = v_load(c->st + task * per + (o * DT + t) * VL);
-        for (int h = 1; h < DW_GROUPS; h++) v = v_add(v, v_load(c->st + (h * c->tasks + task) * per + (o * DT + t) * VL));
-        c->dw[(co * g->Ci + ci) * g->KK + t0 + t] += v_sum(v);
-      }
-    }
-  }
-}
-
-/* ---- the entry points --------------------------------------------------------------------- */
-
-static float *aligned(float *ws) { return (float *)(((uintptr_t)ws + 63) & ~(uintptr_t)63); }
-
-static _Atomic int enabled = -1; /* -1: TANDEM_CONV not read yet */
-
-void tdm_k_conv2d_direct_enable(int on) { enabled = !!on; }
 
 int tdm_k_conv2d_direct_fits(const tdm_conv_shape *s) {
   if (!s) return 0;
-  if (enabled < 0) {
-    const char *e = getenv("TANDEM_CONV");
-    if (e && strcmp(e, "im2col") && strcmp(e, "direct")) /* a kernel cannot fail the step: say so, run the default */
-      tdm_log(TDM_LOG_WARN, "TANDEM_CONV='%s' is neither 'im2col' nor 'direct': the direct kernels run", e);
-    enabled = !(e && !strcmp(e, "im2col"));
-  }
+  setup();
   int same = s->stride == 1 && ((s->KH == 3 && s->pad == 1) || (s->KH == 5 && s->pad == 2));
   int halve = s->stride == 2 && s->KH == 3 && s->pad == 1;
-  return enabled && s->KH == s->KW && (same || halve) && s->N > 0 && s->Ci > 0 && s->Co > 0 && s->H > 0 && s->W > 0 &&
-         s->OH == (s->H + 2 * s->pad - s->KH) / s->stride + 1 && s->OW == (s->W + 2 * s->pad - s->KW) / s->stride + 1;
+  return enabled && impl && s->KH == s->KW && (same || halve) && s->N > 0 && s->Ci > 0 && s->Co > 0 && s->H > 0 &&
+         s->W > 0 && s->OH == (s->H + 2 * s->pad - s->KH) / s->stride + 1 &&
+         s->OW == (s->W + 2 * s->pad - s->KW) / s->stride + 1;
 }
 
 int64_t tdm_k_conv2d_direct_ws_floats(const tdm_conv_shape *s) {
-  if (!tdm_k_conv2d_direct_fits(s)) return 0;
-  geo g;
-  geo_of(s, &g);
-  int64_t f = fwd_of(&g).total, b = bwd_of(&g).total;
-  return (f > b ? f : b) + 16; /* + alignment */
+  return tdm_k_conv2d_direct_fits(s) ? ((const tdm__conv_direct_impl *)impl)->ws_floats(s) : 0;
 }
 
 void tdm_k_conv2d_fwd_direct(float *out, const float *x, const float *w, const float *b, float *ws,
                              const tdm_conv_shape *s) {
-  geo g;
-  geo_of(s, &g);
-  fwd_layout l = fwd_of(&g);
-  ws = aligned(ws);
-  float *xpad = ws + l.xpad, *opg = ws + l.opg, *wp = ws + l.wp;
-  int64_t Or = up(g.Co, OB);
-  for (int64_t ob = 0; ob < Or / OB; ob++) /* wp[ob][ci][t][c] = w[ob OB + c][ci][t] */
-    for (int64_t ci = 0; ci < g.Ci; ci++)
-      for (int64_t t = 0; t < g.KK; t++)
-        for (int64_t c = 0; c < OB; c++) {
-          int64_t co = ob * OB + c;
-          wp[((ob * g.Ci + ci) * g.KK + t) * OB + c] = co < g.Co ? w[(co * g.Ci + ci) * g.KK + t] : 0.0f;
-        }
-  image_ctx c = {{&g, xpad, x, g.Ci, g.Ci}, {&g, opg, xpad, wp, g.Ci, g.Ci, Or}, {&g, out, opg, b, g.Co, Or, 0}};
-  tdm_parallel_for(g.N, 1, image_range, &c);
-}
-
-typedef struct {
-  const float *dout;
-  float *db;
-  int64_t N, Co, P;
-} db_ctx;
-
-static void db_range(void *vc, int64_t a, int64_t b) {
-  db_ctx *c = vc;
-  for (int64_t co = a; co < b; co++) {
-    float acc = 0.0f;
-    for (int64_t n = 0; n < c->N; n++) {
-      const float *d = c->dout + (n * c->Co + co) * c->P;
-      for (int64_t p = 0; p < c->P; p++) acc += d[p];
-    }
-    c->db[co] += acc;
-  }
+  const tdm__conv_direct_impl *t = impl;
+  if (t && tdm_k_conv2d_direct_fits(s)) t->fwd(out, x, w, b, ws, s);
 }
 
 void tdm_k_conv2d_bwd_direct(float *dx, int dx_set, float *dw, float *db, const float *dout, const float *x,
                              const float *w, float *ws, const tdm_conv_shape *s) {
-  geo g;
-  geo_of(s, &g);
-  bwd_layout l = bwd_of(&g);
-  ws = aligned(ws);
-  int64_t DB = dw_ob(&g), Cor = up(g.Co, DB);
-  float *xpad = ws + l.xpad, *dpad = ws + l.dpad;
-  if (db) {
-    db_ctx c = {dout, db, g.N, g.Co, g.OH * g.OW};
-    tdm_parallel_for(g.Co, 1, db_range, &c);
-  }
-  /* stride 1: dout padded (the input's geometry) for dx and dw; with dx, in its per-image pass */
-  if (g.S == 1 && dw && !dx) pad_planes(&g, dpad, dout, g.Co, Cor);
-  if (dx && g.S == 1) { /* dx = the convolution of dout with w flipped and transposed: wp[ib][co][t][c] = w[co][ib OB + c][KK-1-t] */
-    float *dxpg = ws + l.dxpg, *wp = ws + l.wp;
-    int64_t Ir = up(g.Ci, OB);
-    for (int64_t ib = 0; ib < Ir / OB; ib++)
-      for (int64_t co = 0; co < g.Co; co++)
-        for (int64_t t = 0; t < g.KK; t++)
-          for (int64_t c = 0; c < OB; c++) {
-            int64_t ci = ib * OB + c;
-            wp[((ib * g.Co + co) * g.KK + t) * OB + c] = ci < g.Ci ? w[(co * g.Ci + ci) * g.KK + g.KK - 1 - t] : 0.0f;
-          }
-    image_ctx c = {{&g, dpad, dout, g.Co, Cor}, {&g, dxpg, dpad, wp, g.Co, Cor, Ir}, {&g, dx, dxpg, NULL, g.Ci, Ir, !dx_set}};
-    tdm_parallel_for(g.N, 1, image_range, &c);
-  }
-  if (dw) {
-    pad_planes(&g, xpad, x, g.Ci, g.Ci);
-    const float *d0 = dpad + g.p * g.Wp + g.p; /* stride 1: dout (0, 0) in its padded plane */
-    int64_t dchan = g.Ls;
-    if (g.S != 1) { /* stride 2: dout on the output grid, in dpad's room */
-      pad_ctx pc = {&g, dpad, dout, g.Co, Cor};
-      tdm_parallel_for(g.N * Cor, 4, grid_range, &pc);
-      d0 = dpad, dchan = g.Lq;
-    }
-    int64_t DT = dw_taps(&g), tasks = Cor / DB * g.Ci * (g.KK / DT);
-    memset(ws + l.st, 0, sizeof(float) * (size_t)(DW_GROUPS * tasks * DB * DT * VL));
-    int64_t per_image = (g.Ci * g.Ls + Cor * dchan) * (int64_t)sizeof(float), nb = ((int64_t)384 << 10) / per_image;
-    dw_ctx c = {&g, xpad, d0, dchan, ws + l.st, dw, Cor, nb < 1 ? 1 : nb, tasks};
-    tdm_parallel_for(DW_GROUPS * tasks, 1, dw_range, &c);
-    tdm_parallel_for(tasks, 16, dw_reduce, &c);
-  }
+  const tdm__conv_direct_impl *t = impl;
+  if (t && tdm_k_conv2d_direct_fits(s)) t->bwd(dx, dx_set, dw, db, dout, x, w, ws, s);
 }
-
-const char *tdm_k_conv2d_direct_isa(void) { return DIRECT_ISA; }
-
-#else /* neither AVX-512 nor AVX2 with FMA: the im2col path runs every convolution */
-
-const char *tdm_k_conv2d_direct_isa(void) { return NULL; }
-
-void tdm_k_conv2d_direct_enable(int on) { (void)on; }
-
-int tdm_k_conv2d_direct_fits(const tdm_conv_shape *s) {
-  (void)s;
-  return 0;
-}
-int64_t tdm_k_conv2d_direct_ws_floats(const tdm_conv_shape *s) {
-  (void)s;
-  return 0;
-}
-void tdm_k_conv2d_fwd_direct(float *out, const float *x, const float *w, const float *b, float *ws,
-                             const tdm_conv_shape *s) {
-  (void)out, (void)x, (void)w, (void)b, (void)ws, (void)s;
-}
-void tdm_k_conv2d_bwd_direct(float *dx, int dx_set, float *dw, float *db, const float *dout, const float *x,
-                             const float *w, float *ws, const tdm_conv_shape *s) {
-  (void)dx, (void)dx_set, (void)dw, (void)db, (void)dout, (void)x, (void)w, (void)ws, (void)s;
-}
-#endif

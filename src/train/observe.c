@@ -107,7 +107,7 @@ void tdm__metrics_header(FILE *f, const tdm__header_in *in) {
   snprintf(cores, sizeof cores, "%ld", sysconf(_SC_NPROCESSORS_ONLN));
   put_kv(f, "cores", cores, &first);
   put_kv(f, "blas_core", tdm_blas_core(), &first); /* OpenBLAS's kernels: AVX-512 or AVX2 doubles sgemm */
-  const char *conv = tdm_k_conv2d_direct_isa(); /* the direct convolutions' vectors, or none: im2col + GEMM */
+  const char *conv = tdm_k_conv2d_direct_isa(); /* the direct convolutions' kernels, or none: im2col + GEMM */
   put_kv(f, "conv_isa", conv ? conv : "none", &first);
 #ifdef __VERSION__
   put_kv(f, "compiler", __VERSION__, &first);

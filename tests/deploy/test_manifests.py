@@ -121,6 +121,9 @@ froms = re.findall(r"^FROM (\S+)", df, re.M)
 check(len(froms) == 2 and all(f.startswith("debian:12") for f in froms), f"Dockerfile: two Debian 12 stages ({froms})")
 check("./scripts/setup.sh" in df and "COPY --from=build" in df, "Dockerfile: builds with scripts/setup.sh, copies only the binary")
 check(os.access(os.path.join(root, "scripts/setup.sh"), os.X_OK), "Dockerfile: scripts/setup.sh exists and runs")
+# an image runs on other machines than the one that built it: no -march=native unless asked for
+check(re.search(r"^ARG TANDEM_NATIVE=OFF$", df, re.M) is not None and '-DTANDEM_NATIVE="$TANDEM_NATIVE"' in df,
+      "Dockerfile: a portable build by default (TANDEM_NATIVE=OFF, a build argument)")
 
 print(f"{len(failures)} failed")
 sys.exit(1 if failures else 0)

@@ -22,7 +22,8 @@ static double max_abs_diff(const float *a, const float *b, int64_t n) {
  * gradient, including shapes cut into several chunks and, where the build has AVX-512 or AVX2, the
  * direct kernels (3x3 and 5x5 "same" convolutions and 3x3 stride 2, odd and even sizes; channel
  * counts that fill no register tile). */
-static void test_conv_batched_matches_reference(void) {
+static int conv_direct_on; /* for_each_conv_path: the direct kernels run */
+static void conv_batched_matches_reference(void) {
   const int64_t cases[][8] = {/* N, Ci, H, W, Co, K, stride, pad */
                               {5, 3, 7, 6, 4, 3, 1, 1}, {4, 2, 9, 8, 3, 3, 2, 1}, {3, 4, 6, 6, 5, 1, 2, 0},
                               {2, 1, 5, 5, 2, 5, 1, 2}, {20, 16, 28, 28, 4, 3, 1, 1}, {3, 2, 4, 4, 3, 3, 1, 0},
@@ -55,7 +56,7 @@ static void test_conv_batched_matches_reference(void) {
     CHECK_MSG(max_abs_diff(dx0, dx1, nx) < 2 * tol, "case %zu: dx accumulated differs by %g", c, max_abs_diff(dx0, dx1, nx));
     CHECK_MSG(max_abs_diff(dw0, dw1, nw) < tol, "case %zu: dw differs by %g", c, max_abs_diff(dw0, dw1, nw));
     CHECK_MSG(max_abs_diff(db0, db1, s.Co) < tol, "case %zu: db differs by %g", c, max_abs_diff(db0, db1, s.Co));
-    if (tdm_k_conv2d_direct_isa()) {
+    if (conv_direct_on) {
       int same = (s.stride == 1 && ((s.KH == 3 && s.pad == 1) || (s.KH == 5 && s.pad == 2))) ||
                  (s.stride == 2 && s.KH == 3 && s.pad == 1);
       CHECK_MSG(tdm_k_conv2d_direct_fits(&s) == same || getenv("TANDEM_CONV"), "case %zu: the direct kernel %s", c,
@@ -71,11 +72,7 @@ static void test_conv_batched_matches_reference(void) {
  * and weight gradient of resnet20's shapes (stride 1 and 2) and a 5x5 one, on 1 and on 3 threads,
  * byte for byte. The weight gradient's image halves are the point: 3 threads cut its units
  * unevenly across them. */
-static void test_conv_direct_threads_bitwise(void) {
-  if (!tdm_k_conv2d_direct_isa()) {
-    printf("  (skipped: the build has no direct convolution kernels)\n");
-    return;
-  }
+static void conv_direct_threads_bitwise(void) {
   const int64_t cases[][8] = {{6, 16, 14, 14, 16, 3, 1, 1}, {5, 8, 9, 9, 16, 3, 2, 1}, {4, 3, 10, 11, 7, 5, 1, 2}};
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     const int64_t *k = cases[c];
@@ -102,6 +99,32 @@ static void test_conv_direct_threads_bitwise(void) {
     free(x), free(w), free(dy), free(ws);
   }
 }
+
+/* Each check once per set of direct kernels this CPU has (AVX-512 machines run the AVX2 ones
+ * too), and once on the im2col path alone; the CPU's best is selected again at the end. */
+static void for_each_conv_path(void (*check)(void), int with_im2col) {
+  const char *isas[] = {"avx512", "avx2"};
+  int ran = 0;
+  for (size_t i = 0; i < 2; i++) {
+    if (!tdm_k_conv2d_direct_select(isas[i])) continue;
+    CHECK_MSG(!strcmp(tdm_k_conv2d_direct_isa(), isas[i]), "selected %s, running %s", isas[i], tdm_k_conv2d_direct_isa());
+    printf("  (the %s kernels)\n", isas[i]);
+    conv_direct_on = 1;
+    check();
+    ran++;
+  }
+  tdm_k_conv2d_direct_select(NULL);
+  if (with_im2col) {
+    tdm_k_conv2d_direct_enable(0);
+    printf("  (im2col + GEMM)\n");
+    conv_direct_on = 0;
+    check();
+    tdm_k_conv2d_direct_enable(1);
+  }
+  if (!ran) printf("  (this CPU has no direct convolution kernels)\n");
+}
+static void test_conv_batched_matches_reference(void) { for_each_conv_path(conv_batched_matches_reference, 1); }
+static void test_conv_direct_threads_bitwise(void) { for_each_conv_path(conv_direct_threads_bitwise, 0); }
 
 /* ---- batch norm: finite differences ---------------------------------------------------------- */
 static tdm_tensor *g_bn_train(tdm_tape *tp, tdm_tensor *const *x, void *c) {

@@ -1,0 +1,25 @@
+/* The direct convolution kernels as a table per instruction set (conv_direct_impl.h is their
+ * body). kernels_conv_direct.c picks the table at run time from what the CPU has, so one binary
+ * (a container image, a -march=x86-64 or sanitizer build) runs the AVX-512 kernels on AVX-512
+ * machines and the AVX2 ones on AVX2 machines. Internal. */
+#ifndef TDM_TENSOR_CONV_DIRECT_H
+#define TDM_TENSOR_CONV_DIRECT_H
+
+#include <stdint.h>
+
+#include "tandem/kernels.h"
+
+typedef struct {
+  const char *isa; /* "avx2", "avx512" */
+  int64_t (*ws_floats)(const tdm_conv_shape *s);
+  void (*fwd)(float *out, const float *x, const float *w, const float *b, float *ws, const tdm_conv_shape *s);
+  void (*bwd)(float *dx, int dx_set, float *dw, float *db, const float *dout, const float *x, const float *w,
+              float *ws, const tdm_conv_shape *s);
+} tdm__conv_direct_impl;
+
+/* Each returns its table, or NULL where its file was compiled without the instructions (a
+ * compiler or processor family that lacks them). They do not ask the CPU: the caller does. */
+const tdm__conv_direct_impl *tdm__conv_direct_avx2(void);
+const tdm__conv_direct_impl *tdm__conv_direct_avx512(void);
+
+#endif
