@@ -239,16 +239,22 @@ typedef struct {
 static void conv_range(void *vc, int64_t a, int64_t b) {
   conv_ctx *c = vc;
   const geo *g = c->g;
-  for (int64_t n = a; n < b; n++)
-    for (int64_t ob = 0; ob < c->Or / OB; ob++) {
-      float *out = c->out + (n * c->Or + ob * OB) * g->Lq;
-      const float *in = c->in + n * c->Istride * g->Ls, *wp = c->wp + ob * c->I * g->KK * OB;
-      int64_t q = 0;
-      for (; q + PB * VL <= g->Lq; q += PB * VL) conv_tile(PB, out + q, g->Lq, in + q, c->I, g->Ls, wp, g);
-      /* the last one or two vectors in one tile: alone, each would wait on its FMAs' latency */
-      if (g->Lq - q == 2 * VL) conv_tile(2, out + q, g->Lq, in + q, c->I, g->Ls, wp, g);
-      else if (g->Lq - q == VL) conv_tile(1, out + q, g->Lq, in + q, c->I, g->Ls, wp, g);
+  int64_t nob = c->Or / OB, wstride = c->I * g->KK * OB;
+  for (int64_t n = a; n < b; n++) {
+    float *out = c->out + n * c->Or * g->Lq;
+    const float *in = c->in + n * c->Istride * g->Ls;
+    /* the output-channel blocks innermost: the input rows a tile reads stay in L1 for all of them
+     * (outermost, each block streamed the image's planes from L2 again) */
+    int64_t q = 0;
+    for (; q + PB * VL <= g->Lq; q += PB * VL)
+      for (int64_t ob = 0; ob < nob; ob++)
+        conv_tile(PB, out + ob * OB * g->Lq + q, g->Lq, in + q, c->I, g->Ls, c->wp + ob * wstride, g);
+    /* the last one or two vectors in one tile: alone, each would wait on its FMAs' latency */
+    for (int64_t ob = 0; ob < nob; ob++) {
+      if (g->Lq - q == 2 * VL) conv_tile(2, out + ob * OB * g->Lq + q, g->Lq, in + q, c->I, g->Ls, c->wp + ob * wstride, g);
+      else if (g->Lq - q == VL) conv_tile(1, out + ob * OB * g->Lq + q, g->Lq, in + q, c->I, g->Ls, c->wp + ob * wstride, g);
     }
+  }
 }
 
 /* ---- copies out of the padded grid ---------------------------------------------------------- */
