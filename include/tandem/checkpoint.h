@@ -237,7 +237,7 @@ tdm_status tdm_ckpt_lock(const char *dir, int *fd);
 void tdm_ckpt_unlock(int fd);
 /* Whether DIR's lock file is still the one fd holds: TDM_ERR_IO naming DIR when the directory was
  * removed or replaced since (a job that recreated it would hold no lock there, and a second job
- * could then lock and write it too). fd -1: TDM_OK. */
+ * could then lock and write it too). fd -1: TDM_OK; dir NULL with a lock: TDM_ERR_INVALID_ARG. */
 tdm_status tdm_ckpt_lock_check(const char *dir, int fd);
 
 /* The checksum stored as "tandem.crc32" in a manifest: CRC-32 (zlib) over the metadata pairs

@@ -763,7 +763,8 @@ tdm_status tdm_ckpt_lock(const char *dir, int *fd_out) {
 tdm_status tdm_ckpt_lock_check(const char *dir, int fd) {
   char path[4096];
   struct stat held, now;
-  if (fd < 0 || !dir) return TDM_OK;
+  if (fd < 0) return TDM_OK;
+  if (!dir) return tdm__set_error(TDM_ERR_INVALID_ARG, "checkpoint lock check: directory NULL for lock fd %d", fd);
   snprintf(path, sizeof path, "%s/.lock", dir);
   if (fstat(fd, &held) == 0 && stat(path, &now) == 0 && held.st_dev == now.st_dev && held.st_ino == now.st_ino) return TDM_OK;
   return tdm__set_error(TDM_ERR_IO, "checkpoint directory %s was removed or replaced while this job ran (its lock %s is not the one "

@@ -349,12 +349,32 @@ static void test_lock_names_the_holder(void) {
   rm_rf(d);
 }
 
+/* The lock check: the directory still holds this job's lock file; removed and made again by
+ * someone else, it does not (a second job could lock it), and the error names the directory. */
+static void test_lock_check_sees_a_replaced_directory(void) {
+  char d[128], gone[160];
+  snprintf(d, sizeof d, "%s/relocked", dir);
+  snprintf(gone, sizeof gone, "%s.gone", d);
+  int a = -1;
+  CHECK_OK(tdm_ckpt_lock(d, &a));
+  CHECK_OK(tdm_ckpt_lock_check(d, a));
+  CHECK_OK(tdm_ckpt_lock_check(d, -1)); /* no lock held: nothing to check */
+  CHECK(tdm_ckpt_lock_check(NULL, a) == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("directory NULL");
+  CHECK(rename(d, gone) == 0 && mkdir(d, 0755) == 0);
+  CHECK(tdm_ckpt_lock_check(d, a) == TDM_ERR_IO);
+  CHECK_ERR_HAS("was removed or replaced while this job ran");
+  CHECK_ERR_HAS(d);
+  tdm_ckpt_unlock(a);
+  rm_rf(d), rm_rf(gone);
+}
+
 int main(void) {
   snprintf(dir, sizeof dir, "/tmp/tandem-test-ckpt-XXXXXX");
   if (!mkdtemp(dir)) return 1;
   static const tdm_test_case cases[] = {T(test_round_trip), T(test_checksum_covers_the_header), T(test_metadata_is_parsed_strictly),
                                         T(test_bad_entries_are_skipped_and_never_deleted), T(test_no_valid_checkpoint_is_an_error),
-                                        T(test_lock_names_the_holder)};
+                                        T(test_lock_names_the_holder), T(test_lock_check_sees_a_replaced_directory)};
   int rc = tdm_test_main(cases, (int)(sizeof cases / sizeof cases[0]));
   rm_rf(dir);
   return rc;
