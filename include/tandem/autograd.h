@@ -93,7 +93,8 @@ tdm_tensor *tdm_detach(tdm_tape *tp, tdm_tensor *x);
 /* ---- backward ------------------------------------------------------------------------------- */
 /* loss must hold one element; its gradient is seeded with 1. */
 tdm_status tdm_backward(tdm_tape *tp, tdm_tensor *loss);
-/* As tdm_backward, seeded with gout (same shape as out, f32): computes d(sum(out * gout)). */
+/* As tdm_backward, seeded with gout (same shape as out, f32): computes d(sum(out * gout)); gout
+ * NULL seeds every element with 1, d(sum(out)), for an output of any shape. */
 tdm_status tdm_backward_with(tdm_tape *tp, tdm_tensor *out, const tdm_tensor *gout);
 /* Backward in two passes, as zero-bubble pipelines run it: tdm_backward_inputs computes every
  * gradient but the parameters' (gout NULL seeds a one-element output with 1), so the input's

@@ -262,6 +262,10 @@ static void test_no_grad_and_detach(void) {
   CHECK(tdm_tensor_get(tdm_tensor_grad(w), 0) == 2.0);
   CHECK_OK(tdm_tensor_zero_grad(w));
   CHECK(tdm_tensor_get(tdm_tensor_grad(w), 2) == 0.0);
+  /* tdm_backward_with without a seed: ones, d(sum(w * w)) = 2 w = 4 for a non-scalar output */
+  tdm_tape_reset(tp);
+  CHECK_OK(tdm_backward_with(tp, tdm_mul(tp, w, w), NULL));
+  for (int i = 0; i < 3; i++) CHECK(tdm_tensor_get(tdm_tensor_grad(w), i) == 4.0);
   tdm_tensor_destroy(w);
   tdm_tape_destroy(tp);
 }
