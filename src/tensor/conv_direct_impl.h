@@ -30,6 +30,7 @@
 #include "tandem/core.h"
 #include "tandem/kernels.h"
 #include "tensor/conv_direct.h"
+#include "tensor/fastmath.h"
 
 /* The kernels are written once over a vector of VL floats: AVX-512 (32 registers of 16) or
  * AVX2 with FMA (16 registers of 8). The register tiles differ because the register files do:
@@ -433,11 +434,8 @@ typedef struct {
 static void db_range(void *vc, int64_t a, int64_t b) {
   db_ctx *c = vc;
   for (int64_t co = a; co < b; co++) {
-    float acc = 0.0f;
-    for (int64_t n = 0; n < c->N; n++) {
-      const float *d = c->dout + (n * c->Co + co) * c->P;
-      for (int64_t p = 0; p < c->P; p++) acc += d[p];
-    }
+    float acc = 0.0f; /* each plane in 8 lanes (one dependent chain of adds took 4% of a CNN step) */
+    for (int64_t n = 0; n < c->N; n++) acc += tdm__sum8(c->dout + (n * c->Co + co) * c->P, c->P);
     c->db[co] += acc;
   }
 }

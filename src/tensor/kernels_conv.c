@@ -1,4 +1,5 @@
-/* conv2d by im2col + GEMM (one image at a time, so the column buffer stays small), and pooling. */
+/* conv2d by im2col + GEMM (one image at a time, so the column buffer stays small). Pooling:
+ * kernels_pool.c. */
 #include <math.h>
 #include <string.h>
 
@@ -72,77 +73,4 @@ void tdm_k_conv2d_bwd(float *dx, float *dw, float *db, const float *dout, const 
       col2im(dx + n * s->Ci * s->H * s->W, col, s);
     }
   }
-}
-
-void tdm_k_maxpool2d_fwd(float *out, int32_t *argmax, const float *x, int64_t N, int64_t C, int64_t H, int64_t W,
-                         int64_t K, int64_t stride, int64_t pad, int64_t OH, int64_t OW) {
-  for (int64_t nc = 0; nc < N * C; nc++) {
-    const float *img = x + nc * H * W;
-    for (int64_t oy = 0; oy < OH; oy++)
-      for (int64_t ox = 0; ox < OW; ox++) {
-        float best = -INFINITY;
-        int32_t at = -1;
-        for (int64_t ky = 0; ky < K; ky++) {
-          int64_t iy = oy * stride - pad + ky;
-          if (iy < 0 || iy >= H) continue;
-          for (int64_t kx = 0; kx < K; kx++) {
-            int64_t ix = ox * stride - pad + kx;
-            if (ix < 0 || ix >= W) continue;
-            float v = img[iy * W + ix];
-            if (v > best || at < 0 || isnan(v)) { /* NaN propagates, as in PyTorch */
-              best = v;
-              at = (int32_t)(iy * W + ix);
-            }
-          }
-        }
-        out[(nc * OH + oy) * OW + ox] = best;
-        argmax[(nc * OH + oy) * OW + ox] = at;
-      }
-  }
-}
-
-void tdm_k_maxpool2d_bwd(float *dx, const float *dout, const int32_t *argmax, int64_t N, int64_t C, int64_t H,
-                         int64_t W, int64_t OH, int64_t OW) {
-  for (int64_t nc = 0; nc < N * C; nc++)
-    for (int64_t p = 0; p < OH * OW; p++) {
-      int32_t at = argmax[nc * OH * OW + p];
-      if (at >= 0) dx[nc * H * W + at] += dout[nc * OH * OW + p];
-    }
-}
-
-void tdm_k_avgpool2d_fwd(float *out, const float *x, int64_t N, int64_t C, int64_t H, int64_t W, int64_t K,
-                         int64_t stride, int64_t pad, int64_t OH, int64_t OW) {
-  float inv = 1.0f / (float)(K * K);
-  for (int64_t nc = 0; nc < N * C; nc++)
-    for (int64_t oy = 0; oy < OH; oy++)
-      for (int64_t ox = 0; ox < OW; ox++) {
-        float s = 0.0f;
-        for (int64_t ky = 0; ky < K; ky++) {
-          int64_t iy = oy * stride - pad + ky;
-          if (iy < 0 || iy >= H) continue;
-          for (int64_t kx = 0; kx < K; kx++) {
-            int64_t ix = ox * stride - pad + kx;
-            if (ix >= 0 && ix < W) s += x[nc * H * W + iy * W + ix];
-          }
-        }
-        out[(nc * OH + oy) * OW + ox] = s * inv;
-      }
-}
-
-void tdm_k_avgpool2d_bwd(float *dx, const float *dout, int64_t N, int64_t C, int64_t H, int64_t W, int64_t K,
-                         int64_t stride, int64_t pad, int64_t OH, int64_t OW) {
-  float inv = 1.0f / (float)(K * K);
-  for (int64_t nc = 0; nc < N * C; nc++)
-    for (int64_t oy = 0; oy < OH; oy++)
-      for (int64_t ox = 0; ox < OW; ox++) {
-        float g = dout[(nc * OH + oy) * OW + ox] * inv;
-        for (int64_t ky = 0; ky < K; ky++) {
-          int64_t iy = oy * stride - pad + ky;
-          if (iy < 0 || iy >= H) continue;
-          for (int64_t kx = 0; kx < K; kx++) {
-            int64_t ix = ox * stride - pad + kx;
-            if (ix >= 0 && ix < W) dx[nc * H * W + iy * W + ix] += g;
-          }
-        }
-      }
 }

@@ -1,6 +1,7 @@
 /* Models and modules: the low-level MLP equals the autograd MLP, names and shapes follow PyTorch
  * and nanoGPT, initialisation statistics, dropout keyed by sample position, model input checks. */
 #include "tdm_test.h"
+#include "tandem/kernels.h"
 
 static void test_lowlevel_mlp_equals_autograd(void) {
   tdm_model_config mc = tdm_model_config_mlp(); /* 784-512-256-10 with dropout 0.3 */
@@ -346,5 +347,61 @@ static void test_llama_config(void) {
   CHECK_ERR_HAS("rope theta 0.5");
 }
 
-TDM_TEST_MAIN(T(test_llama_kv_cache_equals_full_forward), T(test_llama_config), T(test_kv_cache_equals_full_forward), T(test_lowlevel_mlp_equals_autograd), T(test_names_and_shapes), T(test_initialisation),
+/* Pooling kernels against the definition written out (every tap tested against the image's
+ * bounds, the first maximum in (ky, kx) order, NaN propagating; the average over K x K with the
+ * padding counted), on inputs full of ties, with a NaN, for the 2x2 stride-2 loop and the general
+ * one (odd sizes, padding); and the same bits on 1 and on 3 threads. */
+static void test_pooling_kernels(void) {
+  const int64_t shapes[][7] = {{3, 5, 8, 8, 2, 2, 0}, {2, 3, 9, 7, 2, 2, 0}, {2, 4, 7, 9, 3, 2, 1}, {1, 3, 6, 5, 3, 1, 1}, {2, 2, 5, 5, 1, 1, 0}};
+  for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+    int64_t N = shapes[c][0], C = shapes[c][1], H = shapes[c][2], W = shapes[c][3], K = shapes[c][4], S = shapes[c][5], P = shapes[c][6];
+    int64_t OH = (H + 2 * P - K) / S + 1, OW = (W + 2 * P - K) / S + 1, nx = N * C * H * W, ny = N * C * OH * OW;
+    float *x = malloc(sizeof(float) * nx), *y[2], *ya = malloc(sizeof(float) * ny), *dy = malloc(sizeof(float) * ny);
+    float *dx[2], *dxa[2];
+    int32_t *am[2];
+    tdm_rng r;
+    tdm_rng_seed(&r, 7 + c);
+    for (int64_t i = 0; i < nx; i++) x[i] = (float)(int)(tdm_rng_uniform(&r) * 4) - 2; /* 4 values: many ties */
+    for (int64_t i = 0; i < ny; i++) dy[i] = tdm_rng_normal(&r);
+    x[nx / 2] = NAN;
+    for (int t = 0; t < 2; t++) {
+      CHECK_OK(tdm_set_num_threads(t ? 3 : 1));
+      y[t] = malloc(sizeof(float) * ny), am[t] = malloc(sizeof(int32_t) * ny), dx[t] = calloc(nx, 4), dxa[t] = calloc(nx, 4);
+      tdm_k_maxpool2d_fwd(y[t], am[t], x, N, C, H, W, K, S, P, OH, OW);
+      tdm_k_maxpool2d_bwd(dx[t], dy, am[t], N, C, H, W, OH, OW);
+      tdm_k_avgpool2d_fwd(ya, x, N, C, H, W, K, S, P, OH, OW);
+      tdm_k_avgpool2d_bwd(dxa[t], dy, N, C, H, W, K, S, P, OH, OW);
+    }
+    CHECK_OK(tdm_set_num_threads(1));
+    int bad = 0, nan_seen = 0;
+    for (int64_t nc = 0; nc < N * C; nc++)
+      for (int64_t oy = 0; oy < OH; oy++)
+        for (int64_t ox = 0; ox < OW; ox++) {
+          float best = 0, sum = 0;
+          int32_t at = -1;
+          for (int64_t ky = 0; ky < K; ky++)
+            for (int64_t kx = 0; kx < K; kx++) {
+              int64_t iy = oy * S - P + ky, ix = ox * S - P + kx;
+              if (iy < 0 || iy >= H || ix < 0 || ix >= W) continue;
+              float v = x[nc * H * W + iy * W + ix];
+              sum += v;
+              if (at < 0 || v > best || isnan(v)) best = v, at = (int32_t)(iy * W + ix);
+            }
+          int64_t o = (nc * OH + oy) * OW + ox;
+          nan_seen |= isnan(best);
+          if (am[0][o] != at || !(y[0][o] == best || (isnan(best) && isnan(y[0][o])))) bad++;
+          float avg = sum * (1.0f / (float)(K * K));
+          if (!(ya[o] == avg || (isnan(avg) && isnan(ya[o])))) bad++;
+        }
+    CHECK_MSG(bad == 0, "pooling case %zu: %d outputs differ from the definition", c, bad);
+    CHECK_MSG(nan_seen, "pooling case %zu: the NaN reached no output", c);
+    CHECK_MSG(!memcmp(y[0], y[1], sizeof(float) * ny) && !memcmp(am[0], am[1], sizeof(int32_t) * ny) &&
+                  !memcmp(dx[0], dx[1], sizeof(float) * nx) && !memcmp(dxa[0], dxa[1], sizeof(float) * nx),
+              "pooling case %zu: 1 and 3 threads differ", c);
+    for (int t = 0; t < 2; t++) free(y[t]), free(am[t]), free(dx[t]), free(dxa[t]);
+    free(x), free(ya), free(dy);
+  }
+}
+
+TDM_TEST_MAIN(T(test_pooling_kernels), T(test_llama_kv_cache_equals_full_forward), T(test_llama_config), T(test_kv_cache_equals_full_forward), T(test_lowlevel_mlp_equals_autograd), T(test_names_and_shapes), T(test_initialisation),
               T(test_dropout_is_keyed_by_sample), T(test_model_forward_shapes_and_errors))
