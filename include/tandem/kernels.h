@@ -185,8 +185,8 @@ void tdm_k_conv2d_direct_enable(int on);
  * tdm_k_conv2d_direct_enable(0)). A static string. */
 const char *tdm_k_conv2d_direct_isa(void);
 /* Runs the "avx512" or "avx2" kernels from now on (NULL: the CPU's best): 1, or 0 where this CPU
- * or build lacks them (nothing changes). Call it between steps: a workspace sized for one set of
- * kernels is too small for the other. For tests and benchmarks. */
+ * or build lacks them (nothing changes). Call it between steps (a step running on another thread
+ * may see either set; the workspace size covers both). For tests and benchmarks. */
 int tdm_k_conv2d_direct_select(const char *isa);
 int64_t tdm_k_conv2d_direct_ws_floats(const tdm_conv_shape *s);
 void tdm_k_conv2d_fwd_direct(float *out, const float *x, const float *w, const float *b, float *ws,

@@ -3,6 +3,7 @@
  * unless TANDEM_CONV or tdm_k_conv2d_direct_select / _enable say otherwise. Asking the CPU, not
  * the compiler, lets one binary (a container image, a portable or sanitizer build) run the
  * kernels each machine has; -march=native builds get the same choice. */
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,12 +16,10 @@
 static const tdm__conv_direct_impl *cpu_has(const char *isa) {
 #if defined(__x86_64__) || defined(__i386__)
   if (!strcmp(isa, "avx512")) {
-    const tdm__conv_direct_impl *t = tdm__conv_direct_avx512();
-    return t && __builtin_cpu_supports("avx512f") ? t : NULL;
+    return __builtin_cpu_supports("avx512f") ? tdm__conv_direct_avx512() : NULL;
   }
   if (!strcmp(isa, "avx2")) {
-    const tdm__conv_direct_impl *t = tdm__conv_direct_avx2();
-    return t && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? t : NULL;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? tdm__conv_direct_avx2() : NULL;
   }
 #else
   (void)isa;
@@ -36,9 +35,8 @@ static const tdm__conv_direct_impl *best(void) {
 static const tdm__conv_direct_impl *_Atomic impl; /* the kernels in use; NULL: none here */
 static _Atomic int enabled = -1;                  /* -1: TANDEM_CONV not read yet */
 
-/* Two threads racing here compute and store the same values; impl is stored before enabled. */
-static void setup(void) {
-  if (enabled >= 0) return;
+/* Once per process (a second run could undo a select() or enable() made in between). */
+static void setup_once(void) {
   const char *e = getenv("TANDEM_CONV");
   const tdm__conv_direct_impl *t = best();
   int on = !(e && !strcmp(e, "im2col"));
@@ -53,6 +51,11 @@ static void setup(void) {
   }
   impl = t;
   enabled = on;
+}
+
+static void setup(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  if (enabled < 0) pthread_once(&once, setup_once);
 }
 
 void tdm_k_conv2d_direct_enable(int on) {
@@ -84,18 +87,25 @@ int tdm_k_conv2d_direct_fits(const tdm_conv_shape *s) {
          s->OW == (s->W + 2 * s->pad - s->KW) / s->stride + 1;
 }
 
+/* Enough for every set this CPU has (their layouts differ either way): a select() between the
+ * sizing and the call cannot overrun the workspace. */
 int64_t tdm_k_conv2d_direct_ws_floats(const tdm_conv_shape *s) {
-  return tdm_k_conv2d_direct_fits(s) ? ((const tdm__conv_direct_impl *)impl)->ws_floats(s) : 0;
+  if (!tdm_k_conv2d_direct_fits(s)) return 0;
+  const tdm__conv_direct_impl *a = cpu_has("avx2"), *b = cpu_has("avx512");
+  int64_t x = a ? a->ws_floats(s) : 0, y = b ? b->ws_floats(s) : 0;
+  return x > y ? x : y;
 }
 
 void tdm_k_conv2d_fwd_direct(float *out, const float *x, const float *w, const float *b, float *ws,
                              const tdm_conv_shape *s) {
+  if (!tdm_k_conv2d_direct_fits(s)) return; /* (sets impl up on a first call) */
   const tdm__conv_direct_impl *t = impl;
-  if (t && tdm_k_conv2d_direct_fits(s)) t->fwd(out, x, w, b, ws, s);
+  t->fwd(out, x, w, b, ws, s);
 }
 
 void tdm_k_conv2d_bwd_direct(float *dx, int dx_set, float *dw, float *db, const float *dout, const float *x,
                              const float *w, float *ws, const tdm_conv_shape *s) {
+  if (!tdm_k_conv2d_direct_fits(s)) return;
   const tdm__conv_direct_impl *t = impl;
-  if (t && tdm_k_conv2d_direct_fits(s)) t->bwd(dx, dx_set, dw, db, dout, x, w, ws, s);
+  t->bwd(dx, dx_set, dw, db, dout, x, w, ws, s);
 }

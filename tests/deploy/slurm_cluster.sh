@@ -71,7 +71,8 @@ cp "$D/munge/munged.pid" "$D/munged.pid" 2>/dev/null
 # Is something listening on TCP port $1 (decimal)? /proc/net/tcp{,6}: local address column, state 0A.
 listening() {
   local hex; hex=$(printf ':%04X' "$1")
-  awk -v p="$hex" '$4 == "0A" && substr($2, length($2) - 4) == p { f = 1 } END { exit !f }' /proc/net/tcp /proc/net/tcp6 2>/dev/null
+  # cat, not awk's file list: mawk gives up on a missing file (no tcp6 where IPv6 is off)
+  cat /proc/net/tcp /proc/net/tcp6 2>/dev/null | awk -v p="$hex" '$4 == "0A" && substr($2, length($2) - 4) == p { f = 1 } END { exit !f }'
 }
 export SLURM_CONF="$D/slurm.conf"
 # A port pair of our own, below the kernel's ephemeral ports (another test's connections take those:
@@ -113,7 +114,8 @@ CONF
   /usr/sbin/slurmctld -f "$D/slurm.conf" -i 2>"$D/log/slurmctld.start" ||
     skip "slurmctld does not start: $(tail -3 "$D/log/slurmctld.start" "$D/log/slurmctld.log" 2>/dev/null | tr '\n' ' ')"
   for _ in $(seq 100); do # 10 s to listen
-    listening "$base" && { ctld_up=1; break; }
+    # ours, listening (not another process that took the port while ours died)
+    listening "$base" && [[ -f "$D/slurmctld.pid" ]] && kill -0 "$(cat "$D/slurmctld.pid")" 2>/dev/null && { ctld_up=1; break; }
     if [[ -f "$D/slurmctld.pid" ]] && ! kill -0 "$(cat "$D/slurmctld.pid")" 2>/dev/null; then break; fi
     sleep 0.1
   done

@@ -104,9 +104,9 @@ static void conv_direct_threads_bitwise(void) {
  * too), and once on the im2col path alone; the CPU's best is selected again at the end. */
 static void for_each_conv_path(void (*check)(void), int with_im2col) {
   const char *isas[] = {"avx512", "avx2"};
-  int ran = 0;
+  int ran = 0, was_on = tdm_k_conv2d_direct_isa() != NULL; /* off: TANDEM_CONV=im2col */
   for (size_t i = 0; i < 2; i++) {
-    if (!tdm_k_conv2d_direct_select(isas[i])) continue;
+    if (!was_on || !tdm_k_conv2d_direct_select(isas[i])) continue;
     CHECK_MSG(!strcmp(tdm_k_conv2d_direct_isa(), isas[i]), "selected %s, running %s", isas[i], tdm_k_conv2d_direct_isa());
     printf("  (the %s kernels)\n", isas[i]);
     conv_direct_on = 1;
@@ -119,9 +119,9 @@ static void for_each_conv_path(void (*check)(void), int with_im2col) {
     printf("  (im2col + GEMM)\n");
     conv_direct_on = 0;
     check();
-    tdm_k_conv2d_direct_enable(1);
+    tdm_k_conv2d_direct_enable(was_on);
   }
-  if (!ran) printf("  (this CPU has no direct convolution kernels)\n");
+  if (!ran) printf("  (no direct convolution kernels: this CPU has none, or TANDEM_CONV=im2col)\n");
 }
 static void test_conv_batched_matches_reference(void) { for_each_conv_path(conv_batched_matches_reference, 1); }
 static void test_conv_direct_threads_bitwise(void) { for_each_conv_path(conv_direct_threads_bitwise, 0); }
