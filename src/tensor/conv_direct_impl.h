@@ -11,17 +11,19 @@
  * plane an output pixel (y, x) and its input tap (ky, kx) are q = y Wp + x and q + ky Wp + kx:
  * every tap is the same contiguous run of memory shifted by a constant, so a block of VL output
  * pixels is one unaligned VL-float load per tap and input channel, and the products are FMAs on
- * registers (AVX-512: 8 output channels x 48 pixels; AVX2: 4 x 24). The two columns of a row that fall in the
- * padding are computed and dropped (7% more work at 28x28, 29% at 7x7) instead of the nine-fold
+ * registers (AVX-512: 8 output channels x 48 pixels; AVX2: 4 x 24). The two columns of a row
+ * that fall in the padding are computed and dropped (7% more work at 28x28, 29% at 7x7) instead
+ * of the nine-fold
  * column matrix im2col writes and the GEMM reads back. The input gradient is the same kernel on
  * the padded output gradient with the weights flipped and transposed; the weight gradient keeps
- * per-lane sums of output gradient x shifted input in registers (2 output channels x 9 taps, or
- * 4 x 5) and adds them across lanes at the end.
+ * per-lane sums of output gradient x shifted input in registers (AVX-512: 2 output channels x 9
+ * taps, or 4 x 5; AVX2: 3 x 3 or 2 x 5) and adds them across lanes at the end.
  *
  * Bits: forward and input gradient compute each image alone, the weight gradient each (output
  * channels, input channel) task over two fixed halves of the images, each half in (image, pixel)
  * order, the halves added in order: nothing depends on the thread count (the vector width
- * does: an AVX2 build sums the weight gradient in 8 lanes, an AVX-512 one in 16). TANDEM_CONV=im2col turns the path off (benchmarks compare the two). */
+ * does: the AVX2 kernels sum the weight gradient in 8 lanes, the AVX-512 ones in 16).
+ * TANDEM_CONV=im2col turns the path off (benchmarks compare the two). */
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -101,7 +103,7 @@ static void geo_of(const tdm_conv_shape *s, geo *g) {
 }
 
 /* The weight gradient's register tile: DB output channels x DT taps (accumulators), DT dividing
- * K x K. AVX-512: 2 x 9 (3x3) or 4 x 5 (5x5); AVX2's 16 registers: 2 x 3 or 2 x 5. */
+ * K x K. AVX-512: 2 x 9 (3x3) or 4 x 5 (5x5); AVX2's 16 registers: 3 x 3 or 2 x 5. */
 #if VL == 16
 static int64_t dw_ob(const geo *g) { return g->K == 3 ? 2 : 4; }
 static int64_t dw_taps(const geo *g) { return g->K == 3 ? 9 : 5; }
