@@ -13,9 +13,9 @@
  * pixels is one unaligned VL-float load per tap and input channel, and the products are FMAs on
  * registers (AVX-512: 8 output channels x 48 pixels; AVX2: 4 x 24). The two columns of a row
  * that fall in the padding are computed and dropped (7% more work at 28x28, 29% at 7x7) instead
- * of the nine-fold
- * column matrix im2col writes and the GEMM reads back. The input gradient is the same kernel on
- * the padded output gradient with the weights flipped and transposed; the weight gradient keeps
+ * of the nine-fold column matrix im2col writes and the GEMM reads back. The input gradient is the
+ * same kernel on the padded output gradient with the weights flipped and transposed; the weight
+ * gradient keeps
  * per-lane sums of output gradient x shifted input in registers (AVX-512: 2 output channels x 9
  * taps, or 4 x 5; AVX2: 3 x 3 or 2 x 5) and adds them across lanes at the end.
  *
