@@ -70,7 +70,7 @@ int main(int argc, char **argv) {
       char name[64];
       snprintf(name, sizeof name, "%d %lld %lldx%lld %lld %lldx%lld", 128, (long long)s.Ci, (long long)s.H, (long long)s.W,
                (long long)s.Co, (long long)K, (long long)K);
-      printf("%-26s %-7s", name, direct ? "direct" : "im2col");
+      printf("%-26s %-7s", name, direct ? tdm_k_conv2d_direct_isa() : "im2col");
       for (int p = 0; p < 3; p++) {
         if (peak > 0) printf(" %5.0f (%2.0f%%)", gf[p], 100 * gf[p] / (peak * tdm_get_num_threads()));
         else printf(" %10.1f", gf[p]);
