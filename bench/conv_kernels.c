@@ -1,6 +1,7 @@
-/* GFLOP/s of conv2d's kernels at resnet20's and the small CNN's shapes (batch 128, one thread
- * unless TANDEM_NUM_THREADS says otherwise): the forward, the input gradient and the weight
- * gradient of the direct kernels (kernels_conv_direct.c) and of the batched im2col + GEMM path
+/* GFLOP/s of conv2d's kernels at resnet20's and the small CNN's shapes (batch 128, on
+ * TANDEM_NUM_THREADS threads, else every core): the forward, the input gradient and the weight
+ * gradient of the direct kernels (the CPU's set, or TANDEM_CONV=avx2|avx512; kernels_conv_direct.c)
+ * and of the batched im2col + GEMM path
  * they replace, each the best of 5 runs, with the share of the FMA peak it reaches (pass the
  * peak in GFLOP/s per core, as bench/sgemm_peak measures it).
  *
