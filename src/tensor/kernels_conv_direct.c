@@ -44,8 +44,8 @@ static void setup_once(void) {
     const tdm__conv_direct_impl *want = cpu_has(e);
     if (want) t = want;
     else /* a kernel cannot fail the step: say so, run the default */
-      tdm_log(TDM_LOG_WARN, "TANDEM_CONV='%s': this CPU or build has no %s kernels; %s run", e, e,
-              t ? (t == cpu_has("avx512") ? "the avx512 ones" : "the avx2 ones") : "im2col + GEMM");
+      tdm_log(TDM_LOG_WARN, "TANDEM_CONV='%s': this CPU or build has no %s kernels; %s%s run", e, e,
+              t ? t->isa : "im2col + GEMM", t ? " kernels" : "s");
   } else if (e && strcmp(e, "im2col") && strcmp(e, "direct")) {
     tdm_log(TDM_LOG_WARN, "TANDEM_CONV='%s' is none of 'direct', 'im2col', 'avx2', 'avx512': the default runs", e);
   }
