@@ -19,7 +19,7 @@ static double max_abs_diff(const float *a, const float *b, int64_t n) {
 }
 
 /* The batched kernels equal the per-image im2col reference (the old kernel), forward and every
- * gradient, including shapes cut into several chunks and, where the build has AVX-512 or AVX2, the
+ * gradient, including shapes cut into several chunks and, where the CPU has AVX-512 or AVX2, the
  * direct kernels (3x3 and 5x5 "same" convolutions and 3x3 stride 2, odd and even sizes; channel
  * counts that fill no register tile). */
 static int conv_direct_on; /* for_each_conv_path: the direct kernels run */
@@ -101,10 +101,12 @@ static void conv_direct_threads_bitwise(void) {
 }
 
 /* Each check once per set of direct kernels this CPU has (AVX-512 machines run the AVX2 ones
- * too), and once on the im2col path alone; the CPU's best is selected again at the end. */
+ * too), and once on the im2col path alone; the set in use before (the CPU's best, or TANDEM_CONV's)
+ * is selected again at the end. */
 static void for_each_conv_path(void (*check)(void), int with_im2col) {
   const char *isas[] = {"avx512", "avx2"};
-  int ran = 0, was_on = tdm_k_conv2d_direct_isa() != NULL; /* off: TANDEM_CONV=im2col */
+  const char *before = tdm_k_conv2d_direct_isa(); /* NULL: off (TANDEM_CONV=im2col) or none here */
+  int ran = 0, was_on = before != NULL;
   for (size_t i = 0; i < 2; i++) {
     if (!was_on || !tdm_k_conv2d_direct_select(isas[i])) continue;
     CHECK_MSG(!strcmp(tdm_k_conv2d_direct_isa(), isas[i]), "selected %s, running %s", isas[i], tdm_k_conv2d_direct_isa());
@@ -113,7 +115,7 @@ static void for_each_conv_path(void (*check)(void), int with_im2col) {
     check();
     ran++;
   }
-  tdm_k_conv2d_direct_select(NULL);
+  if (before) tdm_k_conv2d_direct_select(before);
   if (with_im2col) {
     tdm_k_conv2d_direct_enable(0);
     printf("  (im2col + GEMM)\n");
