@@ -5,12 +5,11 @@ RANK_PIDS=
 # A port that was free a moment ago (tandem run binds port 0 to choose it): a fixed number could
 # fall in the ephemeral range and collide with another job's connection.
 free_port() { "$T" run -n 1 -- sh -c 'echo $MASTER_PORT' | sed 's/^\[rank 0\] //'; }
-# start_rank R PORT OUT CMD...: rank R of 2 (RANKS_WORLD) in the background (shared memory, or
-# RANKS_TRANSPORT; collectives time out after 60 s), output in OUT; $! and the last word of
-# RANK_PIDS are tandem's own pid
+# start_rank R PORT OUT CMD...: rank R of 2 in the background (shared memory, collectives time
+# out after 60 s), output in OUT; $! and the last word of RANK_PIDS are tandem's own pid
 start_rank() {
-  local r=$1 port=$2 out=$3 world=${RANKS_WORLD:-2}; shift 3
-  MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=$world LOCAL_WORLD_SIZE=$world TANDEM_TRANSPORT=${RANKS_TRANSPORT:-shm} TANDEM_TIMEOUT=60 \
+  local r=$1 port=$2 out=$3; shift 3
+  MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 TANDEM_TRANSPORT=shm TANDEM_TIMEOUT=60 \
     RANK=$r LOCAL_RANK=$r "$T" "$@" >"$out" 2>&1 &
   RANK_PIDS="$RANK_PIDS $!"
 }
