@@ -26,7 +26,6 @@
  * TANDEM_CONV=im2col turns the path off (benchmarks compare the two). */
 #include <immintrin.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "tandem/core.h"

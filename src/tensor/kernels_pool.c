@@ -90,40 +90,29 @@ static void max_bwd_range(void *vc, int64_t a, int64_t b) {
   }
 }
 
-static void avg_fwd_range(void *vc, int64_t a, int64_t b) {
+/* Average pooling: forward (c->out) or, with c->dx, backward; one window walk for both. */
+static void avg_range(void *vc, int64_t a, int64_t b) {
   const pool_ctx *c = vc;
-  float inv = 1.0f / (float)(c->K * c->K);
+  float inv = 1.0f / (float)(c->K * c->K); /* padding counts in the divisor */
   for (int64_t nc = a; nc < b; nc++) {
-    const float *img = c->x + nc * c->H * c->W;
+    const float *img = c->dx ? NULL : c->x + nc * c->H * c->W;
+    float *dx = c->dx ? c->dx + nc * c->H * c->W : NULL;
     for (int64_t oy = 0; oy < c->OH; oy++) {
       int64_t iy0 = oy * c->stride - c->pad, ky0, ky1;
       clip(iy0, c->K, c->H, &ky0, &ky1);
       for (int64_t ox = 0; ox < c->OW; ox++) {
-        int64_t ix0 = ox * c->stride - c->pad, kx0, kx1;
+        int64_t ix0 = ox * c->stride - c->pad, kx0, kx1, o = (nc * c->OH + oy) * c->OW + ox;
         clip(ix0, c->K, c->W, &kx0, &kx1);
-        float s = 0.0f;
-        for (int64_t ky = ky0; ky < ky1; ky++)
-          for (int64_t kx = kx0; kx < kx1; kx++) s += img[(iy0 + ky) * c->W + ix0 + kx];
-        c->out[(nc * c->OH + oy) * c->OW + ox] = s * inv; /* padding counts in the divisor */
-      }
-    }
-  }
-}
-
-static void avg_bwd_range(void *vc, int64_t a, int64_t b) {
-  const pool_ctx *c = vc;
-  float inv = 1.0f / (float)(c->K * c->K);
-  for (int64_t nc = a; nc < b; nc++) {
-    float *dx = c->dx + nc * c->H * c->W;
-    for (int64_t oy = 0; oy < c->OH; oy++) {
-      int64_t iy0 = oy * c->stride - c->pad, ky0, ky1;
-      clip(iy0, c->K, c->H, &ky0, &ky1);
-      for (int64_t ox = 0; ox < c->OW; ox++) {
-        int64_t ix0 = ox * c->stride - c->pad, kx0, kx1;
-        clip(ix0, c->K, c->W, &kx0, &kx1);
-        float g = c->dout[(nc * c->OH + oy) * c->OW + ox] * inv;
-        for (int64_t ky = ky0; ky < ky1; ky++)
-          for (int64_t kx = kx0; kx < kx1; kx++) dx[(iy0 + ky) * c->W + ix0 + kx] += g;
+        if (dx) {
+          float g = c->dout[o] * inv;
+          for (int64_t ky = ky0; ky < ky1; ky++)
+            for (int64_t kx = kx0; kx < kx1; kx++) dx[(iy0 + ky) * c->W + ix0 + kx] += g;
+        } else {
+          float s = 0.0f;
+          for (int64_t ky = ky0; ky < ky1; ky++)
+            for (int64_t kx = kx0; kx < kx1; kx++) s += img[(iy0 + ky) * c->W + ix0 + kx];
+          c->out[o] = s * inv;
+        }
       }
     }
   }
@@ -150,11 +139,11 @@ void tdm_k_maxpool2d_bwd(float *dx, const float *dout, const int32_t *argmax, in
 void tdm_k_avgpool2d_fwd(float *out, const float *x, int64_t N, int64_t C, int64_t H, int64_t W, int64_t K,
                          int64_t stride, int64_t pad, int64_t OH, int64_t OW) {
   pool_ctx c = {.out = out, .x = x, .H = H, .W = W, .K = K, .stride = stride, .pad = pad, .OH = OH, .OW = OW};
-  tdm_parallel_for(N * C, grain(OH, OW), avg_fwd_range, &c);
+  tdm_parallel_for(N * C, grain(OH, OW), avg_range, &c);
 }
 
 void tdm_k_avgpool2d_bwd(float *dx, const float *dout, int64_t N, int64_t C, int64_t H, int64_t W, int64_t K,
                          int64_t stride, int64_t pad, int64_t OH, int64_t OW) {
   pool_ctx c = {.dx = dx, .dout = dout, .H = H, .W = W, .K = K, .stride = stride, .pad = pad, .OH = OH, .OW = OW};
-  tdm_parallel_for(N * C, grain(OH, OW), avg_bwd_range, &c);
+  tdm_parallel_for(N * C, grain(OH, OW), avg_range, &c);
 }
