@@ -1,7 +1,9 @@
 /* GFLOP/s of conv2d's kernels at resnet20's and the small CNN's shapes (batch 128, on
  * TANDEM_NUM_THREADS threads, else every core): the forward, the input gradient and the weight
- * gradient of the direct kernels (the CPU's set, or TANDEM_CONV=avx2|avx512; kernels_conv_direct.c)
- * and of the batched im2col + GEMM path
+ * gradient of the direct kernels (the CPU's set, or TANDEM_CONV=avx2|avx512; kernels_conv_direct.c),
+ * with Winograd F(2x2, 3x3) for the forward and input gradient of the 3x3 shapes ("+wino": the
+ * direct convolution's flop over its time, so the three rows compare as speeds), without it, and
+ * of the batched im2col + GEMM path
  * they replace, each the best of 5 runs, with the share of the FMA peak it reaches (pass the
  * peak in GFLOP/s per core, as bench/sgemm_peak measures it).
  *
@@ -47,16 +49,19 @@ int main(int argc, char **argv) {
   double peak = argc > 1 ? atof(argv[1]) : 0;
   if (tdm_set_num_threads(0) != TDM_OK) return 1;
   const int64_t shapes[][4] = {{16, 28, 16, 3}, {32, 14, 32, 3}, {64, 7, 64, 3}, {1, 28, 16, 3}, {1, 28, 32, 5}, {32, 14, 64, 5}};
-  printf("%-26s %-7s %10s %10s %10s   (GFLOP/s; %% of %.0f GFLOP/s x %d threads)\n", "shape (N Ci HxW Co KxK)", "path",
+  printf("%-26s %-11s %10s %10s %10s   (GFLOP/s; %% of %.0f GFLOP/s x %d threads)\n", "shape (N Ci HxW Co KxK)", "path",
          "forward", "dx", "dw", peak, tdm_get_num_threads());
   for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
     int64_t K = shapes[k][3];
     tdm_conv_shape s = {128, shapes[k][0], shapes[k][1], shapes[k][1], shapes[k][2], K, K, 1, K / 2, shapes[k][1], shapes[k][1]};
     int64_t nx = s.N * s.Ci * s.H * s.W, ny = s.N * s.Co * s.H * s.W, nw = s.Co * s.Ci * K * K;
     double flop = 2.0 * (double)ny * (double)(s.Ci * K * K);
-    for (int direct = 1; direct >= 0; direct--) {
+    for (int path = 0; path < 3; path++) { /* Winograd (where it fits), direct, im2col + GEMM */
+      int direct = path < 2;
       tdm_k_conv2d_direct_enable(1);
+      tdm_k_conv2d_winograd_enable(path == 0);
       if (direct && !tdm_k_conv2d_direct_fits(&s)) continue;
+      if (path == 0 && !tdm_k_conv2d_winograd_on(&s)) continue;
       job j = {s, calloc(nx, 4), calloc(nw, 4), calloc(ny, 4), calloc(ny, 4), calloc(nx, 4), calloc(nw, 4), NULL, direct, 0};
       tdm_k_conv2d_direct_enable(direct);
       j.ws = calloc((size_t)tdm_k_conv2d_ws_floats(&s) + 64, 4); /* the path just chosen's workspace */
@@ -71,7 +76,9 @@ int main(int argc, char **argv) {
       char name[64];
       snprintf(name, sizeof name, "%d %lld %lldx%lld %lld %lldx%lld", 128, (long long)s.Ci, (long long)s.H, (long long)s.W,
                (long long)s.Co, (long long)K, (long long)K);
-      printf("%-26s %-7s", name, direct ? tdm_k_conv2d_direct_isa() : "im2col");
+      char pname[32];
+      snprintf(pname, sizeof pname, "%s%s", direct ? tdm_k_conv2d_direct_isa() : "im2col", path == 0 ? "+wino" : "");
+      printf("%-26s %-11s", name, pname);
       for (int p = 0; p < 3; p++) {
         if (peak > 0) printf(" %5.0f (%2.0f%%)", gf[p], 100 * gf[p] / (peak * tdm_get_num_threads()));
         else printf(" %10.1f", gf[p]);
@@ -79,6 +86,7 @@ int main(int argc, char **argv) {
       printf("\n");
       free(j.x), free(j.w), free(j.y), free(j.dy), free(j.dx), free(j.dw), free(j.ws);
     }
+    tdm_k_conv2d_winograd_enable(1);
   }
   return 0;
 }

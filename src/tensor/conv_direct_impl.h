@@ -23,8 +23,15 @@
  * channels, input channel) task over two fixed halves of the images, each half in (image, pixel)
  * order, the halves added in order: nothing depends on the thread count (the vector width
  * does: the AVX2 kernels sum the weight gradient in 8 lanes, the AVX-512 ones in 16).
- * TANDEM_CONV=im2col turns the path off (benchmarks compare the two). */
+ * TANDEM_CONV=im2col turns the path off (benchmarks compare the two).
+ *
+ * With CONV_DIRECT_EMULATE defined, the vectors are arrays of VL floats and every operation a
+ * loop: tests/unit/test_conv_emulated.c runs the 16-wide kernels' logic on any machine (what an
+ * AVX2 machine cannot run of the AVX-512 build). */
+#if !defined(CONV_DIRECT_EMULATE)
 #include <immintrin.h>
+#endif
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -36,7 +43,40 @@
 /* The kernels are written once over a vector of VL floats: AVX-512 (32 registers of 16) or
  * AVX2 with FMA (16 registers of 8). The register tiles differ because the register files do:
  * the forward's OB output channels x PB vectors of pixels, the weight gradient's DB x DT below. */
-#if CONV_DIRECT_VL == 16
+#if defined(CONV_DIRECT_EMULATE)
+#define VL CONV_DIRECT_VL
+#define OB (VL == 16 ? 8 : 4)
+typedef struct {
+  float f[VL];
+} vf;
+static inline vf v_load(const float *p) {
+  vf v;
+  memcpy(v.f, p, sizeof v.f);
+  return v;
+}
+static inline void v_store(float *p, vf v) { memcpy(p, v.f, sizeof v.f); }
+static inline vf v_fma(vf a, vf b, vf c) {
+  for (int i = 0; i < VL; i++) c.f[i] = fmaf(a.f[i], b.f[i], c.f[i]);
+  return c;
+}
+static inline vf v_set1(float x) {
+  vf v;
+  for (int i = 0; i < VL; i++) v.f[i] = x;
+  return v;
+}
+static inline vf v_zero(void) { return v_set1(0.0f); }
+static inline vf v_add(vf a, vf b) {
+  for (int i = 0; i < VL; i++) a.f[i] += b.f[i];
+  return a;
+}
+static inline float v_sum(vf v) {
+  float s = 0.0f;
+  for (int i = 0; i < VL; i++) s += v.f[i];
+  return s;
+}
+#define V_PIN(x) ((void)0)
+#define DIRECT_ISA "emulated"
+#elif CONV_DIRECT_VL == 16
 #define VL 16
 #define OB 8 /* output channels per forward tile: 8 x 3 accumulators + 3 pixel vectors + 1 weight */
 typedef __m512 vf;
@@ -66,6 +106,9 @@ static inline float v_sum(vf v) { /* a fixed order: lanes i and i + 4, then pair
 #define DIRECT_ISA "avx2"
 #else
 #error "CONV_DIRECT_VL must be 8 or 16"
+#endif
+#ifndef V_PIN /* keeps a loaded vector in a register: GCC would fold its load into each FMA */
+#define V_PIN(x) __asm__("" : "+v"(x))
 #endif
 #define PB 3        /* pixel vectors per forward tile */
 #define DW_GROUPS 2 /* image halves of the weight gradient (dw_range) */
@@ -336,11 +379,11 @@ static inline __attribute__((always_inline)) void dw_task(int DB, int DT, const 
       vf dv[4];
       for (int o = 0; o < DB; o++) {
         dv[o] = v_load(d + o * c->dchan + q);
-        __asm__("" : "+v"(dv[o])); /* in a register: GCC would fold its load into each of DT FMAs */
+        V_PIN(dv[o]); /* in a register: GCC would fold its load into each of DT FMAs */
       }
       for (int t = 0; t < DT; t++) {
         vf xv = v_load(x + g->off[t0 + t] + q);
-        __asm__("" : "+v"(xv)); /* one load for the DB products (GCC would fold it into each FMA) */
+        V_PIN(xv); /* one load for the DB products (GCC would fold it into each FMA) */
         for (int o = 0; o < DB; o++) acc[o][t] = v_fma(dv[o], xv, acc[o][t]);
       }
     }
@@ -401,11 +444,14 @@ static void dw_reduce(void *vc, int64_t a, int64_t b) {
 
 static float *aligned(float *ws) { return (float *)(((uintptr_t)ws + 63) & ~(uintptr_t)63); }
 
+#include "tensor/conv_winograd_impl.h"
+
 static int64_t ws_floats(const tdm_conv_shape *s) {
   geo g;
   geo_of(s, &g);
-  int64_t f = fwd_of(&g).total, b = bwd_of(&g).total;
-  return (f > b ? f : b) + 16; /* + alignment */
+  int64_t f = fwd_of(&g).total, b = bwd_of(&g).total, w = wino_ws_floats(s);
+  f = (f > b ? f : b) + 16; /* + alignment */
+  return f > w ? f : w;
 }
 
 static void fwd(float *out, const float *x, const float *w, const float *b, float *ws, const tdm_conv_shape *s) {
@@ -486,4 +532,4 @@ static void bwd(float *dx, int dx_set, float *dw, float *db, const float *dout, 
   }
 }
 
-static const tdm__conv_direct_impl CONV_DIRECT_TABLE = {DIRECT_ISA, ws_floats, fwd, bwd};
+static const tdm__conv_direct_impl CONV_DIRECT_TABLE = {DIRECT_ISA, ws_floats, fwd, bwd, wino_fits, wino_fwd, wino_dx};

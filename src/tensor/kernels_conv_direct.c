@@ -34,6 +34,7 @@ static const tdm__conv_direct_impl *best(void) {
 
 static const tdm__conv_direct_impl *_Atomic impl; /* the kernels in use; NULL: none here */
 static _Atomic int enabled = -1;                  /* -1: TANDEM_CONV not read yet */
+static _Atomic int winograd = 1;                  /* 3x3 stride 1: Winograd F(2x2, 3x3) */
 
 /* Once per process (a second run could undo a select() or enable() made in between). */
 static void setup_once(void) {
@@ -50,6 +51,10 @@ static void setup_once(void) {
     tdm_log(TDM_LOG_WARN, "TANDEM_CONV='%s' is none of 'direct', 'im2col', 'avx2', 'avx512': the default runs", e);
   }
   impl = t;
+  const char *wg = getenv("TANDEM_WINOGRAD");
+  if (wg && (!strcmp(wg, "0") || !strcmp(wg, "off"))) winograd = 0;
+  else if (wg && strcmp(wg, "1") && strcmp(wg, "on"))
+    tdm_log(TDM_LOG_WARN, "TANDEM_WINOGRAD='%s' is none of 'on', 'off', '1', '0': Winograd stays on", wg);
   enabled = on;
 }
 
@@ -61,6 +66,18 @@ static void setup(void) {
 void tdm_k_conv2d_direct_enable(int on) {
   setup();
   enabled = !!on;
+}
+
+int tdm_k_conv2d_winograd_enable(int on) {
+  setup();
+  return atomic_exchange(&winograd, !!on);
+}
+
+int tdm_k_conv2d_winograd_on(const tdm_conv_shape *s) {
+  if (!s) return tdm_k_conv2d_direct_isa() && winograd;
+  if (!tdm_k_conv2d_direct_fits(s)) return 0;
+  const tdm__conv_direct_impl *t = impl;
+  return winograd && t->wino_fits(s);
 }
 
 int tdm_k_conv2d_direct_select(const char *isa) {
@@ -100,12 +117,18 @@ void tdm_k_conv2d_fwd_direct(float *out, const float *x, const float *w, const f
                              const tdm_conv_shape *s) {
   if (!tdm_k_conv2d_direct_fits(s)) return; /* (sets impl up on a first call) */
   const tdm__conv_direct_impl *t = impl;
-  t->fwd(out, x, w, b, ws, s);
+  if (winograd && t->wino_fits(s)) t->wino_fwd(out, x, w, b, ws, s);
+  else t->fwd(out, x, w, b, ws, s);
 }
 
 void tdm_k_conv2d_bwd_direct(float *dx, int dx_set, float *dw, float *db, const float *dout, const float *x,
                              const float *w, float *ws, const tdm_conv_shape *s) {
   if (!tdm_k_conv2d_direct_fits(s)) return;
   const tdm__conv_direct_impl *t = impl;
-  t->bwd(dx, dx_set, dw, db, dout, x, w, ws, s);
+  if (dx && winograd && t->wino_fits(s)) { /* the two share ws, one after the other */
+    t->wino_dx(dx, dx_set, dout, w, ws, s);
+    if (dw || db) t->bwd(NULL, 0, dw, db, dout, x, w, ws, s);
+  } else {
+    t->bwd(dx, dx_set, dw, db, dout, x, w, ws, s);
+  }
 }

@@ -43,6 +43,14 @@ conv_env_checked() { # TANDEM_CONV: a value it does not know is named in a warni
     grep -q '"conv_isa":"none"' "$TMP/im2col.m" || { tail -3 "$TMP/conv.out"; return 1; }
 }
 check "TANDEM_CONV=fast is named in a warning; TANDEM_CONV=im2col runs no direct kernel (env.conv_isa none)" conv_env_checked
+winograd_env_checked() { # on with the direct kernels (env.conv_winograd), off by TANDEM_WINOGRAD=off; a bad value warned about
+  if grep -q '"conv_isa":"none"' "$TMP/one.m"; then grep -q '"conv_winograd":"off"' "$TMP/one.m"; else grep -q '"conv_winograd":"on"' "$TMP/one.m"; fi &&
+    TANDEM_WINOGRAD=maybe "$T" "${A[@]}" --steps 1 --batch-size 16 >"$TMP/wino.out" 2>&1 &&
+    grep -q "TANDEM_WINOGRAD='maybe' is none of 'on', 'off', '1', '0'" "$TMP/wino.out" &&
+    TANDEM_WINOGRAD=off "$T" "${A[@]}" --steps 1 --batch-size 16 --metrics "$TMP/nowino.m" >/dev/null 2>&1 &&
+    grep -q '"conv_winograd":"off"' "$TMP/nowino.m" || { tail -3 "$TMP/wino.out"; return 1; }
+}
+check "env.conv_winograd says whether 3x3 convolutions run Winograd; TANDEM_WINOGRAD=off turns it off, =maybe is warned about" winograd_env_checked
 sync_two() {
   "$T" run -n 2 -- tandem "${A[@]}" --batch-size 8 --sync-bn --save-weights "$TMP/two.st" --metrics "$TMP/two.m" >"$TMP/two.out" 2>&1 &&
     "$T" weights-diff "$TMP/one.st" "$TMP/two.st" --rtol 1e-5 --quiet >/dev/null && close_losses "$TMP/one.m" "$TMP/two.m" ||

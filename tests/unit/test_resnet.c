@@ -22,7 +22,7 @@ static double max_abs_diff(const float *a, const float *b, int64_t n) {
  * gradient, including shapes cut into several chunks and, where the CPU has AVX-512 or AVX2, the
  * direct kernels (3x3 and 5x5 "same" convolutions and 3x3 stride 2, odd and even sizes; channel
  * counts that fill no register tile). */
-static int conv_direct_on; /* for_each_conv_path: the direct kernels run */
+static int conv_direct_on; /* for_each_conv_path: the direct kernels run (2: with Winograd on) */
 static void conv_batched_matches_reference(void) {
   const int64_t cases[][8] = {/* N, Ci, H, W, Co, K, stride, pad */
                               {5, 3, 7, 6, 4, 3, 1, 1}, {4, 2, 9, 8, 3, 3, 2, 1}, {3, 4, 6, 6, 5, 1, 2, 0},
@@ -61,6 +61,9 @@ static void conv_batched_matches_reference(void) {
                  (s.stride == 2 && s.KH == 3 && s.pad == 1);
       CHECK_MSG(tdm_k_conv2d_direct_fits(&s) == same || getenv("TANDEM_CONV"), "case %zu: the direct kernel %s", c,
                 same ? "should run" : "should not run");
+      int wino = conv_direct_on == 2 && s.stride == 1 && s.KH == 3 && s.pad == 1;
+      CHECK_MSG(tdm_k_conv2d_winograd_on(&s) == wino || getenv("TANDEM_CONV"), "case %zu: Winograd %s", c,
+                wino ? "should run" : "should not run");
     }
     if (c == 4) CHECK_MSG(tdm_k_conv2d_chunk(&s) < s.N, "case 4 should span several chunks (chunk %lld)", (long long)tdm_k_conv2d_chunk(&s));
     free(x), free(w), free(b), free(y0), free(y1), free(dy), free(dx0), free(dx1), free(dw0), free(dw1), free(db0), free(db1),
@@ -70,10 +73,12 @@ static void conv_batched_matches_reference(void) {
 
 /* The direct kernels' bits do not depend on the thread count (docs/design.md): forward, input
  * and weight gradient of resnet20's shapes (stride 1 and 2) and a 5x5 one, on 1 and on 3 threads,
- * byte for byte. The weight gradient's image halves are the point: 3 threads cut its units
- * unevenly across them. */
+ * byte for byte; nor do the forward's and the input gradient's on how the batch is split. The
+ * weight gradient's image halves are the point of the threads: 3 threads cut its units unevenly
+ * across them; Winograd's blocks of images (2 at 14x14, 4 at 7x7) are the point of the split. */
 static void conv_direct_threads_bitwise(void) {
-  const int64_t cases[][8] = {{6, 16, 14, 14, 16, 3, 1, 1}, {5, 8, 9, 9, 16, 3, 2, 1}, {4, 3, 10, 11, 7, 5, 1, 2}};
+  const int64_t cases[][8] = {{6, 16, 14, 14, 16, 3, 1, 1}, {5, 8, 9, 9, 16, 3, 2, 1}, {4, 3, 10, 11, 7, 5, 1, 2},
+                              {9, 16, 7, 7, 16, 3, 1, 1}};
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     const int64_t *k = cases[c];
     tdm_conv_shape s = {k[0], k[1], k[2], k[3], k[4], k[5], k[5], k[6], k[7], 0, 0};
@@ -93,6 +98,20 @@ static void conv_direct_threads_bitwise(void) {
     }
     CHECK_OK(tdm_set_num_threads(1));
     CHECK_MSG(!memcmp(y[0], y[1], sizeof(float) * ny), "case %zu: the forward differs between 1 and 3 threads", c);
+    { /* the batch in two (as two ranks hold it): the same forward and dx, byte for byte (Winograd
+       * groups images into blocks: the split regroups them) */
+      tdm_conv_shape a = s, b = s;
+      a.N = s.N / 2 + 1, b.N = s.N - a.N;
+      float *ys = malloc(sizeof(float) * ny), *dxs = calloc(nx, 4);
+      int64_t ax = a.N * s.Ci * s.H * s.W, ay = a.N * s.Co * s.OH * s.OW;
+      tdm_k_conv2d_fwd_batched(ys, x, w, NULL, ws, &a);
+      tdm_k_conv2d_fwd_batched(ys + ay, x + ax, w, NULL, ws, &b);
+      tdm_k_conv2d_bwd_batched(dxs, 1, NULL, NULL, dy, x, w, ws, &a);
+      tdm_k_conv2d_bwd_batched(dxs + ax, 1, NULL, NULL, dy + ay, x + ax, w, ws, &b);
+      CHECK_MSG(!memcmp(y[0], ys, sizeof(float) * ny), "case %zu: the forward differs when the batch is split", c);
+      CHECK_MSG(s.stride != 1 || !memcmp(dx[0], dxs, sizeof(float) * nx), "case %zu: dx differs when the batch is split", c);
+      free(ys), free(dxs);
+    }
     CHECK_MSG(!memcmp(dx[0], dx[1], sizeof(float) * nx), "case %zu: dx differs between 1 and 3 threads", c);
     CHECK_MSG(!memcmp(dw[0], dw[1], sizeof(float) * nw), "case %zu: dw differs between 1 and 3 threads", c);
     for (int r = 0; r < 2; r++) free(y[r]), free(dx[r]), free(dw[r]);
@@ -106,15 +125,19 @@ static void conv_direct_threads_bitwise(void) {
 static void for_each_conv_path(void (*check)(void), int with_im2col) {
   const char *isas[] = {"avx512", "avx2"};
   const char *before = tdm_k_conv2d_direct_isa(); /* NULL: off (TANDEM_CONV=im2col) or none here */
-  int ran = 0, was_on = before != NULL;
+  int ran = 0, was_on = before != NULL, wino_before = tdm_k_conv2d_winograd_enable(1);
   for (size_t i = 0; i < 2; i++) {
     if (!was_on || !tdm_k_conv2d_direct_select(isas[i])) continue;
     CHECK_MSG(!strcmp(tdm_k_conv2d_direct_isa(), isas[i]), "selected %s, running %s", isas[i], tdm_k_conv2d_direct_isa());
-    printf("  (the %s kernels)\n", isas[i]);
-    conv_direct_on = 1;
-    check();
+    for (int wino = 1; wino >= 0; wino--) { /* 3x3 stride 1: Winograd, then the direct kernel */
+      tdm_k_conv2d_winograd_enable(wino);
+      printf("  (the %s kernels, Winograd %s)\n", isas[i], wino ? "on" : "off");
+      conv_direct_on = 1 + wino;
+      check();
+    }
     ran++;
   }
+  tdm_k_conv2d_winograd_enable(wino_before);
   if (before) tdm_k_conv2d_direct_select(before);
   if (with_im2col) {
     tdm_k_conv2d_direct_enable(0);

@@ -1,0 +1,376 @@
+/* Winograd F(2x2, 3x3) for the 3x3, stride 1, pad 1 convolutions (ResNet's all but two): the
+ * forward and the input gradient (the same convolution of the output gradient with the weights
+ * flipped and transposed). Included by conv_direct_impl.h, whose vector macros (VL, vf, v_*) and
+ * register tile (OB output channels x PB vectors) it uses.
+ *
+ * A 2x2 block of outputs is Y = A' [ (G g G') * (B' d B) ] A over its 4x4 input patch d: the 16
+ * products per input channel replace the direct kernel's 36 multiplies (2.25x fewer), and the
+ * transforms are adds. In the transformed domain the products over input channels are 16
+ * independent products, one per point xi of the 4x4 grid:
+ *     M[xi][co][t] = sum over ci of U[xi][co][ci] V[xi][ci][t],   t a 2x2 tile of outputs,
+ * which run in the forward's register tile (OB channels x PB vectors of tiles, the input
+ * channel the reduction). Tiles are vectorised along a tile row: each padded input row is split
+ * into its even and odd columns once, so the four columns of VL consecutive tiles' patches are
+ * four contiguous loads (even k, odd k, even k + 1, odd k + 1).
+ *
+ * Work goes in blocks of G images (G * tiles per image about 64 tile slots, so the late layers'
+ * 4x4 tile grids still fill vectors); a block transforms its input (V: 16 x Ci x Tb floats),
+ * computes M point by point (16 x Co x Tb) and transforms it back into the output rows. Blocks
+ * go to a fixed number of scratch slots.
+ *
+ * Bits: each output depends on its own patch and the weights only, in a fixed order (the sum
+ * over input channels in order, then the transform): not on the block, the slot, the thread
+ * count or the batch split. They differ from the direct kernel's (the transforms round), within
+ * the tolerance of the reference tests (tests/unit/test_resnet.c). */
+
+#define WINO_SLOTS 16    /* scratch slots: blocks in flight at once (threads beyond it idle) */
+#define WINO_TILES 64    /* tile slots a block aims at */
+#ifndef WINO_M_FLOATS
+#define WINO_M_FLOATS (24 << 10) /* M's chunk: 96 KiB */
+#endif
+
+typedef struct {
+  int64_t N, I, O, H, W; /* images, input and output channels, size (the output's too) */
+  int64_t TH, TW, Timg;  /* tile rows and columns per image, their product */
+  int64_t RW;            /* one half (even or odd columns) of a split padded row */
+  int64_t Hp, Lpl;       /* padded rows; floats per split plane */
+  int64_t G, Tb, nblk;   /* images per block, tile slots per block (whole vectors), blocks */
+  int64_t nob;           /* output-channel blocks of OB */
+  int64_t CC;            /* output channels per chunk of M (a multiple of OB) */
+  int64_t pl, v, m, slot; /* a slot's layout: split planes, V, M; its size */
+} wgeo;
+
+static void wgeo_of(int64_t N, int64_t I, int64_t O, int64_t H, int64_t W, wgeo *g) {
+  g->N = N, g->I = I, g->O = O, g->H = H, g->W = W;
+  g->TH = (H + 1) / 2, g->TW = (W + 1) / 2, g->Timg = g->TH * g->TW;
+  g->RW = up(g->TW, VL) + VL; /* loads reach k + 1 for k up to up(TW, VL) - 1 */
+  g->Hp = 2 * g->TH + 2;
+  g->Lpl = g->Hp * 2 * g->RW;
+  g->G = (WINO_TILES + g->Timg - 1) / g->Timg;
+  if (g->G > N) g->G = N > 0 ? N : 1;
+  /* a row's stores run up(TW, VL) slots from its start: the last one's spill fits */
+  g->Tb = up(g->G * g->Timg - g->TW + up(g->TW, VL), VL);
+  g->nblk = (N + g->G - 1) / g->G;
+  g->nob = up(O, OB) / OB;
+  g->pl = 0;
+  g->v = g->pl + up(g->G * I * g->Lpl, 16);
+  g->m = g->v + 16 * I * g->Tb;
+  g->CC = WINO_M_FLOATS / (16 * g->Tb) / OB * OB;
+  if (g->CC < OB) g->CC = OB;
+  if (g->CC > g->nob * OB) g->CC = g->nob * OB;
+  g->slot = up(g->m + 16 * g->CC * g->Tb, 16);
+}
+
+static int64_t wino_slots(const wgeo *g) { return g->nblk < WINO_SLOTS ? g->nblk : WINO_SLOTS; }
+
+/* U[xi][ob][ci][c] = (G g G')[xi] of output channel ob OB + c's filter for input channel ci
+ * (zeros past O); flip: g is w[ci][co] rotated by 180 degrees (the input gradient's filter). */
+static int64_t wino_u_floats(const wgeo *g) { return 16 * g->nob * g->I * OB; }
+
+static void wino_filters(float *U, const float *w, const wgeo *g, int flip) {
+  for (int64_t ob = 0; ob < g->nob; ob++)
+    for (int64_t ci = 0; ci < g->I; ci++)
+      for (int64_t c = 0; c < OB; c++) {
+        int64_t co = ob * OB + c;
+        float f[9] = {0}, t[4][3], u[4][4];
+        if (co < g->O)
+          for (int k = 0; k < 9; k++) f[k] = flip ? w[(ci * g->O + co) * 9 + 8 - k] : w[(co * g->I + ci) * 9 + k];
+        for (int j = 0; j < 3; j++) { /* G g: rows g0, (g0+g1+g2)/2, (g0-g1+g2)/2, g2 */
+          t[0][j] = f[j];
+          t[1][j] = 0.5f * (f[j] + f[3 + j] + f[6 + j]);
+          t[2][j] = 0.5f * (f[j] - f[3 + j] + f[6 + j]);
+          t[3][j] = f[6 + j];
+        }
+        for (int i = 0; i < 4; i++) { /* (G g) G' */
+          u[i][0] = t[i][0];
+          u[i][1] = 0.5f * (t[i][0] + t[i][1] + t[i][2]);
+          u[i][2] = 0.5f * (t[i][0] - t[i][1] + t[i][2]);
+          u[i][3] = t[i][2];
+        }
+        for (int xi = 0; xi < 16; xi++) U[((xi * g->nob + ob) * g->I + ci) * OB + c] = u[xi / 4][xi % 4];
+      }
+}
+
+/* ---- vector shuffles ---------------------------------------------------------------------- */
+
+#if defined(CONV_DIRECT_EMULATE)
+static inline void v_split(vf a, vf b, vf *ev, vf *od) {
+  for (int i = 0; i < VL / 2; i++) {
+    ev->f[i] = a.f[2 * i], od->f[i] = a.f[2 * i + 1];
+    ev->f[VL / 2 + i] = b.f[2 * i], od->f[VL / 2 + i] = b.f[2 * i + 1];
+  }
+}
+static inline void v_zip(vf a, vf b, vf *lo, vf *hi) {
+  for (int i = 0; i < VL / 2; i++) {
+    lo->f[2 * i] = a.f[i], lo->f[2 * i + 1] = b.f[i];
+    hi->f[2 * i] = a.f[VL / 2 + i], hi->f[2 * i + 1] = b.f[VL / 2 + i];
+  }
+}
+static inline vf v_sub(vf a, vf b) {
+  for (int i = 0; i < VL; i++) a.f[i] -= b.f[i];
+  return a;
+}
+static inline vf v_keep(vf v, int64_t n) {
+  for (int64_t i = n < 0 ? 0 : n; i < VL; i++) v.f[i] = 0.0f;
+  return v;
+}
+static inline vf v_load_n(const float *p, int64_t n) { /* reads the first n lanes only */
+  vf v = v_zero();
+  for (int64_t i = 0; i < n && i < VL; i++) v.f[i] = p[i];
+  return v;
+}
+#elif VL == 8
+/* evens and odds of a[0..8) b[0..8) */
+static inline void v_split(vf a, vf b, vf *ev, vf *od) {
+  *ev = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8));
+  *od = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD)), 0xD8));
+}
+/* a0 b0 a1 b1 ... as two vectors */
+static inline void v_zip(vf a, vf b, vf *lo, vf *hi) {
+  vf l = _mm256_unpacklo_ps(a, b), h = _mm256_unpackhi_ps(a, b);
+  *lo = _mm256_permute2f128_ps(l, h, 0x20);
+  *hi = _mm256_permute2f128_ps(l, h, 0x31);
+}
+#define v_sub _mm256_sub_ps
+/* the first n lanes (n <= 0: none); the others read as zeros, are not written */
+static inline __m256i v_mask(int64_t n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n < VL ? n : VL)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+static inline vf v_load_n(const float *p, int64_t n) { return _mm256_maskload_ps(p, v_mask(n)); }
+/* v with its lanes from n on zeroed (an AND: masked stores are microcoded on AMD's cores) */
+static inline vf v_keep(vf v, int64_t n) {
+  static const int32_t ones[2 * VL] = {-1, -1, -1, -1, -1, -1, -1, -1};
+  n = n < 0 ? 0 : n > VL ? VL : n;
+  return _mm256_and_ps(v, _mm256_loadu_ps((const float *)(ones + VL - n)));
+}
+#else
+static inline void v_split(vf a, vf b, vf *ev, vf *od) {
+  const __m512i e = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i o = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  *ev = _mm512_permutex2var_ps(a, e, b);
+  *od = _mm512_permutex2var_ps(a, o, b);
+}
+static inline void v_zip(vf a, vf b, vf *lo, vf *hi) {
+  const __m512i l = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i h = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+  *lo = _mm512_permutex2var_ps(a, l, b);
+  *hi = _mm512_permutex2var_ps(a, h, b);
+}
+#define v_sub _mm512_sub_ps
+static inline __mmask16 v_mask(int64_t n) { return n >= VL ? (__mmask16)0xFFFF : n <= 0 ? 0 : (__mmask16)((1u << n) - 1); }
+static inline vf v_load_n(const float *p, int64_t n) { return _mm512_maskz_loadu_ps(v_mask(n), p); }
+static inline vf v_keep(vf v, int64_t n) { return _mm512_maskz_mov_ps(v_mask(n), v); }
+#endif
+
+/* ---- input: split planes and their transform ------------------------------------------------ */
+
+/* The zero-padded plane of an H x W channel, each padded row as its even columns (E, RW floats)
+ * then its odd ones (O): padded column j = input column j - 1, so input column x goes to O[x / 2]
+ * when x is even and to E[(x + 1) / 2] when odd. 2 VL columns at a time; past the row's end the
+ * lanes are zeroed (the right padding: loaded from the next rows, or masked where the load would
+ * leave the plane). The row's other entries that wino_in_row reads are set to zero here, so the plane needs
+ * no clearing. */
+static void wino_split_plane(float *pl, const float *src, const wgeo *g) {
+  int64_t xe = up(g->W, 2 * VL); /* columns the vector loop covers */
+  memset(pl, 0, sizeof(float) * (size_t)(2 * g->RW));
+  for (int64_t y = 0; y < g->H; y++) {
+    float *E = pl + (y + 1) * 2 * g->RW, *O = E + g->RW;
+    const float *s = src + y * g->W;
+    for (int64_t x = 0; x < xe; x += 2 * VL) {
+      vf ev, od;
+      int64_t n = g->W - x;
+      if (n >= 2 * VL) v_split(v_load(s + x), v_load(s + x + VL), &ev, &od);
+      else if ((g->H - 1 - y) * g->W >= 2 * VL - n) v_split(v_keep(v_load(s + x), n), v_keep(v_load(s + x + VL), n - VL), &ev, &od);
+      else v_split(v_load_n(s + x, n), v_load_n(s + x + VL, n - VL), &ev, &od);
+      v_store(O + x / 2, ev);
+      v_store(E + x / 2 + 1, od);
+    }
+    E[0] = 0.0f, O[xe / 2] = 0.0f;
+  }
+  memset(pl + (g->H + 1) * 2 * g->RW, 0, sizeof(float) * (size_t)((g->Hp - g->H - 1) * 2 * g->RW));
+}
+
+/* V[xi][ci][t0 + tx] = (B' d B)[xi] for the tiles of tile row ty of one split plane, VL at a
+ * time (lanes past TW spill into the next row's slots, which that row then writes). */
+static void wino_in_row(float *V, int64_t ldv, const float *pl, int64_t ty, const wgeo *g) {
+  const float *r0 = pl + 2 * ty * 2 * g->RW;
+  for (int64_t k = 0; k < g->TW; k += VL) {
+    vf d[4][4], t[4][4];
+    for (int r = 0; r < 4; r++) {
+      const float *E = r0 + r * 2 * g->RW + k, *O = E + g->RW;
+      d[r][0] = v_load(E), d[r][1] = v_load(O), d[r][2] = v_load(E + 1), d[r][3] = v_load(O + 1);
+    }
+    for (int c = 0; c < 4; c++) { /* B' d: rows d0 - d2, d1 + d2, d2 - d1, d1 - d3 */
+      t[0][c] = v_sub(d[0][c], d[2][c]);
+      t[1][c] = v_add(d[1][c], d[2][c]);
+      t[2][c] = v_sub(d[2][c], d[1][c]);
+      t[3][c] = v_sub(d[1][c], d[3][c]);
+    }
+    for (int r = 0; r < 4; r++) { /* (B' d) B: the same over columns */
+      v_store(V + (r * 4 + 0) * ldv + k, v_sub(t[r][0], t[r][2]));
+      v_store(V + (r * 4 + 1) * ldv + k, v_add(t[r][1], t[r][2]));
+      v_store(V + (r * 4 + 2) * ldv + k, v_sub(t[r][2], t[r][1]));
+      v_store(V + (r * 4 + 3) * ldv + k, v_sub(t[r][1], t[r][3]));
+    }
+  }
+}
+
+/* ---- the 16 products: M[xi][c][t] for OB output channels ------------------------------------ */
+
+static inline __attribute__((always_inline)) void wino_tile(int P, float *M, const float *V, const float *U,
+                                                            const wgeo *g) {
+  vf acc[OB][PB];
+  for (int c = 0; c < OB; c++)
+    for (int j = 0; j < P; j++) acc[c][j] = v_zero();
+  for (int64_t ci = 0; ci < g->I; ci++, V += g->Tb, U += OB) {
+    vf v[PB];
+    for (int j = 0; j < P; j++) {
+      v[j] = v_load(V + VL * j);
+      V_PIN(v[j]); /* one load for the OB products (GCC would fold it into each FMA) */
+    }
+    for (int c = 0; c < OB; c++) {
+      vf b = v_set1(U[c]);
+      for (int j = 0; j < P; j++) acc[c][j] = v_fma(b, v[j], acc[c][j]);
+    }
+  }
+  for (int c = 0; c < OB; c++)
+    for (int j = 0; j < P; j++) v_store(M + c * g->Tb + VL * j, acc[c][j]);
+}
+
+/* ---- output: the transform back, into the output rows --------------------------------------- */
+
+typedef struct {
+  const wgeo *g;
+  const float *x;  /* (N, I, H, W) */
+  float *y;        /* (N, O, H, W) */
+  const float *U;  /* wino_filters */
+  const float *bias;
+  float *ws;       /* WINO slots */
+  int add;         /* y += (the input gradient into an existing one), else y = conv + bias */
+} wino_ctx;
+
+/* Output channel co of tile row ty of image n (its tiles at slot t0 of M's rows, ldm apart):
+ * Y = A' m A per tile (A' rows: m0 + m1 + m2, m1 - m2 - m3), the two output rows' tile columns
+ * interleaved and stored (with the bias, or added) into y. Whole vectors: a row's last group
+ * runs past its end into the next rows, so it goes first (their own groups, after it, write
+ * those columns again; added, the lanes past the end are zeros); a row whose end would run past
+ * its plane's (into another plane's, or past y) ends through a buffer. */
+static void wino_out_row(const wino_ctx *c, const float *M, int64_t ldm, int64_t n, int64_t co, int64_t ty) {
+  const wgeo *g = c->g;
+  float *y0 = c->y + ((n * g->O + co) * g->H + 2 * ty) * g->W;
+  float bias = c->bias ? c->bias[co] : 0.0f;
+  vf bv = v_set1(bias);
+  int rows = 2 * ty + 1 < g->H ? 2 : 1;
+  int64_t groups = (g->TW + VL - 1) / VL;
+  for (int64_t q = 0; q < groups; q++) {
+    int64_t k = (q == 0 ? groups - 1 : q - 1) * VL; /* the last group first */
+    vf m[4][4], s[2][4];
+    for (int xi = 0; xi < 16; xi++) m[xi / 4][xi % 4] = v_load(M + xi * ldm + k);
+    for (int j = 0; j < 4; j++) {
+      s[0][j] = v_add(v_add(m[0][j], m[1][j]), m[2][j]);
+      s[1][j] = v_sub(v_sub(m[1][j], m[2][j]), m[3][j]);
+    }
+    for (int a = 0; a < rows; a++) {
+      vf e = v_add(v_add(s[a][0], s[a][1]), s[a][2]), o = v_sub(v_sub(s[a][1], s[a][2]), s[a][3]), lo, hi;
+      v_zip(e, o, &lo, &hi);
+      float *d = y0 + a * g->W + 2 * k;
+      int64_t n0 = g->W - 2 * k, n1 = n0 - VL; /* columns left for lo, for hi */
+      if (n1 < VL && (g->H - 1 - 2 * ty - a) * g->W < VL - n1) { /* it would leave the plane: a buffer */
+        float buf[2 * VL];
+        v_store(buf, lo), v_store(buf + VL, hi);
+        if (c->add)
+          for (int64_t x = 0; x < n0; x++) d[x] += buf[x];
+        else
+          for (int64_t x = 0; x < n0; x++) d[x] = buf[x] + bias;
+      } else if (c->add) {
+        if (n1 < VL) lo = v_keep(lo, n0), hi = v_keep(hi, n1);
+        v_store(d, v_add(v_load(d), lo)), v_store(d + VL, v_add(v_load(d + VL), hi));
+      } else {
+        v_store(d, v_add(lo, bv)), v_store(d + VL, v_add(hi, bv));
+      }
+    }
+  }
+}
+
+static void wino_block(const wino_ctx *c, float *slot, int64_t blk) {
+  const wgeo *g = c->g;
+  float *pl = slot + g->pl, *V = slot + g->v, *M = slot + g->m;
+  int64_t n0 = blk * g->G, nn = g->N - n0 < g->G ? g->N - n0 : g->G;
+  for (int64_t i = 0; i < nn; i++)
+    for (int64_t ci = 0; ci < g->I; ci++) {
+      float *p = pl + (i * g->I + ci) * g->Lpl;
+      wino_split_plane(p, c->x + ((n0 + i) * g->I + ci) * g->H * g->W, g);
+      for (int64_t ty = 0; ty < g->TH; ty++) wino_in_row(V + ci * g->Tb + i * g->Timg + ty * g->TW, g->I * g->Tb, p, ty, g);
+    }
+  /* slots past the block's tiles (a short last block): zeros, not stale or unset memory */
+  int64_t used = nn * g->Timg - g->TW + up(g->TW, VL);
+  for (int64_t r = 0; r < 16 * g->I; r++)
+    for (int64_t t = used; t < g->Tb; t++) V[r * g->Tb + t] = 0.0f;
+  /* output channels in chunks of CC, point by point: a point's V (Ci x Tb) stays in L1 while the
+   * chunk's channel blocks read it, and the chunk's M (16 x CC x Tb) stays in L2 with V until
+   * it is transformed back (all channels at once spilled M out of L2 at 64 channels) */
+  for (int64_t c0 = 0; c0 < g->nob * OB; c0 += g->CC) {
+    int64_t c1 = c0 + g->CC < g->nob * OB ? c0 + g->CC : g->nob * OB;
+    for (int xi = 0; xi < 16; xi++)
+      for (int64_t ob = c0 / OB; ob < c1 / OB; ob++) {
+        const float *Vx = V + xi * g->I * g->Tb, *Ux = c->U + (xi * g->nob + ob) * g->I * OB;
+        float *Mx = M + (xi * g->CC + ob * OB - c0) * g->Tb;
+        int64_t t = 0;
+        for (; t + PB * VL <= g->Tb; t += PB * VL) wino_tile(PB, Mx + t, Vx + t, Ux, g);
+        if (g->Tb - t == 2 * VL) wino_tile(2, Mx + t, Vx + t, Ux, g);
+        else if (g->Tb - t == VL) wino_tile(1, Mx + t, Vx + t, Ux, g);
+      }
+    for (int64_t co = c0; co < c1 && co < g->O; co++)
+      for (int64_t i = 0; i < nn; i++)
+        for (int64_t ty = 0; ty < g->TH; ty++)
+          wino_out_row(c, M + (co - c0) * g->Tb + i * g->Timg + ty * g->TW, g->CC * g->Tb, n0 + i, co, ty);
+  }
+}
+
+/* Slot s runs blocks [s nblk / S, (s + 1) nblk / S): which thread runs a slot changes nothing. */
+static void wino_range(void *vc, int64_t a, int64_t b) {
+  wino_ctx *c = vc;
+  const wgeo *g = c->g;
+  int64_t S = wino_slots(g);
+  for (int64_t s = a; s < b; s++)
+    for (int64_t blk = s * g->nblk / S; blk < (s + 1) * g->nblk / S; blk++) wino_block(c, c->ws + s * g->slot, blk);
+}
+
+/* ---- the entry points ---------------------------------------------------------------------- */
+
+static int wino_fits(const tdm_conv_shape *s) {
+  return s->stride == 1 && s->KH == 3 && s->KW == 3 && s->pad == 1 && s->OH == s->H && s->OW == s->W;
+}
+
+/* U first, then the slots; for both directions (the input gradient swaps I and O). */
+static int64_t wino_ws_floats(const tdm_conv_shape *s) {
+  if (!wino_fits(s)) return 0;
+  int64_t best = 0;
+  for (int d = 0; d < 2; d++) {
+    wgeo g;
+    wgeo_of(s->N, d ? s->Co : s->Ci, d ? s->Ci : s->Co, s->H, s->W, &g);
+    int64_t f = up(wino_u_floats(&g), 16) + wino_slots(&g) * g.slot;
+    if (f > best) best = f;
+  }
+  return best + 16; /* + alignment */
+}
+
+static void wino_run(float *y, const float *x, const float *w, const float *b, float *ws, int flip, int add,
+                     int64_t N, int64_t I, int64_t O, int64_t H, int64_t W) {
+  wgeo g;
+  wgeo_of(N, I, O, H, W, &g);
+  ws = aligned(ws);
+  float *U = ws;
+  wino_filters(U, w, &g, flip);
+  wino_ctx c = {&g, x, y, U, b, ws + up(wino_u_floats(&g), 16), add};
+  tdm_parallel_for(wino_slots(&g), 1, wino_range, &c);
+}
+
+static void wino_fwd(float *out, const float *x, const float *w, const float *b, float *ws, const tdm_conv_shape *s) {
+  wino_run(out, x, w, b, ws, 0, 0, s->N, s->Ci, s->Co, s->H, s->W);
+}
+
+/* dx (= or +=) the convolution of dout with w flipped and transposed. */
+static void wino_dx(float *dx, int dx_set, const float *dout, const float *w, float *ws, const tdm_conv_shape *s) {
+  wino_run(dx, dout, w, NULL, ws, 1, !dx_set, s->N, s->Co, s->Ci, s->H, s->W);
+}

@@ -1,0 +1,83 @@
+/* The direct and Winograd convolution kernels' 16-wide logic on any machine: the same kernel
+ * body (src/tensor/conv_direct_impl.h, conv_winograd_impl.h) compiled with vectors emulated as
+ * arrays of 16 floats, against the per-image im2col reference. A machine without AVX-512 (this
+ * project's own, at times) cannot run the AVX-512 build; its tiles, tails, masks and the
+ * Winograd path's row overruns are the same code as here, only the dozen intrinsics under each
+ * vector operation differ (those are checked on the machines that have them, by test_resnet). */
+#define CONV_DIRECT_VL 16
+#define CONV_DIRECT_EMULATE
+#define CONV_DIRECT_TABLE emulated16
+#include "tensor/conv_direct_impl.h"
+
+#include "tdm_test.h"
+
+static void fill(float *p, int64_t n, uint64_t seed, float scale) {
+  tdm_rng r;
+  tdm_rng_seed(&r, seed);
+  for (int64_t i = 0; i < n; i++) p[i] = scale * tdm_rng_normal(&r);
+}
+
+static double max_abs_diff(const float *a, const float *b, int64_t n) {
+  double m = 0;
+  for (int64_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - (double)b[i]));
+  return m;
+}
+
+/* Sizes around the vector (16 floats: 2 x 16 input columns per split, 16 tiles per group) and
+ * the shapes ResNet and the small CNN use; forward, dx written and added, dw and db; the
+ * Winograd path and the direct one for each 3x3 stride-1 shape. */
+static void test_emulated_matches_reference(void) {
+  const int64_t cases[][8] = {/* N, Ci, H, W, Co, K, stride, pad */
+                              {3, 5, 7, 7, 9, 3, 1, 1},   {2, 3, 33, 31, 4, 3, 1, 1}, {2, 2, 1, 1, 3, 3, 1, 1},
+                              {3, 4, 2, 3, 5, 3, 1, 1},   {5, 17, 9, 16, 8, 3, 1, 1}, {2, 8, 28, 28, 17, 3, 1, 1},
+                              {9, 16, 7, 7, 16, 3, 1, 1}, {2, 3, 14, 13, 7, 5, 1, 2}, {3, 6, 9, 8, 10, 3, 2, 1},
+                              {2, 4, 32, 33, 3, 3, 1, 1}, {1, 2, 17, 17, 2, 3, 1, 1}, {4, 7, 15, 15, 6, 3, 2, 1}};
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    const int64_t *k = cases[c];
+    tdm_conv_shape s = {k[0], k[1], k[2], k[3], k[4], k[5], k[5], k[6], k[7], 0, 0};
+    s.OH = (s.H + 2 * s.pad - s.KH) / s.stride + 1;
+    s.OW = (s.W + 2 * s.pad - s.KW) / s.stride + 1;
+    int64_t nx = s.N * s.Ci * s.H * s.W, nw = s.Co * s.Ci * s.KH * s.KW, ny = s.N * s.Co * s.OH * s.OW;
+    float *x = malloc(sizeof(float) * nx), *w = malloc(sizeof(float) * nw), *b = malloc(sizeof(float) * s.Co);
+    float *dy = malloc(sizeof(float) * ny), *y0 = malloc(sizeof(float) * ny), *y1 = malloc(sizeof(float) * ny);
+    float *dx0 = calloc(nx, 4), *dx1 = malloc(sizeof(float) * nx), *dw0 = calloc(nw, 4), *dw1 = calloc(nw, 4);
+    float *db0 = calloc(s.Co, 4), *db1 = calloc(s.Co, 4);
+    float *col = malloc(sizeof(float) * s.Ci * s.KH * s.KW * s.OH * s.OW);
+    int64_t nws = emulated16.ws_floats(&s);
+    float *ws = malloc(sizeof(float) * nws);
+    fill(x, nx, 11 + c, 1), fill(w, nw, 12 + c, 0.3f), fill(b, s.Co, 13 + c, 1), fill(dy, ny, 14 + c, 1);
+    tdm_k_conv2d_fwd(y0, x, w, b, col, &s);
+    tdm_k_conv2d_bwd(dx0, dw0, db0, dy, x, w, col, &s);
+    double tol = 1e-4 * sqrt((double)(s.Ci * s.KH * s.KW + s.N * s.OH * s.OW));
+    for (int wino = 0; wino < 1 + emulated16.wino_fits(&s); wino++) {
+      const char *path = wino ? "winograd" : "direct";
+      for (int64_t i = 0; i < nws; i++) ws[i] = NAN; /* no kernel may read scratch it did not write */
+      for (int64_t i = 0; i < ny; i++) y1[i] = NAN;
+      if (wino) emulated16.wino_fwd(y1, x, w, b, ws, &s);
+      else emulated16.fwd(y1, x, w, b, ws, &s);
+      CHECK_MSG(max_abs_diff(y0, y1, ny) < tol, "case %zu (%s): out differs by %g", c, path, max_abs_diff(y0, y1, ny));
+      if (s.stride != 1) continue; /* (strided dx: im2col, outside these kernels) */
+      for (int64_t i = 0; i < nx; i++) dx1[i] = NAN; /* written over, not added to */
+      if (wino) emulated16.wino_dx(dx1, 1, dy, w, ws, &s);
+      else emulated16.bwd(dx1, 1, NULL, NULL, dy, x, w, ws, &s);
+      CHECK_MSG(max_abs_diff(dx0, dx1, nx) < tol, "case %zu (%s): dx differs by %g", c, path, max_abs_diff(dx0, dx1, nx));
+      if (wino) emulated16.wino_dx(dx1, 0, dy, w, ws, &s);
+      else emulated16.bwd(dx1, 0, NULL, NULL, dy, x, w, ws, &s);
+      for (int64_t i = 0; i < nx; i++) dx1[i] -= dx0[i]; /* added: twice the gradient */
+      CHECK_MSG(max_abs_diff(dx0, dx1, nx) < 2 * tol, "case %zu (%s): dx added differs by %g", c, path, max_abs_diff(dx0, dx1, nx));
+    }
+    memset(dw1, 0, sizeof(float) * nw), memset(db1, 0, sizeof(float) * s.Co);
+    emulated16.bwd(NULL, 0, dw1, db1, dy, x, w, ws, &s);
+    CHECK_MSG(max_abs_diff(dw0, dw1, nw) < tol, "case %zu: dw differs by %g", c, max_abs_diff(dw0, dw1, nw));
+    CHECK_MSG(max_abs_diff(db0, db1, s.Co) < tol, "case %zu: db differs by %g", c, max_abs_diff(db0, db1, s.Co));
+    free(x), free(w), free(b), free(dy), free(y0), free(y1), free(dx0), free(dx1), free(dw0), free(dw1), free(db0), free(db1),
+        free(col), free(ws);
+  }
+}
+
+int main(void) {
+  tdm_test_case cases[] = {
+      {"emulated_matches_reference", test_emulated_matches_reference},
+  };
+  return tdm_test_main(cases, sizeof cases / sizeof cases[0]);
+}
