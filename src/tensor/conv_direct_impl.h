@@ -532,4 +532,4 @@ static void bwd(float *dx, int dx_set, float *dw, float *db, const float *dout, 
   }
 }
 
-static const tdm__conv_direct_impl CONV_DIRECT_TABLE = {DIRECT_ISA, ws_floats, fwd, bwd, wino_fits, wino_fwd, wino_dx};
+static const tdm__conv_direct_impl CONV_DIRECT_TABLE = {DIRECT_ISA, ws_floats, fwd, bwd, wino_fits, wino_fwd, wino_dx, wino_dw};

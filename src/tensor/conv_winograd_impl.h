@@ -40,13 +40,13 @@ typedef struct {
   int64_t pl, v, m, slot; /* a slot's layout: split planes, V, M; its size */
 } wgeo;
 
-static void wgeo_of(int64_t N, int64_t I, int64_t O, int64_t H, int64_t W, wgeo *g) {
+static void wgeo_of(int64_t N, int64_t I, int64_t O, int64_t H, int64_t W, int64_t tiles, wgeo *g) {
   g->N = N, g->I = I, g->O = O, g->H = H, g->W = W;
   g->TH = (H + 1) / 2, g->TW = (W + 1) / 2, g->Timg = g->TH * g->TW;
   g->RW = up(g->TW, VL) + VL; /* loads reach k + 1 for k up to up(TW, VL) - 1 */
   g->Hp = 2 * g->TH + 2;
   g->Lpl = g->Hp * 2 * g->RW;
-  g->G = (WINO_TILES + g->Timg - 1) / g->Timg;
+  g->G = (tiles + g->Timg - 1) / g->Timg;
   if (g->G > N) g->G = N > 0 ? N : 1;
   /* a row's stores run up(TW, VL) slots from its start: the last one's spill fits */
   g->Tb = up(g->G * g->Timg - g->TW + up(g->TW, VL), VL);
@@ -119,6 +119,9 @@ static inline vf v_load_n(const float *p, int64_t n) { /* reads the first n lane
   for (int64_t i = 0; i < n && i < VL; i++) v.f[i] = p[i];
   return v;
 }
+static inline void v_sum4_add(float *p, vf a, vf b, vf c, vf d) { /* p[0..4) += the four vectors' sums */
+  p[0] += v_sum(a), p[1] += v_sum(b), p[2] += v_sum(c), p[3] += v_sum(d);
+}
 #elif VL == 8
 /* evens and odds of a[0..8) b[0..8) */
 static inline void v_split(vf a, vf b, vf *ev, vf *od) {
@@ -137,6 +140,12 @@ static inline __m256i v_mask(int64_t n) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n < VL ? n : VL)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 static inline vf v_load_n(const float *p, int64_t n) { return _mm256_maskload_ps(p, v_mask(n)); }
+/* p[0..4) += the four vectors' sums, in one fixed order (pairs of lanes, then the halves) */
+static inline void v_sum4_add(float *p, vf a, vf b, vf c, vf d) {
+  vf h = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  _mm_storeu_ps(p, _mm_add_ps(_mm_loadu_ps(p), s));
+}
 /* v with its lanes from n on zeroed (an AND: masked stores are microcoded on AMD's cores) */
 static inline vf v_keep(vf v, int64_t n) {
   static const int32_t ones[2 * VL] = {-1, -1, -1, -1, -1, -1, -1, -1};
@@ -159,6 +168,14 @@ static inline void v_zip(vf a, vf b, vf *lo, vf *hi) {
 #define v_sub _mm512_sub_ps
 static inline __mmask16 v_mask(int64_t n) { return n >= VL ? (__mmask16)0xFFFF : n <= 0 ? 0 : (__mmask16)((1u << n) - 1); }
 static inline vf v_load_n(const float *p, int64_t n) { return _mm512_maskz_loadu_ps(v_mask(n), p); }
+static inline __m256 v_half_sum(vf v) { /* lanes i + (i + 8) */
+  return _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+static inline void v_sum4_add(float *p, vf a, vf b, vf c, vf d) {
+  __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(v_half_sum(a), v_half_sum(b)), _mm256_hadd_ps(v_half_sum(c), v_half_sum(d)));
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  _mm_storeu_ps(p, _mm_add_ps(_mm_loadu_ps(p), s));
+}
 static inline vf v_keep(vf v, int64_t n) { return _mm512_maskz_mov_ps(v_mask(n), v); }
 #endif
 
@@ -336,29 +353,209 @@ static void wino_range(void *vc, int64_t a, int64_t b) {
     for (int64_t blk = s * g->nblk / S; blk < (s + 1) * g->nblk / S; blk++) wino_block(c, c->ws + s * g->slot, blk);
 }
 
+/* ---- the weight gradient ------------------------------------------------------------------- */
+
+/* The forward's transpose: with dM = A dY A' per tile (A = A'' : rows 1 0, 1 1, 1 -1, 0 -1),
+ *     dU[xi][co][ci] = sum over tiles t of dM[xi][co][t] V[xi][ci][t],   dw += G' dU G,
+ * V the forward's input transform. The sum over tiles runs in VL lanes, in register tiles of 3
+ * output x 3 input channels (6 loads for 9 FMAs), each block's lanes added into a slot's partial
+ * sums (16 Op Ip floats); the slots are added in slot order at the end. Bits: the block and
+ * slot of each tile are the shape's, so nothing depends on the thread count (the batch split
+ * does change them, as it changes any sum over images). */
+
+#ifndef WINO_DW_L1
+#define WINO_DW_L1 6144 /* floats of a point's V and dM rows a block aims at: 24 KiB, in L1 */
+#endif
+
+typedef struct {
+  wgeo g;                /* blocks, split planes, rows of Tb tile slots */
+  int64_t Ip, Op;        /* channels up to whole register tiles of 3 (the rows past them zeros) */
+  int64_t v, mg, slot;   /* a slot's layout: split planes, V (16 x Ip x Tb), dM (16 x Op x Tb) */
+  int64_t part;          /* a slot's partial sums: 16 x Op x Ip */
+  int64_t S;             /* slots */
+} dgeo;
+
+static void dgeo_of(const tdm_conv_shape *s, dgeo *d) {
+  wgeo *g = &d->g;
+  d->Ip = (s->Ci + 2) / 3 * 3, d->Op = (s->Co + 2) / 3 * 3;
+  /* a point's V and dM rows in L1 while every register tile sweeps them (beyond it, each tile
+   * streamed them from L2 again); fewer tiles cost more lane sums per product */
+  int64_t tiles = WINO_DW_L1 / (d->Ip + d->Op);
+  wgeo_of(s->N, s->Ci, s->Co, s->H, s->W, tiles > 2 * VL ? tiles : 2 * VL, g);
+  d->v = up(g->G * g->I * g->Lpl, 16);
+  d->mg = d->v + 16 * d->Ip * g->Tb;
+  d->slot = up(d->mg + 16 * d->Op * g->Tb, 16);
+  d->part = 16 * d->Op * d->Ip;
+  d->S = g->nblk < WINO_SLOTS ? g->nblk : WINO_SLOTS;
+}
+
+static int64_t wino_dw_floats(const tdm_conv_shape *s) {
+  dgeo d;
+  dgeo_of(s, &d);
+  return d.S * (d.slot + d.part) + 16;
+}
+
+/* dM[xi][co][t0 + tx] for tile row ty of one output-gradient plane, VL tiles at a time: rows 2 ty
+ * and 2 ty + 1 (zeros past the plane), split into even and odd columns (zeros past the row). */
+static void wino_dy_row(float *Mg, int64_t ldm, const float *dy, int64_t ty, const wgeo *g) {
+  const float *r0 = dy + 2 * ty * g->W, *r1 = r0 + g->W;
+  int has1 = 2 * ty + 1 < g->H;
+  for (int64_t k = 0; k < g->TW; k += VL) {
+    int64_t x = 2 * k, n = g->W - x;
+    vf a0, b0, a1 = v_zero(), b1 = v_zero(), e0, o0, e1, o1;
+    if (n >= 2 * VL) {
+      a0 = v_load(r0 + x), b0 = v_load(r0 + x + VL);
+      if (has1) a1 = v_load(r1 + x), b1 = v_load(r1 + x + VL);
+    } else {
+      a0 = v_load_n(r0 + x, n), b0 = v_load_n(r0 + x + VL, n - VL);
+      if (has1) a1 = v_load_n(r1 + x, n), b1 = v_load_n(r1 + x + VL, n - VL);
+    }
+    v_split(a0, b0, &e0, &o0);
+    v_split(a1, b1, &e1, &o1);
+    vf q[4][2] = {{e0, o0}, {v_add(e0, e1), v_add(o0, o1)}, {v_sub(e0, e1), v_sub(o0, o1)},
+                  {v_sub(v_zero(), e1), v_sub(v_zero(), o1)}};
+    for (int i = 0; i < 4; i++) {
+      v_store(Mg + (i * 4 + 0) * ldm + k, q[i][0]);
+      v_store(Mg + (i * 4 + 1) * ldm + k, v_add(q[i][0], q[i][1]));
+      v_store(Mg + (i * 4 + 2) * ldm + k, v_sub(q[i][0], q[i][1]));
+      v_store(Mg + (i * 4 + 3) * ldm + k, v_sub(v_zero(), q[i][1]));
+    }
+  }
+}
+
+typedef struct {
+  const dgeo *d;
+  const float *x, *dy;
+  float *ws; /* S slots, then S partial sums */
+} dw_wctx;
+
+static void wino_dw_block(const dw_wctx *c, float *slot, float *part, int64_t blk) {
+  const dgeo *d = c->d;
+  const wgeo *g = &d->g;
+  float *pl = slot, *V = slot + d->v, *Mg = slot + d->mg;
+  int64_t n0 = blk * g->G, nn = g->N - n0 < g->G ? g->N - n0 : g->G;
+  for (int64_t i = 0; i < nn; i++)
+    for (int64_t ci = 0; ci < g->I; ci++) {
+      float *p = pl + (i * g->I + ci) * g->Lpl;
+      wino_split_plane(p, c->x + ((n0 + i) * g->I + ci) * g->H * g->W, g);
+      for (int64_t ty = 0; ty < g->TH; ty++) wino_in_row(V + ci * g->Tb + i * g->Timg + ty * g->TW, d->Ip * g->Tb, p, ty, g);
+    }
+  for (int64_t i = 0; i < nn; i++)
+    for (int64_t co = 0; co < g->O; co++)
+      for (int64_t ty = 0; ty < g->TH; ty++)
+        wino_dy_row(Mg + co * g->Tb + i * g->Timg + ty * g->TW, d->Op * g->Tb,
+                    c->dy + ((n0 + i) * g->O + co) * g->H * g->W, ty, g);
+  /* the lanes summed: whole vectors over the block's tiles; past the rows' stores, and in the
+   * channels past the last (up to a tile of 3), zeros */
+  int64_t Tv = up(nn * g->Timg, VL), used = nn * g->Timg - g->TW + up(g->TW, VL);
+  for (int xi = 0; xi < 16; xi++) {
+    for (int64_t r = 0; r < d->Ip; r++)
+      for (int64_t t = r < g->I ? used : 0; t < Tv; t++) V[(xi * d->Ip + r) * g->Tb + t] = 0.0f;
+    for (int64_t r = 0; r < d->Op; r++)
+      for (int64_t t = r < g->O ? used : 0; t < Tv; t++) Mg[(xi * d->Op + r) * g->Tb + t] = 0.0f;
+  }
+  int64_t nit = d->Ip / 3;
+  for (int xi = 0; xi < 16; xi++)
+    for (int64_t ct = 0; ct < d->Op / 3; ct++) {
+      const float *m = Mg + (xi * d->Op + 3 * ct) * g->Tb;
+      for (int64_t it = 0; it < nit; it++) {
+        const float *v = V + (xi * d->Ip + 3 * it) * g->Tb;
+        vf acc[3][3];
+        for (int a = 0; a < 3; a++)
+          for (int b = 0; b < 3; b++) acc[a][b] = v_zero();
+        for (int64_t t = 0; t < Tv; t += VL) {
+          vf mv[3], vv[3];
+          for (int a = 0; a < 3; a++) {
+            mv[a] = v_load(m + a * g->Tb + t);
+            V_PIN(mv[a]); /* in registers: GCC would fold the loads into the FMAs */
+            vv[a] = v_load(v + a * g->Tb + t);
+            V_PIN(vv[a]);
+          }
+          for (int a = 0; a < 3; a++)
+            for (int b = 0; b < 3; b++) acc[a][b] = v_fma(mv[a], vv[b], acc[a][b]);
+        }
+        float *p = part + ((xi * (d->Op / 3) + ct) * nit + it) * 9; /* the tile's 9 sums, row by row */
+        v_sum4_add(p, acc[0][0], acc[0][1], acc[0][2], acc[1][0]);
+        v_sum4_add(p + 4, acc[1][1], acc[1][2], acc[2][0], acc[2][1]);
+        p[8] += v_sum(acc[2][2]);
+      }
+    }
+}
+
+static void wino_dw_range(void *vc, int64_t a, int64_t b) {
+  dw_wctx *c = vc;
+  const dgeo *d = c->d;
+  for (int64_t s = a; s < b; s++) {
+    float *part = c->ws + d->S * d->slot + s * d->part;
+    memset(part, 0, sizeof(float) * (size_t)d->part);
+    for (int64_t blk = s * d->g.nblk / d->S; blk < (s + 1) * d->g.nblk / d->S; blk++)
+      wino_dw_block(c, c->ws + s * d->slot, part, blk);
+  }
+}
+
+typedef struct {
+  const dgeo *d;
+  float *parts;
+  float *dw;
+} dw_fctx;
+
+/* The slots' partial sums added into the first, in slot order. */
+static void wino_dw_sum(void *vc, int64_t a, int64_t b) {
+  dw_fctx *c = vc;
+  for (int64_t s = 1; s < c->d->S; s++) {
+    const float *p = c->parts + s * c->d->part;
+    for (int64_t i = a; i < b; i++) c->parts[i] += p[i];
+  }
+}
+
+/* dw[co][ci] += G' dU G. */
+static void wino_dw_final(void *vc, int64_t a, int64_t b) {
+  dw_fctx *c = vc;
+  const dgeo *d = c->d;
+  int64_t I = d->g.I, nit = d->Ip / 3;
+  for (int64_t pair = a; pair < b; pair++) {
+    int64_t co = pair / I, ci = pair % I;
+    float u[16], t[3][4];
+    for (int xi = 0; xi < 16; xi++) u[xi] = c->parts[((xi * (d->Op / 3) + co / 3) * nit + ci / 3) * 9 + (co % 3) * 3 + ci % 3];
+    for (int j = 0; j < 4; j++) { /* G' dU: rows u0 + (u1 + u2) / 2, (u1 - u2) / 2, (u1 + u2) / 2 + u3 */
+      t[0][j] = u[j] + 0.5f * (u[4 + j] + u[8 + j]);
+      t[1][j] = 0.5f * (u[4 + j] - u[8 + j]);
+      t[2][j] = 0.5f * (u[4 + j] + u[8 + j]) + u[12 + j];
+    }
+    float *w = c->dw + pair * 9;
+    for (int k = 0; k < 3; k++) { /* (G' dU) G */
+      w[k * 3 + 0] += t[k][0] + 0.5f * (t[k][1] + t[k][2]);
+      w[k * 3 + 1] += 0.5f * (t[k][1] - t[k][2]);
+      w[k * 3 + 2] += 0.5f * (t[k][1] + t[k][2]) + t[k][3];
+    }
+  }
+}
+
 /* ---- the entry points ---------------------------------------------------------------------- */
 
 static int wino_fits(const tdm_conv_shape *s) {
   return s->stride == 1 && s->KH == 3 && s->KW == 3 && s->pad == 1 && s->OH == s->H && s->OW == s->W;
 }
 
-/* U first, then the slots; for both directions (the input gradient swaps I and O). */
+/* U first, then the slots; for both directions (the input gradient swaps I and O), and the
+ * weight gradient's slots and partial sums. */
 static int64_t wino_ws_floats(const tdm_conv_shape *s) {
   if (!wino_fits(s)) return 0;
   int64_t best = 0;
   for (int d = 0; d < 2; d++) {
     wgeo g;
-    wgeo_of(s->N, d ? s->Co : s->Ci, d ? s->Ci : s->Co, s->H, s->W, &g);
+    wgeo_of(s->N, d ? s->Co : s->Ci, d ? s->Ci : s->Co, s->H, s->W, WINO_TILES, &g);
     int64_t f = up(wino_u_floats(&g), 16) + wino_slots(&g) * g.slot;
     if (f > best) best = f;
   }
-  return best + 16; /* + alignment */
+  int64_t d = wino_dw_floats(s);
+  return (best > d ? best : d) + 16; /* + alignment */
 }
 
 static void wino_run(float *y, const float *x, const float *w, const float *b, float *ws, int flip, int add,
                      int64_t N, int64_t I, int64_t O, int64_t H, int64_t W) {
   wgeo g;
-  wgeo_of(N, I, O, H, W, &g);
+  wgeo_of(N, I, O, H, W, WINO_TILES, &g);
   ws = aligned(ws);
   float *U = ws;
   wino_filters(U, w, &g, flip);
@@ -373,4 +570,16 @@ static void wino_fwd(float *out, const float *x, const float *w, const float *b,
 /* dx (= or +=) the convolution of dout with w flipped and transposed. */
 static void wino_dx(float *dx, int dx_set, const float *dout, const float *w, float *ws, const tdm_conv_shape *s) {
   wino_run(dx, dout, w, NULL, ws, 1, !dx_set, s->N, s->Co, s->Ci, s->H, s->W);
+}
+
+/* dw += the weight gradient (dw's layout: w's). */
+static void wino_dw(float *dw, const float *dout, const float *x, float *ws, const tdm_conv_shape *s) {
+  dgeo d;
+  dgeo_of(s, &d);
+  ws = aligned(ws);
+  dw_wctx c = {&d, x, dout, ws};
+  tdm_parallel_for(d.S, 1, wino_dw_range, &c);
+  dw_fctx f = {&d, ws + d.S * d.slot, dw};
+  tdm_parallel_for(d.part, 1024, wino_dw_sum, &f);
+  tdm_parallel_for(s->Co * s->Ci, 16, wino_dw_final, &f);
 }

@@ -66,10 +66,17 @@ static void test_emulated_matches_reference(void) {
       for (int64_t i = 0; i < nx; i++) dx1[i] -= dx0[i]; /* added: twice the gradient */
       CHECK_MSG(max_abs_diff(dx0, dx1, nx) < 2 * tol, "case %zu (%s): dx added differs by %g", c, path, max_abs_diff(dx0, dx1, nx));
     }
-    memset(dw1, 0, sizeof(float) * nw), memset(db1, 0, sizeof(float) * s.Co);
-    emulated16.bwd(NULL, 0, dw1, db1, dy, x, w, ws, &s);
-    CHECK_MSG(max_abs_diff(dw0, dw1, nw) < tol, "case %zu: dw differs by %g", c, max_abs_diff(dw0, dw1, nw));
-    CHECK_MSG(max_abs_diff(db0, db1, s.Co) < tol, "case %zu: db differs by %g", c, max_abs_diff(db0, db1, s.Co));
+    for (int wino = 0; wino < 1 + emulated16.wino_fits(&s); wino++) {
+      for (int64_t i = 0; i < nws; i++) ws[i] = NAN;
+      for (int64_t i = 0; i < nw; i++) dw1[i] = 1.0f; /* added to */
+      memset(db1, 0, sizeof(float) * s.Co);
+      if (wino) emulated16.wino_dw(dw1, dy, x, ws, &s);
+      else emulated16.bwd(NULL, 0, dw1, db1, dy, x, w, ws, &s);
+      for (int64_t i = 0; i < nw; i++) dw1[i] -= 1.0f;
+      CHECK_MSG(max_abs_diff(dw0, dw1, nw) < tol, "case %zu (%s): dw differs by %g", c, wino ? "winograd" : "direct",
+                max_abs_diff(dw0, dw1, nw));
+      if (!wino) CHECK_MSG(max_abs_diff(db0, db1, s.Co) < tol, "case %zu: db differs by %g", c, max_abs_diff(db0, db1, s.Co));
+    }
     free(x), free(w), free(b), free(dy), free(y0), free(y1), free(dx0), free(dx1), free(dw0), free(dw1), free(db0), free(db1),
         free(col), free(ws);
   }
