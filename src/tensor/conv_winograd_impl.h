@@ -13,8 +13,9 @@
  * into its even and odd columns once, so the four columns of VL consecutive tiles' patches are
  * four contiguous loads (even k, odd k, even k + 1, odd k + 1).
  *
- * Work goes in blocks of G images (G * tiles per image about 64 tile slots, so the late layers'
- * 4x4 tile grids still fill vectors); a block transforms its input (V: 16 x Ci x Tb floats),
+ * Work goes in blocks: G images making about 64 tiles (so the late layers' 4x4 tile grids still
+ * fill vectors), one image, or a band of the tile rows of one beyond 1024 tiles (so a large
+ * image's transformed data stays bounded); a block transforms its input (V: 16 x Ci x Tb floats),
  * computes M point by point (16 x Co x Tb) and transforms it back into the output rows. Blocks
  * go to a fixed number of scratch slots.
  *
@@ -24,7 +25,10 @@
  * the tolerance of the reference tests (tests/unit/test_resnet.c). */
 
 #define WINO_SLOTS 16    /* scratch slots: blocks in flight at once (threads beyond it idle) */
-#define WINO_TILES 64    /* tile slots a block aims at */
+#define WINO_TILES 64 /* tile slots a block of small images aims at */
+#ifndef WINO_BAND
+#define WINO_BAND 1024 /* tiles of an image beyond which a block is a band of its tile rows */
+#endif
 #ifndef WINO_M_FLOATS
 #define WINO_M_FLOATS (24 << 10) /* M's chunk: 96 KiB */
 #endif
@@ -34,7 +38,8 @@ typedef struct {
   int64_t TH, TW, Timg;  /* tile rows and columns per image, their product */
   int64_t RW;            /* one half (even or odd columns) of a split padded row */
   int64_t Hp, Lpl;       /* padded rows; floats per split plane */
-  int64_t G, Tb, nblk;   /* images per block, tile slots per block (whole vectors), blocks */
+  int64_t G, R, nband;   /* a block: G images, or (G = 1) a band of R tile rows of one; bands per image */
+  int64_t Tr, Tb, nblk;  /* slots per image (or band) in a block, per block (whole vectors); blocks */
   int64_t nob;           /* output-channel blocks of OB */
   int64_t CC;            /* output channels per chunk of M (a multiple of OB) */
   int64_t pl, v, m, slot; /* a slot's layout: split planes, V, M; its size */
@@ -46,11 +51,21 @@ static void wgeo_of(int64_t N, int64_t I, int64_t O, int64_t H, int64_t W, int64
   g->RW = up(g->TW, VL) + VL; /* loads reach k + 1 for k up to up(TW, VL) - 1 */
   g->Hp = 2 * g->TH + 2;
   g->Lpl = g->Hp * 2 * g->RW;
-  g->G = (tiles + g->Timg - 1) / g->Timg;
-  if (g->G > N) g->G = N > 0 ? N : 1;
+  if (g->Timg > WINO_BAND) { /* large images in bands of tile rows (a 224x224 one, whole, would
+                              * need 16 x 12544 floats a channel) */
+    g->G = 1, g->R = WINO_BAND / g->TW;
+    if (g->R < 1) g->R = 1;
+    if (g->R > g->TH) g->R = g->TH;
+  } else { /* whole images, small ones several to a block (their tile grids fill few vectors);
+            * bands of 64 tiles ran ResNet's 28x28 layers 1.5x slower than whole images */
+    g->G = (tiles + g->Timg - 1) / g->Timg, g->R = g->TH;
+    if (g->G > N) g->G = N > 0 ? N : 1;
+  }
+  g->nband = (g->TH + g->R - 1) / g->R;
+  g->Tr = g->R * g->TW;
   /* a row's stores run up(TW, VL) slots from its start: the last one's spill fits */
-  g->Tb = up(g->G * g->Timg - g->TW + up(g->TW, VL), VL);
-  g->nblk = (N + g->G - 1) / g->G;
+  g->Tb = up(g->G * g->Tr - g->TW + up(g->TW, VL), VL);
+  g->nblk = (N + g->G - 1) / g->G * g->nband;
   g->nob = up(O, OB) / OB;
   g->pl = 0;
   g->v = g->pl + up(g->G * I * g->Lpl, 16);
@@ -62,6 +77,26 @@ static void wgeo_of(int64_t N, int64_t I, int64_t O, int64_t H, int64_t W, int64
 }
 
 static int64_t wino_slots(const wgeo *g) { return g->nblk < WINO_SLOTS ? g->nblk : WINO_SLOTS; }
+
+typedef struct {
+  int64_t n0, nn, ty0, ty1; /* its images, and its tile rows of each */
+} wblk;
+
+/* Block blk's images and tile rows; tile (i, ty) of it has slot i Tr + (ty - ty0) TW. */
+static wblk wblock(const wgeo *g, int64_t blk) {
+  wblk b;
+  int64_t band = blk % g->nband;
+  b.n0 = blk / g->nband * g->G;
+  b.nn = g->N - b.n0 < g->G ? g->N - b.n0 : g->G;
+  b.ty0 = band * g->R;
+  b.ty1 = b.ty0 + g->R < g->TH ? b.ty0 + g->R : g->TH;
+  return b;
+}
+
+/* The first slot past the block's last row's stores (its lanes past TW included). */
+static int64_t wblock_used(const wgeo *g, const wblk *b) {
+  return (b->nn - 1) * g->Tr + (b->ty1 - b->ty0 - 1) * g->TW + up(g->TW, VL);
+}
 
 /* U[xi][ob][ci][c] = (G g G')[xi] of output channel ob OB + c's filter for input channel ci
  * (zeros past O); flip: g is w[ci][co] rotated by 180 degrees (the input gradient's filter). */
@@ -187,10 +222,11 @@ static inline vf v_keep(vf v, int64_t n) { return _mm512_maskz_mov_ps(v_mask(n),
  * lanes are zeroed (the right padding: loaded from the next rows, or masked where the load would
  * leave the plane). The row's other entries that wino_in_row reads are set to zero here, so the plane needs
  * no clearing. */
-static void wino_split_plane(float *pl, const float *src, const wgeo *g) {
+static void wino_split_plane(float *pl, const float *src, const wgeo *g, int64_t ty0, int64_t ty1) {
   int64_t xe = up(g->W, 2 * VL); /* columns the vector loop covers */
-  memset(pl, 0, sizeof(float) * (size_t)(2 * g->RW));
-  for (int64_t y = 0; y < g->H; y++) {
+  int64_t r0 = 2 * ty0, r1 = 2 * ty1 + 2; /* the padded rows tile rows [ty0, ty1) read */
+  if (r0 == 0) memset(pl, 0, sizeof(float) * (size_t)(2 * g->RW));
+  for (int64_t y = r0 > 0 ? r0 - 1 : 0; y < g->H && y + 1 < r1; y++) {
     float *E = pl + (y + 1) * 2 * g->RW, *O = E + g->RW;
     const float *s = src + y * g->W;
     for (int64_t x = 0; x < xe; x += 2 * VL) {
@@ -204,7 +240,7 @@ static void wino_split_plane(float *pl, const float *src, const wgeo *g) {
     }
     E[0] = 0.0f, O[xe / 2] = 0.0f;
   }
-  memset(pl + (g->H + 1) * 2 * g->RW, 0, sizeof(float) * (size_t)((g->Hp - g->H - 1) * 2 * g->RW));
+  if (r1 > g->H + 1) memset(pl + (g->H + 1) * 2 * g->RW, 0, sizeof(float) * (size_t)((g->Hp - g->H - 1) * 2 * g->RW));
 }
 
 /* V[xi][ci][t0 + tx] = (B' d B)[xi] for the tiles of tile row ty of one split plane, VL at a
@@ -271,8 +307,9 @@ typedef struct {
  * interleaved and stored (with the bias, or added) into y. Whole vectors: a row's last group
  * runs past its end into the next rows, so it goes first (their own groups, after it, write
  * those columns again; added, the lanes past the end are zeros); a row whose end would run past
- * its plane's (into another plane's, or past y) ends through a buffer. */
-static void wino_out_row(const wino_ctx *c, const float *M, int64_t ldm, int64_t n, int64_t co, int64_t ty) {
+ * the block's last row, ylim - 1 (into rows another block writes, or another plane, or past y),
+ * ends through a buffer. */
+static void wino_out_row(const wino_ctx *c, const float *M, int64_t ldm, int64_t n, int64_t co, int64_t ty, int64_t ylim) {
   const wgeo *g = c->g;
   float *y0 = c->y + ((n * g->O + co) * g->H + 2 * ty) * g->W;
   float bias = c->bias ? c->bias[co] : 0.0f;
@@ -292,7 +329,7 @@ static void wino_out_row(const wino_ctx *c, const float *M, int64_t ldm, int64_t
       v_zip(e, o, &lo, &hi);
       float *d = y0 + a * g->W + 2 * k;
       int64_t n0 = g->W - 2 * k, n1 = n0 - VL; /* columns left for lo, for hi */
-      if (n1 < VL && (g->H - 1 - 2 * ty - a) * g->W < VL - n1) { /* it would leave the plane: a buffer */
+      if (n1 < VL && (ylim - 1 - 2 * ty - a) * g->W < VL - n1) { /* it would leave the block's rows: a buffer */
         float buf[2 * VL];
         v_store(buf, lo), v_store(buf + VL, hi);
         if (c->add)
@@ -312,15 +349,16 @@ static void wino_out_row(const wino_ctx *c, const float *M, int64_t ldm, int64_t
 static void wino_block(const wino_ctx *c, float *slot, int64_t blk) {
   const wgeo *g = c->g;
   float *pl = slot + g->pl, *V = slot + g->v, *M = slot + g->m;
-  int64_t n0 = blk * g->G, nn = g->N - n0 < g->G ? g->N - n0 : g->G;
-  for (int64_t i = 0; i < nn; i++)
+  wblk b = wblock(g, blk);
+  for (int64_t i = 0; i < b.nn; i++)
     for (int64_t ci = 0; ci < g->I; ci++) {
       float *p = pl + (i * g->I + ci) * g->Lpl;
-      wino_split_plane(p, c->x + ((n0 + i) * g->I + ci) * g->H * g->W, g);
-      for (int64_t ty = 0; ty < g->TH; ty++) wino_in_row(V + ci * g->Tb + i * g->Timg + ty * g->TW, g->I * g->Tb, p, ty, g);
+      wino_split_plane(p, c->x + ((b.n0 + i) * g->I + ci) * g->H * g->W, g, b.ty0, b.ty1);
+      for (int64_t ty = b.ty0; ty < b.ty1; ty++)
+        wino_in_row(V + ci * g->Tb + i * g->Tr + (ty - b.ty0) * g->TW, g->I * g->Tb, p, ty, g);
     }
-  /* slots past the block's tiles (a short last block): zeros, not stale or unset memory */
-  int64_t used = nn * g->Timg - g->TW + up(g->TW, VL);
+  /* slots past the block's tiles (a short last block or band): zeros, not stale or unset memory */
+  int64_t used = wblock_used(g, &b), ylim = 2 * b.ty1 < g->H ? 2 * b.ty1 : g->H;
   for (int64_t r = 0; r < 16 * g->I; r++)
     for (int64_t t = used; t < g->Tb; t++) V[r * g->Tb + t] = 0.0f;
   /* output channels in chunks of CC, point by point: a point's V (Ci x Tb) stays in L1 while the
@@ -338,9 +376,9 @@ static void wino_block(const wino_ctx *c, float *slot, int64_t blk) {
         else if (g->Tb - t == VL) wino_tile(1, Mx + t, Vx + t, Ux, g);
       }
     for (int64_t co = c0; co < c1 && co < g->O; co++)
-      for (int64_t i = 0; i < nn; i++)
-        for (int64_t ty = 0; ty < g->TH; ty++)
-          wino_out_row(c, M + (co - c0) * g->Tb + i * g->Timg + ty * g->TW, g->CC * g->Tb, n0 + i, co, ty);
+      for (int64_t i = 0; i < b.nn; i++)
+        for (int64_t ty = b.ty0; ty < b.ty1; ty++)
+          wino_out_row(c, M + (co - c0) * g->Tb + i * g->Tr + (ty - b.ty0) * g->TW, g->CC * g->Tb, b.n0 + i, co, ty, ylim);
   }
 }
 
@@ -433,21 +471,22 @@ static void wino_dw_block(const dw_wctx *c, float *slot, float *part, int64_t bl
   const dgeo *d = c->d;
   const wgeo *g = &d->g;
   float *pl = slot, *V = slot + d->v, *Mg = slot + d->mg;
-  int64_t n0 = blk * g->G, nn = g->N - n0 < g->G ? g->N - n0 : g->G;
-  for (int64_t i = 0; i < nn; i++)
+  wblk b = wblock(g, blk);
+  for (int64_t i = 0; i < b.nn; i++)
     for (int64_t ci = 0; ci < g->I; ci++) {
       float *p = pl + (i * g->I + ci) * g->Lpl;
-      wino_split_plane(p, c->x + ((n0 + i) * g->I + ci) * g->H * g->W, g);
-      for (int64_t ty = 0; ty < g->TH; ty++) wino_in_row(V + ci * g->Tb + i * g->Timg + ty * g->TW, d->Ip * g->Tb, p, ty, g);
+      wino_split_plane(p, c->x + ((b.n0 + i) * g->I + ci) * g->H * g->W, g, b.ty0, b.ty1);
+      for (int64_t ty = b.ty0; ty < b.ty1; ty++)
+        wino_in_row(V + ci * g->Tb + i * g->Tr + (ty - b.ty0) * g->TW, d->Ip * g->Tb, p, ty, g);
     }
-  for (int64_t i = 0; i < nn; i++)
+  for (int64_t i = 0; i < b.nn; i++)
     for (int64_t co = 0; co < g->O; co++)
-      for (int64_t ty = 0; ty < g->TH; ty++)
-        wino_dy_row(Mg + co * g->Tb + i * g->Timg + ty * g->TW, d->Op * g->Tb,
-                    c->dy + ((n0 + i) * g->O + co) * g->H * g->W, ty, g);
+      for (int64_t ty = b.ty0; ty < b.ty1; ty++)
+        wino_dy_row(Mg + co * g->Tb + i * g->Tr + (ty - b.ty0) * g->TW, d->Op * g->Tb,
+                    c->dy + ((b.n0 + i) * g->O + co) * g->H * g->W, ty, g);
   /* the lanes summed: whole vectors over the block's tiles; past the rows' stores, and in the
-   * channels past the last (up to a tile of 3), zeros */
-  int64_t Tv = up(nn * g->Timg, VL), used = nn * g->Timg - g->TW + up(g->TW, VL);
+   * channels past the last (up to a tile of 3), zeros (the stores' lanes past TW are zeros in dM) */
+  int64_t used = wblock_used(g, &b), Tv = up((b.nn - 1) * g->Tr + (b.ty1 - b.ty0) * g->TW, VL);
   for (int xi = 0; xi < 16; xi++) {
     for (int64_t r = 0; r < d->Ip; r++)
       for (int64_t t = r < g->I ? used : 0; t < Tv; t++) V[(xi * d->Ip + r) * g->Tb + t] = 0.0f;
@@ -533,14 +572,18 @@ static void wino_dw_final(void *vc, int64_t a, int64_t b) {
 
 /* ---- the entry points ---------------------------------------------------------------------- */
 
+/* 3x3, stride 1, pad 1; at 8 channels or more each way: with fewer (a network's first layer, on
+ * 1 or 3 image channels) the transforms outweigh the products saved, and the direct kernel is
+ * faster (28x28, 1 -> 16 channels: 18 against 23 GFLOP/s forward, 11 against 20 weight gradient).
+ * The kernels themselves take any channel count (test_conv_emulated runs them on 2-40). */
 static int wino_fits(const tdm_conv_shape *s) {
-  return s->stride == 1 && s->KH == 3 && s->KW == 3 && s->pad == 1 && s->OH == s->H && s->OW == s->W;
+  return s->stride == 1 && s->KH == 3 && s->KW == 3 && s->pad == 1 && s->OH == s->H && s->OW == s->W && s->Ci >= 8 &&
+         s->Co >= 8;
 }
 
 /* U first, then the slots; for both directions (the input gradient swaps I and O), and the
  * weight gradient's slots and partial sums. */
-static int64_t wino_ws_floats(const tdm_conv_shape *s) {
-  if (!wino_fits(s)) return 0;
+static int64_t wino_ws_any(const tdm_conv_shape *s) {
   int64_t best = 0;
   for (int d = 0; d < 2; d++) {
     wgeo g;
@@ -551,6 +594,8 @@ static int64_t wino_ws_floats(const tdm_conv_shape *s) {
   int64_t d = wino_dw_floats(s);
   return (best > d ? best : d) + 16; /* + alignment */
 }
+
+static int64_t wino_ws_floats(const tdm_conv_shape *s) { return wino_fits(s) ? wino_ws_any(s) : 0; }
 
 static void wino_run(float *y, const float *x, const float *w, const float *b, float *ws, int flip, int add,
                      int64_t N, int64_t I, int64_t O, int64_t H, int64_t W) {
