@@ -1,6 +1,7 @@
-/* Winograd F(2x2, 3x3) for the 3x3, stride 1, pad 1 convolutions (ResNet's all but two): the
- * forward and the input gradient (the same convolution of the output gradient with the weights
- * flipped and transposed). Included by conv_direct_impl.h, whose vector macros (VL, vf, v_*) and
+/* Winograd F(2x2, 3x3) for the 3x3, stride 1, pad 1 convolutions (resnet20's 3x3 ones but its
+ * first and its two strided ones): the forward, the input gradient (the same convolution of the
+ * output gradient with the weights flipped and transposed) and the weight gradient (below, "the
+ * weight gradient"). Included by conv_direct_impl.h, whose vector macros (VL, vf, v_*) and
  * register tile (OB output channels x PB vectors) it uses.
  *
  * A 2x2 block of outputs is Y = A' [ (G g G') * (B' d B) ] A over its 4x4 input patch d: the 16
@@ -16,12 +17,12 @@
  * Work goes in blocks: G images making about 64 tiles (so the late layers' 4x4 tile grids still
  * fill vectors), one image, or a band of the tile rows of one beyond 1024 tiles (so a large
  * image's transformed data stays bounded); a block transforms its input (V: 16 x Ci x Tb floats),
- * computes M point by point (16 x Co x Tb) and transforms it back into the output rows. Blocks
- * go to a fixed number of scratch slots.
+ * computes M point by point for a chunk of output channels at a time and transforms it back into
+ * the output rows. Blocks go to a fixed number of scratch slots.
  *
- * Bits: each output depends on its own patch and the weights only, in a fixed order (the sum
- * over input channels in order, then the transform): not on the block, the slot, the thread
- * count or the batch split. They differ from the direct kernel's (the transforms round), within
+ * Bits: each output of the forward and input gradient depends on its own patch and the weights
+ * only, in a fixed order (the sum over input channels in order, then the transform): not on the
+ * block, the slot, the thread count or the batch split. They differ from the direct kernel's (the transforms round), within
  * the tolerance of the reference tests (tests/unit/test_resnet.c). */
 
 #define WINO_SLOTS 16    /* scratch slots: blocks in flight at once (threads beyond it idle) */
