@@ -428,10 +428,22 @@ static void dgeo_of(const tdm_conv_shape *s, dgeo *d) {
   d->S = g->nblk < WINO_SLOTS ? g->nblk : WINO_SLOTS;
 }
 
+/* Each slot's partial sums are 16 Op Ip floats: 17 MiB at 512 channels, x 16 slots. Beyond
+ * WINO_DW_PARTS floats in all the direct kernel forms the weight gradient (its sums are the
+ * shape's and the thread count's neither), so the workspace stays within tens of MiB. */
+#ifndef WINO_DW_PARTS
+#define WINO_DW_PARTS ((int64_t)8 << 20)
+#endif
+static int wino_dw_fits(const tdm_conv_shape *s) {
+  dgeo d;
+  dgeo_of(s, &d);
+  return d.S * d.part <= WINO_DW_PARTS;
+}
+
 static int64_t wino_dw_floats(const tdm_conv_shape *s) {
   dgeo d;
   dgeo_of(s, &d);
-  return d.S * (d.slot + d.part) + 16;
+  return d.S * d.part <= WINO_DW_PARTS ? d.S * (d.slot + d.part) + 16 : 0;
 }
 
 /* dM[xi][co][t0 + tx] for tile row ty of one output-gradient plane, VL tiles at a time: rows 2 ty
@@ -618,8 +630,10 @@ static void wino_dx(float *dx, int dx_set, const float *dout, const float *w, fl
   wino_run(dx, dout, w, NULL, ws, 1, !dx_set, s->N, s->Co, s->Ci, s->H, s->W);
 }
 
-/* dw += the weight gradient (dw's layout: w's). */
-static void wino_dw(float *dw, const float *dout, const float *x, float *ws, const tdm_conv_shape *s) {
+/* dw += the weight gradient (dw's layout: w's): 1, or 0 where the partial sums would be too
+ * large (wino_dw_fits: nothing done, the direct kernel's to do). */
+static int wino_dw(float *dw, const float *dout, const float *x, float *ws, const tdm_conv_shape *s) {
+  if (!wino_dw_fits(s)) return 0;
   dgeo d;
   dgeo_of(s, &d);
   ws = aligned(ws);
@@ -628,4 +642,5 @@ static void wino_dw(float *dw, const float *dout, const float *x, float *ws, con
   dw_fctx f = {&d, ws + d.S * d.slot, dw};
   tdm_parallel_for(d.part, 1024, wino_dw_sum, &f);
   tdm_parallel_for(s->Co * s->Ci, 16, wino_dw_final, &f);
+  return 1;
 }

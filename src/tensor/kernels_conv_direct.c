@@ -127,8 +127,8 @@ void tdm_k_conv2d_bwd_direct(float *dx, int dx_set, float *dw, float *db, const 
   const tdm__conv_direct_impl *t = impl;
   if (winograd && t->wino_fits(s)) { /* they share ws, one after the other */
     if (dx) t->wino_dx(dx, dx_set, dout, w, ws, s);
-    if (dw) t->wino_dw(dw, dout, x, ws, s);
-    if (db) t->bwd(NULL, 0, NULL, db, dout, x, w, ws, s);
+    if (dw && t->wino_dw(dw, dout, x, ws, s)) dw = NULL; /* (declined at several hundred channels) */
+    if (dw || db) t->bwd(NULL, 0, dw, db, dout, x, w, ws, s);
   } else {
     t->bwd(dx, dx_set, dw, db, dout, x, w, ws, s);
   }

@@ -148,6 +148,34 @@ static void for_each_conv_path(void (*check)(void), int with_im2col) {
   }
   if (!ran) printf("  (no direct convolution kernels: this CPU has none, or TANDEM_CONV=im2col)\n");
 }
+/* Winograd's weight gradient keeps 16 x Co x Ci partial sums per scratch slot; at several hundred
+ * channels (here 400, 16 slots: 41M floats) it declines and the direct kernel forms it: the same
+ * bytes as with Winograd off. At 16 channels it runs: different bytes (the control). */
+static void test_winograd_dw_declines_large(void) {
+  if (!tdm_k_conv2d_winograd_on(NULL)) {
+    printf("  (no Winograd here: no direct kernels, or TANDEM_CONV=im2col / TANDEM_WINOGRAD=off)\n");
+    return;
+  }
+  const int64_t cases[][3] = {{64, 400, 4}, {8, 16, 8}}; /* N, C, H = W */
+  for (int c = 0; c < 2; c++) {
+    tdm_conv_shape s = {cases[c][0], cases[c][1], cases[c][2], cases[c][2], cases[c][1], 3, 3, 1, 1, cases[c][2], cases[c][2]};
+    int64_t nx = s.N * s.Ci * s.H * s.W, nw = s.Co * s.Ci * 9;
+    float *x = malloc(sizeof(float) * nx), *dy = malloc(sizeof(float) * nx), *w = malloc(sizeof(float) * nw);
+    float *dw[2] = {calloc(nw, 4), calloc(nw, 4)}, *ws = malloc(sizeof(float) * tdm_k_conv2d_ws_floats(&s));
+    fill(x, nx, 71, 1), fill(dy, nx, 72, 1), fill(w, nw, 73, 0.1f);
+    CHECK(tdm_k_conv2d_winograd_on(&s));
+    for (int on = 0; on < 2; on++) {
+      tdm_k_conv2d_winograd_enable(on);
+      tdm_k_conv2d_bwd_batched(NULL, 0, dw[on], NULL, dy, x, w, ws, &s);
+    }
+    tdm_k_conv2d_winograd_enable(1);
+    int same = !memcmp(dw[0], dw[1], sizeof(float) * nw);
+    CHECK_MSG(same == (c == 0), "%lld channels: the weight gradient with Winograd on is %s the direct kernel's",
+              (long long)s.Ci, same ? "byte for byte" : "not");
+    free(x), free(dy), free(w), free(dw[0]), free(dw[1]), free(ws);
+  }
+}
+
 static void test_conv_batched_matches_reference(void) { for_each_conv_path(conv_batched_matches_reference, 1); }
 static void test_conv_direct_threads_bitwise(void) { for_each_conv_path(conv_direct_threads_bitwise, 0); }
 
@@ -655,6 +683,7 @@ int main(void) {
   tdm_test_case cases[] = {
       {"conv_batched_matches_reference", test_conv_batched_matches_reference},
       {"conv_direct_threads_bitwise", test_conv_direct_threads_bitwise},
+      {"winograd_dw_declines_large", test_winograd_dw_declines_large},
       {"bn_gradcheck", test_bn_gradcheck},
       {"bn_statistics", test_bn_statistics},
       {"bn_bad_input", test_bn_bad_input},
