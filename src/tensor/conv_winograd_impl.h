@@ -234,7 +234,8 @@ static void wino_split_plane(float *pl, const float *src, const wgeo *g, int64_t
       vf ev, od;
       int64_t n = g->W - x;
       if (n >= 2 * VL) v_split(v_load(s + x), v_load(s + x + VL), &ev, &od);
-      else if ((g->H - 1 - y) * g->W >= 2 * VL - n) v_split(v_keep(v_load(s + x), n), v_keep(v_load(s + x + VL), n - VL), &ev, &od);
+      else if ((g->H - 1 - y) * g->W >= 2 * VL - n) /* the loads stay in the plane */
+        v_split(v_keep(v_load(s + x), n), v_keep(v_load(s + x + VL), n - VL), &ev, &od);
       else v_split(v_load_n(s + x, n), v_load_n(s + x + VL, n - VL), &ev, &od);
       v_store(O + x / 2, ev);
       v_store(E + x / 2 + 1, od);
@@ -394,13 +395,15 @@ static void wino_range(void *vc, int64_t a, int64_t b) {
 
 /* ---- the weight gradient ------------------------------------------------------------------- */
 
-/* The forward's transpose: with dM = A dY A' per tile (A = A'' : rows 1 0, 1 1, 1 -1, 0 -1),
+/* The forward's transpose: with dM = A dY A' per tile (A, the transpose of A': rows 1 0, 1 1,
+ * 1 -1, 0 -1),
  *     dU[xi][co][ci] = sum over tiles t of dM[xi][co][t] V[xi][ci][t],   dw += G' dU G,
  * V the forward's input transform. The sum over tiles runs in VL lanes, in register tiles of DCO
  * output x DCI input channels (AVX2: 4 x 2, 6 loads for 8 FMAs; 16 wide: 4 x 4), each block's
- * lanes added into a slot's partial sums (16 Op Ip floats, four accumulators' lanes at a time); the slots are added in slot order at the end. Bits: the block and
- * slot of each tile are the shape's, so nothing depends on the thread count (the batch split
- * does change them, as it changes any sum over images). */
+ * lanes added into a slot's partial sums (16 Op Ip floats, four accumulators' lanes at a time);
+ * the slots are added in slot order at the end. Bits: the block and slot of each tile are the
+ * shape's, so nothing depends on the thread count (the batch split does change them, as it
+ * changes any sum over images). */
 
 /* The weight gradient's register tile: channel counts that are multiples of 4 fill it (a 3 x 3
  * tile padded resnet20's 16 channels to 18: 27% more products, the sum at the FMA's peak) */
@@ -439,8 +442,8 @@ static void dgeo_of(const tdm_conv_shape *s, dgeo *d) {
 }
 
 /* Each slot's partial sums are 16 Op Ip floats: 17 MiB at 512 channels, x 16 slots. Beyond
- * WINO_DW_PARTS floats in all the direct kernel forms the weight gradient (its sums are the
- * shape's and the thread count's neither), so the workspace stays within tens of MiB. */
+ * WINO_DW_PARTS floats in all, the direct kernel forms the weight gradient (its bits, too, do
+ * not depend on the thread count), so the workspace stays within tens of MiB. */
 #ifndef WINO_DW_PARTS
 #define WINO_DW_PARTS ((int64_t)8 << 20)
 #endif
