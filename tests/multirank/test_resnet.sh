@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # ResNet under tandem run, on a small generated CIFAR-style binary data set, with random flips (and
 # crops for one step; keyed by the sample's position, so they do not break the equivalence): 2 ranks x 8 with
-# --sync-bn == 1 process x 16 (parameters and BN running statistics within 1e-5 relative, losses
-# within 1e-5) and without it they differ (the documented difference); --sync-bn on one process is
+# --sync-bn == 1 process x 16 (after a step parameters and BN running statistics within 1e-5
+# relative and the loss within 1e-5; over three steps the losses within 1e-4) and without it they
+# differ (the documented difference); --sync-bn on one process is
 # a no-op, bit for bit; a batch file of the wrong dimensions, --sync-bn without batch norm and the
 # layouts that would lose the running statistics (--ps-servers, --zero 3) are clear errors.
 # usage: test_resnet.sh path/to/tandem
@@ -31,7 +32,9 @@ A=(train --model resnet --width 4 --data cifar-bin --data-dir "$D" --steps 3 --t
 "$T" "${A[@]}" --batch-size 16 --save-weights "$TMP/one.st" --metrics "$TMP/one.m" >"$TMP/one.out" 2>&1 ||
   { echo "FAIL the one-process reference did not run:"; tail -3 "$TMP/one.out"; exit 1; }
 losses() { grep -o '"loss":[0-9.e+-]*' "$1" | cut -d: -f2; }
-close_losses() { paste <(losses "$1") <(losses "$2") | awk 'NF != 2 || ($1 - $2) > 1e-5 || ($2 - $1) > 1e-5 { bad = 1 } END { exit bad || NR != 3 }'; }
+close_losses() { # one.m two.m tolerance steps
+  paste <(losses "$1") <(losses "$2") | awk -v t="$3" -v n="$4" 'NF != 2 || ($1 - $2) > t || ($2 - $1) > t { bad = 1 } END { exit bad || NR != n }'
+}
 reads_both_files() { grep -q "(64 train / 20 test samples)" "$TMP/one.out"; }
 check "the CIFAR-style reader takes every data_batch_N.bin and test_batch.bin (64 / 20 samples)" reads_both_files
 names_conv_path() { grep -qE '"conv_isa":"(avx512|avx2|none)"' "$TMP/one.m"; }
@@ -51,12 +54,21 @@ winograd_env_checked() { # on with the direct kernels (env.conv_winograd), off b
     grep -q '"conv_winograd":"off"' "$TMP/nowino.m" || { tail -3 "$TMP/wino.out"; return 1; }
 }
 check "env.conv_winograd says whether 3x3 convolutions run Winograd; TANDEM_WINOGRAD=off turns it off, =maybe is warned about" winograd_env_checked
+# One step: the same gradients, so parameters and running statistics within 1e-5. Over three steps
+# only the losses, within 1e-4: once the two runs' weights differ by rounding, a ReLU input within
+# rounding of zero can take the other side in one of them, and that unit's gradient differs in
+# full (measured: after 3 steps the weights differed beyond 1e-5 for 7 of 24 seeds with the direct
+# convolutions and 11 of 24 with Winograd, after 2 steps for 2 of 16; after 1 step for none of 20
+# either way; the 3-step losses within 3.2e-5 for all of 20 seeds).
 sync_two() {
-  "$T" run -n 2 -- tandem "${A[@]}" --batch-size 8 --sync-bn --save-weights "$TMP/two.st" --metrics "$TMP/two.m" >"$TMP/two.out" 2>&1 &&
-    "$T" weights-diff "$TMP/one.st" "$TMP/two.st" --rtol 1e-5 --quiet >/dev/null && close_losses "$TMP/one.m" "$TMP/two.m" ||
-    { tail -3 "$TMP/two.out"; "$T" weights-diff "$TMP/one.st" "$TMP/two.st" --rtol 1e-5 | tail -3; return 1; }
+  "$T" "${A[@]}" --steps 1 --batch-size 16 --save-weights "$TMP/one1.st" --metrics "$TMP/one1.m" >/dev/null 2>&1 &&
+    "$T" run -n 2 -- tandem "${A[@]}" --steps 1 --batch-size 8 --sync-bn --save-weights "$TMP/two1.st" --metrics "$TMP/two1.m" >"$TMP/two.out" 2>&1 &&
+    "$T" weights-diff "$TMP/one1.st" "$TMP/two1.st" --rtol 1e-5 --quiet >/dev/null && close_losses "$TMP/one1.m" "$TMP/two1.m" 1e-5 1 &&
+    "$T" run -n 2 -- tandem "${A[@]}" --batch-size 8 --sync-bn --metrics "$TMP/two.m" >"$TMP/two.out" 2>&1 &&
+    close_losses "$TMP/one.m" "$TMP/two.m" 1e-4 3 ||
+    { tail -3 "$TMP/two.out"; "$T" weights-diff "$TMP/one1.st" "$TMP/two1.st" --rtol 1e-5 | tail -3; return 1; }
 }
-check "2 ranks x 8 --sync-bn == 1 process x 16: parameters, running statistics (rtol 1e-5) and losses" sync_two
+check "2 ranks x 8 --sync-bn == 1 process x 16: after one step parameters, running statistics (rtol 1e-5) and loss; losses over three (1e-4)" sync_two
 no_sync_differs() {
   "$T" run -n 2 -- tandem "${A[@]}" --batch-size 8 --save-weights "$TMP/ns.st" >/dev/null 2>&1 &&
     ! "$T" weights-diff "$TMP/one.st" "$TMP/ns.st" --rtol 1e-3 --quiet >/dev/null 2>&1
