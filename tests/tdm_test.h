@@ -94,6 +94,25 @@ static inline int tdm_test_main(const tdm_test_case *cases, int n) {
   }
 #define T(fn) {#fn, fn}
 
+/* max |a - b| over n floats; infinity where either holds a NaN (fmax would drop it, and a kernel
+ * writing NaN would pass every tolerance). */
+static inline double tdm_test_max_abs_diff(const float *a, const float *b, int64_t n) {
+  double m = 0;
+  for (int64_t i = 0; i < n; i++) {
+    double d = fabs((double)a[i] - (double)b[i]);
+    if (d != d) return INFINITY;
+    if (d > m) m = d;
+  }
+  return m;
+}
+
+/* p[0..n) = scale x standard normal draws of a generator seeded with seed. */
+static inline void tdm_test_fill_normal(float *p, int64_t n, uint64_t seed, float scale) {
+  tdm_rng r;
+  tdm_rng_seed(&r, seed);
+  for (int64_t i = 0; i < n; i++) p[i] = scale * tdm_rng_normal(&r);
+}
+
 /* max |a - b| / (atol + rtol |b|) over n floats: <= 1 means within tolerance. */
 static inline double tdm_test_rel_err(const float *a, const float *b, int64_t n, double atol, double rtol,
                                       double *max_abs) {

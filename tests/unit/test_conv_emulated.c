@@ -12,18 +12,6 @@
 
 #include "tdm_test.h"
 
-static void fill(float *p, int64_t n, uint64_t seed, float scale) {
-  tdm_rng r;
-  tdm_rng_seed(&r, seed);
-  for (int64_t i = 0; i < n; i++) p[i] = scale * tdm_rng_normal(&r);
-}
-
-static double max_abs_diff(const float *a, const float *b, int64_t n) {
-  double m = 0;
-  for (int64_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - (double)b[i]));
-  return m;
-}
-
 /* Sizes around the vector (16 floats: 2 x 16 input columns per split, 16 tiles per group) and
  * the shapes ResNet and the small CNN use, Winograd's blocks of several images and its bands of
  * tile rows; forward, dx written and added, dw and db; the Winograd path and the direct one for
@@ -49,7 +37,7 @@ static void test_emulated_matches_reference(void) {
     int64_t nws = emulated16.ws_floats(&s), nwino = wino_ws_any(&s); /* (the kernels at any channel count) */
     if (nwino > nws) nws = nwino;
     float *ws = malloc(sizeof(float) * nws);
-    fill(x, nx, 11 + c, 1), fill(w, nw, 12 + c, 0.3f), fill(b, s.Co, 13 + c, 1), fill(dy, ny, 14 + c, 1);
+    tdm_test_fill_normal(x, nx, 11 + c, 1), tdm_test_fill_normal(w, nw, 12 + c, 0.3f), tdm_test_fill_normal(b, s.Co, 13 + c, 1), tdm_test_fill_normal(dy, ny, 14 + c, 1);
     tdm_k_conv2d_fwd(y0, x, w, b, col, &s);
     tdm_k_conv2d_bwd(dx0, dw0, db0, dy, x, w, col, &s);
     double tol = 1e-4 * sqrt((double)(s.Ci * s.KH * s.KW + s.N * s.OH * s.OW));
@@ -60,16 +48,16 @@ static void test_emulated_matches_reference(void) {
       for (int64_t i = 0; i < ny; i++) y1[i] = NAN;
       if (wino) emulated16.wino_fwd(y1, x, w, b, ws, &s);
       else emulated16.fwd(y1, x, w, b, ws, &s);
-      CHECK_MSG(max_abs_diff(y0, y1, ny) < tol, "case %zu (%s): out differs by %g", c, path, max_abs_diff(y0, y1, ny));
+      CHECK_MSG(tdm_test_max_abs_diff(y0, y1, ny) < tol, "case %zu (%s): out differs by %g", c, path, tdm_test_max_abs_diff(y0, y1, ny));
       if (s.stride != 1) continue; /* (strided dx: im2col, outside these kernels) */
       for (int64_t i = 0; i < nx; i++) dx1[i] = NAN; /* written over, not added to */
       if (wino) emulated16.wino_dx(dx1, 1, dy, w, ws, &s);
       else emulated16.bwd(dx1, 1, NULL, NULL, dy, x, w, ws, &s);
-      CHECK_MSG(max_abs_diff(dx0, dx1, nx) < tol, "case %zu (%s): dx differs by %g", c, path, max_abs_diff(dx0, dx1, nx));
+      CHECK_MSG(tdm_test_max_abs_diff(dx0, dx1, nx) < tol, "case %zu (%s): dx differs by %g", c, path, tdm_test_max_abs_diff(dx0, dx1, nx));
       if (wino) emulated16.wino_dx(dx1, 0, dy, w, ws, &s);
       else emulated16.bwd(dx1, 0, NULL, NULL, dy, x, w, ws, &s);
       for (int64_t i = 0; i < nx; i++) dx1[i] -= dx0[i]; /* added: twice the gradient */
-      CHECK_MSG(max_abs_diff(dx0, dx1, nx) < 2 * tol, "case %zu (%s): dx added differs by %g", c, path, max_abs_diff(dx0, dx1, nx));
+      CHECK_MSG(tdm_test_max_abs_diff(dx0, dx1, nx) < 2 * tol, "case %zu (%s): dx added differs by %g", c, path, tdm_test_max_abs_diff(dx0, dx1, nx));
     }
     for (int wino = 0; wino < 1 + geo; wino++) {
       for (int64_t i = 0; i < nws; i++) ws[i] = NAN;
@@ -78,9 +66,9 @@ static void test_emulated_matches_reference(void) {
       if (wino) CHECK_MSG(emulated16.wino_dw(dw1, dy, x, ws, &s), "case %zu: the Winograd weight gradient declined", c);
       else emulated16.bwd(NULL, 0, dw1, db1, dy, x, w, ws, &s);
       for (int64_t i = 0; i < nw; i++) dw1[i] -= 1.0f;
-      CHECK_MSG(max_abs_diff(dw0, dw1, nw) < tol, "case %zu (%s): dw differs by %g", c, wino ? "winograd" : "direct",
-                max_abs_diff(dw0, dw1, nw));
-      if (!wino) CHECK_MSG(max_abs_diff(db0, db1, s.Co) < tol, "case %zu: db differs by %g", c, max_abs_diff(db0, db1, s.Co));
+      CHECK_MSG(tdm_test_max_abs_diff(dw0, dw1, nw) < tol, "case %zu (%s): dw differs by %g", c, wino ? "winograd" : "direct",
+                tdm_test_max_abs_diff(dw0, dw1, nw));
+      if (!wino) CHECK_MSG(tdm_test_max_abs_diff(db0, db1, s.Co) < tol, "case %zu: db differs by %g", c, tdm_test_max_abs_diff(db0, db1, s.Co));
     }
     free(x), free(w), free(b), free(dy), free(y0), free(y1), free(dx0), free(dx1), free(dw0), free(dw1), free(db0), free(db1),
         free(col), free(ws);

@@ -6,18 +6,6 @@
 #include "tdm_test.h"
 #include "tandem/kernels.h"
 
-static void fill(float *p, int64_t n, uint64_t seed, float scale) {
-  tdm_rng r;
-  tdm_rng_seed(&r, seed);
-  for (int64_t i = 0; i < n; i++) p[i] = scale * tdm_rng_normal(&r);
-}
-
-static double max_abs_diff(const float *a, const float *b, int64_t n) {
-  double m = 0;
-  for (int64_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - (double)b[i]));
-  return m;
-}
-
 /* The batched kernels equal the per-image im2col reference (the old kernel), forward and every
  * gradient, including shapes cut into several chunks and, where the CPU has AVX-512 or AVX2, the
  * direct kernels (3x3 and 5x5 "same" convolutions and 3x3 stride 2, odd and even sizes; channel
@@ -41,21 +29,21 @@ static void conv_batched_matches_reference(void) {
           *db1 = calloc(s.Co, 4);
     float *col = malloc(sizeof(float) * s.Ci * s.KH * s.KW * s.OH * s.OW);
     float *ws = malloc(sizeof(float) * tdm_k_conv2d_ws_floats(&s));
-    fill(x, nx, 1 + c, 1), fill(w, nw, 2 + c, 0.3f), fill(b, s.Co, 3 + c, 1), fill(dy, ny, 4 + c, 1);
+    tdm_test_fill_normal(x, nx, 1 + c, 1), tdm_test_fill_normal(w, nw, 2 + c, 0.3f), tdm_test_fill_normal(b, s.Co, 3 + c, 1), tdm_test_fill_normal(dy, ny, 4 + c, 1);
     tdm_k_conv2d_fwd(y0, x, w, b, col, &s);
     tdm_k_conv2d_fwd_batched(y1, x, w, b, ws, &s);
     tdm_k_conv2d_bwd(dx0, dw0, db0, dy, x, w, col, &s);
     for (int64_t i = 0; i < nx; i++) dx1[i] = 1e3f; /* written over, not added to */
     tdm_k_conv2d_bwd_batched(dx1, 1, dw1, db1, dy, x, w, ws, &s);
     double tol = 1e-4 * sqrt((double)(s.Ci * s.KH * s.KW + s.N * s.OH * s.OW));
-    CHECK_MSG(max_abs_diff(y0, y1, ny) < tol, "case %zu: out differs by %g", c, max_abs_diff(y0, y1, ny));
-    CHECK_MSG(max_abs_diff(dx0, dx1, nx) < tol, "case %zu: dx differs by %g", c, max_abs_diff(dx0, dx1, nx));
+    CHECK_MSG(tdm_test_max_abs_diff(y0, y1, ny) < tol, "case %zu: out differs by %g", c, tdm_test_max_abs_diff(y0, y1, ny));
+    CHECK_MSG(tdm_test_max_abs_diff(dx0, dx1, nx) < tol, "case %zu: dx differs by %g", c, tdm_test_max_abs_diff(dx0, dx1, nx));
     /* and added to: a second pass doubles dx */
     tdm_k_conv2d_bwd_batched(dx1, 0, NULL, NULL, dy, x, w, ws, &s);
     for (int64_t i = 0; i < nx; i++) dx0[i] *= 2;
-    CHECK_MSG(max_abs_diff(dx0, dx1, nx) < 2 * tol, "case %zu: dx accumulated differs by %g", c, max_abs_diff(dx0, dx1, nx));
-    CHECK_MSG(max_abs_diff(dw0, dw1, nw) < tol, "case %zu: dw differs by %g", c, max_abs_diff(dw0, dw1, nw));
-    CHECK_MSG(max_abs_diff(db0, db1, s.Co) < tol, "case %zu: db differs by %g", c, max_abs_diff(db0, db1, s.Co));
+    CHECK_MSG(tdm_test_max_abs_diff(dx0, dx1, nx) < 2 * tol, "case %zu: dx accumulated differs by %g", c, tdm_test_max_abs_diff(dx0, dx1, nx));
+    CHECK_MSG(tdm_test_max_abs_diff(dw0, dw1, nw) < tol, "case %zu: dw differs by %g", c, tdm_test_max_abs_diff(dw0, dw1, nw));
+    CHECK_MSG(tdm_test_max_abs_diff(db0, db1, s.Co) < tol, "case %zu: db differs by %g", c, tdm_test_max_abs_diff(db0, db1, s.Co));
     if (conv_direct_on) {
       int same = (s.stride == 1 && ((s.KH == 3 && s.pad == 1) || (s.KH == 5 && s.pad == 2))) ||
                  (s.stride == 2 && s.KH == 3 && s.pad == 1);
@@ -89,7 +77,7 @@ static void conv_direct_threads_bitwise(void) {
     float *x = malloc(sizeof(float) * nx), *w = malloc(sizeof(float) * nw), *dy = malloc(sizeof(float) * ny);
     float *ws = malloc(sizeof(float) * tdm_k_conv2d_ws_floats(&s));
     float *y[2], *dx[2], *dw[2];
-    fill(x, nx, 41 + c, 1), fill(w, nw, 42 + c, 0.3f), fill(dy, ny, 43 + c, 1);
+    tdm_test_fill_normal(x, nx, 41 + c, 1), tdm_test_fill_normal(w, nw, 42 + c, 0.3f), tdm_test_fill_normal(dy, ny, 43 + c, 1);
     for (int r = 0; r < 2; r++) {
       CHECK_OK(tdm_set_num_threads(r ? 3 : 1));
       y[r] = malloc(sizeof(float) * ny), dx[r] = calloc(nx, 4), dw[r] = calloc(nw, 4);
@@ -162,7 +150,7 @@ static void test_winograd_dw_declines_large(void) {
     int64_t nx = s.N * s.Ci * s.H * s.W, nw = s.Co * s.Ci * 9;
     float *x = malloc(sizeof(float) * nx), *dy = malloc(sizeof(float) * nx), *w = malloc(sizeof(float) * nw);
     float *dw[2] = {calloc(nw, 4), calloc(nw, 4)}, *ws = malloc(sizeof(float) * tdm_k_conv2d_ws_floats(&s));
-    fill(x, nx, 71, 1), fill(dy, nx, 72, 1), fill(w, nw, 73, 0.1f);
+    tdm_test_fill_normal(x, nx, 71, 1), tdm_test_fill_normal(dy, nx, 72, 1), tdm_test_fill_normal(w, nw, 73, 0.1f);
     CHECK(tdm_k_conv2d_winograd_on(&s));
     for (int on = 0; on < 2; on++) {
       tdm_k_conv2d_winograd_enable(on);
@@ -206,7 +194,7 @@ static tdm_tensor *heap(int nd, const int64_t *shape, uint64_t seed, float scale
   tdm_tensor *t;
   if (tdm_tensor_create(&t, TDM_F32, nd, shape) != TDM_OK) return NULL;
   float *p = tdm_tensor_data(t);
-  fill(p, tdm_tensor_numel(t), seed, scale);
+  tdm_test_fill_normal(p, tdm_tensor_numel(t), seed, scale);
   for (int64_t i = 0; i < tdm_tensor_numel(t); i++) p[i] += shift;
   tdm_tensor_set_requires_grad(t, grad);
   return t;
@@ -439,7 +427,7 @@ static void test_resnet_steady_state(void) {
     tdm_tape_set_training(tp, 1);
     int64_t xs[4] = {4, 1, 12, 12}, ys[1] = {4};
     tdm_tensor *x = tdm_new(tp, TDM_F32, 4, xs), *y = tdm_zeros(tp, TDM_I32, 1, ys);
-    if (x) fill(tdm_tensor_data(x), tdm_tensor_numel(x), (uint64_t)step, 1);
+    if (x) tdm_test_fill_normal(tdm_tensor_data(x), tdm_tensor_numel(x), (uint64_t)step, 1);
     tdm_tensor *loss = tdm_cross_entropy(tp, tdm_model_forward(m, tp, x), y, -100);
     tdm_params_zero_grad(tdm_model_params(m));
     CHECK_OK(tdm_backward(tp, loss));
@@ -534,7 +522,7 @@ static void test_sync_bn_ranks(void) {
     int64_t per = 144;
     float *x = malloc(sizeof(float) * W * SB * per);
     int32_t y[SMAXR * SB];
-    fill(x, W * SB * per, 77, 1);
+    tdm_test_fill_normal(x, W * SB * per, 77, 1);
     for (int i = 0; i < W * SB; i++) y[i] = (i * 7) % 10;
     /* one process of the whole batch, as rank 0 of a world of one */
     float *ref_logits = malloc(sizeof(float) * W * SB * 10), *ref_grads = malloc(sizeof(float) * P), *ref_params = malloc(sizeof(float) * P);
@@ -572,13 +560,13 @@ static void test_sync_bn_ranks(void) {
     for (int r = 0; r < W; r++) pthread_join(th[r], NULL);
     tdm_comm_thread_group_destroy(g);
     if (nosync) {
-      double dl = max_abs_diff(args[0].logits, ref_logits, SB * 10);
+      double dl = tdm_test_max_abs_diff(args[0].logits, ref_logits, SB * 10);
       CHECK_MSG(dl > 1e-3, "2 ranks without sync differ from one process by only %g", dl);
       W = SMAXR + 1; /* back to the loop's end */
     }
     for (int r = 0; r < W && !nosync; r++) {
-      double dl = max_abs_diff(args[r].logits, ref_logits + r * SB * 10, SB * 10), dg = max_abs_diff(args[r].grads, ref_grads, P),
-             dp = max_abs_diff(args[r].params, ref_params, P);
+      double dl = tdm_test_max_abs_diff(args[r].logits, ref_logits + r * SB * 10, SB * 10), dg = tdm_test_max_abs_diff(args[r].grads, ref_grads, P),
+             dp = tdm_test_max_abs_diff(args[r].params, ref_params, P);
       CHECK_MSG(dl <= 1e-5 && dg <= 1e-5 && dp <= 1e-5, "%d ranks, rank %d: logits differ by %g, gradients by %g, parameters by %g", W, r,
                 dl, dg, dp);
       int64_t at = 0;
@@ -598,7 +586,7 @@ static void test_sync_bn_ranks(void) {
 static void test_augment(void) {
   enum { C = 2, H = 5, W = 6, N = 4, PAD = 2 };
   float x[N * C * H * W], one[C * H * W], scratch[C * H * W];
-  fill(x, N * C * H * W, 91, 1);
+  tdm_test_fill_normal(x, N * C * H * W, 91, 1);
   float orig[N * C * H * W];
   memcpy(orig, x, sizeof x);
   CHECK_OK(tdm_augment_images(x, N, C, H, W, PAD, 1, 7, 3, 10, scratch));
