@@ -1,8 +1,8 @@
 /* GFLOP/s of conv2d's kernels at resnet20's and the small CNN's shapes (batch 128, on
  * TANDEM_NUM_THREADS threads, else every core): the forward, the input gradient and the weight
  * gradient of the direct kernels (the CPU's set, or TANDEM_CONV=avx2|avx512; kernels_conv_direct.c),
- * with Winograd F(2x2, 3x3) for the forward and input gradient of the 3x3 shapes ("+wino": the
- * direct convolution's flop over its time, so the three rows compare as speeds), without it, and
+ * with Winograd F(2x2, 3x3) for the 3x3 shapes ("+wino": the direct convolution's flop over its
+ * time, so the three rows compare as speeds), without it, and
  * of the batched im2col + GEMM path
  * they replace, each the best of 5 runs, with the share of the FMA peak it reaches (pass the
  * peak in GFLOP/s per core, as bench/sgemm_peak measures it).
@@ -48,6 +48,7 @@ static void run(void *v) {
 int main(int argc, char **argv) {
   double peak = argc > 1 ? atof(argv[1]) : 0;
   if (tdm_set_num_threads(0) != TDM_OK) return 1;
+  int wino_before = tdm_k_conv2d_winograd_enable(1);
   const int64_t shapes[][4] = {{16, 28, 16, 3}, {32, 14, 32, 3}, {64, 7, 64, 3}, {1, 28, 16, 3}, {1, 28, 32, 5}, {32, 14, 64, 5}};
   printf("%-26s %-11s %10s %10s %10s   (GFLOP/s; %% of %.0f GFLOP/s x %d threads)\n", "shape (N Ci HxW Co KxK)", "path",
          "forward", "dx", "dw", peak, tdm_get_num_threads());
@@ -86,7 +87,7 @@ int main(int argc, char **argv) {
       printf("\n");
       free(j.x), free(j.w), free(j.y), free(j.dy), free(j.dx), free(j.dw), free(j.ws);
     }
-    tdm_k_conv2d_winograd_enable(1);
   }
+  tdm_k_conv2d_winograd_enable(wino_before);
   return 0;
 }
