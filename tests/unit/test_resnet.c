@@ -258,6 +258,48 @@ static void test_bn_statistics(void) {
   tdm_tape_destroy(tp);
 }
 
+/* The batch-norm kernels' per-channel sums (float lanes flushed into doubles) against sums in
+ * double: plane sizes below, at and around the 32 lanes, with tails, and past a flush (1024
+ * values); with and without a fused ReLU's mask; and the same bits on 1 and 3 threads. The
+ * tolerance is float's rounding of partial sums of at most 1024 / 32 values, relative to the
+ * sum of the terms' magnitudes. */
+static void test_bn_sums_kernels(void) {
+  const int64_t hws[] = {1, 7, 31, 32, 33, 49, 196, 1030, 2500}, C = 3;
+  for (size_t h = 0; h < sizeof hws / sizeof hws[0]; h++)
+    for (int64_t N = 1; N <= 3; N += 2) {
+      int64_t HW = hws[h], n = N * C * HW;
+      float *x = malloc(sizeof(float) * n), *dy = malloc(sizeof(float) * n), *ry = malloc(sizeof(float) * n);
+      float mean[3] = {0.3f, -0.2f, 0.1f}, rstd[3] = {1.5f, 0.7f, 1.1f};
+      tdm_test_fill_normal(x, n, 90 + h, 1), tdm_test_fill_normal(dy, n, 91 + h, 1), tdm_test_fill_normal(ry, n, 92 + h, 1);
+      for (int64_t i = 0; i < n; i++) x[i] += 2.0f; /* an offset: the squares' sum is not the variance's */
+      double got[2][6][3], ref[6][3], mag[6][3];
+      for (int t = 0; t < 2; t++) {
+        CHECK_OK(tdm_set_num_threads(t ? 3 : 1));
+        tdm_k_bn_sums(x, N, C, HW, got[t][0], got[t][1]);
+        tdm_k_bn_bwd_sums(dy, ry, x, mean, rstd, N, C, HW, got[t][2], got[t][3]);
+        tdm_k_bn_bwd_sums(dy, NULL, x, mean, rstd, N, C, HW, got[t][4], got[t][5]);
+      }
+      CHECK_OK(tdm_set_num_threads(1));
+      CHECK_MSG(!memcmp(got[0], got[1], sizeof got[0]), "HW %lld N %lld: the sums' bits depend on the thread count",
+                (long long)HW, (long long)N);
+      memset(ref, 0, sizeof ref), memset(mag, 0, sizeof mag);
+      for (int64_t c = 0; c < C; c++)
+        for (int64_t b = 0; b < N; b++)
+          for (int64_t i = 0; i < HW; i++) {
+            int64_t o = (b * C + c) * HW + i;
+            double v = x[o], g = ry[o] > 0 ? dy[o] : 0, u = ((double)x[o] - mean[c]) * rstd[c];
+            double terms[6] = {v, v * v, g, g * u, dy[o], dy[o] * u};
+            for (int k = 0; k < 6; k++) ref[k][c] += terms[k], mag[k][c] += fabs(terms[k]);
+          }
+      for (int k = 0; k < 6; k++)
+        for (int64_t c = 0; c < C; c++)
+          CHECK_MSG(fabs(got[0][k][c] - ref[k][c]) <= 4e-6 * mag[k][c] + 1e-12,
+                    "HW %lld N %lld: sum %d of channel %lld is %.9g, expected %.9g (terms' magnitudes %.3g)", (long long)HW,
+                    (long long)N, k, (long long)c, got[0][k][c], ref[k][c], mag[k][c]);
+      free(x), free(dy), free(ry);
+    }
+}
+
 /* relu(bn(x)) fused equals the two ops bit for bit: the output, the running statistics, and the
  * gradients of x, weight and bias, when x's gradient is written fresh and when it is added to
  * (a second backward), in training and in evaluation. About half the outputs are zero (the
@@ -674,6 +716,7 @@ int main(void) {
       {"winograd_dw_declines_large", test_winograd_dw_declines_large},
       {"bn_gradcheck", test_bn_gradcheck},
       {"bn_statistics", test_bn_statistics},
+      {"bn_sums_kernels", test_bn_sums_kernels},
       {"bn_bad_input", test_bn_bad_input},
       {"bn_relu_fused", test_bn_relu_fused},
       {"add_relu_fused", test_add_relu_fused},
