@@ -35,6 +35,7 @@
 #include <immintrin.h>
 #endif
 #include <math.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 
