@@ -68,7 +68,7 @@ static void wgeo_of(int64_t N, int64_t I, int64_t O, int64_t H, int64_t W, int64
   g->Tb = up(g->G * g->Tr - g->TW + up(g->TW, VL), VL);
   g->nblk = (N + g->G - 1) / g->G * g->nband;
   g->nob = up(O, OB) / OB;
-  g->v = up(g->G * I * g->Lpl, 16);
+  g->v = up(g->Lpl, 16);
   g->m = g->v + 16 * I * g->Tb;
   g->CC = WINO_M_FLOATS / (16 * g->Tb) / OB * OB;
   if (g->CC < OB) g->CC = OB;
@@ -282,14 +282,14 @@ static void wino_in_row(float *V, int64_t ldv, const float *pl, int64_t ty, cons
 }
 
 /* V[xi][ci][slot of (i, ty)] for block b's tiles of x (ldv floats from one point to the next),
- * through its split planes (at pl, one per image and channel). */
+ * each image's channel split into the plane at pl and transformed before the next: one plane,
+ * in L1 (a plane per image and channel was 330 KiB of a 7x7 block's scratch, with V past L2). */
 static void wino_input(float *V, int64_t ldv, float *pl, const float *x, const wgeo *g, const wblk *b) {
   for (int64_t i = 0; i < b->nn; i++)
     for (int64_t ci = 0; ci < g->I; ci++) {
-      float *p = pl + (i * g->I + ci) * g->Lpl;
-      wino_split_plane(p, x + ((b->n0 + i) * g->I + ci) * g->H * g->W, g, b->ty0, b->ty1);
+      wino_split_plane(pl, x + ((b->n0 + i) * g->I + ci) * g->H * g->W, g, b->ty0, b->ty1);
       for (int64_t ty = b->ty0; ty < b->ty1; ty++)
-        wino_in_row(V + ci * g->Tb + i * g->Tr + (ty - b->ty0) * g->TW, ldv, p, ty, g);
+        wino_in_row(V + ci * g->Tb + i * g->Tr + (ty - b->ty0) * g->TW, ldv, pl, ty, g);
     }
 }
 
@@ -460,7 +460,7 @@ static void dgeo_of(const tdm_conv_shape *s, dgeo *d) {
    * streamed them from L2 again); fewer tiles cost more lane sums per product */
   int64_t tiles = WINO_DW_L1 / (d->Ip + d->Op);
   wgeo_of(s->N, s->Ci, s->Co, s->H, s->W, tiles > 2 * VL ? tiles : 2 * VL, g);
-  d->v = up(g->G * g->I * g->Lpl, 16);
+  d->v = up(g->Lpl, 16);
   d->mg = d->v + 16 * d->Ip * g->Tb;
   d->slot = up(d->mg + 16 * d->Op * g->Tb, 16);
   d->part = 16 * d->Op * d->Ip;
