@@ -43,7 +43,7 @@ typedef struct {
   int64_t Tr, Tb, nblk;  /* slots per image (or band) in a block, per block (whole vectors); blocks */
   int64_t nob;           /* output-channel blocks of OB */
   int64_t CC;            /* output channels per chunk of M (a multiple of OB) */
-  int64_t v, m, slot;    /* a slot's layout: split planes (from 0), V, M; its size */
+  int64_t v, m, slot;    /* a slot's layout: the split plane (from 0), V, M; its size */
 } wgeo;
 
 static void wgeo_of(int64_t N, int64_t I, int64_t O, int64_t H, int64_t W, int64_t tiles, wgeo *g) {
@@ -448,7 +448,7 @@ static void wino_range(void *vc, int64_t a, int64_t b) {
 typedef struct {
   wgeo g;                /* blocks, split planes, rows of Tb tile slots */
   int64_t Ip, Op;        /* channels up to whole register tiles (the rows past them zeros) */
-  int64_t v, mg, slot;   /* a slot's layout: split planes, V (16 x Ip x Tb), dM (16 x Op x Tb) */
+  int64_t v, mg, slot;   /* a slot's layout: the split plane, V (16 x Ip x Tb), dM (16 x Op x Tb) */
   int64_t part;          /* a slot's partial sums: 16 x Op x Ip */
   int64_t S;             /* slots */
 } dgeo;
