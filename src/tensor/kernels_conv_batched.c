@@ -86,10 +86,39 @@ static void im2col_rows(void *vc, int64_t r0, int64_t r1) {
 }
 
 /* Input channels [c0, c1): dx += the scatter of the column rows that read them. */
+/* One output row's three taps of a 3x3 stride-2 pad-1 input gradient, added into input row d:
+ * tap kx of output column m lands on column 2m - 1 + kx, so the even columns take g1 alone and
+ * the odd column 2m + 1 takes g0[m + 1] then g2[m], each element's adds in col2im's order (kx
+ * ascending), so the bits are its own. One pass over the row, both columns a step: the general
+ * loop's three strided passes ran a scalar read-modify-write a value. */
+static void col2im_s2k3_row(float *d, const float *g0, const float *g1, const float *g2, int64_t OW, int64_t W) {
+  int64_t m = 0;
+  for (; m + 1 < OW; m++) {
+    d[2 * m] += g1[m];
+    d[2 * m + 1] = (d[2 * m + 1] + g0[m + 1]) + g2[m];
+  }
+  d[2 * m] += g1[m]; /* m = OW - 1: no kx = 0 past it, kx = 2 only where the row has the column */
+  if (2 * m + 1 < W) d[2 * m + 1] += g2[m];
+}
+
 static void col2im_channels(void *vc, int64_t c0, int64_t c1) {
   chunk_ctx *c = vc;
   const tdm_conv_shape *s = c->s;
   int64_t P = s->OH * s->OW, HW = s->H * s->W;
+  if (s->stride == 2 && s->KH == 3 && s->KW == 3 && s->pad == 1 && s->OW >= 1 && s->W >= 2 * s->OW - 1) {
+    for (int64_t ch = c0; ch < c1; ch++)
+      for (int64_t ky = 0; ky < 3; ky++) {
+        const float *rows = c->col + (ch * 3 + ky) * 3 * c->nb * P; /* taps kx = 0, 1, 2, nb P apart */
+        for (int64_t j = 0; j < c->nb; j++)
+          for (int64_t oy = 0; oy < s->OH; oy++) {
+            int64_t iy = 2 * oy - 1 + ky;
+            if (iy < 0 || iy >= s->H) continue;
+            const float *g = rows + j * P + oy * s->OW;
+            col2im_s2k3_row(c->dx + (j * s->Ci + ch) * HW + iy * s->W, g, g + c->nb * P, g + 2 * c->nb * P, s->OW, s->W);
+          }
+      }
+    return;
+  }
   for (int64_t ch = c0; ch < c1; ch++)
     for (int64_t ky = 0; ky < s->KH; ky++)
       for (int64_t kx = 0; kx < s->KW; kx++) {
