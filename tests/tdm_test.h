@@ -113,6 +113,44 @@ static inline void tdm_test_fill_normal(float *p, int64_t n, uint64_t seed, floa
   for (int64_t i = 0; i < n; i++) p[i] = scale * tdm_rng_normal(&r);
 }
 
+/* A convolution from a row {N, Ci, H, W, Co, K, stride, pad}, its output size derived. */
+static inline tdm_conv_shape tdm_test_conv_shape(const int64_t k[8]) {
+  tdm_conv_shape s = {k[0], k[1], k[2], k[3], k[4], k[5], k[5], k[6], k[7], 0, 0};
+  s.OH = (s.H + 2 * s.pad - s.KH) / s.stride + 1;
+  s.OW = (s.W + 2 * s.pad - s.KW) / s.stride + 1;
+  return s;
+}
+
+/* A convolution case for the kernel tests: normal inputs (x, dy and b of scale 1, w of 0.3, from
+ * seeds seed .. seed + 3), the per-image im2col reference's output and gradients, and the
+ * tolerance the kernels are held to, 1e-4 sqrt(fan-in + output pixels). */
+typedef struct {
+  tdm_conv_shape s;
+  int64_t nx, nw, ny;
+  float *x, *w, *b, *dy;  /* inputs */
+  float *y, *dx, *dw, *db; /* the reference's */
+  double tol;
+} tdm_test_conv_ref;
+
+static inline void tdm_test_conv_ref_init(tdm_test_conv_ref *r, const int64_t k[8], uint64_t seed) {
+  tdm_conv_shape s = r->s = tdm_test_conv_shape(k);
+  r->nx = s.N * s.Ci * s.H * s.W, r->nw = s.Co * s.Ci * s.KH * s.KW, r->ny = s.N * s.Co * s.OH * s.OW;
+  r->x = malloc(sizeof(float) * r->nx), r->w = malloc(sizeof(float) * r->nw), r->b = malloc(sizeof(float) * s.Co);
+  r->dy = malloc(sizeof(float) * r->ny), r->y = malloc(sizeof(float) * r->ny);
+  r->dx = calloc(r->nx, sizeof(float)), r->dw = calloc(r->nw, sizeof(float)), r->db = calloc(s.Co, sizeof(float));
+  float *col = malloc(sizeof(float) * s.Ci * s.KH * s.KW * s.OH * s.OW);
+  tdm_test_fill_normal(r->x, r->nx, seed, 1), tdm_test_fill_normal(r->w, r->nw, seed + 1, 0.3f);
+  tdm_test_fill_normal(r->b, s.Co, seed + 2, 1), tdm_test_fill_normal(r->dy, r->ny, seed + 3, 1);
+  tdm_k_conv2d_fwd(r->y, r->x, r->w, r->b, col, &s);
+  tdm_k_conv2d_bwd(r->dx, r->dw, r->db, r->dy, r->x, r->w, col, &s);
+  free(col);
+  r->tol = 1e-4 * sqrt((double)(s.Ci * s.KH * s.KW + s.N * s.OH * s.OW));
+}
+
+static inline void tdm_test_conv_ref_free(tdm_test_conv_ref *r) {
+  free(r->x), free(r->w), free(r->b), free(r->dy), free(r->y), free(r->dx), free(r->dw), free(r->db);
+}
+
 /* max |a - b| / (atol + rtol |b|) over n floats: <= 1 means within tolerance. */
 static inline double tdm_test_rel_err(const float *a, const float *b, int64_t n, double atol, double rtol,
                                       double *max_abs) {

@@ -24,23 +24,16 @@ static void test_emulated_matches_reference(void) {
                               {2, 4, 32, 33, 3, 3, 1, 1}, {1, 2, 17, 17, 2, 3, 1, 1}, {4, 7, 15, 15, 6, 3, 2, 1},
                               {2, 40, 20, 19, 30, 3, 1, 1}};
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-    const int64_t *k = cases[c];
-    tdm_conv_shape s = {k[0], k[1], k[2], k[3], k[4], k[5], k[5], k[6], k[7], 0, 0};
-    s.OH = (s.H + 2 * s.pad - s.KH) / s.stride + 1;
-    s.OW = (s.W + 2 * s.pad - s.KW) / s.stride + 1;
-    int64_t nx = s.N * s.Ci * s.H * s.W, nw = s.Co * s.Ci * s.KH * s.KW, ny = s.N * s.Co * s.OH * s.OW;
-    float *x = malloc(sizeof(float) * nx), *w = malloc(sizeof(float) * nw), *b = malloc(sizeof(float) * s.Co);
-    float *dy = malloc(sizeof(float) * ny), *y0 = malloc(sizeof(float) * ny), *y1 = malloc(sizeof(float) * ny);
-    float *dx0 = calloc(nx, 4), *dx1 = malloc(sizeof(float) * nx), *dw0 = calloc(nw, 4), *dw1 = calloc(nw, 4);
-    float *db0 = calloc(s.Co, 4), *db1 = calloc(s.Co, 4);
-    float *col = malloc(sizeof(float) * s.Ci * s.KH * s.KW * s.OH * s.OW);
+    tdm_test_conv_ref r;
+    tdm_test_conv_ref_init(&r, cases[c], 11 + c);
+    tdm_conv_shape s = r.s;
+    int64_t nx = r.nx, nw = r.nw, ny = r.ny;
+    const float *x = r.x, *w = r.w, *b = r.b, *dy = r.dy, *y0 = r.y, *dx0 = r.dx, *dw0 = r.dw, *db0 = r.db;
+    float *y1 = malloc(sizeof(float) * ny), *dx1 = malloc(sizeof(float) * nx), *dw1 = calloc(nw, 4), *db1 = calloc(s.Co, 4);
     int64_t nws = emulated16.ws_floats(&s), nwino = wino_ws_any(&s); /* (the kernels at any channel count) */
     if (nwino > nws) nws = nwino;
     float *ws = malloc(sizeof(float) * nws);
-    tdm_test_fill_normal(x, nx, 11 + c, 1), tdm_test_fill_normal(w, nw, 12 + c, 0.3f), tdm_test_fill_normal(b, s.Co, 13 + c, 1), tdm_test_fill_normal(dy, ny, 14 + c, 1);
-    tdm_k_conv2d_fwd(y0, x, w, b, col, &s);
-    tdm_k_conv2d_bwd(dx0, dw0, db0, dy, x, w, col, &s);
-    double tol = 1e-4 * sqrt((double)(s.Ci * s.KH * s.KW + s.N * s.OH * s.OW));
+    double tol = r.tol;
     int geo = s.stride == 1 && s.KH == 3 && s.pad == 1; /* (wino_fits also asks for 8 channels each way) */
     for (int wino = 0; wino < 1 + geo; wino++) {
       const char *path = wino ? "winograd" : "direct";
@@ -70,8 +63,8 @@ static void test_emulated_matches_reference(void) {
                 tdm_test_max_abs_diff(dw0, dw1, nw));
       if (!wino) CHECK_MSG(tdm_test_max_abs_diff(db0, db1, s.Co) < tol, "case %zu: db differs by %g", c, tdm_test_max_abs_diff(db0, db1, s.Co));
     }
-    free(x), free(w), free(b), free(dy), free(y0), free(y1), free(dx0), free(dx1), free(dw0), free(dw1), free(db0), free(db1),
-        free(col), free(ws);
+    free(y1), free(dx1), free(dw1), free(db1), free(ws);
+    tdm_test_conv_ref_free(&r);
   }
 }
 

@@ -19,24 +19,17 @@ static void conv_batched_matches_reference(void) {
                               {5, 16, 28, 28, 32, 3, 2, 1}, {3, 9, 7, 6, 10, 3, 2, 1}, {2, 3, 2, 1, 4, 3, 2, 1},
                               {2, 5, 6, 9, 3, 3, 2, 1}};
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-    const int64_t *k = cases[c];
-    tdm_conv_shape s = {k[0], k[1], k[2], k[3], k[4], k[5], k[5], k[6], k[7], 0, 0};
-    s.OH = (s.H + 2 * s.pad - s.KH) / s.stride + 1;
-    s.OW = (s.W + 2 * s.pad - s.KW) / s.stride + 1;
-    int64_t nx = s.N * s.Ci * s.H * s.W, nw = s.Co * s.Ci * s.KH * s.KW, ny = s.N * s.Co * s.OH * s.OW;
-    float *x = malloc(sizeof(float) * nx), *w = malloc(sizeof(float) * nw), *b = malloc(sizeof(float) * s.Co);
-    float *y0 = malloc(sizeof(float) * ny), *y1 = malloc(sizeof(float) * ny), *dy = malloc(sizeof(float) * ny);
-    float *dx0 = calloc(nx, 4), *dx1 = calloc(nx, 4), *dw0 = calloc(nw, 4), *dw1 = calloc(nw, 4), *db0 = calloc(s.Co, 4),
-          *db1 = calloc(s.Co, 4);
-    float *col = malloc(sizeof(float) * s.Ci * s.KH * s.KW * s.OH * s.OW);
+    tdm_test_conv_ref r;
+    tdm_test_conv_ref_init(&r, cases[c], 1 + c);
+    tdm_conv_shape s = r.s;
+    int64_t nx = r.nx, nw = r.nw, ny = r.ny;
+    const float *x = r.x, *w = r.w, *b = r.b, *dy = r.dy, *y0 = r.y, *dw0 = r.dw, *db0 = r.db;
+    float *dx0 = r.dx, *y1 = malloc(sizeof(float) * ny), *dx1 = calloc(nx, 4), *dw1 = calloc(nw, 4), *db1 = calloc(s.Co, 4);
     float *ws = malloc(sizeof(float) * tdm_k_conv2d_ws_floats(&s));
-    tdm_test_fill_normal(x, nx, 1 + c, 1), tdm_test_fill_normal(w, nw, 2 + c, 0.3f), tdm_test_fill_normal(b, s.Co, 3 + c, 1), tdm_test_fill_normal(dy, ny, 4 + c, 1);
-    tdm_k_conv2d_fwd(y0, x, w, b, col, &s);
+    double tol = r.tol;
     tdm_k_conv2d_fwd_batched(y1, x, w, b, ws, &s);
-    tdm_k_conv2d_bwd(dx0, dw0, db0, dy, x, w, col, &s);
     for (int64_t i = 0; i < nx; i++) dx1[i] = 1e3f; /* written over, not added to */
     tdm_k_conv2d_bwd_batched(dx1, 1, dw1, db1, dy, x, w, ws, &s);
-    double tol = 1e-4 * sqrt((double)(s.Ci * s.KH * s.KW + s.N * s.OH * s.OW));
     CHECK_MSG(tdm_test_max_abs_diff(y0, y1, ny) < tol, "case %zu: out differs by %g", c, tdm_test_max_abs_diff(y0, y1, ny));
     CHECK_MSG(tdm_test_max_abs_diff(dx0, dx1, nx) < tol, "case %zu: dx differs by %g", c, tdm_test_max_abs_diff(dx0, dx1, nx));
     /* and added to: a second pass doubles dx */
@@ -55,8 +48,8 @@ static void conv_batched_matches_reference(void) {
                 wino ? "should run" : "should not run");
     }
     if (c == 4) CHECK_MSG(tdm_k_conv2d_chunk(&s) < s.N, "case 4 should span several chunks (chunk %lld)", (long long)tdm_k_conv2d_chunk(&s));
-    free(x), free(w), free(b), free(y0), free(y1), free(dy), free(dx0), free(dx1), free(dw0), free(dw1), free(db0), free(db1),
-        free(col), free(ws);
+    free(y1), free(dx1), free(dw1), free(db1), free(ws);
+    tdm_test_conv_ref_free(&r);
   }
 }
 
@@ -69,10 +62,7 @@ static void conv_direct_threads_bitwise(void) {
   const int64_t cases[][8] = {{6, 16, 14, 14, 16, 3, 1, 1}, {5, 8, 9, 9, 16, 3, 2, 1}, {4, 3, 10, 11, 7, 5, 1, 2},
                               {9, 16, 7, 7, 16, 3, 1, 1}};
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-    const int64_t *k = cases[c];
-    tdm_conv_shape s = {k[0], k[1], k[2], k[3], k[4], k[5], k[5], k[6], k[7], 0, 0};
-    s.OH = (s.H + 2 * s.pad - s.KH) / s.stride + 1;
-    s.OW = (s.W + 2 * s.pad - s.KW) / s.stride + 1;
+    tdm_conv_shape s = tdm_test_conv_shape(cases[c]);
     CHECK_MSG(tdm_k_conv2d_direct_fits(&s) || getenv("TANDEM_CONV"), "case %zu: the direct kernel should run", c);
     int64_t nx = s.N * s.Ci * s.H * s.W, nw = s.Co * s.Ci * s.KH * s.KW, ny = s.N * s.Co * s.OH * s.OW;
     float *x = malloc(sizeof(float) * nx), *w = malloc(sizeof(float) * nw), *dy = malloc(sizeof(float) * ny);
