@@ -408,9 +408,9 @@ static void wino_block(const wino_ctx *c, float *slot, int64_t blk) {
 /* A thread's range of slots [a, b) uses slot a's scratch and takes blocks one at a time until
  * none is left. Each slot's fixed share of blocks, run in turn, went through 16 slots' scratch
  * (400 KiB each at 28x28: out of L2 between slots), and left a thread the host had slowed
- * finishing alone: blocks taken, in one thread's scratch, ran resnet20 10-15% faster at 1 and 2
- * threads. Which thread or slot runs a block changes no output bit (each output is its own
- * patch's). */
+ * finishing alone; taking blocks into one thread's scratch ran resnet20 1.11x as fast at one
+ * thread and 1.14-1.18x at two (docs/PERFORMANCE.md, eleventh run). Which thread or slot runs a
+ * block changes no output bit (each output is its own patch's). */
 static void wino_range(void *vc, int64_t a, int64_t b) {
   wino_ctx *c = vc;
   const wgeo *g = c->g;
