@@ -207,18 +207,20 @@ void tdm_k_conv2d_bwd_direct(float *dx, int dx_set, float *dw, float *db, const 
  * written). fwd: y = (x - mean) * rstd * w + b, then max(y, 0) when relu. bwd_sums: sdy[c] = sum
  * dy, sdyx[c] = sum dy * xhat (written). bwd_dx: dx += w rstd (dy - (sdy + xhat sdyx) / M), with M
  * the values per channel the statistics came from (M = 0: fixed statistics, dx += w rstd dy).
- * relu_y (NULL, or the output of a fused ReLU): dy counts only where relu_y > 0, as ReLU's
- * backward would have passed it, bit for bit. */
+ * relu (the forward fused a ReLU; w and b are read for it): dy counts only where the forward's
+ * output was > 0, as ReLU's backward would have passed it, bit for bit; the mask is formed again
+ * from x, w, b, mean and rstd, which must be the forward's. */
 void tdm_k_bn_sums(const float *x, int64_t N, int64_t C, int64_t HW, double *sum, double *sumsq);
 void tdm_k_bn_fwd(float *y, const float *x, const float *w, const float *b, const float *mean, const float *rstd,
                   int64_t N, int64_t C, int64_t HW, int relu);
-void tdm_k_bn_bwd_sums(const float *dy, const float *relu_y, const float *x, const float *mean, const float *rstd,
-                       int64_t N, int64_t C, int64_t HW, double *sdy, double *sdyx);
-void tdm_k_bn_bwd_dx(float *dx, const float *dy, const float *relu_y, const float *x, const float *w, const float *mean,
-                     const float *rstd, const double *sdy, const double *sdyx, double M, int64_t N, int64_t C, int64_t HW);
+void tdm_k_bn_bwd_sums(const float *dy, const float *x, const float *w, const float *b, const float *mean,
+                       const float *rstd, int relu, int64_t N, int64_t C, int64_t HW, double *sdy, double *sdyx);
+void tdm_k_bn_bwd_dx(float *dx, const float *dy, const float *x, const float *w, const float *b, const float *mean,
+                     const float *rstd, int relu, const double *sdy, const double *sdyx, double M, int64_t N, int64_t C,
+                     int64_t HW);
 /* The same, writing dx (its contents are ignored) instead of adding to it. */
-void tdm_k_bn_bwd_dx_set(float *dx, const float *dy, const float *relu_y, const float *x, const float *w,
-                         const float *mean, const float *rstd, const double *sdy, const double *sdyx, double M, int64_t N,
+void tdm_k_bn_bwd_dx_set(float *dx, const float *dy, const float *x, const float *w, const float *b, const float *mean,
+                         const float *rstd, int relu, const double *sdy, const double *sdyx, double M, int64_t N,
                          int64_t C, int64_t HW);
 
 /* Pooling over (N, C, H, W) with a K x K window; pad counts as -inf for max and as zeros for avg

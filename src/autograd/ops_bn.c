@@ -18,10 +18,11 @@ static void bn_bw(tdm_tape *tp, tdm_node *n) {
   int64_t N = n->i[0], C = n->i[1], HW = n->i[2];
   const float *mean = n->saved[0], *rstd = n->saved[1];
   tdm_comm_t comm = n->saved[2];
-  const float *dy = n->out->grad->data, *ry = n->i[4] ? n->out->data : NULL; /* the ReLU's output masks dy */
+  const float *dy = n->out->grad->data;
+  int relu = (int)n->i[4]; /* a fused ReLU's mask on dy: formed again from x, w, b and the statistics */
   double *sums = tdm__scratch(tp, sizeof(double) * (size_t)(2 * C + 1));
   if (!sums) return;
-  tdm_k_bn_bwd_sums(dy, ry, x->data, mean, rstd, N, C, HW, sums, sums + C);
+  tdm_k_bn_bwd_sums(dy, x->data, w->data, b->data, mean, rstd, relu, N, C, HW, sums, sums + C);
   float *gw = tdm__grad(tp, w), *gb = tdm__grad(tp, b);
   for (int64_t c = 0; c < C; c++) { /* the parameters' gradients: this rank's share, as SyncBatchNorm */
     if (gw) gw[c] += (float)sums[C + c];
@@ -42,7 +43,7 @@ static void bn_bw(tdm_tape *tp, tdm_node *n) {
       }
     }
   }
-  if (gx) (fresh ? tdm_k_bn_bwd_dx_set : tdm_k_bn_bwd_dx)(gx, dy, ry, x->data, w->data, mean, rstd, sums, sums + C, M, N, C, HW);
+  if (gx) (fresh ? tdm_k_bn_bwd_dx_set : tdm_k_bn_bwd_dx)(gx, dy, x->data, w->data, b->data, mean, rstd, relu, sums, sums + C, M, N, C, HW);
 }
 
 static tdm_tensor *batchnorm(tdm_tape *tp, tdm_tensor *x, tdm_tensor *w, tdm_tensor *b, tdm_tensor *running_mean,

@@ -43,8 +43,17 @@ typedef struct {
   int64_t Tr, Tb, nblk;  /* slots per image (or band) in a block, per block (whole vectors); blocks */
   int64_t nob;           /* output-channel blocks of OB */
   int64_t CC;            /* output channels per chunk of M (a multiple of OB) */
+  int64_t vp, mp;        /* floats from one point's rows to the next's: V's (I x Tb), M's (CC x Tb) */
   int64_t v, m, slot;    /* a slot's layout: the split plane (from 0), V, M; its size */
 } wgeo;
+
+/* n floats, rounded up to an odd number of 64-byte lines: the 16 points' rows, written or read
+ * side by side by the transforms, then start in 16 different cache sets. (At 7x7, 64 channels,
+ * V's points were 18 KiB apart: eight of them in each of two sets of the 8-way L1.) */
+static int64_t point_stride(int64_t n) {
+  n = (n + 15) / 16 * 16;
+  return n / 16 % 2 ? n : n + 16;
+}
 
 static void wgeo_of(int64_t N, int64_t I, int64_t O, int64_t H, int64_t W, int64_t tiles, wgeo *g) {
   g->N = N, g->I = I, g->O = O, g->H = H, g->W = W;
@@ -69,11 +78,13 @@ static void wgeo_of(int64_t N, int64_t I, int64_t O, int64_t H, int64_t W, int64
   g->nblk = (N + g->G - 1) / g->G * g->nband;
   g->nob = up(O, OB) / OB;
   g->v = up(g->Lpl, 16);
-  g->m = g->v + 16 * I * g->Tb;
+  g->vp = point_stride(I * g->Tb);
+  g->m = g->v + 16 * g->vp;
   g->CC = WINO_M_FLOATS / (16 * g->Tb) / OB * OB;
   if (g->CC < OB) g->CC = OB;
   if (g->CC > g->nob * OB) g->CC = g->nob * OB;
-  g->slot = up(g->m + 16 * g->CC * g->Tb, 16);
+  g->mp = point_stride(g->CC * g->Tb);
+  g->slot = up(g->m + 16 * g->mp, 16);
 }
 
 static int64_t wino_slots(const wgeo *g) { return g->nblk < WINO_SLOTS ? g->nblk : WINO_SLOTS; }
@@ -232,7 +243,7 @@ static inline void zero_floats(float *p, int64_t n) {
  * then its odd ones (O): padded column j = input column j - 1, so input column x goes to O[x / 2]
  * when x is even and to E[(x + 1) / 2] when odd. 2 VL columns at a time; past the row's end the
  * lanes are zeroed (the right padding: loaded from the next rows, or masked where the load would
- * leave the plane). The row's other entries that wino_in_row reads are set to zero here, so the
+ * leave the plane). The row's other entries that wino_in_rows reads are set to zero here, so the
  * plane needs no clearing. */
 static void wino_split_plane(float *pl, const float *src, const wgeo *g, int64_t ty0, int64_t ty1) {
   int64_t xe = up(g->W, 2 * VL); /* columns the vector loop covers */
@@ -256,27 +267,32 @@ static void wino_split_plane(float *pl, const float *src, const wgeo *g, int64_t
   if (r1 > g->H + 1) zero_floats(pl + (g->H + 1) * 2 * g->RW, (g->Hp - g->H - 1) * 2 * g->RW);
 }
 
-/* V[xi][ci][t0 + tx] = (B' d B)[xi] for the tiles of tile row ty of one split plane, VL at a
- * time (lanes past TW spill into the next row's slots, which that row then writes). */
-static void wino_in_row(float *V, int64_t ldv, const float *pl, int64_t ty, const wgeo *g) {
-  const float *r0 = pl + 2 * ty * 2 * g->RW;
-  for (int64_t k = 0; k < g->TW; k += VL) {
-    vf d[4][4], t[4][4];
-    for (int r = 0; r < 4; r++) {
-      const float *E = r0 + r * 2 * g->RW + k, *O = E + g->RW;
-      d[r][0] = v_load(E), d[r][1] = v_load(O), d[r][2] = v_load(E + 1), d[r][3] = v_load(O + 1);
-    }
-    for (int c = 0; c < 4; c++) { /* B' d: rows d0 - d2, d1 + d2, d2 - d1, d1 - d3 */
-      t[0][c] = v_sub(d[0][c], d[2][c]);
-      t[1][c] = v_add(d[1][c], d[2][c]);
-      t[2][c] = v_sub(d[2][c], d[1][c]);
-      t[3][c] = v_sub(d[1][c], d[3][c]);
-    }
-    for (int r = 0; r < 4; r++) { /* (B' d) B: the same over columns */
-      v_store(V + (r * 4 + 0) * ldv + k, v_sub(t[r][0], t[r][2]));
-      v_store(V + (r * 4 + 1) * ldv + k, v_add(t[r][1], t[r][2]));
-      v_store(V + (r * 4 + 2) * ldv + k, v_sub(t[r][2], t[r][1]));
-      v_store(V + (r * 4 + 3) * ldv + k, v_sub(t[r][1], t[r][3]));
+/* V[xi][ci][slot] = (B' d B)[xi] for the tiles of tile rows [ty0, ty1) of one split plane, V at
+ * the slot of row ty0's first tile, VL tiles at a time (lanes past TW spill into the next row's
+ * slots, which that row then writes). All the plane's rows in one call: called per row, the
+ * set-up of the 16 store streams cost more than a row's one or two vectors of work at 7x7 and
+ * 14x14 (1.4 million calls a resnet20 step). */
+static void wino_in_rows(float *V, int64_t ldv, const float *pl, int64_t ty0, int64_t ty1, const wgeo *g) {
+  for (int64_t ty = ty0; ty < ty1; ty++, V += g->TW) {
+    const float *r0 = pl + 2 * ty * 2 * g->RW;
+    for (int64_t k = 0; k < g->TW; k += VL) {
+      vf d[4][4], t[4][4];
+      for (int r = 0; r < 4; r++) {
+        const float *E = r0 + r * 2 * g->RW + k, *O = E + g->RW;
+        d[r][0] = v_load(E), d[r][1] = v_load(O), d[r][2] = v_load(E + 1), d[r][3] = v_load(O + 1);
+      }
+      for (int c = 0; c < 4; c++) { /* B' d: rows d0 - d2, d1 + d2, d2 - d1, d1 - d3 */
+        t[0][c] = v_sub(d[0][c], d[2][c]);
+        t[1][c] = v_add(d[1][c], d[2][c]);
+        t[2][c] = v_sub(d[2][c], d[1][c]);
+        t[3][c] = v_sub(d[1][c], d[3][c]);
+      }
+      for (int r = 0; r < 4; r++) { /* (B' d) B: the same over columns */
+        v_store(V + (r * 4 + 0) * ldv + k, v_sub(t[r][0], t[r][2]));
+        v_store(V + (r * 4 + 1) * ldv + k, v_add(t[r][1], t[r][2]));
+        v_store(V + (r * 4 + 2) * ldv + k, v_sub(t[r][2], t[r][1]));
+        v_store(V + (r * 4 + 3) * ldv + k, v_sub(t[r][1], t[r][3]));
+      }
     }
   }
 }
@@ -288,8 +304,7 @@ static void wino_input(float *V, int64_t ldv, float *pl, const float *x, const w
   for (int64_t i = 0; i < b->nn; i++)
     for (int64_t ci = 0; ci < g->I; ci++) {
       wino_split_plane(pl, x + ((b->n0 + i) * g->I + ci) * g->H * g->W, g, b->ty0, b->ty1);
-      for (int64_t ty = b->ty0; ty < b->ty1; ty++)
-        wino_in_row(V + ci * g->Tb + i * g->Tr + (ty - b->ty0) * g->TW, ldv, pl, ty, g);
+      wino_in_rows(V + ci * g->Tb + i * g->Tr, ldv, pl, b->ty0, b->ty1, g);
     }
 }
 
@@ -379,11 +394,11 @@ static void wino_block(const wino_ctx *c, float *slot, int64_t blk) {
   const wgeo *g = c->g;
   float *V = slot + g->v, *M = slot + g->m;
   wblk b = wblock(g, blk);
-  wino_input(V, g->I * g->Tb, slot, c->x, g, &b);
+  wino_input(V, g->vp, slot, c->x, g, &b);
   /* slots past the block's tiles (a short last block or band): zeros, not stale or unset memory */
   int64_t used = wblock_used(g, &b), ylim = 2 * b.ty1 < g->H ? 2 * b.ty1 : g->H;
-  for (int64_t r = 0; r < 16 * g->I; r++)
-    zero_floats(V + r * g->Tb + used, g->Tb - used);
+  for (int xi = 0; xi < 16; xi++)
+    for (int64_t ci = 0; ci < g->I; ci++) zero_floats(V + xi * g->vp + ci * g->Tb + used, g->Tb - used);
   /* output channels in chunks of CC, point by point: a point's V (Ci x Tb) stays in L1 while the
    * chunk's channel blocks read it, and the chunk's M (16 x CC x Tb) stays in L2 with V until
    * it is transformed back (all channels at once spilled M out of L2 at 64 channels) */
@@ -391,8 +406,8 @@ static void wino_block(const wino_ctx *c, float *slot, int64_t blk) {
     int64_t c1 = c0 + g->CC < g->nob * OB ? c0 + g->CC : g->nob * OB;
     for (int xi = 0; xi < 16; xi++)
       for (int64_t ob = c0 / OB; ob < c1 / OB; ob++) {
-        const float *Vx = V + xi * g->I * g->Tb, *Ux = c->U + (xi * g->nob + ob) * g->I * OB;
-        float *Mx = M + (xi * g->CC + ob * OB - c0) * g->Tb;
+        const float *Vx = V + xi * g->vp, *Ux = c->U + (xi * g->nob + ob) * g->I * OB;
+        float *Mx = M + xi * g->mp + (ob * OB - c0) * g->Tb;
         int64_t t = 0;
         for (; t + PB * VL <= g->Tb; t += PB * VL) wino_tile(PB, Mx + t, Vx + t, Ux, g);
         if (g->Tb - t == 2 * VL) wino_tile(2, Mx + t, Vx + t, Ux, g);
@@ -401,7 +416,7 @@ static void wino_block(const wino_ctx *c, float *slot, int64_t blk) {
     for (int64_t co = c0; co < c1 && co < g->O; co++)
       for (int64_t i = 0; i < b.nn; i++)
         for (int64_t ty = b.ty0; ty < b.ty1; ty++)
-          wino_out_row(c, M + (co - c0) * g->Tb + i * g->Tr + (ty - b.ty0) * g->TW, g->CC * g->Tb, b.n0 + i, co, ty, ylim);
+          wino_out_row(c, M + (co - c0) * g->Tb + i * g->Tr + (ty - b.ty0) * g->TW, g->mp, b.n0 + i, co, ty, ylim);
   }
 }
 
@@ -448,7 +463,8 @@ static void wino_range(void *vc, int64_t a, int64_t b) {
 typedef struct {
   wgeo g;                /* blocks, split planes, rows of Tb tile slots */
   int64_t Ip, Op;        /* channels up to whole register tiles (the rows past them zeros) */
-  int64_t v, mg, slot;   /* a slot's layout: the split plane, V (16 x Ip x Tb), dM (16 x Op x Tb) */
+  int64_t vp, mp;        /* floats from one point's rows to the next's: V's (Ip x Tb), dM's (Op x Tb) */
+  int64_t v, mg, slot;   /* a slot's layout: the split plane, V (16 points), dM (16 points) */
   int64_t part;          /* a slot's partial sums: 16 x Op x Ip */
   int64_t S;             /* slots */
 } dgeo;
@@ -461,8 +477,9 @@ static void dgeo_of(const tdm_conv_shape *s, dgeo *d) {
   int64_t tiles = WINO_DW_L1 / (d->Ip + d->Op);
   wgeo_of(s->N, s->Ci, s->Co, s->H, s->W, tiles > 2 * VL ? tiles : 2 * VL, g);
   d->v = up(g->Lpl, 16);
-  d->mg = d->v + 16 * d->Ip * g->Tb;
-  d->slot = up(d->mg + 16 * d->Op * g->Tb, 16);
+  d->vp = point_stride(d->Ip * g->Tb), d->mp = point_stride(d->Op * g->Tb);
+  d->mg = d->v + 16 * d->vp;
+  d->slot = up(d->mg + 16 * d->mp, 16);
   d->part = 16 * d->Op * d->Ip;
   d->S = g->nblk < WINO_SLOTS ? g->nblk : WINO_SLOTS;
 }
@@ -519,27 +536,27 @@ static void wino_dw_block(const dw_wctx *c, float *slot, float *part, int64_t bl
   const wgeo *g = &d->g;
   float *V = slot + d->v, *Mg = slot + d->mg;
   wblk b = wblock(g, blk);
-  wino_input(V, d->Ip * g->Tb, slot, c->x, g, &b);
+  wino_input(V, d->vp, slot, c->x, g, &b);
   for (int64_t i = 0; i < b.nn; i++)
     for (int64_t co = 0; co < g->O; co++)
       for (int64_t ty = b.ty0; ty < b.ty1; ty++)
-        wino_dy_row(Mg + co * g->Tb + i * g->Tr + (ty - b.ty0) * g->TW, d->Op * g->Tb,
+        wino_dy_row(Mg + co * g->Tb + i * g->Tr + (ty - b.ty0) * g->TW, d->mp,
                     c->dy + ((b.n0 + i) * g->O + co) * g->H * g->W, ty, g);
   /* the lanes summed: whole vectors over the block's tiles; past the rows' stores, and in the
    * channels past the last (up to a whole register tile), zeros (the stores' lanes past TW are zeros in dM) */
   int64_t used = wblock_used(g, &b), Tv = up((b.nn - 1) * g->Tr + (b.ty1 - b.ty0) * g->TW, VL);
   for (int xi = 0; xi < 16; xi++) {
     for (int64_t r = 0; r < d->Ip; r++)
-      zero_floats(V + (xi * d->Ip + r) * g->Tb + (r < g->I ? used : 0), Tv - (r < g->I ? used : 0));
+      zero_floats(V + xi * d->vp + r * g->Tb + (r < g->I ? used : 0), Tv - (r < g->I ? used : 0));
     for (int64_t r = 0; r < d->Op; r++)
-      zero_floats(Mg + (xi * d->Op + r) * g->Tb + (r < g->O ? used : 0), Tv - (r < g->O ? used : 0));
+      zero_floats(Mg + xi * d->mp + r * g->Tb + (r < g->O ? used : 0), Tv - (r < g->O ? used : 0));
   }
   int64_t nit = d->Ip / DCI, nct = d->Op / DCO;
   for (int xi = 0; xi < 16; xi++)
     for (int64_t ct = 0; ct < nct; ct++) {
-      const float *m = Mg + (xi * d->Op + DCO * ct) * g->Tb;
+      const float *m = Mg + xi * d->mp + DCO * ct * g->Tb;
       for (int64_t it = 0; it < nit; it++) {
-        const float *v = V + (xi * d->Ip + DCI * it) * g->Tb;
+        const float *v = V + xi * d->vp + DCI * it * g->Tb;
         vf acc[DCO][DCI];
         for (int a = 0; a < DCO; a++)
           for (int b = 0; b < DCI; b++) acc[a][b] = v_zero();

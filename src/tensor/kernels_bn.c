@@ -15,12 +15,12 @@
 
 typedef struct {
   float *out;
-  const float *x, *dy, *ry, *w, *b, *mean, *rstd; /* ry: a fused ReLU's output (its mask), or NULL */
+  const float *x, *dy, *w, *b, *mean, *rstd;
   const double *csdy, *csdyx;
   double *s0, *s1, M;
   int64_t N, C, HW;
   int set;  /* bwd_dx writes dx instead of adding to it */
-  int relu; /* fwd: max(y, 0) */
+  int relu; /* fwd: max(y, 0); backward: dy masked where that ReLU gave 0 */
 } bn_ctx;
 
 #define LANES 32 /* four vectors of 8: four independent chains of adds (two waited on the add's latency) */
@@ -65,9 +65,16 @@ static inline lanes masked(lanes x, const int32_t *k) {
   for (int j = 0; j < NV; j++) x.v[j] = (v8)((v8i)x.v[j] & *(const v8i *)(k + 8 * j));
   return x;
 }
-/* passed() on LANES values: dy where the ReLU's output > 0, else +0 */
-static inline lanes passed_v(lanes ry, lanes g) {
-  for (int j = 0; j < NV; j++) g.v[j] = (v8)((v8i)g.v[j] & (ry.v[j] > (v8){0}));
+/* The forward's value before its ReLU, x sc + sh: written once here, for the forward and for
+ * the backward's mask, so the two round alike (one FMA where the target has it, bit for bit). */
+static inline float affine(float x, float sc, float sh) { return x * sc + sh; }
+static inline lanes affine_v(lanes x, float sc, float sh) {
+  for (int j = 0; j < NV; j++) x.v[j] = x.v[j] * sc + sh;
+  return x;
+}
+/* passed() on LANES values: dy where the ReLU's input v > 0 (its output was v, not 0), else +0 */
+static inline lanes passed_v(lanes v, lanes g) {
+  for (int j = 0; j < NV; j++) g.v[j] = (v8)((v8i)g.v[j] & (v.v[j] > (v8){0}));
   return g;
 }
 
@@ -126,20 +133,27 @@ void tdm_k_bn_sums(const float *x, int64_t N, int64_t C, int64_t HW, double *sum
   tdm_parallel_for(C, 1, sums_range, &k);
 }
 
+/* The forward's scale and shift of channel c: y = x sc + sh. */
+static inline void scale_shift(const bn_ctx *k, int64_t c, float *sc, float *sh) {
+  *sc = k->rstd[c] * k->w[c];
+  *sh = k->b[c] - k->mean[c] * *sc;
+}
+
 static void fwd_range(void *vc, int64_t c0, int64_t c1) {
   bn_ctx *k = vc;
   for (int64_t c = c0; c < c1; c++) {
-    float sc = k->rstd[c] * k->w[c], sh = k->b[c] - k->mean[c] * sc;
+    float sc, sh;
+    scale_shift(k, c, &sc, &sh);
     for (int64_t n = 0; n < k->N; n++) {
       const float *p = k->x + (n * k->C + c) * k->HW;
       float *o = k->out + (n * k->C + c) * k->HW;
       if (k->relu)
         for (int64_t i = 0; i < k->HW; i++) {
-          float v = p[i] * sc + sh;
+          float v = affine(p[i], sc, sh);
           o[i] = v > 0.0f ? v : 0.0f; /* tdm_k_relu_fwd's expression */
         }
       else
-        for (int64_t i = 0; i < k->HW; i++) o[i] = p[i] * sc + sh;
+        for (int64_t i = 0; i < k->HW; i++) o[i] = affine(p[i], sc, sh);
     }
   }
 }
@@ -150,8 +164,11 @@ void tdm_k_bn_fwd(float *y, const float *x, const float *w, const float *b, cons
   tdm_parallel_for(C, 1, fwd_range, &k);
 }
 
-/* dy where a fused ReLU passed it (its output > 0), else 0: tdm_k_relu_bwd_set's expression */
-static inline float passed(const float *ry, const float *g, int64_t i) { return ry ? (ry[i] > 0.0f ? g[i] : 0.0f) : g[i]; }
+/* dy where a fused ReLU passed it (its input v > 0, so its output v > 0), else 0:
+ * tdm_k_relu_bwd_set's expression. The mask comes from x, which the backward reads anyway: the
+ * ReLU's output was a third tensor read by each of the two passes (a quarter and a third of
+ * their traffic). */
+static inline float passed(float v, float g) { return v > 0.0f ? g : 0.0f; }
 
 static void bwd_sums_range(void *vc, int64_t c0, int64_t c1) {
   bn_ctx *k = vc;
@@ -159,20 +176,22 @@ static void bwd_sums_range(void *vc, int64_t c0, int64_t c1) {
   for (int64_t c = c0; c < c1; c++) {
     double s[LANES] = {0}, q[LANES] = {0};
     lanes fs = {0}, fq = {0};
-    float m = k->mean[c], r = k->rstd[c];
+    float m = k->mean[c], r = k->rstd[c], sc = 0.0f, sh = 0.0f;
+    if (k->relu) scale_shift(k, c, &sc, &sh);
     int64_t cnt = 0; /* values in each float lane since the last flush */
     for (int64_t n = 0; n < k->N; n++) {
       int64_t o = (n * k->C + c) * HW;
-      const float *p = k->x + o, *g = k->dy + o, *ry = k->ry ? k->ry + o : NULL;
+      const float *p = k->x + o, *g = k->dy + o;
       for (int64_t i = 0; i < body; i += LANES) {
-        lanes gv = ry ? passed_v(at(ry + i), at(g + i)) : at(g + i);
-        fs = add(fs, gv), fq = add(fq, mul(gv, centred(at(p + i), m, r)));
+        lanes xv = at(p + i), gv = at(g + i);
+        if (k->relu) gv = passed_v(affine_v(xv, sc, sh), gv);
+        fs = add(fs, gv), fq = add(fq, mul(gv, centred(xv, m, r)));
         if (++cnt == FLUSH / LANES) fs = flush(s, fs), fq = flush(q, fq), cnt = 0;
       }
       if (body < HW) {
-        lanes gv = tail(g, body, HW);
-        if (ry) gv = passed_v(tail(ry, body, HW), gv);
-        fs = add(fs, gv), fq = add(fq, mul(gv, centred(tail(p, body, HW), m, r)));
+        lanes xv = tail(p, body, HW), gv = tail(g, body, HW);
+        if (k->relu) gv = passed_v(affine_v(xv, sc, sh), gv); /* (the lanes outside the tail: dy's zeros) */
+        fs = add(fs, gv), fq = add(fq, mul(gv, centred(xv, m, r)));
         if (++cnt == FLUSH / LANES) fs = flush(s, fs), fq = flush(q, fq), cnt = 0;
       }
     }
@@ -182,25 +201,27 @@ static void bwd_sums_range(void *vc, int64_t c0, int64_t c1) {
   }
 }
 
-void tdm_k_bn_bwd_sums(const float *dy, const float *relu_y, const float *x, const float *mean, const float *rstd,
-                       int64_t N, int64_t C, int64_t HW, double *sdy, double *sdyx) {
-  bn_ctx k = {.x = x, .dy = dy, .ry = relu_y, .mean = mean, .rstd = rstd, .s0 = sdy, .s1 = sdyx, .N = N, .C = C, .HW = HW};
+void tdm_k_bn_bwd_sums(const float *dy, const float *x, const float *w, const float *b, const float *mean,
+                       const float *rstd, int relu, int64_t N, int64_t C, int64_t HW, double *sdy, double *sdyx) {
+  bn_ctx k = {.x = x, .dy = dy, .w = w, .b = b, .mean = mean, .rstd = rstd, .relu = relu, .s0 = sdy, .s1 = sdyx,
+              .N = N, .C = C, .HW = HW};
   tdm_parallel_for(C, 1, bwd_sums_range, &k);
 }
 
 static void bwd_dx_range(void *vc, int64_t c0, int64_t c1) {
   bn_ctx *k = vc;
   for (int64_t c = c0; c < c1; c++) {
-    float m = k->mean[c], r = k->rstd[c], wr = k->w[c] * r;
+    float m = k->mean[c], r = k->rstd[c], wr = k->w[c] * r, sc = 0.0f, sh = 0.0f;
     float a = k->M > 0 ? (float)(k->csdy[c] / k->M) : 0.0f, bq = k->M > 0 ? (float)(k->csdyx[c] / k->M) : 0.0f;
+    if (k->relu) scale_shift(k, c, &sc, &sh);
     for (int64_t n = 0; n < k->N; n++) {
       int64_t off = (n * k->C + c) * k->HW;
-      const float *p = k->x + off, *g = k->dy + off, *ry = k->ry ? k->ry + off : NULL;
+      const float *p = k->x + off, *g = k->dy + off;
       float *o = k->out + off;
-      if (ry && k->set)
-        for (int64_t i = 0; i < k->HW; i++) o[i] = wr * (passed(ry, g, i) - a - (p[i] - m) * r * bq);
-      else if (ry)
-        for (int64_t i = 0; i < k->HW; i++) o[i] += wr * (passed(ry, g, i) - a - (p[i] - m) * r * bq);
+      if (k->relu && k->set)
+        for (int64_t i = 0; i < k->HW; i++) o[i] = wr * (passed(affine(p[i], sc, sh), g[i]) - a - (p[i] - m) * r * bq);
+      else if (k->relu)
+        for (int64_t i = 0; i < k->HW; i++) o[i] += wr * (passed(affine(p[i], sc, sh), g[i]) - a - (p[i] - m) * r * bq);
       else if (k->set)
         for (int64_t i = 0; i < k->HW; i++) o[i] = wr * (g[i] - a - (p[i] - m) * r * bq);
       else
@@ -209,17 +230,18 @@ static void bwd_dx_range(void *vc, int64_t c0, int64_t c1) {
   }
 }
 
-void tdm_k_bn_bwd_dx(float *dx, const float *dy, const float *relu_y, const float *x, const float *w, const float *mean,
-                     const float *rstd, const double *sdy, const double *sdyx, double M, int64_t N, int64_t C, int64_t HW) {
-  bn_ctx k = {.out = dx, .x = x, .dy = dy, .ry = relu_y, .w = w, .mean = mean, .rstd = rstd, .csdy = sdy, .csdyx = sdyx,
-              .M = M, .N = N, .C = C, .HW = HW};
+void tdm_k_bn_bwd_dx(float *dx, const float *dy, const float *x, const float *w, const float *b, const float *mean,
+                     const float *rstd, int relu, const double *sdy, const double *sdyx, double M, int64_t N, int64_t C,
+                     int64_t HW) {
+  bn_ctx k = {.out = dx, .x = x, .dy = dy, .w = w, .b = b, .mean = mean, .rstd = rstd, .relu = relu, .csdy = sdy,
+              .csdyx = sdyx, .M = M, .N = N, .C = C, .HW = HW};
   tdm_parallel_for(C, 1, bwd_dx_range, &k);
 }
 
-void tdm_k_bn_bwd_dx_set(float *dx, const float *dy, const float *relu_y, const float *x, const float *w,
-                         const float *mean, const float *rstd, const double *sdy, const double *sdyx, double M, int64_t N,
+void tdm_k_bn_bwd_dx_set(float *dx, const float *dy, const float *x, const float *w, const float *b, const float *mean,
+                         const float *rstd, int relu, const double *sdy, const double *sdyx, double M, int64_t N,
                          int64_t C, int64_t HW) {
-  bn_ctx k = {.out = dx, .x = x, .dy = dy, .ry = relu_y, .w = w, .mean = mean, .rstd = rstd, .csdy = sdy, .csdyx = sdyx,
-              .M = M, .N = N, .C = C, .HW = HW, .set = 1};
+  bn_ctx k = {.out = dx, .x = x, .dy = dy, .w = w, .b = b, .mean = mean, .rstd = rstd, .relu = relu, .csdy = sdy,
+              .csdyx = sdyx, .M = M, .N = N, .C = C, .HW = HW, .set = 1};
   tdm_parallel_for(C, 1, bwd_dx_range, &k);
 }

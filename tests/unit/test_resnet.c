@@ -253,32 +253,39 @@ static void test_bn_statistics(void) {
  * double: plane sizes below, at and around the 32 lanes, with tails, and past a flush (1024
  * values); with and without a fused ReLU's mask; and the same bits on 1 and 3 threads. The
  * tolerance is float's rounding of partial sums of at most 1024 / 32 values, relative to the
- * sum of the terms' magnitudes. */
+ * sum of the terms' magnitudes. (The mask at the ReLU's threshold: bn_relu_mask_threshold.) */
 static void test_bn_sums_kernels(void) {
   const int64_t hws[] = {1, 7, 31, 32, 33, 49, 196, 1030, 2500}, C = 3;
   for (size_t h = 0; h < sizeof hws / sizeof hws[0]; h++)
     for (int64_t N = 1; N <= 3; N += 2) {
       int64_t HW = hws[h], n = N * C * HW;
       float *x = malloc(sizeof(float) * n), *dy = malloc(sizeof(float) * n), *ry = malloc(sizeof(float) * n);
-      float mean[3] = {0.3f, -0.2f, 0.1f}, rstd[3] = {1.5f, 0.7f, 1.1f};
-      tdm_test_fill_normal(x, n, 90 + h, 1), tdm_test_fill_normal(dy, n, 91 + h, 1), tdm_test_fill_normal(ry, n, 92 + h, 1);
+      float *dyp = malloc(sizeof(float) * n);
+      float mean[3] = {0.3f, -0.2f, 0.1f}, rstd[3] = {1.5f, 0.7f, 1.1f}, w[3] = {0.9f, -1.3f, 0.7f}, b[3] = {0.2f, 0.1f, -0.3f};
+      tdm_test_fill_normal(x, n, 90 + h, 1), tdm_test_fill_normal(dy, n, 91 + h, 1);
       for (int64_t i = 0; i < n; i++) x[i] += 2.0f; /* an offset: the squares' sum is not the variance's */
-      double got[2][6][3], ref[6][3], mag[6][3];
+      tdm_k_bn_fwd(ry, x, w, b, mean, rstd, N, C, HW, 1); /* the forward's ReLU output: the mask */
+      for (int64_t i = 0; i < n; i++) dyp[i] = ry[i] > 0 ? dy[i] : 0.0f;
+      double got[2][6][3], ref[6][3], mag[6][3], masked[2][3];
       for (int t = 0; t < 2; t++) {
         CHECK_OK(tdm_set_num_threads(t ? 3 : 1));
         tdm_k_bn_sums(x, N, C, HW, got[t][0], got[t][1]);
-        tdm_k_bn_bwd_sums(dy, ry, x, mean, rstd, N, C, HW, got[t][2], got[t][3]);
-        tdm_k_bn_bwd_sums(dy, NULL, x, mean, rstd, N, C, HW, got[t][4], got[t][5]);
+        tdm_k_bn_bwd_sums(dy, x, w, b, mean, rstd, 1, N, C, HW, got[t][2], got[t][3]);
+        tdm_k_bn_bwd_sums(dy, x, NULL, NULL, mean, rstd, 0, N, C, HW, got[t][4], got[t][5]);
       }
       CHECK_OK(tdm_set_num_threads(1));
       CHECK_MSG(!memcmp(got[0], got[1], sizeof got[0]), "HW %lld N %lld: the sums' bits depend on the thread count",
+                (long long)HW, (long long)N);
+      tdm_k_bn_bwd_sums(dyp, x, NULL, NULL, mean, rstd, 0, N, C, HW, masked[0], masked[1]);
+      CHECK_MSG(!memcmp(masked[0], got[0][2], sizeof masked[0]) && !memcmp(masked[1], got[0][3], sizeof masked[1]),
+                "HW %lld N %lld: the sums with the mask formed from x differ from those with the forward output's",
                 (long long)HW, (long long)N);
       memset(ref, 0, sizeof ref), memset(mag, 0, sizeof mag);
       for (int64_t c = 0; c < C; c++)
         for (int64_t b = 0; b < N; b++)
           for (int64_t i = 0; i < HW; i++) {
             int64_t o = (b * C + c) * HW + i;
-            double v = x[o], g = ry[o] > 0 ? dy[o] : 0, u = ((double)x[o] - mean[c]) * rstd[c];
+            double v = x[o], g = dyp[o], u = ((double)x[o] - mean[c]) * rstd[c];
             double terms[6] = {v, v * v, g, g * u, dy[o], dy[o] * u};
             for (int k = 0; k < 6; k++) ref[k][c] += terms[k], mag[k][c] += fabs(terms[k]);
           }
@@ -287,8 +294,55 @@ static void test_bn_sums_kernels(void) {
           CHECK_MSG(fabs(got[0][k][c] - ref[k][c]) <= 4e-6 * mag[k][c] + 1e-12,
                     "HW %lld N %lld: sum %d of channel %lld is %.9g, expected %.9g (terms' magnitudes %.3g)", (long long)HW,
                     (long long)N, k, (long long)c, got[0][k][c], ref[k][c], mag[k][c]);
-      free(x), free(dy), free(ry);
+      free(x), free(dy), free(ry), free(dyp);
     }
+}
+
+/* The backward forms a fused ReLU's mask again from x, w, b and the statistics: it must be the
+ * forward output's, bit for bit, at the threshold too, where x sc + sh rounded as a multiply and
+ * an add (not one FMA, as the forward may) comes out zero or of the other sign. Each of 64
+ * channels' planes runs through 81 inputs, 40 ulps either side of its root (the kernel's own sh,
+ * itself rounded, moves the root by a few): at about one input a root the two roundings part. The
+ * backward's sums and its dx (fresh and added) against the same kernels given dy masked by the
+ * forward's output. */
+static void test_bn_relu_mask_threshold(void) {
+  const int64_t N = 2, C = 64, HW = 81, n = N * C * HW; /* 81: a body of 64 lanes and a tail */
+  float *x = malloc(sizeof(float) * n), *dy = malloc(sizeof(float) * n), *y = malloc(sizeof(float) * n);
+  float *dyp = malloc(sizeof(float) * n), *dx[2] = {malloc(sizeof(float) * n), malloc(sizeof(float) * n)};
+  float w[64], b[64], mean[64], rstd[64];
+  double s[2][2][64];
+  for (int64_t c = 0; c < C; c++) {
+    mean[c] = 0.37f * (float)(c % 7) - 1.1f, rstd[c] = 0.5f + 0.031f * (float)c;
+    w[c] = (c % 2 ? -1.0f : 1.0f) * (0.3f + 0.017f * (float)c), b[c] = 0.05f * (float)(c % 11) - 0.25f;
+  }
+  tdm_test_fill_normal(dy, n, 95, 1);
+  for (int64_t i = 0; i < n; i++) {
+    int64_t c = i / HW % C, k = i % HW - 40;
+    float v = mean[c] - b[c] / (rstd[c] * w[c]);
+    for (int64_t j = 0; j < llabs(k); j++) v = nextafterf(v, k > 0 ? INFINITY : -INFINITY);
+    x[i] = v;
+  }
+  tdm_k_bn_fwd(y, x, w, b, mean, rstd, N, C, HW, 1);
+  int64_t passed = 0;
+  for (int64_t i = 0; i < n; i++) dyp[i] = y[i] > 0 ? dy[i] : 0.0f, passed += y[i] > 0;
+  CHECK_MSG(passed > n / 4 && passed < n * 3 / 4, "%lld of %lld passed; expected about half", (long long)passed, (long long)n);
+  tdm_k_bn_bwd_sums(dy, x, w, b, mean, rstd, 1, N, C, HW, s[0][0], s[0][1]);
+  tdm_k_bn_bwd_sums(dyp, x, NULL, NULL, mean, rstd, 0, N, C, HW, s[1][0], s[1][1]);
+  CHECK_MSG(!memcmp(s[0], s[1], sizeof s[0]), "the backward's sums with the mask formed from x differ from the forward's mask's");
+  for (int add = 0; add < 2; add++) {
+    for (int k = 0; k < 2; k++) {
+      for (int64_t i = 0; i < n; i++) dx[k][i] = 0.25f * (float)(i % 5);
+      (add ? tdm_k_bn_bwd_dx : tdm_k_bn_bwd_dx_set)(dx[k], k ? dyp : dy, x, w, b, mean, rstd, !k, s[0][0], s[0][1],
+                                                  (double)(N * HW), N, C, HW);
+    }
+    int64_t first = -1;
+    for (int64_t i = 0; i < n && first < 0; i++)
+      if (memcmp(&dx[0][i], &dx[1][i], sizeof(float))) first = i;
+    CHECK_MSG(first < 0, "dx (%s): value %lld (x %.9g, forward output %.9g) is %.9g with the mask formed from x, %.9g with "
+              "the forward's", add ? "added" : "written", (long long)first, first < 0 ? 0.0 : (double)x[first],
+              first < 0 ? 0.0 : (double)y[first], first < 0 ? 0.0 : (double)dx[0][first], first < 0 ? 0.0 : (double)dx[1][first]);
+  }
+  free(x), free(dy), free(y), free(dyp), free(dx[0]), free(dx[1]);
 }
 
 /* relu(bn(x)) fused equals the two ops bit for bit: the output, the running statistics, and the
@@ -708,6 +762,7 @@ int main(void) {
       {"bn_gradcheck", test_bn_gradcheck},
       {"bn_statistics", test_bn_statistics},
       {"bn_sums_kernels", test_bn_sums_kernels},
+      {"bn_relu_mask_threshold", test_bn_relu_mask_threshold},
       {"bn_bad_input", test_bn_bad_input},
       {"bn_relu_fused", test_bn_relu_fused},
       {"add_relu_fused", test_add_relu_fused},
