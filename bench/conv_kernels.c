@@ -49,13 +49,14 @@ int main(int argc, char **argv) {
   double peak = argc > 1 ? atof(argv[1]) : 0;
   if (tdm_set_num_threads(0) != TDM_OK) return 1;
   int wino_before = tdm_k_conv2d_winograd_enable(1);
-  const int64_t shapes[][4] = {{16, 28, 16, 3}, {32, 14, 32, 3}, {64, 7, 64, 3}, {1, 28, 16, 3}, {1, 28, 32, 5}, {32, 14, 64, 5}};
+  const int64_t shapes[][5] = {{16, 28, 16, 3, 1}, {32, 14, 32, 3, 1}, {64, 7, 64, 3, 1}, {16, 28, 32, 3, 2}, {32, 14, 64, 3, 2},
+                               {1, 28, 16, 3, 1},  {1, 28, 32, 5, 1},  {32, 14, 64, 5, 1}}; /* Ci, H = W, Co, K, stride */
   printf("%-26s %-11s %10s %10s %10s   (GFLOP/s; %% of %.0f GFLOP/s x %d threads)\n", "shape (N Ci HxW Co KxK)", "path",
          "forward", "dx", "dw", peak, tdm_get_num_threads());
   for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
-    int64_t K = shapes[k][3];
-    tdm_conv_shape s = {128, shapes[k][0], shapes[k][1], shapes[k][1], shapes[k][2], K, K, 1, K / 2, shapes[k][1], shapes[k][1]};
-    int64_t nx = s.N * s.Ci * s.H * s.W, ny = s.N * s.Co * s.H * s.W, nw = s.Co * s.Ci * K * K;
+    int64_t K = shapes[k][3], S = shapes[k][4], O = (shapes[k][1] + 2 * (K / 2) - K) / S + 1;
+    tdm_conv_shape s = {128, shapes[k][0], shapes[k][1], shapes[k][1], shapes[k][2], K, K, S, K / 2, O, O};
+    int64_t nx = s.N * s.Ci * s.H * s.W, ny = s.N * s.Co * s.OH * s.OW, nw = s.Co * s.Ci * K * K;
     double flop = 2.0 * (double)ny * (double)(s.Ci * K * K);
     for (int path = 0; path < 3; path++) { /* Winograd (where it fits), direct, im2col + GEMM */
       int direct = path < 2;
@@ -75,8 +76,8 @@ int main(int argc, char **argv) {
         gf[p] = flop / best_of(5, run, &j) / 1e9;
       }
       char name[64];
-      snprintf(name, sizeof name, "%d %lld %lldx%lld %lld %lldx%lld", 128, (long long)s.Ci, (long long)s.H, (long long)s.W,
-               (long long)s.Co, (long long)K, (long long)K);
+      snprintf(name, sizeof name, "%d %lld %lldx%lld %lld %lldx%lld%s", 128, (long long)s.Ci, (long long)s.H, (long long)s.W,
+               (long long)s.Co, (long long)K, (long long)K, S == 2 ? " /2" : "");
       char pname[32];
       snprintf(pname, sizeof pname, "%s%s", direct ? tdm_k_conv2d_direct_isa() : "im2col", path == 0 ? "+wino" : "");
       printf("%-26s %-11s", name, pname);

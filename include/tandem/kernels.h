@@ -173,8 +173,8 @@ void tdm_k_conv2d_bwd_batched(float *dx, int dx_set, float *dw, float *db, const
 /* The batched kernels above run these where they fit: stride 1 with 3x3 pad 1 or 5x5 pad 2, or
  * stride 2 with 3x3 pad 1, where the CPU has AVX-512 or AVX2 with FMA and TANDEM_CONV=im2col
  * did not turn them off (kernels_conv_direct.c: no column matrix; ws of
- * tdm_k_conv2d_direct_ws_floats(s) floats, 0 where it does not fit). bwd_direct forms dx at stride 1 only (the batched kernel runs im2col
- * for a strided dx). */
+ * tdm_k_conv2d_direct_ws_floats(s) floats, 0 where it does not fit; a strided dx as four
+ * stride-1 convolutions, one per phase of the input). */
 int tdm_k_conv2d_direct_fits(const tdm_conv_shape *s);
 /* Turns the direct kernels on or off for the whole process (benchmarks compare the paths);
  * overrides TANDEM_CONV. Call it between steps. */

@@ -124,6 +124,9 @@ typedef struct {
   int64_t Lq;  /* output pixels on the grid, whole vectors */
   int64_t Lsp; /* one (phase) plane of an input channel */
   int64_t Ls;  /* an input channel: S*S phase planes */
+  int64_t Hg;  /* stride 2: a phase plane's rows */
+  int64_t Lqp; /* stride 2: a phase plane's pixels, whole vectors (the input gradient's grid, s2dx_range) */
+  int64_t Lsd; /* stride 2: a plane of the output gradient shifted by one row and column (Wg wide) */
   int64_t off[25];
 } geo;
 
@@ -142,6 +145,9 @@ static void geo_of(const tdm_conv_shape *s, geo *g) {
   if (need < Hg * g->Wg) need = Hg * g->Wg;
   g->Lsp = up(need, VL);
   g->Ls = g->S * g->S * g->Lsp;
+  g->Hg = Hg, g->Lqp = up(Hg * g->Wg, VL);
+  need = g->Lqp + g->Wg + 1; /* past the last shifted load */
+  g->Lsd = up(need > (Hg + 1) * g->Wg ? need : (Hg + 1) * g->Wg, VL);
   for (int64_t t = 0; t < g->KK; t++) {
     int64_t ky = t / g->K, kx = t % g->K;
     g->off[t] = ((ky % g->S) * g->S + kx % g->S) * g->Lsp + (ky / g->S) * g->Wg + kx / g->S;
@@ -179,8 +185,12 @@ static bwd_layout bwd_of(const geo *g) {
   int64_t cor = up(g->Co, dw_ob(g)), tasks = cor / dw_ob(g) * g->Ci * (g->KK / dw_taps(g));
   l.xpad = 0;
   l.dpad = l.xpad + g->N * g->Ci * g->Ls;
-  l.dxpg = l.dpad + g->N * cor * g->Ls;
-  l.wp = l.dxpg + g->N * up(g->Ci, OB) * g->Lq;
+  /* dpad: the output gradient padded (stride 1) or on its grid (stride 2, the weight gradient),
+   * or shifted (stride 2, the input gradient); dxpg: the input gradient on the padded grid (stride
+   * 1) or on a phase plane (stride 2) */
+  int64_t dp = cor * g->Ls > g->Co * g->Lsd ? cor * g->Ls : g->Co * g->Lsd, dq = g->Lq > g->Lqp ? g->Lq : g->Lqp;
+  l.dxpg = l.dpad + g->N * dp;
+  l.wp = l.dxpg + g->N * up(g->Ci, OB) * dq;
   l.st = l.wp + up(g->Ci, OB) * g->Co * g->KK;
   l.total = l.st + DW_GROUPS * tasks * dw_ob(g) * dw_taps(g) * VL;
   return l;
@@ -216,19 +226,28 @@ static void pad_range(void *vc, int64_t a, int64_t b) {
   }
 }
 
-/* Stride 2: each channel's padded pixels scattered into its four phase planes. */
+/* Stride 2: each channel's padded pixels scattered into its four phase planes. A row's pixels
+ * go to two planes, by the parity of their padded column: as two loops of stride-2 reads, which
+ * the compiler vectorises (one loop working out each pixel's plane and place ran scalar, 1.5% of
+ * a resnet20 step). */
 static void phase_range(void *vc, int64_t a, int64_t b) {
   pad_ctx *c = vc;
   const geo *g = c->g;
+  int64_t p = g->p, W = g->W;
   for (int64_t i = a; i < b; i++) {
     float *d = c->dst + i * g->Ls;
     memset(d, 0, sizeof(float) * (size_t)g->Ls);
-    const float *s = c->src + i * g->H * g->W;
-    for (int64_t y = 0; y < g->H; y++)
-      for (int64_t x = 0; x < g->W; x++) {
-        int64_t r = y + g->p, col = x + g->p;
-        d[((r & 1) * 2 + (col & 1)) * g->Lsp + (r >> 1) * g->Wg + (col >> 1)] = s[y * g->W + x];
-      }
+    const float *s = c->src + i * g->H * W;
+    for (int64_t y = 0; y < g->H; y++) {
+      int64_t r = y + p;
+      const float *restrict row = s + y * W;
+      /* padded column x + p: parity q goes to plane (r & 1, q) at column (x + p) >> 1 */
+      float *restrict to[2] = {d + (r & 1) * 2 * g->Lsp + (r >> 1) * g->Wg, d + ((r & 1) * 2 + 1) * g->Lsp + (r >> 1) * g->Wg};
+      float *restrict e = to[p & 1], *restrict o = to[(p + 1) & 1]; /* x even: column parity p's; x odd: the other */
+      int64_t e0 = p >> 1, o0 = (p + 1) >> 1;
+      for (int64_t j = 0; 2 * j < W; j++) e[e0 + j] = row[2 * j];
+      for (int64_t j = 0; 2 * j + 1 < W; j++) o[o0 + j] = row[2 * j + 1];
+    }
   }
 }
 
@@ -353,6 +372,93 @@ static void image_range(void *vc, int64_t a, int64_t b) {
     else phase_range(&c->pad, n * c->pad.Cd, (n + 1) * c->pad.Cd);
     conv_range(&c->conv, n, n + 1);
     unpad_range(&c->out, n * c->out.C, (n + 1) * c->out.C);
+  }
+}
+
+/* ---- the strided input gradient ------------------------------------------------------------ */
+
+/* Stride 2's input gradient, dx[ci][iy][ix] = sum over co, ky, kx of w[co][ci][ky][kx] dout[co][oy][ox]
+ * where iy + p = 2 oy + ky (and so for the columns), is four stride-1 convolutions, one per
+ * phase of the padded input: a padded row R = 2 a + ry takes the taps ky of R's parity, ky = ry
+ * or ry + 2 (K = 3: one tap for odd rows, two for even), from output rows oy = a + (ry - ky) / 2,
+ * that is a or a - 1. With the output gradient shifted one row and column down and right (dsh,
+ * Wg wide, a zero first row and column), those are rows a + 1 and a of dsh: constant offsets,
+ * so each phase is the forward's register-tiled convolution (conv_tile) over a phase plane's grid
+ * (Hg x Wg), with its own taps and weights, then copied into dx's pixels of that phase. The last
+ * column's shifted load wraps into the next row's first, dsh's zero column, where the true
+ * neighbour lies past the output's last column (OW <= Wg - 1): a zero either way.
+ * Each dx value is one phase's sum, in the order of conv_tile (input channel, then tap): the bits
+ * are the shape's, whatever the thread count. (It replaced im2col, a GEMM and col2im: 20 ms of a
+ * resnet20 step at one thread on 2 layers, its zeroing, gathers and strided adds most of it.) */
+typedef struct {
+  const geo *g;
+  geo ph[4];         /* phase 2 ry + rx: g with its taps (KK, off), its grid (Lq = Lqp) and dsh's planes (Ls = Lsd) */
+  const float *wp[4];
+  const float *dout; /* (N, Co, OH, OW) */
+  float *dsh;        /* (N, Co, Lsd) */
+  float *grid;       /* (N, Ir, Lqp) */
+  float *dx;         /* (N, Ci, H, W) */
+  int64_t Ir;
+  int add;
+} s2dx_ctx;
+
+static void s2dx_phases(s2dx_ctx *c, const float *w, float *wp) {
+  const geo *g = c->g;
+  for (int ph = 0; ph < 4; ph++) {
+    int ry = ph / 2, rx = ph % 2;
+    geo *q = &c->ph[ph];
+    *q = *g;
+    q->KK = 0, q->Lq = g->Lqp, q->Ls = g->Lsd;
+    int64_t ky[25], kx[25];
+    for (int64_t a = ry; a < g->K; a += 2)
+      for (int64_t b = rx; b < g->K; b += 2) {
+        ky[q->KK] = a, kx[q->KK] = b;
+        q->off[q->KK++] = (1 + (ry - a) / 2) * g->Wg + (1 + (rx - b) / 2);
+      }
+    /* wp[ib][co][t][c] = w[co][ib OB + c][ky_t][kx_t] (zeros past Ci) */
+    for (int64_t ib = 0; ib < c->Ir / OB; ib++)
+      for (int64_t co = 0; co < g->Co; co++)
+        for (int64_t t = 0; t < q->KK; t++)
+          for (int64_t k = 0; k < OB; k++) {
+            int64_t ci = ib * OB + k;
+            wp[((ib * g->Co + co) * q->KK + t) * OB + k] = ci < g->Ci ? w[(co * g->Ci + ci) * g->KK + ky[t] * g->K + kx[t]] : 0.0f;
+          }
+    c->wp[ph] = wp;
+    wp += c->Ir * g->Co * q->KK;
+  }
+}
+
+static void s2dx_range(void *vc, int64_t a, int64_t b) {
+  s2dx_ctx *c = vc;
+  const geo *g = c->g;
+  for (int64_t n = a; n < b; n++) {
+    for (int64_t co = 0; co < g->Co; co++) { /* dsh: row oy + 1, column ox + 1 = dout (oy, ox) */
+      float *d = c->dsh + (n * g->Co + co) * g->Lsd;
+      const float *s = c->dout + (n * g->Co + co) * g->OH * g->OW;
+      memset(d, 0, sizeof(float) * (size_t)g->Lsd);
+      for (int64_t oy = 0; oy < g->OH; oy++) memcpy(d + (oy + 1) * g->Wg + 1, s + oy * g->OW, sizeof(float) * (size_t)g->OW);
+    }
+    for (int ph = 0; ph < 4; ph++) {
+      int ry = ph / 2, rx = ph % 2;
+      conv_ctx cc = {&c->ph[ph], c->grid, c->dsh, c->wp[ph], g->Co, g->Co, c->Ir};
+      conv_range(&cc, n, n + 1);
+      /* phase pixel (a, b) is padded (2 a + ry, 2 b + rx): input (2 a + ry - p, 2 b + rx - p) */
+      int64_t b0 = (g->p - rx + 1) / 2, b1 = (g->W - 1 + g->p - rx) / 2 + 1; /* the columns inside */
+      for (int64_t ci = 0; ci < g->Ci; ci++) {
+        const float *src = c->grid + (n * c->Ir + ci) * g->Lqp;
+        float *img = c->dx + (n * g->Ci + ci) * g->H * g->W;
+        for (int64_t r = 0; r < g->Hg; r++) {
+          int64_t iy = 2 * r + ry - g->p;
+          if (iy < 0 || iy >= g->H) continue;
+          const float *sr = src + r * g->Wg;
+          float *dr = img + iy * g->W + rx - g->p; /* column of b = 0 */
+          if (c->add)
+            for (int64_t q = b0; q < b1; q++) dr[2 * q] += sr[q];
+          else
+            for (int64_t q = b0; q < b1; q++) dr[2 * q] = sr[q];
+        }
+      }
+    }
   }
 }
 
@@ -505,6 +611,11 @@ static void bwd(float *dx, int dx_set, float *dw, float *db, const float *dout, 
   }
   /* stride 1: dout padded (the input's geometry) for dx and dw; with dx, in its per-image pass */
   if (g.S == 1 && dw && !dx) pad_planes(&g, dpad, dout, g.Co, Cor);
+  if (dx && g.S != 1) {
+    s2dx_ctx c = {.g = &g, .dout = dout, .dsh = dpad, .grid = ws + l.dxpg, .dx = dx, .Ir = up(g.Ci, OB), .add = !dx_set};
+    s2dx_phases(&c, w, ws + l.wp);
+    tdm_parallel_for(g.N, 1, s2dx_range, &c);
+  }
   if (dx && g.S == 1) { /* dx = the convolution of dout with w flipped and transposed: wp[ib][co][t][c] = w[co][ib OB + c][KK-1-t] */
     float *dxpg = ws + l.dxpg, *wp = ws + l.wp;
     int64_t Ir = up(g.Ci, OB);

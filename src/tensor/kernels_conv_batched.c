@@ -24,8 +24,7 @@ static int64_t im2col_ws_floats(const tdm_conv_shape *s) {
 int64_t tdm_k_conv2d_ws_floats(const tdm_conv_shape *s) {
   if (!s) return 0;
   if (!tdm_k_conv2d_direct_fits(s)) return im2col_ws_floats(s);
-  int64_t d = tdm_k_conv2d_direct_ws_floats(s), c = s->stride == 1 ? 0 : im2col_ws_floats(s); /* a strided dx: im2col */
-  return d > c ? d : c;
+  return tdm_k_conv2d_direct_ws_floats(s);
 }
 
 typedef struct {
@@ -194,9 +193,8 @@ void tdm_k_conv2d_fwd_batched(float *out, const float *x, const float *w, const 
 void tdm_k_conv2d_bwd_batched(float *dx, int dx_set, float *dw, float *db, const float *dout, const float *x,
                               const float *w, float *ws, const tdm_conv_shape *s) {
   if (tdm_k_conv2d_direct_fits(s)) {
-    tdm_k_conv2d_bwd_direct(s->stride == 1 ? dx : NULL, dx_set, dw, db, dout, x, w, ws, s);
-    if (s->stride == 1 || !dx) return;
-    dw = NULL, db = NULL; /* done: the im2col path below forms the strided convolution's dx alone */
+    tdm_k_conv2d_bwd_direct(dx, dx_set, dw, db, dout, x, w, ws, s);
+    return;
   }
   if (dx && dx_set) tdm_k_zero(dx, s->N * s->Ci * s->H * s->W); /* col2im adds */
   int64_t K = s->Ci * s->KH * s->KW, P = s->OH * s->OW, NB = tdm_k_conv2d_chunk(s);
