@@ -113,28 +113,48 @@ static int64_t wblock_used(const wgeo *g, const wblk *b) {
  * (zeros past O); flip: g is w[ci][co] rotated by 180 degrees (the input gradient's filter). */
 static int64_t wino_u_floats(const wgeo *g) { return 16 * g->nob * g->I * OB; }
 
-static void wino_filters(float *U, const float *w, const wgeo *g, int flip) {
-  for (int64_t ob = 0; ob < g->nob; ob++)
-    for (int64_t ci = 0; ci < g->I; ci++)
-      for (int64_t c = 0; c < OB; c++) {
-        int64_t co = ob * OB + c;
-        float f[9] = {0}, t[4][3], u[4][4];
-        if (co < g->O)
-          for (int k = 0; k < 9; k++) f[k] = flip ? w[(ci * g->O + co) * 9 + 8 - k] : w[(co * g->I + ci) * 9 + k];
-        for (int j = 0; j < 3; j++) { /* G g: rows g0, (g0+g1+g2)/2, (g0-g1+g2)/2, g2 */
-          t[0][j] = f[j];
-          t[1][j] = 0.5f * (f[j] + f[3 + j] + f[6 + j]);
-          t[2][j] = 0.5f * (f[j] - f[3 + j] + f[6 + j]);
-          t[3][j] = f[6 + j];
-        }
-        for (int i = 0; i < 4; i++) { /* (G g) G' */
-          u[i][0] = t[i][0];
-          u[i][1] = 0.5f * (t[i][0] + t[i][1] + t[i][2]);
-          u[i][2] = 0.5f * (t[i][0] - t[i][1] + t[i][2]);
-          u[i][3] = t[i][2];
-        }
-        for (int xi = 0; xi < 16; xi++) U[((xi * g->nob + ob) * g->I + ci) * OB + c] = u[xi / 4][xi % 4];
+typedef struct {
+  float *U;
+  const float *w;
+  const wgeo *g;
+  int flip;
+} wfilt_ctx;
+
+/* Filters [a, b) of the nob x I (output block, input channel) pairs: on the pool, as each
+ * convolution's first step (serial, it left the second thread idle 1-2 ms a step). */
+static void wino_filters_range(void *vc, int64_t a, int64_t b) {
+  const wfilt_ctx *k = vc;
+  float *U = k->U;
+  const float *w = k->w;
+  const wgeo *g = k->g;
+  int flip = k->flip;
+  for (int64_t pair = a; pair < b; pair++) {
+    int64_t ob = pair / g->I, ci = pair % g->I;
+    for (int64_t c = 0; c < OB; c++) {
+      int64_t co = ob * OB + c;
+      float f[9] = {0}, t[4][3], u[4][4];
+      if (co < g->O)
+        for (int k = 0; k < 9; k++) f[k] = flip ? w[(ci * g->O + co) * 9 + 8 - k] : w[(co * g->I + ci) * 9 + k];
+      for (int j = 0; j < 3; j++) { /* G g: rows g0, (g0+g1+g2)/2, (g0-g1+g2)/2, g2 */
+        t[0][j] = f[j];
+        t[1][j] = 0.5f * (f[j] + f[3 + j] + f[6 + j]);
+        t[2][j] = 0.5f * (f[j] - f[3 + j] + f[6 + j]);
+        t[3][j] = f[6 + j];
       }
+      for (int i = 0; i < 4; i++) { /* (G g) G' */
+        u[i][0] = t[i][0];
+        u[i][1] = 0.5f * (t[i][0] + t[i][1] + t[i][2]);
+        u[i][2] = 0.5f * (t[i][0] - t[i][1] + t[i][2]);
+        u[i][3] = t[i][2];
+      }
+      for (int xi = 0; xi < 16; xi++) U[((xi * g->nob + ob) * g->I + ci) * OB + c] = u[xi / 4][xi % 4];
+    }
+  }
+}
+
+static void wino_filters(float *U, const float *w, const wgeo *g, int flip) {
+  wfilt_ctx k = {U, w, g, flip};
+  tdm_parallel_for(g->nob * g->I, 16, wino_filters_range, &k);
 }
 
 /* ---- vector shuffles ---------------------------------------------------------------------- */
