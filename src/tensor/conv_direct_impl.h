@@ -273,10 +273,10 @@ static void grid_range(void *vc, int64_t a, int64_t b) {
 
 /* ---- the convolution on the padded grid (forward and input gradient) --------------------- */
 
-/* out[c][q0 .. q0 + VL P) for OB channels, over I input planes of the image, from packed
- * weights wp[i][t][OB]. P is a constant at each call, so acc lives in registers. */
+/* out[c][qs[j] .. qs[j] + VL) for OB channels and P vectors j, over I input planes of the image,
+ * from packed weights wp[i][t][OB]. P is a constant at each call, so acc lives in registers. */
 static inline __attribute__((always_inline)) void conv_tile(int P, float *out, int64_t Lq, const float *in, int64_t I,
-                                                            int64_t Ls, const float *wp, const geo *g) {
+                                                            int64_t Ls, const float *wp, const geo *g, const int64_t *qs) {
   vf acc[OB][PB];
   for (int c = 0; c < OB; c++)
     for (int j = 0; j < PB; j++) acc[c][j] = v_zero();
@@ -285,7 +285,7 @@ static inline __attribute__((always_inline)) void conv_tile(int P, float *out, i
     for (int64_t t = 0; t < g->KK; t++, w += OB) {
       const float *s = src + g->off[t];
       vf v[PB];
-      for (int j = 0; j < P; j++) v[j] = v_load(s + VL * j);
+      for (int j = 0; j < P; j++) v[j] = v_load(s + qs[j]);
       for (int c = 0; c < OB; c++) {
         vf b = v_set1(w[c]);
         for (int j = 0; j < P; j++) acc[c][j] = v_fma(b, v[j], acc[c][j]);
@@ -293,7 +293,7 @@ static inline __attribute__((always_inline)) void conv_tile(int P, float *out, i
     }
   }
   for (int c = 0; c < OB; c++)
-    for (int j = 0; j < P; j++) v_store(out + c * Lq + VL * j, acc[c][j]);
+    for (int j = 0; j < P; j++) v_store(out + c * Lq + qs[j], acc[c][j]);
 }
 
 typedef struct {
@@ -304,23 +304,40 @@ typedef struct {
   int64_t I, Istride, Or;
 } conv_ctx;
 
+/* Whether the output's rows, each in whole vectors from its first column, take fewer vectors
+ * than the grid (its rows Wg wide, the padding columns included) by an eighth or more: where
+ * the padding is a large share of a short row (5x5 at 14x14: 18 columns for 14, 28 vectors
+ * against 32). The last vector of a row must end inside the grid (its loads, too, then stay in
+ * the plane). Only the positions computed change, not any output's sum: the same bits. */
+static int rows_pay(const geo *g) {
+  int64_t per = (g->OW + VL - 1) / VL, rows = g->OH * per;
+  return g->S == 1 && (g->OH - 1) * g->Wg + per * VL <= g->Lq && 8 * rows <= 7 * (g->Lq / VL);
+}
+
 static void conv_range(void *vc, int64_t a, int64_t b) {
   conv_ctx *c = vc;
   const geo *g = c->g;
-  int64_t nob = c->Or / OB, wstride = c->I * g->KK * OB;
+  int64_t nob = c->Or / OB, wstride = c->I * g->KK * OB, grid[PB];
+  for (int j = 0; j < PB; j++) grid[j] = VL * j;
+  int rows = rows_pay(g);
+  int64_t per = (g->OW + VL - 1) / VL, nv = rows ? g->OH * per : g->Lq / VL; /* vectors */
   for (int64_t n = a; n < b; n++) {
     float *out = c->out + n * c->Or * g->Lq;
     const float *in = c->in + n * c->Istride * g->Ls;
     /* the output-channel blocks innermost: the input rows a tile reads stay in L1 for all of them
-     * (outermost, each block streamed the image's planes from L2 again) */
-    int64_t q = 0;
-    for (; q + PB * VL <= g->Lq; q += PB * VL)
-      for (int64_t ob = 0; ob < nob; ob++)
-        conv_tile(PB, out + ob * OB * g->Lq + q, g->Lq, in + q, c->I, g->Ls, c->wp + ob * wstride, g);
-    /* the last one or two vectors in one tile: alone, each would wait on its FMAs' latency */
-    for (int64_t ob = 0; ob < nob; ob++) {
-      if (g->Lq - q == 2 * VL) conv_tile(2, out + ob * OB * g->Lq + q, g->Lq, in + q, c->I, g->Ls, c->wp + ob * wstride, g);
-      else if (g->Lq - q == VL) conv_tile(1, out + ob * OB * g->Lq + q, g->Lq, in + q, c->I, g->Ls, c->wp + ob * wstride, g);
+     * (outermost, each block streamed the image's planes from L2 again); the last one or two
+     * vectors in one tile (alone, each would wait on its FMAs' latency) */
+    for (int64_t v = 0; v < nv; v += PB) {
+      int P = nv - v < PB ? (int)(nv - v) : PB;
+      int64_t qs[PB], q0 = rows ? 0 : v * VL;
+      for (int j = 0; j < P; j++) qs[j] = rows ? (v + j) / per * g->Wg + (v + j) % per * VL : grid[j];
+      for (int64_t ob = 0; ob < nob; ob++) {
+        float *o = out + ob * OB * g->Lq + q0;
+        const float *w = c->wp + ob * wstride;
+        if (P == PB) conv_tile(PB, o, g->Lq, in + q0, c->I, g->Ls, w, g, qs);
+        else if (P == 2) conv_tile(2, o, g->Lq, in + q0, c->I, g->Ls, w, g, qs);
+        else conv_tile(1, o, g->Lq, in + q0, c->I, g->Ls, w, g, qs);
+      }
     }
   }
 }
