@@ -658,6 +658,7 @@ static void bwd(float *dx, int dx_set, float *dw, float *db, const float *dout, 
     int64_t DT = dw_taps(&g), tasks = Cor / DB * g.Ci * (g.KK / DT);
     memset(ws + l.st, 0, sizeof(float) * (size_t)(DW_GROUPS * tasks * DB * DT * VL));
     int64_t per_image = (g.Ci * g.Ls + Cor * dchan) * (int64_t)sizeof(float), nb = ((int64_t)384 << 10) / per_image;
+    /* (the grid whole: over the output's rows alone, 2 vectors a row at 14x14, it ran 10-20% slower) */
     dw_ctx c = {&g, xpad, d0, dchan, ws + l.st, dw, Cor, nb < 1 ? 1 : nb, tasks};
     tdm_parallel_for(DW_GROUPS * tasks, 1, dw_range, &c);
     tdm_parallel_for(tasks, 16, dw_reduce, &c);

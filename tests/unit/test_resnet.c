@@ -9,7 +9,8 @@
 /* The batched kernels equal the per-image im2col reference (the old kernel), forward and every
  * gradient, including shapes cut into several chunks and, where the CPU has AVX-512 or AVX2, the
  * direct kernels (3x3 and 5x5 "same" convolutions and 3x3 stride 2, odd and even sizes; channel
- * counts that fill no register tile). */
+ * counts that fill no register tile; the small CNN's 5x5 at 14x14 and 3x3 at 7x7 without Winograd,
+ * where the output's rows run in whole vectors instead of the padded grid, rows_pay). */
 static int conv_direct_on; /* for_each_conv_path: the direct kernels run (2: with Winograd on) */
 static void conv_batched_matches_reference(void) {
   const int64_t cases[][8] = {/* N, Ci, H, W, Co, K, stride, pad */
@@ -17,7 +18,7 @@ static void conv_batched_matches_reference(void) {
                               {2, 1, 5, 5, 2, 5, 1, 2}, {20, 16, 28, 28, 4, 3, 1, 1}, {3, 2, 4, 4, 3, 3, 1, 0},
                               {3, 10, 7, 7, 9, 3, 1, 1}, {2, 6, 14, 13, 7, 5, 1, 2}, {1, 17, 1, 1, 3, 3, 1, 1},
                               {5, 16, 28, 28, 32, 3, 2, 1}, {3, 9, 7, 6, 10, 3, 2, 1}, {2, 3, 2, 1, 4, 3, 2, 1},
-                              {2, 5, 6, 9, 3, 3, 2, 1}};
+                              {2, 5, 6, 9, 3, 3, 2, 1},   {3, 4, 14, 14, 6, 5, 1, 2}};
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     tdm_test_conv_ref r;
     tdm_test_conv_ref_init(&r, cases[c], 1 + c);
@@ -60,7 +61,7 @@ static void conv_batched_matches_reference(void) {
  * across them; Winograd's blocks of images (2 at 14x14, 4 at 7x7) are the point of the split. */
 static void conv_direct_threads_bitwise(void) {
   const int64_t cases[][8] = {{6, 16, 14, 14, 16, 3, 1, 1}, {5, 8, 9, 9, 16, 3, 2, 1}, {4, 3, 10, 11, 7, 5, 1, 2},
-                              {9, 16, 7, 7, 16, 3, 1, 1}};
+                              {9, 16, 7, 7, 16, 3, 1, 1},  {5, 4, 14, 14, 6, 5, 1, 2}};
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     tdm_conv_shape s = tdm_test_conv_shape(cases[c]);
     CHECK_MSG(tdm_k_conv2d_direct_fits(&s) || getenv("TANDEM_CONV"), "case %zu: the direct kernel should run", c);
