@@ -235,8 +235,11 @@ tdm_tensor *tdm_model_forward(tdm_model *m, tdm_tape *tp, tdm_tensor *x) {
     if (x->ndim != 4 || x->shape[1] != c->in_channels || x->shape[2] != c->height || x->shape[3] != c->width ||
         x->dtype != TDM_F32)
       return input_error(tp, "cnn", x, "(batch, channels, height, width) f32 of the configured size");
-    x = tdm_maxpool2d(tp, tdm_relu(tp, tdm_conv2d_mod_forward(tp, &m->conv1, x)), 2, 2, 0);
-    x = tdm_maxpool2d(tp, tdm_relu(tp, tdm_conv2d_mod_forward(tp, &m->conv2, x)), 2, 2, 0);
+    /* conv -> pool -> ReLU: relu(maxpool(v)) is maxpool(relu(v)) value for value and gradient for
+     * gradient (a window's max is positive exactly where its ReLU'd max is, at the same first
+     * position; otherwise both pass nothing back), and the ReLU runs on a quarter of the values */
+    x = tdm_relu(tp, tdm_maxpool2d(tp, tdm_conv2d_mod_forward(tp, &m->conv1, x), 2, 2, 0));
+    x = tdm_relu(tp, tdm_maxpool2d(tp, tdm_conv2d_mod_forward(tp, &m->conv2, x), 2, 2, 0));
     int64_t shape[2] = {x ? x->shape[0] : 0, -1};
     x = tdm_dropout(tp, tdm_reshape(tp, x, 2, shape), c->dropout);
     return tdm_linear_mod_forward(tp, &m->fc, x);

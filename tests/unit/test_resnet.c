@@ -430,6 +430,43 @@ static void test_add_relu_fused(void) {
   }
 }
 
+/* The small CNN runs ReLU after its max-pool (src/nn/models.c): relu(maxpool(x)) must equal
+ * maxpool(relu(x)) bit for bit, the output and x's gradient, with windows all negative, all zero,
+ * mixed, and with ties (positive and zero) among their values. */
+static void test_relu_pool_commute(void) {
+  int64_t xs[4] = {2, 3, 6, 8};
+  tdm_tensor *x[2], *gout;
+  const float *out[2] = {NULL, NULL};
+  tdm_tape *tp[2];
+  int64_t gs[4] = {2, 3, 3, 4};
+  gout = heap(4, gs, 71, 1.0f, 0, 0);
+  for (int f = 0; f < 2; f++) {
+    x[f] = heap(4, xs, 72, 1.0f, 0, 1);
+    float *p = tdm_tensor_data(x[f]);
+    for (int64_t i = 0; i < tdm_tensor_numel(x[f]); i++) {
+      int64_t w = i / 16 % 4; /* runs of windows: as drawn, all negative, all zero, tied maxima */
+      if (w == 1) p[i] = -fabsf(p[i]) - 0.5f;
+      else if (w == 2) p[i] = i % 3 ? 0.0f : -p[i] * p[i];
+      else if (w == 3) p[i] = i % 2 ? 0.75f : -0.25f;
+    }
+    CHECK_OK(tdm_tape_create(&tp[f], 0));
+    tdm_tensor *y = f ? tdm_relu(tp[f], tdm_maxpool2d(tp[f], x[f], 2, 2, 0)) : tdm_maxpool2d(tp[f], tdm_relu(tp[f], x[f]), 2, 2, 0);
+    CHECK(y != NULL);
+    if (!y) continue;
+    CHECK_OK(tdm_backward_with(tp[f], y, gout));
+    out[f] = tdm_tensor_data(y);
+  }
+  int64_t n = 2 * 3 * 3 * 4, nx = tdm_tensor_numel(x[0]), passed = 0;
+  for (int64_t i = 0; out[0] && i < n; i++) passed += out[0][i] > 0;
+  CHECK_MSG(out[0] && out[1] && !memcmp(out[0], out[1], sizeof(float) * (size_t)n), "outputs differ");
+  CHECK_MSG(passed > 0 && passed < n, "%lld of %lld windows positive; expected some of each", (long long)passed, (long long)n);
+  tdm_tensor *g0 = tdm_tensor_grad(x[0]), *g1 = tdm_tensor_grad(x[1]);
+  CHECK_MSG(g0 && g1 && !memcmp(tdm_tensor_data(g0), tdm_tensor_data(g1), sizeof(float) * (size_t)nx),
+            "x's gradient differs between relu -> pool and pool -> relu");
+  for (int f = 0; f < 2; f++) tdm_tape_destroy(tp[f]), tdm_tensor_destroy(x[f]);
+  tdm_tensor_destroy(gout);
+}
+
 /* One value per channel in training is PyTorch's error; evaluation mode takes it; bad shapes. */
 static void test_bn_bad_input(void) {
   tdm_tape *tp;
@@ -764,6 +801,7 @@ int main(void) {
       {"bn_statistics", test_bn_statistics},
       {"bn_sums_kernels", test_bn_sums_kernels},
       {"bn_relu_mask_threshold", test_bn_relu_mask_threshold},
+      {"relu_pool_commute", test_relu_pool_commute},
       {"bn_bad_input", test_bn_bad_input},
       {"bn_relu_fused", test_bn_relu_fused},
       {"add_relu_fused", test_add_relu_fused},
