@@ -22,6 +22,10 @@ int main(void) {
     float *y = malloc(sizeof(float) * n), *w = malloc(sizeof(float) * C), *b = malloc(sizeof(float) * C);
     float *mean = malloc(sizeof(float) * C), *rstd = malloc(sizeof(float) * C);
     double *s0 = malloc(sizeof(double) * C), *s1 = malloc(sizeof(double) * C);
+    if (!x || !dy || !y || !w || !b || !mean || !rstd || !s0 || !s1) {
+      fprintf(stderr, "bn_kernels: out of memory for %lld floats a tensor\n", (long long)n);
+      return 1;
+    }
     for (int64_t i = 0; i < n; i++) x[i] = (float)(i % 13) * 0.1f - 0.5f, dy[i] = (float)(i % 7) * 0.1f - 0.3f;
     for (int64_t c = 0; c < C; c++) w[c] = 1.0f, b[c] = 0.1f, mean[c] = 0.1f, rstd[c] = 1.3f;
     double best[4] = {1e30, 1e30, 1e30, 1e30};

@@ -84,7 +84,6 @@ static void im2col_rows(void *vc, int64_t r0, int64_t r1) {
   }
 }
 
-/* Input channels [c0, c1): dx += the scatter of the column rows that read them. */
 /* One output row's three taps of a 3x3 stride-2 pad-1 input gradient, added into input row d:
  * tap kx of output column m lands on column 2m - 1 + kx, so the even columns take g1 alone and
  * the odd column 2m + 1 takes g0[m + 1] then g2[m], each element's adds in col2im's order (kx
@@ -100,6 +99,7 @@ static void col2im_s2k3_row(float *d, const float *g0, const float *g1, const fl
   if (2 * m + 1 < W) d[2 * m + 1] += g2[m];
 }
 
+/* Input channels [c0, c1): dx += the scatter of the column rows that read them. */
 static void col2im_channels(void *vc, int64_t c0, int64_t c1) {
   chunk_ctx *c = vc;
   const tdm_conv_shape *s = c->s;
