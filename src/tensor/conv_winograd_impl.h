@@ -35,6 +35,7 @@
 #endif
 
 typedef struct {
+  int r, n, P, pad;      /* the kernel's size (3 or 5), a tile's input size r + 1, its points n^2, the padding */
   int64_t N, I, O, H, W; /* images, input and output channels, size (the output's too) */
   int64_t TH, TW, Timg;  /* tile rows and columns per image, their product */
   int64_t RW;            /* one half (even or odd columns) of a split padded row */
@@ -55,11 +56,12 @@ static int64_t point_stride(int64_t n) {
   return n / 16 % 2 ? n : n + 16;
 }
 
-static void wgeo_of(int64_t N, int64_t I, int64_t O, int64_t H, int64_t W, int64_t tiles, wgeo *g) {
+static void wgeo_of(int r, int64_t N, int64_t I, int64_t O, int64_t H, int64_t W, int64_t tiles, wgeo *g) {
+  g->r = r, g->n = r + 1, g->P = g->n * g->n, g->pad = r / 2;
   g->N = N, g->I = I, g->O = O, g->H = H, g->W = W;
   g->TH = (H + 1) / 2, g->TW = (W + 1) / 2, g->Timg = g->TH * g->TW;
-  g->RW = up(g->TW, VL) + VL; /* loads reach k + 1 for k up to up(TW, VL) - 1 */
-  g->Hp = 2 * g->TH + 2;
+  g->RW = up(g->TW, VL) + VL; /* loads reach k + n / 2 - 1 for k up to up(TW, VL) - 1 */
+  g->Hp = 2 * g->TH + r - 1;
   g->Lpl = g->Hp * 2 * g->RW;
   if (g->Timg > WINO_BAND) { /* large images in bands of tile rows (a 224x224 one, whole, would
                               * need 16 x 12544 floats a channel) */
@@ -79,13 +81,16 @@ static void wgeo_of(int64_t N, int64_t I, int64_t O, int64_t H, int64_t W, int64
   g->nob = up(O, OB) / OB;
   g->v = up(g->Lpl, 16);
   g->vp = point_stride(I * g->Tb);
-  g->m = g->v + 16 * g->vp;
-  g->CC = WINO_M_FLOATS / (16 * g->Tb) / OB * OB;
+  g->m = g->v + g->P * g->vp;
+  g->CC = WINO_M_FLOATS / (g->P * g->Tb) / OB * OB;
   if (g->CC < OB) g->CC = OB;
   if (g->CC > g->nob * OB) g->CC = g->nob * OB;
   g->mp = point_stride(g->CC * g->Tb);
-  g->slot = up(g->m + 16 * g->mp, 16);
+  g->slot = up(g->m + g->P * g->mp, 16);
 }
+
+/* The kernel's size r (3 or 5) and tiles of 2x2 outputs: F(2x2, 3x3) or F(2x2, 5x5). */
+static int wino_r(const tdm_conv_shape *s) { return s->KH == 5 ? 5 : 3; }
 
 static int64_t wino_slots(const wgeo *g) { return g->nblk < WINO_SLOTS ? g->nblk : WINO_SLOTS; }
 
@@ -111,7 +116,27 @@ static int64_t wblock_used(const wgeo *g, const wblk *b) {
 
 /* U[xi][ob][ci][c] = (G g G')[xi] of output channel ob OB + c's filter for input channel ci
  * (zeros past O); flip: g is w[ci][co] rotated by 180 degrees (the input gradient's filter). */
-static int64_t wino_u_floats(const wgeo *g) { return 16 * g->nob * g->I * OB; }
+static int64_t wino_u_floats(const wgeo *g) { return g->P * g->nob * g->I * OB; }
+
+/* o[0, os, .. n os) = G f for r filter taps f[0, fs, ..): F(2, 3)'s G has rows 1 0 0, (1 1 1) / 2,
+ * (1 -1 1) / 2, 0 0 1; F(2, 5)'s (its points 0, 1, -1, 2, -2 and infinity) rows 1/4 0 0 0 0,
+ * -(1 1 1 1 1) / 6, -(1 -1 1 -1 1) / 6, (1 2 4 8 16) / 24, (1 -2 4 -8 16) / 24, 0 0 0 0 1. */
+static void wino_g(int r, const float *f, int64_t fs, float *o, int64_t os) {
+  if (r == 3) {
+    o[0] = f[0];
+    o[os] = 0.5f * (f[0] + f[fs] + f[2 * fs]);
+    o[2 * os] = 0.5f * (f[0] - f[fs] + f[2 * fs]);
+    o[3 * os] = f[2 * fs];
+    return;
+  }
+  float f0 = f[0], f1 = f[fs], f2 = f[2 * fs], f3 = f[3 * fs], f4 = f[4 * fs];
+  o[0] = 0.25f * f0;
+  o[os] = -(f0 + f1 + f2 + f3 + f4) / 6.0f;
+  o[2 * os] = -(f0 - f1 + f2 - f3 + f4) / 6.0f;
+  o[3 * os] = (f0 + 2.0f * f1 + 4.0f * f2 + 8.0f * f3 + 16.0f * f4) / 24.0f;
+  o[4 * os] = (f0 - 2.0f * f1 + 4.0f * f2 - 8.0f * f3 + 16.0f * f4) / 24.0f;
+  o[5 * os] = f4;
+}
 
 typedef struct {
   float *U;
@@ -132,22 +157,13 @@ static void wino_filters_range(void *vc, int64_t a, int64_t b) {
     int64_t ob = pair / g->I, ci = pair % g->I;
     for (int64_t c = 0; c < OB; c++) {
       int64_t co = ob * OB + c;
-      float f[9] = {0}, t[4][3], u[4][4];
+      int r = g->r, n = g->n, rr = r * r;
+      float f[25] = {0}, t[6][5], u[6][6];
       if (co < g->O)
-        for (int k = 0; k < 9; k++) f[k] = flip ? w[(ci * g->O + co) * 9 + 8 - k] : w[(co * g->I + ci) * 9 + k];
-      for (int j = 0; j < 3; j++) { /* G g: rows g0, (g0+g1+g2)/2, (g0-g1+g2)/2, g2 */
-        t[0][j] = f[j];
-        t[1][j] = 0.5f * (f[j] + f[3 + j] + f[6 + j]);
-        t[2][j] = 0.5f * (f[j] - f[3 + j] + f[6 + j]);
-        t[3][j] = f[6 + j];
-      }
-      for (int i = 0; i < 4; i++) { /* (G g) G' */
-        u[i][0] = t[i][0];
-        u[i][1] = 0.5f * (t[i][0] + t[i][1] + t[i][2]);
-        u[i][2] = 0.5f * (t[i][0] - t[i][1] + t[i][2]);
-        u[i][3] = t[i][2];
-      }
-      for (int xi = 0; xi < 16; xi++) U[((xi * g->nob + ob) * g->I + ci) * OB + c] = u[xi / 4][xi % 4];
+        for (int k = 0; k < rr; k++) f[k] = flip ? w[(ci * g->O + co) * rr + rr - 1 - k] : w[(co * g->I + ci) * rr + k];
+      for (int j = 0; j < r; j++) wino_g(r, f + j, r, &t[0][j], 5); /* G g, column j */
+      for (int i = 0; i < n; i++) wino_g(r, t[i], 1, u[i], 1);       /* (G g) G', row i */
+      for (int xi = 0; xi < g->P; xi++) U[((xi * g->nob + ob) * g->I + ci) * OB + c] = u[xi / n][xi % n];
     }
   }
 }
@@ -260,17 +276,17 @@ static inline void zero_floats(float *p, int64_t n) {
 /* ---- input: split planes and their transform ------------------------------------------------ */
 
 /* The zero-padded plane of an H x W channel, each padded row as its even columns (E, RW floats)
- * then its odd ones (O): padded column j = input column j - 1, so input column x goes to O[x / 2]
- * when x is even and to E[(x + 1) / 2] when odd. 2 VL columns at a time; past the row's end the
- * lanes are zeroed (the right padding: loaded from the next rows, or masked where the load would
- * leave the plane). The row's other entries that wino_in_rows reads are set to zero here, so the
- * plane needs no clearing. */
+ * then its odd ones (O): padded column j = input column j - pad. Pad 1: input column x goes to
+ * O[x / 2] when x is even and to E[(x + 1) / 2] when odd; pad 2: to E[x / 2 + 1] and O[x / 2 + 1].
+ * 2 VL columns at a time; past the row's end the lanes are zeroed (the right padding: loaded
+ * from the next rows, or masked where the load would leave the plane). The row's other entries
+ * that wino_in_rows reads are set to zero here, so the plane needs no clearing. */
 static void wino_split_plane(float *pl, const float *src, const wgeo *g, int64_t ty0, int64_t ty1) {
   int64_t xe = up(g->W, 2 * VL); /* columns the vector loop covers */
-  int64_t r0 = 2 * ty0, r1 = 2 * ty1 + 2; /* the padded rows tile rows [ty0, ty1) read */
-  if (r0 == 0) zero_floats(pl, 2 * g->RW);
-  for (int64_t y = r0 > 0 ? r0 - 1 : 0; y < g->H && y + 1 < r1; y++) {
-    float *E = pl + (y + 1) * 2 * g->RW, *O = E + g->RW;
+  int64_t p = g->pad, r0 = 2 * ty0, r1 = 2 * ty1 + g->r - 1; /* the padded rows tile rows [ty0, ty1) read */
+  if (r0 < p) zero_floats(pl + r0 * 2 * g->RW, (p - r0) * 2 * g->RW);
+  for (int64_t y = r0 > p ? r0 - p : 0; y < g->H && y + p < r1; y++) {
+    float *E = pl + (y + p) * 2 * g->RW, *O = E + g->RW;
     const float *s = src + y * g->W;
     for (int64_t x = 0; x < xe; x += 2 * VL) {
       vf ev, od;
@@ -279,12 +295,18 @@ static void wino_split_plane(float *pl, const float *src, const wgeo *g, int64_t
       else if ((g->H - 1 - y) * g->W >= 2 * VL - n) /* the loads stay in the plane */
         v_split(v_keep(v_load(s + x), n), v_keep(v_load(s + x + VL), n - VL), &ev, &od);
       else v_split(v_load_n(s + x, n), v_load_n(s + x + VL, n - VL), &ev, &od);
-      v_store(O + x / 2, ev);
-      v_store(E + x / 2 + 1, od);
+      if (p == 1) {
+        v_store(O + x / 2, ev);
+        v_store(E + x / 2 + 1, od);
+      } else {
+        v_store(E + x / 2 + 1, ev);
+        v_store(O + x / 2 + 1, od);
+      }
     }
-    E[0] = 0.0f, O[xe / 2] = 0.0f;
+    if (p == 1) E[0] = 0.0f, O[xe / 2] = 0.0f;
+    else E[0] = O[0] = E[xe / 2 + 1] = O[xe / 2 + 1] = 0.0f;
   }
-  if (r1 > g->H + 1) zero_floats(pl + (g->H + 1) * 2 * g->RW, (g->Hp - g->H - 1) * 2 * g->RW);
+  if (r1 > g->H + p) zero_floats(pl + (g->H + p) * 2 * g->RW, (g->Hp - g->H - p) * 2 * g->RW);
 }
 
 /* V[xi][ci][slot] = (B' d B)[xi] for the tiles of tile rows [ty0, ty1) of one split plane, V at
@@ -292,7 +314,13 @@ static void wino_split_plane(float *pl, const float *src, const wgeo *g, int64_t
  * slots, which that row then writes). All the plane's rows in one call: called per row, the
  * set-up of the 16 store streams cost more than a row's one or two vectors of work at 7x7 and
  * 14x14 (1.4 million calls a resnet20 step). */
+static void wino_in_rows5(float *V, int64_t ldv, const float *pl, int64_t ty0, int64_t ty1, const wgeo *g);
+
 static void wino_in_rows(float *V, int64_t ldv, const float *pl, int64_t ty0, int64_t ty1, const wgeo *g) {
+  if (g->r == 5) {
+    wino_in_rows5(V, ldv, pl, ty0, ty1, g);
+    return;
+  }
   for (int64_t ty = ty0; ty < ty1; ty++, V += g->TW) {
     const float *r0 = pl + 2 * ty * 2 * g->RW;
     for (int64_t k = 0; k < g->TW; k += VL) {
@@ -312,6 +340,40 @@ static void wino_in_rows(float *V, int64_t ldv, const float *pl, int64_t ty0, in
         v_store(V + (r * 4 + 1) * ldv + k, v_add(t[r][1], t[r][2]));
         v_store(V + (r * 4 + 2) * ldv + k, v_sub(t[r][2], t[r][1]));
         v_store(V + (r * 4 + 3) * ldv + k, v_sub(t[r][1], t[r][3]));
+      }
+    }
+  }
+}
+
+/* F(2, 5)'s B' on six vectors, in place: rows 4 0 -5 0 1 0, 0 -4 -4 1 1 0, 0 4 -4 -1 1 0,
+ * 0 -2 -1 2 1 0, 0 2 -1 -2 1 0, 0 4 0 -5 0 1. */
+static inline void wino_bt5(vf d[6]) {
+  vf p = v_fma(v_set1(-4.0f), d[2], d[4]), q = v_fma(v_set1(-4.0f), d[1], d[3]);
+  vf s = v_sub(d[4], d[2]), t = v_sub(d[3], d[1]);
+  vf b0 = v_fma(v_set1(4.0f), d[0], v_fma(v_set1(-5.0f), d[2], d[4]));
+  vf b5 = v_fma(v_set1(4.0f), d[1], v_fma(v_set1(-5.0f), d[3], d[5]));
+  t = v_add(t, t);
+  d[0] = b0, d[1] = v_add(p, q), d[2] = v_sub(p, q), d[3] = v_add(s, t), d[4] = v_sub(s, t), d[5] = b5;
+}
+
+/* wino_in_rows for F(2x2, 5x5): a 6x6 patch a tile, its six columns even k, odd k, even k + 1,
+ * odd k + 1, even k + 2, odd k + 2 of the split rows; B' over each patch row's columns first (into
+ * h, on the stack), then over the rows, column by column. */
+static void wino_in_rows5(float *V, int64_t ldv, const float *pl, int64_t ty0, int64_t ty1, const wgeo *g) {
+  for (int64_t ty = ty0; ty < ty1; ty++, V += g->TW) {
+    const float *r0 = pl + 2 * ty * 2 * g->RW;
+    for (int64_t k = 0; k < g->TW; k += VL) {
+      vf h[6][6];
+      for (int r = 0; r < 6; r++) {
+        const float *E = r0 + r * 2 * g->RW + k, *O = E + g->RW;
+        h[r][0] = v_load(E), h[r][1] = v_load(O), h[r][2] = v_load(E + 1);
+        h[r][3] = v_load(O + 1), h[r][4] = v_load(E + 2), h[r][5] = v_load(O + 2);
+        wino_bt5(h[r]);
+      }
+      for (int c = 0; c < 6; c++) {
+        vf d[6] = {h[0][c], h[1][c], h[2][c], h[3][c], h[4][c], h[5][c]};
+        wino_bt5(d);
+        for (int r = 0; r < 6; r++) v_store(V + (r * 6 + c) * ldv + k, d[r]);
       }
     }
   }
@@ -355,6 +417,13 @@ static inline __attribute__((always_inline)) void wino_tile(int P, float *M, con
 
 /* ---- output: the transform back, into the output rows --------------------------------------- */
 
+/* F(2, 5)'s A' on six vectors: rows 1 1 1 1 1 0 and 0 1 -1 2 -2 1. */
+static inline void wino_at5(const vf m[6], vf *y0, vf *y1) {
+  vf a = v_add(m[1], m[2]), b = v_sub(m[1], m[2]), c = v_add(m[3], m[4]), d = v_sub(m[3], m[4]);
+  *y0 = v_add(v_add(m[0], a), c);
+  *y1 = v_add(v_add(b, v_add(d, d)), m[5]);
+}
+
 typedef struct {
   const wgeo *g;
   const float *x;  /* (N, I, H, W) */
@@ -382,14 +451,27 @@ static void wino_out_row(const wino_ctx *c, const float *M, int64_t ldm, int64_t
   int64_t groups = (g->TW + VL - 1) / VL;
   for (int64_t q = 0; q < groups; q++) {
     int64_t k = (q == 0 ? groups - 1 : q - 1) * VL; /* the last group first */
-    vf m[4][4], s[2][4];
-    for (int xi = 0; xi < 16; xi++) m[xi / 4][xi % 4] = v_load(M + xi * ldm + k);
-    for (int j = 0; j < 4; j++) {
-      s[0][j] = v_add(v_add(m[0][j], m[1][j]), m[2][j]);
-      s[1][j] = v_sub(v_sub(m[1][j], m[2][j]), m[3][j]);
+    vf ev[2], od[2]; /* output row a's even and odd columns */
+    if (g->r == 3) {
+      vf m[4][4], s[2][4];
+      for (int xi = 0; xi < 16; xi++) m[xi / 4][xi % 4] = v_load(M + xi * ldm + k);
+      for (int j = 0; j < 4; j++) {
+        s[0][j] = v_add(v_add(m[0][j], m[1][j]), m[2][j]);
+        s[1][j] = v_sub(v_sub(m[1][j], m[2][j]), m[3][j]);
+      }
+      for (int a = 0; a < 2; a++)
+        ev[a] = v_add(v_add(s[a][0], s[a][1]), s[a][2]), od[a] = v_sub(v_sub(s[a][1], s[a][2]), s[a][3]);
+    } else {
+      vf s[2][6];
+      for (int j = 0; j < 6; j++) {
+        vf m[6];
+        for (int i = 0; i < 6; i++) m[i] = v_load(M + (i * 6 + j) * ldm + k);
+        wino_at5(m, &s[0][j], &s[1][j]);
+      }
+      for (int a = 0; a < 2; a++) wino_at5(s[a], &ev[a], &od[a]);
     }
     for (int a = 0; a < rows; a++) {
-      vf e = v_add(v_add(s[a][0], s[a][1]), s[a][2]), o = v_sub(v_sub(s[a][1], s[a][2]), s[a][3]), lo, hi;
+      vf e = ev[a], o = od[a], lo, hi;
       v_zip(e, o, &lo, &hi);
       float *d = y0 + a * g->W + 2 * k;
       int64_t n0 = g->W - 2 * k, n1 = n0 - VL; /* columns left for lo, for hi */
@@ -417,14 +499,14 @@ static void wino_block(const wino_ctx *c, float *slot, int64_t blk) {
   wino_input(V, g->vp, slot, c->x, g, &b);
   /* slots past the block's tiles (a short last block or band): zeros, not stale or unset memory */
   int64_t used = wblock_used(g, &b), ylim = 2 * b.ty1 < g->H ? 2 * b.ty1 : g->H;
-  for (int xi = 0; xi < 16; xi++)
+  for (int xi = 0; xi < g->P; xi++)
     for (int64_t ci = 0; ci < g->I; ci++) zero_floats(V + xi * g->vp + ci * g->Tb + used, g->Tb - used);
   /* output channels in chunks of CC, point by point: a point's V (Ci x Tb) stays in L1 while the
    * chunk's channel blocks read it, and the chunk's M (16 x CC x Tb) stays in L2 with V until
    * it is transformed back (all channels at once spilled M out of L2 at 64 channels) */
   for (int64_t c0 = 0; c0 < g->nob * OB; c0 += g->CC) {
     int64_t c1 = c0 + g->CC < g->nob * OB ? c0 + g->CC : g->nob * OB;
-    for (int xi = 0; xi < 16; xi++)
+    for (int xi = 0; xi < g->P; xi++)
       for (int64_t ob = c0 / OB; ob < c1 / OB; ob++) {
         const float *Vx = V + xi * g->vp, *Ux = c->U + (xi * g->nob + ob) * g->I * OB;
         float *Mx = M + xi * g->mp + (ob * OB - c0) * g->Tb;
@@ -495,12 +577,12 @@ static void dgeo_of(const tdm_conv_shape *s, dgeo *d) {
   /* a point's V and dM rows in L1 while every register tile sweeps them (beyond it, each tile
    * streamed them from L2 again); fewer tiles cost more lane sums per product */
   int64_t tiles = WINO_DW_L1 / (d->Ip + d->Op);
-  wgeo_of(s->N, s->Ci, s->Co, s->H, s->W, tiles > 2 * VL ? tiles : 2 * VL, g);
+  wgeo_of(wino_r(s), s->N, s->Ci, s->Co, s->H, s->W, tiles > 2 * VL ? tiles : 2 * VL, g);
   d->v = up(g->Lpl, 16);
   d->vp = point_stride(d->Ip * g->Tb), d->mp = point_stride(d->Op * g->Tb);
-  d->mg = d->v + 16 * d->vp;
-  d->slot = up(d->mg + 16 * d->mp, 16);
-  d->part = 16 * d->Op * d->Ip;
+  d->mg = d->v + g->P * d->vp;
+  d->slot = up(d->mg + g->P * d->mp, 16);
+  d->part = g->P * d->Op * d->Ip;
   d->S = g->nblk < WINO_SLOTS ? g->nblk : WINO_SLOTS;
 }
 
@@ -514,6 +596,12 @@ static int64_t wino_dw_floats(const tdm_conv_shape *s) {
   dgeo d;
   dgeo_of(s, &d);
   return d.S * d.part <= WINO_DW_PARTS ? d.S * (d.slot + d.part) + 16 : 0;
+}
+
+/* q[0, qs, .. 6 qs) = A (a, b): a, a + b, a - b, a + 2 b, a - 2 b, b. */
+static inline void wino_a5(vf a, vf b, vf *q, int qs) {
+  vf b2 = v_add(b, b);
+  q[0] = a, q[qs] = v_add(a, b), q[2 * qs] = v_sub(a, b), q[3 * qs] = v_add(a, b2), q[4 * qs] = v_sub(a, b2), q[5 * qs] = b;
 }
 
 /* dM[xi][co][t0 + tx] for tile row ty of one output-gradient plane, VL tiles at a time: rows 2 ty
@@ -533,6 +621,16 @@ static void wino_dy_row(float *Mg, int64_t ldm, const float *dy, int64_t ty, con
     }
     v_split(a0, b0, &e0, &o0);
     v_split(a1, b1, &e1, &o1);
+    if (g->r == 5) { /* A = F(2, 5)'s A' transposed: rows 1 0, 1 1, 1 -1, 1 2, 1 -2, 0 1 */
+      vf q[6][2];
+      wino_a5(e0, e1, &q[0][0], 2), wino_a5(o0, o1, &q[0][1], 2);
+      for (int i = 0; i < 6; i++) {
+        vf c[6];
+        wino_a5(q[i][0], q[i][1], c, 1);
+        for (int j = 0; j < 6; j++) v_store(Mg + (i * 6 + j) * ldm + k, c[j]);
+      }
+      continue;
+    }
     vf q[4][2] = {{e0, o0}, {v_add(e0, e1), v_add(o0, o1)}, {v_sub(e0, e1), v_sub(o0, o1)},
                   {v_sub(v_zero(), e1), v_sub(v_zero(), o1)}};
     for (int i = 0; i < 4; i++) {
@@ -565,14 +663,14 @@ static void wino_dw_block(const dw_wctx *c, float *slot, float *part, int64_t bl
   /* the lanes summed: whole vectors over the block's tiles; past the rows' stores, and in the
    * channels past the last (up to a whole register tile), zeros (the stores' lanes past TW are zeros in dM) */
   int64_t used = wblock_used(g, &b), Tv = up((b.nn - 1) * g->Tr + (b.ty1 - b.ty0) * g->TW, VL);
-  for (int xi = 0; xi < 16; xi++) {
+  for (int xi = 0; xi < g->P; xi++) {
     for (int64_t r = 0; r < d->Ip; r++)
       zero_floats(V + xi * d->vp + r * g->Tb + (r < g->I ? used : 0), Tv - (r < g->I ? used : 0));
     for (int64_t r = 0; r < d->Op; r++)
       zero_floats(Mg + xi * d->mp + r * g->Tb + (r < g->O ? used : 0), Tv - (r < g->O ? used : 0));
   }
   int64_t nit = d->Ip / DCI, nct = d->Op / DCO;
-  for (int xi = 0; xi < 16; xi++)
+  for (int xi = 0; xi < g->P; xi++)
     for (int64_t ct = 0; ct < nct; ct++) {
       const float *m = Mg + xi * d->mp + DCO * ct * g->Tb;
       for (int64_t it = 0; it < nit; it++) {
@@ -632,15 +730,36 @@ static void wino_dw_sum(void *vc, int64_t a, int64_t b) {
 }
 
 /* dw[co][ci] += G' dU G. */
+/* o[0, os, .. 5 os) = G' u for F(2, 5)'s G (wino_g) and six values u[0, us, ..). */
+static void wino_gt5(const float *u, int64_t us, float *o, int64_t os) {
+  float sp = u[us] + u[2 * us], sm = u[us] - u[2 * us], tp = u[3 * us] + u[4 * us], tm = u[3 * us] - u[4 * us];
+  o[0] = 0.25f * u[0] - sp / 6.0f + tp / 24.0f;
+  o[os] = -sm / 6.0f + tm / 12.0f;
+  o[2 * os] = (tp - sp) / 6.0f;
+  o[3 * os] = -sm / 6.0f + tm / 3.0f;
+  o[4 * os] = -sp / 6.0f + 2.0f * tp / 3.0f + u[5 * us];
+}
+
 static void wino_dw_final(void *vc, int64_t a, int64_t b) {
   dw_fctx *c = vc;
   const dgeo *d = c->d;
   int64_t I = d->g.I, nit = d->Ip / DCI, nct = d->Op / DCO;
+  int P = d->g.P;
   for (int64_t pair = a; pair < b; pair++) {
     int64_t co = pair / I, ci = pair % I;
-    float u[16], t[3][4];
-    for (int xi = 0; xi < 16; xi++)
+    float u[36];
+    for (int xi = 0; xi < P; xi++)
       u[xi] = c->parts[((xi * nct + co / DCO) * nit + ci / DCI) * (DCO * DCI) + (co % DCO) * DCI + ci % DCI];
+    if (d->g.r == 5) {
+      float t[5][6], *w = c->dw + pair * 25, o[5];
+      for (int j = 0; j < 6; j++) wino_gt5(u + j, 6, &t[0][j], 6); /* G' dU, column j */
+      for (int k = 0; k < 5; k++) {                                  /* (G' dU) G, row k */
+        wino_gt5(t[k], 1, o, 1);
+        for (int l = 0; l < 5; l++) w[k * 5 + l] += o[l];
+      }
+      continue;
+    }
+    float t[3][4];
     for (int j = 0; j < 4; j++) { /* G' dU: rows u0 + (u1 + u2) / 2, (u1 - u2) / 2, (u1 + u2) / 2 + u3 */
       t[0][j] = u[j] + 0.5f * (u[4 + j] + u[8 + j]);
       t[1][j] = 0.5f * (u[4 + j] - u[8 + j]);
@@ -657,13 +776,14 @@ static void wino_dw_final(void *vc, int64_t a, int64_t b) {
 
 /* ---- the entry points ---------------------------------------------------------------------- */
 
-/* 3x3, stride 1, pad 1; at 8 channels or more each way: with fewer (a network's first layer, on
- * 1 or 3 image channels) the transforms outweigh the products saved, and the direct kernel is
- * faster (28x28, 1 -> 16 channels: 18 against 23 GFLOP/s forward, 11 against 20 weight gradient).
- * The kernels themselves take any channel count (test_conv_emulated runs them on 2-40). */
+/* 3x3 pad 1 or 5x5 pad 2, stride 1; at 8 channels or more each way: with fewer (a network's
+ * first layer, on 1 or 3 image channels) the transforms outweigh the products saved, and the
+ * direct kernel is faster (28x28, 1 -> 16 channels, 3x3: 18 against 23 GFLOP/s forward, 11
+ * against 20 weight gradient). The kernels themselves take any channel count (test_conv_emulated
+ * runs them on 2-40). */
 static int wino_fits(const tdm_conv_shape *s) {
-  return s->stride == 1 && s->KH == 3 && s->KW == 3 && s->pad == 1 && s->OH == s->H && s->OW == s->W && s->Ci >= 8 &&
-         s->Co >= 8;
+  return s->stride == 1 && s->KH == s->KW && ((s->KH == 3 && s->pad == 1) || (s->KH == 5 && s->pad == 2)) &&
+         s->OH == s->H && s->OW == s->W && s->Ci >= 8 && s->Co >= 8;
 }
 
 /* U first, then the slots; for both directions (the input gradient swaps I and O), and the
@@ -672,7 +792,7 @@ static int64_t wino_ws_any(const tdm_conv_shape *s) {
   int64_t best = 0;
   for (int d = 0; d < 2; d++) {
     wgeo g;
-    wgeo_of(s->N, d ? s->Co : s->Ci, d ? s->Ci : s->Co, s->H, s->W, WINO_TILES, &g);
+    wgeo_of(wino_r(s), s->N, d ? s->Co : s->Ci, d ? s->Ci : s->Co, s->H, s->W, WINO_TILES, &g);
     int64_t f = up(wino_u_floats(&g), 16) + wino_slots(&g) * g.slot;
     if (f > best) best = f;
   }
@@ -682,10 +802,10 @@ static int64_t wino_ws_any(const tdm_conv_shape *s) {
 
 static int64_t wino_ws_floats(const tdm_conv_shape *s) { return wino_fits(s) ? wino_ws_any(s) : 0; }
 
-static void wino_run(float *y, const float *x, const float *w, const float *b, float *ws, int flip, int add,
+static void wino_run(float *y, const float *x, const float *w, const float *b, float *ws, int flip, int add, int r,
                      int64_t N, int64_t I, int64_t O, int64_t H, int64_t W) {
   wgeo g;
-  wgeo_of(N, I, O, H, W, WINO_TILES, &g);
+  wgeo_of(r, N, I, O, H, W, WINO_TILES, &g);
   ws = aligned(ws);
   float *U = ws;
   wino_filters(U, w, &g, flip);
@@ -694,12 +814,12 @@ static void wino_run(float *y, const float *x, const float *w, const float *b, f
 }
 
 static void wino_fwd(float *out, const float *x, const float *w, const float *b, float *ws, const tdm_conv_shape *s) {
-  wino_run(out, x, w, b, ws, 0, 0, s->N, s->Ci, s->Co, s->H, s->W);
+  wino_run(out, x, w, b, ws, 0, 0, wino_r(s), s->N, s->Ci, s->Co, s->H, s->W);
 }
 
 /* dx (= or +=) the convolution of dout with w flipped and transposed. */
 static void wino_dx(float *dx, int dx_set, const float *dout, const float *w, float *ws, const tdm_conv_shape *s) {
-  wino_run(dx, dout, w, NULL, ws, 1, !dx_set, s->N, s->Co, s->Ci, s->H, s->W);
+  wino_run(dx, dout, w, NULL, ws, 1, !dx_set, wino_r(s), s->N, s->Co, s->Ci, s->H, s->W);
 }
 
 /* dw += the weight gradient (dw's layout: w's): 1, or 0 where the partial sums would be too

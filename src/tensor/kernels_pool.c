@@ -44,15 +44,17 @@ static void max_fwd_range(void *vc, int64_t a, int64_t b) {
     if (c->K == 2 && c->stride == 2 && c->pad == 0) {
       for (int64_t oy = 0; oy < OH; oy++) {
         const float *r0 = img + 2 * oy * W, *r1 = r0 + W;
-        for (int64_t ox = 0; ox < OW; ox++) {
+        float *o = out + oy * OW;
+        int32_t *m = am + oy * OW, i0 = (int32_t)(2 * oy * W), i1 = i0 + (int32_t)W;
+        for (int64_t ox = 0; ox < OW; ox++) { /* TAKE's rule as selects: GCC vectorises it */
           int64_t i = 2 * ox;
-          float best = r0[i];
-          int32_t at = (int32_t)(2 * oy * W + i);
-          TAKE(r0[i + 1], 2 * oy * W + i + 1);
-          TAKE(r1[i], (2 * oy + 1) * W + i);
-          TAKE(r1[i + 1], (2 * oy + 1) * W + i + 1);
-          out[oy * OW + ox] = best;
-          am[oy * OW + ox] = at;
+          float best = r0[i], v;
+          int32_t at = i0 + (int32_t)i, t;
+          v = r0[i + 1], t = (v > best) | (v != v), best = t ? v : best, at = t ? i0 + (int32_t)i + 1 : at;
+          v = r1[i], t = (v > best) | (v != v), best = t ? v : best, at = t ? i1 + (int32_t)i : at;
+          v = r1[i + 1], t = (v > best) | (v != v), best = t ? v : best, at = t ? i1 + (int32_t)i + 1 : at;
+          o[ox] = best;
+          m[ox] = at;
         }
       }
       continue;

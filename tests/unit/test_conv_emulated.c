@@ -22,7 +22,8 @@ static void test_emulated_matches_reference(void) {
                               {3, 4, 2, 3, 5, 3, 1, 1},   {5, 17, 9, 16, 8, 3, 1, 1}, {2, 8, 28, 28, 17, 3, 1, 1},
                               {9, 16, 7, 7, 16, 3, 1, 1}, {2, 3, 14, 13, 7, 5, 1, 2}, {3, 6, 9, 8, 10, 3, 2, 1},
                               {2, 4, 32, 33, 3, 3, 1, 1}, {1, 2, 17, 17, 2, 3, 1, 1}, {4, 7, 15, 15, 6, 3, 2, 1},
-                              {2, 40, 20, 19, 30, 3, 1, 1}};
+                              {2, 40, 20, 19, 30, 3, 1, 1}, {3, 16, 14, 14, 32, 5, 1, 2}, {2, 9, 11, 17, 5, 5, 1, 2},
+                              {2, 4, 33, 31, 3, 5, 1, 2},   {1, 2, 1, 1, 3, 5, 1, 2},   {5, 8, 2, 3, 9, 5, 1, 2}};
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     tdm_test_conv_ref r;
     tdm_test_conv_ref_init(&r, cases[c], 11 + c);
@@ -34,7 +35,7 @@ static void test_emulated_matches_reference(void) {
     if (nwino > nws) nws = nwino;
     float *ws = malloc(sizeof(float) * nws);
     double tol = r.tol;
-    int geo = s.stride == 1 && s.KH == 3 && s.pad == 1; /* (wino_fits also asks for 8 channels each way) */
+    int geo = s.stride == 1 && ((s.KH == 3 && s.pad == 1) || (s.KH == 5 && s.pad == 2)); /* (wino_fits also asks for 8 channels each way) */
     for (int wino = 0; wino < 1 + geo; wino++) {
       const char *path = wino ? "winograd" : "direct";
       for (int64_t i = 0; i < nws; i++) ws[i] = NAN; /* no kernel may read scratch it did not write */

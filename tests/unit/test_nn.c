@@ -349,10 +349,12 @@ static void test_llama_config(void) {
 
 /* Pooling kernels against the definition written out (every tap tested against the image's
  * bounds, the first maximum in (ky, kx) order, NaN propagating; the average over K x K with the
- * padding counted), on inputs full of ties, with a NaN, for the 2x2 stride-2 loop and the general
- * one (odd sizes, padding); and the same bits on 1 and on 3 threads. */
+ * padding counted), on inputs full of ties, with NaNs, for the 2x2 stride-2 loop (rows of 21
+ * outputs: its vectors and their tail) and the general one (odd sizes, padding); and the same bits
+ * on 1 and on 3 threads. */
 static void test_pooling_kernels(void) {
-  const int64_t shapes[][7] = {{3, 5, 8, 8, 2, 2, 0}, {2, 3, 9, 7, 2, 2, 0}, {2, 4, 7, 9, 3, 2, 1}, {1, 3, 6, 5, 3, 1, 1}, {2, 2, 5, 5, 1, 1, 0}};
+  const int64_t shapes[][7] = {{3, 5, 8, 8, 2, 2, 0}, {2, 3, 9, 7, 2, 2, 0}, {2, 4, 7, 9, 3, 2, 1},
+                               {1, 3, 6, 5, 3, 1, 1}, {2, 2, 5, 5, 1, 1, 0}, {2, 3, 6, 42, 2, 2, 0}};
   for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
     int64_t N = shapes[c][0], C = shapes[c][1], H = shapes[c][2], W = shapes[c][3], K = shapes[c][4], S = shapes[c][5], P = shapes[c][6];
     int64_t OH = (H + 2 * P - K) / S + 1, OW = (W + 2 * P - K) / S + 1, nx = N * C * H * W, ny = N * C * OH * OW;
@@ -363,6 +365,8 @@ static void test_pooling_kernels(void) {
     tdm_rng_seed(&r, 7 + c);
     for (int64_t i = 0; i < nx; i++) x[i] = (float)(int)(tdm_rng_uniform(&r) * 4) - 2; /* 4 values: many ties */
     for (int64_t i = 0; i < ny; i++) dy[i] = tdm_rng_normal(&r);
+    for (int64_t i = 0; i < nx; i++) /* NaNs at every place of a window, some windows with several (the last one wins) */
+      if (tdm_rng_uniform(&r) < 0.05) x[i] = NAN;
     x[nx / 2] = NAN;
     for (int t = 0; t < 2; t++) {
       CHECK_OK(tdm_set_num_threads(t ? 3 : 1));

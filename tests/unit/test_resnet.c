@@ -10,7 +10,8 @@
  * gradient, including shapes cut into several chunks and, where the CPU has AVX-512 or AVX2, the
  * direct kernels (3x3 and 5x5 "same" convolutions and 3x3 stride 2, odd and even sizes; channel
  * counts that fill no register tile; the small CNN's 5x5 at 14x14 and 3x3 at 7x7 without Winograd,
- * where the output's rows run in whole vectors instead of the padded grid, rows_pay). */
+ * where the output's rows run in whole vectors instead of the padded grid, rows_pay) and Winograd
+ * (3x3 and 5x5 at 8 channels or more each way, the CNN's 16 -> 32 at 14x14 among them). */
 static int conv_direct_on; /* for_each_conv_path: the direct kernels run (2: with Winograd on) */
 static void conv_batched_matches_reference(void) {
   const int64_t cases[][8] = {/* N, Ci, H, W, Co, K, stride, pad */
@@ -18,7 +19,8 @@ static void conv_batched_matches_reference(void) {
                               {2, 1, 5, 5, 2, 5, 1, 2}, {20, 16, 28, 28, 4, 3, 1, 1}, {3, 2, 4, 4, 3, 3, 1, 0},
                               {3, 10, 7, 7, 9, 3, 1, 1}, {2, 6, 14, 13, 7, 5, 1, 2}, {1, 17, 1, 1, 3, 3, 1, 1},
                               {5, 16, 28, 28, 32, 3, 2, 1}, {3, 9, 7, 6, 10, 3, 2, 1}, {2, 3, 2, 1, 4, 3, 2, 1},
-                              {2, 5, 6, 9, 3, 3, 2, 1},   {3, 4, 14, 14, 6, 5, 1, 2}};
+                              {2, 5, 6, 9, 3, 3, 2, 1},   {3, 4, 14, 14, 6, 5, 1, 2}, {3, 16, 14, 14, 32, 5, 1, 2},
+                              {2, 9, 9, 11, 8, 5, 1, 2}};
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     tdm_test_conv_ref r;
     tdm_test_conv_ref_init(&r, cases[c], 1 + c);
@@ -44,7 +46,8 @@ static void conv_batched_matches_reference(void) {
                  (s.stride == 2 && s.KH == 3 && s.pad == 1);
       CHECK_MSG(tdm_k_conv2d_direct_fits(&s) == same || getenv("TANDEM_CONV"), "case %zu: the direct kernel %s", c,
                 same ? "should run" : "should not run");
-      int wino = conv_direct_on == 2 && s.stride == 1 && s.KH == 3 && s.pad == 1 && s.Ci >= 8 && s.Co >= 8;
+      int wino = conv_direct_on == 2 && s.stride == 1 && ((s.KH == 3 && s.pad == 1) || (s.KH == 5 && s.pad == 2)) &&
+                 s.Ci >= 8 && s.Co >= 8;
       CHECK_MSG(tdm_k_conv2d_winograd_on(&s) == wino || getenv("TANDEM_CONV"), "case %zu: Winograd %s", c,
                 wino ? "should run" : "should not run");
     }
@@ -55,13 +58,13 @@ static void conv_batched_matches_reference(void) {
 }
 
 /* The direct kernels' bits do not depend on the thread count (docs/design.md): forward, input
- * and weight gradient of resnet20's shapes (stride 1 and 2) and a 5x5 one, on 1 and on 3 threads,
+ * and weight gradient of resnet20's shapes (stride 1 and 2) and 5x5 ones, on 1 and on 3 threads,
  * byte for byte; nor do the forward's and the input gradient's on how the batch is split. The
  * weight gradient's image halves are the point of the threads: 3 threads cut its units unevenly
  * across them; Winograd's blocks of images (2 at 14x14, 4 at 7x7) are the point of the split. */
 static void conv_direct_threads_bitwise(void) {
   const int64_t cases[][8] = {{6, 16, 14, 14, 16, 3, 1, 1}, {5, 8, 9, 9, 16, 3, 2, 1}, {4, 3, 10, 11, 7, 5, 1, 2},
-                              {9, 16, 7, 7, 16, 3, 1, 1},  {5, 4, 14, 14, 6, 5, 1, 2}};
+                              {9, 16, 7, 7, 16, 3, 1, 1},  {5, 4, 14, 14, 6, 5, 1, 2}, {5, 16, 14, 14, 32, 5, 1, 2}};
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     tdm_conv_shape s = tdm_test_conv_shape(cases[c]);
     CHECK_MSG(tdm_k_conv2d_direct_fits(&s) || getenv("TANDEM_CONV"), "case %zu: the direct kernel should run", c);
