@@ -370,7 +370,9 @@ static void test_pooling_kernels(void) {
     x[nx / 2] = NAN;
     for (int t = 0; t < 2; t++) {
       CHECK_OK(tdm_set_num_threads(t ? 3 : 1));
-      y[t] = malloc(sizeof(float) * ny), am[t] = malloc(sizeof(int32_t) * ny), dx[t] = calloc(nx, 4), dxa[t] = calloc(nx, 4);
+      /* 16 guard entries past the outputs: no store may reach them */
+      y[t] = malloc(sizeof(float) * (ny + 16)), am[t] = malloc(sizeof(int32_t) * (ny + 16)), dx[t] = calloc(nx, 4), dxa[t] = calloc(nx, 4);
+      for (int64_t i = ny; i < ny + 16; i++) y[t][i] = 7.0f, am[t][i] = 7;
       tdm_k_maxpool2d_fwd(y[t], am[t], x, N, C, H, W, K, S, P, OH, OW);
       tdm_k_maxpool2d_bwd(dx[t], dy, am[t], N, C, H, W, OH, OW);
       tdm_k_avgpool2d_fwd(ya, x, N, C, H, W, K, S, P, OH, OW);
@@ -398,6 +400,8 @@ static void test_pooling_kernels(void) {
           if (!(ya[o] == avg || (isnan(avg) && isnan(ya[o])))) bad++;
         }
     CHECK_MSG(bad == 0, "pooling case %zu: %d outputs differ from the definition", c, bad);
+    for (int t = 0; t < 2; t++)
+      for (int64_t i = ny; i < ny + 16; i++) CHECK_MSG(y[t][i] == 7.0f && am[t][i] == 7, "pooling case %zu: a store past the outputs", c);
     CHECK_MSG(nan_seen, "pooling case %zu: the NaN reached no output", c);
     CHECK_MSG(!memcmp(y[0], y[1], sizeof(float) * ny) && !memcmp(am[0], am[1], sizeof(int32_t) * ny) &&
                   !memcmp(dx[0], dx[1], sizeof(float) * nx) && !memcmp(dxa[0], dxa[1], sizeof(float) * nx),
