@@ -189,8 +189,9 @@ const char *tdm_k_conv2d_direct_isa(void);
  * may see either set; the workspace size covers both). For tests and benchmarks. */
 int tdm_k_conv2d_direct_select(const char *isa);
 int64_t tdm_k_conv2d_direct_ws_floats(const tdm_conv_shape *s);
-/* Of the direct path's shapes, 3x3 stride 1 pad 1 with 8 channels or more each way run their
- * forward, input gradient and weight gradient as Winograd F(2x2, 3x3) (2.25x fewer multiplies;
+/* Of the direct path's shapes, 3x3 stride 1 pad 1 and 5x5 stride 1 pad 2 with 8 channels or more
+ * each way run their forward, input gradient and weight gradient as Winograd F(2x2, 3x3) and
+ * F(2x2, 5x5) (2.25x and 2.78x fewer multiplies;
  * results within the reference tests' tolerance of the direct kernel's; the forward's and input
  * gradient's bits independent of threads and batch split, the weight gradient's of threads). On unless
  * TANDEM_WINOGRAD=off or tdm_k_conv2d_winograd_enable(0), which returns the setting before

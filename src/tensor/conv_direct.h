@@ -15,7 +15,7 @@ typedef struct {
   void (*fwd)(float *out, const float *x, const float *w, const float *b, float *ws, const tdm_conv_shape *s);
   void (*bwd)(float *dx, int dx_set, float *dw, float *db, const float *dout, const float *x, const float *w,
               float *ws, const tdm_conv_shape *s);
-  /* Winograd F(2x2, 3x3) (conv_winograd_impl.h) for the shapes wino_fits: the forward, the input
+  /* Winograd F(2x2, 3x3) and F(2x2, 5x5) (conv_winograd_impl.h) for the shapes wino_fits: the forward, the input
    * gradient and the weight gradient (dw +=; 0 where it declines, at several hundred channels:
    * bwd gives it then; bwd with dx and dw NULL gives the bias gradient) */
   int (*wino_fits)(const tdm_conv_shape *s);

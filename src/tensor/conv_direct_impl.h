@@ -25,7 +25,7 @@
  * does: the AVX2 kernels sum the weight gradient in 8 lanes, the AVX-512 ones in 16).
  * TANDEM_CONV=im2col turns the path off (benchmarks compare the two).
  *
- * The 3x3 stride-1 shapes with 8 channels or more run Winograd instead (conv_winograd_impl.h,
+ * The 3x3 and 5x5 stride-1 "same" shapes with 8 channels or more run Winograd instead (conv_winograd_impl.h,
  * included below, in the same table; kernels_conv_direct.c chooses).
  *
  * With CONV_DIRECT_EMULATE defined, the vectors are arrays of VL floats and every operation a

@@ -1,8 +1,17 @@
 /* Winograd F(2x2, 3x3) for the 3x3, stride 1, pad 1 convolutions (resnet20's 3x3 ones but its
- * first and its two strided ones): the forward, the input gradient (the same convolution of the
- * output gradient with the weights flipped and transposed) and the weight gradient (below, "the
- * weight gradient"). Included by conv_direct_impl.h, whose vector macros (VL, vf, v_*) and
- * register tile (OB output channels x PB vectors) it uses.
+ * first and its two strided ones), and F(2x2, 5x5) for the 5x5, pad 2 ones (the small CNN's
+ * second): the forward, the input gradient (the same convolution of the output gradient with the
+ * weights flipped and transposed) and the weight gradient (below, "the weight gradient").
+ * Included by conv_direct_impl.h, whose vector macros (VL, vf, v_*) and register tile (OB output
+ * channels x PB vectors) it uses.
+ *
+ * What follows is written for F(2x2, 3x3); F(2x2, 5x5) is the same with a 6x6 input patch and 36
+ * points (g->n, g->P): 36 products per input channel for 4 outputs where the direct kernel does
+ * 100 (2.78x fewer), its padded rows split the same way (a patch's six columns are even k, odd k,
+ * ..., odd k + 2), only the transforms (wino_g, wino_bt5, wino_at5, wino_a5, wino_gt5) its own.
+ * Its points are 0, 1, -1, 2, -2 and infinity: over 20,000 random 6x6 patches and 5x5 filters of
+ * N(0, 1) values, fp32 gave a mean error of 2.5e-6 (max 6e-5) against float64, where 0, +-1, +-1/2
+ * gave 2.8e-6 (9e-5).
  *
  * A 2x2 block of outputs is Y = A' [ (G g G') * (B' d B) ] A over its 4x4 input patch d: the 16
  * products per input channel replace the direct kernel's 36 multiplies (2.25x fewer), and the

@@ -34,7 +34,7 @@ static const tdm__conv_direct_impl *best(void) {
 
 static const tdm__conv_direct_impl *_Atomic impl; /* the kernels in use; NULL: none here */
 static _Atomic int enabled = -1;                  /* -1: TANDEM_CONV not read yet */
-static _Atomic int winograd = 1;                  /* 3x3 stride 1: Winograd F(2x2, 3x3) */
+static _Atomic int winograd = 1;                  /* 3x3 and 5x5 stride 1: Winograd F(2x2, 3x3) / F(2x2, 5x5) */
 
 /* Once per process (a second run could undo a select() or enable() made in between). */
 static void setup_once(void) {
