@@ -446,15 +446,16 @@ static void steady_state(const tdm_model_config *mc, tdm_optim_kind ok, int64_t 
   CHECK_OK(tdm_optim_create(&opt, &oc, tdm_model_params(m)));
   tdm_tape *tp;
   CHECK_OK(tdm_tape_create(&tp, 1 << 16)); /* small on purpose: it must grow, then settle */
-  int gpt = mc->kind == TDM_MODEL_GPT;
+  int gpt = mc->kind == TDM_MODEL_GPT, cnn = mc->kind == TDM_MODEL_CNN;
   uint64_t before = 0;
   for (int step = 0; step < 6; step++) {
     if (step == 3) before = tdm__malloc_count();
     tdm_tape_reset(tp);
     tdm_tape_set_training(tp, 1);
     tdm_tape_set_dropout_key(tp, (uint64_t)step, 0);
-    int64_t xs[2] = {B, gpt ? T : mc->in_features}, ys[2] = {B, T};
-    tdm_tensor *x = tdm_zeros(tp, gpt ? TDM_I32 : TDM_F32, 2, xs), *y = tdm_zeros(tp, TDM_I32, gpt ? 2 : 1, ys);
+    int64_t xs[2] = {B, gpt ? T : mc->in_features}, ys[2] = {B, T}, is[4] = {B, mc->in_channels, mc->height, mc->width};
+    tdm_tensor *x = cnn ? tdm_zeros(tp, TDM_F32, 4, is) : tdm_zeros(tp, gpt ? TDM_I32 : TDM_F32, 2, xs);
+    tdm_tensor *y = tdm_zeros(tp, TDM_I32, gpt ? 2 : 1, ys);
     tdm_tensor *loss = tdm_cross_entropy(tp, tdm_model_forward(m, tp, x), y, -100);
     tdm_params_zero_grad(tdm_model_params(m));
     CHECK_OK(tdm_backward(tp, loss));
@@ -474,6 +475,8 @@ static void test_steady_state_allocates_nothing(void) {
   tdm_model_config gpt = tdm_model_config_gpt_mini(); /* a small GPT, dropout on, AdamW and clipping */
   gpt.n_layer = 2, gpt.n_embd = 64, gpt.n_head = 2, gpt.block_size = 32, gpt.dropout = 0.1f;
   steady_state(&gpt, TDM_OPT_ADAMW, 4, 32);
+  tdm_model_config cnn = tdm_model_config_cnn(); /* the real CNN: its second convolution Winograd 5x5 where the direct path runs */
+  steady_state(&cnn, TDM_OPT_SGD, 16, 1);
 }
 
 /* tdm_lm_head against tdm_linear (one product) on a table of 2 x TDM_HEAD_ROWS + 7 rows (three
