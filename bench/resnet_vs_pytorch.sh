@@ -6,7 +6,7 @@
 # it is split or absent) and of the measured single-core sgemm rate that the step reaches, counting
 # the step's flop as PyTorch's hooks count them (bench/resnet_pytorch.py: forward, input and
 # weight gradients of every conv and linear layer). Those are the direct convolution's flop: where
-# tandem runs Winograd (resnet20's 3x3 stride-1 layers, TANDEM_WINOGRAD=off to compare), the share
+# tandem runs Winograd (resnet20's 3x3 stride-1 layers and the CNN's second 5x5, TANDEM_WINOGRAD=off to compare), the share
 # is an effective one, the machine executing fewer.
 #
 #   bench/resnet_vs_pytorch.sh [REPS=3] [STEPS=8]
