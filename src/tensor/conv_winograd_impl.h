@@ -738,7 +738,6 @@ static void wino_dw_sum(void *vc, int64_t a, int64_t b) {
   }
 }
 
-/* dw[co][ci] += G' dU G. */
 /* o[0, os, .. 5 os) = G' u for F(2, 5)'s G (wino_g) and six values u[0, us, ..). */
 static void wino_gt5(const float *u, int64_t us, float *o, int64_t os) {
   float sp = u[us] + u[2 * us], sm = u[us] - u[2 * us], tp = u[3 * us] + u[4 * us], tm = u[3 * us] - u[4 * us];
@@ -749,6 +748,7 @@ static void wino_gt5(const float *u, int64_t us, float *o, int64_t os) {
   o[4 * os] = -sp / 6.0f + 2.0f * tp / 3.0f + u[5 * us];
 }
 
+/* dw[co][ci] += G' dU G. */
 static void wino_dw_final(void *vc, int64_t a, int64_t b) {
   dw_fctx *c = vc;
   const dgeo *d = c->d;
