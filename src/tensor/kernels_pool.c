@@ -42,6 +42,17 @@ static void clip(int64_t i0, int64_t K, int64_t n, int64_t *k0, int64_t *k1) {
  * in the plane; TAKE's rule in the order r0[i], r0[i + 1], r1[i], r1[i + 1]. With AVX2, 8
  * outputs a vector (the CNN's rows of 14 and 7 left GCC's vectorised loop mostly to its scalar
  * tail, whose data-dependent branches cost 9% of the CNN's step), the row's end masked. */
+#if defined(__AVX2__)
+/* The even and the odd lanes of a[0..8) b[0..8), in order (the 64-bit permute undoes the
+ * shuffle's interleaving of the two halves) */
+static inline __m256 evens(__m256 a, __m256 b) {
+  return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8));
+}
+static inline __m256 odds(__m256 a, __m256 b) {
+  return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD)), 0xD8));
+}
+#endif
+
 static void max2_row(float *o, int32_t *m, const float *r0, int64_t W, int32_t i0, int64_t OW) {
   const float *r1 = r0 + W;
   int32_t i1 = i0 + (int32_t)W;
@@ -58,11 +69,7 @@ static void max2_row(float *o, int32_t *m, const float *r0, int64_t W, int32_t i
       a0 = _mm256_maskload_ps(r0 + x, ma), b0 = _mm256_maskload_ps(r0 + x + 8, mb);
       a1 = _mm256_maskload_ps(r1 + x, ma), b1 = _mm256_maskload_ps(r1 + x + 8, mb);
     }
-    /* evens and odds of each row (in lane order after the 64-bit permute) */
-    __m256 e0 = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a0, b0, 0x88)), 0xD8));
-    __m256 o0 = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a0, b0, 0xDD)), 0xD8));
-    __m256 e1 = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a1, b1, 0x88)), 0xD8));
-    __m256 o1 = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a1, b1, 0xDD)), 0xD8));
+    __m256 e0 = evens(a0, b0), o0 = odds(a0, b0), e1 = evens(a1, b1), o1 = odds(a1, b1);
     __m256i ia = _mm256_add_epi32(_mm256_set1_epi32(i0 + (int32_t)x), lane);
     __m256i ib = _mm256_add_epi32(_mm256_set1_epi32(i1 + (int32_t)x), lane), one = _mm256_set1_epi32(1);
     __m256 best = e0, at = _mm256_castsi256_ps(ia), t;
