@@ -190,14 +190,17 @@ const char *tdm_k_conv2d_direct_isa(void);
 int tdm_k_conv2d_direct_select(const char *isa);
 int64_t tdm_k_conv2d_direct_ws_floats(const tdm_conv_shape *s);
 /* Of the direct path's shapes, 3x3 stride 1 pad 1 and 5x5 stride 1 pad 2 with 8 channels or more
- * each way run their forward, input gradient and weight gradient as Winograd F(2x2, 3x3) and
- * F(2x2, 5x5) (2.25x and 2.78x fewer multiplies;
+ * each way run their forward, input gradient and weight gradient as Winograd F(4x4, 3x3) and
+ * F(2x2, 5x5) (4x and 2.78x fewer multiplies where the image is a whole number of tiles;
  * results within the reference tests' tolerance of the direct kernel's; the forward's and input
  * gradient's bits independent of threads and batch split, the weight gradient's of threads). On unless
  * TANDEM_WINOGRAD=off or tdm_k_conv2d_winograd_enable(0), which returns the setting before
  * (call it between steps). winograd_on: 1 where shape s runs it now (s NULL: where it would fit,
- * the direct path being on). */
+ * the direct path being on). winograd_tile(2) runs the 3x3 ones as F(2x2, 3x3) instead (2.25x
+ * fewer multiplies, half the rounding error; TANDEM_WINOGRAD=2x2), winograd_tile(4) as F(4x4, 3x3)
+ * again: it returns the tile before (any other value changes nothing). Between steps, too. */
 int tdm_k_conv2d_winograd_enable(int on);
+int tdm_k_conv2d_winograd_tile(int tile);
 int tdm_k_conv2d_winograd_on(const tdm_conv_shape *s);
 void tdm_k_conv2d_fwd_direct(float *out, const float *x, const float *w, const float *b, float *ws,
                              const tdm_conv_shape *s);

@@ -15,13 +15,17 @@ typedef struct {
   void (*fwd)(float *out, const float *x, const float *w, const float *b, float *ws, const tdm_conv_shape *s);
   void (*bwd)(float *dx, int dx_set, float *dw, float *db, const float *dout, const float *x, const float *w,
               float *ws, const tdm_conv_shape *s);
-  /* Winograd F(2x2, 3x3) and F(2x2, 5x5) (conv_winograd_impl.h) for the shapes wino_fits: the forward, the input
-   * gradient and the weight gradient (dw +=; 0 where it declines, at several hundred channels:
-   * bwd gives it then; bwd with dx and dw NULL gives the bias gradient) */
+  /* Winograd F(4x4, 3x3) or F(2x2, 3x3) (tile 4 or 2) and F(2x2, 5x5) (conv_winograd_impl.h) for the shapes
+   * wino_fits: the forward, the input gradient and the weight gradient (dw +=; 0 where it declines, at
+   * several hundred channels: bwd gives it then; bwd with dx and dw NULL gives the bias gradient).
+   * ws_floats covers either tile. */
   int (*wino_fits)(const tdm_conv_shape *s);
-  void (*wino_fwd)(float *out, const float *x, const float *w, const float *b, float *ws, const tdm_conv_shape *s);
-  void (*wino_dx)(float *dx, int dx_set, const float *dout, const float *w, float *ws, const tdm_conv_shape *s);
-  int (*wino_dw)(float *dw, const float *dout, const float *x, float *ws, const tdm_conv_shape *s); /* 0: declined */
+  void (*wino_fwd)(float *out, const float *x, const float *w, const float *b, float *ws, const tdm_conv_shape *s,
+                   int tile);
+  void (*wino_dx)(float *dx, int dx_set, const float *dout, const float *w, float *ws, const tdm_conv_shape *s,
+                  int tile);
+  int (*wino_dw)(float *dw, const float *dout, const float *x, float *ws, const tdm_conv_shape *s,
+                 int tile); /* 0: declined */
 } tdm__conv_direct_impl;
 
 /* Each returns its table, or NULL where its file was compiled without the instructions (a

@@ -36,6 +36,9 @@
 
 #define WINO_SLOTS 16    /* scratch slots: threads at work at once (threads beyond it idle); the weight gradient's partial sums */
 #define WINO_TILES 64 /* tile slots a block of small images aims at */
+#ifndef WINO_TILES4
+#define WINO_TILES4 32 /* the same for F(4x4, 3x3) */
+#endif
 #ifndef WINO_BAND
 #define WINO_BAND 1024 /* tiles of an image beyond which a block is a band of its tile rows */
 #endif
@@ -44,18 +47,25 @@
 #endif
 
 typedef struct {
-  int r, n, P, pad;      /* the kernel's size (3 or 5), a tile's input size r + 1, its points n^2, the padding */
+  int r, tm, n, P, pad;  /* the kernel's size (3 or 5), a tile's outputs a side (2 or 4), its input size tm + r - 1,
+                          * its points n^2, the padding */
   int64_t N, I, O, H, W; /* images, input and output channels, size (the output's too) */
   int64_t TH, TW, Timg;  /* tile rows and columns per image, their product */
-  int64_t RW;            /* one half (even or odd columns) of a split padded row */
+  int64_t RW;            /* one phase (the columns j with j % tm the same) of a split padded row */
   int64_t Hp, Lpl;       /* padded rows; floats per split plane */
   int64_t G, R, nband;   /* a block: G images, or (G = 1) a band of R tile rows of one; bands per image */
   int64_t Tr, Tb, nblk;  /* slots per image (or band) in a block, per block (whole vectors); blocks */
   int64_t nob;           /* output-channel blocks of OB */
   int64_t CC;            /* output channels per chunk of M (a multiple of OB) */
   int64_t vp, mp;        /* floats from one point's rows to the next's: V's (I x Tb), M's (CC x Tb) */
-  int64_t v, m, slot;    /* a slot's layout: the split plane (from 0), V, M; its size */
+  int64_t v, m, slot;    /* a slot's layout: the split planes (from 0), V, M; its size */
+  int narrow;            /* the transforms gather and scatter a vector's slots as VL / TW tile rows (below) */
+  int64_t GI;            /* images whose planes are split at once: VL / Timg where narrow and Timg < VL, else 1 */
 } wgeo;
+
+#ifndef WINO_NARROW
+#define WINO_NARROW 1
+#endif
 
 /* n floats, rounded up to an odd number of 64-byte lines: the 16 points' rows, written or read
  * side by side by the transforms, then start in 16 different cache sets. (At 7x7, 64 channels,
@@ -65,13 +75,13 @@ static int64_t point_stride(int64_t n) {
   return n / 16 % 2 ? n : n + 16;
 }
 
-static void wgeo_of(int r, int64_t N, int64_t I, int64_t O, int64_t H, int64_t W, int64_t tiles, wgeo *g) {
-  g->r = r, g->n = r + 1, g->P = g->n * g->n, g->pad = r / 2;
+static void wgeo_of(int r, int tm, int64_t N, int64_t I, int64_t O, int64_t H, int64_t W, int64_t tiles, wgeo *g) {
+  g->r = r, g->tm = tm, g->n = tm + r - 1, g->P = g->n * g->n, g->pad = r / 2;
   g->N = N, g->I = I, g->O = O, g->H = H, g->W = W;
-  g->TH = (H + 1) / 2, g->TW = (W + 1) / 2, g->Timg = g->TH * g->TW;
-  g->RW = up(g->TW, VL) + VL; /* loads reach k + n / 2 - 1 for k up to up(TW, VL) - 1 */
-  g->Hp = 2 * g->TH + r - 1;
-  g->Lpl = g->Hp * 2 * g->RW;
+  g->TH = (H + tm - 1) / tm, g->TW = (W + tm - 1) / tm, g->Timg = g->TH * g->TW;
+  g->RW = up(g->TW, VL) + VL; /* loads reach k + (n - 1) / tm for k up to up(TW, VL) - 1 */
+  g->Hp = tm * g->TH + r - 1;
+  g->Lpl = g->Hp * tm * g->RW;
   if (g->Timg > WINO_BAND) { /* large images in bands of tile rows (a 224x224 one, whole, would
                               * need 16 x 12544 floats a channel) */
     g->G = 1, g->R = WINO_BAND / g->TW;
@@ -88,7 +98,14 @@ static void wgeo_of(int r, int64_t N, int64_t I, int64_t O, int64_t H, int64_t W
   g->Tb = up(g->G * g->Tr - g->TW + up(g->TW, VL), VL);
   g->nblk = (N + g->G - 1) / g->G * g->nband;
   g->nob = up(O, OB) / OB;
-  g->v = up(g->Lpl, 16);
+  /* Rows narrower than a vector (TW a divisor of VL: 7x7 and 14x14 images in 4x4 tiles, 7x7 in
+   * 2x2 ones) left half or three quarters of each transform's lanes idle; narrow, a vector of
+   * slots is VL / TW whole tile rows, of one image or (Timg < VL) of several, each row's output
+   * whole vectors (tm TW a multiple of VL). Whole images only (no bands). */
+  g->narrow = WINO_NARROW && g->TW < VL && VL % g->TW == 0 && tm * g->TW % VL == 0 && g->R == g->TH &&
+              (g->Timg % VL == 0 || VL % g->Timg == 0);
+  g->GI = g->narrow && g->Timg < VL ? VL / g->Timg : 1;
+  g->v = up(g->GI * g->Lpl, 16);
   g->vp = point_stride(I * g->Tb);
   g->m = g->v + g->P * g->vp;
   g->CC = WINO_M_FLOATS / (g->P * g->Tb) / OB * OB;
@@ -98,8 +115,13 @@ static void wgeo_of(int r, int64_t N, int64_t I, int64_t O, int64_t H, int64_t W
   g->slot = up(g->m + g->P * g->mp, 16);
 }
 
-/* The kernel's size r (3 or 5) and tiles of 2x2 outputs: F(2x2, 3x3) or F(2x2, 5x5). */
+/* The kernel's size r (3 or 5), and a tile's outputs a side: 4 (F(4x4, 3x3)) where tile asks for
+ * it and the kernel is 3x3, else 2 (F(2x2, 3x3), F(2x2, 5x5)). */
 static int wino_r(const tdm_conv_shape *s) { return s->KH == 5 ? 5 : 3; }
+static int wino_tm(const tdm_conv_shape *s, int tile) { return s->KH == 3 && tile == 4 ? 4 : 2; }
+
+/* Tile slots a block aims at: F(4x4, 3x3)'s tiles are 4x the outputs, its V 2.25x the floats */
+static int64_t wino_tiles(int tm) { return tm == 4 ? WINO_TILES4 : WINO_TILES; }
 
 static int64_t wino_slots(const wgeo *g) { return g->nblk < WINO_SLOTS ? g->nblk : WINO_SLOTS; }
 
@@ -118,9 +140,21 @@ static wblk wblock(const wgeo *g, int64_t blk) {
   return b;
 }
 
-/* The first slot past the block's last row's stores (its lanes past TW included). */
+/* The first slot past the block's last row's stores (its lanes past TW included); narrow, past
+ * its tiles (the vector's slots beyond them hold what the missing images' rows gave: not zeros). */
 static int64_t wblock_used(const wgeo *g, const wblk *b) {
+  if (g->narrow) return b->nn * g->Tr;
   return (b->nn - 1) * g->Tr + (b->ty1 - b->ty0 - 1) * g->TW + up(g->TW, VL);
+}
+
+/* Narrow: the plane base of each of the VL / TW tile rows of the vector of slots from t0 (slots
+ * counted from image i0 of the block, which has ni images from there, their planes at pl, Lpl
+ * apart): image i's tile row ty at pl + i Lpl + tm ty ls. Rows of missing images read image 0's. */
+static inline void wino_segs(const wgeo *g, const float *pl, int64_t t0, int64_t ni, int64_t ls, const float **base) {
+  for (int64_t s = 0; s < VL / g->TW; s++) {
+    int64_t t = t0 + s * g->TW, i = t / g->Timg, ty = t % g->Timg / g->TW;
+    base[s] = pl + (i < ni ? i : 0) * g->Lpl + g->tm * ty * ls;
+  }
 }
 
 /* U[xi][ob][ci][c] = (G g G')[xi] of output channel ob OB + c's filter for input channel ci
@@ -129,8 +163,20 @@ static int64_t wino_u_floats(const wgeo *g) { return g->P * g->nob * g->I * OB; 
 
 /* o[0, os, .. n os) = G f for r filter taps f[0, fs, ..): F(2, 3)'s G has rows 1 0 0, (1 1 1) / 2,
  * (1 -1 1) / 2, 0 0 1; F(2, 5)'s (its points 0, 1, -1, 2, -2 and infinity) rows 1/4 0 0 0 0,
- * -(1 1 1 1 1) / 6, -(1 -1 1 -1 1) / 6, (1 2 4 8 16) / 24, (1 -2 4 -8 16) / 24, 0 0 0 0 1. */
-static void wino_g(int r, const float *f, int64_t fs, float *o, int64_t os) {
+ * -(1 1 1 1 1) / 6, -(1 -1 1 -1 1) / 6, (1 2 4 8 16) / 24, (1 -2 4 -8 16) / 24, 0 0 0 0 1;
+ * F(4, 3)'s (the same points) rows 1/4 0 0, -(1 1 1) / 6, -(1 -1 1) / 6, (1 2 4) / 24,
+ * (1 -2 4) / 24, 0 0 1. */
+static void wino_g(int r, int n, const float *f, int64_t fs, float *o, int64_t os) {
+  if (r == 3 && n == 6) {
+    float f0 = f[0], f1 = f[fs], f2 = f[2 * fs];
+    o[0] = 0.25f * f0;
+    o[os] = -(f0 + f1 + f2) / 6.0f;
+    o[2 * os] = -(f0 - f1 + f2) / 6.0f;
+    o[3 * os] = (f0 + 2.0f * f1 + 4.0f * f2) / 24.0f;
+    o[4 * os] = (f0 - 2.0f * f1 + 4.0f * f2) / 24.0f;
+    o[5 * os] = f2;
+    return;
+  }
   if (r == 3) {
     o[0] = f[0];
     o[os] = 0.5f * (f[0] + f[fs] + f[2 * fs]);
@@ -170,8 +216,8 @@ static void wino_filters_range(void *vc, int64_t a, int64_t b) {
       float f[25] = {0}, t[6][5], u[6][6];
       if (co < g->O)
         for (int k = 0; k < rr; k++) f[k] = flip ? w[(ci * g->O + co) * rr + rr - 1 - k] : w[(co * g->I + ci) * rr + k];
-      for (int j = 0; j < r; j++) wino_g(r, f + j, r, &t[0][j], 5); /* G g, column j */
-      for (int i = 0; i < n; i++) wino_g(r, t[i], 1, u[i], 1);       /* (G g) G', row i */
+      for (int j = 0; j < r; j++) wino_g(r, n, f + j, r, &t[0][j], 5); /* G g, column j */
+      for (int i = 0; i < n; i++) wino_g(r, n, t[i], 1, u[i], 1);       /* (G g) G', row i */
       for (int xi = 0; xi < g->P; xi++) U[((xi * g->nob + ob) * g->I + ci) * OB + c] = u[xi / n][xi % n];
     }
   }
@@ -213,6 +259,12 @@ static inline vf v_load_n(const float *p, int64_t n) { /* reads the first n lane
 static inline void v_sum4_add(float *p, vf a, vf b, vf c, vf d) { /* p[0..4) += the four vectors' sums */
   p[0] += v_sum(a), p[1] += v_sum(b), p[2] += v_sum(c), p[3] += v_sum(d);
 }
+/* VL / tw runs of tw floats, run s from p[s] + o (tw a divisor of VL) */
+static inline vf v_segs(const float *const *p, int64_t o, int64_t tw) {
+  vf v;
+  for (int i = 0; i < VL; i++) v.f[i] = p[i / tw][o + i % tw];
+  return v;
+}
 #elif VL == 8
 /* evens and odds of a[0..8) b[0..8) */
 static inline void v_split(vf a, vf b, vf *ev, vf *od) {
@@ -236,6 +288,17 @@ static inline void v_sum4_add(float *p, vf a, vf b, vf c, vf d) {
   vf h = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
   _mm_storeu_ps(p, _mm_add_ps(_mm_loadu_ps(p), s));
+}
+/* VL / tw runs of tw floats, run s from p[s] + o: tw 4 or 2 (narrow rows' gathers) */
+static inline vf v_segs(const float *const *p, int64_t o, int64_t tw) {
+  __m128 lo, hi;
+  if (tw == 4) {
+    lo = _mm_loadu_ps(p[0] + o), hi = _mm_loadu_ps(p[1] + o);
+  } else {
+    lo = _mm_loadh_pi(_mm_loadl_pi(_mm_setzero_ps(), (const __m64 *)(p[0] + o)), (const __m64 *)(p[1] + o));
+    hi = _mm_loadh_pi(_mm_loadl_pi(_mm_setzero_ps(), (const __m64 *)(p[2] + o)), (const __m64 *)(p[3] + o));
+  }
+  return _mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1);
 }
 /* v with its lanes from n on zeroed (an AND: masked stores are microcoded on AMD's cores) */
 static inline vf v_keep(vf v, int64_t n) {
@@ -268,6 +331,17 @@ static inline void v_sum4_add(float *p, vf a, vf b, vf c, vf d) {
   _mm_storeu_ps(p, _mm_add_ps(_mm_loadu_ps(p), s));
 }
 static inline vf v_keep(vf v, int64_t n) { return _mm512_maskz_mov_ps(v_mask(n), v); }
+/* VL / tw runs of tw floats, run s from p[s] + o: tw 8 or 4 (narrow rows' gathers) */
+static inline vf v_segs(const float *const *p, int64_t o, int64_t tw) {
+  if (tw == 8) {
+    __m512d a = _mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(p[0] + o)));
+    return _mm512_castpd_ps(_mm512_insertf64x4(a, _mm256_castps_pd(_mm256_loadu_ps(p[1] + o)), 1));
+  }
+  vf v = _mm512_castps128_ps512(_mm_loadu_ps(p[0] + o));
+  v = _mm512_insertf32x4(v, _mm_loadu_ps(p[1] + o), 1);
+  v = _mm512_insertf32x4(v, _mm_loadu_ps(p[2] + o), 2);
+  return _mm512_insertf32x4(v, _mm_loadu_ps(p[3] + o), 3);
+}
 #endif
 
 /* p[0..n) = 0 in vectors, the last few one by one: as a loop of float stores GCC made each a
@@ -284,78 +358,63 @@ static inline void zero_floats(float *p, int64_t n) {
 
 /* ---- input: split planes and their transform ------------------------------------------------ */
 
-/* The zero-padded plane of an H x W channel, each padded row as its even columns (E, RW floats)
- * then its odd ones (O): padded column j = input column j - pad. Pad 1: input column x goes to
- * O[x / 2] when x is even and to E[(x + 1) / 2] when odd; pad 2: to E[x / 2 + 1] and O[x / 2 + 1].
- * 2 VL columns at a time; past the row's end the lanes are zeroed (the right padding: loaded
- * from the next rows, or masked where the load would leave the plane). The row's other entries
- * that wino_in_rows reads are set to zero here, so the plane needs no clearing. */
-static void wino_split_plane(float *pl, const float *src, const wgeo *g, int64_t ty0, int64_t ty1) {
-  int64_t xe = up(g->W, 2 * VL); /* columns the vector loop covers */
-  int64_t p = g->pad, r0 = 2 * ty0, r1 = 2 * ty1 + g->r - 1; /* the padded rows tile rows [ty0, ty1) read */
-  if (r0 < p) zero_floats(pl + r0 * 2 * g->RW, (p - r0) * 2 * g->RW);
+/* The zero-padded plane of an H x W channel, each padded row as its tm phases, RW floats each:
+ * phase q holds the padded columns j with j % tm == q, column j at j / tm (tm = 2: the even
+ * columns, then the odd ones). Padded column j is input column j - pad: input columns x0 + tm i + q
+ * (x0 a multiple of tm VL) go to phase (q + pad) % tm at x0 / tm + i + (q + pad) / tm. tm VL
+ * columns at a time, split into their phases by v_split (twice over for tm = 4); past the row's
+ * end the lanes are zeroed (the right padding: loaded from the next rows, or masked where the
+ * load would leave the plane). The row's other entries that the transforms read are set to zero
+ * here, so the plane needs no clearing. */
+static inline __attribute__((always_inline)) void split_plane(float *pl, const float *src, const wgeo *g, int64_t ty0,
+                                                              int64_t ty1, int tm, int p) {
+  int64_t ls = tm * g->RW, xe = up(g->W, tm * VL); /* a padded row's floats; the columns the vector loop covers */
+  int64_t rend = up(g->TW, VL) + (g->n - 1) / tm;  /* a phase's entries the transforms read */
+  int64_t r0 = tm * ty0, r1 = tm * ty1 + g->r - 1; /* the padded rows tile rows [ty0, ty1) read */
+  if (r0 < p) zero_floats(pl + r0 * ls, (p - r0) * ls);
   for (int64_t y = r0 > p ? r0 - p : 0; y < g->H && y + p < r1; y++) {
-    float *E = pl + (y + p) * 2 * g->RW, *O = E + g->RW;
+    float *row = pl + (y + p) * ls;
     const float *s = src + y * g->W;
-    for (int64_t x = 0; x < xe; x += 2 * VL) {
-      vf ev, od;
+    for (int64_t x = 0; x < xe; x += tm * VL) {
+      vf in[4], ph[4];
       int64_t n = g->W - x;
-      if (n >= 2 * VL) v_split(v_load(s + x), v_load(s + x + VL), &ev, &od);
-      else if ((g->H - 1 - y) * g->W >= 2 * VL - n) /* the loads stay in the plane */
-        v_split(v_keep(v_load(s + x), n), v_keep(v_load(s + x + VL), n - VL), &ev, &od);
-      else v_split(v_load_n(s + x, n), v_load_n(s + x + VL, n - VL), &ev, &od);
-      if (p == 1) {
-        v_store(O + x / 2, ev);
-        v_store(E + x / 2 + 1, od);
-      } else {
-        v_store(E + x / 2 + 1, ev);
-        v_store(O + x / 2 + 1, od);
+      if (n >= tm * VL)
+        for (int j = 0; j < tm; j++) in[j] = v_load(s + x + j * VL);
+      else if ((g->H - 1 - y) * g->W >= tm * VL - n) /* the loads stay in the plane */
+        for (int j = 0; j < tm; j++) in[j] = v_keep(v_load(s + x + j * VL), n - j * VL);
+      else
+        for (int j = 0; j < tm; j++) in[j] = v_load_n(s + x + j * VL, n - j * VL);
+      if (tm == 2) {
+        v_split(in[0], in[1], &ph[0], &ph[1]);
+      } else { /* evens and odds, then the evens' and the odds' own */
+        vf e0, o0, e1, o1;
+        v_split(in[0], in[1], &e0, &o0);
+        v_split(in[2], in[3], &e1, &o1);
+        v_split(e0, e1, &ph[0], &ph[2]);
+        v_split(o0, o1, &ph[1], &ph[3]);
       }
+      for (int q = 0; q < tm; q++) v_store(row + (q + p) % tm * g->RW + x / tm + (q + p) / tm, ph[q]);
     }
-    if (p == 1) E[0] = 0.0f, O[xe / 2] = 0.0f;
-    else E[0] = O[0] = E[xe / 2 + 1] = O[xe / 2 + 1] = 0.0f;
+    for (int q = 0; q < tm; q++) { /* the left padding, and the entries past the stores */
+      float *f = row + (q + p) % tm * g->RW;
+      int64_t s0 = (q + p) / tm;
+      if (s0) f[0] = 0.0f;
+      zero_floats(f + xe / tm + s0, rend - xe / tm - s0);
+    }
   }
-  if (r1 > g->H + p) zero_floats(pl + (g->H + p) * 2 * g->RW, (g->Hp - g->H - p) * 2 * g->RW);
+  if (r1 > g->H + p) zero_floats(pl + (g->H + p) * ls, (g->Hp - g->H - p) * ls);
 }
 
-/* V[xi][ci][slot] = (B' d B)[xi] for the tiles of tile rows [ty0, ty1) of one split plane, V at
- * the slot of row ty0's first tile, VL tiles at a time (lanes past TW spill into the next row's
- * slots, which that row then writes). All the plane's rows in one call: called per row, the
- * set-up of the 16 store streams cost more than a row's one or two vectors of work at 7x7 and
- * 14x14 (1.4 million calls a resnet20 step). */
-static void wino_in_rows5(float *V, int64_t ldv, const float *pl, int64_t ty0, int64_t ty1, const wgeo *g);
-
-static void wino_in_rows(float *V, int64_t ldv, const float *pl, int64_t ty0, int64_t ty1, const wgeo *g) {
-  if (g->r == 5) {
-    wino_in_rows5(V, ldv, pl, ty0, ty1, g);
-    return;
-  }
-  for (int64_t ty = ty0; ty < ty1; ty++, V += g->TW) {
-    const float *r0 = pl + 2 * ty * 2 * g->RW;
-    for (int64_t k = 0; k < g->TW; k += VL) {
-      vf d[4][4], t[4][4];
-      for (int r = 0; r < 4; r++) {
-        const float *E = r0 + r * 2 * g->RW + k, *O = E + g->RW;
-        d[r][0] = v_load(E), d[r][1] = v_load(O), d[r][2] = v_load(E + 1), d[r][3] = v_load(O + 1);
-      }
-      for (int c = 0; c < 4; c++) { /* B' d: rows d0 - d2, d1 + d2, d2 - d1, d1 - d3 */
-        t[0][c] = v_sub(d[0][c], d[2][c]);
-        t[1][c] = v_add(d[1][c], d[2][c]);
-        t[2][c] = v_sub(d[2][c], d[1][c]);
-        t[3][c] = v_sub(d[1][c], d[3][c]);
-      }
-      for (int r = 0; r < 4; r++) { /* (B' d) B: the same over columns */
-        v_store(V + (r * 4 + 0) * ldv + k, v_sub(t[r][0], t[r][2]));
-        v_store(V + (r * 4 + 1) * ldv + k, v_add(t[r][1], t[r][2]));
-        v_store(V + (r * 4 + 2) * ldv + k, v_sub(t[r][2], t[r][1]));
-        v_store(V + (r * 4 + 3) * ldv + k, v_sub(t[r][1], t[r][3]));
-      }
-    }
-  }
+/* tm and the padding constants in each copy (its divisions by tm were a third of F(4x4, 3x3)'s
+ * input at 14x14) */
+static void wino_split_plane(float *pl, const float *src, const wgeo *g, int64_t ty0, int64_t ty1) {
+  if (g->tm == 4) split_plane(pl, src, g, ty0, ty1, 4, 1);
+  else if (g->pad == 1) split_plane(pl, src, g, ty0, ty1, 2, 1);
+  else split_plane(pl, src, g, ty0, ty1, 2, 2);
 }
 
 /* F(2, 5)'s B' on six vectors, in place: rows 4 0 -5 0 1 0, 0 -4 -4 1 1 0, 0 4 -4 -1 1 0,
- * 0 -2 -1 2 1 0, 0 2 -1 -2 1 0, 0 4 0 -5 0 1. */
+ * 0 -2 -1 2 1 0, 0 2 -1 -2 1 0, 0 4 0 -5 0 1 (F(4, 3)'s too: the same points). */
 static inline void wino_bt5(vf d[6]) {
   vf p = v_fma(v_set1(-4.0f), d[2], d[4]), q = v_fma(v_set1(-4.0f), d[1], d[3]);
   vf s = v_sub(d[4], d[2]), t = v_sub(d[3], d[1]);
@@ -365,33 +424,110 @@ static inline void wino_bt5(vf d[6]) {
   d[0] = b0, d[1] = v_add(p, q), d[2] = v_sub(p, q), d[3] = v_add(s, t), d[4] = v_sub(s, t), d[5] = b5;
 }
 
-/* wino_in_rows for F(2x2, 5x5): a 6x6 patch a tile, its six columns even k, odd k, even k + 1,
- * odd k + 1, even k + 2, odd k + 2 of the split rows; B' over each patch row's columns first (into
- * h, on the stack), then over the rows, column by column. */
-static void wino_in_rows5(float *V, int64_t ldv, const float *pl, int64_t ty0, int64_t ty1, const wgeo *g) {
+/* V[xi] = (B' d B)[xi] of VL 4x4 patches d (F(2x2, 3x3)), at V, ldv floats from one point to the next. */
+static inline void wino_tf_in4(vf d[4][4], float *V, int64_t ldv) {
+  vf t[4][4];
+  for (int c = 0; c < 4; c++) { /* B' d: rows d0 - d2, d1 + d2, d2 - d1, d1 - d3 */
+    t[0][c] = v_sub(d[0][c], d[2][c]);
+    t[1][c] = v_add(d[1][c], d[2][c]);
+    t[2][c] = v_sub(d[2][c], d[1][c]);
+    t[3][c] = v_sub(d[1][c], d[3][c]);
+  }
+  for (int r = 0; r < 4; r++) { /* (B' d) B: the same over columns */
+    v_store(V + (r * 4 + 0) * ldv, v_sub(t[r][0], t[r][2]));
+    v_store(V + (r * 4 + 1) * ldv, v_add(t[r][1], t[r][2]));
+    v_store(V + (r * 4 + 2) * ldv, v_sub(t[r][2], t[r][1]));
+    v_store(V + (r * 4 + 3) * ldv, v_sub(t[r][1], t[r][3]));
+  }
+}
+
+/* The same for VL 6x6 patches h (F(2x2, 5x5), F(4x4, 3x3)): B' over each patch row's columns
+ * first, then over the rows, column by column. */
+static inline void wino_tf_in6(vf h[6][6], float *V, int64_t ldv) {
+  for (int r = 0; r < 6; r++) wino_bt5(h[r]);
+  for (int c = 0; c < 6; c++) {
+    vf d[6] = {h[0][c], h[1][c], h[2][c], h[3][c], h[4][c], h[5][c]};
+    wino_bt5(d);
+    for (int r = 0; r < 6; r++) v_store(V + (r * 6 + c) * ldv, d[r]);
+  }
+}
+
+/* V[xi][ci][slot] = (B' d B)[xi] for the tiles of tile rows [ty0, ty1) of one split plane, V at
+ * the slot of row ty0's first tile, VL tiles at a time (lanes past TW spill into the next row's
+ * slots, which that row then writes). All the plane's rows in one call: called per row, the
+ * set-up of the 16 store streams cost more than a row's one or two vectors of work at 7x7 and
+ * 14x14 (1.4 million calls a resnet20 step). A tile k's n columns are tm k .. tm k + n - 1,
+ * column j of them at phase j % tm, k + j / tm of the split rows (tm = 2: even k, odd k, even
+ * k + 1, ...). tm and n constants in each copy: the loads' offsets fold. */
+static inline __attribute__((always_inline)) void in_rows(float *V, int64_t ldv, const float *pl, int64_t ty0,
+                                                          int64_t ty1, const wgeo *g, int tm, int n) {
+  int64_t ls = tm * g->RW;
   for (int64_t ty = ty0; ty < ty1; ty++, V += g->TW) {
-    const float *r0 = pl + 2 * ty * 2 * g->RW;
+    const float *r0 = pl + tm * ty * ls;
     for (int64_t k = 0; k < g->TW; k += VL) {
-      vf h[6][6];
-      for (int r = 0; r < 6; r++) {
-        const float *E = r0 + r * 2 * g->RW + k, *O = E + g->RW;
-        h[r][0] = v_load(E), h[r][1] = v_load(O), h[r][2] = v_load(E + 1);
-        h[r][3] = v_load(O + 1), h[r][4] = v_load(E + 2), h[r][5] = v_load(O + 2);
-        wino_bt5(h[r]);
-      }
-      for (int c = 0; c < 6; c++) {
-        vf d[6] = {h[0][c], h[1][c], h[2][c], h[3][c], h[4][c], h[5][c]};
-        wino_bt5(d);
-        for (int r = 0; r < 6; r++) v_store(V + (r * 6 + c) * ldv + k, d[r]);
+      if (n == 4) {
+        vf d[4][4];
+        for (int r = 0; r < 4; r++)
+          for (int j = 0; j < 4; j++) d[r][j] = v_load(r0 + r * ls + k + j % tm * g->RW + j / tm);
+        wino_tf_in4(d, V + k, ldv);
+      } else {
+        vf h[6][6];
+        for (int r = 0; r < 6; r++)
+          for (int j = 0; j < 6; j++) h[r][j] = v_load(r0 + r * ls + k + j % tm * g->RW + j / tm);
+        wino_tf_in6(h, V + k, ldv);
       }
     }
   }
+}
+
+/* The same, narrow (wgeo_of): slots [0, VL) (GI > 1: GI images' tiles) or [0, Timg) of ni
+ * images' planes at pl, a vector's VL / TW tile rows gathered from their planes. */
+static inline __attribute__((always_inline)) void in_narrow(float *V, int64_t ldv, const float *pl, int64_t ni,
+                                                            const wgeo *g, int tm, int n) {
+  int64_t ls = tm * g->RW, nvec = g->GI > 1 ? 1 : g->Timg / VL;
+  for (int64_t t = 0; t < nvec * VL; t += VL) {
+    const float *base[VL];
+    wino_segs(g, pl, t, ni, ls, base);
+    if (n == 4) {
+      vf d[4][4];
+      for (int r = 0; r < 4; r++)
+        for (int j = 0; j < 4; j++) d[r][j] = v_segs(base, r * ls + j % tm * g->RW + j / tm, g->TW);
+      wino_tf_in4(d, V + t, ldv);
+    } else {
+      vf h[6][6];
+      for (int r = 0; r < 6; r++)
+        for (int j = 0; j < 6; j++) h[r][j] = v_segs(base, r * ls + j % tm * g->RW + j / tm, g->TW);
+      wino_tf_in6(h, V + t, ldv);
+    }
+  }
+}
+
+static void wino_in_rows(float *V, int64_t ldv, const float *pl, int64_t ty0, int64_t ty1, const wgeo *g) {
+  if (g->n == 4) in_rows(V, ldv, pl, ty0, ty1, g, 2, 4);
+  else if (g->tm == 2) in_rows(V, ldv, pl, ty0, ty1, g, 2, 6);
+  else in_rows(V, ldv, pl, ty0, ty1, g, 4, 6);
+}
+
+static void wino_in_narrow(float *V, int64_t ldv, const float *pl, int64_t ni, const wgeo *g) {
+  if (g->n == 4) in_narrow(V, ldv, pl, ni, g, 2, 4);
+  else if (g->tm == 2) in_narrow(V, ldv, pl, ni, g, 2, 6);
+  else in_narrow(V, ldv, pl, ni, g, 4, 6);
 }
 
 /* V[xi][ci][slot of (i, ty)] for block b's tiles of x (ldv floats from one point to the next),
  * each image's channel split into the plane at pl and transformed before the next: one plane,
  * in L1 (a plane per image and channel was 330 KiB of a 7x7 block's scratch, with V past L2). */
 static void wino_input(float *V, int64_t ldv, float *pl, const float *x, const wgeo *g, const wblk *b) {
+  if (g->narrow) { /* GI images' planes of a channel at a time (their tiles: whole vectors) */
+    for (int64_t i0 = 0; i0 < b->nn; i0 += g->GI)
+      for (int64_t ci = 0; ci < g->I; ci++) {
+        int64_t ni = b->nn - i0 < g->GI ? b->nn - i0 : g->GI;
+        for (int64_t i = 0; i < ni; i++)
+          wino_split_plane(pl + i * g->Lpl, x + ((b->n0 + i0 + i) * g->I + ci) * g->H * g->W, g, 0, g->TH);
+        wino_in_narrow(V + ci * g->Tb + i0 * g->Tr, ldv, pl, ni, g);
+      }
+    return;
+  }
   for (int64_t i = 0; i < b->nn; i++)
     for (int64_t ci = 0; ci < g->I; ci++) {
       wino_split_plane(pl, x + ((b->n0 + i) * g->I + ci) * g->H * g->W, g, b->ty0, b->ty1);
@@ -444,58 +580,141 @@ typedef struct {
   _Atomic int64_t next; /* the next block not yet taken */
 } wino_ctx;
 
+/* F(4, 3)'s A' on six vectors: rows 1 1 1 1 1 0, 0 1 -1 2 -2 0, 0 1 1 4 4 0, 0 1 -1 8 -8 1. */
+static inline void wino_at43(const vf m[6], vf y[4]) {
+  vf a = v_add(m[1], m[2]), b = v_sub(m[1], m[2]), c = v_add(m[3], m[4]), d = v_sub(m[3], m[4]);
+  y[0] = v_add(v_add(m[0], a), c);
+  y[1] = v_fma(v_set1(2.0f), d, b);
+  y[2] = v_fma(v_set1(4.0f), c, a);
+  y[3] = v_add(v_fma(v_set1(8.0f), d, b), m[5]);
+}
+
+/* Output row a (of tm) of VL tiles, Y[a][q] its columns tm t + q of tile t, into the row's tm
+ * vectors of output columns, in order. */
+static inline void wino_interleave(int tm, vf *Y, vf *o) {
+  if (tm == 2) {
+    v_zip(Y[0], Y[1], &o[0], &o[1]);
+    return;
+  }
+  vf l02, h02, l13, h13;
+  v_zip(Y[0], Y[2], &l02, &h02);
+  v_zip(Y[1], Y[3], &l13, &h13);
+  v_zip(l02, l13, &o[0], &o[1]);
+  v_zip(h02, h13, &o[2], &o[3]);
+}
+
+/* Y[a][j] = (A' m A)[a][j] of VL tiles, m's points at M, ldm floats apart: output row a's column
+ * j of each tile (F(2, 3)'s A' rows: m0 + m1 + m2, m1 - m2 - m3). */
+static inline void wino_out_tf(const wgeo *g, const float *M, int64_t ldm, vf Y[4][4]) {
+  if (g->r == 3 && g->tm == 2) {
+    vf m[4][4], s[2][4];
+    for (int xi = 0; xi < 16; xi++) m[xi / 4][xi % 4] = v_load(M + xi * ldm);
+    for (int j = 0; j < 4; j++) {
+      s[0][j] = v_add(v_add(m[0][j], m[1][j]), m[2][j]);
+      s[1][j] = v_sub(v_sub(m[1][j], m[2][j]), m[3][j]);
+    }
+    for (int a = 0; a < 2; a++)
+      Y[a][0] = v_add(v_add(s[a][0], s[a][1]), s[a][2]), Y[a][1] = v_sub(v_sub(s[a][1], s[a][2]), s[a][3]);
+  } else if (g->tm == 2) {
+    vf s[2][6];
+    for (int j = 0; j < 6; j++) {
+      vf m[6];
+      for (int i = 0; i < 6; i++) m[i] = v_load(M + (i * 6 + j) * ldm);
+      wino_at5(m, &s[0][j], &s[1][j]);
+    }
+    for (int a = 0; a < 2; a++) wino_at5(s[a], &Y[a][0], &Y[a][1]);
+  } else {
+    vf s[6][4]; /* A' over each column j's six points */
+    for (int j = 0; j < 6; j++) {
+      vf m[6];
+      for (int i = 0; i < 6; i++) m[i] = v_load(M + (i * 6 + j) * ldm);
+      wino_at43(m, s[j]);
+    }
+    for (int a = 0; a < 4; a++) {
+      vf r[6] = {s[0][a], s[1][a], s[2][a], s[3][a], s[4][a], s[5][a]};
+      wino_at43(r, Y[a]);
+    }
+  }
+}
+
 /* Output channel co of tile row ty of image n (its tiles at slot t0 of M's rows, ldm apart):
- * Y = A' m A per tile (A' rows: m0 + m1 + m2, m1 - m2 - m3), the two output rows' tile columns
- * interleaved and stored (with the bias, or added) into y. Whole vectors: a row's last group
- * runs past its end into the next rows, so it goes first (their own groups, after it, write
- * those columns again; added, the lanes past the end are zeros); a row whose end would run past
- * the block's last row, ylim - 1 (into rows another block writes, or another plane, or past y),
- * ends through a buffer. */
+ * Y = A' m A per tile (F(2, 3)'s A' rows: m0 + m1 + m2, m1 - m2 - m3), the output rows' tile
+ * columns interleaved and stored (with the bias, or added) into y. Whole vectors: a row's last
+ * group runs past its end into the next rows, so it goes first (their own groups, after it,
+ * write those columns again; added, the lanes past the end are zeros); a row whose end would run
+ * past the block's last row, ylim - 1 (into rows another block writes, or another plane, or past
+ * y), ends through a buffer. */
 static void wino_out_row(const wino_ctx *c, const float *M, int64_t ldm, int64_t n, int64_t co, int64_t ty, int64_t ylim) {
   const wgeo *g = c->g;
-  float *y0 = c->y + ((n * g->O + co) * g->H + 2 * ty) * g->W;
+  int tm = g->tm;
+  float *y0 = c->y + ((n * g->O + co) * g->H + tm * ty) * g->W;
   float bias = c->bias ? c->bias[co] : 0.0f;
   vf bv = v_set1(bias);
-  int rows = 2 * ty + 1 < g->H ? 2 : 1;
+  int rows = g->H - tm * ty < tm ? (int)(g->H - tm * ty) : tm;
   int64_t groups = (g->TW + VL - 1) / VL;
   for (int64_t q = 0; q < groups; q++) {
     int64_t k = (q == 0 ? groups - 1 : q - 1) * VL; /* the last group first */
-    vf ev[2], od[2]; /* output row a's even and odd columns */
-    if (g->r == 3) {
-      vf m[4][4], s[2][4];
-      for (int xi = 0; xi < 16; xi++) m[xi / 4][xi % 4] = v_load(M + xi * ldm + k);
-      for (int j = 0; j < 4; j++) {
-        s[0][j] = v_add(v_add(m[0][j], m[1][j]), m[2][j]);
-        s[1][j] = v_sub(v_sub(m[1][j], m[2][j]), m[3][j]);
-      }
-      for (int a = 0; a < 2; a++)
-        ev[a] = v_add(v_add(s[a][0], s[a][1]), s[a][2]), od[a] = v_sub(v_sub(s[a][1], s[a][2]), s[a][3]);
-    } else {
-      vf s[2][6];
-      for (int j = 0; j < 6; j++) {
-        vf m[6];
-        for (int i = 0; i < 6; i++) m[i] = v_load(M + (i * 6 + j) * ldm + k);
-        wino_at5(m, &s[0][j], &s[1][j]);
-      }
-      for (int a = 0; a < 2; a++) wino_at5(s[a], &ev[a], &od[a]);
-    }
+    vf Y[4][4]; /* output row a's columns tm t + j, for its VL tiles t */
+    wino_out_tf(g, M + k, ldm, Y);
     for (int a = 0; a < rows; a++) {
-      vf e = ev[a], o = od[a], lo, hi;
-      v_zip(e, o, &lo, &hi);
-      float *d = y0 + a * g->W + 2 * k;
-      int64_t n0 = g->W - 2 * k, n1 = n0 - VL; /* columns left for lo, for hi */
-      if (n1 < VL && (ylim - 1 - 2 * ty - a) * g->W < VL - n1) { /* it would leave the block's rows: a buffer */
-        float buf[2 * VL];
-        v_store(buf, lo), v_store(buf + VL, hi);
+      vf o[4];
+      wino_interleave(tm, Y[a], o);
+      float *d = y0 + a * g->W + tm * k;
+      int64_t n0 = g->W - tm * k; /* the row's columns left from d */
+      if (n0 < tm * VL && (ylim - 1 - tm * ty - a) * g->W < tm * VL - n0) { /* it would leave the block's rows: a buffer */
+        float buf[4 * VL];
+        for (int j = 0; j < tm; j++) v_store(buf + j * VL, o[j]);
         if (c->add)
           for (int64_t x = 0; x < n0; x++) d[x] += buf[x];
         else
           for (int64_t x = 0; x < n0; x++) d[x] = buf[x] + bias;
       } else if (c->add) {
-        if (n1 < VL) lo = v_keep(lo, n0), hi = v_keep(hi, n1);
-        v_store(d, v_add(v_load(d), lo)), v_store(d + VL, v_add(v_load(d + VL), hi));
+        for (int j = 0; j < tm; j++) {
+          vf v = n0 - j * VL < VL ? v_keep(o[j], n0 - j * VL) : o[j];
+          v_store(d + j * VL, v_add(v_load(d + j * VL), v));
+        }
       } else {
-        v_store(d, v_add(lo, bv)), v_store(d + VL, v_add(hi, bv));
+        for (int j = 0; j < tm; j++) v_store(d + j * VL, v_add(o[j], bv));
+      }
+    }
+  }
+}
+
+/* Narrow: output channel co of the vector of slots from t0 of a block (its images from n0, nn of
+ * them; M at the vector): its VL / TW tile rows, each row's outputs tm TW columns (whole vectors)
+ * from the row's start. A row's stores run past its end into the next rows (tm TW - W columns),
+ * which are written after it (the same vector's, the next vectors', the next channels'); the
+ * last row of an image's last channel (the next image's first plane: written before, or by
+ * another block) ends through a buffer. */
+static void wino_out_narrow(const wino_ctx *c, const float *M, int64_t ldm, int64_t n0, int64_t nn, int64_t co,
+                            int64_t t0) {
+  const wgeo *g = c->g;
+  int tm = g->tm, per = (int)(tm * g->TW / VL); /* vectors of an output row of a tile row */
+  vf Y[4][4], o[4][4];
+  wino_out_tf(g, M, ldm, Y);
+  for (int a = 0; a < tm; a++) wino_interleave(tm, Y[a], o[a]);
+  float bias = c->bias ? c->bias[co] : 0.0f;
+  vf bv = v_set1(bias);
+  for (int64_t s = 0; s < VL / g->TW; s++) {
+    int64_t t = t0 + s * g->TW, i = t / g->Timg, ty = t % g->Timg / g->TW;
+    if (i >= nn) break;
+    int rows = g->H - tm * ty < tm ? (int)(g->H - tm * ty) : tm;
+    float *y0 = c->y + (((n0 + i) * g->O + co) * g->H + tm * ty) * g->W;
+    for (int a = 0; a < rows; a++) {
+      float *d = y0 + a * g->W;
+      const vf *v = o[a] + s * per;
+      if (per * VL > g->W && co == g->O - 1 && tm * ty + a == g->H - 1) {
+        float buf[4 * VL];
+        for (int j = 0; j < per; j++) v_store(buf + j * VL, v[j]);
+        if (c->add)
+          for (int64_t x = 0; x < g->W; x++) d[x] += buf[x];
+        else
+          for (int64_t x = 0; x < g->W; x++) d[x] = buf[x] + bias;
+      } else if (c->add) {
+        for (int j = 0; j < per; j++)
+          v_store(d + j * VL, v_add(v_load(d + j * VL), g->W - j * VL < VL ? v_keep(v[j], g->W - j * VL) : v[j]));
+      } else {
+        for (int j = 0; j < per; j++) v_store(d + j * VL, v_add(v[j], bv));
       }
     }
   }
@@ -507,7 +726,7 @@ static void wino_block(const wino_ctx *c, float *slot, int64_t blk) {
   wblk b = wblock(g, blk);
   wino_input(V, g->vp, slot, c->x, g, &b);
   /* slots past the block's tiles (a short last block or band): zeros, not stale or unset memory */
-  int64_t used = wblock_used(g, &b), ylim = 2 * b.ty1 < g->H ? 2 * b.ty1 : g->H;
+  int64_t used = wblock_used(g, &b), ylim = g->tm * b.ty1 < g->H ? g->tm * b.ty1 : g->H;
   for (int xi = 0; xi < g->P; xi++)
     for (int64_t ci = 0; ci < g->I; ci++) zero_floats(V + xi * g->vp + ci * g->Tb + used, g->Tb - used);
   /* output channels in chunks of CC, point by point: a point's V (Ci x Tb) stays in L1 while the
@@ -525,9 +744,13 @@ static void wino_block(const wino_ctx *c, float *slot, int64_t blk) {
         else if (g->Tb - t == VL) wino_tile(1, Mx + t, Vx + t, Ux, g);
       }
     for (int64_t co = c0; co < c1 && co < g->O; co++)
-      for (int64_t i = 0; i < b.nn; i++)
-        for (int64_t ty = b.ty0; ty < b.ty1; ty++)
-          wino_out_row(c, M + (co - c0) * g->Tb + i * g->Tr + (ty - b.ty0) * g->TW, g->mp, b.n0 + i, co, ty, ylim);
+      if (g->narrow)
+        for (int64_t t = 0; t < b.nn * g->Tr; t += VL)
+          wino_out_narrow(c, M + (co - c0) * g->Tb + t, g->mp, b.n0, b.nn, co, t);
+      else
+        for (int64_t i = 0; i < b.nn; i++)
+          for (int64_t ty = b.ty0; ty < b.ty1; ty++)
+            wino_out_row(c, M + (co - c0) * g->Tb + i * g->Tr + (ty - b.ty0) * g->TW, g->mp, b.n0 + i, co, ty, ylim);
   }
 }
 
@@ -580,14 +803,14 @@ typedef struct {
   int64_t S;             /* slots */
 } dgeo;
 
-static void dgeo_of(const tdm_conv_shape *s, dgeo *d) {
+static void dgeo_of(const tdm_conv_shape *s, int tm, dgeo *d) {
   wgeo *g = &d->g;
   d->Ip = up(s->Ci, DCI), d->Op = up(s->Co, DCO);
   /* a point's V and dM rows in L1 while every register tile sweeps them (beyond it, each tile
    * streamed them from L2 again); fewer tiles cost more lane sums per product */
   int64_t tiles = WINO_DW_L1 / (d->Ip + d->Op);
-  wgeo_of(wino_r(s), s->N, s->Ci, s->Co, s->H, s->W, tiles > 2 * VL ? tiles : 2 * VL, g);
-  d->v = up(g->Lpl, 16);
+  wgeo_of(wino_r(s), tm, s->N, s->Ci, s->Co, s->H, s->W, tiles > 2 * VL ? tiles : 2 * VL, g);
+  d->v = g->v;
   d->vp = point_stride(d->Ip * g->Tb), d->mp = point_stride(d->Op * g->Tb);
   d->mg = d->v + g->P * d->vp;
   d->slot = up(d->mg + g->P * d->mp, 16);
@@ -601,9 +824,9 @@ static void dgeo_of(const tdm_conv_shape *s, dgeo *d) {
 #ifndef WINO_DW_PARTS
 #define WINO_DW_PARTS ((int64_t)8 << 20)
 #endif
-static int64_t wino_dw_floats(const tdm_conv_shape *s) {
+static int64_t wino_dw_floats(const tdm_conv_shape *s, int tm) {
   dgeo d;
-  dgeo_of(s, &d);
+  dgeo_of(s, tm, &d);
   return d.S * d.part <= WINO_DW_PARTS ? d.S * (d.slot + d.part) + 16 : 0;
 }
 
@@ -613,42 +836,90 @@ static inline void wino_a5(vf a, vf b, vf *q, int qs) {
   q[0] = a, q[qs] = v_add(a, b), q[2 * qs] = v_sub(a, b), q[3 * qs] = v_add(a, b2), q[4 * qs] = v_sub(a, b2), q[5 * qs] = b;
 }
 
-/* dM[xi][co][t0 + tx] for tile row ty of one output-gradient plane, VL tiles at a time: rows 2 ty
- * and 2 ty + 1 (zeros past the plane), split into even and odd columns (zeros past the row). */
-static void wino_dy_row(float *Mg, int64_t ldm, const float *dy, int64_t ty, const wgeo *g) {
-  const float *r0 = dy + 2 * ty * g->W, *r1 = r0 + g->W;
-  int has1 = 2 * ty + 1 < g->H;
-  for (int64_t k = 0; k < g->TW; k += VL) {
-    int64_t x = 2 * k, n = g->W - x;
-    vf a0, b0, a1 = v_zero(), b1 = v_zero(), e0, o0, e1, o1;
-    if (n >= 2 * VL) {
-      a0 = v_load(r0 + x), b0 = v_load(r0 + x + VL);
-      if (has1) a1 = v_load(r1 + x), b1 = v_load(r1 + x + VL);
-    } else {
-      a0 = v_load_n(r0 + x, n), b0 = v_load_n(r0 + x + VL, n - VL);
-      if (has1) a1 = v_load_n(r1 + x, n), b1 = v_load_n(r1 + x + VL, n - VL);
+/* q[0, qs, .. 6 qs) = F(4, 3)'s A (its A' transposed: rows 1 0 0 0, 1 1 1 1, 1 -1 1 -1, 1 2 4 8,
+ * 1 -2 4 -8, 0 0 0 1) y for four values y[0, ys, ..). */
+static inline void wino_a43(const vf *y, int ys, vf *q, int qs) {
+  vf e = v_add(y[0], y[2 * ys]), f = v_add(y[ys], y[3 * ys]);
+  vf g = v_fma(v_set1(4.0f), y[2 * ys], y[0]), h = v_fma(v_set1(8.0f), y[3 * ys], v_add(y[ys], y[ys]));
+  q[0] = y[0], q[qs] = v_add(e, f), q[2 * qs] = v_sub(e, f), q[3 * qs] = v_add(g, h), q[4 * qs] = v_sub(g, h);
+  q[5 * qs] = y[3 * ys];
+}
+
+/* dM[xi] = (A dY A')[xi] of VL tiles at Mg (ldm floats from one point to the next), from in[a][j]:
+ * the tile row's output-gradient row a, its columns j VL .. j VL + VL - 1 from tile 0's (zeros
+ * past the plane and past the row), split here into their tm column phases. */
+static inline void wino_dy_tf(const wgeo *g, vf in[4][4], float *Mg, int64_t ldm) {
+  if (g->tm == 4) {
+    vf y[4][4]; /* row a's columns 4 t + b of its VL tiles t */
+    for (int a = 0; a < 4; a++) {
+      vf e0, o0, e1, o1;
+      v_split(in[a][0], in[a][1], &e0, &o0);
+      v_split(in[a][2], in[a][3], &e1, &o1);
+      v_split(e0, e1, &y[a][0], &y[a][2]);
+      v_split(o0, o1, &y[a][1], &y[a][3]);
     }
-    v_split(a0, b0, &e0, &o0);
-    v_split(a1, b1, &e1, &o1);
-    if (g->r == 5) { /* A = F(2, 5)'s A' transposed: rows 1 0, 1 1, 1 -1, 1 2, 1 -2, 0 1 */
-      vf q[6][2];
-      wino_a5(e0, e1, &q[0][0], 2), wino_a5(o0, o1, &q[0][1], 2);
-      for (int i = 0; i < 6; i++) {
-        vf c[6];
-        wino_a5(q[i][0], q[i][1], c, 1);
-        for (int j = 0; j < 6; j++) v_store(Mg + (i * 6 + j) * ldm + k, c[j]);
-      }
-      continue;
+    vf q[6][4]; /* A over the rows, phase by phase */
+    for (int b = 0; b < 4; b++) wino_a43(&y[0][b], 4, &q[0][b], 4);
+    for (int i = 0; i < 6; i++) {
+      vf c[6];
+      wino_a43(q[i], 1, c, 1);
+      for (int j = 0; j < 6; j++) v_store(Mg + (i * 6 + j) * ldm, c[j]);
     }
-    vf q[4][2] = {{e0, o0}, {v_add(e0, e1), v_add(o0, o1)}, {v_sub(e0, e1), v_sub(o0, o1)},
-                  {v_sub(v_zero(), e1), v_sub(v_zero(), o1)}};
-    for (int i = 0; i < 4; i++) {
-      v_store(Mg + (i * 4 + 0) * ldm + k, q[i][0]);
-      v_store(Mg + (i * 4 + 1) * ldm + k, v_add(q[i][0], q[i][1]));
-      v_store(Mg + (i * 4 + 2) * ldm + k, v_sub(q[i][0], q[i][1]));
-      v_store(Mg + (i * 4 + 3) * ldm + k, v_sub(v_zero(), q[i][1]));
-    }
+    return;
   }
+  vf e0, o0, e1, o1;
+  v_split(in[0][0], in[0][1], &e0, &o0);
+  v_split(in[1][0], in[1][1], &e1, &o1);
+  if (g->r == 5) { /* A = F(2, 5)'s A' transposed: rows 1 0, 1 1, 1 -1, 1 2, 1 -2, 0 1 */
+    vf q[6][2];
+    wino_a5(e0, e1, &q[0][0], 2), wino_a5(o0, o1, &q[0][1], 2);
+    for (int i = 0; i < 6; i++) {
+      vf c[6];
+      wino_a5(q[i][0], q[i][1], c, 1);
+      for (int j = 0; j < 6; j++) v_store(Mg + (i * 6 + j) * ldm, c[j]);
+    }
+    return;
+  }
+  vf q[4][2] = {{e0, o0}, {v_add(e0, e1), v_add(o0, o1)}, {v_sub(e0, e1), v_sub(o0, o1)},
+                {v_sub(v_zero(), e1), v_sub(v_zero(), o1)}};
+  for (int i = 0; i < 4; i++) {
+    v_store(Mg + (i * 4 + 0) * ldm, q[i][0]);
+    v_store(Mg + (i * 4 + 1) * ldm, v_add(q[i][0], q[i][1]));
+    v_store(Mg + (i * 4 + 2) * ldm, v_sub(q[i][0], q[i][1]));
+    v_store(Mg + (i * 4 + 3) * ldm, v_sub(v_zero(), q[i][1]));
+  }
+}
+
+/* dM[xi][co][t0 + tx] for tile row ty of one output-gradient plane, VL tiles at a time: rows
+ * tm ty .. tm ty + tm - 1 (zeros past the plane), split into their column phases (zeros past the row). */
+static void wino_dy_row(float *Mg, int64_t ldm, const float *dy, int64_t ty, const wgeo *g) {
+  int tm = g->tm;
+  for (int64_t k = 0; k < g->TW; k += VL) {
+    int64_t x = tm * k, n = g->W - x;
+    vf in[4][4];
+    for (int a = 0; a < tm; a++) {
+      const float *r = dy + (tm * ty + a) * g->W + x;
+      for (int j = 0; j < tm; j++)
+        in[a][j] = tm * ty + a >= g->H ? v_zero() : n >= tm * VL ? v_load(r + j * VL) : v_load_n(r + j * VL, n - j * VL);
+    }
+    wino_dy_tf(g, in, Mg + k, ldm);
+  }
+}
+
+/* The same, narrow (wgeo_of): output channel co's vector of slots from t0 of a block (images
+ * from n0, nn of them), its VL / TW tile rows' output rows whole vectors from their starts. */
+static void wino_dy_narrow(float *Mg, int64_t ldm, const float *dy, int64_t n0, int64_t nn, int64_t co, int64_t t0,
+                           const wgeo *g) {
+  int tm = g->tm, per = (int)(tm * g->TW / VL);
+  vf in[4][4];
+  for (int64_t s = 0; s < VL / g->TW; s++) {
+    int64_t t = t0 + s * g->TW, i = t / g->Timg, ty = t % g->Timg / g->TW;
+    const float *p = dy + (((n0 + (i < nn ? i : 0)) * g->O + co) * g->H + tm * ty) * g->W; /* (missing images: zeroed after) */
+    for (int a = 0; a < tm; a++)
+      for (int j = 0; j < per; j++)
+        in[a][s * per + j] = tm * ty + a >= g->H ? v_zero() : v_load_n(p + a * g->W + j * VL, g->W - j * VL);
+  }
+  wino_dy_tf(g, in, Mg, ldm);
 }
 
 typedef struct {
@@ -664,11 +935,15 @@ static void wino_dw_block(const dw_wctx *c, float *slot, float *part, int64_t bl
   float *V = slot + d->v, *Mg = slot + d->mg;
   wblk b = wblock(g, blk);
   wino_input(V, d->vp, slot, c->x, g, &b);
-  for (int64_t i = 0; i < b.nn; i++)
+  if (g->narrow)
     for (int64_t co = 0; co < g->O; co++)
-      for (int64_t ty = b.ty0; ty < b.ty1; ty++)
-        wino_dy_row(Mg + co * g->Tb + i * g->Tr + (ty - b.ty0) * g->TW, d->mp,
-                    c->dy + ((b.n0 + i) * g->O + co) * g->H * g->W, ty, g);
+      for (int64_t t = 0; t < b.nn * g->Tr; t += VL) wino_dy_narrow(Mg + co * g->Tb + t, d->mp, c->dy, b.n0, b.nn, co, t, g);
+  else
+    for (int64_t i = 0; i < b.nn; i++)
+      for (int64_t co = 0; co < g->O; co++)
+        for (int64_t ty = b.ty0; ty < b.ty1; ty++)
+          wino_dy_row(Mg + co * g->Tb + i * g->Tr + (ty - b.ty0) * g->TW, d->mp,
+                      c->dy + ((b.n0 + i) * g->O + co) * g->H * g->W, ty, g);
   /* the lanes summed: whole vectors over the block's tiles; past the rows' stores, and in the
    * channels past the last (up to a whole register tile), zeros (the stores' lanes past TW are zeros in dM) */
   int64_t used = wblock_used(g, &b), Tv = up((b.nn - 1) * g->Tr + (b.ty1 - b.ty0) * g->TW, VL);
@@ -748,6 +1023,14 @@ static void wino_gt5(const float *u, int64_t us, float *o, int64_t os) {
   o[4 * os] = -sp / 6.0f + 2.0f * tp / 3.0f + u[5 * us];
 }
 
+/* o[0, os, os 2) = G' u for F(4, 3)'s G (wino_g) and six values u[0, us, ..). */
+static void wino_gt43(const float *u, int64_t us, float *o, int64_t os) {
+  float sp = u[us] + u[2 * us], sm = u[us] - u[2 * us], tp = u[3 * us] + u[4 * us], tm = u[3 * us] - u[4 * us];
+  o[0] = 0.25f * u[0] - sp / 6.0f + tp / 24.0f;
+  o[os] = -sm / 6.0f + tm / 12.0f;
+  o[2 * os] = (tp - sp) / 6.0f + u[5 * us];
+}
+
 /* dw[co][ci] += G' dU G. */
 static void wino_dw_final(void *vc, int64_t a, int64_t b) {
   dw_fctx *c = vc;
@@ -759,6 +1042,15 @@ static void wino_dw_final(void *vc, int64_t a, int64_t b) {
     float u[36];
     for (int xi = 0; xi < P; xi++)
       u[xi] = c->parts[((xi * nct + co / DCO) * nit + ci / DCI) * (DCO * DCI) + (co % DCO) * DCI + ci % DCI];
+    if (d->g.n == 6 && d->g.r == 3) {
+      float t[3][6], *w = c->dw + pair * 9, o[3];
+      for (int j = 0; j < 6; j++) wino_gt43(u + j, 6, &t[0][j], 6); /* G' dU, column j */
+      for (int k = 0; k < 3; k++) {                                   /* (G' dU) G, row k */
+        wino_gt43(t[k], 1, o, 1);
+        for (int l = 0; l < 3; l++) w[k * 3 + l] += o[l];
+      }
+      continue;
+    }
     if (d->g.r == 5) {
       float t[5][6], *w = c->dw + pair * 25, o[5];
       for (int j = 0; j < 6; j++) wino_gt5(u + j, 6, &t[0][j], 6); /* G' dU, column j */
@@ -796,25 +1088,29 @@ static int wino_fits(const tdm_conv_shape *s) {
 }
 
 /* U first, then the slots; for both directions (the input gradient swaps I and O), and the
- * weight gradient's slots and partial sums. */
+ * weight gradient's slots and partial sums; for either tile size (the caller's choice may change
+ * between the sizing and the call). */
 static int64_t wino_ws_any(const tdm_conv_shape *s) {
   int64_t best = 0;
-  for (int d = 0; d < 2; d++) {
-    wgeo g;
-    wgeo_of(wino_r(s), s->N, d ? s->Co : s->Ci, d ? s->Ci : s->Co, s->H, s->W, WINO_TILES, &g);
-    int64_t f = up(wino_u_floats(&g), 16) + wino_slots(&g) * g.slot;
-    if (f > best) best = f;
+  for (int tm = 2; tm <= wino_tm(s, 4); tm += 2) {
+    for (int d = 0; d < 2; d++) {
+      wgeo g;
+      wgeo_of(wino_r(s), tm, s->N, d ? s->Co : s->Ci, d ? s->Ci : s->Co, s->H, s->W, wino_tiles(tm), &g);
+      int64_t f = up(wino_u_floats(&g), 16) + wino_slots(&g) * g.slot;
+      if (f > best) best = f;
+    }
+    int64_t d = wino_dw_floats(s, tm);
+    if (d > best) best = d;
   }
-  int64_t d = wino_dw_floats(s);
-  return (best > d ? best : d) + 16; /* + alignment */
+  return best + 16; /* + alignment */
 }
 
 static int64_t wino_ws_floats(const tdm_conv_shape *s) { return wino_fits(s) ? wino_ws_any(s) : 0; }
 
 static void wino_run(float *y, const float *x, const float *w, const float *b, float *ws, int flip, int add, int r,
-                     int64_t N, int64_t I, int64_t O, int64_t H, int64_t W) {
+                     int tm, int64_t N, int64_t I, int64_t O, int64_t H, int64_t W) {
   wgeo g;
-  wgeo_of(r, N, I, O, H, W, WINO_TILES, &g);
+  wgeo_of(r, tm, N, I, O, H, W, wino_tiles(tm), &g);
   ws = aligned(ws);
   float *U = ws;
   wino_filters(U, w, &g, flip);
@@ -822,21 +1118,29 @@ static void wino_run(float *y, const float *x, const float *w, const float *b, f
   tdm_parallel_for(wino_slots(&g), 1, wino_range, &c);
 }
 
-static void wino_fwd(float *out, const float *x, const float *w, const float *b, float *ws, const tdm_conv_shape *s) {
-  wino_run(out, x, w, b, ws, 0, 0, wino_r(s), s->N, s->Ci, s->Co, s->H, s->W);
+/* tile: 4 for F(4x4, 3x3) on 3x3 kernels, 2 for F(2x2, 3x3) (5x5 kernels: F(2x2, 5x5) either way) */
+static void wino_fwd(float *out, const float *x, const float *w, const float *b, float *ws, const tdm_conv_shape *s,
+                     int tile) {
+  wino_run(out, x, w, b, ws, 0, 0, wino_r(s), wino_tm(s, tile), s->N, s->Ci, s->Co, s->H, s->W);
 }
 
 /* dx (= or +=) the convolution of dout with w flipped and transposed. */
-static void wino_dx(float *dx, int dx_set, const float *dout, const float *w, float *ws, const tdm_conv_shape *s) {
-  wino_run(dx, dout, w, NULL, ws, 1, !dx_set, wino_r(s), s->N, s->Co, s->Ci, s->H, s->W);
+static void wino_dx(float *dx, int dx_set, const float *dout, const float *w, float *ws, const tdm_conv_shape *s,
+                    int tile) {
+  wino_run(dx, dout, w, NULL, ws, 1, !dx_set, wino_r(s), wino_tm(s, tile), s->N, s->Co, s->Ci, s->H, s->W);
 }
 
 /* dw += the weight gradient (dw's layout: w's): 1, or 0 where the partial sums would be too
- * large (beyond WINO_DW_PARTS: nothing done, the direct kernel's to do). */
-static int wino_dw(float *dw, const float *dout, const float *x, float *ws, const tdm_conv_shape *s) {
+ * large (beyond WINO_DW_PARTS: nothing done, the direct kernel's to do). F(4x4, 3x3)'s 36 points
+ * reach it at fewer channels than F(2x2, 3x3)'s 16: there the smaller tile runs. */
+static int wino_dw(float *dw, const float *dout, const float *x, float *ws, const tdm_conv_shape *s, int tile) {
   dgeo d;
-  dgeo_of(s, &d);
-  if (d.S * d.part > WINO_DW_PARTS) return 0;
+  dgeo_of(s, wino_tm(s, tile), &d);
+  if (d.S * d.part > WINO_DW_PARTS) {
+    if (d.g.tm == 2) return 0;
+    dgeo_of(s, 2, &d);
+    if (d.S * d.part > WINO_DW_PARTS) return 0;
+  }
   ws = aligned(ws);
   dw_wctx c = {&d, x, dout, ws, 0};
   tdm_parallel_for(d.S, 1, wino_dw_range, &c);

@@ -34,7 +34,8 @@ static const tdm__conv_direct_impl *best(void) {
 
 static const tdm__conv_direct_impl *_Atomic impl; /* the kernels in use; NULL: none here */
 static _Atomic int enabled = -1;                  /* -1: TANDEM_CONV not read yet */
-static _Atomic int winograd = 1;                  /* 3x3 and 5x5 stride 1: Winograd F(2x2, 3x3) / F(2x2, 5x5) */
+static _Atomic int winograd = 1;                  /* 3x3 and 5x5 stride 1: Winograd */
+static _Atomic int wino_tile = 4;                 /* 3x3: F(4x4, 3x3) (4) or F(2x2, 3x3) (2) */
 
 /* Once per process (a second run could undo a select() or enable() made in between). */
 static void setup_once(void) {
@@ -53,8 +54,10 @@ static void setup_once(void) {
   impl = t;
   const char *wg = getenv("TANDEM_WINOGRAD");
   if (wg && (!strcmp(wg, "0") || !strcmp(wg, "off"))) winograd = 0;
-  else if (wg && strcmp(wg, "1") && strcmp(wg, "on"))
-    tdm_log(TDM_LOG_WARN, "TANDEM_WINOGRAD='%s' is none of 'on', 'off', '1', '0': Winograd stays on", wg);
+  else if (wg && !strcmp(wg, "2x2")) wino_tile = 2;
+  else if (wg && strcmp(wg, "1") && strcmp(wg, "on") && strcmp(wg, "4x4"))
+    tdm_log(TDM_LOG_WARN, "TANDEM_WINOGRAD='%s' is none of 'on', 'off', '1', '0', '4x4', '2x2': Winograd stays on (4x4)",
+            wg);
   enabled = on;
 }
 
@@ -71,6 +74,12 @@ void tdm_k_conv2d_direct_enable(int on) {
 int tdm_k_conv2d_winograd_enable(int on) {
   setup();
   return atomic_exchange(&winograd, !!on);
+}
+
+int tdm_k_conv2d_winograd_tile(int tile) {
+  setup();
+  if (tile != 2 && tile != 4) return wino_tile;
+  return atomic_exchange(&wino_tile, tile);
 }
 
 int tdm_k_conv2d_winograd_on(const tdm_conv_shape *s) {
@@ -117,7 +126,7 @@ void tdm_k_conv2d_fwd_direct(float *out, const float *x, const float *w, const f
                              const tdm_conv_shape *s) {
   if (!tdm_k_conv2d_direct_fits(s)) return; /* (sets impl up on a first call) */
   const tdm__conv_direct_impl *t = impl;
-  if (winograd && t->wino_fits(s)) t->wino_fwd(out, x, w, b, ws, s);
+  if (winograd && t->wino_fits(s)) t->wino_fwd(out, x, w, b, ws, s, wino_tile);
   else t->fwd(out, x, w, b, ws, s);
 }
 
@@ -126,8 +135,9 @@ void tdm_k_conv2d_bwd_direct(float *dx, int dx_set, float *dw, float *db, const 
   if (!tdm_k_conv2d_direct_fits(s)) return;
   const tdm__conv_direct_impl *t = impl;
   if (winograd && t->wino_fits(s)) { /* they share ws, one after the other */
-    if (dx) t->wino_dx(dx, dx_set, dout, w, ws, s);
-    if (dw && t->wino_dw(dw, dout, x, ws, s)) dw = NULL; /* (declined at several hundred channels) */
+    int tile = wino_tile;
+    if (dx) t->wino_dx(dx, dx_set, dout, w, ws, s, tile);
+    if (dw && t->wino_dw(dw, dout, x, ws, s, tile)) dw = NULL; /* (declined at several hundred channels) */
     if (dw || db) t->bwd(NULL, 0, dw, db, dout, x, w, ws, s);
   } else {
     t->bwd(dx, dx_set, dw, db, dout, x, w, ws, s);

@@ -109,7 +109,9 @@ void tdm__metrics_header(FILE *f, const tdm__header_in *in) {
   put_kv(f, "blas_core", tdm_blas_core(), &first); /* OpenBLAS's kernels: AVX-512 or AVX2 doubles sgemm */
   const char *conv = tdm_k_conv2d_direct_isa(); /* the direct convolutions' kernels, or none: im2col + GEMM */
   put_kv(f, "conv_isa", conv ? conv : "none", &first);
-  put_kv(f, "conv_winograd", tdm_k_conv2d_winograd_on(NULL) ? "on" : "off", &first); /* 3x3 stride 1 */
+  put_kv(f, "conv_winograd",
+         !tdm_k_conv2d_winograd_on(NULL) ? "off" : tdm_k_conv2d_winograd_tile(0) == 4 ? "4x4" : "2x2",
+         &first); /* 3x3 stride 1: F(4x4, 3x3) or F(2x2, 3x3) */
 #ifdef __VERSION__
   put_kv(f, "compiler", __VERSION__, &first);
 #endif

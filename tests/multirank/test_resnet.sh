@@ -46,14 +46,17 @@ conv_env_checked() { # TANDEM_CONV: a value it does not know is named in a warni
     grep -q '"conv_isa":"none"' "$TMP/im2col.m" || { tail -3 "$TMP/conv.out"; return 1; }
 }
 check "TANDEM_CONV=fast is named in a warning; TANDEM_CONV=im2col runs no direct kernel (env.conv_isa none)" conv_env_checked
-winograd_env_checked() { # on with the direct kernels (env.conv_winograd), off by TANDEM_WINOGRAD=off; a bad value warned about
-  if grep -q '"conv_isa":"none"' "$TMP/one.m"; then grep -q '"conv_winograd":"off"' "$TMP/one.m"; else grep -q '"conv_winograd":"on"' "$TMP/one.m"; fi &&
+winograd_env_checked() { # 4x4 tiles with the direct kernels (env.conv_winograd), 2x2 or off by TANDEM_WINOGRAD; a bad value warned about
+  if grep -q '"conv_isa":"none"' "$TMP/one.m"; then grep -q '"conv_winograd":"off"' "$TMP/one.m"; else
+    grep -q '"conv_winograd":"4x4"' "$TMP/one.m" &&
+      TANDEM_WINOGRAD=2x2 "$T" "${A[@]}" --steps 1 --batch-size 16 --metrics "$TMP/w2.m" >/dev/null 2>&1 &&
+      grep -q '"conv_winograd":"2x2"' "$TMP/w2.m"; fi &&
     TANDEM_WINOGRAD=maybe "$T" "${A[@]}" --steps 1 --batch-size 16 >"$TMP/wino.out" 2>&1 &&
     grep -q "TANDEM_WINOGRAD='maybe' is none of 'on', 'off', '1', '0'" "$TMP/wino.out" &&
     TANDEM_WINOGRAD=off "$T" "${A[@]}" --steps 1 --batch-size 16 --metrics "$TMP/nowino.m" >/dev/null 2>&1 &&
     grep -q '"conv_winograd":"off"' "$TMP/nowino.m" || { tail -3 "$TMP/wino.out"; return 1; }
 }
-check "env.conv_winograd says whether 3x3 convolutions run Winograd; TANDEM_WINOGRAD=off turns it off, =maybe is warned about" winograd_env_checked
+check "env.conv_winograd says how 3x3 convolutions run Winograd (4x4 tiles, 2x2, off); TANDEM_WINOGRAD=2x2 and =off say so, =maybe is warned about" winograd_env_checked
 # One step: the same gradients, so parameters and running statistics within 1e-5. Over three steps
 # only the losses, within 1e-4: once the two runs' weights differ by rounding, a ReLU input within
 # rounding of zero can take the other side in one of them, and that unit's gradient differs in
