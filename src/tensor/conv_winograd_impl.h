@@ -167,13 +167,13 @@ static int64_t wino_u_floats(const wgeo *g) { return g->P * g->nob * g->I * OB; 
  * F(4, 3)'s (the same points) rows 1/4 0 0, -(1 1 1) / 6, -(1 -1 1) / 6, (1 2 4) / 24,
  * (1 -2 4) / 24, 0 0 1. */
 static void wino_g(int r, int n, const float *f, int64_t fs, float *o, int64_t os) {
-  if (r == 3 && n == 6) {
-    float f0 = f[0], f1 = f[fs], f2 = f[2 * fs];
+  if (r == 3 && n == 6) { /* (multiplied by 1/6 and 1/24, not divided: the divisions were 8% of a 7x7 forward) */
+    float f0 = f[0], f1 = f[fs], f2 = f[2 * fs], a = f0 + f2, b = f0 + 4.0f * f2;
     o[0] = 0.25f * f0;
-    o[os] = -(f0 + f1 + f2) / 6.0f;
-    o[2 * os] = -(f0 - f1 + f2) / 6.0f;
-    o[3 * os] = (f0 + 2.0f * f1 + 4.0f * f2) / 24.0f;
-    o[4 * os] = (f0 - 2.0f * f1 + 4.0f * f2) / 24.0f;
+    o[os] = -(a + f1) * (1.0f / 6.0f);
+    o[2 * os] = -(a - f1) * (1.0f / 6.0f);
+    o[3 * os] = (b + 2.0f * f1) * (1.0f / 24.0f);
+    o[4 * os] = (b - 2.0f * f1) * (1.0f / 24.0f);
     o[5 * os] = f2;
     return;
   }
@@ -213,12 +213,15 @@ static void wino_filters_range(void *vc, int64_t a, int64_t b) {
     for (int64_t c = 0; c < OB; c++) {
       int64_t co = ob * OB + c;
       int r = g->r, n = g->n, rr = r * r;
-      float f[25] = {0}, t[6][5], u[6][6];
-      if (co < g->O)
-        for (int k = 0; k < rr; k++) f[k] = flip ? w[(ci * g->O + co) * rr + rr - 1 - k] : w[(co * g->I + ci) * rr + k];
+      float f[25], t[6][5], u[6][6]; /* (f set tap by tap: as an initialiser, a rep stos was a fifth of the loop) */
+      for (int k = 0; k < rr; k++)
+        f[k] = co >= g->O ? 0.0f : flip ? w[(ci * g->O + co) * rr + rr - 1 - k] : w[(co * g->I + ci) * rr + k];
       for (int j = 0; j < r; j++) wino_g(r, n, f + j, r, &t[0][j], 5); /* G g, column j */
       for (int i = 0; i < n; i++) wino_g(r, n, t[i], 1, u[i], 1);       /* (G g) G', row i */
-      for (int xi = 0; xi < g->P; xi++) U[((xi * g->nob + ob) * g->I + ci) * OB + c] = u[xi / n][xi % n];
+      float *o = U + (ob * g->I + ci) * OB + c;
+      int64_t os = g->nob * g->I * OB; /* from one point to the next */
+      for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++) o[(i * n + j) * os] = u[i][j];
     }
   }
 }
@@ -364,14 +367,15 @@ static inline void zero_floats(float *p, int64_t n) {
  * (x0 a multiple of tm VL) go to phase (q + pad) % tm at x0 / tm + i + (q + pad) / tm. tm VL
  * columns at a time, split into their phases by v_split (twice over for tm = 4); past the row's
  * end the lanes are zeroed (the right padding: loaded from the next rows, or masked where the
- * load would leave the plane). The row's other entries that the transforms read are set to zero
- * here, so the plane needs no clearing. */
+ * load would leave the plane; vectors wholly past it are zeros, not loaded). The plane's other
+ * entries that the transforms read (the padding rows, each phase's entries before and after the
+ * stores) are the same for every plane of a convolution and never stored to: wino_planes_clear
+ * zeroes them once, as a thread takes its first block (set per row and plane, they were a third
+ * of the split's time, and at 7x7 the padding rows as many stores as the data). */
 static inline __attribute__((always_inline)) void split_plane(float *pl, const float *src, const wgeo *g, int64_t ty0,
                                                               int64_t ty1, int tm, int p) {
   int64_t ls = tm * g->RW, xe = up(g->W, tm * VL); /* a padded row's floats; the columns the vector loop covers */
-  int64_t rend = up(g->TW, VL) + (g->n - 1) / tm;  /* a phase's entries the transforms read */
   int64_t r0 = tm * ty0, r1 = tm * ty1 + g->r - 1; /* the padded rows tile rows [ty0, ty1) read */
-  if (r0 < p) zero_floats(pl + r0 * ls, (p - r0) * ls);
   for (int64_t y = r0 > p ? r0 - p : 0; y < g->H && y + p < r1; y++) {
     float *row = pl + (y + p) * ls;
     const float *s = src + y * g->W;
@@ -381,9 +385,9 @@ static inline __attribute__((always_inline)) void split_plane(float *pl, const f
       if (n >= tm * VL)
         for (int j = 0; j < tm; j++) in[j] = v_load(s + x + j * VL);
       else if ((g->H - 1 - y) * g->W >= tm * VL - n) /* the loads stay in the plane */
-        for (int j = 0; j < tm; j++) in[j] = v_keep(v_load(s + x + j * VL), n - j * VL);
+        for (int j = 0; j < tm; j++) in[j] = n - j * VL > 0 ? v_keep(v_load(s + x + j * VL), n - j * VL) : v_zero();
       else
-        for (int j = 0; j < tm; j++) in[j] = v_load_n(s + x + j * VL, n - j * VL);
+        for (int j = 0; j < tm; j++) in[j] = n - j * VL > 0 ? v_load_n(s + x + j * VL, n - j * VL) : v_zero();
       if (tm == 2) {
         v_split(in[0], in[1], &ph[0], &ph[1]);
       } else { /* evens and odds, then the evens' and the odds' own */
@@ -395,15 +399,12 @@ static inline __attribute__((always_inline)) void split_plane(float *pl, const f
       }
       for (int q = 0; q < tm; q++) v_store(row + (q + p) % tm * g->RW + x / tm + (q + p) / tm, ph[q]);
     }
-    for (int q = 0; q < tm; q++) { /* the left padding, and the entries past the stores */
-      float *f = row + (q + p) % tm * g->RW;
-      int64_t s0 = (q + p) / tm;
-      if (s0) f[0] = 0.0f;
-      zero_floats(f + xe / tm + s0, rend - xe / tm - s0);
-    }
   }
-  if (r1 > g->H + p) zero_floats(pl + (g->H + p) * ls, (g->Hp - g->H - p) * ls);
 }
+
+/* Zeros in the GI planes at pl (wino_split_plane: all a convolution's planes store the same
+ * entries), before a thread's first block. */
+static void wino_planes_clear(float *pl, const wgeo *g) { zero_floats(pl, g->GI * g->Lpl); }
 
 /* tm and the padding constants in each copy (its divisions by tm were a third of F(4x4, 3x3)'s
  * input at 14x14) */
@@ -764,8 +765,11 @@ static void wino_range(void *vc, int64_t a, int64_t b) {
   wino_ctx *c = vc;
   const wgeo *g = c->g;
   (void)b;
-  for (int64_t blk; (blk = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed)) < g->nblk;)
+  int first = 1;
+  for (int64_t blk; (blk = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed)) < g->nblk; first = 0) {
+    if (first) wino_planes_clear(c->ws + a * g->slot, g);
     wino_block(c, c->ws + a * g->slot, blk);
+  }
 }
 
 /* ---- the weight gradient ------------------------------------------------------------------- */
@@ -990,7 +994,9 @@ static void wino_dw_range(void *vc, int64_t a, int64_t b) {
   dw_wctx *c = vc;
   const dgeo *d = c->d;
   (void)b;
-  for (int64_t s; (s = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed)) < d->S;) {
+  int first = 1;
+  for (int64_t s; (s = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed)) < d->S; first = 0) {
+    if (first) wino_planes_clear(c->ws + a * d->slot, &d->g);
     float *part = c->ws + d->S * d->slot + s * d->part;
     memset(part, 0, sizeof(float) * (size_t)d->part);
     for (int64_t blk = s * d->g.nblk / d->S; blk < (s + 1) * d->g.nblk / d->S; blk++)
@@ -1026,9 +1032,9 @@ static void wino_gt5(const float *u, int64_t us, float *o, int64_t os) {
 /* o[0, os, os 2) = G' u for F(4, 3)'s G (wino_g) and six values u[0, us, ..). */
 static void wino_gt43(const float *u, int64_t us, float *o, int64_t os) {
   float sp = u[us] + u[2 * us], sm = u[us] - u[2 * us], tp = u[3 * us] + u[4 * us], tm = u[3 * us] - u[4 * us];
-  o[0] = 0.25f * u[0] - sp / 6.0f + tp / 24.0f;
-  o[os] = -sm / 6.0f + tm / 12.0f;
-  o[2 * os] = (tp - sp) / 6.0f + u[5 * us];
+  o[0] = 0.25f * u[0] - sp * (1.0f / 6.0f) + tp * (1.0f / 24.0f);
+  o[os] = -sm * (1.0f / 6.0f) + tm * (1.0f / 12.0f);
+  o[2 * os] = (tp - sp) * (1.0f / 6.0f) + u[5 * us];
 }
 
 /* dw[co][ci] += G' dU G. */
