@@ -797,6 +797,9 @@ static void wino_range(void *vc, int64_t a, int64_t b) {
 #ifndef WINO_DW_L1
 #define WINO_DW_L1 6144 /* floats of a point's V and dM rows a block aims at: 24 KiB, in L1 */
 #endif
+#ifndef WINO_DW_L1_4
+#define WINO_DW_L1_4 12288 /* F(4x4, 3x3): 48 KiB (fewer lane sums and partial-sum passes; 7x7, 64 channels: 1.1-1.3x) */
+#endif
 
 typedef struct {
   wgeo g;                /* blocks, split planes, rows of Tb tile slots */
@@ -812,7 +815,7 @@ static void dgeo_of(const tdm_conv_shape *s, int tm, dgeo *d) {
   d->Ip = up(s->Ci, DCI), d->Op = up(s->Co, DCO);
   /* a point's V and dM rows in L1 while every register tile sweeps them (beyond it, each tile
    * streamed them from L2 again); fewer tiles cost more lane sums per product */
-  int64_t tiles = WINO_DW_L1 / (d->Ip + d->Op);
+  int64_t tiles = (tm == 4 ? WINO_DW_L1_4 : WINO_DW_L1) / (d->Ip + d->Op);
   wgeo_of(wino_r(s), tm, s->N, s->Ci, s->Co, s->H, s->W, tiles > 2 * VL ? tiles : 2 * VL, g);
   d->v = g->v;
   d->vp = point_stride(d->Ip * g->Tb), d->mp = point_stride(d->Op * g->Tb);
