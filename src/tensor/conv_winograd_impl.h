@@ -92,12 +92,6 @@ static void wgeo_of(int r, int tm, int64_t N, int64_t I, int64_t O, int64_t H, i
     g->G = (tiles + g->Timg - 1) / g->Timg, g->R = g->TH;
     if (g->G > N) g->G = N > 0 ? N : 1;
   }
-  g->nband = (g->TH + g->R - 1) / g->R;
-  g->Tr = g->R * g->TW;
-  /* a row's stores run up(TW, VL) slots from its start: the last one's spill fits */
-  g->Tb = up(g->G * g->Tr - g->TW + up(g->TW, VL), VL);
-  g->nblk = (N + g->G - 1) / g->G * g->nband;
-  g->nob = up(O, OB) / OB;
   /* Rows narrower than a vector (TW a divisor of VL: 7x7 and 14x14 images in 4x4 tiles, 7x7 in
    * 2x2 ones) left half or three quarters of each transform's lanes idle; narrow, a vector of
    * slots is VL / TW whole tile rows, of one image or (Timg < VL) of several, each row's output
@@ -105,6 +99,19 @@ static void wgeo_of(int r, int tm, int64_t N, int64_t I, int64_t O, int64_t H, i
   g->narrow = WINO_NARROW && g->TW < VL && VL % g->TW == 0 && tm * g->TW % VL == 0 && g->R == g->TH &&
               (g->Timg % VL == 0 || VL % g->Timg == 0);
   g->GI = g->narrow && g->Timg < VL ? VL / g->Timg : 1;
+  if (g->narrow) { /* a block's tiles whole register tiles of the products (PB vectors): none a
+                    * vector or two (at 1/3 or 2/3 of their rate) */
+    int64_t q = PB * VL, m = q;
+    while (m % g->Timg) m += q; /* the least common multiple of Timg and PB VL */
+    g->G = up(g->G * g->Timg, m) / g->Timg;
+    if (g->G > N) g->G = N > 0 ? N : 1;
+  }
+  g->nband = (g->TH + g->R - 1) / g->R;
+  g->Tr = g->R * g->TW;
+  /* a row's stores run up(TW, VL) slots from its start: the last one's spill fits (narrow: no spill) */
+  g->Tb = g->narrow ? up(g->G * g->Tr, VL) : up(g->G * g->Tr - g->TW + up(g->TW, VL), VL);
+  g->nblk = (N + g->G - 1) / g->G * g->nband;
+  g->nob = up(O, OB) / OB;
   g->v = up(g->GI * g->Lpl, 16);
   g->vp = point_stride(I * g->Tb);
   g->m = g->v + g->P * g->vp;
