@@ -175,7 +175,8 @@ static int64_t wino_u_floats(const wgeo *g) { return g->P * g->nob * g->I * OB; 
  * -(1 1 1 1 1) / 6, -(1 -1 1 -1 1) / 6, (1 2 4 8 16) / 24, (1 -2 4 -8 16) / 24, 0 0 0 0 1;
  * F(4, 3)'s (the same points) rows 1/4 0 0, -(1 1 1) / 6, -(1 -1 1) / 6, (1 2 4) / 24,
  * (1 -2 4) / 24, 0 0 1. */
-static void wino_g(int r, int n, const float *f, int64_t fs, float *o, int64_t os) {
+static inline __attribute__((always_inline)) void wino_g(int r, int n, const float *f, int64_t fs, float *o,
+                                                         int64_t os) {
   if (r == 3 && n == 6) { /* (multiplied by 1/6 and 1/24, not divided: the divisions were 8% of a 7x7 forward) */
     float f0 = f[0], f1 = f[fs], f2 = f[2 * fs], a = f0 + f2, b = f0 + 4.0f * f2;
     o[0] = 0.25f * f0;
@@ -211,28 +212,41 @@ typedef struct {
 
 /* Filters [a, b) of the nob x I (output block, input channel) pairs: on the pool, as each
  * convolution's first step (serial, it left the second thread idle 1-2 ms a step). */
-static void wino_filters_range(void *vc, int64_t a, int64_t b) {
-  const wfilt_ctx *k = vc;
+/* The pairs' OB channels side by side (f[tap][c], t, u likewise): the transforms' expressions run
+ * once per channel as before (the same bits), in a loop the compiler makes vectors of, and each
+ * point's OB floats are one store (one scalar store a point and channel, 36 lines apart, was most
+ * of F(4x4, 3x3)'s filter transform: 8% of a 7x7 forward). r and n constants in each copy. */
+static inline __attribute__((always_inline)) void filters_range(const wfilt_ctx *k, int64_t a, int64_t b, int r,
+                                                                int n) {
   float *U = k->U;
   const float *w = k->w;
   const wgeo *g = k->g;
-  int flip = k->flip;
+  int flip = k->flip, rr = r * r;
+  int64_t os = g->nob * g->I * OB; /* from one point to the next */
   for (int64_t pair = a; pair < b; pair++) {
     int64_t ob = pair / g->I, ci = pair % g->I;
+    float f[25][OB], t[6][5][OB], u[6][6][OB];
     for (int64_t c = 0; c < OB; c++) {
       int64_t co = ob * OB + c;
-      int r = g->r, n = g->n, rr = r * r;
-      float f[25], t[6][5], u[6][6]; /* (f set tap by tap: as an initialiser, a rep stos was a fifth of the loop) */
-      for (int k = 0; k < rr; k++)
-        f[k] = co >= g->O ? 0.0f : flip ? w[(ci * g->O + co) * rr + rr - 1 - k] : w[(co * g->I + ci) * rr + k];
-      for (int j = 0; j < r; j++) wino_g(r, n, f + j, r, &t[0][j], 5); /* G g, column j */
-      for (int i = 0; i < n; i++) wino_g(r, n, t[i], 1, u[i], 1);       /* (G g) G', row i */
-      float *o = U + (ob * g->I + ci) * OB + c;
-      int64_t os = g->nob * g->I * OB; /* from one point to the next */
-      for (int i = 0; i < n; i++)
-        for (int j = 0; j < n; j++) o[(i * n + j) * os] = u[i][j];
+      for (int q = 0; q < rr; q++)
+        f[q][c] = co >= g->O ? 0.0f : flip ? w[(ci * g->O + co) * rr + rr - 1 - q] : w[(co * g->I + ci) * rr + q];
     }
+    for (int j = 0; j < r; j++) /* G g, column j */
+      for (int c = 0; c < OB; c++) wino_g(r, n, &f[j][c], r * OB, &t[0][j][c], 5 * OB);
+    for (int i = 0; i < n; i++) /* (G g) G', row i */
+      for (int c = 0; c < OB; c++) wino_g(r, n, &t[i][0][c], OB, &u[i][0][c], OB);
+    float *o = U + (ob * g->I + ci) * OB;
+    for (int i = 0; i < n; i++)
+      for (int j = 0; j < n; j++)
+        for (int c = 0; c < OB; c++) o[(i * n + j) * os + c] = u[i][j][c];
   }
+}
+
+static void wino_filters_range(void *vc, int64_t a, int64_t b) {
+  const wfilt_ctx *k = vc;
+  if (k->g->r == 5) filters_range(k, a, b, 5, 6);
+  else if (k->g->n == 6) filters_range(k, a, b, 3, 6);
+  else filters_range(k, a, b, 3, 4);
 }
 
 static void wino_filters(float *U, const float *w, const wgeo *g, int flip) {
