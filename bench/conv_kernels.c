@@ -1,7 +1,7 @@
 /* GFLOP/s of conv2d's kernels at resnet20's and the small CNN's shapes (batch 128, on
  * TANDEM_NUM_THREADS threads, else every core): the forward, the input gradient and the weight
  * gradient of the direct kernels (the CPU's set, or TANDEM_CONV=avx2|avx512; kernels_conv_direct.c),
- * with Winograd F(2x2, 3x3) and F(2x2, 5x5) where it fits ("+wino": the direct convolution's flop over its
+ * with Winograd F(4x4, 3x3) (TANDEM_WINOGRAD=2x2: F(2x2, 3x3)) and F(2x2, 5x5) where it fits ("+wino": the direct convolution's flop over its
  * time, so the three rows compare as speeds), without it, and
  * of the batched im2col + GEMM path
  * they replace, each the best of 5 runs, with the share of the FMA peak it reaches (pass the

@@ -211,11 +211,11 @@ typedef struct {
 } wfilt_ctx;
 
 /* Filters [a, b) of the nob x I (output block, input channel) pairs: on the pool, as each
- * convolution's first step (serial, it left the second thread idle 1-2 ms a step). */
-/* The pairs' OB channels side by side (f[tap][c], t, u likewise): the transforms' expressions run
- * once per channel as before (the same bits), in a loop the compiler makes vectors of, and each
- * point's OB floats are one store (one scalar store a point and channel, 36 lines apart, was most
- * of F(4x4, 3x3)'s filter transform: 8% of a 7x7 forward). r and n constants in each copy. */
+ * convolution's first step (serial, it left the second thread idle 1-2 ms a step). A pair's OB
+ * channels side by side (f[tap][c], t, u likewise): the transforms' expressions run once per
+ * channel as before (the same bits), in a loop the compiler makes vectors of, and each point's OB
+ * floats are one store (one scalar store a point and channel, 36 lines apart, was most of
+ * F(4x4, 3x3)'s filter transform: 8% of a 7x7 forward). r and n constants in each copy. */
 static inline __attribute__((always_inline)) void filters_range(const wfilt_ctx *k, int64_t a, int64_t b, int r,
                                                                 int n) {
   float *U = k->U;

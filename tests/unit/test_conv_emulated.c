@@ -14,7 +14,8 @@
 
 /* Sizes around the vector (16 floats: 2 or 4 x 16 input columns per split, 16 tiles per group) and
  * the shapes ResNet and the small CNN use, Winograd's blocks of several images and its bands of
- * tile rows; forward, dx written and added, dw and db; the direct path, and Winograd for each
+ * tile rows, its narrow rows (a vector of 4 or 2 tile rows: 14x14 and 5x14 in 4x4 tiles, 16x16 and
+ * 2x16 in 2x2 ones; the last two of each, several images' planes at once); forward, dx written and added, dw and db; the direct path, and Winograd for each
  * stride-1 shape: F(2x2, 3x3) and F(4x4, 3x3), F(2x2, 5x5). */
 static void test_emulated_matches_reference(void) {
   const int64_t cases[][8] = {/* N, Ci, H, W, Co, K, stride, pad */
@@ -24,7 +25,8 @@ static void test_emulated_matches_reference(void) {
                               {2, 4, 32, 33, 3, 3, 1, 1}, {1, 2, 17, 17, 2, 3, 1, 1}, {4, 7, 15, 15, 6, 3, 2, 1},
                               {2, 40, 20, 19, 30, 3, 1, 1}, {3, 16, 14, 14, 32, 5, 1, 2}, {2, 9, 11, 17, 5, 5, 1, 2},
                               {2, 4, 33, 31, 3, 5, 1, 2},   {1, 2, 1, 1, 3, 5, 1, 2},   {5, 8, 2, 3, 9, 5, 1, 2},
-                              {1, 3, 40, 70, 4, 3, 1, 1},   {4, 6, 14, 14, 5, 3, 1, 1}, {2, 5, 6, 5, 3, 3, 1, 1}};
+                              {1, 3, 40, 70, 4, 3, 1, 1},   {4, 6, 14, 14, 5, 3, 1, 1}, {2, 5, 6, 5, 3, 3, 1, 1},
+                              {2, 9, 16, 16, 10, 3, 1, 1},  {5, 6, 5, 14, 7, 3, 1, 1},  {3, 8, 2, 16, 9, 3, 1, 1}};
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     tdm_test_conv_ref r;
     tdm_test_conv_ref_init(&r, cases[c], 11 + c);
