@@ -109,18 +109,22 @@ static void for_each_conv_path(void (*check)(void), int with_im2col) {
   const char *isas[] = {"avx512", "avx2"};
   const char *before = tdm_k_conv2d_direct_isa(); /* NULL: off (TANDEM_CONV=im2col) or none here */
   int ran = 0, was_on = before != NULL, wino_before = tdm_k_conv2d_winograd_enable(1);
+  int tile_before = tdm_k_conv2d_winograd_tile(0);
   for (size_t i = 0; i < 2; i++) {
     if (!was_on || !tdm_k_conv2d_direct_select(isas[i])) continue;
     CHECK_MSG(!strcmp(tdm_k_conv2d_direct_isa(), isas[i]), "selected %s, running %s", isas[i], tdm_k_conv2d_direct_isa());
-    for (int wino = 1; wino >= 0; wino--) { /* 3x3 stride 1: Winograd, then the direct kernel */
+    for (int mode = 0; mode < 3; mode++) { /* 3x3 stride 1: Winograd F(4x4, 3x3), F(2x2, 3x3), then the direct kernel */
+      int wino = mode < 2;
       tdm_k_conv2d_winograd_enable(wino);
-      printf("  (the %s kernels, Winograd %s)\n", isas[i], wino ? "on" : "off");
+      tdm_k_conv2d_winograd_tile(mode == 1 ? 2 : 4);
+      printf("  (the %s kernels, Winograd %s)\n", isas[i], mode == 0 ? "4x4" : mode == 1 ? "2x2" : "off");
       conv_direct_on = 1 + wino;
       check();
     }
     ran++;
   }
   tdm_k_conv2d_winograd_enable(wino_before);
+  tdm_k_conv2d_winograd_tile(tile_before);
   if (before) tdm_k_conv2d_direct_select(before);
   if (with_im2col) {
     tdm_k_conv2d_direct_enable(0);
@@ -131,16 +135,19 @@ static void for_each_conv_path(void (*check)(void), int with_im2col) {
   }
   if (!ran) printf("  (no direct convolution kernels: this CPU has none, or TANDEM_CONV=im2col)\n");
 }
-/* Winograd's weight gradient keeps 16 x Co x Ci partial sums per scratch slot; at several hundred
- * channels (here 400, 16 slots: 41M floats) it declines and the direct kernel forms it: the same
- * bytes as with Winograd off. At 16 channels it runs: different bytes (the control). */
+/* Winograd's weight gradient keeps P x Co x Ci partial sums per scratch slot (P: 36 points in 4x4
+ * tiles, 16 in 2x2); at several hundred channels (here 400: 41M floats in 2x2 tiles) it declines
+ * and the direct kernel forms it: the same bytes as with Winograd off. At 16 channels it runs:
+ * different bytes (the control). At 128 channels on 8x8 images (16 slots) 4x4 tiles' sums would be
+ * 9.4M floats and 2x2 tiles' 4.2M: the 2x2 tiles run, their bytes (neither the direct kernel's). */
 static void test_winograd_dw_declines_large(void) {
   if (!tdm_k_conv2d_winograd_on(NULL)) {
     printf("  (no Winograd here: no direct kernels, or TANDEM_CONV=im2col / TANDEM_WINOGRAD=off)\n");
     return;
   }
-  const int64_t cases[][3] = {{64, 400, 4}, {8, 16, 8}}; /* N, C, H = W */
-  for (int c = 0; c < 2; c++) {
+  const int64_t cases[][3] = {{64, 400, 4}, {8, 16, 8}, {192, 128, 8}}; /* N, C, H = W */
+  int tile_before = tdm_k_conv2d_winograd_tile(4);
+  for (int c = 0; c < 3; c++) {
     tdm_conv_shape s = {cases[c][0], cases[c][1], cases[c][2], cases[c][2], cases[c][1], 3, 3, 1, 1, cases[c][2], cases[c][2]};
     int64_t nx = s.N * s.Ci * s.H * s.W, nw = s.Co * s.Ci * 9;
     float *x = malloc(sizeof(float) * nx), *dy = malloc(sizeof(float) * nx), *w = malloc(sizeof(float) * nw);
@@ -155,8 +162,17 @@ static void test_winograd_dw_declines_large(void) {
     int same = !memcmp(dw[0], dw[1], sizeof(float) * nw);
     CHECK_MSG(same == (c == 0), "%lld channels: the weight gradient with Winograd on is %s the direct kernel's",
               (long long)s.Ci, same ? "byte for byte" : "not");
+    if (c == 2) { /* 4x4 tiles declined: the 2x2 tiles' bytes */
+      float *d2 = calloc(nw, 4);
+      tdm_k_conv2d_winograd_tile(2);
+      tdm_k_conv2d_bwd_batched(NULL, 0, d2, NULL, dy, x, w, ws, &s);
+      tdm_k_conv2d_winograd_tile(4);
+      CHECK_MSG(!memcmp(d2, dw[1], sizeof(float) * nw), "128 channels: 4x4 tiles' weight gradient should fall back to 2x2 tiles'");
+      free(d2);
+    }
     free(x), free(dy), free(w), free(dw[0]), free(dw[1]), free(ws);
   }
+  tdm_k_conv2d_winograd_tile(tile_before);
 }
 
 static void test_conv_batched_matches_reference(void) { for_each_conv_path(conv_batched_matches_reference, 1); }
