@@ -197,8 +197,9 @@ int64_t tdm_k_conv2d_direct_ws_floats(const tdm_conv_shape *s);
  * TANDEM_WINOGRAD=off or tdm_k_conv2d_winograd_enable(0), which returns the setting before
  * (call it between steps). winograd_on: 1 where shape s runs it now (s NULL: where it would fit,
  * the direct path being on). winograd_tile(2) runs the 3x3 ones as F(2x2, 3x3) instead (2.25x
- * fewer multiplies, half the rounding error; TANDEM_WINOGRAD=2x2), winograd_tile(4) as F(4x4, 3x3)
- * again: it returns the tile before (any other value changes nothing). Between steps, too. */
+ * fewer multiplies, a fifth of the rounding error; TANDEM_WINOGRAD=2x2), winograd_tile(4) as
+ * F(4x4, 3x3) again: it returns the tile before (any other value changes nothing, so 0 asks for
+ * it). Between steps, too. */
 int tdm_k_conv2d_winograd_enable(int on);
 int tdm_k_conv2d_winograd_tile(int tile);
 int tdm_k_conv2d_winograd_on(const tdm_conv_shape *s);
