@@ -63,10 +63,6 @@ typedef struct {
   int64_t GI;            /* images whose planes are split at once: VL / Timg where narrow and Timg < VL, else 1 */
 } wgeo;
 
-#ifndef WINO_NARROW
-#define WINO_NARROW 1
-#endif
-
 /* n floats, rounded up to an odd number of 64-byte lines: the 16 points' rows, written or read
  * side by side by the transforms, then start in 16 different cache sets. (At 7x7, 64 channels,
  * V's points were 18 KiB apart: eight of them in each of two sets of the 8-way L1.) */
@@ -96,7 +92,7 @@ static void wgeo_of(int r, int tm, int64_t N, int64_t I, int64_t O, int64_t H, i
    * 2x2 ones) left half or three quarters of each transform's lanes idle; narrow, a vector of
    * slots is VL / TW whole tile rows, of one image or (Timg < VL) of several, each row's output
    * whole vectors (tm TW a multiple of VL). Whole images only (no bands). */
-  g->narrow = WINO_NARROW && g->TW < VL && VL % g->TW == 0 && tm * g->TW % VL == 0 && g->R == g->TH &&
+  g->narrow = g->TW < VL && VL % g->TW == 0 && tm * g->TW % VL == 0 && g->R == g->TH &&
               (g->Timg % VL == 0 || VL % g->Timg == 0);
   g->GI = g->narrow && g->Timg < VL ? VL / g->Timg : 1;
   if (g->narrow) { /* a block's tiles whole register tiles of the products (PB vectors): none a
@@ -177,7 +173,7 @@ static int64_t wino_u_floats(const wgeo *g) { return g->P * g->nob * g->I * OB; 
  * (1 -2 4) / 24, 0 0 1. */
 static inline __attribute__((always_inline)) void wino_g(int r, int n, const float *f, int64_t fs, float *o,
                                                          int64_t os) {
-  if (r == 3 && n == 6) { /* (multiplied by 1/6 and 1/24, not divided: the divisions were 8% of a 7x7 forward) */
+  if (r == 3 && n == 6) { /* (multiplied by 1/6 and 1/24: no division in a new transform) */
     float f0 = f[0], f1 = f[fs], f2 = f[2 * fs], a = f0 + f2, b = f0 + 4.0f * f2;
     o[0] = 0.25f * f0;
     o[os] = -(a + f1) * (1.0f / 6.0f);
@@ -662,6 +658,25 @@ static inline void wino_out_tf(const wgeo *g, const float *M, int64_t ldm, vf Y[
   }
 }
 
+/* nv output vectors v into a row from d, n of whose columns are left: added (the lanes past n
+ * zeroed), or with the bias; buffered, only the n columns are written (through a buffer). */
+static inline __attribute__((always_inline)) void wino_store(const wino_ctx *c, float *d, const vf *v, int nv,
+                                                             int64_t n, int buffered, float bias, vf bv) {
+  if (buffered) {
+    float buf[4 * VL];
+    for (int j = 0; j < nv; j++) v_store(buf + j * VL, v[j]);
+    if (c->add)
+      for (int64_t x = 0; x < n; x++) d[x] += buf[x];
+    else
+      for (int64_t x = 0; x < n; x++) d[x] = buf[x] + bias;
+  } else if (c->add) {
+    for (int j = 0; j < nv; j++)
+      v_store(d + j * VL, v_add(v_load(d + j * VL), n - j * VL < VL ? v_keep(v[j], n - j * VL) : v[j]));
+  } else {
+    for (int j = 0; j < nv; j++) v_store(d + j * VL, v_add(v[j], bv));
+  }
+}
+
 /* Output channel co of tile row ty of image n (its tiles at slot t0 of M's rows, ldm apart):
  * Y = A' m A per tile (F(2, 3)'s A' rows: m0 + m1 + m2, m1 - m2 - m3), the output rows' tile
  * columns interleaved and stored (with the bias, or added) into y. Whole vectors: a row's last
@@ -684,23 +699,10 @@ static void wino_out_row(const wino_ctx *c, const float *M, int64_t ldm, int64_t
     for (int a = 0; a < rows; a++) {
       vf o[4];
       wino_interleave(tm, Y[a], o);
-      float *d = y0 + a * g->W + tm * k;
-      int64_t n0 = g->W - tm * k; /* the row's columns left from d */
-      if (n0 < tm * VL && (ylim - 1 - tm * ty - a) * g->W < tm * VL - n0) { /* it would leave the block's rows: a buffer */
-        float buf[4 * VL];
-        for (int j = 0; j < tm; j++) v_store(buf + j * VL, o[j]);
-        if (c->add)
-          for (int64_t x = 0; x < n0; x++) d[x] += buf[x];
-        else
-          for (int64_t x = 0; x < n0; x++) d[x] = buf[x] + bias;
-      } else if (c->add) {
-        for (int j = 0; j < tm; j++) {
-          vf v = n0 - j * VL < VL ? v_keep(o[j], n0 - j * VL) : o[j];
-          v_store(d + j * VL, v_add(v_load(d + j * VL), v));
-        }
-      } else {
-        for (int j = 0; j < tm; j++) v_store(d + j * VL, v_add(o[j], bv));
-      }
+      int64_t n0 = g->W - tm * k; /* the row's columns left from its group's start */
+      /* (a buffer where the stores would leave the block's rows) */
+      wino_store(c, y0 + a * g->W + tm * k, o, tm, n0,
+                 n0 < tm * VL && (ylim - 1 - tm * ty - a) * g->W < tm * VL - n0, bias, bv);
     }
   }
 }
@@ -725,23 +727,9 @@ static void wino_out_narrow(const wino_ctx *c, const float *M, int64_t ldm, int6
     if (i >= nn) break;
     int rows = g->H - tm * ty < tm ? (int)(g->H - tm * ty) : tm;
     float *y0 = c->y + (((n0 + i) * g->O + co) * g->H + tm * ty) * g->W;
-    for (int a = 0; a < rows; a++) {
-      float *d = y0 + a * g->W;
-      const vf *v = o[a] + s * per;
-      if (per * VL > g->W && co == g->O - 1 && tm * ty + a == g->H - 1) {
-        float buf[4 * VL];
-        for (int j = 0; j < per; j++) v_store(buf + j * VL, v[j]);
-        if (c->add)
-          for (int64_t x = 0; x < g->W; x++) d[x] += buf[x];
-        else
-          for (int64_t x = 0; x < g->W; x++) d[x] = buf[x] + bias;
-      } else if (c->add) {
-        for (int j = 0; j < per; j++)
-          v_store(d + j * VL, v_add(v_load(d + j * VL), g->W - j * VL < VL ? v_keep(v[j], g->W - j * VL) : v[j]));
-      } else {
-        for (int j = 0; j < per; j++) v_store(d + j * VL, v_add(v[j], bv));
-      }
-    }
+    for (int a = 0; a < rows; a++)
+      wino_store(c, y0 + a * g->W, o[a] + s * per, per, g->W,
+                 per * VL > g->W && co == g->O - 1 && tm * ty + a == g->H - 1, bias, bv);
   }
 }
 
@@ -1065,6 +1053,12 @@ static void wino_gt43(const float *u, int64_t us, float *o, int64_t os) {
   o[2 * os] = (tp - sp) * (1.0f / 6.0f) + u[5 * us];
 }
 
+/* G' u for a 6-point tile: F(2, 5)'s (r = 5) or F(4, 3)'s (r = 3). */
+static inline void wino_gt6(int r, const float *u, int64_t us, float *o, int64_t os) {
+  if (r == 5) wino_gt5(u, us, o, os);
+  else wino_gt43(u, us, o, os);
+}
+
 /* dw[co][ci] += G' dU G. */
 static void wino_dw_final(void *vc, int64_t a, int64_t b) {
   dw_fctx *c = vc;
@@ -1076,21 +1070,13 @@ static void wino_dw_final(void *vc, int64_t a, int64_t b) {
     float u[36];
     for (int xi = 0; xi < P; xi++)
       u[xi] = c->parts[((xi * nct + co / DCO) * nit + ci / DCI) * (DCO * DCI) + (co % DCO) * DCI + ci % DCI];
-    if (d->g.n == 6 && d->g.r == 3) {
-      float t[3][6], *w = c->dw + pair * 9, o[3];
-      for (int j = 0; j < 6; j++) wino_gt43(u + j, 6, &t[0][j], 6); /* G' dU, column j */
-      for (int k = 0; k < 3; k++) {                                   /* (G' dU) G, row k */
-        wino_gt43(t[k], 1, o, 1);
-        for (int l = 0; l < 3; l++) w[k * 3 + l] += o[l];
-      }
-      continue;
-    }
-    if (d->g.r == 5) {
-      float t[5][6], *w = c->dw + pair * 25, o[5];
-      for (int j = 0; j < 6; j++) wino_gt5(u + j, 6, &t[0][j], 6); /* G' dU, column j */
-      for (int k = 0; k < 5; k++) {                                  /* (G' dU) G, row k */
-        wino_gt5(t[k], 1, o, 1);
-        for (int l = 0; l < 5; l++) w[k * 5 + l] += o[l];
+    if (d->g.n == 6) { /* F(2x2, 5x5), F(4x4, 3x3) */
+      int r = d->g.r;
+      float t[5][6], *w = c->dw + pair * r * r, o[5];
+      for (int j = 0; j < 6; j++) wino_gt6(r, u + j, 6, &t[0][j], 6); /* G' dU, column j */
+      for (int k = 0; k < r; k++) {                                    /* (G' dU) G, row k */
+        wino_gt6(r, t[k], 1, o, 1);
+        for (int l = 0; l < r; l++) w[k * r + l] += o[l];
       }
       continue;
     }
