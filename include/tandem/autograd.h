@@ -238,6 +238,12 @@ tdm_tensor *tdm_batchnorm(tdm_tape *tp, tdm_tensor *x, tdm_tensor *weight, tdm_t
 tdm_tensor *tdm_batchnorm_relu(tdm_tape *tp, tdm_tensor *x, tdm_tensor *weight, tdm_tensor *bias,
                                tdm_tensor *running_mean, tdm_tensor *running_var, float momentum, float eps,
                                struct tdm_comm *sync);
+/* relu(tdm_batchnorm(...) + r) as one op (a residual block's end), equal to tdm_add_relu of the
+ * two bit for bit (forward, every gradient, the running statistics), with no normalised tensor
+ * kept. r: x's shape and f32 (else, or r == x, it runs as the two ops). */
+tdm_tensor *tdm_batchnorm_add_relu(tdm_tape *tp, tdm_tensor *x, tdm_tensor *weight, tdm_tensor *bias,
+                                   tdm_tensor *running_mean, tdm_tensor *running_var, float momentum, float eps,
+                                   struct tdm_comm *sync, tdm_tensor *r);
 /* (N, C, H, W) -> (N, C): the mean over each channel's plane (nn.AdaptiveAvgPool2d(1) + flatten). */
 tdm_tensor *tdm_global_avgpool2d(tdm_tape *tp, tdm_tensor *x);
 

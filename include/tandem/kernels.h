@@ -228,6 +228,12 @@ void tdm_k_bn_bwd_dx_set(float *dx, const float *dy, const float *x, const float
                          const float *rstd, int relu, const double *sdy, const double *sdyx, double M, int64_t N,
                          int64_t C, int64_t HW);
 
+/* relu(bn(x) + r), r (N, C, HW) a residual: y bit for bit tdm_k_add_relu of tdm_k_bn_fwd's
+ * output (relu 0) and r, without that output written. (Backward: tdm_k_relu_bwd2 on y, then
+ * bwd_sums and bwd_dx, relu 0, on the masked dy.) */
+void tdm_k_bn_fwd_add_relu(float *y, const float *x, const float *r, const float *w, const float *b, const float *mean,
+                           const float *rstd, int64_t N, int64_t C, int64_t HW);
+
 /* Pooling over (N, C, H, W) with a K x K window; pad counts as -inf for max and as zeros for avg
  * (count_include_pad, as PyTorch's default). argmax (N, C, OH, OW) records the max's index. */
 void tdm_k_maxpool2d_fwd(float *out, int32_t *argmax, const float *x, int64_t N, int64_t C, int64_t H, int64_t W,

@@ -147,6 +147,12 @@ static tdm_tensor *bn_relu(tdm_tape *tp, const tdm_model *m, const bn_mod *b, td
   return tdm_batchnorm_relu(tp, x, b->weight, b->bias, b->running_mean, b->running_var, BN_MOMENTUM, BN_EPS, m->bn_sync);
 }
 
+/* relu(bn(x) + r) in one op (bit for bit the two) */
+static tdm_tensor *bn_add_relu(tdm_tape *tp, const tdm_model *m, const bn_mod *b, tdm_tensor *x, tdm_tensor *r) {
+  return tdm_batchnorm_add_relu(tp, x, b->weight, b->bias, b->running_mean, b->running_var, BN_MOMENTUM, BN_EPS,
+                                m->bn_sync, r);
+}
+
 tdm_tensor *tdm__resnet_forward(tdm_model *m, tdm_tape *tp, tdm_tensor *x) {
   const tdm_model_config *c = &m->cfg;
   const struct tdm__resnet *r = m->resnet;
@@ -161,9 +167,9 @@ tdm_tensor *tdm__resnet_forward(tdm_model *m, tdm_tape *tp, tdm_tensor *x) {
   for (int k = 0; k < r->n_blocks; k++) {
     const basic_block *bb = &r->blocks[k];
     tdm_tensor *o = bn_relu(tp, m, &bb->bn1, tdm_conv2d(tp, h, bb->conv1, NULL, bb->stride, 1));
-    o = bn_fwd(tp, m, &bb->bn2, tdm_conv2d(tp, o, bb->conv2, NULL, 1, 1));
+    o = tdm_conv2d(tp, o, bb->conv2, NULL, 1, 1);
     tdm_tensor *sc = bb->down ? bn_fwd(tp, m, &bb->down_bn, tdm_conv2d(tp, h, bb->down, NULL, bb->stride, 0)) : h;
-    h = tdm_add_relu(tp, o, sc);
+    h = bn_add_relu(tp, m, &bb->bn2, o, sc); /* relu(bn2(o) + sc) */
   }
   return tdm_linear_mod_forward(tp, &r->fc, tdm_global_avgpool2d(tp, h));
 }

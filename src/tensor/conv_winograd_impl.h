@@ -71,7 +71,9 @@ static int64_t point_stride(int64_t n) {
   return n / 16 % 2 ? n : n + 16;
 }
 
-static void wgeo_of(int r, int tm, int64_t N, int64_t I, int64_t O, int64_t H, int64_t W, int64_t tiles, wgeo *g) {
+/* tiles: the tile slots a block aims at; G > 0 (whole images only) sets the images of a block instead */
+static void wgeo_of(int r, int tm, int64_t N, int64_t I, int64_t O, int64_t H, int64_t W, int64_t tiles, int64_t G,
+                    wgeo *g) {
   g->r = r, g->tm = tm, g->n = tm + r - 1, g->P = g->n * g->n, g->pad = r / 2;
   g->N = N, g->I = I, g->O = O, g->H = H, g->W = W;
   g->TH = (H + tm - 1) / tm, g->TW = (W + tm - 1) / tm, g->Timg = g->TH * g->TW;
@@ -104,6 +106,7 @@ static void wgeo_of(int r, int tm, int64_t N, int64_t I, int64_t O, int64_t H, i
     if (g->G < m / g->Timg) g->G = m / g->Timg;
     if (g->G > N) g->G = N > 0 ? N : 1;
   }
+  if (G > 0 && g->R == g->TH) g->G = G < N ? G : (N > 0 ? N : 1);
   g->nband = (g->TH + g->R - 1) / g->R;
   g->Tr = g->R * g->TW;
   /* a row's stores run up(TW, VL) slots from its start: the last one's spill fits (narrow: no spill) */
@@ -581,6 +584,23 @@ static inline __attribute__((always_inline)) void wino_tile(int P, float *M, con
     for (int j = 0; j < P; j++) v_store(M + c * g->Tb + VL * j, acc[c][j]);
 }
 
+/* A last single vector of tiles for two channel blocks at once (U0's and U1's, M0's and M1's):
+ * wino_tile(1, ..) has OB accumulators, each FMA waiting on its own previous one (half the
+ * FMA's rate on AVX2); 2 OB of them keep both units busy. The same sums in the same order, so
+ * the bits of wino_tile(1, ..) on each block. (28x28 images, 7 vectors a block: 3 + 3 + 1.) */
+static inline __attribute__((always_inline)) void wino_tile_1x2(float *M0, float *M1, const float *V, const float *U0,
+                                                                const float *U1, const wgeo *g) {
+  vf acc[2][OB];
+  for (int c = 0; c < OB; c++) acc[0][c] = v_zero(), acc[1][c] = v_zero();
+  for (int64_t ci = 0; ci < g->I; ci++, V += g->Tb, U0 += OB, U1 += OB) {
+    vf v = v_load(V);
+    V_PIN(v);
+    for (int c = 0; c < OB; c++) acc[0][c] = v_fma(v_set1(U0[c]), v, acc[0][c]);
+    for (int c = 0; c < OB; c++) acc[1][c] = v_fma(v_set1(U1[c]), v, acc[1][c]);
+  }
+  for (int c = 0; c < OB; c++) v_store(M0 + c * g->Tb, acc[0][c]), v_store(M1 + c * g->Tb, acc[1][c]);
+}
+
 /* ---- output: the transform back, into the output rows --------------------------------------- */
 
 /* F(2, 5)'s A' on six vectors: rows 1 1 1 1 1 0 and 0 1 -1 2 -2 1. */
@@ -747,15 +767,20 @@ static void wino_block(const wino_ctx *c, float *slot, int64_t blk) {
    * it is transformed back (all channels at once spilled M out of L2 at 64 channels) */
   for (int64_t c0 = 0; c0 < g->nob * OB; c0 += g->CC) {
     int64_t c1 = c0 + g->CC < g->nob * OB ? c0 + g->CC : g->nob * OB;
-    for (int xi = 0; xi < g->P; xi++)
+    int64_t tw = g->Tb / (PB * VL) * (PB * VL); /* slots in whole register tiles; one vector or two left */
+    for (int xi = 0; xi < g->P; xi++) {
+      const float *Vx = V + xi * g->vp;
       for (int64_t ob = c0 / OB; ob < c1 / OB; ob++) {
-        const float *Vx = V + xi * g->vp, *Ux = c->U + (xi * g->nob + ob) * g->I * OB;
+        const float *Ux = c->U + (xi * g->nob + ob) * g->I * OB;
         float *Mx = M + xi * g->mp + (ob * OB - c0) * g->Tb;
-        int64_t t = 0;
-        for (; t + PB * VL <= g->Tb; t += PB * VL) wino_tile(PB, Mx + t, Vx + t, Ux, g);
-        if (g->Tb - t == 2 * VL) wino_tile(2, Mx + t, Vx + t, Ux, g);
-        else if (g->Tb - t == VL) wino_tile(1, Mx + t, Vx + t, Ux, g);
+        for (int64_t t = 0; t < tw; t += PB * VL) wino_tile(PB, Mx + t, Vx + t, Ux, g);
+        if (g->Tb - tw == 2 * VL) wino_tile(2, Mx + tw, Vx + tw, Ux, g);
+        else if (g->Tb - tw == VL) { /* blocks in pairs, at the second of each; an odd last one alone */
+          if ((ob - c0 / OB) % 2) wino_tile_1x2(Mx - OB * g->Tb + tw, Mx + tw, Vx + tw, Ux - g->I * OB, Ux, g);
+          else if (ob + 1 == c1 / OB) wino_tile(1, Mx + tw, Vx + tw, Ux, g);
+        }
       }
+    }
     for (int64_t co = c0; co < c1 && co < g->O; co++)
       if (g->narrow)
         for (int64_t t = 0; t < b.nn * g->Tr; t += VL)
@@ -828,7 +853,16 @@ static void dgeo_of(const tdm_conv_shape *s, int tm, dgeo *d) {
   /* a point's V and dM rows in L1 while every register tile sweeps them (beyond it, each tile
    * streamed them from L2 again); fewer tiles cost more lane sums per product */
   int64_t tiles = (tm == 4 ? WINO_DW_L1_4 : WINO_DW_L1) / (d->Ip + d->Op);
-  wgeo_of(wino_r(s), tm, s->N, s->Ci, s->Co, s->H, s->W, tiles > 2 * VL ? tiles : 2 * VL, g);
+  wgeo_of(wino_r(s), tm, s->N, s->Ci, s->Co, s->H, s->W, tiles > 2 * VL ? tiles : 2 * VL, 0, g);
+  /* Blocks of near-equal images, an even number of them: threads take slots in turn, and two of
+   * them took 72 and 56 of 128 images at 7x7 (6 blocks of 24, the last 8) and at 14x14 (11 of
+   * 12, the last 8). The sizes are the shape's, so the sums' order is too. Narrow blocks of
+   * several images a vector (GI) keep whole vectors; the forward's whole register tiles do not
+   * matter here (the sums run over the tiles, in vectors). */
+  if (g->nband == 1 && g->nblk > 1) {
+    int64_t nb = g->nblk + g->nblk % 2, G = up((s->N + nb - 1) / nb, g->GI);
+    wgeo_of(wino_r(s), tm, s->N, s->Ci, s->Co, s->H, s->W, 0, G, g);
+  }
   d->v = g->v;
   d->vp = point_stride(d->Ip * g->Tb), d->mp = point_stride(d->Op * g->Tb);
   d->mg = d->v + g->P * d->vp;
@@ -1115,7 +1149,7 @@ static int64_t wino_ws_any(const tdm_conv_shape *s) {
   for (int tm = 2; tm <= wino_tm(s, 4); tm += 2) {
     for (int d = 0; d < 2; d++) {
       wgeo g;
-      wgeo_of(wino_r(s), tm, s->N, d ? s->Co : s->Ci, d ? s->Ci : s->Co, s->H, s->W, wino_tiles(tm), &g);
+      wgeo_of(wino_r(s), tm, s->N, d ? s->Co : s->Ci, d ? s->Ci : s->Co, s->H, s->W, wino_tiles(tm), 0, &g);
       int64_t f = up(wino_u_floats(&g), 16) + wino_slots(&g) * g.slot;
       if (f > best) best = f;
     }
@@ -1130,7 +1164,7 @@ static int64_t wino_ws_floats(const tdm_conv_shape *s) { return wino_fits(s) ? w
 static void wino_run(float *y, const float *x, const float *w, const float *b, float *ws, int flip, int add, int r,
                      int tm, int64_t N, int64_t I, int64_t O, int64_t H, int64_t W) {
   wgeo g;
-  wgeo_of(r, tm, N, I, O, H, W, wino_tiles(tm), &g);
+  wgeo_of(r, tm, N, I, O, H, W, wino_tiles(tm), 0, &g);
   ws = aligned(ws);
   float *U = ws;
   wino_filters(U, w, &g, flip);

@@ -21,6 +21,7 @@ typedef struct {
   int64_t N, C, HW;
   int set;  /* bwd_dx writes dx instead of adding to it */
   int relu; /* fwd: max(y, 0); backward: dy masked where that ReLU gave 0 */
+  const float *r; /* fwd_add_relu: relu(bn(x) + r) */
 } bn_ctx;
 
 #define LANES 32 /* four vectors of 8: four independent chains of adds (two waited on the add's latency) */
@@ -147,7 +148,13 @@ static void fwd_range(void *vc, int64_t c0, int64_t c1) {
     for (int64_t n = 0; n < k->N; n++) {
       const float *p = k->x + (n * k->C + c) * k->HW;
       float *o = k->out + (n * k->C + c) * k->HW;
-      if (k->relu)
+      if (k->r) { /* tdm_k_add_relu's expression on the normalised value and r */
+        const float *q = k->r + (n * k->C + c) * k->HW;
+        for (int64_t i = 0; i < k->HW; i++) {
+          float v = affine(p[i], sc, sh) + q[i];
+          o[i] = v > 0.0f ? v : 0.0f;
+        }
+      } else if (k->relu)
         for (int64_t i = 0; i < k->HW; i++) {
           float v = affine(p[i], sc, sh);
           o[i] = v > 0.0f ? v : 0.0f; /* tdm_k_relu_fwd's expression */
@@ -161,6 +168,12 @@ static void fwd_range(void *vc, int64_t c0, int64_t c1) {
 void tdm_k_bn_fwd(float *y, const float *x, const float *w, const float *b, const float *mean, const float *rstd,
                   int64_t N, int64_t C, int64_t HW, int relu) {
   bn_ctx k = {.out = y, .x = x, .w = w, .b = b, .mean = mean, .rstd = rstd, .N = N, .C = C, .HW = HW, .relu = relu};
+  tdm_parallel_for(C, 1, fwd_range, &k);
+}
+
+void tdm_k_bn_fwd_add_relu(float *y, const float *x, const float *r, const float *w, const float *b, const float *mean,
+                           const float *rstd, int64_t N, int64_t C, int64_t HW) {
+  bn_ctx k = {.out = y, .x = x, .r = r, .w = w, .b = b, .mean = mean, .rstd = rstd, .N = N, .C = C, .HW = HW};
   tdm_parallel_for(C, 1, fwd_range, &k);
 }
 

@@ -449,6 +449,65 @@ static void test_add_relu_fused(void) {
   }
 }
 
+/* relu(bn(x) + r) fused equals tdm_add_relu(tdm_batchnorm(x), r) bit for bit: the output, the
+ * running statistics and the gradients of x, weight, bias and r, over two backward passes (the
+ * second adds to every gradient), in training and in evaluation: r an activation (a scaled leaf),
+ * r a leaf, x needing no gradient (only r's is formed), and r broadcasting (the two ops run);
+ * planes of 35 values (32 lanes and a tail) and of 16 (a tail only). */
+static void test_bn_add_relu_fused(void) {
+  int64_t shapes[2][4] = {{3, 4, 5, 7}, {2, 4, 4, 4}}, cs[1] = {4};
+  for (int sh = 0; sh < 2; sh++)
+    for (int k = 0; k < 4; k++)
+      for (int train = 1; train >= 0; train--) {
+        int64_t *xs = shapes[sh], rb[4] = {xs[0], xs[1], 1, 1};
+        tdm_tensor *x[2], *w[2], *b[2], *rm[2], *rv[2], *xr[2], *gout = heap(4, xs, 89, 1, 0, 0);
+        const float *out[2] = {NULL, NULL};
+        tdm_tape *tp[2];
+        for (int f = 0; f < 2; f++) { /* f = 0: the two ops; 1: tdm_batchnorm_add_relu */
+          x[f] = heap(4, xs, 81, 2.0f, 0.3f, k != 2), w[f] = heap(1, cs, 82, 0.5f, 1.0f, 1), b[f] = heap(1, cs, 83, 0.3f, 0, 1);
+          rm[f] = heap(1, cs, 84, 0.2f, 0, 0), rv[f] = heap(1, cs, 85, 0.2f, 1.0f, 0);
+          xr[f] = heap(4, k == 3 ? rb : xs, 86, 1.0f, 0, 1);
+          CHECK_OK(tdm_tape_create(&tp[f], 0));
+          for (int pass = 0; pass < 2; pass++) {
+            tdm_tape_reset(tp[f]);
+            tdm_tape_set_training(tp[f], train);
+            tdm_tensor *r = k == 0 ? tdm_scale(tp[f], xr[f], 1.5f) : xr[f];
+            tdm_tensor *y = f ? tdm_batchnorm_add_relu(tp[f], x[f], w[f], b[f], rm[f], rv[f], 0.1f, 1e-5f, NULL, r)
+                              : tdm_add_relu(tp[f], tdm_batchnorm(tp[f], x[f], w[f], b[f], rm[f], rv[f], 0.1f, 1e-5f, NULL), r);
+            CHECK(y != NULL);
+            if (!y) break;
+            CHECK_OK(tdm_backward_with(tp[f], y, gout));
+            out[f] = tdm_tensor_data(y);
+          }
+        }
+        int64_t n = tdm_tensor_numel(x[0]), zeros = 0;
+        for (int64_t i = 0; out[1] && i < n; i++) zeros += out[1][i] == 0.0f;
+        CHECK_MSG(out[0] && out[1] && !memcmp(out[0], out[1], sizeof(float) * (size_t)n), "shape %d case %d train %d: outputs differ",
+                  sh, k, train);
+        CHECK_MSG(zeros > n / 5 && zeros < n * 4 / 5, "shape %d case %d train %d: %lld of %lld outputs zero; expected about half",
+                  sh, k, train, (long long)zeros, (long long)n);
+        tdm_tensor *pairs[][2] = {{tdm_tensor_grad(x[0]), tdm_tensor_grad(x[1])}, {tdm_tensor_grad(w[0]), tdm_tensor_grad(w[1])},
+                                  {tdm_tensor_grad(b[0]), tdm_tensor_grad(b[1])}, {tdm_tensor_grad(xr[0]), tdm_tensor_grad(xr[1])},
+                                  {rm[0], rm[1]}, {rv[0], rv[1]}};
+        const char *what[] = {"x's gradient", "weight's gradient", "bias's gradient", "r's gradient", "running mean", "running variance"};
+        for (int q = 0; q < 6; q++) {
+          if (q == 0 && k == 2) { /* x needs none */
+            CHECK_MSG(!pairs[q][0] && !pairs[q][1], "case %d: x, needing no gradient, has one", k);
+            continue;
+          }
+          CHECK_MSG(pairs[q][0] && pairs[q][1] &&
+                        !memcmp(tdm_tensor_data(pairs[q][0]), tdm_tensor_data(pairs[q][1]), sizeof(float) * (size_t)tdm_tensor_numel(pairs[q][0])),
+                    "shape %d case %d train %d: %s differs between the fused op and the two", sh, k, train, what[q]);
+        }
+        for (int f = 0; f < 2; f++) {
+          tdm_tape_destroy(tp[f]);
+          tdm_tensor_destroy(x[f]), tdm_tensor_destroy(w[f]), tdm_tensor_destroy(b[f]), tdm_tensor_destroy(rm[f]),
+              tdm_tensor_destroy(rv[f]), tdm_tensor_destroy(xr[f]);
+        }
+        tdm_tensor_destroy(gout);
+      }
+}
+
 /* The small CNN runs ReLU after its max-pool (src/nn/models.c): relu(maxpool(x)) must equal
  * maxpool(relu(x)) bit for bit, the output and x's gradient, with windows all negative, all zero,
  * mixed, and with ties (positive and zero) among their values. */
@@ -824,6 +883,7 @@ int main(void) {
       {"bn_bad_input", test_bn_bad_input},
       {"bn_relu_fused", test_bn_relu_fused},
       {"add_relu_fused", test_add_relu_fused},
+      {"bn_add_relu_fused", test_bn_add_relu_fused},
       {"resnet_shapes", test_resnet_shapes},
       {"resnet_steady_state", test_resnet_steady_state},
       {"sync_bn_ranks", test_sync_bn_ranks},
