@@ -27,16 +27,22 @@ static void bn_bw(tdm_tape *tp, tdm_node *n) {
   if (n->i[4] == 2) { /* relu(bn(x) + r): dy masked by the output's sign, to r and to the normalisation
                        * in one pass (masking it again in each of bn's two passes read the output and
                        * dy twice: no faster at 28x28, 1.3x slower at 7x7) */
-    int fresh_r = 0;
+    int fresh_r = 0, need = gx || gw || gb;
     float *gr = tdm__grad_for_write(tp, n->in[3], &fresh_r), *g = NULL;
-    if ((gx || gw || gb) && !(g = tdm__workspace(tp, sizeof(float) * (size_t)x->numel))) {
-      if (gx && fresh) tdm_k_zero(gx, x->numel); /* the tape has failed (the workspace says why) */
-      if (gr && fresh_r) tdm_k_zero(gr, x->numel);
-      return;
+    if (need && gr && fresh_r) { /* r's first gradient is the masked dy itself: bn reads it there
+                                  * before anything adds to it (no workspace written and read) */
+      tdm_k_relu_bwd2(NULL, 0, gr, 1, dy, n->out->data, x->numel);
+      dy = gr;
+    } else {
+      if (need && !(g = tdm__workspace(tp, sizeof(float) * (size_t)x->numel))) {
+        if (gx && fresh) tdm_k_zero(gx, x->numel); /* the tape has failed (the workspace says why) */
+        if (gr && fresh_r) tdm_k_zero(gr, x->numel);
+        return;
+      }
+      tdm_k_relu_bwd2(g, 1, gr, fresh_r, dy, n->out->data, x->numel);
+      if (!g) return; /* only r needs a gradient */
+      dy = g;
     }
-    tdm_k_relu_bwd2(g, 1, gr, fresh_r, dy, n->out->data, x->numel);
-    if (!g) return; /* only r needs a gradient */
-    dy = g;
   }
   double *sums = tdm__scratch(tp, sizeof(double) * (size_t)(2 * C + 1));
   if (!sums) return;
@@ -159,7 +165,8 @@ tdm_tensor *tdm_batchnorm_relu(tdm_tape *tp, tdm_tensor *x, tdm_tensor *w, tdm_t
 
 /* A residual block's end, relu(bn(x) + r): after the statistics, one pass forward where the two
  * ops take two, and the normalised tensor is never written (nor its gradient kept: backward
- * masks dy by the output's sign into a workspace, then runs bn's two passes on it). */
+ * masks dy by the output's sign into r's gradient, then runs bn's two passes on it; a workspace
+ * holds it where r's gradient already had some). */
 tdm_tensor *tdm_batchnorm_add_relu(tdm_tape *tp, tdm_tensor *x, tdm_tensor *w, tdm_tensor *b, tdm_tensor *running_mean,
                                    tdm_tensor *running_var, float momentum, float eps, tdm_comm_t sync, tdm_tensor *r) {
   tdm_tensor *in[2] = {x, r};
