@@ -45,7 +45,10 @@ static void bn_bw(tdm_tape *tp, tdm_node *n) {
     }
   }
   double *sums = tdm__scratch(tp, sizeof(double) * (size_t)(2 * C + 1));
-  if (!sums) return;
+  if (!sums) {
+    if (gx && fresh) tdm_k_zero(gx, x->numel); /* the tape has failed; leave no garbage behind */
+    return;
+  }
   tdm_k_bn_bwd_sums(dy, x->data, w->data, b->data, mean, rstd, relu, N, C, HW, sums, sums + C);
   for (int64_t c = 0; c < C; c++) { /* the parameters' gradients: this rank's share, as SyncBatchNorm */
     if (gw) gw[c] += (float)sums[C + c];
