@@ -211,6 +211,22 @@ static tdm_tensor *heap(int nd, const int64_t *shape, uint64_t seed, float scale
   return t;
 }
 
+/* A fused op's test: its output out[1] equals the two ops' out[0] byte for byte, and about half
+ * of it is zero (so the ReLU's mask matters); label names the case. */
+static void check_fused_outputs(const float *const out[2], int64_t n, const char *label) {
+  int64_t zeros = 0;
+  for (int64_t i = 0; out[0] && out[1] && i < n; i++) zeros += out[1][i] == 0.0f;
+  CHECK_MSG(out[0] && out[1] && !memcmp(out[0], out[1], sizeof(float) * (size_t)n), "%s: outputs differ", label);
+  CHECK_MSG(zeros > n / 5 && zeros < n * 4 / 5, "%s: %lld of %lld outputs zero; expected about half", label,
+            (long long)zeros, (long long)n);
+}
+
+/* a and b both there, of the same bytes */
+static int same_bytes(const tdm_tensor *a, const tdm_tensor *b) {
+  return a && b && tdm_tensor_numel(a) == tdm_tensor_numel(b) &&
+         !memcmp(tdm_tensor_data(a), tdm_tensor_data(b), sizeof(float) * (size_t)tdm_tensor_numel(a));
+}
+
 static void test_bn_gradcheck(void) {
   int64_t xs4[4] = {3, 2, 2, 3}, xs2[2] = {5, 3}, c2[1] = {2}, c3[1] = {3}, ws[4] = {2, 2, 3, 3};
   tdm_gradcheck_opts o = {1e-2, 2e-3, 2e-2};
@@ -390,18 +406,14 @@ static void test_bn_relu_fused(void) {
         out[f] = tdm_tensor_data(y);
       }
     }
-    int64_t n = tdm_tensor_numel(x[0]), zeros = 0;
-    for (int64_t i = 0; out[0] && out[1] && i < n; i++) zeros += out[1][i] == 0.0f;
-    CHECK_MSG(out[0] && out[1] && !memcmp(out[0], out[1], sizeof(float) * (size_t)n), "train %d: outputs differ", train);
-    CHECK_MSG(zeros > n / 5 && zeros < n * 4 / 5, "train %d: %lld of %lld outputs zero; expected about half", train,
-              (long long)zeros, (long long)n);
+    char label[32];
+    snprintf(label, sizeof label, "train %d", train);
+    check_fused_outputs(out, tdm_tensor_numel(x[0]), label);
     tdm_tensor *pairs[][2] = {{tdm_tensor_grad(x[0]), tdm_tensor_grad(x[1])}, {tdm_tensor_grad(w[0]), tdm_tensor_grad(w[1])},
                               {tdm_tensor_grad(b[0]), tdm_tensor_grad(b[1])}, {rm[0], rm[1]}, {rv[0], rv[1]}};
     const char *what[] = {"x's gradient", "weight's gradient", "bias's gradient", "running mean", "running variance"};
     for (int k = 0; k < 5; k++)
-      CHECK_MSG(pairs[k][0] && pairs[k][1] &&
-                    !memcmp(tdm_tensor_data(pairs[k][0]), tdm_tensor_data(pairs[k][1]), sizeof(float) * (size_t)tdm_tensor_numel(pairs[k][0])),
-                "train %d: %s differs between the fused op and the two", train, what[k]);
+      CHECK_MSG(same_bytes(pairs[k][0], pairs[k][1]), "%s: %s differs between the fused op and the two", label, what[k]);
     for (int f = 0; f < 2; f++) {
       tdm_tape_destroy(tp[f]);
       tdm_tensor_destroy(x[f]), tdm_tensor_destroy(w[f]), tdm_tensor_destroy(b[f]), tdm_tensor_destroy(rm[f]),
@@ -434,15 +446,12 @@ static void test_add_relu_fused(void) {
         out[f] = tdm_tensor_data(y);
       }
     }
-    int64_t n = tdm_tensor_numel(xa[0]), zeros = 0;
-    for (int64_t i = 0; out[1] && i < n; i++) zeros += out[1][i] == 0.0f;
-    CHECK_MSG(out[0] && out[1] && !memcmp(out[0], out[1], sizeof(float) * (size_t)n), "case %d: outputs differ", k);
-    CHECK_MSG(zeros > n / 5 && zeros < n * 4 / 5, "case %d: %lld of %lld outputs zero; expected about half", k,
-              (long long)zeros, (long long)n);
+    char label[32];
+    snprintf(label, sizeof label, "case %d", k);
+    check_fused_outputs(out, tdm_tensor_numel(xa[0]), label);
     for (int t = 0; t < 2; t++) {
       tdm_tensor *g0 = tdm_tensor_grad(t ? xb[0] : xa[0]), *g1 = tdm_tensor_grad(t ? xb[1] : xa[1]);
-      CHECK_MSG(g0 && g1 && !memcmp(tdm_tensor_data(g0), tdm_tensor_data(g1), sizeof(float) * (size_t)tdm_tensor_numel(g0)),
-                "case %d: %s's gradient differs between the fused op and the two", k, t ? "b" : "a");
+      CHECK_MSG(same_bytes(g0, g1), "%s: %s's gradient differs between the fused op and the two", label, t ? "b" : "a");
     }
     for (int f = 0; f < 2; f++) tdm_tape_destroy(tp[f]), tdm_tensor_destroy(xa[f]), tdm_tensor_destroy(xb[f]);
     tdm_tensor_destroy(gout);
@@ -480,24 +489,19 @@ static void test_bn_add_relu_fused(void) {
             out[f] = tdm_tensor_data(y);
           }
         }
-        int64_t n = tdm_tensor_numel(x[0]), zeros = 0;
-        for (int64_t i = 0; out[1] && i < n; i++) zeros += out[1][i] == 0.0f;
-        CHECK_MSG(out[0] && out[1] && !memcmp(out[0], out[1], sizeof(float) * (size_t)n), "shape %d case %d train %d: outputs differ",
-                  sh, k, train);
-        CHECK_MSG(zeros > n / 5 && zeros < n * 4 / 5, "shape %d case %d train %d: %lld of %lld outputs zero; expected about half",
-                  sh, k, train, (long long)zeros, (long long)n);
+        char label[48];
+        snprintf(label, sizeof label, "shape %d case %d train %d", sh, k, train);
+        check_fused_outputs(out, tdm_tensor_numel(x[0]), label);
         tdm_tensor *pairs[][2] = {{tdm_tensor_grad(x[0]), tdm_tensor_grad(x[1])}, {tdm_tensor_grad(w[0]), tdm_tensor_grad(w[1])},
                                   {tdm_tensor_grad(b[0]), tdm_tensor_grad(b[1])}, {tdm_tensor_grad(xr[0]), tdm_tensor_grad(xr[1])},
                                   {rm[0], rm[1]}, {rv[0], rv[1]}};
         const char *what[] = {"x's gradient", "weight's gradient", "bias's gradient", "r's gradient", "running mean", "running variance"};
         for (int q = 0; q < 6; q++) {
           if (q == 0 && k == 2) { /* x needs none */
-            CHECK_MSG(!pairs[q][0] && !pairs[q][1], "case %d: x, needing no gradient, has one", k);
+            CHECK_MSG(!pairs[q][0] && !pairs[q][1], "%s: x, needing no gradient, has one", label);
             continue;
           }
-          CHECK_MSG(pairs[q][0] && pairs[q][1] &&
-                        !memcmp(tdm_tensor_data(pairs[q][0]), tdm_tensor_data(pairs[q][1]), sizeof(float) * (size_t)tdm_tensor_numel(pairs[q][0])),
-                    "shape %d case %d train %d: %s differs between the fused op and the two", sh, k, train, what[q]);
+          CHECK_MSG(same_bytes(pairs[q][0], pairs[q][1]), "%s: %s differs between the fused op and the two", label, what[q]);
         }
         for (int f = 0; f < 2; f++) {
           tdm_tape_destroy(tp[f]);
