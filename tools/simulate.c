@@ -186,6 +186,9 @@ static int calibrate(const tdm_train_config *tc, const char *out_path, const cha
          "%.1f%% (max); alone the plain fit: alpha %.3g us, beta %.4g ns/B\n",
          link.cpu_alpha * 1e6, link.cpu_beta * 1e9, cal.cpu_cores, 100 * cal.check_mean, 100 * cal.check_max, cal.ring_alpha * 1e6,
          cal.ring_beta * 1e9);
+  if (link.stagger > 0)
+    printf("cpu: %.0f%% of what crowded cores add to a step hides under the other ranks' wire (stagger %.2f)\n", 100 * link.stagger,
+           link.stagger);
   if (link.fan_alpha > 0 || link.fan_beta > 0)
     printf("cpu: %.3g us + %.4g ns/B a message when a rank sends to every other rank at once\n", link.fan_alpha * 1e6,
            link.fan_beta * 1e9);

@@ -59,6 +59,11 @@ extern "C" {
  * (p - 1 streams at once outgrow them further; 0: big_factor). handoff (s): what a collective
  * handed to the communication thread and waited for costs beyond the blocking call (the waiting
  * thread's wake-up and the hand-over), paid by each bucket data parallelism and ZeRO send that way.
+ * stagger (0..1): the share of what crowded cores add to a step (more ranks working than cores)
+ * that hides under the other ranks' wire: 0, the ranks of a step wait on their links together and
+ * then want the cores together (lockstep), 1, a rank works while the others wait; fitted from the
+ * ring exchange's wall time. Messages to several peers at once (fan_alpha, fan_beta: fitted from
+ * such an exchange's wall time as lockstep work) take 0.
  * Zero-initialised: the plain alpha-beta-gamma link. */
 typedef struct tdm_sim_link {
   double alpha, beta, gamma;
@@ -68,6 +73,7 @@ typedef struct tdm_sim_link {
   double big_bytes, big_factor, fan_big_factor;
   int pairwise;
   double handoff;
+  double stagger;
 } tdm_sim_link;
 
 typedef struct tdm_sim_cluster {

@@ -57,6 +57,10 @@ tdm_status tdm_sim_cluster_check(const tdm_sim_cluster *k, const char *where) {
       snprintf(f, sizeof f, "%s.fan_big_factor", ln[i]);
       return bad(where, f, l[i]->fan_big_factor, "0 (big_factor's) or 1 or more (big_factor for messages to several peers at once)");
     }
+    if (!(l[i]->stagger >= 0 && l[i]->stagger <= 1)) {
+      snprintf(f, sizeof f, "%s.stagger", ln[i]);
+      return bad(where, f, l[i]->stagger, "a share from 0 (crowded cores' work follows the wire) to 1 (it hides under the others' wire)");
+    }
     if (l[i]->pairwise != 0 && l[i]->pairwise != 1) {
       snprintf(f, sizeof f, "%s.pairwise", ln[i]);
       return bad(where, f, l[i]->pairwise, "0 (a rank's messages share its link) or 1 (a link per pair of ranks)");
@@ -112,6 +116,7 @@ static tdm_status link_of(const tdm_json *o, const char *path, const char *name,
   TDM__TRY(optional(o, path, name, "big_factor", 1, &l->big_factor));
   TDM__TRY(optional(o, path, name, "fan_big_factor", 0, &l->fan_big_factor));
   TDM__TRY(optional(o, path, name, "handoff", 0, &l->handoff));
+  TDM__TRY(optional(o, path, name, "stagger", 0, &l->stagger)); /* 0: lockstep (files calibrated before it) */
   TDM__TRY(optional(o, path, name, "pairwise", 0, &pw));
   if (pw != 0 && pw != 1) return tdm__set_error(TDM_ERR_INVALID_ARG, "%s: %s.pairwise is %g; expected 0 or 1", path, name, pw);
   l->pairwise = (int)pw;
@@ -231,10 +236,10 @@ tdm_status tdm_sim_cluster_save(const char *path, const tdm_sim_cluster *k, cons
     fprintf(f,
             "  \"%s\": {\"alpha\": %.6e, \"beta\": %.6e, \"gamma\": %.6e, \"cpu_alpha\": %.6e, \"cpu_beta\": %.6e, "
             "\"fan_alpha\": %.6e, \"fan_beta\": %.6e, \"wake\": %.6e, \"wake_shared\": %.6e, \"big_bytes\": %.0f, \"big_factor\": %.4f, "
-            "\"fan_big_factor\": %.4f, \"pairwise\": %d, \"handoff\": %.6e},\n",
+            "\"fan_big_factor\": %.4f, \"pairwise\": %d, \"handoff\": %.6e, \"stagger\": %.4f},\n",
             i ? "inter" : "intra", l[i]->alpha, l[i]->beta, l[i]->gamma, l[i]->cpu_alpha, l[i]->cpu_beta, l[i]->fan_alpha,
             l[i]->fan_beta, l[i]->wake, l[i]->wake_shared, l[i]->big_bytes, l[i]->big_factor, l[i]->fan_big_factor, l[i]->pairwise,
-            l[i]->handoff);
+            l[i]->handoff, l[i]->stagger);
   fprintf(f, "  \"compute\": {\"flops\": %.6e, \"optimizer\": %.6e, \"overhead\": %.6e, \"ranks\": %d, \"cv\": %.4f, \"model\": \"%s\"}%s\n",
           k->flops, k->optim_rate, k->overhead, k->compute_ranks, k->compute_cv, model, extra && *extra ? "," : "");
   if (extra && *extra) fprintf(f, "  %s\n", extra);

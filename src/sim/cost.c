@@ -74,8 +74,14 @@ double tdm__sim_step(const tdm_sim_cluster *k, const tdm_sim_link *l, double n, 
   double per_byte = 1 + share * (factor - 1);
   double cpu = cpu_msgs * (chunks * ca + n * cb * per_byte) + red * l->gamma;
   /* the ranks of a step run in lockstep: all wait on their links at once, then all want a core at
-   * once, so crowded cores add to the wire rather than hide under it */
-  if (k->cpu_cores > 0 && active * cpu / k->cpu_cores > cpu) cpu = active * cpu / k->cpu_cores;
+   * once, so crowded cores add to the wire rather than hide under it; stagger is the share of that
+   * excess that does hide (a rank at work while others wait: then the step is the larger of wire
+   * + work and the crowded work). Fan steps keep lockstep: their terms were fitted as such. */
+  if (k->cpu_cores > 0 && active * cpu / k->cpu_cores > cpu) {
+    double excess = active * cpu / k->cpu_cores - cpu, hidden = excess > wire ? excess - wire : 0;
+    double stagger = fanned ? 0 : l->stagger;
+    cpu += excess - stagger * (excess - hidden);
+  }
   return wire + cpu;
 }
 /* A one-way message (a fold, the tree's edges, a broadcast's, a pipeline's send): half a message's

@@ -238,6 +238,33 @@ static void test_calibration_fit(void) {
   k.intra = c.link, k.cpu_cores = cores;
   double n = 1048576, cpu = ca + n * cb;
   CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_RING, TDM_SIM_ALLGATHER, 8 * n, 8), 7 * (a + n * b + 8 * cpu), 1e-12);
+  CHECK_MSG(c.link.stagger < 1e-9, "a ring in lockstep: stagger %g", c.link.stagger);
+  /* ranks that drift apart: 40% of what the crowded core adds beyond a rank's own work hides under
+   * the others' wire (all of it would give max(wire + work, crowded work)); fitted from the ring
+   * exchange, exactly, and costed so: small messages (the excess below the wire) and large ones */
+  {
+    tdm_sim_calib_points st = pt;
+    for (int i = 0; i < st.m; i++) {
+      double w = a + st.n[i] * b, cw = ca + st.n[i] * cb, ex = 7 * cw, hid = ex > w ? ex - w : 0;
+      st.ring_wall[i] = w + cw + ex - 0.4 * (ex - hid);
+    }
+    tdm_sim_calibration cs = c;
+    CHECK_OK(tdm__sim_fit_link(&st, 8, 0, &cs));
+    CHECK_MSG(fabs(cs.link.stagger - 0.4) < 1e-6 && cs.check_max < 1e-6, "stagger %g (0.4), the check %g", cs.link.stagger, cs.check_max);
+    tdm_sim_cluster ks = k;
+    ks.intra = cs.link;
+    for (double x = 64; x <= 4194304; x *= 64) {
+      double w = a + x * b, cw = ca + x * cb, ex = 7 * cw, hid = ex > w ? ex - w : 0;
+      CHECK_NEAR(tdm_sim_coll_cost(&ks, TDM_ALGO_RING, TDM_SIM_ALLGATHER, 8 * x, 8), 7 * (w + cw + ex - 0.4 * (ex - hid)), 1e-12);
+    }
+    /* messages to several peers at once keep lockstep: their terms were fitted from such an
+     * exchange's wall time as lockstep work */
+    ks.intra.fan_alpha = fa, ks.intra.fan_beta = fb, ks.intra.pairwise = 1, ks.intra.gamma = 0;
+    double fan = tdm_sim_coll_cost(&ks, TDM_ALGO_DIRECT, TDM_SIM_ALLGATHER, 8 * n, 8);
+    CHECK_NEAR(fan, a + n * b + 8 * 7 * (fa + n * fb) / cores, 1e-12);
+    ks.intra.stagger = 0;
+    CHECK_NEAR(tdm_sim_coll_cost(&ks, TDM_ALGO_DIRECT, TDM_SIM_ALLGATHER, 8 * n, 8), fan, 1e-15);
+  }
   CHECK(c.link.big_bytes == 0 && c.link.big_factor == 1); /* the cache not known: every byte the same */
   /* messages of the L2's size and more cost 1.6x a byte (all their bytes; from half the L2 to it,
    * in proportion): the lines from the sizes up to half the L2, the factor from those above, and
@@ -527,11 +554,18 @@ static void test_bad_input(void) {
   k.intra.fan_big_factor = 2.5, k.intra.big_bytes = 1048576, k.inter.handoff = -1e-4; /* a wait that saves time */
   CHECK(tdm_sim_cluster_check(&k, "here") == TDM_ERR_INVALID_ARG);
   CHECK_ERR_HAS("inter.handoff is -0.0001");
-  k.inter.handoff = 1.5e-4;
+  k.inter.handoff = 1.5e-4, k.intra.stagger = 1.2; /* a share: more than all of the excess hidden */
+  CHECK(tdm_sim_cluster_check(&k, "here") == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("intra.stagger is 1.2");
+  k.intra.stagger = NAN;
+  CHECK(tdm_sim_cluster_check(&k, "here") == TDM_ERR_INVALID_ARG);
+  CHECK_ERR_HAS("intra.stagger is nan");
+  k.intra.stagger = 0.45;
   CHECK_OK(tdm_sim_cluster_save(path, &k, NULL));
   CHECK_OK(tdm_sim_cluster_load(path, &back));
   CHECK(back.intra.fan_big_factor == 2.5 && back.inter.fan_big_factor == 0 && back.inter.big_factor == 2);
   CHECK(back.inter.handoff == 1.5e-4 && back.intra.handoff == 0);
+  CHECK(back.intra.stagger == 0.45 && back.inter.stagger == 0);
   remove(path);
   CHECK(tdm_sim_cluster_load(path, &back) == TDM_ERR_IO);
 }
