@@ -199,7 +199,8 @@ typedef struct tdm_sim_calibration {
                            from the sizes up to half the L2's; big_bytes: the L2's, big_factor: the pair's and
                            ring's sizes from it on against their line, fan_big_factor the fan's against its
                            own (1 when none is); wake: the fastest ping-pong burst's one-way time less
-                           a one-way 8 B message's wire and work, wake_shared the same of their mean; gamma:
+                           a one-way 8 B message's wire and work, wake_shared the same of their mean; stagger:
+                           from the ring exchange's wall time, between lockstep and fully staggered; gamma:
                            tdm_reduce_local on 4 MiB of f32; pairwise: 0 (not measured: the caller knows the network) */
   double cpu_cores;     /* the cores the ranks of a node got between them, all busy at once (cores_per_node when
                            none was short of a core) */
@@ -207,7 +208,7 @@ typedef struct tdm_sim_calibration {
   double pingpong_bursts[4]; /* each burst's median one-way time, spread over the calibration's run (n_bursts of them) */
   int n_bursts;
   double ring_alpha, ring_beta;   /* the plain alpha-beta fit of the ring exchange's wall time (the model without CPU terms) */
-  double check_mean, check_max;   /* the model's relative error on the ring exchange's wall time, which no fit used */
+  double check_mean, check_max;   /* the model's relative error on the ring exchange's wall time, which no fit used but stagger's */
   tdm_sim_calib_points points;
 } tdm_sim_calibration;
 

@@ -36,7 +36,8 @@ struct tdm_sim_model {
 /* The link's fit from a calibration's measurements over `ranks` ranks (ranks_per_node of them on
  * one machine; 0: all): out->cpu_cores and out->pingpong must be set (the check and wake use
  * them); sets link's alpha, beta, cpu_alpha, cpu_beta, fan_alpha, fan_beta, big_bytes, big_factor
- * (from pt->cache) and wake, ring_alpha, ring_beta and the check. Separate for the tests. */
+ * (from pt->cache), wake, stagger (from the ring exchange's wall time), ring_alpha, ring_beta and
+ * the check. Separate for the tests. */
 /* One step of an algorithm (cost.c): each rank sends `fan` messages of n bytes at once, in `chunks`
  * pieces, `cross` of a node's ranks sharing its link, `cpu_msgs` messages' worth of CPU work, `red`
  * bytes reduced, `active` ranks of the node working at once. The calibration's check uses it. */
