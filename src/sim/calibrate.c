@@ -217,7 +217,7 @@ tdm_status tdm__sim_fit_link(const tdm_sim_calib_points *pt, int ranks, int rank
   /* stagger: how much of the crowded cores' excess hides under the other ranks' wire, from the
    * ring exchange's wall time (every rank at once), between the step in lockstep (t1) and fully
    * staggered (t0): least squares in relative terms, as the other fits. At 8 ranks on 2 cores
-   * 0.3-0.65 (the ranks drift apart), 2 ranks on 2 cores none to fit (no excess) */
+   * 0.3-0.8 (the ranks drift apart), 2 ranks on 2 cores none to fit (no excess) */
   tdm_sim_cluster k1;
   memset(&k1, 0, sizeof k1);
   k1.cpu_cores = out->cpu_cores;
