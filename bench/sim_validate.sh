@@ -14,6 +14,7 @@
 #                metrics against tandem simulate's step, from a calibration at that world size
 #                (tandem run -n N tandem simulate --calibrate: every rank's step measured at once,
 #                the links); ROUNDS times (3), to show how much the same run varies
+# B2B=1: the collectives predicted back to back (simulate --back-to-back), as tandem bench times them.
 # RANKS="3" ALGOS="rd rhd" measure those pairs again, keeping the other rows of coll.tsv. INPLACE=1
 # summary: the tables from the in-place measurements (tandem bench's second, of the same size).
 # Errors are |predicted - measured| / measured; mean and max per group, as Calculon reports. Each
@@ -54,8 +55,14 @@ calibrate() { # calibrate N EMU OUTFILE [BASE]: the links at N ranks over tcp, e
     --calibrate-max ${CAL_MAX:-16M} ${base:+--cluster "$base"} -o "$out" 2>&1 | grep -E 'link:|cpu:' | sed 's/^\[rank 0\] //'
 }
 
-predict_coll() { # predict_coll BINARY CLUSTER N OUT
-  N "$1" simulate --collectives --cluster "$2" --ranks $3 --min-bytes 1K --max-bytes 64M --json >"$4"
+predict_coll() { # predict_coll BINARY CLUSTER N OUT: one all-reduce alone; B2B=1: back to back, as tandem
+  # bench times them (simulate --back-to-back: only the tree differs; on 2026-11-30's runs its 1-16
+  # MiB at 8 ranks came right and its 1-64 KiB and 64 MiB went the other way, docs/PERFORMANCE.md)
+  if [[ ${B2B:-0} == 1 ]]; then
+    N "$1" simulate --collectives --back-to-back --cluster "$2" --ranks $3 --min-bytes 1K --max-bytes 64M --json >"$4"
+  else
+    N "$1" simulate --collectives --cluster "$2" --ranks $3 --min-bytes 1K --max-bytes 64M --json >"$4"
+  fi
 }
 
 collectives() {
@@ -299,13 +306,14 @@ import glob, json, os, statistics, subprocess, sys
 out, T = sys.argv[1], sys.argv[2]
 MLP, GPT = sys.argv[3].split(), sys.argv[4].split()
 def sim(args): return subprocess.run([T, "simulate"] + args, capture_output=True, text=True, check=True).stdout
+b2b = ["--back-to-back"] if os.environ.get("B2B") == "1" else [] # as predict_coll
 preds, rows = {}, []
 for l in open(out + "/coll.tsv"):
     a, n, size, m, p, b, load, *mean = l.rstrip("\n").split("\t")
     if (a, n) not in preds: # each pass's calibration (validations before passes had one), the median
         ps = []
         for c in ["%s/coll-c%s-%s.json" % (out, n, a)] + sorted(glob.glob("%s/coll-c%s-%s.p*.json" % (out, n, a))):
-            js = sim(["--collectives", "--cluster", c, "--ranks", n, "--min-bytes", "1K", "--max-bytes", "64M", "--json"])
+            js = sim(["--collectives"] + b2b + ["--cluster", c, "--ranks", n, "--min-bytes", "1K", "--max-bytes", "64M", "--json"])
             ps.append({r["bytes"]: r["allreduce_s"] for r in map(json.loads, js.splitlines()) if r["algo"] == a})
         preds[(a, n)] = {s: statistics.median(p[s] for p in ps) for s in ps[0]}
     rows.append("\t".join([a, n, size, m, "%.6e" % preds[(a, n)][int(size)], p, load] + mean))

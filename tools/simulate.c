@@ -220,12 +220,12 @@ static int calibrate(const tdm_train_config *tc, const char *out_path, const cha
 }
 
 /* ---- the collectives' costs, per algorithm -------------------------------------------------------- */
-static void collectives(const tdm_sim_cluster *k, const int *ranks, int nr, int64_t lo, int64_t hi, int json) {
-  if (!json) printf("%8s %10s %6s %12s\n", "ranks", "bytes", "algo", "all-reduce");
+static void collectives(const tdm_sim_cluster *k, const int *ranks, int nr, int64_t lo, int64_t hi, int json, int b2b) {
+  if (!json) printf("%8s %10s %6s %12s\n", "ranks", "bytes", "algo", b2b ? "back to back" : "all-reduce");
   for (int i = 0; i < nr; i++)
     for (int64_t n = lo; n <= hi; n *= 2)
       for (int a = 1; a < TDM_SIM_ALGO_COUNT; a++) {
-        double t = tdm_sim_coll_cost(k, a, TDM_SIM_ALLREDUCE, (double)n, ranks[i]);
+        double t = (b2b ? tdm_sim_coll_cost_repeated : tdm_sim_coll_cost)(k, a, TDM_SIM_ALLREDUCE, (double)n, ranks[i]);
         if (t < 0) continue;
         if (json)
           printf("{\"ranks\":%d,\"bytes\":%lld,\"algo\":\"%s\",\"allreduce_s\":%.6e}\n", ranks[i], (long long)n, tdm_sim_algo_name(a), t);
@@ -239,7 +239,7 @@ typedef struct {
   const char *ranks_s, *cluster, *out, *algo_s, *vary, *html, *svg;
   int64_t ppn, cores, calib_max, lo, hi, steps;
   double intra_lat, intra_bw, inter_lat, inter_bw, reduce_bw, flops, orate;
-  int do_calib, json, coll, no_compute;
+  int do_calib, json, coll, no_compute, b2b;
 } sim_opts;
 
 /* 0, 1 (--help printed) or 2 (a usage error, printed). */
@@ -265,6 +265,9 @@ static int parse_opts(int argc, char **argv, sim_opts *o) {
       {"collectives", CLI_FLAG, &o->coll, NULL, "print every all-reduce algorithm's cost from --min-bytes to --max-bytes instead", NULL, 0, 0, 0},
       {"min-bytes", CLI_SIZE, &o->lo, "1K", "--collectives: the smallest size", NULL, 0, 0, 0},
       {"max-bytes", CLI_SIZE, &o->hi, "64M", "--collectives: the largest size", NULL, 0, 0, 0},
+      {"back-to-back", CLI_FLAG, &o->b2b, NULL,
+       "--collectives: each all-reduce repeated back to back, as tandem bench times them (the tree's leaves start the next while its root sends the last down)",
+       NULL, 0, 0, 0},
       {"calibrate", CLI_FLAG, &o->do_calib, NULL, "measure the compute rate from this run's steps and the links of this transport (under tandem run -n N: every rank's step at once, the world's links; alone: one process, threads)", NULL, 0, 0, 0},
       {"o", CLI_STRING, &o->out, NULL, "--calibrate: write the cluster file here", NULL, 0, 0, 0},
       {"calibrate-max", CLI_SIZE, &o->calib_max, "4M", "--calibrate: the largest message timed", NULL, 0, 0, 0},
@@ -400,6 +403,10 @@ int tool_simulate(int argc, char **argv) {
             o.do_calib ? "calibrate" : "collectives");
     return 2;
   }
+  if (o.b2b && !o.coll) {
+    fprintf(stderr, "tandem simulate: --back-to-back times the collectives' table: give it with --collectives\n");
+    return 2;
+  }
   /* the files it will write, before the minutes of measuring or predicting: a path that cannot be
    * written fails now */
   char svg_path[4200];
@@ -425,7 +432,7 @@ int tool_simulate(int argc, char **argv) {
       fprintf(stderr, "tandem simulate: --min-bytes %lld --max-bytes %lld; expected 1 <= min <= max\n", (long long)o.lo, (long long)o.hi);
       return 2;
     }
-    collectives(&k, ranks, nr, o.lo, o.hi, o.json);
+    collectives(&k, ranks, nr, o.lo, o.hi, o.json, o.b2b);
     return 0;
   }
   static sim_curve curves[SIM_MAX_CURVES];

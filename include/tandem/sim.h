@@ -121,6 +121,13 @@ int tdm_sim_algo_parse(const char *name); /* -1 when unknown */
  * TDM_ALGO_AUTO: the rule tandem applies (collective.c). A negative value when the algorithm
  * does not run that kind. */
 double tdm_sim_coll_cost(const tdm_sim_cluster *k, int algo, tdm_sim_kind kind, double n, int p);
+/* The same collective repeated back to back, as tandem bench (and nccl-tests) time it: each rank
+ * starts the next as it ends the last, and a repeat's time is the slowest rank's own, once the
+ * repeats settle (the median of the 2nd to 8th). It differs from tdm_sim_coll_cost where ranks end
+ * at different times: the tree's all-reduce, whose leaves begin the next while the root still
+ * sends the last down (at 8 ranks 6 edges' time a repeat where one alone takes 7). -1 as
+ * tdm_sim_coll_cost. */
+double tdm_sim_coll_cost_repeated(const tdm_sim_cluster *k, int algo, tdm_sim_kind kind, double n, int p);
 /* The algorithm the AUTO rule picks (for printing). A NULL cluster: -1 here, in
  * tdm_sim_engine_algo and tdm_sim_p2p_cost, with tdm_last_error() set. */
 int tdm_sim_auto_algo(const tdm_sim_cluster *k, tdm_sim_kind kind, double n, int p);

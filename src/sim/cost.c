@@ -355,6 +355,51 @@ double tdm_sim_coll_cost(const tdm_sim_cluster *k, int algo, tdm_sim_kind kind, 
   return rows[algo].cost(k, kind, n, p);
 }
 
+/* The tree's all-reduce repeated back to back: each rank runs its part (its children's messages
+ * received and reduced in order, its own sent up, the result received from its parent and sent to
+ * each child in order) and starts the next as it ends, its clock in t[r]; a message arrives a wire
+ * after its sender began it, the sender's and receiver's work as edge() has them. The first
+ * repeat is tree()'s critical path; later ones overlap the leaves' next messages with the root's
+ * last sends down. Each repeat's time is the slowest rank's own, and the median of repeats 2..REPS
+ * is returned, as tandem bench takes the median of its iterations. NAN when the arrays cannot be
+ * had (the caller falls back to one). */
+#define TREE_REPS 8
+static double tree_repeated(const tdm_sim_cluster *k, double n, int p) {
+  double *t = tdm__calloc((size_t)p * 4, sizeof *t);
+  if (!t) return NAN;
+  double *sent = t + p, *mid = t + 2 * (size_t)p, *down = t + 3 * (size_t)p, rep[TREE_REPS];
+  for (int i = 0; i < TREE_REPS; i++) {
+    for (int r = p - 1; r >= 0; r--) { /* up: children (larger ranks) before their parents */
+      double c_t = t[r], wire;
+      for (int c = 2 * r + 1; c <= 2 * r + 2 && c < p; c++) {
+        double whole = edge(k, r, c, p, n, 1, &wire), arrived = sent[c] + wire;
+        c_t = (c_t > arrived ? c_t : arrived) + (whole - wire);
+      }
+      if (r > 0) sent[r] = c_t, c_t += edge(k, (r - 1) / 2, r, p, n, 1, NULL);
+      mid[r] = c_t;
+    }
+    double most = 0;
+    for (int r = 0; r < p; r++) { /* down: parents before their children */
+      double c_t = r > 0 && down[r] > mid[r] ? down[r] : mid[r];
+      for (int c = 2 * r + 1; c <= 2 * r + 2 && c < p; c++) c_t += edge(k, r, c, p, n, 0, NULL), down[c] = c_t;
+      most = c_t - t[r] > most ? c_t - t[r] : most;
+      t[r] = c_t;
+    }
+    rep[i] = most;
+  }
+  tdm__free(t);
+  return tdm_median(rep + 1, TREE_REPS - 1);
+}
+
+double tdm_sim_coll_cost_repeated(const tdm_sim_cluster *k, int algo, tdm_sim_kind kind, double n, int p) {
+  double one = tdm_sim_coll_cost(k, algo, kind, n, p);
+  if (one <= 0) return one;
+  if (algo == TDM_ALGO_AUTO) algo = tdm_sim_auto_algo(k, kind, n, p);
+  if (algo != TDM_ALGO_TREE || kind != TDM_SIM_ALLREDUCE) return one;
+  double rep = tree_repeated(k, n, p);
+  return rep == rep ? rep : one;
+}
+
 double tdm_sim_p2p_cost(const tdm_sim_cluster *k, double n, int a, int b) {
   TDM__NONNULL(k, -1, "tdm_sim_p2p_cost: the cluster k is NULL");
   if (a == b) return 0;

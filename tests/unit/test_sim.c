@@ -61,6 +61,20 @@ static void test_closed_forms(void) {
    * reach the root at 2e + 2ng, reduced one after the other (2e + 4ng); down, rank 6 hears from 2
    * (the root's second child) second, and is 2's second child: 4e */
   CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_TREE, TDM_SIM_ALLREDUCE, n, 7), 6 * e + 4 * n * g, 1e-15);
+  /* back to back, as tandem bench times them: the tree's leaves start the next all-reduce while
+   * the root still sends the last one down. 8 ranks, no reduction cost: one alone takes 7 edges
+   * (up 7-3-1-0; down the root's two sends, then rank 2's two), a repeat 6 (by hand: the ranks end
+   * the first at 5, 6, 7, 6, 6, 6, 7, 6 edges, the second 6 edges after each); 4 ranks end
+   * together, 4 edges either way; the ring, whose ranks end together, the same either way */
+  tdm_sim_cluster k0 = flat(a, b, 0);
+  CHECK_NEAR(tdm_sim_coll_cost(&k0, TDM_ALGO_TREE, TDM_SIM_ALLREDUCE, n, 8), 7 * e, 1e-15);
+  CHECK_NEAR(tdm_sim_coll_cost_repeated(&k0, TDM_ALGO_TREE, TDM_SIM_ALLREDUCE, n, 8), 6 * e, 1e-15);
+  CHECK_NEAR(tdm_sim_coll_cost_repeated(&k0, TDM_ALGO_TREE, TDM_SIM_ALLREDUCE, n, 4), 4 * e, 1e-15);
+  CHECK_NEAR(tdm_sim_coll_cost_repeated(&k, TDM_ALGO_TREE, TDM_SIM_ALLREDUCE, n, 2), (e + n * g) + e, 1e-15);
+  CHECK_NEAR(tdm_sim_coll_cost_repeated(&k, TDM_ALGO_RING, TDM_SIM_ALLREDUCE, n, 8), tdm_sim_coll_cost(&k, TDM_ALGO_RING, TDM_SIM_ALLREDUCE, n, 8),
+             1e-15);
+  CHECK(tdm_sim_coll_cost_repeated(NULL, TDM_ALGO_TREE, TDM_SIM_ALLREDUCE, n, 8) < 0);
+  CHECK(tdm_sim_coll_cost_repeated(&k, TDM_ALGO_TREE, TDM_SIM_REDUCE_SCATTER, n, 4) < 0);
   /* above 1 MiB a message goes as 1 MiB chunks, each paying alpha */
   double big = 8.0 * 1048576;
   CHECK_NEAR(tdm_sim_coll_cost(&k, TDM_ALGO_RING, TDM_SIM_ALLREDUCE, big, 2), 2 * 4 * a + big * b + 0.5 * big * g, 1e-15);
