@@ -114,6 +114,7 @@ bad_input() {
     refused 1 "the process grid does not make the world" --model gpt --tp 2 --ranks 3 &&
     refused 2 "inter-bw 0" --inter-bw 0 --ranks 2 &&
     refused 2 "give it with --calibrate" -o "$TMP/x.json" &&
+    refused 2 "give it with --collectives" --back-to-back --ranks 2 &&
     refused 2 "expected OPTION=V1,V2" --vary allreduce --ranks 2 &&
     refused 2 "--vary allreduce: the value tri failed" --vary allreduce=ring,tri --ranks 2 &&
     { ! grep -q "^allreduce ring" "$TMP/r.out" || { echo "  ring predicted before tri was refused"; false; }; } &&
