@@ -397,7 +397,7 @@ double tdm_sim_coll_cost_repeated(const tdm_sim_cluster *k, int algo, tdm_sim_ki
   if (algo == TDM_ALGO_AUTO) algo = tdm_sim_auto_algo(k, kind, n, p);
   if (algo != TDM_ALGO_TREE || kind != TDM_SIM_ALLREDUCE) return one;
   double rep = tree_repeated(k, n, p);
-  return rep == rep ? rep : one;
+  return isnan(rep) ? one : rep;
 }
 
 double tdm_sim_p2p_cost(const tdm_sim_cluster *k, double n, int a, int b) {
