@@ -58,11 +58,9 @@ calibrate() { # calibrate N EMU OUTFILE [BASE]: the links at N ranks over tcp, e
 predict_coll() { # predict_coll BINARY CLUSTER N OUT: one all-reduce alone; B2B=1: back to back, as tandem
   # bench times them (simulate --back-to-back: only the tree differs; on 2026-11-30's runs its 1-16
   # MiB at 8 ranks came right and its 1-64 KiB and 64 MiB went the other way, docs/PERFORMANCE.md)
-  if [[ ${B2B:-0} == 1 ]]; then
-    N "$1" simulate --collectives --back-to-back --cluster "$2" --ranks $3 --min-bytes 1K --max-bytes 64M --json >"$4"
-  else
-    N "$1" simulate --collectives --cluster "$2" --ranks $3 --min-bytes 1K --max-bytes 64M --json >"$4"
-  fi
+  local b2b=()
+  [[ ${B2B:-0} == 1 ]] && b2b=(--back-to-back)
+  N "$1" simulate --collectives ${b2b[@]+"${b2b[@]}"} --cluster "$2" --ranks $3 --min-bytes 1K --max-bytes 64M --json >"$4"
 }
 
 collectives() {

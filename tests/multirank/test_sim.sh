@@ -29,7 +29,8 @@ calibrate() { # at each world size: ranks that share the 2 cores are measured sh
   # the sizes: 8 B by 4x to the largest, and the L2's own size where it is within them; the
   # ping-pong's four bursts, each a one-way time beyond the emulated latency; the handoff of a
   # waited-for collective, a finite time below the link's own cost of 1 MiB (8.4 ms at 1 Gb/s);
-  # at 4 ranks (2 cores crowded) the share of the crowding that hides under the wire, 0..1
+  # at 4 ranks (2 cores crowded) the share of the crowding that hides under the wire written to the
+  # file (the fit keeps it within 0..1; a file without it reads as -1 here)
   /usr/bin/python3 - "$TMP/c2.json" "$(getconf LEVEL2_CACHE_SIZE 2>/dev/null || echo 0)" "$TMP/c4.json" <<'EOF'
 import json, sys
 c = json.load(open(sys.argv[1]))
